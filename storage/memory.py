@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import orjson
 
-from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed
+from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["MemoryStore"]
 
@@ -58,6 +58,8 @@ class MemoryStore:
         reverse: bool = False,
         limit: int | None = None,
     ) -> Iterator[tuple[bytes, bytes]]:
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
         self._check_open()
         with self._lock:
             lo = bisect.bisect_left(self._keys, start)
@@ -80,6 +82,10 @@ class MemoryStore:
             return k, self._data[k]
 
     def write(self, batch: Batch, *, sync: bool = False) -> None:
+        # Validate first: a bad op must leave the store unchanged (the batch is all or nothing).
+        for op, _, _ in batch.ops:
+            if op not in (OP_PUT, OP_DELETE, OP_DELETE_RANGE):
+                raise ValueError(f"unknown batch op {op}")
         self._check_open()
         with self._lock:
             for op, a, b in batch.ops:
@@ -97,19 +103,20 @@ class MemoryStore:
                         for k in self._keys[lo:hi]:
                             del self._data[k]
                         del self._keys[lo:hi]
-                else:
-                    raise ValueError(f"unknown batch op {op}")
 
     def sync(self) -> None:
         self._check_open()
 
     def checkpoint(self, path: str) -> None:
         self._check_open()
-        os.makedirs(path)
         with self._lock:
             pairs = [(k.hex(), self._data[k].hex()) for k in self._keys]
-        with open(os.path.join(path, _CHECKPOINT_FILE), "wb") as f:
-            f.write(orjson.dumps(pairs))
+        try:
+            os.makedirs(path)
+            with open(os.path.join(path, _CHECKPOINT_FILE), "wb") as f:
+                f.write(orjson.dumps(pairs))
+        except OSError as exc:
+            raise StoreError(f"checkpoint into {path} failed: {exc}") from exc
 
     def close(self) -> None:
         self._closed = True

@@ -38,7 +38,8 @@ class StoreClosed(StoreError):
 class Batch:
     """An ordered list of writes applied atomically by :meth:`Store.write`.
 
-    ``delete_range(start, end)`` removes every key ``k`` with ``start <= k < end``.
+    ``delete_range(start, end)`` removes every key ``k`` with ``start <= k < end``; when
+    ``start >= end`` it removes nothing.
     """
 
     ops: list[tuple[int, bytes, bytes]] = field(default_factory=list)
@@ -73,8 +74,9 @@ class Store(Protocol):
         limit: int | None = None,
     ) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` (``end=None``: no upper bound), ascending by key,
-        or descending when ``reverse`` is set. At most ``limit`` pairs. The iterator sees a
-        consistent snapshot taken when it starts."""
+        or descending when ``reverse`` is set. At most ``limit`` pairs (``limit < 0`` raises
+        ValueError). The iterator sees a consistent snapshot taken by this call; it may raise
+        ``StoreClosed`` if the store is closed before it is exhausted."""
         ...
 
     def last_before(self, key: bytes, floor: bytes) -> tuple[bytes, bytes] | None:
@@ -83,7 +85,7 @@ class Store(Protocol):
 
     def write(self, batch: Batch, *, sync: bool = False) -> None:
         """Apply ``batch`` atomically. With ``sync`` the write (and every earlier write) is on
-        stable storage when this returns."""
+        stable storage when this returns. An unknown op raises ValueError and writes nothing."""
         ...
 
     def sync(self) -> None:
@@ -91,7 +93,8 @@ class Store(Protocol):
         ...
 
     def checkpoint(self, path: str) -> None:
-        """Write a consistent, openable copy of the whole store into the new directory ``path``."""
+        """Write a consistent, openable copy of the whole store into the new directory ``path``
+        (its parents are created; ``StoreError`` if ``path`` exists)."""
         ...
 
     def close(self) -> None:

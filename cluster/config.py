@@ -1,0 +1,297 @@
+"""The cluster file: one frozen configuration, loaded once, validated with every problem listed.
+
+A cluster file is TOML::
+
+    [cluster]
+    secret = "at least 16 characters"   # Raft peer encryption and node-to-node calls
+    queue_groups = 3                     # default: one per node
+    replication = 3                      # replicas per queue group (default: min(3, nodes))
+    durability = "fsync"                 # or "os"
+
+    [limits]                             # optional; defaults shown in Limits
+    max_message_bytes = 1048576
+
+    [raft]                               # optional timing; defaults in RaftTimingConfig
+    election_min_ms = 1000
+
+    [[nodes]]
+    id = "n1"
+    http = "127.0.0.1:8001"
+    raft = "127.0.0.1:7001"              # base port: the metadata group uses it, queue group g uses +1+g
+    data_dir = ".raftmq"                 # this node keeps its data under <data_dir>/<id>/
+
+Environment variables override single settings: ``RAFTMQ_<SECTION>_<KEY>`` (for example
+``RAFTMQ_CLUSTER_DURABILITY=os``, ``RAFTMQ_LIMITS_MAX_MESSAGE_BYTES=2097152``) and
+``RAFTMQ_SECRET`` for ``cluster.secret``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "Limits",
+    "NodeConfig",
+    "RaftTimingConfig",
+    "TestFaults",
+    "load_config",
+    "parse_config",
+]
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+MAX_METADATA_VOTERS = 5
+
+
+class ConfigError(Exception):
+    """The cluster file is invalid; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid cluster configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    id: str
+    http: str  # host:port of the HTTP API
+    raft: str  # host:port; base of this node's Raft ports
+    data_dir: str
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.http}"
+
+    def raft_addr(self, port_offset: int) -> str:
+        host, port = self.raft.rsplit(":", 1)
+        return f"{host}:{int(port) + port_offset}"
+
+    def node_dir(self) -> str:
+        return os.path.join(self.data_dir, self.id)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 1024 * 1024
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_messages_per_request: int = 10_000
+    max_fetch_messages: int = 10_000
+    default_fetch_messages: int = 32
+    max_wait_ms: int = 15_000
+    max_queues_per_topic: int = 1024
+    request_timeout_ms: int = 10_000
+
+
+@dataclass(frozen=True)
+class RaftTimingConfig:
+    election_min_ms: int = 1000
+    election_max_ms: int = 2000
+    heartbeat_ms: int = 50
+    leader_fallback_ms: int = 2500
+    compaction_min_entries: int = 20_000
+    compaction_min_time_s: int = 120
+    compaction_max_bytes: int = 64 * 1024 * 1024
+    group_commit_bytes: int = 256 * 1024  # coalesce produce requests into entries up to this size
+    group_commit_inflight: int = 2  # entries in flight per group before requests accumulate
+
+
+@dataclass(frozen=True)
+class TestFaults:
+    """Faults for tests only (never set them in production)."""
+
+    crash_after_snapshot: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: tuple[NodeConfig, ...]
+    secret: str
+    queue_groups: int
+    replication: int
+    durability: str = "fsync"
+    limits: Limits = field(default_factory=Limits)
+    raft: RaftTimingConfig = field(default_factory=RaftTimingConfig)
+    faults: TestFaults = field(default_factory=TestFaults)
+    path: str | None = None
+
+    def node(self, node_id: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    @property
+    def metadata_voters(self) -> tuple[NodeConfig, ...]:
+        """The metadata group's voters: the first (up to) five nodes of the cluster file."""
+        return self.nodes[:MAX_METADATA_VOTERS]
+
+    def group_replicas(self, group_id: int) -> tuple[NodeConfig, ...]:
+        """Nodes hosting queue group ``group_id``: ``replication`` consecutive nodes starting at
+        ``group_id`` (mod node count), so replicas are distinct and preferred leaders (the first
+        replica) are spread over the nodes."""
+        n = len(self.nodes)
+        return tuple(self.nodes[(group_id + i) % n] for i in range(self.replication))
+
+    def groups_on(self, node_id: str) -> list[int]:
+        return [g for g in range(self.queue_groups) if any(r.id == node_id for r in self.group_replicas(g))]
+
+
+def load_config(path: str, env: Mapping[str, str] | None = None) -> ClusterConfig:
+    """Read, override from the environment and validate a cluster file."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError([f"cluster file not found: {path}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{path}: not valid TOML: {e}"]) from None
+    return parse_config(raw, env=os.environ if env is None else env, path=path)
+
+
+def parse_config(
+    raw: dict[str, Any], env: Mapping[str, str] | None = None, path: str | None = None
+) -> ClusterConfig:
+    problems: list[str] = []
+    env = env or {}
+    cluster = dict(raw.get("cluster", {}))
+    if "RAFTMQ_SECRET" in env:
+        cluster["secret"] = env["RAFTMQ_SECRET"]
+    _apply_env(
+        cluster,
+        "CLUSTER",
+        env,
+        {"secret": str, "queue_groups": int, "replication": int, "durability": str},
+        problems,
+    )
+    unknown = set(raw) - {"cluster", "limits", "raft", "nodes", "faults"}
+    problems += [f"unknown section [{k}]" for k in sorted(unknown)]
+
+    nodes = _parse_nodes(raw.get("nodes"), problems)
+    secret = cluster.get("secret")
+    if not isinstance(secret, str) or len(secret) < 16:
+        problems.append("cluster.secret must be a string of at least 16 characters (or set RAFTMQ_SECRET)")
+    n = len(nodes)
+    queue_groups = cluster.get("queue_groups", n)
+    replication = cluster.get("replication", min(3, n) if n else 1)
+    durability = cluster.get("durability", "fsync")
+    if not _is_int(queue_groups) or queue_groups < 1 or queue_groups > 256:
+        problems.append("cluster.queue_groups must be an integer from 1 to 256")
+    if not _is_int(replication) or replication < 1:
+        problems.append("cluster.replication must be a positive integer")
+    elif n and replication > n:
+        problems.append(f"cluster.replication ({replication}) exceeds the number of nodes ({n})")
+    if durability not in ("fsync", "os"):
+        problems.append('cluster.durability must be "fsync" or "os"')
+    unknown_keys = set(cluster) - {"secret", "queue_groups", "replication", "durability", "name"}
+    problems += [f"unknown key cluster.{k}" for k in sorted(unknown_keys)]
+
+    limits = _parse_section(Limits, raw.get("limits", {}), "limits", env, problems)
+    timing = _parse_section(RaftTimingConfig, raw.get("raft", {}), "raft", env, problems)
+    faults = _parse_section(TestFaults, raw.get("faults", {}), "faults", env, problems)
+    if timing.election_min_ms >= timing.election_max_ms:
+        problems.append("raft.election_min_ms must be below raft.election_max_ms")
+    if timing.heartbeat_ms * 5 > timing.election_min_ms:
+        problems.append("raft.heartbeat_ms must be at most a fifth of raft.election_min_ms")
+    if problems:
+        raise ConfigError(problems)
+    return ClusterConfig(
+        nodes=tuple(nodes),
+        secret=str(secret),
+        queue_groups=int(queue_groups),
+        replication=int(replication),
+        durability=str(durability),
+        limits=limits,
+        raft=timing,
+        faults=faults,
+        path=path,
+    )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse_nodes(raw: Any, problems: list[str]) -> list[NodeConfig]:
+    if not isinstance(raw, list) or not raw:
+        problems.append("at least one [[nodes]] entry is required")
+        return []
+    nodes: list[NodeConfig] = []
+    seen: dict[str, set[str]] = {"id": set(), "http": set(), "raft": set()}
+    for i, entry in enumerate(raw):
+        where = f"nodes[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        unknown = set(entry) - {"id", "http", "raft", "data_dir"}
+        problems += [f"unknown key {where}.{k}" for k in sorted(unknown)]
+        node_id, http, raft, data_dir = (entry.get(k) for k in ("id", "http", "raft", "data_dir"))
+        if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
+            problems.append(f"{where}.id must be 1-32 characters of A-Z a-z 0-9 _ -")
+            continue
+        where = f"node {node_id}"
+        for key, value in (("http", http), ("raft", raft)):
+            if not isinstance(value, str) or not _valid_addr(value):
+                problems.append(f"{where}: {key} must be host:port with a port from 1 to 65535")
+        if not isinstance(data_dir, str) or not data_dir:
+            problems.append(f"{where}: data_dir must be a non-empty path")
+        for key, value in (("id", node_id), ("http", http), ("raft", raft)):
+            if isinstance(value, str):
+                if value in seen[key]:
+                    problems.append(f"{where}: duplicate {key} {value!r}")
+                seen[key].add(value)
+        if isinstance(http, str) and isinstance(raft, str) and isinstance(data_dir, str):
+            nodes.append(NodeConfig(id=node_id, http=http, raft=raft, data_dir=data_dir))
+    return nodes
+
+
+def _valid_addr(addr: str) -> bool:
+    host, sep, port = addr.rpartition(":")
+    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
+
+
+def _apply_env(
+    section: dict[str, Any], name: str, env: Mapping[str, str], types: Mapping[str, type], problems: list[str]
+) -> None:
+    for key, typ in types.items():
+        var = f"RAFTMQ_{name}_{key.upper()}"
+        if var not in env:
+            continue
+        value = env[var]
+        if typ is bool:
+            section[key] = value.lower() in ("1", "true", "yes", "on")
+        elif typ is int:
+            try:
+                section[key] = int(value)
+            except ValueError:
+                problems.append(f"{var} must be an integer, got {value!r}")
+        else:
+            section[key] = value
+
+
+def _parse_section(cls: Any, raw: Any, name: str, env: Mapping[str, str], problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"[{name}] must be a table")
+        return cls()
+    values = dict(raw)
+    types = {f.name: type(f.default) for f in fields(cls)}
+    _apply_env(values, name.upper(), env, types, problems)
+    result = cls()
+    for key, value in values.items():
+        if key not in types:
+            problems.append(f"unknown key {name}.{key}")
+            continue
+        want = types[key]
+        ok = isinstance(value, bool) if want is bool else _is_int(value) and value >= 0
+        if not ok:
+            problems.append(
+                f"{name}.{key} must be {'true or false' if want is bool else 'a non-negative integer'}"
+            )
+            continue
+        result = replace(result, **{key: value})
+    return result

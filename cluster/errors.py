@@ -1,0 +1,145 @@
+"""The error catalogue: every error raftmq reports, as data.
+
+Clients match on ``code`` (never on message text); ``status`` is the HTTP status the API answers
+with; ``retriable`` says the same request may succeed later; ``definite=False`` says the write may or
+may not have happened (the outcome is unknown, so a retry may duplicate it).
+
+Codes are part of the wire API: never rename or reuse one. ``client.errors`` mirrors this table as
+exception classes. Error bodies always have the shape built by :func:`error_body`::
+
+    {"error": {"code": "not_leader", "message": "...", "retriable": true, "definite": true, ...}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "BAD_REQUEST",
+    "BY_CODE",
+    "FORBIDDEN",
+    "INTERNAL",
+    "INVALID_JSON",
+    "MESSAGE_TOO_LARGE",
+    "METHOD_NOT_ALLOWED",
+    "NOT_FOUND",
+    "NOT_LEADER",
+    "OFFSET_OUT_OF_RANGE",
+    "QUEUE_NOT_FOUND",
+    "REQUEST_TOO_LARGE",
+    "TIMEOUT",
+    "TOO_MANY_REQUESTS",
+    "TOPIC_EXISTS",
+    "TOPIC_NOT_FOUND",
+    "UNAUTHORIZED",
+    "UNAVAILABLE",
+    "UNKNOWN_OUTCOME",
+    "ErrorCode",
+    "error_body",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCode:
+    """One entry of the catalogue.
+
+    Attributes:
+        code: Stable snake_case identifier clients match on.
+        status: HTTP status code of a response carrying this error.
+        retriable: The same request may succeed if retried later.
+        definite: True if the request certainly had no effect (or certainly had the effect it
+            reports); False if a write may or may not have happened.
+        description: One sentence for docs and the OpenAPI spec.
+    """
+
+    code: str
+    status: int
+    retriable: bool
+    definite: bool
+    description: str
+
+
+# Request problems: the request itself is wrong; retrying it unchanged fails the same way.
+BAD_REQUEST = ErrorCode("bad_request", 400, False, True, "The request is malformed or has invalid fields.")
+INVALID_JSON = ErrorCode("invalid_json", 400, False, True, "The body is not valid JSON.")
+UNAUTHORIZED = ErrorCode("unauthorized", 401, False, True, "Credentials are missing or invalid.")
+FORBIDDEN = ErrorCode("forbidden", 403, False, True, "The credentials do not allow this request.")
+NOT_FOUND = ErrorCode("not_found", 404, False, True, "No such route.")
+TOPIC_NOT_FOUND = ErrorCode("topic_not_found", 404, False, True, "The topic does not exist.")
+QUEUE_NOT_FOUND = ErrorCode("queue_not_found", 404, False, True, "The topic has no queue with this number.")
+METHOD_NOT_ALLOWED = ErrorCode("method_not_allowed", 405, False, True, "The route does not take this method.")
+TOPIC_EXISTS = ErrorCode("topic_exists", 409, False, True, "A topic with this name already exists.")
+MESSAGE_TOO_LARGE = ErrorCode("message_too_large", 413, False, True, "A message exceeds the size limit.")
+REQUEST_TOO_LARGE = ErrorCode(
+    "request_too_large", 413, False, True, "The request exceeds the size or message-count limit."
+)
+OFFSET_OUT_OF_RANGE = ErrorCode(
+    "offset_out_of_range", 416, False, True, "The offset is outside [low_offset, high_offset]."
+)
+
+# Cluster conditions: the request was fine; the cluster could not serve it now.
+NOT_LEADER = ErrorCode("not_leader", 421, True, True, "This node does not lead the group; nothing was done.")
+TOO_MANY_REQUESTS = ErrorCode(
+    "too_many_requests", 429, True, True, "The node is overloaded; nothing was done."
+)
+INTERNAL = ErrorCode("internal", 500, False, True, "An unexpected error; nothing was done.")
+UNAVAILABLE = ErrorCode(
+    "unavailable", 503, True, True, "The group has no leader or quorum; nothing was done."
+)
+UNKNOWN_OUTCOME = ErrorCode(
+    "unknown_outcome", 503, True, False, "The write may or may not have happened (e.g. the leader changed)."
+)
+TIMEOUT = ErrorCode("timeout", 504, True, False, "No answer in time; the write may or may not have happened.")
+
+BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
+    {
+        e.code: e
+        for e in (
+            BAD_REQUEST,
+            INVALID_JSON,
+            UNAUTHORIZED,
+            FORBIDDEN,
+            NOT_FOUND,
+            TOPIC_NOT_FOUND,
+            QUEUE_NOT_FOUND,
+            METHOD_NOT_ALLOWED,
+            TOPIC_EXISTS,
+            MESSAGE_TOO_LARGE,
+            REQUEST_TOO_LARGE,
+            OFFSET_OUT_OF_RANGE,
+            NOT_LEADER,
+            TOO_MANY_REQUESTS,
+            INTERNAL,
+            UNAVAILABLE,
+            UNKNOWN_OUTCOME,
+            TIMEOUT,
+        )
+    }
+)
+"""Every :class:`ErrorCode` by its ``code`` (read-only)."""
+
+
+def error_body(code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
+    """The JSON error body for ``code``.
+
+    Args:
+        code: The catalogue entry.
+        message: Human-readable detail (clients must not parse it).
+        **extra: Additional fields, e.g. ``low_offset``/``high_offset`` for
+            ``offset_out_of_range``. They cannot override the four standard fields.
+
+    Returns:
+        ``{"error": {"code", "message", "retriable", "definite", **extra}}``.
+    """
+    body: dict[str, Any] = {
+        "code": code.code,
+        "message": message,
+        "retriable": code.retriable,
+        "definite": code.definite,
+    }
+    for key, value in extra.items():
+        body.setdefault(key, value)
+    return {"error": body}

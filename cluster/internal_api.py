@@ -1,0 +1,139 @@
+"""Node-to-node HTTP endpoints under ``/internal/``, authenticated by the cluster secret.
+
+They carry forwarded writes, checkpoint transfers for snapshot installs, status for the cluster
+view, and store digests that tests use to compare replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
+
+from . import commands, errors
+from .node import META, SECRET_HEADER, Node
+from .validation import ApiError, parse_json
+
+if TYPE_CHECKING:
+    from .http_api import Api
+
+__all__ = ["add_internal_routes"]
+
+
+def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
+    from .http_api import json_response
+
+    def authorize(request: web.Request) -> None:
+        given = request.headers.get(SECRET_HEADER, "")
+        if not hmac.compare_digest(given.encode(), node.config.secret.encode()):
+            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the cluster secret")
+
+    def local_group(request: web.Request) -> Any:
+        name = request.match_info["group"]
+        local = node.groups.get(name)
+        if local is None:
+            raise ApiError(errors.NOT_FOUND, f"node {node.me.id} hosts no replica of group {name}")
+        return local
+
+    async def status(request: web.Request) -> web.Response:
+        authorize(request)
+        return json_response(node.local_status())
+
+    async def action(request: web.Request) -> web.Response:
+        authorize(request)
+        body = parse_json(await request.read())
+        return json_response(
+            await api.internal_action(request.match_info["group"], request.match_info["action"], body)
+        )
+
+    async def topic(request: web.Request) -> web.Response:
+        authorize(request)
+        name = request.match_info["topic"]
+        if not api._leads(META):
+            raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead the metadata group")
+        t = await api._topic_linearizable(name)
+        if t is None:
+            raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+        return json_response(t.to_json())
+
+    async def bounds(request: web.Request) -> web.Response:
+        authorize(request)
+        local = local_group(request)
+        topic_id = int(request.query["topic_id"])
+        store = local.machine.store
+        out = {}
+        for q in range(4096):
+            if queue_meta(store, topic_id, q) is not None:
+                out[str(q)] = list(queue_bounds(store, topic_id, q))
+        return json_response({"queues": out})
+
+    async def offsets(request: web.Request) -> web.Response:
+        authorize(request)
+        local = local_group(request)
+        name = request.match_info["group"]
+        await api.internal_action(name, "barrier", {})
+        group, topic_id = request.query["group"], int(request.query["topic_id"])
+        store = local.machine.store
+        out = {}
+        for q in range(4096):
+            if (
+                queue_meta(store, topic_id, q) is not None
+                or committed_offset(store, group, topic_id, q) is not None
+            ):
+                out[str(q)] = committed_offset(store, group, topic_id, q)
+        return json_response({"offsets": out})
+
+    async def checkpoint(request: web.Request) -> web.StreamResponse:
+        authorize(request)
+        name = request.match_info["group"]
+        local_group(request)
+        loop = asyncio.get_running_loop()
+        tar_path = await loop.run_in_executor(None, node.make_checkpoint_tar, name)
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
+            response.content_length = os.path.getsize(tar_path)
+            await response.prepare(request)
+            with open(tar_path, "rb") as f:
+                while chunk := await loop.run_in_executor(None, f.read, 1 << 20):
+                    await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            os.remove(tar_path)
+
+    async def digest(request: web.Request) -> web.Response:
+        authorize(request)
+        local_group(request)
+        loop = asyncio.get_running_loop()
+        return json_response(await loop.run_in_executor(None, node.store_digest, request.match_info["group"]))
+
+    async def propose_raw(request: web.Request) -> web.Response:
+        """Propose raw command bytes (operators and tests: the state machine must cope with any)."""
+        authorize(request)
+        local_group(request)
+        name = request.match_info["group"]
+        if not api._leads(name):
+            raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead group {name}")
+        outcome = await node.propose(name, await request.read())
+        return json_response({"error": outcome.error, "definite": outcome.definite, "result": outcome.result})
+
+    async def compact(request: web.Request) -> web.Response:
+        authorize(request)
+        local_group(request).raft.force_compaction()
+        return json_response({"ok": True})
+
+    r = app.router
+    r.add_get("/internal/status", status)
+    r.add_get("/internal/topics/{topic}", topic)
+    r.add_post("/internal/groups/{group}/propose", propose_raw)
+    r.add_post("/internal/groups/{group}/compact", compact)
+    r.add_post("/internal/groups/{group}/{action}", action)
+    r.add_get("/internal/groups/{group}/bounds", bounds)
+    r.add_get("/internal/groups/{group}/offsets", offsets)
+    r.add_get("/internal/groups/{group}/checkpoint", checkpoint)
+    r.add_get("/internal/groups/{group}/digest", digest)
+    _ = commands  # noqa: keep import for symmetry with api actions

@@ -1,0 +1,218 @@
+"""The metadata state machine: topics, their settings and the queue → queue group map.
+
+Replicated by the metadata group (a Raft group over the first five nodes). Pure like every state
+machine here: no clock (``now_ms`` arrives in the command), no I/O but the Store, never raises.
+
+Keys: ``b"A"`` applied index (u64), ``b"N"`` next topic id (u32), ``b"T" + name`` → topic (orjson).
+Topic ids are never reused, so data a deleted topic left in a queue group can never be mistaken for
+a new topic's.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from raftmq.storage.store import Batch, Store
+
+__all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "validate_topic_name"]
+
+log = structlog.get_logger(__name__)
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_APPLIED = b"A"
+_NEXT_ID = b"N"
+_TOPIC = b"T"
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+MAX_QUEUES = 1024
+
+
+@dataclass(frozen=True)
+class Topic:
+    id: int
+    name: str
+    queues: int
+    queue_groups: tuple[int, ...]  # queue q lives in queue group queue_groups[q]
+    retention_ms: int | None
+    retention_bytes: int | None
+    max_message_bytes: int | None
+    created_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "queues": self.queues,
+            "queue_groups": list(self.queue_groups),
+            "retention_ms": self.retention_ms,
+            "retention_bytes": self.retention_bytes,
+            "max_message_bytes": self.max_message_bytes,
+            "created_ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Topic:
+        return cls(
+            id=d["id"],
+            name=d["name"],
+            queues=d["queues"],
+            queue_groups=tuple(d["queue_groups"]),
+            retention_ms=d["retention_ms"],
+            retention_bytes=d["retention_bytes"],
+            max_message_bytes=d["max_message_bytes"],
+            created_ms=d["created_ms"],
+        )
+
+
+def validate_topic_name(name: Any) -> str | None:
+    """An error message, or None when ``name`` is a valid topic name."""
+    if not isinstance(name, str) or not TOPIC_NAME.match(name):
+        return "topic names are 1-200 characters of A-Z a-z 0-9 . _ -"
+    if name in (".", ".."):
+        return "topic name may not be '.' or '..'"
+    return None
+
+
+def _opt_int(d: dict[str, Any], key: str, minimum: int) -> tuple[int | None, str | None]:
+    v = d.get(key)
+    if v is None:
+        return None, None
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        return None, f"{key} must be an integer >= {minimum}"
+    return v, None
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+class MetadataMachine:
+    """Topics in memory, persisted through the Store on every apply."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._topics: dict[str, Topic] = {}
+        self._applied = 0
+        self._next_id = 1
+        self.reload()
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied
+
+    def reload(self) -> None:
+        applied = self._store.get(_APPLIED)
+        self._applied = 0 if applied is None else _U64.unpack(applied)[0]
+        next_id = self._store.get(_NEXT_ID)
+        self._next_id = 1 if next_id is None else _U32.unpack(next_id)[0]
+        self._topics = {
+            k[1:].decode(): Topic.from_json(orjson.loads(v)) for k, v in self._store.scan(_TOPIC, b"U")
+        }
+
+    def restore(self, checkpoint_dir: str) -> None:
+        self._store.restore_from(checkpoint_dir)  # type: ignore[attr-defined]
+        self.reload()
+
+    # Reads (any thread): the dict is replaced, never mutated in place.
+    def topic(self, name: str) -> Topic | None:
+        return self._topics.get(name)
+
+    def topics(self) -> list[Topic]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def topic_by_id(self, topic_id: int) -> Topic | None:
+        for t in self._topics.values():
+            if t.id == topic_id:
+                return t
+        return None
+
+    def apply(self, index: int, command: bytes) -> dict[str, Any]:
+        # Invariant: applied_index only grows; an entry at or below it was applied before a
+        # restart and is skipped.
+        if index <= self._applied:
+            return {"skipped": True}
+        try:
+            result, batch, topics, next_id = self._execute(command)
+        except Exception as e:  # a bug must not become a poison pill; nothing was written
+            log.exception("metadata_apply_failed", index=index)
+            result, batch, topics, next_id = _error("internal", f"{type(e).__name__}"), Batch(), None, None
+        batch.put(_APPLIED, _U64.pack(index))
+        self._store.write(batch)
+        self._applied = index
+        if topics is not None:
+            self._topics = topics
+        if next_id is not None:
+            self._next_id = next_id
+        return result
+
+    def _execute(self, command: bytes) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        batch = Batch()
+        try:
+            cmd = orjson.loads(command)
+        except orjson.JSONDecodeError:
+            return _error("bad_request", "command is not JSON"), batch, None, None
+        if not isinstance(cmd, dict) or cmd.get("v") != 1:
+            return _error("bad_request", "command must be an object with v=1"), batch, None, None
+        op = cmd.get("op")
+        if op == "noop":
+            return {"ok": True}, batch, None, None
+        if op == "create_topic":
+            return self._create_topic(cmd, batch)
+        if op == "delete_topic":
+            name = cmd.get("name")
+            if not isinstance(name, str) or name not in self._topics:
+                return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
+            topics = dict(self._topics)
+            deleted = topics.pop(name)
+            batch.delete(_TOPIC + name.encode())
+            return {"deleted": deleted.to_json()}, batch, topics, None
+        return _error("bad_request", f"unknown op {op!r}"), batch, None, None
+
+    def _create_topic(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        name = cmd.get("name")
+        problem = validate_topic_name(name)
+        if problem:
+            return _error("bad_request", problem), batch, None, None
+        assert isinstance(name, str)
+        queues, group_count, now_ms = cmd.get("queues"), cmd.get("group_count"), cmd.get("now_ms")
+        for key, v, lo, hi in (("queues", queues, 1, MAX_QUEUES), ("group_count", group_count, 1, 256)):
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                return _error("bad_request", f"{key} must be an integer from {lo} to {hi}"), batch, None, None
+        if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
+            return _error("bad_request", "now_ms must be a non-negative integer"), batch, None, None
+        opts: dict[str, int | None] = {}
+        for key, minimum in (("retention_ms", 1), ("retention_bytes", 1), ("max_message_bytes", 1)):
+            opts[key], problem = _opt_int(cmd, key, minimum)
+            if problem:
+                return _error("bad_request", problem), batch, None, None
+        if name in self._topics:
+            return _error("topic_exists", f"topic {name!r} exists"), batch, None, None
+        assert isinstance(queues, int) and isinstance(group_count, int)
+        topic_id = self._next_id
+        topic = Topic(
+            id=topic_id,
+            name=name,
+            queues=queues,
+            # Start each topic at a different group so that small topics spread over the groups.
+            queue_groups=tuple((topic_id + q) % group_count for q in range(queues)),
+            retention_ms=opts["retention_ms"],
+            retention_bytes=opts["retention_bytes"],
+            max_message_bytes=opts["max_message_bytes"],
+            created_ms=now_ms,
+        )
+        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
+        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
+        topics = dict(self._topics)
+        topics[name] = topic
+        return {"topic": topic.to_json()}, batch, topics, topic_id + 1

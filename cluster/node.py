@@ -1,0 +1,378 @@
+"""One raftmq node: the Raft groups placed on it, their stores, and its view of the cluster.
+
+Layout on disk (``<data_dir>/<node_id>/``)::
+
+    groups/meta/{state,raft,snapshot/}   the metadata group's replica (if this node is a voter)
+    groups/<g>/{state,raft,snapshot/}    queue group g's replica (if placed here)
+    tmp/                                 checkpoint transfers
+
+Raft ports: the metadata group listens on the node's ``raft`` port, queue group ``g`` on port+1+g.
+
+Threads: the asyncio loop (HTTP) and one tick thread per Raft group. Tick threads reach the loop
+only through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import tarfile
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from raftmq.storage.rocks import RocksStore
+from raftmq.storage.store import Store
+
+from .config import ClusterConfig, NodeConfig
+from .group_commit import GroupCommitter
+from .metadata import MetadataMachine
+from .queue_group import Applied, QueueGroupMachine
+from .raft import Outcome, RaftGroup, RaftSettings, StateMachine
+
+__all__ = ["META", "LocalGroup", "Node"]
+
+log = structlog.get_logger(__name__)
+
+META = "meta"
+SECRET_HEADER = "X-Raftmq-Secret"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class LocalGroup:
+    """This node's replica of one Raft group."""
+
+    name: str  # "meta" or the queue group id as a string
+    raft: RaftGroup
+    machine: StateMachine
+    state_store: RocksStore
+    journal_store: RocksStore
+    replicas: tuple[NodeConfig, ...]
+    committer: GroupCommitter | None = None
+
+
+class Node:
+    """A raftmq node. ``start``/``stop`` run on the event loop."""
+
+    def __init__(self, config: ClusterConfig, node_id: str) -> None:
+        self.config = config
+        self.me = config.node(node_id)
+        self.node_dir = self.me.node_dir()
+        self.groups: dict[str, LocalGroup] = {}
+        self.metadata: MetadataMachine | None = None
+        self._addr_to_node: dict[str, NodeConfig] = {}
+        self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._peer_status: dict[str, dict[str, Any]] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
+        shutil.rmtree(os.path.join(self.node_dir, "tmp"), ignore_errors=True)
+        os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
+        self._session = aiohttp.ClientSession(
+            headers={SECRET_HEADER: self.config.secret},
+            timeout=aiohttp.ClientTimeout(total=self.config.limits.request_timeout_ms / 1000 + 20),
+        )
+        voters = self.config.metadata_voters
+        if any(v.id == self.me.id for v in voters):
+            store = RocksStore.open(self._group_dir(META, "state"))
+            self.metadata = MetadataMachine(store)
+            await self._loop.run_in_executor(None, self._start_group, META, 0, voters, self.metadata, store)
+        else:
+            self.metadata = None  # non-voters read topics from a voter (see metadata_view)
+        for g in self.config.groups_on(self.me.id):
+            store = RocksStore.open(self._group_dir(str(g), "state"))
+            machine = QueueGroupMachine(store, g)
+            machine.on_applied = self._on_applied
+            replicas = self.config.group_replicas(g)
+            local = await self._loop.run_in_executor(
+                None, self._start_group, str(g), 1 + g, replicas, machine, store
+            )
+            local.committer = GroupCommitter(
+                local.raft,
+                self._loop,
+                now_ms=now_ms,
+                max_entry_bytes=self.config.raft.group_commit_bytes,
+                max_inflight=self.config.raft.group_commit_inflight,
+            )
+        self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
+        log.info("node_started", node_id=self.me.id, groups=sorted(self.groups))
+
+    def _start_group(
+        self,
+        name: str,
+        port_offset: int,
+        replicas: tuple[NodeConfig, ...],
+        machine: StateMachine,
+        store: RocksStore,
+    ) -> LocalGroup:
+        addrs = [r.raft_addr(port_offset) for r in replicas]
+        for r in replicas:
+            self._addr_to_node[r.raft_addr(port_offset)] = r
+        journal_store = RocksStore.open(self._group_dir(name, "raft"))
+        timing = self.config.raft
+        settings = RaftSettings(
+            password=self.config.secret,
+            fsync=self.config.durability == "fsync",
+            election_min_s=timing.election_min_ms / 1000,
+            election_max_s=timing.election_max_ms / 1000,
+            heartbeat_s=timing.heartbeat_ms / 1000,
+            leader_fallback_s=timing.leader_fallback_ms / 1000,
+            compaction_min_entries=timing.compaction_min_entries,
+            compaction_min_time_s=timing.compaction_min_time_s,
+            compaction_max_bytes=timing.compaction_max_bytes,
+            max_entry_bytes=self.config.limits.max_request_bytes + 64 * 1024,
+            crash_after_snapshot=self.config.faults.crash_after_snapshot,
+        )
+        raft = RaftGroup(
+            name=name,
+            node_id=self.me.id,
+            self_addr=self.me.raft_addr(port_offset),
+            peer_addrs=addrs,
+            journal_store=journal_store,
+            machine=machine,
+            snapshot_file=os.path.join(self._group_dir(name, "snapshot"), "manifest.json"),
+            settings=settings,
+            fetch_checkpoint=lambda manifest: self._fetch_checkpoint(name, replicas, manifest),
+        )
+        local = LocalGroup(name, raft, machine, store, journal_store, replicas)
+        self.groups[name] = local
+        return local
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        loop = asyncio.get_running_loop()
+        for local in list(self.groups.values()):
+            await loop.run_in_executor(None, local.raft.destroy)
+            local.state_store.close()
+            local.journal_store.close()
+        if self._session is not None:
+            await self._session.close()
+        log.info("node_stopped", node_id=self.me.id)
+
+    def _group_dir(self, name: str, part: str) -> str:
+        return os.path.join(self.node_dir, "groups", name, part)
+
+    # -- cluster view ----------------------------------------------------------------------------
+
+    def node_for_addr(self, raft_addr: str | None) -> NodeConfig | None:
+        return None if raft_addr is None else self._addr_to_node.get(raft_addr)
+
+    def queue_group(self, group_id: int) -> LocalGroup | None:
+        return self.groups.get(str(group_id))
+
+    def leader_of(self, name: str) -> NodeConfig | None:
+        """The node leading group ``name`` as far as this node knows (None: unknown)."""
+        local = self.groups.get(name)
+        if local is not None:
+            return self.node_for_addr(local.raft.leader())
+        for status in self._peer_status.values():
+            g = status.get("groups", {}).get(name)
+            if g and g.get("is_leader"):
+                return self.config.node(status["node_id"])
+        return None
+
+    def local_status(self) -> dict[str, Any]:
+        groups = {}
+        for name, local in self.groups.items():
+            s = local.raft.status()
+            leader = self.node_for_addr(s.leader)
+            groups[name] = {
+                "leader": leader.id if leader else None,
+                "is_leader": s.is_leader,
+                "term": s.term,
+                "commit_index": s.commit_index,
+                "applied_index": s.applied_index,
+                "state_index": s.state_index,
+                "has_quorum": s.has_quorum,
+                "journal_entries": s.journal_entries,
+                "replicas": [r.id for r in local.replicas],
+            }
+        return {"node_id": self.me.id, "groups": groups}
+
+    async def refresh_peer_status(self) -> dict[str, dict[str, Any]]:
+        """Ask every other node for its local status (unreachable nodes are left out)."""
+
+        async def one(node: NodeConfig) -> tuple[str, dict[str, Any] | None]:
+            try:
+                status = await self.peer_get_json(node, "/internal/status", timeout_s=1.0)
+                return node.id, status
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+                return node.id, None
+
+        results = await asyncio.gather(*(one(n) for n in self.config.nodes if n.id != self.me.id))
+        self._peer_status = {nid: s for nid, s in results if s is not None}
+        return self._peer_status
+
+    # -- peer calls -------------------------------------------------------------------------------
+
+    async def peer_get_json(self, node: NodeConfig, path: str, timeout_s: float = 5.0) -> Any:
+        assert self._session is not None
+        async with self._session.get(
+            node.http_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            return orjson.loads(await resp.read())
+
+    async def peer_request(
+        self, method: str, node: NodeConfig, path: str, *, body: Any = None, timeout_s: float | None = None
+    ) -> tuple[int, bytes, str]:
+        """Send a request to a peer; returns (status, body bytes, content type)."""
+        assert self._session is not None
+        data = None if body is None else orjson.dumps(body)
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
+        async with self._session.request(
+            method,
+            node.http_url + path,
+            data=data,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+        ) as resp:
+            return resp.status, await resp.read(), resp.content_type
+
+    # -- Raft proposals ---------------------------------------------------------------------------
+
+    async def propose(self, name: str, command: bytes, timeout_s: float | None = None) -> Outcome:
+        """Submit ``command`` to the local replica of group ``name`` and wait for its outcome."""
+        local = self.groups[name]
+        assert self._loop is not None
+        loop = self._loop
+        future: asyncio.Future[Outcome] = loop.create_future()
+
+        def done(outcome: Outcome) -> None:  # tick thread
+            loop.call_soon_threadsafe(_set_if_pending, future, outcome)
+
+        local.raft.submit(command, done)
+        timeout_s = timeout_s or self.config.limits.request_timeout_ms / 1000
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            return Outcome(error="timeout", definite=False)
+
+    # -- long polling -----------------------------------------------------------------------------
+
+    def _on_applied(self, applied: Applied) -> None:  # tick thread
+        if applied.grown and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake, [(q.topic_id, q.queue) for q in applied.grown])
+
+    def _wake(self, queues: list[tuple[int, int]]) -> None:
+        for key in queues:
+            for future in self._waiters.pop(key, ()):
+                _set_if_pending(future, None)
+
+    async def wait_for_messages(self, topic_id: int, queue: int, timeout_s: float) -> None:
+        """Return when the queue grows on this replica, or after ``timeout_s``."""
+        assert self._loop is not None
+        future: asyncio.Future[None] = self._loop.create_future()
+        waiters = self._waiters[(topic_id, queue)]
+        waiters.append(future)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            if future in waiters:
+                waiters.remove(future)
+
+    # -- leader balancing -------------------------------------------------------------------------
+
+    async def _balance_leaders_forever(self) -> None:
+        """Hand leadership of a queue group to its preferred node (its first replica) when that
+        node is up and caught up, so leaders stay spread over the cluster."""
+        while True:
+            await asyncio.sleep(3.0)
+            try:
+                await self._balance_once()
+            except Exception:
+                log.exception("leader_balance_failed")
+
+    async def _balance_once(self) -> None:
+        for g in self.config.groups_on(self.me.id):
+            local = self.groups[str(g)]
+            preferred = local.replicas[0]
+            if preferred.id == self.me.id or not local.raft.is_leader():
+                continue
+            status = await self.refresh_peer_status()
+            peer = status.get(preferred.id, {}).get("groups", {}).get(str(g))
+            mine = local.raft.status()
+            if peer and peer["applied_index"] >= mine.commit_index - 10 and peer["term"] == mine.term:
+                log.info("leadership_transfer", group=str(g), to=preferred.id)
+                local.raft.transfer_leadership(preferred.raft_addr(1 + g))
+
+    # -- checkpoints (snapshot install) ------------------------------------------------------------
+
+    def make_checkpoint_tar(self, name: str) -> str:
+        """Checkpoint group ``name``'s state into a tar file; returns its path (caller deletes)."""
+        local = self.groups[name]
+        stamp = f"{name}-{time.time_ns()}"
+        ckpt_dir = os.path.join(self.node_dir, "tmp", f"ckpt-{stamp}")
+        tar_path = ckpt_dir + ".tar"
+        local.machine.store.checkpoint(ckpt_dir)
+        try:
+            with tarfile.open(tar_path, "w") as tar:
+                tar.add(ckpt_dir, arcname="checkpoint")
+        finally:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        return tar_path
+
+    def _fetch_checkpoint(self, name: str, replicas: tuple[NodeConfig, ...], manifest: dict[str, Any]) -> str:
+        """Download a checkpoint of group ``name`` from a peer (tick thread; blocking)."""
+        source = manifest.get("node_id")
+        order = sorted((r for r in replicas if r.id != self.me.id), key=lambda r: r.id != source)
+        errors = []
+        for node in order:
+            dest = os.path.join(self.node_dir, "tmp", f"incoming-{name}-{time.time_ns()}")
+            tar_path = dest + ".tar"
+            try:
+                request = urllib.request.Request(
+                    f"{node.http_url}/internal/groups/{name}/checkpoint",
+                    headers={SECRET_HEADER: self.config.secret},
+                )
+                with urllib.request.urlopen(request, timeout=60) as resp, open(tar_path, "wb") as f:
+                    shutil.copyfileobj(resp, f, 1 << 20)
+                with tarfile.open(tar_path) as tar:
+                    tar.extractall(dest, filter="data")
+                return os.path.join(dest, "checkpoint")
+            except Exception as e:  # try the next replica
+                errors.append(f"{node.id}: {e}")
+                shutil.rmtree(dest, ignore_errors=True)
+            finally:
+                if os.path.exists(tar_path):
+                    os.remove(tar_path)
+        raise RuntimeError(f"no replica could send a checkpoint of group {name}: {errors}")
+
+    def store_digest(self, name: str) -> dict[str, Any]:
+        """A hash of every key and value of group ``name``'s state (replicas compare equal)."""
+        store: Store = self.groups[name].machine.store
+        h = hashlib.sha256()
+        keys = 0
+        for k, v in store.scan(b""):
+            h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
+            keys += 1
+        return {
+            "group": name,
+            "state_index": self.groups[name].machine.applied_index,
+            "keys": keys,
+            "sha256": h.hexdigest(),
+        }
+
+
+def _set_if_pending(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -1,0 +1,370 @@
+"""The queue-group state machine: applies committed commands to one queue group's store.
+
+Invariants (every replica relies on them; tests/unit/test_queue_group.py and test_determinism.py
+check them):
+
+- PURE. ``apply`` reads no clock, no randomness and does no I/O except through the ``Store``; time
+  enters only as the leader-stamped ``now_ms`` of a command. The same command log gives the same
+  store bytes and the same results on every replica.
+- NEVER RAISES on input. A malformed or invalid command returns an error result
+  (``{"error": {...}}``, codes from ``cluster/errors.py``); an unexpected exception in the logic is
+  caught and returned as an ``internal`` error. Either way nothing is written except the new
+  ``applied_index``, so the entry is not re-applied on replay and ``applied_index`` stays equal to
+  the Raft index of the last applied entry.
+- The only exception that escapes is ``StoreError`` (including ``CorruptRecord`` found while
+  reading): this replica's storage is broken, and answering differently from healthy replicas
+  would fork the group. The Raft adapter stops the process on it.
+- ``applied_index`` only grows. An entry whose index is ``<= applied_index`` was applied before
+  (journal replay after a restart) and is skipped with ``{"skipped": true}``, changing nothing.
+- ONE ``store.write`` per applied entry, with ``sync=False`` (durability comes from the Raft
+  journal, which is replayed from ``applied_index`` after a crash), and that batch always contains
+  the new ``applied_index``.
+- All-or-nothing: a command is applied whole or not at all, except that produce answers
+  ``topic_not_found`` per batch (the leader coalesces several requests into one entry, and one
+  request names one topic, so a request is still never half-applied).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import structlog
+from raftmq.storage import keys, queues
+from raftmq.storage.keys import APPLIED, ProducerState, QueueMeta
+from raftmq.storage.records import decode_header, encode_batch
+from raftmq.storage.store import Batch, Store, StoreError
+
+from . import commands, errors
+from .commands import (
+    BadCommand,
+    Command,
+    CommitOffsetsCommand,
+    DropTopicCommand,
+    ProduceCommand,
+    RetainCommand,
+)
+from .errors import ErrorCode, error_body
+
+__all__ = ["Applied", "QueueGroupMachine", "QueueHigh"]
+
+_log = structlog.get_logger(__name__)
+
+_RETAIN_SCAN_CHUNK = 64  # record batches read per scan call while applying retention
+
+
+class QueueHigh(NamedTuple):
+    """A queue whose ``high_offset`` grew in an apply."""
+
+    topic_id: int
+    queue: int
+    high_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one apply changed, for the ``on_applied`` hook (e.g. to wake long-polls).
+
+    Attributes:
+        index: The raft index just applied.
+        grown: The queues that received messages, with their new ``high_offset``.
+    """
+
+    index: int
+    grown: tuple[QueueHigh, ...]
+
+
+class _Rejected(Exception):
+    """A valid command that cannot be applied (e.g. an offset out of range); nothing is written."""
+
+    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.extra = code, message, extra
+
+
+class QueueGroupMachine:
+    """The deterministic state machine of one queue group.
+
+    Args:
+        store: The group's store; ``applied_index`` is loaded from it.
+        group_id: The queue group's id (for logs).
+        max_entry_messages: A produce command with more messages in total is rejected with
+            ``request_too_large``.
+
+    Attributes:
+        on_applied: Optional hook called after every applied (written) entry with an
+            :class:`Applied`; set by the node. It runs on the apply thread, so it must be quick;
+            its exceptions are logged and swallowed.
+    """
+
+    def __init__(self, store: Store, group_id: int, *, max_entry_messages: int = 100_000) -> None:
+        if max_entry_messages < 1:
+            raise ValueError("max_entry_messages must be at least 1")
+        self._store = store
+        self._group_id = group_id
+        self._max_entry_messages = max_entry_messages
+        self._applied_index = queues.applied_index(store)
+        self.on_applied: Callable[[Applied], None] | None = None
+
+    @property
+    def applied_index(self) -> int:
+        """The raft index of the last applied entry (0 before the first)."""
+        return self._applied_index
+
+    @property
+    def store(self) -> Store:
+        """The group's store (readers outside the apply thread use ``storage/queues.py`` on it)."""
+        return self._store
+
+    def restore(self, checkpoint_dir: str) -> None:
+        """Replace the whole state with a checkpoint taken on a peer (a Raft snapshot install).
+
+        Must run on the apply thread, between applies. ``applied_index`` is reloaded from the
+        restored store, so entries the checkpoint already covers are skipped afterwards.
+
+        Raises:
+            StoreError: the store cannot restore (it has no ``restore_from``, as ``RocksStore``
+                has) or the restore failed.
+        """
+        restore_from = getattr(self._store, "restore_from", None)
+        if restore_from is None:
+            raise StoreError(f"{type(self._store).__name__} cannot restore a checkpoint")
+        restore_from(checkpoint_dir)
+        self._applied_index = queues.applied_index(self._store)
+
+    def apply(self, index: int, command: bytes) -> dict[str, Any]:
+        """Apply the committed entry ``index`` carrying ``command``.
+
+        Args:
+            index: The entry's raft index (> 0).
+            command: The entry's bytes (see ``cluster/commands.py``).
+
+        Returns:
+            The result: ``{"skipped": true}`` for an already applied index, an error body for an
+            invalid command, otherwise the op's result (see the op methods).
+
+        Raises:
+            StoreError: the store failed; this replica must stop.
+        """
+        # Invariant: applied_index only grows; an entry at or below it is skipped.
+        if index <= self._applied_index:
+            return {"skipped": True}
+        work = _Apply(self._store, index)
+        try:
+            result = self._dispatch(work, commands.decode(command))
+            batch = work.finish()
+        except StoreError:
+            raise
+        except Exception as e:
+            # Whatever went wrong, the partly built batch is dropped: nothing but applied_index
+            # is written, so the command is all-or-nothing.
+            result, batch = self._error_result(index, e), Batch()
+            work.grown.clear()
+        batch.put(APPLIED, keys.encode_u64(index))
+        self._store.write(batch, sync=False)
+        self._applied_index = index
+        self._notify(Applied(index, tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())))
+        return result
+
+    def _error_result(self, index: int, exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, BadCommand):
+            return error_body(exc.code, exc.message)
+        if isinstance(exc, _Rejected):
+            return error_body(exc.code, exc.message, **exc.extra)
+        _log.exception("apply_failed", group_id=self._group_id, index=index)
+        return error_body(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _notify(self, applied: Applied) -> None:
+        hook = self.on_applied
+        if hook is None:
+            return
+        try:
+            hook(applied)
+        except Exception:
+            _log.exception("on_applied_failed", group_id=self._group_id, index=applied.index)
+
+    def _dispatch(self, work: _Apply, cmd: Command) -> dict[str, Any]:
+        if cmd["op"] == "produce":
+            return self._produce(work, cmd)
+        if cmd["op"] == "commit_offsets":
+            return self._commit_offsets(work, cmd)
+        if cmd["op"] == "retain":
+            return self._retain(work, cmd)
+        if cmd["op"] == "drop_topic":
+            return self._drop_topic(work, cmd)
+        return {"ok": True}  # noop
+
+    def _produce(self, work: _Apply, cmd: ProduceCommand) -> dict[str, Any]:
+        """Append each batch at its queue's ``high_offset``.
+
+        Result: ``{"results": [r, ...]}``, one per batch, ``r`` being ``{"topic_id", "queue",
+        "base_offset", "count"}`` (plus ``"duplicate": true`` for a remembered
+        ``(producer_id, sequence)``, with the original offsets and nothing stored) or an error
+        body (``topic_not_found`` for a dropped topic).
+        """
+        total = sum(len(b["messages"]) for b in cmd["batches"])
+        if total > self._max_entry_messages:
+            raise _Rejected(
+                errors.REQUEST_TOO_LARGE, f"{total} messages exceed the limit of {self._max_entry_messages}"
+            )
+        results: list[dict[str, Any]] = []
+        for b in cmd["batches"]:
+            topic_id, queue, producer_id, sequence = (
+                b["topic_id"],
+                b["queue"],
+                b["producer_id"],
+                b["sequence"],
+            )
+            if work.is_dropped(topic_id):
+                results.append(error_body(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped"))
+                continue
+            state = ProducerState()
+            if producer_id is not None and sequence is not None:
+                state = work.producer(topic_id, queue, producer_id)
+                original = state.find(sequence)
+                if original is not None:
+                    base_offset, count = original
+                    results.append(
+                        {
+                            "topic_id": topic_id,
+                            "queue": queue,
+                            "base_offset": base_offset,
+                            "count": count,
+                            "duplicate": True,
+                        }
+                    )
+                    continue
+            meta = work.meta(topic_id, queue)
+            base_offset, count = meta.high_offset, len(b["messages"])
+            value = encode_batch(work.index, cmd["now_ms"], base_offset, b["messages"])
+            work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
+            high = base_offset + count
+            work.set_meta(topic_id, queue, QueueMeta(meta.low_offset, high, meta.retained_bytes + len(value)))
+            if producer_id is not None and sequence is not None:
+                work.set_producer(topic_id, queue, producer_id, state.add(sequence, base_offset, count))
+            work.grown[(topic_id, queue)] = high
+            results.append({"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count})
+        return {"results": results}
+
+    def _commit_offsets(self, work: _Apply, cmd: CommitOffsetsCommand) -> dict[str, Any]:
+        """Store the consumer group's offsets. Each must be in ``[0, high_offset]`` of its queue
+        (below ``low_offset`` is allowed: a lagging consumer). Result: ``{"ok": true}``."""
+        topic_id = cmd["topic_id"]
+        if work.is_dropped(topic_id):
+            raise _Rejected(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped")
+        for queue, offset in cmd["offsets"].items():
+            meta = work.meta(topic_id, queue)
+            if offset > meta.high_offset:
+                raise _Rejected(
+                    errors.OFFSET_OUT_OF_RANGE,
+                    f"offset {offset} is above high_offset {meta.high_offset} of queue {queue}",
+                    queue=queue,
+                    offset=offset,
+                    low_offset=meta.low_offset,
+                    high_offset=meta.high_offset,
+                )
+        for queue, offset in cmd["offsets"].items():
+            work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(offset))
+        return {"ok": True}
+
+    def _retain(self, work: _Apply, cmd: RetainCommand) -> dict[str, Any]:
+        """Remove whole record batches from the low end of each queue while the batch is older
+        than ``now_ms - max_age_ms`` or the queue holds more than ``max_bytes``. A queue may be
+        emptied (``low_offset == high_offset``). Result: ``{"removed": [{"topic_id", "queue",
+        "low_offset"}]}`` for the queues whose ``low_offset`` moved."""
+        removed: list[dict[str, Any]] = []
+        for entry in cmd["queues"]:
+            topic_id, queue = entry["topic_id"], entry["queue"]
+            max_age_ms, max_bytes = entry["max_age_ms"], entry["max_bytes"]
+            meta = work.meta(topic_id, queue)
+            if meta.low_offset == meta.high_offset or (max_age_ms is None and max_bytes is None):
+                continue
+            cutoff_ms = None if max_age_ms is None else cmd["now_ms"] - max_age_ms
+            low, retained = _retention_point(work.store, topic_id, queue, meta, cutoff_ms, max_bytes)
+            if low == meta.low_offset:
+                continue
+            start, _ = keys.queue_range(keys.RECORD, topic_id, queue)
+            work.batch.delete_range(start, keys.record_key(topic_id, queue, low))
+            work.set_meta(topic_id, queue, QueueMeta(low, meta.high_offset, retained))
+            removed.append({"topic_id": topic_id, "queue": queue, "low_offset": low})
+        return {"removed": removed}
+
+    def _drop_topic(self, work: _Apply, cmd: DropTopicCommand) -> dict[str, Any]:
+        """Delete every key of the topic and leave a tombstone, so a produce or commit that raced
+        the drop is refused (``topic_not_found``) instead of resurrecting the topic. Topic ids are
+        never reused. Result: ``{"ok": true}``."""
+        topic_id = cmd["topic_id"]
+        for prefix in keys.TOPIC_PREFIXES:
+            work.batch.delete_range(*keys.topic_range(prefix, topic_id))
+        work.batch.put(keys.dropped_key(topic_id), b"")
+        return {"ok": True}
+
+
+def _retention_point(
+    store: Store, topic_id: int, queue: int, meta: QueueMeta, cutoff_ms: int | None, max_bytes: int | None
+) -> tuple[int, int]:
+    """The new ``(low_offset, retained_bytes)`` after removing expired batches from the low end."""
+    low, retained = meta.low_offset, meta.retained_bytes
+    start, end = keys.queue_range(keys.RECORD, topic_id, queue)
+    while True:
+        chunk = list(store.scan(start, end, limit=_RETAIN_SCAN_CHUNK))
+        for _, value in chunk:
+            header = decode_header(value)
+            expired = cutoff_ms is not None and header.append_time_ms < cutoff_ms
+            oversize = max_bytes is not None and retained > max_bytes
+            if not (expired or oversize):
+                return low, retained
+            low, retained = header.end_offset, retained - len(value)
+        if len(chunk) < _RETAIN_SCAN_CHUNK:
+            return low, retained
+        start = chunk[-1][0] + b"\x00"
+
+
+class _Apply:
+    """The working state of one apply: the batch being built and an overlay of the queue metas and
+    producer states it changed, so that later batches of the same command see earlier ones."""
+
+    def __init__(self, store: Store, index: int) -> None:
+        self.store = store
+        self.index = index
+        self.batch = Batch()
+        self.grown: dict[tuple[int, int], int] = {}
+        self._metas: dict[tuple[int, int], QueueMeta] = {}
+        self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
+        self._producers: dict[tuple[int, int, str], ProducerState] = {}
+        self._changed_producers: dict[tuple[int, int, str], ProducerState] = {}
+        self._dropped: dict[int, bool] = {}
+
+    def is_dropped(self, topic_id: int) -> bool:
+        if topic_id not in self._dropped:
+            self._dropped[topic_id] = self.store.get(keys.dropped_key(topic_id)) is not None
+        return self._dropped[topic_id]
+
+    def meta(self, topic_id: int, queue: int) -> QueueMeta:
+        key = (topic_id, queue)
+        if key not in self._metas:
+            self._metas[key] = queues.queue_meta(self.store, topic_id, queue) or QueueMeta()
+        return self._metas[key]
+
+    def set_meta(self, topic_id: int, queue: int, meta: QueueMeta) -> None:
+        self._metas[(topic_id, queue)] = self._changed_metas[(topic_id, queue)] = meta
+
+    def producer(self, topic_id: int, queue: int, producer_id: str) -> ProducerState:
+        key = (topic_id, queue, producer_id)
+        if key not in self._producers:
+            data = self.store.get(keys.producer_key(topic_id, queue, producer_id))
+            self._producers[key] = ProducerState() if data is None else ProducerState.decode(data)
+        return self._producers[key]
+
+    def set_producer(self, topic_id: int, queue: int, producer_id: str, state: ProducerState) -> None:
+        key = (topic_id, queue, producer_id)
+        self._producers[key] = self._changed_producers[key] = state
+
+    def finish(self) -> Batch:
+        """The batch with the changed metas and producer states added (in first-change order)."""
+        for (topic_id, queue), meta in self._changed_metas.items():
+            self.batch.put(keys.meta_key(topic_id, queue), meta.encode())
+        for (topic_id, queue, producer_id), state in self._changed_producers.items():
+            self.batch.put(keys.producer_key(topic_id, queue, producer_id), state.encode())
+        return self.batch

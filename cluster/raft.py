@@ -1,0 +1,388 @@
+"""The Raft adapter: one :class:`RaftGroup` per replicated group. The only module importing pysyncobj.
+
+pysyncobj (pinned to 0.3.17) provides elections and replication. This module makes it durable and
+safe to embed (each hazard of ``shared/notes/pysyncobj.md`` and what neutralises it):
+
+1. No fsync → :class:`~raftmq.cluster.journal.DurableJournal` replaces the journal through the
+   ``createJournal`` seam; the transport flushes it before every message and a tick callback after
+   every tick, so an entry is synced before it is acknowledged or counted.
+2. Snapshot/compaction crash window → the deserializer aligns the journal to the snapshot before
+   pysyncobj compares them, and compaction fsyncs the snapshot's directory first.
+3. ``journalFile`` without ``fullDumpFile`` → both are always set here.
+4. Torn journal → checksummed records; a bad tail is cut on load.
+5. Truncation of matching entries → a no-op in the journal.
+6. Replay after restart → the state machine skips indexes at or below its ``applied_index``.
+Poison pills: the state machine never raises; a storage failure stops the process.
+Snapshots are manifests (a few hundred bytes); a replica whose state is behind a snapshot pulls a
+RocksDB checkpoint from a peer out of band (``fetch_checkpoint``), never through Raft's 64 KiB chunks.
+
+Threading: every apply, callback, journal write and snapshot hook runs on the group's tick thread.
+``submit`` may be called from any thread; its ``on_done`` runs on the tick thread and must be short.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import pysyncobj.syncobj as _pso
+import structlog
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic as _pso_monotonic
+from pysyncobj.transport import TCPTransport
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+from raftmq.storage.store import Store, StoreError
+
+from .journal import DurableJournal, Entry
+
+__all__ = [
+    "PINNED_PYSYNCOBJ",
+    "GroupStatus",
+    "Outcome",
+    "RaftGroup",
+    "RaftSettings",
+    "StateMachine",
+]
+
+log = structlog.get_logger(__name__)
+
+PINNED_PYSYNCOBJ = "0.3.17"
+if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against this version
+    raise ImportError(f"raftmq needs pysyncobj=={PINNED_PYSYNCOBJ}, found {PYSYNCOBJ_VERSION}")
+
+_EXIT_STORAGE_FAILURE = 70
+
+
+class StateMachine(Protocol):
+    """What a Raft group replicates into. ``apply`` must be pure and must not raise."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def applied_index(self) -> int: ...
+
+    def apply(self, index: int, command: bytes) -> Any: ...
+
+    def restore(self, checkpoint_dir: str) -> None:
+        """Replace the whole state with a checkpoint taken on a peer."""
+        ...
+
+
+@dataclass(frozen=True)
+class RaftSettings:
+    """Timing and durability of one group. Defaults favour low latency and stable leadership."""
+
+    password: str
+    fsync: bool = True
+    election_min_s: float = 1.0
+    election_max_s: float = 2.0
+    heartbeat_s: float = 0.05
+    tick_s: float = 0.05
+    leader_fallback_s: float = 2.5  # a cut-off leader steps down after this long
+    connection_retry_s: float = 0.5
+    compaction_min_entries: int = 20_000
+    compaction_min_time_s: float = 120.0
+    compaction_max_bytes: int = 64 * 1024 * 1024
+    max_entry_bytes: int = 256 * 1024
+    crash_after_snapshot: bool = False  # test fault: exit between snapshot and journal compaction
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a submitted command ended. ``error`` is an error code from ``cluster/errors.py``;
+    ``definite=False`` means the command may or may not have been applied."""
+
+    result: Any = None
+    error: str | None = None
+    definite: bool = True
+
+
+# pysyncobj failure reason -> (error code, definite)
+_FAILURES: dict[int, tuple[str, bool]] = {
+    FAIL_REASON.QUEUE_FULL: ("unavailable", True),
+    FAIL_REASON.MISSING_LEADER: ("unavailable", True),
+    FAIL_REASON.DISCARDED: ("not_leader", True),  # another entry won this index: ours is gone
+    FAIL_REASON.NOT_LEADER: ("not_leader", True),
+    FAIL_REASON.LEADER_CHANGED: ("unknown_outcome", False),
+    FAIL_REASON.REQUEST_DENIED: ("unavailable", True),
+    FAIL_REASON.UNKNOWN_OUTCOME: ("unknown_outcome", False),
+}
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    leader: str | None  # Raft address of the leader this replica knows, if any
+    is_leader: bool
+    term: int
+    commit_index: int
+    applied_index: int
+    state_index: int  # the state machine's applied_index (last non-empty entry applied)
+    has_quorum: bool
+    journal_entries: int
+
+
+def _install_journal_seam() -> None:
+    """Make pysyncobj use a DurableJournal passed as ``journalFile`` (idempotent)."""
+    original = _pso.createJournal
+    if getattr(original, "raftmq_seam", False):
+        return
+
+    def create_journal(journal_file: Any = None) -> Any:
+        if isinstance(journal_file, DurableJournal):
+            return journal_file
+        return original(journal_file)
+
+    create_journal.raftmq_seam = True  # type: ignore[attr-defined]
+    _pso.createJournal = create_journal
+
+
+class _FlushingTransport(TCPTransport):  # type: ignore[misc]
+    """TCP transport that makes the journal durable before any message leaves the node."""
+
+    def send(self, node: Any, message: Any) -> Any:
+        self._syncObj.raftmq_journal.flush()
+        return super().send(node, message)
+
+
+class _GroupSyncObj(SyncObj):  # type: ignore[misc]
+    """pysyncobj's object with exactly one replicated method taking bytes (never add another:
+    pysyncobj numbers replicated methods by sorted name)."""
+
+    def __init__(self, group: RaftGroup, journal: DurableJournal, **kwargs: Any) -> None:
+        # Set before SyncObj.__init__: its tick thread starts inside it and may send at once.
+        self.raftmq_group = group
+        self.raftmq_journal = journal
+        super().__init__(**kwargs)
+
+    @replicated  # type: ignore[misc]
+    def apply_command(self, data: bytes) -> Any:
+        # Inside a replicated method the entry being applied is raftLastApplied + 1.
+        return self.raftmq_group._apply(self.raftLastApplied + 1, data)
+
+
+class RaftGroup:
+    """One replica of one Raft group: pysyncobj, a durable journal and a state machine."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        node_id: str,
+        self_addr: str,
+        peer_addrs: list[str],
+        journal_store: Store,
+        machine: StateMachine,
+        snapshot_file: str,
+        settings: RaftSettings,
+        fetch_checkpoint: Callable[[dict[str, Any]], str] | None = None,
+        bind_addr: str | None = None,
+    ) -> None:
+        _install_journal_seam()
+        self.name = name
+        self.node_id = node_id
+        self.self_addr = self_addr
+        self.peer_addrs = list(peer_addrs)
+        self._machine = machine
+        self._settings = settings
+        self._snapshot_file = snapshot_file
+        self._fetch_checkpoint = fetch_checkpoint
+        self._journal = DurableJournal(journal_store, fsync=settings.fsync)
+        self._journal.before_compaction = self._before_compaction
+        self._destroyed = threading.Event()
+        os.makedirs(os.path.dirname(snapshot_file), exist_ok=True)
+        conf = SyncObjConf(
+            password=settings.password,
+            journalFile=self._journal,
+            fullDumpFile=snapshot_file,
+            serializer=self._serialize,
+            deserializer=self._deserialize,
+            raftMinTimeout=settings.election_min_s,
+            raftMaxTimeout=settings.election_max_s,
+            appendEntriesPeriod=settings.heartbeat_s,
+            autoTickPeriod=settings.tick_s,
+            leaderFallbackTimeout=settings.leader_fallback_s,
+            connectionRetryTime=settings.connection_retry_s,
+            connectionTimeout=max(3.5, settings.election_max_s),
+            # Send on every new entry (with a pipe wake-up) rather than once per period: latency.
+            appendEntriesUseBatch=False,
+            # Entries stay far below this, so pysyncobj's broken chunked path is never taken.
+            appendEntriesBatchSizeBytes=max(2 * settings.max_entry_bytes, 1 << 20),
+            logCompactionMinEntries=settings.compaction_min_entries,
+            logCompactionMinTime=settings.compaction_min_time_s,
+            dynamicMembershipChange=False,
+            onStateChanged=self._on_state_changed,
+            bindAddress=bind_addr,
+        )
+        self._sync = _GroupSyncObj(
+            self,
+            self._journal,
+            selfNode=self_addr,
+            otherNodes=[a for a in peer_addrs if a != self_addr],
+            conf=conf,
+            transportClass=_FlushingTransport,
+        )
+        self._sync.addOnTickCallback(self._after_tick)
+
+    # -- client side ------------------------------------------------------------------------------
+
+    def submit(self, command: bytes, on_done: Callable[[Outcome], None]) -> None:
+        """Propose ``command``. ``on_done`` is called once, on the tick thread, when the entry is
+        applied here (result) or has failed; it must not block. May be called from any thread."""
+
+        def callback(result: Any, error: int) -> None:
+            # An exception escaping a pysyncobj callback makes the leader apply the entry twice.
+            try:
+                if error == FAIL_REASON.SUCCESS:
+                    on_done(Outcome(result=result))
+                else:
+                    code, definite = _FAILURES.get(error, ("unknown_outcome", False))
+                    on_done(Outcome(error=code, definite=definite))
+            except Exception:
+                log.exception("submit_callback_failed", group=self.name)
+
+        if len(command) > self._settings.max_entry_bytes:
+            on_done(Outcome(error="request_too_large", definite=True))
+            return
+        self._sync.apply_command(command, callback=callback)
+
+    def is_leader(self) -> bool:
+        return bool(self._sync._isLeader())
+
+    def leader(self) -> str | None:
+        node = self._sync._getLeader()
+        return None if node is None else str(node.id)
+
+    def status(self) -> GroupStatus:
+        s = self._sync
+        return GroupStatus(
+            name=self.name,
+            leader=self.leader(),
+            is_leader=self.is_leader(),
+            term=int(s.raftCurrentTerm),
+            commit_index=int(s.raftCommitIndex),
+            applied_index=int(s.raftLastApplied),
+            state_index=self._machine.applied_index,
+            has_quorum=bool(s.hasQuorum),
+            journal_entries=len(self._journal),
+        )
+
+    def transfer_leadership(self, to_addr: str | None = None) -> None:
+        """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer)."""
+        self._sync.transferLeadership(node=to_addr)
+
+    def force_compaction(self) -> None:
+        self._sync.forceLogCompaction()
+
+    def destroy(self) -> None:
+        """Stop the tick thread and close the transport (the stores stay open: the caller owns them)."""
+        if not self._destroyed.is_set():
+            self._destroyed.set()
+            self._sync.destroy_synchronous()
+
+    # -- tick thread ------------------------------------------------------------------------------
+
+    def _apply(self, index: int, data: bytes) -> Any:
+        try:
+            return self._machine.apply(index, data)
+        except StoreError:
+            # A replica that cannot write must stop; carrying on would let it diverge silently.
+            log.critical("storage_failure_stopping", group=self.name, index=index, exc_info=True)
+            os._exit(_EXIT_STORAGE_FAILURE)
+
+    def _after_tick(self) -> None:
+        self._journal.flush()
+        if self._journal.size_bytes > self._settings.compaction_max_bytes:
+            self._sync.forceLogCompaction()
+
+    def _on_state_changed(self, old: int, new: int) -> None:
+        names = {0: "follower", 1: "candidate", 2: "leader"}
+        log.info(
+            "raft_state_changed",
+            group=self.name,
+            node_id=self.node_id,
+            state=names.get(new, str(new)),
+            term=int(self._sync.raftCurrentTerm) if hasattr(self, "_sync") else None,
+        )
+
+    def _before_compaction(self) -> None:
+        # pysyncobj renamed the new snapshot into place without syncing the directory; make the
+        # rename durable before the journal entries it covers disappear.
+        _fsync_dir(os.path.dirname(self._snapshot_file))
+        if self._settings.crash_after_snapshot:
+            log.warning("test_fault_crash_after_snapshot", group=self.name)
+            os._exit(137)
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def _serialize(self, tmp_path: str, data: tuple[Entry, Entry, Any]) -> None:
+        last, prev, _cluster = data
+        # Invariant: the state covers every entry up to `last`; make it durable before the
+        # journal entries up to it can be compacted away.
+        self._machine.store.sync()
+        manifest = {
+            "format": 1,
+            "group": self.name,
+            "node_id": self.node_id,
+            "raft_addr": self.self_addr,
+            "state_index": self._machine.applied_index,
+            "last": _entry_to_json(last),
+            "prev": _entry_to_json(prev),
+        }
+        with open(tmp_path, "wb") as f:
+            f.write(orjson.dumps(manifest))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _deserialize(self, path: str) -> tuple[Entry, Entry, list[str]]:
+        with open(path, "rb") as f:
+            manifest = orjson.loads(f.read())
+        last = _entry_from_json(manifest["last"])
+        prev = _entry_from_json(manifest["prev"])
+        self._journal.align_to_snapshot(prev, last)
+        if self._machine.applied_index < manifest["state_index"]:
+            self._install_checkpoint(manifest)
+        return last, prev, [self.self_addr, *self.peer_addrs]
+
+    def _install_checkpoint(self, manifest: dict[str, Any]) -> None:
+        """Pull a peer's checkpoint (this replica's state is behind the snapshot it was given)."""
+        if self._fetch_checkpoint is None:
+            raise RuntimeError(f"group {self.name}: state behind snapshot and no way to fetch one")
+        log.info(
+            "snapshot_install_started",
+            group=self.name,
+            source=manifest.get("node_id"),
+            state_index=manifest["state_index"],
+            local_index=self._machine.applied_index,
+        )
+        checkpoint_dir = self._fetch_checkpoint(manifest)
+        self._machine.restore(checkpoint_dir)
+        if self._machine.applied_index < manifest["state_index"]:
+            raise RuntimeError("fetched checkpoint is older than the snapshot")
+        # The fetch blocked this tick thread; without this the follower would start an election
+        # (pysyncobj checks the deadline before reading the heartbeats that queued meanwhile).
+        self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
+        log.info("snapshot_install_done", group=self.name, state_index=self._machine.applied_index)
+
+
+def _entry_to_json(entry: Entry) -> list[Any]:
+    command, index, term = entry
+    return [base64.b64encode(command).decode(), index, term]
+
+
+def _entry_from_json(raw: list[Any]) -> Entry:
+    return (base64.b64decode(raw[0]), int(raw[1]), int(raw[2]))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

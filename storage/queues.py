@@ -1,0 +1,141 @@
+"""Reading a queue group's store: queue bounds, messages, committed offsets, applied index.
+
+These helpers run on HTTP threads while the apply thread writes, and are also used by the state
+machine. They rely on the invariants in ``storage/keys.py`` and on committed messages being
+immutable: a batch is only ever added at the high end or removed (by retention or drop_topic) from
+the low end. A reader racing with retention sees :class:`OffsetOutOfRange`, never a wrong message.
+"""
+
+from __future__ import annotations
+
+from .keys import (
+    APPLIED,
+    QueueMeta,
+    decode_u64,
+    meta_key,
+    offset_key,
+    queue_range,
+    record_key,
+    record_prefix,
+)
+from .keys import RECORD as _RECORD_PREFIX_BYTE
+from .records import CorruptRecord, Message, decode_header, decode_messages
+from .store import Store
+
+__all__ = [
+    "OffsetOutOfRange",
+    "applied_index",
+    "committed_offset",
+    "queue_bounds",
+    "queue_meta",
+    "read_messages",
+]
+
+_SCAN_CHUNK = 16  # record batches fetched per scan call while reading forward
+
+
+class OffsetOutOfRange(Exception):
+    """A read asked for an offset outside ``[low_offset, high_offset]``.
+
+    Attributes:
+        offset: The offset asked for.
+        low_offset: The queue's first retained offset at the time of the read.
+        high_offset: The queue's next offset to be written at the time of the read.
+    """
+
+    def __init__(self, offset: int, low_offset: int, high_offset: int) -> None:
+        super().__init__(f"offset {offset} is outside [{low_offset}, {high_offset}]")
+        self.offset = offset
+        self.low_offset = low_offset
+        self.high_offset = high_offset
+
+
+def applied_index(store: Store) -> int:
+    """The raft index of the last command applied to ``store`` (0 if none)."""
+    data = store.get(APPLIED)
+    return 0 if data is None else decode_u64(data)
+
+
+def queue_meta(store: Store, topic_id: int, queue: int) -> QueueMeta | None:
+    """The stored meta of a queue, or None if nothing was ever produced to it (or it was dropped)."""
+    data = store.get(meta_key(topic_id, queue))
+    return None if data is None else QueueMeta.decode(data)
+
+
+def queue_bounds(store: Store, topic_id: int, queue: int) -> tuple[int, int]:
+    """``(low_offset, high_offset)`` of a queue; ``(0, 0)`` for an unknown queue."""
+    meta = queue_meta(store, topic_id, queue)
+    return (0, 0) if meta is None else (meta.low_offset, meta.high_offset)
+
+
+def committed_offset(store: Store, group: str, topic_id: int, queue: int) -> int | None:
+    """The offset consumer group ``group`` committed on a queue, or None if it never did."""
+    data = store.get(offset_key(topic_id, queue, group))
+    return None if data is None else decode_u64(data)
+
+
+def read_messages(
+    store: Store,
+    topic_id: int,
+    queue: int,
+    offset: int,
+    max_messages: int,
+    max_bytes: int | None = None,
+) -> list[Message]:
+    """Messages of a queue from ``offset`` on, in offset order.
+
+    Args:
+        store: The queue group's store.
+        topic_id: The topic.
+        queue: The queue number.
+        offset: The first offset to return; may fall inside a record batch.
+        max_messages: Return at most this many messages.
+        max_bytes: Stop before the total value size would exceed this, except that the first
+            message is always returned (so one large message cannot stall a consumer).
+
+    Returns:
+        Up to ``max_messages`` consecutive messages starting at ``offset``; empty when
+        ``offset == high_offset``.
+
+    Raises:
+        OffsetOutOfRange: ``offset < low_offset`` or ``offset > high_offset``.
+        CorruptRecord: a stored batch failed its checks.
+    """
+    low, high = queue_bounds(store, topic_id, queue)
+    if not low <= offset <= high:
+        raise OffsetOutOfRange(offset, low, high)
+    if offset == high or max_messages <= 0:
+        return []
+    prefix = record_prefix(topic_id, queue)
+    found = store.last_before(record_key(topic_id, queue, offset), prefix)
+    if found is None or decode_header(found[1]).end_offset <= offset:
+        # Retention removed the batch after we read the bounds.
+        low, high = queue_bounds(store, topic_id, queue)
+        raise OffsetOutOfRange(offset, low, high)
+    _, end = queue_range(_RECORD_PREFIX_BYTE, topic_id, queue)
+    messages: list[Message] = []
+    budget = max_bytes
+    next_offset = offset
+    start_key = found[0]
+    while True:
+        chunk = list(store.scan(start_key, end, limit=_SCAN_CHUNK))
+        for key, value in chunk:
+            header = decode_header(value)
+            # A batch must sit at its own base offset; anything else means the store is damaged.
+            if key != record_key(topic_id, queue, header.base_offset):
+                raise CorruptRecord(f"record batch at key {key.hex()} has base offset {header.base_offset}")
+            if header.base_offset > next_offset:
+                # Retention removed batches under our feet; never return a gap.
+                return messages
+            for message in decode_messages(value, next_offset, max_messages - len(messages)):
+                if budget is not None:
+                    if messages and len(message.value) > budget:
+                        return messages
+                    budget -= len(message.value)
+                messages.append(message)
+            if len(messages) >= max_messages:
+                return messages
+            next_offset = header.end_offset
+        if len(chunk) < _SCAN_CHUNK:
+            return messages
+        start_key = chunk[-1][0] + b"\x00"

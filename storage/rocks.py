@@ -1,0 +1,577 @@
+"""``RocksStore``: the :class:`~raftmq.storage.store.Store` over RocksDB (rocksdict 0.3.29, raw mode).
+
+This is the only module in raftmq that imports rocksdict. Everything rocksdict-specific stays here,
+including the workarounds for what that version does differently from RocksDB's documentation:
+
+- ``ReadOptions.set_iterate_lower_bound`` sets the *upper* bound, so lower limits are checked here in
+  Python and only ``set_iterate_upper_bound`` is used.
+- A ``WriteBatch`` holding ``delete_range(start, end)`` with ``end < start`` is applied up to that op,
+  then fails, and every later write *and* ``close()`` fail too. Empty and reversed ranges (which delete
+  nothing by the contract) therefore never reach RocksDB.
+- An iterator keeps the database open (and its ``LOCK`` held) after ``Rdict.close()``. A closed
+  ``Rdict`` raises ``DbClosedError``, but an iterator over it keeps working. So the store tracks its
+  live scan cursors and drops their iterators before it closes or swaps the database.
+- RocksDB errors arrive as bare ``Exception``; they are re-raised as :class:`StoreError`.
+
+Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
+between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
+in-flight ones have left, and only then close the handle. So a reader never touches a closed
+database: during a swap it gets :class:`StoreClosed`.
+
+Restore protocol (``restore_from``). Every step is one atomic rename on one filesystem, made durable
+by an fsync of the directories involved; ``<path>.restore-old`` existing marks an unfinished restore:
+
+1. close the database; fsync every file of the checkpoint;
+2. rename ``<path>`` -> ``<path>.restore-old``;
+3. rename the checkpoint directory -> ``<path>``;
+4. open ``<path>``, then delete ``<path>.restore-old``.
+
+``RocksStore.open`` finishes or undoes an interrupted restore before it opens anything:
+
+- ``<path>.restore-old`` absent: an ordinary open (created if missing).
+- present, and ``<path>`` is a database (has ``CURRENT``): roll forward: open ``<path>``, then delete
+  ``<path>.restore-old``.
+- present, and ``<path>`` is missing, not a database, or does not open: roll back: rename ``<path>``
+  (if any) to ``<path>.restore-failed``, rename ``<path>.restore-old`` back to ``<path>``, delete
+  ``<path>.restore-failed`` (any later open deletes a leftover one too).
+
+So after a crash at any point, once ``open`` has run, ``<path>`` is the old or the new complete
+database. ``restore_from`` ends with the same recovery step, and raises ``StoreError`` if it rolled back.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import threading
+import weakref
+from collections.abc import Iterator
+
+from rocksdict import (
+    Checkpoint,
+    DbClosedError,
+    DBRecoveryMode,
+    Options,
+    Rdict,
+    RdictIter,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
+
+from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
+
+__all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
+
+RESTORE_OLD_SUFFIX = ".restore-old"
+"""``<path><suffix>`` holds the database being replaced while a restore is in progress."""
+
+RESTORE_FAILED_SUFFIX = ".restore-failed"
+"""``<path><suffix>`` holds a restored database that would not open, until it is deleted."""
+
+# A scan reads this many pairs (or this many bytes of keys and values, whichever comes first) per
+# visit to the database, so readers take the gate once per chunk rather than once per pair, and a
+# scan of 1 MiB values does not buffer more than about a chunk of them.
+_CHUNK_PAIRS = 64
+_CHUNK_BYTES = 1 << 20
+
+
+def _options() -> Options:
+    """RocksDB options for a commit log on a small (2-core) machine."""
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    # One flush and one compaction at a time: more background jobs than cores only adds contention.
+    opts.set_max_background_jobs(2)
+    # A node hosts several databases (one per queue group replica, one for metadata); 16 MiB
+    # memtables (RocksDB default: 64 MiB) keep their sum modest. Two of them: one filling, one flushing.
+    opts.set_write_buffer_size(16 << 20)
+    opts.set_max_write_buffer_number(2)
+    # After a crash, recover every WAL record before a torn tail and drop the tail, instead of refusing
+    # to open (absolute_consistency). RocksDB's default, but our durability argument rests on it.
+    # recycle_log_file_num stays 0: recycled WAL files would make the tail ambiguous.
+    opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
+    # Every open rolls the info LOG to LOG.old.<time>; keep a few, not all of them.
+    opts.set_keep_log_file_num(4)
+    return opts
+
+
+def _write_options(*, sync: bool) -> WriteOptions:
+    # The WAL is always on (never disable_wal): it is what makes an unsynced write survive a process
+    # crash and a synced one survive a power loss.
+    wo = WriteOptions()
+    wo.sync = sync
+    return wo
+
+
+def _translate(exc: BaseException) -> StoreError | None:
+    """The StoreError for a rocksdict or OS failure, or None for anything else (a caller bug)."""
+    if isinstance(exc, DbClosedError):
+        return StoreClosed(str(exc))
+    # rocksdict raises RocksDB's Status errors as bare Exception, never a subclass.
+    if type(exc) is Exception or isinstance(exc, OSError):
+        return StoreError(str(exc))
+    return None
+
+
+@contextlib.contextmanager
+def _store_errors() -> Iterator[None]:
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:
+        translated = _translate(exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+def _as_bytes(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise StoreError(f"expected bytes from the database, got {type(value).__name__}")
+    return value
+
+
+def _to_write_batch(batch: Batch) -> WriteBatch:
+    """The rocksdict batch for ``batch``. Raises ValueError (before anything is written) on a bad op."""
+    wb = WriteBatch(raw_mode=True)
+    for op, a, b in batch.ops:
+        if op == OP_PUT:
+            wb.put(a, b)
+        elif op == OP_DELETE:
+            wb.delete(a)
+        elif op == OP_DELETE_RANGE:
+            # Empty or reversed ranges delete nothing; RocksDB would half-apply the batch (see above).
+            if a < b:
+                wb.delete_range(a, b)
+        else:
+            raise ValueError(f"unknown batch op {op}")
+    return wb
+
+
+class RocksStore:
+    """A :class:`Store` in one RocksDB directory. Safe for one writer and many reader threads.
+
+    Create with :meth:`open`. Scan iterators are not themselves thread-safe (use each from one thread).
+    """
+
+    def __init__(self, path: str, db: Rdict) -> None:
+        """Internal: use :meth:`open`."""
+        self._path = path
+        self._cond = threading.Condition()
+        # Invariant: _users counts threads between _enter and _leave; _db is not None exactly while new
+        # users are admitted; a handle is closed only after _db stopped being it and _users reached 0.
+        self._db: Rdict | None = db
+        self._users = 0
+        self._closed = False
+        self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
+        # Serializes close() and restore_from(), which both take the handle away from users.
+        self._admin = threading.Lock()
+        self._wo_sync = _write_options(sync=True)
+        self._wo_nosync = _write_options(sync=False)
+
+    @classmethod
+    def open(cls, path: str) -> RocksStore:
+        """Open (or create) the store in directory ``path``, finishing an interrupted restore first.
+
+        Raises:
+            StoreError: RocksDB refused to open (corruption, lock held by another opener, I/O error).
+        """
+        path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        db, _ = _open_recovering(path)
+        return cls(path, db)
+
+    @property
+    def path(self) -> str:
+        """The absolute path of the database directory."""
+        return self._path
+
+    # -- the gate --------------------------------------------------------------------------------
+
+    def _enter(self) -> Rdict:
+        with self._cond:
+            if self._db is None:
+                raise StoreClosed(f"store {self._path} is closed")
+            self._users += 1
+            return self._db
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._users -= 1
+            if self._users == 0:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Rdict]:
+        db = self._enter()
+        try:
+            with _store_errors():
+                yield db
+        finally:
+            self._leave()
+
+    def _revoke(self) -> Rdict | None:
+        """Stop admitting users, wait for in-flight ones, drop every live scan iterator.
+
+        Returns the handle, now used by nobody, or None if the store was already closed.
+        """
+        with self._cond:
+            db, self._db = self._db, None
+            self._cond.wait_for(lambda: self._users == 0)
+            cursors = list(self._cursors)
+            self._cursors.clear()
+        for cursor in cursors:
+            cursor.revoke()
+        return db
+
+    def _register(self, cursor: _Cursor) -> None:
+        with self._cond:
+            self._cursors.add(cursor)
+
+    def _unregister(self, cursor: _Cursor) -> None:
+        with self._cond:
+            self._cursors.discard(cursor)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value stored at ``key``, or None."""
+        with self._using() as db:
+            value = db.get(key)
+        return None if value is None else _as_bytes(value)
+
+    def scan(
+        self,
+        start: bytes,
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Pairs with ``start <= key < end`` in key order (descending with ``reverse``), at most ``limit``.
+
+        The iterator reads a snapshot taken by this call. It raises StoreClosed if the store is
+        closed or restored before it is exhausted.
+        """
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if limit == 0 or (end is not None and start >= end):
+            with self._using():
+                return iter(())
+        ro = ReadOptions()
+        if end is not None:
+            ro.set_iterate_upper_bound(end)
+        with self._using() as db:
+            # The iterator pins the database's state as of now: this is the scan's snapshot.
+            it = db.iter(ro)
+            cursor = _Cursor(self, it, start, reverse=reverse, limit=limit)
+            self._register(cursor)
+        return cursor
+
+    def last_before(self, key: bytes, floor: bytes) -> tuple[bytes, bytes] | None:
+        """The pair with the greatest key ``k`` such that ``floor <= k <= key``, or None."""
+        if floor > key:
+            with self._using():
+                return None
+        with self._using() as db:
+            it = db.iter()
+            it.seek_for_prev(key)
+            if not it.valid():
+                return None
+            found = _as_bytes(it.key())
+            if found < floor:
+                return None
+            return found, _as_bytes(it.value())
+
+    def approximate_size(self) -> int:
+        """Bytes the database directory takes on disk (SST, WAL, manifest and log files)."""
+        with self._using():
+            total = 0
+            with os.scandir(self._path) as entries:
+                for entry in entries:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+            return total
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def write(self, batch: Batch, *, sync: bool = False) -> None:
+        """Apply ``batch`` atomically; with ``sync``, return only once it is on stable storage.
+
+        Raises:
+            ValueError: the batch holds an unknown op (nothing is written).
+            StoreError: RocksDB failed; treat the store as broken.
+        """
+        if not batch.ops:
+            if sync:
+                self.sync()
+            else:
+                with self._using():
+                    pass
+            return
+        wb = _to_write_batch(batch)
+        with self._using() as db:
+            db.write(wb, self._wo_sync if sync else self._wo_nosync)
+
+    def sync(self) -> None:
+        """Make every write made so far durable (fsync of the write-ahead log)."""
+        with self._using() as db:
+            db.flush_wal(sync=True)
+
+    def checkpoint(self, path: str) -> None:
+        """Write an openable copy of the store into the new directory ``path`` (hard links where possible).
+
+        Raises:
+            StoreError: ``path`` exists, or RocksDB failed.
+        """
+        path = os.path.abspath(path)
+        if os.path.lexists(path):
+            raise StoreError(f"checkpoint directory {path} already exists")
+        with self._using() as db:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            Checkpoint(db).create_checkpoint(path)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the database; waits for in-flight reads and writes. Later calls raise StoreClosed.
+
+        Closing twice is harmless.
+
+        Raises:
+            StoreError: RocksDB reported an error while closing (the store is closed anyway).
+        """
+        with self._admin:
+            self._closed = True
+            db = self._revoke()
+            if db is not None:
+                _close_rdict(db)
+
+    def restore_from(self, checkpoint_dir: str) -> None:
+        """Replace the whole contents of this store with ``checkpoint_dir``, durably and crash-safely.
+
+        ``checkpoint_dir`` (as made by :meth:`checkpoint`) must be on the same filesystem as the store
+        and is consumed (moved into place). Readers get StoreClosed while the swap runs. See the
+        module docstring for the protocol.
+
+        Raises:
+            StoreError: the checkpoint is not usable; the store still holds its old contents (or, if
+                even those do not reopen, the store is closed).
+            StoreClosed: the store was closed.
+        """
+        src = os.path.abspath(checkpoint_dir)
+        with self._admin:
+            if self._closed:
+                raise StoreClosed(f"store {self._path} is closed")
+            self._check_restorable(src)
+            db = self._revoke()
+            assert db is not None  # only close() and restore_from() revoke, and _admin serializes them
+            try:
+                _close_rdict(db)
+                _swap_in(src, self._path)
+            except (StoreError, OSError) as exc:
+                self._reopen()
+                raise StoreError(f"restore of {self._path} from {src} failed: {exc}") from exc
+            if self._reopen():
+                raise StoreError(f"checkpoint {src} did not open; {self._path} kept its old contents")
+
+    def _check_restorable(self, src: str) -> None:
+        if not _is_database(src):
+            raise StoreError(f"{src} is not a RocksDB checkpoint (no CURRENT file)")
+        if os.path.commonpath([src, self._path]) == self._path:
+            raise StoreError(f"checkpoint {src} lies inside the store it would replace")
+        if os.stat(src).st_dev != os.stat(os.path.dirname(self._path)).st_dev:
+            raise StoreError(f"checkpoint {src} is on another filesystem than {self._path}")
+
+    def _reopen(self) -> bool:
+        """Reopen after a swap (finishing or undoing it). True if the restore was rolled back."""
+        try:
+            db, rolled_back = _open_recovering(self._path)
+        except StoreError:
+            self._closed = True
+            raise
+        with self._cond:
+            self._db = db
+        return rolled_back
+
+
+class _Cursor:
+    """A lazy scan over one rocksdict iterator, read in chunks while admitted through the store's gate.
+
+    Invariant: ``_it`` is used only between the store's ``_enter`` and ``_leave``, and the store calls
+    :meth:`revoke` only when no thread is between them; so the iterator is never used concurrently
+    with the database being closed.
+    """
+
+    def __init__(
+        self, store: RocksStore, it: RdictIter, start: bytes, *, reverse: bool, limit: int | None
+    ) -> None:
+        self._store = store
+        self._it: RdictIter | None = it
+        self._start = start
+        self._reverse = reverse
+        self._remaining = limit
+        self._positioned = False
+        self._below_start = False  # a reverse scan went past start: done
+        self._revoked = False
+        self._buffer: collections.deque[tuple[bytes, bytes]] = collections.deque()
+
+    def __iter__(self) -> _Cursor:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        if not self._buffer and self._it is not None:
+            self._refill()
+        if self._buffer:
+            return self._buffer.popleft()
+        if self._revoked:
+            raise StoreClosed(f"store {self._store.path} was closed during a scan")
+        raise StopIteration
+
+    def revoke(self) -> None:
+        """Drop the iterator (it would keep a closed database open). Called by the store."""
+        if self._it is not None:
+            self._it = None
+            self._revoked = True
+
+    def _refill(self) -> None:
+        with self._store._using():
+            it = self._it
+            if it is None:  # revoked between the check in __next__ and the gate
+                return
+            if not self._positioned:
+                # Forward: seek to start (the upper bound ends it). Reverse: the last key below the
+                # upper bound; the lower limit is checked below (rocksdict's lower bound is broken).
+                if self._reverse:
+                    it.seek_to_last()
+                else:
+                    it.seek(self._start)
+                self._positioned = True
+            self._read_chunk(it)
+            if self._exhausted(it):
+                self._it = None
+                self._store._unregister(self)
+
+    def _read_chunk(self, it: RdictIter) -> None:
+        size = 0
+        while len(self._buffer) < _CHUNK_PAIRS and size < _CHUNK_BYTES and not self._exhausted(it):
+            key = _as_bytes(it.key())
+            if self._reverse and key < self._start:
+                self._below_start = True
+                break
+            value = _as_bytes(it.value())
+            self._buffer.append((key, value))
+            size += len(key) + len(value)
+            if self._remaining is not None:
+                self._remaining -= 1
+            if self._reverse:
+                it.prev()
+            else:
+                it.next()
+
+    def _exhausted(self, it: RdictIter) -> bool:
+        return self._below_start or self._remaining == 0 or not it.valid()
+
+
+def _open_rdict(path: str) -> Rdict:
+    with _store_errors():
+        return Rdict(path, _options())
+
+
+def _close_rdict(db: Rdict) -> None:
+    with _store_errors():
+        db.close()
+
+
+def _is_database(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "CURRENT"))
+
+
+def _open_recovering(path: str) -> tuple[Rdict, bool]:
+    """Open ``path`` after finishing or undoing an interrupted restore (see the module docstring).
+
+    Returns the handle and whether a restore was rolled back.
+    """
+    old = path + RESTORE_OLD_SUFFIX
+    _remove_tree(path + RESTORE_FAILED_SUFFIX)
+    if not os.path.isdir(old):
+        return _open_rdict(path), False
+    if _is_database(path):
+        try:
+            db = _open_rdict(path)
+        except StoreError:
+            pass  # the new database is unusable: fall through to the roll back
+        else:
+            _remove_tree(old)  # roll forward: the new database is in place and opens
+            return db, False
+    _roll_back(path)
+    return _open_rdict(path), True
+
+
+def _roll_back(path: str) -> None:
+    """Put ``<path>.restore-old`` back at ``path``. Each rename is atomic and made durable."""
+    failed = path + RESTORE_FAILED_SUFFIX
+    with _store_errors():
+        if os.path.lexists(path):
+            _rename_durably(path, failed)
+        _rename_durably(path + RESTORE_OLD_SUFFIX, path)
+    _remove_tree(failed)
+
+
+def _swap_in(src: str, path: str) -> None:
+    """Steps 1-3 of the restore protocol: make ``src`` durable, move ``path`` aside, move ``src`` in."""
+    _fsync_tree(src)
+    _rename_durably(path, path + RESTORE_OLD_SUFFIX)
+    _rename_durably(src, path)
+
+
+def _rename_durably(src: str, dst: str) -> None:
+    os.rename(src, dst)
+    _fsync_dir(os.path.dirname(dst))
+    if os.path.dirname(src) != os.path.dirname(dst):
+        _fsync_dir(os.path.dirname(src))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: str) -> None:
+    """fsync every file in ``path`` and the directory itself.
+
+    A checkpoint made by RocksDB is already durable, but one assembled from a snapshot received over
+    the network may not be, and step 3 must not publish files whose data could still be lost.
+    """
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                fd = os.open(entry.path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+    _fsync_dir(path)
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.lexists(path):
+        with _store_errors():
+            shutil.rmtree(path)
+
+
+def destroy_store(path: str) -> None:
+    """Delete the store directory ``path`` and any restore leftovers beside it. The store must be closed.
+
+    Raises:
+        StoreError: a directory could not be removed.
+    """
+    path = os.path.abspath(path)
+    for victim in (path, path + RESTORE_OLD_SUFFIX, path + RESTORE_FAILED_SUFFIX):
+        _remove_tree(victim)

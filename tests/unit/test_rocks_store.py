@@ -1,0 +1,394 @@
+"""RocksStore behaviour beyond the Store contract: durability, crash recovery, restore, threads."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from raftmq.storage.rocks import (
+    RESTORE_FAILED_SUFFIX,
+    RESTORE_OLD_SUFFIX,
+    RocksStore,
+    destroy_store,
+)
+from raftmq.storage.store import Batch, StoreClosed, StoreError
+
+
+def _key(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+def _put(store: RocksStore, key: bytes, value: bytes, *, sync: bool = False) -> None:
+    batch = Batch()
+    batch.put(key, value)
+    store.write(batch, sync=sync)
+
+
+def _contents(path: str) -> dict[bytes, bytes]:
+    store = RocksStore.open(path)
+    try:
+        return dict(store.scan(b""))
+    finally:
+        store.close()
+
+
+def _make_db(path: str, pairs: dict[bytes, bytes]) -> None:
+    store = RocksStore.open(path)
+    for key, value in pairs.items():
+        _put(store, key, value)
+    store.close()
+
+
+def _run_and_kill(path: str, body: str) -> None:
+    """Run ``body`` in a child with ``store`` open at ``path``, then os._exit(9) without closing."""
+    script = (
+        "import os, sys\n"
+        "from raftmq.storage.rocks import RocksStore\n"
+        "from raftmq.storage.store import Batch\n"
+        "store = RocksStore.open(sys.argv[1])\n"
+        f"{body}\n"
+        "os._exit(9)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, path], capture_output=True, timeout=60)
+    assert result.returncode == 9, result.stderr.decode()
+
+
+# -- durability --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_writes_survive_close_and_reopen(tmp_path: Path, sync: bool) -> None:
+    path = str(tmp_path / "db")
+    store = RocksStore.open(path)
+    for n in range(100):
+        _put(store, _key(n), b"v%d" % n, sync=sync)
+    store.close()
+    assert _contents(path) == {_key(n): b"v%d" % n for n in range(100)}
+
+
+def test_open_creates_missing_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "n1" / "groups" / "g1"
+    store = RocksStore.open(str(path))
+    assert store.path == str(path)
+    assert (path / "CURRENT").is_file()
+    store.close()
+
+
+def test_writes_survive_a_killed_process(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    _run_and_kill(
+        path,
+        "for n in range(200):\n"
+        "    b = Batch(); b.put(n.to_bytes(8, 'big'), b'v%d' % n)\n"
+        "    store.write(b, sync=(n % 2 == 0))\n",
+    )
+    assert _contents(path) == {_key(n): b"v%d" % n for n in range(200)}
+
+
+def test_open_recovers_to_the_last_whole_record_after_a_torn_wal_tail(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    _run_and_kill(
+        path,
+        "for n in range(100):\n"
+        "    b = Batch(); b.put(n.to_bytes(8, 'big'), b'x' * 300)\n"
+        "    store.write(b, sync=True)\n",
+    )
+    newest_wal = max(glob.glob(os.path.join(path, "*.log")), key=os.path.getmtime)
+    os.truncate(newest_wal, os.path.getsize(newest_wal) - 100)  # tears the last 300-byte record
+
+    recovered = _contents(path)
+
+    # Point-in-time recovery: every record before the tear, nothing after it.
+    assert recovered == {_key(n): b"x" * 300 for n in range(99)}
+
+
+def test_rocksdb_runs_with_point_in_time_wal_recovery(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    store.close()
+    options_file = max(glob.glob(str(tmp_path / "db" / "OPTIONS-*")))
+    text = Path(options_file).read_text()
+    assert "wal_recovery_mode=kPointInTimeRecovery" in text
+    assert "max_background_jobs=2" in text
+
+
+def test_a_second_open_of_an_open_store_fails(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    with pytest.raises(StoreError):
+        RocksStore.open(str(tmp_path / "db"))
+    store.close()
+
+
+def test_approximate_size_grows_with_the_data(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    before = store.approximate_size()
+    _put(store, b"big", os.urandom(1 << 20), sync=True)
+    assert store.approximate_size() >= before + (1 << 20)
+    store.close()
+    with pytest.raises(StoreClosed):
+        store.approximate_size()
+
+
+def test_destroy_store_removes_the_directory_and_restore_leftovers(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    _make_db(path, {b"k": b"v"})
+    os.makedirs(path + RESTORE_FAILED_SUFFIX)
+    destroy_store(path)
+    destroy_store(path)  # nothing left: harmless
+    assert os.listdir(tmp_path) == []
+
+
+# -- restore -----------------------------------------------------------------------------------
+
+
+def _checkpoint_of(tmp_path: Path, pairs: dict[bytes, bytes]) -> str:
+    source_path = str(tmp_path / "source")
+    source = RocksStore.open(source_path)
+    for key, value in pairs.items():
+        _put(source, key, value)
+    checkpoint = str(tmp_path / "incoming" / "ckpt")
+    source.checkpoint(checkpoint)
+    source.close()
+    destroy_store(source_path)
+    return checkpoint
+
+
+def test_restore_from_replaces_the_contents_and_removes_the_old_database(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    store = RocksStore.open(path)
+    _put(store, b"old", b"1")
+    checkpoint = _checkpoint_of(tmp_path, {b"new": b"2", b"newer": b"3"})
+
+    store.restore_from(checkpoint)
+
+    assert dict(store.scan(b"")) == {b"new": b"2", b"newer": b"3"}
+    _put(store, b"after", b"4", sync=True)
+    assert not os.path.exists(checkpoint)
+    assert sorted(os.listdir(tmp_path)) == ["db", "incoming"]
+    store.close()
+    assert _contents(path) == {b"new": b"2", b"newer": b"3", b"after": b"4"}
+
+
+def test_restore_from_a_directory_that_is_not_a_checkpoint_changes_nothing(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    _put(store, b"old", b"1")
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(StoreError):
+        store.restore_from(str(tmp_path / "junk"))
+    assert store.get(b"old") == b"1"
+    store.close()
+
+
+def test_restore_from_a_checkpoint_inside_the_store_is_refused(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    _put(store, b"old", b"1")
+    inside = str(tmp_path / "db" / "ckpt")
+    store.checkpoint(inside)
+    with pytest.raises(StoreError):
+        store.restore_from(inside)
+    assert store.get(b"old") == b"1"
+    store.close()
+
+
+def test_restore_from_a_checkpoint_that_does_not_open_keeps_the_old_contents(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    store = RocksStore.open(path)
+    _put(store, b"old", b"1")
+    checkpoint = _checkpoint_of(tmp_path, {b"new": b"2"})
+    for manifest in glob.glob(os.path.join(checkpoint, "MANIFEST-*")):
+        os.remove(manifest)  # CURRENT now names a missing manifest
+
+    with pytest.raises(StoreError):
+        store.restore_from(checkpoint)
+
+    assert dict(store.scan(b"")) == {b"old": b"1"}
+    assert sorted(os.listdir(tmp_path)) == ["db", "incoming"]
+    store.close()
+
+
+def test_open_rolls_forward_a_restore_interrupted_after_the_new_database_was_moved_in(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "db")
+    _make_db(path, {b"old": b"1"})
+    checkpoint = _checkpoint_of(tmp_path, {b"new": b"2"})
+    os.rename(path, path + RESTORE_OLD_SUFFIX)  # step 2 done
+    os.rename(checkpoint, path)  # step 3 done; crash before the old one was deleted
+
+    assert _contents(path) == {b"new": b"2"}
+    assert not os.path.exists(path + RESTORE_OLD_SUFFIX)
+
+
+def test_open_rolls_back_a_restore_interrupted_after_the_old_database_was_moved_aside(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "db")
+    _make_db(path, {b"old": b"1"})
+    os.rename(path, path + RESTORE_OLD_SUFFIX)  # step 2 done; crash before step 3
+
+    assert _contents(path) == {b"old": b"1"}
+    assert not os.path.exists(path + RESTORE_OLD_SUFFIX)
+
+
+def test_open_rolls_back_when_the_database_in_place_is_incomplete(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    _make_db(path, {b"old": b"1"})
+    os.rename(path, path + RESTORE_OLD_SUFFIX)
+    os.makedirs(path)
+    Path(path, "000007.sst").write_bytes(b"half a database, no CURRENT")
+
+    assert _contents(path) == {b"old": b"1"}
+    assert sorted(os.listdir(tmp_path)) == ["db"]
+
+
+def test_open_removes_a_leftover_failed_restore(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    _make_db(path, {b"old": b"1"})
+    os.makedirs(path + RESTORE_FAILED_SUFFIX)
+
+    assert _contents(path) == {b"old": b"1"}
+    assert sorted(os.listdir(tmp_path)) == ["db"]
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+
+def test_an_abandoned_scan_does_not_keep_the_database_open_after_close(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    store = RocksStore.open(path)
+    for n in range(300):
+        _put(store, _key(n), b"v")
+    pairs = store.scan(b"")
+    next(pairs)
+
+    store.close()
+
+    reopened = RocksStore.open(path)  # rocksdict would still hold LOCK through the live iterator
+    reopened.close()
+    with pytest.raises(StoreClosed):
+        list(pairs)
+
+
+def test_a_scan_in_progress_during_restore_raises_store_closed(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    for n in range(300):
+        _put(store, _key(n), b"old")
+    pairs = store.scan(b"")
+    next(pairs)
+
+    store.restore_from(_checkpoint_of(tmp_path, {b"new": b"2"}))
+
+    with pytest.raises(StoreClosed):
+        list(pairs)
+    assert dict(store.scan(b"")) == {b"new": b"2"}
+    store.close()
+
+
+def test_close_waits_for_in_flight_calls_and_refuses_new_ones(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    _put(store, b"k", b"v")
+    inside, release = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def in_flight() -> None:
+        # Stands in for a long call (a synced write, a big get) holding the handle.
+        with store._using() as db:
+            inside.set()
+            release.wait(timeout=30)
+            seen.append(db.get(b"k"))  # the handle must not have been closed under us
+
+    user = threading.Thread(target=in_flight)
+    user.start()
+    assert inside.wait(timeout=30)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    while True:  # until close() has stopped admitting new calls
+        try:
+            store.get(b"k")
+        except StoreClosed:
+            break
+    assert closer.is_alive()  # it cannot finish while the in-flight call holds the handle
+    release.set()
+    user.join(timeout=30)
+    closer.join(timeout=30)
+    assert seen == [b"v"]
+    assert not closer.is_alive()
+
+
+def _run_concurrently(store: RocksStore, action: threading.Thread) -> list[BaseException]:
+    """Two readers scan and one writer writes until ``action`` has run; returns unexpected errors."""
+    errors: list[BaseException] = []
+    scanned = threading.Event()
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                keys = [k for k, _ in store.scan(b"")]
+                assert keys == sorted(keys)
+                scanned.set()
+        except StoreClosed:
+            pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    def writer() -> None:
+        n = 1000
+        try:
+            while not stop.is_set():
+                batch = Batch()
+                batch.put(_key(n), b"w")
+                batch.delete_range(_key(n - 1000), _key(n - 990))
+                store.write(batch, sync=n % 10 == 0)
+                n += 1
+        except StoreClosed:
+            pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [
+        threading.Thread(target=reader),
+        threading.Thread(target=reader),
+        threading.Thread(target=writer),
+    ]
+    for worker in workers:
+        worker.start()
+    assert scanned.wait(timeout=30)
+    action.start()
+    action.join(timeout=30)
+    stop.set()
+    for worker in workers:
+        worker.join(timeout=30)
+    assert not any(t.is_alive() for t in [action, *workers])
+    return errors
+
+
+def test_close_while_readers_scan_and_a_writer_writes_is_clean(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    for n in range(1000):
+        _put(store, _key(n), b"v" * 100)
+
+    errors = _run_concurrently(store, threading.Thread(target=store.close))
+
+    assert errors == []
+    with pytest.raises(StoreClosed):
+        store.get(_key(0))
+    RocksStore.open(str(tmp_path / "db")).close()  # the LOCK was released
+
+
+def test_restore_while_readers_scan_and_a_writer_writes_is_clean(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    for n in range(1000):
+        _put(store, _key(n), b"v" * 100)
+    checkpoint = _checkpoint_of(tmp_path, {b"restored": b"yes"})
+
+    errors = _run_concurrently(store, threading.Thread(target=store.restore_from, args=(checkpoint,)))
+
+    assert errors == []
+    assert store.get(b"restored") == b"yes"
+    assert store.get(_key(5)) is None
+    store.close()
