@@ -104,7 +104,8 @@ class Api:
         self.node = node
         self.limits = node.config.limits
         self._sticky = itertools.count()
-        self._topic_cache: dict[str, tuple[float, Topic | None]] = {}
+        # How long a request may wait for a group to elect a leader: two election timeouts.
+        self.leader_wait_s = 2 * node.config.raft.election_max_ms / 1000
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -128,7 +129,7 @@ class Api:
         """Proxy ``request`` to the leader of group ``name`` and return its answer unchanged."""
         if request.headers.get(FORWARDED):
             raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
-        leader = await self._wait_leader(name, 3.0)
+        leader = await self._wait_leader(name, self.leader_wait_s)
         if leader.id == self.node.me.id:
             raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
         session = self.node._session
@@ -397,11 +398,27 @@ class Api:
         return results
 
     async def _group_call(self, g: int, action: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Run an internal write ``action`` at the leader of queue group ``g`` (here or remote)."""
+        """Run an internal write ``action`` at the leader of queue group ``g`` (here or remote).
+
+        Failures that certainly did nothing (the leader was unreachable, or is no longer the
+        leader) are retried against the newly known leader until ``leader_wait_s`` has passed, so
+        a client sees one slow answer across an election instead of an error.
+        """
         name = str(g)
+        deadline = time.monotonic() + self.leader_wait_s
+        while True:
+            try:
+                return await self._group_call_once(name, action, body)
+            except ApiError as e:
+                if not (e.code.retriable and e.code.definite) or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.1)
+            self.node.forget_peer_status()
+
+    async def _group_call_once(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         if self._leads(name):
             return await self.internal_action(name, action, body)
-        leader = await self._wait_leader(name, 3.0)
+        leader = await self._wait_leader(name, self.leader_wait_s)
         if leader.id == self.node.me.id:
             raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
         try:

@@ -207,6 +207,10 @@ class Node:
             }
         return {"node_id": self.me.id, "groups": groups}
 
+    def forget_peer_status(self) -> None:
+        """Drop the cached view of other nodes (after it proved stale)."""
+        self._peer_status = {}
+
     async def refresh_peer_status(self) -> dict[str, dict[str, Any]]:
         """Ask every other node for its local status (unreachable nodes are left out)."""
 

@@ -1,0 +1,277 @@
+"""A real raftmq cluster for tests: node processes on 127.0.0.1, killed and restarted for real."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+SECRET = "integration-test-secret-0123456789"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int) -> int:
+    """A base port such that ``count`` consecutive ports are free (best effort)."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        if all(_port_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError("no free port block")
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (requests.RequestException, KeyError, ValueError) as e:
+            last_error = e
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}: {last_error}")
+
+
+@dataclass
+class NodeProc:
+    id: str
+    http: str
+    raft_base: int
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http}"
+
+
+class Cluster:
+    """Nodes from one cluster file. Use as a context manager; ``stop`` kills what is left."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        nodes: int = 3,
+        queue_groups: int | None = None,
+        replication: int | None = None,
+        extra_toml: str = "",
+    ) -> None:
+        self.dir = tmp
+        self.data_dir = tmp / "data"
+        groups = queue_groups if queue_groups is not None else nodes
+        ports_per_node = groups + 2
+        self.nodes: dict[str, NodeProc] = {}
+        for i in range(1, nodes + 1):
+            base = free_port_block(ports_per_node + 1)
+            self.nodes[f"n{i}"] = NodeProc(id=f"n{i}", http=f"127.0.0.1:{base}", raft_base=base + 1)
+        lines = ["[cluster]", f'secret = "{SECRET}"']
+        if queue_groups is not None:
+            lines.append(f"queue_groups = {queue_groups}")
+        if replication is not None:
+            lines.append(f"replication = {replication}")
+        lines.append(extra_toml)
+        for n in self.nodes.values():
+            lines += [
+                "[[nodes]]",
+                f'id = "{n.id}"',
+                f'http = "{n.http}"',
+                f'raft = "127.0.0.1:{n.raft_base}"',
+                f'data_dir = "{self.data_dir}"',
+            ]
+        self.config_path = tmp / "cluster.toml"
+        self.config_path.write_text("\n".join(lines) + "\n")
+        self.session = requests.Session()
+
+    # -- process control ------------------------------------------------------------------------
+
+    def start(self, node_id: str | None = None, env: dict[str, str] | None = None) -> None:
+        for n in [self.nodes[node_id]] if node_id else self.nodes.values():
+            assert n.proc is None or n.proc.poll() is not None, f"{n.id} is running"
+            n.log_path = self.dir / f"{n.id}.log"
+            full_env = {**os.environ, **(env or {})}
+            with open(n.log_path, "ab") as log:
+                n.proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "raftmq.cluster.cli",
+                        "serve",
+                        "--config",
+                        str(self.config_path),
+                        "--node",
+                        n.id,
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=full_env,
+                )
+
+    def kill(self, node_id: str) -> None:
+        """SIGKILL: no shutdown code runs (page cache survives, as after a process crash)."""
+        n = self.nodes[node_id]
+        assert n.proc is not None
+        n.proc.send_signal(signal.SIGKILL)
+        n.proc.wait(10)
+
+    def terminate(self, node_id: str) -> int:
+        n = self.nodes[node_id]
+        assert n.proc is not None
+        n.proc.send_signal(signal.SIGTERM)
+        return n.proc.wait(20)
+
+    def wipe(self, node_id: str) -> None:
+        shutil.rmtree(self.data_dir / node_id, ignore_errors=True)
+
+    def alive(self, node_id: str) -> bool:
+        p = self.nodes[node_id].proc
+        return p is not None and p.poll() is None
+
+    def log(self, node_id: str) -> str:
+        path = self.nodes[node_id].log_path
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+    def stop(self) -> None:
+        for n in self.nodes.values():
+            if n.proc is not None and n.proc.poll() is None:
+                n.proc.kill()
+                n.proc.wait(10)
+        self.session.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    def url(self, node_id: str | None = None) -> str:
+        if node_id is None:
+            node_id = next(n for n in self.nodes if self.alive(n))
+        return self.nodes[node_id].url
+
+    def get(self, path: str, node: str | None = None, **kw: Any) -> requests.Response:
+        return self.session.get(self.url(node) + path, timeout=kw.pop("timeout", 30), **kw)
+
+    def post(self, path: str, json: Any = None, node: str | None = None, **kw: Any) -> requests.Response:
+        return self.session.post(self.url(node) + path, json=json, timeout=kw.pop("timeout", 30), **kw)
+
+    def internal(self, method: str, path: str, node: str, **kw: Any) -> requests.Response:
+        headers = {"X-Raftmq-Secret": SECRET, **kw.pop("headers", {})}
+        return self.session.request(method, self.url(node) + path, headers=headers, timeout=30, **kw)
+
+    def wait_ready(self, node_ids: list[str] | None = None, timeout_s: float = 30) -> None:
+        for nid in node_ids or [n for n in self.nodes if self.alive(n)]:
+            wait_until(
+                lambda nid=nid: self.get("/readyz", nid, timeout=2).status_code == 200,
+                timeout_s,
+                what=f"{nid} ready",
+            )
+
+    def status(self, node_id: str) -> dict[str, Any]:
+        r = self.internal("GET", "/internal/status", node_id)
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    def leader(self, group: str, among: list[str] | None = None) -> str | None:
+        """The node that claims leadership of ``group`` with the highest term (None if none)."""
+        best: tuple[int, str] | None = None
+        for nid in among or [n for n in self.nodes if self.alive(n)]:
+            try:
+                g = self.status(nid)["groups"].get(group)
+            except requests.RequestException:
+                continue
+            if g and g["is_leader"] and (best is None or g["term"] > best[0]):
+                best = (g["term"], nid)
+        return best[1] if best else None
+
+    def wait_leader(self, group: str, timeout_s: float = 30, exclude: str | None = None) -> str:
+        def found() -> str | None:
+            leader = self.leader(group)
+            return leader if leader and leader != exclude else None
+
+        return str(wait_until(found, timeout_s, what=f"leader of group {group}"))
+
+    def digest(self, group: str, node_id: str) -> dict[str, Any]:
+        r = self.internal("GET", f"/internal/groups/{group}/digest", node_id)
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    def wait_replicas_equal(
+        self, group: str, node_ids: list[str] | None = None, timeout_s: float = 30
+    ) -> dict[str, Any]:
+        """Wait until every replica of ``group`` has the same state index and store digest."""
+        ids = node_ids or [n for n in self.nodes if self.alive(n)]
+
+        def equal() -> dict[str, Any] | None:
+            digests = [self.digest(group, nid) for nid in ids]
+            first = digests[0]
+            same = all(
+                (d["state_index"], d["sha256"]) == (first["state_index"], first["sha256"]) for d in digests
+            )
+            return first if same else None
+
+        return dict(wait_until(equal, timeout_s, interval_s=0.2, what=f"replicas of {group} equal"))
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def create_topic(
+        self, name: str, queues: int = 4, node: str | None = None, **settings: Any
+    ) -> dict[str, Any]:
+        r = self.post("/v1/topics", {"name": name, "queues": queues, **settings}, node=node)
+        assert r.status_code == 201, r.text
+        result: dict[str, Any] = r.json()
+        return result
+
+    def produce(
+        self, topic: str, messages: list[dict[str, Any]], node: str | None = None, **extra: Any
+    ) -> requests.Response:
+        return self.post(f"/v1/topics/{topic}/messages", {"messages": messages, **extra}, node=node)
+
+    def fetch_all(
+        self, topic: str, queue: int, node: str | None = None, read_from: str = "leader"
+    ) -> list[dict[str, Any]]:
+        """Every message of a queue from its low offset."""
+        out: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            r = self.get(
+                f"/v1/topics/{topic}/queues/{queue}/messages",
+                node,
+                params={"offset": offset, "max": 1000, "read_from": read_from},
+            )
+            if r.status_code == 416:
+                offset = r.json()["error"]["low_offset"]
+                continue
+            r.raise_for_status()
+            body = r.json()
+            out.extend(body["messages"])
+            if not body["messages"] or body["next_offset"] >= body["high_offset"]:
+                return out
+            offset = body["next_offset"]
