@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
 
-from . import commands, errors
+from . import errors
 from .node import META, SECRET_HEADER, Node
 from .validation import ApiError, parse_json
 
@@ -136,4 +136,3 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
     r.add_get("/internal/groups/{group}/offsets", offsets)
     r.add_get("/internal/groups/{group}/checkpoint", checkpoint)
     r.add_get("/internal/groups/{group}/digest", digest)
-    _ = commands  # noqa: keep import for symmetry with api actions

@@ -161,7 +161,7 @@ class _GroupSyncObj(SyncObj):  # type: ignore[misc]
         self.raftmq_journal = journal
         super().__init__(**kwargs)
 
-    @replicated  # type: ignore[misc]
+    @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Any:
         # Inside a replicated method the entry being applied is raftLastApplied + 1.
         return self.raftmq_group._apply(self.raftLastApplied + 1, data)
