@@ -99,6 +99,7 @@ class RaftTimingConfig:
     compaction_max_bytes: int = 64 * 1024 * 1024
     group_commit_bytes: int = 256 * 1024  # coalesce produce requests into entries up to this size
     group_commit_inflight: int = 2  # entries in flight per group before requests accumulate
+    retention_check_ms: int = 10_000  # how often a queue group's leader proposes a retention tick
 
 
 @dataclass(frozen=True)

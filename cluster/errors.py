@@ -85,7 +85,9 @@ NOT_LEADER = ErrorCode("not_leader", 421, True, True, "This node does not lead t
 TOO_MANY_REQUESTS = ErrorCode(
     "too_many_requests", 429, True, True, "The node is overloaded; nothing was done."
 )
-INTERNAL = ErrorCode("internal", 500, False, True, "An unexpected error; nothing was done.")
+INTERNAL = ErrorCode(
+    "internal", 500, False, False, "An unexpected error; a write may or may not have happened (see the log)."
+)
 UNAVAILABLE = ErrorCode(
     "unavailable", 503, True, True, "The group has no leader or quorum; nothing was done."
 )

@@ -31,6 +31,7 @@ import structlog
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
 
+from . import commands
 from .config import ClusterConfig, NodeConfig
 from .group_commit import GroupCommitter
 from .metadata import MetadataMachine
@@ -112,6 +113,7 @@ class Node:
                 max_inflight=self.config.raft.group_commit_inflight,
             )
         self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
+        self._tasks.append(asyncio.create_task(self._retention_forever()))
         log.info("node_started", node_id=self.me.id, groups=sorted(self.groups))
 
     def _start_group(
@@ -318,6 +320,37 @@ class Node:
             if peer and peer["applied_index"] >= mine.commit_index - 10 and peer["term"] == mine.term:
                 log.info("leadership_transfer", group=str(g), to=preferred.id)
                 local.raft.transfer_leadership(preferred.raft_addr(1 + g))
+
+    # -- retention --------------------------------------------------------------------------------
+
+    async def _retention_forever(self) -> None:
+        """As leader of a queue group, propose a ``retain`` tick for the queues of topics with a
+        retention setting. Time enters the state machine only through this leader-stamped tick."""
+        interval_s = self.config.raft.retention_check_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.retention_once()
+            except Exception:
+                log.exception("retention_tick_failed")
+
+    async def retention_once(self) -> None:
+        if self.metadata is None:
+            return  # only metadata voters know topics locally; the others lead no retention
+        topics = [t for t in self.metadata.topics() if t.retention_ms or t.retention_bytes]
+        for name, local in self.groups.items():
+            if name == META or not local.raft.is_leader():
+                continue
+            queues = [
+                {"topic_id": t.id, "queue": q, "max_age_ms": t.retention_ms, "max_bytes": t.retention_bytes}
+                for t in topics
+                for q, g in enumerate(t.queue_groups)
+                if str(g) == name
+            ]
+            if queues:
+                outcome = await self.propose(name, commands.retain(now_ms(), queues))
+                if outcome.error:
+                    log.warning("retention_tick_not_applied", group=name, error=outcome.error)
 
     # -- checkpoints (snapshot install) ------------------------------------------------------------
 

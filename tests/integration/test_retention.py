@@ -1,0 +1,49 @@
+"""Retention by age and by size, driven by the leader's ticks, on a live cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def queue_bounds(c: Cluster, topic: str, queue: int) -> tuple[int, int]:
+    q = c.get(f"/v1/topics/{topic}").json()["queues"][queue]
+    return q["low_offset"], q["high_offset"]
+
+
+def test_retention_by_age_and_by_size_removes_whole_batches_and_moves_low_offset(tmp_path: Path) -> None:
+    with Cluster(tmp_path, queue_groups=1, extra_toml="[raft]\nretention_check_ms = 200\n") as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("aged", queues=1, retention_ms=1500)
+        c.create_topic("sized", queues=1, retention_bytes=5_000)
+        keep = c.create_topic("kept", queues=1)
+        assert keep["retention_ms"] is None
+        for i in range(10):
+            for topic in ("aged", "sized", "kept"):
+                r = c.produce(topic, [{"value": f"{topic}-{i}-{j}-" + "v" * 100} for j in range(10)])
+                assert r.status_code == 200, r.text
+
+        # Size (~13 kB written): the oldest batches go until at most 5 kB remain; the newest stays.
+        low, high = wait_until(
+            lambda: (b := queue_bounds(c, "sized", 0))[0] > 0 and b, 20, what="size retention"
+        )
+        assert high == 100 and low % 10 == 0 and low < high  # whole batches of 10 removed
+        r = c.get("/v1/topics/sized/queues/0/messages", params={"offset": 0})
+        assert r.status_code == 416 and r.json()["error"]["low_offset"] == low
+        newest = c.get("/v1/topics/sized/queues/0/messages", params={"offset": 99}).json()["messages"]
+        assert newest[0]["value"].startswith("sized-9-9-")
+
+        # Age: after 1.5 s every batch is old enough to go; the queue keeps its high offset.
+        assert wait_until(lambda: queue_bounds(c, "aged", 0) == (100, 100), 30, what="age retention")
+        r = c.produce("aged", [{"value": "fresh"}])
+        assert r.json()["results"] == [{"queue": 0, "offset": 100}]
+
+        # Without retention nothing is removed, and every replica agrees on all of it.
+        assert queue_bounds(c, "kept", 0) == (0, 100)
+        c.wait_replicas_equal("0")
