@@ -1,0 +1,106 @@
+"""The cluster file: validation lists every problem, env overrides, placement of queue groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftmq.cluster.config import ConfigError, load_config, parse_config
+
+SECRET = "0123456789abcdef0123"
+
+
+def nodes(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"n{i}",
+            "http": f"127.0.0.1:{8000 + i}",
+            "raft": f"127.0.0.1:{7000 + 100 * i}",
+            "data_dir": "/d",
+        }
+        for i in range(1, n + 1)
+    ]
+
+
+def test_defaults_one_queue_group_per_node_and_replication_three() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(5)})
+    assert (c.queue_groups, c.replication, c.durability) == (5, 3, "fsync")
+    assert c.limits.max_message_bytes == 1024 * 1024 and c.limits.max_request_bytes == 4 * 1024 * 1024
+    assert [n.id for n in c.metadata_voters] == ["n1", "n2", "n3", "n4", "n5"]
+
+
+def test_a_single_node_cluster_replicates_once() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(1)})
+    assert (c.queue_groups, c.replication) == (1, 1)
+
+
+def test_every_problem_is_listed_at_once() -> None:
+    raw = {
+        "cluster": {"secret": "short", "durability": "maybe", "replication": 4, "colour": "blue"},
+        "limits": {"max_message_bytes": -1, "nope": 1},
+        "raft": {"election_min_ms": 3000, "election_max_ms": 2000},
+        "nodes": [
+            {"id": "n1", "http": "127.0.0.1:8001", "raft": "127.0.0.1:7001", "data_dir": "/d"},
+            {"id": "n1", "http": "127.0.0.1:99999", "raft": "nohost", "data_dir": ""},
+            {"id": "bad id!", "http": "x", "raft": "y", "data_dir": "/d"},
+        ],
+        "extra": {},
+    }
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw)
+    text = "\n".join(e.value.problems)
+    for expected in (
+        "cluster.secret",
+        "durability",
+        "replication (4) exceeds",
+        "unknown key cluster.colour",
+        "limits.max_message_bytes",
+        "unknown key limits.nope",
+        "election_min_ms must be below",
+        "duplicate id 'n1'",
+        "http must be host:port",
+        "raft must be host:port",
+        "data_dir",
+        "nodes[2].id",
+        "unknown section [extra]",
+    ):
+        assert expected in text, f"{expected!r} not reported in:\n{text}"
+
+
+def test_environment_overrides_single_settings() -> None:
+    env = {
+        "RAFTMQ_SECRET": SECRET,
+        "RAFTMQ_CLUSTER_DURABILITY": "os",
+        "RAFTMQ_LIMITS_MAX_MESSAGE_BYTES": "2048",
+        "RAFTMQ_FAULTS_CRASH_AFTER_SNAPSHOT": "true",
+    }
+    c = parse_config({"nodes": nodes(3)}, env=env)
+    assert c.secret == SECRET and c.durability == "os"
+    assert c.limits.max_message_bytes == 2048 and c.faults.crash_after_snapshot
+
+
+def test_a_bad_environment_value_is_a_listed_problem() -> None:
+    with pytest.raises(ConfigError, match="RAFTMQ_LIMITS_MAX_MESSAGE_BYTES must be an integer"):
+        parse_config(
+            {"cluster": {"secret": SECRET}, "nodes": nodes(3)}, env={"RAFTMQ_LIMITS_MAX_MESSAGE_BYTES": "x"}
+        )
+
+
+def test_queue_groups_sit_on_distinct_nodes_with_spread_preferred_leaders() -> None:
+    c = parse_config({"cluster": {"secret": SECRET, "queue_groups": 5}, "nodes": nodes(5)})
+    for g in range(5):
+        ids = [n.id for n in c.group_replicas(g)]
+        assert len(set(ids)) == 3
+    assert sorted(c.group_replicas(g)[0].id for g in range(5)) == ["n1", "n2", "n3", "n4", "n5"]
+    assert sum(len(c.groups_on(n.id)) for n in c.nodes) == 15
+
+
+def test_load_config_reports_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(tmp_path / "missing.toml"), env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[cluster\nsecret=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(str(bad), env={})
