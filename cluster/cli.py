@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import os
+import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 import structlog
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
+from .admin_http import DEFAULT_URL, AdminError, AdminHttp, ServerError
 from .config import ClusterConfig, ConfigError, load_config
 
 __all__ = ["main"]
@@ -72,8 +83,59 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
     except KeyError:
         ids = ", ".join(n.id for n in config.nodes)
         raise click.ClickException(f"node {node_id!r} is not in {config_path} (nodes: {ids})") from None
+    # pysyncobj retries a busy Raft port forever without a word, so check every port before starting.
+    busy = unavailable_addresses(listen_addresses(config, node_id))
+    if busy:
+        raise click.ClickException(_cannot_listen(f"node {node_id}", busy))
     configure_logging(json_logs, log_level)
-    asyncio.run(_serve(config, node_id))
+    try:
+        asyncio.run(_serve(config, node_id))
+    except CannotListen as e:
+        raise click.ClickException(str(e)) from None
+
+
+class CannotListen(Exception):
+    """A node's address was taken between the check and the bind."""
+
+
+def listen_addresses(config: ClusterConfig, node_id: str) -> list[tuple[str, str]]:
+    """(what, host:port) of every socket node ``node_id`` listens on: its HTTP address, the metadata
+    group on its Raft port (when it is a voter) and queue group g on Raft port + 1 + g."""
+    me = config.node(node_id)
+    addrs = [("HTTP", me.http)]
+    if any(v.id == node_id for v in config.metadata_voters):
+        addrs.append(("Raft, metadata group", me.raft_addr(0)))
+    addrs += [(f"Raft, queue group {g}", me.raft_addr(1 + g)) for g in config.groups_on(node_id)]
+    return addrs
+
+
+def unavailable_addresses(addrs: list[tuple[str, str]]) -> list[str]:
+    """One line per address that cannot be bound now (in use, or not an address of this host)."""
+    problems = []
+    for what, addr in addrs:
+        host, port = addr.rsplit(":", 1)
+        try:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(
+                host.strip("[]"), int(port), type=socket.SOCK_STREAM
+            )[0]
+            with socket.socket(family, kind, proto) as s:
+                # As the real listeners do, so a port in TIME_WAIT does not count as busy.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(sockaddr)
+        except OSError as e:
+            problems.append(f"{addr} ({what}): {_os_reason(e)}")
+    return problems
+
+
+def _os_reason(e: OSError) -> str:
+    if isinstance(e, socket.gaierror):
+        return f"unknown host ({e.strerror})"
+    return os.strerror(e.errno).lower() if e.errno else str(e)
+
+
+def _cannot_listen(who: str, problems: list[str]) -> str:
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"{who} cannot listen on:\n{lines}\nIs another raftmq node (or `raftmq dev`) running?"
 
 
 async def _serve(config: ClusterConfig, node_id: str) -> None:
@@ -89,7 +151,14 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)
     site = web.TCPSite(runner, host, int(port), reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        await node.stop()
+        raise CannotListen(
+            _cannot_listen(f"node {node_id}", [f"{node.me.http} (HTTP): {_os_reason(e)}"])
+        ) from None
     log.info("http_listening", node_id=node_id, url=node.me.http_url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -136,6 +205,9 @@ def dev(directory: str) -> None:
     """Run a 3-node cluster on 127.0.0.1 (data in ./.raftmq); Ctrl-C stops it."""
     path = write_dev_config(directory)
     config = _load(path)
+    busy = [p for n in config.nodes for p in unavailable_addresses(listen_addresses(config, n.id))]
+    if busy:
+        raise click.ClickException(_cannot_listen("the dev cluster", busy))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     for n in config.nodes:
         log_path = os.path.join(directory, f"{n.id}.log")
@@ -147,7 +219,8 @@ def dev(directory: str) -> None:
         )
     click.echo(f"raftmq dev cluster: cluster file {os.path.abspath(path)}")
     for n in config.nodes:
-        click.echo(f"  {n.id}  {n.http_url}   log {os.path.join(directory, n.id + '.log')}")
+        log_path = os.path.join(directory, n.id + ".log")
+        click.echo(f"  {n.id}  {n.http_url}   pid {procs[n.id].pid}   log {log_path}")
     click.echo('Try: curl -s -XPOST localhost:8081/v1/topics -d \'{"name":"orders"}\'')
     click.echo("Ctrl-C stops the cluster.")
     stopping = False
@@ -169,6 +242,8 @@ def dev(directory: str) -> None:
                     f"  raftmq serve --config {os.path.abspath(path)} --node {node_id}",
                     err=True,
                 )
+        if len(reported) == len(procs):
+            raise click.ClickException(f"every node has exited; see the logs in {directory}")
         time.sleep(0.2)
     click.echo("stopping the cluster...")
     for p in procs.values():
@@ -181,6 +256,254 @@ def dev(directory: str) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
     click.echo("stopped.")
+
+
+# -- admin commands: status and topics over the HTTP API ------------------------------------------
+
+URL_HELP = (
+    "A node's base URL; repeat to try several in order. "
+    f"Default: $RAFTMQ_URL (comma- or space-separated) or {DEFAULT_URL}."
+)
+
+
+def resolve_urls(urls: tuple[str, ...], env: dict[str, str] | None = None) -> list[str]:
+    """The --url values, else $RAFTMQ_URL, else the dev cluster's first node."""
+    if urls:
+        return list(urls)
+    from_env = re.split(r"[,\s]+", (os.environ if env is None else env).get("RAFTMQ_URL", "").strip())
+    return [u for u in from_env if u] or [DEFAULT_URL]
+
+
+def admin_command(f: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the shared --url option and an :class:`AdminHttp` as first argument; an admin
+    error becomes one line on stderr and exit status 1."""
+
+    @functools.wraps(f)
+    def run(*args: Any, urls: tuple[str, ...], **kwargs: Any) -> None:
+        try:
+            f(AdminHttp(resolve_urls(urls)), *args, **kwargs)
+        except ServerError as e:
+            click.echo(f"error {e.code}: {e.message}", err=True)
+            sys.exit(1)
+        except AdminError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+
+    return click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer.")
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def _none(value: Any, style: str = "dim", text: str = "-") -> Text | str:
+    return Text(text, style=style) if value is None else str(value)
+
+
+@main.command()
+@json_option
+@admin_command
+def status(admin: AdminHttp, as_json: bool) -> None:
+    """Show the nodes and every Raft group: leader, term, and commit/applied index per replica."""
+    data = admin.get("/v1/cluster")
+    if as_json:
+        _print_json(data)
+        return
+    console = Console()
+    console.print(f"[bold]nodes[/bold] (as seen by {data['node_id']})")
+    nodes = Table(box=box.SIMPLE_HEAD)
+    for column in ("node", "http", "raft", "reachable"):
+        nodes.add_column(column)
+    for n in data["nodes"]:
+        reachable = Text("yes", style="green") if n["reachable"] else Text("no", style="bold red")
+        nodes.add_row(n["id"], n["http"], n.get("raft", ""), reachable)
+    console.print(nodes)
+    console.print("[bold]groups[/bold]")
+    console.print(_groups_table(data))
+    console.print(
+        "  cells: commit_index/applied_index, * leader, (-n) entries behind the leader", style="dim"
+    )
+    console.print(_status_summary(data))
+
+
+def _groups_table(data: dict[str, Any]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD)
+    node_ids = [n["id"] for n in data["nodes"]]
+    reachable = {n["id"] for n in data["nodes"] if n["reachable"]}
+    for column in ("group", "leader", "term", *node_ids):
+        table.add_column(column, justify="right" if column in node_ids or column == "term" else "left")
+    for g in data["groups"]:
+        replicas = {r["node_id"]: r for r in g["replicas"]}
+        target = _leader_commit(g)
+        cells: list[Text | str] = []
+        for nid in node_ids:
+            r = replicas.get(nid)
+            if r is None:
+                cells.append("" if nid in reachable else Text("?", style="red"))
+                continue
+            behind = target - r["applied_index"]
+            mark = "*" if nid == g["leader"] else ""
+            cell = Text(f"{mark}{r['commit_index']}/{r['applied_index']}")
+            if behind > 0:
+                cell.append(f" (-{behind})")
+                cell.stylize("bold yellow")
+            elif mark:
+                cell.stylize("bold")
+            cells.append(cell)
+        leader = _none(g["leader"], "bold red", "none")
+        table.add_row(g["group_id"], leader, str(g["term"]), *cells)
+    return table
+
+
+def _leader_commit(group: dict[str, Any]) -> int:
+    """What a replica should have applied: the leader's commit index (the highest seen if none)."""
+    for r in group["replicas"]:
+        if r["node_id"] == group["leader"]:
+            return int(r["commit_index"])
+    return max((int(r["commit_index"]) for r in group["replicas"]), default=0)
+
+
+def _status_summary(data: dict[str, Any]) -> Text:
+    nodes, groups = data["nodes"], data["groups"]
+    up = sum(1 for n in nodes if n["reachable"])
+    led = sum(1 for g in groups if g["leader"])
+    lagging = sum(1 for g in groups for r in g["replicas"] if r["applied_index"] < _leader_commit(g))
+    ok = up == len(nodes) and led == len(groups)
+    text = Text(
+        f"{up}/{len(nodes)} nodes reachable, {led}/{len(groups)} groups have a leader, "
+        f"{lagging} {'replica' if lagging == 1 else 'replicas'} behind its leader",
+        style="green" if ok and not lagging else "yellow",
+    )
+    return text
+
+
+@main.group()
+def topic() -> None:
+    """Create, list, describe and delete topics."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--queues", type=click.IntRange(min=1), default=8, show_default=True, help="Queue count.")
+@click.option("--retention-ms", type=click.IntRange(min=1), help="Remove messages older than this.")
+@click.option("--retention-bytes", type=click.IntRange(min=1), help="Keep at most this much per queue.")
+@click.option("--max-message-bytes", type=click.IntRange(min=1), help="Per-topic message size limit.")
+@json_option
+@admin_command
+def topic_create(
+    admin: AdminHttp,
+    name: str,
+    queues: int,
+    retention_ms: int | None,
+    retention_bytes: int | None,
+    max_message_bytes: int | None,
+    as_json: bool,
+) -> None:
+    """Create topic NAME."""
+    body: dict[str, Any] = {"name": name, "queues": queues}
+    for key, value in (
+        ("retention_ms", retention_ms),
+        ("retention_bytes", retention_bytes),
+        ("max_message_bytes", max_message_bytes),
+    ):
+        if value is not None:
+            body[key] = value
+    data = admin.post("/v1/topics", body)
+    if as_json:
+        _print_json(data)
+        return
+    Console().print(f"created topic {data['name']!r} with {len(data['queues'])} queues")
+    _print_topic(data)
+
+
+@topic.command("list")
+@json_option
+@admin_command
+def topic_list(admin: AdminHttp, as_json: bool) -> None:
+    """List the topics."""
+    data = admin.get("/v1/topics")
+    if as_json:
+        _print_json(data)
+        return
+    console = Console()
+    if not data["topics"]:
+        console.print("no topics")
+        return
+    table = Table(
+        "topic", "queues", "retention_ms", "retention_bytes", "max_message_bytes", box=box.SIMPLE_HEAD
+    )
+    for t in data["topics"]:
+        table.add_row(
+            t["name"],
+            str(t["queues"]),
+            _none(t.get("retention_ms")),
+            _none(t.get("retention_bytes")),
+            _none(t.get("max_message_bytes")),
+        )
+    console.print(table)
+
+
+@topic.command("describe")
+@click.argument("name")
+@json_option
+@admin_command
+def topic_describe(admin: AdminHttp, name: str, as_json: bool) -> None:
+    """Show topic NAME's settings and queues: queue group, leader, replicas, low/high offsets."""
+    data = admin.get(f"/v1/topics/{AdminHttp.quote(name)}")
+    if as_json:
+        _print_json(data)
+        return
+    _print_topic(data)
+
+
+def _print_topic(t: dict[str, Any]) -> None:
+    settings = ", ".join(
+        f"{k} {t.get(k) if t.get(k) is not None else '-'}"
+        for k in ("retention_ms", "retention_bytes", "max_message_bytes")
+    )
+    table = Table(
+        "queue",
+        "group",
+        "leader",
+        "replicas",
+        "low",
+        "high",
+        box=box.SIMPLE_HEAD,
+    )
+    console = Console()
+    console.print(f"[bold]topic {t['name']}[/bold] (id {t['id']}, created {_time(t.get('created_ms'))})")
+    console.print(f"  {settings}")
+    for q in t["queues"]:
+        table.add_row(
+            str(q["queue"]),
+            str(q["group_id"]),
+            _none(q["leader"], "bold red", "none"),
+            ",".join(q["replicas"]),
+            _none(q["low_offset"], "red", "?"),
+            _none(q["high_offset"], "red", "?"),
+        )
+    console.print(table)
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+@topic.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@admin_command
+def topic_delete(admin: AdminHttp, name: str, yes: bool) -> None:
+    """Delete topic NAME and all its messages."""
+    if not yes:
+        click.confirm(f"Delete topic {name!r} and all its messages?", abort=True)
+    admin.delete(f"/v1/topics/{AdminHttp.quote(name)}")
+    click.echo(f"deleted topic {name!r}")
 
 
 if __name__ == "__main__":

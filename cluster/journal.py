@@ -31,6 +31,7 @@ from typing import Any
 
 import crc32c
 import structlog
+
 from raftmq.storage.store import Batch, Store
 
 __all__ = ["DurableJournal", "Entry"]
@@ -106,6 +107,14 @@ class DurableJournal:
             self._entries.append((command, index, term))
             self._bytes += len(command)
             expected = index + 1
+        # The commit index hint may point past a cut tail. pysyncobj trusts it on start and its
+        # leader never lowers it, so entries it later appends at those indexes would count as
+        # committed (and be applied) without a quorum. Never hand it one past the log.
+        last = self._entries[-1][1] if self._entries else 1
+        if self._commit_index > last:
+            log.warning("journal_commit_index_clamped", commit_index=self._commit_index, last_index=last)
+            self._commit_index = last
+            self._commit_saved = False
 
     def _repair_tail(self, index: int, reason: str) -> None:
         batch = Batch()
@@ -137,6 +146,7 @@ class DurableJournal:
                 return
             self._truncate_disk(idx)
             self._drop_memory(pos)
+            self._hidden.clear()  # the disk truncation removed them too
         elif self._hidden:
             head = self._hidden[0]
             if head[1] == idx and head[2] == term:

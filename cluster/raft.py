@@ -341,6 +341,11 @@ class RaftGroup:
             os.fsync(f.fileno())
 
     def _deserialize(self, path: str) -> tuple[Entry, Entry, list[str]]:
+        # A snapshot received from the leader was written and renamed by pysyncobj without fsync;
+        # make it durable before pysyncobj replaces the journal with the snapshot's two entries.
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        _fsync_dir(os.path.dirname(path))
         with open(path, "rb") as f:
             manifest = orjson.loads(f.read())
         last = _entry_from_json(manifest["last"])

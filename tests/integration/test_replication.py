@@ -78,6 +78,7 @@ def test_kill_leader_elects_new_leader_and_produce_continues(tmp_path: Path) -> 
         assert new != old and elected_s < 10, elected_s
         survivor = next(n for n in c.nodes if c.alive(n))
         acked |= produce_batches(c, "t", batches=5, node=survivor, tag="after")
+        c.wait_replicas_equal("0")  # a follower applies once it learns the commit index
         for nid in (n for n in c.nodes if c.alive(n)):
             assert_all_present(c, "t", acked, nid, read_from="local")
 

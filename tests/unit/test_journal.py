@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import structlog
+
 from raftmq.cluster.journal import DurableJournal, Entry
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
@@ -143,8 +144,17 @@ def test_list_semantics_mirror_pysyncobj(env: Env) -> None:
     assert len(journal) == len(items)
     for i in range(-len(items), len(items)):
         assert journal[i] == items[i]
-    for sl in (slice(None), slice(2, 5), slice(3, None), slice(None, -2), slice(-3, None), slice(7, 100),
-               slice(100, None), slice(0, 0), slice(None, None, 2)):
+    for sl in (
+        slice(None),
+        slice(2, 5),
+        slice(3, None),
+        slice(None, -2),
+        slice(-3, None),
+        slice(7, 100),
+        slice(100, None),
+        slice(0, 0),
+        slice(None, None, 2),
+    ):
         assert journal[sl] == items[sl]
         assert isinstance(journal[sl], list)
     with pytest.raises(IndexError):
@@ -390,7 +400,9 @@ def _flip(value: bytes, pos: int) -> bytes:
     return value[:pos] + bytes([value[pos] ^ 0x40]) + value[pos + 1 :]
 
 
-@pytest.mark.parametrize("pos", [0, 7, 8, 11, 12, -1], ids=["term-hi", "term-lo", "crc", "crc-lo", "cmd", "cmd-end"])
+@pytest.mark.parametrize(
+    "pos", [0, 7, 8, 11, 12, -1], ids=["term-hi", "term-lo", "crc", "crc-lo", "cmd", "cmd-end"]
+)
 def test_corrupt_last_entry_is_cut(env: Env, pos: int) -> None:
     items = _written(env)
     value = env.store.get(entry_key(10))
@@ -444,6 +456,42 @@ def test_corrupt_first_entry_leaves_an_empty_journal(env: Env) -> None:
     assert len(journal) == 0
     assert disk_indexes(env.store) == []
     assert journal.size_bytes == 0
+
+
+def test_commit_index_hint_is_clamped_to_a_repaired_log(env: Env) -> None:
+    # pysyncobj's leader never lowers the commit index it read from the journal: one past the log
+    # would let it apply entries appended there without a quorum (see test_raft_seams).
+    journal = env.journal()
+    fill(journal, entries(1, 10, 1))
+    journal.setRaftCommitIndex(10)
+    journal._destroy()
+    env.delete_raw(entry_key(8))
+    with structlog.testing.capture_logs() as logs:
+        journal = env.reopen()
+    assert journal[-1][1] == 7
+    assert journal.getRaftCommitIndex() == 7
+    assert any(e["event"] == "journal_commit_index_clamped" for e in logs)
+    journal.onOneSecondTimer()
+    assert env.reopen().getRaftCommitIndex() == 7  # and the clamped value is what gets saved
+
+    value = env.store.get(entry_key(1))
+    assert value is not None
+    env.put_raw(entry_key(1), _flip(value, 3))
+    journal = env.reopen()
+    assert len(journal) == 0
+    assert journal.getRaftCommitIndex() == 1  # pysyncobj's initial value, for its seeded no-op
+
+
+def test_commit_index_inside_a_compacted_log_is_kept(env: Env) -> None:
+    journal = env.journal()
+    fill(journal, entries(1, 10, 1))
+    journal.deleteEntriesTo(6)
+    journal.setRaftCommitIndex(9)
+    journal._destroy()
+    with structlog.testing.capture_logs() as logs:
+        journal = env.reopen()
+    assert journal.getRaftCommitIndex() == 9
+    assert logs == []
 
 
 # -- 5. compaction ----------------------------------------------------------------------------------
@@ -572,6 +620,7 @@ def test_align_to_snapshot_on_short_journal(env: Env) -> None:
 
 
 def test_commit_index_persisted_once_a_second_and_on_destroy(env: Env) -> None:
+    fill(env.journal(), entries(1, 10, 1))
     store = CountingStore(env.store)
     journal = DurableJournal(store)
     assert journal.getRaftCommitIndex() == 1  # pysyncobj's initial value
