@@ -107,6 +107,9 @@ class TestFaults:
     """Faults for tests only (never set them in production)."""
 
     crash_after_snapshot: bool = False
+    # Answer produce requests before their entry is replicated (the chaos suite's mutation check:
+    # with it, leader kills must show up as lost messages).
+    ack_before_replication: bool = False
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ class GroupCommitter:
         now_ms: Callable[[], int],
         max_entry_bytes: int,
         max_inflight: int,
+        ack_before_replication: bool = False,
     ) -> None:
         self._group = group
         self._loop = loop
@@ -58,6 +59,7 @@ class GroupCommitter:
         self._max_inflight = max(1, max_inflight)
         self._pending: deque[_Request] = deque()
         self._inflight = 0
+        self._ack_early = ack_before_replication
 
     async def produce(self, batches: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
         """Propose ``batches`` (commands.produce batch dicts); one result per batch, in order.
@@ -67,6 +69,12 @@ class GroupCommitter:
         future: asyncio.Future[list[dict[str, Any]]] = self._loop.create_future()
         self._pending.append(_Request(batches, size, future))
         self._flush()
+        if self._ack_early:  # TEST FAULT: the answer does not wait for replication
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return [
+                {"queue": b["queue"], "base_offset": None, "count": len(b["messages"])}
+                for b in batches
+            ]
         return await future
 
     def _flush(self) -> None:

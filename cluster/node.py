@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 import orjson
 import structlog
+
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
 
@@ -111,6 +112,7 @@ class Node:
                 now_ms=now_ms,
                 max_entry_bytes=self.config.raft.group_commit_bytes,
                 max_inflight=self.config.raft.group_commit_inflight,
+                ack_before_replication=self.config.faults.ack_before_replication,
             )
         self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
         self._tasks.append(asyncio.create_task(self._retention_forever()))
