@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 import orjson
+
 from raftmq.storage.keys import MAX_U32, MAX_U64
 from raftmq.storage.records import NewMessage
 

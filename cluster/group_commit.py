@@ -71,10 +71,7 @@ class GroupCommitter:
         self._flush()
         if self._ack_early:  # TEST FAULT: the answer does not wait for replication
             future.add_done_callback(lambda f: f.cancelled() or f.exception())
-            return [
-                {"queue": b["queue"], "base_offset": None, "count": len(b["messages"])}
-                for b in batches
-            ]
+            return [{"queue": b["queue"], "base_offset": None, "count": len(b["messages"])} for b in batches]
         return await future
 
     def _flush(self) -> None:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .membership import GroupMembership
-from .metadata import TOPIC_NAME
 from .node import META, Node, now_ms
 from .validation import bad, parse_json
 
@@ -20,13 +19,17 @@ MAX_MEMBER_ID_BYTES = 255
 MAX_SUBSCRIBED_TOPICS = 100
 
 
-def _check_group(group: str) -> None:
-    if not TOPIC_NAME.match(group):
-        raise bad("consumer group names are 1-200 characters of A-Z a-z 0-9 . _ -")
+def _check_member_id(member_id: str) -> None:
+    try:
+        size = len(member_id.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        size = 0
+    if not 1 <= size <= MAX_MEMBER_ID_BYTES:
+        raise bad(f"'member_id' must be 1-{MAX_MEMBER_ID_BYTES} UTF-8 bytes")
 
 
 def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
-    from .http_api import json_response
+    from .http_api import _group_name, json_response
 
     membership = GroupMembership()
 
@@ -34,15 +37,15 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
         return node.groups[META].raft.status().term
 
     async def join(request: web.Request) -> web.Response:
-        group = request.match_info["group"]
-        _check_group(group)
+        group = _group_name(request)
         body_bytes = await request.read()
         body: Any = parse_json(body_bytes)
         if not isinstance(body, dict) or set(body) - {"member_id", "topics"}:
             raise bad('body must be {"member_id": str, "topics": [str, ...]}')
         member_id, topics = body.get("member_id"), body.get("topics")
-        if not isinstance(member_id, str) or not member_id or len(member_id.encode()) > MAX_MEMBER_ID_BYTES:
-            raise bad(f"'member_id' must be a non-empty string of at most {MAX_MEMBER_ID_BYTES} bytes")
+        if not isinstance(member_id, str):
+            raise bad("'member_id' must be a string")
+        _check_member_id(member_id)
         if (
             not isinstance(topics, list)
             or not topics
@@ -60,13 +63,14 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
         return json_response(membership.view(group, member_id, counts))
 
     async def leave(request: web.Request) -> web.Response:
-        group = request.match_info["group"]
-        _check_group(group)
+        group = _group_name(request)
+        member_id = request.match_info["member_id"]
+        _check_member_id(member_id)
         if not api._leads(META):
             return await api._forward(request, META)
         membership.set_term(coordinator_term())
-        left = membership.leave(group, request.match_info["member_id"])
-        return json_response({"group": group, "member_id": request.match_info["member_id"], "left": left})
+        left = membership.leave(group, member_id)
+        return json_response({"group": group, "member_id": member_id, "left": left})
 
     app.router.add_post("/v1/groups/{group}/members", join)
     app.router.add_delete("/v1/groups/{group}/members/{member_id}", leave)

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import itertools
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,15 +21,26 @@ import crc32c
 import orjson
 import structlog
 from aiohttp import web
+
 from raftmq.storage.queues import OffsetOutOfRange, queue_bounds, read_messages
 
 from . import commands, errors
 from .errors import error_body
 from .group_commit import ProduceFailed
-from .metadata import Topic
+from .metadata import Topic, validate_topic_name
 from .node import META, Node, now_ms
 from .openapi import openapi_spec
-from .validation import ApiError, bad, parse_create_topic, parse_json, parse_produce, query_int
+from .validation import (
+    DEFAULT_FETCH_BYTES,
+    MAX_FETCH_BYTES,
+    MAX_QUEUE_NUMBER,
+    ApiError,
+    bad,
+    parse_create_topic,
+    parse_json,
+    parse_produce,
+    query_int,
+)
 
 __all__ = ["create_app", "key_queue"]
 
@@ -126,9 +138,22 @@ class Api:
         return local is not None and local.raft.is_leader()
 
     async def _forward(self, request: web.Request, name: str, body: bytes | None = None) -> web.Response:
-        """Proxy ``request`` to the leader of group ``name`` and return its answer unchanged."""
+        """Proxy ``request`` to the leader of group ``name`` and return its answer unchanged.
+
+        A ``not_leader`` answer (leadership moved on; nothing was done) is retried against the
+        newly known leader until ``leader_wait_s`` has passed, as ``_group_call`` does for writes.
+        """
         if request.headers.get(FORWARDED):
             raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
+        deadline = time.monotonic() + self.leader_wait_s
+        while True:
+            response = await self._forward_once(request, name, body)
+            if response.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
+                return response
+            await asyncio.sleep(0.1)
+            self.node.forget_peer_status()
+
+    async def _forward_once(self, request: web.Request, name: str, body: bytes | None) -> web.Response:
         leader = await self._wait_leader(name, self.leader_wait_s)
         if leader.id == self.node.me.id:
             raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
@@ -153,6 +178,8 @@ class Api:
 
     async def topic(self, name: str, *, fresh: bool = False) -> Topic:
         """The topic, from the local metadata replica; a miss is re-checked at the leader."""
+        if validate_topic_name(name):  # no such topic can exist; and never put it into a URL
+            raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         machine = self.node.metadata
         if machine is not None and not fresh:
             t = machine.topic(name)
@@ -171,7 +198,9 @@ class Api:
             assert self.node.metadata is not None
             return self.node.metadata.topic(name)
         leader = await self._wait_leader(META, 3.0)
-        status, data, _ = await self.node.peer_request("GET", leader, f"/internal/topics/{name}")
+        status, data, _ = await self.node.peer_request(
+            "GET", leader, f"/internal/topics/{urllib.parse.quote(name, safe='')}"
+        )
         if status == 404:
             return None
         if status != 200:
@@ -242,7 +271,8 @@ class Api:
         result: dict[str, Any] = outcome.result
         if "error" in result:
             e = result["error"]
-            raise ApiError(errors.BY_CODE.get(e["code"], errors.INTERNAL), e["message"])
+            extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
+            raise ApiError(errors.BY_CODE.get(e["code"], errors.INTERNAL), e["message"], **extra)
         return result
 
     async def list_topics(self, request: web.Request) -> web.Response:
@@ -278,7 +308,8 @@ class Api:
                 if status == 200:
                     got = orjson.loads(data)["queues"]
                     for q in by_group[g]:
-                        bounds[q] = tuple(got.get(str(q), (0, 0)))  # type: ignore[assignment]
+                        low, high = got.get(str(q), (0, 0))
+                        bounds[q] = (low, high)
             except (TimeoutError, aiohttp.ClientError, OSError):
                 for q in by_group[g]:
                     bounds[q] = None
@@ -370,7 +401,8 @@ class Api:
         for q, pos in placed:
             r = outcome[q]
             if isinstance(r, dict) and "base_offset" in r:
-                results.append({"queue": q, "offset": r["base_offset"] + pos})
+                base = r["base_offset"]  # None only under the ack_before_replication test fault
+                results.append({"queue": q, "offset": None if base is None else base + pos})
             else:
                 results.append(None)
         if failures:
@@ -475,7 +507,7 @@ class Api:
 
     async def fetch(self, request: web.Request) -> web.Response:
         topic = await self.topic(request.match_info["topic"])
-        q = query_int({"q": request.match_info["queue"]}, "q", None, 0, 2**31)
+        q = query_int({"queue": request.match_info["queue"]}, "queue", None, 0, MAX_QUEUE_NUMBER)
         if q >= topic.queues:
             raise ApiError(
                 errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
@@ -489,7 +521,7 @@ class Api:
             query, "max", self.limits.default_fetch_messages, 1, self.limits.max_fetch_messages
         )
         wait_ms = query_int(query, "wait_ms", 0, 0, self.limits.max_wait_ms)
-        max_bytes = query_int(query, "max_bytes", 8 * 1024 * 1024, 1, 64 * 1024 * 1024)
+        max_bytes = query_int(query, "max_bytes", DEFAULT_FETCH_BYTES, 1, MAX_FETCH_BYTES)
         read_from = query.get("read_from", "leader")
         if read_from not in ("leader", "local"):
             raise bad("read_from must be 'leader' or 'local'")
@@ -538,30 +570,61 @@ class Api:
     # -- consumer group offsets -------------------------------------------------------------------
 
     async def put_offsets(self, request: web.Request) -> web.Response:
-        group = request.match_info["group"]
+        group = _group_name(request)
         body = parse_json(await request.read())
         if not isinstance(body, dict) or set(body) - {"topic", "offsets"}:
             raise bad('body must be {"topic": str, "offsets": {"<queue>": offset}}')
-        topic = await self.topic(body.get("topic") if isinstance(body.get("topic"), str) else "")
+        name = body.get("topic")
+        if not isinstance(name, str):
+            raise bad("'topic' must be a topic name")
+        topic = await self.topic(name)
         offsets = body.get("offsets")
         if not isinstance(offsets, dict) or not offsets:
             raise bad("'offsets' must be a non-empty object of queue -> offset")
         by_group: dict[int, dict[str, int]] = defaultdict(dict)
         for k, v in offsets.items():
-            if not k.isdigit() or int(k) >= topic.queues:
+            # ASCII digits only (str.isdigit() also accepts e.g. "²", which int() refuses), and
+            # few of them (int() refuses more than 4300 digits).
+            if not (k.isascii() and k.isdigit() and len(k) <= 10) or int(k) >= topic.queues:
                 raise ApiError(errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has no queue {k!r}")
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63:
                 raise bad(f"offset for queue {k} must be a non-negative integer")
             by_group[topic.queue_groups[int(k)]][str(int(k))] = v
+        if len(by_group) > 1:
+            # One commit per queue group: check every offset first, so that a request is not
+            # half-applied when a later group refuses its part. high_offset only grows, so an
+            # offset accepted here is still in range when its commit applies.
+            await self._check_offsets(
+                topic, {int(q): o for offs in by_group.values() for q, o in offs.items()}
+            )
         for g, offs in by_group.items():
             await self._group_call(g, "commit", {"group": group, "topic_id": topic.id, "offsets": offs})
         return json_response({"ok": True})
 
+    async def _check_offsets(self, topic: Topic, offsets: dict[int, int]) -> None:
+        described = await self._describe(topic)
+        for q, offset in offsets.items():
+            info = described["queues"][q]
+            low, high = info["low_offset"], info["high_offset"]
+            if high is None:
+                raise ApiError(errors.UNAVAILABLE, f"cannot read the bounds of queue {q} now")
+            if offset > high:
+                raise ApiError(
+                    errors.OFFSET_OUT_OF_RANGE,
+                    f"offset {offset} is above high_offset {high} of queue {q}",
+                    queue=q,
+                    offset=offset,
+                    low_offset=low,
+                    high_offset=high,
+                )
+
     async def get_offsets(self, request: web.Request) -> web.Response:
         from raftmq.storage.queues import committed_offset
 
-        group = request.match_info["group"]
-        topic = await self.topic(request.query.get("topic", ""))
+        group = _group_name(request)
+        if not request.query.get("topic"):
+            raise bad("query parameter 'topic' is required")
+        topic = await self.topic(request.query["topic"])
         result: dict[str, int | None] = {}
         for g in sorted(set(topic.queue_groups)):
             name = str(g)
@@ -573,8 +636,9 @@ class Api:
                     result[str(q)] = committed_offset(store, group, topic.id, q)
             else:
                 leader = await self._wait_leader(name, 3.0)
+                query = urllib.parse.urlencode({"group": group, "topic_id": topic.id})
                 status, data, _ = await self.node.peer_request(
-                    "GET", leader, f"/internal/groups/{name}/offsets?group={group}&topic_id={topic.id}"
+                    "GET", leader, f"/internal/groups/{name}/offsets?{query}"
                 )
                 if status != 200:
                     raise _body_error(status, data)
@@ -584,11 +648,23 @@ class Api:
         return json_response({"group": group, "topic": topic.name, "offsets": result})
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return json_response(openapi_spec())
+        return json_response(openapi_spec(self.limits))
+
+
+def _group_name(request: web.Request) -> str:
+    group = request.match_info["group"]
+    try:
+        size = len(group.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        size = 0
+    if not 1 <= size <= commands.MAX_NAME_BYTES:
+        raise bad(f"consumer group names are 1-{commands.MAX_NAME_BYTES} UTF-8 bytes")
+    return group
 
 
 def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
+    from .groups_api import add_group_routes
     from .internal_api import add_internal_routes
     from .metrics import metrics_handler, metrics_middleware
 
@@ -614,4 +690,5 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/openapi.json", api.openapi)
     r.add_get("/metrics", metrics_handler)
     add_internal_routes(app, node, api)
+    add_group_routes(app, node, api)
     return app

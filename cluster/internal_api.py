@@ -12,11 +12,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+
 from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
 
 from . import errors
 from .node import META, SECRET_HEADER, Node
-from .validation import ApiError, parse_json
+from .validation import ApiError, bad, parse_json, query_int
 
 if TYPE_CHECKING:
     from .http_api import Api
@@ -63,7 +64,7 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
     async def bounds(request: web.Request) -> web.Response:
         authorize(request)
         local = local_group(request)
-        topic_id = int(request.query["topic_id"])
+        topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
         store = local.machine.store
         out = {}
         for q in range(4096):
@@ -76,7 +77,9 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
         local = local_group(request)
         name = request.match_info["group"]
         await api.internal_action(name, "barrier", {})
-        group, topic_id = request.query["group"], int(request.query["topic_id"])
+        group, topic_id = request.query.get("group"), query_int(request.query, "topic_id", None, 0, 2**32 - 1)
+        if not group:
+            raise bad("query parameter 'group' is required")
         store = local.machine.store
         out = {}
         for q in range(4096):

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 import structlog
+
 from raftmq.storage.store import Batch, Store
 
 __all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "validate_topic_name"]

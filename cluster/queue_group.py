@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import structlog
+
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import APPLIED, ProducerState, QueueMeta
 from raftmq.storage.records import decode_header, encode_batch

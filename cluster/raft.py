@@ -36,6 +36,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
 from raftmq.storage.store import Store, StoreError
 
 from .journal import DurableJournal, Entry

@@ -32,6 +32,9 @@ MAX_HEADERS = 64
 MAX_PRODUCER_ID_BYTES = 255
 MAX_SEQUENCE = 2**63 - 1
 MAX_OFFSET = 2**63 - 1
+MAX_QUEUE_NUMBER = 2**31  # largest queue number a fetch path may name (above a topic's: queue_not_found)
+DEFAULT_FETCH_BYTES = 8 * 1024 * 1024
+MAX_FETCH_BYTES = 64 * 1024 * 1024
 
 
 class ApiError(Exception):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch
 

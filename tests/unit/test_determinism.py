@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from raftmq.cluster import commands
 from raftmq.cluster.queue_group import QueueGroupMachine
 from raftmq.storage.memory import MemoryStore
@@ -64,7 +65,7 @@ retain_queues = st.lists(
     unique_by=lambda q: (q["topic_id"], q["queue"]),
 )
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=8,
 )
