@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
+
 from raftmq.cluster import commands
 from raftmq.cluster import queue_group as queue_group_module
 from raftmq.cluster.queue_group import Applied, QueueGroupMachine, QueueHigh

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from raftmq.storage.records import (
     HEADER_SIZE,
     CorruptRecord,

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from raftmq.storage.rocks import (
     RESTORE_FAILED_SUFFIX,
     RESTORE_OLD_SUFFIX,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import (
