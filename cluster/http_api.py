@@ -116,8 +116,9 @@ class Api:
         self.node = node
         self.limits = node.config.limits
         self._sticky = itertools.count()
-        # How long a request may wait for a group to elect a leader: two election timeouts.
-        self.leader_wait_s = 2 * node.config.raft.election_max_ms / 1000
+        # How long a request may wait for a group to elect a leader: two election timeouts, and at
+        # least 3 s (a split vote can take a second round).
+        self.leader_wait_s = max(3.0, 2 * node.config.raft.election_max_ms / 1000)
 
     # -- helpers ----------------------------------------------------------------------------------
 

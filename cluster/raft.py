@@ -81,11 +81,11 @@ class RaftSettings:
 
     password: str
     fsync: bool = True
-    election_min_s: float = 1.0
-    election_max_s: float = 2.0
+    election_min_s: float = 0.8
+    election_max_s: float = 1.6
     heartbeat_s: float = 0.05
     tick_s: float = 0.05
-    leader_fallback_s: float = 2.5  # a cut-off leader steps down after this long
+    leader_fallback_s: float = 2.0  # a cut-off leader steps down after this long
     connection_retry_s: float = 0.5
     compaction_min_entries: int = 20_000
     compaction_min_time_s: float = 120.0

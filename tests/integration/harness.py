@@ -32,7 +32,8 @@ def _port_free(port: int) -> bool:
 def free_port_block(count: int) -> int:
     """A base port such that ``count`` consecutive ports are free (best effort)."""
     for _ in range(200):
-        base = random.randrange(20000, 60000 - count)
+        # Below Linux's ephemeral range (32768+), where outgoing connections could take our ports.
+        base = random.randrange(20000, 32000 - count)
         if all(_port_free(base + i) for i in range(count)):
             return base
     raise RuntimeError("no free port block")
