@@ -1,0 +1,109 @@
+"""The raftmq Python client: producer, consumer and admin, in sync and asyncio flavours.
+
+Example::
+
+    from raftmq.client import Producer, Consumer
+
+    with Producer(["127.0.0.1:7001", "127.0.0.1:7002"]) as producer:
+        meta = producer.send("orders", "hello", key="customer-7").result()  # RecordMetadata
+
+    with Consumer(["127.0.0.1:7001"], group="billing", topics="orders") as consumer:
+        for msg in consumer:
+            handle(msg.value)
+            msg.ack()
+
+Every error is a :class:`~raftmq.client.errors.RaftmqError` (:mod:`raftmq.client.errors` draws the
+tree). docs/client.md is the guide.
+"""
+
+from ._admin import AsyncAdmin
+from ._consumer import AsyncConsumer, Mode, Reset, TopicQueue
+from ._metadata import key_queue
+from ._producer import AsyncProducer, DeliveryCallback
+from ._sync import Admin, Consumer, Producer
+from ._types import (
+    ClusterStatus,
+    GroupStatus,
+    Message,
+    NodeInfo,
+    QueueState,
+    RecordMetadata,
+    ReplicaStatus,
+    TopicDescription,
+    TopicInfo,
+)
+from .errors import (
+    BadRequest,
+    BufferFull,
+    ClientClosed,
+    ConnectionFailed,
+    ConnectionLost,
+    DeliveryTimeout,
+    Forbidden,
+    InternalError,
+    InvalidJson,
+    MessageTooLarge,
+    MethodNotAllowed,
+    NotFound,
+    NotLeader,
+    OffsetOutOfRange,
+    QueueNotFound,
+    RaftmqError,
+    RequestTooLarge,
+    Timeout,
+    TooManyRequests,
+    TopicExists,
+    TopicNotFound,
+    Unauthorized,
+    Unavailable,
+    UnexpectedResponse,
+    UnknownOutcome,
+)
+
+__all__ = [
+    "Admin",
+    "AsyncAdmin",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "BadRequest",
+    "BufferFull",
+    "ClientClosed",
+    "ClusterStatus",
+    "ConnectionFailed",
+    "ConnectionLost",
+    "Consumer",
+    "DeliveryCallback",
+    "DeliveryTimeout",
+    "Forbidden",
+    "GroupStatus",
+    "InternalError",
+    "InvalidJson",
+    "Message",
+    "MessageTooLarge",
+    "MethodNotAllowed",
+    "Mode",
+    "NodeInfo",
+    "NotFound",
+    "NotLeader",
+    "OffsetOutOfRange",
+    "Producer",
+    "QueueNotFound",
+    "QueueState",
+    "RaftmqError",
+    "RecordMetadata",
+    "ReplicaStatus",
+    "RequestTooLarge",
+    "Reset",
+    "Timeout",
+    "TooManyRequests",
+    "TopicDescription",
+    "TopicExists",
+    "TopicInfo",
+    "TopicNotFound",
+    "TopicQueue",
+    "Unauthorized",
+    "Unavailable",
+    "UnexpectedResponse",
+    "UnknownOutcome",
+    "key_queue",
+]

@@ -53,9 +53,17 @@ API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
 
 
 def key_queue(key: str, queues: int) -> int:
-    """The queue a keyed message goes to: CRC32C of the UTF-8 key modulo the queue count.
-    The Python client computes the same, so it can batch per queue."""
-    return int(crc32c.crc32c(key.encode())) % queues
+    """The queue a keyed message goes to: CRC32C of the UTF-8 key, mixed with murmur3's fmix32,
+    modulo the queue count. The Python client computes the same, so it can batch per queue."""
+    h = int(crc32c.crc32c(key.encode()))
+    # murmur3's fmix32: CRC is linear, so keys differing in one character differ only in a few
+    # low bits; the finalizer spreads every input bit over the result before the modulo.
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h % queues
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:

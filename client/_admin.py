@@ -1,0 +1,113 @@
+"""Topic and cluster administration (asyncio)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._api import ApiClient
+from ._retry import Backoff
+from ._transport import Transport
+from ._types import ClusterStatus, TopicDescription, TopicInfo
+
+__all__ = ["AsyncAdmin"]
+
+
+class AsyncAdmin:
+    """Topics, consumer-group offsets and cluster status (asyncio).
+
+    Retriable failures are retried with backoff for up to ``retry_timeout_ms``; creating and
+    deleting a topic are not idempotent, so those are retried only after failures that certainly
+    did nothing (an unknown outcome is raised as such).
+
+    Args:
+        bootstrap: Node addresses; any one will do.
+        request_timeout_ms: One attempt's timeout.
+        retry_timeout_ms: Time for all attempts of one call.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        request_timeout_ms: int = 30_000,
+        retry_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 50,
+        retry_backoff_max_ms: int = 2_000,
+    ) -> None:
+        self._transport = Transport(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._api = ApiClient(
+            self._transport,
+            retry_timeout_ms=retry_timeout_ms,
+            backoff=Backoff(retry_backoff_ms, retry_backoff_max_ms),
+        )
+
+    async def create_topic(
+        self,
+        name: str,
+        queues: int = 8,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        max_message_bytes: int | None = None,
+    ) -> TopicDescription:
+        """Create a topic.
+
+        Raises:
+            TopicExists: A topic with this name exists.
+            BadRequest: An invalid name or setting.
+        """
+        spec: dict[str, Any] = {"name": name, "queues": queues}
+        for key, value in (
+            ("retention_ms", retention_ms),
+            ("retention_bytes", retention_bytes),
+            ("max_message_bytes", max_message_bytes),
+        ):
+            if value is not None:
+                spec[key] = value
+        return await self._api.create_topic(spec)
+
+    async def list_topics(self) -> list[TopicInfo]:
+        """Every topic (linearizable)."""
+        return await self._api.list_topics()
+
+    async def describe_topic(self, name: str) -> TopicDescription:
+        """The topic with each queue's group, leader, replicas and offsets.
+
+        Raises:
+            TopicNotFound: No such topic.
+        """
+        return await self._api.describe_topic(name)
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete the topic and its data.
+
+        Raises:
+            TopicNotFound: No such topic.
+        """
+        await self._api.delete_topic(name)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """Nodes and Raft groups: leader, term, commit/applied index per replica."""
+        return await self._api.cluster_status()
+
+    async def committed_offsets(self, group: str, topic: str) -> dict[int, int | None]:
+        """The consumer group's committed offset per queue of ``topic`` (None where none)."""
+        return await self._api.committed_offsets(group, topic)
+
+    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Set the consumer group's offsets (``{queue: offset}``), e.g. to rewind it.
+
+        Raises:
+            OffsetOutOfRange: An offset is above its queue's ``high_offset``.
+        """
+        await self._api.commit_offsets(group, topic, offsets)
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def __aenter__(self) -> AsyncAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

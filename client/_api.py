@@ -1,0 +1,98 @@
+"""Typed calls of the HTTP API v1, shared by the admin, producer and consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._retry import Backoff, retrying
+from ._transport import Transport, path_part
+from ._types import ClusterStatus, TopicDescription, TopicInfo
+
+__all__ = ["ApiClient"]
+
+
+class ApiClient:
+    """API calls with retries of retriable failures (for ``retry_timeout_ms`` in total).
+
+    A write that is not idempotent (create or delete a topic) is retried only after failures that
+    certainly did nothing; an unknown outcome is raised, never resent.
+    """
+
+    def __init__(self, transport: Transport, *, retry_timeout_ms: int, backoff: Backoff) -> None:
+        self.transport = transport
+        self.retry_timeout_ms = retry_timeout_ms
+        self.backoff = backoff
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool,
+        body: Mapping[str, Any] | bytes | None = None,
+        params: Mapping[str, str | int] | None = None,
+        node_url: str | None = None,
+        retry_timeout_ms: int | None = None,
+    ) -> Any:
+        async def once() -> Any:
+            return await self.transport.request(
+                method, path, body=body, params=params, node_url=node_url, idempotent=idempotent
+            )
+
+        return await retrying(
+            once,
+            idempotent=idempotent,
+            timeout_ms=self.retry_timeout_ms if retry_timeout_ms is None else retry_timeout_ms,
+            backoff=self.backoff,
+        )
+
+    # -- topics and cluster ----------------------------------------------------------------------
+
+    async def create_topic(self, spec: Mapping[str, Any]) -> TopicDescription:
+        return TopicDescription.from_wire(await self.call("POST", "/v1/topics", body=spec, idempotent=False))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        answer = await self.call("GET", "/v1/topics", idempotent=True)
+        return [TopicInfo.from_wire(t) for t in answer["topics"]]
+
+    async def describe_topic(self, name: str) -> TopicDescription:
+        answer = await self.call("GET", f"/v1/topics/{path_part(name)}", idempotent=True)
+        return TopicDescription.from_wire(answer)
+
+    async def delete_topic(self, name: str) -> None:
+        await self.call("DELETE", f"/v1/topics/{path_part(name)}", idempotent=False)
+
+    async def cluster_status(self) -> ClusterStatus:
+        return ClusterStatus.from_wire(await self.call("GET", "/v1/cluster", idempotent=True))
+
+    # -- consumer groups -------------------------------------------------------------------------
+
+    async def committed_offsets(self, group: str, topic: str) -> dict[int, int | None]:
+        answer = await self.call(
+            "GET", f"/v1/groups/{path_part(group)}/offsets", params={"topic": topic}, idempotent=True
+        )
+        return {int(q): o for q, o in answer["offsets"].items()}
+
+    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        # Setting an offset is idempotent: a resent commit stores the same value.
+        body = {"topic": topic, "offsets": {str(q): o for q, o in offsets.items()}}
+        await self.call("PUT", f"/v1/groups/{path_part(group)}/offsets", body=body, idempotent=True)
+
+    async def join_group(
+        self, group: str, member_id: str, topics: Sequence[str], *, retry: bool = True
+    ) -> dict[str, Any]:
+        """Join or heartbeat. ``retry=False``: one attempt (a heartbeat is sent again soon)."""
+        answer: dict[str, Any] = await self.call(
+            "POST",
+            f"/v1/groups/{path_part(group)}/members",
+            body={"member_id": member_id, "topics": list(topics)},
+            idempotent=True,
+            retry_timeout_ms=None if retry else 0,
+        )
+        return answer
+
+    async def leave_group(self, group: str, member_id: str) -> None:
+        await self.transport.request(
+            "DELETE", f"/v1/groups/{path_part(group)}/members/{path_part(member_id)}", idempotent=True
+        )

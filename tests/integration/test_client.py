@@ -1,0 +1,221 @@
+"""The Python client against a real 3-node cluster: admin, produce, consume, failover."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from raftmq.client import (
+    Admin,
+    AsyncAdmin,
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    Message,
+    OffsetOutOfRange,
+    Producer,
+    RecordMetadata,
+    TopicExists,
+    TopicNotFound,
+    key_queue,
+)
+
+from .harness import Cluster, wait_until
+
+
+def urls(c: Cluster) -> list[str]:
+    return [n.url for n in c.nodes.values()]
+
+
+def consume_all(c: Cluster, topic: str, count: int, member: str, timeout_s: float = 30) -> list[Message]:
+    """``count`` messages of ``topic`` read by a broadcast consumer (acked)."""
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    with Consumer(
+        urls(c), group="reader", topics=topic, mode="broadcast", member_id=member, wait_ms=200
+    ) as cons:
+        while len(out) < count and time.monotonic() < deadline:
+            for m in cons.poll(timeout_ms=500):
+                m.ack()
+                out.append(m)
+    return out
+
+
+def test_admin_manages_topics_and_reports_the_cluster(cluster: Cluster) -> None:
+    with Admin(urls(cluster)) as admin:
+        created = admin.create_topic("admin-t", 3, retention_ms=3_600_000)
+        assert (created.name, created.queues, created.info.retention_ms) == ("admin-t", 3, 3_600_000)
+        assert [q.queue for q in created.queue_states] == [0, 1, 2]
+        with pytest.raises(TopicExists):
+            admin.create_topic("admin-t", 3)
+        assert "admin-t" in {t.name for t in admin.list_topics()}
+        described = admin.describe_topic("admin-t")
+        assert all(q.leader in cluster.nodes and q.high_offset == 0 for q in described.queue_states)
+        status = admin.cluster_status()
+        assert {n.id for n in status.nodes} == set(cluster.nodes)
+        assert all(g.leader is not None for g in status.groups)
+        admin.delete_topic("admin-t")
+        with pytest.raises(TopicNotFound):
+            admin.describe_topic("admin-t")
+
+
+def test_committing_past_the_high_offset_is_offset_out_of_range_with_bounds(cluster: Cluster) -> None:
+    with Admin(urls(cluster)) as admin:
+        admin.create_topic("oor-t", 1)
+        with pytest.raises(OffsetOutOfRange) as info:
+            admin.commit_offsets("g", "oor-t", {0: 5})
+        assert (info.value.low_offset, info.value.high_offset) == (0, 0)
+        admin.commit_offsets("g", "oor-t", {0: 0})
+        assert admin.committed_offsets("g", "oor-t") == {0: 0}
+
+
+def test_messages_round_trip_with_keys_headers_binary_values_and_explicit_queues(cluster: Cluster) -> None:
+    with Admin(urls(cluster)) as admin:
+        admin.create_topic("rt", 4)
+    sent: dict[tuple[int, int], tuple[str | bytes, str | None]] = {}
+    with Producer(urls(cluster)) as producer:
+        futures = []
+        for i in range(200):
+            value: str | bytes = f"text-{i}" if i % 3 else bytes([i % 256, 0, 255])
+            key = f"key-{i % 7}" if i % 2 else None
+            f = producer.send("rt", value, key=key, headers={"i": str(i)}, queue=3 if i % 10 == 0 else None)
+            futures.append((f, value, key, i))
+        producer.flush()
+        for f, value, key, i in futures:
+            meta = f.result()
+            if i % 10 == 0:
+                assert meta.queue == 3
+            elif key is not None:
+                assert meta.queue == key_queue(key, 4)
+            sent[(meta.queue, meta.offset)] = (value, key)
+    got = consume_all(cluster, "rt", 200, "m1")
+    assert len(got) == 200
+    for m in got:
+        assert sent[(m.queue, m.offset)] == (m.value, m.key)
+        assert m.headers["i"] and m.timestamp_ms > 0
+    assert len({(m.queue, m.offset) for m in got}) == 200
+
+
+def test_the_client_and_the_broker_route_a_key_to_the_same_queue(cluster: Cluster) -> None:
+    with Admin(urls(cluster)) as admin:
+        admin.create_topic("routing", 8)
+    keys = [f"user-{i}" for i in range(40)]
+    r = cluster.produce("routing", [{"value": k, "key": k} for k in keys])  # routed by the broker
+    assert r.status_code == 200, r.text
+    broker = [res["queue"] for res in r.json()["results"]]
+    with Producer(urls(cluster)) as producer:
+        client = [producer.send("routing", k, key=k).result().queue for k in keys]
+    assert client == broker == [key_queue(k, 8) for k in keys]
+
+
+def test_async_producer_and_consumer_round_trip(cluster: Cluster) -> None:
+    async def main() -> tuple[list[RecordMetadata], list[Message]]:
+        async with AsyncAdmin(urls(cluster)) as admin:
+            await admin.create_topic("async-rt", 4)
+        async with AsyncProducer(urls(cluster), linger_ms=2) as producer:
+            futures = [await producer.send("async-rt", f"v{i}", key=f"k{i}") for i in range(500)]
+            metas = list(await asyncio.gather(*futures))
+            one = await producer.send_and_wait("async-rt", "last", queue=0)
+            metas.append(one)
+        got: list[Message] = []
+        async with AsyncConsumer(
+            urls(cluster), group="async-g", topics=["async-rt"], wait_ms=200
+        ) as consumer:
+            async for m in consumer:
+                m.ack()
+                got.append(m)
+                if len(got) == 501:
+                    break
+        return metas, got
+
+    metas, got = asyncio.run(asyncio.wait_for(main(), 60))
+    assert {(m.queue, m.offset) for m in metas} == {(m.queue, m.offset) for m in got}
+    assert sorted(m.value for m in got) == sorted([f"v{i}" for i in range(500)] + ["last"])
+
+
+def test_produce_to_consume_latency_is_sane(cluster: Cluster) -> None:
+    """A sanity check, not a benchmark: messages arrive promptly through long polling."""
+    with Admin(urls(cluster)) as admin:
+        admin.create_topic("latency", 2)
+    latencies: list[float] = []
+    sent_at: dict[str, float] = {}
+    with (
+        Consumer(urls(cluster), group="lat", topics="latency", wait_ms=5_000, reset="latest") as consumer,
+        Producer(urls(cluster), linger_ms=0) as producer,
+    ):
+        for i in range(100):
+            value = f"m{i}"
+            sent_at[value] = time.monotonic()
+            producer.send("latency", value)
+            for m in consumer.poll(timeout_ms=5_000):
+                latencies.append(time.monotonic() - sent_at[str(m.value)])
+                m.ack()
+        while len(latencies) < 100:
+            got = consumer.poll(timeout_ms=5_000)
+            assert got, "messages stopped arriving"
+            for m in got:
+                latencies.append(time.monotonic() - sent_at[str(m.value)])
+                m.ack()
+    latencies.sort()
+    p50, p99 = latencies[49], latencies[98]
+    print(f"produce->consume latency p50={p50 * 1000:.1f} ms p99={p99 * 1000:.1f} ms")
+    assert p99 < 2.0  # generous: the broker's own target is 50 ms
+
+
+def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(tmp_path: Path) -> None:
+    with Cluster(tmp_path, nodes=3) as c:
+        c.start()
+        c.wait_ready()
+        with Admin(urls(c)) as admin:
+            desc = admin.create_topic("failover", 3)
+        group = str(desc.queue_states[0].group_id)
+        leader = c.wait_leader(group)
+        acked: list[tuple[str, RecordMetadata]] = []
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            with Producer(urls(c), linger_ms=2, request_timeout_ms=5_000) as producer:
+                i = 0
+                pending = []
+                while not stop.is_set():
+                    value = f"v{i}"
+                    pending.append((value, producer.send("failover", value, queue=0)))
+                    i += 1
+                    if i % 50 == 0:
+                        time.sleep(0.01)
+                producer.flush()
+                for value, f in pending:
+                    try:
+                        acked.append((value, f.result()))
+                    except Exception as e:
+                        errors.append(e)
+
+        def high(node: str | None = None) -> int:
+            return int(c.get("/v1/topics/failover", node).json()["queues"][0]["high_offset"])
+
+        worker = threading.Thread(target=produce)
+        worker.start()
+        try:
+            wait_until(lambda: high() > 2_000, 30, what="producing before the failover")
+            c.kill(leader)
+            c.wait_leader(group, exclude=leader)
+            survivor = next(n for n in c.nodes if n != leader)
+            base = high(survivor)
+            wait_until(lambda: high(survivor) > base + 2_000, 60, what="producing after the failover")
+        finally:
+            stop.set()
+            worker.join(120)
+        assert not worker.is_alive()
+        assert errors == []
+        stored = [m["value"] for m in c.fetch_all("failover", 0, node=survivor)]
+        duplicates = [v for v, n in Counter(stored).items() if n > 1]
+        assert duplicates == []
+        assert {v for v, _ in acked} <= set(stored)
+        assert len(stored) == len(acked)  # nothing was stored that was not acknowledged
+        assert [m.offset for _, m in acked] == list(range(len(acked)))  # order kept across retries
