@@ -424,21 +424,15 @@ class Api:
     async def _produce_to_group(
         self, g: int, batches: list[dict[str, Any]], size: int
     ) -> list[dict[str, Any]]:
-        local = self.node.queue_group(g)
-        if local is not None and local.raft.is_leader() and local.committer is not None:
-            try:
-                return await asyncio.wait_for(
-                    local.committer.produce(batches, size), self.limits.request_timeout_ms / 1000
-                )
-            except TimeoutError:
-                raise ApiError(errors.TIMEOUT, f"queue group {g} did not commit in time") from None
-            except ProduceFailed as e:
-                raise _raft_error(e.code, f"queue group {g}: {e}", e.definite) from None
-        result = await self._group_call(g, "produce", {"batches": batches})
+        # Through _group_call even when this node leads: a leadership change in the middle is then
+        # retried at the new leader like any other definite failure.
+        result = await self._group_call(g, "produce", {"batches": batches}, size_hint=size)
         results: list[dict[str, Any]] = result["results"]
         return results
 
-    async def _group_call(self, g: int, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _group_call(
+        self, g: int, action: str, body: dict[str, Any], size_hint: int | None = None
+    ) -> dict[str, Any]:
         """Run an internal write ``action`` at the leader of queue group ``g`` (here or remote).
 
         Failures that certainly did nothing (the leader was unreachable, or is no longer the
@@ -449,16 +443,18 @@ class Api:
         deadline = time.monotonic() + self.leader_wait_s
         while True:
             try:
-                return await self._group_call_once(name, action, body)
+                return await self._group_call_once(name, action, body, size_hint)
             except ApiError as e:
                 if not (e.code.retriable and e.code.definite) or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()
 
-    async def _group_call_once(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _group_call_once(
+        self, name: str, action: str, body: dict[str, Any], size_hint: int | None
+    ) -> dict[str, Any]:
         if self._leads(name):
-            return await self.internal_action(name, action, body)
+            return await self.internal_action(name, action, body, size_hint)
         leader = await self._wait_leader(name, self.leader_wait_s)
         if leader.id == self.node.me.id:
             raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
@@ -481,7 +477,9 @@ class Api:
         result: dict[str, Any] = orjson.loads(data)
         return result
 
-    async def internal_action(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def internal_action(
+        self, name: str, action: str, body: dict[str, Any], size_hint: int | None = None
+    ) -> dict[str, Any]:
         """A write at this node as leader of queue group ``name``."""
         local = self.node.groups.get(name)
         if local is None or not local.raft.is_leader():
@@ -489,7 +487,7 @@ class Api:
         if action == "produce":
             if local.committer is None:
                 raise ApiError(errors.BAD_REQUEST, "not a queue group")
-            size = len(orjson.dumps(body["batches"]))
+            size = size_hint if size_hint is not None else len(orjson.dumps(body["batches"]))
             try:
                 results = await asyncio.wait_for(
                     local.committer.produce(body["batches"], size), self.limits.request_timeout_ms / 1000
