@@ -143,10 +143,15 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
 
     from .http_api import create_app
     from .node import Node
+    from .raft import RaftBindError
 
     log = structlog.get_logger("raftmq.serve")
     node = Node(config, node_id)
-    await node.start()
+    try:
+        await node.start()
+    except RaftBindError as e:
+        await node.stop()
+        raise CannotListen(_cannot_listen(f"node {node_id}", [str(e)])) from None
     runner = web.AppRunner(create_app(node), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import orjson
 import pysyncobj.syncobj as _pso
 import structlog
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.monotonic import monotonic as _pso_monotonic
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
@@ -45,6 +45,7 @@ __all__ = [
     "PINNED_PYSYNCOBJ",
     "GroupStatus",
     "Outcome",
+    "RaftBindError",
     "RaftGroup",
     "RaftSettings",
     "StateMachine",
@@ -73,6 +74,10 @@ class StateMachine(Protocol):
     def restore(self, checkpoint_dir: str) -> None:
         """Replace the whole state with a checkpoint taken on a peer."""
         ...
+
+
+class RaftBindError(Exception):
+    """A Raft group could not listen on its address (the port is taken or not local)."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +225,10 @@ class RaftGroup:
             dynamicMembershipChange=False,
             onStateChanged=self._on_state_changed,
             bindAddress=bind_addr,
+            # Give up binding the Raft port after ~5 s (pysyncobj retries forever by default, and
+            # silently): start-up then fails with RaftBindError instead of hanging.
+            bindRetryTime=0.5,
+            maxBindRetries=10,
         )
         self._sync = _GroupSyncObj(
             self,
@@ -229,6 +238,11 @@ class RaftGroup:
             conf=conf,
             transportClass=_FlushingTransport,
         )
+        try:
+            self._sync.waitBinded()
+        except SyncObjException:
+            self._sync.destroy_synchronous()
+            raise RaftBindError(f"group {name}: cannot listen on the Raft address {self_addr}") from None
         self._sync.addOnTickCallback(self._after_tick)
 
     # -- client side ------------------------------------------------------------------------------
