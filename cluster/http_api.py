@@ -124,6 +124,7 @@ class Api:
         self.node = node
         self.limits = node.config.limits
         self._sticky = itertools.count()
+        self.metrics: Any = None  # set by create_app
         # How long a request may wait for a group to elect a leader: two election timeouts, and at
         # least 3 s (a split vote can take a second round).
         self.leader_wait_s = max(3.0, 2 * node.config.raft.election_max_ms / 1000)
@@ -419,6 +420,7 @@ class Api:
             # Other queue groups may have stored their part: report what was stored.
             body = error_body(first.code, first.message, results=results, **first.extra)
             return json_response(body, status=first.code.status)
+        self.metrics.produced.inc(len(results))
         return json_response({"results": results})
 
     async def _produce_to_group(
@@ -569,6 +571,7 @@ class Api:
             else:
                 item["value"] = m.value.decode()
             out.append(item)
+        self.metrics.fetched.inc(len(messages))
         next_offset = messages[-1].offset + 1 if messages else offset
         return json_response(
             {"messages": out, "next_offset": next_offset, "low_offset": low, "high_offset": high}
@@ -673,13 +676,14 @@ def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
     from .groups_api import add_group_routes
     from .internal_api import add_internal_routes
-    from .metrics import metrics_handler, metrics_middleware
+    from .metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
 
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
         middlewares=[metrics_middleware, error_middleware],
     )
     api = Api(node)
+    app[METRICS_KEY] = api.metrics = Metrics(node)
     app[NODE_KEY] = node
     app[API_KEY] = api
     r = app.router

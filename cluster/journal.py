@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +85,9 @@ class DurableJournal:
         self._term = 0
         self._voted_for: str | None = None
         self.before_compaction: Callable[[], None] | None = None
+        # Read by the metrics collector; written only on the tick thread.
+        self.syncs = 0
+        self.sync_seconds = 0.0
         self._load()
 
     # -- loading ---------------------------------------------------------------------------------
@@ -128,7 +132,10 @@ class DurableJournal:
         """Make every entry added so far durable. Called before any message leaves this node."""
         if self._dirty:
             if self._fsync:
+                started = time.perf_counter()
                 self._store.sync()
+                self.sync_seconds += time.perf_counter() - started
+                self.syncs += 1
             self._dirty = False
 
     @property

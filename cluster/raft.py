@@ -202,6 +202,7 @@ class RaftGroup:
         self._journal = DurableJournal(journal_store, fsync=settings.fsync)
         self._journal.before_compaction = self._before_compaction
         self._destroyed = threading.Event()
+        self.became_leader_count = 0  # written on the tick thread, read by metrics
         os.makedirs(os.path.dirname(snapshot_file), exist_ok=True)
         conf = SyncObjConf(
             password=settings.password,
@@ -288,6 +289,11 @@ class RaftGroup:
             journal_entries=len(self._journal),
         )
 
+    def journal_stats(self) -> dict[str, float]:
+        """Journal figures for metrics: retained bytes, fsync count and total fsync seconds."""
+        j = self._journal
+        return {"bytes": j.size_bytes, "syncs": j.syncs, "sync_seconds": j.sync_seconds}
+
     def transfer_leadership(self, to_addr: str | None = None) -> None:
         """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer)."""
         self._sync.transferLeadership(node=to_addr)
@@ -318,6 +324,8 @@ class RaftGroup:
 
     def _on_state_changed(self, old: int, new: int) -> None:
         names = {0: "follower", 1: "candidate", 2: "leader"}
+        if new == 2:
+            self.became_leader_count += 1
         log.info(
             "raft_state_changed",
             group=self.name,
