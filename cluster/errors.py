@@ -23,6 +23,7 @@ __all__ = [
     "FORBIDDEN",
     "INTERNAL",
     "INVALID_JSON",
+    "LOCK_HELD",
     "MESSAGE_TOO_LARGE",
     "METHOD_NOT_ALLOWED",
     "NOT_FOUND",
@@ -30,6 +31,8 @@ __all__ = [
     "OFFSET_OUT_OF_RANGE",
     "QUEUE_NOT_FOUND",
     "REQUEST_TOO_LARGE",
+    "STALE_EPOCH",
+    "STALE_RECEIPT",
     "TIMEOUT",
     "TOO_MANY_REQUESTS",
     "TOPIC_EXISTS",
@@ -79,6 +82,24 @@ REQUEST_TOO_LARGE = ErrorCode(
 OFFSET_OUT_OF_RANGE = ErrorCode(
     "offset_out_of_range", 416, False, True, "The offset is outside [low_offset, high_offset]."
 )
+STALE_RECEIPT = ErrorCode(
+    "stale_receipt",
+    409,
+    False,
+    True,
+    "The receipt is no longer valid (the message was acked, redelivered since, or is unknown); "
+    "nothing was done for it.",
+)
+STALE_EPOCH = ErrorCode(
+    "stale_epoch", 409, False, True, "The queue's lock has another epoch (a newer holder); nothing was done."
+)
+LOCK_HELD = ErrorCode(
+    "lock_held",
+    409,
+    False,  # not a passing cluster condition: the caller decides whether to wait for lease_until_ms
+    True,
+    "Another consumer holds the queue's lock until lease_until_ms; nothing was done.",
+)
 
 # Cluster conditions: the request was fine; the cluster could not serve it now.
 NOT_LEADER = ErrorCode("not_leader", 421, True, True, "This node does not lead the group; nothing was done.")
@@ -112,6 +133,9 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             MESSAGE_TOO_LARGE,
             REQUEST_TOO_LARGE,
             OFFSET_OUT_OF_RANGE,
+            STALE_RECEIPT,
+            STALE_EPOCH,
+            LOCK_HELD,
             NOT_LEADER,
             TOO_MANY_REQUESTS,
             INTERNAL,

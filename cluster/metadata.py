@@ -6,6 +6,12 @@ machine here: no clock (``now_ms`` arrives in the command), no I/O but the Store
 Keys: ``b"A"`` applied index (u64), ``b"N"`` next topic id (u32), ``b"T" + name`` → topic (orjson).
 Topic ids are never reused, so data a deleted topic left in a queue group can never be mistaken for
 a new topic's.
+
+Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic`` (ONLY ADD TO THE END).
+``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic
+``<source>.<group>.dlq`` of a consumer group, creating it with the source's queue count and the
+SAME ``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
+letter queue is one apply). An existing topic of that name is accepted only with that placement.
 """
 
 from __future__ import annotations
@@ -168,6 +174,8 @@ class MetadataMachine:
             return {"ok": True}, batch, None, None
         if op == "create_topic":
             return self._create_topic(cmd, batch)
+        if op == "ensure_dlq_topic":
+            return self._ensure_dlq_topic(cmd, batch)
         if op == "delete_topic":
             name = cmd.get("name")
             if not isinstance(name, str) or name not in self._topics:
@@ -217,3 +225,41 @@ class MetadataMachine:
         topics = dict(self._topics)
         topics[name] = topic
         return {"topic": topic.to_json()}, batch, topics, topic_id + 1
+
+    def _ensure_dlq_topic(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        source_name, group, now_ms = cmd.get("source"), cmd.get("group"), cmd.get("now_ms")
+        if not isinstance(source_name, str) or not isinstance(group, str):
+            return _error("bad_request", "source and group must be strings"), batch, None, None
+        if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
+            return _error("bad_request", "now_ms must be a non-negative integer"), batch, None, None
+        source = self._topics.get(source_name)
+        if source is None:
+            return _error("topic_not_found", f"no topic {source_name!r}"), batch, None, None
+        name = f"{source_name}.{group}.dlq"
+        problem = validate_topic_name(name)
+        if problem:
+            return _error("bad_request", f"dead-letter topic {name!r}: {problem}"), batch, None, None
+        existing = self._topics.get(name)
+        if existing is not None:
+            if existing.queue_groups != source.queue_groups:
+                message = f"topic {name!r} exists with another placement; it cannot hold dead letters"
+                return _error("topic_exists", message), batch, None, None
+            return {"topic": existing.to_json(), "created": False}, batch, None, None
+        topic_id = self._next_id
+        topic = Topic(
+            id=topic_id,
+            name=name,
+            queues=source.queues,
+            queue_groups=source.queue_groups,
+            retention_ms=None,
+            retention_bytes=None,
+            max_message_bytes=None,
+            created_ms=now_ms,
+        )
+        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
+        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
+        topics = dict(self._topics)
+        topics[name] = topic
+        return {"topic": topic.to_json(), "created": True}, batch, topics, topic_id + 1

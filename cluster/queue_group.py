@@ -21,7 +21,12 @@ check them):
   the new ``applied_index``.
 - All-or-nothing: a command is applied whole or not at all, except that produce answers
   ``topic_not_found`` per batch (the leader coalesces several requests into one entry, and one
-  request names one topic, so a request is still never half-applied).
+  request names one topic, so a request is still never half-applied), and ack/nack/extend answer
+  ``stale_receipt`` per receipt (a stale receipt changes nothing; the others apply).
+- Bounded work: every command touches a bounded number of keys (its own size, or the ``max`` of
+  a ``deliver_tick``/``receive``); what is left is continued by the next command.
+
+Receive/ack, delayed messages and locks live in ``cluster/delivery.py``.
 """
 
 from __future__ import annotations
@@ -37,16 +42,18 @@ from raftmq.storage.keys import APPLIED, ProducerState, QueueMeta
 from raftmq.storage.records import decode_header, encode_batch
 from raftmq.storage.store import Batch, Store, StoreError
 
-from . import commands, errors
+from . import commands, delivery, errors, segments
 from .commands import (
     BadCommand,
     Command,
+    CommitFencedCommand,
     CommitOffsetsCommand,
     DropTopicCommand,
     ProduceCommand,
     RetainCommand,
 )
-from .errors import ErrorCode, error_body
+from .delivery import Refused as _Rejected
+from .errors import error_body
 
 __all__ = ["Applied", "QueueGroupMachine", "QueueHigh"]
 
@@ -70,18 +77,16 @@ class Applied:
     Attributes:
         index: The raft index just applied.
         grown: The queues that received messages, with their new ``high_offset``.
+        changed: ``(topic_id, queue)`` whose receive/ack state changed so that a waiting receiver
+            may find something (a retry scheduled, a cursor rewound, a lock released).
+        scheduled: A delayed message or an in-flight deadline was added: the leader's tick may
+            have to run earlier than it planned.
     """
 
     index: int
     grown: tuple[QueueHigh, ...]
-
-
-class _Rejected(Exception):
-    """A valid command that cannot be applied (e.g. an offset out of range); nothing is written."""
-
-    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.code, self.message, self.extra = code, message, extra
+    changed: tuple[tuple[int, int], ...] = ()
+    scheduled: bool = False
 
 
 class QueueGroupMachine:
@@ -162,10 +167,13 @@ class QueueGroupMachine:
             # is written, so the command is all-or-nothing.
             result, batch = self._error_result(index, e), Batch()
             work.grown.clear()
+            work.changed.clear()
+            work.scheduled = False
         batch.put(APPLIED, keys.encode_u64(index))
         self._store.write(batch, sync=False)
         self._applied_index = index
-        self._notify(Applied(index, tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())))
+        grown = tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())
+        self._notify(Applied(index, grown, tuple(work.changed), work.scheduled))
         return result
 
     def _error_result(self, index: int, exc: Exception) -> dict[str, Any]:
@@ -194,7 +202,32 @@ class QueueGroupMachine:
             return self._retain(work, cmd)
         if cmd["op"] == "drop_topic":
             return self._drop_topic(work, cmd)
-        return {"ok": True}  # noop
+        if cmd["op"] == "noop":
+            return {"ok": True}
+        return self._dispatch_delivery(work, cmd)
+
+    def _dispatch_delivery(self, work: _Apply, cmd: Command) -> dict[str, Any]:
+        op = cmd["op"]
+        if cmd["op"] == "subscribe":
+            return delivery.subscribe(work, cmd)
+        if cmd["op"] == "receive":
+            return delivery.receive(work, cmd, work.index)
+        if cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend":
+            return delivery.ack_nack_extend(work, cmd)
+        if cmd["op"] == "deliver_tick":
+            return delivery.deliver_tick(work, cmd)
+        if cmd["op"] == "lock":
+            return delivery.lock(work, cmd)
+        if cmd["op"] == "unlock":
+            return delivery.unlock(work, cmd)
+        if cmd["op"] == "commit_fenced":
+            delivery.check_fence(work, cmd["group"], cmd["topic_id"], sorted(cmd["offsets"]), cmd["epoch"])
+            return self._commit_offsets(work, cmd)
+        if cmd["op"] == "redrive":
+            return delivery.redrive(work, cmd)
+        if cmd["op"] == "seal_segment":
+            return segments.apply_seal_segment(work, cmd)
+        raise AssertionError(f"op {op} has no handler")  # commands.decode knows no other op
 
     def _produce(self, work: _Apply, cmd: ProduceCommand) -> dict[str, Any]:
         """Append each batch at its queue's ``high_offset``.
@@ -203,6 +236,12 @@ class QueueGroupMachine:
         "base_offset", "count"}`` (plus ``"duplicate": true`` for a remembered
         ``(producer_id, sequence)``, with the original offsets and nothing stored) or an error
         body (``topic_not_found`` for a dropped topic).
+
+        Messages with a ``deliver_at_ms`` (delayed) are not appended but kept until the leader's
+        tick releases them; ``base_offset``/``count`` then cover only the other messages, in
+        order, and ``r`` has ``"delayed": n``. Which messages are delayed depends only on the
+        command (a due time in the past is released by the next tick), so the leader can map
+        offsets to messages.
         """
         total = sum(len(b["messages"]) for b in cmd["batches"])
         if total > self._max_entry_messages:
@@ -236,21 +275,42 @@ class QueueGroupMachine:
                         }
                     )
                     continue
+            messages, delayed = b["messages"], 0
+            if b["deliver_at_ms"] is not None:
+                messages = []
+                for position, (message, due_ms) in enumerate(
+                    zip(b["messages"], b["deliver_at_ms"], strict=True)
+                ):
+                    if due_ms is None:
+                        messages.append(message)
+                    else:
+                        delivery.store_delayed(
+                            work, cmd["now_ms"], topic_id, queue, position, due_ms, message
+                        )
+                        delayed += 1
             meta = work.meta(topic_id, queue)
-            base_offset, count = meta.high_offset, len(b["messages"])
-            value = encode_batch(work.index, cmd["now_ms"], base_offset, b["messages"])
-            work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
-            high = base_offset + count
-            work.set_meta(topic_id, queue, QueueMeta(meta.low_offset, high, meta.retained_bytes + len(value)))
+            base_offset, count = meta.high_offset, len(messages)
+            if messages:
+                value = encode_batch(work.index, cmd["now_ms"], base_offset, messages)
+                work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
+                high = base_offset + count
+                work.set_meta(
+                    topic_id, queue, QueueMeta(meta.low_offset, high, meta.retained_bytes + len(value))
+                )
+                work.grown[(topic_id, queue)] = high
             if producer_id is not None and sequence is not None:
                 work.set_producer(topic_id, queue, producer_id, state.add(sequence, base_offset, count))
-            work.grown[(topic_id, queue)] = high
-            results.append({"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count})
+            result = {"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count}
+            results.append({**result, "delayed": delayed} if delayed else result)
         return {"results": results}
 
-    def _commit_offsets(self, work: _Apply, cmd: CommitOffsetsCommand) -> dict[str, Any]:
+    def _commit_offsets(
+        self, work: _Apply, cmd: CommitOffsetsCommand | CommitFencedCommand
+    ) -> dict[str, Any]:
         """Store the consumer group's offsets. Each must be in ``[0, high_offset]`` of its queue
-        (below ``low_offset`` is allowed: a lagging consumer). Result: ``{"ok": true}``."""
+        (below ``low_offset`` is allowed: a lagging consumer). Receive/ack state of the group is
+        kept consistent (``delivery.on_commit``: pending records below the offset are finished; a
+        commit below the floor rewinds). Result: ``{"ok": true}``."""
         topic_id = cmd["topic_id"]
         if work.is_dropped(topic_id):
             raise _Rejected(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped")
@@ -266,7 +326,8 @@ class QueueGroupMachine:
                     high_offset=meta.high_offset,
                 )
         for queue, offset in cmd["offsets"].items():
-            work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(offset))
+            stored = delivery.on_commit(work, cmd["group"], topic_id, queue, offset)
+            work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(stored))
         return {"ok": True}
 
     def _retain(self, work: _Apply, cmd: RetainCommand) -> dict[str, Any]:
@@ -331,6 +392,8 @@ class _Apply:
         self.index = index
         self.batch = Batch()
         self.grown: dict[tuple[int, int], int] = {}
+        self.changed: dict[tuple[int, int], None] = {}  # an ordered set
+        self.scheduled = False
         self._metas: dict[tuple[int, int], QueueMeta] = {}
         self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
         self._producers: dict[tuple[int, int, str], ProducerState] = {}

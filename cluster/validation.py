@@ -77,6 +77,7 @@ class ProduceMessage:
     key: str | None
     queue: int | None
     size: int  # bytes counted against max_message_bytes
+    deliver_at_ms: int | None = None  # a delayed message: when it is due (also in ``body``)
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,12 @@ class ProduceRequest:
     sequence: int | None
 
 
-def parse_produce(body: Any, limits: Limits, max_message_bytes: int) -> ProduceRequest:
-    """Validate a produce body ``{"messages": [...], "producer_id"?, "sequence"?}``."""
+def parse_produce(body: Any, limits: Limits, max_message_bytes: int, now_ms: int = 0) -> ProduceRequest:
+    """Validate a produce body ``{"messages": [...], "producer_id"?, "sequence"?}``.
+
+    A message's ``delay_ms`` (> 0) or ``deliver_at_ms`` (in the future; ``now_ms`` is this node's
+    clock) makes it delayed: its command body then carries the absolute ``deliver_at_ms``; both
+    at most ``limits.max_delay_ms`` ahead. ``ttl_ms`` (1..``limits.max_ttl_ms``) goes as given."""
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object with a 'messages' list")
     _check_fields(body, {"messages", "producer_id", "sequence"}, "body")
@@ -109,18 +114,46 @@ def parse_produce(body: Any, limits: Limits, max_message_bytes: int) -> ProduceR
         raise bad("'sequence' must be a non-negative integer")
     if (producer_id is None) != (sequence is None):
         raise bad("'producer_id' and 'sequence' go together")
-    messages = [_parse_message(m, i, max_message_bytes) for i, m in enumerate(raw)]
+    messages = [_parse_message(m, i, max_message_bytes, limits, now_ms) for i, m in enumerate(raw)]
     return ProduceRequest(messages, producer_id, sequence)
 
 
-def _parse_message(raw: Any, i: int, max_message_bytes: int) -> ProduceMessage:
+_MESSAGE_FIELDS = {"value", "value_b64", "key", "headers", "queue", "delay_ms", "deliver_at_ms", "ttl_ms"}
+
+
+def _present_int(raw: dict[str, Any], name: str, lo: int, hi: int, where: str) -> int | None:
+    """``raw[name]`` if present (it must be an integer in [lo, hi]; null is not absent), else None."""
+    if name not in raw:
+        return None
+    value = raw[name]
+    if not _is_int(value) or not lo <= value <= hi:
+        raise bad(f"{where}.{name} must be an integer from {lo} to {hi}")
+    return int(value)
+
+
+def _timing(raw: dict[str, Any], where: str, limits: Limits, now_ms: int) -> dict[str, int]:
+    """The command fields for ``delay_ms`` / ``deliver_at_ms`` / ``ttl_ms`` (none when absent)."""
+    if "delay_ms" in raw and "deliver_at_ms" in raw:
+        raise bad(f"{where}: give delay_ms or deliver_at_ms, not both")
+    out: dict[str, int] = {}
+    delay = _present_int(raw, "delay_ms", 0, limits.max_delay_ms, where)
+    if delay:
+        out["deliver_at_ms"] = now_ms + delay
+    at = _present_int(raw, "deliver_at_ms", 0, now_ms + limits.max_delay_ms, where)
+    if at is not None and at > now_ms:  # a due time in the past delivers at once
+        out["deliver_at_ms"] = at
+    ttl = _present_int(raw, "ttl_ms", 1, limits.max_ttl_ms, where)
+    if ttl is not None:
+        out["ttl_ms"] = ttl
+    return out
+
+
+def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now_ms: int) -> ProduceMessage:
     where = f"messages[{i}]"
     if not isinstance(raw, dict):
         raise bad(f"{where} must be an object")
-    _check_fields(raw, {"value", "value_b64", "key", "headers", "queue", "delay_ms"}, where)
-    if "delay_ms" in raw:
-        raise bad(f"{where}: delay_ms is not supported by this version")
-    body: dict[str, Any] = {}
+    _check_fields(raw, _MESSAGE_FIELDS, where)
+    body: dict[str, Any] = _timing(raw, where, limits, now_ms)
     if ("value" in raw) == ("value_b64" in raw):
         raise bad(f"{where} needs exactly one of 'value' (a string) or 'value_b64' (base64)")
     if "value" in raw:
@@ -167,7 +200,7 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int) -> ProduceMessage:
             index=i,
             limit=max_message_bytes,
         )
-    return ProduceMessage(body=body, key=key, queue=queue, size=size)
+    return ProduceMessage(body=body, key=key, queue=queue, size=size, deliver_at_ms=body.get("deliver_at_ms"))
 
 
 def _utf8_len(text: str, where: str) -> int:

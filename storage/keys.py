@@ -1,8 +1,10 @@
 """The key layout of one queue group's store.
 
 Every integer is unsigned big-endian, so that the store's bytewise key order is numeric order:
-``topic_id`` u32, ``queue`` u32, offsets u64. Names (producer ids, consumer groups) are UTF-8 and
-always come last, so a fixed-width prefix never collides with a name.
+``topic_id`` u32, ``queue`` u32, offsets and times u64. Names are UTF-8. A name that ends a key is
+written bare (a fixed-width prefix never collides with it); a consumer group name followed by more
+key fields is written length-prefixed (``glen`` u8, then its bytes, written ``[group]`` below),
+which keeps keys prefix-free, so the keys of one (topic, queue, group) form one contiguous range.
 
 ======================================================  ======================================
 key                                                     value
@@ -13,10 +15,22 @@ key                                                     value
 ``P`` topic_id queue producer_id                        :class:`ProducerState` (last sequences)
 ``Q`` topic_id queue                                    :class:`QueueMeta`
 ``R`` topic_id queue base_offset                        one record batch (``storage/records.py``)
+``S`` topic_id queue [group]                            delivery cursor u64 (receive/ack)
+``I`` topic_id queue [group] offset                     :class:`PendingRecord` (in flight/retry)
+``Y`` topic_id queue [group] due_ms offset              empty: retry index, by due time
+``X`` topic_id queue [group]                            :class:`LockState` (ordered consumption)
+``U`` topic_id [group]                                  subscription settings (orjson)
+``V`` topic_id queue                                    redrive offset u64 of a dead-letter queue
+``E`` deadline_ms topic_id queue [group] offset         receipt token u64: deadline index
+``L`` due_ms topic_id queue raft_index position         one delayed message (a 1-record batch)
 ======================================================  ======================================
 
-The topic id comes first after the prefix byte in every per-topic key, so dropping a topic is one
-``delete_range`` per prefix (:func:`topic_range`).
+The receive/ack keys are described in ``docs/delivery.md``. ``E`` and ``L`` start with a time so
+that a tick finds what is due with one ordered scan; they are not removed by ``drop_topic`` (they
+are checked against the per-topic keys when due, and a dangling one is deleted then).
+
+The topic id comes first after the prefix byte in every per-topic key (all but ``E`` and ``L``),
+so dropping a topic is one ``delete_range`` per prefix (:func:`topic_range`).
 
 Invariants:
 - A queue's record batches tile ``[low_offset, high_offset)`` exactly: the first batch starts at
@@ -35,27 +49,49 @@ from .records import CorruptRecord
 
 __all__ = [
     "APPLIED",
+    "DEADLINE",
+    "DELAYED",
     "DROPPED",
+    "LOCK",
     "MAX_U32",
     "MAX_U64",
     "META",
     "OFFSET",
+    "PENDING",
     "PRODUCER",
     "PRODUCER_SEQUENCES_KEPT",
     "RECORD",
+    "REDRIVE",
+    "RETRY",
+    "STATE_INFLIGHT",
+    "STATE_RETRY",
+    "SUBSCRIPTION",
+    "SUB_CURSOR",
     "TOPIC_PREFIXES",
+    "LockState",
+    "PendingRecord",
     "ProducerState",
     "QueueMeta",
+    "deadline_key",
+    "decode_deadline_key",
+    "decode_delayed_key",
     "decode_u64",
+    "delayed_key",
     "dropped_key",
     "encode_u64",
+    "lock_key",
     "meta_key",
     "offset_key",
+    "pending_key",
     "prefix_end",
     "producer_key",
     "queue_range",
     "record_key",
     "record_prefix",
+    "redrive_key",
+    "retry_key",
+    "sub_key",
+    "subscription_key",
     "topic_range",
 ]
 
@@ -69,8 +105,31 @@ OFFSET = b"O"
 PRODUCER = b"P"
 META = b"Q"
 RECORD = b"R"
+SUB_CURSOR = b"S"
+PENDING = b"I"
+RETRY = b"Y"
+LOCK = b"X"
+SUBSCRIPTION = b"U"
+REDRIVE = b"V"
+DEADLINE = b"E"
+DELAYED = b"L"
+SEGMENT = b"s"
+"""Sealed segments of a queue (cluster/segments.py)."""
+# Every prefix above is in use; a prefix is never reused for another meaning (stored data would
+# be misread after an upgrade). New kinds of keys take a new byte.
 
-TOPIC_PREFIXES: tuple[bytes, ...] = (OFFSET, PRODUCER, META, RECORD)
+TOPIC_PREFIXES: tuple[bytes, ...] = (
+    OFFSET,
+    PRODUCER,
+    META,
+    RECORD,
+    SUB_CURSOR,
+    PENDING,
+    RETRY,
+    LOCK,
+    SUBSCRIPTION,
+    REDRIVE,
+)
 """The prefixes whose keys belong to one topic (everything ``drop_topic`` removes)."""
 
 PRODUCER_SEQUENCES_KEPT = 5
@@ -83,6 +142,12 @@ _RECORD = struct.Struct(">cIIQ")
 _META = struct.Struct(">QQQ")
 _PRODUCER_HEAD = struct.Struct(">B")
 _PRODUCER_ENTRY = struct.Struct(">QQI")
+_U8 = struct.Struct(">B")
+_TWO_U64 = struct.Struct(">QQ")
+_DEADLINE_HEAD = struct.Struct(">cQII")
+_DELAYED = struct.Struct(">cQIIQI")
+_PENDING = struct.Struct(">BIQQQQ")
+_LOCK = struct.Struct(">QQ")
 
 
 def encode_u64(value: int) -> bytes:
@@ -149,6 +214,151 @@ def producer_key(topic_id: int, queue: int, producer_id: str) -> bytes:
 
 def offset_key(topic_id: int, queue: int, group: str) -> bytes:
     return _QUEUE.pack(OFFSET, topic_id, queue) + group.encode("utf-8")
+
+
+def _group_field(group: str) -> bytes:
+    data = group.encode("utf-8")
+    return _U8.pack(len(data)) + data  # names are at most 255 bytes (commands.MAX_NAME_BYTES)
+
+
+def sub_key(prefix: bytes, topic_id: int, queue: int, group: str) -> bytes:
+    """``prefix topic_id queue [group]``: the cursor (``S``) or lock (``X``) key of one
+    (topic, queue, consumer group), and the prefix of its ``I`` and ``Y`` keys."""
+    return _QUEUE.pack(prefix, topic_id, queue) + _group_field(group)
+
+
+def pending_key(topic_id: int, queue: int, group: str, offset: int) -> bytes:
+    return sub_key(PENDING, topic_id, queue, group) + _U64.pack(offset)
+
+
+def retry_key(topic_id: int, queue: int, group: str, due_ms: int, offset: int) -> bytes:
+    return sub_key(RETRY, topic_id, queue, group) + _TWO_U64.pack(due_ms, offset)
+
+
+def lock_key(topic_id: int, queue: int, group: str) -> bytes:
+    return sub_key(LOCK, topic_id, queue, group)
+
+
+def subscription_key(topic_id: int, group: str) -> bytes:
+    return _TOPIC.pack(SUBSCRIPTION, topic_id) + _group_field(group)
+
+
+def redrive_key(topic_id: int, queue: int) -> bytes:
+    return _QUEUE.pack(REDRIVE, topic_id, queue)
+
+
+def deadline_key(deadline_ms: int, topic_id: int, queue: int, group: str, offset: int) -> bytes:
+    head = _DEADLINE_HEAD.pack(DEADLINE, deadline_ms, topic_id, queue)
+    return head + _group_field(group) + _U64.pack(offset)
+
+
+def decode_deadline_key(key: bytes) -> tuple[int, int, int, str, int]:
+    """``(deadline_ms, topic_id, queue, group, offset)`` of a :func:`deadline_key`.
+
+    Raises:
+        CorruptRecord: ``key`` is not a deadline key.
+    """
+    head = _DEADLINE_HEAD.size
+    try:
+        _, deadline_ms, topic_id, queue = _DEADLINE_HEAD.unpack_from(key, 0)
+        glen = key[head]
+        group = key[head + 1 : head + 1 + glen].decode("utf-8")
+        (offset,) = _U64.unpack_from(key, head + 1 + glen)
+    except (struct.error, IndexError, UnicodeDecodeError) as e:
+        raise CorruptRecord(f"bad deadline key {key.hex()}") from e
+    if len(key) != head + 1 + glen + _U64.size:
+        raise CorruptRecord(f"bad deadline key {key.hex()}")
+    return deadline_ms, topic_id, queue, group, offset
+
+
+def delayed_key(due_ms: int, topic_id: int, queue: int, raft_index: int, position: int) -> bytes:
+    """A delayed message: due time first (release order), then where it came from, which makes
+    the key unique and the order among equal due times the order of production."""
+    return _DELAYED.pack(DELAYED, due_ms, topic_id, queue, raft_index, position)
+
+
+def decode_delayed_key(key: bytes) -> tuple[int, int, int]:
+    """``(due_ms, topic_id, queue)`` of a :func:`delayed_key`.
+
+    Raises:
+        CorruptRecord: ``key`` is not a delayed key.
+    """
+    if len(key) != _DELAYED.size:
+        raise CorruptRecord(f"bad delayed-message key {key.hex()}")
+    _, due_ms, topic_id, queue, _, _ = _DELAYED.unpack(key)
+    return due_ms, topic_id, queue
+
+
+STATE_INFLIGHT = 1
+"""A pending record handed out by ``receive``: ``time_ms`` is its visibility deadline."""
+STATE_RETRY = 2
+"""A pending record waiting to be handed out again: ``time_ms`` is when it is due."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRecord:
+    """A delivered, not yet finished message of one (topic, queue, consumer group).
+
+    Attributes:
+        state: :data:`STATE_INFLIGHT` or :data:`STATE_RETRY`.
+        attempts: How many times it was handed out (the last delivery's ``attempt``).
+        time_ms: The visibility deadline (in flight) or the due time (retry).
+        token: The raft index of the ``receive`` that handed it out last: with the offset, the
+            receipt. Unique, so a receipt of an earlier delivery never matches a later one.
+        first_ms: When it was first handed out.
+        last_ms: When it was last handed out.
+    """
+
+    state: int
+    attempts: int
+    time_ms: int
+    token: int
+    first_ms: int
+    last_ms: int
+
+    def encode(self) -> bytes:
+        return _PENDING.pack(self.state, self.attempts, self.time_ms, self.token, self.first_ms, self.last_ms)
+
+    @classmethod
+    def decode(cls, data: bytes) -> PendingRecord:
+        """Raises: CorruptRecord: ``data`` is not an encoded pending record."""
+        if len(data) != _PENDING.size or data[0] not in (STATE_INFLIGHT, STATE_RETRY):
+            raise CorruptRecord("pending record has the wrong length or state")
+        return cls(*_PENDING.unpack(data))
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """The exclusive lock of one queue for one consumer group (ordered consumption).
+
+    Attributes:
+        epoch: Grows by one for every new holder; commits and acks naming an older epoch are
+            refused (fencing). Never reset: a released lock keeps its epoch.
+        lease_until_ms: The holder has the queue until then (leader time); 0 when released.
+        holder: The consumer id of the (last) holder.
+    """
+
+    epoch: int
+    lease_until_ms: int
+    holder: str
+
+    def live(self, now_ms: int) -> bool:
+        return now_ms < self.lease_until_ms
+
+    def encode(self) -> bytes:
+        return _LOCK.pack(self.epoch, self.lease_until_ms) + self.holder.encode("utf-8")
+
+    @classmethod
+    def decode(cls, data: bytes) -> LockState:
+        """Raises: CorruptRecord: ``data`` is not an encoded lock."""
+        if len(data) < _LOCK.size:
+            raise CorruptRecord("lock state is too short")
+        epoch, until = _LOCK.unpack_from(data, 0)
+        try:
+            holder = data[_LOCK.size :].decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CorruptRecord("lock holder is not UTF-8") from e
+        return cls(epoch, until, holder)
 
 
 @dataclass(frozen=True, slots=True)

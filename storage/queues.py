@@ -1,4 +1,5 @@
-"""Reading a queue group's store: queue bounds, messages, committed offsets, applied index.
+"""Reading a queue group's store: queue bounds, messages, committed offsets, applied index, and
+the receive/ack state (cursors, pending records, locks, what is due next).
 
 These helpers run on HTTP threads while the apply thread writes, and are also used by the state
 machine. They rely on the invariants in ``storage/keys.py`` and on committed messages being
@@ -8,15 +9,30 @@ the low end. A reader racing with retention sees :class:`OffsetOutOfRange`, neve
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from .keys import (
     APPLIED,
+    DEADLINE,
+    DELAYED,
+    PENDING,
+    SUB_CURSOR,
+    LockState,
+    PendingRecord,
     QueueMeta,
+    decode_deadline_key,
+    decode_delayed_key,
     decode_u64,
+    lock_key,
     meta_key,
     offset_key,
+    pending_key,
+    prefix_end,
     queue_range,
     record_key,
     record_prefix,
+    redrive_key,
+    sub_key,
 )
 from .keys import RECORD as _RECORD_PREFIX_BYTE
 from .records import CorruptRecord, Message, decode_header, decode_messages
@@ -26,9 +42,16 @@ __all__ = [
     "OffsetOutOfRange",
     "applied_index",
     "committed_offset",
+    "first_pending",
+    "lock_state",
+    "next_due_ms",
+    "pending_record",
     "queue_bounds",
     "queue_meta",
     "read_messages",
+    "redrive_offset",
+    "scan_prefix",
+    "sub_cursor",
 ]
 
 _SCAN_CHUNK = 16  # record batches fetched per scan call while reading forward
@@ -72,6 +95,63 @@ def committed_offset(store: Store, group: str, topic_id: int, queue: int) -> int
     """The offset consumer group ``group`` committed on a queue, or None if it never did."""
     data = store.get(offset_key(topic_id, queue, group))
     return None if data is None else decode_u64(data)
+
+
+def scan_prefix(
+    store: Store, prefix: bytes, *, start: bytes | None = None, limit: int | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """The pairs whose key starts with ``prefix`` (from ``start`` on), in key order.
+
+    Use this rather than ``store.scan(prefix, prefix_end(prefix))``: ``RocksStore`` hands the upper
+    bound to RocksDB (rocksdict's ``iterate_upper_bound``) without keeping the bytes object alive,
+    so a bound that is a temporary can be freed while the iterator still reads it, and the scan
+    then silently returns nothing. This generator's frame holds the bound until the scan is done.
+    """
+    end = prefix_end(prefix)
+    yield from store.scan(prefix if start is None else start, end, limit=limit)
+
+
+def sub_cursor(store: Store, group: str, topic_id: int, queue: int) -> int | None:
+    """The next offset ``receive`` hands out to consumer group ``group`` (None: never received)."""
+    data = store.get(sub_key(SUB_CURSOR, topic_id, queue, group))
+    return None if data is None else decode_u64(data)
+
+
+def pending_record(store: Store, group: str, topic_id: int, queue: int, offset: int) -> PendingRecord | None:
+    """The in-flight or retry record of one delivered, unfinished message, or None."""
+    data = store.get(pending_key(topic_id, queue, group, offset))
+    return None if data is None else PendingRecord.decode(data)
+
+
+def first_pending(store: Store, group: str, topic_id: int, queue: int) -> int | None:
+    """The lowest offset with a pending record, or None."""
+    prefix = sub_key(PENDING, topic_id, queue, group)
+    for key, _ in scan_prefix(store, prefix, limit=1):
+        return decode_u64(key[len(prefix) :])
+    return None
+
+
+def lock_state(store: Store, group: str, topic_id: int, queue: int) -> LockState | None:
+    """The queue's lock for consumer group ``group`` (ordered consumption), or None."""
+    data = store.get(lock_key(topic_id, queue, group))
+    return None if data is None else LockState.decode(data)
+
+
+def redrive_offset(store: Store, topic_id: int, queue: int) -> int | None:
+    """The next offset of dead-letter queue ``(topic_id, queue)`` to redrive, or None."""
+    data = store.get(redrive_key(topic_id, queue))
+    return None if data is None else decode_u64(data)
+
+
+def next_due_ms(store: Store) -> int | None:
+    """The earliest time a ``deliver_tick`` has work: a delayed message due or an in-flight
+    deadline passing (None: nothing scheduled). Dangling entries count too; the tick removes them."""
+    times = []
+    for prefix in (DELAYED, DEADLINE):
+        for key, _ in scan_prefix(store, prefix, limit=1):
+            due = decode_delayed_key(key)[0] if prefix == DELAYED else decode_deadline_key(key)[0]
+            times.append(due)
+    return min(times) if times else None
 
 
 def read_messages(

@@ -7,10 +7,13 @@ integers are big-endian::
     header := version u8 | raft_index u64 | append_time_ms u64 | count u32 | base_offset u64
     record := crc32c u32 | body
     body   := flags u8 | key_len i32 | key | headers_len u32 | headers | value_len u32 | value
+              [expires_at_ms u64]     (only with flag bit 1)
 
 - ``crc32c`` covers the whole ``body`` (everything of the record after the CRC itself).
 - ``flags`` bit 0: the value is binary (it was produced as ``value_b64``); otherwise it is UTF-8
-  text. Other bits are reserved and must be 0.
+  text. Bit 1: the record expires (per-message TTL) and ``expires_at`` follows the value. Other
+  bits are reserved and must be 0. Records written before bit 1 existed never set it, so they
+  decode unchanged (the format version stays 1).
 - ``key_len`` -1 means "no key"; otherwise the key is ``key_len`` bytes of UTF-8.
 - ``headers_len`` 0 means "no headers"; otherwise ``headers`` is the orjson encoding of a
   ``str -> str`` object (so ``{}`` is stored as ``b"{}"`` and round-trips as ``{}``).
@@ -49,11 +52,13 @@ __all__ = [
 
 FORMAT_VERSION = 1
 FLAG_BINARY = 0x01
-_KNOWN_FLAGS = FLAG_BINARY
+FLAG_EXPIRES = 0x02
+_KNOWN_FLAGS = FLAG_BINARY | FLAG_EXPIRES
 
 _HEADER = struct.Struct(">BQQIQ")
 HEADER_SIZE = _HEADER.size
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
 _FLAGS_KEY_LEN = struct.Struct(">Bi")
 _TWO_U32 = struct.Struct(">II")
 _NO_KEY_NO_HEADERS = struct.Struct(">BiII")  # flags, key_len=-1, headers_len=0, value_len
@@ -72,12 +77,15 @@ class NewMessage(NamedTuple):
         binary: The payload was produced as ``value_b64``.
         key: The producer's key, or None.
         headers: ``str -> str`` headers, or None.
+        expires_at_ms: The time (leader clock, ms since the epoch) from which the message is
+            expired and never delivered by receive (per-message TTL), or None.
     """
 
     value: bytes
     binary: bool = False
     key: str | None = None
     headers: Mapping[str, str] | None = None
+    expires_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,7 @@ class Message:
         headers: The headers, or None.
         timestamp_ms: The append time the leader stamped into the produce command.
         raft_index: The index of the Raft entry that appended it.
+        expires_at_ms: When the message expires (per-message TTL), or None.
     """
 
     offset: int
@@ -101,6 +110,14 @@ class Message:
     headers: dict[str, str] | None
     timestamp_ms: int
     raft_index: int
+    expires_at_ms: int | None = None
+
+    def expired(self, now_ms: int, max_age_ms: int | None = None) -> bool:
+        """Whether the message is expired at ``now_ms``: its own TTL passed, or it is older than
+        ``max_age_ms`` (a topic's retention, which also works as a TTL)."""
+        if self.expires_at_ms is not None and self.expires_at_ms <= now_ms:
+            return True
+        return max_age_ms is not None and self.timestamp_ms + max_age_ms <= now_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,25 +166,30 @@ def encode_batch(
     crc = crc32c.crc32c
     parts = [_HEADER.pack(FORMAT_VERSION, raft_index, append_time_ms, len(messages), base_offset)]
     append = parts.append
-    for value, binary, key, headers in messages:
+    for value, binary, key, headers, expires_at_ms in messages:
         flags = FLAG_BINARY if binary else 0
-        if key is None and headers is None:
+        if key is None and headers is None and expires_at_ms is None:
             body = pack_plain(flags, -1, 0, len(value)) + value
         else:
-            body = _encode_body(flags, key, headers, value)
+            body = _encode_body(flags, key, headers, value, expires_at_ms)
         append(pack_u32(crc(body)))
         append(body)
     return b"".join(parts)
 
 
-def _encode_body(flags: int, key: str | None, headers: Mapping[str, str] | None, value: bytes) -> bytes:
+def _encode_body(
+    flags: int, key: str | None, headers: Mapping[str, str] | None, value: bytes, expires_at_ms: int | None
+) -> bytes:
+    if expires_at_ms is not None:
+        flags |= FLAG_EXPIRES
     if key is None:
         head = _FLAGS_KEY_LEN.pack(flags, -1)
     else:
         key_bytes = key.encode("utf-8")
         head = _FLAGS_KEY_LEN.pack(flags, len(key_bytes)) + key_bytes
     headers_bytes = b"" if headers is None else orjson.dumps(headers)
-    return b"".join((head, _U32.pack(len(headers_bytes)), headers_bytes, _U32.pack(len(value)), value))
+    tail = b"" if expires_at_ms is None else _U64.pack(expires_at_ms)
+    return b"".join((head, _U32.pack(len(headers_bytes)), headers_bytes, _U32.pack(len(value)), value, tail))
 
 
 def decode_header(data: bytes) -> BatchHeader:
@@ -236,7 +258,7 @@ def _decode_records(
 
 def _record_bounds(data: bytes, pos: int, size: int) -> tuple[int, int]:
     """``(pos, end)`` of the record starting at ``pos``, checking only that its lengths fit."""
-    _, key_len = _FLAGS_KEY_LEN.unpack_from(data, pos + _U32.size)
+    flags, key_len = _FLAGS_KEY_LEN.unpack_from(data, pos + _U32.size)
     if key_len < -1:
         raise CorruptRecord(f"negative key length {key_len}")
     p = pos + _RECORD_PREFIX + max(key_len, 0)
@@ -244,6 +266,8 @@ def _record_bounds(data: bytes, pos: int, size: int) -> tuple[int, int]:
     p += _U32.size + headers_len
     (value_len,) = _U32.unpack_from(data, p)
     p += _U32.size + value_len
+    if flags & FLAG_EXPIRES:
+        p += _U64.size
     if p > size:
         raise CorruptRecord(f"record ends at byte {p} of a {size}-byte batch")
     return pos, p
@@ -270,9 +294,20 @@ def _decode_record(
         p += headers_len
     except (UnicodeDecodeError, orjson.JSONDecodeError) as e:
         raise CorruptRecord(f"undecodable key or headers at offset {offset}") from e
+    expires_at_ms: int | None = None
+    if flags & FLAG_EXPIRES:
+        (expires_at_ms,) = _U64.unpack_from(data, end - _U64.size)
+        end -= _U64.size
     value = data[p + _U32.size : end]
     return Message(
-        offset, key, value, bool(flags & FLAG_BINARY), headers, header.append_time_ms, header.raft_index
+        offset,
+        key,
+        value,
+        bool(flags & FLAG_BINARY),
+        headers,
+        header.append_time_ms,
+        header.raft_index,
+        expires_at_ms,
     )
 
 

@@ -268,6 +268,10 @@ class RocksStore:
             # The iterator pins the database's state as of now: this is the scan's snapshot.
             it = db.iter(ro)
             cursor = _Cursor(self, it, start, reverse=reverse, limit=limit)
+            # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor
+            # must own `ro` and `end` for as long as the iterator lives, or a temporary bound is
+            # freed and the scan silently returns the wrong keys.
+            cursor.pin(ro, end)
             self._register(cursor)
         return cursor
 
@@ -418,6 +422,7 @@ class _Cursor:
         self._below_start = False  # a reverse scan went past start: done
         self._revoked = False
         self._buffer: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        self._pinned: tuple[object, ...] = ()
 
     def __iter__(self) -> _Cursor:
         return self
@@ -430,6 +435,10 @@ class _Cursor:
         if self._revoked:
             raise StoreClosed(f"store {self._store.path} was closed during a scan")
         raise StopIteration
+
+    def pin(self, *objects: object) -> None:
+        """Keep ``objects`` alive as long as this cursor (the iterator points into them)."""
+        self._pinned = objects
 
     def revoke(self) -> None:
         """Drop the iterator (it would keep a closed database open). Called by the store."""

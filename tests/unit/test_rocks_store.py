@@ -393,3 +393,26 @@ def test_restore_while_readers_scan_and_a_writer_writes_is_clean(tmp_path: Path)
     assert store.get(b"restored") == b"yes"
     assert store.get(_key(5)) is None
     store.close()
+
+
+def test_a_scan_with_a_temporary_end_bound_returns_exactly_the_range(tmp_path: Path) -> None:
+    """rocksdict points at the upper bound's bytes without holding them: the cursor must keep the
+    bound alive, or a scan given a temporary ``end`` silently returns the wrong keys."""
+    import gc
+    import struct
+
+    store = RocksStore.open(str(tmp_path / "db"))
+    try:
+        batch = Batch()
+        for i in range(100):
+            batch.put(b"K" + struct.pack(">Q", i), b"v")
+            batch.put(b"Z" + struct.pack(">Q", i), b"z")
+        store.write(batch)
+        for _ in range(30):
+            cursor = store.scan(b"K", b"K" + struct.pack(">Q", 50))  # the bound is a temporary
+            gc.collect()
+            _churn = [bytes(range(256)) * 4 for _ in range(1000)]  # reuse the freed memory
+            keys = [k for k, _ in cursor]
+            assert keys == [b"K" + struct.pack(">Q", i) for i in range(50)]
+    finally:
+        store.close()

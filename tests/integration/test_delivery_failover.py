@@ -1,0 +1,77 @@
+"""A leader crash with messages in flight loses none of them: the in-flight state is replicated, and
+the new leader's tick redelivers them after their deadline."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+VISIBILITY_MS = 2000
+
+
+def receive(c: Cluster, node: str, **body: Any) -> list[dict[str, Any]]:
+    r = c.post("/v1/topics/jobs/subscriptions/workers/receive", {"wait_ms": 0, **body}, node=node, timeout=40)
+    if r.status_code != 200:  # an election in progress: retriable
+        assert r.json()["error"]["retriable"], r.text
+        return []
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
+
+
+def test_messages_in_flight_at_a_leader_crash_are_redelivered_and_none_is_lost(tmp_path: Path) -> None:
+    with Cluster(tmp_path, nodes=3, extra_toml="[delivery]\ntick_ms = 100\n") as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("jobs", queues=3)
+        sent = {f"job-{i}" for i in range(60)}
+        r = c.produce("jobs", [{"value": v, "queue": i % 3} for i, v in enumerate(sorted(sent))])
+        assert r.status_code == 200, r.text
+
+        # Take half of them into flight (never acked by this receiver: it "crashes" too).
+        in_flight: list[dict[str, Any]] = []
+        while len(in_flight) < 30:
+            in_flight += receive(c, "n1", max=30 - len(in_flight), visibility_ms=VISIBILITY_MS, wait_ms=1000)
+        assert {m["attempt"] for m in in_flight} == {1}
+        victim = c.leader(str(c.get("/v1/topics/jobs").json()["queue_groups"][in_flight[0]["queue"]]))
+        assert victim is not None
+        c.kill(victim)
+        survivors = [n for n in c.nodes if n != victim]
+
+        # A new receiver gets everything: the rest at once, the in-flight ones after their deadline.
+        acked: dict[str, int] = {}
+        deadline = time.monotonic() + 60
+        turn = 0
+        while set(acked) != sent and time.monotonic() < deadline:
+            node = survivors[turn % 2]
+            turn += 1
+            got = receive(c, node, max=20, wait_ms=1000, visibility_ms=VISIBILITY_MS)
+            if not got:
+                continue
+            r = c.post(
+                "/v1/topics/jobs/subscriptions/workers/ack",
+                {"receipts": [m["receipt"] for m in got]},
+                node=node,
+            )
+            assert r.status_code == 200, r.text
+            for m, result in zip(got, r.json()["results"], strict=True):
+                if result.get("ok"):
+                    acked[m["value"]] = m["attempt"]
+        assert set(acked) == sent, f"lost: {sorted(sent - set(acked))}"
+        redelivered = {m["value"] for m in in_flight}
+        assert all(acked[v] >= 2 for v in redelivered)  # delivered again, never lost
+
+        # The crashed node comes back and every replica agrees on the delivery state, byte for byte.
+        c.start(victim)
+        c.wait_ready()
+        for g in sorted(set(c.get("/v1/topics/jobs").json()["queue_groups"])):
+            c.wait_replicas_equal(str(g), timeout_s=60)
+        offsets = c.get("/v1/groups/workers/offsets", params={"topic": "jobs"}).json()["offsets"]
+        assert offsets == {"0": 20, "1": 20, "2": 20}
+        wait_until(lambda: all(c.alive(n) for n in c.nodes), 5, what="all nodes up")
