@@ -1,0 +1,595 @@
+"""Sealed segments: committed offset ranges of one queue as immutable Arrow IPC and Parquet files.
+
+A segment holds the messages ``[base, end)`` of one queue with Kafka's columns (the schema Spark's
+Kafka source produces, so ``spark.read.parquet`` over the Parquet files gives the same rows as the
+``raftmq`` data source)::
+
+    key binary, value binary, topic string, partition int32, offset int64,
+    timestamp timestamp[us, UTC], timestampType int32,
+    headers list<struct<key string, value binary>>
+
+``partition`` is the queue number, ``timestamp`` the leader's append time (so ``timestampType`` is
+1, Kafka's LogAppendTime), ``headers`` null when a message has none.
+
+This module has three parts:
+
+- :func:`read_columns`: decode a queue's stored record batches straight into Arrow columns (the
+  sealing task and the Arrow fetch use it). It understands the record format of
+  ``storage/records.py`` for the flags it knows and falls back to ``records.decode_messages`` for
+  anything else, so a format extension is read correctly (if slower) before this is taught about it.
+- :class:`SegmentStore`: where segment files live (a local directory or any filesystem pyarrow
+  reaches by URI). Files are written to a hidden temporary name and then renamed, so a crash in
+  the middle leaves no half-visible segment (a local write is also fsynced before the rename).
+- :func:`read_segment`: read one segment file (verifying its CRC32C) as record batches of a range.
+
+No RocksDB here: reads go through the ``Store`` protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import struct
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from .keys import RECORD, queue_range, record_key, record_prefix
+from .queues import OffsetOutOfRange, queue_bounds
+from .records import HEADER_SIZE, CorruptRecord, decode_header, decode_messages
+from .store import Store
+
+__all__ = [
+    "ARROW_STREAM",
+    "BATCH_ROWS",
+    "HEADERS_TYPE",
+    "SCHEMA",
+    "TIMESTAMP_TYPE",
+    "SegmentFile",
+    "SegmentStore",
+    "WrittenSegment",
+    "batch_to_ipc_stream",
+    "decode_record_batch",
+    "empty_batch",
+    "ipc_stream_to_batches",
+    "read_columns",
+    "read_segment",
+    "segment_name",
+    "verify_crc",
+]
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+"""The media type of an Arrow IPC stream (the fetch route's Arrow answer)."""
+BATCH_ROWS = 65_536
+"""Rows per Arrow record batch, in segment files and fetch answers."""
+TIMESTAMP_TYPE = 1
+"""Kafka's LogAppendTime: the timestamp is the leader's append time."""
+
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
+
+_FLAG_BINARY = 0x01
+_FLAG_EXPIRES = 0x02
+_FAST_FLAGS = _FLAG_BINARY | _FLAG_EXPIRES  # flags the fast decoder understands
+_PLAIN = struct.Struct(">IBiII")  # crc, flags, key_len (-1), headers_len, value_len (when no key)
+_U32 = struct.Struct(">I")
+_SCAN_CHUNK = 16
+
+
+# -- decoding stored batches into Arrow ---------------------------------------------------------
+
+
+class _Builder:
+    """Accumulates the columns of consecutive messages of one queue."""
+
+    def __init__(self, topic: str, queue: int) -> None:
+        self.topic = topic
+        self.queue = queue
+        self.values: list[Any] = []  # memoryview slices (joined once)
+        self.value_lens: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.any_key = False
+        self.headers: list[list[dict[str, Any]] | None] = []
+        self.any_headers = False
+        self.ts_runs: list[tuple[int, int]] = []  # (timestamp_ms, count), one per record batch
+        self.first_offset: int | None = None
+        self.rows = 0
+        self.value_bytes = 0
+
+    def add_message(self, offset: int, key: bytes | None, headers: Any, value: Any, ts_ms: int) -> None:
+        self.values.append(value)
+        self.value_lens.append(len(value))
+        self.value_bytes += len(value)
+        self.keys.append(key)
+        if key is not None:
+            self.any_key = True
+        self.headers.append(headers)
+        if headers is not None:
+            self.any_headers = True
+        self.note_run(offset, 1, ts_ms)
+
+    def note_run(self, first: int, count: int, ts_ms: int) -> None:
+        """``count`` messages from offset ``first`` on, appended with timestamp ``ts_ms``."""
+        if self.first_offset is None:
+            self.first_offset = first
+        elif first != self.first_offset + self.rows:
+            raise CorruptRecord(f"offset {first} does not follow {self.first_offset + self.rows - 1}")
+        if self.ts_runs and self.ts_runs[-1][0] == ts_ms:
+            self.ts_runs[-1] = (ts_ms, self.ts_runs[-1][1] + count)
+        else:
+            self.ts_runs.append((ts_ms, count))
+        self.rows += count
+
+    def build(self) -> pa.RecordBatch:
+        n = self.rows
+        if n == 0:
+            return empty_batch()
+        lens = np.fromiter(self.value_lens, dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(lens, out=offsets[1:])
+        data = b"".join(self.values)
+        value = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        key = pa.array(self.keys, pa.binary()) if self.any_key else pa.nulls(n, pa.binary())
+        headers = pa.array(self.headers, HEADERS_TYPE) if self.any_headers else pa.nulls(n, HEADERS_TYPE)
+        topic_bytes = self.topic.encode()
+        topic_offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(topic_bytes))
+        topic = pa.Array.from_buffers(
+            pa.string(), n, [None, pa.py_buffer(topic_offsets), pa.py_buffer(topic_bytes * n)]
+        )
+        first = self.first_offset or 0
+        ts = np.repeat(
+            np.array([t * 1000 for t, _ in self.ts_runs], dtype=np.int64),
+            np.array([c for _, c in self.ts_runs], dtype=np.int64),
+        )
+        return pa.RecordBatch.from_arrays(
+            [
+                key,
+                value,
+                topic,
+                pa.array(np.full(n, self.queue, dtype=np.int32)),
+                pa.array(np.arange(first, first + n, dtype=np.int64)),
+                pa.array(ts, pa.timestamp("us", tz="UTC")),
+                pa.array(np.full(n, TIMESTAMP_TYPE, dtype=np.int32)),
+                headers,
+            ],
+            schema=SCHEMA,
+        )
+
+
+def empty_batch() -> pa.RecordBatch:
+    """A record batch of :data:`SCHEMA` with no rows."""
+    return pa.RecordBatch.from_pylist([], schema=SCHEMA)
+
+
+def _headers_list(raw: dict[str, str] | None) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    return [{"key": k, "value": v.encode()} for k, v in raw.items()]
+
+
+def decode_record_batch(
+    builder: _Builder, data: bytes, from_offset: int, max_rows: int, max_bytes: int | None
+) -> int:
+    """Append the messages of the stored batch ``data`` at offsets ``>= from_offset`` to
+    ``builder``, at most ``max_rows`` of them and stopping before ``max_bytes`` of values would be
+    exceeded (the first message always goes). Returns the offset after the last message added.
+
+    Raises:
+        CorruptRecord: a CRC mismatch or a truncated or invalid record.
+    """
+    header = decode_header(data)
+    offset = header.base_offset
+    end_offset = header.end_offset
+    view = memoryview(data)
+    size = len(data)
+    pos = HEADER_SIZE
+    crc_of = crc32c.crc32c
+    unpack_plain = _PLAIN.unpack_from
+    values, lens, keys, hdrs = builder.values, builder.value_lens, builder.keys, builder.headers
+    value_bytes = builder.value_bytes
+    first_added: int | None = None
+    added = 0
+    unknown_flags = False
+    try:
+        while offset < end_offset:
+            if offset >= from_offset and added >= max_rows:
+                break
+            crc, flags, key_len, headers_len, value_len = unpack_plain(data, pos)
+            if flags & ~_FAST_FLAGS:
+                unknown_flags = True  # the generic decoder below takes over from here
+                break
+            key: bytes | None = None
+            headers: Any = None
+            if key_len == -1 and headers_len == 0:
+                vstart = pos + 17
+            else:
+                if key_len < -1:
+                    raise CorruptRecord(f"negative key length {key_len} at offset {offset}")
+                p = pos + 9
+                if key_len >= 0:
+                    key = data[p : p + key_len]
+                    p += key_len
+                (headers_len,) = _U32.unpack_from(data, p)
+                p += 4
+                if headers_len:
+                    headers = data[p : p + headers_len]
+                    p += headers_len
+                (value_len,) = _U32.unpack_from(data, p)
+                vstart = p + 4
+            vend = vstart + value_len
+            rend = vend + 8 if flags & _FLAG_EXPIRES else vend
+            if rend > size:
+                raise CorruptRecord(f"record at offset {offset} ends past its batch")
+            if offset >= from_offset:
+                if max_bytes is not None and (builder.rows + added) and value_bytes + value_len > max_bytes:
+                    break
+                if crc_of(view[pos + 4 : rend]) != crc:
+                    raise CorruptRecord(f"CRC mismatch in the record at offset {offset}")
+                if key is not None:
+                    builder.any_key = True
+                    try:
+                        key.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise CorruptRecord(f"undecodable key at offset {offset}") from e
+                if headers is not None:
+                    builder.any_headers = True
+                    headers = _decode_headers(headers, offset)
+                values.append(view[vstart:vend])
+                lens.append(value_len)
+                keys.append(key)
+                hdrs.append(headers)
+                value_bytes += value_len
+                if first_added is None:
+                    first_added = offset
+                added += 1
+            pos = rend
+            offset += 1
+    except struct.error as e:
+        raise CorruptRecord(f"record at offset {offset} is truncated") from e
+    if added:
+        builder.note_run(first_added or 0, added, header.append_time_ms)
+        builder.value_bytes = value_bytes
+    if unknown_flags:
+        return _decode_slow(builder, data, max(offset, from_offset), max_rows - added, max_bytes)
+    return offset
+
+
+def _decode_headers(raw: bytes, offset: int) -> list[dict[str, Any]]:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise CorruptRecord(f"undecodable headers at offset {offset}") from e
+    if not isinstance(obj, dict) or not all(isinstance(v, str) for v in obj.values()):
+        raise CorruptRecord(f"headers at offset {offset} are not a str -> str object")
+    return [{"key": k, "value": v.encode()} for k, v in obj.items()]
+
+
+def _decode_slow(builder: _Builder, data: bytes, start: int, max_rows: int, max_bytes: int | None) -> int:
+    """The generic path (``records.decode_messages``) for records the fast path does not know."""
+    offset = start
+    for m in decode_messages(data, start, max_rows):
+        if max_bytes is not None and builder.rows and builder.value_bytes + len(m.value) > max_bytes:
+            return m.offset
+        key = None if m.key is None else m.key.encode()
+        builder.add_message(m.offset, key, _headers_list(m.headers), m.value, m.timestamp_ms)
+        offset = m.offset + 1
+    return offset
+
+
+def read_columns(
+    store: Store,
+    topic_id: int,
+    topic: str,
+    queue: int,
+    offset: int,
+    end: int | None = None,
+    max_rows: int = BATCH_ROWS,
+    max_bytes: int | None = None,
+) -> tuple[pa.RecordBatch, int]:
+    """Messages ``[offset, end)`` of a queue (at most ``max_rows``; values up to ``max_bytes``,
+    the first message always) as one record batch of :data:`SCHEMA`, and the next offset.
+
+    ``end`` None means the queue's ``high_offset`` at the time of the call.
+
+    Raises:
+        OffsetOutOfRange: ``offset`` is outside ``[low_offset, high_offset]``, or retention
+            removed the range while it was being read.
+        CorruptRecord: a stored batch failed its checks.
+    """
+    low, high = queue_bounds(store, topic_id, queue)
+    if not low <= offset <= high:
+        raise OffsetOutOfRange(offset, low, high)
+    stop = high if end is None else min(end, high)
+    builder = _Builder(topic, queue)
+    if offset >= stop or max_rows <= 0:
+        return builder.build(), offset
+    prefix = record_prefix(topic_id, queue)
+    found = store.last_before(record_key(topic_id, queue, offset), prefix)
+    if found is None or decode_header(found[1]).end_offset <= offset:
+        low, high = queue_bounds(store, topic_id, queue)
+        raise OffsetOutOfRange(offset, low, high)
+    _, range_end = queue_range(RECORD, topic_id, queue)  # held here: the scan's upper bound
+    next_offset = offset
+    start_key = found[0]
+    want = min(max_rows, stop - offset)
+    while True:
+        chunk = list(store.scan(start_key, range_end, limit=_SCAN_CHUNK))
+        for key, value in chunk:
+            header = decode_header(value)
+            if key != record_key(topic_id, queue, header.base_offset):
+                raise CorruptRecord(f"record batch at key {key.hex()} has base offset {header.base_offset}")
+            if header.base_offset > next_offset:
+                # Retention removed batches under our feet; never return a gap.
+                low, high = queue_bounds(store, topic_id, queue)
+                raise OffsetOutOfRange(next_offset, low, high)
+            next_offset = decode_record_batch(builder, value, next_offset, want - builder.rows, max_bytes)
+            if builder.rows >= want or next_offset < header.end_offset:
+                return builder.build(), next_offset
+        if len(chunk) < _SCAN_CHUNK:
+            return builder.build(), next_offset
+        start_key = chunk[-1][0] + b"\x00"
+
+
+# -- Arrow IPC streams (the fetch answer) --------------------------------------------------------
+
+
+def batch_to_ipc_stream(batches: Sequence[pa.RecordBatch], schema: pa.Schema = SCHEMA) -> pa.Buffer:
+    """An Arrow IPC stream holding ``batches`` (may be none: the schema alone)."""
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, schema) as writer:
+        for b in batches:
+            if b.num_rows:
+                writer.write_batch(b)
+    return sink.getvalue()
+
+
+def ipc_stream_to_batches(data: Any) -> list[pa.RecordBatch]:
+    """The record batches of an Arrow IPC stream."""
+    reader = ipc.open_stream(pa.py_buffer(data) if isinstance(data, (bytes, bytearray)) else data)
+    return list(reader)
+
+
+# -- segment files ------------------------------------------------------------------------------
+
+_NAME = re.compile(
+    r"^(?P<fmt>arrow|parquet)/(?P<topic>[A-Za-z0-9._-]+)\.(?P<topic_id>\d+)/"
+    r"(?P<queue>\d+)-(?P<base>\d+)-(?P<end>\d+)\.(?P<node>[A-Za-z0-9_-]+)\.(?:arrow|parquet)$"
+)
+
+
+def segment_name(topic: str, topic_id: int, queue: int, base: int, end: int, node: str, fmt: str) -> str:
+    """The relative path of a segment file: ``<fmt>/<topic>.<topic_id>/<queue>-<base>-<end>.<node>.<fmt>``
+    (zero-padded numbers, so names sort in offset order; the Parquet files of a topic sit in one
+    directory, which ``spark.read.parquet`` reads)."""
+    return f"{fmt}/{topic}.{topic_id}/{queue:05d}-{base:020d}-{end:020d}.{node}.{fmt}"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """What a segment file's relative path says about it."""
+
+    fmt: str
+    topic: str
+    topic_id: int
+    queue: int
+    base: int
+    end: int
+    node: str
+
+    @classmethod
+    def parse(cls, rel: str) -> SegmentFile | None:
+        m = _NAME.match(rel)
+        if m is None:
+            return None
+        return cls(
+            m["fmt"],
+            m["topic"],
+            int(m["topic_id"]),
+            int(m["queue"]),
+            int(m["base"]),
+            int(m["end"]),
+            m["node"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenSegment:
+    """A segment written by :meth:`SegmentStore.write`."""
+
+    arrow: str  # relative paths
+    parquet: str | None
+    rows: int
+    bytes: int  # size of the Arrow file
+    crc32c: int  # of the whole Arrow file
+    parquet_crc32c: int | None
+    first_ts_ms: int
+    last_ts_ms: int
+
+
+def verify_crc(data: Any, expected: int | None, what: str) -> None:
+    """Raise CorruptRecord when ``data``'s CRC32C is not ``expected`` (None: not checked)."""
+    if expected is not None and crc32c.crc32c(data) != expected:
+        raise CorruptRecord(f"{what}: CRC32C mismatch (the file is damaged or not the sealed one)")
+
+
+class SegmentStore:
+    """Where one node writes its segment files.
+
+    Args:
+        root: A local directory, or a URI pyarrow's filesystems understand (``file://``,
+            ``s3://bucket/prefix``, ``gs://``, ``hdfs://``...).
+    """
+
+    def __init__(self, root: str) -> None:
+        if "://" in root:
+            self.fs, path = pafs.FileSystem.from_uri(root)
+            self.local = isinstance(self.fs, pafs.LocalFileSystem)
+            self.base = path.rstrip("/")
+        else:
+            self.fs = pafs.LocalFileSystem()
+            self.local = True
+            self.base = os.path.abspath(root)
+        self.root = root
+
+    def location(self, rel: str) -> str:
+        """Where a reader finds ``rel``: an absolute local path, or a URI."""
+        if "://" in self.root:
+            return self.root.rstrip("/") + "/" + rel
+        return os.path.join(self.base, rel)
+
+    def _path(self, rel: str) -> str:
+        return f"{self.base}/{rel}"
+
+    def write(
+        self, batches: Sequence[pa.RecordBatch], rel_arrow: str, rel_parquet: str | None
+    ) -> WrittenSegment:
+        """Write the segment files (temporary name, then rename) and return what to record.
+
+        Raises:
+            OSError: the store failed; nothing is visible under the final names then.
+        """
+        table = pa.Table.from_batches(list(batches), schema=SCHEMA)
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, SCHEMA) as writer:
+            for b in table.to_batches(max_chunksize=BATCH_ROWS):
+                writer.write_batch(b)
+        arrow_buf = sink.getvalue()
+        arrow_crc = int(crc32c.crc32c(arrow_buf))
+        parquet_crc = None
+        if rel_parquet is not None:
+            psink = pa.BufferOutputStream()
+            pq.write_table(table, psink, row_group_size=1 << 20, compression="snappy")
+            parquet_buf = psink.getvalue()
+            parquet_crc = int(crc32c.crc32c(parquet_buf))
+            self._put(rel_parquet, parquet_buf)
+        self._put(rel_arrow, arrow_buf)
+        ts = table.column("timestamp")
+        first_ts = ts[0].value // 1000 if table.num_rows else 0
+        last_ts = ts[table.num_rows - 1].value // 1000 if table.num_rows else 0
+        return WrittenSegment(
+            rel_arrow, rel_parquet, table.num_rows, arrow_buf.size, arrow_crc, parquet_crc, first_ts, last_ts
+        )
+
+    def _put(self, rel: str, data: pa.Buffer) -> None:
+        final = self._path(rel)
+        parent, name = final.rsplit("/", 1)
+        tmp = f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"  # hidden: Spark skips names starting with "."
+        if self.local:
+            os.makedirs(parent, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(memoryview(data))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, final)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+            dfd = os.open(parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            return
+        self.fs.create_dir(parent, recursive=True)
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            self.fs.move(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(tmp)
+            raise
+
+    def read_bytes(self, rel: str) -> bytes:
+        """The whole file ``rel``. Raises FileNotFoundError (or OSError) when it is not there."""
+        if self.local:
+            with open(self._path(rel), "rb") as f:
+                return f.read()
+        with self.fs.open_input_stream(self._path(rel)) as f:
+            data: bytes = f.read()
+            return data
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.get_file_info(self._path(rel)).type == pafs.FileType.File)
+
+    def delete(self, rel: str) -> bool:
+        """Delete ``rel``; False if it was not there."""
+        try:
+            self.fs.delete_file(self._path(rel))
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:
+            if not self.exists(rel):
+                return False
+            raise
+
+    def list_files(self) -> Iterator[tuple[str, float, bool]]:
+        """``(relative path, mtime in s since the epoch, is a leftover temporary file)`` of every
+        file under the root (nothing if the root does not exist)."""
+        selector = pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+        for info in self.fs.get_file_info(selector):
+            if info.type != pafs.FileType.File:
+                continue
+            rel = info.path[len(self.base) + 1 :]
+            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            yield rel, mtime, info.base_name.startswith(".") and info.base_name.endswith(".tmp")
+
+
+def read_segment(
+    data: Any,
+    start: int,
+    end: int,
+    base: int,
+    expected_crc: int | None,
+    what: str = "segment",
+) -> Iterator[pa.RecordBatch]:
+    """The rows ``[start, end)`` of the Arrow IPC segment file ``data`` (bytes, a pyarrow Buffer or
+    a memory map) whose first row has offset ``base``, as record batches of :data:`SCHEMA`.
+
+    Raises:
+        CorruptRecord: the CRC32C differs from ``expected_crc``, or the file does not hold the
+            offsets it should.
+    """
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    verify_crc(buf, expected_crc, what)
+    reader = ipc.open_file(buf)
+    row = base
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        n = batch.num_rows
+        if row + n <= start:
+            row += n
+            continue
+        if row >= end:
+            break
+        lo, hi = max(start - row, 0), min(end - row, n)
+        piece = batch if (lo, hi) == (0, n) else batch.slice(lo, hi - lo)
+        if piece.num_rows and piece.column(4)[0].as_py() != row + lo:
+            raise CorruptRecord(f"{what}: row {row + lo} holds offset {piece.column(4)[0].as_py()}")
+        yield piece
+        row += n
