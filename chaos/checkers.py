@@ -1,0 +1,264 @@
+"""Checkers: pure functions from a history (see ``history``) to a verdict.
+
+Each returns a JSON-ready dict with ``valid`` (bool) and the evidence. None does I/O or reads a clock.
+
+- ``total_queue``: at-least-once over multisets of values (Jepsen's total-queue). Valid iff nothing
+  acknowledged went missing (``lost``) and nothing was delivered that nobody sent (``unexpected``).
+- ``log_consistency``: a (queue, offset) names one message forever, on every replica and in every
+  answer (acknowledgements, consumer fetches, the drain, each replica's local copy).
+- ``queue_order``: offsets are dense and each producer's acknowledged messages sit in a queue in the
+  order it sent them.
+- ``lost_write``: Kafka-style, needs no drain: once anyone has read offset b of a queue, every
+  message acknowledged at an offset below b must have been read by someone.
+- ``availability``: the share of operations that succeeded inside fault windows and outside them.
+  Informational: it is always valid.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+from typing import Any
+
+from .history import FAIL, INFO, INVOKE, NEMESIS, OK, Op, completions, fault_windows
+
+__all__ = [
+    "availability",
+    "check_all",
+    "log_consistency",
+    "lost_write",
+    "queue_order",
+    "total_queue",
+]
+
+# Operations whose messages count as delivered to a consumer. ``read`` (a replica's local copy) is
+# evidence about the log, not a delivery.
+DELIVERIES = ("fetch", "drain")
+READS = ("fetch", "drain", "read")
+SAMPLE = 20  # how many examples a result lists of each kind of problem
+
+
+def _client_ops(history: Iterable[Op]) -> list[Op]:
+    return [op for op in history if op.get("process") != NEMESIS]
+
+
+def _messages(op: Op) -> list[tuple[int, str]]:
+    return [(int(o), str(v)) for o, v in op.get("messages") or []]
+
+
+def _sample(values: Iterable[Any]) -> list[Any]:
+    return sorted(values, key=str)[:SAMPLE]
+
+
+def total_queue(history: Sequence[Op]) -> dict[str, Any]:
+    """attempts = enqueue invokes, enqueues = enqueue oks, dequeues = values in ok fetches and
+    drains; lost = enqueues - dequeues, unexpected = dequeued but never attempted, duplicated =
+    dequeued more than once, recovered = dequeued although its enqueue ended fail or info."""
+    ops = _client_ops(history)
+    attempts: Counter[str] = Counter()
+    enqueues: Counter[str] = Counter()
+    indefinite: set[str] = set()
+    failed: set[str] = set()
+    dequeues: Counter[str] = Counter()
+    for op in ops:
+        if op["f"] == "enqueue":
+            if op["type"] == INVOKE:
+                attempts[op["value"]] += 1
+            elif op["type"] == OK:
+                enqueues[op["value"]] += 1
+            elif op["type"] == INFO:
+                indefinite.add(op["value"])
+            elif op["type"] == FAIL:
+                failed.add(op["value"])
+        elif op["f"] in DELIVERIES and op["type"] == OK:
+            for _, value in _messages(op):
+                dequeues[value] += 1
+    lost = enqueues - dequeues
+    unexpected = {v: n for v, n in dequeues.items() if v not in attempts}
+    duplicated = {v: n for v, n in dequeues.items() if n > 1}
+    recovered = {v for v in dequeues if v not in enqueues and (v in indefinite or v in failed)}
+    recovered_failed = {v for v in recovered if v in failed}
+    return {
+        "valid": not lost and not unexpected,
+        "attempt_count": sum(attempts.values()),
+        "acknowledged_count": sum(enqueues.values()),
+        "failed_count": len(failed),
+        "indefinite_count": len(indefinite),
+        "dequeue_count": sum(dequeues.values()),
+        "distinct_dequeued_count": len(dequeues),
+        "lost_count": sum(lost.values()),
+        "lost": _sample(lost),
+        "unexpected_count": sum(unexpected.values()),
+        "unexpected": _sample(unexpected),
+        "duplicated_count": len(duplicated),
+        "duplicated": _sample(duplicated),
+        "recovered_count": len(recovered),
+        "recovered": _sample(recovered),
+        # A definite failure that was delivered all the same breaks the API's promise that a
+        # `definite: true` error changed nothing; counted apart so it stands out.
+        "recovered_after_definite_fail_count": len(recovered_failed),
+        "recovered_after_definite_fail": _sample(recovered_failed),
+    }
+
+
+def _observations(history: Sequence[Op]) -> dict[tuple[int, int], dict[str, list[str]]]:
+    """(queue, offset) -> value -> where it was seen ("ack p3", "fetch n1", "read n2", ...)."""
+    seen: dict[tuple[int, int], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for op in _client_ops(history):
+        if op["type"] != OK:
+            continue
+        if op["f"] == "enqueue" and op.get("offset") is not None:
+            seen[(op["queue"], op["offset"])][op["value"]].append(f"ack to process {op['process']}")
+        elif op["f"] in READS:
+            for offset, value in _messages(op):
+                seen[(op["queue"], offset)][value].append(f"{op['f']} via {op.get('node')}")
+    return seen
+
+
+def log_consistency(history: Sequence[Op]) -> dict[str, Any]:
+    """Two different values at one (queue, offset) anywhere in the history is a divergence (never
+    allowed). One value at several offsets of a queue is a duplicate (allowed, counted)."""
+    seen = _observations(history)
+    divergent = []
+    positions: dict[tuple[int, str], set[int]] = defaultdict(set)
+    for (queue, offset), values in sorted(seen.items()):
+        if len(values) > 1:
+            divergent.append(
+                {"queue": queue, "offset": offset, "values": {v: sorted(set(w)) for v, w in values.items()}}
+            )
+        for value in values:
+            positions[(queue, value)].add(offset)
+    duplicates = {f"{v}@{q}": sorted(offs) for (q, v), offs in positions.items() if len(offs) > 1}
+    replicas: dict[str, dict[str, int]] = defaultdict(dict)
+    for op in _client_ops(history):
+        if op["f"] == "read" and op["type"] == OK:
+            msgs = _messages(op)
+            seen_high = replicas[str(op["queue"])].get(op["node"], 0)
+            replicas[str(op["queue"])][op["node"]] = max(seen_high, msgs[-1][0] + 1 if msgs else 0)
+    return {
+        "valid": not divergent,
+        "positions_checked": len(seen),
+        "divergent_count": len(divergent),
+        "divergent": divergent[:SAMPLE],
+        "duplicate_offsets_count": len(duplicates),
+        "duplicate_offsets": dict(sorted(duplicates.items())[:SAMPLE]),
+        "replica_high_offsets": {q: dict(sorted(r.items())) for q, r in sorted(replicas.items())},
+    }
+
+
+def queue_order(history: Sequence[Op]) -> dict[str, Any]:
+    """Offsets are dense: every answer to a read starts at the offset asked for and counts up by one,
+    and the offsets seen of a queue are 0..max with no hole. Per producer process and queue, the
+    acknowledged messages sit at increasing offsets in the order they were sent (a process has one
+    request in flight at a time, so message i was committed before message i+1 was sent)."""
+    ops = _client_ops(history)
+    problems: list[dict[str, Any]] = []
+    offsets: dict[int, set[int]] = defaultdict(set)
+    where: dict[tuple[int, str], int] = {}
+    for op in ops:
+        if op["f"] not in READS or op["type"] != OK:
+            continue
+        msgs = _messages(op)
+        expected = op.get("offset")
+        for offset, value in msgs:
+            if expected is not None and offset != expected:
+                problems.append(
+                    {"kind": "gap_in_answer", "queue": op["queue"], "index": op["index"],
+                     "expected_offset": expected, "got_offset": offset}
+                )  # fmt: skip
+            expected = offset + 1
+            offsets[op["queue"]].add(offset)
+            where.setdefault((op["queue"], value), offset)
+    for queue, seen in sorted(offsets.items()):
+        holes = sorted(set(range(max(seen) + 1)) - seen)
+        if holes:
+            problems.append({"kind": "hole", "queue": queue, "offsets": holes[:SAMPLE], "count": len(holes)})
+    sent: dict[tuple[Any, int], list[tuple[str, int]]] = defaultdict(list)
+    for op in ops:
+        if op["f"] == "enqueue" and op["type"] == OK:
+            found = where.get((op["queue"], op["value"]), op.get("offset"))
+            if found is not None:
+                sent[(op["process"], op["queue"])].append((op["value"], found))
+    for (process, queue), values in sorted(sent.items(), key=str):
+        for (v1, o1), (v2, o2) in pairwise(values):
+            if o2 <= o1:
+                problems.append(
+                    {"kind": "reordered", "process": process, "queue": queue,
+                     "first": [v1, o1], "then": [v2, o2]}
+                )  # fmt: skip
+    return {
+        "valid": not problems,
+        "queues": len(offsets),
+        "producer_queues": len(sent),
+        "problem_count": len(problems),
+        "problems": problems[:SAMPLE],
+    }
+
+
+def lost_write(history: Sequence[Op]) -> dict[str, Any]:
+    """For each queue, b = the highest offset anyone read; every message acknowledged at an offset
+    below b must have been read by someone (anywhere in the queue)."""
+    ops = _client_ops(history)
+    high: dict[int, int] = {}
+    read: dict[int, set[str]] = defaultdict(set)
+    for op in ops:
+        if op["f"] in READS and op["type"] == OK:
+            for offset, value in _messages(op):
+                high[op["queue"]] = max(high.get(op["queue"], -1), offset)
+                read[op["queue"]].add(value)
+    lost = []
+    checked = 0
+    for op in ops:
+        if op["f"] == "enqueue" and op["type"] == OK and op.get("offset") is not None:
+            q = op["queue"]
+            if op["offset"] < high.get(q, -1):
+                checked += 1
+                if op["value"] not in read[q]:
+                    lost.append({"queue": q, "offset": op["offset"], "value": op["value"]})
+    return {"valid": not lost, "checked": checked, "lost_count": len(lost), "lost": lost[:SAMPLE]}
+
+
+def availability(history: Sequence[Op], functions: tuple[str, ...] = ("enqueue", "fetch")) -> dict[str, Any]:
+    """Share of ``ok`` completions among operations invoked inside any fault window vs outside
+    (the final drain and reads, after the heal, are not counted)."""
+    windows = fault_windows(history)
+    end = max((op["time"] for op in history), default=0)
+    spans = [(start, stop if stop is not None else end + 1, fault) for fault, start, stop in windows]
+
+    def bucket() -> dict[str, int]:
+        return {"ok": 0, "fail": 0, "info": 0, "pending": 0}
+
+    during, outside = bucket(), bucket()
+    by_fault: dict[str, dict[str, int]] = defaultdict(bucket)
+    for invoke, done in completions(history):
+        if invoke["f"] not in functions:
+            continue
+        kind = done["type"] if done is not None else "pending"
+        hits = [fault for start, stop, fault in spans if start <= invoke["time"] < stop]
+        (during if hits else outside)[kind] += 1
+        for fault in set(hits):
+            by_fault[fault][kind] += 1
+
+    def share(b: dict[str, int]) -> float | None:
+        total = sum(b.values())
+        return round(b["ok"] / total, 4) if total else None
+
+    return {
+        "valid": True,
+        "during_faults": {**during, "ok_share": share(during)},
+        "outside_faults": {**outside, "ok_share": share(outside)},
+        "by_fault": {f: {**b, "ok_share": share(b)} for f, b in sorted(by_fault.items())},
+    }
+
+
+def check_all(history: Sequence[Op]) -> dict[str, Any]:
+    """Every checker; ``valid`` iff each one is."""
+    results = {
+        "total_queue": total_queue(history),
+        "log_consistency": log_consistency(history),
+        "queue_order": queue_order(history),
+        "lost_write": lost_write(history),
+        "availability": availability(history),
+    }
+    return {"valid": all(r["valid"] for r in results.values()), **results}

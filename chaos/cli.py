@@ -1,0 +1,174 @@
+"""``raftmq-chaos``: run one chaos test (long or short) and write its report.
+
+    raftmq-chaos --time-limit 600 --nemesis all --seed 7 --nodes 5
+    raftmq-chaos --nemesis partition,kills --time-limit 120
+    raftmq-chaos --recheck store/chaos/20250101T000000/     # check a history again, redraw
+    raftmq-chaos --build-only                               # just build the images
+
+Exit status: 0 valid, 1 invalid (a checker failed, or no recovery), 2 the harness failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import click
+
+__all__ = ["main"]
+
+
+def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--env")
+        env[key] = value
+    return env
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--time-limit",
+    "time_limit_s",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds of workload under faults (setup, heal and drain come on top).",
+)
+@click.option(
+    "--nemesis",
+    "nemesis",
+    default="all",
+    show_default=True,
+    help="all, none, or a comma list of: partition, kills, or single nemesis names.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the fault schedule and targets.")
+@click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True)
+@click.option("--rate", type=float, default=120.0, show_default=True, help="Produce attempts per second.")
+@click.option("--producers", type=int, default=None, help="Producer workers (default 8 per node).")
+@click.option(
+    "--quiet",
+    "quiet_s",
+    type=(float, float),
+    default=(3.0, 6.0),
+    show_default=True,
+    help="Seconds without a fault between two faults (min max).",
+)
+@click.option(
+    "--fault",
+    "fault_s",
+    type=(float, float),
+    default=(6.0, 10.0),
+    show_default=True,
+    help="Seconds each fault lasts (min max).",
+)
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Environment for every node, e.g. RAFTMQ_FAULTS_ACK_BEFORE_REPLICATION=true.",
+)
+@click.option("--name", default=None, help="Report folder name under the store (default chaos-<nemesis>).")
+@click.option(
+    "--store", type=click.Path(file_okay=False, path_type=Path), default=Path("store"), show_default=True
+)
+@click.option(
+    "--build/--no-build",
+    "build",
+    default=True,
+    show_default=True,
+    help="Build the images first (the base only when missing).",
+)
+@click.option("--build-only", is_flag=True, help="Build the images and exit.")
+@click.option(
+    "--recheck",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Re-run the checkers and the plots on a finished run's folder.",
+)
+@click.option("-v", "--verbose", is_flag=True)
+def main(
+    time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
+    quiet_s: tuple[float, float], fault_s: tuple[float, float], env: tuple[str, ...], name: str | None,
+    store: Path, build: bool, build_only: bool, recheck: Path | None, verbose: bool,
+) -> None:  # fmt: skip
+    """Run a Jepsen-style chaos test against raftmq nodes in containers."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.getLogger("testcontainers").setLevel(logging.WARNING)
+    if recheck is not None:
+        sys.exit(_recheck(recheck))
+    from .nemesis import parse_faults
+
+    try:
+        faults = parse_faults(nemesis)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--nemesis") from None
+    if build or build_only:
+        from .images import build_images
+
+        build_images()
+        if build_only:
+            return
+    from .runner import ChaosSpec, run
+
+    spec = ChaosSpec(
+        name=name or f"chaos-{nemesis.replace(',', '+')}-n{nodes}",
+        nodes=int(nodes),
+        faults=tuple(faults),
+        time_limit_s=time_limit_s,
+        seed=seed,
+        quiet_s=quiet_s,
+        fault_s=fault_s,
+        rate=rate,
+        producers=producers,
+        env=_env_pairs(env),
+        store=store,
+    )
+    started = time.monotonic()
+    try:
+        result = run(spec)
+    except Exception:
+        logging.getLogger("raftmq.chaos").exception("the chaos run failed")
+        sys.exit(2)
+    click.echo((result.directory / "summary.txt").read_text())
+    click.echo(f"report: {result.directory}  ({time.monotonic() - started:.0f} s)")
+    sys.exit(0 if result.valid else 1)
+
+
+def _recheck(directory: Path) -> int:
+    from .checkers import check_all
+    from .history import load_history
+    from .report import write_report
+
+    history = load_history(directory / "history.jsonl")
+    old = (
+        json.loads((directory / "results.json").read_text()) if (directory / "results.json").exists() else {}
+    )
+    checks = check_all(history)
+    from .runner import scan_logs
+
+    run_info = old.get("run", {"faults_injected": {}, "recovery_s": None, "drain": {}})
+    if (directory / "logs").is_dir():
+        run_info["log_alerts"] = scan_logs(directory / "logs")
+    valid = (
+        checks["valid"]
+        and run_info.get("recovery_s") is not None
+        and run_info.get("drain", {}).get("complete")
+    )
+    results = {**old, "valid": bool(valid), "run": run_info, "checks": checks}
+    results.setdefault("spec", {"nodes": "?", "seed": "?", "time_limit_s": "?", "faults": []})
+    name = str(old.get("test", directory.parent.name))
+    write_report(directory, name, history, results)
+    click.echo((directory / "summary.txt").read_text())
+    return 0 if valid else 1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Nemeses: faults with a start and a stop, and a seeded schedule of them.
+
+A fault's ``start(cluster, rng)`` does the damage and returns what it did (JSON: nodes, grudge,
+offsets), which the runner records as the ``start`` operation; ``stop(cluster, value)`` undoes
+exactly that. Both block (docker calls): the runner runs them in a thread. Which nodes a fault hits
+comes from the seeded ``rng``, except where it depends on the cluster (the current leader).
+
+| name | start | stop |
+|---|---|---|
+| kill | SIGKILL one node | start it again |
+| kill-leader | SIGKILL the leader of a random queue group | start it again |
+| kill-majority | SIGKILL a majority of the nodes | start them again |
+| pause | freeze one node (``docker pause``, the cgroup freezer) | thaw it |
+| partition-one | cut one node off from all the others | heal |
+| partition-halves | cut the cluster in a random majority and minority | heal |
+| partition-bridge | two halves that can reach one bridge node but not each other | heal |
+| partition-leader | cut off the leader of a random queue group | heal |
+| isolate-kill-leader | cut off a queue group's leader, let it run alone 1.5 s, SIGKILL it | heal, start it |
+| packet-loss | every node drops a random share of its peers' packets | heal |
+| clock-skew | jump the clocks of up to a majority-minus-one of nodes by seconds to a minute | reset |
+| disk-full | fill one node's volume to the last byte | free it, restart the node if it stopped |
+
+Partitions are iptables DROP rules inside the containers on traffic from peers; clients on the host
+always reach every node, as in Jepsen.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .cluster import ChaosCluster
+
+__all__ = ["FAULTS", "Fault", "Planned", "parse_faults", "schedule", "time_for_each"]
+
+Value = dict[str, Any]
+ALONE_S = 1.5  # how long isolate-kill-leader lets the cut-off leader run before killing it
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    start: Callable[[ChaosCluster, random.Random], Value]
+    stop: Callable[[ChaosCluster, Value], None]
+    description: str
+
+
+def _running(c: ChaosCluster) -> list[str]:
+    return [n for n in c.node_ids if c.running(n)]
+
+
+def _kill(c: ChaosCluster, nodes: list[str]) -> Value:
+    for n in nodes:
+        c.kill(n)
+    return {"nodes": nodes}
+
+
+def _restart(c: ChaosCluster, v: Value) -> None:
+    for n in v.get("nodes", []):
+        c.restart(n)
+
+
+def _kill_one(c: ChaosCluster, rng: random.Random) -> Value:
+    return _kill(c, [rng.choice(_running(c))])
+
+
+def _kill_leader(c: ChaosCluster, rng: random.Random) -> Value:
+    group = rng.choice(c.groups()[1:])
+    leader = c.leader(group)
+    if leader is None:
+        return {"group": group, "nodes": [], "note": "no leader to kill"}
+    return {"group": group, **_kill(c, [leader])}
+
+
+def _kill_majority(c: ChaosCluster, rng: random.Random) -> Value:
+    return _kill(c, sorted(rng.sample(c.node_ids, len(c.node_ids) // 2 + 1)))
+
+
+def _pause(c: ChaosCluster, rng: random.Random) -> Value:
+    n = rng.choice(_running(c))
+    c.pause(n)
+    return {"nodes": [n]}
+
+
+def _unpause(c: ChaosCluster, v: Value) -> None:
+    for n in v["nodes"]:
+        c.unpause(n)
+
+
+def _cut(c: ChaosCluster, sides: list[list[str]]) -> Value:
+    """Every node of each side drops packets from every node of the other sides."""
+    grudge: dict[str, set[str]] = {}
+    for i, side in enumerate(sides):
+        others = {n for j, s in enumerate(sides) if j != i for n in s}
+        for n in side:
+            grudge[n] = others
+    c.drop_from(grudge)
+    return {"sides": sides}
+
+
+def _bridge_grudge(c: ChaosCluster, nodes: list[str]) -> Value:
+    """Halves A and B with a bridge node between them: A and B cannot talk, the bridge talks to all.
+    With 3 nodes: one node each."""
+    half = (len(nodes) - 1) // 2
+    a, bridge, b = nodes[:half], nodes[half], nodes[half + 1 :]
+    grudge = {n: set(b) for n in a} | {n: set(a) for n in b}
+    c.drop_from(grudge)
+    return {"sides": [a, b], "bridge": bridge}
+
+
+def _partition_one(c: ChaosCluster, rng: random.Random) -> Value:
+    n = rng.choice(c.node_ids)
+    return _cut(c, [[n], [m for m in c.node_ids if m != n]])
+
+
+def _partition_halves(c: ChaosCluster, rng: random.Random) -> Value:
+    nodes = rng.sample(c.node_ids, len(c.node_ids))
+    k = len(nodes) // 2
+    return _cut(c, [sorted(nodes[:k]), sorted(nodes[k:])])
+
+
+def _partition_bridge(c: ChaosCluster, rng: random.Random) -> Value:
+    return _bridge_grudge(c, rng.sample(c.node_ids, len(c.node_ids)))
+
+
+def _partition_leader(c: ChaosCluster, rng: random.Random) -> Value:
+    # A queue group's leader: that is where acknowledged messages are at stake. (The metadata
+    # group's leader is cut off often enough by the other partitions.)
+    group = rng.choice(c.groups()[1:])
+    leader = c.leader(group) or rng.choice(c.node_ids)
+    return {"group": group, **_cut(c, [[leader], [m for m in c.node_ids if m != leader]])}
+
+
+def _heal(c: ChaosCluster, v: Value) -> None:
+    c.heal_network()
+
+
+def _isolate_kill_leader(c: ChaosCluster, rng: random.Random) -> Value:
+    """Cut a queue group's leader off, let it run alone for a moment, then SIGKILL it: whatever it
+    answered while alone must not have been acknowledged as durable."""
+    value = _partition_leader(c, rng)
+    leader = value["sides"][0][0]
+    time.sleep(ALONE_S)
+    c.kill(leader)
+    return {**value, "nodes": [leader], "alone_s": ALONE_S}
+
+
+def _heal_restart(c: ChaosCluster, v: Value) -> None:
+    c.heal_network()
+    _restart(c, v)
+
+
+def _packet_loss(c: ChaosCluster, rng: random.Random) -> Value:
+    p = rng.choice([0.1, 0.2, 0.3])
+    c.lose_packets(p)
+    return {"probability": p, "nodes": list(c.node_ids)}
+
+
+def _clock_skew(c: ChaosCluster, rng: random.Random) -> Value:
+    k = rng.randint(1, max(1, len(c.node_ids) // 2))
+    offsets = {n: rng.choice([-30, -10, -3, 3, 10, 60]) for n in sorted(rng.sample(c.node_ids, k))}
+    for n, s in offsets.items():
+        c.set_clock_offset(n, s)
+    return {"offsets_s": offsets}
+
+
+def _clock_reset(c: ChaosCluster, v: Value) -> None:
+    for n in v["offsets_s"]:
+        c.set_clock_offset(n, 0)
+
+
+def _disk_full(c: ChaosCluster, rng: random.Random) -> Value:
+    n = rng.choice(_running(c))
+    return {"nodes": [n], "bytes": c.fill_disk(n)}
+
+
+def _disk_free(c: ChaosCluster, v: Value) -> None:
+    for n in v["nodes"]:
+        c.free_disk(n)
+        c.restart(n)  # a node that hit ENOSPC stops itself rather than diverge
+
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in [
+        Fault("kill", _kill_one, _restart, "SIGKILL one node, then start it again"),
+        Fault("kill-leader", _kill_leader, _restart, "SIGKILL the leader of a random queue group"),
+        Fault("kill-majority", _kill_majority, _restart, "SIGKILL a majority of nodes, then start them"),
+        Fault("pause", _pause, _unpause, "freeze one node with the cgroup freezer, then thaw it"),
+        Fault("partition-one", _partition_one, _heal, "cut one node off from the others"),
+        Fault("partition-halves", _partition_halves, _heal, "split into a random majority and minority"),
+        Fault("partition-bridge", _partition_bridge, _heal, "two halves joined only through one node"),
+        Fault("partition-leader", _partition_leader, _heal, "cut off the leader of a random queue group"),
+        Fault(
+            "isolate-kill-leader",
+            _isolate_kill_leader,
+            _heal_restart,
+            "cut off a queue group's leader, then SIGKILL it",
+        ),
+        Fault("packet-loss", _packet_loss, _heal, "drop 10-30% of packets between nodes"),
+        Fault("clock-skew", _clock_skew, _clock_reset, "jump the clocks of a minority of nodes"),
+        Fault("disk-full", _disk_full, _disk_free, "fill one node's volume"),
+    ]
+}
+
+
+def parse_faults(spec: str) -> list[str]:
+    """``all``, ``none`` or a comma-separated list of fault names (``partition`` = every partition,
+    ``kills`` = every kill)."""
+    if spec in ("", "none"):
+        return []
+    names: list[str] = []
+    for word in spec.split(","):
+        word = word.strip()
+        if word == "all":
+            names += list(FAULTS)
+        elif word in ("partition", "partitions"):
+            names += [n for n in FAULTS if n.startswith("partition")]
+        elif word == "kills":
+            names += [n for n in FAULTS if "kill" in n]
+        elif word in FAULTS:
+            names.append(word)
+        else:
+            raise ValueError(f"unknown nemesis {word!r} (known: all, partition, kills, {', '.join(FAULTS)})")
+    return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class Planned:
+    at_s: float  # when to start, seconds after the workload started
+    duration_s: float
+    fault: str
+
+
+def schedule(
+    faults: list[str],
+    seed: int,
+    time_limit_s: float,
+    quiet_s: tuple[float, float] = (3.0, 6.0),
+    fault_s: tuple[float, float] = (6.0, 10.0),
+) -> list[Planned]:
+    """Quiet, fault, quiet, fault, ... until ``time_limit_s``. Faults come in seeded shuffled rounds so
+    that each appears once before any repeats. Same arguments, same plan."""
+    rng = random.Random(seed)
+    plan: list[Planned] = []
+    t = 0.0
+    queue: list[str] = []
+    while faults:
+        t += rng.uniform(*quiet_s)
+        duration = rng.uniform(*fault_s)
+        if t + duration > time_limit_s:
+            break
+        if not queue:
+            queue = rng.sample(faults, len(faults))
+        plan.append(Planned(round(t, 2), round(duration, 2), queue.pop(0)))
+        t += duration
+    return plan
+
+
+def time_for_each(
+    faults: list[str], quiet_s: tuple[float, float] = (3.0, 6.0), fault_s: tuple[float, float] = (6.0, 10.0)
+) -> float:
+    """A time limit long enough for ``schedule`` to inject every fault at least once."""
+    return len(faults) * (quiet_s[1] + fault_s[1]) + 1.0

@@ -1,0 +1,156 @@
+"""The report of one run: ``store/<test>/<timestamp>/``.
+
+- ``history.jsonl``: written by ``History`` as the run goes.
+- ``results.json``: the test's settings, what happened at the end (recovery, drain) and every
+  checker's result.
+- ``latency.png``: every enqueue and fetch as a point (time, latency), coloured by outcome, with the
+  fault windows shaded (Jepsen's perf plots).
+- ``throughput.png``: completions per second by outcome, same shading.
+- ``summary.txt``: the verdict and the numbers a person looks at first.
+- ``logs/``: each node's container log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .history import Op, completions, fault_windows
+
+__all__ = ["plot_latency", "plot_throughput", "summary_text", "write_report"]
+
+COLORS = {"ok": "#2a9d3f", "fail": "#d62728", "info": "#ff9f1c", "pending": "#7f7f7f"}
+FAULT_COLORS = ["#1f77b4", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8",
+                "#ffbb78", "#98df8a", "#c5b0d5"]  # fmt: skip
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _shade(ax: Any, history: Sequence[Op]) -> None:
+    """Shade each fault window, one colour (and one legend entry) per kind of fault."""
+    end = max((op["time"] for op in history), default=0) / 1e9
+    colors: dict[str, str] = {}
+    for fault, start, stop in fault_windows(history):
+        first = fault not in colors
+        color = colors.setdefault(fault, FAULT_COLORS[len(colors) % len(FAULT_COLORS)])
+        stop_s = stop / 1e9 if stop is not None else end
+        ax.axvspan(start / 1e9, stop_s, color=color, alpha=0.18, lw=0, label=fault if first else None)
+
+
+def _new_axes(plt: Any, title: str, ylabel: str) -> tuple[Any, Any]:
+    fig, ax = plt.subplots(figsize=(12, 6), dpi=100)
+    ax.set_title(title)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _legend(ax: Any, **kw: Any) -> None:
+    """Below the plot, so that it hides no data."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, ncol=7, frameon=False, **kw)
+
+
+def plot_latency(history: Sequence[Op], path: Path, title: str) -> None:
+    plt = _plt()
+    fig, ax = _new_axes(plt, f"{title}: latency", "latency (ms)")
+    _shade(ax, history)
+    points: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for invoke, done in completions(history):
+        if invoke["f"] not in ("enqueue", "fetch") or done is None:
+            continue
+        xs, ys = points[(invoke["f"], done["type"])]
+        xs.append(invoke["time"] / 1e9)
+        ys.append(max((done["time"] - invoke["time"]) / 1e6, 0.01))
+    for (f, kind), (xs, ys) in sorted(points.items()):
+        marker = "o" if f == "enqueue" else "^"
+        ax.scatter(xs, ys, s=6, marker=marker, color=COLORS[kind], alpha=0.6, label=f"{f} {kind}", lw=0)
+    ax.set_yscale("log")
+    _legend(ax, markerscale=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_throughput(history: Sequence[Op], path: Path, title: str, bucket_s: float | None = None) -> None:
+    """Completions per second in buckets of ``bucket_s`` (default: 1 s, or 1/300 of a long run)."""
+    plt = _plt()
+    if bucket_s is None:
+        span_s = max((op["time"] for op in history), default=0) / 1e9
+        bucket_s = max(1.0, round(span_s / 300))
+    fig, ax = _new_axes(plt, f"{title}: throughput", "completions / s")
+    _shade(ax, history)
+    counts: dict[tuple[str, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    end = 0
+    for invoke, done in completions(history):
+        if invoke["f"] not in ("enqueue", "fetch") or done is None:
+            continue
+        b = int(done["time"] / 1e9 / bucket_s)
+        end = max(end, b)
+        counts[(invoke["f"], done["type"])][b] += 1
+    for (f, kind), by_bucket in sorted(counts.items()):
+        xs = [b * bucket_s for b in range(end + 1)]
+        ys = [by_bucket.get(b, 0) / bucket_s for b in range(end + 1)]
+        style = "-" if f == "enqueue" else ":"
+        ax.plot(xs, ys, style, color=COLORS[kind], lw=1.2, label=f"{f} {kind}")
+    _legend(ax)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def summary_text(name: str, results: dict[str, Any]) -> str:
+    checks = results["checks"]
+    names = ("total_queue", "log_consistency", "queue_order", "lost_write", "availability")
+    tq, lc, order, lw, av = (checks[k] for k in names)
+    spec = results["spec"]
+    lines = [
+        f"{name}: {'VALID' if results['valid'] else 'INVALID'}",
+        f"  nodes {spec['nodes']}, seed {spec['seed']}, time limit {spec['time_limit_s']} s, "
+        f"nemeses: {', '.join(spec['faults']) or 'none'}",
+        f"  faults injected: {results['run']['faults_injected']}",
+        f"  recovery after heal: {results['run']['recovery_s']} s; drain: {results['run']['drain']}",
+        f"  replicas behind the drained high offset after the wait: "
+        f"{results['run'].get('replicas', {}).get('lagging_replicas') or 'none'}",
+        f"  node log alerts: {results['run'].get('log_alerts') or 'none'}",
+        "total queue  "
+        f"attempts {tq['attempt_count']}, acknowledged {tq['acknowledged_count']}, "
+        f"failed {tq['failed_count']}, indefinite {tq['indefinite_count']}, "
+        f"dequeued {tq['dequeue_count']}",
+        f"  lost {tq['lost_count']}, unexpected {tq['unexpected_count']}, "
+        f"duplicated {tq['duplicated_count']}, recovered {tq['recovered_count']} "
+        f"({tq['recovered_after_definite_fail_count']} after a definite fail)",
+        f"log consistency  {'ok' if lc['valid'] else 'DIVERGED'}: {lc['positions_checked']} positions, "
+        f"{lc['divergent_count']} divergent, {lc['duplicate_offsets_count']} values at several offsets",
+        f"queue order  {'ok' if order['valid'] else 'VIOLATED'}: {order['problem_count']} problems",
+        f"lost write  {'ok' if lw['valid'] else 'LOST'}: {lw['checked']} checked, {lw['lost_count']} lost",
+        f"availability  ok share during faults {av['during_faults']['ok_share']}, "
+        f"outside {av['outside_faults']['ok_share']}",
+    ]
+    for fault, b in av["by_fault"].items():
+        lines.append(
+            f"  {fault:18} ok {b['ok']:6}  fail {b['fail']:6}  info {b['info']:5}  share {b['ok_share']}"
+        )
+    if tq["lost"]:
+        lines.append(f"lost (sample): {', '.join(tq['lost'])}")
+    if lc["divergent"]:
+        lines.append(f"divergent (first): {json.dumps(lc['divergent'][0])}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(directory: Path, name: str, history: Sequence[Op], results: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "results.json").write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
+    (directory / "summary.txt").write_text(summary_text(name, results))
+    plot_latency(history, directory / "latency.png", name)
+    plot_throughput(history, directory / "throughput.png", name)

@@ -1,0 +1,240 @@
+"""One chaos test from start to report.
+
+1. Start the cluster (containers), create the topic, learn where each queue's replicas are.
+2. Run producers and consumers for ``time_limit_s`` while the nemesis follows its seeded schedule.
+3. Stop the clients, heal everything, wait until every node answers /readyz (recovery).
+4. Drain every queue, read every replica (``read_from=local``), check the history, write the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .checkers import check_all
+from .client import HttpBrokerClient
+from .cluster import ChaosCluster
+from .history import NEMESIS, History
+from .images import APP_IMAGE
+from .nemesis import FAULTS, schedule
+from .report import write_report
+from .workload import Workload, WorkloadConfig
+
+__all__ = ["ChaosSpec", "RunResult", "run"]
+
+log = logging.getLogger("raftmq.chaos.runner")
+
+
+@dataclass(frozen=True)
+class ChaosSpec:
+    name: str = "chaos"
+    nodes: int = 3
+    faults: tuple[str, ...] = tuple(FAULTS)
+    time_limit_s: float = 60.0
+    seed: int = 0
+    quiet_s: tuple[float, float] = (3.0, 6.0)
+    fault_s: tuple[float, float] = (6.0, 10.0)
+    rate: float = 120.0  # produce attempts per second, all producers together
+    queues: int | None = None  # default: 2 per node
+    # default: 8 per node. Many slow producers rather than a few fast ones, as Jepsen runs many
+    # client processes: a producer stuck on one request (a cut-off leader) says nothing about the
+    # others, and a fault then hits many requests in flight at once.
+    producers: int | None = None
+    consumers: int | None = None  # default: 1 per node
+    env: dict[str, str] = field(default_factory=dict)  # RAFTMQ_* settings for every node
+    image: str = APP_IMAGE
+    store: Path = Path("store")
+    recovery_timeout_s: float = 90.0
+    # A client gives up on a request after this long (then it is `info`); the nodes give up on a
+    # commit after request_timeout_ms. Short, as a real client's: a worker stuck on one request
+    # tells nothing about the others.
+    client_timeout_s: float = 3.0
+    request_timeout_ms: int = 2500
+
+
+@dataclass
+class RunResult:
+    directory: Path
+    results: dict[str, Any]
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.results["valid"])
+
+    @property
+    def checks(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.results["checks"]
+        return result
+
+
+# Lines in the nodes' logs worth a look after a run (counted per node, never judged).
+LOG_ALERTS = {
+    "critical": "CRITICAL",
+    "traceback": "Traceback (most recent call last)",
+    "diverged_warning": "state machine may have diverged",
+    "storage_failure": "storage_failure_stopping",
+    "checkpoint_failed": "no replica could send a checkpoint",
+}
+
+
+def scan_logs(logs: Path) -> dict[str, dict[str, int]]:
+    """How often each of LOG_ALERTS occurs in each node's log (only the non-zero counts)."""
+    found: dict[str, dict[str, int]] = {}
+    for path in sorted(logs.glob("*.log")):
+        text = path.read_text(errors="replace")
+        counts = {name: text.count(needle) for name, needle in LOG_ALERTS.items()}
+        found[path.stem] = {k: v for k, v in counts.items() if v}
+    return found
+
+
+def run(spec: ChaosSpec) -> RunResult:
+    """Run the test; the report is in ``RunResult.directory`` whatever the verdict."""
+    return asyncio.run(_run(spec))
+
+
+def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
+    return WorkloadConfig(
+        queues=spec.queues or 2 * spec.nodes,
+        producers=spec.producers or 8 * spec.nodes,
+        consumers=spec.consumers or spec.nodes,
+        rate=spec.rate,
+    )
+
+
+def _create_topic(
+    cluster: ChaosCluster, topic: str, queues: int, timeout_s: float = 60
+) -> dict[int, list[str]]:
+    """Create the topic (retrying through the nodes) and return queue -> replica nodes."""
+    deadline = time.monotonic() + timeout_s
+    body = json.dumps({"name": topic, "queues": queues}).encode()
+    last: Exception | None = None
+    for attempt in range(10_000):
+        node = cluster.node_ids[attempt % len(cluster.node_ids)]
+        try:
+            req = urllib.request.Request(
+                cluster.url(node) + "/v1/topics", data=body, method="POST",
+                headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            urllib.request.urlopen(req, timeout=10).close()
+        except urllib.error.HTTPError as e:
+            if e.code != 409:  # 409 topic_exists: an earlier attempt got through
+                last = e
+        except OSError as e:
+            last = e
+        if last is None:
+            with urllib.request.urlopen(cluster.url(node) + f"/v1/topics/{topic}", timeout=10) as r:
+                described = json.loads(r.read())
+            return {q["queue"]: list(q["replicas"]) for q in described["queues"]}
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"could not create topic {topic}: {last}")
+        last = None
+        time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+async def _nemesis(cluster: ChaosCluster, history: History, spec: ChaosSpec, t0: float) -> Counter[str]:
+    rng = random.Random(spec.seed * 7919 + 1)
+    injected: Counter[str] = Counter()
+    plan = schedule(list(spec.faults), spec.seed, spec.time_limit_s, spec.quiet_s, spec.fault_s)
+    for fault_id, planned in enumerate(plan, start=1):
+        await asyncio.sleep(max(0.0, t0 + planned.at_s - time.monotonic()))
+        fault = FAULTS[planned.fault]
+        try:
+            value = await asyncio.to_thread(fault.start, cluster, rng)
+        except Exception as e:
+            log.warning("nemesis %s start failed: %s", fault.name, e)
+            value = {"error": f"{type(e).__name__}: {e}"}
+        history.append(
+            type="info", process=NEMESIS, f="start", fault=fault.name, fault_id=fault_id, value=value
+        )
+        injected[fault.name] += 1
+        log.info("nemesis start %s %s", fault.name, value)
+        await asyncio.sleep(max(0.0, t0 + planned.at_s + planned.duration_s - time.monotonic()))
+        error = None
+        try:
+            if "error" not in value:
+                await asyncio.to_thread(fault.stop, cluster, value)
+        except Exception as e:
+            log.warning("nemesis %s stop failed: %s", fault.name, e)
+            error = f"{type(e).__name__}: {e}"
+        history.append(type="info", process=NEMESIS, f="stop", fault=fault.name, fault_id=fault_id,
+                       value=value, **({"error": error} if error else {}))  # fmt: skip
+    await asyncio.sleep(max(0.0, t0 + spec.time_limit_s - time.monotonic()))
+    return injected
+
+
+async def _run(spec: ChaosSpec) -> RunResult:
+    unknown = [f for f in spec.faults if f not in FAULTS]
+    if unknown:
+        raise ValueError(f"unknown nemeses {unknown}; known: {', '.join(FAULTS)}")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    directory = spec.store / spec.name / stamp
+    directory.mkdir(parents=True, exist_ok=True)
+    history = History(directory / "history.jsonl")
+    wl_config = _workload_config(spec)
+    cluster = ChaosCluster(
+        spec.nodes, image=spec.image, env=spec.env, request_timeout_ms=spec.request_timeout_ms
+    )
+    client = HttpBrokerClient(cluster.url, produce_timeout_s=spec.client_timeout_s,
+                              fetch_timeout_s=spec.client_timeout_s)  # fmt: skip
+    run_info: dict[str, Any] = {"directory": str(directory), "started": stamp}
+    workers: list[asyncio.Task[None]] = []
+    try:
+        t = time.monotonic()
+        await asyncio.to_thread(cluster.start)
+        replicas = await asyncio.to_thread(_create_topic, cluster, wl_config.topic, wl_config.queues)
+        run_info["setup_s"] = round(time.monotonic() - t, 1)
+        workload = Workload(client, history, cluster.node_ids, wl_config, replicas, seed=spec.seed)
+        stop = asyncio.Event()
+        workers += [asyncio.create_task(workload.producer(w, stop)) for w in range(wl_config.producers)]
+        workers += [asyncio.create_task(workload.consumer(w, stop)) for w in range(wl_config.consumers)]
+        injected = await _nemesis(cluster, history, spec, time.monotonic())
+        run_info["faults_injected"] = dict(sorted(injected.items()))
+        stop.set()
+        await asyncio.gather(*workers)
+
+        errors: list[str] = []
+        await asyncio.to_thread(cluster.heal_all, lambda n, e: errors.append(f"{n}: {e}"))
+        history.append(type="info", process=NEMESIS, f="heal", value={"errors": errors})
+        t = time.monotonic()
+        try:
+            await asyncio.to_thread(cluster.wait_ready, None, spec.recovery_timeout_s)
+            run_info["recovery_s"] = round(time.monotonic() - t, 1)
+        except TimeoutError as e:
+            run_info["recovery_s"] = None
+            run_info["recovery_error"] = str(e)
+        t = time.monotonic()
+        run_info["drain"] = await workload.drain()
+        run_info["drain"]["seconds"] = round(time.monotonic() - t, 1)
+        run_info["replicas"] = await workload.read_replicas()
+    except BaseException as e:
+        # Keep what is known: the history is on disk already; say why there is no verdict.
+        run_info["harness_error"] = f"{type(e).__name__}: {e}"
+        partial = {"test": spec.name, "valid": False, "run": run_info}
+        (directory / "results.json").write_text(json.dumps(partial, indent=2))
+        (directory / "summary.txt").write_text(f"{spec.name}: HARNESS ERROR {run_info['harness_error']}\n")
+        raise
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        history.close()
+        await client.close()
+        await asyncio.to_thread(cluster.stop, directory / "logs")
+    run_info["log_alerts"] = scan_logs(directory / "logs")
+    checks = check_all(history.ops)
+    valid = checks["valid"] and run_info["recovery_s"] is not None and run_info["drain"]["complete"]
+    spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}
+    results = {"test": spec.name, "valid": valid, "spec": spec_json, "run": run_info, "checks": checks}
+    write_report(directory, spec.name, history.ops, results)
+    return RunResult(directory, results)

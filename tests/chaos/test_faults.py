@@ -1,0 +1,77 @@
+"""At-least-once under every nemesis: lost = unexpected = 0, one log, dense ordered queues.
+
+Each test runs a cluster in containers under a group of nemeses (each injected at least once, on a
+seeded schedule), heals, drains, checks the history and leaves its report in store/<test>/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raftmq.chaos.nemesis import FAULTS, time_for_each
+from raftmq.chaos.runner import ChaosSpec, RunResult, run
+
+QUIET_S = (2.0, 4.0)
+FAULT_S = (5.0, 7.0)
+
+GROUPS = {
+    "crashes": ["kill", "kill-leader", "kill-majority", "isolate-kill-leader"],
+    "partitions": ["partition-one", "partition-halves", "partition-bridge", "partition-leader"],
+    "process-faults": ["pause", "clock-skew", "disk-full", "packet-loss"],
+}
+
+
+def test_the_groups_cover_every_nemesis() -> None:
+    assert sorted(f for group in GROUPS.values() for f in group) == sorted(FAULTS)
+
+
+def run_chaos(
+    name: str, faults: list[str], store: Path, nodes: int = 3, seed: int = 1, **kw: object
+) -> RunResult:
+    spec = ChaosSpec(
+        name=name,
+        nodes=nodes,
+        faults=tuple(faults),
+        time_limit_s=time_for_each(faults, QUIET_S, FAULT_S),
+        seed=seed,
+        quiet_s=QUIET_S,
+        fault_s=FAULT_S,
+        store=store,
+        **kw,  # type: ignore[arg-type]
+    )
+    result = run(spec)
+    print((result.directory / "summary.txt").read_text())
+    assert set(result.results["run"]["faults_injected"]) == set(faults), "every nemesis must have run"
+    return result
+
+
+def assert_at_least_once(result: RunResult) -> None:
+    run_info, checks = result.results["run"], result.checks
+    where = f"see {result.directory}/summary.txt"
+    assert run_info["recovery_s"] is not None, f"the cluster did not recover after the heal; {where}"
+    assert run_info["drain"]["complete"], f"the drain did not finish; {where}"
+    tq = checks["total_queue"]
+    assert tq["acknowledged_count"] > 0, f"nothing was acknowledged: the test tested nothing; {where}"
+    assert (tq["lost_count"], tq["unexpected_count"]) == (0, 0), (
+        f"lost {tq['lost']}, unexpected {tq['unexpected']}"
+    )
+    assert checks["log_consistency"]["valid"], f"divergent logs: {checks['log_consistency']['divergent']}"
+    assert checks["queue_order"]["valid"], f"order: {checks['queue_order']['problems']}"
+    assert checks["lost_write"]["valid"], f"lost writes: {checks['lost_write']['lost']}"
+    lagging = run_info["replicas"]["lagging_replicas"]
+    assert not lagging, f"replicas still behind 20 s after the drain (queue@node: high offset): {lagging}"
+    assert result.valid
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_at_least_once_under(group: str, chaos_images: str, store: Path) -> None:
+    assert_at_least_once(run_chaos(f"suite-{group}", GROUPS[group], store))
+
+
+def test_at_least_once_on_five_nodes_under_partitions_and_majority_kills(
+    chaos_images: str, store: Path
+) -> None:
+    faults = ["partition-bridge", "partition-halves", "kill-majority", "pause"]
+    assert_at_least_once(run_chaos("suite-five-nodes", faults, store, nodes=5, producers=20, rate=100))
