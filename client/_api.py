@@ -74,19 +74,38 @@ class ApiClient:
         )
         return {int(q): o for q, o in answer["offsets"].items()}
 
-    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+    async def commit_offsets(
+        self, group: str, topic: str, offsets: Mapping[int, int], *, retry_timeout_ms: int | None = None
+    ) -> None:
         # Setting an offset is idempotent: a resent commit stores the same value.
         body = {"topic": topic, "offsets": {str(q): o for q, o in offsets.items()}}
-        await self.call("PUT", f"/v1/groups/{path_part(group)}/offsets", body=body, idempotent=True)
+        await self.call(
+            "PUT",
+            f"/v1/groups/{path_part(group)}/offsets",
+            body=body,
+            idempotent=True,
+            retry_timeout_ms=retry_timeout_ms,
+        )
 
     async def join_group(
-        self, group: str, member_id: str, topics: Sequence[str], *, retry: bool = True
+        self,
+        group: str,
+        member_id: str,
+        topics: Sequence[str],
+        *,
+        generation: int | None = None,
+        retry: bool = True,
     ) -> dict[str, Any]:
-        """Join or heartbeat. ``retry=False``: one attempt (a heartbeat is sent again soon)."""
+        """Join or heartbeat. ``generation``: that of the last assignment applied (0 before the
+        first; None: take no part in the revoke barrier). ``retry=False``: one attempt (a
+        heartbeat is sent again soon)."""
+        body: dict[str, Any] = {"member_id": member_id, "topics": list(topics)}
+        if generation is not None:
+            body["generation"] = generation
         answer: dict[str, Any] = await self.call(
             "POST",
             f"/v1/groups/{path_part(group)}/members",
-            body={"member_id": member_id, "topics": list(topics)},
+            body=body,
             idempotent=True,
             retry_timeout_ms=None if retry else 0,
         )

@@ -259,7 +259,8 @@ class ProducerCore:
                 return
             timeout = None if next_s is None else max(0.0, next_s - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancellation
+                    await self._wakeup.wait()
 
     async def _send_batch(self, b: Batch) -> None:
         try:
@@ -361,7 +362,8 @@ class ProducerCore:
         self._flushing += 1
         self.wake()
         try:
-            await asyncio.wait_for(all_done.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await all_done.wait()
             return True
         except TimeoutError:
             return False
@@ -519,7 +521,8 @@ class AsyncProducer:
             if remaining <= 0:
                 raise buffer_full(self._config.max_block_ms)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(core.space.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await core.space.wait()
 
     async def send_and_wait(
         self,

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 from ._accumulator import buffer_full
 from ._admin import AsyncAdmin
-from ._consumer import ConsumerConfig, ConsumerCore, Mode, Reset, TopicQueue
+from ._consumer_config import ConsumerConfig, Mode, Reset, TopicQueue
+from ._consumer_core import ConsumerCore
 from ._producer import DeliveryCallback, ProducerConfig, ProducerCore, _FutureDelivery
 from ._types import ClusterStatus, Message, RecordMetadata, TopicDescription, TopicInfo
 from .errors import ClientClosed
@@ -265,9 +266,9 @@ class Consumer:
         topics: str | Sequence[str],
         mode: Mode = "clustering",
         member_id: str | None = None,
-        max_batch: int = 32,
+        max_batch: int = 500,
         wait_ms: int = 5_000,
-        max_backlog: int = 1_000,
+        max_backlog: int = 2_000,
         max_fetches_in_flight: int = 4,
         auto_commit_interval_ms: int = 1_000,
         reset: Reset = "earliest",
@@ -332,7 +333,9 @@ class Consumer:
         the consumer is closed). Returns [] on timeout or once closed."""
         out: list[Message] = []
         while self._local and len(out) < max_messages:
-            out.append(self._local.popleft())
+            message = self._local.popleft()
+            if not message.revoked:  # not handed out yet: its queue's new owner delivers it
+                out.append(message)
         if out or self._core.closed:
             return out
         timeout_s = None if timeout_ms is None else timeout_ms / 1000
@@ -351,8 +354,11 @@ class Consumer:
                 if not batch:
                     return
                 self._local.extend(batch)
-            self._last = self._local.popleft()
-            yield self._last
+            message = self._local.popleft()
+            if message.revoked:  # not handed out yet: its queue's new owner delivers it
+                continue
+            self._last = message
+            yield message
 
     def run(self, handler: SyncHandler, *, concurrency: int = 1, ordered: bool = True) -> None:
         """Process messages with ``handler`` in ``concurrency`` threads until the consumer is
@@ -371,6 +377,8 @@ class Consumer:
         def call(message: Message) -> bool:
             if failure:
                 return False
+            if message.revoked:  # its queue moved on: the new owner delivers it
+                return True
             try:
                 handler(message)
             except Exception as e:

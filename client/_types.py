@@ -67,25 +67,30 @@ class Message:
             window.ack(self.offset)
 
     @property
+    def revoked(self) -> bool:
+        """Its queue was revoked (a rebalance) before it was acked: the queue's new owner delivers
+        it again, so processing it here is wasted work. A consumer skips such messages it has
+        not handed out yet."""
+        window = self._window
+        return window is not None and window.revoked
+
+    @property
     def acked(self) -> bool:
         """:meth:`ack` was called."""
         return self._window is None
 
     @classmethod
     def from_wire(cls, topic: str, queue: int, m: Mapping[str, Any], window: OffsetWindow | None) -> Message:
-        if "value" in m:
-            value: str | bytes = m["value"]
-        else:
-            value = base64.b64decode(m["value_b64"])
-        headers = m.get("headers")
+        value: str | bytes = m["value"] if "value" in m else base64.b64decode(m["value_b64"])
+        # Positional arguments: this runs for every consumed message.
         message = cls(
-            topic=topic,
-            queue=queue,
-            offset=m["offset"],
-            value=value,
-            key=m.get("key"),
-            headers=headers or _EMPTY,
-            timestamp_ms=m.get("timestamp_ms", 0),
+            topic,
+            queue,
+            m["offset"],
+            value,
+            m.get("key"),
+            m.get("headers") or _EMPTY,
+            m.get("timestamp_ms", 0),
         )
         message._window = window
         return message

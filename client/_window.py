@@ -32,6 +32,7 @@ class OffsetWindow:
         self._finished: set[int] = set()  # finished offsets still behind an unfinished head
         self._next = start
         self._on_shrink: Callable[[], None] | None = None
+        self._revoked = False
 
     @property
     def next_offset(self) -> int:
@@ -49,6 +50,16 @@ class OffsetWindow:
         """Offsets held in the window: delivered, and not yet below the low edge."""
         with self._lock:
             return len(self._pending)
+
+    @property
+    def revoked(self) -> bool:
+        """The queue was revoked: its delivered messages go to its next owner, acks do nothing."""
+        return self._revoked
+
+    def revoke(self) -> None:
+        """Freeze the window (its queue was given up): later acks are ignored."""
+        with self._lock:
+            self._revoked = True
 
     def set_on_shrink(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` (under no lock, from the acking thread) whenever the low edge moves."""
@@ -74,7 +85,9 @@ class OffsetWindow:
         """
         with self._lock:
             pending = self._pending
-            if not pending or offset < pending[0] or offset >= self._next or offset in self._finished:
+            if self._revoked or not pending or offset < pending[0] or offset >= self._next:
+                return False
+            if offset in self._finished:
                 return False
             if offset != pending[0]:
                 self._finished.add(offset)

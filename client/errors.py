@@ -21,6 +21,9 @@ Class tree::
     ├── QueueNotFound           queue_not_found      404
     ├── MethodNotAllowed        method_not_allowed   405
     ├── TopicExists             topic_exists         409
+    ├── StaleReceipt            stale_receipt        409
+    ├── StaleEpoch              stale_epoch          409
+    ├── LockHeld                lock_held            409
     ├── MessageTooLarge         message_too_large    413
     ├── RequestTooLarge         request_too_large    413
     ├── OffsetOutOfRange        offset_out_of_range  416  (low_offset, high_offset)
@@ -59,6 +62,7 @@ __all__ = [
     "Forbidden",
     "InternalError",
     "InvalidJson",
+    "LockHeld",
     "MessageTooLarge",
     "MethodNotAllowed",
     "NotFound",
@@ -67,6 +71,8 @@ __all__ = [
     "QueueNotFound",
     "RaftmqError",
     "RequestTooLarge",
+    "StaleEpoch",
+    "StaleReceipt",
     "Timeout",
     "TooManyRequests",
     "TopicExists",
@@ -138,6 +144,25 @@ class MethodNotAllowed(RaftmqError):
 
 class TopicExists(RaftmqError):
     code, status = "topic_exists", 409
+
+
+class StaleReceipt(RaftmqError):
+    """The receipt is no longer valid (the message was acked, redelivered since, or is unknown)."""
+
+    code, status = "stale_receipt", 409
+
+
+class StaleEpoch(RaftmqError):
+    """The queue's lock has another epoch (a newer holder); nothing was done."""
+
+    code, status = "stale_epoch", 409
+
+
+class LockHeld(RaftmqError):
+    """Another consumer holds the queue's lock until ``details["lease_until_ms"]``; nothing was
+    done (not retried by the client: the caller decides whether to wait)."""
+
+    code, status = "lock_held", 409
 
 
 class MessageTooLarge(RaftmqError):
@@ -240,6 +265,9 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     QueueNotFound,
     MethodNotAllowed,
     TopicExists,
+    StaleReceipt,
+    StaleEpoch,
+    LockHeld,
     MessageTooLarge,
     RequestTooLarge,
     OffsetOutOfRange,

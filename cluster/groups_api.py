@@ -1,4 +1,9 @@
-"""Consumer-group membership routes: join/heartbeat and leave (served by the metadata leader)."""
+"""Consumer-group membership routes: join/heartbeat and leave (served by the metadata leader).
+
+The heartbeat body is ``{"member_id", "topics", "generation"?}``; ``generation`` (optional, for
+older clients) is the generation of the last assignment the member has applied, 0 before its
+first. It drives the revoke barrier of :mod:`raftmq.cluster.membership`.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ __all__ = ["add_group_routes"]
 
 MAX_MEMBER_ID_BYTES = 255
 MAX_SUBSCRIBED_TOPICS = 100
+U64 = 2**64 - 1  # the largest integer a request body can carry
 
 
 def _check_member_id(member_id: str) -> None:
@@ -40,9 +46,14 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
         group = _group_name(request)
         body_bytes = await request.read()
         body: Any = parse_json(body_bytes)
-        if not isinstance(body, dict) or set(body) - {"member_id", "topics"}:
-            raise bad('body must be {"member_id": str, "topics": [str, ...]}')
+        if not isinstance(body, dict) or set(body) - {"member_id", "topics", "generation"}:
+            raise bad('body must be {"member_id": str, "topics": [str, ...], "generation"?: int}')
         member_id, topics = body.get("member_id"), body.get("topics")
+        generation = body.get("generation")
+        if "generation" in body and (
+            not isinstance(generation, int) or isinstance(generation, bool) or not 0 <= generation <= U64
+        ):
+            raise bad("'generation' must be a non-negative integer (the last applied assignment's)")
         if not isinstance(member_id, str):
             raise bad("'member_id' must be a string")
         _check_member_id(member_id)
@@ -59,7 +70,7 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
         for name in topics:
             counts[name] = (await api.topic(name)).queues
         membership.set_term(coordinator_term())
-        membership.heartbeat(group, member_id, topics, now_ms())
+        membership.heartbeat(group, member_id, topics, now_ms(), generation)
         return json_response(membership.view(group, member_id, counts))
 
     async def leave(request: web.Request) -> web.Response:

@@ -6,9 +6,26 @@ average allocation over sorted member ids (4 queues, 3 members → 2/1/1, contig
 member that missed heartbeats for ``session_timeout_ms``, and bumps the group's ``generation`` on
 every change so clients drop revoked queues.
 
+**Revoke barrier.** The coordinator remembers who holds each (topic, queue) of a group: the member
+it last handed the queue to. When the allocation moves a queue, its new owner gets it only once the
+previous holder
+
+- has heartbeated with ``generation`` equal to the generation of the last assignment it was sent,
+  which says it has applied that assignment: it stopped fetching every queue not in it and committed
+  their progress; or
+- has left, or expired (missed heartbeats for ``session_timeout_ms``); or
+- never sent a ``generation`` (an older client, which cannot take part: no barrier, as before).
+
+Until then the queue is left out of the new owner's assignment (it is still in the allocation, so
+the new owner gets it on a later heartbeat). Two members therefore never consume a queue at the
+same time, and the new owner starts from the final committed progress of the previous one: a
+rebalance delivers nothing twice unless the previous holder had messages in processing that it had
+not acked when it committed.
+
 Membership is soft state, like Kafka's group coordinator: it lives in the leader's memory, and after
 a leader change members simply rejoin on their next heartbeat. Generations stay monotonic across
-leaders because they start from the leader's Raft term (``term << 32``).
+leaders because they start from the leader's Raft term (``term << 32``). A new coordinator does not
+know who holds what; it grants queues at once until members have answered it (see ``set_term``).
 Time comes in as ``now_ms`` arguments, so this module reads no clock.
 """
 
@@ -18,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["GroupMembership", "Member", "average_allocation"]
+
+TopicQueue = tuple[str, int]
 
 
 def average_allocation(queues: int, members: list[str]) -> dict[str, list[int]]:
@@ -42,12 +61,24 @@ class Member:
     member_id: str
     topics: tuple[str, ...]
     last_seen_ms: int
+    applied: int | None = None
+    """The generation this member last said it has applied (None: it does not send one)."""
+    sent_generation: int | None = None
+    """The generation of the last assignment sent to this member, and what it granted."""
+    sent: frozenset[TopicQueue] = frozenset()
 
 
 @dataclass
 class _Group:
     generation: int
     members: dict[str, Member] = field(default_factory=dict)
+    holders: dict[TopicQueue, str] = field(default_factory=dict)
+    """Who may be consuming each queue: the member it was last granted to."""
+
+    def drop(self, member_id: str) -> None:
+        self.members.pop(member_id, None)
+        for key in [k for k, m in self.holders.items() if m == member_id]:
+            del self.holders[key]
 
 
 class GroupMembership:
@@ -78,35 +109,70 @@ class GroupMembership:
                 m for m, info in g.members.items() if now_ms - info.last_seen_ms > self.session_timeout_ms
             ]
             for m in dead:
-                del g.members[m]
+                g.drop(m)
             if dead:
                 g.generation += 1
 
-    def heartbeat(self, group: str, member_id: str, topics: list[str], now_ms: int) -> None:
-        """Join, or refresh a member; a new member or a changed subscription bumps the generation."""
+    def heartbeat(
+        self, group: str, member_id: str, topics: list[str], now_ms: int, generation: int | None = None
+    ) -> None:
+        """Join, or refresh a member; a new member or a changed subscription bumps the generation.
+
+        ``generation`` is the generation of the last assignment the member has applied (0 before
+        its first); when it is the generation last sent to the member, the queues that assignment
+        did not give it are released for their new owners.
+        """
         self.expire(now_ms)
         g = self._group(group)
         current = g.members.get(member_id)
         wanted = tuple(sorted(set(topics)))
-        if current is None or current.topics != wanted:
+        if current is None:
+            current = g.members[member_id] = Member(member_id, wanted, now_ms)
             g.generation += 1
-        g.members[member_id] = Member(member_id, wanted, now_ms)
+        elif current.topics != wanted:
+            current.topics = wanted
+            g.generation += 1
+        current.last_seen_ms = now_ms
+        current.applied = generation
+        if generation is not None and generation == current.sent_generation:
+            for key in [k for k, m in g.holders.items() if m == member_id and k not in current.sent]:
+                del g.holders[key]
 
     def leave(self, group: str, member_id: str) -> bool:
         g = self._groups.get(group)
-        if g is None or g.members.pop(member_id, None) is None:
+        if g is None or member_id not in g.members:
             return False
+        g.drop(member_id)
         g.generation += 1
         return True
 
+    def _may_take(self, g: _Group, key: TopicQueue, member_id: str) -> bool:
+        holder_id = g.holders.get(key)
+        if holder_id is None or holder_id == member_id:
+            return True
+        holder = g.members.get(holder_id)
+        return holder is None or holder.applied is None
+
     def view(self, group: str, member_id: str, queue_counts: dict[str, int]) -> dict[str, Any]:
-        """What ``member_id`` should consume: its queues per topic, and the group's generation."""
+        """What ``member_id`` should consume now: its queues per topic, and the group's generation.
+
+        A queue of its allocation that another member may still be consuming is left out (the
+        revoke barrier); it is granted on a later call once that member has let it go.
+        """
         g = self._group(group)
         assignment: dict[str, list[int]] = {}
         me = g.members.get(member_id)
+        granted: set[TopicQueue] = set()
         for topic in me.topics if me else ():
             subscribers = [m for m, info in g.members.items() if topic in info.topics]
-            assignment[topic] = average_allocation(queue_counts.get(topic, 0), subscribers).get(member_id, [])
+            mine = average_allocation(queue_counts.get(topic, 0), subscribers).get(member_id, [])
+            assignment[topic] = [q for q in mine if self._may_take(g, (topic, q), member_id)]
+            granted.update((topic, q) for q in assignment[topic])
+        if me is not None:
+            for key in granted:
+                g.holders[key] = member_id
+            me.sent_generation = g.generation
+            me.sent = frozenset(granted)
         return {
             "group": group,
             "member_id": member_id,
@@ -116,3 +182,8 @@ class GroupMembership:
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "session_timeout_ms": self.session_timeout_ms,
         }
+
+    def holders(self, group: str) -> dict[TopicQueue, str]:
+        """Who may be consuming each queue of ``group`` (for tests and diagnostics)."""
+        g = self._groups.get(group)
+        return dict(g.holders) if g else {}

@@ -1,6 +1,11 @@
-"""Consumer-group membership: average allocation, generations, expiry, coordinator changes."""
+"""Consumer-group membership: average allocation, generations, expiry, coordinator changes, and
+the revoke barrier (a moved queue waits for its previous owner)."""
 
 from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
 
 from raftmq.cluster.membership import GroupMembership, average_allocation
 
@@ -69,3 +74,136 @@ def test_a_new_coordinator_term_starts_higher_generations_and_forgets_members() 
     assert m.view("g", "a", {"t": 1})["members"] == []
     m.heartbeat("g", "a", ["t"], now_ms=0)
     assert m.view("g", "a", {"t": 1})["generation"] > old
+
+
+# -- the revoke barrier ---------------------------------------------------------------------------
+
+
+def beat(
+    m: GroupMembership, member: str, now_ms: int, applied: int | None, queues: int = 4
+) -> dict[str, Any]:
+    """A heartbeat carrying ``applied`` and the view it is answered with."""
+    m.heartbeat("g", member, ["t"], now_ms=now_ms, generation=applied)
+    return m.view("g", member, {"t": queues})
+
+
+def test_a_moved_queue_waits_until_its_previous_owner_applied_the_new_generation() -> None:
+    m = GroupMembership()
+    a = beat(m, "a", 0, 0)
+    assert a["assignment"] == {"t": [0, 1, 2, 3]}
+    a = beat(m, "a", 10, a["generation"])  # a applied it: holds 0-3
+    b = beat(m, "b", 20, 0)
+    assert b["generation"] > a["generation"]
+    assert b["assignment"] == {"t": []}  # 2, 3 are b's, but a may still be consuming them
+    assert m.holders("g") == {("t", q): "a" for q in range(4)}
+    # a heartbeats with the generation it applied before b joined: nothing moves yet.
+    a2 = beat(m, "a", 30, a["generation"])
+    assert a2["assignment"] == {"t": [0, 1]} and a2["generation"] == b["generation"]
+    assert beat(m, "b", 40, 0)["assignment"] == {"t": []}
+    # a applies the new generation (drops 2, 3, commits) and says so: b gets them.
+    beat(m, "a", 50, a2["generation"])
+    assert beat(m, "b", 60, b["generation"])["assignment"] == {"t": [2, 3]}
+    assert m.holders("g") == {("t", 0): "a", ("t", 1): "a", ("t", 2): "b", ("t", 3): "b"}
+
+
+def test_free_queues_are_granted_at_once_and_partial_grants_grow() -> None:
+    m = GroupMembership()
+    a = beat(m, "a", 0, 0, queues=2)  # a: 0, 1
+    beat(m, "a", 1, a["generation"], queues=2)
+    b = beat(m, "b", 2, 0, queues=2)  # b's share is queue 1, still a's
+    assert b["assignment"] == {"t": []}
+    a = beat(m, "a", 3, a["generation"], queues=2)
+    assert a["assignment"] == {"t": [0]}
+    beat(m, "a", 4, a["generation"], queues=2)
+    b = beat(m, "b", 5, b["generation"], queues=2)
+    assert b["assignment"] == {"t": [1]}
+    # A third member: the generation moves, nobody holds queue 2 of a grown topic... here the
+    # allocation of 2 queues over 3 members leaves c with nothing, and nothing is withheld.
+    c = beat(m, "c", 6, 0, queues=2)
+    assert c["assignment"] == {"t": []}
+
+
+def test_a_previous_owner_that_left_or_expired_releases_its_queues() -> None:
+    m = GroupMembership(session_timeout_ms=1_000)
+    a = beat(m, "a", 0, 0)
+    beat(m, "a", 1, a["generation"])
+    b = beat(m, "b", 2, 0)
+    assert b["assignment"] == {"t": []}
+    assert m.leave("g", "a")
+    assert beat(m, "b", 3, b["generation"])["assignment"] == {"t": [0, 1, 2, 3]}
+    # expiry: b holds everything; c joins; b goes silent
+    c = beat(m, "c", 10, 0)
+    assert c["assignment"] == {"t": []}
+    c = beat(m, "c", 900, c["generation"])
+    assert c["assignment"] == {"t": []}  # b is still live (last seen at 3)
+    c = beat(m, "c", 1_100, c["generation"])  # b expired at 1_003
+    assert c["members"] == ["c"] and c["assignment"] == {"t": [0, 1, 2, 3]}
+    assert set(m.holders("g").values()) == {"c"}
+
+
+def test_a_member_that_sends_no_generation_gets_no_barrier() -> None:
+    """Older clients: their queues move at once, as before the barrier."""
+    m = GroupMembership()
+    beat(m, "a", 0, None)
+    beat(m, "a", 1, None)
+    b = beat(m, "b", 2, 0)
+    assert b["assignment"] == {"t": [2, 3]}
+    assert beat(m, "a", 3, None)["assignment"] == {"t": [0, 1]}
+
+
+def test_an_acknowledgement_of_an_older_assignment_releases_nothing() -> None:
+    m = GroupMembership()
+    a1 = beat(m, "a", 0, 0)  # a: 0-3 (generation g1)
+    beat(m, "b", 1, 0)  # g2: b's share 2, 3 withheld
+    a2 = m.view("g", "a", {"t": 4})  # sent to a, but lost on the way
+    assert a2["assignment"] == {"t": [0, 1]}
+    # a never saw g2 and still consumes 2, 3: its heartbeat says g1.
+    beat(m, "a", 2, a1["generation"])
+    assert m.view("g", "b", {"t": 4})["assignment"] == {"t": []}
+    beat(m, "a", 3, a2["generation"])
+    assert m.view("g", "b", {"t": 4})["assignment"] == {"t": [2, 3]}
+
+
+def test_a_changed_subscription_moves_queues_through_the_barrier() -> None:
+    m = GroupMembership()
+    m.heartbeat("g", "a", ["t", "u"], now_ms=0, generation=0)
+    a = m.view("g", "a", {"t": 2, "u": 2})
+    m.heartbeat("g", "a", ["t", "u"], now_ms=1, generation=a["generation"])
+    m.heartbeat("g", "b", ["u"], now_ms=2, generation=0)
+    assert m.view("g", "b", {"u": 2})["assignment"] == {"u": []}
+    m.heartbeat("g", "a", ["t"], now_ms=3, generation=a["generation"])  # drops u
+    a = m.view("g", "a", {"t": 2})
+    assert a["assignment"] == {"t": [0, 1]}
+    assert m.view("g", "b", {"u": 2})["assignment"] == {"u": []}  # a has not applied it yet
+    m.heartbeat("g", "a", ["t"], now_ms=4, generation=a["generation"])
+    assert m.view("g", "b", {"u": 2})["assignment"] == {"u": [0, 1]}
+
+
+def test_no_queue_is_ever_granted_to_two_members_at_once() -> None:
+    """Random joins, leaves, lost answers and heartbeats: each queue's consumers (members that were
+    granted it and have not applied an assignment without it) never number more than one."""
+    rng = random.Random(7)
+    m = GroupMembership(session_timeout_ms=50)
+    holding: dict[str, set[int]] = {}  # what each member consumes, as a client would
+    applied: dict[str, int] = {}
+    now = 0
+    for _ in range(5_000):
+        now += rng.randrange(1, 5)
+        member = f"m{rng.randrange(5)}"
+        action = rng.random()
+        if action < 0.05:
+            m.leave("g", member)  # a client leaves after it stopped consuming
+            holding.pop(member, None)
+            applied.pop(member, None)
+            continue
+        m.heartbeat("g", member, ["t"], now_ms=now, generation=applied.get(member, 0))
+        view = m.view("g", member, {"t": 6})
+        if action < 0.15:
+            continue  # the answer is lost
+        holding[member] = set(view["assignment"].get("t", []))
+        applied[member] = view["generation"]
+        for gone in set(holding) - set(view["members"]):  # expired: such a client gives its queues up itself
+            holding.pop(gone)
+            applied.pop(gone, None)
+        owners = Counter(q for qs in holding.values() for q in qs)
+        assert all(n == 1 for n in owners.values()), (now, holding)

@@ -1,0 +1,80 @@
+"""The consumer's settings and the names shared by the consumer modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["MAX_NAME_BYTES", "ConsumerConfig", "Mode", "Reset", "TopicQueue"]
+
+Mode = Literal["clustering", "broadcast"]
+Reset = Literal["earliest", "latest"]
+TopicQueue = tuple[str, int]
+
+MAX_NAME_BYTES = 255  # of a consumer group name and of a member id (the broker's limit)
+
+
+def _name_ok(name: str) -> bool:
+    try:
+        return 1 <= len(name.encode()) <= MAX_NAME_BYTES
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """The consumer's settings (see :class:`~raftmq.client.AsyncConsumer` for their meaning)."""
+
+    group: str
+    topics: tuple[str, ...]
+    mode: Mode = "clustering"
+    member_id: str | None = None
+    max_batch: int = 500
+    wait_ms: int = 5_000
+    max_backlog: int = 2_000
+    max_fetches_in_flight: int = 4
+    auto_commit_interval_ms: int = 1_000
+    reset: Reset = "earliest"
+    auto_ack: bool = False
+    request_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 2_000
+    metadata_max_age_ms: int = 30_000
+
+    def check(self) -> None:
+        problems = []
+        if not _name_ok(self.group):
+            problems.append(f"group must be 1-{MAX_NAME_BYTES} UTF-8 bytes")
+        if not self.topics:
+            problems.append("subscribe to at least one topic")
+        if self.mode not in ("clustering", "broadcast"):
+            problems.append("mode must be 'clustering' or 'broadcast'")
+        if self.mode == "broadcast" and self.member_id is None:
+            problems.append(
+                "broadcast mode needs a stable member_id: its progress is committed as "
+                "'<group>.<member_id>' and resumes from there after a restart"
+            )
+        if self.member_id is not None and not _name_ok(self.member_id):
+            problems.append(f"member_id must be 1-{MAX_NAME_BYTES} UTF-8 bytes")
+        elif self.mode == "broadcast" and not _name_ok(self.commit_group):
+            problems.append(f"'<group>.<member_id>' must be at most {MAX_NAME_BYTES} UTF-8 bytes")
+        if self.reset not in ("earliest", "latest"):
+            problems.append("reset must be 'earliest' or 'latest'")
+        if not 1 <= self.max_batch <= 10_000:
+            problems.append("max_batch must be from 1 to 10,000")
+        if not 0 <= self.wait_ms <= 15_000:
+            problems.append("wait_ms must be from 0 to 15,000")
+        if self.max_backlog < self.max_batch:
+            problems.append("max_backlog must be at least max_batch")
+        if self.max_fetches_in_flight < 1:
+            problems.append("max_fetches_in_flight must be at least 1")
+        if self.auto_commit_interval_ms <= 0:
+            problems.append("auto_commit_interval_ms must be positive")
+        if problems:
+            raise ValueError("invalid consumer settings: " + "; ".join(problems))
+
+    @property
+    def commit_group(self) -> str:
+        """The consumer group offsets are committed under: ``group``, or in broadcast mode
+        ``group.member_id`` (each broadcast consumer has its own progress)."""
+        return self.group if self.mode == "clustering" else f"{self.group}.{self.member_id}"

@@ -1,0 +1,217 @@
+"""``raftmq produce`` and ``raftmq consume``, run as real processes against a real 3-node cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftmq.client import Admin
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def raftmq(
+    *args: str, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; on a timeout, fail with the stuck process's Python stacks (py-spy) and stderr."""
+    base = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**base, "COLUMNS": "120", **(env or {})},
+    )
+    try:
+        stdout, stderr = proc.communicate(input or "", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        spy = Path(sys.executable).parent / "py-spy"
+        stacks = (
+            subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, text=True).stdout
+            if spy.exists()
+            else ""
+        )
+        proc.kill()
+        _, stderr = proc.communicate()
+        pytest.fail(f"raftmq {' '.join(args)} hung for {timeout} s\n{stacks}\nstderr:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("cli-pc")) as c:
+        c.start()
+        c.wait_ready()
+        yield c
+
+
+def url_args(c: Cluster) -> list[str]:
+    return [arg for n in c.nodes.values() for arg in ("--url", n.url)]
+
+
+def create(c: Cluster, topic: str, queues: int = 4) -> None:
+    with Admin([n.url for n in c.nodes.values()]) as admin:
+        admin.create_topic(topic, queues)
+
+
+def lines_of(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_produce_a_file_then_consume_it_with_a_group_then_broadcast(cluster: Cluster, tmp_path: Path) -> None:
+    create(cluster, "cli-orders")
+    source = tmp_path / "orders.txt"
+    values = [f"order {i} " + "x" * (i % 50) for i in range(1_000)]
+    source.write_text("\n".join(values) + "\n")
+
+    produced = raftmq("produce", "cli-orders", "--file", str(source), *url_args(cluster))
+    assert produced.returncode == 0, produced.stderr
+    rate = re.search(
+        r"produced 1,000 messages \(([\d.]+) MB\) in [\d.]+ s: ([\d,]+) messages/s, ", produced.stdout
+    )
+    assert rate, produced.stdout
+    assert float(rate.group(1)) == pytest.approx(source.stat().st_size / 1e6, abs=0.01)
+
+    first = raftmq("consume", "cli-orders", "--group", "billing", "--timeout-ms", "2000", *url_args(cluster))
+    assert first.returncode == 0, first.stderr
+    got = lines_of(first.stdout)
+    assert sorted(m["value"] for m in got) == sorted(values)
+    assert all(set(m) == {"offset", "queue", "key", "value", "headers", "timestamp_ms"} for m in got)
+    assert len({(m["queue"], m["offset"]) for m in got}) == 1_000
+    assert "consumed 1,000 messages" in first.stderr
+
+    # The group's offsets were committed on exit: nothing new for it.
+    again = raftmq("consume", "cli-orders", "--group", "billing", "--timeout-ms", "1000", *url_args(cluster))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == ""
+    with Admin([n.url for n in cluster.nodes.values()]) as admin:
+        assert sum(o or 0 for o in admin.committed_offsets("billing", "cli-orders").values()) == 1_000
+
+    # A broadcast consumer has its own progress (billing.<member>): it gets everything again.
+    broadcast = raftmq(
+        "consume",
+        "cli-orders",
+        "--group",
+        "billing",
+        "--broadcast",
+        "--member-id",
+        "audit",
+        "--timeout-ms",
+        "2000",
+        *url_args(cluster),
+    )
+    assert broadcast.returncode == 0, broadcast.stderr
+    assert sorted(m["value"] for m in lines_of(broadcast.stdout)) == sorted(values)
+
+
+def test_produce_jsonl_from_stdin_with_keys_and_consume_with_max_into_a_file(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    create(cluster, "cli-events", 8)
+    records = [{"user": f"u{i % 7}", "n": i} for i in range(200)]
+    stdin = "".join(json.dumps(r) + "\n" for r in records)
+    produced = raftmq(
+        "produce",
+        "cli-events",
+        "--format",
+        "jsonl",
+        "--key-field",
+        "user",
+        "-q",
+        input=stdin,
+        env={"RAFTMQ_URL": ",".join(n.url for n in cluster.nodes.values())},
+    )
+    assert produced.returncode == 0, produced.stderr
+    assert "produced 200 messages" in produced.stdout
+
+    out = tmp_path / "events.jsonl"
+    part = raftmq(
+        "consume", "cli-events", "--group", "g", "--max", "150", "--output", str(out), *url_args(cluster)
+    )
+    assert part.returncode == 0, part.stderr
+    first = lines_of(out.read_text())
+    assert len(first) == 150
+    rest = raftmq(
+        "consume",
+        "cli-events",
+        "--group",
+        "g",
+        "--timeout-ms",
+        "1500",
+        "--output",
+        str(out),
+        *url_args(cluster),
+    )
+    assert rest.returncode == 0, rest.stderr
+    got = lines_of(out.read_text())
+    assert len(got) == 200  # exactly where the first run stopped: the 150 were committed
+    by_value = {m["value"]: m for m in got}
+    for r in records:
+        m = by_value[json.dumps(r)]
+        assert m["key"] == r["user"]
+    queues_per_key = {k: {m["queue"] for m in got if m["key"] == k} for k in {m["key"] for m in got}}
+    assert all(len(qs) == 1 for qs in queues_per_key.values())  # a key sticks to its queue
+
+
+def test_bad_input_and_an_unknown_topic_are_one_line_errors(cluster: Cluster) -> None:
+    missing = raftmq("produce", "no-such-topic", "-q", *url_args(cluster), input="a\n")
+    assert missing.returncode == 1
+    assert "topic_not_found" in missing.stderr and "Traceback" not in missing.stderr
+    create(cluster, "cli-bad", 1)
+    bad = raftmq(
+        "produce", "cli-bad", "--format", "jsonl", "-q", *url_args(cluster), input='{"a": 1}\nnot json\n'
+    )
+    assert bad.returncode == 1 and "line 2 is not JSON" in bad.stderr
+    usage = raftmq("produce", "cli-bad", "--key-field", "k", *url_args(cluster), input="")
+    assert usage.returncode == 2 and "--format jsonl" in usage.stderr
+
+
+def test_ctrl_c_stops_consuming_cleanly_and_commits(cluster: Cluster, tmp_path: Path) -> None:
+    create(cluster, "cli-sigint", 2)
+    produced = raftmq(
+        "produce", "cli-sigint", "-q", *url_args(cluster), input="".join(f"m{i}\n" for i in range(300))
+    )
+    assert produced.returncode == 0, produced.stderr
+    out = tmp_path / "sigint.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raftmq.cluster.cli",
+            "consume",
+            "cli-sigint",
+            "--group",
+            "int",
+            "--output",
+            str(out),
+            *url_args(cluster),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: out.exists() and len(out.read_text().splitlines()) == 300, 30, what="consumed")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "consumed 300 messages" in stderr
+    with Admin([n.url for n in cluster.nodes.values()]) as admin:
+        assert sum(o or 0 for o in admin.committed_offsets("int", "cli-sigint").values()) == 300
+    assert Counter(m["value"] for m in lines_of(out.read_text())) == Counter(f"m{i}" for i in range(300))
