@@ -511,5 +511,282 @@ def topic_delete(admin: AdminHttp, name: str, yes: bool) -> None:
     click.echo(f"deleted topic {name!r}")
 
 
+# -- produce and consume: the Python client (raftmq.client) ---------------------------------------
+
+
+def client_command(f: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the shared --url option (as :func:`admin_command` does) and the resolved
+    URLs as first argument; a client error becomes one line on stderr and exit status 1."""
+    from raftmq.client import RaftmqError
+
+    @functools.wraps(f)
+    def run(*args: Any, urls: tuple[str, ...], **kwargs: Any) -> None:
+        try:
+            f(resolve_urls(urls), *args, **kwargs)
+        except RaftmqError as e:
+            click.echo(f"error {e.code}: {e.message}", err=True)
+            sys.exit(1)
+
+    return click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run)
+
+
+def _rate_line(what: str, count: int, size: int, seconds: float) -> str:
+    seconds = max(seconds, 1e-9)
+    return (
+        f"{what} {count:,} messages ({size / 1e6:,.2f} MB) in {seconds:.2f} s: "
+        f"{count / seconds:,.0f} messages/s, {size / 1e6 / seconds:,.2f} MB/s"
+    )
+
+
+def _parse_input_line(
+    raw: bytes, fmt: str, key_field: str | None, number: int
+) -> tuple[str | bytes, str | None]:
+    """The (value, key) of one input line (its line break removed); ``number`` is its 1-based line
+    number for errors. A line that is not UTF-8 is sent as a binary value (format ``lines``)."""
+    body = raw.removesuffix(b"\n").removesuffix(b"\r")
+    try:
+        line = body.decode()
+    except UnicodeDecodeError:
+        if fmt == "lines":
+            return body, None
+        raise click.ClickException(f"line {number} is not UTF-8") from None
+    if fmt == "lines":
+        return line, None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise click.ClickException(f"line {number} is not JSON: {e}") from None
+    key: str | None = None
+    if key_field is not None:
+        if not isinstance(record, dict):
+            raise click.ClickException(f"line {number} is not a JSON object (--key-field {key_field})")
+        found = record.get(key_field)
+        if found is not None:
+            key = found if isinstance(found, str) else json.dumps(found, separators=(",", ":"))
+    return line, key
+
+
+@main.command()
+@click.argument("topic")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help="Read the messages from this file (default: stdin).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["lines", "jsonl"]),
+    default="lines",
+    show_default=True,
+    help="lines: each line is a message. jsonl: each line is a JSON value, sent as it is (checked).",
+)
+@click.option("--key-field", help="jsonl: the field of each JSON object whose value is the message's key.")
+@click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True, help="Batching delay.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@client_command
+def produce(
+    urls: list[str],
+    topic: str,
+    path: str | None,
+    fmt: str,
+    key_field: str | None,
+    linger_ms: int,
+    quiet: bool,
+) -> None:
+    """Produce each line of stdin or a file as one message to TOPIC.
+
+    Idempotent (a retried batch is stored once), with a progress bar on stderr and the final rate
+    on stdout. Exit status 1 if any message could not be stored.
+    """
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
+
+    from raftmq.client import Producer, RaftmqError, RecordMetadata
+
+    if key_field is not None and fmt != "jsonl":
+        raise click.UsageError("--key-field needs --format jsonl")
+    stream = sys.stdin.buffer if path in (None, "-") else open(path, "rb")  # noqa: SIM115
+    total = os.fstat(stream.fileno()).st_size if path not in (None, "-") else None
+    stored = failed = 0
+    stored_bytes = 0
+    first_error: list[RaftmqError] = []
+
+    def delivered(size: int) -> Callable[[RecordMetadata | None, RaftmqError | None], None]:
+        def callback(meta: RecordMetadata | None, error: RaftmqError | None) -> None:
+            nonlocal stored, failed, stored_bytes
+            if error is None:
+                stored += 1
+                stored_bytes += size
+            else:
+                failed += 1
+                if not first_error:
+                    first_error.append(error)
+
+        return callback
+
+    columns = (
+        [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn()]
+        if total is not None
+        else [SpinnerColumn(), TextColumn("{task.description}"), DownloadColumn()]
+    )
+    progress = Progress(
+        *columns,
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=quiet,
+    )
+    sent = read_bytes = 0
+    interrupted = False
+    started = time.monotonic()
+    with stream, progress, Producer(urls, linger_ms=linger_ms) as producer:
+        task = progress.add_task(f"producing to {topic}", total=total)
+        try:
+            for number, raw in enumerate(stream, 1):
+                read_bytes += len(raw)
+                value, key = _parse_input_line(raw, fmt, key_field, number)
+                producer.send(topic, value, key=key, callback=delivered(len(raw)))
+                sent += 1
+                if sent % 256 == 0:
+                    progress.update(
+                        task, completed=read_bytes, description=f"{topic}: {stored:,}/{sent:,} stored"
+                    )
+        except KeyboardInterrupt:
+            interrupted = True
+        producer.flush()
+        progress.update(task, completed=read_bytes, description=f"{topic}: {stored:,}/{sent:,} stored")
+    elapsed = time.monotonic() - started
+    click.echo(_rate_line("produced", stored, stored_bytes, elapsed))
+    if failed:
+        error = first_error[0]
+        click.echo(
+            f"{failed:,} messages were not stored; first error {error.code}: {error.message}", err=True
+        )
+        sys.exit(1)
+    if interrupted:
+        click.echo("interrupted: stopped reading the input", err=True)
+        sys.exit(130)
+
+
+def _message_json(m: Any) -> bytes:
+    """One consumed message as a JSON line (binary values as ``value_b64``)."""
+    import base64
+
+    import orjson
+
+    item: dict[str, Any] = {"offset": m.offset, "queue": m.queue, "key": m.key}
+    if isinstance(m.value, bytes):
+        item["value_b64"] = base64.b64encode(m.value).decode()
+    else:
+        item["value"] = m.value
+    item["headers"] = dict(m.headers)
+    item["timestamp_ms"] = m.timestamp_ms
+    return orjson.dumps(item) + b"\n"
+
+
+@main.command()
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group (its committed progress).")
+@click.option(
+    "--broadcast",
+    is_flag=True,
+    help="Read every queue with this consumer's own progress (committed as GROUP.MEMBER_ID) "
+    "instead of sharing the queues with the group's other consumers.",
+)
+@click.option(
+    "--member-id",
+    help="This consumer's id in the group (broadcast: default the host name; clustering: random).",
+)
+@click.option(
+    "--from",
+    "reset",
+    type=click.Choice(["earliest", "latest"]),
+    default="earliest",
+    show_default=True,
+    help="Where to start a queue the group has no committed offset for.",
+)
+@click.option("--max", "max_messages", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=0),
+    help="Stop when no message arrived for this long (default: wait for more until Ctrl-C).",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the JSON lines to this file (appended) instead of stdout.",
+)
+@client_command
+def consume(
+    urls: list[str],
+    topic: str,
+    group: str,
+    broadcast: bool,
+    member_id: str | None,
+    reset: str,
+    max_messages: int | None,
+    timeout_ms: int | None,
+    output: str | None,
+) -> None:
+    """Consume TOPIC as a member of GROUP, printing each message as a JSON line.
+
+    Each line holds offset, queue, key, value (value_b64 for a binary value), headers and
+    timestamp_ms. A message is acked once written; the group's offsets are committed every
+    second and on exit (also after Ctrl-C), so the next run of the group continues after it.
+    """
+    from raftmq.client import Consumer
+
+    if broadcast and member_id is None:
+        member_id = socket.gethostname()
+    out = sys.stdout.buffer if output in (None, "-") else open(output, "ab")  # noqa: SIM115
+    consumer = Consumer(
+        urls,
+        group=group,
+        topics=topic,
+        mode="broadcast" if broadcast else "clustering",
+        member_id=member_id,
+        reset="earliest" if reset == "earliest" else "latest",
+    )
+    count = size = 0
+    started = last_at = time.monotonic()
+    interrupted = False
+    try:
+        while max_messages is None or count < max_messages:
+            want = 10_000 if max_messages is None else min(10_000, max_messages - count)
+            batch = consumer.poll(timeout_ms=timeout_ms, max_messages=want)
+            if not batch:
+                break
+            lines = [_message_json(m) for m in batch]
+            for line in lines:
+                out.write(line)
+            out.flush()
+            for m in batch:
+                m.ack()
+            count += len(batch)
+            size += sum(len(line) for line in lines)
+            last_at = time.monotonic()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        try:
+            consumer.close()  # commits what was written
+        finally:
+            if out is not sys.stdout.buffer:
+                out.close()
+    # The rate up to the last message (not the idle --timeout-ms wait after it).
+    click.echo(_rate_line("consumed", count, size, last_at - started), err=True)
+    if interrupted:
+        sys.exit(130)
+
+
 if __name__ == "__main__":
     main()

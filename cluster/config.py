@@ -14,6 +14,13 @@ A cluster file is TOML::
     [raft]                               # optional timing; defaults in RaftTimingConfig
     election_min_ms = 1000
 
+    [delivery]                           # optional receive/ack settings; defaults in DeliveryConfig
+    max_deliveries = 16
+    backoff_ms = [10000, 30000, 60000]   # env: RAFTMQ_DELIVERY_BACKOFF_MS=10000,30000,60000
+
+    [segments]                           # optional segment sealing; defaults in SegmentsConfig
+    store = "s3://bucket/raftmq"         # default: <data_dir>/<node_id>/segments
+
     [[nodes]]
     id = "n1"
     http = "127.0.0.1:8001"
@@ -34,12 +41,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .delivery import DEFAULT_BACKOFF_MS
+
 __all__ = [
     "ClusterConfig",
     "ConfigError",
+    "DeliveryConfig",
     "Limits",
     "NodeConfig",
     "RaftTimingConfig",
+    "SegmentsConfig",
     "TestFaults",
     "load_config",
     "parse_config",
@@ -86,6 +97,10 @@ class Limits:
     max_wait_ms: int = 15_000
     max_queues_per_topic: int = 1024
     request_timeout_ms: int = 10_000
+    max_delay_ms: int = 7 * 24 * 3600 * 1000  # delay_ms / deliver_at_ms of a produced message
+    max_ttl_ms: int = 10 * 365 * 24 * 3600 * 1000  # ttl_ms of a produced message
+    default_visibility_ms: int = 30_000  # receive: how long a message stays in flight
+    max_visibility_ms: int = 12 * 3600 * 1000  # receive and extend
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,34 @@ class RaftTimingConfig:
     group_commit_bytes: int = 256 * 1024  # coalesce produce requests into entries up to this size
     group_commit_inflight: int = 2  # entries in flight per group before requests accumulate
     retention_check_ms: int = 10_000  # how often a queue group's leader proposes a retention tick
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    """Receive/ack defaults (``docs/delivery.md``). ``max_deliveries`` and ``backoff_ms`` are the
+    settings a new subscription gets (``PUT .../subscriptions/{group}`` changes them per group)."""
+
+    max_deliveries: int = 16
+    backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS  # RocketMQ's levels from 10 s to 2 h
+    tick_ms: int = 200  # the leader checks for due delayed messages and deadlines at least this often
+    tick_max_items: int = 1000  # delayed messages and deadlines one deliver_tick handles (each)
+
+
+@dataclass(frozen=True)
+class SegmentsConfig:
+    """Segment sealing (``cluster/segments.py``, ``docs/spark.md``). A queue group's leader seals a
+    queue's committed messages after its last segment once there are ``max_messages`` of them, or
+    ``max_bytes`` stored, or the oldest is ``max_age_ms`` old (0: no age trigger)."""
+
+    enabled: bool = True
+    store: str = ""  # "" = <data_dir>/<node_id>/segments; or a directory or pyarrow URI ({node_id})
+    max_messages: int = 262_144
+    max_bytes: int = 64 * 1024 * 1024
+    max_age_ms: int = 0
+    parquet: bool = True  # also write Parquet (for plain spark.read.parquet)
+    check_ms: int = 2_000  # how often the leader looks for ranges to seal
+    gc_interval_ms: int = 30_000  # how often a node deletes its dead segment files
+    gc_grace_ms: int = 600_000  # an unlisted file younger than this is kept (its seal may be in flight)
 
 
 @dataclass(frozen=True)
@@ -125,6 +168,8 @@ class ClusterConfig:
     raft: RaftTimingConfig = field(default_factory=RaftTimingConfig)
     faults: TestFaults = field(default_factory=TestFaults)
     path: str | None = None
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    segments: SegmentsConfig = field(default_factory=SegmentsConfig)
 
     def node(self, node_id: str) -> NodeConfig:
         for n in self.nodes:
@@ -175,7 +220,7 @@ def parse_config(
         {"secret": str, "queue_groups": int, "replication": int, "durability": str},
         problems,
     )
-    unknown = set(raw) - {"cluster", "limits", "raft", "nodes", "faults"}
+    unknown = set(raw) - {"cluster", "limits", "raft", "nodes", "faults", "delivery", "segments"}
     problems += [f"unknown section [{k}]" for k in sorted(unknown)]
 
     nodes = _parse_nodes(raw.get("nodes"), problems)
@@ -200,6 +245,16 @@ def parse_config(
     limits = _parse_section(Limits, raw.get("limits", {}), "limits", env, problems)
     timing = _parse_section(RaftTimingConfig, raw.get("raft", {}), "raft", env, problems)
     faults = _parse_section(TestFaults, raw.get("faults", {}), "faults", env, problems)
+    delivery = _parse_section(DeliveryConfig, raw.get("delivery", {}), "delivery", env, problems)
+    segments = _parse_section(SegmentsConfig, raw.get("segments", {}), "segments", env, problems)
+    if segments.max_messages < 1 or segments.max_bytes < 1 or segments.check_ms < 1:
+        problems.append("segments.max_messages, max_bytes and check_ms must be at least 1")
+    if delivery.max_deliveries < 1 or delivery.tick_ms < 1 or delivery.tick_max_items < 1:
+        problems.append("delivery.max_deliveries, tick_ms and tick_max_items must be at least 1")
+    if not delivery.backoff_ms or len(delivery.backoff_ms) > 64:
+        problems.append("delivery.backoff_ms must list 1 to 64 delays")
+    if limits.default_visibility_ms < 1 or limits.default_visibility_ms > limits.max_visibility_ms:
+        problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
     if timing.election_min_ms >= timing.election_max_ms:
         problems.append("raft.election_min_ms must be below raft.election_max_ms")
     if timing.heartbeat_ms * 5 > timing.election_min_ms:
@@ -216,6 +271,8 @@ def parse_config(
         raft=timing,
         faults=faults,
         path=path,
+        delivery=delivery,
+        segments=segments,
     )
 
 
@@ -271,6 +328,11 @@ def _apply_env(
         value = env[var]
         if typ is bool:
             section[key] = value.lower() in ("1", "true", "yes", "on")
+        elif typ is tuple:
+            try:
+                section[key] = [int(v) for v in value.split(",") if v.strip()]
+            except ValueError:
+                problems.append(f"{var} must be comma-separated integers, got {value!r}")
         elif typ is int:
             try:
                 section[key] = int(value)
@@ -285,7 +347,8 @@ def _parse_section(cls: Any, raw: Any, name: str, env: Mapping[str, str], proble
         problems.append(f"[{name}] must be a table")
         return cls()
     values = dict(raw)
-    types = {f.name: type(f.default) for f in fields(cls)}
+    defaults = cls()
+    types = {f.name: type(getattr(defaults, f.name)) for f in fields(cls)}
     _apply_env(values, name.upper(), env, types, problems)
     result = cls()
     for key, value in values.items():
@@ -293,8 +356,16 @@ def _parse_section(cls: Any, raw: Any, name: str, env: Mapping[str, str], proble
             problems.append(f"unknown key {name}.{key}")
             continue
         want = types[key]
-        ok = isinstance(value, bool) if want is bool else _is_int(value) and value >= 0
-        if not ok:
+        if want is tuple:
+            if not isinstance(value, list) or not all(_is_int(v) and v >= 0 for v in value):
+                problems.append(f"{name}.{key} must be a list of non-negative integers")
+                continue
+            value = tuple(value)
+        elif want is str:
+            if not isinstance(value, str):
+                problems.append(f"{name}.{key} must be a string")
+                continue
+        elif not (isinstance(value, bool) if want is bool else _is_int(value) and value >= 0):
             problems.append(
                 f"{name}.{key} must be {'true or false' if want is bool else 'a non-negative integer'}"
             )

@@ -14,7 +14,7 @@ import time
 import urllib.parse
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import crc32c
@@ -30,6 +30,7 @@ from .group_commit import ProduceFailed
 from .metadata import Topic, validate_topic_name
 from .node import META, Node, now_ms
 from .openapi import openapi_spec
+from .segments_api import wants_arrow
 from .validation import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
@@ -41,6 +42,10 @@ from .validation import (
     parse_produce,
     query_int,
 )
+
+if TYPE_CHECKING:
+    from .segments_api import SegmentsApi
+    from .subscriptions_api import SubscriptionsApi
 
 __all__ = ["create_app", "key_queue"]
 
@@ -125,6 +130,8 @@ class Api:
         self.limits = node.config.limits
         self._sticky = itertools.count()
         self.metrics: Any = None  # set by create_app
+        self.delivery: SubscriptionsApi | None = None  # set by create_app
+        self.segments: SegmentsApi | None = None  # set by create_app
         # How long a request may wait for a group to elect a leader: two election timeouts, and at
         # least 3 s (a split vote can take a second round).
         self.leader_wait_s = max(3.0, 2 * node.config.raft.election_max_ms / 1000)
@@ -175,7 +182,9 @@ class Api:
                 leader.http_url + request.path_qs,
                 data=body,
                 headers={FORWARDED: self.node.me.id, "Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=self.limits.request_timeout_ms / 1000 + 16),
+                timeout=aiohttp.ClientTimeout(
+                    total=self.limits.request_timeout_ms / 1000 + 16, sock_connect=1.0
+                ),
             ) as resp:
                 data = await resp.read()
                 return web.Response(body=data, status=resp.status, content_type=resp.content_type)
@@ -360,9 +369,11 @@ class Api:
     async def produce(self, request: web.Request) -> web.Response:
         topic = await self.topic(request.match_info["topic"])
         max_bytes = topic.max_message_bytes or self.limits.max_message_bytes
-        req = parse_produce(parse_json(await request.read()), self.limits, max_bytes)
+        req = parse_produce(parse_json(await request.read()), self.limits, max_bytes, now_ms())
         sticky = next(self._sticky) % topic.queues
-        placed: list[tuple[int, int]] = []  # per message: (queue, position in its batch)
+        # per message: (queue, position among the batch's undelayed messages, or its due time)
+        placed: list[tuple[int, int | None, int | None]] = []
+        undelayed: dict[int, int] = defaultdict(int)
         batches: dict[int, dict[str, Any]] = {}
         sizes: dict[int, int] = defaultdict(int)
         for i, m in enumerate(req.messages):
@@ -382,7 +393,11 @@ class Api:
                 batch = batches[q] = {"topic_id": topic.id, "queue": q, "messages": []}
                 if req.producer_id is not None:
                     batch["producer_id"], batch["sequence"] = req.producer_id, req.sequence
-            placed.append((q, len(batch["messages"])))
+            if m.deliver_at_ms is None:
+                placed.append((q, undelayed[q], None))
+                undelayed[q] += 1
+            else:
+                placed.append((q, None, m.deliver_at_ms))
             batch["messages"].append(m.body)
             sizes[q] += m.size + 32
         by_group: dict[int, list[int]] = defaultdict(list)
@@ -408,9 +423,11 @@ class Api:
             if isinstance(r, dict) and "error" in r
         ]
         results: list[dict[str, Any] | None] = []
-        for q, pos in placed:
+        for q, pos, deliver_at_ms in placed:
             r = outcome[q]
-            if isinstance(r, dict) and "base_offset" in r:
+            if isinstance(r, dict) and "base_offset" in r and pos is None:
+                results.append({"queue": q, "offset": None, "deliver_at_ms": deliver_at_ms})
+            elif isinstance(r, dict) and "base_offset" in r:
                 base = r["base_offset"]  # None only under the ack_before_replication test fault
                 results.append({"queue": q, "offset": None if base is None else base + pos})
             else:
@@ -433,7 +450,7 @@ class Api:
         return results
 
     async def _group_call(
-        self, g: int, action: str, body: dict[str, Any], size_hint: int | None = None
+        self, g: int | str, action: str, body: dict[str, Any], size_hint: int | None = None
     ) -> dict[str, Any]:
         """Run an internal write ``action`` at the leader of queue group ``g`` (here or remote).
 
@@ -510,11 +527,15 @@ class Api:
             )
         if action == "barrier":
             return await self._propose_checked(name, commands.noop())
+        if self.delivery is not None and action in self.delivery.actions:
+            return await self.delivery.internal_action(name, action, body)
         raise ApiError(errors.NOT_FOUND, f"unknown action {action}")
 
     # -- fetch ------------------------------------------------------------------------------------
 
-    async def fetch(self, request: web.Request) -> web.Response:
+    async def fetch(self, request: web.Request) -> web.StreamResponse:
+        if self.segments is not None and wants_arrow(request):  # Arrow IPC: cluster/segments_api.py
+            return await self.segments.fetch_arrow(request)
         topic = await self.topic(request.match_info["topic"])
         q = query_int({"queue": request.match_info["queue"]}, "queue", None, 0, MAX_QUEUE_NUMBER)
         if q >= topic.queues:
@@ -559,7 +580,10 @@ class Api:
             await self.node.wait_for_messages(topic.id, q, remaining)
         low, high = queue_bounds(store, topic.id, q)
         out = []
+        now = now_ms()
         for m in messages:
+            if m.expired(now, topic.retention_ms):  # TTL: skipped, next_offset still moves past it
+                continue
             item: dict[str, Any] = {
                 "offset": m.offset,
                 "key": m.key,
@@ -582,8 +606,13 @@ class Api:
     async def put_offsets(self, request: web.Request) -> web.Response:
         group = _group_name(request)
         body = parse_json(await request.read())
-        if not isinstance(body, dict) or set(body) - {"topic", "offsets"}:
-            raise bad('body must be {"topic": str, "offsets": {"<queue>": offset}}')
+        if not isinstance(body, dict) or set(body) - {"topic", "offsets", "epoch"}:
+            raise bad('body must be {"topic": str, "offsets": {"<queue>": offset}, "epoch"?: int}')
+        epoch = body.get("epoch")  # an ordered consumer's lock epoch: the commit is fenced
+        if "epoch" in body and (
+            not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**63
+        ):
+            raise bad("'epoch' must be a non-negative integer")
         name = body.get("topic")
         if not isinstance(name, str):
             raise bad("'topic' must be a topic name")
@@ -608,7 +637,11 @@ class Api:
                 topic, {int(q): o for offs in by_group.values() for q, o in offs.items()}
             )
         for g, offs in by_group.items():
-            await self._group_call(g, "commit", {"group": group, "topic_id": topic.id, "offsets": offs})
+            commit = {"group": group, "topic_id": topic.id, "offsets": offs}
+            if epoch is None:
+                await self._group_call(g, "commit", commit)
+            else:
+                await self._group_call(g, "commit_fenced", {**commit, "epoch": epoch})
         return json_response({"ok": True})
 
     async def _check_offsets(self, topic: Topic, offsets: dict[int, int]) -> None:
@@ -677,6 +710,8 @@ def create_app(node: Node) -> web.Application:
     from .groups_api import add_group_routes
     from .internal_api import add_internal_routes
     from .metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
+    from .segments_api import add_segment_routes
+    from .subscriptions_api import add_subscription_routes
 
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
@@ -702,4 +737,6 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/metrics", metrics_handler)
     add_internal_routes(app, node, api)
     add_group_routes(app, node, api)
+    api.delivery = add_subscription_routes(app, node, api)
+    api.segments = add_segment_routes(app, node, api)
     return app

@@ -33,7 +33,7 @@ from typing import Any
 import crc32c
 import structlog
 
-from raftmq.storage.store import Batch, Store
+from raftmq.storage.store import Batch, Store, StoreError
 
 __all__ = ["DurableJournal", "Entry"]
 
@@ -85,6 +85,9 @@ class DurableJournal:
         self._term = 0
         self._voted_for: str | None = None
         self.before_compaction: Callable[[], None] | None = None
+        # Called when the store fails a write or sync; the Raft adapter stops the process (a node
+        # that cannot persist its log must not go on acknowledging). Default: re-raise.
+        self.on_storage_failure: Callable[[StoreError], None] | None = None
         # Read by the metrics collector; written only on the tick thread.
         self.syncs = 0
         self.sync_seconds = 0.0
@@ -123,7 +126,7 @@ class DurableJournal:
     def _repair_tail(self, index: int, reason: str) -> None:
         batch = Batch()
         batch.delete_range(_entry_key(index), _ENTRY_END)
-        self._store.write(batch, sync=True)
+        self._write(batch, sync=True)
         log.warning("journal_tail_repaired", from_index=index, reason=reason)
 
     # -- durability --------------------------------------------------------------------------------
@@ -133,7 +136,7 @@ class DurableJournal:
         if self._dirty:
             if self._fsync:
                 started = time.perf_counter()
-                self._store.sync()
+                self._sync_store()
                 self.sync_seconds += time.perf_counter() - started
                 self.syncs += 1
             self._dirty = False
@@ -164,7 +167,7 @@ class DurableJournal:
             self._hidden.clear()
         batch = Batch()
         batch.put(_entry_key(idx), _encode_entry(command, term))
-        self._store.write(batch)
+        self._write(batch)
         self._dirty = True
         self._entries.append((command, idx, term))
         self._bytes += len(command)
@@ -172,7 +175,7 @@ class DurableJournal:
     def clear(self) -> None:
         batch = Batch()
         batch.delete_range(_ENTRY, _ENTRY_END)
-        self._store.write(batch)
+        self._write(batch)
         self._dirty = True
         self._entries.clear()
         self._hidden.clear()
@@ -198,7 +201,7 @@ class DurableJournal:
         upto = self._entries[entryTo][1] if entryTo < len(self._entries) else first + entryTo
         batch = Batch()
         batch.delete_range(_entry_key(first), _entry_key(upto))
-        self._store.write(batch)
+        self._write(batch)
         self._dirty = True
         for command, _, _ in self._entries[:entryTo]:
             self._bytes -= len(command)
@@ -226,7 +229,7 @@ class DurableJournal:
         # Raft: term and vote are on stable storage before any message that reflects them.
         batch = Batch()
         batch.put(_VOTE, _U64.pack(term) + (votedForNodeId or "").encode())
-        self._store.write(batch, sync=True)
+        self._write(batch, sync=True)
         self._term = term
         self._voted_for = votedForNodeId
 
@@ -240,6 +243,24 @@ class DurableJournal:
         self._save_commit_index()
 
     # -- helpers -------------------------------------------------------------------------------------
+
+    def _write(self, batch: Batch, *, sync: bool = False) -> None:
+        try:
+            self._store.write(batch, sync=sync)
+        except StoreError as e:
+            self._storage_failed(e)
+
+    def _sync_store(self) -> None:
+        try:
+            self._store.sync()
+        except StoreError as e:
+            self._storage_failed(e)
+
+    def _storage_failed(self, error: StoreError) -> None:
+        if self.on_storage_failure is None:
+            raise error
+        self.on_storage_failure(error)
+        raise error  # on_storage_failure normally does not return
 
     def align_to_snapshot(self, prev: Entry, last: Entry) -> None:
         """Drop entries before the snapshot's ``prev`` entry if this journal holds prev and last.
@@ -268,7 +289,7 @@ class DurableJournal:
     def _truncate_disk(self, idx: int) -> None:
         batch = Batch()
         batch.delete_range(_entry_key(idx), _ENTRY_END)
-        self._store.write(batch)
+        self._write(batch)
         self._dirty = True
 
     def _drop_memory(self, pos: int) -> None:
@@ -280,5 +301,5 @@ class DurableJournal:
         if not self._commit_saved:
             batch = Batch()
             batch.put(_COMMIT, _U64.pack(self._commit_index))
-            self._store.write(batch)
+            self._write(batch)
             self._commit_saved = True

@@ -15,6 +15,7 @@ only through ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -29,6 +30,7 @@ import aiohttp
 import orjson
 import structlog
 
+from raftmq.storage.queues import next_due_ms
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
 
@@ -38,6 +40,7 @@ from .group_commit import GroupCommitter
 from .metadata import MetadataMachine
 from .queue_group import Applied, QueueGroupMachine
 from .raft import Outcome, RaftGroup, RaftSettings, StateMachine
+from .segments import Sealer
 
 __all__ = ["META", "LocalGroup", "Node"]
 
@@ -75,10 +78,12 @@ class Node:
         self.metadata: MetadataMachine | None = None
         self._addr_to_node: dict[str, NodeConfig] = {}
         self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
+        self._delivery_wake = asyncio.Event()  # an apply scheduled a delayed message or deadline
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self.sealer: Sealer | None = None  # segment sealing (cluster/segments.py), set by start
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -89,7 +94,11 @@ class Node:
         os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
         self._session = aiohttp.ClientSession(
             headers={SECRET_HEADER: self.config.secret},
-            timeout=aiohttp.ClientTimeout(total=self.config.limits.request_timeout_ms / 1000 + 20),
+            # sock_connect: a peer that is cut off fails fast (and definitely: nothing was sent),
+            # so the request is retried at the new leader instead of hanging.
+            timeout=aiohttp.ClientTimeout(
+                total=self.config.limits.request_timeout_ms / 1000 + 20, sock_connect=1.0
+            ),
         )
         voters = self.config.metadata_voters
         if any(v.id == self.me.id for v in voters):
@@ -116,6 +125,9 @@ class Node:
             )
         self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
         self._tasks.append(asyncio.create_task(self._retention_forever()))
+        self._tasks.append(asyncio.create_task(self._deliver_forever()))
+        self.sealer = Sealer(self)
+        self._tasks.append(asyncio.create_task(self.sealer.run_forever()))
         log.info("node_started", node_id=self.me.id, groups=sorted(self.groups))
 
     def _start_group(
@@ -234,7 +246,7 @@ class Node:
     async def peer_get_json(self, node: NodeConfig, path: str, timeout_s: float = 5.0) -> Any:
         assert self._session is not None
         async with self._session.get(
-            node.http_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            node.http_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=1.0)
         ) as resp:
             return orjson.loads(await resp.read())
 
@@ -244,7 +256,7 @@ class Node:
         """Send a request to a peer; returns (status, body bytes, content type)."""
         assert self._session is not None
         data = None if body is None else orjson.dumps(body)
-        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=1.0) if timeout_s else None
         async with self._session.request(
             method,
             node.http_url + path,
@@ -276,8 +288,14 @@ class Node:
     # -- long polling -----------------------------------------------------------------------------
 
     def _on_applied(self, applied: Applied) -> None:  # tick thread
-        if applied.grown and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._wake, [(q.topic_id, q.queue) for q in applied.grown])
+        if self._loop is None:
+            return
+        # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).
+        queues = [(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed)
+        if queues:
+            self._loop.call_soon_threadsafe(self._wake, queues)
+        if applied.scheduled:
+            self._loop.call_soon_threadsafe(self._delivery_wake.set)
 
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:
@@ -354,6 +372,48 @@ class Node:
                 if outcome.error:
                     log.warning("retention_tick_not_applied", group=name, error=outcome.error)
 
+    # -- delivery ticks ---------------------------------------------------------------------------
+
+    async def _deliver_forever(self) -> None:
+        """As leader of a queue group, propose ``deliver_tick`` when a delayed message is due or an
+        in-flight deadline passed: at that time (woken early when an apply schedules something
+        sooner), and at least every ``delivery.tick_ms``. Time enters the state machine only through
+        this leader-stamped tick; a new leader's loop continues where the old one stopped, since the
+        schedule is in the replicated state."""
+        tick_s = self.config.delivery.tick_ms / 1000
+        while True:
+            self._delivery_wake.clear()
+            try:
+                wait_s = await self.deliver_once()
+            except Exception:
+                log.exception("deliver_tick_failed")
+                wait_s = tick_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._delivery_wake.wait(), min(max(wait_s, 0.001), tick_s))
+
+    async def deliver_once(self) -> float:
+        """Propose the ticks that are due; returns the seconds until the next known due time."""
+        settings = self.config.delivery
+        next_due: int | None = None
+        for name, local in self.groups.items():
+            if name == META or not local.raft.is_leader():
+                continue
+            for _ in range(100):  # bounded: the loop comes back at once if more is due
+                due = next_due_ms(local.machine.store)
+                now = now_ms()
+                if due is None or due > now:
+                    break
+                outcome = await self.propose(name, commands.deliver_tick(now, settings.tick_max_items))
+                if outcome.error or not isinstance(outcome.result, dict) or "error" in outcome.result:
+                    log.warning("deliver_tick_not_applied", group=name, error=outcome.error or outcome.result)
+                    due = None
+                    break
+            if due is not None:
+                next_due = due if next_due is None else min(next_due, due)
+        if next_due is None:
+            return settings.tick_ms / 1000
+        return max(0.0, (next_due - now_ms()) / 1000)
+
     # -- checkpoints (snapshot install) ------------------------------------------------------------
 
     def make_checkpoint_tar(self, name: str) -> str:
@@ -386,7 +446,7 @@ class Node:
                 with urllib.request.urlopen(request, timeout=60) as resp, open(tar_path, "wb") as f:
                     shutil.copyfileobj(resp, f, 1 << 20)
                 with tarfile.open(tar_path) as tar:
-                    tar.extractall(dest, filter="data")
+                    _safe_extract(tar, dest)
                 return os.path.join(dest, "checkpoint")
             except Exception as e:  # try the next replica
                 errors.append(f"{node.id}: {e}")
@@ -410,6 +470,23 @@ class Node:
             "keys": keys,
             "sha256": h.hexdigest(),
         }
+
+
+def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
+    """Extract a checkpoint tar, refusing links and paths outside ``dest``.
+
+    ``filter="data"`` exists from Python 3.11.4 on (Debian bookworm ships 3.11.2), so older
+    interpreters get the same checks by hand.
+    """
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    root = os.path.realpath(dest)
+    for member in tar.getmembers():
+        target = os.path.realpath(os.path.join(dest, member.name))
+        if not (member.isfile() or member.isdir()) or os.path.commonpath([root, target]) != root:
+            raise ValueError(f"unsafe entry in checkpoint tar: {member.name!r}")
+    tar.extractall(dest)  # members checked above
 
 
 def _set_if_pending(future: asyncio.Future[Any], value: Any) -> None:

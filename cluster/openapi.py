@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import errors
+from .commands import MAX_BACKOFF_LEVELS, MAX_RECEIPTS, MAX_RECEIVE
 from .commands import MAX_NAME_BYTES as MAX_GROUP_BYTES
 from .config import Limits
 from .metadata import MAX_QUEUES, TOPIC_NAME
@@ -169,10 +170,22 @@ def _message_schema(limits: Limits) -> Schema:
                 {"type": "object", "additionalProperties": _str(), "maxProperties": MAX_HEADERS}
             ),
             "queue": _nullable(_int(0, description="Explicit queue; overrides the key.")),
+            "delay_ms": _int(0, limits.max_delay_ms, description="Deliver this much later (0: now)."),
+            "deliver_at_ms": _int(
+                0,
+                U64,
+                description=f"Deliver at this time (ms since the epoch), at most {limits.max_delay_ms} ms "
+                "ahead; a past time delivers at once.",
+            ),
+            "ttl_ms": _int(
+                1, limits.max_ttl_ms, description="Expire this long after it is deliverable: never received."
+            ),
         },
         oneOf=[{"required": ["value"]}, {"required": ["value_b64"]}],
+        dependentSchemas={"delay_ms": {"not": {"required": ["deliver_at_ms"]}}},  # one of the two
         description=f"value or value_b64 (exactly one). value + key + headers: at most "
-        f"{limits.max_message_bytes} UTF-8 bytes (413 message_too_large). delay_ms is not supported.",
+        f"{limits.max_message_bytes} UTF-8 bytes (413 message_too_large). A delayed message (delay_ms > 0 "
+        "or deliver_at_ms ahead) gets its offset when it is released (docs/delivery.md).",
     )
 
 
@@ -259,7 +272,14 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             ],
             description=f"At most {limits.max_request_bytes} bytes (413 request_too_large).",
         ),
-        "ProduceResult": _obj({"queue": _int(0), "offset": _int(0)}, required=("queue", "offset")),
+        "ProduceResult": _obj(
+            {
+                "queue": _int(0),
+                "offset": _nullable(_int(0, description="null for a delayed message")),
+                "deliver_at_ms": _int(0, description="A delayed message: when it is released."),
+            },
+            required=("queue", "offset"),
+        ),
         "ProduceResponse": _obj(
             {"results": _array(_ref("ProduceResult"), description="In request order.")},
             required=("results",),
@@ -295,6 +315,11 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                     "minProperties": 1,
                     "description": 'queue number (as a string) -> offset, e.g. {"0": 42}',
                 },
+                "epoch": _int(
+                    0,
+                    MAX_OFFSET,
+                    description="Fenced commit: refused (409 stale_epoch) unless each queue's lock has it.",
+                ),
             },
             required=("topic", "offsets"),
         ),
@@ -436,7 +461,7 @@ def _paths(limits: Limits) -> dict[str, Any]:
                 "fetch",
                 "Messages of a queue from an offset (long-polls up to wait_ms)",
                 {
-                    "200": _json(_ref("FetchResponse"), "messages"),
+                    "200": _fetch_ok(),
                     **_errors(400, 404),
                     "416": out_of_range,
                     **_errors(*RAFT_ERRORS),
@@ -447,10 +472,10 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/v1/groups/{group}/offsets": {
             "put": _op(
                 "commitOffsets",
-                "Commit a consumer group's offsets (replicated)",
+                "Commit a consumer group's offsets (replicated; fenced with an epoch)",
                 {
                     "200": _json(_obj({"ok": {"const": True}}, required=("ok",)), "committed"),
-                    **_errors(400, 404),
+                    **_errors(400, 404, 409),
                     **too_large,
                     "416": out_of_range,
                     **_errors(*RAFT_ERRORS),
@@ -475,6 +500,13 @@ def _paths(limits: Limits) -> dict[str, Any]:
                     {
                         "member_id": _str(minLength=1, maxLength=255, **{"x-raftmq-max-utf8-bytes": 255}),
                         "topics": _array(_str(pattern=TOPIC_NAME_PATTERN), minItems=1, maxItems=100),
+                        "generation": _int(
+                            0,
+                            U64,
+                            description="The generation of the last assignment this member has applied "
+                            "(0 before its first): its revoked queues are stopped and committed. "
+                            "Optional; without it the member's queues move without a revoke barrier.",
+                        ),
                     },
                     required=("member_id", "topics"),
                 ),
@@ -535,6 +567,391 @@ def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
             'has the body {"error": {"code", "message", "retriable", "definite", ...}}. Integers in '
             "request bodies are JSON integers written without a fraction or exponent (1.0 is refused).",
         },
-        "paths": _paths(limits),
-        "components": {"schemas": _schemas(limits)},
+        "paths": {**_paths(limits), **_delivery_paths(limits), **_segment_paths()},
+        "components": {"schemas": {**_schemas(limits), **_delivery_schemas(limits), **_segment_schemas()}},
+    }
+
+
+# -- receive/ack, dead letters, locks (cluster/subscriptions_api.py, docs/delivery.md) ---------------
+
+_DIGITS = "(0|[1-9][0-9]{0,19})"
+RECEIPT = _str(
+    pattern=f"^{_DIGITS}\\.{_DIGITS}\\.{_DIGITS}\\.{_DIGITS}$",
+    description="Opaque receipt of one delivery, as received.",
+)
+SUB_GROUP = _param(
+    "group",
+    "path",
+    _str(pattern=TOPIC_NAME_PATTERN, **{"not": {"enum": [".", ".."]}}),
+    "Consumer group; it names the dead-letter topic <topic>.<group>.dlq, so it must fit a topic name.",
+)
+
+
+def _delivery_schemas(limits: Limits) -> dict[str, Schema]:
+    max_receive = min(limits.max_fetch_messages, MAX_RECEIVE)
+    epoch = _int(0, MAX_OFFSET, description="The queue lock's epoch (ordered consumption): fenced.")
+    visibility = _int(1, limits.max_visibility_ms, default=limits.default_visibility_ms)
+    receipts = _array(RECEIPT, minItems=1, maxItems=MAX_RECEIPTS)
+    error_detail = _error_schema()["properties"]["error"]
+    queue_state = _obj(
+        {"queue": _int(0), "redrive_offset": _int(0), "high_offset": _int(0)},
+        required=("queue", "redrive_offset", "high_offset"),
+    )
+    return {
+        "ReceiveRequest": _obj(
+            {
+                "max": _int(1, max_receive, default=limits.default_fetch_messages),
+                "wait_ms": _int(0, limits.max_wait_ms, default=0, description="Long-poll this long if none."),
+                "visibility_ms": visibility,
+                "queue": _int(0, MAX_QUEUE_NUMBER, description="With epoch: receive under the queue's lock."),
+                "epoch": epoch,
+            },
+            dependentRequired={"queue": ["epoch"], "epoch": ["queue"]},
+        ),
+        "ReceivedMessage": _obj(
+            {
+                "receipt": RECEIPT,
+                "attempt": _int(1),
+                "queue": _int(0),
+                "offset": _int(0),
+                "deadline_ms": _int(0, description="In flight until then; redelivered after it."),
+                "key": _nullable(_str()),
+                "value": _str(),
+                "value_b64": _str(contentEncoding="base64"),
+                "headers": {"type": "object", "additionalProperties": _str()},
+                "timestamp_ms": _int(0),
+            },
+            required=(
+                "receipt",
+                "attempt",
+                "queue",
+                "offset",
+                "deadline_ms",
+                "key",
+                "headers",
+                "timestamp_ms",
+            ),
+            oneOf=[{"required": ["value"]}, {"required": ["value_b64"]}],
+        ),
+        "ReceiveResponse": _obj({"messages": _array(_ref("ReceivedMessage"))}, required=("messages",)),
+        "AckRequest": _obj({"receipts": receipts, "epoch": epoch}, required=("receipts",)),
+        "NackRequest": _obj(
+            {
+                "receipts": receipts,
+                "delay_ms": _int(0, limits.max_delay_ms, description="Default: the backoff schedule."),
+                "epoch": epoch,
+            },
+            required=("receipts",),
+        ),
+        "ExtendRequest": _obj(
+            {"receipts": receipts, "visibility_ms": visibility, "epoch": epoch}, required=("receipts",)
+        ),
+        "ReceiptResults": _obj(
+            {
+                "results": _array(
+                    _obj(
+                        {
+                            "receipt": _str(),
+                            "ok": {"const": True},
+                            "deadline_ms": _int(0),
+                            "dead_lettered": {"const": True},
+                            "error": error_detail,
+                        },
+                        required=("receipt",),
+                        oneOf=[{"required": ["ok"]}, {"required": ["error"]}],
+                    ),
+                    description="One per receipt, in order; a stale receipt has error stale_receipt.",
+                )
+            },
+            required=("results",),
+        ),
+        "SubscriptionSettings": _obj(
+            {
+                "max_deliveries": _int(1, 2**31, description="Deliveries before the dead-letter topic."),
+                "backoff_ms": _array(
+                    _int(0, limits.max_delay_ms),
+                    minItems=1,
+                    maxItems=MAX_BACKOFF_LEVELS,
+                    description="Retry n waits [n-1].",
+                ),
+            },
+            description="Omitted settings get the cluster's defaults.",
+        ),
+        "Subscription": _obj(
+            {
+                "topic": _str(),
+                "group": _str(),
+                "dead_letter_topic": _str(),
+                "max_deliveries": _int(1),
+                "backoff_ms": _array(_int(0)),
+            },
+            required=("topic", "group", "dead_letter_topic", "max_deliveries", "backoff_ms"),
+        ),
+        "DeadLetters": _obj(
+            {
+                "dead_letter_topic": _str(),
+                "queues": _array(queue_state),
+                "messages": _array(
+                    {
+                        "allOf": [_ref("FetchedMessage")],
+                        "properties": {"queue": _int(0)},
+                        "required": ["queue"],
+                    }
+                ),
+            },
+            required=("dead_letter_topic", "queues", "messages"),
+        ),
+        "RedriveRequest": _obj(
+            {
+                "max": _int(1, MAX_RECEIVE, default=1000, description="Most per queue."),
+                "queue": _int(0, MAX_QUEUE_NUMBER),
+            }
+        ),
+        "Redriven": _obj(
+            {
+                "dead_letter_topic": _str(),
+                "redriven": _int(0),
+                "queues": _array(
+                    _obj(
+                        {
+                            "queue": _int(0),
+                            "count": _int(0),
+                            "redrive_offset": _int(0),
+                            "high_offset": _int(0),
+                        },
+                        required=("queue", "count", "redrive_offset", "high_offset"),
+                    )
+                ),
+                "more": {"type": "boolean"},
+            },
+            required=("dead_letter_topic", "redriven", "queues", "more"),
+        ),
+        "LockRequest": _obj(
+            {
+                "consumer": _str(minLength=1, maxLength=255, **{"x-raftmq-max-utf8-bytes": 255}),
+                "lease_ms": _int(1, limits.max_visibility_ms),
+            },
+            required=("consumer", "lease_ms"),
+        ),
+        "Lock": _obj(
+            {
+                "topic": _str(),
+                "queue": _int(0),
+                "group": _str(),
+                "consumer": _str(),
+                "epoch": _int(1),
+                "lease_until_ms": _int(0),
+                "committed_offset": _nullable(_int(0, description="Resume here (null: from the start).")),
+            },
+            required=("topic", "queue", "group", "consumer", "epoch", "lease_until_ms", "committed_offset"),
+        ),
+    }
+
+
+def _delivery_paths(limits: Limits) -> dict[str, Any]:
+    base = "/v1/topics/{topic}/subscriptions/{group}"
+    sub = (TOPIC, SUB_GROUP)
+    writes = _errors(400, 404, 409, 413, *RAFT_ERRORS)
+
+    def receipts_op(op_id: str, summary: str, body: str) -> dict[str, Any]:
+        return {
+            "post": _op(
+                op_id,
+                summary,
+                {"200": _json(_ref("ReceiptResults"), "per receipt"), **writes},
+                sub,
+                _ref(body),
+            )
+        }
+
+    queue = _param("queue", "path", _int(0, MAX_QUEUE_NUMBER), "Queue number.")
+    return {
+        base + "/receive": {
+            "post": _op(
+                "receive",
+                "Receive messages (in flight until deadline_ms; long-polls up to wait_ms)",
+                {"200": _json(_ref("ReceiveResponse"), "messages, possibly none"), **writes},
+                sub,
+                _ref("ReceiveRequest"),
+            )
+        },
+        base + "/ack": receipts_op("ack", "Finish messages", "AckRequest"),
+        base + "/nack": receipts_op(
+            "nack", "Give messages back for a retry (after delay_ms or the backoff)", "NackRequest"
+        ),
+        base + "/extend": receipts_op("extend", "Push the visibility deadlines", "ExtendRequest"),
+        base: {
+            "put": _op(
+                "configureSubscription",
+                "Set a consumer group's max_deliveries and backoff on a topic",
+                {"200": _json(_ref("Subscription"), "stored"), **writes},
+                sub,
+                _ref("SubscriptionSettings"),
+            )
+        },
+        base + "/dlq": {
+            "get": _op(
+                "listDeadLetters",
+                "Dead letters not yet redriven",
+                {"200": _json(_ref("DeadLetters"), "dead letters"), **_errors(400, 404, *RAFT_ERRORS)},
+                (
+                    *sub,
+                    _param(
+                        "max",
+                        "query",
+                        _int(1, limits.max_fetch_messages, default=limits.default_fetch_messages),
+                        "Most messages.",
+                    ),
+                    _param("queue", "query", _int(0, MAX_QUEUE_NUMBER), "Only this queue."),
+                ),
+            )
+        },
+        base + "/dlq/redrive": {
+            "post": _op(
+                "redriveDeadLetters",
+                "Move dead letters back to the topic as new messages for this group",
+                {"200": _json(_ref("Redriven"), "moved"), **writes},
+                sub,
+                _ref("RedriveRequest"),
+            )
+        },
+        "/v1/topics/{topic}/queues/{queue}/locks/{group}": {
+            "post": _op(
+                "lockQueue",
+                "Acquire or renew a queue's exclusive lock (ordered consumption)",
+                {"200": _json(_ref("Lock"), "held"), **writes},
+                (TOPIC, queue, GROUP),
+                _ref("LockRequest"),
+            ),
+            "delete": _op(
+                "unlockQueue",
+                "Release a queue's lock",
+                {
+                    "200": _json(_obj({"released": {"type": "boolean"}}, required=("released",)), "released"),
+                    **_errors(400, 404, *RAFT_ERRORS),
+                },
+                (
+                    TOPIC,
+                    queue,
+                    GROUP,
+                    _param(
+                        "consumer",
+                        "query",
+                        _str(minLength=1, maxLength=255, **{"x-raftmq-max-utf8-bytes": 255}),
+                        "The holder.",
+                        True,
+                    ),
+                    _param("epoch", "query", _int(0, MAX_OFFSET), "The holder's epoch.", True),
+                ),
+            ),
+        },
+    }
+
+
+# -- sealed segments and the Arrow fetch (cluster/segments_api.py, docs/spark.md) --------------------
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+BINARY = {"type": "string", "contentMediaType": "application/octet-stream"}
+
+
+def _fetch_ok() -> dict[str, Any]:
+    """The fetch answer: JSON, or an Arrow IPC stream with ``Accept: application/vnd.apache.arrow.stream``
+    (Kafka's columns, up to 65,536 rows per call; ``max`` may then go up to 65,536)."""
+    out = _json(_ref("FetchResponse"), "messages")
+    out["description"] = (
+        "messages; with `Accept: application/vnd.apache.arrow.stream` an Arrow IPC stream of Kafka's "
+        "columns (up to 65,536 rows: `max` may go that high), next/low/high offsets in the "
+        "`X-Raftmq-Next-Offset`, `X-Raftmq-Low-Offset` and `X-Raftmq-High-Offset` headers"
+    )
+    out["content"][ARROW_STREAM] = {"schema": BINARY}
+    return out
+
+
+def _segment_schemas() -> dict[str, Schema]:
+    nullable_int = _nullable(_int(0))
+    nullable_str = _nullable(_str())
+    segment = _obj(
+        {
+            "base": _int(0),
+            "end": _int(0),
+            "rows": _int(0),
+            "bytes": _int(0),
+            "crc32c": _int(0),
+            "parquet_crc32c": nullable_int,
+            "node": _str(),
+            "first_timestamp_ms": _int(0),
+            "last_timestamp_ms": _int(0),
+            "arrow_path": nullable_str,
+            "parquet_path": nullable_str,
+            "url": _str(),
+        },
+        required=("base", "end", "rows", "crc32c", "node", "arrow_path", "parquet_path", "url"),
+        closed=False,
+    )
+    queue = _obj(
+        {
+            "queue": _int(0),
+            "group_id": _int(0),
+            "leader": nullable_str,
+            "leader_url": nullable_str,
+            "low_offset": _int(0),
+            "high_offset": _int(0),
+            "sealed_end": _int(0),
+            "segments": _array(_ref("Segment")),
+        },
+        required=("queue", "low_offset", "high_offset", "sealed_end", "segments"),
+        closed=False,
+    )
+    return {
+        "Segment": segment,
+        "SegmentManifest": _obj(
+            {
+                "topic": _str(),
+                "topic_id": _int(0),
+                "shared_store": {"type": "boolean"},
+                "queues": _array(queue),
+            },
+            required=("topic", "topic_id", "queues"),
+            closed=False,
+        ),
+    }
+
+
+def _segment_paths() -> dict[str, Any]:
+    return {
+        "/v1/topics/{topic}/segments": {
+            "get": _op(
+                "listSegments",
+                "Sealed segments per queue, with committed low/high offsets (the Spark source plans from it)",
+                {
+                    "200": _json(_ref("SegmentManifest"), "the manifest"),
+                    **_errors(400, 404, *RAFT_ERRORS),
+                },
+                params=(TOPIC,),
+            )
+        },
+        "/v1/topics/{topic}/segments/{queue}/{base}": {
+            "get": _op(
+                "getSegment",
+                "One sealed segment's file (Arrow IPC file or Parquet), from any node",
+                {
+                    "200": {
+                        "description": "the file; its CRC32C in `X-Raftmq-Crc32c`",
+                        "content": {
+                            "application/vnd.apache.arrow.file": {"schema": BINARY},
+                            "application/vnd.apache.parquet": {"schema": BINARY},
+                        },
+                    },
+                    **_errors(400, 404, *RAFT_ERRORS),
+                },
+                params=(
+                    TOPIC,
+                    _param("queue", "path", _int(0, MAX_QUEUE_NUMBER), "Queue number."),
+                    _param("base", "path", _int(0, MAX_OFFSET), "The segment's first offset."),
+                    _param(
+                        "format", "query", {"enum": ["arrow", "parquet"], "default": "arrow"}, "File format."
+                    ),
+                ),
+            )
+        },
     }

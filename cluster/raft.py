@@ -23,6 +23,7 @@ Threading: every apply, callback, journal write and snapshot hook runs on the gr
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -134,6 +135,25 @@ class GroupStatus:
     journal_entries: int
 
 
+class _MatchingTruncationFilter(logging.Filter):
+    """Drops pysyncobj's CRITICAL "truncating already-applied log entries" line.
+
+    pysyncobj logs it whenever a follower truncates from below its applied index (hazard 5). With
+    DurableJournal that truncation keeps every entry that matches the leader (a current-term suffix
+    is kept; committed entries always match the leader's), so nothing applied is lost or replayed
+    differently; the line would only alarm operators. tests/unit/test_journal.py covers the cases.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("truncating already-applied log entries")
+
+
+def _install_log_filter() -> None:
+    logger = logging.getLogger("pysyncobj.syncobj")
+    if not any(isinstance(f, _MatchingTruncationFilter) for f in logger.filters):
+        logger.addFilter(_MatchingTruncationFilter())
+
+
 def _install_journal_seam() -> None:
     """Make pysyncobj use a DurableJournal passed as ``journalFile`` (idempotent)."""
     original = _pso.createJournal
@@ -191,6 +211,7 @@ class RaftGroup:
         bind_addr: str | None = None,
     ) -> None:
         _install_journal_seam()
+        _install_log_filter()
         self.name = name
         self.node_id = node_id
         self.self_addr = self_addr
@@ -201,6 +222,7 @@ class RaftGroup:
         self._fetch_checkpoint = fetch_checkpoint
         self._journal = DurableJournal(journal_store, fsync=settings.fsync)
         self._journal.before_compaction = self._before_compaction
+        self._journal.on_storage_failure = self._journal_storage_failed
         self._destroyed = threading.Event()
         self.became_leader_count = 0  # written on the tick thread, read by metrics
         os.makedirs(os.path.dirname(snapshot_file), exist_ok=True)
@@ -316,6 +338,12 @@ class RaftGroup:
             # A replica that cannot write must stop; carrying on would let it diverge silently.
             log.critical("storage_failure_stopping", group=self.name, index=index, exc_info=True)
             os._exit(_EXIT_STORAGE_FAILURE)
+
+    def _journal_storage_failed(self, error: StoreError) -> None:
+        # Disk full or broken: pysyncobj would retry the write every tick forever. Stop instead;
+        # the other replicas carry on, and this node recovers from them once restarted.
+        log.critical("journal_storage_failure_stopping", group=self.name, error=str(error))
+        os._exit(_EXIT_STORAGE_FAILURE)
 
     def _after_tick(self) -> None:
         self._journal.flush()

@@ -110,6 +110,9 @@ def _prepare(mode: GenerationMode, method: str) -> Any:
         wait = query.get("wait_ms")
         if isinstance(wait, int) and not isinstance(wait, bool) and 0 <= wait <= 15_000:
             query["wait_ms"] = min(wait, MAX_WAIT_MS)
+        body_wait = case.body.get("wait_ms") if isinstance(case.body, dict) else None
+        if isinstance(body_wait, int) and not isinstance(body_wait, bool) and 0 <= body_wait <= 15_000:
+            case.body["wait_ms"] = min(body_wait, MAX_WAIT_MS)  # receive long-polls in its body
         if mode is not GenerationMode.POSITIVE:
             return case
         body = case.body = _integral(case.body)
