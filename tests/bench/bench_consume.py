@@ -545,7 +545,9 @@ def main() -> None:
     ap.add_argument("--phases", default="throughput,latency")
     ap.add_argument("--messages", type=int, default=300_000)
     ap.add_argument("--queues", type=int, default=6, help="queues of the topic (2 per consumer)")
-    ap.add_argument("--max-batch", type=int, default=None, help="consumer max_batch (default: the client's)")
+    ap.add_argument(
+        "--max-batch", type=int, default=500, help="consumer max_batch (the client default is 32)"
+    )
     ap.add_argument(
         "--max-backlog", type=int, default=None, help="consumer max_backlog (default: the client's)"
     )
