@@ -52,6 +52,9 @@ __all__ = ["create_app", "key_queue"]
 log = structlog.get_logger(__name__)
 
 FORWARDED = "X-Raftmq-Forwarded"
+# Peer-call failures where the request certainly never left this node (no connection was made):
+# definite, so safe to retry at the next leader.
+NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
 API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
@@ -188,7 +191,7 @@ class Api:
             ) as resp:
                 data = await resp.read()
                 return web.Response(body=data, status=resp.status, content_type=resp.content_type)
-        except aiohttp.ClientConnectorError:
+        except NOT_SENT:
             raise ApiError(
                 errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
             ) from None
@@ -485,7 +488,7 @@ class Api:
                 body=body,
                 timeout_s=self.limits.request_timeout_ms / 1000 + 5,
             )
-        except aiohttp.ClientConnectorError:
+        except NOT_SENT:
             raise ApiError(
                 errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
             ) from None

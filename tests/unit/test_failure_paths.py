@@ -88,3 +88,34 @@ def test_checkpoint_extraction_refuses_escaping_paths_and_links(
         with pytest.raises((ValueError, tarfile.TarError)):
             node_module._safe_extract(_tar_with([(bad, data)]), str(tmp_path / "bad"))
     assert not (tmp_path / "outside").exists()
+
+
+def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() -> None:
+    """A connect timeout (a cut-off leader) sent nothing: it must be `unavailable` (definite), so
+    `_group_call` retries at the next leader, not `unknown_outcome`."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import aiohttp
+
+    from raftmq.cluster import errors
+    from raftmq.cluster.config import Limits, RaftTimingConfig
+    from raftmq.cluster.http_api import Api
+    from raftmq.cluster.validation import ApiError
+
+    leader = SimpleNamespace(id="n2")
+
+    async def peer_request(*args: Any, **kwargs: Any) -> Any:
+        raise aiohttp.ConnectionTimeoutError("connect timed out")
+
+    fake_node = SimpleNamespace(
+        config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig()),
+        groups={},
+        me=SimpleNamespace(id="n1"),
+        leader_of=lambda name: leader,
+        peer_request=peer_request,
+    )
+    api = Api(fake_node)  # type: ignore[arg-type]
+    with pytest.raises(ApiError) as e:
+        asyncio.run(api._group_call_once("0", "produce", {"batches": []}, None))
+    assert e.value.code is errors.UNAVAILABLE and e.value.code.definite
