@@ -35,6 +35,8 @@ import structlog
 
 from raftmq.storage.store import Batch, Store, StoreError
 
+from .timing import LatencyHistogram
+
 __all__ = ["DurableJournal", "Entry"]
 
 log = structlog.get_logger(__name__)
@@ -91,6 +93,7 @@ class DurableJournal:
         # Read by the metrics collector; written only on the tick thread.
         self.syncs = 0
         self.sync_seconds = 0.0
+        self.sync_latency = LatencyHistogram()
         self._load()
 
     # -- loading ---------------------------------------------------------------------------------
@@ -137,8 +140,10 @@ class DurableJournal:
             if self._fsync:
                 started = time.perf_counter()
                 self._sync_store()
-                self.sync_seconds += time.perf_counter() - started
+                took_s = time.perf_counter() - started
+                self.sync_seconds += took_s
                 self.syncs += 1
+                self.sync_latency.observe(took_s)
             self._dirty = False
 
     @property

@@ -26,6 +26,7 @@ import base64
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,6 +42,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 from raftmq.storage.store import Store, StoreError
 
 from .journal import DurableJournal, Entry
+from .timing import LatencyHistogram
 
 __all__ = [
     "PINNED_PYSYNCOBJ",
@@ -225,6 +227,9 @@ class RaftGroup:
         self._journal.on_storage_failure = self._journal_storage_failed
         self._destroyed = threading.Event()
         self.became_leader_count = 0  # written on the tick thread, read by metrics
+        # Read by metrics: submit (at this node) until applied here, and one state machine apply.
+        self.commit_latency = LatencyHistogram()
+        self.apply_latency = LatencyHistogram()
         os.makedirs(os.path.dirname(snapshot_file), exist_ok=True)
         conf = SyncObjConf(
             password=settings.password,
@@ -274,10 +279,13 @@ class RaftGroup:
         """Propose ``command``. ``on_done`` is called once, on the tick thread, when the entry is
         applied here (result) or has failed; it must not block. May be called from any thread."""
 
+        submitted = time.perf_counter()
+
         def callback(result: Any, error: int) -> None:
             # An exception escaping a pysyncobj callback makes the leader apply the entry twice.
             try:
                 if error == FAIL_REASON.SUCCESS:
+                    self.commit_latency.observe(time.perf_counter() - submitted)
                     on_done(Outcome(result=result))
                 else:
                     code, definite = _FAILURES.get(error, ("unknown_outcome", False))
@@ -332,12 +340,15 @@ class RaftGroup:
     # -- tick thread ------------------------------------------------------------------------------
 
     def _apply(self, index: int, data: bytes) -> Any:
+        started = time.perf_counter()
         try:
             return self._machine.apply(index, data)
         except StoreError:
             # A replica that cannot write must stop; carrying on would let it diverge silently.
             log.critical("storage_failure_stopping", group=self.name, index=index, exc_info=True)
             os._exit(_EXIT_STORAGE_FAILURE)
+        finally:
+            self.apply_latency.observe(time.perf_counter() - started)
 
     def _journal_storage_failed(self, error: StoreError) -> None:
         # Disk full or broken: pysyncobj would retry the write every tick forever. Stop instead;
