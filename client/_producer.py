@@ -21,7 +21,7 @@ from ._accumulator import Accumulator, Batch, Delivery, buffer_full, encode_mess
 from ._api import ApiClient
 from ._metadata import ClusterMetadata, key_queue
 from ._retry import Backoff, may_retry, outcome_error
-from ._transport import Transport, path_part
+from ._transport import AddressMap, Transport, path_part
 from ._types import RecordMetadata, TopicDescription
 from .errors import (
     ClientClosed,
@@ -66,6 +66,7 @@ class ProducerConfig:
     retry_backoff_ms: int = 50
     retry_backoff_max_ms: int = 2_000
     metadata_max_age_ms: int = 30_000
+    address_map: AddressMap | None = None
 
     def check(self) -> None:
         problems = [
@@ -130,7 +131,9 @@ class ProducerCore:
         self.config = config
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
-        self.transport = Transport(bootstrap, request_timeout_ms=config.request_timeout_ms)
+        self.transport = Transport(
+            bootstrap, request_timeout_ms=config.request_timeout_ms, address_map=config.address_map
+        )
         self.backoff = Backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
         self.api = ApiClient(self.transport, retry_timeout_ms=config.request_timeout_ms, backoff=self.backoff)
         self.metadata = ClusterMetadata()
@@ -424,6 +427,8 @@ class AsyncProducer:
         retry_backoff_ms, retry_backoff_max_ms: Exponential backoff between attempts.
         metadata_max_age_ms: Topic metadata (queue leaders) is refreshed this often, and after
             errors that suggest it is stale.
+        address_map: ``address_map(url)``: where to connect for a node's advertised address (or
+            None: unreachable now), for clients behind NAT or container port mappings.
     """
 
     def __init__(
@@ -442,6 +447,7 @@ class AsyncProducer:
         retry_backoff_ms: int = 50,
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
+        address_map: AddressMap | None = None,
     ) -> None:
         self._bootstrap = bootstrap
         self._config = ProducerConfig(
@@ -457,6 +463,7 @@ class AsyncProducer:
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            address_map=address_map,
         )
         self._config.check()
         self._core: ProducerCore | None = None

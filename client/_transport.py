@@ -7,12 +7,17 @@ Failover rule (what makes a retry safe):
   ``idempotent`` request (a read, an offset commit, a heartbeat, a produce carrying
   ``producer_id``/``sequence``) moves on to the next node; any other raises
   :class:`~raftmq.client.errors.ConnectionLost` (``definite = False``) and is never resent.
+
+``address_map`` serves clients that cannot reach the addresses the cluster advertises (NAT, ports
+mapped by a container runtime): each attempt's node address goes through it, and a node it maps to
+None is skipped as unreachable (nothing sent). With one bootstrap node and no ``node_url``, a
+request is a single attempt at that node (the chaos workload pins its clients this way).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -21,7 +26,11 @@ import orjson
 
 from .errors import ClientClosed, ConnectionFailed, ConnectionLost, UnexpectedResponse, error_from_body
 
-__all__ = ["Transport", "normalize_urls", "path_part"]
+__all__ = ["AddressMap", "Transport", "normalize_urls", "path_part"]
+
+AddressMap = Callable[[str], str | None]
+"""Maps a node's advertised base URL (``http://n1:8080``) to the URL to connect to, or None when the
+node cannot be reached now."""
 
 # Errors raised before a byte of the request left: the request was certainly not processed.
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
@@ -54,6 +63,9 @@ class Transport:
         request_timeout_ms: Total time for one attempt at one node (long polls add their wait).
         connect_timeout_ms: Time to open a connection before moving on to the next node.
         max_connections: Pooled connections in total (0: unlimited).
+        address_map: Where to connect for a node address (see the module docstring).
+        keep_alive: False opens a new connection for every request: a pooled connection to a node
+            that restarted would turn a certain failure (refused) into an unknown one (reset).
     """
 
     def __init__(
@@ -63,8 +75,12 @@ class Transport:
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 2_000,
         max_connections: int = 0,
+        address_map: AddressMap | None = None,
+        keep_alive: bool = True,
     ) -> None:
         self.bootstrap = normalize_urls(bootstrap)
+        self._address_map = address_map
+        self._keep_alive = keep_alive
         self.request_timeout_ms = request_timeout_ms
         self.connect_timeout_ms = connect_timeout_ms
         self._max_connections = max_connections
@@ -77,7 +93,9 @@ class Transport:
             raise ClientClosed("the client is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections, limit_per_host=0, force_close=not self._keep_alive
+                ),
                 skip_auto_headers=("User-Agent",),
             )
         return self._session
@@ -127,9 +145,14 @@ class Transport:
         sent_somewhere = False
         last: Exception | None = None
         for url in self._candidates(node_url):
+            target = url if self._address_map is None else self._address_map(url)
+            if target is None:
+                last = ConnectionFailed(f"{url} has no address now")
+                self._demote(url)
+                continue
             try:
                 async with session.request(
-                    method, url + path, data=data, params=params, headers=headers, timeout=timeout
+                    method, target + path, data=data, params=params, headers=headers, timeout=timeout
                 ) as resp:
                     raw = await resp.read()
                     status = resp.status
