@@ -324,6 +324,11 @@ class RaftGroup:
         j = self._journal
         return {"bytes": j.size_bytes, "syncs": j.syncs, "sync_seconds": j.sync_seconds}
 
+    @property
+    def fsync_latency(self) -> LatencyHistogram:
+        """The journal's fsync durations (for metrics)."""
+        return self._journal.sync_latency
+
     def transfer_leadership(self, to_addr: str | None = None) -> None:
         """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer)."""
         self._sync.transferLeadership(node=to_addr)
