@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -104,8 +105,8 @@ def listen_addresses(config: ClusterConfig, node_id: str) -> list[tuple[str, str
     me = config.node(node_id)
     addrs = [("HTTP", me.http)]
     if any(v.id == node_id for v in config.metadata_voters):
-        addrs.append(("Raft, metadata group", me.raft_addr(0)))
-    addrs += [(f"Raft, queue group {g}", me.raft_addr(1 + g)) for g in config.groups_on(node_id)]
+        addrs.append(("Raft, metadata group", me.raft_bind_addr(0)))
+    addrs += [(f"Raft, queue group {g}", me.raft_bind_addr(1 + g)) for g in config.groups_on(node_id)]
     return addrs
 
 
@@ -144,9 +145,15 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     from .http_api import create_app
     from .node import Node
     from .raft import RaftBindError
+    from .tls import TlsError, server_context
 
     log = structlog.get_logger("raftmq.serve")
-    node = Node(config, node_id)
+    try:
+        node, ssl_context = Node(config, node_id), server_context(config.node(node_id))
+    except TlsError as e:
+        raise CannotListen(str(e)) from None
+    if not config.security.enabled and not _loopback(node.me.http.rsplit(":", 1)[0]):
+        log.warning("api_unauthenticated", node_id=node_id, hint="no [[security.tokens]] in the cluster file")
     try:
         await node.start()
     except RaftBindError as e:
@@ -155,7 +162,7 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     runner = web.AppRunner(create_app(node), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)
-    site = web.TCPSite(runner, host, int(port), reuse_address=True)
+    site = web.TCPSite(runner, host, int(port), reuse_address=True, ssl_context=ssl_context)
     try:
         await site.start()
     except OSError as e:
@@ -173,6 +180,13 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     log.info("stopping", node_id=node_id)
     await runner.cleanup()
     await node.stop()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def write_dev_config(directory: str, nodes: int = 3, base_http: int = 8081, base_raft: int = 7100) -> str:

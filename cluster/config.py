@@ -21,10 +21,23 @@ A cluster file is TOML::
     [segments]                           # optional segment sealing; defaults in SegmentsConfig
     store = "s3://bucket/raftmq"         # default: <data_dir>/<node_id>/segments
 
+    [security]                           # optional API tokens (cluster/tokens.py, docs/security.md)
+    [[security.tokens]]
+    name = "orders-service"
+    sha256 = "<64 hex digits>"           # or token = "..."; env: RAFTMQ_TOKEN_ORDERS_SERVICE
+    produce = ["orders.*"]
+
+    [tls]                                # optional HTTPS for the API and node-to-node calls
+    cert_file = "/etc/raftmq/node.pem"   # default for every node (per node: tls_cert_file)
+    key_file = "/etc/raftmq/node.key"    # (per node: tls_key_file)
+    ca_file = "/etc/raftmq/ca.pem"       # the CA peers' certificates are checked against
+    verify = true
+
     [[nodes]]
     id = "n1"
     http = "127.0.0.1:8001"
     raft = "127.0.0.1:7001"              # base port: the metadata group uses it, queue group g uses +1+g
+    raft_bind = "127.0.0.1"              # optional host the Raft ports listen on (default: raft's host)
     data_dir = ".raftmq"                 # this node keeps its data under <data_dir>/<id>/
 
 Environment variables override single settings: ``RAFTMQ_<SECTION>_<KEY>`` (for example
@@ -42,6 +55,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .delivery import DEFAULT_BACKOFF_MS
+from .tokens import SecurityConfig, parse_security
 
 __all__ = [
     "ClusterConfig",
@@ -52,6 +66,7 @@ __all__ = [
     "RaftTimingConfig",
     "SegmentsConfig",
     "TestFaults",
+    "TlsConfig",
     "load_config",
     "parse_config",
 ]
@@ -74,14 +89,22 @@ class NodeConfig:
     http: str  # host:port of the HTTP API
     raft: str  # host:port; base of this node's Raft ports
     data_dir: str
+    raft_bind: str = ""  # host the Raft ports listen on ("": the host of ``raft``)
+    tls_cert_file: str = ""  # set (with tls_key_file): the HTTP API is served over HTTPS
+    tls_key_file: str = ""
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.http}"
+        return f"{'https' if self.tls_cert_file else 'http'}://{self.http}"
 
     def raft_addr(self, port_offset: int) -> str:
         host, port = self.raft.rsplit(":", 1)
         return f"{host}:{int(port) + port_offset}"
+
+    def raft_bind_addr(self, port_offset: int) -> str:
+        """Where the Raft port ``port_offset`` listens: never all interfaces unless configured."""
+        host, port = self.raft.rsplit(":", 1)
+        return f"{self.raft_bind or host}:{int(port) + port_offset}"
 
     def node_dir(self) -> str:
         return os.path.join(self.data_dir, self.id)
@@ -158,9 +181,22 @@ class TestFaults:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """HTTPS settings shared by the nodes (``docs/security.md``). ``cert_file``/``key_file`` are the
+    default of every node's ``tls_cert_file``/``tls_key_file``; ``ca_file`` is what peers'
+    certificates are verified against ("" = the system's CAs); ``verify = false`` turns the
+    verification of peers off (never in production)."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str = ""
+    verify: bool = True
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
-    secret: str
+    secret: str = field(repr=False)
     queue_groups: int
     replication: int
     durability: str = "fsync"
@@ -170,6 +206,12 @@ class ClusterConfig:
     path: str | None = None
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+    @property
+    def tls_enabled(self) -> bool:
+        return any(n.tls_cert_file for n in self.nodes)
 
     def node(self, node_id: str) -> NodeConfig:
         for n in self.nodes:
@@ -220,7 +262,9 @@ def parse_config(
         {"secret": str, "queue_groups": int, "replication": int, "durability": str},
         problems,
     )
-    unknown = set(raw) - {"cluster", "limits", "raft", "nodes", "faults", "delivery", "segments"}
+    unknown = set(raw) - {
+        *("cluster", "limits", "raft", "nodes", "faults", "delivery", "segments", "security", "tls")
+    }
     problems += [f"unknown section [{k}]" for k in sorted(unknown)]
 
     nodes = _parse_nodes(raw.get("nodes"), problems)
@@ -247,6 +291,9 @@ def parse_config(
     faults = _parse_section(TestFaults, raw.get("faults", {}), "faults", env, problems)
     delivery = _parse_section(DeliveryConfig, raw.get("delivery", {}), "delivery", env, problems)
     segments = _parse_section(SegmentsConfig, raw.get("segments", {}), "segments", env, problems)
+    security = parse_security(raw.get("security"), env, problems)
+    tls = _parse_section(TlsConfig, raw.get("tls", {}), "tls", env, problems)
+    nodes = _with_tls(nodes, tls, problems)
     if segments.max_messages < 1 or segments.max_bytes < 1 or segments.check_ms < 1:
         problems.append("segments.max_messages, max_bytes and check_ms must be at least 1")
     if delivery.max_deliveries < 1 or delivery.tick_ms < 1 or delivery.tick_max_items < 1:
@@ -273,6 +320,8 @@ def parse_config(
         path=path,
         delivery=delivery,
         segments=segments,
+        security=security,
+        tls=tls,
     )
 
 
@@ -291,7 +340,7 @@ def _parse_nodes(raw: Any, problems: list[str]) -> list[NodeConfig]:
         if not isinstance(entry, dict):
             problems.append(f"{where} must be a table")
             continue
-        unknown = set(entry) - {"id", "http", "raft", "data_dir"}
+        unknown = set(entry) - {"id", "http", "raft", "data_dir", *_NODE_OPTIONS}
         problems += [f"unknown key {where}.{k}" for k in sorted(unknown)]
         node_id, http, raft, data_dir = (entry.get(k) for k in ("id", "http", "raft", "data_dir"))
         if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
@@ -308,9 +357,33 @@ def _parse_nodes(raw: Any, problems: list[str]) -> list[NodeConfig]:
                 if value in seen[key]:
                     problems.append(f"{where}: duplicate {key} {value!r}")
                 seen[key].add(value)
+        options = {k: entry[k] for k in _NODE_OPTIONS if k in entry}
+        for key, value in options.items():
+            if not isinstance(value, str) or (key == "raft_bind" and (not value or ":" in value)):
+                problems.append(f"{where}: {key} must be a " + ("host" if key == "raft_bind" else "path"))
         if isinstance(http, str) and isinstance(raft, str) and isinstance(data_dir, str):
-            nodes.append(NodeConfig(id=node_id, http=http, raft=raft, data_dir=data_dir))
+            node = NodeConfig(id=node_id, http=http, raft=raft, data_dir=data_dir)
+            nodes.append(replace(node, **{k: v for k, v in options.items() if isinstance(v, str)}))
     return nodes
+
+
+_NODE_OPTIONS = ("raft_bind", "tls_cert_file", "tls_key_file")
+
+
+def _with_tls(nodes: list[NodeConfig], tls: TlsConfig, problems: list[str]) -> list[NodeConfig]:
+    """Nodes with [tls]'s cert_file/key_file where they set none; HTTPS is all nodes or none."""
+    out = [
+        replace(
+            n, tls_cert_file=n.tls_cert_file or tls.cert_file, tls_key_file=n.tls_key_file or tls.key_file
+        )
+        for n in nodes
+    ]
+    for n in out:
+        if bool(n.tls_cert_file) != bool(n.tls_key_file):
+            problems.append(f"node {n.id}: TLS needs both a certificate and a key file")
+    if len({bool(n.tls_cert_file) for n in out}) > 1:
+        problems.append("TLS must be set for every node or for none (peers call each other by URL)")
+    return out
 
 
 def _valid_addr(addr: str) -> bool:

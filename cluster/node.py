@@ -41,6 +41,7 @@ from .metadata import MetadataMachine
 from .queue_group import Applied, QueueGroupMachine
 from .raft import Outcome, RaftGroup, RaftSettings, StateMachine
 from .segments import Sealer
+from .tls import client_context
 
 __all__ = ["META", "LocalGroup", "Node"]
 
@@ -84,6 +85,7 @@ class Node:
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/segments.py), set by start
+        self.ssl_context = client_context(config)  # peer calls over HTTPS (None: plain HTTP)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -93,6 +95,7 @@ class Node:
         shutil.rmtree(os.path.join(self.node_dir, "tmp"), ignore_errors=True)
         os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
         self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self.ssl_context or True),
             headers={SECRET_HEADER: self.config.secret},
             # sock_connect: a peer that is cut off fails fast (and definitely: nothing was sent),
             # so the request is retried at the new leader instead of hanging.
@@ -166,6 +169,7 @@ class Node:
             snapshot_file=os.path.join(self._group_dir(name, "snapshot"), "manifest.json"),
             settings=settings,
             fetch_checkpoint=lambda manifest: self._fetch_checkpoint(name, replicas, manifest),
+            bind_addr=self.me.raft_bind_addr(port_offset),  # pysyncobj's default is 0.0.0.0
         )
         local = LocalGroup(name, raft, machine, store, journal_store, replicas)
         self.groups[name] = local
@@ -443,7 +447,10 @@ class Node:
                     f"{node.http_url}/internal/groups/{name}/checkpoint",
                     headers={SECRET_HEADER: self.config.secret},
                 )
-                with urllib.request.urlopen(request, timeout=60) as resp, open(tar_path, "wb") as f:
+                with (
+                    urllib.request.urlopen(request, timeout=60, context=self.ssl_context) as resp,
+                    open(tar_path, "wb") as f,
+                ):
                     shutil.copyfileobj(resp, f, 1 << 20)
                 with tarfile.open(tar_path) as tar:
                     _safe_extract(tar, dest)
