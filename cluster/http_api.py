@@ -710,6 +710,7 @@ def _group_name(request: web.Request) -> str:
 
 def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
+    from .auth import auth_middleware
     from .groups_api import add_group_routes
     from .internal_api import add_internal_routes
     from .metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
@@ -718,7 +719,11 @@ def create_app(node: Node) -> web.Application:
 
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
-        middlewares=[metrics_middleware, error_middleware],
+        middlewares=[
+            metrics_middleware,
+            error_middleware,
+            auth_middleware(node.config.secret, node.config.security),
+        ],
     )
     api = Api(node)
     app[METRICS_KEY] = api.metrics = Metrics(node)
