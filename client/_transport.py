@@ -17,6 +17,7 @@ request is a single attempt at that node (the chaos workload pins its clients th
 from __future__ import annotations
 
 import random
+import ssl as _ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -66,6 +67,10 @@ class Transport:
         address_map: Where to connect for a node address (see the module docstring).
         keep_alive: False opens a new connection for every request: a pooled connection to a node
             that restarted would turn a certain failure (refused) into an unknown one (reset).
+        token: API token, sent as ``Authorization: Bearer <token>`` (clusters with tokens).
+        ca_file: CA certificates (PEM) that ``https://`` nodes' certificates are verified against
+            (default: the system's CAs).
+        ssl: An SSL context for ``https://`` nodes (overrides ``ca_file``).
     """
 
     def __init__(
@@ -77,8 +82,14 @@ class Transport:
         max_connections: int = 0,
         address_map: AddressMap | None = None,
         keep_alive: bool = True,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         self.bootstrap = normalize_urls(bootstrap)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else None
+        # Certificates are always verified: the system's CAs, ca_file's, or the caller's context.
+        self._ssl = ssl or (_ssl.create_default_context(cafile=ca_file) if ca_file else True)
         self._address_map = address_map
         self._keep_alive = keep_alive
         self.request_timeout_ms = request_timeout_ms
@@ -94,8 +105,12 @@ class Transport:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
-                    limit=self._max_connections, limit_per_host=0, force_close=not self._keep_alive
+                    limit=self._max_connections,
+                    limit_per_host=0,
+                    force_close=not self._keep_alive,
+                    ssl=self._ssl,
                 ),
+                headers=self._headers,
                 skip_auto_headers=("User-Agent",),
             )
         return self._session
@@ -172,6 +187,32 @@ class Transport:
         if sent_somewhere:
             raise ConnectionLost(f"{method} {path}: no answer from any node ({where}): {_describe(last)}")
         raise ConnectionFailed(f"{method} {path}: cannot reach any node ({where}): {_describe(last)}")
+
+    async def open_websocket(
+        self, path: str, *, params: Mapping[str, str | int] | None = None, heartbeat_s: float | None = None
+    ) -> aiohttp.ClientWebSocketResponse[Literal[False]]:
+        """A WebSocket (text frames as bytes) to the first node that accepts it (the push stream).
+
+        Raises:
+            RaftmqError: The API error of a refused upgrade (asked of the same route without it);
+                ConnectionFailed when no node could be reached.
+        """
+        session = self._get_session()
+        last: Exception | None = None
+        for url in self._candidates(None):
+            try:
+                async with asyncio.timeout((self.connect_timeout_ms + self.request_timeout_ms) / 1000):
+                    return await session.ws_connect(
+                        url + path, params=params, heartbeat=heartbeat_s, max_msg_size=0, decode_text=False
+                    )
+            except aiohttp.WSServerHandshakeError:
+                await self.request("GET", path, params=params, node_url=url, idempotent=True)
+                raise UnexpectedResponse(f"{url}{path} refused the WebSocket upgrade") from None
+            except (aiohttp.ClientError, TimeoutError) as e:
+                last = e
+                self._demote(url)
+        where = ", ".join(self._candidates(None))
+        raise ConnectionFailed(f"GET {path} (WebSocket): cannot reach any node ({where}): {_describe(last)}")
 
     def _demote(self, url: str) -> None:
         """Prefer the next bootstrap node after ``url`` failed."""

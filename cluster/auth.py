@@ -2,7 +2,7 @@
 
 Every request is classified by its route (:func:`route_rule`):
 
-- ``/healthz``, ``/readyz``, ``/openapi.json``: open.
+- ``/healthz``, ``/readyz``, ``/openapi.json`` and the web console's files (``/ui``): open.
 - ``/internal/...``: peers only (the cluster secret in ``X-Raftmq-Secret``).
 - ``/metrics``: a token, unless ``security.metrics_open``.
 - ``/v1/...``: with tokens configured, ``Authorization: Bearer <token>`` and the permission the route
@@ -85,6 +85,9 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/healthz"): OPEN,
     ("GET", "/readyz"): OPEN,
     ("GET", "/openapi.json"): OPEN,
+    ("GET", "/ui"): OPEN,  # the web console's files; the page then calls the API with a token
+    ("GET", "/ui/"): OPEN,
+    ("GET", "/ui/{file}"): OPEN,
     ("GET", "/metrics"): METRICS,
     ("GET", "/v1/cluster"): TOKEN,  # clients read node addresses from it
     ("GET", "/v1/topics"): LIST_TOPICS,
@@ -93,6 +96,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("DELETE", _T): _on_topic(ADMIN),
     ("POST", _T + "/messages"): _on_topic(PRODUCE),
     ("GET", _T + "/queues/{queue}/messages"): _on_topic(CONSUME),
+    ("GET", _T + "/groups"): _on_topic(CONSUME, ADMIN, any_of=True),  # consumer groups and their lag
     ("PUT", _G + "/offsets"): _on_topic(CONSUME, source="body:topic"),
     ("GET", _G + "/offsets"): _on_topic(CONSUME, source="query:topic"),
     ("POST", _G + "/members"): _on_topic(CONSUME, source="body:topics"),

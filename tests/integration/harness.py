@@ -64,10 +64,11 @@ class NodeProc:
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.http}"
+        return f"{self.scheme}://{self.http}"
 
 
 class Cluster:
@@ -80,7 +81,11 @@ class Cluster:
         queue_groups: int | None = None,
         replication: int | None = None,
         extra_toml: str = "",
+        node_toml: Callable[[str], str] | None = None,
+        scheme: str = "http",
     ) -> None:
+        """``extra_toml`` goes after [cluster]; ``node_toml(node_id)`` into that node's [[nodes]]
+        table; ``scheme`` is "https" when the cluster file sets up TLS."""
         self.dir = tmp
         self.data_dir = tmp / "data"
         groups = queue_groups if queue_groups is not None else nodes
@@ -88,7 +93,9 @@ class Cluster:
         self.nodes: dict[str, NodeProc] = {}
         for i in range(1, nodes + 1):
             base = free_port_block(ports_per_node + 1)
-            self.nodes[f"n{i}"] = NodeProc(id=f"n{i}", http=f"127.0.0.1:{base}", raft_base=base + 1)
+            self.nodes[f"n{i}"] = NodeProc(
+                id=f"n{i}", http=f"127.0.0.1:{base}", raft_base=base + 1, scheme=scheme
+            )
         lines = ["[cluster]", f'secret = "{SECRET}"']
         if queue_groups is not None:
             lines.append(f"queue_groups = {queue_groups}")
@@ -102,6 +109,7 @@ class Cluster:
                 f'http = "{n.http}"',
                 f'raft = "127.0.0.1:{n.raft_base}"',
                 f'data_dir = "{self.data_dir}"',
+                node_toml(n.id) if node_toml else "",
             ]
         self.config_path = tmp / "cluster.toml"
         self.config_path.write_text("\n".join(lines) + "\n")
