@@ -16,10 +16,11 @@ request is a single attempt at that node (the chaos workload pins its clients th
 
 from __future__ import annotations
 
+import asyncio
 import random
 import ssl as _ssl
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
@@ -200,10 +201,15 @@ class Transport:
         session = self._get_session()
         last: Exception | None = None
         for url in self._candidates(None):
+            target = url if self._address_map is None else self._address_map(url)
+            if target is None:
+                last = ConnectionFailed(f"{url} has no address now")
+                self._demote(url)
+                continue
             try:
                 async with asyncio.timeout((self.connect_timeout_ms + self.request_timeout_ms) / 1000):
                     return await session.ws_connect(
-                        url + path, params=params, heartbeat=heartbeat_s, max_msg_size=0, decode_text=False
+                        target + path, params=params, heartbeat=heartbeat_s, max_msg_size=0, decode_text=False
                     )
             except aiohttp.WSServerHandshakeError:
                 await self.request("GET", path, params=params, node_url=url, idempotent=True)
