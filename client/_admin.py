@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl as _ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ class AsyncAdmin:
         bootstrap: Node addresses; any one will do.
         request_timeout_ms: One attempt's timeout.
         retry_timeout_ms: Time for all attempts of one call.
+        token: API token (``Authorization: Bearer``), for clusters with tokens.
+        ca_file: CA certificates (PEM) that ``https://`` nodes are verified against (default: the
+            system's CAs); ``ssl``: an SSL context instead.
     """
 
     def __init__(
@@ -34,8 +38,13 @@ class AsyncAdmin:
         retry_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 50,
         retry_backoff_max_ms: int = 2_000,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
-        self._transport = Transport(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._transport = Transport(
+            bootstrap, request_timeout_ms=request_timeout_ms, token=token, ca_file=ca_file, ssl=ssl
+        )
         self._api = ApiClient(
             self._transport,
             retry_timeout_ms=retry_timeout_ms,

@@ -13,6 +13,7 @@ The consumer is split by responsibility:
 from __future__ import annotations
 
 import asyncio
+import ssl as _ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -73,6 +74,9 @@ class AsyncConsumer:
         request_timeout_ms: One request's timeout.
         retry_backoff_ms, retry_backoff_max_ms: Backoff after failed fetches and commits.
         metadata_max_age_ms: How often queue leaders are refreshed.
+        token: API token (``Authorization: Bearer``), for clusters with tokens.
+        ca_file: CA certificates (PEM) that ``https://`` nodes are verified against (default: the
+            system's CAs); ``ssl``: an SSL context instead.
     """
 
     def __init__(
@@ -94,6 +98,9 @@ class AsyncConsumer:
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         self._bootstrap = bootstrap
         self._config = ConsumerConfig(
@@ -112,6 +119,9 @@ class AsyncConsumer:
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            token=token,
+            ca_file=ca_file,
+            ssl=ssl,
         )
         self._config.check()
         self._core: ConsumerCore | None = None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ssl as _ssl
+from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = ["MAX_NAME_BYTES", "ConsumerConfig", "Mode", "Reset", "TopicQueue"]
@@ -40,6 +41,9 @@ class ConsumerConfig:
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 2_000
     metadata_max_age_ms: int = 30_000
+    token: str | None = field(default=None, repr=False)  # API token (never in a repr)
+    ca_file: str | None = None
+    ssl: _ssl.SSLContext | None = None
 
     def check(self) -> None:
         problems = []

@@ -45,7 +45,13 @@ class ConsumerCore:
         self.config = config
         self.member_id = config.member_id or f"c-{uuid.uuid4().hex[:16]}"
         self.loop = asyncio.get_running_loop()
-        self.transport = Transport(bootstrap, request_timeout_ms=config.request_timeout_ms)
+        self.transport = Transport(
+            bootstrap,
+            request_timeout_ms=config.request_timeout_ms,
+            token=config.token,
+            ca_file=config.ca_file,
+            ssl=config.ssl,
+        )
         self.backoff = Backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
         self.api = ApiClient(self.transport, retry_timeout_ms=config.request_timeout_ms, backoff=self.backoff)
         self.metadata = ClusterMetadata()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl as _ssl
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._accumulator import Accumulator, Batch, Delivery, buffer_full, encode_message
@@ -67,6 +68,9 @@ class ProducerConfig:
     retry_backoff_max_ms: int = 2_000
     metadata_max_age_ms: int = 30_000
     address_map: AddressMap | None = None
+    token: str | None = field(default=None, repr=False)  # API token (never in a repr)
+    ca_file: str | None = None
+    ssl: _ssl.SSLContext | None = None
 
     def check(self) -> None:
         problems = [
@@ -132,7 +136,12 @@ class ProducerCore:
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
         self.transport = Transport(
-            bootstrap, request_timeout_ms=config.request_timeout_ms, address_map=config.address_map
+            bootstrap,
+            request_timeout_ms=config.request_timeout_ms,
+            address_map=config.address_map,
+            token=config.token,
+            ca_file=config.ca_file,
+            ssl=config.ssl,
         )
         self.backoff = Backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
         self.api = ApiClient(self.transport, retry_timeout_ms=config.request_timeout_ms, backoff=self.backoff)
@@ -429,6 +438,9 @@ class AsyncProducer:
             errors that suggest it is stale.
         address_map: ``address_map(url)``: where to connect for a node's advertised address (or
             None: unreachable now), for clients behind NAT or container port mappings.
+        token: API token (``Authorization: Bearer``), for clusters with tokens.
+        ca_file: CA certificates (PEM) that ``https://`` nodes are verified against (default: the
+            system's CAs); ``ssl``: an SSL context instead.
     """
 
     def __init__(
@@ -448,6 +460,9 @@ class AsyncProducer:
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
         address_map: AddressMap | None = None,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         self._bootstrap = bootstrap
         self._config = ProducerConfig(
@@ -464,6 +479,9 @@ class AsyncProducer:
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
             address_map=address_map,
+            token=token,
+            ca_file=ca_file,
+            ssl=ssl,
         )
         self._config.check()
         self._core: ProducerCore | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import ssl as _ssl
 import threading
 import time
 from collections import deque
@@ -83,6 +84,9 @@ class Admin:
         retry_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 50,
         retry_backoff_max_ms: int = 2_000,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         self._async = AsyncAdmin(
             bootstrap,
@@ -90,6 +94,9 @@ class Admin:
             retry_timeout_ms=retry_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
+            token=token,
+            ca_file=ca_file,
+            ssl=ssl,
         )
         self._io = LoopThread("raftmq-admin")
 
@@ -165,6 +172,9 @@ class Producer:
         retry_backoff_ms: int = 50,
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         config = ProducerConfig(
             linger_ms=linger_ms,
@@ -179,6 +189,9 @@ class Producer:
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            token=token,
+            ca_file=ca_file,
+            ssl=ssl,
         )
         config.check()
         self._max_block_ms = max_block_ms
@@ -277,6 +290,9 @@ class Consumer:
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ssl: _ssl.SSLContext | None = None,
     ) -> None:
         config = ConsumerConfig(
             group=group,
@@ -294,6 +310,9 @@ class Consumer:
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            token=token,
+            ca_file=ca_file,
+            ssl=ssl,
         )
         config.check()
         self._config = config
