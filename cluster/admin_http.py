@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -81,13 +82,25 @@ class AdminHttp:
     Args:
         urls: Base URLs of nodes (any node answers any request), tried in order.
         timeout_s: Socket timeout of one attempt (connect, and each read).
+        token: API token, sent as ``Authorization: Bearer <token>``.
+        ca_file: CA certificates that ``https://`` nodes are verified against (default: the
+            system's CAs).
     """
 
-    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        timeout_s: float = 10.0,
+        *,
+        token: str | None = None,
+        ca_file: str | None = None,
+    ) -> None:
         if not urls:
             raise ValueError("at least one URL is needed")
         self.urls = [normalize_url(u) for u in urls]
         self.timeout_s = timeout_s
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._context = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
@@ -112,10 +125,10 @@ class AdminHttp:
                 base + path,
                 data=data,
                 method=method,
-                headers={"Content-Type": "application/json", "Accept": "application/json"},
+                headers={"Content-Type": "application/json", "Accept": "application/json", **self._auth},
             )
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._context) as resp:
                     raw = resp.read()
             except urllib.error.HTTPError as e:
                 raise _server_error(e.code, e.read()) from None

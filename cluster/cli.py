@@ -293,14 +293,44 @@ def resolve_urls(urls: tuple[str, ...], env: dict[str, str] | None = None) -> li
     return [u for u in from_env if u] or [DEFAULT_URL]
 
 
+def security_options(f: Callable[..., None]) -> Callable[..., None]:
+    """--token and --ca-file (or $RAFTMQ_TOKEN, $RAFTMQ_CA_FILE), kept in the click context for
+    :func:`client_security` (so commands keep their signatures)."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        ctx.meta[f"raftmq.{param.name}"] = value
+
+    f = click.option(
+        "--ca-file",
+        envvar="RAFTMQ_CA_FILE",
+        type=click.Path(exists=True, dir_okay=False),
+        expose_value=False,
+        callback=keep,
+        help="CA certificates (PEM) to verify https:// nodes with (default: $RAFTMQ_CA_FILE).",
+    )(f)
+    return click.option(
+        "--token",
+        envvar="RAFTMQ_TOKEN",
+        expose_value=False,
+        callback=keep,
+        help="API token (sent as Authorization: Bearer). Default: $RAFTMQ_TOKEN.",
+    )(f)
+
+
+def client_security() -> dict[str, Any]:
+    """``token`` and ``ca_file`` of the running command (keyword arguments of the clients)."""
+    meta = click.get_current_context().meta
+    return {"token": meta.get("raftmq.token"), "ca_file": meta.get("raftmq.ca_file")}
+
+
 def admin_command(f: Callable[..., None]) -> Callable[..., None]:
-    """Give a command the shared --url option and an :class:`AdminHttp` as first argument; an admin
-    error becomes one line on stderr and exit status 1."""
+    """Give a command the shared --url, --token and --ca-file options and an :class:`AdminHttp` as
+    first argument; an admin error becomes one line on stderr and exit status 1."""
 
     @functools.wraps(f)
     def run(*args: Any, urls: tuple[str, ...], **kwargs: Any) -> None:
         try:
-            f(AdminHttp(resolve_urls(urls)), *args, **kwargs)
+            f(AdminHttp(resolve_urls(urls), **client_security()), *args, **kwargs)
         except ServerError as e:
             click.echo(f"error {e.code}: {e.message}", err=True)
             sys.exit(1)
@@ -308,7 +338,7 @@ def admin_command(f: Callable[..., None]) -> Callable[..., None]:
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
 
-    return click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run)
+    return security_options(click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run))
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer.")
@@ -541,7 +571,7 @@ def client_command(f: Callable[..., None]) -> Callable[..., None]:
             click.echo(f"error {e.code}: {e.message}", err=True)
             sys.exit(1)
 
-    return click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run)
+    return security_options(click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run))
 
 
 def _rate_line(what: str, count: int, size: int, seconds: float) -> str:
@@ -662,7 +692,7 @@ def produce(
     sent = read_bytes = 0
     interrupted = False
     started = time.monotonic()
-    with stream, progress, Producer(urls, linger_ms=linger_ms) as producer:
+    with stream, progress, Producer(urls, linger_ms=linger_ms, **client_security()) as producer:
         task = progress.add_task(f"producing to {topic}", total=total)
         try:
             for number, raw in enumerate(stream, 1):
@@ -764,6 +794,7 @@ def consume(
     out = sys.stdout.buffer if output in (None, "-") else open(output, "ab")  # noqa: SIM115
     consumer = Consumer(
         urls,
+        **client_security(),
         group=group,
         topics=topic,
         mode="broadcast" if broadcast else "clustering",
