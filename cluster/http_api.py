@@ -711,6 +711,8 @@ def _group_name(request: web.Request) -> str:
 def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
     from .auth import auth_middleware
+    from .console import add_console_routes
+    from .consumers_api import add_consumer_routes
     from .groups_api import add_group_routes
     from .internal_api import add_internal_routes
     from .metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
@@ -747,4 +749,6 @@ def create_app(node: Node) -> web.Application:
     add_group_routes(app, node, api)
     api.delivery = add_subscription_routes(app, node, api)
     api.segments = add_segment_routes(app, node, api)
+    add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/consumers_api.py)
+    add_console_routes(app)  # the web console: /ui (cluster/console.py)
     return app

@@ -31,6 +31,7 @@ from ._openapi_base import (
     _ref,
     _str,
 )
+from ._openapi_console import _console_paths, _console_schemas
 from ._openapi_delivery import _delivery_paths, _delivery_schemas
 from ._openapi_segments import _fetch_ok, _segment_paths, _segment_schemas
 from .config import Limits
@@ -459,8 +460,15 @@ def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
             'has the body {"error": {"code", "message", "retriable", "definite", ...}}. Integers in '
             "request bodies are JSON integers written without a fraction or exponent (1.0 is refused).",
         },
-        "paths": {**_paths(limits), **_delivery_paths(limits), **_segment_paths()},
-        "components": {"schemas": {**_schemas(limits), **_delivery_schemas(limits), **_segment_schemas()}},
+        "paths": {**_paths(limits), **_delivery_paths(limits), **_segment_paths(), **_console_paths()},
+        "components": {
+            "schemas": {
+                **_schemas(limits),
+                **_delivery_schemas(limits),
+                **_segment_schemas(),
+                **_console_schemas(),
+            }
+        },
     }
 
 

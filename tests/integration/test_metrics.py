@@ -1,45 +1,237 @@
-"""Prometheus metrics: request counters, Raft state per group, journal fsyncs, message counts."""
+"""Prometheus metrics on a real cluster: Raft state, latencies, fsyncs, queue depth, consumer lag,
+in-flight and dead-letter counts, checked against what the test did; and the Grafana dashboard only
+uses series a real scrape has."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from .harness import Cluster
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "raftmq-dashboard.json"
 
 
-def sample(text: str, name: str, **labels: str) -> float:
-    """The value of one sample of ``name`` whose labels include ``labels``."""
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and line.split(" ")[0] != name:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no sample {name} {labels}")
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("metrics")
+    with Cluster(tmp, nodes=3, extra_toml="[delivery]\ntick_ms = 100\n") as cluster:
+        cluster.start()
+        cluster.wait_ready()
+        yield cluster
+        for nid in cluster.nodes:
+            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
 
 
-def test_metrics_expose_raft_state_fsyncs_and_message_counts(cluster: Cluster) -> None:
-    c = cluster
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples
+    ]
+
+
+def scrape(c: Cluster, node: str) -> list[tuple[str, dict[str, str], float]]:
+    r = c.get("/metrics", node)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain"), r.text[:300]
+    return samples(r.text)
+
+
+def values(c: Cluster, name: str, **labels: str) -> list[float]:
+    """Every sample of ``name`` with ``labels``, over all running nodes."""
+    return [
+        v
+        for n in c.nodes
+        if c.alive(n)
+        for s, found, v in scrape(c, n)
+        if s == name and all(found.get(k) == w for k, w in labels.items())
+    ]
+
+
+def one(c: Cluster, name: str, **labels: str) -> float:
+    """The single sample of ``name`` with ``labels`` in the whole cluster (leader-reported series)."""
+    got = values(c, name, **labels)
+    assert len(got) == 1, f"{name} {labels}: {got}"
+    return got[0]
+
+
+def sub(topic: str, group: str, action: str = "") -> str:
+    return f"/v1/topics/{topic}/subscriptions/{group}" + (f"/{action}" if action else "")
+
+
+def test_metrics_expose_raft_state_latencies_fsyncs_and_message_counts(c: Cluster) -> None:
     c.create_topic("metered", queues=1)
     leader = c.wait_leader("meta")
     r = c.produce("metered", [{"value": f"m{i}"} for i in range(25)], node="n1")
     assert r.status_code == 200
-    queue = r.json()["results"][0]["queue"]
     assert c.get("/v1/topics/metered/queues/0/messages", "n1", params={"offset": 0}).status_code == 200
-    assert queue == 0
 
-    text = c.get("/metrics", "n1").text
-    assert sample(text, "raftmq_produced_messages_total") >= 25
+    text = scrape(c, "n1")
+
+    def get(name: str, **labels: str) -> float:
+        (v,) = [v for s, f, v in text if s == name and all(f.get(k) == w for k, w in labels.items())]
+        return v
+
+    assert get("raftmq_produced_messages_total") >= 25
     # A fetch is served (and counted) by the leader of the queue's group, wherever it arrived.
-    fetched = sum(sample(c.get("/metrics", n).text, "raftmq_fetched_messages_total") for n in c.nodes)
-    assert fetched >= 25
-    assert sample(text, "raftmq_http_requests_total", route="/v1/topics/{topic}/messages", status="200") >= 1
+    assert sum(values(c, "raftmq_fetched_messages_total")) >= 25
+    route = "/v1/topics/{topic}/messages"
+    assert get("raftmq_http_requests_total", route=route, status="200", method="POST") >= 1
+    assert get("raftmq_http_request_seconds_count", route=route, method="POST") >= 1
     for group in ("meta", "0", "1", "2"):
-        assert sample(text, "raftmq_raft_term", node_id="n1", group=group) >= 1
-        assert sample(text, "raftmq_raft_commit_index", node_id="n1", group=group) >= 1
-    # Exactly one replica of the metadata group says it leads, and it is the one the cluster names.
-    leads = [sample(c.get("/metrics", n).text, "raftmq_raft_is_leader", group="meta") for n in c.nodes]
-    assert leads.count(1.0) == 1 and leads[list(c.nodes).index(leader)] == 1.0
-    # Every node fsynced its journals (durability "fsync" is the default).
+        assert get("raftmq_raft_term", node_id="n1", group_id=group) >= 1
+        assert get("raftmq_raft_commit_index", node_id="n1", group_id=group) >= 1
+        assert get("raftmq_raft_has_quorum", node_id="n1", group_id=group) == 1
+        # Each group had exactly as many leader changes as elections won, over its replicas.
+        assert sum(values(c, "raftmq_raft_became_leader_total", group_id=group)) >= 1
+    # Every replica applied the topic's entries (metadata and its queue group) and timed them.
+    queue_group = str(c.get("/v1/topics/metered").json()["queue_groups"][0])
     for n in c.nodes:
-        assert sample(c.get("/metrics", n).text, "raftmq_journal_fsyncs_total", group="meta") >= 1
+        for group in ("meta", queue_group):
+            assert values(c, "raftmq_raft_apply_seconds_count", node_id=n, group_id=group)[0] >= 1
+    # Exactly one replica of the metadata group says it leads, and it is the one the cluster names.
+    leads = {n: values(c, "raftmq_raft_is_leader", group_id="meta", node_id=n) for n in c.nodes}
+    assert [n for n, v in leads.items() if v == [1.0]] == [leader]
+    # The metadata leader proposed create_topic: its commit latency was observed there.
+    assert one(c, "raftmq_raft_commit_seconds_count", group_id="meta", node_id=leader) >= 1
+    # Every node fsynced its journals (durability "fsync" is the default), and timed each fsync.
+    for n in c.nodes:
+        assert values(c, "raftmq_journal_fsync_seconds_count", group_id="meta", node_id=n)[0] >= 1
+        assert values(c, "raftmq_journal_fsync_seconds_sum", group_id="meta", node_id=n)[0] > 0
+
+
+def test_queue_depth_and_consumer_lag_follow_produce_and_commit(c: Cluster) -> None:
+    c.create_topic("lagging", queues=2)
+    assert c.produce("lagging", [{"value": f"a{i}", "queue": 0} for i in range(10)]).status_code == 200
+    assert c.produce("lagging", [{"value": f"b{i}", "queue": 1} for i in range(4)]).status_code == 200
+    r = c.session.put(
+        c.url() + "/v1/groups/billing/offsets", json={"topic": "lagging", "offsets": {"0": 3, "1": 4}}
+    )
+    assert r.status_code == 200, r.text
+
+    # Queue series are reported by the leader of the queue's group only: one sample per queue.
+    assert one(c, "raftmq_queue_high_offset", topic="lagging", queue="0") == 10
+    assert one(c, "raftmq_queue_messages", topic="lagging", queue="1") == 4
+    assert one(c, "raftmq_queue_appended_messages_total", topic="lagging", queue="0") == 10
+    assert one(c, "raftmq_queue_retained_bytes", topic="lagging", queue="0") > 0
+    lag = {"topic": "lagging", "consumer_group": "billing"}
+    assert one(c, "raftmq_consumer_committed_offset", queue="0", **lag) == 3
+    assert one(c, "raftmq_consumer_lag_messages", queue="0", **lag) == 10 - 3
+    assert one(c, "raftmq_consumer_lag_messages", queue="1", **lag) == 0
+
+    # More messages: the lag grows by exactly that many; a commit to the end brings it to 0.
+    assert c.produce("lagging", [{"value": f"c{i}", "queue": 1} for i in range(6)]).status_code == 200
+    assert one(c, "raftmq_consumer_lag_messages", queue="1", **lag) == 6
+    r = c.session.put(c.url() + "/v1/groups/billing/offsets", json={"topic": "lagging", "offsets": {"1": 10}})
+    assert r.status_code == 200, r.text
+    assert one(c, "raftmq_consumer_lag_messages", queue="1", **lag) == 0
+
+    # The same figures through the API the console reads.
+    groups = c.get("/v1/topics/lagging/groups").json()
+    assert groups["unavailable_queues"] == []
+    (billing,) = groups["groups"]
+    assert (billing["group"], billing["lag"]) == ("billing", 7)
+    assert [(q["queue"], q["committed_offset"], q["high_offset"], q["lag"]) for q in billing["queues"]] == [
+        (0, 3, 10, 7),
+        (1, 10, 10, 0),
+    ]
+
+
+def test_in_flight_and_dead_letter_counts_follow_receive_nack_and_redrive(c: Cluster) -> None:
+    c.create_topic("jobs", queues=1)
+    r = c.session.put(c.url() + sub("jobs", "workers"), json={"max_deliveries": 1})
+    assert r.status_code == 200, r.text
+    assert c.produce("jobs", [{"value": f"j{i}"} for i in range(5)]).status_code == 200
+    r = c.post(sub("jobs", "workers", "receive"), {"max": 3, "wait_ms": 2000, "visibility_ms": 60000})
+    assert r.status_code == 200, r.text
+    received = r.json()["messages"]
+    assert len(received) == 3
+    labels = {"topic": "jobs", "queue": "0", "consumer_group": "workers"}
+    assert one(c, "raftmq_subscription_in_flight_messages", **labels) == 3
+    assert one(c, "raftmq_consumer_lag_messages", **labels) == 5  # nothing finished yet
+    assert one(c, "raftmq_subscription_dead_letters", **labels) == 0
+
+    # A poison message: nacked at its last delivery, it moves to the dead-letter queue.
+    poison, *rest = received
+    r = c.post(sub("jobs", "workers", "nack"), {"receipts": [poison["receipt"]]})
+    assert r.json()["results"][0].get("dead_lettered") is True, r.text
+    r = c.post(sub("jobs", "workers", "ack"), {"receipts": [m["receipt"] for m in rest]})
+    assert all(x.get("ok") for x in r.json()["results"]), r.text
+    assert one(c, "raftmq_subscription_in_flight_messages", **labels) == 0
+    assert one(c, "raftmq_subscription_dead_letters", **labels) == 1
+    assert one(c, "raftmq_consumer_lag_messages", **labels) == 2  # the 2 never received
+    # The dead-letter topic is a topic too: its queue holds the message.
+    assert one(c, "raftmq_queue_messages", topic="jobs.workers.dlq", queue="0") == 1
+
+    r = c.post(sub("jobs", "workers", "dlq/redrive"), {})
+    assert r.status_code == 200 and r.json()["redriven"] == 1, r.text
+    assert one(c, "raftmq_subscription_dead_letters", **labels) == 0
+    assert one(c, "raftmq_queue_high_offset", topic="jobs", queue="0") == 6  # redriven = appended
+
+    (workers,) = c.get("/v1/topics/jobs/groups").json()["groups"]
+    assert (workers["group"], workers["in_flight"], workers["dead_letters"], workers["lag"]) == (
+        "workers",
+        0,
+        0,
+        3,
+    )
+
+
+def test_a_failover_counts_a_leader_change_and_moves_the_queue_series(c: Cluster) -> None:
+    c.create_topic("moved", queues=1)
+    assert c.produce("moved", [{"value": "x"}]).status_code == 200
+    group = str(c.get("/v1/topics/moved").json()["queue_groups"][0])
+    old = c.wait_leader(group)
+    others = [n for n in c.nodes if n != old]
+    became = {n: values(c, "raftmq_raft_became_leader_total", group_id=group, node_id=n)[0] for n in others}
+    term = max(values(c, "raftmq_raft_term", group_id=group))
+    c.kill(old)
+    try:
+        new = c.wait_leader(group, exclude=old)
+        assert values(c, "raftmq_raft_became_leader_total", group_id=group, node_id=new) == [became[new] + 1]
+        assert values(c, "raftmq_raft_term", group_id=group, node_id=new)[0] > term
+        # The new leader reports the queue now, and only it.
+        wait_until(lambda: values(c, "raftmq_queue_high_offset", topic="moved", queue="0") == [1], 10)
+        assert values(c, "raftmq_raft_is_leader", group_id=group, node_id=new) == [1.0]
+    finally:
+        c.start(old)
+        c.wait_ready([old])
+
+
+def _expressions(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "expr" and isinstance(value, str):
+                yield value
+            else:
+                yield from _expressions(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _expressions(item)
+
+
+def test_the_grafana_dashboard_uses_only_series_a_real_scrape_has(c: Cluster) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["title"] and dashboard["panels"]
+    expressions = list(_expressions(dashboard))
+    assert len(expressions) >= 10
+    # Make every kind of series exist: a consumer group with receive/ack state on a fresh topic.
+    c.create_topic("dashboarded", queues=1)
+    assert c.produce("dashboarded", [{"value": "d"}]).status_code == 200
+    assert c.post(sub("dashboarded", "viewers", "receive"), {"max": 1, "wait_ms": 2000}).status_code == 200
+    names = {s for n in c.nodes for s, _, _ in scrape(c, n)}
+    used = {m for e in expressions for m in re.findall(r"\b(raftmq_[a-z_]+)", e)}
+    assert used, expressions
+    assert used <= names, f"dashboard series missing from /metrics: {sorted(used - names)}"
+    # Every label the dashboard filters or groups on exists on the series it is used with.
+    for e in expressions:
+        for metric, labels in re.findall(r"(raftmq_[a-z_]+)\{([^}]*)\}", e):
+            keys = set(re.findall(r"(\w+)\s*[=!~]", labels))
+            have = {k for n in c.nodes for s, f, _ in scrape(c, n) if s == metric for k in f}
+            assert keys <= have, f"{metric}: labels {sorted(keys - have)} not exposed ({e})"

@@ -1,0 +1,565 @@
+// raftmq web console: plain JavaScript over the node's public JSON API (docs/console.md).
+// Nothing is fetched from anywhere but this node; the API token typed in is kept in sessionStorage
+// (this tab only) and sent as "Authorization: Bearer <token>".
+"use strict";
+
+const TICK_MS = 2000;
+const HISTORY_MS = 10 * 60 * 1000; // lag samples kept per series
+const MAX_TOPICS_SAMPLED = 50;
+const TOKEN_KEY = "raftmq.token";
+const COLORS = ["#1f6feb", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7ea4", "#57606a"];
+
+const state = {
+  view: "cluster",
+  topic: null, // selected on the topics view
+  consumer: null, // "group\u0000topic" selected on the groups view
+  dlq: null, // {topic, group} selected on the dead letters view
+  lag: new Map(), // "group\u0000topic" -> [[time_ms, lag], ...]
+  highs: new Map(), // "topic/queue" -> [time_ms, high_offset] of the previous sample
+  rates: new Map(), // "topic/queue" -> messages per second
+  groups: new Map(), // topic -> GET /v1/topics/{topic}/groups answer
+  busy: false,
+};
+
+// -- helpers -----------------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function fmt(n) {
+  if (n === null || n === undefined) return "–";
+  return Number(n).toLocaleString("en-US", { maximumFractionDigits: 1 });
+}
+
+function badge(text, kind) {
+  return el("span", { class: `badge ${kind}`, text });
+}
+
+function fill(tableId, rows, emptyText) {
+  const body = document.querySelector(`#${tableId} tbody`);
+  const columns = document.querySelectorAll(`#${tableId} thead th`).length;
+  body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { class: "empty", colspan: columns, text: emptyText }))]));
+}
+
+function pathOf(...parts) {
+  return parts.map((p) => encodeURIComponent(p)).join("/");
+}
+
+class ApiFailure extends Error {
+  constructor(status, body) {
+    const e = (body && body.error) || {};
+    super(`${status} ${e.code || "error"}: ${e.message || "request failed"}`);
+    this.status = status;
+    this.code = e.code;
+  }
+}
+
+async function api(path, options = {}) {
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method: options.method || "GET",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+    cache: "no-store",
+  });
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (_) {
+    body = null;
+  }
+  if (!response.ok) throw new ApiFailure(response.status, body);
+  return body;
+}
+
+function banner(text, kind) {
+  const b = document.getElementById("banner");
+  b.hidden = !text;
+  b.textContent = text || "";
+  b.className = `banner ${kind || ""}`;
+}
+
+function explain(error) {
+  if (error instanceof ApiFailure && (error.status === 401 || error.status === 403)) {
+    return `The API refused the request (${error.message}). Enter an API token above.`;
+  }
+  return `Request failed: ${error.message}`;
+}
+
+// -- data --------------------------------------------------------------------------------------
+
+async function topicsDescribed() {
+  const { topics } = await api("/v1/topics");
+  const sampled = topics.slice(0, MAX_TOPICS_SAMPLED);
+  const described = await Promise.all(
+    sampled.map((t) => api(`/v1/topics/${pathOf(t.name)}`).catch(() => ({ ...t, queues: null }))),
+  );
+  const now = Date.now();
+  for (const t of described) {
+    for (const q of t.queues || []) {
+      if (q.high_offset === null) continue;
+      const key = `${t.name}/${q.queue}`;
+      const previous = state.highs.get(key);
+      if (previous && now > previous[0]) {
+        state.rates.set(key, Math.max(0, ((q.high_offset - previous[1]) * 1000) / (now - previous[0])));
+      }
+      state.highs.set(key, [now, q.high_offset]);
+    }
+  }
+  return { topics, described };
+}
+
+async function sampleGroups(topics) {
+  const names = topics.map((t) => t.name).slice(0, MAX_TOPICS_SAMPLED);
+  const answers = await Promise.all(names.map((n) => api(`/v1/topics/${pathOf(n)}/groups`).catch(() => null)));
+  const now = Date.now();
+  state.groups = new Map();
+  names.forEach((name, i) => {
+    if (!answers[i]) return;
+    state.groups.set(name, answers[i]);
+    for (const g of answers[i].groups) {
+      const key = `${g.group}\u0000${name}`;
+      const series = state.lag.get(key) || [];
+      series.push([now, g.lag]);
+      while (series.length && series[0][0] < now - HISTORY_MS) series.shift();
+      state.lag.set(key, series);
+    }
+  });
+}
+
+// -- views -------------------------------------------------------------------------------------
+
+async function renderCluster() {
+  const view = await api("/v1/cluster");
+  document.getElementById("node-id").textContent = `node ${view.node_id}`;
+  const leads = new Map();
+  for (const g of view.groups) {
+    if (g.leader) leads.set(g.leader, [...(leads.get(g.leader) || []), g.group_id]);
+  }
+  fill(
+    "nodes-table",
+    view.nodes.map((n) =>
+      el(
+        "tr",
+        { "data-node": n.id },
+        el("td", {}, el("strong", { text: n.id }), n.id === view.node_id ? el("span", { class: "muted", text: " (this node)" }) : null),
+        el("td", { text: n.http }),
+        el("td", { text: n.raft }),
+        el("td", {}, n.reachable ? badge("up", "good") : badge("unreachable", "bad")),
+        el("td", { text: (leads.get(n.id) || []).join(", ") || "–" }),
+      ),
+    ),
+    "no nodes",
+  );
+  fill(
+    "groups-table",
+    view.groups.map((g) => {
+      const commit = Math.max(0, ...g.replicas.map((r) => r.commit_index));
+      return el(
+        "tr",
+        { "data-group": g.group_id },
+        el("td", {}, el("strong", { text: g.group_id === "meta" ? "meta (metadata)" : `queue group ${g.group_id}` })),
+        el("td", { class: "leader" }, g.leader ? g.leader : badge("no leader", "bad")),
+        el("td", { class: "term", text: g.term }),
+        el("td", { class: "num", text: fmt(commit) }),
+        el(
+          "td",
+          {},
+          g.replicas.map((r) => {
+            const lag = Math.max(0, commit - r.applied_index);
+            return el(
+              "span",
+              { class: `replica${r.is_leader ? " leader" : ""}`, "data-replica": r.node_id },
+              `${r.node_id}${r.is_leader ? " ★" : ""} · ${fmt(r.applied_index)} `,
+              lag > 0 ? badge(`lag ${fmt(lag)}`, "warn") : badge("lag 0", "good"),
+            );
+          }),
+        ),
+      );
+    }),
+    "no groups",
+  );
+  const reachable = view.nodes.filter((n) => n.reachable).length;
+  const led = view.groups.filter((g) => g.leader).length;
+  const card = (value, label) => el("div", { class: "card" }, el("div", { class: "value", text: value }), el("div", { class: "label", text: label }));
+  document.getElementById("cluster-cards").replaceChildren(
+    card(`${reachable}/${view.nodes.length}`, "nodes reachable"),
+    card(`${led}/${view.groups.length}`, "groups with a leader"),
+    card(view.nodes.length >= 3 ? `${Math.floor((view.nodes.length - 1) / 2)}` : "0", "node failures tolerated"),
+  );
+}
+
+function topicRate(t) {
+  return (t.queues || []).reduce((sum, q) => sum + (state.rates.get(`${t.name}/${q.queue}`) || 0), 0);
+}
+
+async function renderTopics() {
+  const { topics, described } = await topicsDescribed();
+  await sampleGroups(topics);
+  if (state.topic && !topics.some((t) => t.name === state.topic)) state.topic = null;
+  fill(
+    "topics-table",
+    described.map((t) => {
+      const messages = (t.queues || []).reduce((s, q) => s + ((q.high_offset || 0) - (q.low_offset || 0)), 0);
+      return el(
+        "tr",
+        { class: `clickable${state.topic === t.name ? " selected" : ""}`, "data-topic": t.name, onclick: () => selectTopic(t.name) },
+        el("td", {}, el("a", { class: "link", text: t.name })),
+        el("td", { class: "num", text: Array.isArray(t.queues) ? t.queues.length : "–" }),
+        el("td", { text: [...new Set(t.queue_groups)].join(", ") }),
+        el("td", { class: "num", text: fmt(messages) }),
+        el("td", { class: "num", text: fmt(topicRate(t)) }),
+        el("td", { text: t.retention_ms ? `${fmt(t.retention_ms / 1000)} s` : "forever" }),
+      );
+    }),
+    "no topics yet",
+  );
+  const detail = document.getElementById("topic-detail");
+  const topic = described.find((t) => t.name === state.topic);
+  detail.hidden = !topic;
+  if (!topic) return;
+  document.getElementById("topic-title").textContent = `Topic ${topic.name}`;
+  fill(
+    "queues-table",
+    (topic.queues || []).map((q) =>
+      el(
+        "tr",
+        { "data-queue": q.queue },
+        el("td", { class: "num", text: q.queue }),
+        el("td", { text: q.group_id }),
+        el("td", { text: q.leader || "–" }),
+        el("td", { text: q.replicas.join(", ") }),
+        el("td", { class: "num low", text: fmt(q.low_offset) }),
+        el("td", { class: "num high", text: fmt(q.high_offset) }),
+        el("td", { class: "num", text: fmt((q.high_offset || 0) - (q.low_offset || 0)) }),
+        el("td", { class: "num", text: fmt(state.rates.get(`${topic.name}/${q.queue}`) || 0) }),
+      ),
+    ),
+    "no queues",
+  );
+  const groups = (state.groups.get(topic.name) || { groups: [] }).groups;
+  fill(
+    "topic-groups-table",
+    groups.map((g) =>
+      el(
+        "tr",
+        { "data-consumer": g.group },
+        el("td", { text: g.group }),
+        el("td", { class: "num", text: fmt(g.lag) }),
+        el("td", { class: "num", text: fmt(g.in_flight) }),
+        el("td", { class: "num", text: fmt(g.retrying) }),
+        el("td", { class: "num", text: fmt(g.dead_letters) }),
+      ),
+    ),
+    "no consumer group has read this topic",
+  );
+}
+
+function selectTopic(name) {
+  state.topic = name;
+  location.hash = `#topics/${encodeURIComponent(name)}`;
+}
+
+function consumers() {
+  const rows = [];
+  for (const [topic, answer] of state.groups) {
+    for (const g of answer.groups) rows.push({ ...g, topic, key: `${g.group}\u0000${topic}` });
+  }
+  return rows.sort((a, b) => (a.group + a.topic).localeCompare(b.group + b.topic));
+}
+
+async function renderGroups() {
+  const { topics } = await api("/v1/topics");
+  await sampleGroups(topics);
+  const rows = consumers();
+  const colors = new Map(rows.map((r, i) => [r.key, COLORS[i % COLORS.length]]));
+  fill(
+    "consumers-table",
+    rows.map((r) => {
+      const spark = el("canvas", { class: "spark", width: 160, height: 28 });
+      drawChart(spark, [{ color: colors.get(r.key), points: state.lag.get(r.key) || [] }], { spark: true });
+      return el(
+        "tr",
+        {
+          class: `clickable${state.consumer === r.key ? " selected" : ""}`,
+          "data-consumer": r.group,
+          "data-topic": r.topic,
+          onclick: () => {
+            state.consumer = r.key;
+            refresh();
+          },
+        },
+        el("td", {}, el("span", { class: "badge", text: "●" }), " ", el("strong", { text: r.group })),
+        el("td", { text: r.topic }),
+        el("td", { class: "num lag", text: fmt(r.lag) }),
+        el("td", { class: "num in-flight", text: fmt(r.in_flight) }),
+        el("td", { class: "num", text: fmt(r.retrying) }),
+        el("td", { class: "num dead-letters", text: fmt(r.dead_letters) }),
+        el("td", {}, spark),
+      );
+    }),
+    "no consumer groups yet: commit an offset or receive from a topic",
+  );
+  for (const row of document.querySelectorAll("#consumers-table tbody tr[data-consumer]")) {
+    const key = `${row.dataset.consumer}\u0000${row.dataset.topic}`;
+    row.querySelector(".badge").style.color = colors.get(key);
+  }
+  drawChart(
+    document.getElementById("lag-chart"),
+    rows.map((r) => ({ name: `${r.group} on ${r.topic}`, color: colors.get(r.key), points: state.lag.get(r.key) || [] })),
+    {},
+  );
+  const selected = rows.find((r) => r.key === state.consumer);
+  document.getElementById("consumer-detail").hidden = !selected;
+  if (!selected) return;
+  document.getElementById("consumer-title").textContent = `${selected.group} on ${selected.topic}, per queue`;
+  fill(
+    "consumer-queues-table",
+    selected.queues.map((q) =>
+      el(
+        "tr",
+        { "data-queue": q.queue },
+        el("td", { class: "num", text: q.queue }),
+        el("td", { text: q.group_id }),
+        el("td", { class: "num", text: fmt(q.committed_offset) }),
+        el("td", { class: "num", text: fmt(q.high_offset) }),
+        el("td", { class: "num", text: fmt(q.lag) }),
+        el("td", { class: "num", text: fmt(q.in_flight) }),
+        el("td", { class: "num", text: fmt(q.retrying) }),
+        el("td", { class: "num", text: fmt(q.dead_letters) }),
+      ),
+    ),
+    "no queues",
+  );
+}
+
+// Dead-letter topics are named <topic>.<group>.dlq; both parts may contain dots, so the split is
+// the one whose <topic> exists.
+function subscriptionsWithDlq(topics) {
+  const names = new Set(topics.map((t) => t.name));
+  const found = [];
+  for (const name of names) {
+    if (!name.endsWith(".dlq")) continue;
+    const stem = name.slice(0, -4);
+    for (let i = stem.indexOf("."); i > 0; i = stem.indexOf(".", i + 1)) {
+      if (names.has(stem.slice(0, i)) && i < stem.length - 1) {
+        found.push({ topic: stem.slice(0, i), group: stem.slice(i + 1), dlq: name });
+        break;
+      }
+    }
+  }
+  return found.sort((a, b) => a.dlq.localeCompare(b.dlq));
+}
+
+async function renderDlq() {
+  const { topics } = await api("/v1/topics");
+  await sampleGroups(topics);
+  const subs = subscriptionsWithDlq(topics);
+  const count = (s) => {
+    const g = ((state.groups.get(s.topic) || { groups: [] }).groups || []).find((x) => x.group === s.group);
+    return g ? g.dead_letters : null;
+  };
+  fill(
+    "dlq-table",
+    subs.map((s) =>
+      el(
+        "tr",
+        {
+          class: `clickable${state.dlq && state.dlq.dlq === s.dlq ? " selected" : ""}`,
+          "data-dlq": s.dlq,
+          onclick: () => {
+            state.dlq = s;
+            refresh();
+          },
+        },
+        el("td", { text: s.topic }),
+        el("td", { text: s.group }),
+        el("td", { text: s.dlq }),
+        el("td", { class: "num", text: fmt(count(s)) }),
+        el("td", {}, el("a", { class: "link", text: "browse" })),
+      ),
+    ),
+    "no dead-letter topics: one is created when a group first receives from a topic",
+  );
+  const detail = document.getElementById("dlq-detail");
+  if (state.dlq && !subs.some((s) => s.dlq === state.dlq.dlq)) state.dlq = null;
+  detail.hidden = !state.dlq;
+  if (!state.dlq) return;
+  const { topic, group } = state.dlq;
+  const listed = await api(`/v1/topics/${pathOf(topic, "subscriptions", group, "dlq")}?max=200`);
+  document.getElementById("dlq-title").textContent = `Dead letters of ${group} on ${topic}`;
+  document.getElementById("redrive-all").disabled = listed.messages.length === 0;
+  fill(
+    "dlq-messages",
+    listed.messages.map((m) => {
+      const h = m.headers || {};
+      const value = m.value !== undefined ? m.value : `base64: ${m.value_b64}`;
+      return el(
+        "tr",
+        { "data-queue": m.queue, "data-offset": m.offset },
+        el("td", { class: "num", text: m.queue }),
+        el("td", { class: "num", text: m.offset }),
+        el("td", { text: m.key === null || m.key === undefined ? "–" : m.key }),
+        el("td", { class: "value", title: value, text: value }),
+        el("td", { text: h["raftmq-dlq-reason"] || "–" }),
+        el("td", { class: "num", text: h["raftmq-dlq-attempts"] || "–" }),
+        el("td", { text: m.timestamp_ms ? new Date(m.timestamp_ms).toLocaleString() : "–" }),
+        el("td", {}, el("button", { type: "button", class: "redrive-queue", onclick: () => redrive(m.queue), text: `Redrive queue ${m.queue}` })),
+      );
+    }),
+    "no dead letters",
+  );
+}
+
+async function redrive(queue) {
+  if (!state.dlq) return;
+  const { topic, group } = state.dlq;
+  const body = queue === undefined ? {} : { queue };
+  try {
+    const r = await api(`/v1/topics/${pathOf(topic, "subscriptions", group, "dlq", "redrive")}`, { method: "POST", body });
+    banner(`Redrove ${r.redriven} message${r.redriven === 1 ? "" : "s"} to ${topic} for ${group}${r.more ? " (more left)" : ""}.`, "info");
+  } catch (error) {
+    banner(explain(error));
+  }
+  await refresh();
+}
+
+// -- chart ---------------------------------------------------------------------------------------
+
+function niceStep(max, ticks) {
+  const raw = Math.max(max, 1) / ticks;
+  const power = 10 ** Math.floor(Math.log10(raw));
+  return [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
+}
+
+function drawChart(canvas, series, { spark }) {
+  const ratio = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth || Number(canvas.getAttribute("width"));
+  const height = canvas.clientHeight || Number(canvas.getAttribute("height"));
+  canvas.width = width * ratio;
+  canvas.height = height * ratio;
+  const ctx = canvas.getContext("2d");
+  ctx.scale(ratio, ratio);
+  ctx.clearRect(0, 0, width, height);
+  const pad = spark ? { l: 2, r: 2, t: 3, b: 3 } : { l: 60, r: 16, t: 16, b: 48 };
+  const now = Date.now();
+  const all = series.flatMap((s) => s.points);
+  const t0 = all.length ? Math.min(...all.map((p) => p[0])) : now - 60000;
+  const span = Math.max(now - t0, 30000);
+  const step = niceStep(Math.max(0, ...all.map((p) => p[1])), 4);
+  const top = step * Math.max(1, Math.ceil(Math.max(0, ...all.map((p) => p[1])) / step));
+  const x = (t) => pad.l + ((t - (now - span)) / span) * (width - pad.l - pad.r);
+  const y = (v) => height - pad.b - (v / top) * (height - pad.t - pad.b);
+  ctx.font = "12px system-ui, sans-serif";
+  if (!spark) {
+    ctx.strokeStyle = "#eaeef2";
+    ctx.fillStyle = "#656d76";
+    ctx.textAlign = "right";
+    ctx.textBaseline = "middle";
+    for (let v = 0; v <= top; v += step) {
+      ctx.beginPath();
+      ctx.moveTo(pad.l, y(v));
+      ctx.lineTo(width - pad.r, y(v));
+      ctx.stroke();
+      ctx.fillText(fmt(v), pad.l - 8, y(v));
+    }
+    ctx.textAlign = "center";
+    ctx.textBaseline = "top";
+    for (let i = 0; i <= 4; i++) {
+      const t = now - span + (span * i) / 4;
+      ctx.fillText(new Date(t).toLocaleTimeString(), x(t), height - pad.b + 6);
+    }
+    if (!series.length) {
+      ctx.textBaseline = "middle";
+      ctx.fillText("no consumer groups to chart yet", width / 2, height / 2);
+    }
+  }
+  series.forEach((s) => {
+    ctx.strokeStyle = s.color;
+    ctx.lineWidth = spark ? 1.5 : 2;
+    ctx.beginPath();
+    s.points.forEach(([t, v], i) => (i ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
+    ctx.stroke();
+  });
+  if (!spark) {
+    let lx = pad.l;
+    ctx.textAlign = "left";
+    ctx.textBaseline = "middle";
+    for (const s of series) {
+      ctx.fillStyle = s.color;
+      ctx.fillRect(lx, height - 14, 10, 10);
+      ctx.fillStyle = "#1f2328";
+      ctx.fillText(s.name, lx + 14, height - 9);
+      lx += ctx.measureText(s.name).width + 34;
+    }
+  }
+}
+
+// -- main loop -------------------------------------------------------------------------------------
+
+const RENDER = { cluster: renderCluster, topics: renderTopics, groups: renderGroups, dlq: renderDlq };
+
+function route() {
+  const [view, arg] = location.hash.replace(/^#/, "").split("/");
+  state.view = RENDER[view] ? view : "cluster";
+  if (state.view === "topics") state.topic = arg ? decodeURIComponent(arg) : null;
+  for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${state.view}`;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === state.view);
+  refresh();
+}
+
+async function refresh() {
+  if (state.busy) return;
+  state.busy = true;
+  const status = document.getElementById("status");
+  try {
+    await RENDER[state.view]();
+    status.textContent = `updated ${new Date().toLocaleTimeString()} · refreshing every ${TICK_MS / 1000} s`;
+    const b = document.getElementById("banner");
+    if (!b.classList.contains("info")) banner("");
+  } catch (error) {
+    banner(explain(error));
+    status.textContent = `failed at ${new Date().toLocaleTimeString()}`;
+  } finally {
+    state.busy = false;
+  }
+}
+
+function start() {
+  const input = document.getElementById("token");
+  input.value = sessionStorage.getItem(TOKEN_KEY) || "";
+  document.getElementById("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    else sessionStorage.removeItem(TOKEN_KEY);
+    banner("");
+    refresh();
+  });
+  document.getElementById("token-forget").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    input.value = "";
+    refresh();
+  });
+  document.getElementById("redrive-all").addEventListener("click", () => redrive(undefined));
+  window.addEventListener("hashchange", route);
+  route();
+  setInterval(refresh, TICK_MS);
+}
+
+start();
