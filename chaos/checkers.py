@@ -5,13 +5,15 @@ Each returns a JSON-ready dict with ``valid`` (bool) and the evidence. None does
 - ``total_queue``: at-least-once over multisets of values (Jepsen's total-queue). Valid iff nothing
   acknowledged went missing (``lost``) and nothing was delivered that nobody sent (``unexpected``).
 - ``log_consistency``: a (queue, offset) names one message forever, on every replica and in every
-  answer (acknowledgements, consumer fetches, the drain, each replica's local copy).
+  answer (acknowledgements, consumer fetches, receives, the drain, each replica's local copy).
 - ``queue_order``: offsets are dense and each producer's acknowledged messages sit in a queue in the
   order it sent them.
 - ``lost_write``: Kafka-style, needs no drain: once anyone has read offset b of a queue, every
   message acknowledged at an offset below b must have been read by someone.
 - ``availability``: the share of operations that succeeded inside fault windows and outside them.
   Informational: it is always valid.
+- ``receive_ack`` (``receive_checker``, when the history has receives): at-least-once delivery
+  through receive/ack to one consumer group.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from itertools import pairwise
 from typing import Any
 
 from .history import FAIL, INFO, INVOKE, NEMESIS, OK, Op, completions, fault_windows
+from .receive_checker import RECEIVES, has_receives, receive_ack
 
 __all__ = [
     "availability",
@@ -113,6 +116,9 @@ def _observations(history: Sequence[Op]) -> dict[tuple[int, int], dict[str, list
         elif op["f"] in READS:
             for offset, value in _messages(op):
                 seen[(op["queue"], offset)][value].append(f"{op['f']} via {op.get('node')}")
+        elif op["f"] in RECEIVES:
+            for queue, offset, value, _ in op.get("messages") or []:
+                seen[(int(queue), int(offset))][str(value)].append(f"{op['f']} via {op.get('node')}")
     return seen
 
 
@@ -219,7 +225,9 @@ def lost_write(history: Sequence[Op]) -> dict[str, Any]:
     return {"valid": not lost, "checked": checked, "lost_count": len(lost), "lost": lost[:SAMPLE]}
 
 
-def availability(history: Sequence[Op], functions: tuple[str, ...] = ("enqueue", "fetch")) -> dict[str, Any]:
+def availability(
+    history: Sequence[Op], functions: tuple[str, ...] = ("enqueue", "fetch", "receive", "ack")
+) -> dict[str, Any]:
     """Share of ``ok`` completions among operations invoked inside any fault window vs outside
     (the final drain and reads, after the heal, are not counted)."""
     windows = fault_windows(history)
@@ -261,4 +269,6 @@ def check_all(history: Sequence[Op]) -> dict[str, Any]:
         "lost_write": lost_write(history),
         "availability": availability(history),
     }
+    if has_receives(history):
+        results["receive_ack"] = receive_ack(history)
     return {"valid": all(r["valid"] for r in results.values()), **results}

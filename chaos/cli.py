@@ -2,6 +2,7 @@
 
     raftmq-chaos --time-limit 600 --nemesis all --seed 7 --nodes 5
     raftmq-chaos --nemesis partition,kills --time-limit 120
+    raftmq-chaos --workload receive --nemesis kill-leader,partition-leader --time-limit 300
     raftmq-chaos --recheck store/chaos/20250101T000000/     # check a history again, redraw
     raftmq-chaos --build-only                               # just build the images
 
@@ -52,6 +53,20 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--rate", type=float, default=120.0, show_default=True, help="Produce attempts per second.")
 @click.option("--producers", type=int, default=None, help="Producer workers (default 8 per node).")
 @click.option(
+    "--workload",
+    type=click.Choice(["queue", "receive", "both"]),
+    default="queue",
+    show_default=True,
+    help="Consume by offset (queue), through receive/ack in one group (receive), or both at once.",
+)
+@click.option(
+    "--producer-client",
+    type=click.Choice(["attempt", "producer", "mixed"]),
+    default="mixed",
+    show_default=True,
+    help="Single attempts through the producer's node, the client's retrying AsyncProducer, or half each.",
+)
+@click.option(
     "--quiet",
     "quiet_s",
     type=(float, float),
@@ -95,8 +110,9 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
-    quiet_s: tuple[float, float], fault_s: tuple[float, float], env: tuple[str, ...], name: str | None,
-    store: Path, build: bool, build_only: bool, recheck: Path | None, verbose: bool,
+    workload: str, producer_client: str, quiet_s: tuple[float, float], fault_s: tuple[float, float],
+    env: tuple[str, ...], name: str | None, store: Path, build: bool, build_only: bool,
+    recheck: Path | None, verbose: bool,
 ) -> None:  # fmt: skip
     """Run a Jepsen-style chaos test against raftmq nodes in containers."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
@@ -119,7 +135,7 @@ def main(
     from .runner import ChaosSpec, run
 
     spec = ChaosSpec(
-        name=name or f"chaos-{nemesis.replace(',', '+')}-n{nodes}",
+        name=name or f"chaos-{_prefix(workload)}{nemesis.replace(',', '+')}-n{nodes}",
         nodes=int(nodes),
         faults=tuple(faults),
         time_limit_s=time_limit_s,
@@ -128,6 +144,8 @@ def main(
         fault_s=fault_s,
         rate=rate,
         producers=producers,
+        workload=workload,
+        producer_client=producer_client,
         env=_env_pairs(env),
         store=store,
     )
@@ -142,6 +160,10 @@ def main(
     sys.exit(0 if result.valid else 1)
 
 
+def _prefix(workload: str) -> str:
+    return "" if workload == "queue" else f"{workload}-"
+
+
 def _recheck(directory: Path) -> int:
     from .checkers import check_all
     from .history import load_history
@@ -152,7 +174,7 @@ def _recheck(directory: Path) -> int:
         json.loads((directory / "results.json").read_text()) if (directory / "results.json").exists() else {}
     )
     checks = check_all(history)
-    from .runner import scan_logs
+    from .logscan import scan_logs
 
     run_info = old.get("run", {"faults_injected": {}, "recovery_s": None, "drain": {}})
     if (directory / "logs").is_dir():
@@ -161,6 +183,7 @@ def _recheck(directory: Path) -> int:
         checks["valid"]
         and run_info.get("recovery_s") is not None
         and run_info.get("drain", {}).get("complete")
+        and run_info.get("receive_drain", {"complete": True}).get("complete")
     )
     results = {**old, "valid": bool(valid), "run": run_info, "checks": checks}
     results.setdefault("spec", {"nodes": "?", "seed": "?", "time_limit_s": "?", "faults": []})

@@ -1,29 +1,46 @@
-"""The workload's view of the broker: produce one message, fetch a queue by offset.
+"""The workload's view of the broker, through ``raftmq.client``, with every outcome classified.
 
 Every call ends in an ``Outcome`` whose ``type`` is what the history records:
 
-- ``ok``: the broker answered 200.
-- ``fail``: it certainly did not happen: an error with ``definite: true``, a connection that was
-  never opened (refused, node down).
-- ``info``: the outcome is unknown: a timeout, a reset or closed connection after the request went
-  out, an error with ``definite: false``, a 5xx answer that is not the API's error body. Reads get
-  ``info`` on the same grounds as writes (Jepsen's rule), though they change nothing.
+- ``ok``: the broker answered 2xx.
+- ``fail``: it certainly did not happen: a :class:`~raftmq.client.RaftmqError` with ``definite``
+  (an API error such as ``not_leader``, a connection that was never opened, a stopped node).
+- ``info``: the outcome is unknown: ``definite`` is False (``timeout``, ``unknown_outcome``, a
+  connection lost or timed out after the request went out, an answer that is not the API's).
+  Reads get ``info`` on the same grounds as writes (Jepsen's rule), though they change nothing.
 
-The transport is plain HTTP (aiohttp) behind ``BrokerClient``; ``raftmq.client`` can replace it
-without touching the workload.
+Two ways in, both the project's client:
+
+- :class:`RaftmqBrokerClient`: one client ``Transport`` per node, pinned to it (one bootstrap
+  address, no ``node_url``), a fresh connection per request (a pooled one to a restarted node
+  would make a certain failure uncertain): every call is **one attempt at one node**, so the
+  history shows each attempt and the node that served it. Produce, fetch, receive, ack.
+- :class:`ClientProducer`: the client's :class:`~raftmq.client.AsyncProducer` with every node as
+  a bootstrap address (as a real client is configured; it starts at one of them at random, and
+  the history records the nodes it addressed during each operation): idempotent, it sends to
+  the queue's leader itself and retries retriable failures until its delivery timeout. One
+  ``send_and_wait`` is one operation; the producer reports ``definite`` only when every attempt
+  was (an earlier unknown outcome makes the result ``unknown_outcome``), so its outcomes are as
+  honest as single attempts, only coarser.
+
+Nodes advertise ``http://n1:8080``, a name that exists only inside the docker network; the
+client's ``address_map`` turns it into the node's port on 127.0.0.1 (it changes when the container
+restarts; a stopped node has none, and nothing is sent).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
-import aiohttp
-import orjson
+from raftmq.client import AsyncProducer, ConnectionFailed, RaftmqError
+from raftmq.client._transport import Transport, path_part
 
-__all__ = ["BrokerClient", "HttpBrokerClient", "NodeDown", "Outcome"]
+__all__ = ["BrokerClient", "ClientProducer", "NodeDown", "Outcome", "RaftmqBrokerClient"]
+
+HTTP_PORT = 8080
 
 
 class NodeDown(Exception):
@@ -33,86 +50,170 @@ class NodeDown(Exception):
 @dataclass
 class Outcome:
     type: str  # "ok" | "fail" | "info"
-    error: str | None = None
+    error: str | None = None  # the error code (the API's, or the client's connection_* codes)
     body: dict[str, Any] = field(default_factory=dict)
+    detail: str | None = None  # for connection errors: what the client saw
+
+
+def advertised_url(node: str) -> str:
+    return f"http://{node}:{HTTP_PORT}"
+
+
+def _outcome(e: RaftmqError) -> Outcome:
+    detail = e.message[-160:] if isinstance(e, ConnectionFailed) else None
+    return Outcome("fail" if e.definite else "info", e.code, detail=detail)
 
 
 class BrokerClient(Protocol):
     async def produce(self, node: str, topic: str, queue: int, value: str) -> Outcome:
-        """Produce one message to ``queue`` through ``node``; ``body["results"][0]["offset"]`` on ok."""
+        """Produce one message to ``queue`` through ``node``; ``body["offset"]`` on ok."""
 
     async def fetch(
         self, node: str, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int, read_from: str
     ) -> Outcome:
         """Read ``queue`` from ``offset`` through ``node``; ``body["messages"]`` on ok."""
 
+    async def receive(
+        self, node: str, topic: str, group: str, max_messages: int, wait_ms: int, visibility_ms: int
+    ) -> Outcome:
+        """Receive/ack: hand out messages with receipts; ``body["messages"]`` on ok."""
+
+    async def ack(self, node: str, topic: str, group: str, receipts: Sequence[str]) -> Outcome:
+        """Finish received messages; ``body["results"]`` (one per receipt) on ok."""
+
+    async def call(
+        self, node: str, method: str, path: str, body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None,
+    ) -> Outcome:  # fmt: skip
+        """Any other API call, one attempt at ``node``."""
+
+    def producer(self, node: str) -> ClientProducer: ...
+
     async def close(self) -> None: ...
 
 
-class HttpBrokerClient:
-    """``BrokerClient`` over aiohttp. ``url_of(node)`` gives the node's current base URL (host ports
-    change when a container restarts) or raises ``NodeDown``."""
+class RaftmqBrokerClient:
+    """``BrokerClient`` over ``raftmq.client``. ``url_of(node)`` gives the node's current base URL
+    from the host or raises ``NodeDown``."""
 
-    def __init__(self, url_of: Callable[[str], str], produce_timeout_s: float = 8.0,
-                 fetch_timeout_s: float = 5.0) -> None:  # fmt: skip
+    def __init__(self, url_of: Callable[[str], str], nodes: Sequence[str], timeout_s: float = 3.0,
+                 producer_delivery_timeout_s: float = 6.0) -> None:  # fmt: skip
         self._url_of = url_of
-        self._produce_timeout = aiohttp.ClientTimeout(total=produce_timeout_s, sock_connect=2.0)
-        self._fetch_timeout_s = fetch_timeout_s
-        self._session: aiohttp.ClientSession | None = None
+        self._nodes = list(nodes)
+        self._timeout_ms = int(timeout_s * 1000)
+        self._delivery_timeout_ms = int(producer_delivery_timeout_s * 1000)
+        self._transports: dict[str, Transport] = {}
+        self._producers: list[ClientProducer] = []
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # A fresh connection per request: a pooled one to a killed or restarted node would turn
-            # the next request's certain failure into an uncertain one.
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
-        return self._session
+    def address_map(self, url: str) -> str | None:
+        """``http://n2:8080`` -> ``http://127.0.0.1:<port>``, or None while n2 is stopped."""
+        node = urlsplit(url).hostname or ""
+        try:
+            return self._url_of(node)
+        except NodeDown:
+            return None
+
+    def _transport(self, node: str) -> Transport:
+        t = self._transports.get(node)
+        if t is None:
+            t = self._transports[node] = Transport(
+                [advertised_url(node)],
+                request_timeout_ms=self._timeout_ms,
+                address_map=self.address_map,
+                keep_alive=False,
+            )
+        return t
+
+    async def call(
+        self, node: str, method: str, path: str, body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str | int] | None = None, extra_timeout_ms: int = 0,
+    ) -> Outcome:  # fmt: skip
+        try:
+            answer = await self._transport(node).request(
+                method, path, body=body, params=params, idempotent=False, extra_timeout_ms=extra_timeout_ms
+            )
+        except RaftmqError as e:
+            return _outcome(e)
+        return Outcome("ok", body=answer if isinstance(answer, dict) else {"answer": answer})
 
     async def produce(self, node: str, topic: str, queue: int, value: str) -> Outcome:
         body = {"messages": [{"value": value, "queue": queue}]}
-        return await self._call(
-            "POST", node, f"/v1/topics/{topic}/messages", json=body, timeout=self._produce_timeout
-        )
+        out = await self.call(node, "POST", f"/v1/topics/{path_part(topic)}/messages", body=body)
+        if out.type == "ok":
+            out.body = {"offset": out.body["results"][0]["offset"]}
+        return out
 
     async def fetch(
         self, node: str, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int, read_from: str
     ) -> Outcome:
-        params = {"offset": offset, "max": max_messages, "wait_ms": wait_ms, "read_from": read_from}
-        timeout = aiohttp.ClientTimeout(total=self._fetch_timeout_s + wait_ms / 1000, sock_connect=2.0)
-        return await self._call(
-            "GET", node, f"/v1/topics/{topic}/queues/{queue}/messages", params=params, timeout=timeout
-        )
+        params: dict[str, str | int] = {
+            "offset": offset, "max": max_messages, "wait_ms": wait_ms, "read_from": read_from
+        }  # fmt: skip
+        path = f"/v1/topics/{path_part(topic)}/queues/{queue}/messages"
+        return await self.call(node, "GET", path, params=params, extra_timeout_ms=wait_ms)
 
-    async def _call(self, method: str, node: str, path: str, **kw: Any) -> Outcome:
-        unsure = "info"
-        try:
-            url = self._url_of(node) + path
-        except NodeDown:
-            return Outcome("fail", "node_down")
-        try:
-            async with self._http().request(method, url, **kw) as r:
-                raw = await r.read()
-                status = r.status
-        except aiohttp.ClientConnectorError:
-            return Outcome("fail", "connect_failed")
-        except (TimeoutError, asyncio.TimeoutError):  # noqa: UP041 (aiohttp raises either)
-            return Outcome(unsure, "client_timeout")
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError):
-            return Outcome(unsure, "connection_reset")
-        except aiohttp.ClientError as e:
-            return Outcome(unsure, type(e).__name__)
-        try:
-            data = orjson.loads(raw) if raw else {}
-        except orjson.JSONDecodeError:
-            data = {}
-        if status == 200:
-            return Outcome("ok", body=data)
-        err = data.get("error") if isinstance(data, dict) else None
-        if not isinstance(err, dict) or "code" not in err:
-            return Outcome(unsure if status >= 500 else "fail", f"http_{status}", data)
-        definite = bool(err.get("definite", True))
-        return Outcome("fail" if definite else "info", str(err["code"]), data)
+    async def receive(
+        self, node: str, topic: str, group: str, max_messages: int, wait_ms: int, visibility_ms: int
+    ) -> Outcome:
+        body = {"max": max_messages, "wait_ms": wait_ms, "visibility_ms": visibility_ms}
+        path = f"/v1/topics/{path_part(topic)}/subscriptions/{path_part(group)}/receive"
+        return await self.call(node, "POST", path, body=body, extra_timeout_ms=wait_ms)
+
+    async def ack(self, node: str, topic: str, group: str, receipts: Sequence[str]) -> Outcome:
+        path = f"/v1/topics/{path_part(topic)}/subscriptions/{path_part(group)}/ack"
+        return await self.call(node, "POST", path, body={"receipts": list(receipts)})
+
+    def producer(self, node: str) -> ClientProducer:
+        bootstrap = [node, *(n for n in self._nodes if n != node)]
+        p = ClientProducer(bootstrap, self.address_map, self._timeout_ms, self._delivery_timeout_ms)
+        self._producers.append(p)
+        return p
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for p in self._producers:
+            await p.close()
+        for t in self._transports.values():
+            await t.close()
+        self._transports.clear()
+
+
+class ClientProducer:
+    """An idempotent :class:`~raftmq.client.AsyncProducer` over the ``bootstrap`` nodes.
+    ``contacted`` lists the nodes its client addressed (metadata included), in order."""
+
+    def __init__(
+        self,
+        bootstrap: Sequence[str],
+        address_map: Callable[[str], str | None],
+        timeout_ms: int,
+        delivery_timeout_ms: int,
+    ) -> None:
+        self.node = bootstrap[0]
+        self.contacted: list[str] = []
+        self._address_map = address_map
+        self._producer = AsyncProducer(
+            [advertised_url(n) for n in bootstrap],
+            linger_ms=0,
+            request_timeout_ms=timeout_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            retry_backoff_ms=50,
+            retry_backoff_max_ms=500,
+            address_map=self._map,
+        )
+
+    def _map(self, url: str) -> str | None:
+        node = urlsplit(url).hostname or "?"
+        if not self.contacted or self.contacted[-1] != node:
+            self.contacted.append(node)
+        return self._address_map(url)
+
+    async def produce(self, topic: str, queue: int, value: str) -> Outcome:
+        """One ``send_and_wait``; ``body["offset"]`` on ok."""
+        try:
+            meta = await self._producer.send_and_wait(topic, value, queue=queue)
+        except RaftmqError as e:
+            return _outcome(e)
+        return Outcome("ok", body={"offset": meta.offset})
+
+    async def close(self) -> None:
+        await self._producer.close(timeout_s=2.0)

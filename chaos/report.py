@@ -3,8 +3,8 @@
 - ``history.jsonl``: written by ``History`` as the run goes.
 - ``results.json``: the test's settings, what happened at the end (recovery, drain) and every
   checker's result.
-- ``latency.png``: every enqueue and fetch as a point (time, latency), coloured by outcome, with the
-  fault windows shaded (Jepsen's perf plots).
+- ``latency.png``: every enqueue, fetch, receive and ack as a point (time, latency), coloured by
+  outcome, with the fault windows shaded (Jepsen's perf plots).
 - ``throughput.png``: completions per second by outcome, same shading.
 - ``summary.txt``: the verdict and the numbers a person looks at first.
 - ``logs/``: each node's container log.
@@ -21,6 +21,8 @@ from typing import Any
 from .history import Op, completions, fault_windows
 
 __all__ = ["plot_latency", "plot_throughput", "summary_text", "write_report"]
+
+PLOTTED = {"enqueue": ("o", "-"), "fetch": ("^", ":"), "receive": ("s", "--"), "ack": ("x", "-.")}
 
 COLORS = {"ok": "#2a9d3f", "fail": "#d62728", "info": "#ff9f1c", "pending": "#7f7f7f"}
 FAULT_COLORS = ["#1f77b4", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8",
@@ -67,13 +69,13 @@ def plot_latency(history: Sequence[Op], path: Path, title: str) -> None:
     _shade(ax, history)
     points: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     for invoke, done in completions(history):
-        if invoke["f"] not in ("enqueue", "fetch") or done is None:
+        if invoke["f"] not in PLOTTED or done is None:
             continue
         xs, ys = points[(invoke["f"], done["type"])]
         xs.append(invoke["time"] / 1e9)
         ys.append(max((done["time"] - invoke["time"]) / 1e6, 0.01))
     for (f, kind), (xs, ys) in sorted(points.items()):
-        marker = "o" if f == "enqueue" else "^"
+        marker = PLOTTED[f][0]
         ax.scatter(xs, ys, s=6, marker=marker, color=COLORS[kind], alpha=0.6, label=f"{f} {kind}", lw=0)
     ax.set_yscale("log")
     _legend(ax, markerscale=2)
@@ -93,7 +95,7 @@ def plot_throughput(history: Sequence[Op], path: Path, title: str, bucket_s: flo
     counts: dict[tuple[str, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
     end = 0
     for invoke, done in completions(history):
-        if invoke["f"] not in ("enqueue", "fetch") or done is None:
+        if invoke["f"] not in PLOTTED or done is None:
             continue
         b = int(done["time"] / 1e9 / bucket_s)
         end = max(end, b)
@@ -101,7 +103,7 @@ def plot_throughput(history: Sequence[Op], path: Path, title: str, bucket_s: flo
     for (f, kind), by_bucket in sorted(counts.items()):
         xs = [b * bucket_s for b in range(end + 1)]
         ys = [by_bucket.get(b, 0) / bucket_s for b in range(end + 1)]
-        style = "-" if f == "enqueue" else ":"
+        style = PLOTTED[f][1]
         ax.plot(xs, ys, style, color=COLORS[kind], lw=1.2, label=f"{f} {kind}")
     _legend(ax)
     fig.tight_layout()
@@ -141,11 +143,31 @@ def summary_text(name: str, results: dict[str, Any]) -> str:
         lines.append(
             f"  {fault:18} ok {b['ok']:6}  fail {b['fail']:6}  info {b['info']:5}  share {b['ok_share']}"
         )
+    lines += _receive_lines(checks.get("receive_ack"), results["run"].get("receive_drain"))
     if tq["lost"]:
         lines.append(f"lost (sample): {', '.join(tq['lost'])}")
     if lc["divergent"]:
         lines.append(f"divergent (first): {json.dumps(lc['divergent'][0])}")
     return "\n".join(lines) + "\n"
+
+
+def _receive_lines(rx: dict[str, Any] | None, drain: dict[str, Any] | None) -> list[str]:
+    if rx is None:
+        return []
+    lines = [
+        f"receive/ack  {'ok' if rx['valid'] else 'INVALID'}: acknowledged {rx['acknowledged_count']}, "
+        f"received {rx['received_count']} ({rx['delivery_count']} deliveries), acked {rx['acked_count']} "
+        f"(+{rx['ack_unknown_count']} unknown); drain: {drain}",
+        f"  lost {rx['lost_count']}, unexpected {rx['unexpected_count']}, never acked "
+        f"{rx['never_acked_count']}, divergent {rx['divergent_count']}; duplicated {rx['duplicated_count']}, "
+        f"redelivered {rx['redelivered_count']}, stale acks {rx['stale_ack_count']}, delivered after an "
+        f"ok ack {rx['delivered_after_ack_count']}, recovered {rx['recovered_count']}",
+    ]
+    if rx["lost"]:
+        lines.append(f"  receive lost (sample): {', '.join(rx['lost'])}")
+    if rx["never_acked"]:
+        lines.append(f"  never acked (sample): {', '.join(rx['never_acked'])}")
+    return lines
 
 
 def write_report(directory: Path, name: str, history: Sequence[Op], results: dict[str, Any]) -> None:

@@ -1,9 +1,12 @@
 """One chaos test from start to report.
 
-1. Start the cluster (containers), create the topic, learn where each queue's replicas are.
-2. Run producers and consumers for ``time_limit_s`` while the nemesis follows its seeded schedule.
+1. Start the cluster (containers), create the topic, learn where each queue's replicas are (and set
+   up the receivers' subscription).
+2. Run producers and consumers (offset consumers, receivers, or both: ``workload``) for
+   ``time_limit_s`` while the nemesis follows its seeded schedule.
 3. Stop the clients, heal everything, wait until every node answers /readyz (recovery).
-4. Drain every queue, read every replica (``read_from=local``), check the history, write the report.
+4. Drain every queue, read every replica (``read_from=local``), drain the receivers' group until
+   it has finished everything, check the history, write the report.
 """
 
 from __future__ import annotations
@@ -22,17 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from .checkers import check_all
-from .client import HttpBrokerClient
+from .client import RaftmqBrokerClient
 from .cluster import ChaosCluster
 from .history import NEMESIS, History
 from .images import APP_IMAGE
+from .logscan import scan_logs
 from .nemesis import FAULTS, schedule
+from .receive import ReceiveConfig, Receivers
 from .report import write_report
 from .workload import Workload, WorkloadConfig
 
-__all__ = ["ChaosSpec", "RunResult", "run"]
+__all__ = ["WORKLOADS", "ChaosSpec", "RunResult", "run"]
 
 log = logging.getLogger("raftmq.chaos.runner")
+
+# queue: offset consumers (fetch by offset); receive: receivers of one group (receive/ack); both.
+WORKLOADS = ("queue", "receive", "both")
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,9 @@ class ChaosSpec:
     # others, and a fault then hits many requests in flight at once.
     producers: int | None = None
     consumers: int | None = None  # default: 1 per node
+    workload: str = "queue"
+    receivers: int | None = None  # default: 1 per node (receive and both)
+    producer_client: str = "mixed"  # attempt | producer | mixed (see workload)
     env: dict[str, str] = field(default_factory=dict)  # RAFTMQ_* settings for every node
     image: str = APP_IMAGE
     store: Path = Path("store")
@@ -77,26 +88,6 @@ class RunResult:
         return result
 
 
-# Lines in the nodes' logs worth a look after a run (counted per node, never judged).
-LOG_ALERTS = {
-    "critical": "CRITICAL",
-    "traceback": "Traceback (most recent call last)",
-    "diverged_warning": "state machine may have diverged",
-    "storage_failure": "storage_failure_stopping",
-    "checkpoint_failed": "no replica could send a checkpoint",
-}
-
-
-def scan_logs(logs: Path) -> dict[str, dict[str, int]]:
-    """How often each of LOG_ALERTS occurs in each node's log (only the non-zero counts)."""
-    found: dict[str, dict[str, int]] = {}
-    for path in sorted(logs.glob("*.log")):
-        text = path.read_text(errors="replace")
-        counts = {name: text.count(needle) for name, needle in LOG_ALERTS.items()}
-        found[path.stem] = {k: v for k, v in counts.items() if v}
-    return found
-
-
 def run(spec: ChaosSpec) -> RunResult:
     """Run the test; the report is in ``RunResult.directory`` whatever the verdict."""
     return asyncio.run(_run(spec))
@@ -106,9 +97,18 @@ def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
     return WorkloadConfig(
         queues=spec.queues or 2 * spec.nodes,
         producers=spec.producers or 8 * spec.nodes,
-        consumers=spec.consumers or spec.nodes,
+        consumers=(spec.consumers or spec.nodes) if spec.workload in ("queue", "both") else 0,
         rate=spec.rate,
+        producer_client=spec.producer_client,
     )
+
+
+def _receive_config(spec: ChaosSpec) -> ReceiveConfig | None:
+    if spec.workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {spec.workload!r}")
+    if spec.workload == "queue":
+        return None
+    return ReceiveConfig(receivers=spec.receivers or spec.nodes)
 
 
 def _create_topic(
@@ -180,24 +180,30 @@ async def _run(spec: ChaosSpec) -> RunResult:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     directory = spec.store / spec.name / stamp
     directory.mkdir(parents=True, exist_ok=True)
+    rx_config = _receive_config(spec)
     history = History(directory / "history.jsonl")
     wl_config = _workload_config(spec)
     cluster = ChaosCluster(
         spec.nodes, image=spec.image, env=spec.env, request_timeout_ms=spec.request_timeout_ms
     )
-    client = HttpBrokerClient(cluster.url, produce_timeout_s=spec.client_timeout_s,
-                              fetch_timeout_s=spec.client_timeout_s)  # fmt: skip
+    client = RaftmqBrokerClient(cluster.url, cluster.node_ids, timeout_s=spec.client_timeout_s)
     run_info: dict[str, Any] = {"directory": str(directory), "started": stamp}
     workers: list[asyncio.Task[None]] = []
     try:
         t = time.monotonic()
         await asyncio.to_thread(cluster.start)
         replicas = await asyncio.to_thread(_create_topic, cluster, wl_config.topic, wl_config.queues)
+        receivers = Receivers(client, history, cluster.node_ids, rx_config) if rx_config else None
+        if receivers is not None:
+            await receivers.subscribe()
         run_info["setup_s"] = round(time.monotonic() - t, 1)
         workload = Workload(client, history, cluster.node_ids, wl_config, replicas, seed=spec.seed)
         stop = asyncio.Event()
         workers += [asyncio.create_task(workload.producer(w, stop)) for w in range(wl_config.producers)]
         workers += [asyncio.create_task(workload.consumer(w, stop)) for w in range(wl_config.consumers)]
+        if receivers is not None:
+            count = receivers.config.receivers
+            workers += [asyncio.create_task(receivers.receiver(w, stop)) for w in range(count)]
         injected = await _nemesis(cluster, history, spec, time.monotonic())
         run_info["faults_injected"] = dict(sorted(injected.items()))
         stop.set()
@@ -217,6 +223,10 @@ async def _run(spec: ChaosSpec) -> RunResult:
         run_info["drain"] = await workload.drain()
         run_info["drain"]["seconds"] = round(time.monotonic() - t, 1)
         run_info["replicas"] = await workload.read_replicas()
+        if receivers is not None:
+            t = time.monotonic()
+            run_info["receive_drain"] = await receivers.drain(workload.high_offsets)
+            run_info["receive_drain"]["seconds"] = round(time.monotonic() - t, 1)
     except BaseException as e:
         # Keep what is known: the history is on disk already; say why there is no verdict.
         run_info["harness_error"] = f"{type(e).__name__}: {e}"
@@ -233,7 +243,12 @@ async def _run(spec: ChaosSpec) -> RunResult:
         await asyncio.to_thread(cluster.stop, directory / "logs")
     run_info["log_alerts"] = scan_logs(directory / "logs")
     checks = check_all(history.ops)
-    valid = checks["valid"] and run_info["recovery_s"] is not None and run_info["drain"]["complete"]
+    valid = (
+        checks["valid"]
+        and run_info["recovery_s"] is not None
+        and run_info["drain"]["complete"]
+        and run_info.get("receive_drain", {"complete": True})["complete"]
+    )
     spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}
     results = {"test": spec.name, "valid": valid, "spec": spec_json, "run": run_info, "checks": checks}
     write_report(directory, spec.name, history.ops, results)

@@ -1,8 +1,13 @@
 """The workload: producers and consumers through different nodes, then the drain and replica reads.
 
-- Producer ``w`` talks to node ``w mod N`` and sends unique values ``"<w>-<seq>"``, one message per
-  request, to a random queue, one request at a time, paced so that all producers together attempt
-  about ``rate`` messages a second. No retries: a retry would be a new value.
+- Producer ``w`` enters the cluster at node ``w mod N`` and sends unique values ``"<w>-<seq>"``,
+  one message per operation, to a random queue, one operation at a time, paced so that all
+  producers together attempt about ``rate`` messages a second. Two kinds (``producer_client``;
+  ``mixed`` alternates them): ``attempt`` producers make one attempt at their node and never
+  retry (a retry would be a new value; the node forwards to the leader); ``producer`` producers
+  are the client's idempotent ``AsyncProducer``, which sends to the leader itself and retries
+  until its delivery timeout; it knows every node, so ``node`` is nominal for it and the nodes it
+  addressed during the operation are recorded as ``nodes``.
 - Consumer ``w`` owns the queues ``q`` with ``q mod consumers == w``, talks to node ``w mod N`` and
   reads each owned queue by offset from 0, sometimes from the node's own replica
   (``read_from=local``), recording every message it gets (a dequeue).
@@ -22,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .client import BrokerClient, Outcome
+from .client import BrokerClient, ClientProducer, Outcome
 from .history import INVOKE, History
 
 __all__ = ["Workload", "WorkloadConfig"]
@@ -34,6 +39,7 @@ class WorkloadConfig:
     queues: int = 6
     producers: int = 24
     consumers: int = 3
+    producer_client: str = "mixed"  # "attempt" | "producer" | "mixed"
     rate: float = 120.0  # produce attempts per second, all producers together
     fetch_max: int = 100
     fetch_wait_ms: int = 250
@@ -63,15 +69,33 @@ class Workload:
 
     # -- one operation --------------------------------------------------------------------------
 
-    async def _enqueue(self, process: int, node: str, queue: int, value: str) -> Outcome:
-        common = {"process": process, "f": "enqueue", "node": node, "queue": queue, "value": value}
+    def producer_kind(self, w: int) -> str:
+        kind = self.config.producer_client
+        if kind == "mixed":
+            return "attempt" if w % 2 == 0 else "producer"
+        if kind not in ("attempt", "producer"):
+            raise ValueError(f"producer_client must be attempt, producer or mixed, not {kind!r}")
+        return kind
+
+    async def _enqueue(
+        self, process: int, node: str, queue: int, value: str, producer: ClientProducer | None
+    ) -> Outcome:
+        common = {"process": process, "f": "enqueue", "node": node, "queue": queue, "value": value,
+                  "client": "attempt" if producer is None else "producer"}  # fmt: skip
         self.history.append(type=INVOKE, **common)
-        out = await self.client.produce(node, self.config.topic, queue, value)
         extra: dict[str, Any] = {}
+        if producer is None:
+            out = await self.client.produce(node, self.config.topic, queue, value)
+        else:
+            producer.contacted.clear()
+            out = await producer.produce(self.config.topic, queue, value)
+            extra["nodes"] = list(producer.contacted)
         if out.type == "ok":
-            extra["offset"] = out.body["results"][0]["offset"]
+            extra["offset"] = out.body["offset"]
         else:
             extra["error"] = out.error
+            if out.detail:
+                extra["detail"] = out.detail
         self.history.append(type=out.type, **common, **extra)
         return out
 
@@ -88,7 +112,8 @@ class Workload:
             msgs = [[m["offset"], m.get("value", m.get("value_b64"))] for m in out.body.get("messages", [])]
             self.history.append(type="ok", messages=msgs, high_offset=out.body.get("high_offset"), **common)
         else:
-            self.history.append(type=out.type, error=out.error, **common)
+            detail = {"detail": out.detail} if out.detail else {}
+            self.history.append(type=out.type, error=out.error, **common, **detail)
         return out
 
     # -- generators -----------------------------------------------------------------------------
@@ -96,6 +121,7 @@ class Workload:
     async def producer(self, w: int, stop: asyncio.Event) -> None:
         node = self.nodes[w % len(self.nodes)]
         rng = random.Random(self.rng.random())
+        producer = self.client.producer(node) if self.producer_kind(w) == "producer" else None
         process = self.history.new_process()
         interval = self.config.producers / self.config.rate
         next_at = time.monotonic() + rng.uniform(0, interval)
@@ -109,7 +135,9 @@ class Workload:
                 except TimeoutError:
                     pass
             next_at = max(next_at + interval, time.monotonic())
-            out = await self._enqueue(process, node, rng.randrange(self.config.queues), f"{w}-{seq}")
+            out = await self._enqueue(
+                process, node, rng.randrange(self.config.queues), f"{w}-{seq}", producer
+            )
             seq += 1
             if out.type == "info":
                 process = self.history.new_process()
