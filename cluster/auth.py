@@ -97,7 +97,6 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("DELETE", _T): _on_topic(ADMIN),
     ("POST", _T + "/messages"): _on_topic(PRODUCE),
     ("GET", _T + "/queues/{queue}/messages"): _on_topic(CONSUME),
-    ("GET", _T + "/groups"): _on_topic(CONSUME, ADMIN, any_of=True),  # consumer groups and their lag
     ("PUT", _G + "/offsets"): _on_topic(CONSUME, source="body:topic"),
     ("GET", _G + "/offsets"): _on_topic(CONSUME, source="query:topic"),
     ("POST", _G + "/members"): _on_topic(CONSUME, source="body:topics"),

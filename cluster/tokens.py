@@ -168,10 +168,11 @@ def parse_security(raw: Any, env: Mapping[str, str], problems: list[str]) -> Sec
     problems += [
         f"security.tokens: duplicate name {n!r}" for n in sorted({n for n in names if names.count(n) > 1})
     ]
-    digests = [g.digest for g in grants]
+    seen: set[bytes] = set()
     for g in grants:
-        if digests.count(g.digest) > 1:
-            problems.append(f"security.tokens: token {g.name!r} has the same value as another token")
+        if g.digest in seen:
+            problems.append(f"security.tokens: token {g.name!r} has the same value as an earlier token")
+        seen.add(g.digest)
     return SecurityConfig(tokens=tuple(grants), metrics_open=metrics_open)
 
 
