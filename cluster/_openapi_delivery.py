@@ -25,6 +25,7 @@ from ._openapi_base import (
 )
 from .commands import MAX_BACKOFF_LEVELS, MAX_RECEIPTS, MAX_RECEIVE
 from .config import Limits
+from .push_api import DEFAULT_HEARTBEAT_MS, MAX_FRAME_ID_CHARS, MAX_HEARTBEAT_MS, MIN_HEARTBEAT_MS
 from .validation import (
     MAX_OFFSET,
     MAX_QUEUE_NUMBER,
@@ -54,6 +55,7 @@ def _delivery_schemas(limits: Limits) -> dict[str, Schema]:
         required=("queue", "redrive_offset", "high_offset"),
     )
     return {
+        **_push_schemas(limits, receipts, visibility, error_detail),
         "ReceiveRequest": _obj(
             {
                 "max": _int(1, max_receive, default=limits.default_fetch_messages),
@@ -204,6 +206,109 @@ def _delivery_schemas(limits: Limits) -> dict[str, Schema]:
     }
 
 
+def _push_schemas(limits: Limits, receipts: Schema, visibility: Schema, error: Schema) -> dict[str, Schema]:
+    """The frames of the push stream (WebSocket text frames, JSON; docs/delivery.md "Push")."""
+    frame_id = {
+        "anyOf": [_int(-(2**53) + 1, 2**53 - 1), _str(maxLength=MAX_FRAME_ID_CHARS)],
+        "description": "Echoed in the reply.",
+    }
+
+    def client(op: str, props: dict[str, Schema], required: tuple[str, ...] = ()) -> Schema:
+        return _obj({"op": {"const": op}, "id": frame_id, **props}, required=("op", *required))
+
+    def server(kind: str, props: dict[str, Schema], required: tuple[str, ...] = ()) -> Schema:
+        return _obj({"type": {"const": kind}, **props}, required=("type", *required))
+
+    max_rdy = min(limits.max_fetch_messages, MAX_RECEIVE)
+    return {
+        "PushClientFrame": {
+            "description": "A frame the client sends on the push stream.",
+            "oneOf": [
+                client("rdy", {"n": _int(0, max_rdy, description="Messages in flight at most.")}, ("n",)),
+                client("fin", {"receipts": receipts}, ("receipts",)),
+                client(
+                    "req",
+                    {"receipts": receipts, "delay_ms": _int(0, limits.max_delay_ms)},
+                    ("receipts",),
+                ),
+                client("touch", {"receipts": receipts, "visibility_ms": visibility}, ("receipts",)),
+                client("ping", {}),
+            ],
+        },
+        "PushServerFrame": {
+            "description": "A frame the node sends on the push stream.",
+            "oneOf": [
+                server(
+                    "hello",
+                    {
+                        "topic": _str(),
+                        "group": _str(),
+                        "node": _str(),
+                        "visibility_ms": _int(1),
+                        "heartbeat_ms": _int(1),
+                        "max_rdy": _int(1),
+                    },
+                    ("topic", "group", "node", "visibility_ms", "heartbeat_ms", "max_rdy"),
+                ),
+                server("messages", {"messages": _array(_ref("ReceivedMessage"))}, ("messages",)),
+                server(
+                    "result",
+                    {
+                        "op": {"enum": ["fin", "req", "touch"]},
+                        "id": frame_id,
+                        "results": {"$ref": "#/components/schemas/ReceiptResults/properties/results"},
+                    },
+                    ("op", "results"),
+                ),
+                server("pong", {"id": frame_id}),
+                server(
+                    "error",
+                    {"op": _str(), "id": frame_id, "error": error, "fatal": {"const": True}},
+                    ("error",),
+                ),
+            ],
+        },
+    }
+
+
+def _push_path(limits: Limits) -> dict[str, Any]:
+    return {
+        "get": {
+            **_op(
+                "pushStream",
+                "Push delivery over a WebSocket: RDY credits, FIN/REQ/TOUCH (frames: docs/delivery.md)",
+                {
+                    "101": {
+                        "description": "Switching Protocols: the stream (PushClientFrame, PushServerFrame)"
+                    },
+                    **_errors(400, 404, *RAFT_ERRORS),
+                },
+                (
+                    TOPIC,
+                    SUB_GROUP,
+                    _param(
+                        "visibility_ms",
+                        "query",
+                        _int(1, limits.max_visibility_ms, default=limits.default_visibility_ms),
+                        "Visibility of the pushed messages.",
+                    ),
+                    _param(
+                        "heartbeat_ms",
+                        "query",
+                        _int(MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS, default=DEFAULT_HEARTBEAT_MS),
+                        "The node pings after this much silence and drops the stream without a pong "
+                        "within half of it.",
+                    ),
+                ),
+            ),
+            "x-raftmq-websocket": {
+                "client_frames": _ref("PushClientFrame"),
+                "server_frames": _ref("PushServerFrame"),
+            },
+        }
+    }
+
+
 def _delivery_paths(limits: Limits) -> dict[str, Any]:
     base = "/v1/topics/{topic}/subscriptions/{group}"
     sub = (TOPIC, SUB_GROUP)
@@ -231,6 +336,7 @@ def _delivery_paths(limits: Limits) -> dict[str, Any]:
                 _ref("ReceiveRequest"),
             )
         },
+        base + "/stream": _push_path(limits),
         base + "/ack": receipts_op("ack", "Finish messages", "AckRequest"),
         base + "/nack": receipts_op(
             "nack", "Give messages back for a retry (after delay_ms or the backoff)", "NackRequest"

@@ -716,6 +716,7 @@ def create_app(node: Node) -> web.Application:
     from .groups_api import add_group_routes
     from .internal_api import add_internal_routes
     from .metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
+    from .push_api import add_push_routes
     from .segments_api import add_segment_routes
     from .subscriptions_api import add_subscription_routes
 
@@ -748,6 +749,7 @@ def create_app(node: Node) -> web.Application:
     add_internal_routes(app, node, api)
     add_group_routes(app, node, api)
     api.delivery = add_subscription_routes(app, node, api)
+    add_push_routes(app, node, api, api.delivery)
     api.segments = add_segment_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/consumers_api.py)
     add_console_routes(app)  # the web console: /ui (cluster/console.py)

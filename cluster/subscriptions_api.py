@@ -23,7 +23,8 @@ robin. Acks, nacks and extends go straight to the queue groups of their receipts
 Internal actions (``Api.internal_action``) at a queue group's leader: ``subscribe``, ``receive``,
 ``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``, ``extend``,
 ``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``dlq_list``; at the metadata leader:
-``ensure_dlq``.
+``ensure_dlq``; at a receive coordinator: ``take`` (wait in its line, as a push stream does:
+``cluster/push_api.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ INTERNAL_ACTIONS = frozenset(
         "redrive",
         "dlq_list",
         "ensure_dlq",
+        "take",
     }
 )
 _STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive"})
@@ -325,6 +327,33 @@ class SubscriptionsApi:
                 if e.code is not errors.NOT_LEADER or request.headers.get(FORWARDED):
                     raise  # a forwarding node retries a not_leader answer at the new leader itself
             await self._new_leader_known(coordinator)
+
+    async def take(
+        self, topic: Topic, group: str, max_messages: int, visibility_ms: int, wait_ms: int
+    ) -> list[dict[str, Any]]:
+        """Wait in this coordinator's line like an HTTP receive (same round robin, deadlines and
+        receipts) and return what was handed out (the push stream's source, ``cluster/push_api.py``).
+
+        Raises:
+            ApiError: ``not_leader`` when this node does not coordinate (topic, group) (nothing
+                was handed out); any error of the receive.
+        """
+        coordinator = str(topic.queue_groups[0])
+        if not self.api._leads(coordinator):
+            raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not coordinate {topic.name}/{group}")
+        await self._ensure_subscription(topic, group)
+        deadline = time.monotonic() + wait_ms / 1000
+        waiter = _Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
+        key = (topic.id, group, None, None)
+        self._enqueue(key, waiter, lambda: self._target(topic, group, None, None, coordinator))
+        return await waiter.future
+
+    async def settle(
+        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """``ack``, ``nack`` or ``extend`` checked ``receipts`` and ``fields`` as the HTTP routes
+        do (the push stream's FIN, REQ and TOUCH); one result per receipt."""
+        return await self._receipts_call(topic, group, op, receipts, fields)
 
     def _target(
         self, topic: Topic, group: str, queue: int | None, epoch: int | None, coordinator: str
@@ -754,6 +783,12 @@ class SubscriptionsApi:
             return await propose(META, orjson.dumps(ensure))
         if name == META:
             raise ApiError(errors.BAD_REQUEST, f"{action} runs at a queue group's leader")
+        if action == "take":
+            topic = await self.api.topic(body["topic"])
+            if topic.id != body["topic_id"] or str(topic.queue_groups[0]) != name:
+                raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {body['topic']!r} was deleted")
+            got = await self.take(topic, body["group"], body["max"], body["visibility_ms"], body["wait_ms"])
+            return {"messages": got}
         store = self.node.groups[name].machine.store
         if action == "receive":
             if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
