@@ -1,4 +1,4 @@
-"""The raftmq Python client: producer, consumer and admin, in sync and asyncio flavours.
+"""The raftmq Python client: producer, consumer, subscriber and admin, in sync and asyncio flavours.
 
 Example::
 
@@ -20,6 +20,9 @@ from ._admin import AsyncAdmin
 from ._consumer import AsyncConsumer, Mode, Reset, TopicQueue
 from ._metadata import key_queue
 from ._producer import AsyncProducer, DeliveryCallback
+from ._received import ReceivedMessage
+from ._subscriber import AsyncSubscriber, Subscriber
+from ._subscriber_core import SubscribeMode, SubscriberStats
 from ._sync import Admin, Consumer, Producer
 from ._types import (
     ClusterStatus,
@@ -68,6 +71,7 @@ __all__ = [
     "AsyncAdmin",
     "AsyncConsumer",
     "AsyncProducer",
+    "AsyncSubscriber",
     "BadRequest",
     "BufferFull",
     "ClientClosed",
@@ -94,12 +98,16 @@ __all__ = [
     "QueueNotFound",
     "QueueState",
     "RaftmqError",
+    "ReceivedMessage",
     "RecordMetadata",
     "ReplicaStatus",
     "RequestTooLarge",
     "Reset",
     "StaleEpoch",
     "StaleReceipt",
+    "SubscribeMode",
+    "Subscriber",
+    "SubscriberStats",
     "Timeout",
     "TooManyRequests",
     "TopicDescription",

@@ -1,0 +1,374 @@
+"""The subscriber's core, in one event loop: received messages, batched settlement, the receive
+(long poll) source and the lifecycle. The push source is ``_push_source.py``; the asyncio and sync
+APIs are ``_subscriber.py``.
+
+Flow control: at most ``max_in_flight`` messages are received and not yet settled (acked or
+nacked; a message past its deadline no longer counts, since it is redelivered anyway). In poll
+mode the core asks for no more than that; in push mode it is the stream's credit (RDY), which the
+node enforces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl as _ssl
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+
+from ._api import ApiClient
+from ._received import ReceivedMessage, SettleOp
+from ._retry import Backoff
+from ._transport import AddressMap, Transport, path_part
+from .errors import RaftmqError
+
+__all__ = ["MAX_IN_FLIGHT", "SubscribeMode", "SubscriberConfig", "SubscriberCore", "SubscriberStats"]
+
+log = structlog.get_logger(__name__)
+
+SubscribeMode = Literal["poll", "push"]
+MAX_IN_FLIGHT = 10_000  # the API's most messages per receive (and RDY)
+MAX_RECEIPTS = 10_000  # per settle request or frame
+MAX_WAIT_MS = 15_000
+
+
+@dataclass(frozen=True)
+class SubscriberConfig:
+    """The subscriber's settings (documented on :class:`~raftmq.client.AsyncSubscriber`)."""
+
+    topic: str
+    group: str
+    mode: SubscribeMode = "poll"
+    max_in_flight: int = 256
+    visibility_ms: int | None = None
+    wait_ms: int = 5_000
+    ack_batch_size: int = 256
+    ack_interval_ms: int = 50
+    heartbeat_ms: int = 5_000
+    request_timeout_ms: int = 30_000
+    retry_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 2_000
+    address_map: AddressMap | None = None
+    token: str | None = field(default=None, repr=False)  # API token (never in a repr)
+    ca_file: str | None = None
+    ssl: _ssl.SSLContext | None = None
+
+    def check(self) -> None:
+        problems = []
+        if self.mode not in ("poll", "push"):
+            problems.append("mode must be 'poll' or 'push'")
+        if not self.topic or not self.group:
+            problems.append("topic and group are required")
+        if not 1 <= self.max_in_flight <= MAX_IN_FLIGHT:
+            problems.append(f"max_in_flight must be from 1 to {MAX_IN_FLIGHT}")
+        if self.visibility_ms is not None and self.visibility_ms < 1:
+            problems.append("visibility_ms must be at least 1")
+        if not 0 <= self.wait_ms <= MAX_WAIT_MS:
+            problems.append(f"wait_ms must be from 0 to {MAX_WAIT_MS}")
+        if not 1 <= self.ack_batch_size <= MAX_RECEIPTS:
+            problems.append(f"ack_batch_size must be from 1 to {MAX_RECEIPTS}")
+        if self.ack_interval_ms < 0:
+            problems.append("ack_interval_ms must be at least 0")
+        if not 100 <= self.heartbeat_ms <= 60_000:
+            problems.append("heartbeat_ms must be from 100 to 60000")
+        for name in ("request_timeout_ms", "retry_timeout_ms", "retry_backoff_ms", "retry_backoff_max_ms"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be at least 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def path(self) -> str:
+        return f"/v1/topics/{path_part(self.topic)}/subscriptions/{path_part(self.group)}"
+
+
+@dataclass
+class SubscriberStats:
+    """Counts since the subscriber started.
+
+    Attributes:
+        received: Messages received (each delivery counts).
+        acked, nacked, extended: Settlements the cluster applied.
+        stale: Settlements refused with ``stale_receipt`` (the message had been redelivered, or was
+            settled already: a retried ack after a lost answer ends here).
+        failed: Settlements that failed otherwise, after retries; their messages come back after
+            their deadline.
+        reconnects: Push streams opened again after one broke.
+    """
+
+    received: int = 0
+    acked: int = 0
+    nacked: int = 0
+    extended: int = 0
+    stale: int = 0
+    failed: int = 0
+    reconnects: int = 0
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class SubscriberCore:
+    """Create and use inside one event loop (the sync subscriber runs it in its I/O thread)."""
+
+    def __init__(self, bootstrap: str | Sequence[str], config: SubscriberConfig) -> None:
+        from ._push_source import PushSource
+
+        config.check()
+        self.config = config
+        self.loop = asyncio.get_running_loop()
+        self.transport = Transport(
+            bootstrap,
+            request_timeout_ms=config.request_timeout_ms,
+            address_map=config.address_map,
+            token=config.token,
+            ca_file=config.ca_file,
+            ssl=config.ssl,
+        )
+        self.backoff = Backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
+        self.api = ApiClient(self.transport, retry_timeout_ms=config.retry_timeout_ms, backoff=self.backoff)
+        self.stats = SubscriberStats()
+        self.buffer: deque[ReceivedMessage] = deque()  # received, not handed out yet
+        self.arrived = asyncio.Event()
+        # Invariant: unsettled holds every received message not yet acked or nacked (receipt ->
+        # deadline_ms); those past their deadline are dropped when the room is counted.
+        self.unsettled: dict[str, int] = {}
+        self.room_changed = asyncio.Event()
+        self.pending: dict[tuple[SettleOp, int | None], list[str]] = {}  # settlements to send
+        self.queued = 0
+        self.flush_now = asyncio.Event()
+        self.flushed = asyncio.Condition()
+        self.sending = False
+        self.error: RaftmqError | None = None  # why the source stopped for good
+        self.closing = False
+        self.closed = False
+        self.push = PushSource(self) if config.mode == "push" else None
+        self._tasks: list[asyncio.Task[None]] = []
+        push_threshold = max(1, config.max_in_flight // 2)  # the node frees credit on FIN/REQ
+        self.flush_threshold = (
+            min(config.ack_batch_size, push_threshold) if self.push else config.ack_batch_size
+        )
+
+    async def start(self) -> None:
+        """Check that the topic exists (a missing one raises TopicNotFound here) and start."""
+        await self.api.call("GET", f"/v1/topics/{path_part(self.config.topic)}", idempotent=True)
+        source = self.push.run() if self.push is not None else self._poll_forever()
+        self._tasks = [asyncio.create_task(source), asyncio.create_task(self._flush_forever())]
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    def deliver(self, messages: list[dict[str, Any]]) -> None:
+        """Take messages from the cluster (a receive answer or a push frame)."""
+        for m in messages:
+            message = ReceivedMessage.from_wire(self.config.topic, m, self)
+            self.buffer.append(message)
+            self.unsettled[message.receipt] = message.deadline_ms
+        self.stats.received += len(messages)
+        if messages:
+            self.arrived.set()
+
+    def room(self) -> int:
+        now = now_ms()
+        for receipt in [r for r, deadline in self.unsettled.items() if deadline <= now]:
+            del self.unsettled[receipt]
+        return self.config.max_in_flight - len(self.unsettled)
+
+    async def _poll_forever(self) -> None:
+        config = self.config
+        body: dict[str, Any] = {"wait_ms": config.wait_ms}
+        if config.visibility_ms is not None:
+            body["visibility_ms"] = config.visibility_ms
+        failures = 0
+        while not self.closing:
+            self.room_changed.clear()
+            room = self.room()
+            if room <= 0:
+                timeout = max(0.001, (min(self.unsettled.values()) - now_ms()) / 1000)
+                await _wait(self.room_changed, timeout)
+                continue
+            try:
+                answer = await self.transport.request(
+                    "POST",
+                    config.path + "/receive",
+                    body={**body, "max": room},
+                    idempotent=True,  # a repeated receive hands out other messages; none is lost
+                    extra_timeout_ms=config.wait_ms,
+                )
+            except RaftmqError as e:
+                if not e.retriable:
+                    self.fail(e)
+                    return
+                failures += 1
+                await asyncio.sleep(self.backoff.delay_s(failures))
+                continue
+            failures = 0
+            self.deliver(answer["messages"])
+
+    def fail(self, error: RaftmqError) -> None:
+        """The source stopped for good: iteration raises ``error`` once the buffer is empty."""
+        log.warning("subscriber_failed", topic=self.config.topic, group=self.config.group, error=repr(error))
+        self.error = error
+        self.arrived.set()
+
+    async def get_many(self, max_messages: int, timeout_s: float | None) -> list[ReceivedMessage]:
+        """Up to ``max_messages``, waiting up to ``timeout_s`` (None: until one arrives or the
+        subscriber is closed). [] on timeout or once closed; raises the source's error."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if self.buffer:
+                return [self.buffer.popleft() for _ in range(min(max_messages, len(self.buffer)))]
+            if self.error is not None:
+                raise self.error
+            if self.closing:
+                return []
+            self.arrived.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return []
+            await _wait(self.arrived, remaining)
+
+    # -- settling ---------------------------------------------------------------------------------
+
+    def settle(self, message: ReceivedMessage, op: SettleOp, value: int | None) -> None:
+        """Queue a settlement (from any thread; after close it is dropped and the message comes
+        back after its deadline)."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self._queue(message.receipt, op, value)
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._queue, message.receipt, op, value)
+
+    def _queue(self, receipt: str, op: SettleOp, value: int | None) -> None:
+        if self.closed:
+            return
+        if op != "extend":
+            self.unsettled.pop(receipt, None)
+            self.room_changed.set()
+        self.pending.setdefault((op, value), []).append(receipt)
+        self.queued += 1
+        if self.queued >= self.flush_threshold:
+            self.flush_now.set()
+        elif self.queued == 1:
+            self.loop.call_later(self.config.ack_interval_ms / 1000, self.flush_now.set)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self.flush_now.wait()
+            self.flush_now.clear()
+            batch, self.pending, self.queued = self.pending, {}, 0
+            self.sending = True
+            try:
+                await asyncio.gather(
+                    *(
+                        self._send(op, value, receipts[i : i + MAX_RECEIPTS])
+                        for (op, value), receipts in batch.items()
+                        for i in range(0, len(receipts), MAX_RECEIPTS)
+                    )
+                )
+            finally:
+                self.sending = False
+                async with self.flushed:
+                    self.flushed.notify_all()
+
+    async def flush(self) -> None:
+        """Send every settlement queued so far and wait for the answers."""
+        async with self.flushed:
+            while self.queued or self.sending:
+                self.flush_now.set()
+                await self.flushed.wait()
+
+    async def _send(self, op: SettleOp, value: int | None, receipts: list[str]) -> None:
+        fields: dict[str, Any] = {}
+        if op == "nack" and value is not None:
+            fields["delay_ms"] = value
+        elif op == "extend":
+            fields["visibility_ms"] = value
+        try:
+            results = await self._settle_remote(op, receipts, fields)
+        except RaftmqError as e:
+            self.stats.failed += len(receipts)
+            log.warning("subscriber_settle_failed", op=op, receipts=len(receipts), error=repr(e))
+            return
+        stats = self.stats
+        for r in results:
+            if r.get("ok"):
+                if op == "ack":
+                    stats.acked += 1
+                elif op == "nack":
+                    stats.nacked += 1
+                else:
+                    stats.extended += 1
+                    if r["receipt"] in self.unsettled:
+                        self.unsettled[r["receipt"]] = r["deadline_ms"]
+            elif r.get("error", {}).get("code") == "stale_receipt":
+                stats.stale += 1
+            else:
+                stats.failed += 1
+
+    async def _settle_remote(
+        self, op: SettleOp, receipts: list[str], fields: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        if self.push is not None:
+            try:  # over the stream: that frees its credit
+                return await self.push.settle(op, receipts, fields)
+            except RaftmqError as e:
+                if not e.retriable:
+                    raise
+                # No stream, it broke, or the node could not apply it now: settling is idempotent,
+                # so it goes again over HTTP (with retries).
+        answer = await self.api.call(
+            "POST", f"{self.config.path}/{op}", body={"receipts": receipts, **fields}, idempotent=True
+        )
+        results: list[dict[str, Any]] = answer["results"]
+        return results
+
+    # -- closing ----------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop receiving, give back the messages never handed out (nack, ``delay_ms`` 0), send
+        the queued settlements, close the connections. Handed-out messages that were not settled
+        stay in flight until their deadline."""
+        if self.closing:
+            return
+        self.closing = True
+        self.room_changed.set()
+        self.arrived.set()
+        if self.push is not None:
+            await self.push.drain()  # no more pushes; what was pushed before is in the buffer
+        elif self._tasks:
+            # A long poll cut here may have been handed messages: they come back after their
+            # visibility deadline (nothing is lost; waiting out wait_ms would make close slow).
+            self._tasks[0].cancel()
+            await asyncio.gather(self._tasks[0], return_exceptions=True)
+        leftovers = list(self.buffer)
+        self.buffer.clear()
+        for message in leftovers:
+            if not message.settled:
+                message._settled = True
+                self._queue(message.receipt, "nack", 0)
+        try:
+            await asyncio.wait_for(self.flush(), self.config.retry_timeout_ms / 1000 + 5)
+        except TimeoutError:
+            log.warning("subscriber_close_flush_timed_out", topic=self.config.topic)
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.push is not None:
+            await self.push.close()
+        await self.transport.close()
+
+
+async def _wait(event: asyncio.Event, timeout_s: float | None) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout_s)
