@@ -19,6 +19,7 @@ const state = {
   rates: new Map(), // "topic/queue" -> messages per second
   groups: new Map(), // topic -> GET /v1/topics/{topic}/groups answer
   busy: false,
+  again: false,
 };
 
 // -- helpers -----------------------------------------------------------------------------------
@@ -433,7 +434,9 @@ async function redrive(queue) {
   const body = queue === undefined ? {} : { queue };
   try {
     const r = await api(`/v1/topics/${pathOf(topic, "subscriptions", group, "dlq", "redrive")}`, { method: "POST", body });
-    banner(`Redrove ${r.redriven} message${r.redriven === 1 ? "" : "s"} to ${topic} for ${group}${r.more ? " (more left)" : ""}.`, "info");
+    const text = `Redrove ${r.redriven} message${r.redriven === 1 ? "" : "s"} to ${topic} for ${group}${r.more ? " (more left)" : ""}.`;
+    banner(text, "info");
+    setTimeout(() => document.getElementById("banner").textContent === text && banner(""), 10000);
   } catch (error) {
     banner(explain(error));
   }
@@ -461,7 +464,8 @@ function drawChart(canvas, series, { spark }) {
   const now = Date.now();
   const all = series.flatMap((s) => s.points);
   const t0 = all.length ? Math.min(...all.map((p) => p[0])) : now - 60000;
-  const span = Math.max(now - t0, 30000);
+  // The big chart shows at least a minute; a sparkline spans its own samples.
+  const span = Math.max(now - t0, spark ? 10000 : 60000);
   const step = niceStep(Math.max(0, ...all.map((p) => p[1])), 4);
   const top = step * Math.max(1, Math.ceil(Math.max(0, ...all.map((p) => p[1])) / step));
   const x = (t) => pad.l + ((t - (now - span)) / span) * (width - pad.l - pad.r);
@@ -483,8 +487,10 @@ function drawChart(canvas, series, { spark }) {
     ctx.textBaseline = "top";
     for (let i = 0; i <= 4; i++) {
       const t = now - span + (span * i) / 4;
+      ctx.textAlign = i === 0 ? "left" : i === 4 ? "right" : "center";
       ctx.fillText(new Date(t).toLocaleTimeString(), x(t), height - pad.b + 6);
     }
+    ctx.textAlign = "center";
     if (!series.length) {
       ctx.textBaseline = "middle";
       ctx.fillText("no consumer groups to chart yet", width / 2, height / 2);
@@ -525,8 +531,12 @@ function route() {
 }
 
 async function refresh() {
-  if (state.busy) return;
+  if (state.busy) {
+    state.again = true; // e.g. a token was entered while a refresh was under way
+    return;
+  }
   state.busy = true;
+  state.again = false;
   const status = document.getElementById("status");
   try {
     await RENDER[state.view]();
@@ -539,6 +549,7 @@ async function refresh() {
   } finally {
     state.busy = false;
   }
+  if (state.again) refresh();
 }
 
 function start() {

@@ -1,0 +1,239 @@
+"""The web console (/ui) in headless Chromium against a real 3-node cluster with API tokens required.
+
+Debian's chromium (installed by scripts/setup) is driven by Playwright; nothing is downloaded and
+the page reaches nothing but the node. Each view is checked against the API's own answers, and a
+screenshot of it is written to test-output/console/ (printed at the end of each test).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "console"
+ADMIN_TOKEN = "console-test-admin-token-0123456789"
+VIEWER_TOKEN = "console-test-viewer-token-0123456789"  # consume + produce on orders*, no admin
+SECURITY = f"""
+[security]
+[[security.tokens]]
+name = "ops"
+token = "{ADMIN_TOKEN}"
+admin = ["*"]
+produce = ["*"]
+consume = ["*"]
+[[security.tokens]]
+name = "console"
+token = "{VIEWER_TOKEN}"
+consume = ["orders*"]
+produce = ["orders*"]
+[delivery]
+tick_ms = 100
+"""
+
+if not os.path.exists(CHROMIUM):  # scripts/setup installs it; ./scripts/test never gets here
+    pytest.skip(f"{CHROMIUM} is missing: run ./scripts/setup test", allow_module_level=True)
+
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("console"), nodes=3, extra_toml=SECURITY) as cluster:
+        cluster.session.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        cluster.start()
+        cluster.wait_ready()
+        _fill(cluster)
+        yield cluster
+        for nid in cluster.nodes:
+            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
+
+
+def _ok(r: requests.Response) -> Any:
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def _fill(c: Cluster) -> None:
+    """orders: 3 queues with 5, 4 and 3 messages; billing committed 2, 4, 0 (lag 3 + 0 + 3);
+    workers dead-lettered one poison message (max_deliveries 1)."""
+    c.create_topic("orders", queues=3)
+    c.create_topic("audit", queues=1)  # the viewer's token may not see it
+    for q, n in enumerate((5, 4, 3)):
+        _ok(c.produce("orders", [{"value": f"order {q}-{i}", "key": f"k{i}", "queue": q} for i in range(n)]))
+    body = {"topic": "orders", "offsets": {"0": 2, "1": 4, "2": 0}}
+    _ok(c.session.put(c.url() + "/v1/groups/billing/offsets", json=body))
+    _ok(c.session.put(c.url() + "/v1/topics/orders/subscriptions/workers", json={"max_deliveries": 1}))
+    _ok(c.produce("orders", [{"value": "poison pill", "key": "bad", "queue": 1}]))
+    sub = "/v1/topics/orders/subscriptions/workers"
+    got = _ok(c.post(sub + "/receive", {"max": 100, "wait_ms": 2000, "visibility_ms": 60000}))["messages"]
+    poison = [m for m in got if m["value"] == "poison pill"]
+    _ok(c.post(sub + "/ack", {"receipts": [m["receipt"] for m in got if m not in poison]}))
+    (result,) = _ok(c.post(sub + "/nack", {"receipts": [poison[0]["receipt"]]}))["results"]
+    assert result.get("dead_lettered") is True, result
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser, c: Cluster) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    # Before the token is entered the API answers 401, which the browser logs; that is expected.
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "401" not in m.text else None)
+    outside: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(c.url("n1")) else outside.append(r.url))
+    page.goto(c.url("n1") + "/ui")
+    page.fill("#token", VIEWER_TOKEN)
+    page.click("#token-form button[type=submit]")
+    yield page
+    context.close()
+    assert not outside, f"the console reached outside its node: {outside}"
+    assert not errors, f"errors in the page: {errors}"
+
+
+def shot(page: Page, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, f"{path}: {len(data)} bytes"
+    print(f"screenshot: {path}")
+    return path
+
+
+def test_the_console_files_are_served_without_a_token_and_locked_to_the_node(c: Cluster) -> None:
+    for path, kind in (("/ui", "text/html"), ("/ui/", "text/html"), ("/ui/console.js", "text/javascript")):
+        r = requests.get(c.url("n2") + path, timeout=10)
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith(kind), (path, r.status_code)
+        assert "default-src 'none'" in r.headers["Content-Security-Policy"]
+    for bad in ("/ui/..%2Fconsole.py", "/ui/console.py", "/ui/nothing.js"):
+        r = requests.get(c.url("n2") + bad, timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", bad
+    # The data is not: without a token the API refuses.
+    assert requests.get(c.url("n2") + "/v1/topics/orders/groups", timeout=10).status_code == 401
+
+
+def test_without_a_token_the_page_says_the_api_refused(browser: Browser, c: Cluster) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(c.url("n2") + "/ui")
+    expect(page.locator("#banner")).to_contain_text("401 unauthorized", timeout=10_000)
+    expect(page.locator("#banner")).to_contain_text("Enter an API token")
+    context.close()
+
+
+def test_cluster_view_shows_every_node_and_the_leader_and_term_of_every_group(page: Page, c: Cluster) -> None:
+    rows = page.locator("#groups-table tbody tr[data-group]")
+    expect(rows).to_have_count(4, timeout=10_000)
+    expect(page.locator("#nodes-table tbody tr[data-node]")).to_have_count(3)
+    expect(page.locator("#nodes-table .badge.good")).to_have_count(3)  # all "up"
+    view = c.get("/v1/cluster").json()
+    for g in view["groups"]:
+        row = page.locator(f'#groups-table tr[data-group="{g["group_id"]}"]')
+        expect(row.locator("td.leader")).to_have_text(g["leader"])
+        expect(row.locator("td.term")).to_have_text(str(g["term"]))
+        expect(row.locator("[data-replica]")).to_have_count(3)
+        expect(row.locator(f'[data-replica="{g["leader"]}"]')).to_contain_text("★")
+    expect(page.locator("#cluster-cards")).to_contain_text("3/3")
+    shot(page, "cluster")
+
+
+def test_topics_view_shows_the_queues_offsets_and_consumer_groups_of_a_topic(page: Page, c: Cluster) -> None:
+    page.click("nav a[data-view=topics]")
+    # The viewer's token sees its topics only (orders and its dead-letter topic), not audit.
+    expect(page.locator("#topics-table tbody tr[data-topic]")).to_have_count(2, timeout=10_000)
+    expect(page.locator('#topics-table tr[data-topic="audit"]')).to_have_count(0)
+    page.click('#topics-table tr[data-topic="orders"]')
+    queues = c.get("/v1/topics/orders").json()["queues"]
+    assert [q["high_offset"] for q in queues] == [5, 5, 3]
+    for q in queues:
+        row = page.locator(f'#queues-table tr[data-queue="{q["queue"]}"]')
+        expect(row.locator("td.high")).to_have_text(str(q["high_offset"]), timeout=10_000)
+        expect(row.locator("td.low")).to_have_text(str(q["low_offset"]))
+        expect(row).to_contain_text(q["leader"])
+    billing = page.locator('#topic-groups-table tr[data-consumer="billing"]')
+    expect(billing).to_contain_text("7")  # (5 - 2) + (5 - 4) + (3 - 0)
+    expect(page.locator('#topic-groups-table tr[data-consumer="workers"]')).to_be_visible()
+    shot(page, "topics")
+
+
+def _chart_pixels(page: Page) -> int:
+    pixels: int = page.evaluate(
+        """() => { const c = document.getElementById('lag-chart');
+                   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                   let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; }"""
+    )
+    return pixels
+
+
+def test_groups_view_charts_the_lag_over_time(page: Page, c: Cluster) -> None:
+    page.click("nav a[data-view=groups]")
+    row = page.locator('#consumers-table tr[data-consumer="billing"][data-topic="orders"]')
+    expect(row.locator("td.lag")).to_have_text("7", timeout=10_000)
+    before = _chart_pixels(page)
+    assert before > 0
+    # The lag grows with new messages, and the page sees it on its next samples.
+    _ok(c.produce("orders", [{"value": f"more {i}", "queue": 2} for i in range(5)]))
+    expect(row.locator("td.lag")).to_have_text("12", timeout=10_000)
+    series = wait_until(
+        lambda: (
+            (s := page.evaluate("() => document.querySelectorAll('#consumers-table canvas.spark').length"))
+            and s
+        ),
+        10,
+    )
+    assert series >= 2  # billing and workers on orders
+    assert _chart_pixels(page) > before  # the lines grew
+    row.click()
+    detail = page.locator("#consumer-queues-table tbody tr[data-queue]")
+    expect(detail).to_have_count(3)
+    expect(page.locator('#consumer-queues-table tr[data-queue="2"]')).to_contain_text("8")  # 8 - 0
+    shot(page, "groups")
+
+
+def test_a_dead_letter_can_be_browsed_and_redriven_by_clicking(page: Page, c: Cluster) -> None:
+    sub = "/v1/topics/orders/subscriptions/workers"
+    page.click("nav a[data-view=dlq]")
+    page.click('#dlq-table tr[data-dlq="orders.workers.dlq"]', timeout=10_000)
+    letter = page.locator("#dlq-messages tbody tr[data-offset]")
+    expect(letter).to_have_count(1, timeout=10_000)
+    expect(letter).to_contain_text("poison pill")
+    expect(letter).to_contain_text("nacked")
+    shot(page, "dead-letters")
+    page.click("#redrive-all")
+    expect(page.locator("#banner")).to_contain_text("Redrove 1 message", timeout=10_000)
+    expect(page.locator("#dlq-messages tbody")).to_contain_text("no dead letters", timeout=10_000)
+    assert c.get(sub + "/dlq").json()["messages"] == []
+    got = _ok(c.post(sub + "/receive", {"max": 100, "wait_ms": 3000}))["messages"]
+    redriven = [m for m in got if m["value"] == "poison pill"]  # (and the messages produced since)
+    assert [(m["attempt"], m["headers"].get("raftmq-redrive-group")) for m in redriven] == [(1, "workers")]
+    _ok(c.post(sub + "/ack", {"receipts": [m["receipt"] for m in got]}))
+    shot(page, "dead-letters-redriven")
