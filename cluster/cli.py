@@ -833,5 +833,131 @@ def consume(
         sys.exit(130)
 
 
+# -- receive/ack and dead letters (the work is in cli_delivery.py) -------------------------------
+
+
+def _output(path: str | None) -> Any:
+    return sys.stdout.buffer if path in (None, "-") else open(path, "ab")
+
+
+@main.command()
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group (its subscription to TOPIC).")
+@click.option("--max", "max_messages", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option(
+    "--visibility-ms",
+    type=click.IntRange(min=1),
+    help="How long each message stays in flight (default: the cluster's, 30 s).",
+)
+@click.option(
+    "--ack/--no-ack",
+    default=True,
+    show_default=True,
+    help="Ack each message once written. --no-ack leaves it in flight: it comes back after its deadline.",
+)
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for messages (until Ctrl-C or --max).")
+@click.option(
+    "--wait-ms",
+    type=click.IntRange(min=0, max=15_000),
+    default=1_000,
+    show_default=True,
+    help="How long one receive waits; without --follow, stop after a wait that brought nothing.",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the JSON lines to this file (appended) instead of stdout.",
+)
+@client_command
+def receive(
+    urls: list[str],
+    topic: str,
+    group: str,
+    max_messages: int | None,
+    visibility_ms: int | None,
+    ack: bool,
+    follow: bool,
+    wait_ms: int,
+    output: str | None,
+) -> None:
+    """Receive messages of TOPIC for GROUP (receive/ack), printing each as a JSON line.
+
+    Each line holds receipt, attempt, queue, offset, deadline_ms, key, value (value_b64 for a
+    binary value), headers and timestamp_ms. Exit status 0 when done, 1 on an error, 130 after
+    Ctrl-C (messages written but not acked yet come back after their deadline).
+    """
+    from .cli_delivery import ReceiveOptions
+    from .cli_delivery import receive as run
+
+    options = ReceiveOptions(topic, group, max_messages, visibility_ms, ack, follow, wait_ms)
+    out = _output(output)
+    try:
+        done = run(urls, client_security(), options, out)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+    click.echo(_rate_line("received", done.count, done.size, done.seconds), err=True)
+    if done.stale:
+        click.echo(f"{done.stale:,} acks came too late (the messages were redelivered)", err=True)
+
+
+@main.group()
+def dlq() -> None:
+    """Dead letters of a consumer group: TOPIC.GROUP.dlq."""
+
+
+@dlq.command("list")
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group whose dead letters to list.")
+@click.option("--max", "max_messages", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--queue", type=click.IntRange(min=0), help="Only this queue.")
+@client_command
+def dlq_list(urls: list[str], topic: str, group: str, max_messages: int, queue: int | None) -> None:
+    """Print the dead letters of GROUP on TOPIC not yet redriven, one JSON line each (queue,
+    offset, key, value, headers with their raftmq-dlq-* history, timestamp_ms); a summary per
+    queue on stderr."""
+    from .cli_delivery import dead_letter_line
+    from .cli_delivery import dlq_list as run
+
+    answer = run(urls, client_security(), topic, group, max_messages, queue)
+    for m in answer["messages"]:
+        sys.stdout.buffer.write(dead_letter_line(m))
+    sys.stdout.buffer.flush()
+    waiting = sum(q["high_offset"] - q["redrive_offset"] for q in answer["queues"])
+    click.echo(f"{answer['dead_letter_topic']}: {waiting:,} dead letters not redriven", err=True)
+
+
+@dlq.command("redrive")
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group whose dead letters to move back.")
+@click.option(
+    "--max",
+    "max_messages",
+    type=click.IntRange(min=1, max=10_000),
+    default=1_000,
+    show_default=True,
+    help="Per queue and request.",
+)
+@click.option("--queue", type=click.IntRange(min=0), help="Only this queue.")
+@click.option("--all", "until_empty", is_flag=True, help="Repeat until no dead letter is left.")
+@client_command
+def dlq_redrive(
+    urls: list[str], topic: str, group: str, max_messages: int, queue: int | None, until_empty: bool
+) -> None:
+    """Move dead letters of GROUP back to TOPIC as new messages for GROUP only (header
+    raftmq-redrive-group). Prints each answer as a JSON line; the total on stderr."""
+    from .cli_delivery import dlq_redrive as run
+
+    answers = run(urls, client_security(), topic, group, max_messages, queue, until_empty)
+    for answer in answers:
+        click.echo(json.dumps(answer, separators=(",", ":")))
+    total = sum(a["redriven"] for a in answers)
+    more = " (more left: run again or use --all)" if answers[-1]["more"] else ""
+    click.echo(f"redrove {total:,} dead letters to {topic}{more}", err=True)
+
+
 if __name__ == "__main__":
     main()
