@@ -16,6 +16,15 @@ Poison pills: the state machine never raises; a storage failure stops the proces
 Snapshots are manifests (a few hundred bytes); a replica whose state is behind a snapshot pulls a
 RocksDB checkpoint from a peer out of band (``fetch_checkpoint``), never through Raft's 64 KiB chunks.
 
+Membership (``dynamicMembershipChange``): single-server changes, effective on every replica as soon as
+the entry is appended. pysyncobj's guard against a second change in flight is dead code, so
+:meth:`RaftGroup.change_membership` refuses one while a membership entry is uncommitted. A group's
+voters are what its own log says: the snapshot manifest records the voters as of its last entry
+(pysyncobj would store the live set, which may include an uncommitted change), and on start the
+voters are that set plus the membership entries after it in the journal (Raft's rule: the latest
+configuration in the log counts, committed or not). ``peer_addrs`` only seeds a group whose log holds
+no configuration yet.
+
 Threading: every apply, callback, journal write and snapshot hook runs on the group's tick thread.
 ``submit`` may be called from any thread; its ``on_done`` runs on the tick thread and must be short.
 """
@@ -23,15 +32,18 @@ Threading: every apply, callback, journal write and snapshot hook runs on the gr
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+import pysyncobj.pickle as _pso_pickle
 import pysyncobj.syncobj as _pso
 import structlog
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
@@ -52,6 +64,8 @@ __all__ = [
     "RaftGroup",
     "RaftSettings",
     "StateMachine",
+    "members_after",
+    "membership_change",
 ]
 
 log = structlog.get_logger(__name__)
@@ -61,6 +75,10 @@ if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against
     raise ImportError(f"raftmq needs pysyncobj=={PINNED_PYSYNCOBJ}, found {PYSYNCOBJ_VERSION}")
 
 _EXIT_STORAGE_FAILURE = 70
+_MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
+# A replica that joins an existing group starts with an empty log; it must not campaign (its higher
+# term would depose the leader) before the leader, which has already added it, reaches it.
+JOIN_QUIET_S = 30.0
 
 
 class StateMachine(Protocol):
@@ -135,6 +153,7 @@ class GroupStatus:
     state_index: int  # the state machine's applied_index (last non-empty entry applied)
     has_quorum: bool
     journal_entries: int
+    members: tuple[str, ...] = ()  # Raft addresses of the voters as this replica sees them
 
 
 class _MatchingTruncationFilter(logging.Filter):
@@ -211,13 +230,13 @@ class RaftGroup:
         settings: RaftSettings,
         fetch_checkpoint: Callable[[dict[str, Any]], str] | None = None,
         bind_addr: str | None = None,
+        joining: bool = False,
     ) -> None:
         _install_journal_seam()
         _install_log_filter()
         self.name = name
         self.node_id = node_id
         self.self_addr = self_addr
-        self.peer_addrs = list(peer_addrs)
         self._machine = machine
         self._settings = settings
         self._snapshot_file = snapshot_file
@@ -231,6 +250,14 @@ class RaftGroup:
         self.commit_latency = LatencyHistogram()
         self.apply_latency = LatencyHistogram()
         os.makedirs(os.path.dirname(snapshot_file), exist_ok=True)
+        fresh = len(self._journal) == 0 and not os.path.exists(snapshot_file)
+        # Membership: (index, voters) the journal's entries after `index` apply to; see the docstring.
+        self._base_index, self._base_members, members = self._members_on_start(list(peer_addrs))
+        self.peer_addrs = [a for a in members if a != self_addr]
+        self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
+        self._loading_on_start = os.path.exists(snapshot_file)
+        self._membership_in_flight = False  # tick thread only
+        self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         conf = SyncObjConf(
             password=settings.password,
             journalFile=self._journal,
@@ -250,7 +277,7 @@ class RaftGroup:
             appendEntriesBatchSizeBytes=max(2 * settings.max_entry_bytes, 1 << 20),
             logCompactionMinEntries=settings.compaction_min_entries,
             logCompactionMinTime=settings.compaction_min_time_s,
-            dynamicMembershipChange=False,
+            dynamicMembershipChange=True,
             onStateChanged=self._on_state_changed,
             bindAddress=bind_addr,
             # Give up binding the Raft port after ~5 s (pysyncobj retries forever by default, and
@@ -262,10 +289,13 @@ class RaftGroup:
             self,
             self._journal,
             selfNode=self_addr,
-            otherNodes=[a for a in peer_addrs if a != self_addr],
+            otherNodes=self.peer_addrs,
             conf=conf,
             transportClass=_FlushingTransport,
         )
+        if joining and fresh:
+            # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
+            self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + JOIN_QUIET_S
         try:
             self._sync.waitBinded()
         except SyncObjException:
@@ -317,7 +347,12 @@ class RaftGroup:
             state_index=self._machine.applied_index,
             has_quorum=bool(s.hasQuorum),
             journal_entries=len(self._journal),
+            members=self._members,
         )
+
+    def members(self) -> tuple[str, ...]:
+        """The voters (Raft addresses) this replica uses now, itself included."""
+        return self._members
 
     def journal_stats(self) -> dict[str, float]:
         """Journal figures for metrics: retained bytes, fsync count and total fsync seconds."""
@@ -330,8 +365,48 @@ class RaftGroup:
         return self._journal.sync_latency
 
     def transfer_leadership(self, to_addr: str | None = None) -> None:
-        """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer)."""
-        self._sync.transferLeadership(node=to_addr)
+        """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer). Best effort:
+        pysyncobj refuses when the target has not matched the whole log; watch ``leader()``."""
+        self._tick_calls.put(lambda: self._sync.transferLeadership(node=to_addr))
+
+    def change_membership(self, action: str, addr: str, on_done: Callable[[Outcome], None]) -> None:
+        """Add (``action="add"``) or remove (``"remove"``) the voter at Raft address ``addr``.
+
+        One single-server change at a time: refused (``unavailable``, retriable) unless this
+        replica leads, its leadership is established (its no-op entry applied) and no membership
+        entry is uncommitted. ``on_done`` gets ``result={"changed": bool, "members": [...]}`` once
+        the change is committed (``changed=False``: it was already so), on the tick thread. A leader
+        cannot remove itself (``bad_request``): transfer leadership first.
+        """
+
+        def start() -> None:
+            members = self._live_members()
+            if not self.is_leader():
+                on_done(Outcome(error="not_leader"))
+            elif action not in ("add", "remove") or (action == "remove" and addr == self.self_addr):
+                on_done(Outcome(error="bad_request"))
+            elif (action == "add") == (addr in members):
+                on_done(Outcome(result={"changed": False, "members": members}))
+            elif self._membership_in_flight or self._uncommitted_membership():
+                on_done(Outcome(error="unavailable"))
+            else:
+                self._membership_in_flight = True
+                log.info("membership_change", group=self.name, action=action, addr=addr)
+                propose = self._sync.addNodeToCluster if action == "add" else self._sync.removeNodeFromCluster
+                propose(addr, callback=functools.partial(self._membership_done, on_done))
+
+        self._tick_calls.put(start)
+
+    def _membership_done(self, on_done: Callable[[Outcome], None], _result: Any, error: int) -> None:
+        self._membership_in_flight = False
+        try:
+            if error == FAIL_REASON.SUCCESS:
+                on_done(Outcome(result={"changed": True, "members": self._live_members()}))
+            else:
+                code, definite = _FAILURES.get(error, ("unknown_outcome", False))
+                on_done(Outcome(error=code, definite=definite))
+        except Exception:  # an exception escaping a pysyncobj callback applies the entry twice
+            log.exception("membership_callback_failed", group=self.name)
 
     def force_compaction(self) -> None:
         self._sync.forceLogCompaction()
@@ -365,6 +440,25 @@ class RaftGroup:
         self._journal.flush()
         if self._journal.size_bytes > self._settings.compaction_max_bytes:
             self._sync.forceLogCompaction()
+        while True:
+            try:
+                call = self._tick_calls.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                call()
+            except Exception:
+                log.exception("tick_call_failed", group=self.name)
+        self._members = tuple(self._live_members())
+
+    def _live_members(self) -> list[str]:
+        return sorted({str(n.id) for n in self._sync.otherNodes} | {self.self_addr})
+
+    def _uncommitted_membership(self) -> bool:
+        """A membership entry after the commit index is in the log (tick thread)."""
+        commit = int(self._sync.raftCommitIndex)
+        tail = self._journal[-64:]  # one change at a time: an uncommitted one is near the end
+        return any(e[1] > commit and membership_change(e[0]) is not None for e in tail)
 
     def _on_state_changed(self, old: int, new: int) -> None:
         names = {0: "follower", 1: "candidate", 2: "leader"}
@@ -388,11 +482,29 @@ class RaftGroup:
 
     # -- snapshots ------------------------------------------------------------------------------
 
+    def _members_on_start(self, seed: list[str]) -> tuple[int, list[str], list[str]]:
+        """(base index, voters at it, voters now) from the snapshot manifest and the journal, as
+        pysyncobj will load them: the journal's entries after the snapshot count only if it holds
+        the snapshot's prev and last entries (otherwise pysyncobj clears it)."""
+        manifest = _read_manifest(self._snapshot_file)
+        if manifest is None:
+            return 0, seed, members_after(seed, self._journal[:], 0)
+        last, prev = _entry_from_json(manifest["last"]), _entry_from_json(manifest["prev"])
+        base = list(manifest.get("cluster") or seed)
+        entries = self._journal[:]
+        held = {(e[1], e[2]) for e in entries}
+        if (prev[1], prev[2]) in held and (last[1], last[2]) in held:
+            return last[1], base, members_after(base, entries, last[1])
+        return last[1], base, base
+
     def _serialize(self, tmp_path: str, data: tuple[Entry, Entry, Any]) -> None:
-        last, prev, _cluster = data
+        last, prev, _live_cluster = data
         # Invariant: the state covers every entry up to `last`; make it durable before the
         # journal entries up to it can be compacted away.
         self._machine.store.sync()
+        # The voters as of `last` (pysyncobj's live set may hold a later, uncommitted change).
+        members = members_after(self._base_members, self._journal[:], self._base_index, last[1])
+        self._base_index, self._base_members = last[1], members
         manifest = {
             "format": 1,
             "group": self.name,
@@ -401,6 +513,7 @@ class RaftGroup:
             "state_index": self._machine.applied_index,
             "last": _entry_to_json(last),
             "prev": _entry_to_json(prev),
+            "cluster": members,
         }
         with open(tmp_path, "wb") as f:
             f.write(orjson.dumps(manifest))
@@ -418,9 +531,19 @@ class RaftGroup:
         last = _entry_from_json(manifest["last"])
         prev = _entry_from_json(manifest["prev"])
         self._journal.align_to_snapshot(prev, last)
+        restart, self._loading_on_start = self._loading_on_start, False
+        # A manifest from before membership changes has no "cluster": keep the voters in use.
+        base = list(manifest.get("cluster") or self._live_members())
+        entries = self._journal[:]
+        if restart and len(entries) >= 2 and entries[0] == prev and entries[1] == last:
+            members = members_after(base, entries, last[1])  # pysyncobj keeps this journal
+        else:
+            members = base  # an installed snapshot: pysyncobj clears the journal after this
+        self._base_index, self._base_members = last[1], base
         if self._machine.applied_index < manifest["state_index"]:
             self._install_checkpoint(manifest)
-        return last, prev, [self.self_addr, *self.peer_addrs]
+        # pysyncobj drops its own address from this list only when given Node objects: leave it out.
+        return last, prev, [m for m in members if m != self.self_addr]
 
     def _install_checkpoint(self, manifest: dict[str, Any]) -> None:
         """Pull a peer's checkpoint (this replica's state is behind the snapshot it was given)."""
@@ -441,6 +564,45 @@ class RaftGroup:
         # (pysyncobj checks the deadline before reading the heartbeats that queued meanwhile).
         self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
         log.info("snapshot_install_done", group=self.name, state_index=self._machine.applied_index)
+
+
+def membership_change(command: bytes) -> tuple[str, str] | None:
+    """``("add" | "rem", raft address)`` when ``command`` is a pysyncobj membership entry."""
+    if command[:1] != _MEMBERSHIP:
+        return None
+    request = _pso_pickle.loads(command[1:])  # ["add" | "rem", node id (= address), node]
+    return str(request[0]), str(request[1])
+
+
+def members_after(
+    base: Iterable[str], entries: Iterable[Entry], after_index: int, upto_index: int | None = None
+) -> list[str]:
+    """The voters once the membership entries of ``entries`` with an index in
+    ``(after_index, upto_index]`` are applied, in log order, to the voters ``base``."""
+    members = set(base)
+    for command, index, _term in entries:
+        if index <= after_index or (upto_index is not None and index > upto_index):
+            continue
+        change = membership_change(command)
+        if change is not None:
+            action, addr = change
+            if action == "add":
+                members.add(addr)
+            elif action == "rem":
+                members.discard(addr)
+    return sorted(members)
+
+
+def _read_manifest(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            manifest: dict[str, Any] = orjson.loads(f.read())
+        return manifest
+    except FileNotFoundError:
+        return None
+    except ValueError:  # written and fsynced before its rename, so never torn; pysyncobj logs it too
+        log.error("snapshot_manifest_unreadable", path=path)
+        return None
 
 
 def _entry_to_json(entry: Entry) -> list[Any]:

@@ -558,9 +558,10 @@ def fast_settings() -> RaftSettings:
 @pytest.fixture
 def start_group(tmp_path: Path) -> Iterator[Callable[..., RaftGroup]]:
     groups: list[RaftGroup] = []
+    addrs: dict[int, str] = {}  # a restarted group keeps its address: its log names its voters
 
     def start(journal_store: Store, machine: Machine) -> RaftGroup:
-        addr = f"127.0.0.1:{free_port()}"
+        addr = addrs.setdefault(id(journal_store), f"127.0.0.1:{free_port()}")
         group = RaftGroup(
             name="g",
             node_id="n1",
