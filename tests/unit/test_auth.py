@@ -245,12 +245,13 @@ def test_the_cluster_secret_is_not_in_the_config_repr() -> None:
 
 
 def test_tls_cluster_wide_with_a_per_node_override_makes_every_url_https() -> None:
+    node_list = nodes()
+    node_list[0] |= {"tls_cert_file": "/n1.pem", "tls_key_file": "/n1.key"}
     raw = {
         "cluster": {"secret": SECRET},
         "tls": {"cert_file": "/c.pem", "key_file": "/k.pem", "ca_file": "/ca.pem"},
-        "nodes": nodes(),
+        "nodes": node_list,
     }
-    raw["nodes"][0] |= {"tls_cert_file": "/n1.pem", "tls_key_file": "/n1.key"}
     config = parse_config(raw)
     assert config.tls_enabled and config.tls.verify and config.tls.ca_file == "/ca.pem"
     assert [n.http_url for n in config.nodes] == [f"https://127.0.0.1:{8000 + i}" for i in (1, 2, 3)]
@@ -270,17 +271,18 @@ def test_without_tls_urls_stay_http() -> None:
 
 
 def test_tls_on_some_nodes_only_or_a_cert_without_key_is_refused() -> None:
-    raw = {"cluster": {"secret": SECRET}, "nodes": nodes()}
-    raw["nodes"][0] |= {"tls_cert_file": "/n1.pem"}
+    node_list = nodes()
+    node_list[0] |= {"tls_cert_file": "/n1.pem"}
     with pytest.raises(ConfigError) as e:
-        parse_config(raw)
+        parse_config({"cluster": {"secret": SECRET}, "nodes": node_list})
     assert "node n1: TLS needs both a certificate and a key file" in str(e.value)
     assert "TLS must be set for every node or for none" in str(e.value)
 
 
 def test_raft_ports_bind_to_the_raft_host_unless_raft_bind_says_otherwise() -> None:
-    raw = {"cluster": {"secret": SECRET}, "nodes": nodes()}
-    raw["nodes"][1]["raft_bind"] = "0.0.0.0"
+    node_list = nodes()
+    node_list[1]["raft_bind"] = "0.0.0.0"
+    raw = {"cluster": {"secret": SECRET}, "nodes": node_list}
     config = parse_config(raw)
     assert config.nodes[0].raft_bind_addr(0) == "127.0.0.1:7100"
     assert config.nodes[0].raft_bind_addr(3) == "127.0.0.1:7103"
