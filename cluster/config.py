@@ -39,6 +39,12 @@ A cluster file is TOML::
     raft = "127.0.0.1:7001"              # base port: the metadata group uses it, queue group g uses +1+g
     raft_bind = "127.0.0.1"              # optional host the Raft ports listen on (default: raft's host)
     data_dir = ".raftmq"                 # this node keeps its data under <data_dir>/<id>/
+    join = false                         # true: added to a running cluster later (docs/operations.md)
+
+Placement: at the first start the metadata group records the placement computed from this file
+(``group_replicas``, nodes with ``join = true`` left out); from then on the metadata group's
+placement (``cluster/placement.py``) is the truth, and a node sees it as the ``replica_map`` and node
+list of its ``ClusterConfig``.
 
 Environment variables override single settings: ``RAFTMQ_<SECTION>_<KEY>`` (for example
 ``RAFTMQ_CLUSTER_DURABILITY=os``, ``RAFTMQ_LIMITS_MAX_MESSAGE_BYTES=2097152``) and
@@ -92,6 +98,7 @@ class NodeConfig:
     raft_bind: str = ""  # host the Raft ports listen on ("": the host of ``raft``)
     tls_cert_file: str = ""  # set (with tls_key_file): the HTTP API is served over HTTPS
     tls_key_file: str = ""
+    join: bool = False  # not in the first placement: added to the running cluster later
 
     @property
     def http_url(self) -> str:
@@ -208,6 +215,9 @@ class ClusterConfig:
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # The metadata group's placement once known (cluster/placement.py): group name ("meta", "0",
+    # ...) -> node ids, preferred leader first. None: the first placement, computed from the file.
+    replica_map: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def tls_enabled(self) -> bool:
@@ -220,16 +230,25 @@ class ClusterConfig:
         raise KeyError(node_id)
 
     @property
+    def bootstrap_nodes(self) -> tuple[NodeConfig, ...]:
+        """The nodes of the first placement: those not marked ``join``."""
+        return tuple(n for n in self.nodes if not n.join)
+
+    @property
     def metadata_voters(self) -> tuple[NodeConfig, ...]:
-        """The metadata group's voters: the first (up to) five nodes of the cluster file."""
-        return self.nodes[:MAX_METADATA_VOTERS]
+        """The metadata group's replicas; first placement: the first (up to) five bootstrap nodes."""
+        if self.replica_map is not None:
+            return tuple(self.node(i) for i in self.replica_map.get("meta", ()))
+        return self.bootstrap_nodes[:MAX_METADATA_VOTERS]
 
     def group_replicas(self, group_id: int) -> tuple[NodeConfig, ...]:
-        """Nodes hosting queue group ``group_id``: ``replication`` consecutive nodes starting at
-        ``group_id`` (mod node count), so replicas are distinct and preferred leaders (the first
-        replica) are spread over the nodes."""
-        n = len(self.nodes)
-        return tuple(self.nodes[(group_id + i) % n] for i in range(self.replication))
+        """Nodes hosting queue group ``group_id``, the preferred leader first. First placement:
+        ``replication`` consecutive bootstrap nodes starting at ``group_id`` (mod their count), so
+        replicas are distinct and preferred leaders (the first replica) are spread over the nodes."""
+        if self.replica_map is not None:
+            return tuple(self.node(i) for i in self.replica_map.get(str(group_id), ()))
+        nodes = self.bootstrap_nodes
+        return tuple(nodes[(group_id + i) % len(nodes)] for i in range(self.replication))
 
     def groups_on(self, node_id: str) -> list[int]:
         return [g for g in range(self.queue_groups) if any(r.id == node_id for r in self.group_replicas(g))]
@@ -271,7 +290,7 @@ def parse_config(
     secret = cluster.get("secret")
     if not isinstance(secret, str) or len(secret) < 16:
         problems.append("cluster.secret must be a string of at least 16 characters (or set RAFTMQ_SECRET)")
-    n = len(nodes)
+    n = len([node for node in nodes if not node.join])
     queue_groups = cluster.get("queue_groups", n)
     replication = cluster.get("replication", min(3, n) if n else 1)
     durability = cluster.get("durability", "fsync")
@@ -280,7 +299,7 @@ def parse_config(
     if not _is_int(replication) or replication < 1:
         problems.append("cluster.replication must be a positive integer")
     elif n and replication > n:
-        problems.append(f"cluster.replication ({replication}) exceeds the number of nodes ({n})")
+        problems.append(f"cluster.replication ({replication}) exceeds the node count ({n}, join excluded)")
     if durability not in ("fsync", "os"):
         problems.append('cluster.durability must be "fsync" or "os"')
     unknown_keys = set(cluster) - {"secret", "queue_groups", "replication", "durability", "name"}
@@ -340,7 +359,7 @@ def _parse_nodes(raw: Any, problems: list[str]) -> list[NodeConfig]:
         if not isinstance(entry, dict):
             problems.append(f"{where} must be a table")
             continue
-        unknown = set(entry) - {"id", "http", "raft", "data_dir", *_NODE_OPTIONS}
+        unknown = set(entry) - {"id", "http", "raft", "data_dir", "join", *_NODE_OPTIONS}
         problems += [f"unknown key {where}.{k}" for k in sorted(unknown)]
         node_id, http, raft, data_dir = (entry.get(k) for k in ("id", "http", "raft", "data_dir"))
         if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
@@ -357,13 +376,17 @@ def _parse_nodes(raw: Any, problems: list[str]) -> list[NodeConfig]:
                 if value in seen[key]:
                     problems.append(f"{where}: duplicate {key} {value!r}")
                 seen[key].add(value)
+        join = entry.get("join", False)
+        if not isinstance(join, bool):
+            problems.append(f"{where}: join must be true or false")
         options = {k: entry[k] for k in _NODE_OPTIONS if k in entry}
         for key, value in options.items():
             if not isinstance(value, str) or (key == "raft_bind" and (not value or ":" in value)):
                 problems.append(f"{where}: {key} must be a " + ("host" if key == "raft_bind" else "path"))
         if isinstance(http, str) and isinstance(raft, str) and isinstance(data_dir, str):
-            node = NodeConfig(id=node_id, http=http, raft=raft, data_dir=data_dir)
-            nodes.append(replace(node, **{k: v for k, v in options.items() if isinstance(v, str)}))
+            node = NodeConfig(id=node_id, http=http, raft=raft, data_dir=data_dir, join=join is True)
+            strings: dict[str, Any] = {k: v for k, v in options.items() if isinstance(v, str)}
+            nodes.append(replace(node, **strings))
     return nodes
 
 

@@ -7,7 +7,10 @@ Keys: ``b"A"`` applied index (u64), ``b"N"`` next topic id (u32), ``b"T" + name`
 Topic ids are never reused, so data a deleted topic left in a queue group can never be mistaken for
 a new topic's.
 
-Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic`` (ONLY ADD TO THE END).
+Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
+``cluster/placement.py`` (``init_placement`` ... ``end_change``) (ONLY ADD TO THE END).
+Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
+changes, ``b"Z"`` next change id (u64).
 ``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic
 ``<source>.<group>.dlq`` of a consumer group, creating it with the source's queue count and the
 SAME ``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +29,9 @@ import orjson
 import structlog
 
 from raftmq.storage.store import Batch, Store
+
+from . import placement as pl
+from .placement import Change, Placement
 
 __all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "validate_topic_name"]
 
@@ -34,6 +41,10 @@ TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _APPLIED = b"A"
 _NEXT_ID = b"N"
 _TOPIC = b"T"
+_PLACEMENT = b"P"
+_CHANGE = b"X"
+_HISTORY = b"Y"
+_NEXT_CHANGE = b"Z"
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 MAX_QUEUES = 1024
@@ -106,6 +117,13 @@ class MetadataMachine:
         self._topics: dict[str, Topic] = {}
         self._applied = 0
         self._next_id = 1
+        self._placement: Placement | None = None
+        self._change: Change | None = None
+        self._history: list[dict[str, Any]] = []
+        self._next_change = 1
+        self._staged: tuple[Placement | None, Change | None, list[dict[str, Any]], int] | None = None
+        # Called on the tick thread after an entry changed the placement or the change in progress.
+        self.on_placement_changed: Callable[[], None] | None = None
         self.reload()
 
     @property
@@ -124,6 +142,14 @@ class MetadataMachine:
         self._topics = {
             k[1:].decode(): Topic.from_json(orjson.loads(v)) for k, v in self._store.scan(_TOPIC, b"U")
         }
+        raw = self._store.get(_PLACEMENT)
+        self._placement = None if raw is None else Placement.from_json(orjson.loads(raw))
+        raw = self._store.get(_CHANGE)
+        self._change = None if raw is None else Change.from_json(orjson.loads(raw))
+        raw = self._store.get(_HISTORY)
+        self._history = [] if raw is None else list(orjson.loads(raw))
+        raw = self._store.get(_NEXT_CHANGE)
+        self._next_change = 1 if raw is None else _U64.unpack(raw)[0]
 
     def restore(self, checkpoint_dir: str) -> None:
         self._store.restore_from(checkpoint_dir)  # type: ignore[attr-defined]
@@ -136,6 +162,18 @@ class MetadataMachine:
     def topics(self) -> list[Topic]:
         return sorted(self._topics.values(), key=lambda t: t.name)
 
+    def placement(self) -> Placement | None:
+        """The cluster's placement (None until the metadata group initialised it)."""
+        return self._placement
+
+    def change(self) -> Change | None:
+        """The cluster change in progress, if any."""
+        return self._change
+
+    def change_history(self) -> list[dict[str, Any]]:
+        """The last finished changes, oldest first."""
+        return list(self._history)
+
     def topic_by_id(self, topic_id: int) -> Topic | None:
         for t in self._topics.values():
             if t.id == topic_id:
@@ -147,11 +185,13 @@ class MetadataMachine:
         # restart and is skipped.
         if index <= self._applied:
             return {"skipped": True}
+        self._staged = None
         try:
             result, batch, topics, next_id = self._execute(command)
         except Exception as e:  # a bug must not become a poison pill; nothing was written
             log.exception("metadata_apply_failed", index=index)
             result, batch, topics, next_id = _error("internal", f"{type(e).__name__}"), Batch(), None, None
+            self._staged = None
         batch.put(_APPLIED, _U64.pack(index))
         self._store.write(batch)
         self._applied = index
@@ -159,6 +199,11 @@ class MetadataMachine:
             self._topics = topics
         if next_id is not None:
             self._next_id = next_id
+        if self._staged is not None:
+            self._placement, self._change, self._history, self._next_change = self._staged
+            self._staged = None
+            if self.on_placement_changed is not None:
+                self.on_placement_changed()
         return result
 
     def _execute(self, command: bytes) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
@@ -176,6 +221,8 @@ class MetadataMachine:
             return self._create_topic(cmd, batch)
         if op == "ensure_dlq_topic":
             return self._ensure_dlq_topic(cmd, batch)
+        if op in pl.OPS:
+            return self._placement_op(cmd, batch), batch, None, None
         if op == "delete_topic":
             name = cmd.get("name")
             if not isinstance(name, str) or name not in self._topics:
@@ -185,6 +232,30 @@ class MetadataMachine:
             batch.delete(_TOPIC + name.encode())
             return {"deleted": deleted.to_json()}, batch, topics, None
         return _error("bad_request", f"unknown op {op!r}"), batch, None, None
+
+    def _placement_op(self, cmd: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        try:
+            result, placement, change, ended = pl.apply_op(
+                self._placement, self._change, self._next_change, cmd
+            )
+        except pl.Refused as e:
+            return {"error": {"code": e.code, "message": e.message, **e.extra}}
+        history, next_change = self._history, self._next_change
+        if placement is not None and placement is not self._placement:
+            batch.put(_PLACEMENT, orjson.dumps(placement.to_json()))
+        if change is not self._change:
+            if change is None:
+                batch.delete(_CHANGE)
+            else:
+                batch.put(_CHANGE, orjson.dumps(change.to_json()))
+            if change is not None and change.id == next_change:
+                next_change += 1
+                batch.put(_NEXT_CHANGE, _U64.pack(next_change))
+        if ended is not None:
+            history = [*history, ended][-pl.MAX_HISTORY :]
+            batch.put(_HISTORY, orjson.dumps(history))
+        self._staged = (placement, change, history, next_change)
+        return result
 
     def _create_topic(
         self, cmd: dict[str, Any], batch: Batch
