@@ -46,7 +46,10 @@ __all__ = ["PushApi", "add_push_routes"]
 log = structlog.get_logger(__name__)
 
 STREAM_PATH = "/v1/topics/{topic}/subscriptions/{group}/stream"
-PULL_WAIT_MS = 5_000  # the long poll of one take; a stream takes again right after
+# The long poll of one take (a stream takes again right after). Short, because a take of a stream
+# that died meanwhile still waits in the coordinator's line and would take messages that it can
+# only give back (with attempt + 1).
+PULL_WAIT_MS = 1_000
 DEFAULT_HEARTBEAT_MS = 5_000
 MIN_HEARTBEAT_MS = 100
 MAX_HEARTBEAT_MS = 60_000
