@@ -38,6 +38,7 @@ from ._types import (
 from .errors import (
     BadRequest,
     BufferFull,
+    ChangeInProgress,
     ClientClosed,
     ConnectionFailed,
     ConnectionLost,
@@ -74,6 +75,7 @@ __all__ = [
     "AsyncSubscriber",
     "BadRequest",
     "BufferFull",
+    "ChangeInProgress",
     "ClientClosed",
     "ClusterStatus",
     "ConnectionFailed",

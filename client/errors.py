@@ -24,6 +24,7 @@ Class tree::
     ├── StaleReceipt            stale_receipt        409
     ├── StaleEpoch              stale_epoch          409
     ├── LockHeld                lock_held            409
+    ├── ChangeInProgress        change_in_progress   409  retriable (another cluster change)
     ├── MessageTooLarge         message_too_large    413
     ├── RequestTooLarge         request_too_large    413
     ├── OffsetOutOfRange        offset_out_of_range  416  (low_offset, high_offset)
@@ -55,6 +56,7 @@ __all__ = [
     "CLIENT_CODES",
     "BadRequest",
     "BufferFull",
+    "ChangeInProgress",
     "ClientClosed",
     "ConnectionFailed",
     "ConnectionLost",
@@ -165,6 +167,13 @@ class LockHeld(RaftmqError):
     code, status = "lock_held", 409
 
 
+class ChangeInProgress(RaftmqError):
+    """Another cluster change (node, replica or leadership move) is in progress; retry when it
+    ends (``details["change"]`` describes it)."""
+
+    code, status, retriable = "change_in_progress", 409, True
+
+
 class MessageTooLarge(RaftmqError):
     code, status = "message_too_large", 413
 
@@ -268,6 +277,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     StaleReceipt,
     StaleEpoch,
     LockHeld,
+    ChangeInProgress,
     MessageTooLarge,
     RequestTooLarge,
     OffsetOutOfRange,

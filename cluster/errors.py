@@ -20,6 +20,7 @@ from typing import Any
 __all__ = [
     "BAD_REQUEST",
     "BY_CODE",
+    "CHANGE_IN_PROGRESS",
     "FORBIDDEN",
     "INTERNAL",
     "INVALID_JSON",
@@ -102,6 +103,13 @@ LOCK_HELD = ErrorCode(
 )
 
 # Cluster conditions: the request was fine; the cluster could not serve it now.
+CHANGE_IN_PROGRESS = ErrorCode(
+    "change_in_progress",
+    409,
+    True,
+    True,
+    "Another cluster change (node, replica or leadership move) is in progress; nothing was done.",
+)
 NOT_LEADER = ErrorCode("not_leader", 421, True, True, "This node does not lead the group; nothing was done.")
 TOO_MANY_REQUESTS = ErrorCode(
     "too_many_requests", 429, True, True, "The node is overloaded; nothing was done."
@@ -136,6 +144,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             STALE_RECEIPT,
             STALE_EPOCH,
             LOCK_HELD,
+            CHANGE_IN_PROGRESS,
             NOT_LEADER,
             TOO_MANY_REQUESTS,
             INTERNAL,
