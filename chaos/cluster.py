@@ -21,6 +21,7 @@ on start, and ``stop()`` removes the cluster's containers before its network.
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import logging
@@ -89,6 +90,18 @@ def _mounts_under(root: Path) -> list[str]:
 
 def _umount(path: str) -> None:
     os.system(f"umount -l '{path}' 2>/dev/null")
+
+
+def _answers_http(url: str) -> bool:
+    """Any HTTP answer from ``url`` (the process listens), as opposed to a refused or reset
+    connection."""
+    try:
+        urllib.request.urlopen(url + "/healthz", timeout=1.0).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    return True
 
 
 def cleanup_stale(client: docker.DockerClient | None = None, only_owner: str | None = None) -> int:
@@ -367,12 +380,26 @@ class ChaosCluster:
             if "is not running" not in str(e):
                 raise
 
-    def restart(self, nid: str) -> None:
-        """Start a stopped node again (same volume, same address, a new host port)."""
+    def restart(self, nid: str, listen_timeout_s: float = 30.0) -> None:
+        """Start a stopped node again (same volume, same address, a new host port). Its address
+        is published (``url``) once its HTTP server answers: until then docker's port proxy accepts
+        connections and resets them, which a client could only record as an unknown outcome,
+        while in truth the node was down and nothing was sent."""
         if self._status(nid) in ("running", "paused"):
             return
         self._wrapped(nid).start()
         self._refresh_url(nid)
+        url = self._urls.pop(nid)
+        deadline = time.monotonic() + listen_timeout_s
+        while time.monotonic() < deadline and not _answers_http(url):
+            time.sleep(0.1)
+        self._urls[nid] = url
+
+    def restart_all(self, nids: Iterable[str]) -> None:
+        """``restart`` several nodes at once (they start in parallel)."""
+        nids = list(nids)
+        with ThreadPoolExecutor(max(1, len(nids))) as pool:
+            list(pool.map(self.restart, nids))
 
     def pause(self, nid: str) -> None:
         self._wrapped(nid).pause()

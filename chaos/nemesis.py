@@ -59,8 +59,7 @@ def _kill(c: ChaosCluster, nodes: list[str]) -> Value:
 
 
 def _restart(c: ChaosCluster, v: Value) -> None:
-    for n in v.get("nodes", []):
-        c.restart(n)
+    c.restart_all(v.get("nodes", []))
 
 
 def _kill_one(c: ChaosCluster, rng: random.Random) -> Value:

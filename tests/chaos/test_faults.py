@@ -1,7 +1,9 @@
 """At-least-once under every nemesis: lost = unexpected = 0, one log, dense ordered queues.
 
 Each test runs a cluster in containers under a group of nemeses (each injected at least once, on a
-seeded schedule), heals, drains, checks the history and leaves its report in store/<test>/.
+seeded schedule), heals, drains, checks the history and leaves its report in store/<test>/. The
+crash and partition groups also consume through receive/ack (workload "both"): every acknowledged
+message must be received and acked by the group at least once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from raftmq.chaos.runner import ChaosSpec, RunResult, run
 
 QUIET_S = (2.0, 4.0)
 FAULT_S = (5.0, 7.0)
+
+# Groups that also run the receive/ack workload next to the offset consumers.
+WITH_RECEIVERS = {"crashes", "partitions"}
 
 GROUPS = {
     "crashes": ["kill", "kill-leader", "kill-majority", "isolate-kill-leader"],
@@ -62,12 +67,26 @@ def assert_at_least_once(result: RunResult) -> None:
     assert checks["lost_write"]["valid"], f"lost writes: {checks['lost_write']['lost']}"
     lagging = run_info["replicas"]["lagging_replicas"]
     assert not lagging, f"replicas still behind 20 s after the drain (queue@node: high offset): {lagging}"
+    if "receive_ack" in checks:
+        assert_received_at_least_once(result)
     assert result.valid
+
+
+def assert_received_at_least_once(result: RunResult) -> None:
+    rx, drain = result.checks["receive_ack"], result.results["run"]["receive_drain"]
+    assert drain["complete"], f"the group did not finish every queue: {drain}"
+    assert rx["received_count"] > 0, "nothing was received: the test tested nothing"
+    assert (rx["lost_count"], rx["unexpected_count"]) == (0, 0), (
+        f"receive/ack lost {rx['lost']}, unexpected {rx['unexpected']}"
+    )
+    assert rx["never_acked_count"] == 0, f"finished without an ack: {rx['never_acked']}"
+    assert rx["divergent_count"] == 0, f"one position handed out with two values: {rx['divergent']}"
 
 
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_at_least_once_under(group: str, chaos_images: str, store: Path) -> None:
-    assert_at_least_once(run_chaos(f"suite-{group}", GROUPS[group], store))
+    workload = "both" if group in WITH_RECEIVERS else "queue"
+    assert_at_least_once(run_chaos(f"suite-{group}", GROUPS[group], store, workload=workload))
 
 
 def test_at_least_once_on_five_nodes_under_partitions_and_majority_kills(

@@ -2,8 +2,9 @@
 
 The nodes run with the test-only fault ``[faults] ack_before_replication = true``: a produce is
 answered 200 as soon as it is queued for Raft. Leader kills (plain, and after the leader was cut off
-for a moment) then lose acknowledged messages, and the total-queue checker must say so. This test
-passes when the checker catches the loss.
+for a moment) then lose acknowledged messages, and the total-queue checker must say so, and so
+must the receive/ack checker (the group consumes the same topic). This test passes when both
+checkers catch the loss.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_an_early_
         fault_s=fault_s,
         producers=60,
         rate=240,
+        workload="both",
         env={"RAFTMQ_FAULTS_ACK_BEFORE_REPLICATION": "true"},
         store=store,
     )
@@ -38,3 +40,6 @@ def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_an_early_
     assert tq["acknowledged_count"] > 0
     assert tq["lost_count"] > 0, f"the checker missed the early acknowledgements; see {result.directory}"
     assert not tq["valid"] and not result.valid
+    rx = result.checks["receive_ack"]
+    assert rx["lost_count"] > 0, f"the receive/ack checker missed the loss; see {result.directory}"
+    assert not rx["valid"]
