@@ -35,6 +35,7 @@ from raftmq.cluster import errors
 from raftmq.cluster.config import Limits, RaftTimingConfig
 from raftmq.cluster.http_api import create_app
 from raftmq.cluster.openapi import openapi_spec
+from raftmq.cluster.tokens import SecurityConfig
 
 from .conftest import assert_error_shape
 from .harness import Cluster
@@ -74,7 +75,11 @@ def schema(target: Cluster) -> Any:
 def test_served_spec_is_the_spec_and_covers_every_public_route(cluster: Cluster) -> None:
     for nid in cluster.nodes:
         assert cluster.get("/openapi.json", nid).json() == openapi_spec(Limits())
-    node = SimpleNamespace(config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig()))
+    node = SimpleNamespace(
+        config=SimpleNamespace(
+            limits=Limits(), raft=RaftTimingConfig(), secret="s" * 16, security=SecurityConfig()
+        )
+    )
     app = create_app(node)  # type: ignore[arg-type]
     routes = {
         (r.method, r.resource.canonical)
