@@ -33,6 +33,7 @@ from ._openapi_base import (
 )
 from ._openapi_console import _console_paths, _console_schemas
 from ._openapi_delivery import _delivery_paths, _delivery_schemas
+from ._openapi_security import add_security
 from ._openapi_segments import _fetch_ok, _segment_paths, _segment_schemas
 from .config import Limits
 from .metadata import MAX_QUEUES
@@ -451,7 +452,7 @@ def _paths(limits: Limits) -> dict[str, Any]:
 def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
     """The spec of the public API, with the limits of ``limits`` (defaults: :class:`Limits`)."""
     limits = limits or Limits()
-    return {
+    spec: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "raftmq",
@@ -470,6 +471,7 @@ def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
             }
         },
     }
+    return add_security(spec)
 
 
 # -- receive/ack, dead letters, locks (cluster/subscriptions_api.py, docs/delivery.md) ---------------
