@@ -8,9 +8,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import ssl
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,19 +47,48 @@ def parse_brokers(raw: str | None) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Brokers:
+    """Where the brokers are and how to reach them: node URLs, the API token when the cluster
+    requires tokens (docs/security.md), and the CA file that signed the nodes' certificates for
+    ``https`` URLs (the system's CAs without one). Picklable: executors get it with their split."""
+
+    urls: tuple[str, ...]
+    token: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Any, env: Mapping[str, str] = os.environ) -> Brokers:
+        """From the options ``brokers``, ``token`` and ``caFile`` (else ``RAFTMQ_TOKEN`` and
+        ``RAFTMQ_CA_FILE``, read where the query is planned)."""
+        token = options.get("token") or env.get("RAFTMQ_TOKEN") or None
+        ca_file = options.get("caFile") or env.get("RAFTMQ_CA_FILE") or None
+        if ca_file is not None and not os.path.isfile(ca_file):
+            raise ValueError(f"option 'caFile': no such file {ca_file!r}")
+        return cls(tuple(parse_brokers(options.get("brokers"))), token, ca_file)
+
+
 class BrokerClient:
     """HTTP/1.1 keep-alive requests to a list of brokers, trying the next one on a connection error."""
 
-    def __init__(self, brokers: list[str], timeout_s: float = 60.0) -> None:
-        self.brokers = brokers
+    def __init__(self, brokers: Brokers, timeout_s: float = 60.0) -> None:
+        self.brokers = list(brokers.urls)
         self.timeout_s = timeout_s
+        self._auth = {"Authorization": f"Bearer {brokers.token}"} if brokers.token else {}
+        self._ssl = ssl.create_default_context(cafile=brokers.ca_file)
         self._conns: dict[str, http.client.HTTPConnection] = {}
 
     def _conn(self, base: str) -> http.client.HTTPConnection:
         conn = self._conns.get(base)
         if conn is None:
             u = urllib.parse.urlsplit(base)
-            conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=self.timeout_s)
+            host = u.hostname or "127.0.0.1"
+            if u.scheme == "https":
+                conn = http.client.HTTPSConnection(
+                    host, u.port or 443, timeout=self.timeout_s, context=self._ssl
+                )
+            else:
+                conn = http.client.HTTPConnection(host, u.port or 80, timeout=self.timeout_s)
             self._conns[base] = conn
         return conn
 
@@ -81,7 +111,7 @@ class BrokerClient:
                         self.close(base)
                     try:
                         conn = self._conn(base)
-                        conn.request(method, path, body=body, headers=headers or {})
+                        conn.request(method, path, body=body, headers={**(headers or {}), **self._auth})
                         resp = conn.getresponse()
                         data = resp.read()
                         return resp.status, data, {k.lower(): v for k, v in resp.getheaders()}
@@ -340,7 +370,7 @@ def fetch_range(
 
 
 def read_split(
-    split: Split, brokers: list[str], fail_on_data_loss: bool, verify: bool = True
+    split: Split, brokers: Brokers, fail_on_data_loss: bool, verify: bool = True
 ) -> Iterator[pa.RecordBatch]:
     """Every row of ``split`` in offset order, as record batches of the full segment schema."""
     client = BrokerClient(brokers)

@@ -27,7 +27,10 @@ import os
 import sys
 import urllib.parse
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._client import Brokers
 
 __all__ = ["main"]
 
@@ -44,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--starting-timestamp", type=int, default=None, help="ms since the epoch")
         s.add_argument("--fail-on-data-loss", default="true", choices=["true", "false"])
         s.add_argument("--master", default=None, help="Spark master (default: spark-submit's, else local[*])")
+        s.add_argument(
+            "--ca-file", default=None, help="CA of the nodes' certificates (https); else $RAFTMQ_CA_FILE"
+        )  # the API token comes from $RAFTMQ_TOKEN only: never on a command line
 
     c = sub.add_parser("copy", help="copy a topic range to Parquet")
     common(c)
@@ -88,6 +94,8 @@ def _read(spark: Any, args: argparse.Namespace, include_headers: bool = False) -
         .option("failOnDataLoss", args.fail_on_data_loss)
         .option("includeHeaders", str(include_headers).lower())
     )
+    if args.ca_file:
+        r = r.option("caFile", args.ca_file)
     if args.starting_timestamp is not None:
         r = r.option("startingTimestamp", str(args.starting_timestamp))
     return r.load()
@@ -129,7 +137,7 @@ def count(spark: Any, args: argparse.Namespace) -> int:
 
 
 def _produce_partition(
-    rows: Iterator[Any], brokers: list[str], target: str, keep_queue: bool, chunk: int, source: str
+    rows: Iterator[Any], brokers: Brokers, target: str, keep_queue: bool, chunk: int, source: str
 ) -> Iterator[int]:
     """Produce one Spark partition's rows to ``target`` in chunks (runs on executors)."""
     from ._client import BrokerClient
@@ -175,10 +183,10 @@ def _produce_partition(
 
 
 def republish(spark: Any, args: argparse.Namespace) -> int:
-    from ._client import parse_brokers
+    from ._client import Brokers
 
     df = _read(spark, args, include_headers=True)
-    brokers = parse_brokers(args.brokers)
+    brokers = Brokers.from_options({"brokers": args.brokers, "caFile": args.ca_file})
     target, keep, chunk, source = args.to, args.keep_queue, args.chunk, args.topic
     sent = df.rdd.mapPartitions(
         lambda rows: _produce_partition(rows, brokers, target, keep, chunk, source)

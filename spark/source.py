@@ -33,11 +33,11 @@ from pyspark.sql.types import StructType
 
 from ._client import (
     BrokerClient,
+    Brokers,
     Split,
     check_start,
     manifest,
     offset_for_timestamp,
-    parse_brokers,
     plan_queue,
     rate_limit,
     read_split,
@@ -89,7 +89,7 @@ class _Options:
     """The parsed options (keys are case-insensitive, as Spark hands them over)."""
 
     def __init__(self, options: Any, streaming: bool) -> None:
-        self.brokers = parse_brokers(options.get("brokers"))
+        self.brokers = Brokers.from_options(options)
         raw_topics = options.get("topic") or options.get("subscribe")
         if not raw_topics:
             raise ValueError("option 'topic' (or 'subscribe') is required")
