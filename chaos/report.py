@@ -130,7 +130,8 @@ def summary_text(name: str, results: dict[str, Any]) -> str:
         f"failed {tq['failed_count']}, indefinite {tq['indefinite_count']}, "
         f"dequeued {tq['dequeue_count']}",
         f"  lost {tq['lost_count']}, unexpected {tq['unexpected_count']}, "
-        f"duplicated {tq['duplicated_count']}, recovered {tq['recovered_count']} "
+        f"duplicated {tq['duplicated_count']} ({tq.get('duplicated_idempotent_count', 0)} sent by the "
+        f"idempotent producer), recovered {tq['recovered_count']} "
         f"({tq['recovered_after_definite_fail_count']} after a definite fail)",
         f"log consistency  {'ok' if lc['valid'] else 'DIVERGED'}: {lc['positions_checked']} positions, "
         f"{lc['divergent_count']} divergent, {lc['duplicate_offsets_count']} values at several offsets",

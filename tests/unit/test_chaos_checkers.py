@@ -97,6 +97,17 @@ def test_total_queue_counts_a_duplicate_without_failing() -> None:
     assert consistency["duplicate_offsets"] == {"1-0@0": [0, 3]}
 
 
+def test_total_queue_counts_duplicates_of_the_idempotent_producer_apart() -> None:
+    h = clean()
+    h.op(type="invoke", process=5, f="enqueue", node="n1", queue=1, value="5-0", client="producer")
+    h.op(type="ok", process=5, f="enqueue", node="n1", queue=1, value="5-0", client="producer", offset=2)
+    h.read(9, 1, 2, [(2, "5-0"), (3, "5-0"), (4, "1-0")], f="drain")  # 5-0 stored twice
+    result = total_queue(h.ops)
+    assert result["valid"]
+    assert result["duplicated"] == ["1-0", "5-0"]
+    assert result["duplicated_idempotent"] == ["5-0"] and result["duplicated_idempotent_count"] == 1
+
+
 def test_total_queue_flags_a_definite_failure_that_was_delivered() -> None:
     h = clean()
     h.enqueue(4, "4-0", 1, outcome="fail", error="unavailable")
