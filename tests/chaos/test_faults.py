@@ -69,6 +69,8 @@ def assert_at_least_once(result: RunResult) -> None:
     assert not lagging, f"replicas still behind 20 s after the drain (queue@node: high offset): {lagging}"
     if "receive_ack" in checks:
         assert_received_at_least_once(result)
+    tracebacks = {n: a["traceback"] for n, a in run_info["log_alerts"].items() if a.get("traceback")}
+    assert not tracebacks, f"unexplained tracebacks in the node logs (node: count): {tracebacks}; {where}"
     assert result.valid
 
 
