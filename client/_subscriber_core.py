@@ -295,7 +295,7 @@ class SubscriberCore:
             fields["visibility_ms"] = value
         try:
             results = await self._settle_remote(op, receipts, fields)
-        except RaftmqError as e:
+        except Exception as e:  # (RaftmqError, or a broken answer) the flusher must go on
             self.stats.failed += len(receipts)
             log.warning("subscriber_settle_failed", op=op, receipts=len(receipts), error=repr(e))
             return
