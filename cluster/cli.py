@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from . import cli_cluster as _cli_cluster
 from .admin_http import DEFAULT_URL, AdminError, AdminHttp, ServerError
 from .backup import backup_command, restore_command
 from .config import ClusterConfig, ConfigError, load_config
@@ -962,6 +963,7 @@ def dlq_redrive(
 
 main.add_command(backup_command)  # cluster/backup.py
 main.add_command(restore_command)
+_cli_cluster.register(main, admin_command, json_option)  # raftmq cluster ... (cluster/cli_cluster.py)
 
 if __name__ == "__main__":
     main()

@@ -44,6 +44,7 @@ from .validation import (
 )
 
 if TYPE_CHECKING:
+    from .cluster_api import ClusterApi
     from .segments_api import SegmentsApi
     from .subscriptions_api import SubscriptionsApi
 
@@ -135,6 +136,7 @@ class Api:
         self.metrics: Any = None  # set by create_app
         self.delivery: SubscriptionsApi | None = None  # set by create_app
         self.segments: SegmentsApi | None = None  # set by create_app
+        self.changes: ClusterApi | None = None  # set by create_app (cluster changes)
         # How long a request may wait for a group to elect a leader: two election timeouts, and at
         # least 3 s (a split vote can take a second round).
         self.leader_wait_s = max(3.0, 2 * node.config.raft.election_max_ms / 1000)
@@ -530,6 +532,8 @@ class Api:
             )
         if action == "barrier":
             return await self._propose_checked(name, commands.noop())
+        if self.changes is not None and action in self.changes.actions:
+            return await self.changes.internal_action(name, action, body)
         if self.delivery is not None and action in self.delivery.actions:
             return await self.delivery.internal_action(name, action, body)
         raise ApiError(errors.NOT_FOUND, f"unknown action {action}")
@@ -711,6 +715,7 @@ def _group_name(request: web.Request) -> str:
 def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
     from .auth import auth_middleware
+    from .cluster_api import add_cluster_routes
     from .console import add_console_routes
     from .consumers_api import add_consumer_routes
     from .groups_api import add_group_routes
@@ -751,6 +756,7 @@ def create_app(node: Node) -> web.Application:
     api.delivery = add_subscription_routes(app, node, api)
     add_push_routes(app, node, api, api.delivery)
     api.segments = add_segment_routes(app, node, api)
+    api.changes = add_cluster_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/consumers_api.py)
     add_console_routes(app)  # the web console: /ui (cluster/console.py)
     return app

@@ -4,7 +4,13 @@ Layout on disk (``<data_dir>/<node_id>/``)::
 
     groups/meta/{state,raft,snapshot/}   the metadata group's replica (if this node is a voter)
     groups/<g>/{state,raft,snapshot/}    queue group g's replica (if placed here)
+    placement.json                       the last placement this node saw (cluster/reconcile.py)
     tmp/                                 checkpoint transfers
+
+Placement: ``config`` is the cluster file overlaid with the metadata group's placement (nodes and
+replicas per group); it is replaced, never mutated, when the placement changes. ``file_config`` is
+the cluster file as loaded. The groups hosted here follow the placement (``cluster/reconcile.py``);
+``groups`` is likewise replaced, never mutated, so loops iterating it across awaits stay valid.
 
 Raft ports: the metadata group listens on the node's ``raft`` port, queue group ``g`` on port+1+g.
 
@@ -24,7 +30,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -38,12 +44,16 @@ from . import commands
 from .config import ClusterConfig, NodeConfig
 from .group_commit import GroupCommitter
 from .metadata import MetadataMachine
+from .placement import Placement, overlay
 from .queue_group import Applied, QueueGroupMachine
 from .raft import Outcome, RaftGroup, RaftSettings, StateMachine
 from .segments import Sealer
 from .tls import client_context
 
-__all__ = ["META", "LocalGroup", "Node"]
+if TYPE_CHECKING:
+    from .reconcile import Reconciler
+
+__all__ = ["META", "LocalGroup", "Node", "port_offset"]
 
 log = structlog.get_logger(__name__)
 
@@ -64,20 +74,29 @@ class LocalGroup:
     machine: StateMachine
     state_store: RocksStore
     journal_store: RocksStore
-    replicas: tuple[NodeConfig, ...]
     committer: GroupCommitter | None = None
+
+
+def port_offset(name: str) -> int:
+    """The Raft port of group ``name`` is the node's ``raft`` port plus this."""
+    return 0 if name == META else 1 + int(name)
 
 
 class Node:
     """A raftmq node. ``start``/``stop`` run on the event loop."""
 
     def __init__(self, config: ClusterConfig, node_id: str) -> None:
+        self.file_config = config
         self.config = config
+        self.placement: Placement | None = None  # None: the first placement, from the cluster file
+        self.change_in_progress: dict[str, Any] | None = None  # as last seen (leader balancing waits)
+        self.reconciler: Reconciler | None = None  # set by start
         self.me = config.node(node_id)
         self.node_dir = self.me.node_dir()
         self.groups: dict[str, LocalGroup] = {}
         self.metadata: MetadataMachine | None = None
         self._addr_to_node: dict[str, NodeConfig] = {}
+        self._set_config(config)
         self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
         self._delivery_wake = asyncio.Event()  # an apply scheduled a delayed message or deadline
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,21 +122,45 @@ class Node:
                 total=self.config.limits.request_timeout_ms / 1000 + 20, sock_connect=1.0
             ),
         )
-        voters = self.config.metadata_voters
-        if any(v.id == self.me.id for v in voters):
-            store = RocksStore.open(self._group_dir(META, "state"))
-            self.metadata = MetadataMachine(store)
-            await self._loop.run_in_executor(None, self._start_group, META, 0, voters, self.metadata, store)
+        from .reconcile import Reconciler
+
+        self.reconciler = reconciler = Reconciler(self)
+        placement = await reconciler.initial_placement()
+        if placement is not None:
+            self.set_placement(placement)
+        # The groups placed here, and any replica left on disk (the reconciler removes it once its
+        # group's leader confirms it is no longer a voter).
+        placed = {META} if any(v.id == self.me.id for v in self.config.metadata_voters) else set()
+        placed |= {str(g) for g in self.config.groups_on(self.me.id)}
+        for name in sorted(placed | reconciler.groups_on_disk(), key=lambda n: (n != META, n.zfill(4))):
+            # With a known placement a fresh replica joins a running group; else this is the first start.
+            await self.start_group(name, joining=placement is not None)
+        self._tasks.append(asyncio.create_task(reconciler.run_forever()))
+        self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
+        self._tasks.append(asyncio.create_task(self._retention_forever()))
+        self._tasks.append(asyncio.create_task(self._deliver_forever()))
+        self.sealer = Sealer(self)
+        self._tasks.append(asyncio.create_task(self.sealer.run_forever()))
+        log.info("node_started", node_id=self.me.id, groups=sorted(self.groups))
+
+    async def start_group(self, name: str, *, joining: bool) -> LocalGroup:
+        """Open and start this node's replica of group ``name`` (``joining``: a fresh replica of a
+        running group waits for its leader instead of campaigning)."""
+        assert self._loop is not None and name not in self.groups
+        store = RocksStore.open(self._group_dir(name, "state"))
+        machine: MetadataMachine | QueueGroupMachine
+        if name == META:
+            machine = MetadataMachine(store)
+            machine.on_placement_changed = self._on_placement_changed
         else:
-            self.metadata = None  # non-voters read topics from a voter (see metadata_view)
-        for g in self.config.groups_on(self.me.id):
-            store = RocksStore.open(self._group_dir(str(g), "state"))
-            machine = QueueGroupMachine(store, g)
+            machine = QueueGroupMachine(store, int(name))
             machine.on_applied = self._on_applied
-            replicas = self.config.group_replicas(g)
-            local = await self._loop.run_in_executor(
-                None, self._start_group, str(g), 1 + g, replicas, machine, store
-            )
+        # The seed voters count only while the group's log holds no configuration (a new group).
+        seed = [n.raft_addr(port_offset(name)) for n in self._replicas(name)]
+        local = await self._loop.run_in_executor(None, self._start_group, name, seed, machine, store, joining)
+        if isinstance(machine, MetadataMachine):
+            self.metadata = machine
+        else:
             local.committer = GroupCommitter(
                 local.raft,
                 self._loop,
@@ -126,24 +169,34 @@ class Node:
                 max_inflight=self.config.raft.group_commit_inflight,
                 ack_before_replication=self.config.faults.ack_before_replication,
             )
-        self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
-        self._tasks.append(asyncio.create_task(self._retention_forever()))
-        self._tasks.append(asyncio.create_task(self._deliver_forever()))
-        self.sealer = Sealer(self)
-        self._tasks.append(asyncio.create_task(self.sealer.run_forever()))
-        log.info("node_started", node_id=self.me.id, groups=sorted(self.groups))
+        self.groups = {**self.groups, name: local}
+        log.info("group_started", group=name, node_id=self.me.id, joining=joining)
+        return local
+
+    async def stop_group(self, name: str, *, delete: bool) -> None:
+        """Stop this node's replica of group ``name``; ``delete`` removes its data too."""
+        local = self.groups.get(name)
+        if local is None:
+            return
+        self.groups = {k: v for k, v in self.groups.items() if k != name}
+        if name == META:
+            self.metadata = None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, local.raft.destroy)
+        await asyncio.sleep(1.0)  # requests that still hold the stores finish (they fail once closed)
+        local.state_store.close()
+        local.journal_store.close()
+        if delete:
+            await loop.run_in_executor(None, shutil.rmtree, os.path.join(self.node_dir, "groups", name))
+        log.info("group_stopped", group=name, node_id=self.me.id, deleted=delete)
+
+    def _replicas(self, name: str) -> tuple[NodeConfig, ...]:
+        replicas = self.config.metadata_voters if name == META else self.config.group_replicas(int(name))
+        return replicas if any(r.id == self.me.id for r in replicas) else (*replicas, self.me)
 
     def _start_group(
-        self,
-        name: str,
-        port_offset: int,
-        replicas: tuple[NodeConfig, ...],
-        machine: StateMachine,
-        store: RocksStore,
+        self, name: str, seed: list[str], machine: StateMachine, store: RocksStore, joining: bool
     ) -> LocalGroup:
-        addrs = [r.raft_addr(port_offset) for r in replicas]
-        for r in replicas:
-            self._addr_to_node[r.raft_addr(port_offset)] = r
         journal_store = RocksStore.open(self._group_dir(name, "raft"))
         timing = self.config.raft
         settings = RaftSettings(
@@ -162,18 +215,17 @@ class Node:
         raft = RaftGroup(
             name=name,
             node_id=self.me.id,
-            self_addr=self.me.raft_addr(port_offset),
-            peer_addrs=addrs,
+            self_addr=self.me.raft_addr(port_offset(name)),
+            peer_addrs=seed,
             journal_store=journal_store,
             machine=machine,
             snapshot_file=os.path.join(self._group_dir(name, "snapshot"), "manifest.json"),
             settings=settings,
-            fetch_checkpoint=lambda manifest: self._fetch_checkpoint(name, replicas, manifest),
-            bind_addr=self.me.raft_bind_addr(port_offset),  # pysyncobj's default is 0.0.0.0
+            fetch_checkpoint=lambda manifest: self._fetch_checkpoint(name, manifest),
+            bind_addr=self.me.raft_bind_addr(port_offset(name)),  # pysyncobj's default is 0.0.0.0
+            joining=joining,
         )
-        local = LocalGroup(name, raft, machine, store, journal_store, replicas)
-        self.groups[name] = local
-        return local
+        return LocalGroup(name, raft, machine, store, journal_store)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -192,8 +244,24 @@ class Node:
 
     # -- cluster view ----------------------------------------------------------------------------
 
+    def set_placement(self, placement: Placement) -> None:
+        """Take a newer placement: the node list and replicas of ``config`` follow it."""
+        self.placement = placement
+        self._set_config(overlay(self.file_config, placement, self.me.id))
+
+    def _set_config(self, config: ClusterConfig) -> None:
+        addrs = {n.raft_addr(o): n for n in config.nodes for o in range(config.queue_groups + 1)}
+        self._addr_to_node, self.config = addrs, config
+
+    def _on_placement_changed(self) -> None:  # tick thread of the metadata group
+        if self._loop is not None and self.reconciler is not None:
+            self._loop.call_soon_threadsafe(self.reconciler.wake)
+
     def node_for_addr(self, raft_addr: str | None) -> NodeConfig | None:
         return None if raft_addr is None else self._addr_to_node.get(raft_addr)
+
+    def node_by_id(self, node_id: str) -> NodeConfig | None:
+        return next((n for n in self.config.nodes if n.id == node_id), None)
 
     def queue_group(self, group_id: int) -> LocalGroup | None:
         return self.groups.get(str(group_id))
@@ -206,7 +274,7 @@ class Node:
         for status in self._peer_status.values():
             g = status.get("groups", {}).get(name)
             if g and g.get("is_leader"):
-                return self.config.node(status["node_id"])
+                return self.node_by_id(status["node_id"])
         return None
 
     def local_status(self) -> dict[str, Any]:
@@ -223,7 +291,8 @@ class Node:
                 "state_index": s.state_index,
                 "has_quorum": s.has_quorum,
                 "journal_entries": s.journal_entries,
-                "replicas": [r.id for r in local.replicas],
+                "replicas": [r.id for r in self._replicas(name)],
+                "members": list(s.members),  # the Raft voters (addresses) this replica uses
             }
         return {"node_id": self.me.id, "groups": groups}
 
@@ -333,10 +402,14 @@ class Node:
                 log.exception("leader_balance_failed")
 
     async def _balance_once(self) -> None:
+        if self.change_in_progress is not None:
+            return  # the change's coordinator moves leaders itself
         for g in self.config.groups_on(self.me.id):
-            local = self.groups[str(g)]
-            preferred = local.replicas[0]
-            if preferred.id == self.me.id or not local.raft.is_leader():
+            local = self.groups.get(str(g))
+            preferred = self.config.group_replicas(g)[0]
+            if local is None or preferred.id == self.me.id or not local.raft.is_leader():
+                continue
+            if preferred.raft_addr(1 + g) not in local.raft.members():
                 continue
             status = await self.refresh_peer_status()
             peer = status.get(preferred.id, {}).get("groups", {}).get(str(g))
@@ -434,10 +507,13 @@ class Node:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         return tar_path
 
-    def _fetch_checkpoint(self, name: str, replicas: tuple[NodeConfig, ...], manifest: dict[str, Any]) -> str:
+    def _fetch_checkpoint(self, name: str, manifest: dict[str, Any]) -> str:
         """Download a checkpoint of group ``name`` from a peer (tick thread; blocking)."""
         source = manifest.get("node_id")
-        order = sorted((r for r in replicas if r.id != self.me.id), key=lambda r: r.id != source)
+        local = self.groups.get(name)
+        members = [self.node_for_addr(a) for a in (local.raft.members() if local else ())]
+        replicas = {n.id: n for n in [*self._replicas(name), *(m for m in members if m is not None)]}
+        order = sorted((r for r in replicas.values() if r.id != self.me.id), key=lambda r: r.id != source)
         errors = []
         for node in order:
             dest = os.path.join(self.node_dir, "tmp", f"incoming-{name}-{time.time_ns()}")

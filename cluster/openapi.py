@@ -31,6 +31,7 @@ from ._openapi_base import (
     _ref,
     _str,
 )
+from ._openapi_cluster import _cluster_paths, _cluster_schemas
 from ._openapi_console import _console_paths, _console_schemas
 from ._openapi_delivery import _delivery_paths, _delivery_schemas
 from ._openapi_security import add_security
@@ -461,13 +462,20 @@ def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
             'has the body {"error": {"code", "message", "retriable", "definite", ...}}. Integers in '
             "request bodies are JSON integers written without a fraction or exponent (1.0 is refused).",
         },
-        "paths": {**_paths(limits), **_delivery_paths(limits), **_segment_paths(), **_console_paths()},
+        "paths": {
+            **_paths(limits),
+            **_delivery_paths(limits),
+            **_segment_paths(),
+            **_console_paths(),
+            **_cluster_paths(),
+        },
         "components": {
             "schemas": {
                 **_schemas(limits),
                 **_delivery_schemas(limits),
                 **_segment_schemas(),
                 **_console_schemas(),
+                **_cluster_schemas(),
             }
         },
     }

@@ -364,10 +364,22 @@ class RaftGroup:
         """The journal's fsync durations (for metrics)."""
         return self._journal.sync_latency
 
-    def transfer_leadership(self, to_addr: str | None = None) -> None:
+    def transfer_leadership(self, to_addr: str | None = None, within_s: float = 2.0) -> None:
         """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer). Best effort:
-        pysyncobj refuses when the target has not matched the whole log; watch ``leader()``."""
-        self._tick_calls.put(lambda: self._sync.transferLeadership(node=to_addr))
+        pysyncobj refuses unless the target has matched the whole log, which under steady writes
+        holds only between entries, so the request is retried every tick for up to ``within_s``
+        seconds. Watch ``leader()`` for the result."""
+        deadline = time.monotonic() + within_s
+
+        def attempt() -> None:
+            if self._destroyed.is_set() or not self.is_leader() or time.monotonic() > deadline:
+                return
+            refused: list[int] = []
+            self._sync.transferLeadership(node=to_addr, callback=lambda _r, e: refused.append(e))
+            if refused and refused[0] != FAIL_REASON.SUCCESS:
+                self._tick_calls.put(attempt)  # the next tick, after this tick's acks were read
+
+        self._tick_calls.put(attempt)
 
     def change_membership(self, action: str, addr: str, on_done: Callable[[Outcome], None]) -> None:
         """Add (``action="add"``) or remove (``"remove"``) the voter at Raft address ``addr``.
@@ -440,7 +452,7 @@ class RaftGroup:
         self._journal.flush()
         if self._journal.size_bytes > self._settings.compaction_max_bytes:
             self._sync.forceLogCompaction()
-        while True:
+        for _ in range(self._tick_calls.qsize()):  # not those queued meanwhile: they wait a tick
             try:
                 call = self._tick_calls.get_nowait()
             except queue.Empty:

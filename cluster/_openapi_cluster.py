@@ -1,0 +1,127 @@
+"""OpenAPI entries of cluster changes (``cluster/cluster_api.py``, docs/operations.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._openapi_base import (
+    RAFT_ERRORS,
+    Schema,
+    _array,
+    _errors,
+    _int,
+    _json,
+    _nullable,
+    _obj,
+    _op,
+    _param,
+    _ref,
+    _str,
+)
+
+NODE_ID = _str(pattern=r"^[A-Za-z0-9_-]{1,32}$", description="A node id.")
+ADDRESS = _str(minLength=1, maxLength=300, description="host:port")
+GROUP_NAME = _param(
+    "group",
+    "path",
+    _str(pattern=r"^(meta|[0-9]{1,3})$"),
+    "A queue group id, or `meta` for the metadata group.",
+)
+
+
+def _cluster_schemas() -> dict[str, Schema]:
+    node = _obj({"id": NODE_ID, "http": ADDRESS, "raft": ADDRESS}, required=("id", "http", "raft"))
+    change_props: dict[str, Schema] = {
+        "id": _int(1),
+        "kind": {"enum": ["move", "transfer_leader", "add_node", "remove_node"]},
+        "started_ms": _int(0),
+        "phase": _str(description="The step under way (see docs/operations.md)."),
+        "group": _nullable(_str()),
+        "source": _nullable(_str()),
+        "target": _nullable(_str()),
+        "node": _nullable(_str()),
+        "new_node": _nullable(_ref("NodeAddress")),
+    }
+    required = ("id", "kind", "started_ms", "phase")
+    return {
+        "NodeAddress": node,
+        "Placement": _obj(
+            {
+                "version": _int(1),
+                "nodes": _array(_ref("NodeAddress")),
+                "groups": {
+                    "type": "object",
+                    "additionalProperties": _array(_str()),
+                    "description": "Group (`meta`, `0`, `1`, ...) -> node ids, the preferred leader first.",
+                },
+            },
+            required=("version", "nodes", "groups"),
+        ),
+        "Change": _obj(change_props, required=required),
+        "FinishedChange": _obj(
+            {
+                **change_props,
+                "outcome": {"enum": ["done", "failed"]},
+                "error": _nullable(_str()),
+                "ended_ms": _int(0),
+            },
+            required=(*required, "outcome", "ended_ms"),
+        ),
+        "ClusterPlacement": _obj(
+            {
+                "placement": _nullable(_ref("Placement")),
+                "change": _nullable(_ref("Change")),
+                "history": _array(_ref("FinishedChange"), description="The last changes, oldest first."),
+            },
+            required=("placement", "change", "history"),
+        ),
+        "ChangeAccepted": _obj({"change": _ref("Change")}, required=("change",)),
+    }
+
+
+def _cluster_paths() -> dict[str, Any]:
+    accepted = {"202": _json(_ref("ChangeAccepted"), "the change is recorded; see GET /v1/cluster/placement")}
+    refused = _errors(400, 409, *RAFT_ERRORS)
+    return {
+        "/v1/cluster/placement": {
+            "get": _op(
+                "getPlacement",
+                "The nodes, each group's replicas, the change in progress and the last changes",
+                {"200": _json(_ref("ClusterPlacement"), "placement"), **_errors(*RAFT_ERRORS)},
+            )
+        },
+        "/v1/cluster/nodes": {
+            "post": _op(
+                "addNode",
+                "Add a running node to the cluster (it then hosts nothing until replicas move to it)",
+                {**accepted, **refused},
+                body=_ref("NodeAddress"),
+            )
+        },
+        "/v1/cluster/nodes/{node}": {
+            "delete": _op(
+                "removeNode",
+                "Move every replica off a node, then remove it from the cluster",
+                {**accepted, **refused},
+                params=(_param("node", "path", NODE_ID, "The node to remove."),),
+            )
+        },
+        "/v1/cluster/groups/{group}/move": {
+            "post": _op(
+                "moveReplica",
+                "Move a group's replica from one node to another (add, catch up, then remove)",
+                {**accepted, **refused},
+                params=(GROUP_NAME,),
+                body=_obj({"from": NODE_ID, "to": NODE_ID}, required=("from", "to")),
+            )
+        },
+        "/v1/cluster/groups/{group}/leader": {
+            "post": _op(
+                "transferLeader",
+                "Make a replica the group's preferred leader and hand it the leadership",
+                {**accepted, **refused},
+                params=(GROUP_NAME,),
+                body=_obj({"node": NODE_ID}, required=("node",)),
+            )
+        },
+    }

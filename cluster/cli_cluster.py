@@ -1,0 +1,168 @@
+"""``raftmq cluster ...``: change the cluster without downtime, one change at a time.
+
+Each command records a change (``POST``/``DELETE`` under ``/v1/cluster``, see
+``cluster/cluster_api.py``) and, unless ``--no-wait``, follows it in ``GET /v1/cluster/placement``
+until it ends; a failed change exits with status 1.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .admin_http import AdminHttp
+
+__all__ = ["register"]
+
+Decorator = Callable[[Callable[..., None]], Callable[..., None]]
+
+
+def register(main: click.Group, admin_command: Decorator, json_option: Decorator) -> None:
+    """Add the ``cluster`` command group to ``main`` (cli.py's decorators passed in, to keep the
+    import one-way)."""
+
+    @main.group("cluster")
+    def cluster() -> None:
+        """Add or remove nodes, move replicas and leaders (docs/operations.md)."""
+
+    wait = click.option(
+        "--wait/--no-wait", default=True, show_default=True, help="Follow the change until it ends."
+    )
+    timeout = click.option(
+        "--timeout-s", type=click.IntRange(min=1), default=900, show_default=True, help="How long to follow."
+    )
+
+    @cluster.command("placement")
+    @json_option
+    @admin_command
+    def placement(admin: AdminHttp, as_json: bool) -> None:
+        """Nodes, each group's replicas (preferred leader first), the change in progress."""
+        data = admin.get("/v1/cluster/placement")
+        if as_json:
+            click.echo(_json(data))
+            return
+        _print_placement(data)
+
+    @cluster.command("add-node")
+    @click.argument("node_id")
+    @click.option("--http", "http", required=True, help="The node's HTTP address (host:port).")
+    @click.option("--raft", "raft", required=True, help="The node's Raft base address (host:port).")
+    @wait
+    @timeout
+    @admin_command
+    def add_node(admin: AdminHttp, node_id: str, http: str, raft: str, wait: bool, timeout_s: int) -> None:
+        """Add NODE_ID (already running, with join = true in its cluster file) to the cluster."""
+        answer = admin.post("/v1/cluster/nodes", {"id": node_id, "http": http, "raft": raft})
+        _follow(admin, answer["change"], wait, timeout_s)
+
+    @cluster.command("remove-node")
+    @click.argument("node_id")
+    @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+    @wait
+    @timeout
+    @admin_command
+    def remove_node(admin: AdminHttp, node_id: str, yes: bool, wait: bool, timeout_s: int) -> None:
+        """Move every replica off NODE_ID, then remove it from the cluster."""
+        if not yes:
+            click.confirm(f"Move every replica off {node_id} and remove it from the cluster?", abort=True)
+        answer = admin.delete(f"/v1/cluster/nodes/{admin.quote(node_id)}")
+        _follow(admin, answer["change"], wait, timeout_s)
+
+    @cluster.command("move")
+    @click.argument("group")
+    @click.option("--from", "source", required=True, help="The node whose replica moves.")
+    @click.option("--to", "target", required=True, help="The node that takes it.")
+    @wait
+    @timeout
+    @admin_command
+    def move(admin: AdminHttp, group: str, source: str, target: str, wait: bool, timeout_s: int) -> None:
+        """Move GROUP's replica (a queue group id, or meta) from one node to another."""
+        answer = admin.post(f"/v1/cluster/groups/{admin.quote(group)}/move", {"from": source, "to": target})
+        _follow(admin, answer["change"], wait, timeout_s)
+
+    @cluster.command("transfer-leader")
+    @click.argument("group")
+    @click.option("--to", "target", required=True, help="The replica to lead GROUP.")
+    @wait
+    @timeout
+    @admin_command
+    def transfer_leader(admin: AdminHttp, group: str, target: str, wait: bool, timeout_s: int) -> None:
+        """Make a replica GROUP's preferred leader and hand it the leadership."""
+        answer = admin.post(f"/v1/cluster/groups/{admin.quote(group)}/leader", {"node": target})
+        _follow(admin, answer["change"], wait, timeout_s)
+
+
+def _describe(change: dict[str, Any]) -> str:
+    kind = change["kind"]
+    if kind == "move":
+        return f"move group {change['group']} from {change['source']} to {change['target']}"
+    if kind == "transfer_leader":
+        return f"leadership of group {change['group']} to {change['target']}"
+    return f"{kind.replace('_', ' ')} {change['node']}"
+
+
+def _follow(admin: AdminHttp, change: dict[str, Any], wait: bool, timeout_s: int) -> None:
+    change_id = change["id"]
+    click.echo(f"change {change_id}: {_describe(change)}", err=True)
+    if not wait:
+        return
+    deadline = time.monotonic() + timeout_s
+    last_phase = None
+    while time.monotonic() < deadline:
+        data = admin.get("/v1/cluster/placement")
+        ended = next((h for h in data["history"] if h["id"] == change_id), None)
+        if ended is not None:
+            if ended["outcome"] == "done":
+                click.echo(f"change {change_id}: done", err=True)
+                return
+            click.echo(f"change {change_id}: failed: {ended.get('error')}", err=True)
+            sys.exit(1)
+        current = data.get("change") or {}
+        phase = (current.get("group"), current.get("phase"))
+        if current.get("id") == change_id and phase != last_phase:
+            where = f"group {phase[0]}: " if phase[0] is not None else ""
+            click.echo(f"change {change_id}: {where}{phase[1]}", err=True)
+            last_phase = phase
+        time.sleep(1.0)
+    click.echo(
+        f"change {change_id}: still running after {timeout_s} s (see raftmq cluster placement)", err=True
+    )
+    sys.exit(1)
+
+
+def _print_placement(data: dict[str, Any]) -> None:
+    console = Console()
+    placement = data.get("placement")
+    if placement is None:
+        console.print("the metadata group has not recorded a placement yet")
+        return
+    nodes = Table("node", "http", "raft", "replicas", title=f"placement version {placement['version']}")
+    for n in placement["nodes"]:
+        hosted = sorted(g for g, ids in placement["groups"].items() if n["id"] in ids)
+        nodes.add_row(n["id"], n["http"], n["raft"], " ".join(hosted))
+    console.print(nodes)
+    groups = Table("group", "replicas (preferred leader first)")
+    for g, ids in sorted(placement["groups"].items(), key=lambda kv: (kv[0] != "meta", kv[0].zfill(4))):
+        groups.add_row(g, " ".join(ids))
+    console.print(groups)
+    change = data.get("change")
+    console.print(
+        "no change in progress"
+        if change is None
+        else f"change {change['id']} in progress: {_describe(change)} (phase {change['phase']})"
+    )
+    for h in data.get("history", [])[-5:]:
+        error = f": {h['error']}" if h.get("error") else ""
+        console.print(f"change {h['id']}: {_describe(h)}: {h['outcome']}{error}")
+
+
+def _json(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2, sort_keys=True)
