@@ -22,7 +22,7 @@ from .history import Op, completions, fault_windows
 
 __all__ = ["plot_latency", "plot_throughput", "summary_text", "write_report"]
 
-PLOTTED = {"enqueue": ("o", "-"), "fetch": ("^", ":"), "receive": ("s", "--"), "ack": ("x", "-.")}
+PLOTTED = {"enqueue": ("o", "-"), "fetch": ("^", ":"), "receive": ("s", "--"), "ack": ("D", "-.")}
 
 COLORS = {"ok": "#2a9d3f", "fail": "#d62728", "info": "#ff9f1c", "pending": "#7f7f7f"}
 FAULT_COLORS = ["#1f77b4", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8",
