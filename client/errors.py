@@ -23,6 +23,7 @@ Class tree::
     ├── TopicExists             topic_exists         409
     ├── StaleReceipt            stale_receipt        409
     ├── StaleEpoch              stale_epoch          409
+    ├── StaleSequence           stale_sequence       409
     ├── LockHeld                lock_held            409
     ├── ChangeInProgress        change_in_progress   409  retriable (another cluster change)
     ├── MessageTooLarge         message_too_large    413
@@ -75,6 +76,7 @@ __all__ = [
     "RequestTooLarge",
     "StaleEpoch",
     "StaleReceipt",
+    "StaleSequence",
     "Timeout",
     "TooManyRequests",
     "TopicExists",
@@ -158,6 +160,13 @@ class StaleEpoch(RaftmqError):
     """The queue's lock has another epoch (a newer holder); nothing was done."""
 
     code, status = "stale_epoch", 409
+
+
+class StaleSequence(RaftmqError):
+    """The producer's sequence is older than its newest on the queue and no longer remembered (a
+    late retry, or a ``producer_id`` reused from 0); nothing was stored."""
+
+    code, status = "stale_sequence", 409
 
 
 class LockHeld(RaftmqError):
@@ -276,6 +285,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     TopicExists,
     StaleReceipt,
     StaleEpoch,
+    StaleSequence,
     LockHeld,
     ChangeInProgress,
     MessageTooLarge,

@@ -94,6 +94,14 @@ STALE_RECEIPT = ErrorCode(
 STALE_EPOCH = ErrorCode(
     "stale_epoch", 409, False, True, "The queue's lock has another epoch (a newer holder); nothing was done."
 )
+STALE_SEQUENCE = ErrorCode(
+    "stale_sequence",
+    409,
+    False,
+    True,
+    "The producer's sequence is older than its newest on the queue and no longer remembered (a late "
+    "retry or a reused producer_id); nothing was stored.",
+)
 LOCK_HELD = ErrorCode(
     "lock_held",
     409,

@@ -275,6 +275,13 @@ class QueueGroupMachine:
                         }
                     )
                     continue
+                if state.is_stale(sequence):
+                    # A command can be applied long after its request gave up (queued while the
+                    # group had no leader, or stuck in a partitioned connection): by then the
+                    # producer may have retried it and sent newer batches that pushed it out of
+                    # the remembered window. Sequences only grow per (producer, queue).
+                    results.append(error_body(errors.STALE_SEQUENCE, _stale(producer_id, sequence, state)))
+                    continue
             messages, delayed = b["messages"], 0
             if b["deliver_at_ms"] is not None:
                 messages = []
@@ -361,6 +368,14 @@ class QueueGroupMachine:
             work.batch.delete_range(*keys.topic_range(prefix, topic_id))
         work.batch.put(keys.dropped_key(topic_id), b"")
         return {"ok": True}
+
+
+def _stale(producer_id: str, sequence: int, state: ProducerState) -> str:
+    newest = max(seq for seq, _, _ in state.entries)
+    return (
+        f"sequence {sequence} of producer {producer_id!r} is older than its newest on this queue "
+        f"({newest}) and no longer remembered: nothing was stored (a late retry, or a reused producer_id)"
+    )
 
 
 def _retention_point(

@@ -404,6 +404,11 @@ class ProducerState:
                 return base_offset, count
         return None
 
+    def is_stale(self, sequence: int) -> bool:
+        """``sequence`` is below the newest remembered one (and, when :meth:`find` has no batch for
+        it, can only be a late retry of a batch given up on, or a reused producer id)."""
+        return any(sequence < seq for seq, _, _ in self.entries)
+
     def add(self, sequence: int, base_offset: int, count: int) -> ProducerState:
         """A state that also remembers this batch, forgetting the oldest beyond the limit."""
         entries = (*self.entries, (sequence, base_offset, count))

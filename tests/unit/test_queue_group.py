@@ -116,9 +116,29 @@ def test_producer_sequences_are_per_queue_and_only_the_last_five_are_remembered(
     assert h.produce(batch(1, 1, "a", producer_id="p", sequence=0)) == {"results": [ok(1, 1, 0, 1)]}
     for sequence in range(1, 6):
         h.produce(batch(1, 0, "x", producer_id="p", sequence=sequence))
-    # Sequence 0 fell out of the window of 5: it is appended again (at-least-once allows it).
-    assert h.produce(batch(1, 0, "a", producer_id="p", sequence=0)) == {"results": [ok(1, 0, 6, 1)]}
+    # Sequence 0 fell out of the window of 5, but it is older than the newest: refused, not stored.
+    before = h.pairs_without_applied()
+    late = h.produce(batch(1, 0, "a", producer_id="p", sequence=0))["results"][0]
+    assert (
+        late["error"]["code"] == "stale_sequence" and "newest on this queue (5)" in late["error"]["message"]
+    )
+    assert h.pairs_without_applied() == before
     assert h.produce(batch(1, 0, "x", producer_id="p", sequence=5))["results"][0]["duplicate"] is True
+
+
+def test_a_late_batch_that_was_never_stored_is_refused_once_newer_ones_are(h: Harness) -> None:
+    # Sequence 3 gave up (its command stuck while the group had no leader); 4 and 5 were stored;
+    # then 3's command is applied at last. It must not land behind them.
+    h.produce(batch(1, 0, "a", producer_id="p", sequence=2))
+    h.produce(batch(1, 0, "c", producer_id="p", sequence=4))
+    h.produce(batch(1, 0, "d", producer_id="p", sequence=5))
+    late = h.produce(
+        batch(1, 0, "b", producer_id="p", sequence=3), batch(1, 1, "b", producer_id="p", sequence=3)
+    )
+    assert late["results"][0]["error"]["code"] == "stale_sequence"
+    assert late["results"][1] == ok(1, 1, 0, 1)  # sequences are per queue: queue 1 never saw p
+    assert h.values(1, 0) == [b"a", b"c", b"d"]
+    assert h.produce(batch(1, 0, "e", producer_id="p", sequence=9)) == {"results": [ok(1, 0, 3, 1)]}
 
 
 def test_too_many_messages_in_one_entry_is_rejected_whole() -> None:
