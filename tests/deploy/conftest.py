@@ -36,6 +36,10 @@ def deploy_image() -> str:
         text=True,
     )
     assert built.returncode == 0, f"docker build failed:\n{built.stdout}\n{built.stderr}"
+    # The image this tag had before is now untagged: remove it (only the server image's, by label).
+    subprocess.run(
+        ["docker", "image", "prune", "-f", "--filter", "label=org.raftmq.image=server"], capture_output=True
+    )
     print(f"{IMAGE} built on {BASE_IMAGE} in {time.monotonic() - started:.1f} s")
     return IMAGE
 
