@@ -61,6 +61,7 @@ from raftmq.storage.records import NewMessage
 
 from . import errors
 from .errors import ErrorCode
+from .producers import ExpireProducersCommand, decode_expire_producers
 from .segments import SealSegmentCommand, decode_seal_segment
 
 __all__ = [
@@ -104,6 +105,7 @@ OPS: tuple[str, ...] = (
     "commit_fenced",
     "redrive",
     "seal_segment",  # cluster/segments.py
+    "expire_producers",  # cluster/producers.py
 )
 
 MAX_NAME_BYTES = 255
@@ -297,6 +299,7 @@ Command = (
     | CommitFencedCommand
     | RedriveCommand
     | SealSegmentCommand
+    | ExpireProducersCommand
 )
 
 
@@ -530,6 +533,8 @@ def decode(data: bytes) -> Command:
         return {"v": VERSION, "op": "noop"}
     if op == "seal_segment":
         return decode_seal_segment(obj)
+    if op == "expire_producers":
+        return decode_expire_producers(obj)
     decoder = _DELIVERY_DECODERS.get(op) if type(op) is str else None
     if decoder is not None:
         return decoder(obj)

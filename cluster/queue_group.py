@@ -26,7 +26,8 @@ check them):
 - Bounded work: every command touches a bounded number of keys (its own size, or the ``max`` of
   a ``deliver_tick``/``receive``); what is left is continued by the next command.
 
-Receive/ack, delayed messages and locks live in ``cluster/delivery.py``.
+Receive/ack, delayed messages and locks live in ``cluster/delivery.py``; the expiry of idle
+producer states in ``cluster/producers.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from raftmq.storage.keys import APPLIED, ProducerState, QueueMeta
 from raftmq.storage.records import decode_header, encode_batch
 from raftmq.storage.store import Batch, Store, StoreError
 
-from . import commands, delivery, errors, segments
+from . import commands, delivery, errors, producers, segments
 from .commands import (
     BadCommand,
     Command,
@@ -227,6 +228,8 @@ class QueueGroupMachine:
             return delivery.redrive(work, cmd)
         if cmd["op"] == "seal_segment":
             return segments.apply_seal_segment(work, cmd)
+        if cmd["op"] == "expire_producers":
+            return producers.apply_expire_producers(work, cmd)
         raise AssertionError(f"op {op} has no handler")  # commands.decode knows no other op
 
     def _produce(self, work: _Apply, cmd: ProduceCommand) -> dict[str, Any]:
@@ -306,7 +309,8 @@ class QueueGroupMachine:
                 )
                 work.grown[(topic_id, queue)] = high
             if producer_id is not None and sequence is not None:
-                work.set_producer(topic_id, queue, producer_id, state.add(sequence, base_offset, count))
+                state = state.add(sequence, base_offset, count, cmd["now_ms"])
+                work.set_producer(topic_id, queue, producer_id, state)
             result = {"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count}
             results.append({**result, "delayed": delayed} if delayed else result)
         return {"results": results}
@@ -400,7 +404,10 @@ def _retention_point(
 
 class _Apply:
     """The working state of one apply: the batch being built and an overlay of the queue metas and
-    producer states it changed, so that later batches of the same command see earlier ones."""
+    producer states it changed, so that later batches of the same command see earlier ones.
+
+    Invariant: a stored producer state with ``last_used_ms = t`` has exactly one idle-index key, at
+    ``t`` (``storage/keys.py``); :meth:`finish` moves it when a state's time changes."""
 
     def __init__(self, store: Store, index: int) -> None:
         self.store = store
@@ -413,6 +420,7 @@ class _Apply:
         self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
         self._producers: dict[tuple[int, int, str], ProducerState] = {}
         self._changed_producers: dict[tuple[int, int, str], ProducerState] = {}
+        self._stored_last_used: dict[tuple[int, int, str], int | None] = {}  # as loaded
         self._dropped: dict[int, bool] = {}
 
     def is_dropped(self, topic_id: int) -> bool:
@@ -433,17 +441,27 @@ class _Apply:
         key = (topic_id, queue, producer_id)
         if key not in self._producers:
             data = self.store.get(keys.producer_key(topic_id, queue, producer_id))
-            self._producers[key] = ProducerState() if data is None else ProducerState.decode(data)
+            state = ProducerState() if data is None else ProducerState.decode(data)
+            self._producers[key] = state
+            self._stored_last_used[key] = None if data is None else state.last_used_ms
         return self._producers[key]
 
     def set_producer(self, topic_id: int, queue: int, producer_id: str, state: ProducerState) -> None:
+        """Store ``state`` (which has a ``last_used_ms``); it must have been read with
+        :meth:`producer` in this apply."""
         key = (topic_id, queue, producer_id)
         self._producers[key] = self._changed_producers[key] = state
 
     def finish(self) -> Batch:
-        """The batch with the changed metas and producer states added (in first-change order)."""
+        """The batch with the changed metas and producer states (and their idle-index keys) added,
+        in first-change order."""
         for (topic_id, queue), meta in self._changed_metas.items():
             self.batch.put(keys.meta_key(topic_id, queue), meta.encode())
-        for (topic_id, queue, producer_id), state in self._changed_producers.items():
-            self.batch.put(keys.producer_key(topic_id, queue, producer_id), state.encode())
+        for key, state in self._changed_producers.items():
+            self.batch.put(keys.producer_key(*key), state.encode())
+            stored, now = self._stored_last_used[key], state.last_used_ms
+            if now is not None and now != stored:
+                if stored is not None:
+                    self.batch.delete(keys.producer_idle_key(stored, *key))
+                self.batch.put(keys.producer_idle_key(now, *key), b"")
         return self.batch

@@ -13,6 +13,8 @@ key                                                     value
 ``D`` topic_id                                          empty: the topic was dropped (tombstone)
 ``O`` topic_id queue group                              committed offset u64 of consumer group
 ``P`` topic_id queue producer_id                        :class:`ProducerState` (last sequences)
+``W`` last_used_ms topic_id queue producer_id           empty: producer idle index, by last use
+``G``                                                   producer sweep cursor (see below)
 ``Q`` topic_id queue                                    :class:`QueueMeta`
 ``R`` topic_id queue base_offset                        one record batch (``storage/records.py``)
 ``S`` topic_id queue [group]                            delivery cursor u64 (receive/ack)
@@ -25,12 +27,17 @@ key                                                     value
 ``L`` due_ms topic_id queue raft_index position         one delayed message (a 1-record batch)
 ======================================================  ======================================
 
-The receive/ack keys are described in ``docs/delivery.md``. ``E`` and ``L`` start with a time so
-that a tick finds what is due with one ordered scan; they are not removed by ``drop_topic`` (they
-are checked against the per-topic keys when due, and a dangling one is deleted then).
+The receive/ack keys are described in ``docs/delivery.md``. ``E``, ``L`` and ``W`` start with a
+time so that a tick finds what is due with one ordered scan; they are not removed by ``drop_topic``
+(they are checked against the per-topic keys when due, and a dangling one is deleted then).
 
-The topic id comes first after the prefix byte in every per-topic key (all but ``E`` and ``L``),
-so dropping a topic is one ``delete_range`` per prefix (:func:`topic_range`).
+``W`` holds one key per ``P`` key whose state has a ``last_used_ms`` (``cluster/producers.py``
+expires idle producer states through it). ``G`` exists once the one-time sweep over the ``P`` keys
+written before producer states had a time has started: its value is the next ``P`` key to look
+at, or empty when the sweep is done.
+
+The topic id comes first after the prefix byte in every per-topic key (all but ``E``, ``L`` and
+``W``), so dropping a topic is one ``delete_range`` per prefix (:func:`topic_range`).
 
 Invariants:
 - A queue's record batches tile ``[low_offset, high_offset)`` exactly: the first batch starts at
@@ -38,6 +45,8 @@ Invariants:
   ``high_offset``. So ``last_before(record_key(t, q, offset), record_prefix(t, q))`` finds the batch
   holding ``offset`` for any ``low_offset <= offset < high_offset``.
 - ``retained_bytes`` is the sum of the encoded sizes (store value lengths) of the queue's batches.
+- A ``P`` state with ``last_used_ms = t`` has exactly one ``W`` key, the one with time ``t``; a ``W``
+  key whose ``P`` state is gone or has another time is dangling (only ever left by ``drop_topic``).
 """
 
 from __future__ import annotations
@@ -59,7 +68,9 @@ __all__ = [
     "OFFSET",
     "PENDING",
     "PRODUCER",
+    "PRODUCER_IDLE",
     "PRODUCER_SEQUENCES_KEPT",
+    "PRODUCER_SWEEP",
     "RECORD",
     "REDRIVE",
     "RETRY",
@@ -75,6 +86,8 @@ __all__ = [
     "deadline_key",
     "decode_deadline_key",
     "decode_delayed_key",
+    "decode_producer_idle_key",
+    "decode_producer_key",
     "decode_u64",
     "delayed_key",
     "dropped_key",
@@ -84,6 +97,7 @@ __all__ = [
     "offset_key",
     "pending_key",
     "prefix_end",
+    "producer_idle_key",
     "producer_key",
     "queue_range",
     "record_key",
@@ -115,6 +129,10 @@ DEADLINE = b"E"
 DELAYED = b"L"
 SEGMENT = b"s"
 """Sealed segments of a queue (cluster/segments.py)."""
+PRODUCER_IDLE = b"W"
+"""Producer states by last use (``cluster/producers.py``)."""
+PRODUCER_SWEEP = b"G"
+"""The one-time sweep that gives producer states of the old encoding a time (``cluster/producers.py``)."""
 # Every prefix above is in use; a prefix is never reused for another meaning (stored data would
 # be misread after an upgrade). New kinds of keys take a new byte.
 
@@ -141,6 +159,9 @@ _QUEUE = struct.Struct(">cII")
 _RECORD = struct.Struct(">cIIQ")
 _META = struct.Struct(">QQQ")
 _PRODUCER_HEAD = struct.Struct(">B")
+_PRODUCER_TIMED_HEAD = struct.Struct(">BQB")  # PRODUCER_TIMED, last_used_ms, entry count
+_PRODUCER_TIMED = 0x80  # never an entry count of the old encoding (at most PRODUCER_SEQUENCES_KEPT)
+_PRODUCER_IDLE = struct.Struct(">cQII")
 _PRODUCER_ENTRY = struct.Struct(">QQI")
 _U8 = struct.Struct(">B")
 _TWO_U64 = struct.Struct(">QQ")
@@ -210,6 +231,44 @@ def record_key(topic_id: int, queue: int, base_offset: int) -> bytes:
 
 def producer_key(topic_id: int, queue: int, producer_id: str) -> bytes:
     return _QUEUE.pack(PRODUCER, topic_id, queue) + producer_id.encode("utf-8")
+
+
+def decode_producer_key(key: bytes) -> tuple[int, int, str]:
+    """``(topic_id, queue, producer_id)`` of a :func:`producer_key`.
+
+    Raises:
+        CorruptRecord: ``key`` is not a producer key.
+    """
+    try:
+        prefix, topic_id, queue = _QUEUE.unpack_from(key, 0)
+        producer_id = key[_QUEUE.size :].decode("utf-8")
+    except (struct.error, UnicodeDecodeError) as e:
+        raise CorruptRecord(f"bad producer key {key.hex()}") from e
+    if prefix != PRODUCER:
+        raise CorruptRecord(f"bad producer key {key.hex()}")
+    return topic_id, queue, producer_id
+
+
+def producer_idle_key(last_used_ms: int, topic_id: int, queue: int, producer_id: str) -> bytes:
+    """The idle-index key of a producer state last used at ``last_used_ms``: time first, so one
+    ordered scan finds the states idle the longest."""
+    return _PRODUCER_IDLE.pack(PRODUCER_IDLE, last_used_ms, topic_id, queue) + producer_id.encode("utf-8")
+
+
+def decode_producer_idle_key(key: bytes) -> tuple[int, int, int, str]:
+    """``(last_used_ms, topic_id, queue, producer_id)`` of a :func:`producer_idle_key`.
+
+    Raises:
+        CorruptRecord: ``key`` is not a producer idle key.
+    """
+    try:
+        prefix, last_used_ms, topic_id, queue = _PRODUCER_IDLE.unpack_from(key, 0)
+        producer_id = key[_PRODUCER_IDLE.size :].decode("utf-8")
+    except (struct.error, UnicodeDecodeError) as e:
+        raise CorruptRecord(f"bad producer idle key {key.hex()}") from e
+    if prefix != PRODUCER_IDLE:
+        raise CorruptRecord(f"bad producer idle key {key.hex()}")
+    return last_used_ms, topic_id, queue, producer_id
 
 
 def offset_key(topic_id: int, queue: int, group: str) -> bytes:
@@ -393,9 +452,16 @@ class ProducerState:
 
     Attributes:
         entries: ``(sequence, base_offset, count)``, oldest first.
+        last_used_ms: The leader time of the command that appended the newest batch; None for a
+            state of the old encoding (written before states had a time) until the sweep of
+            ``cluster/producers.py`` gives it one.
+
+    Encodings: the old one is ``n u8`` then ``n`` entries (``sequence u64, base_offset u64, count
+    u32``); the current one is ``0x80 u8, last_used_ms u64, n u8`` then the entries. Both decode.
     """
 
     entries: tuple[tuple[int, int, int], ...] = ()
+    last_used_ms: int | None = None
 
     def find(self, sequence: int) -> tuple[int, int] | None:
         """``(base_offset, count)`` of the remembered batch with ``sequence``, or None."""
@@ -409,24 +475,32 @@ class ProducerState:
         it, can only be a late retry of a batch given up on, or a reused producer id)."""
         return any(sequence < seq for seq, _, _ in self.entries)
 
-    def add(self, sequence: int, base_offset: int, count: int) -> ProducerState:
-        """A state that also remembers this batch, forgetting the oldest beyond the limit."""
+    def add(self, sequence: int, base_offset: int, count: int, now_ms: int) -> ProducerState:
+        """A state that also remembers this batch, appended at ``now_ms``, forgetting the oldest
+        beyond the limit."""
         entries = (*self.entries, (sequence, base_offset, count))
-        return ProducerState(entries[-PRODUCER_SEQUENCES_KEPT:])
+        return ProducerState(entries[-PRODUCER_SEQUENCES_KEPT:], now_ms)
 
     def encode(self) -> bytes:
-        parts = [_PRODUCER_HEAD.pack(len(self.entries))]
+        if self.last_used_ms is None:
+            parts = [_PRODUCER_HEAD.pack(len(self.entries))]
+        else:
+            parts = [_PRODUCER_TIMED_HEAD.pack(_PRODUCER_TIMED, self.last_used_ms, len(self.entries))]
         parts.extend(_PRODUCER_ENTRY.pack(*entry) for entry in self.entries)
         return b"".join(parts)
 
     @classmethod
     def decode(cls, data: bytes) -> ProducerState:
-        """Raises: CorruptRecord: ``data`` is not an encoded producer state."""
+        """Raises: CorruptRecord: ``data`` is not an encoded producer state (of either encoding)."""
+        last_used_ms: int | None = None
+        head = _PRODUCER_HEAD.size
         n = data[0] if data else -1
-        if n < 0 or len(data) != _PRODUCER_HEAD.size + n * _PRODUCER_ENTRY.size:
+        if n == _PRODUCER_TIMED:
+            if len(data) < _PRODUCER_TIMED_HEAD.size:
+                raise CorruptRecord("producer state has the wrong length")
+            _, last_used_ms, n = _PRODUCER_TIMED_HEAD.unpack_from(data, 0)
+            head = _PRODUCER_TIMED_HEAD.size
+        if n < 0 or len(data) != head + n * _PRODUCER_ENTRY.size:
             raise CorruptRecord("producer state has the wrong length")
-        entries = tuple(
-            _PRODUCER_ENTRY.unpack_from(data, _PRODUCER_HEAD.size + i * _PRODUCER_ENTRY.size)
-            for i in range(n)
-        )
-        return cls(entries)
+        entries = tuple(_PRODUCER_ENTRY.unpack_from(data, head + i * _PRODUCER_ENTRY.size) for i in range(n))
+        return cls(entries, last_used_ms)
