@@ -200,11 +200,15 @@ class _Stream:
             self.closing = True
             self.changed.set()
             # A take in progress ends within its long poll (what it got is given back); acks the
-            # client sent before closing are still applied.
-            limit = PULL_WAIT_MS / 1000 + self.owner.api.leader_wait_s + 5
-            done, _ = await asyncio.wait({pusher, *self.tasks}, timeout=limit)
-            for task in {pusher, *self.tasks} - done:
-                task.cancel()
+            # client sent before closing are still applied. The pusher first: its last take may
+            # start give-backs, which are waited for too (not cancelled).
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + PULL_WAIT_MS / 1000 + self.owner.api.leader_wait_s + 5
+            await asyncio.wait({pusher}, timeout=deadline - loop.time())
+            if self.tasks:
+                await asyncio.wait(set(self.tasks), timeout=max(0.0, deadline - loop.time()))
+            for task in {pusher, *self.tasks}:
+                task.cancel()  # (nothing for a task that is done)
             with contextlib.suppress(Exception):
                 await self.ws.close()
 

@@ -322,6 +322,30 @@ def test_a_killed_client_process_loses_nothing_its_messages_come_back_after_thei
     _redelivered_after_deadline(c, "killed", {k: int(v) for k, v in taken.items()})
 
 
+def test_messages_a_closing_stream_took_are_given_back_at_once(c: Cluster) -> None:
+    """The stream closes while its take waits; what the take then gets is nacked with delay 0 (not
+    left in flight until its 60 s deadline)."""
+    c.create_topic("giveback", queues=1)
+    leader = c.get("/v1/topics/giveback").json()["queues"][0]["leader"]
+    other = next(n for n in c.nodes if n != leader)  # the give-back goes over HTTP to the leader
+    path = stream_path("giveback", "g", visibility_ms=60000)
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            stream = await open_stream(session, ws_url(c, path, other))
+            await stream.send({"op": "rdy", "n": 5})
+            await asyncio.sleep(0.1)  # the take is waiting in the coordinator's line (1 s)
+            await stream.ws.close()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    produce(c, "giveback", ["a", "b", "c"], 1)
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += http_receive(c, "giveback", "g", wait_ms=1000)
+    assert sorted(m["value"] for m in got) == ["a", "b", "c"], got
+
+
 # -- heartbeats --------------------------------------------------------------------------------
 
 
