@@ -152,7 +152,10 @@ class Coordinator:
             await self._membership(g, "add", target)
             await self._propose("change_phase", change_id=c, phase="catch_up")
         elif phase == "catch_up":
-            await self._wait_caught_up(c, g, target)
+            if not await self._wait_caught_up(c, g, target):
+                log.warning("move_target_not_a_voter", group=g, target=target)
+                await self._propose("change_phase", change_id=c, phase="add")  # add it (again)
+                return False
             if source not in placement.replicas(g):
                 return True  # remove-first: the source is gone already
             await self._propose("change_phase", change_id=c, phase="remove")
@@ -202,12 +205,16 @@ class Coordinator:
         to = None if node_id is None else self._raft_addr(node_id, g)
         await self.api._group_call(g, "transfer", {"to": to})
 
-    async def _wait_caught_up(self, change_id: int, g: str, target: str) -> None:
+    async def _wait_caught_up(self, change_id: int, g: str, target: str) -> bool:
+        """Wait (a round) until ``target`` applied what ``g``'s leader had committed when this
+        phase began; False when ``target`` is not a voter of ``g`` (the phase must go back)."""
+        leader = await self._leader_status(g)
+        if leader is None:
+            raise StepFailed(f"group {g} has no leader")
+        if self._raft_addr(target, g) not in leader.get("members", []):
+            return False
         goal = self._goals.get((change_id, g))
         if goal is None:
-            leader = await self._leader_status(g)
-            if leader is None:
-                raise StepFailed(f"group {g} has no leader")
             goal = self._goals[(change_id, g)] = int(leader["commit_index"])
         deadline = time.monotonic() + CATCH_UP_WAIT_S
         while True:
@@ -215,7 +222,7 @@ class Coordinator:
             applied = (status or {}).get("groups", {}).get(g, {}).get("applied_index", 0)
             if applied >= goal:
                 log.info("replica_caught_up", group=g, node=target, applied_index=applied)
-                return
+                return True
             if time.monotonic() > deadline:
                 raise StepFailed(f"{target} has applied {applied} of group {g}, waiting for {goal}")
             await asyncio.sleep(0.2)

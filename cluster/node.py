@@ -40,7 +40,7 @@ from raftmq.storage.queues import next_due_ms
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
 
-from . import commands
+from . import commands, producers
 from .config import ClusterConfig, NodeConfig
 from .group_commit import GroupCommitter
 from .metadata import MetadataMachine
@@ -170,6 +170,7 @@ class Node:
                 ack_before_replication=self.config.faults.ack_before_replication,
             )
         self.groups = {**self.groups, name: local}
+        local.raft.hint_peers(seed)
         log.info("group_started", group=name, node_id=self.me.id, joining=joining)
         return local
 
@@ -189,6 +190,12 @@ class Node:
         if delete:
             await loop.run_in_executor(None, shutil.rmtree, os.path.join(self.node_dir, "groups", name))
         log.info("group_stopped", group=name, node_id=self.me.id, deleted=delete)
+
+    def hint_peers(self) -> None:
+        """Point every local replica at its group's replicas as the placement says (see
+        :meth:`RaftGroup.hint_peers`): a replica that missed a voter change still hears the leader."""
+        for name, local in self.groups.items():
+            local.raft.hint_peers(n.raft_addr(port_offset(name)) for n in self._replicas(name))
 
     def _replicas(self, name: str) -> tuple[NodeConfig, ...]:
         replicas = self.config.metadata_voters if name == META else self.config.group_replicas(int(name))
@@ -422,7 +429,8 @@ class Node:
 
     async def _retention_forever(self) -> None:
         """As leader of a queue group, propose a ``retain`` tick for the queues of topics with a
-        retention setting. Time enters the state machine only through this leader-stamped tick."""
+        retention setting, and ``expire_producers`` when idle producer states are due. Time enters
+        the state machine only through these leader-stamped ticks."""
         interval_s = self.config.raft.retention_check_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
@@ -432,9 +440,9 @@ class Node:
                 log.exception("retention_tick_failed")
 
     async def retention_once(self) -> None:
-        if self.metadata is None:
-            return  # only metadata voters know topics locally; the others lead no retention
-        topics = [t for t in self.metadata.topics() if t.retention_ms or t.retention_bytes]
+        # Only metadata voters know topics locally; the others propose no retain.
+        topics = [] if self.metadata is None else self.metadata.topics()
+        topics = [t for t in topics if t.retention_ms or t.retention_bytes]
         for name, local in self.groups.items():
             if name == META or not local.raft.is_leader():
                 continue
@@ -448,6 +456,24 @@ class Node:
                 outcome = await self.propose(name, commands.retain(now_ms(), queues))
                 if outcome.error:
                     log.warning("retention_tick_not_applied", group=name, error=outcome.error)
+            await self._expire_producers(name, local)
+
+    async def _expire_producers(self, name: str, local: LocalGroup) -> None:
+        """Propose ``expire_producers`` steps while this leader's store shows idle producer states
+        are due (``limits.producer_idle_ms``, 0: never); at most 100 steps, the next tick goes on."""
+        idle_ms = self.config.limits.producer_idle_ms
+        expired = 0
+        for _ in range(100 if idle_ms else 0):
+            if not local.raft.is_leader() or not producers.expiry_due(local.machine.store, now_ms(), idle_ms):
+                break
+            outcome = await self.propose(name, producers.expire_producers(now_ms(), idle_ms))
+            result = outcome.result
+            if outcome.error or not isinstance(result, dict) or "error" in result:
+                log.warning("expire_producers_not_applied", group=name, error=outcome.error or result)
+                break
+            expired += result["expired"]
+        if expired:
+            log.info("producers_expired", group=name, count=expired)
 
     # -- delivery ticks ---------------------------------------------------------------------------
 

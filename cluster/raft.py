@@ -48,6 +48,7 @@ import pysyncobj.syncobj as _pso
 import structlog
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.monotonic import monotonic as _pso_monotonic
+from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
@@ -191,11 +192,22 @@ def _install_journal_seam() -> None:
 
 
 class _FlushingTransport(TCPTransport):  # type: ignore[misc]
-    """TCP transport that makes the journal durable before any message leaves the node."""
+    """TCP transport that makes the journal durable before any message leaves the node.
+
+    It also connects to *hinted* peers (:meth:`RaftGroup.hint_peers`): pysyncobj's transport talks
+    only to the voters of this replica's own configuration and hangs up on anyone else, so a
+    replica that missed a membership change (it was down) could never hear from a new voter that
+    leads. A hinted peer gets a connection but no vote and no entries from this replica.
+    """
 
     def send(self, node: Any, message: Any) -> Any:
         self._syncObj.raftmq_journal.flush()
         return super().send(node, message)
+
+    def addNode(self, node: Any) -> None:
+        if node in self._nodes:  # a hinted peer became a voter: keep its connection
+            return
+        super().addNode(node)
 
 
 class _GroupSyncObj(SyncObj):  # type: ignore[misc]
@@ -257,6 +269,7 @@ class RaftGroup:
         self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
         self._loading_on_start = os.path.exists(snapshot_file)
         self._membership_in_flight = False  # tick thread only
+        self._hinted: frozenset[str] = frozenset()  # tick thread only
         self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         conf = SyncObjConf(
             password=settings.password,
@@ -381,14 +394,32 @@ class RaftGroup:
 
         self._tick_calls.put(attempt)
 
+    def hint_peers(self, addrs: Iterable[str]) -> None:
+        """Keep connections to ``addrs`` (the group's replicas as the placement says) besides the
+        voters, so that this replica hears from a leader its own log does not know yet. Hints
+        never vote, never count for a quorum and get no entries from this replica."""
+        wanted = frozenset(addrs) - {self.self_addr}
+
+        def apply() -> None:
+            transport = self._sync._SyncObj__transport
+            voters = {str(n.id) for n in self._sync.otherNodes}
+            present = {str(n.id) for n in transport._nodes}  # a snapshot load may have dropped one
+            for addr in sorted(wanted - voters - present):
+                transport.addNode(TCPNode(addr))
+            for addr in sorted((self._hinted - wanted - voters) & present):
+                transport.dropNode(TCPNode(addr))
+            self._hinted = wanted
+
+        self._tick_calls.put(apply)
+
     def change_membership(self, action: str, addr: str, on_done: Callable[[Outcome], None]) -> None:
         """Add (``action="add"``) or remove (``"remove"``) the voter at Raft address ``addr``.
 
         One single-server change at a time: refused (``unavailable``, retriable) unless this
         replica leads, its leadership is established (its no-op entry applied) and no membership
         entry is uncommitted. ``on_done`` gets ``result={"changed": bool, "members": [...]}`` once
-        the change is committed (``changed=False``: it was already so), on the tick thread. A leader
-        cannot remove itself (``bad_request``): transfer leadership first.
+        the change is committed (``changed=False``: it was so already, committed), on the tick
+        thread. A leader cannot remove itself (``bad_request``): transfer leadership first.
         """
 
         def start() -> None:
@@ -397,10 +428,11 @@ class RaftGroup:
                 on_done(Outcome(error="not_leader"))
             elif action not in ("add", "remove") or (action == "remove" and addr == self.self_addr):
                 on_done(Outcome(error="bad_request"))
+            elif self._membership_in_flight or self._uncommitted_membership():
+                # Also when the change asked for is the one in flight: "already so" must mean committed.
+                on_done(Outcome(error="unavailable"))
             elif (action == "add") == (addr in members):
                 on_done(Outcome(result={"changed": False, "members": members}))
-            elif self._membership_in_flight or self._uncommitted_membership():
-                on_done(Outcome(error="unavailable"))
             else:
                 self._membership_in_flight = True
                 log.info("membership_change", group=self.name, action=action, addr=addr)

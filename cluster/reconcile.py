@@ -97,6 +97,7 @@ class Reconciler:
         for name in sorted(set(node.groups) - placed):
             if await self._not_a_voter(name):
                 await node.stop_group(name, delete=True)
+        node.hint_peers()
 
     async def _current(self) -> tuple[Placement | None, dict[str, Any] | None]:
         """The newest placement (and the change in progress beside it) among this node's metadata

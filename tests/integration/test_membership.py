@@ -276,6 +276,38 @@ def test_move_a_replica_to_an_added_node_with_traffic_running(cluster: Cluster) 
     wait_until(lambda: c.leader("0") == "n4", 30, what="n4 leading group 0")
 
 
+def test_a_move_continues_when_its_coordinator_is_killed(cluster: Cluster) -> None:
+    """The metadata leader (the coordinator) is killed right after the move is recorded: the next
+    metadata leader carries the move on from the recorded phase."""
+    c = cluster
+    coordinator = leader_of(c, "meta")
+    source = next(n for n in ("n1", "n2", "n3") if n != coordinator)
+    others = [n for n in ("n1", "n2", "n3") if n != coordinator]
+    with Traffic(c, others) as traffic:
+        traffic.wait_for(100)
+        add_n4(c)
+        r = c.post("/v1/cluster/groups/1/move", {"from": source, "to": "n4"}, node=others[0])
+        assert r.status_code == 202, r.text
+        change_id = r.json()["change"]["id"]
+        c.kill(coordinator)
+
+        def ended() -> dict[str, Any] | None:
+            r = c.get("/v1/cluster/placement", others[0])
+            if r.status_code != 200:  # 503 while the metadata group elects its next leader
+                return None
+            return next((h for h in r.json()["history"] if h["id"] == change_id), None)
+
+        record = wait_until(ended, 180, 0.5, what="the move to end under the next coordinator")
+        assert record["outcome"] == "done", record
+        groups = placement(c, others[0])["placement"]["groups"]
+        assert source not in groups["1"] and "n4" in groups["1"]
+        c.start(coordinator)
+        c.wait_ready([coordinator], timeout_s=60)
+        traffic.wait_for(200)
+        restart_all_and_check(c, traffic, ["n1", "n2", "n3", "n4"])
+    assert members(c, "1") == set(placement(c)["placement"]["groups"]["1"])
+
+
 def test_remove_a_node_with_traffic_running(cluster: Cluster) -> None:
     """n1 hosts every group (three nodes, three replicas); with n4 added, removing n1 moves each of
     its replicas to n4, the metadata group's too, while n1 leads the metadata group (so the

@@ -325,3 +325,35 @@ def test_leader_cannot_remove_itself(cluster: Cluster) -> None:
     outcome = cluster.call(lambda cb: leader.g.change_membership("remove", leader.addr, cb))
     assert outcome.error == "bad_request"
     assert sorted(leader.g.members()) == sorted(cluster.addrs("a", "b", "c"))
+
+
+def test_a_replica_that_missed_a_voter_change_hears_the_new_leader_through_hints(cluster: Cluster) -> None:
+    """c is down while d is added and takes the leadership. Restarted, c's log still says {a, b, c}:
+    pysyncobj would hang up on d and c would never catch up (it would campaign instead and depose
+    d). With the placement's replicas hinted, c follows d without an election."""
+    c = cluster
+    for n in "abc":
+        c.replicas[n].start(c.addrs("a", "b", "c"), c.replicas)
+    c.submit(_commands("one", 10))
+    c.replicas["c"].stop()
+    c.replicas["d"].start(c.addrs("a", "b", "c", "d"), c.replicas, joining=True)
+    c.change("add", "d")
+    c.wait_applied(["d"], 10)
+
+    def d_leads() -> bool:
+        leader = c.leader()
+        if leader.name != "d":
+            leader.g.transfer_leadership(c.replicas["d"].addr)
+            return False
+        return True
+
+    wait_for(d_leads, "d leading")
+    c.submit(_commands("two", 10))
+    term = c.replicas["d"].g.status().term
+    restarted = c.replicas["c"].start(c.addrs("a", "b", "c"), c.replicas)
+    assert sorted(restarted.members()) == sorted(c.addrs("a", "b", "c"))  # its log predates d
+    restarted.hint_peers(c.addrs("a", "b", "c", "d"))
+    c.wait_applied(["c"], 20)
+    wait_for(lambda: sorted(restarted.members()) == sorted(c.addrs("a", "b", "c", "d")), "c knows d")
+    assert c.leader().name == "d" and c.replicas["d"].g.status().term == term  # no election
+    assert c.replicas["c"].machine.commands() == c.replicas["d"].machine.commands()  # type: ignore[union-attr]
