@@ -60,6 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .commands import MAX_DURATION_MS
 from .delivery import DEFAULT_BACKOFF_MS
 from .tokens import SecurityConfig, parse_security
 
@@ -131,6 +132,9 @@ class Limits:
     max_ttl_ms: int = 10 * 365 * 24 * 3600 * 1000  # ttl_ms of a produced message
     default_visibility_ms: int = 30_000  # receive: how long a message stays in flight
     max_visibility_ms: int = 12 * 3600 * 1000  # receive and extend
+    # An idempotent producer's state on a queue not used for this long is forgotten (0: kept
+    # forever); a retry later than this may be stored again (cluster/producers.py).
+    producer_idle_ms: int = 7 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -321,6 +325,8 @@ def parse_config(
         problems.append("delivery.backoff_ms must list 1 to 64 delays")
     if limits.default_visibility_ms < 1 or limits.default_visibility_ms > limits.max_visibility_ms:
         problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
+    if limits.producer_idle_ms > MAX_DURATION_MS:
+        problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
     if timing.election_min_ms >= timing.election_max_ms:
         problems.append("raft.election_min_ms must be below raft.election_max_ms")
     if timing.heartbeat_ms * 5 > timing.election_min_ms:

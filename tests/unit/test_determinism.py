@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raftmq.cluster import commands
+from raftmq.cluster.producers import expire_producers
 from raftmq.cluster.queue_group import QueueGroupMachine
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
@@ -157,6 +158,7 @@ command_bytes = st.one_of(
         st.dictionaries(queues, st.integers(0, 15), min_size=1, max_size=3),
     ),
     st.builds(commands.retain, now_ms, retain_queues),
+    st.builds(expire_producers, now_ms, st.integers(1, 10_000), st.integers(1, 3)),
     st.builds(commands.drop_topic, st.just(3)),  # topic ids are never reused: keep 1 and 2 alive
     st.just(commands.noop()),
     st.binary(max_size=40),
@@ -281,9 +283,8 @@ def seeded_log(rng: random.Random, length: int) -> list[bytes]:
     shadow = QueueGroupMachine(MemoryStore(), 1, max_entry_messages=10)
     delivered: list[tuple[str, int, tuple[int, int, int]]] = []  # (group, topic_id, receipt)
     for _ in range(length):
-        kind = rng.choice(
-            ["produce", "produce", "produce", "commit", "retain", "drop", "garbage", "delivery", "delivery"]
-        )
+        kinds = ["produce", "produce", "produce", "commit", "retain", "expire", "drop", "garbage"]
+        kind = rng.choice([*kinds, "delivery", "delivery"])
         topic_id, queue = rng.randint(1, 3), rng.randint(0, 2)
         if kind == "produce":
             extra = (
@@ -317,6 +318,8 @@ def seeded_log(rng: random.Random, length: int) -> list[bytes]:
                 "max_bytes": rng.randint(0, 800),
             }
             log.append(commands.retain(rng.randint(0, 9999), [spec]))
+        elif kind == "expire":
+            log.append(expire_producers(rng.randint(0, 9999), rng.randint(1, 5000), rng.randint(1, 3)))
         elif kind == "drop":
             log.append(commands.drop_topic(3) if rng.random() < 0.2 else commands.noop())
         elif kind == "delivery":
