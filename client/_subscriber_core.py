@@ -25,7 +25,7 @@ from ._api import ApiClient
 from ._received import ReceivedMessage, SettleOp
 from ._retry import Backoff
 from ._transport import AddressMap, Transport, path_part
-from .errors import RaftmqError
+from .errors import RaftmqError, UnexpectedResponse
 
 __all__ = ["MAX_IN_FLIGHT", "SubscribeMode", "SubscriberConfig", "SubscriberCore", "SubscriberStats"]
 
@@ -159,8 +159,17 @@ class SubscriberCore:
     async def start(self) -> None:
         """Check that the topic exists (a missing one raises TopicNotFound here) and start."""
         await self.api.call("GET", f"/v1/topics/{path_part(self.config.topic)}", idempotent=True)
-        source = self.push.run() if self.push is not None else self._poll_forever()
-        self._tasks = [asyncio.create_task(source), asyncio.create_task(self._flush_forever())]
+        source = asyncio.create_task(self.push.run() if self.push is not None else self._poll_forever())
+        source.add_done_callback(self._source_ended)
+        self._tasks = [source, asyncio.create_task(self._flush_forever())]
+
+    def _source_ended(self, task: asyncio.Task[None]) -> None:
+        """A source that died of an unexpected exception (an answer that is not raftmq's) stops
+        the subscriber with an error; else iteration would wait forever."""
+        if task.cancelled() or task.exception() is None or self.error is not None:
+            return
+        e = task.exception()
+        self.fail(UnexpectedResponse(f"receiving stopped: {type(e).__name__}: {e}"))
 
     # -- receiving --------------------------------------------------------------------------------
 
