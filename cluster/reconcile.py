@@ -113,6 +113,12 @@ class Reconciler:
                 return answers[0]
         peers = [n for n in node.config.metadata_voters if n.id != node.me.id]
         answers += [a for a in await asyncio.gather(*(self._ask(n) for n in peers)) if a is not None]
+        if len(answers) <= (machine is not None):
+            # No other metadata replica answered: they may all have moved while this node was
+            # down. Ask every node this node knows of (they answer from their own replicas).
+            others = {n.id: n for n in (*node.config.nodes, *node.file_config.nodes) if n.id != node.me.id}
+            found = await asyncio.gather(*(self._ask(n) for n in others.values() if n not in peers))
+            answers += [a for a in found if a is not None]
         if not answers:
             return None, None
         return max(answers, key=lambda a: a[0].version)
