@@ -64,6 +64,10 @@ class PushSource:
                 failures += 1
                 await asyncio.sleep(core.backoff.delay_s(failures))
                 continue
+            if core.closing:  # close() began while this stream opened: give it no credit
+                with contextlib.suppress(Exception):
+                    await ws.close()
+                return
             opened = time.monotonic()
             self.ws = ws
             try:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from raftmq.client import AsyncSubscriber, UnexpectedResponse
+from raftmq.client import AsyncSubscriber, ReceivedMessage, UnexpectedResponse
 
 PATH = "/v1/topics/t/subscriptions/g"
 
@@ -50,3 +50,50 @@ def test_a_broken_answer_stops_the_subscriber_with_an_error(mode: str) -> None:
             await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_stream_that_opens_while_the_subscriber_closes_gets_no_credit() -> None:
+    """close() sends the queued acks (slow here) while a stream is being opened: that stream must
+    not be given credit, or the node would push messages nobody takes until their deadline."""
+    upgrading = asyncio.Event()
+    frames: list[str] = []
+
+    async def slow_stream(request: web.Request) -> web.WebSocketResponse:
+        upgrading.set()
+        await asyncio.sleep(1.0)
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_str('{"type":"hello","node":"n1"}')
+        async for msg in ws:
+            frames.append(msg.data)
+        return ws
+
+    async def slow_ack(request: web.Request) -> web.Response:
+        receipts = (await request.json())["receipts"]
+        await asyncio.sleep(1.5)
+        return web.json_response({"results": [{"receipt": r, "ok": True} for r in receipts]})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/v1/topics/t", topic)
+        app.router.add_get(PATH + "/stream", slow_stream)
+        app.router.add_post(PATH + "/ack", slow_ack)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            sub = AsyncSubscriber(f"127.0.0.1:{port}", topic="t", group="g", mode="push")
+            await sub.start()
+            await upgrading.wait()
+            wire = {"queue": 0, "offset": 0, "value": "v", "receipt": "r1", "attempt": 1, "deadline_ms": 0}
+            message = ReceivedMessage.from_wire("t", wire, sub._core)
+            message.ack()
+            await sub.close()
+            assert sub.stats.acked == 1
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert not [f for f in frames if '"rdy"' in f and '"n":0' not in f], frames
