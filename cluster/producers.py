@@ -17,10 +17,14 @@ the next command (the result says ``more``).
    key ``W t topic queue producer``, moved by each produce that uses the state. One ordered scan
    finds the states last used before ``now_ms - idle_ms``; each is deleted with its index key. An
    index key whose state is gone (its topic was dropped) or has another time is just deleted.
-2. The sweep (once per group): states written before states had a time (the old encoding) have no
-   index key. A cursor (the ``G`` key) walks the ``P`` keys, at most ``max`` per command, and gives
-   each such state the time ``now_ms`` of that command (and its index key), so it expires after
-   ``idle_ms`` more unless its producer writes again. ``G`` is empty when the sweep is done.
+2. The sweep (once per group): until a group applies its first ``expire_producers``, producer
+   states are written in the old encoding, without a time and index key, as releases before this
+   one wrote them (so a rolling upgrade with ``producer_idle_ms = 0`` keeps every replica's bytes
+   identical, and a rollback stays possible). That first command starts the sweep: a cursor (the
+   ``G`` key) walks the ``P`` keys, at most ``max`` per command, and gives each state without a
+   time the command's ``now_ms`` (and its index key), so it expires after ``idle_ms`` more unless
+   its producer writes again. From then on every append records its time. ``G`` is empty when the
+   sweep is done.
 
 A forgotten producer is a new producer to the queue: a retry arriving later than the idle time
 is stored again, and an old sequence is no longer refused as ``stale_sequence``. Only appends use a

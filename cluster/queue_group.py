@@ -309,7 +309,8 @@ class QueueGroupMachine:
                 )
                 work.grown[(topic_id, queue)] = high
             if producer_id is not None and sequence is not None:
-                state = state.add(sequence, base_offset, count, cmd["now_ms"])
+                now_ms = cmd["now_ms"] if work.producers_timed() else None
+                state = state.add(sequence, base_offset, count, now_ms)
                 work.set_producer(topic_id, queue, producer_id, state)
             result = {"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count}
             results.append({**result, "delayed": delayed} if delayed else result)
@@ -422,6 +423,15 @@ class _Apply:
         self._changed_producers: dict[tuple[int, int, str], ProducerState] = {}
         self._stored_last_used: dict[tuple[int, int, str], int | None] = {}  # as loaded
         self._dropped: dict[int, bool] = {}
+        self._producers_timed: bool | None = None
+
+    def producers_timed(self) -> bool:
+        """Whether producer states record their last use: from the group's first
+        ``expire_producers`` on (it writes the sweep key), so that a group never sent one writes
+        exactly what releases before producer expiry wrote (a rolling upgrade, a rollback)."""
+        if self._producers_timed is None:
+            self._producers_timed = self.store.get(keys.PRODUCER_SWEEP) is not None
+        return self._producers_timed
 
     def is_dropped(self, topic_id: int) -> bool:
         if topic_id not in self._dropped:
@@ -447,8 +457,7 @@ class _Apply:
         return self._producers[key]
 
     def set_producer(self, topic_id: int, queue: int, producer_id: str, state: ProducerState) -> None:
-        """Store ``state`` (which has a ``last_used_ms``); it must have been read with
-        :meth:`producer` in this apply."""
+        """Store ``state``; it must have been read with :meth:`producer` in this apply."""
         key = (topic_id, queue, producer_id)
         self._producers[key] = self._changed_producers[key] = state
 

@@ -32,9 +32,11 @@ time so that a tick finds what is due with one ordered scan; they are not remove
 (they are checked against the per-topic keys when due, and a dangling one is deleted then).
 
 ``W`` holds one key per ``P`` key whose state has a ``last_used_ms`` (``cluster/producers.py``
-expires idle producer states through it). ``G`` exists once the one-time sweep over the ``P`` keys
-written before producer states had a time has started: its value is the next ``P`` key to look
-at, or empty when the sweep is done.
+expires idle producer states through it). ``G`` is written by the group's first
+``expire_producers``, which starts a one-time sweep giving every ``P`` state a time: its value is
+the next ``P`` key to look at, or empty when the sweep is done. Until ``G`` exists, producer states
+are written in the old encoding (no time) and there are no ``W`` keys, exactly as releases before
+producer expiry wrote them.
 
 The topic id comes first after the prefix byte in every per-topic key (all but ``E``, ``L`` and
 ``W``), so dropping a topic is one ``delete_range`` per prefix (:func:`topic_range`).
@@ -475,9 +477,9 @@ class ProducerState:
         it, can only be a late retry of a batch given up on, or a reused producer id)."""
         return any(sequence < seq for seq, _, _ in self.entries)
 
-    def add(self, sequence: int, base_offset: int, count: int, now_ms: int) -> ProducerState:
-        """A state that also remembers this batch, appended at ``now_ms``, forgetting the oldest
-        beyond the limit."""
+    def add(self, sequence: int, base_offset: int, count: int, now_ms: int | None) -> ProducerState:
+        """A state that also remembers this batch, appended at ``now_ms`` (None: a state of the old
+        encoding), forgetting the oldest beyond the limit."""
         entries = (*self.entries, (sequence, base_offset, count))
         return ProducerState(entries[-PRODUCER_SEQUENCES_KEPT:], now_ms)
 

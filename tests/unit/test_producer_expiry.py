@@ -27,10 +27,15 @@ Pairs = list[tuple[bytes, bytes]]
 
 
 class Harness:
-    def __init__(self, store: Store) -> None:
+    """A machine numbering entries itself; ``started`` applies the group's first
+    ``expire_producers`` (which finds nothing), from which on producer states record their time."""
+
+    def __init__(self, store: Store, started: bool = True) -> None:
         self.store = store
         self.machine = QueueGroupMachine(store, 1)
         self.index = 0
+        if started:
+            assert self.expire(now_ms=0, idle_ms=1) == {"expired": 0, "more": False}
 
     def apply(self, command: bytes) -> dict[str, Any]:
         self.index += 1
@@ -56,15 +61,26 @@ class Harness:
 
 
 @pytest.fixture(params=["memory", "rocks"])
-def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "memory":
-        yield Harness(MemoryStore())
+        yield MemoryStore()
         return
-    store = RocksStore.open(str(tmp_path / "db"))
+    rocks = RocksStore.open(str(tmp_path / "db"))
     try:
-        yield Harness(store)
+        yield rocks
     finally:
-        store.close()
+        rocks.close()
+
+
+@pytest.fixture
+def h(store: Store) -> Harness:
+    return Harness(store)
+
+
+@pytest.fixture
+def fresh(store: Store) -> Harness:
+    """A group that never applied an ``expire_producers`` (as after an upgrade)."""
+    return Harness(store, started=False)
 
 
 def legacy(*entries: tuple[int, int, int]) -> bytes:
@@ -139,7 +155,6 @@ def test_states_idle_longer_than_idle_ms_are_forgotten_and_active_ones_kept(h: H
 
 def test_nothing_due_changes_only_applied_index(h: Harness) -> None:
     h.produce("p", 0, now_ms=1000)
-    h.expire(now_ms=1000, idle_ms=5000)  # finishes the sweep (it has nothing to do)
     before = h.pairs()
     assert h.expire(now_ms=6000, idle_ms=5000) == {"expired": 0, "more": False}
     assert h.expire(now_ms=0, idle_ms=5000) == {"expired": 0, "more": False}  # cutoff below zero
@@ -150,7 +165,6 @@ def test_each_step_looks_at_most_at_max_keys_and_says_more(h: Harness) -> None:
     for i in range(25):
         h.produce(f"p{i:02}", 0, now_ms=1000 + i)
     h.produce("active", 0, now_ms=50_000)
-    h.expire(now_ms=1000, idle_ms=100_000, max_items=100)  # the sweep: nothing of the old encoding
     steps = []
     while True:
         before = len(h.index_keys())
@@ -182,36 +196,51 @@ def put_legacy(h: Harness, producer: str, queue: int, *entries: tuple[int, int, 
     h.store.write(batch)
 
 
-def test_old_states_keep_working_and_the_sweep_gives_them_a_time_in_bounded_steps(h: Harness) -> None:
+def test_until_the_first_expire_producers_states_are_written_as_older_releases_wrote_them(
+    fresh: Harness,
+) -> None:
+    fresh.produce("p", 0, now_ms=1000)
+    fresh.produce("p", 1, now_ms=2000)
+    assert fresh.store.get(keys.producer_key(1, 0, "p")) == legacy((0, 0, 1), (1, 1, 1))
+    assert fresh.index_keys() == [] and fresh.store.get(keys.PRODUCER_SWEEP) is None
+    assert expiry_due(fresh.store, 0, 10**9)  # the leader starts expiry at its first tick
+
+
+def test_old_states_keep_working_and_the_sweep_gives_them_a_time_in_bounded_steps(fresh: Harness) -> None:
+    h = fresh
     h.produce("new", 0, now_ms=1000)
     for i in range(12):
         put_legacy(h, f"old{i:02}", 0, (4, 0, 1))
     assert h.produce("old00", 4, now_ms=1000)["duplicate"] is True  # still remembered
     assert h.produce("old01", 3, now_ms=1000)["error"]["code"] == "stale_sequence"
-    assert h.produce("old02", 5, now_ms=1000)["base_offset"] == 1  # appended: timed from now on
-    assert h.state("old02") == ProducerState(((4, 0, 1), (5, 1, 1)), 1000)
-    assert expiry_due(h.store, 1000, 5000)  # the sweep has not run
+    assert h.produce("old02", 5, now_ms=1000)["base_offset"] == 1
+    assert h.state("old02") == ProducerState(((4, 0, 1), (5, 1, 1)), None)
 
-    # 13 P keys, 5 per step: the cursor moves through them; states without a time get the step's.
-    results = [h.expire(now_ms=t, idle_ms=5000, max_items=5) for t in (2000, 3000, 4000)]
-    assert [r["more"] for r in results] == [True, True, False]
+    # 13 P keys, 5 per step: the cursor moves through them, states without a time get the step's;
+    # an append during the sweep records its own time, and the sweep leaves that state alone.
+    steps = [h.expire(now_ms=2000, idle_ms=5000, max_items=5)]
+    assert h.produce("old05", 6, now_ms=2500)["base_offset"] == 2
+    steps += [h.expire(now_ms=t, idle_ms=5000, max_items=5) for t in (3000, 4000)]
+    assert [r["more"] for r in steps] == [True, True, False]
     assert h.store.get(keys.PRODUCER_SWEEP) == b""  # done
     times = {pid: t for t, _, _, pid in h.index_keys()}
-    assert times["new"] == times["old02"] == 1000
-    assert [times[f"old{i:02}"] for i in (0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11)] == [2000] * 3 + [3000] * 5 + [
-        4000
-    ] * 3
+    assert times == {
+        **{p: 2000 for p in ("new", "old00", "old01", "old02", "old03")},
+        **{p: 3000 for p in ("old04", "old06", "old07", "old08")},
+        **{"old05": 2500, "old09": 4000, "old10": 4000, "old11": 4000},
+    }
     assert {pid: getattr(h.state(pid), "last_used_ms", None) for pid in times} == times
 
-    assert not expiry_due(h.store, 5999, 5000)
-    # new and old02 (used at 1000), old00, old01 and old03 (swept at 2000)
+    assert not expiry_due(h.store, 6999, 5000)
     assert h.expire(now_ms=7001, idle_ms=5000) == {"expired": 5, "more": False}
+    assert h.expire(now_ms=7501, idle_ms=5000) == {"expired": 1, "more": False}
     assert expiry_due(h.store, 8001, 5000)
-    assert h.expire(now_ms=9001, idle_ms=5000) == {"expired": 8, "more": False}
+    assert h.expire(now_ms=9001, idle_ms=5000) == {"expired": 7, "more": False}
     assert [k for k, _ in h.pairs() if k[:1] in (b"P", b"W")] == []
 
 
-def test_expiry_due_sees_due_states_only_once_the_sweep_is_done(h: Harness) -> None:
+def test_expiry_due_sees_due_states_only_once_the_sweep_is_done(fresh: Harness) -> None:
+    h = fresh
     assert expiry_due(h.store, 0, 1)  # a new group runs the (empty) sweep once
     h.expire(now_ms=0, idle_ms=1)
     assert not expiry_due(h.store, 10**12, 1)
