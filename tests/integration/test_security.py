@@ -252,6 +252,32 @@ def test_topic_list_shows_only_the_tokens_topics(secure: Secure) -> None:
         assert {"orders.a", "orders.b", "audit.log", "other"} <= names(ADMIN_TOKEN, node)
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/topics/orders.a/queues/0/messages"),  # the route itself (consume)
+        ("HEAD", "/v1/topics/orders.a/queues/0/messages"),
+        ("OPTIONS", "/v1/topics/orders.a/queues/0/messages"),
+        ("GET", "/v1/topics/orders.a/queues/0/messages/"),  # trailing slash
+        ("GET", "/V1/topics/orders.a/queues/0/messages"),  # case
+        ("GET", "/v1/topics/orders.a%2Fqueues%2F0%2Fmessages"),  # encoded slashes
+        ("GET", "/v1/topics/orders.a/subscriptions/%2E%2E/%2E%2E/queues/0/messages"),  # encoded dots
+        ("GET", "/v1/topics/orders.a/./queues/0/messages"),
+        ("GET", "//v1/topics/orders.a/queues/0/messages"),
+        ("GET", "/internal/groups/0/records?topic_id=1&queue=0&offset=0"),  # peers only
+    ],
+)
+def test_path_tricks_never_pass_the_permission_check(secure: Secure, method: str, path: str) -> None:
+    """A producer-only token cannot read messages through another spelling of the route."""
+    created = secure.call("POST", "/v1/topics", ADMIN_TOKEN, json={"name": "orders.tricks", "queues": 1})
+    assert created.status_code in (201, 409), created.text
+    body = {"messages": [{"value": "tricked", "queue": 0}]}
+    assert secure.call("POST", "/v1/topics/orders.tricks/messages", PRODUCER_TOKEN, json=body).ok
+    r = secure.call(method, path.replace("orders.a", "orders.tricks"), PRODUCER_TOKEN, node="n2")
+    assert r.status_code in (401, 403, 404, 405), (r.status_code, r.text)
+    assert "tricked" not in r.text
+
+
 def test_the_push_stream_needs_consume(secure: Secure) -> None:
     context = ssl.create_default_context(cafile=str(secure.ca))
 
