@@ -24,7 +24,8 @@ check them):
   request names one topic, so a request is still never half-applied), and ack/nack/extend answer
   ``stale_receipt`` per receipt (a stale receipt changes nothing; the others apply).
 - Bounded work: every command touches a bounded number of keys (its own size, or the ``max`` of
-  a ``deliver_tick``/``receive``); what is left is continued by the next command.
+  a ``deliver_tick``/``receive``/``expire_producers``); what is left is continued by the next
+  command.
 
 Receive/ack, delayed messages and locks live in ``cluster/delivery.py``; the expiry of idle
 producer states in ``cluster/producers.py``.
