@@ -521,10 +521,18 @@ function drawChart(canvas, series, { spark }) {
 
 const RENDER = { cluster: renderCluster, topics: renderTopics, groups: renderGroups, dlq: renderDlq };
 
+function decoded(text) {
+  try {
+    return decodeURIComponent(text);
+  } catch (_) {
+    return null; // not valid percent-encoding (a mistyped link): no topic selected
+  }
+}
+
 function route() {
   const [view, arg] = location.hash.replace(/^#/, "").split("/");
   state.view = RENDER[view] ? view : "cluster";
-  if (state.view === "topics") state.topic = arg ? decodeURIComponent(arg) : null;
+  if (state.view === "topics") state.topic = arg ? decoded(arg) : null;
   for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${state.view}`;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === state.view);
   refresh();

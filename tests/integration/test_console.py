@@ -237,3 +237,11 @@ def test_a_dead_letter_can_be_browsed_and_redriven_by_clicking(page: Page, c: Cl
     assert [(m["attempt"], m["headers"].get("raftmq-redrive-group")) for m in redriven] == [(1, "workers")]
     _ok(c.post(sub + "/ack", {"receipts": [m["receipt"] for m in got]}))
     shot(page, "dead-letters-redriven")
+
+
+def test_a_malformed_topic_link_opens_the_topics_view_without_an_error(page: Page, c: Cluster) -> None:
+    """``#topics/%E0`` is not valid percent-encoding: the view opens with no topic selected."""
+    page.goto(c.url("n1") + "/ui#topics/%E0")
+    expect(page.locator("#view-topics")).to_be_visible(timeout=10_000)
+    expect(page.locator("#topics-table tbody tr[data-topic]")).to_have_count(2, timeout=10_000)
+    expect(page.locator("#topic-detail")).to_be_hidden()
