@@ -41,6 +41,7 @@ def _cluster_schemas() -> dict[str, Schema]:
         "target": _nullable(_str()),
         "node": _nullable(_str()),
         "new_node": _nullable(_ref("NodeAddress")),
+        "cancel": {"type": "boolean", "description": "Cancelling: rolled back as far as it can go."},
     }
     required = ("id", "kind", "started_ms", "phase")
     return {
@@ -104,6 +105,13 @@ def _cluster_paths() -> dict[str, Any]:
                 "Move every replica off a node, then remove it from the cluster",
                 {**accepted, **refused},
                 params=(_param("node", "path", NODE_ID, "The node to remove."),),
+            )
+        },
+        "/v1/cluster/change": {
+            "delete": _op(
+                "cancelChange",
+                "Cancel the change in progress (a move not yet removing its source is rolled back)",
+                {**accepted, **_errors(400, *RAFT_ERRORS)},
             )
         },
         "/v1/cluster/groups/{group}/move": {

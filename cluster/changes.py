@@ -99,7 +99,9 @@ class Coordinator:
 
     async def _step(self, change: Change, placement: Placement) -> None:
         c = change.id
-        if change.kind == "add_node":
+        if change.cancel:
+            await self._cancel_step(change, placement)
+        elif change.kind == "add_node":
             assert change.new_node is not None
             await self._propose("add_node", change_id=c, node=change.new_node.to_json())
             await self._end(change, "done")
@@ -116,6 +118,27 @@ class Coordinator:
                 await self._propose(
                     "change_phase", change_id=c, phase="next", group=None, source=None, target=None
                 )
+
+    async def _cancel_step(self, change: Change, placement: Placement) -> None:
+        """Roll a cancelled change back as far as it can go, then end it as failed. A move whose
+        target has caught up and whose source is being removed is finished instead."""
+        if change.kind not in ("move", "remove_node") or change.group is None:
+            await self._end(change, "failed", "cancelled")
+            return
+        g, source, target = change.group, change.source, change.target
+        assert source is not None and target is not None
+        if change.phase == "remove":
+            if await self._move_step(change, placement):
+                await self._end(change, "failed", f"cancelled after group {g} moved to {target}")
+            return
+        if target in placement.replicas(g):  # the target may be dead: why moves get cancelled
+            await self._remove_voter(g, target)
+            await self._propose("unplace_replica", change_id=change.id, group=g, node=target)
+        left = self._placement().replicas(g)
+        note = (
+            "" if source in left else f"; group {g} is left with {len(left)} replicas ({source} was removed)"
+        )
+        await self._end(change, "failed", "cancelled" + note)
 
     async def _next_move(self, change: Change, placement: Placement) -> None:
         assert change.node is not None

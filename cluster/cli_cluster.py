@@ -97,6 +97,15 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
         answer = admin.post(f"/v1/cluster/groups/{admin.quote(group)}/leader", {"node": target})
         _follow(admin, answer["change"], wait, timeout_s)
 
+    @cluster.command("cancel")
+    @wait
+    @timeout
+    @admin_command
+    def cancel(admin: AdminHttp, wait: bool, timeout_s: int) -> None:
+        """Cancel the change in progress: a move is rolled back unless its source is already going."""
+        answer = admin.delete("/v1/cluster/change")
+        _follow(admin, answer["change"], wait, timeout_s, cancelling=True)
+
 
 def _describe(change: dict[str, Any]) -> str:
     kind = change["kind"]
@@ -107,9 +116,11 @@ def _describe(change: dict[str, Any]) -> str:
     return f"{kind.replace('_', ' ')} {change['node']}"
 
 
-def _follow(admin: AdminHttp, change: dict[str, Any], wait: bool, timeout_s: int) -> None:
+def _follow(
+    admin: AdminHttp, change: dict[str, Any], wait: bool, timeout_s: int, cancelling: bool = False
+) -> None:
     change_id = change["id"]
-    click.echo(f"change {change_id}: {_describe(change)}", err=True)
+    click.echo(f"change {change_id}: {'cancelling ' if cancelling else ''}{_describe(change)}", err=True)
     if not wait:
         return
     deadline = time.monotonic() + timeout_s
@@ -122,7 +133,7 @@ def _follow(admin: AdminHttp, change: dict[str, Any], wait: bool, timeout_s: int
                 click.echo(f"change {change_id}: done", err=True)
                 return
             click.echo(f"change {change_id}: failed: {ended.get('error')}", err=True)
-            sys.exit(1)
+            sys.exit(0 if cancelling and ended.get("cancel") else 1)
         current = data.get("change") or {}
         phase = (current.get("group"), current.get("phase"))
         if current.get("id") == change_id and phase != last_phase:

@@ -5,6 +5,7 @@ Public (cluster admin), served by the metadata group's leader (any node forwards
     GET    /v1/cluster/placement                 placement, change in progress, recent changes
     POST   /v1/cluster/nodes                     {"id", "http", "raft"}           -> 202 change
     DELETE /v1/cluster/nodes/{node}                                                -> 202 change
+    DELETE /v1/cluster/change                    cancel the change in progress    -> 202 change
     POST   /v1/cluster/groups/{group}/move       {"from", "to"}                   -> 202 change
     POST   /v1/cluster/groups/{group}/leader     {"node"}                         -> 202 change
 
@@ -96,6 +97,22 @@ class ClusterApi:
         group = request.match_info["group"]
         return await self._begin({"kind": "transfer_leader", "group": group, "target": body["node"]})
 
+    async def cancel(self, request: web.Request) -> web.Response:
+        from .http_api import json_response
+
+        if not self.api._leads(META):
+            return await self.api._forward(request, META)
+        machine = self.node.metadata
+        change = None if machine is None else machine.change()
+        if change is None:
+            raise bad("no cluster change is in progress")
+        result = await self.api._propose_checked(
+            META, orjson.dumps(command("cancel_change", change_id=change.id))
+        )
+        if self.coordinator is not None:
+            self.coordinator.wake()
+        return json_response(result, status=202)
+
     async def _body(self, request: web.Request, required: set[str], allowed: set[str]) -> dict[str, Any]:
         body = parse_json(await request.read())
         if not isinstance(body, dict) or not required <= set(body) or set(body) - allowed:
@@ -181,6 +198,7 @@ def add_cluster_routes(app: web.Application, node: Node, api: Api) -> ClusterApi
     r.add_delete("/v1/cluster/nodes/{node}", cluster.remove_node)
     r.add_post("/v1/cluster/groups/{group}/move", cluster.move)
     r.add_post("/v1/cluster/groups/{group}/leader", cluster.leader)
+    r.add_delete("/v1/cluster/change", cluster.cancel)
     r.add_get("/internal/placement", cluster.internal_placement)
 
     async def start_coordinator(app: web.Application) -> None:

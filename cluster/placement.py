@@ -22,6 +22,7 @@ Metadata ops of this module (ONLY ADD TO THE END; see ``cluster/metadata.py``)::
     {"op": "add_node", "change_id", "node": {"id", "http", "raft"}}
     {"op": "remove_node", "change_id", "node"}
     {"op": "end_change", "change_id", "now_ms", "outcome": "done" | "failed", "error"?: str}
+    {"op": "cancel_change", "change_id"}     (the coordinator then rolls the change back or ends it)
 
 Invariants: replicas of a group are distinct nodes of the node list; a group keeps at least one
 replica; a node hosting a replica is never removed; ``version`` grows with every placement change.
@@ -61,6 +62,7 @@ OPS = (
     "add_node",
     "remove_node",
     "end_change",
+    "cancel_change",
 )
 KINDS = ("move", "transfer_leader", "add_node", "remove_node")
 _NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -124,6 +126,7 @@ class Change:
     target: str | None = None
     node: str | None = None  # add_node / remove_node
     new_node: NodeAddr | None = None  # add_node
+    cancel: bool = False  # cancel_change asked for; the coordinator rolls back what it can
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: v for k, v in self.__dict__.items() if k != "new_node"}
@@ -223,6 +226,9 @@ def apply_op(
             "ended_ms": _uint(cmd, "now_ms"),
         }
         return {"ended": record}, placement, None, record
+    if op == "cancel_change":
+        new_change = replace(change, cancel=True)
+        return {"change": new_change.to_json()}, placement, new_change, None
     if op == "change_phase":
         fields: dict[str, Any] = {k: cmd.get(k) for k in ("group", "source", "target") if k in cmd}
         if not all(v is None or isinstance(v, str) for v in fields.values()):

@@ -9,7 +9,10 @@ that the consumer saw each queue in offset order. The adapter-level Raft tests a
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -344,6 +347,69 @@ def test_remove_a_dead_node_evicts_it_first(cluster: Cluster) -> None:
         assert all(set(ids) == {"n1", "n2", "n4"} for ids in p["groups"].values()), p["groups"]
         traffic.wait_for(200)
         restart_all_and_check(c, traffic, ["n1", "n2", "n4"])
+
+
+def test_a_move_stuck_on_a_dead_target_is_cancelled_and_rolled_back(cluster: Cluster) -> None:
+    """The target dies before the move: it becomes a voter (the others make the quorum) but never
+    catches up, so the move waits. Cancelling it removes the target again, and the next change
+    is accepted."""
+    c = cluster
+    with Traffic(c, ["n1", "n2", "n3"]) as traffic:
+        traffic.wait_for(100)
+        add_n4(c)
+        c.kill("n4")
+        r = c.post("/v1/cluster/groups/2/move", {"from": "n3", "to": "n4"})
+        assert r.status_code == 202, r.text
+        change_id = r.json()["change"]["id"]
+        wait_until(lambda: placement(c)["change"]["phase"] == "catch_up", 60, 0.5, what="catch_up")
+        assert members(c, "2") == {"n1", "n2", "n3", "n4"}
+        traffic.wait_for(100)  # writes go on: three of the four voters answer
+        assert_error(
+            c.session.delete(c.url() + "/v1/cluster/nodes/n4", timeout=30), 409, "change_in_progress"
+        )
+        r = c.session.delete(c.url() + "/v1/cluster/change", timeout=30)
+        assert r.status_code == 202 and r.json()["change"]["cancel"] is True, r.text
+
+        def ended() -> dict[str, Any] | None:
+            return next((h for h in placement(c)["history"] if h["id"] == change_id), None)
+
+        record = wait_until(ended, 60, 0.5, what="the cancelled move to end")
+        assert (record["outcome"], record["error"]) == ("failed", "cancelled"), record
+        assert placement(c)["placement"]["groups"]["2"] == ["n3", "n1", "n2"]
+        assert members(c, "2") == {"n1", "n2", "n3"}
+        assert_error(c.session.delete(c.url() + "/v1/cluster/change", timeout=30), 400, "bad_request")
+        run_change(c, "POST", "/v1/cluster/groups/2/leader", {"node": "n1"})  # the next change runs
+        traffic.wait_for(100)
+        restart_all_and_check(c, traffic, ["n1", "n2", "n3", "n4"])
+
+
+def cli(c: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "raftmq.cluster.cli", "cluster", *args, "--url", c.url()]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_the_cli_makes_changes_and_follows_them(cluster: Cluster) -> None:
+    c = cluster
+    n4 = c.nodes["n4"]
+    done = cli(c, "add-node", "n4", "--http", n4.http, "--raft", f"127.0.0.1:{n4.raft_base}")
+    assert done.returncode == 0 and "add node n4" in done.stderr and ": done" in done.stderr, done.stderr
+    done = cli(c, "move", "1", "--from", "n2", "--to", "n4")
+    assert done.returncode == 0 and "move group 1 from n2 to n4" in done.stderr, done.stderr
+    assert ": done" in done.stderr, done.stderr
+    done = cli(c, "transfer-leader", "1", "--to", "n3")
+    assert done.returncode == 0, done.stderr
+    assert leader_of(c, "1") == "n3"
+    shown = cli(c, "placement", "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["placement"]["groups"]["1"] == ["n3", "n4", "n1"] and data["change"] is None
+    assert [h["kind"] for h in data["history"]] == ["add_node", "move", "transfer_leader"]
+    table = cli(c, "placement")
+    assert table.returncode == 0 and "no change in progress" in table.stdout, table.stdout
+    refused = cli(c, "cancel")
+    assert refused.returncode == 1 and "bad_request" in refused.stderr, refused.stderr
+    refused = cli(c, "remove-node", "n9", "--yes")
+    assert refused.returncode == 1 and "no node 'n9'" in refused.stderr, refused.stderr
 
 
 def test_bad_changes_are_refused_and_change_nothing(cluster: Cluster) -> None:

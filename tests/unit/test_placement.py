@@ -76,7 +76,7 @@ def meta() -> Meta:
 
 def test_ops_are_only_appended_to() -> None:
     # The names are in the metadata group's log; this list may only grow at the end.
-    assert OPS[:9] == (
+    assert OPS[:10] == (
         "init_placement",
         "begin_change",
         "change_phase",
@@ -86,6 +86,7 @@ def test_ops_are_only_appended_to() -> None:
         "add_node",
         "remove_node",
         "end_change",
+        "cancel_change",
     )
 
 
@@ -254,3 +255,14 @@ def test_overlay_gives_the_node_the_placement_view() -> None:
     assert view.groups_on("n4") == [0, 2]
     removed = overlay(file_config, p, "n1")  # n1 was removed: it still knows itself
     assert removed.node("n1").data_dir == "/d" and removed.groups_on("n1") == []
+
+
+def test_cancel_marks_the_change_and_steps_still_need_its_id(meta: Meta) -> None:
+    cid = _begin(meta, kind="transfer_leader", group="0", target="n2")
+    assert error_code(meta("cancel_change", change_id=cid + 1)) == "bad_request"
+    assert meta.machine.change().cancel is False  # type: ignore[union-attr]
+    assert meta("cancel_change", change_id=cid)["change"]["cancel"] is True
+    assert meta.machine.change().cancel is True  # type: ignore[union-attr]
+    ended = meta("end_change", change_id=cid, now_ms=4, outcome="failed", error="cancelled")["ended"]
+    assert (ended["cancel"], ended["outcome"], ended["error"]) == (True, "failed", "cancelled")
+    assert error_code(meta("cancel_change", change_id=cid)) == "bad_request"  # nothing in progress
