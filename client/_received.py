@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -13,6 +14,10 @@ __all__ = ["ReceivedMessage", "SettleOp", "Settler"]
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 SettleOp = Literal["ack", "nack", "extend"]
+
+# Guards the check-and-set of ``_settled``: an ack and a nack (or close) may race on two threads.
+# One lock for all messages: it is held for two attribute accesses, so it is hardly contended.
+_SETTLE_LOCK = threading.Lock()
 
 
 class Settler(Protocol):
@@ -84,11 +89,16 @@ class ReceivedMessage:
         return self._settled
 
     def _finish(self, op: SettleOp, value: int | None) -> None:
-        if self._settled:
-            return
-        self._settled = True
-        if self._settler is not None:
+        if self._claim() and self._settler is not None:
             self._settler.settle(self, op, value)
+
+    def _claim(self) -> bool:
+        """Mark it settled; False if it was already (only one of racing settlements is sent)."""
+        with _SETTLE_LOCK:
+            if self._settled:
+                return False
+            self._settled = True
+            return True
 
     @classmethod
     def from_wire(cls, topic: str, m: Mapping[str, Any], settler: Settler | None) -> ReceivedMessage:

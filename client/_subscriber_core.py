@@ -362,8 +362,7 @@ class SubscriberCore:
         leftovers = list(self.buffer)
         self.buffer.clear()
         for message in leftovers:
-            if not message.settled:
-                message._settled = True
+            if message._claim():
                 self._queue(message.receipt, "nack", 0)
         try:
             await asyncio.wait_for(self.flush(), self.config.retry_timeout_ms / 1000 + 5)

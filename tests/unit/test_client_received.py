@@ -3,6 +3,8 @@ subscriber's settings checks. No sockets: the settler is a recording test double
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -89,3 +91,29 @@ def test_subscriber_settings_are_checked(settings: dict[str, Any], problem: str)
     with pytest.raises(ValueError, match=problem):
         SubscriberConfig(topic="t", group="g", **settings).check()
     SubscriberConfig(topic="t", group="g").check()
+
+
+def test_an_ack_and_a_nack_racing_on_two_threads_send_one_settlement() -> None:
+    """Settling may be called from any thread: of an ack and a nack of one message racing on two
+    threads, exactly one is sent (a thread switch between the check and the set let both through)."""
+    recorder = Recorder()
+    messages = [received(recorder) for _ in range(20_000)]
+    start = threading.Barrier(2)
+
+    def settle_all(op: SettleOp) -> None:
+        start.wait()
+        for m in messages:
+            m.ack() if op == "ack" else m.nack(0)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=settle_all, args=(op,)) for op in ("ack", "nack")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(recorder.calls) == len(messages)
+    assert all(m.settled for m in messages)
