@@ -27,17 +27,24 @@ TRACEBACK = "Traceback (most recent call last)"
 EXPECTED_TRACEBACK_EVENTS = frozenset({"storage_failure_stopping", "journal_storage_failure_stopping"})
 
 
+def _event(line: str) -> str | None:
+    """The ``event`` of a structured record; None for a line that is not one (not JSON, nested too
+    deep to parse, not an object, or an event that is not a string)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    event = record.get("event") if isinstance(record, dict) else None
+    return event if isinstance(event, str) else None
+
+
 def _traceback_kind(line: str, previous: str) -> str | None:
     """``traceback`` or ``traceback_expected`` for a line that starts one (a JSON record with an
     ``exception``, or the first line of a plain one, not a chained exception's second part)."""
     if TRACEBACK not in line:
         return None
     if line.startswith("{"):
-        try:
-            event = json.loads(line).get("event")
-        except ValueError:
-            event = None
-        return "traceback_expected" if event in EXPECTED_TRACEBACK_EVENTS else "traceback"
+        return "traceback_expected" if _event(line) in EXPECTED_TRACEBACK_EVENTS else "traceback"
     chained = previous.startswith(("The above exception", "During handling of the above"))
     return None if chained else "traceback"
 
