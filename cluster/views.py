@@ -35,7 +35,9 @@ class ConsumerQueue:
         high_offset: The queue's next offset to be written.
         lag: Messages the group has not finished: ``high_offset - committed_offset`` (from
             ``low_offset`` when nothing was committed), never below 0.
-        in_flight: Messages handed out by ``receive`` whose visibility deadline has not passed yet.
+        in_flight: Messages handed out (by ``receive`` or a push stream) and not yet acked, nacked
+            or expired: counted by their state in the store, so one whose deadline has passed
+            counts until the leader's ``deliver_tick`` expires it (within ``delivery.tick_ms``).
         retrying: Messages waiting for a retry (nacked or expired, not yet due again).
         dead_letters: Messages in this queue of the group's dead-letter topic not redriven yet.
     """
