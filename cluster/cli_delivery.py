@@ -6,9 +6,11 @@ to the next node, retries of retriable errors). Output is JSON lines on stdout.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
@@ -21,6 +23,7 @@ __all__ = [
     "dlq_redrive",
     "receive",
     "received_line",
+    "report_failed_acks",
 ]
 
 
@@ -39,7 +42,8 @@ class ReceiveOptions:
 class Received:
     count: int = 0
     size: int = 0
-    stale: int = 0  # acks refused as stale (the message had been redelivered meanwhile)
+    stale: int = 0  # acks refused as stale_receipt (the message had been redelivered meanwhile)
+    failed: Counter[str] = field(default_factory=Counter)  # acks refused otherwise, by error code
     seconds: float = 0.0
 
 
@@ -71,8 +75,22 @@ def receive(
     urls: list[str], security: Mapping[str, Any], options: ReceiveOptions, out: IO[bytes]
 ) -> Received:
     """Receive (and ack, unless ``options.ack`` is False) until ``max_messages``, or until a receive
-    waited ``wait_ms`` for nothing (unless ``follow``)."""
-    return asyncio.run(_receive(urls, security, options, out))
+    waited ``wait_ms`` for nothing (unless ``follow``). Acks refused other than as stale are
+    reported on stderr."""
+    done = asyncio.run(_receive(urls, security, options, out))
+    report_failed_acks(done)
+    return done
+
+
+def report_failed_acks(done: Received) -> None:
+    """A line on stderr if acks were refused other than as stale (their messages come back)."""
+    if done.failed:
+        codes = ", ".join(f"{code}: {n:,}" for code, n in sorted(done.failed.items()))
+        print(
+            f"{done.failed.total():,} acks failed ({codes}); those messages are delivered again after "
+            "their deadline",
+            file=sys.stderr,
+        )
 
 
 async def _receive(
@@ -103,7 +121,13 @@ async def _receive(
                 results = (
                     await api.call("POST", path + "/ack", body={"receipts": receipts}, idempotent=True)
                 )["results"]
-                done.stale += sum(1 for r in results if not r.get("ok"))
+                for r in results:
+                    if not r.get("ok"):
+                        code = (r.get("error") or {}).get("code", "unknown")
+                        if code == "stale_receipt":
+                            done.stale += 1
+                        else:
+                            done.failed[code] += 1
             done.count += len(messages)
             done.size += sum(len(line) for line in lines)
             done.seconds = time.monotonic() - started
