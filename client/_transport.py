@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl as _ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -123,6 +123,17 @@ class Transport:
             ordered = [node_url, *(u for u in ordered if u != node_url)]
         return ordered
 
+    def _reachable(self, node_url: str | None, failures: list[Exception]) -> Iterator[tuple[str, str]]:
+        """``(url, where to connect)`` of each candidate node in turn; a node ``address_map`` maps to
+        None is skipped (demoted, its failure appended to ``failures``, as the caller's are)."""
+        for url in self._candidates(node_url):
+            target = url if self._address_map is None else self._address_map(url)
+            if target is None:
+                failures.append(ConnectionFailed(f"{url} has no address now"))
+                self._demote(url)
+                continue
+            yield url, target
+
     async def request(
         self,
         method: str,
@@ -159,13 +170,8 @@ class Transport:
             sock_connect=self.connect_timeout_ms / 1000,
         )
         sent_somewhere = False
-        last: Exception | None = None
-        for url in self._candidates(node_url):
-            target = url if self._address_map is None else self._address_map(url)
-            if target is None:
-                last = ConnectionFailed(f"{url} has no address now")
-                self._demote(url)
-                continue
+        failures: list[Exception] = []
+        for url, target in self._reachable(node_url, failures):
             try:
                 async with session.request(
                     method, target + path, data=data, params=params, headers=headers, timeout=timeout
@@ -173,11 +179,11 @@ class Transport:
                     raw = await resp.read()
                     status = resp.status
             except _NOT_SENT as e:
-                last = e
+                failures.append(e)
                 self._demote(url)
                 continue
             except (aiohttp.ClientError, TimeoutError) as e:
-                last = e
+                failures.append(e)
                 sent_somewhere = True
                 self._demote(url)
                 if idempotent:
@@ -185,9 +191,10 @@ class Transport:
                 raise ConnectionLost(f"{method} {url}{path}: {_describe(e)}") from e
             return _parse(status, raw)
         where = ", ".join(self._candidates(node_url))
+        last = _describe(failures[-1] if failures else None)
         if sent_somewhere:
-            raise ConnectionLost(f"{method} {path}: no answer from any node ({where}): {_describe(last)}")
-        raise ConnectionFailed(f"{method} {path}: cannot reach any node ({where}): {_describe(last)}")
+            raise ConnectionLost(f"{method} {path}: no answer from any node ({where}): {last}")
+        raise ConnectionFailed(f"{method} {path}: cannot reach any node ({where}): {last}")
 
     async def open_websocket(
         self, path: str, *, params: Mapping[str, str | int] | None = None, heartbeat_s: float | None = None
@@ -199,13 +206,8 @@ class Transport:
                 ConnectionFailed when no node could be reached.
         """
         session = self._get_session()
-        last: Exception | None = None
-        for url in self._candidates(None):
-            target = url if self._address_map is None else self._address_map(url)
-            if target is None:
-                last = ConnectionFailed(f"{url} has no address now")
-                self._demote(url)
-                continue
+        failures: list[Exception] = []
+        for url, target in self._reachable(None, failures):
             try:
                 async with asyncio.timeout((self.connect_timeout_ms + self.request_timeout_ms) / 1000):
                     return await session.ws_connect(
@@ -215,10 +217,11 @@ class Transport:
                 await self.request("GET", path, params=params, node_url=url, idempotent=True)
                 raise UnexpectedResponse(f"{url}{path} refused the WebSocket upgrade") from None
             except (aiohttp.ClientError, TimeoutError) as e:
-                last = e
+                failures.append(e)
                 self._demote(url)
         where = ", ".join(self._candidates(None))
-        raise ConnectionFailed(f"GET {path} (WebSocket): cannot reach any node ({where}): {_describe(last)}")
+        last = _describe(failures[-1] if failures else None)
+        raise ConnectionFailed(f"GET {path} (WebSocket): cannot reach any node ({where}): {last}")
 
     def _demote(self, url: str) -> None:
         """Prefer the next bootstrap node after ``url`` failed."""
