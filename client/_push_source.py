@@ -58,12 +58,10 @@ class PushSource:
                     config.path + "/stream", params=params, heartbeat_s=config.heartbeat_ms / 1000
                 )
             except RaftmqError as e:
-                if not e.retriable:
-                    core.fail(e)
-                    return
                 failures += 1
-                await asyncio.sleep(core.backoff.delay_s(failures))
-                continue
+                if await core.back_off(e, failures):
+                    continue
+                return
             if core.closing:  # close() began while this stream opened: give it no credit
                 with contextlib.suppress(Exception):
                     await ws.close()

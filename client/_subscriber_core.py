@@ -211,14 +211,21 @@ class SubscriberCore:
                     extra_timeout_ms=config.wait_ms,
                 )
             except RaftmqError as e:
-                if not e.retriable:
-                    self.fail(e)
-                    return
                 failures += 1
-                await asyncio.sleep(self.backoff.delay_s(failures))
-                continue
+                if await self.back_off(e, failures):
+                    continue
+                return
             failures = 0
             self.deliver(answer["messages"])
+
+    async def back_off(self, error: RaftmqError, failures: int) -> bool:
+        """After the ``failures``-th failed receive (or stream open) in a row: True once the backoff
+        has passed, or False with the subscriber stopped if ``error`` is for good."""
+        if not error.retriable:
+            self.fail(error)
+            return False
+        await asyncio.sleep(self.backoff.delay_s(failures))
+        return True
 
     def fail(self, error: RaftmqError) -> None:
         """The source stopped for good: iteration raises ``error`` once the buffer is empty."""
