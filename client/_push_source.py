@@ -1,10 +1,14 @@
 """The subscriber's push source: one WebSocket stream at a time (``docs/delivery.md``, "Push").
 
-The stream is opened at any node (the first that accepts, in the transport's order) with credit
-``max_in_flight``; settlements go over it (FIN/REQ/TOUCH, which frees its credit) while it is
-open. When it breaks, the source opens another one (at the next node when the node is gone);
-messages received on the old stream stay valid, their receipts work anywhere, and settlements whose
-answer was lost go again over HTTP (settling is idempotent).
+The stream is opened at any node (the first that accepts, in the transport's order); settlements
+go over it (FIN/REQ/TOUCH, which frees its credit) while it is open. When it breaks, the source
+opens another one (at the next node when the node is gone); messages received on the old stream
+stay valid, their receipts work anywhere, and settlements whose answer was lost go again over HTTP
+(settling is idempotent).
+
+Credit: the node counts only the messages in flight on its stream, so a stream's RDY is
+``max_in_flight`` less the messages received on earlier streams and not settled yet (0 if none is
+left), raised as those are settled or pass their deadline: at most ``max_in_flight`` in total.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import orjson
 import structlog
 
 from ._received import SettleOp
+from ._subscriber_core import now_ms, wait_event
 from .errors import BadRequest, ConnectionLost, RaftmqError, error_from_body
 
 if TYPE_CHECKING:
@@ -44,6 +49,8 @@ class PushSource:
         self.node: str | None = None  # the node serving the current stream (from its hello)
         self._ids = itertools.count(1)
         self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.current: set[str] = set()  # receipts received on the current stream (maybe settled)
+        self.granted = 0  # the RDY last sent on the current stream
 
     async def run(self) -> None:
         """Keep a stream open until the subscriber closes or the cluster refuses it for good."""
@@ -68,13 +75,19 @@ class PushSource:
                 return
             opened = time.monotonic()
             self.ws = ws
+            self.current = set()
+            self.granted = self._credit()
+            raiser: asyncio.Task[None] | None = None
             try:
-                await self._send({"op": "rdy", "n": config.max_in_flight})
+                await self._send({"op": "rdy", "n": self.granted})
+                raiser = asyncio.create_task(self._raise_credit())
                 fatal = await self._read(ws)
             except (ConnectionError, aiohttp.ClientError) as e:
                 fatal = None
                 log.info("push_stream_broke", node=self.node, error=repr(e))
             finally:
+                if raiser is not None:
+                    raiser.cancel()
                 self.ws = None
                 self._fail_replies(ConnectionLost("the push stream closed before the answer"))
                 with contextlib.suppress(Exception):
@@ -97,6 +110,7 @@ class PushSource:
             kind = frame.get("type")
             if kind == "messages":
                 self.core.deliver(frame["messages"])
+                self.current.update(m["receipt"] for m in frame["messages"])
             elif kind in ("result", "pong"):
                 reply = self._replies.pop(frame.get("id"), None)
                 if reply is not None and not reply.done():
@@ -113,6 +127,30 @@ class PushSource:
             elif kind == "hello":
                 self.node = frame.get("node")
         return None
+
+    def _credit(self) -> int:
+        """The RDY the current stream may have: ``max_in_flight`` less the messages of earlier
+        streams that are unsettled and not past their deadline."""
+        core = self.core
+        core.room()  # drops the messages past their deadline
+        self.current = {r for r in self.current if r in core.unsettled}
+        return max(0, core.config.max_in_flight - (len(core.unsettled) - len(self.current)))
+
+    async def _raise_credit(self) -> None:
+        """Raise the stream's RDY as messages of earlier streams are settled or expire (until
+        none is left, the stream breaks or the subscriber closes)."""
+        core = self.core
+        with contextlib.suppress(ConnectionError, aiohttp.ClientError, RaftmqError):
+            while not core.closing and self.granted < core.config.max_in_flight:
+                core.room_changed.clear()
+                credit = self._credit()
+                if credit > self.granted:
+                    self.granted = credit
+                    await self._send({"op": "rdy", "n": credit})
+                    continue
+                earlier = [d for r, d in core.unsettled.items() if r not in self.current]
+                timeout = max(0.001, (min(earlier) - now_ms()) / 1000) if earlier else None
+                await wait_event(core.room_changed, timeout)
 
     async def _send(self, frame: Mapping[str, Any]) -> None:
         ws = self.ws

@@ -4,8 +4,8 @@ APIs are ``_subscriber.py``.
 
 Flow control: at most ``max_in_flight`` messages are received and not yet settled (acked or
 nacked; a message past its deadline no longer counts, since it is redelivered anyway). In poll
-mode the core asks for no more than that; in push mode it is the stream's credit (RDY), which the
-node enforces.
+mode the core asks for no more than that; in push mode the stream's credit (RDY), which the node
+enforces, is what the messages of earlier streams leave of it (``_push_source.py``).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class SubscriberCore:
             room = self.room()
             if room <= 0:
                 timeout = max(0.001, (min(self.unsettled.values()) - now_ms()) / 1000)
-                await _wait(self.room_changed, timeout)
+                await wait_event(self.room_changed, timeout)
                 continue
             try:
                 answer = await self.transport.request(
@@ -248,7 +248,7 @@ class SubscriberCore:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return []
-            await _wait(self.arrived, remaining)
+            await wait_event(self.arrived, remaining)
 
     # -- settling ---------------------------------------------------------------------------------
 
@@ -384,6 +384,7 @@ class SubscriberCore:
         await self.transport.close()
 
 
-async def _wait(event: asyncio.Event, timeout_s: float | None) -> None:
+async def wait_event(event: asyncio.Event, timeout_s: float | None) -> None:
+    """Until ``event`` is set or ``timeout_s`` (None: no limit) passed."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout_s)

@@ -4,6 +4,10 @@ waiting forever (against a real aiohttp server that speaks the routes wrongly)."
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -97,3 +101,72 @@ def test_a_stream_that_opens_while_the_subscriber_closes_gets_no_credit() -> Non
 
     asyncio.run(asyncio.wait_for(main(), 30))
     assert not [f for f in frames if '"rdy"' in f and '"n":0' not in f], frames
+
+
+def test_a_new_stream_gets_only_the_credit_the_unsettled_messages_of_the_old_one_leave() -> None:
+    """The first stream pushes max_in_flight messages and breaks; they stay unsettled, so the next
+    stream gets RDY 0, raised as they are acked: never more than max_in_flight in flight in total."""
+    rdys: list[list[int]] = []
+
+    async def stream(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_str('{"type":"hello","node":"n1"}')
+        mine: list[int] = []
+        rdys.append(mine)
+        async for msg in ws:
+            frame = json.loads(msg.data)
+            if frame["op"] == "rdy":
+                mine.append(frame["n"])
+                if len(rdys) == 1 and frame["n"] > 0:  # the first stream: push its credit, break
+                    messages = [wire(f"r{i}") for i in range(frame["n"])]
+                    await ws.send_str(json.dumps({"type": "messages", "messages": messages}))
+                    await ws.close()
+            elif frame["op"] in ("fin", "req", "touch"):
+                results = [{"receipt": r, "ok": True} for r in frame["receipts"]]
+                await ws.send_str(json.dumps({"type": "result", "id": frame["id"], "results": results}))
+            elif frame["op"] == "ping":
+                await ws.send_str(json.dumps({"type": "pong", "id": frame["id"]}))
+        return ws
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/v1/topics/t", topic)
+        app.router.add_get(PATH + "/stream", stream)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with AsyncSubscriber(
+                f"127.0.0.1:{port}", topic="t", group="g", mode="push", max_in_flight=4, ack_interval_ms=0
+            ) as sub:
+                got = await sub.receive(4, timeout_ms=5_000)
+                assert len(got) == 4
+                await wait_for(lambda: len(rdys) == 2 and rdys[1] == [0])
+                got[0].ack()
+                got[1].nack(0)
+                await wait_for(lambda: rdys[1][-1] == 2)
+                got[2].ack()
+                got[3].ack()
+                await wait_for(lambda: rdys[1][-1] == 4)
+                assert sub.stats.reconnects == 1
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert rdys[0] == [4]
+    assert rdys[1][:3] == [0, 2, 4] or rdys[1][:4] == [0, 1, 2, 4], rdys  # then 0 (the drain)
+
+
+def wire(receipt: str) -> dict[str, Any]:
+    far = int(time.time() * 1000) + 60_000
+    return {"queue": 0, "offset": 0, "value": "v", "receipt": receipt, "attempt": 1, "deadline_ms": far}
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
