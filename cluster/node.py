@@ -132,9 +132,11 @@ class Node:
         # group's leader confirms it is no longer a voter).
         placed = {META} if any(v.id == self.me.id for v in self.config.metadata_voters) else set()
         placed |= {str(g) for g in self.config.groups_on(self.me.id)}
-        for name in sorted(placed | reconciler.groups_on_disk(), key=lambda n: (n != META, n.zfill(4))):
-            # With a known placement a fresh replica joins a running group; else this is the first start.
-            await self.start_group(name, joining=placement is not None)
+        on_disk = reconciler.groups_on_disk()
+        for name in sorted(placed | on_disk, key=lambda n: (n != META, n.zfill(4))):
+            # With a known placement a replica without data joins a running group; without one,
+            # this is the cluster's first start (every replica must campaign).
+            await self.start_group(name, joining=placement is not None and name not in on_disk)
         self._tasks.append(asyncio.create_task(reconciler.run_forever()))
         self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
         self._tasks.append(asyncio.create_task(self._retention_forever()))

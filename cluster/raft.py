@@ -77,9 +77,6 @@ if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against
 
 _EXIT_STORAGE_FAILURE = 70
 _MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
-# A replica that joins an existing group starts with an empty log; it must not campaign (its higher
-# term would depose the leader) before the leader, which has already added it, reaches it.
-JOIN_QUIET_S = 30.0
 
 
 class StateMachine(Protocol):
@@ -119,6 +116,10 @@ class RaftSettings:
     compaction_max_bytes: int = 64 * 1024 * 1024
     max_entry_bytes: int = 256 * 1024
     crash_after_snapshot: bool = False  # test fault: exit between snapshot and journal compaction
+    # A replica joining a running group starts with an empty log: it must not campaign (its higher
+    # term would depose the leader, and it cannot win) until a leader reached it. Its election
+    # deadline is pushed this far ahead, again and again, until then.
+    join_quiet_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -306,9 +307,10 @@ class RaftGroup:
             conf=conf,
             transportClass=_FlushingTransport,
         )
-        if joining and fresh:
+        self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
+        if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
-            self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + JOIN_QUIET_S
+            self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.join_quiet_s
         try:
             self._sync.waitBinded()
         except SyncObjException:
@@ -484,6 +486,11 @@ class RaftGroup:
         self._journal.flush()
         if self._journal.size_bytes > self._settings.compaction_max_bytes:
             self._sync.forceLogCompaction()
+        if self._quiet:
+            if self._sync._getLeader() is not None or len(self._journal) > 1:
+                self._quiet = False  # a leader reached us: an ordinary voter from now on
+            else:
+                self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.join_quiet_s
         for _ in range(self._tick_calls.qsize()):  # not those queued meanwhile: they wait a tick
             try:
                 call = self._tick_calls.get_nowait()

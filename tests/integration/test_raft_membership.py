@@ -91,6 +91,7 @@ SETTINGS = RaftSettings(
     heartbeat_s=0.03,
     tick_s=0.01,
     leader_fallback_s=1.0,
+    join_quiet_s=0.5,
 )
 
 
@@ -299,8 +300,8 @@ def test_move_a_voter_by_snapshot_survives_compaction_and_restart(cluster: Clust
 def test_second_change_while_one_is_in_flight_is_refused(cluster: Cluster) -> None:
     for n in "abc":
         cluster.replicas[n].start(cluster.addrs("a", "b", "c"), cluster.replicas)
-    leader = cluster.leader()
     cluster.change("add", "a")  # waits until the leader's no-op is applied; a is already a voter
+    leader = cluster.leader()
     outcomes: list[Outcome] = []
     both = threading.Event()
 
@@ -357,3 +358,24 @@ def test_a_replica_that_missed_a_voter_change_hears_the_new_leader_through_hints
     wait_for(lambda: sorted(restarted.members()) == sorted(c.addrs("a", "b", "c", "d")), "c knows d")
     assert c.leader().name == "d" and c.replicas["d"].g.status().term == term  # no election
     assert c.replicas["c"].machine.commands() == c.replicas["d"].machine.commands()  # type: ignore[union-attr]
+
+
+def test_a_joining_replica_does_not_campaign_until_a_leader_reaches_it(cluster: Cluster) -> None:
+    """d is placed (the others hint it, so its messages get through) but not yet added: it must
+    stay quiet however long that takes, or its higher terms would depose the leader again and
+    again. Once added it follows the leader like any voter."""
+    c = cluster
+    for n in "abc":
+        c.replicas[n].start(c.addrs("a", "b", "c"), c.replicas)
+        c.replicas[n].g.hint_peers(c.addrs("a", "b", "c", "d"))
+    c.submit(_commands("one", 5))
+    leader = c.leader()
+    term = leader.g.status().term
+    d = c.replicas["d"].start(c.addrs("a", "b", "c", "d"), c.replicas, joining=True)
+    time.sleep(6 * SETTINGS.join_quiet_s)  # its deadline was pushed ahead several times
+    assert d.status().term == 0 and not d.is_leader()
+    assert c.leader() is leader and leader.g.status().term == term
+    c.change("add", "d")
+    c.submit(_commands("two", 5))
+    c.wait_applied(["d"], 10)
+    assert leader.g.status().term == term  # still no election
