@@ -17,7 +17,10 @@ robin and its messages have the same deadlines, receipts, retries and dead lette
 
 Failure behaviour: messages pushed on a stream that dies stay in flight until their deadline and
 are then redelivered (nothing is lost); messages taken for a stream that can no longer have them
-(closed, or its credit lowered meanwhile) are given back at once (nack with ``delay_ms = 0``).
+(closed, or its credit lowered meanwhile) are given back at once (nack with ``delay_ms = 0``). A
+take that fails hands nothing out: a retriable error, or ``internal`` (an unexpected error at the
+coordinator, told to the client in a non-fatal error frame), is retried with backoff and the
+stream stays open; an error for good (the topic is gone) ends it (error frame with ``fatal``).
 Heartbeats are WebSocket pings: the node pings a stream that sent nothing for ``heartbeat_ms`` and
 drops it if no pong comes within half of that.
 """
@@ -388,12 +391,17 @@ class _Stream:
                 got = await self.owner.take(self.topic, self.group, room, self.visibility_ms)
                 failures = 0
             except ApiError as e:
-                if not e.code.retriable:
+                if not (e.code.retriable or e.code is errors.INTERNAL):
                     await self.send(_error_frame(e, fatal=True))
                     await self.ws.close(code=CLOSE_FATAL, message=e.code.code.encode())
                     return
                 failures += 1
-                log.info("push_take_failed", topic=self.topic.name, group=self.group, code=e.code.code)
+                if e.code is errors.INTERNAL:  # a take that fails hands nothing out: try again
+                    log.warning("push_take_failed", topic=self.topic.name, group=self.group, error=e.message)
+                    if failures == 1:  # the client hears of it (once a streak); the stream goes on
+                        await self.send(_error_frame(e))
+                else:
+                    log.info("push_take_failed", topic=self.topic.name, group=self.group, code=e.code.code)
                 await asyncio.sleep(min(RETRY_MAX_S, 0.05 * 2**failures))
                 continue
             except Exception:
