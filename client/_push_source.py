@@ -25,7 +25,7 @@ import orjson
 import structlog
 
 from ._received import SettleOp
-from ._subscriber_core import now_ms, wait_event
+from ._subscriber_core import now_ms, receiving_may_retry, wait_event
 from .errors import BadRequest, ConnectionLost, RaftmqError, error_from_body
 
 if TYPE_CHECKING:
@@ -92,13 +92,16 @@ class PushSource:
                 self._fail_replies(ConnectionLost("the push stream closed before the answer"))
                 with contextlib.suppress(Exception):
                     await ws.close()
-            if fatal is not None:
+            if fatal is not None and not receiving_may_retry(fatal):
                 core.fail(fatal)
                 return
             if core.closing:
                 return
+            if fatal is not None:  # (an older node ends its stream on internal): back off, reconnect
+                log.warning("push_stream_failed", node=self.node, error=repr(fatal))
             core.stats.reconnects += 1
-            failures = 0 if time.monotonic() - opened > STABLE_STREAM_S else failures + 1
+            stable = fatal is None and time.monotonic() - opened > STABLE_STREAM_S
+            failures = 0 if stable else failures + 1
             await asyncio.sleep(core.backoff.delay_s(failures) if failures else 0)
 
     async def _read(self, ws: Socket) -> RaftmqError | None:

@@ -25,9 +25,16 @@ from ._api import ApiClient
 from ._received import ReceivedMessage, SettleOp
 from ._retry import Backoff
 from ._transport import AddressMap, Transport, path_part
-from .errors import RaftmqError, UnexpectedResponse
+from .errors import InternalError, RaftmqError, UnexpectedResponse
 
-__all__ = ["MAX_IN_FLIGHT", "SubscribeMode", "SubscriberConfig", "SubscriberCore", "SubscriberStats"]
+__all__ = [
+    "MAX_IN_FLIGHT",
+    "SubscribeMode",
+    "SubscriberConfig",
+    "SubscriberCore",
+    "SubscriberStats",
+    "receiving_may_retry",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -113,6 +120,13 @@ class SubscriberStats:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def receiving_may_retry(error: RaftmqError) -> bool:
+    """A failed receive or push stream may be tried again: the error is retriable, or it is
+    ``internal`` (an unexpected error at a node: a receive that fails hands nothing out, so the
+    next may work). Settlements keep the usual rule (``_retry.may_retry``)."""
+    return error.retriable or isinstance(error, InternalError)
 
 
 class SubscriberCore:
@@ -221,9 +235,11 @@ class SubscriberCore:
     async def back_off(self, error: RaftmqError, failures: int) -> bool:
         """After the ``failures``-th failed receive (or stream open) in a row: True once the backoff
         has passed, or False with the subscriber stopped if ``error`` is for good."""
-        if not error.retriable:
+        if not receiving_may_retry(error):
             self.fail(error)
             return False
+        if not error.retriable:
+            log.warning("subscriber_receive_failed", topic=self.config.topic, error=repr(error))
         await asyncio.sleep(self.backoff.delay_s(failures))
         return True
 

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from raftmq.client import AsyncSubscriber, ReceivedMessage, UnexpectedResponse
+from raftmq.client._subscriber_core import SubscribeMode
 
 PATH = "/v1/topics/t/subscriptions/g"
 
@@ -170,3 +171,57 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float = 10) -> None
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("mode", ["poll", "push"])
+def test_an_internal_error_of_a_receive_is_retried(mode: SubscribeMode) -> None:
+    """A receive (poll) or stream (push, as an older node ends it: fatal frame, close 4000) that
+    fails with ``internal`` handed nothing out: the subscriber tries again and gets the message."""
+    internal = {"code": "internal", "message": "boom", "retriable": False, "definite": False}
+    attempts = 0
+
+    async def receive(request: web.Request) -> web.Response:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            return web.json_response({"error": internal}, status=500)
+        return web.json_response({"messages": [wire("r1")] if attempts == 2 else []})
+
+    async def stream(request: web.Request) -> web.WebSocketResponse:
+        nonlocal attempts
+        attempts += 1
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_str('{"type":"hello","node":"n1"}')
+        if attempts == 1:
+            await ws.send_str(json.dumps({"type": "error", "error": internal, "fatal": True}))
+            await ws.close(code=4000, message=b"internal")
+            return ws
+        await ws.send_str(json.dumps({"type": "messages", "messages": [wire("r1")]}))
+        async for msg in ws:
+            frame = json.loads(msg.data)
+            if frame["op"] == "ping":  # the drain on close
+                await ws.send_str(json.dumps({"type": "pong", "id": frame["id"]}))
+        return ws
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/v1/topics/t", topic)
+        app.router.add_post(PATH + "/receive", receive)
+        app.router.add_get(PATH + "/stream", stream)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with AsyncSubscriber(
+                f"127.0.0.1:{port}", topic="t", group="g", mode=mode, wait_ms=100
+            ) as sub:
+                got = await sub.receive(timeout_ms=10_000)
+                assert [m.receipt for m in got] == ["r1"]
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert attempts >= 2
