@@ -793,6 +793,20 @@ def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
         raise _bad(f"receipts: more than {MAX_RECEIPTS}")
     receipts = []
     for i, r in enumerate(raw):
+        # The common case checked inline (this runs for every receipt on every replica); the
+        # field-by-field checks below only name what is wrong.
+        if type(r) is list and len(r) == 3:
+            queue, offset, token = r
+            if (
+                type(queue) is int
+                and type(offset) is int
+                and type(token) is int
+                and 0 <= queue <= MAX_U32
+                and 0 <= offset <= MAX_U64
+                and 0 <= token <= MAX_U64
+            ):
+                receipts.append(Receipt(queue, offset, token))
+                continue
         if type(r) is not list or len(r) != 3:
             raise _bad(f"receipts[{i}]: expected [queue, offset, token]")
         fields = dict(zip(("queue", "offset", "token"), r, strict=True))

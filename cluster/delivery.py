@@ -94,6 +94,15 @@ DLQ_HEADER_PREFIX = "raftmq-dlq-"
 REDRIVE_GROUP_HEADER = "raftmq-redrive-group"
 """Set on a redriven message: only this consumer group receives it; others skip it as finished."""
 
+WAKE_WITHIN_MS = 1000
+"""An in-flight deadline closer than this to the command's ``now_ms`` wakes the leader's tick loop
+(``Applied.scheduled``); a later one is seen when the loop next looks, which it does at least every
+``delivery.tick_ms`` (200 ms), so it is still expired on time. Waking the loop for every receive
+would make it look up the earliest deadline after every receive."""
+READ_GAP = 16
+"""Receipts of one queue whose offsets are at most this far apart are looked up with one scan of
+the pending records between them rather than one read each (a delivery's offsets are mostly
+consecutive); a scan reads at most this many records per receipt."""
 SCAN_BUDGET = 4096
 """Most index entries and messages one ``receive`` looks at (dangling entries and skipped
 messages count), so one command does bounded work; the next one continues."""
@@ -178,18 +187,50 @@ class _Work:
         self.batch = work.batch
         self.now_ms = now_ms
         self._pending: dict[bytes, PendingRecord | None] = {}
+        self._prefixes: dict[tuple[int, int, str], bytes] = {}
+        self._deadline_prefixes: dict[tuple[int, int, int, str], bytes] = {}
         self._subs: dict[tuple[int, int, str], _Sub] = {}
         self._subscriptions: dict[tuple[int, str], Subscription | None] = {}
         self._appends: dict[tuple[int, int], list[NewMessage]] = {}
 
     # reads
 
+    def _prefix(self, topic_id: int, queue: int, group: str) -> bytes:
+        """The prefix of the pending records of one subscription queue (cached: it is per message)."""
+        k = (topic_id, queue, group)
+        prefix = self._prefixes.get(k)
+        if prefix is None:
+            prefix = self._prefixes[k] = keys.sub_key(keys.PENDING, topic_id, queue, group)
+        return prefix
+
     def pending(self, topic_id: int, queue: int, group: str, offset: int) -> PendingRecord | None:
-        key = keys.pending_key(topic_id, queue, group, offset)
+        key = self._prefix(topic_id, queue, group) + keys.encode_u64(offset)
         if key not in self._pending:
             data = self.store.get(key)
             self._pending[key] = None if data is None else PendingRecord.decode(data)
         return self._pending[key]
+
+    def load_pending(self, topic_id: int, queue: int, group: str, offsets: Iterable[int]) -> None:
+        """Read the pending records of ``offsets`` into the overlay with few store calls: offsets at
+        most ``READ_GAP`` apart are read with one scan (only a cost: the records read are the same)."""
+        prefix = self._prefix(topic_id, queue, group)
+        todo = sorted({o for o in offsets if prefix + keys.encode_u64(o) not in self._pending})
+        i = 0
+        while i < len(todo):
+            j = i
+            while j + 1 < len(todo) and todo[j + 1] - todo[j] <= READ_GAP:
+                j += 1
+            if i == j:
+                self.pending(topic_id, queue, group, todo[i])
+            else:
+                wanted = {prefix + keys.encode_u64(o) for o in todo[i : j + 1]}
+                end = prefix + keys.encode_u64(todo[j] + 1)  # a local: the scan's bound stays alive
+                for key, data in self.store.scan(prefix + keys.encode_u64(todo[i]), end):
+                    if key in wanted:
+                        self._pending[key] = PendingRecord.decode(data)
+                for key in wanted:
+                    self._pending.setdefault(key, None)
+            i = j + 1
 
     def sub(self, topic_id: int, queue: int, group: str) -> _Sub:
         k = (topic_id, queue, group)
@@ -220,11 +261,16 @@ class _Work:
     # writes
 
     def set_pending(
-        self, topic_id: int, queue: int, group: str, offset: int, new: PendingRecord | None
+        self,
+        topic_id: int,
+        queue: int,
+        group: str,
+        offset: int,
+        new: PendingRecord | None,
     ) -> None:
         """Replace the pending record of an offset (None: finished), keeping both indexes."""
+        key = self._prefix(topic_id, queue, group) + keys.encode_u64(offset)
         old = self.pending(topic_id, queue, group, offset)
-        key = keys.pending_key(topic_id, queue, group, offset)
         if old is not None:
             self.batch.delete(_index_key(topic_id, queue, group, offset, old))
         if new is None:
@@ -235,7 +281,7 @@ class _Work:
             self.batch.put(_index_key(topic_id, queue, group, offset, new), index_value)
             if new.state == STATE_RETRY:
                 self.work.changed[(topic_id, queue)] = None
-            else:
+            elif new.time_ms - self.now_ms < WAKE_WITHIN_MS:
                 self.work.scheduled = True
         self._pending[key] = new
         sub = self.sub(topic_id, queue, group)
@@ -245,6 +291,53 @@ class _Work:
             sub.new.discard(offset)
         else:
             sub.new.add(offset)
+
+    def put_fresh(
+        self, topic_id: int, queue: int, group: str, offsets: list[int], rec: PendingRecord
+    ) -> None:
+        """``set_pending(..., rec)`` for offsets at or above the cursor, which have no record yet
+        (none is read): a first delivery, all its offsets sharing one record value. Per message
+        this is two puts."""
+        if not offsets:
+            return
+        put = self.batch.put
+        prefix = self._prefix(topic_id, queue, group)
+        index_prefix = self._deadline_prefix(rec.time_ms, topic_id, queue, group)
+        value, token = rec.encode(), keys.encode_u64(rec.token)
+        pending = self._pending
+        for offset in offsets:
+            o = keys.encode_u64(offset)
+            key = prefix + o
+            put(key, value)
+            put(index_prefix + o, token)
+            pending[key] = rec
+        if rec.time_ms - self.now_ms < WAKE_WITHIN_MS:
+            self.work.scheduled = True
+        sub = self.sub(topic_id, queue, group)
+        sub.touched = True
+        sub.new.add(min(offsets))  # only the lowest matters for the floor
+
+    def _deadline_prefix(self, deadline_ms: int, topic_id: int, queue: int, group: str) -> bytes:
+        """The deadline-index key of an offset without the offset (its last 8 bytes)."""
+        k = (deadline_ms, topic_id, queue, group)
+        prefix = self._deadline_prefixes.get(k)
+        if prefix is None:
+            prefix = keys.deadline_key(deadline_ms, topic_id, queue, group, 0)[:-8]  # offset: last u64
+            self._deadline_prefixes[k] = prefix
+        return prefix
+
+    def finish_inflight(self, topic_id: int, queue: int, group: str, offset: int, rec: PendingRecord) -> None:
+        """``finish`` of an offset whose current record ``rec`` is in flight (an ack's case)."""
+        o = keys.encode_u64(offset)
+        key = self._prefix(topic_id, queue, group) + o
+        self.batch.delete(self._deadline_prefix(rec.time_ms, topic_id, queue, group) + o)
+        self.batch.delete(key)
+        self._pending[key] = None
+        sub = self.sub(topic_id, queue, group)
+        sub.touched = True
+        sub.deleted += 1
+        if sub.new:
+            sub.new.discard(offset)
 
     def finish(self, topic_id: int, queue: int, group: str, offset: int) -> None:
         self.set_pending(topic_id, queue, group, offset, None)
@@ -283,11 +376,16 @@ class _Work:
 
     def _lowest_pending(self, topic_id: int, queue: int, group: str, sub: _Sub) -> int:
         """``min(lowest pending offset, cursor)``, seeing this apply's changes. Only records
-        deleted in this apply can be skipped, so the lookup is bounded by the command's size."""
+        deleted in this apply can be skipped, so the lookup is bounded by the command's size.
+
+        The scan starts at the stored floor: no pending record is below it (the invariant), and
+        starting at the prefix would step over the deletion marks of every record acked since the
+        store last compacted (RocksDB keeps them until then)."""
         assert sub.cursor is not None
         lowest = sub.cursor
-        prefix = keys.sub_key(keys.PENDING, topic_id, queue, group)
-        for key, _ in scan_prefix(self.store, prefix, limit=sub.deleted + 1):
+        prefix = self._prefix(topic_id, queue, group)
+        start = None if sub.stored_floor is None else prefix + keys.encode_u64(sub.stored_floor)
+        for key, _ in scan_prefix(self.store, prefix, start=start, limit=sub.deleted + 1):
             if key in self._pending and self._pending[key] is None:
                 continue
             lowest = min(lowest, keys.decode_u64(key[len(prefix) :]))
@@ -408,6 +506,7 @@ def receive(work: _Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
             w.finish(topic_id, queue, group, offset)
             continue
         hand_out(queue, offset, rec.attempts + 1, rec.first_ms)
+    first = PendingRecord(STATE_INFLIGHT, 1, deadline_ms, index, now_ms, now_ms)  # a first delivery
     for queue in open_queues:
         if len(out) >= limit or budget <= 0:
             break
@@ -417,11 +516,14 @@ def receive(work: _Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
             sub.cursor = low if sub.floor is None else sub.floor
         sub.cursor = max(sub.cursor, low)  # retention removed what was never handed out
         while sub.cursor < high and len(out) < limit and budget > 0:
-            for message in read_messages(w.store, topic_id, queue, sub.cursor, min(limit - len(out), budget)):
-                budget -= 1
-                sub.cursor = message.offset + 1
-                if _deliverable(message, group, now_ms, max_age_ms):
-                    hand_out(queue, message.offset, 1, now_ms)
+            messages = read_messages(w.store, topic_id, queue, sub.cursor, min(limit - len(out), budget))
+            if not messages:
+                break
+            budget -= len(messages)
+            sub.cursor = messages[-1].offset + 1
+            fresh = [m.offset for m in messages if _deliverable(m, group, now_ms, max_age_ms)]
+            w.put_fresh(topic_id, queue, group, fresh, first)  # above the cursor: no record yet
+            out += [{"queue": queue, "offset": o, "attempt": 1, "deadline_ms": deadline_ms} for o in fresh]
     w.finish_op()
     return {"token": index, "messages": out}
 
@@ -462,6 +564,11 @@ def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
     if cmd["epoch"] is not None:
         check_fence(work, group, topic_id, sorted({r.queue for r in cmd["receipts"]}), cmd["epoch"])
     w = _Work(work, now_ms)
+    by_queue: dict[int, list[int]] = {}
+    for r in cmd["receipts"]:
+        by_queue.setdefault(r.queue, []).append(r.offset)
+    for queue, offsets in by_queue.items():
+        w.load_pending(topic_id, queue, group, offsets)
     results: list[dict[str, Any]] = []
     for queue, offset, token in cmd["receipts"]:
         rec = w.pending(topic_id, queue, group, offset)
@@ -475,7 +582,7 @@ def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
             )
             continue
         if op == "ack":
-            w.finish(topic_id, queue, group, offset)
+            w.finish_inflight(topic_id, queue, group, offset, rec)
             results.append({"ok": True})
         elif op == "extend":
             deadline_ms = now_ms + cmd["visibility_ms"]

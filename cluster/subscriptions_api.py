@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from .delivery import available, dlq_topic_name
 from .http_api import FORWARDED, _group_name, json_response
 from .metadata import Topic, validate_topic_name
 from .node import META, Node, now_ms
+from .settle_commit import SettleCommitter
 from .validation import ApiError, bad, parse_json, query_int
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ INTERNAL_ACTIONS = frozenset(
     }
 )
 _STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive"})
+_SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
 _COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
 MAX_REMOTE_AWAIT_S = 5.0  # a remote ``await`` is re-armed at least this often
 LEADERSHIP_CHECK_S = 1.0  # a waiting coordinator checks at least this often that it still leads
@@ -91,13 +94,15 @@ def format_receipt(topic_id: int, queue: int, offset: int, token: int) -> str:
     return f"{topic_id}.{queue}.{offset}.{token}"
 
 
+_NUMBER = "(0|[1-9][0-9]{0,19})"  # no sign, no leading zero, ASCII digits only
+_RECEIPT = re.compile(r"\.".join([_NUMBER] * 4))
+
+
 def _parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
-    parts = text.split(".") if isinstance(text, str) else []
-    if len(parts) != 4 or not all(
-        p.isascii() and p.isdigit() and len(p) <= 20 and str(int(p)) == p for p in parts
-    ):
+    match = _RECEIPT.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
         raise bad(f"receipts[{i}] is not a receipt")
-    topic_id, queue, offset, token = map(int, parts)
+    topic_id, queue, offset, token = map(int, match.groups())
     if topic_id >= 2**32 or queue >= 2**32 or offset >= 2**64 or token >= 2**64:
         raise bad(f"receipts[{i}] is not a receipt")
     return topic_id, queue, offset, token
@@ -190,6 +195,7 @@ class SubscriptionsApi:
         self.api = api
         self._targets: dict[tuple[int, str, int | None, int | None], _Target] = {}
         self._subscribed: dict[tuple[int, str], float] = {}
+        self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
 
     @property
     def limits(self) -> Any:
@@ -557,8 +563,6 @@ class SubscriptionsApi:
         receipts = body.get("receipts")
         if not isinstance(receipts, list) or not 1 <= len(receipts) <= commands.MAX_RECEIPTS:
             raise bad(f"'receipts' must be a list of 1 to {commands.MAX_RECEIPTS} receipts")
-        for i, r in enumerate(receipts):
-            _parse_receipt(r, i)
         fields: dict[str, Any] = {}
         if "epoch" in body:
             fields["epoch"] = _int_field(body, "epoch", None, 0, 2**63 - 1)
@@ -575,7 +579,8 @@ class SubscriptionsApi:
     async def _receipts_call(
         self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any]
     ) -> list[dict[str, Any]]:
-        """Apply ``op`` to each receipt at its queue group; one result per receipt, in order."""
+        """Apply ``op`` to each receipt at its queue group; one result per receipt, in order.
+        Every receipt is parsed before anything is sent (one that is not a receipt: 400)."""
         results: list[dict[str, Any] | None] = [None] * len(receipts)
         by_group: dict[int, list[tuple[int, tuple[int, int, int]]]] = defaultdict(list)
         for i, text in enumerate(receipts):
@@ -819,6 +824,8 @@ class SubscriptionsApi:
                 body["wait_ms"] / 1000,
             )
             return {"available": ok}
+        if action in _SETTLE_ACTIONS and body.get("epoch") is None:
+            return {"results": await self._settle_here(name, action, body)}
         if action in _COMMAND_ACTIONS:
             # The body holds the command's fields; the leader stamps the time (for the ops that
             # take one) and checks the command before proposing it, so bad input costs no entry.
@@ -834,6 +841,21 @@ class SubscriptionsApi:
         if action == "dlq_list":
             return self._dlq_list(store, body["topic_id"], body["queues"], body["max"])
         raise ApiError(errors.NOT_FOUND, f"unknown action {action}")
+
+    async def _settle_here(self, name: str, action: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """An ack, nack or extend through the group's :class:`SettleCommitter` (concurrent
+        requests share entries). Checked first, so bad input costs no entry and fails no other
+        request it would have been merged with."""
+        fields = {k: v for k, v in body.items() if v is not None}
+        try:
+            commands.decode(orjson.dumps({"v": commands.VERSION, "op": action, "now_ms": 0, **fields}))
+        except commands.BadCommand as e:
+            raise ApiError(e.code, e.message) from None
+        settler = self._settlers.get(name)
+        if settler is None:
+            propose = self.api._propose_checked
+            settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms)
+        return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
 
     @staticmethod
     def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:

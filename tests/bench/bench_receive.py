@@ -124,8 +124,24 @@ class Tally:
         }
 
 
+def count_calls(cls: Any, name: str, counter: Counter[str]) -> None:
+    """Count the calls of ``cls.name`` (how many receives and settle requests a subscriber makes)."""
+    original = getattr(cls, name)
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counter[name] += 1
+        return original(self, *args, **kwargs)
+
+    setattr(cls, name, counted)
+
+
 def run_subscriber(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     from raftmq.client import Subscriber
+    from raftmq.client._subscriber_core import SubscriberCore
+
+    calls: Counter[str] = Counter()
+    count_calls(SubscriberCore, "deliver", calls)  # one per receive answer or push frame
+    count_calls(SubscriberCore, "_send", calls)  # one per settle request
 
     with Subscriber(
         [args.url],
@@ -144,7 +160,13 @@ def run_subscriber(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
             tally.add([(m.queue, m.offset) for m in batch])
         sub.flush()
         stats = sub.stats
-    return {"acked": stats.acked, "stale": stats.stale, "failed": stats.failed}
+    return {
+        "acked": stats.acked,
+        "stale": stats.stale,
+        "failed": stats.failed,
+        "receives": calls["deliver"],
+        "settle_requests": calls["_send"],
+    }
 
 
 async def run_raw(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
@@ -153,10 +175,11 @@ async def run_raw(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     base = f"{args.url}/v1/topics/{args.topic}/subscriptions/{args.group}"
     receive_body = orjson.dumps({"max": args.batch, "wait_ms": 1_000})
     headers = {"Content-Type": "application/json"}
-    outcome: Counter[str] = Counter()
+    outcome: Counter[str] = Counter()  # acked, stale, failed; receives, settle_requests
     acks: set[asyncio.Task[None]] = set()
 
     async def ack(session: aiohttp.ClientSession, receipts: list[str]) -> None:
+        outcome["settle_requests"] += 1
         async with session.post(
             base + "/ack", data=orjson.dumps({"receipts": receipts}), headers=headers
         ) as r:
@@ -174,6 +197,7 @@ async def run_raw(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
             if r.status != 200:
                 raise RuntimeError(f"receive answered {r.status}: {raw[:500]!r}")
             messages = orjson.loads(raw)["messages"]
+            outcome["receives"] += 1
             tally.add([(m["queue"], m["offset"]) for m in messages])
             if messages:
                 while len(acks) >= 2:
@@ -253,6 +277,16 @@ def server_check(cluster: Cluster) -> dict[str, Any]:
     return {k: mine[k] for k in ("lag", "in_flight", "retrying", "dead_letters")}
 
 
+def commit_indexes(cluster: Cluster) -> dict[str, int]:
+    """The commit index of every queue group (from its leader's status)."""
+    out: dict[str, int] = {}
+    for n in cluster.nodes:
+        for name, g in cluster.status(n)["groups"].items():
+            if name != "meta" and g["is_leader"]:
+                out[name] = g["commit_index"]
+    return out
+
+
 def steady_rate(samples: list[list[dict[str, Any]]], start: float, end: float) -> float:
     def total_at(t: float) -> float:
         out = 0.0
@@ -288,6 +322,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         t.start()
     wait_until(lambda: all(any("ready" in x for x in o) for o in outputs), 60, 0.05, "receivers ready")
     load_at_go = loadavg()
+    index_at_go = commit_indexes(cluster)
     meter = CpuMeter({n: cluster.nodes[n].proc.pid for n in cluster.nodes})  # type: ignore[union-attr]
     meter.start()
     t_go = time.time()
@@ -306,6 +341,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         t.join()
     cpu = meter.stop()
     wall = time.time() - t_go
+    index_at_end = commit_indexes(cluster)
+    entries = sum(index_at_end.get(g, i) - i for g, i in index_at_go.items())
     for i, p in enumerate(procs):
         assert p.stderr is not None
         log = p.stderr.read()
@@ -348,9 +385,13 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         "lost": total - len(distinct),
         "duplicates": received - len(distinct),
         "settled": {k: sum(s.get(k, 0) for s in summaries) for k in ("acked", "stale", "failed")},
+        "receives": sum(s.get("receives", 0) for s in summaries),  # answers, empty ones included
+        "settle_requests": sum(s.get("settle_requests", 0) for s in summaries),
         "server": server_check(cluster),
         "per_receiver": per_receiver,
         "balance_spread": max(per_receiver) - min(per_receiver),
+        "raft_entries": entries,  # in the queue groups, from "go" until the receivers exited
+        "msgs_per_entry": round(total / entries, 1) if entries else None,
         "drain_s": round(drain_s, 3),
         "drain_msgs_per_s": total / drain_s if drain_s > 0 else float("nan"),
         "steady_window_s": round(dry_at - t_go - 0.5, 2),
@@ -377,6 +418,8 @@ def print_report(result: dict[str, Any]) -> None:
         ["settled acked / stale / failed", " / ".join(str(v) for v in t["settled"].values()), ""],
         ["server lag / in flight", f"{t['server']['lag']} / {t['server']['in_flight']}", "0 / 0: all acked"],
         ["per receiver", str(t["per_receiver"]), f"spread {t['balance_spread']}"],
+        ["raft entries (queue groups)", t["raft_entries"], f"{t['msgs_per_entry']} msgs per entry"],
+        ["receives / settle requests", f"{t['receives']} / {t['settle_requests']}", "from the receivers"],
         ["CPU us/msg nodes / receivers", str(list(t["cpu_us_per_msg"].values())), ""],
         ["other load (cores), load avg", t["other_load_cores"], f"{t['loadavg_at_go']:.2f} at go"],
     ]
