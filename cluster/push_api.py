@@ -132,12 +132,12 @@ class PushApi:
         await ws.prepare(request)
         stream = _Stream(self, ws, topic, group, visibility_ms)
         self.streams.add(stream)
-        log.info("push_stream_opened", topic=topic.name, group=group, peer=request.remote)
+        log.debug("push_stream_opened", topic=topic.name, group=group, peer=request.remote)
         try:
             await stream.run(heartbeat_ms)
         finally:
             self.streams.discard(stream)
-            log.info("push_stream_closed", topic=topic.name, group=group, peer=request.remote)
+            log.debug("push_stream_closed", topic=topic.name, group=group, peer=request.remote)
         return ws
 
     async def take(self, topic: Topic, group: str, n: int, visibility_ms: int) -> list[dict[str, Any]]:

@@ -475,3 +475,21 @@ def test_deleting_the_topic_ends_its_streams_with_a_fatal_error_frame(c: Cluster
     assert frame["type"] == "error" and frame["fatal"] is True, frame
     assert frame["error"]["code"] == "topic_not_found", frame
     assert code == 4000
+
+
+def test_streams_opening_and_closing_are_not_logged_at_the_default_level(c: Cluster) -> None:
+    """A client that reconnects again and again must not flood the node's log (debug level)."""
+    c.create_topic("quiet-log", queues=1)
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as session:
+            for node in ("n1", "n2", "n3"):
+                for _ in range(3):
+                    stream = await open_stream(session, ws_url(c, stream_path("quiet-log", "g"), node))
+                    await stream.ws.close()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+    time.sleep(0.5)  # the closes are handled
+    for nid in c.nodes:
+        log = c.log(nid)
+        assert "push_stream_opened" not in log and "push_stream_closed" not in log, nid
