@@ -9,17 +9,18 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import ssl as _ssl
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import Unpack
 
 from ._received import ReceivedMessage
-from ._subscriber_core import SubscribeMode, SubscriberConfig, SubscriberCore, SubscriberStats
+from ._subscriber_core import SubscriberConfig, SubscriberCore, SubscriberOptions, SubscriberStats
 from ._sync import LoopThread
-from ._transport import AddressMap
 from .errors import ClientClosed
 
 __all__ = ["AsyncSubscriber", "Subscriber"]
+
+Bootstrap = str | Sequence[str]  # node addresses: "h1:8080,h2:8080" or a list of them
 
 
 class AsyncSubscriber:
@@ -50,66 +51,32 @@ class AsyncSubscriber:
         bootstrap: Node addresses; any one will do.
         topic: The topic.
         group: The consumer group (it names the dead-letter topic, so it must fit a topic name).
-        mode: ``"poll"``: long-polling receives. ``"push"``: a WebSocket stream on which the node
-            pushes messages as credit allows (NSQ's RDY) and settlements go back (FIN/REQ/TOUCH).
-        max_in_flight: Received and not yet acked or nacked messages at most (the push
+        **options: The settings below, as keyword arguments (typed by
+            :class:`~raftmq.client.SubscriberOptions`; defaults in parentheses).
+        mode: ``"poll"`` (default): long-polling receives. ``"push"``: a WebSocket stream on which
+            the node pushes messages as credit allows (NSQ's RDY) and settlements go back
+            (FIN/REQ/TOUCH).
+        max_in_flight: Received and not yet acked or nacked messages at most (256; the push
             stream's credit); a message past its deadline no longer counts.
-        visibility_ms: How long a message stays in flight (default: the cluster's, 30 s).
-        wait_ms: Poll mode: how long a receive waits for messages (at most 15,000).
-        ack_batch_size: Settlements sent together (push mode: at most half the credit).
-        ack_interval_ms: The longest a settlement waits before it is sent.
-        heartbeat_ms: Push mode: ping interval on the stream both ways; a silent peer is dropped
-            after one and a half of it.
-        request_timeout_ms: One request's timeout.
-        retry_timeout_ms: How long failed requests are retried.
-        retry_backoff_ms, retry_backoff_max_ms: Backoff between retries and reconnects.
-        address_map: Where to connect for a node's advertised address (see the transport).
-        token: API token (``Authorization: Bearer``), for clusters with tokens.
-        ca_file, ssl: Certificates for ``https://`` nodes.
+        visibility_ms: How long a message stays in flight (None: the cluster's, 30 s).
+        wait_ms: Poll mode: how long a receive waits for messages (5,000; at most 15,000).
+        ack_batch_size: Settlements sent together (256; push mode: at most half the credit).
+        ack_interval_ms: The longest a settlement waits before it is sent (50).
+        heartbeat_ms: Push mode: ping interval on the stream both ways (5,000); a silent peer is
+            dropped after one and a half of it.
+        request_timeout_ms: One request's timeout (30,000).
+        retry_timeout_ms: How long failed requests are retried (30,000).
+        retry_backoff_ms, retry_backoff_max_ms: Backoff between retries and reconnects (100, 2,000).
+        address_map: Where to connect for a node's advertised address (see the transport; None).
+        token: API token (``Authorization: Bearer``), for clusters with tokens (None).
+        ca_file, ssl: Certificates for ``https://`` nodes (None: the system's CAs).
     """
 
     def __init__(
-        self,
-        bootstrap: str | Sequence[str],
-        *,
-        topic: str,
-        group: str,
-        mode: SubscribeMode = "poll",
-        max_in_flight: int = 256,
-        visibility_ms: int | None = None,
-        wait_ms: int = 5_000,
-        ack_batch_size: int = 256,
-        ack_interval_ms: int = 50,
-        heartbeat_ms: int = 5_000,
-        request_timeout_ms: int = 30_000,
-        retry_timeout_ms: int = 30_000,
-        retry_backoff_ms: int = 100,
-        retry_backoff_max_ms: int = 2_000,
-        address_map: AddressMap | None = None,
-        token: str | None = None,
-        ca_file: str | None = None,
-        ssl: _ssl.SSLContext | None = None,
+        self, bootstrap: Bootstrap, *, topic: str, group: str, **options: Unpack[SubscriberOptions]
     ) -> None:
         self._bootstrap = bootstrap
-        self._config = SubscriberConfig(
-            topic=topic,
-            group=group,
-            mode=mode,
-            max_in_flight=max_in_flight,
-            visibility_ms=visibility_ms,
-            wait_ms=wait_ms,
-            ack_batch_size=ack_batch_size,
-            ack_interval_ms=ack_interval_ms,
-            heartbeat_ms=heartbeat_ms,
-            request_timeout_ms=request_timeout_ms,
-            retry_timeout_ms=retry_timeout_ms,
-            retry_backoff_ms=retry_backoff_ms,
-            retry_backoff_max_ms=retry_backoff_max_ms,
-            address_map=address_map,
-            token=token,
-            ca_file=ca_file,
-            ssl=ssl,
-        )
+        self._config = SubscriberConfig(topic=topic, group=group, **options)
         self._config.check()
         self._core: SubscriberCore | None = None
         self._closed = False
@@ -186,47 +153,9 @@ class Subscriber:
     own I/O thread. :meth:`close` may be called from another thread: iteration then ends."""
 
     def __init__(
-        self,
-        bootstrap: str | Sequence[str],
-        *,
-        topic: str,
-        group: str,
-        mode: SubscribeMode = "poll",
-        max_in_flight: int = 256,
-        visibility_ms: int | None = None,
-        wait_ms: int = 5_000,
-        ack_batch_size: int = 256,
-        ack_interval_ms: int = 50,
-        heartbeat_ms: int = 5_000,
-        request_timeout_ms: int = 30_000,
-        retry_timeout_ms: int = 30_000,
-        retry_backoff_ms: int = 100,
-        retry_backoff_max_ms: int = 2_000,
-        address_map: AddressMap | None = None,
-        token: str | None = None,
-        ca_file: str | None = None,
-        ssl: _ssl.SSLContext | None = None,
+        self, bootstrap: Bootstrap, *, topic: str, group: str, **options: Unpack[SubscriberOptions]
     ) -> None:
-        self._async = AsyncSubscriber(
-            bootstrap,
-            topic=topic,
-            group=group,
-            mode=mode,
-            max_in_flight=max_in_flight,
-            visibility_ms=visibility_ms,
-            wait_ms=wait_ms,
-            ack_batch_size=ack_batch_size,
-            ack_interval_ms=ack_interval_ms,
-            heartbeat_ms=heartbeat_ms,
-            request_timeout_ms=request_timeout_ms,
-            retry_timeout_ms=retry_timeout_ms,
-            retry_backoff_ms=retry_backoff_ms,
-            retry_backoff_max_ms=retry_backoff_max_ms,
-            address_map=address_map,
-            token=token,
-            ca_file=ca_file,
-            ssl=ssl,
-        )
+        self._async = AsyncSubscriber(bootstrap, topic=topic, group=group, **options)
         self._local: deque[ReceivedMessage] = deque()  # taken from the core, not yet yielded
         self._io = LoopThread("raftmq-subscriber")
         try:

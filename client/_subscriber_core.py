@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import structlog
 
@@ -32,6 +32,7 @@ __all__ = [
     "SubscribeMode",
     "SubscriberConfig",
     "SubscriberCore",
+    "SubscriberOptions",
     "SubscriberStats",
     "receiving_may_retry",
 ]
@@ -93,6 +94,27 @@ class SubscriberConfig:
     @property
     def path(self) -> str:
         return f"/v1/topics/{path_part(self.topic)}/subscriptions/{path_part(self.group)}"
+
+
+class SubscriberOptions(TypedDict, total=False):
+    """The subscriber's optional keyword arguments (their defaults are SubscriberConfig's), typed
+    for ``**options: Unpack[SubscriberOptions]`` in both subscribers' signatures."""
+
+    mode: SubscribeMode
+    max_in_flight: int
+    visibility_ms: int | None
+    wait_ms: int
+    ack_batch_size: int
+    ack_interval_ms: int
+    heartbeat_ms: int
+    request_timeout_ms: int
+    retry_timeout_ms: int
+    retry_backoff_ms: int
+    retry_backoff_max_ms: int
+    address_map: AddressMap | None
+    token: str | None
+    ca_file: str | None
+    ssl: _ssl.SSLContext | None
 
 
 @dataclass
