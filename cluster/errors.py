@@ -151,6 +151,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             OFFSET_OUT_OF_RANGE,
             STALE_RECEIPT,
             STALE_EPOCH,
+            STALE_SEQUENCE,
             LOCK_HELD,
             CHANGE_IN_PROGRESS,
             NOT_LEADER,
