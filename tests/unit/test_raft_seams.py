@@ -42,6 +42,7 @@ from raftmq.cluster.raft import (
     _FlushingTransport,
     _install_journal_seam,
 )
+from raftmq.cluster.timing import LatencyHistogram
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.store import Batch, Store, StoreError
 
@@ -658,6 +659,7 @@ def test_storage_failure_in_apply_exits_the_process(monkeypatch: pytest.MonkeyPa
     group = RaftGroup.__new__(RaftGroup)
     group.name = "g"
     group._machine = Broken()
+    group.apply_latency = LatencyHistogram()
     with pytest.raises(Exited) as info:
         group._apply(7, b"x")
     assert info.value.args == (70,)
@@ -676,6 +678,7 @@ def _group_with_fake_sync(error: int, result: Any = None) -> tuple[RaftGroup, li
     group.name = "g"
     group._settings = RaftSettings(password="x" * 16, max_entry_bytes=100)
     group._sync = SimpleNamespace(apply_command=apply_command)
+    group.commit_latency = LatencyHistogram()
     return group, submitted
 
 
