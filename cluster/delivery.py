@@ -41,7 +41,7 @@ from raftmq.storage.keys import (
     PendingRecord,
     QueueMeta,
 )
-from raftmq.storage.queues import OffsetOutOfRange, read_messages, scan_prefix
+from raftmq.storage.queues import OffsetOutOfRange, read_delivery_fields, read_messages, scan_prefix
 from raftmq.storage.records import Message, NewMessage, decode_batch, encode_batch
 from raftmq.storage.store import Store
 
@@ -172,7 +172,7 @@ class _Sub:
     floor: int | None  # the committed offset; None: none yet
     stored_cursor: int | None
     stored_floor: int | None
-    deleted: int = 0  # pending records deleted in this apply (bounds the floor lookup)
+    gone: set[int] = field(default_factory=set)  # offsets whose record this apply deleted
     touched: bool = False
     new: set[int] = field(default_factory=set)  # offsets given a pending record in this apply
 
@@ -187,6 +187,7 @@ class _Work:
         self.batch = work.batch
         self.now_ms = now_ms
         self._pending: dict[bytes, PendingRecord | None] = {}
+        self._decoded: dict[bytes, PendingRecord] = {}  # by stored value: a delivery's share one
         self._prefixes: dict[tuple[int, int, str], bytes] = {}
         self._deadline_prefixes: dict[tuple[int, int, int, str], bytes] = {}
         self._subs: dict[tuple[int, int, str], _Sub] = {}
@@ -204,11 +205,22 @@ class _Work:
         return prefix
 
     def pending(self, topic_id: int, queue: int, group: str, offset: int) -> PendingRecord | None:
-        key = self._prefix(topic_id, queue, group) + keys.encode_u64(offset)
-        if key not in self._pending:
+        return self.pending_at(self._prefix(topic_id, queue, group) + keys.encode_u64(offset))
+
+    def pending_at(self, key: bytes) -> PendingRecord | None:
+        """The pending record at ``key`` (a pending key), seeing this apply's changes."""
+        try:
+            return self._pending[key]
+        except KeyError:
             data = self.store.get(key)
-            self._pending[key] = None if data is None else PendingRecord.decode(data)
-        return self._pending[key]
+            rec = self._pending[key] = None if data is None else self._decode(data)
+            return rec
+
+    def _decode(self, data: bytes) -> PendingRecord:
+        rec = self._decoded.get(data)
+        if rec is None:
+            rec = self._decoded[data] = PendingRecord.decode(data)
+        return rec
 
     def load_pending(self, topic_id: int, queue: int, group: str, offsets: Iterable[int]) -> None:
         """Read the pending records of ``offsets`` into the overlay with few store calls: offsets at
@@ -227,7 +239,7 @@ class _Work:
                 end = prefix + keys.encode_u64(todo[j] + 1)  # a local: the scan's bound stays alive
                 for key, data in self.store.scan(prefix + keys.encode_u64(todo[i]), end):
                     if key in wanted:
-                        self._pending[key] = PendingRecord.decode(data)
+                        self._pending[key] = self._decode(data)
                 for key in wanted:
                     self._pending.setdefault(key, None)
             i = j + 1
@@ -287,7 +299,8 @@ class _Work:
         sub = self.sub(topic_id, queue, group)
         sub.touched = True
         if new is None:
-            sub.deleted += old is not None
+            if old is not None:
+                sub.gone.add(offset)
             sub.new.discard(offset)
         else:
             sub.new.add(offset)
@@ -326,16 +339,16 @@ class _Work:
             self._deadline_prefixes[k] = prefix
         return prefix
 
-    def finish_inflight(self, topic_id: int, queue: int, group: str, offset: int, rec: PendingRecord) -> None:
-        """``finish`` of an offset whose current record ``rec`` is in flight (an ack's case)."""
-        o = keys.encode_u64(offset)
-        key = self._prefix(topic_id, queue, group) + o
-        self.batch.delete(self._deadline_prefix(rec.time_ms, topic_id, queue, group) + o)
+    def finish_inflight(
+        self, topic_id: int, queue: int, group: str, offset: int, key: bytes, rec: PendingRecord
+    ) -> None:
+        """``finish`` of an offset (pending ``key``) whose current record ``rec`` is in flight."""
+        self.batch.delete(self._deadline_prefix(rec.time_ms, topic_id, queue, group) + key[-8:])
         self.batch.delete(key)
         self._pending[key] = None
         sub = self.sub(topic_id, queue, group)
         sub.touched = True
-        sub.deleted += 1
+        sub.gone.add(offset)
         if sub.new:
             sub.new.discard(offset)
 
@@ -380,12 +393,18 @@ class _Work:
 
         The scan starts at the stored floor: no pending record is below it (the invariant), and
         starting at the prefix would step over the deletion marks of every record acked since the
-        store last compacted (RocksDB keeps them until then)."""
+        store last compacted (RocksDB keeps them until then). It starts past the offsets from the
+        floor on that this apply finished (typically: an ack of the oldest messages), which the
+        store still holds until the apply's batch is written."""
         assert sub.cursor is not None
         lowest = sub.cursor
         prefix = self._prefix(topic_id, queue, group)
-        start = None if sub.stored_floor is None else prefix + keys.encode_u64(sub.stored_floor)
-        for key, _ in scan_prefix(self.store, prefix, start=start, limit=sub.deleted + 1):
+        start = sub.stored_floor or 0
+        while start in sub.gone:
+            start += 1
+        skippable = sum(1 for o in sub.gone if o > start)
+        start_key = prefix + keys.encode_u64(start)
+        for key, _ in scan_prefix(self.store, prefix, start=start_key, limit=skippable + 1):
             if key in self._pending and self._pending[key] is None:
                 continue
             lowest = min(lowest, keys.decode_u64(key[len(prefix) :]))
@@ -405,6 +424,30 @@ def _deliverable(message: Message, group: str, now_ms: int, max_age_ms: int | No
         return False
     target = (message.headers or {}).get(REDRIVE_GROUP_HEADER)
     return target is None or target == group
+
+
+_REDRIVE_GROUP_JSON = orjson.dumps(REDRIVE_GROUP_HEADER)
+
+
+def _deliverable_fields(
+    timestamp_ms: int,
+    expires_at_ms: int | None,
+    headers: bytes,
+    group: str,
+    now_ms: int,
+    max_age_ms: int | None,
+) -> bool:
+    """:func:`_deliverable` from ``storage.queues.read_delivery_fields``' fields (headers as
+    stored: orjson never escapes the header's name, so a message without it is told apart
+    without decoding its headers)."""
+    if expires_at_ms is not None and expires_at_ms <= now_ms:
+        return False
+    if max_age_ms is not None and timestamp_ms + max_age_ms <= now_ms:
+        return False
+    if headers and _REDRIVE_GROUP_JSON in headers:
+        target = orjson.loads(headers).get(REDRIVE_GROUP_HEADER)
+        return target is None or target == group
+    return True
 
 
 def _check_topic(work: _Apply, topic_id: int) -> None:
@@ -516,12 +559,16 @@ def receive(work: _Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
             sub.cursor = low if sub.floor is None else sub.floor
         sub.cursor = max(sub.cursor, low)  # retention removed what was never handed out
         while sub.cursor < high and len(out) < limit and budget > 0:
-            messages = read_messages(w.store, topic_id, queue, sub.cursor, min(limit - len(out), budget))
-            if not messages:
+            found = read_delivery_fields(w.store, topic_id, queue, sub.cursor, min(limit - len(out), budget))
+            if not found:
                 break
-            budget -= len(messages)
-            sub.cursor = messages[-1].offset + 1
-            fresh = [m.offset for m in messages if _deliverable(m, group, now_ms, max_age_ms)]
+            budget -= len(found)
+            sub.cursor = found[-1][0] + 1
+            fresh = [
+                o
+                for o, ts, exp, headers in found
+                if _deliverable_fields(ts, exp, headers, group, now_ms, max_age_ms)
+            ]
             w.put_fresh(topic_id, queue, group, fresh, first)  # above the cursor: no record yet
             out += [{"queue": queue, "offset": o, "attempt": 1, "deadline_ms": deadline_ms} for o in fresh]
     w.finish_op()
@@ -571,7 +618,8 @@ def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
         w.load_pending(topic_id, queue, group, offsets)
     results: list[dict[str, Any]] = []
     for queue, offset, token in cmd["receipts"]:
-        rec = w.pending(topic_id, queue, group, offset)
+        key = w._prefix(topic_id, queue, group) + keys.encode_u64(offset)
+        rec = w.pending_at(key)
         if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
             results.append(
                 error_body(
@@ -582,7 +630,7 @@ def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
             )
             continue
         if op == "ack":
-            w.finish_inflight(topic_id, queue, group, offset, rec)
+            w.finish_inflight(topic_id, queue, group, offset, key, rec)
             results.append({"ok": True})
         elif op == "extend":
             deadline_ms = now_ms + cmd["visibility_ms"]

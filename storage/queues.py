@@ -35,7 +35,14 @@ from .keys import (
     sub_key,
 )
 from .keys import RECORD as _RECORD_PREFIX_BYTE
-from .records import CorruptRecord, Message, decode_header, decode_messages
+from .records import (
+    BatchHeader,
+    CorruptRecord,
+    Message,
+    decode_delivery_fields,
+    decode_header,
+    decode_messages,
+)
 from .store import Store
 
 __all__ = [
@@ -48,6 +55,7 @@ __all__ = [
     "pending_record",
     "queue_bounds",
     "queue_meta",
+    "read_delivery_fields",
     "read_messages",
     "redrive_offset",
     "scan_prefix",
@@ -181,11 +189,71 @@ def read_messages(
         OffsetOutOfRange: ``offset < low_offset`` or ``offset > high_offset``.
         CorruptRecord: a stored batch failed its checks.
     """
+    messages: list[Message] = []
+    budget = max_bytes
+    if max_messages <= 0:
+        _check_offset(store, topic_id, queue, offset)
+        return messages
+    for _, value, from_offset in _batches_from(store, topic_id, queue, offset, _SCAN_CHUNK):
+        for message in decode_messages(value, from_offset, max_messages - len(messages)):
+            if budget is not None:
+                if messages and len(message.value) > budget:
+                    return messages
+                budget -= len(message.value)
+            messages.append(message)
+        if len(messages) >= max_messages:
+            return messages
+    return messages
+
+
+def read_delivery_fields(
+    store: Store, topic_id: int, queue: int, offset: int, max_messages: int
+) -> list[tuple[int, int, int | None, bytes]]:
+    """What a receive needs to decide whether to hand out each of up to ``max_messages``
+    consecutive messages from ``offset`` on, without building them: ``(offset, timestamp_ms,
+    expires_at_ms, headers)`` (``headers``: the stored JSON, ``b""`` for none). Same ranges,
+    errors and CRC checks as :func:`read_messages`; batches are fetched one, two, four... at a
+    time (a receive usually needs part of one).
+
+    Raises:
+        OffsetOutOfRange: ``offset < low_offset`` or ``offset > high_offset``.
+        CorruptRecord: a stored batch failed its checks.
+    """
+    out: list[tuple[int, int, int | None, bytes]] = []
+    if max_messages <= 0:
+        _check_offset(store, topic_id, queue, offset)
+        return out
+    for header, value, from_offset in _batches_from(store, topic_id, queue, offset, 1):
+        timestamp_ms = header.append_time_ms
+        fields = decode_delivery_fields(value, from_offset, max_messages - len(out))
+        out += [(o, timestamp_ms, expires_at_ms, headers) for o, expires_at_ms, headers in fields]
+        if len(out) >= max_messages:
+            break
+    return out
+
+
+def _check_offset(store: Store, topic_id: int, queue: int, offset: int) -> None:
     low, high = queue_bounds(store, topic_id, queue)
     if not low <= offset <= high:
         raise OffsetOutOfRange(offset, low, high)
-    if offset == high or max_messages <= 0:
-        return []
+
+
+def _batches_from(
+    store: Store, topic_id: int, queue: int, offset: int, first_chunk: int
+) -> Iterator[tuple[BatchHeader, bytes, int]]:
+    """``(header, value, first offset wanted)`` of the record batches from the one holding
+    ``offset`` on, in order, ending before a gap (retention removed batches under our feet: never
+    return a gap). Scans fetch ``first_chunk`` batches, then twice as many up to ``_SCAN_CHUNK``.
+
+    Raises:
+        OffsetOutOfRange: ``offset`` is outside the queue's bounds.
+        CorruptRecord: a batch does not sit at its own base offset.
+    """
+    low, high = queue_bounds(store, topic_id, queue)
+    if not low <= offset <= high:
+        raise OffsetOutOfRange(offset, low, high)
+    if offset == high:
+        return
     prefix = record_prefix(topic_id, queue)
     found = store.last_before(record_key(topic_id, queue, offset), prefix)
     if found is None or decode_header(found[1]).end_offset <= offset:
@@ -193,29 +261,21 @@ def read_messages(
         low, high = queue_bounds(store, topic_id, queue)
         raise OffsetOutOfRange(offset, low, high)
     _, end = queue_range(_RECORD_PREFIX_BYTE, topic_id, queue)
-    messages: list[Message] = []
-    budget = max_bytes
     next_offset = offset
     start_key = found[0]
+    chunk_size = first_chunk
     while True:
-        chunk = list(store.scan(start_key, end, limit=_SCAN_CHUNK))
+        chunk = list(store.scan(start_key, end, limit=chunk_size))
         for key, value in chunk:
             header = decode_header(value)
             # A batch must sit at its own base offset; anything else means the store is damaged.
             if key != record_key(topic_id, queue, header.base_offset):
                 raise CorruptRecord(f"record batch at key {key.hex()} has base offset {header.base_offset}")
             if header.base_offset > next_offset:
-                # Retention removed batches under our feet; never return a gap.
-                return messages
-            for message in decode_messages(value, next_offset, max_messages - len(messages)):
-                if budget is not None:
-                    if messages and len(message.value) > budget:
-                        return messages
-                    budget -= len(message.value)
-                messages.append(message)
-            if len(messages) >= max_messages:
-                return messages
+                return
+            yield header, value, next_offset
             next_offset = header.end_offset
-        if len(chunk) < _SCAN_CHUNK:
-            return messages
+        if len(chunk) < chunk_size:
+            return
         start_key = chunk[-1][0] + b"\x00"
+        chunk_size = min(2 * chunk_size, _SCAN_CHUNK)

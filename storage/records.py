@@ -45,6 +45,7 @@ __all__ = [
     "NewMessage",
     "RecordBatch",
     "decode_batch",
+    "decode_delivery_fields",
     "decode_header",
     "decode_messages",
     "encode_batch",
@@ -231,6 +232,47 @@ def decode_messages(data: bytes, from_offset: int, max_messages: int) -> list[Me
     header = decode_header(data)
     messages, _ = _decode_records(data, header, from_offset, max_messages)
     return messages
+
+
+def decode_delivery_fields(
+    data: bytes, from_offset: int, max_messages: int
+) -> list[tuple[int, int | None, bytes]]:
+    """What a receive needs to decide whether to hand a message out, without building messages:
+    ``(offset, expires_at_ms, headers)`` of the records of batch ``data`` at offsets
+    ``>= from_offset`` (at most ``max_messages``); ``headers`` is the stored JSON (``b""`` for
+    none). The CRCs of the returned records are checked, as :func:`decode_messages` does.
+
+    Raises:
+        CorruptRecord: as :func:`decode_messages`, for the records read.
+    """
+    header = decode_header(data)
+    view = memoryview(data)
+    size = len(data)
+    pos = HEADER_SIZE
+    out: list[tuple[int, int | None, bytes]] = []
+    offset = header.base_offset
+    end_offset = header.end_offset
+    while offset < end_offset and len(out) < max_messages:
+        try:
+            start, next_pos = _record_bounds(data, pos, size)
+            if offset >= from_offset:
+                (stored_crc,) = _U32.unpack_from(data, start)
+                if crc32c.crc32c(view[start + _U32.size : next_pos]) != stored_crc:
+                    raise CorruptRecord(f"CRC mismatch in the record at offset {offset}")
+                flags, key_len = _FLAGS_KEY_LEN.unpack_from(data, start + _U32.size)
+                if flags & ~_KNOWN_FLAGS:
+                    raise CorruptRecord(f"unknown record flags {flags:#x} at offset {offset}")
+                p = start + _RECORD_PREFIX + max(key_len, 0)
+                (headers_len,) = _U32.unpack_from(data, p)
+                expires_at_ms = None
+                if flags & FLAG_EXPIRES:
+                    (expires_at_ms,) = _U64.unpack_from(data, next_pos - _U64.size)
+                out.append((offset, expires_at_ms, data[p + _U32.size : p + _U32.size + headers_len]))
+        except struct.error as e:
+            raise CorruptRecord(f"record at offset {offset} is truncated") from e
+        pos = next_pos
+        offset += 1
+    return out
 
 
 def _decode_records(
