@@ -265,7 +265,7 @@ class _Work:
     def message(self, topic_id: int, queue: int, offset: int) -> Message | None:
         """The stored message, or None if retention removed it."""
         try:
-            found = read_messages(self.store, topic_id, queue, offset, 1)
+            found = read_messages(self.store, topic_id, queue, offset, 1, first_chunk=1)
         except OffsetOutOfRange:
             return None
         return found[0] if found else None

@@ -169,6 +169,8 @@ def read_messages(
     offset: int,
     max_messages: int,
     max_bytes: int | None = None,
+    *,
+    first_chunk: int = _SCAN_CHUNK,
 ) -> list[Message]:
     """Messages of a queue from ``offset`` on, in offset order.
 
@@ -180,6 +182,9 @@ def read_messages(
         max_messages: Return at most this many messages.
         max_bytes: Stop before the total value size would exceed this, except that the first
             message is always returned (so one large message cannot stall a consumer).
+        first_chunk: Record batches the first scan fetches (then twice as many, up to 16): 1
+            when the messages wanted are likely in one or two batches (each scanned batch is
+            copied out of the store whole).
 
     Returns:
         Up to ``max_messages`` consecutive messages starting at ``offset``; empty when
@@ -194,7 +199,7 @@ def read_messages(
     if max_messages <= 0:
         _check_offset(store, topic_id, queue, offset)
         return messages
-    for _, value, from_offset in _batches_from(store, topic_id, queue, offset, _SCAN_CHUNK):
+    for _, value, from_offset in _batches_from(store, topic_id, queue, offset, first_chunk):
         for message in decode_messages(value, from_offset, max_messages - len(messages)):
             if budget is not None:
                 if messages and len(message.value) > budget:
