@@ -83,6 +83,7 @@ __all__ = [
     "noop",
     "produce",
     "retain",
+    "validate",
 ]
 
 VERSION = 1
@@ -513,6 +514,16 @@ def decode(data: bytes) -> Command:
         obj = orjson.loads(data)
     except (orjson.JSONDecodeError, TypeError) as e:
         raise BadCommand(errors.INVALID_JSON, f"command is not JSON: {e}") from None
+    return validate(obj)
+
+
+def validate(obj: Any) -> Command:
+    """:func:`decode` for a command already parsed from JSON (e.g. built by the leader, to check it
+    before proposing it without encoding it first).
+
+    Raises:
+        BadCommand: ``obj`` is not a valid command (``bad_request``).
+    """
     if type(obj) is not dict:
         raise BadCommand(errors.BAD_REQUEST, "command is not a JSON object")
     version = obj.get("v")

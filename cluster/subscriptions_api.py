@@ -849,7 +849,7 @@ class SubscriptionsApi:
         request it would have been merged with."""
         fields = {k: v for k, v in body.items() if v is not None}
         try:
-            commands.decode(orjson.dumps({"v": commands.VERSION, "op": action, "now_ms": 0, **fields}))
+            commands.validate({"v": commands.VERSION, "op": action, "now_ms": 0, **fields})
         except commands.BadCommand as e:
             raise ApiError(e.code, e.message) from None
         settler = self._settlers.get(name)
