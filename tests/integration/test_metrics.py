@@ -55,9 +55,17 @@ def values(c: Cluster, name: str, **labels: str) -> list[float]:
 
 
 def one(c: Cluster, name: str, **labels: str) -> float:
-    """The single sample of ``name`` with ``labels`` in the whole cluster (leader-reported series)."""
-    got = values(c, name, **labels)
-    assert len(got) == 1, f"{name} {labels}: {got}"
+    """The single sample of ``name`` with ``labels`` in the whole cluster (leader-reported series).
+
+    Nodes are scraped one after another, so while a group's leadership moves (the leader balancer
+    does that after start-up) a pass can see no leader or two: scrape again until it sees one."""
+    got: list[float] = []
+
+    def single() -> bool:
+        got[:] = values(c, name, **labels)
+        return len(got) == 1
+
+    wait_until(single, 15, what=f"exactly one {name} {labels}")
     return got[0]
 
 
