@@ -191,6 +191,13 @@ class SubscriberCore:
         self.flush_threshold = (
             min(config.ack_batch_size, push_threshold) if self.push else config.ack_batch_size
         )
+        # A receive waits until this many fit: asking as soon as one message was settled makes
+        # receives of a message or two, each a request and a Raft entry on the nodes.
+        self.receive_threshold = max(1, config.max_in_flight // 2)
+        # Settlements made on other threads, handed to the loop with one wake-up per burst (a
+        # wake-up per message costs more than the rest of an ack).
+        self._incoming: deque[tuple[str, SettleOp, int | None]] = deque()
+        self._drain_scheduled = False
 
     async def start(self) -> None:
         """Check that the topic exists (a missing one raises TopicNotFound here) and start."""
@@ -234,7 +241,7 @@ class SubscriberCore:
         while not self.closing:
             self.room_changed.clear()
             room = self.room()
-            if room <= 0:
+            if room < self.receive_threshold:
                 timeout = max(0.001, (min(self.unsettled.values()) - now_ms()) / 1000)
                 await wait_event(self.room_changed, timeout)
                 continue
@@ -300,14 +307,29 @@ class SubscriberCore:
         if running is self.loop:
             self._queue(message.receipt, op, value)
         elif not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self._queue, message.receipt, op, value)
+            # Appended before the flag is read: a drain that already ran re-arms, one that has
+            # not run yet will find it.
+            self._incoming.append((message.receipt, op, value))
+            if not self._drain_scheduled:
+                self._drain_scheduled = True
+                self.loop.call_soon_threadsafe(self._drain_incoming)
+
+    def _drain_incoming(self) -> None:
+        self._drain_scheduled = False
+        while self._incoming:
+            self._queue(*self._incoming.popleft())
 
     def _queue(self, receipt: str, op: SettleOp, value: int | None) -> None:
         if self.closed:
             return
         if op != "extend":
             self.unsettled.pop(receipt, None)
-            self.room_changed.set()
+            # The poll loop only needs waking once a receive's worth fits (waking it for each
+            # settlement costs a count of the unsettled each time); the push stream's credit
+            # follows every settlement.
+            room = self.config.max_in_flight - len(self.unsettled)
+            if self.push is not None or room >= self.receive_threshold:
+                self.room_changed.set()
         self.pending.setdefault((op, value), []).append(receipt)
         self.queued += 1
         if self.queued >= self.flush_threshold:
