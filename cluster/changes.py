@@ -148,10 +148,14 @@ class Coordinator:
             await self._end(change, "done")
             return
         group = hosted[0]
-        target = pick_target(placement, group, {change.node})
+        target, exclude = None, {change.node}
+        while (candidate := pick_target(placement, group, exclude)) is not None:
+            if await self._answers(candidate):  # the least loaded node that is up
+                target = candidate
+                break
+            exclude.add(candidate)
         if target is None:
-            await self._end(change, "failed", f"no node can take group {group} from {change.node}")
-            return
+            raise StepFailed(f"no running node can take group {group} from {change.node}")
         log.info("remove_node_moving", node=change.node, group=group, target=target)
         await self._propose(
             "change_phase", change_id=change.id, phase="start", group=group, source=change.node, target=target

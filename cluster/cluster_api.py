@@ -142,6 +142,8 @@ class ClusterApi:
             raise bad(f"no raftmq node answers at {body['http']}; start it first") from None
         if not isinstance(status, dict) or status.get("node_id") != body["id"]:
             raise bad(f"the node at {body['http']} is not {body['id']!r}")
+        if status.get("raft") != body["raft"]:
+            raise bad(f"node {body['id']} has Raft address {status.get('raft')!r}, not {body['raft']!r}")
 
     # -- internal ---------------------------------------------------------------------------------
 

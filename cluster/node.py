@@ -303,7 +303,7 @@ class Node:
                 "replicas": [r.id for r in self._replicas(name)],
                 "members": list(s.members),  # the Raft voters (addresses) this replica uses
             }
-        return {"node_id": self.me.id, "groups": groups}
+        return {"node_id": self.me.id, "raft": self.me.raft, "groups": groups}
 
     def forget_peer_status(self) -> None:
         """Drop the cached view of other nodes (after it proved stale)."""

@@ -445,6 +445,13 @@ def test_bad_changes_are_refused_and_change_nothing(cluster: Cluster) -> None:
             400,
             "bad_request",
         ),
+        (
+            "POST",
+            "/v1/cluster/nodes",
+            {"id": "n4", "http": n4.http, "raft": "127.0.0.1:2"},
+            400,
+            "bad_request",
+        ),
         ("POST", "/v1/cluster/nodes", [1, 2], 400, "bad_request"),
     ]
     for method, path, body, status, code in cases:
