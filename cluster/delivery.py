@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from .commands import (
         DeliverTickCommand,
         LockCommand,
+        Receipt,
         ReceiptsCommand,
         ReceiveCommand,
         RedriveCommand,
@@ -339,19 +340,6 @@ class _Work:
             self._deadline_prefixes[k] = prefix
         return prefix
 
-    def finish_inflight(
-        self, topic_id: int, queue: int, group: str, offset: int, key: bytes, rec: PendingRecord
-    ) -> None:
-        """``finish`` of an offset (pending ``key``) whose current record ``rec`` is in flight."""
-        self.batch.delete(self._deadline_prefix(rec.time_ms, topic_id, queue, group) + key[-8:])
-        self.batch.delete(key)
-        self._pending[key] = None
-        sub = self.sub(topic_id, queue, group)
-        sub.touched = True
-        sub.gone.add(offset)
-        if sub.new:
-            sub.new.discard(offset)
-
     def finish(self, topic_id: int, queue: int, group: str, offset: int) -> None:
         self.set_pending(topic_id, queue, group, offset, None)
 
@@ -616,23 +604,16 @@ def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
         by_queue.setdefault(r.queue, []).append(r.offset)
     for queue, offsets in by_queue.items():
         w.load_pending(topic_id, queue, group, offsets)
+    if op == "ack":
+        return {"results": _ack(w, topic_id, group, cmd["receipts"])}
     results: list[dict[str, Any]] = []
     for queue, offset, token in cmd["receipts"]:
         key = w._prefix(topic_id, queue, group) + keys.encode_u64(offset)
         rec = w.pending_at(key)
         if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
-            results.append(
-                error_body(
-                    errors.STALE_RECEIPT,
-                    f"the receipt of queue {queue} offset {offset} is no longer valid "
-                    "(acked, redelivered or unknown)",
-                )
-            )
+            results.append(_stale(queue, offset))
             continue
-        if op == "ack":
-            w.finish_inflight(topic_id, queue, group, offset, key, rec)
-            results.append({"ok": True})
-        elif op == "extend":
+        if op == "extend":
             deadline_ms = now_ms + cmd["visibility_ms"]
             w.set_pending(topic_id, queue, group, offset, replace(rec, time_ms=deadline_ms))
             results.append({"ok": True, "deadline_ms": deadline_ms})
@@ -656,6 +637,44 @@ def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
                 results.append({"ok": True})
     w.finish_op()
     return {"results": results}
+
+
+def _stale(queue: int, offset: int) -> dict[str, Any]:
+    return error_body(
+        errors.STALE_RECEIPT,
+        f"the receipt of queue {queue} offset {offset} is no longer valid (acked, redelivered or unknown)",
+    )
+
+
+def _ack(w: _Work, topic_id: int, group: str, receipts: list[Receipt]) -> list[dict[str, Any]]:
+    """The ``ack`` of :func:`ack_nack_extend` (records loaded), with the work per receipt kept
+    small: it runs for every message on every replica."""
+    results: list[dict[str, Any]] = []
+    per_queue: dict[int, tuple[bytes, _Sub]] = {}
+    delete = w.batch.delete
+    pending = w._pending
+    for queue, offset, token in receipts:
+        known = per_queue.get(queue)
+        if known is None:
+            known = per_queue[queue] = (w._prefix(topic_id, queue, group), w.sub(topic_id, queue, group))
+        prefix, sub = known
+        o = keys.encode_u64(offset)
+        key = prefix + o
+        rec = w.pending_at(key)
+        if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
+            results.append(_stale(queue, offset))
+            continue
+        delete(w._deadline_prefix(rec.time_ms, topic_id, queue, group) + o)
+        delete(key)
+        pending[key] = None
+        sub.gone.add(offset)
+        results.append({"ok": True})
+    for _, sub in per_queue.values():
+        if sub.gone:
+            sub.touched = True
+            sub.new.difference_update(sub.gone)
+    w.finish_op()
+    return results
 
 
 def _dead_letter(
