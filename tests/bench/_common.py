@@ -217,7 +217,13 @@ def py_spy() -> str | None:
     return shutil.which("py-spy")
 
 
-def start_py_spy(pid: int, seconds: float, out: Path, rate: int = 200) -> subprocess.Popen[bytes] | None:
+def start_py_spy(
+    pid: int, seconds: float, out: Path, rate: int = 200, gil: bool = False
+) -> subprocess.Popen[bytes] | None:
+    """Record ``pid`` for ``seconds`` into ``out`` (collapsed stacks). ``gil``: sample only the thread
+    holding the GIL (py-spy --gil). Without it a thread waiting for the GIL is sampled where it
+    waits, which inflates long Python loops when two threads of a process compete (a node's
+    asyncio and Raft threads)."""
     exe = py_spy()
     if exe is None:
         return None
@@ -235,6 +241,7 @@ def start_py_spy(pid: int, seconds: float, out: Path, rate: int = 200) -> subpro
             "raw",
             "-o",
             str(out),
+            *(["--gil"] if gil else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

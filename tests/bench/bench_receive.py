@@ -334,7 +334,8 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     if args.profile:
         for n in cluster.nodes:
             out = RESULTS / f"profile-receive-{n}.raw.txt"
-            spies.append((n, out, start_py_spy(cluster.nodes[n].proc.pid, args.profile_s, out)))  # type: ignore[union-attr]
+            pid = cluster.nodes[n].proc.pid  # type: ignore[union-attr]
+            spies.append((n, out, start_py_spy(pid, args.profile_s, out, gil=args.profile_gil)))
     for p in procs:
         p.wait(timeout=args.max_seconds + 60)
     for t in readers:
@@ -437,6 +438,9 @@ def main() -> None:
     ap.add_argument("--ack-interval-ms", type=int, default=50, help="the subscriber's ack_interval_ms")
     ap.add_argument("--profile", action="store_true", help="py-spy the nodes and receiver 0")
     ap.add_argument("--profile-s", type=float, default=5.0)
+    ap.add_argument(
+        "--profile-gil", action="store_true", help="nodes: sample the thread holding the GIL only (--gil)"
+    )
     ap.add_argument("--max-seconds", type=float, default=150.0)
     ap.add_argument(
         "--idle-s", type=float, default=1.5, help="a receiver stops after this long without messages"
