@@ -346,7 +346,10 @@ def _paths(limits: Limits) -> dict[str, Any]:
             "post": _op(
                 "produce",
                 "Produce messages; answered once committed on a majority",
-                {"200": _json(_ref("ProduceResponse"), "stored"), **_errors(400, 404, 413, *RAFT_ERRORS)},
+                {
+                    "200": _json(_ref("ProduceResponse"), "stored"),
+                    **_errors(400, 404, 409, 413, *RAFT_ERRORS),
+                },
                 params=(TOPIC,),
                 body=_ref("ProduceRequest"),
             )
