@@ -56,8 +56,10 @@ class AsyncSubscriber:
         mode: ``"poll"`` (default): long-polling receives. ``"push"``: a WebSocket stream on which
             the node pushes messages as credit allows (NSQ's RDY) and settlements go back
             (FIN/REQ/TOUCH).
-        max_in_flight: Received and not yet acked or nacked messages at most (256; the push
-            stream's credit); a message past its deadline no longer counts.
+        max_in_flight: Received and not yet acked or nacked messages at most (1,000; the push
+            stream's credit); a message past its deadline no longer counts. Poll mode receives
+            once half of it fits. Lower it when a message takes long to handle: every message
+            taken must be settled or extended within ``visibility_ms``.
         visibility_ms: How long a message stays in flight (None: the cluster's, 30 s).
         wait_ms: Poll mode: how long a receive waits for messages (5,000; at most 15,000).
         ack_batch_size: Settlements sent together (256; push mode: at most half the credit).

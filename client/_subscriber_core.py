@@ -52,7 +52,7 @@ class SubscriberConfig:
     topic: str
     group: str
     mode: SubscribeMode = "poll"
-    max_in_flight: int = 256
+    max_in_flight: int = 1_000
     visibility_ms: int | None = None
     wait_ms: int = 5_000
     ack_batch_size: int = 256
