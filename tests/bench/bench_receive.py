@@ -32,7 +32,7 @@ Figures:
 - balance: messages per receiver;
 - CPU per message of the nodes and of the receivers (from "go" until the receivers exit).
 
-    .venv/bin/python tests/bench/bench_receive.py                       # subscriber, 200k messages
+    .venv/bin/python tests/bench/bench_receive.py                       # Subscriber, 200k messages
     .venv/bin/python tests/bench/bench_receive.py --client raw          # the server without the client
     .venv/bin/python tests/bench/bench_receive.py --client push
     .venv/bin/python tests/bench/bench_receive.py --profile             # py-spy: nodes + receiver 0
@@ -433,7 +433,9 @@ def main() -> None:
     ap.add_argument("--connect", choices=("spread", "coordinator"), default="spread")
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--queues", type=int, default=6, help="queues of the topic (2 per queue group)")
-    ap.add_argument("--batch", type=int, default=256, help="max_in_flight (subscriber, push), max (raw)")
+    ap.add_argument(
+        "--batch", type=int, default=0, help="max_in_flight (subscriber, push), max (raw); 0: the client's"
+    )
     ap.add_argument("--ack-batch", type=int, default=256, help="the subscriber's ack_batch_size")
     ap.add_argument("--ack-interval-ms", type=int, default=50, help="the subscriber's ack_interval_ms")
     ap.add_argument("--profile", action="store_true", help="py-spy the nodes and receiver 0")
@@ -458,6 +460,9 @@ def main() -> None:
     if args.role:
         receiver_main(args)
         return
+    from raftmq.client._subscriber_core import SubscriberConfig
+
+    args.batch = args.batch or SubscriberConfig(topic="t", group="g").max_in_flight
     base = Path(args.data_dir or tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="receive-bench-", dir=base))
