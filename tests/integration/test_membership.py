@@ -135,13 +135,23 @@ def placement(c: Cluster, node: str | None = None) -> dict[str, Any]:
 def run_change(
     c: Cluster, method: str, path: str, body: Any = None, timeout_s: float = 180
 ) -> dict[str, Any]:
-    """Start a change; wait until it ended; return its record (it must have succeeded)."""
-    r = c.session.request(method, c.url() + path, json=body, timeout=30)
+    """Start a change; wait until it ended; return its record (it must have succeeded). A refusal
+    that certainly did nothing and passes (the metadata group electing a leader) is retried."""
+
+    def begin() -> requests.Response | None:
+        r = c.session.request(method, c.url() + path, json=body, timeout=30)
+        error = r.json().get("error", {}) if r.status_code != 202 else {}
+        return None if error.get("code") in ("unavailable", "not_leader") else r
+
+    r = wait_until(begin, 30, interval_s=0.5, what=f"{method} {path} accepted")
     assert r.status_code == 202, r.text
     change_id = r.json()["change"]["id"]
 
     def ended() -> dict[str, Any] | None:
-        return next((h for h in placement(c)["history"] if h["id"] == change_id), None)
+        r = c.get("/v1/cluster/placement")
+        if r.status_code != 200:  # 503 while the metadata group elects its next leader
+            return None
+        return next((h for h in r.json()["history"] if h["id"] == change_id), None)
 
     record: dict[str, Any] = wait_until(ended, timeout_s, interval_s=0.5, what=f"change {change_id} to end")
     assert record["outcome"] == "done", record
