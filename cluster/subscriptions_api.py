@@ -583,23 +583,30 @@ class SubscriptionsApi:
         """Apply ``op`` to each receipt at its queue group; one result per receipt, in order.
         Every receipt is parsed before anything is sent (one that is not a receipt: 400)."""
         results: list[dict[str, Any] | None] = [None] * len(receipts)
-        by_group: dict[int, list[tuple[int, tuple[int, int, int]]]] = defaultdict(list)
+        # Per queue group: the receipts' positions, and the receipts as the command has them.
+        by_group: dict[int, tuple[list[int], list[list[int]]]] = {}
         for i, text in enumerate(receipts):
             topic_id, queue, offset, token = _parse_receipt(text, i)
             if topic_id != topic.id or queue >= topic.queues:
                 results[i] = errors.error_body(errors.STALE_RECEIPT, "the receipt is not of this topic")
                 continue
-            by_group[topic.queue_groups[queue]].append((i, (queue, offset, token)))
+            g = topic.queue_groups[queue]
+            if g not in by_group:
+                by_group[g] = ([], [])
+            positions, wire = by_group[g]
+            positions.append(i)
+            wire.append([queue, offset, token])
 
-        async def call(g: int, items: list[tuple[int, tuple[int, int, int]]]) -> ApiError | None:
-            body = {"group": group, "topic_id": topic.id, "receipts": [list(r) for _, r in items], **fields}
+        async def call(g: int, items: tuple[list[int], list[list[int]]]) -> ApiError | None:
+            positions, wire = items
+            body = {"group": group, "topic_id": topic.id, "receipts": wire, **fields}
             try:
                 got = (await self.api._group_call(g, op, body))["results"]
             except ApiError as e:
-                for i, _ in items:
+                for i in positions:
                     results[i] = errors.error_body(e.code, e.message, **e.extra)
                 return e
-            for (i, _), r in zip(items, got, strict=True):
+            for i, r in zip(positions, got, strict=True):
                 results[i] = r
             return None
 
