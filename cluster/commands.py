@@ -795,6 +795,9 @@ def _receive(obj: dict[str, Any]) -> ReceiveCommand:
     }
 
 
+_tuple_new = tuple.__new__
+
+
 def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
     op = obj["op"]
     extra = {"delay_ms"} if op == "nack" else {"visibility_ms"} if op == "extend" else set()
@@ -816,7 +819,7 @@ def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
                 and 0 <= offset <= MAX_U64
                 and 0 <= token <= MAX_U64
             ):
-                receipts.append(Receipt(queue, offset, token))
+                receipts.append(_tuple_new(Receipt, r))  # Receipt(*r) without its Python __new__
                 continue
         if type(r) is not list or len(r) != 3:
             raise _bad(f"receipts[{i}]: expected [queue, offset, token]")

@@ -248,31 +248,36 @@ def decode_delivery_fields(
     header = decode_header(data)
     view = memoryview(data)
     size = len(data)
-    pos = HEADER_SIZE
-    out: list[tuple[int, int | None, bytes]] = []
-    offset = header.base_offset
     end_offset = header.end_offset
-    pos, offset = _skip_records(data, pos, offset, min(from_offset, end_offset))
-    while offset < end_offset and len(out) < max_messages:
-        try:
-            start, next_pos = _record_bounds(data, pos, size)
-            if offset >= from_offset:
-                (stored_crc,) = _U32.unpack_from(data, start)
-                if crc32c.crc32c(view[start + _U32.size : next_pos]) != stored_crc:
-                    raise CorruptRecord(f"CRC mismatch in the record at offset {offset}")
-                flags, key_len = _FLAGS_KEY_LEN.unpack_from(data, start + _U32.size)
-                if flags & ~_KNOWN_FLAGS:
-                    raise CorruptRecord(f"unknown record flags {flags:#x} at offset {offset}")
-                p = start + _RECORD_PREFIX + max(key_len, 0)
-                (headers_len,) = _U32.unpack_from(data, p)
-                expires_at_ms = None
-                if flags & FLAG_EXPIRES:
-                    (expires_at_ms,) = _U64.unpack_from(data, next_pos - _U64.size)
-                out.append((offset, expires_at_ms, data[p + _U32.size : p + _U32.size + headers_len]))
-        except struct.error as e:
-            raise CorruptRecord(f"record at offset {offset} is truncated") from e
-        pos = next_pos
-        offset += 1
+    pos, offset = _skip_records(data, HEADER_SIZE, header.base_offset, min(from_offset, end_offset))
+    last = min(end_offset, offset + max(0, max_messages))
+    out: list[tuple[int, int | None, bytes]] = []
+    flags_key_len, u32, crc = _FLAGS_KEY_LEN.unpack_from, _U32.unpack_from, crc32c.crc32c
+    try:
+        while offset < last:  # _record_bounds inlined, then the fields wanted (this runs per message)
+            flags, key_len = flags_key_len(data, pos + _U32.size)
+            if key_len < -1:
+                raise CorruptRecord(f"negative key length {key_len}")
+            if flags & ~_KNOWN_FLAGS:
+                raise CorruptRecord(f"unknown record flags {flags:#x} at offset {offset}")
+            p = pos + _RECORD_PREFIX + (key_len if key_len > 0 else 0)
+            (headers_len,) = u32(data, p)
+            headers_at = p + _U32.size
+            p = headers_at + headers_len
+            p += _U32.size + u32(data, p)[0]
+            expires_at_ms = None
+            if flags & FLAG_EXPIRES:
+                (expires_at_ms,) = _U64.unpack_from(data, p)
+                p += _U64.size
+            if p > size:
+                raise CorruptRecord(f"record ends at byte {p} of a {size}-byte batch")
+            if crc(view[pos + _U32.size : p]) != u32(data, pos)[0]:
+                raise CorruptRecord(f"CRC mismatch in the record at offset {offset}")
+            out.append((offset, expires_at_ms, data[headers_at : headers_at + headers_len]))
+            pos = p
+            offset += 1
+    except struct.error as e:
+        raise CorruptRecord(f"record at offset {offset} is truncated") from e
     return out
 
 
