@@ -318,6 +318,8 @@ def _decode_records(
     messages: list[Message] = []
     offset = header.base_offset
     end_offset = header.end_offset
+    if max_messages > 0:  # the records before from_offset: only their lengths are read
+        pos, offset = _skip_records(data, pos, offset, min(from_offset, end_offset))
     while offset < end_offset and len(messages) < max_messages:
         try:
             start, next_pos = _record_bounds(data, pos, size)
