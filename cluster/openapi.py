@@ -60,7 +60,9 @@ def _message_schema(limits: Limits) -> Schema:
             "value_b64": _str(
                 pattern=BASE64, contentEncoding="base64", description="Binary payload, standard base64."
             ),
-            "key": _nullable(_str(description="Routes to CRC32C(key) mod queues.", **{utf8: MAX_KEY_BYTES})),
+            "key": _nullable(
+                _str(description="Routes to fmix32(CRC32C(key)) mod queues.", **{utf8: MAX_KEY_BYTES})
+            ),
             "headers": _nullable(
                 {"type": "object", "additionalProperties": _str(), "maxProperties": MAX_HEADERS}
             ),
