@@ -6,6 +6,10 @@ Flow control: at most ``max_in_flight`` messages are received and not yet settle
 nacked; a message past its deadline no longer counts, since it is redelivered anyway). In poll
 mode the core asks for no more than that; in push mode the stream's credit (RDY), which the node
 enforces, is what the messages of earlier streams leave of it (``_push_source.py``).
+
+Settlements over HTTP (poll mode, and push mode when the stream is gone) go straight to the leader
+of each message's queue group, as the client's cached metadata has it (one request per leader and
+op); any node forwards them there anyway, so a stale guess costs a hop, never a result.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any, Literal, TypedDict
 import structlog
 
 from ._api import ApiClient
+from ._metadata import ClusterMetadata
 from ._received import ReceivedMessage, SettleOp
-from ._retry import Backoff
+from ._retry import Backoff, retrying
 from ._transport import AddressMap, Transport, path_part
 from .errors import InternalError, RaftmqError, UnexpectedResponse
 
@@ -43,6 +48,7 @@ SubscribeMode = Literal["poll", "push"]
 MAX_IN_FLIGHT = 10_000  # the API's most messages per receive (and RDY)
 MAX_RECEIPTS = 10_000  # per settle request or frame
 MAX_WAIT_MS = 15_000
+ROUTES_MAX_AGE_S = 10.0  # how long the leaders of the queue groups are trusted before a refresh
 
 
 @dataclass(frozen=True)
@@ -177,7 +183,8 @@ class SubscriberCore:
         # deadline_ms); those past their deadline are dropped when the room is counted.
         self.unsettled: dict[str, int] = {}
         self.room_changed = asyncio.Event()
-        self.pending: dict[tuple[SettleOp, int | None], list[str]] = {}  # settlements to send
+        # Settlements to send, per (op, value, queue): the queue says which leader takes them.
+        self.pending: dict[tuple[SettleOp, int | None, int], list[str]] = {}
         self.queued = 0
         self.flush_now = asyncio.Event()
         self.flushed = asyncio.Condition()
@@ -196,12 +203,17 @@ class SubscriberCore:
         self.receive_threshold = max(1, config.max_in_flight // 2)
         # Settlements made on other threads, handed to the loop with one wake-up per burst (a
         # wake-up per message costs more than the rest of an ack).
-        self._incoming: deque[tuple[str, SettleOp, int | None]] = deque()
+        self._incoming: deque[tuple[str, int, SettleOp, int | None]] = deque()
         self._drain_scheduled = False
+        # Where settlements go: the leader of each queue's group (refreshed in the background).
+        self.metadata = ClusterMetadata()
+        self._routes_at: float | None = None  # monotonic time of the last refresh (None: never)
+        self._refresher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Check that the topic exists (a missing one raises TopicNotFound here) and start."""
         await self.api.call("GET", f"/v1/topics/{path_part(self.config.topic)}", idempotent=True)
+        self._refresh_routes_soon()  # where settlements go
         source = asyncio.create_task(self.push.run() if self.push is not None else self._poll_forever())
         source.add_done_callback(self._source_ended)
         self._tasks = [source, asyncio.create_task(self._flush_forever())]
@@ -305,11 +317,11 @@ class SubscriberCore:
         except RuntimeError:
             running = None
         if running is self.loop:
-            self._queue(message.receipt, op, value)
+            self._queue(message.receipt, message.queue, op, value)
         elif not self.loop.is_closed():
             # Appended before the flag is read: a drain that already ran re-arms, one that has
             # not run yet will find it.
-            self._incoming.append((message.receipt, op, value))
+            self._incoming.append((message.receipt, message.queue, op, value))
             if not self._drain_scheduled:
                 self._drain_scheduled = True
                 self.loop.call_soon_threadsafe(self._drain_incoming)
@@ -319,7 +331,7 @@ class SubscriberCore:
         while self._incoming:
             self._queue(*self._incoming.popleft())
 
-    def _queue(self, receipt: str, op: SettleOp, value: int | None) -> None:
+    def _queue(self, receipt: str, queue: int, op: SettleOp, value: int | None) -> None:
         if self.closed:
             return
         if op != "extend":
@@ -330,7 +342,7 @@ class SubscriberCore:
             room = self.config.max_in_flight - len(self.unsettled)
             if self.push is not None or room >= self.receive_threshold:
                 self.room_changed.set()
-        self.pending.setdefault((op, value), []).append(receipt)
+        self.pending.setdefault((op, value, queue), []).append(receipt)
         self.queued += 1
         if self.queued >= self.flush_threshold:
             self.flush_now.set()
@@ -346,8 +358,8 @@ class SubscriberCore:
             try:
                 await asyncio.gather(
                     *(
-                        self._send(op, value, receipts[i : i + MAX_RECEIPTS])
-                        for (op, value), receipts in batch.items()
+                        self._send(op, value, receipts[i : i + MAX_RECEIPTS], url)
+                        for (op, value, url), receipts in self._by_target(batch).items()
                         for i in range(0, len(receipts), MAX_RECEIPTS)
                     )
                 )
@@ -356,6 +368,44 @@ class SubscriberCore:
                 async with self.flushed:
                     self.flushed.notify_all()
 
+    def _by_target(
+        self, batch: dict[tuple[SettleOp, int | None, int], list[str]]
+    ) -> dict[tuple[SettleOp, int | None, str | None], list[str]]:
+        """The batch per (op, value, node to send to): the leader of the queue's group over HTTP
+        (None: unknown, any node), or one request per (op, value) over the push stream."""
+        out: dict[tuple[SettleOp, int | None, str | None], list[str]] = {}
+        routed = self.push is None or self.push.ws is None
+        if routed:
+            self._refresh_routes_soon()
+        for (op, value, queue), receipts in batch.items():
+            url = self.metadata.leader_url(self.config.topic, queue) if routed else None
+            out.setdefault((op, value, url), []).extend(receipts)
+        return out
+
+    def _refresh_routes_soon(self, force: bool = False) -> None:
+        """Reload the topic's leaders (and the node addresses) in the background when they are
+        older than ``ROUTES_MAX_AGE_S`` (or ``force``: a settlement failed)."""
+        if self._refresher is not None or self.closed:
+            return
+        at = self._routes_at
+        if not force and at is not None and time.monotonic() - at < ROUTES_MAX_AGE_S:
+            return
+        self._routes_at = time.monotonic()
+        self._refresher = asyncio.create_task(self._refresh_routes())
+
+    async def _refresh_routes(self) -> None:
+        try:
+            desc = await self.api.describe_topic(self.config.topic)
+            leaders = {q.leader for q in desc.queue_states if q.leader}
+            if not all(self.metadata.leader_known(n) for n in leaders):
+                self.metadata.update_cluster(await self.api.cluster_status())
+            self.metadata.update_topic(desc, time.monotonic())
+        except Exception as e:  # (RaftmqError, a broken answer) settlements go to any node meanwhile
+            log.debug("subscriber_routes_not_refreshed", topic=self.config.topic, error=repr(e))
+        finally:
+            self._routes_at = time.monotonic()
+            self._refresher = None
+
     async def flush(self) -> None:
         """Send every settlement queued so far and wait for the answers."""
         async with self.flushed:
@@ -363,14 +413,14 @@ class SubscriberCore:
                 self.flush_now.set()
                 await self.flushed.wait()
 
-    async def _send(self, op: SettleOp, value: int | None, receipts: list[str]) -> None:
+    async def _send(self, op: SettleOp, value: int | None, receipts: list[str], url: str | None) -> None:
         fields: dict[str, Any] = {}
         if op == "nack" and value is not None:
             fields["delay_ms"] = value
         elif op == "extend":
             fields["visibility_ms"] = value
         try:
-            results = await self._settle_remote(op, receipts, fields)
+            results = await self._settle_remote(op, receipts, fields, url)
         except Exception as e:  # (RaftmqError, or a broken answer) the flusher must go on
             self.stats.failed += len(receipts)
             log.warning("subscriber_settle_failed", op=op, receipts=len(receipts), error=repr(e))
@@ -392,7 +442,7 @@ class SubscriberCore:
                 stats.failed += 1
 
     async def _settle_remote(
-        self, op: SettleOp, receipts: list[str], fields: Mapping[str, Any]
+        self, op: SettleOp, receipts: list[str], fields: Mapping[str, Any], url: str | None
     ) -> list[dict[str, Any]]:
         if self.push is not None:
             try:  # over the stream: that frees its credit
@@ -402,8 +452,25 @@ class SubscriberCore:
                     raise
                 # No stream, it broke, or the node could not apply it now: settling is idempotent,
                 # so it goes again over HTTP (with retries).
-        answer = await self.api.call(
-            "POST", f"{self.config.path}/{op}", body={"receipts": receipts, **fields}, idempotent=True
+        node_url = url
+        body = {"receipts": receipts, **fields}
+
+        async def once() -> Any:
+            return await self.transport.request(
+                "POST", f"{self.config.path}/{op}", body=body, node_url=node_url, idempotent=True
+            )
+
+        def on_error(_: RaftmqError) -> None:
+            nonlocal node_url
+            node_url = None  # retries go to any node (the leader guess may be what failed)
+            self._refresh_routes_soon(force=True)
+
+        answer = await retrying(
+            once,
+            idempotent=True,
+            timeout_ms=self.config.retry_timeout_ms,
+            backoff=self.backoff,
+            on_error=on_error,
         )
         results: list[dict[str, Any]] = answer["results"]
         return results
@@ -430,15 +497,16 @@ class SubscriberCore:
         self.buffer.clear()
         for message in leftovers:
             if message._claim():
-                self._queue(message.receipt, "nack", 0)
+                self._queue(message.receipt, message.queue, "nack", 0)
         try:
             await asyncio.wait_for(self.flush(), self.config.retry_timeout_ms / 1000 + 5)
         except TimeoutError:
             log.warning("subscriber_close_flush_timed_out", topic=self.config.topic)
         self.closed = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._refresher] if self._refresher is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.push is not None:
             await self.push.close()
         await self.transport.close()

@@ -42,6 +42,7 @@ from raftmq.storage.store import Store
 
 from . import commands, producers
 from .config import ClusterConfig, NodeConfig
+from .delivery import WAKE_WITHIN_MS
 from .group_commit import GroupCommitter
 from .metadata import MetadataMachine
 from .placement import Placement, overlay
@@ -99,6 +100,10 @@ class Node:
         self._set_config(config)
         self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
         self._delivery_wake = asyncio.Event()  # an apply scheduled a delayed message or deadline
+        self._scheduled_seq = 0  # counts those applies (on the event loop)
+        # Per led queue group: (applied index, _scheduled_seq, now_ms) at its last look at the
+        # schedule, and the due time it found (deliver_once's cache).
+        self._due_cache: dict[str, tuple[int, int, int, int | None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
         self._peer_status: dict[str, dict[str, Any]] = {}
@@ -377,7 +382,11 @@ class Node:
         if queues:
             self._loop.call_soon_threadsafe(self._wake, queues)
         if applied.scheduled:
-            self._loop.call_soon_threadsafe(self._delivery_wake.set)
+            self._loop.call_soon_threadsafe(self._scheduled_applied)
+
+    def _scheduled_applied(self) -> None:
+        self._scheduled_seq += 1
+        self._delivery_wake.set()
 
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:
@@ -502,10 +511,15 @@ class Node:
         next_due: int | None = None
         for name, local in self.groups.items():
             if name == META or not local.raft.is_leader():
+                self._due_cache.pop(name, None)  # a leader looks at the schedule once first
                 continue
             for _ in range(100):  # bounded: the loop comes back at once if more is due
-                due = next_due_ms(local.machine.store)
                 now = now_ms()
+                known, due = self._known_due(name, local, now)
+                if not known:
+                    index, seq = local.machine.applied_index, self._scheduled_seq
+                    due = next_due_ms(local.machine.store)
+                    self._due_cache[name] = (index, seq, now, due)
                 if due is None or due > now:
                     break
                 outcome = await self.propose(name, commands.deliver_tick(now, settings.tick_max_items))
@@ -518,6 +532,26 @@ class Node:
         if next_due is None:
             return settings.tick_ms / 1000
         return max(0.0, (next_due - now_ms()) / 1000)
+
+    def _known_due(self, name: str, local: LocalGroup, now: int) -> tuple[bool, int | None]:
+        """``(True, due)`` when group ``name``'s next due time is known without a look at the store
+        (its deadline index scan passes over every settled entry's tombstone): nothing was applied
+        since the last look, or nothing that woke the loop (an entry added without waking it is due
+        ``WAKE_WITHIN_MS`` after its command at the earliest, so one look in that time, a tick
+        early, finds it on time). A cached time may be early (settled since): the look then finds
+        the real one."""
+        cached = self._due_cache.get(name)
+        if cached is None:
+            return False, None
+        index, seq, looked_ms, due = cached
+        if due is not None and due <= now:
+            return False, None
+        if local.machine.applied_index == index:
+            return True, due
+        horizon = looked_ms + WAKE_WITHIN_MS - self.config.delivery.tick_ms
+        if seq != self._scheduled_seq or now >= horizon:
+            return False, None
+        return True, due if due is not None and due < horizon else horizon
 
     # -- checkpoints (snapshot install) ------------------------------------------------------------
 
