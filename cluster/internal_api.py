@@ -61,6 +61,13 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
             raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         return json_response(t.to_json())
 
+    async def topics(request: web.Request) -> web.Response:
+        """Every topic in this node's metadata replica (not linearizable: for retention ticks)."""
+        authorize(request)
+        if node.metadata is None:
+            raise ApiError(errors.NOT_LEADER, f"{node.me.id} holds no metadata replica")
+        return json_response({"topics": [t.to_json() for t in node.metadata.topics()]})
+
     async def bounds(request: web.Request) -> web.Response:
         authorize(request)
         local = local_group(request)
@@ -131,6 +138,7 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
 
     r = app.router
     r.add_get("/internal/status", status)
+    r.add_get("/internal/topics", topics)
     r.add_get("/internal/topics/{topic}", topic)
     r.add_post("/internal/groups/{group}/propose", propose_raw)
     r.add_post("/internal/groups/{group}/compact", compact)

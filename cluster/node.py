@@ -44,7 +44,7 @@ from . import commands, producers
 from .config import ClusterConfig, NodeConfig
 from .delivery import WAKE_WITHIN_MS
 from .group_commit import GroupCommitter
-from .metadata import MetadataMachine
+from .metadata import MetadataMachine, Topic
 from .placement import Placement, overlay
 from .queue_group import Applied, QueueGroupMachine
 from .raft import Outcome, RaftGroup, RaftSettings, StateMachine
@@ -451,8 +451,8 @@ class Node:
                 log.exception("retention_tick_failed")
 
     async def retention_once(self) -> None:
-        # Only metadata voters know topics locally; the others propose no retain.
-        topics = [] if self.metadata is None else self.metadata.topics()
+        led = [name for name, local in self.groups.items() if name != META and local.raft.is_leader()]
+        topics = await self._topics_for_retention() if led else []
         topics = [t for t in topics if t.retention_ms or t.retention_bytes]
         for name, local in self.groups.items():
             if name == META or not local.raft.is_leader():
@@ -468,6 +468,22 @@ class Node:
                 if outcome.error:
                     log.warning("retention_tick_not_applied", group=name, error=outcome.error)
             await self._expire_producers(name, local)
+
+    async def _topics_for_retention(self) -> list[Topic]:
+        """Every topic, from this node's metadata replica or, on a node without one (a queue
+        group's leader need not be a metadata voter), from the first node that has one; [] when
+        none answers (the next tick tries again)."""
+        if self.metadata is not None:
+            return self.metadata.topics()
+        leader = self.leader_of(META)
+        others = [n for n in self.config.nodes if n.id != self.me.id and n != leader]
+        for node in ([leader] if leader is not None else []) + others:
+            try:
+                body = await self.peer_get_json(node, "/internal/topics", timeout_s=2.0)
+                return [Topic.from_json(t) for t in body["topics"]]
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, TypeError):
+                continue
+        return []
 
     async def _expire_producers(self, name: str, local: LocalGroup) -> None:
         """Propose ``expire_producers`` steps while this leader's store shows idle producer states

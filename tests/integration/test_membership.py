@@ -475,3 +475,36 @@ def test_bad_changes_are_refused_and_change_nothing(cluster: Cluster) -> None:
     assert c.get("/internal/placement").status_code == 401
     r = c.get("/internal/placement", headers={"X-Raftmq-Secret": SECRET})
     assert r.status_code == 200 and r.json()["placement"] == before["placement"]
+
+
+def test_retention_runs_where_a_queue_groups_leader_has_no_metadata_replica(tmp_path: Path) -> None:
+    """Group 0 moves to n4, which holds no metadata replica, and n4 leads it: its retention ticks
+    still run (n4 reads the topics from a node that has them)."""
+    c = Cluster(
+        tmp_path,
+        nodes=4,
+        queue_groups=3,
+        extra_toml="[raft]\nretention_check_ms = 300\n",
+        node_toml=lambda n: "join = true" if n == "n4" else "",
+    )
+    with c:
+        c.start()
+        c.wait_ready()
+        wait_until(lambda: placement(c)["placement"], 30, what="the placement recorded")
+        add_n4(c)
+        run_change(c, "POST", "/v1/cluster/groups/0/move", {"from": "n1", "to": "n4"})
+        wait_until(lambda: c.leader("0") == "n4", 30, what="n4 leading group 0")
+        assert not group_dir(c, "n4", "meta").exists()
+        groups = c.create_topic("aged", queues=3, retention_ms=1500)["queue_groups"]
+        q = groups.index(0)
+        for i in range(3):
+            r = c.produce("aged", [{"value": f"old-{i}", "queue": q}])
+            assert r.status_code == 200, r.text
+
+        def low() -> int:
+            r = c.get("/v1/topics/aged")
+            assert r.status_code == 200, r.text
+            return int(r.json()["queues"][q]["low_offset"])
+
+        wait_until(lambda: low() == 3, 30, what="n4's retention tick removing the old messages")
+        assert "retention_tick_failed" not in c.log("n4")
