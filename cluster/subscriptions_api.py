@@ -15,10 +15,9 @@ Public routes (any node answers; the state lives in the queue groups, see ``clus
 
 Receives of one (topic, consumer group) are coordinated by one node: the leader of the queue group
 holding the topic's queue 0 (a locked receive: the leader of its queue's group); other nodes
-forward to it. The coordinator keeps its waiting receivers in arrival order and serves them from
-the queue groups' leaders (internal action ``receive``, which proposes a ``receive`` command only
-when something is available), the head of the line first: waiting receivers are served round
-robin. Acks, nacks and extends go straight to the queue groups of their receipts.
+forward to it. The coordinator's line of waiting receivers, served round robin, is in
+``cluster/receive_coordinator.py``. Acks, nacks and extends go straight to the queue groups of
+their receipts. The dead-letter and lock handlers are in ``cluster/dlq_locks_api.py``.
 
 Internal actions (``Api.internal_action``) at a queue group's leader: ``subscribe``, ``receive``,
 ``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``, ``extend``,
@@ -33,26 +32,27 @@ import asyncio
 import base64
 import re
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
 from aiohttp import web
 
-from raftmq.storage.queues import OffsetOutOfRange, lock_state, read_messages
+from raftmq.storage.queues import OffsetOutOfRange, read_messages
 from raftmq.storage.records import Message
 from raftmq.storage.store import Store
 
 from . import commands, errors
 from .delivery import available, dlq_topic_name
-from .http_api import FORWARDED, _group_name, json_response
+from .dlq_locks_api import DeadLettersAndLocks, check_lock, dlq_list
+from .http_api import FORWARDED, json_response
 from .metadata import Topic, validate_topic_name
 from .node import META, Node, now_ms
+from .receive_coordinator import ReceiveCoordinator, Waiter
 from .settle_commit import SettleCommitter
-from .validation import ApiError, bad, parse_json, query_int
+from .subscription_bodies import int_field, json_object
+from .validation import ApiError, bad
 
 if TYPE_CHECKING:
     from .http_api import Api
@@ -81,8 +81,6 @@ INTERNAL_ACTIONS = frozenset(
 _STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive"})
 _SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
 _COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
-MAX_REMOTE_AWAIT_S = 5.0  # a remote ``await`` is re-armed at least this often
-LEADERSHIP_CHECK_S = 1.0  # a waiting coordinator checks at least this often that it still leads
 SUBSCRIPTION_REFRESH_S = 60.0  # how long a coordinator trusts that a subscription is in place
 DEFAULT_REDRIVE = 1000
 MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
@@ -108,41 +106,6 @@ def _parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
     return topic_id, queue, offset, token
 
 
-def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int:
-    if name not in body:
-        if default is None:
-            raise bad(f"'{name}' is required")
-        return default
-    value = body[name]
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise bad(f"'{name}' must be an integer from {lo} to {hi}")
-    return value
-
-
-def _object(raw: bytes, allowed: set[str]) -> dict[str, Any]:
-    body = parse_json(raw)
-    if not isinstance(body, dict):
-        raise bad("the body must be a JSON object")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise bad(f"body: unknown field(s) {', '.join(map(repr, unknown))}")
-    return body
-
-
-def _message_json(m: Message) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "offset": m.offset,
-        "key": m.key,
-        "timestamp_ms": m.timestamp_ms,
-        "headers": m.headers or {},
-    }
-    if m.binary:
-        item["value_b64"] = base64.b64encode(m.value).decode()
-    else:
-        item["value"] = m.value.decode()
-    return item
-
-
 def _read(store: Store, topic_id: int, queue: int, offsets: list[int]) -> dict[int, Message]:
     """The messages at ``offsets`` of one queue, reading runs of consecutive offsets together."""
     found: dict[int, Message] = {}
@@ -162,30 +125,6 @@ def _read(store: Store, topic_id: int, queue: int, offsets: list[int]) -> dict[i
     return found
 
 
-@dataclass
-class _Waiter:
-    max: int
-    visibility_ms: int
-    deadline: float  # time.monotonic()
-    future: asyncio.Future[list[dict[str, Any]]]
-
-
-@dataclass
-class _Target:
-    """What one coordinator serves: a topic, a consumer group, the queues by queue group, and the
-    epoch of a locked receive (None: any unlocked queue)."""
-
-    topic: Topic
-    group: str
-    by_group: dict[int, list[int]]
-    coordinator: str  # the group whose leader serves this target
-    epoch: int | None = None
-    waiters: deque[_Waiter] = field(default_factory=deque)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    rotation: int = 0
-
-
 class SubscriptionsApi:
     """Handlers and internal actions; one instance per node (``Api.delivery``)."""
 
@@ -194,7 +133,7 @@ class SubscriptionsApi:
     def __init__(self, node: Node, api: Api) -> None:
         self.node = node
         self.api = api
-        self._targets: dict[tuple[int, str, int | None, int | None], _Target] = {}
+        self.coordinator = ReceiveCoordinator(node, api, self._receipts_call)
         self._subscribed: dict[tuple[int, str], float] = {}
         self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
 
@@ -261,43 +200,29 @@ class SubscriptionsApi:
             "backoff_ms": stored["backoff_ms"],
         }
 
-    def _by_group(self, topic: Topic, queues: list[int]) -> dict[int, list[int]]:
-        by_group: dict[int, list[int]] = defaultdict(list)
-        for q in queues:
-            by_group[topic.queue_groups[q]].append(q)
-        return dict(by_group)
-
-    def _queue(self, request: web.Request, topic: Topic) -> int:
-        q = query_int({"queue": request.match_info["queue"]}, "queue", None, 0, 2**31)
-        if q >= topic.queues:
-            raise ApiError(
-                errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
-            )
-        return q
-
     # -- receive ----------------------------------------------------------------------------------
 
     async def receive(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
         group = self._group(request, topic)
         raw = await request.read()
-        body = _object(raw, {"max", "wait_ms", "visibility_ms", "queue", "epoch"})
+        body = json_object(raw, {"max", "wait_ms", "visibility_ms", "queue", "epoch"})
         limits = self.limits
-        max_messages = _int_field(
+        max_messages = int_field(
             body,
             "max",
             limits.default_fetch_messages,
             1,
             min(limits.max_fetch_messages, commands.MAX_RECEIVE),
         )
-        wait_ms = _int_field(body, "wait_ms", 0, 0, limits.max_wait_ms)
-        visibility_ms = _int_field(
+        wait_ms = int_field(body, "wait_ms", 0, 0, limits.max_wait_ms)
+        visibility_ms = int_field(
             body, "visibility_ms", limits.default_visibility_ms, 1, limits.max_visibility_ms
         )
         if ("queue" in body) != ("epoch" in body):
             raise bad("'queue' and 'epoch' go together (a receive under a queue lock)")
-        queue = _int_field(body, "queue", None, 0, 2**31) if "queue" in body else None
-        epoch = _int_field(body, "epoch", None, 0, 2**63 - 1) if "epoch" in body else None
+        queue = int_field(body, "queue", None, 0, 2**31) if "queue" in body else None
+        epoch = int_field(body, "epoch", None, 0, 2**63 - 1) if "epoch" in body else None
         if queue is not None and queue >= topic.queues:
             raise ApiError(
                 errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {queue}"
@@ -308,7 +233,7 @@ class SubscriptionsApi:
         give_up = deadline + self.api.leader_wait_s
         while True:  # the coordinator can move (a leader change) while the receiver waits
             if not self.api._leads(coordinator):
-                await self._new_leader_known(coordinator)
+                await self.coordinator.new_leader_known(coordinator)
                 if self.api._leads(coordinator):
                     continue
                 remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
@@ -324,16 +249,16 @@ class SubscriptionsApi:
                     self.node.forget_peer_status()
                     continue
             await self._ensure_subscription(topic, group)
-            waiter = _Waiter(
-                max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future()
+            waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
+            self.coordinator.enqueue(
+                key, waiter, lambda: self.coordinator.target(topic, group, queue, epoch, coordinator)
             )
-            self._enqueue(key, waiter, lambda: self._target(topic, group, queue, epoch, coordinator))
             try:
                 return json_response({"messages": await waiter.future})
             except ApiError as e:
                 if e.code is not errors.NOT_LEADER or request.headers.get(FORWARDED):
                     raise  # a forwarding node retries a not_leader answer at the new leader itself
-            await self._new_leader_known(coordinator)
+            await self.coordinator.new_leader_known(coordinator)
 
     async def take(
         self, topic: Topic, group: str, max_messages: int, visibility_ms: int, wait_ms: int
@@ -350,9 +275,11 @@ class SubscriptionsApi:
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not coordinate {topic.name}/{group}")
         await self._ensure_subscription(topic, group)
         deadline = time.monotonic() + wait_ms / 1000
-        waiter = _Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
+        waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
         key = (topic.id, group, None, None)
-        self._enqueue(key, waiter, lambda: self._target(topic, group, None, None, coordinator))
+        self.coordinator.enqueue(
+            key, waiter, lambda: self.coordinator.target(topic, group, None, None, coordinator)
+        )
         return await waiter.future
 
     async def settle(
@@ -361,192 +288,6 @@ class SubscriptionsApi:
         """``ack``, ``nack`` or ``extend`` checked ``receipts`` and ``fields`` as the HTTP routes
         do (the push stream's FIN, REQ and TOUCH); one result per receipt."""
         return await self._receipts_call(topic, group, op, receipts, fields)
-
-    def _target(
-        self, topic: Topic, group: str, queue: int | None, epoch: int | None, coordinator: str
-    ) -> _Target:
-        queues = list(range(topic.queues)) if queue is None else [queue]
-        return _Target(topic, group, self._by_group(topic, queues), coordinator, epoch)
-
-    def _enqueue(
-        self, key: tuple[int, str, int | None, int | None], waiter: _Waiter, make: Callable[[], _Target]
-    ) -> None:
-        """Put ``waiter`` at the end of its target's line and make sure the line is served."""
-        target = self._targets.get(key)
-        if target is None:
-            target = self._targets[key] = make()
-        target.waiters.append(waiter)
-        target.arrived.set()
-        if target.task is None or target.task.done():
-            target.task = asyncio.create_task(self._serve(key, target))
-
-    async def _new_leader_known(self, name: str) -> None:
-        """Until this node leads group ``name`` again or knows another leader (a leadership transfer
-        takes a moment to be seen), at most ``leader_wait_s``."""
-        deadline = time.monotonic() + self.api.leader_wait_s
-        while time.monotonic() < deadline and not self.api._leads(name):
-            leader = self.node.leader_of(name)
-            if leader is not None and leader.id != self.node.me.id:
-                return
-            await asyncio.sleep(0.05)
-
-    async def _serve(self, key: tuple[int, str, int | None, int | None], target: _Target) -> None:
-        """Serve the waiting receivers of one target, the head of the line first."""
-        try:
-            while True:
-                self._drop_done(target)
-                if not target.waiters:
-                    self._targets.pop(key, None)
-                    return
-                if not self.api._leads(target.coordinator):
-                    # Leadership moved: the new leader coordinates, and the waiters move there
-                    # (serving them here too would break the line).
-                    self._targets.pop(key, None)
-                    self._fail(target, ApiError(errors.NOT_LEADER, "the receive coordinator moved"))
-                    return
-                target.arrived.clear()
-                head = target.waiters[0]
-                line = [w for w in target.waiters if w.visibility_ms == head.visibility_ms]
-                demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
-                got = await self._take(target, demand, head.visibility_ms)
-                self._hand_out(target, got)
-                now = time.monotonic()
-                for w in list(target.waiters):
-                    if w.deadline <= now:
-                        target.waiters.remove(w)
-                        if not w.future.done():
-                            w.future.set_result([])
-                if got or not target.waiters:
-                    continue
-                await self._wait(target, min(w.deadline for w in target.waiters))
-        except ApiError as e:
-            self._fail(target, e)
-        except Exception:
-            log.exception("receive_dispatch_failed", topic=target.topic.name, group=target.group)
-            self._fail(target, ApiError(errors.INTERNAL, "internal error; see the node's log"))
-        finally:
-            if self._targets.get(key) is target and not target.waiters:
-                self._targets.pop(key, None)
-
-    @staticmethod
-    def _drop_done(target: _Target) -> None:
-        for w in [w for w in target.waiters if w.future.done()]:  # the client went away
-            target.waiters.remove(w)
-
-    @staticmethod
-    def _fail(target: _Target, e: ApiError) -> None:
-        while target.waiters:
-            w = target.waiters.popleft()
-            if not w.future.done():
-                w.future.set_exception(e)
-
-    def _hand_out(self, target: _Target, got: list[dict[str, Any]]) -> None:
-        """Give messages to the waiters in line order, each up to its ``max``."""
-        rest = got
-        while rest:
-            self._drop_done(target)
-            if not target.waiters:
-                # Nobody left to take them (clients went away): give them back at once.
-                receipts = [m["receipt"] for m in rest]
-                task = asyncio.create_task(self._give_back(target, receipts))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
-                return
-            w = target.waiters.popleft()
-            part, rest = rest[: w.max], rest[w.max :]
-            w.future.set_result(part)
-
-    async def _give_back(self, target: _Target, receipts: list[str]) -> None:
-        await self._receipts_call(target.topic, target.group, "nack", receipts, {"delay_ms": 0})
-
-    async def _take(self, target: _Target, demand: int, visibility_ms: int) -> list[dict[str, Any]]:
-        """Receive up to ``demand`` messages from the queue groups, one after the other (starting
-        group and queue order rotate, so no queue is always served first)."""
-        target.rotation += 1
-        groups = sorted(target.by_group)
-        start = target.rotation % len(groups)
-        got: list[dict[str, Any]] = []
-        failures = 0
-        for g in groups[start:] + groups[:start]:
-            if len(got) >= demand:
-                break
-            queues = target.by_group[g]
-            turn = target.rotation % len(queues)
-            body = {
-                "group": target.group,
-                "topic_id": target.topic.id,
-                "queues": queues[turn:] + queues[:turn],
-                "max": demand - len(got),
-                "visibility_ms": visibility_ms,
-                "epoch": target.epoch,
-                "max_age_ms": target.topic.retention_ms,
-            }
-            try:
-                got += (await self.api._group_call(g, "receive", body))["messages"]
-            except ApiError as e:
-                if not e.code.retriable:
-                    raise
-                failures += 1
-                log.info("receive_group_unavailable", group_id=g, code=e.code.code)
-        if failures == len(groups):
-            await asyncio.sleep(0.2)  # every group is electing: do not spin
-        return got
-
-    async def _wait(self, target: _Target, until: float) -> None:
-        """Until something may be available in one of the target's queue groups, a new receiver
-        arrives, or ``until``."""
-        timeout = min(until - time.monotonic(), LEADERSHIP_CHECK_S)
-        if timeout <= 0:
-            return
-        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(target.arrived.wait())]
-        for g, queues in target.by_group.items():
-            tasks.append(asyncio.create_task(self._await_group(g, target, queues, timeout)))
-        try:
-            await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> None:
-        name = str(g)
-        if self.api._leads(name):
-            await self.await_available(name, target.topic.id, target.group, queues, target.epoch, timeout)
-            return
-        body = {
-            "group": target.group,
-            "topic_id": target.topic.id,
-            "queues": queues,
-            "epoch": target.epoch,
-            "wait_ms": int(min(timeout, MAX_REMOTE_AWAIT_S) * 1000),
-        }
-        try:
-            await self.api._group_call(g, "await", body)
-        except ApiError:
-            await asyncio.sleep(0.2)  # the group is electing; try again a little later
-
-    async def await_available(
-        self, name: str, topic_id: int, group: str, queues: list[int], epoch: int | None, timeout_s: float
-    ) -> bool:
-        """Wait (at most ``timeout_s``) until a receive from this replica's queues could hand out
-        something: the queue grew, a retry is due, a lock was released or ran out."""
-        deadline = time.monotonic() + timeout_s
-        store = self.node.groups[name].machine.store
-        while True:
-            ok, wake_ms = available(store, group, topic_id, queues, now_ms(), epoch)
-            remaining = deadline - time.monotonic()
-            if ok or remaining <= 0:
-                return ok
-            if wake_ms is not None:
-                remaining = min(remaining, max(0.001, (wake_ms - now_ms()) / 1000))
-            waits = [asyncio.create_task(self.node.wait_for_messages(topic_id, q, remaining)) for q in queues]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in waits:
-                    task.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
-
-    # -- ack, nack, extend ------------------------------------------------------------------------
 
     async def ack(self, request: web.Request) -> web.Response:
         return await self._receipts(request, "ack", set())
@@ -560,18 +301,18 @@ class SubscriptionsApi:
     async def _receipts(self, request: web.Request, op: str, extra: set[str]) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
         group = self._group(request, topic)
-        body = _object(await request.read(), {"receipts", "epoch", *extra})
+        body = json_object(await request.read(), {"receipts", "epoch", *extra})
         receipts = body.get("receipts")
         if not isinstance(receipts, list) or not 1 <= len(receipts) <= commands.MAX_RECEIPTS:
             raise bad(f"'receipts' must be a list of 1 to {commands.MAX_RECEIPTS} receipts")
         fields: dict[str, Any] = {}
         if "epoch" in body:
-            fields["epoch"] = _int_field(body, "epoch", None, 0, 2**63 - 1)
+            fields["epoch"] = int_field(body, "epoch", None, 0, 2**63 - 1)
         if op == "nack" and "delay_ms" in body:
-            fields["delay_ms"] = _int_field(body, "delay_ms", None, 0, self.limits.max_delay_ms)
+            fields["delay_ms"] = int_field(body, "delay_ms", None, 0, self.limits.max_delay_ms)
         if op == "extend":
             limits = self.limits
-            fields["visibility_ms"] = _int_field(
+            fields["visibility_ms"] = int_field(
                 body, "visibility_ms", limits.default_visibility_ms, 1, limits.max_visibility_ms
             )
         results = await self._receipts_call(topic, group, op, receipts, fields)
@@ -622,8 +363,8 @@ class SubscriptionsApi:
     async def put_subscription(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
         group = self._group(request, topic)
-        body = _object(await request.read(), {"max_deliveries", "backoff_ms"})
-        max_deliveries = _int_field(body, "max_deliveries", 0, 1, 2**31) if "max_deliveries" in body else None
+        body = json_object(await request.read(), {"max_deliveries", "backoff_ms"})
+        max_deliveries = int_field(body, "max_deliveries", 0, 1, 2**31) if "max_deliveries" in body else None
         backoff = body.get("backoff_ms")
         if "backoff_ms" in body:
             ok = isinstance(backoff, list) and 1 <= len(backoff) <= commands.MAX_BACKOFF_LEVELS
@@ -638,145 +379,6 @@ class SubscriptionsApi:
         if max_deliveries is None and backoff is None:
             max_deliveries = self.node.config.delivery.max_deliveries  # reset to the defaults
         return json_response(await self._subscribe(topic, group, max_deliveries, backoff))
-
-    # -- dead letters -----------------------------------------------------------------------------
-
-    async def _dlq(self, topic: Topic, group: str) -> Topic | None:
-        try:
-            return await self.api.topic(dlq_topic_name(topic.name, group))
-        except ApiError as e:
-            if e.code is errors.TOPIC_NOT_FOUND:
-                return None
-            raise
-
-    async def list_dlq(self, request: web.Request) -> web.Response:
-        topic = await self.api.topic(request.match_info["topic"])
-        group = self._group(request, topic)
-        query = request.query
-        unknown = set(query) - {"max", "queue"}
-        if unknown:
-            raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-        max_messages = query_int(
-            query, "max", self.limits.default_fetch_messages, 1, self.limits.max_fetch_messages
-        )
-        queues = self._queues_param(topic, query.get("queue"))
-        dlq = await self._dlq(topic, group)
-        out: dict[str, Any] = {
-            "dead_letter_topic": dlq_topic_name(topic.name, group),
-            "queues": [],
-            "messages": [],
-        }
-        if dlq is None:
-            return json_response(out)
-        parts = await asyncio.gather(
-            *(
-                self.api._group_call(g, "dlq_list", {"topic_id": dlq.id, "queues": qs, "max": max_messages})
-                for g, qs in self._by_group(dlq, queues).items()
-            )
-        )
-        for part in parts:
-            out["queues"] += part["queues"]
-            out["messages"] += part["messages"]
-        out["queues"].sort(key=lambda q: q["queue"])
-        out["messages"] = sorted(out["messages"], key=lambda m: (m["queue"], m["offset"]))[:max_messages]
-        return json_response(out)
-
-    def _queues_param(self, topic: Topic, raw: str | int | None) -> list[int]:
-        """All queues, or the one named (a query string or a validated body integer)."""
-        if raw is None:
-            return list(range(topic.queues))
-        q = query_int({"queue": raw}, "queue", None, 0, 2**31) if isinstance(raw, str) else raw
-        if q >= topic.queues:
-            raise ApiError(
-                errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
-            )
-        return [q]
-
-    async def redrive(self, request: web.Request) -> web.Response:
-        topic = await self.api.topic(request.match_info["topic"])
-        group = self._group(request, topic)
-        body = _object(await request.read(), {"max", "queue"})
-        max_messages = _int_field(body, "max", DEFAULT_REDRIVE, 1, commands.MAX_RECEIVE)
-        queue = _int_field(body, "queue", None, 0, 2**31) if "queue" in body else None
-        queues = self._queues_param(topic, queue)
-        dlq = await self._dlq(topic, group)
-        out: dict[str, Any] = {
-            "dead_letter_topic": dlq_topic_name(topic.name, group),
-            "redriven": 0,
-            "queues": [],
-            "more": False,
-        }
-        if dlq is None:
-            return json_response(out)
-        parts = await asyncio.gather(
-            *(
-                self.api._group_call(
-                    g,
-                    "redrive",
-                    {
-                        "group": group,
-                        "topic_id": topic.id,
-                        "dlq_topic_id": dlq.id,
-                        "queues": qs,
-                        "max": max_messages,
-                    },
-                )
-                for g, qs in self._by_group(topic, queues).items()
-            )
-        )
-        for part in parts:
-            out["queues"] += part["queues"]
-            out["more"] = out["more"] or part["more"]
-        out["queues"].sort(key=lambda q: q["queue"])
-        out["redriven"] = sum(q["count"] for q in out["queues"])
-        return json_response(out)
-
-    # -- locks ------------------------------------------------------------------------------------
-
-    async def lock(self, request: web.Request) -> web.Response:
-        topic = await self.api.topic(request.match_info["topic"])
-        group = _group_name(request)
-        queue = self._queue(request, topic)
-        body = _object(await request.read(), {"consumer", "lease_ms"})
-        consumer = body.get("consumer")
-        if (
-            not isinstance(consumer, str)
-            or not 1 <= len(consumer.encode(errors="replace")) <= MAX_CONSUMER_BYTES
-        ):
-            raise bad(f"'consumer' must be a string of 1 to {MAX_CONSUMER_BYTES} UTF-8 bytes")
-        _utf8(consumer, "consumer")
-        lease_ms = _int_field(body, "lease_ms", None, 1, self.limits.max_visibility_ms)
-        result = await self.api._group_call(
-            topic.queue_groups[queue],
-            "lock",
-            {
-                "group": group,
-                "topic_id": topic.id,
-                "queue": queue,
-                "consumer": consumer,
-                "lease_ms": lease_ms,
-            },
-        )
-        return json_response({"topic": topic.name, "queue": queue, "group": group, **result})
-
-    async def unlock(self, request: web.Request) -> web.Response:
-        topic = await self.api.topic(request.match_info["topic"])
-        group = _group_name(request)
-        queue = self._queue(request, topic)
-        query = request.query
-        unknown = set(query) - {"consumer", "epoch"}
-        if unknown:
-            raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-        consumer = query.get("consumer", "")
-        if not 1 <= len(_utf8(consumer, "consumer")) <= MAX_CONSUMER_BYTES:
-            raise bad(f"query parameter 'consumer' must be 1 to {MAX_CONSUMER_BYTES} UTF-8 bytes")
-        epoch = query_int(query, "epoch", None, 0, 2**63 - 1)
-        result = await self.api._group_call(
-            topic.queue_groups[queue],
-            "unlock",
-            {"group": group, "topic_id": topic.id, "queue": queue, "consumer": consumer, "epoch": epoch},
-        )
-        return json_response(result)
 
     # -- internal actions (at the group's leader) -------------------------------------------------
 
@@ -805,7 +407,7 @@ class SubscriptionsApi:
         store = self.node.groups[name].machine.store
         if action == "receive":
             if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
-                _check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
+                check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
             ok, _ = available(
                 store, body["group"], body["topic_id"], body["queues"], now_ms(), body.get("epoch")
             )
@@ -823,7 +425,7 @@ class SubscriptionsApi:
             )
             return {"messages": self._render(store, body["topic_id"], await propose(name, command))}
         if action == "await":
-            ok = await self.await_available(
+            ok = await self.coordinator.await_available(
                 name,
                 body["topic_id"],
                 body["group"],
@@ -847,7 +449,7 @@ class SubscriptionsApi:
                 raise ApiError(e.code, e.message) from None
             return await propose(name, command)
         if action == "dlq_list":
-            return self._dlq_list(store, body["topic_id"], body["queues"], body["max"])
+            return dlq_list(store, body["topic_id"], body["queues"], body["max"])
         raise ApiError(errors.NOT_FOUND, f"unknown action {action}")
 
     async def _settle_here(self, name: str, action: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -896,44 +498,6 @@ class SubscriptionsApi:
             out.append(item)
         return out
 
-    @staticmethod
-    def _dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) -> dict[str, Any]:
-        from raftmq.storage.queues import queue_bounds, redrive_offset
-
-        out_queues: list[dict[str, Any]] = []
-        messages: list[dict[str, Any]] = []
-        for q in queues:
-            low, high = queue_bounds(store, topic_id, q)
-            start = max(low, redrive_offset(store, topic_id, q) or 0)
-            out_queues.append({"queue": q, "redrive_offset": start, "high_offset": high})
-            room = max_messages - len(messages)
-            if room > 0 and start < high:
-                messages += [
-                    {"queue": q, **_message_json(m)} for m in read_messages(store, topic_id, q, start, room)
-                ]
-        return {"queues": out_queues, "messages": messages}
-
-
-def _check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
-    """``stale_epoch`` unless each queue is locked with ``epoch`` by a live lease (as the state
-    machine's receive would refuse it)."""
-    for q in queues:
-        state = lock_state(store, group, topic_id, q)
-        if state is None or state.epoch != epoch or not state.live(now_ms()):
-            raise ApiError(
-                errors.STALE_EPOCH,
-                f"queue {q} is not locked with epoch {epoch} now",
-                queue=q,
-                epoch=None if state is None else state.epoch,
-            )
-
-
-def _utf8(text: str, name: str) -> bytes:
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        raise bad(f"'{name}' is not valid Unicode (lone surrogate)") from None
-
 
 def add_subscription_routes(app: web.Application, node: Node, api: Api) -> SubscriptionsApi:
     """Register the routes; returns the handler object (``Api.delivery`` refers to it)."""
@@ -945,9 +509,10 @@ def add_subscription_routes(app: web.Application, node: Node, api: Api) -> Subsc
     r.add_post(sub + "/nack", handlers.nack)
     r.add_post(sub + "/extend", handlers.extend)
     r.add_put(sub, handlers.put_subscription)
-    r.add_get(sub + "/dlq", handlers.list_dlq)
-    r.add_post(sub + "/dlq/redrive", handlers.redrive)
+    dlq_locks = DeadLettersAndLocks(handlers)
+    r.add_get(sub + "/dlq", dlq_locks.list_dlq)
+    r.add_post(sub + "/dlq/redrive", dlq_locks.redrive)
     lock = "/v1/topics/{topic}/queues/{queue}/locks/{group}"
-    r.add_post(lock, handlers.lock)
-    r.add_delete(lock, handlers.unlock)
+    r.add_post(lock, dlq_locks.lock)
+    r.add_delete(lock, dlq_locks.unlock)
     return handlers
