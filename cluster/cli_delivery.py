@@ -1,4 +1,4 @@
-"""The work of ``raftmq receive`` and ``raftmq dlq list|redrive`` (declared in ``cli.py``):
+"""The work of ``raftmq receive`` and ``raftmq dlq list|redrive`` (declared in ``cli_messages.py``):
 receive/ack and dead letters over the HTTP API, through the Python client's transport (failover
 to the next node, retries of retriable errors). Output is JSON lines on stdout.
 """

@@ -1,0 +1,395 @@
+"""``raftmq produce|consume`` (the Python client, raftmq.client) and ``raftmq receive`` and
+``raftmq dlq list|redrive`` (receive/ack and dead letters; the work is in cli_delivery.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from .cli_common import _rate_line, client_command, client_security
+
+
+def _parse_input_line(
+    raw: bytes, fmt: str, key_field: str | None, number: int
+) -> tuple[str | bytes, str | None]:
+    """The (value, key) of one input line (its line break removed); ``number`` is its 1-based line
+    number for errors. A line that is not UTF-8 is sent as a binary value (format ``lines``)."""
+    body = raw.removesuffix(b"\n").removesuffix(b"\r")
+    try:
+        line = body.decode()
+    except UnicodeDecodeError:
+        if fmt == "lines":
+            return body, None
+        raise click.ClickException(f"line {number} is not UTF-8") from None
+    if fmt == "lines":
+        return line, None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise click.ClickException(f"line {number} is not JSON: {e}") from None
+    key: str | None = None
+    if key_field is not None:
+        if not isinstance(record, dict):
+            raise click.ClickException(f"line {number} is not a JSON object (--key-field {key_field})")
+        found = record.get(key_field)
+        if found is not None:
+            key = found if isinstance(found, str) else json.dumps(found, separators=(",", ":"))
+    return line, key
+
+
+@click.command()
+@click.argument("topic")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help="Read the messages from this file (default: stdin).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["lines", "jsonl"]),
+    default="lines",
+    show_default=True,
+    help="lines: each line is a message. jsonl: each line is a JSON value, sent as it is (checked).",
+)
+@click.option("--key-field", help="jsonl: the field of each JSON object whose value is the message's key.")
+@click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True, help="Batching delay.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@client_command
+def produce(
+    urls: list[str],
+    topic: str,
+    path: str | None,
+    fmt: str,
+    key_field: str | None,
+    linger_ms: int,
+    quiet: bool,
+) -> None:
+    """Produce each line of stdin or a file as one message to TOPIC.
+
+    Idempotent (a retried batch is stored once), with a progress bar on stderr and the final rate
+    on stdout. Exit status 1 if any message could not be stored.
+    """
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
+
+    from raftmq.client import Producer, RaftmqError, RecordMetadata
+
+    if key_field is not None and fmt != "jsonl":
+        raise click.UsageError("--key-field needs --format jsonl")
+    stream = sys.stdin.buffer if path in (None, "-") else open(path, "rb")  # noqa: SIM115
+    total = os.fstat(stream.fileno()).st_size if path not in (None, "-") else None
+    stored = failed = 0
+    stored_bytes = 0
+    first_error: list[RaftmqError] = []
+
+    def delivered(size: int) -> Callable[[RecordMetadata | None, RaftmqError | None], None]:
+        def callback(meta: RecordMetadata | None, error: RaftmqError | None) -> None:
+            nonlocal stored, failed, stored_bytes
+            if error is None:
+                stored += 1
+                stored_bytes += size
+            else:
+                failed += 1
+                if not first_error:
+                    first_error.append(error)
+
+        return callback
+
+    columns = (
+        [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn()]
+        if total is not None
+        else [SpinnerColumn(), TextColumn("{task.description}"), DownloadColumn()]
+    )
+    progress = Progress(
+        *columns,
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=quiet,
+    )
+    sent = read_bytes = 0
+    interrupted = False
+    started = time.monotonic()
+    with stream, progress, Producer(urls, linger_ms=linger_ms, **client_security()) as producer:
+        task = progress.add_task(f"producing to {topic}", total=total)
+        try:
+            for number, raw in enumerate(stream, 1):
+                read_bytes += len(raw)
+                value, key = _parse_input_line(raw, fmt, key_field, number)
+                producer.send(topic, value, key=key, callback=delivered(len(raw)))
+                sent += 1
+                if sent % 256 == 0:
+                    progress.update(
+                        task, completed=read_bytes, description=f"{topic}: {stored:,}/{sent:,} stored"
+                    )
+        except KeyboardInterrupt:
+            interrupted = True
+        producer.flush()
+        progress.update(task, completed=read_bytes, description=f"{topic}: {stored:,}/{sent:,} stored")
+    elapsed = time.monotonic() - started
+    click.echo(_rate_line("produced", stored, stored_bytes, elapsed))
+    if failed:
+        error = first_error[0]
+        click.echo(
+            f"{failed:,} messages were not stored; first error {error.code}: {error.message}", err=True
+        )
+        sys.exit(1)
+    if interrupted:
+        click.echo("interrupted: stopped reading the input", err=True)
+        sys.exit(130)
+
+
+def _message_json(m: Any) -> bytes:
+    """One consumed message as a JSON line (binary values as ``value_b64``)."""
+    import base64
+
+    import orjson
+
+    item: dict[str, Any] = {"offset": m.offset, "queue": m.queue, "key": m.key}
+    if isinstance(m.value, bytes):
+        item["value_b64"] = base64.b64encode(m.value).decode()
+    else:
+        item["value"] = m.value
+    item["headers"] = dict(m.headers)
+    item["timestamp_ms"] = m.timestamp_ms
+    return orjson.dumps(item) + b"\n"
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group (its committed progress).")
+@click.option(
+    "--broadcast",
+    is_flag=True,
+    help="Read every queue with this consumer's own progress (committed as GROUP.MEMBER_ID) "
+    "instead of sharing the queues with the group's other consumers.",
+)
+@click.option(
+    "--member-id",
+    help="This consumer's id in the group (broadcast: default the host name; clustering: random).",
+)
+@click.option(
+    "--from",
+    "reset",
+    type=click.Choice(["earliest", "latest"]),
+    default="earliest",
+    show_default=True,
+    help="Where to start a queue the group has no committed offset for.",
+)
+@click.option("--max", "max_messages", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=0),
+    help="Stop when no message arrived for this long (default: wait for more until Ctrl-C).",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the JSON lines to this file (appended) instead of stdout.",
+)
+@client_command
+def consume(
+    urls: list[str],
+    topic: str,
+    group: str,
+    broadcast: bool,
+    member_id: str | None,
+    reset: str,
+    max_messages: int | None,
+    timeout_ms: int | None,
+    output: str | None,
+) -> None:
+    """Consume TOPIC as a member of GROUP, printing each message as a JSON line.
+
+    Each line holds offset, queue, key, value (value_b64 for a binary value), headers and
+    timestamp_ms. A message is acked once written; the group's offsets are committed every
+    second and on exit (also after Ctrl-C), so the next run of the group continues after it.
+    """
+    from raftmq.client import Consumer
+
+    if broadcast and member_id is None:
+        member_id = socket.gethostname()
+    out = sys.stdout.buffer if output in (None, "-") else open(output, "ab")  # noqa: SIM115
+    consumer = Consumer(
+        urls,
+        **client_security(),
+        group=group,
+        topics=topic,
+        mode="broadcast" if broadcast else "clustering",
+        member_id=member_id,
+        reset="earliest" if reset == "earliest" else "latest",
+    )
+    count = size = 0
+    started = last_at = time.monotonic()
+    interrupted = False
+    try:
+        while max_messages is None or count < max_messages:
+            want = 10_000 if max_messages is None else min(10_000, max_messages - count)
+            batch = consumer.poll(timeout_ms=timeout_ms, max_messages=want)
+            if not batch:
+                break
+            lines = [_message_json(m) for m in batch]
+            for line in lines:
+                out.write(line)
+            out.flush()
+            for m in batch:
+                m.ack()
+            count += len(batch)
+            size += sum(len(line) for line in lines)
+            last_at = time.monotonic()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        try:
+            consumer.close()  # commits what was written
+        finally:
+            if out is not sys.stdout.buffer:
+                out.close()
+    # The rate up to the last message (not the idle --timeout-ms wait after it).
+    click.echo(_rate_line("consumed", count, size, last_at - started), err=True)
+    if interrupted:
+        sys.exit(130)
+
+
+# -- receive/ack and dead letters (the work is in cli_delivery.py) -------------------------------
+
+
+def _output(path: str | None) -> Any:
+    return sys.stdout.buffer if path in (None, "-") else open(path, "ab")
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group (its subscription to TOPIC).")
+@click.option("--max", "max_messages", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option(
+    "--visibility-ms",
+    type=click.IntRange(min=1),
+    help="How long each message stays in flight (default: the cluster's, 30 s).",
+)
+@click.option(
+    "--ack/--no-ack",
+    default=True,
+    show_default=True,
+    help="Ack each message once written. --no-ack leaves it in flight: it comes back after its deadline.",
+)
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for messages (until Ctrl-C or --max).")
+@click.option(
+    "--wait-ms",
+    type=click.IntRange(min=0, max=15_000),
+    default=1_000,
+    show_default=True,
+    help="How long one receive waits; without --follow, stop after a wait that brought nothing.",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the JSON lines to this file (appended) instead of stdout.",
+)
+@client_command
+def receive(
+    urls: list[str],
+    topic: str,
+    group: str,
+    max_messages: int | None,
+    visibility_ms: int | None,
+    ack: bool,
+    follow: bool,
+    wait_ms: int,
+    output: str | None,
+) -> None:
+    """Receive messages of TOPIC for GROUP (receive/ack), printing each as a JSON line.
+
+    Each line holds receipt, attempt, queue, offset, deadline_ms, key, value (value_b64 for a
+    binary value), headers and timestamp_ms. Exit status 0 when done, 1 on an error, 130 after
+    Ctrl-C (messages written but not acked yet come back after their deadline).
+    """
+    from .cli_delivery import ReceiveOptions
+    from .cli_delivery import receive as run
+
+    options = ReceiveOptions(topic, group, max_messages, visibility_ms, ack, follow, wait_ms)
+    out = _output(output)
+    try:
+        done = run(urls, client_security(), options, out)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+    click.echo(_rate_line("received", done.count, done.size, done.seconds), err=True)
+    if done.stale:
+        click.echo(f"{done.stale:,} acks came too late (the messages were redelivered)", err=True)
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters of a consumer group: TOPIC.GROUP.dlq."""
+
+
+@dlq.command("list")
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group whose dead letters to list.")
+@click.option("--max", "max_messages", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--queue", type=click.IntRange(min=0), help="Only this queue.")
+@client_command
+def dlq_list(urls: list[str], topic: str, group: str, max_messages: int, queue: int | None) -> None:
+    """Print the dead letters of GROUP on TOPIC not yet redriven, one JSON line each (queue,
+    offset, key, value, headers with their raftmq-dlq-* history, timestamp_ms); a summary per
+    queue on stderr."""
+    from .cli_delivery import dead_letter_line
+    from .cli_delivery import dlq_list as run
+
+    answer = run(urls, client_security(), topic, group, max_messages, queue)
+    for m in answer["messages"]:
+        sys.stdout.buffer.write(dead_letter_line(m))
+    sys.stdout.buffer.flush()
+    waiting = sum(q["high_offset"] - q["redrive_offset"] for q in answer["queues"])
+    click.echo(f"{answer['dead_letter_topic']}: {waiting:,} dead letters not redriven", err=True)
+
+
+@dlq.command("redrive")
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group whose dead letters to move back.")
+@click.option(
+    "--max",
+    "max_messages",
+    type=click.IntRange(min=1, max=10_000),
+    default=1_000,
+    show_default=True,
+    help="Per queue and request.",
+)
+@click.option("--queue", type=click.IntRange(min=0), help="Only this queue.")
+@click.option("--all", "until_empty", is_flag=True, help="Repeat until no dead letter is left.")
+@client_command
+def dlq_redrive(
+    urls: list[str], topic: str, group: str, max_messages: int, queue: int | None, until_empty: bool
+) -> None:
+    """Move dead letters of GROUP back to TOPIC as new messages for GROUP only (header
+    raftmq-redrive-group). Prints each answer as a JSON line; the total on stderr."""
+    from .cli_delivery import dlq_redrive as run
+
+    answers = run(urls, client_security(), topic, group, max_messages, queue, until_empty)
+    for answer in answers:
+        click.echo(json.dumps(answer, separators=(",", ":")))
+    total = sum(a["redriven"] for a in answers)
+    more = " (more left: run again or use --all)" if answers[-1]["more"] else ""
+    click.echo(f"redrove {total:,} dead letters to {topic}{more}", err=True)
