@@ -6,7 +6,8 @@ Over the values of the run (each produced once, see ``workload``):
 - ``received``: values in ``ok`` receives (``receive`` and ``drain-receive``), with how many times
   (``deliveries``) and at which attempt numbers.
 - ``acked``: values with a receipt whose ack answered ``ok``; ``ack_unknown``: values whose only
-  acks ended ``info`` (the ack may have happened).
+  acks ended ``info``, or answered an indefinite code for their receipt (``unknown_outcome``,
+  ``timeout``, ...): the ack may have happened.
 
 Valid iff, after the drain:
 
@@ -29,12 +30,17 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from raftmq.client.errors import BY_CODE
+
 from .history import FAIL, INFO, INVOKE, OK, Op, completions
 
 __all__ = ["RECEIVES", "has_receives", "receive_ack"]
 
 RECEIVES = ("receive", "drain-receive")
 ACKS = ("ack", "drain-ack")
+# Per-receipt answers after which the ack may or may not have happened (indefinite codes), and
+# "missing": the answer had no result for the receipt.
+MAYBE_DONE = frozenset({code for code, cls in BY_CODE.items() if not cls.definite} | {"missing"})
 SAMPLE = 20
 
 
@@ -77,6 +83,8 @@ def receive_ack(history: Sequence[Op]) -> dict[str, Any]:
                         acked.setdefault(m[2], done["index"])
                     elif result == "stale_receipt":
                         stale_acks += 1
+                    elif result in MAYBE_DONE:  # e.g. its group's leader died with the ack in flight
+                        ack_unknown.add(m[2])
     received = set(deliveries)
     lost = acknowledged - received
     unexpected = {v: n for v, n in deliveries.items() if v not in attempts}

@@ -133,6 +133,18 @@ def test_an_ack_with_an_unknown_outcome_may_have_finished_the_message() -> None:
     assert r["ack_unknown_count"] == 1
 
 
+def test_a_receipt_answered_with_an_indefinite_code_may_have_been_acked() -> None:
+    # One ack request over two queue groups: one group's leader died with the ack in flight, so its
+    # receipts answered unknown_outcome while the request as a whole answered 200.
+    b = clean()
+    b.enqueue(3, "3-0", 1, 1)
+    b.enqueue(4, "4-0", 2, 0)
+    b.ack(7, b.receive(7, [(1, 1, "3-0", 1), (2, 0, "4-0", 1)]), results=["ok", "unknown_outcome"])
+    r = receive_ack(b.ops)
+    assert r["valid"], r
+    assert (r["acked_count"], r["ack_unknown_count"]) == (4, 1)  # clean() acks three of its own
+
+
 def test_one_position_handed_out_with_two_values_diverges() -> None:
     b = clean()
     b.enqueue(3, "3-0", 0, 5)
