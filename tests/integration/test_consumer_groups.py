@@ -259,11 +259,16 @@ def test_fetching_pauses_while_the_local_backlog_is_full(cluster: Cluster) -> No
     with Consumer(
         urls(cluster), group="bl", topics="backlog", max_batch=16, max_backlog=64, wait_ms=100
     ) as consumer:
-        unacked = []
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
+        unacked: list[Message] = []
+        deadline = time.monotonic() + 30
+        while len(unacked) < 2 * 64 and time.monotonic() < deadline:
+            unacked += consumer.poll(timeout_ms=100)
+        assert len(unacked) == 2 * 64, "each queue fills its backlog"
+        quiet_until = time.monotonic() + 1.5  # several fetch rounds (wait_ms=100)
+        while time.monotonic() < quiet_until:
             unacked += consumer.poll(timeout_ms=100)
         assert len(unacked) == 2 * 64  # each queue stopped at its bound
+        assert Counter(m.queue for m in unacked) == {0: 64, 1: 64}
         for m in unacked:
             m.ack()
         more = consumer.poll(timeout_ms=5_000)
