@@ -22,10 +22,11 @@ import orjson
 import structlog
 from aiohttp import web
 
-from raftmq.storage.queues import OffsetOutOfRange, queue_bounds, read_messages
+from raftmq.storage.queues import queue_bounds, read_messages
 
 from . import commands, errors
 from .errors import error_body
+from .fetch_common import fetch_query, long_poll
 from .group_commit import ProduceFailed
 from .metadata import Topic, validate_topic_name
 from .node import META, Node, now_ms
@@ -33,14 +34,11 @@ from .openapi import openapi_spec
 from .segments_api import wants_arrow
 from .validation import (
     DEFAULT_FETCH_BYTES,
-    MAX_FETCH_BYTES,
-    MAX_QUEUE_NUMBER,
     ApiError,
     bad,
     parse_create_topic,
     parse_json,
     parse_produce,
-    query_int,
 )
 
 if TYPE_CHECKING:
@@ -543,48 +541,22 @@ class Api:
     async def fetch(self, request: web.Request) -> web.StreamResponse:
         if self.segments is not None and wants_arrow(request):  # Arrow IPC: cluster/segments_api.py
             return await self.segments.fetch_arrow(request)
-        topic = await self.topic(request.match_info["topic"])
-        q = query_int({"queue": request.match_info["queue"]}, "queue", None, 0, MAX_QUEUE_NUMBER)
-        if q >= topic.queues:
-            raise ApiError(
-                errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
-            )
-        query = request.query
-        unknown = set(query) - {"offset", "max", "wait_ms", "read_from", "max_bytes"}
-        if unknown:
-            raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-        offset = query_int(query, "offset", None, 0, 2**63 - 1)
-        max_messages = query_int(
-            query, "max", self.limits.default_fetch_messages, 1, self.limits.max_fetch_messages
+        f = await fetch_query(
+            self,
+            request,
+            default_max=self.limits.default_fetch_messages,
+            max_max=self.limits.max_fetch_messages,
+            default_bytes=DEFAULT_FETCH_BYTES,
         )
-        wait_ms = query_int(query, "wait_ms", 0, 0, self.limits.max_wait_ms)
-        max_bytes = query_int(query, "max_bytes", DEFAULT_FETCH_BYTES, 1, MAX_FETCH_BYTES)
-        read_from = query.get("read_from", "leader")
-        if read_from not in ("leader", "local"):
-            raise bad("read_from must be 'leader' or 'local'")
-        g = topic.queue_groups[q]
-        local = self.node.queue_group(g)
-        if read_from == "local":
-            if local is None:
-                raise bad(
-                    f"node {self.node.me.id} hosts no replica of queue group {g}; read_from=local needs one"
-                )
-        elif not self._leads(str(g)):
-            return await self._forward(request, str(g))
-        assert local is not None
-        store = local.machine.store
-        deadline = time.monotonic() + wait_ms / 1000
-        while True:
-            try:
-                messages = read_messages(store, topic.id, q, offset, max_messages, max_bytes)
-            except OffsetOutOfRange as e:
-                raise ApiError(
-                    errors.OFFSET_OUT_OF_RANGE, str(e), low_offset=e.low_offset, high_offset=e.high_offset
-                ) from None
-            remaining = deadline - time.monotonic()
-            if messages or remaining <= 0:
-                break
-            await self.node.wait_for_messages(topic.id, q, remaining)
+        if f.store is None:
+            return await self._forward(request, str(f.group))
+        store, topic, q, offset = f.store, f.topic, f.queue, f.offset
+        messages = await long_poll(
+            self.node,
+            f,
+            lambda: read_messages(store, topic.id, q, offset, f.max_messages, f.max_bytes),
+            bool,
+        )
         low, high = queue_bounds(store, topic.id, q)
         out = []
         now = now_ms()

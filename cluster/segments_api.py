@@ -31,12 +31,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from raftmq.storage.queues import OffsetOutOfRange, queue_bounds
+from raftmq.storage.queues import queue_bounds
 
 from . import errors
+from .fetch_common import fetch_query, long_poll, only_params, queue_number
 from .node import SECRET_HEADER, Node
 from .segments import locate, manifest, segment_root
-from .validation import MAX_FETCH_BYTES, MAX_OFFSET, MAX_QUEUE_NUMBER, ApiError, bad, query_int
+from .validation import MAX_OFFSET, ApiError, bad, query_int
 
 if TYPE_CHECKING:
     from .http_api import Api
@@ -56,21 +57,6 @@ _OFFSET_HEADERS = ("X-Raftmq-Next-Offset", "X-Raftmq-Low-Offset", "X-Raftmq-High
 def wants_arrow(request: web.Request) -> bool:
     """The request asks for an Arrow IPC stream (``Accept``)."""
     return ARROW_STREAM in request.headers.get("Accept", "")
-
-
-def _queue(topic: Topic, raw: str) -> int:
-    q = query_int({"queue": raw}, "queue", None, 0, MAX_QUEUE_NUMBER)
-    if q >= topic.queues:
-        raise ApiError(
-            errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
-        )
-    return q
-
-
-def _only(request: web.Request, allowed: set[str]) -> None:
-    unknown = set(request.query) - allowed
-    if unknown:
-        raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
 
 
 class SegmentsApi:
@@ -132,7 +118,7 @@ class SegmentsApi:
         from .http_api import json_response
 
         topic = await self.api.topic(request.match_info["topic"])
-        _only(request, set())
+        only_params(request, set())
         by_group: dict[int, list[int]] = defaultdict(list)
         for q, g in enumerate(topic.queue_groups):
             by_group[g].append(q)
@@ -171,9 +157,9 @@ class SegmentsApi:
 
     async def get_segment(self, request: web.Request) -> web.StreamResponse:
         topic = await self.api.topic(request.match_info["topic"])
-        q = _queue(topic, request.match_info["queue"])
+        q = queue_number(topic, request.match_info["queue"])
         base = query_int({"base": request.match_info["base"]}, "base", None, 0, MAX_OFFSET)
-        _only(request, {"format"})
+        only_params(request, {"format"})
         fmt = request.query.get("format", "arrow")
         if fmt not in ("arrow", "parquet"):
             raise bad("format must be 'arrow' or 'parquet'")
@@ -230,48 +216,28 @@ class SegmentsApi:
     async def fetch_arrow(self, request: web.Request) -> web.StreamResponse:
         from raftmq.storage.segments import batch_to_ipc_stream, read_columns
 
-        api = self.api
-        topic = await api.topic(request.match_info["topic"])
-        q = _queue(topic, request.match_info["queue"])
-        query = request.query
-        _only(request, {"offset", "max", "wait_ms", "read_from", "max_bytes"})
-        offset = query_int(query, "offset", None, 0, MAX_OFFSET)
-        max_rows = query_int(query, "max", ARROW_MAX_ROWS, 1, ARROW_MAX_ROWS)
-        wait_ms = query_int(query, "wait_ms", 0, 0, api.limits.max_wait_ms)
-        max_bytes = query_int(query, "max_bytes", ARROW_DEFAULT_BYTES, 1, MAX_FETCH_BYTES)
-        read_from = query.get("read_from", "leader")
-        if read_from not in ("leader", "local"):
-            raise bad("read_from must be 'leader' or 'local'")
-        g = topic.queue_groups[q]
-        local = self.node.queue_group(g)
-        if read_from == "local":
-            if local is None:
-                raise bad(
-                    f"node {self.node.me.id} hosts no replica of queue group {g}; read_from=local needs one"
-                )
-        elif not api._leads(str(g)):
-            return await self._forward(request, str(g))
-        assert local is not None
-        store = local.machine.store
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + wait_ms / 1000
-        while True:
-            try:
-                batch, next_offset = await loop.run_in_executor(
-                    None, read_columns, store, topic.id, topic.name, q, offset, None, max_rows, max_bytes
-                )
-            except OffsetOutOfRange as e:
-                raise ApiError(
-                    errors.OFFSET_OUT_OF_RANGE, str(e), low_offset=e.low_offset, high_offset=e.high_offset
-                ) from None
-            remaining = deadline - time.monotonic()
-            if batch.num_rows or remaining <= 0:
-                break
-            await self.node.wait_for_messages(topic.id, q, remaining)
+        f = await fetch_query(
+            self.api,
+            request,
+            default_max=ARROW_MAX_ROWS,
+            max_max=ARROW_MAX_ROWS,
+            default_bytes=ARROW_DEFAULT_BYTES,
+        )
+        if f.store is None:
+            return await self._forward(request, str(f.group))
+        store, topic, q = f.store, f.topic, f.queue
+        batch, next_offset = await long_poll(
+            self.node,
+            f,
+            lambda: read_columns(store, topic.id, topic.name, q, f.offset, None, f.max_messages, f.max_bytes),
+            lambda got: bool(got[0].num_rows),
+            in_executor=True,
+        )
         low, high = queue_bounds(store, topic.id, q)
+        loop = asyncio.get_running_loop()
         body = await loop.run_in_executor(None, lambda: batch_to_ipc_stream([batch]).to_pybytes())
-        if api.metrics is not None:
-            api.metrics.fetched.inc(batch.num_rows)
+        if self.api.metrics is not None:
+            self.api.metrics.fetched.inc(batch.num_rows)
         return web.Response(
             body=body,
             content_type=ARROW_STREAM,

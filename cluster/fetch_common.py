@@ -1,0 +1,120 @@
+"""What the two fetch answers share: the JSON one (``Api.fetch``) and the Arrow IPC stream
+(``SegmentsApi.fetch_arrow``, ``Accept: application/vnd.apache.arrow.stream``).
+
+Both check the path and the query the same way and in the same order (so a request gets the
+same error whichever answer it asks for), decide the same way whether this node reads or the
+queue group's leader must, and long-poll the same way; they differ in their defaults for
+``max`` and ``max_bytes`` and in how they read and encode the messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from aiohttp import web
+
+from raftmq.storage.queues import OffsetOutOfRange
+from raftmq.storage.store import Store
+
+from . import errors
+from .validation import MAX_FETCH_BYTES, MAX_OFFSET, MAX_QUEUE_NUMBER, ApiError, bad, query_int
+
+if TYPE_CHECKING:
+    from .http_api import Api
+    from .metadata import Topic
+    from .node import Node
+
+__all__ = ["FETCH_PARAMS", "FetchQuery", "fetch_query", "long_poll", "only_params", "queue_number"]
+
+FETCH_PARAMS = frozenset({"offset", "max", "wait_ms", "read_from", "max_bytes"})
+T = TypeVar("T")
+
+
+def queue_number(topic: Topic, raw: str) -> int:
+    """The queue a path names; ``queue_not_found`` above the topic's queues."""
+    q = query_int({"queue": raw}, "queue", None, 0, MAX_QUEUE_NUMBER)
+    if q >= topic.queues:
+        raise ApiError(
+            errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
+        )
+    return q
+
+
+def only_params(request: web.Request, allowed: set[str] | frozenset[str]) -> None:
+    """Refuse query parameters other than ``allowed`` (all of them named, sorted)."""
+    unknown = set(request.query) - allowed
+    if unknown:
+        raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchQuery:
+    """A checked fetch request."""
+
+    topic: Topic
+    queue: int
+    group: int  # the queue group holding ``queue``
+    offset: int
+    max_messages: int
+    wait_ms: int
+    max_bytes: int
+    # The local replica to read (the leader's, or any with read_from=local); None: this node
+    # does not lead the queue group, and the request goes to its leader.
+    store: Store | None
+
+
+async def fetch_query(
+    api: Api, request: web.Request, *, default_max: int, max_max: int, default_bytes: int
+) -> FetchQuery:
+    """Check ``GET /v1/topics/{topic}/queues/{queue}/messages`` and decide where it is read."""
+    topic = await api.topic(request.match_info["topic"])
+    q = queue_number(topic, request.match_info["queue"])
+    query = request.query
+    only_params(request, FETCH_PARAMS)
+    offset = query_int(query, "offset", None, 0, MAX_OFFSET)
+    max_messages = query_int(query, "max", default_max, 1, max_max)
+    wait_ms = query_int(query, "wait_ms", 0, 0, api.limits.max_wait_ms)
+    max_bytes = query_int(query, "max_bytes", default_bytes, 1, MAX_FETCH_BYTES)
+    read_from = query.get("read_from", "leader")
+    if read_from not in ("leader", "local"):
+        raise bad("read_from must be 'leader' or 'local'")
+    g = topic.queue_groups[q]
+    local = api.node.queue_group(g)
+    store: Store | None = None
+    if read_from == "local":
+        if local is None:
+            raise bad(f"node {api.node.me.id} hosts no replica of queue group {g}; read_from=local needs one")
+        store = local.machine.store
+    elif api._leads(str(g)):
+        assert local is not None
+        store = local.machine.store
+    return FetchQuery(topic, q, g, offset, max_messages, wait_ms, max_bytes, store)
+
+
+async def long_poll(
+    node: Node,
+    f: FetchQuery,
+    read: Callable[[], T],
+    has_data: Callable[[T], bool],
+    *,
+    in_executor: bool = False,
+) -> T:
+    """``read()`` until ``has_data`` or ``f.wait_ms`` has passed, waking when the queue grows on
+    this replica. An offset outside the queue is ``offset_out_of_range`` with the queue's bounds."""
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + f.wait_ms / 1000
+    while True:
+        try:
+            got = await loop.run_in_executor(None, read) if in_executor else read()
+        except OffsetOutOfRange as e:
+            raise ApiError(
+                errors.OFFSET_OUT_OF_RANGE, str(e), low_offset=e.low_offset, high_offset=e.high_offset
+            ) from None
+        remaining = deadline - time.monotonic()
+        if has_data(got) or remaining <= 0:
+            return got
+        await node.wait_for_messages(f.topic.id, f.queue, remaining)
