@@ -1,15 +1,56 @@
-"""Typed calls of the HTTP API v1, shared by the admin, producer and consumer."""
+"""Typed calls of the HTTP API v1, shared by the admin, producer, consumer and subscriber."""
 
 from __future__ import annotations
 
+import ssl as _ssl
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
+from ._metadata import ClusterMetadata
 from ._retry import Backoff, retrying
-from ._transport import Transport, path_part
+from ._transport import AddressMap, Transport, path_part
 from ._types import ClusterStatus, TopicDescription, TopicInfo
 
-__all__ = ["ApiClient"]
+__all__ = ["ApiClient", "ConnectionSettings", "connect"]
+
+
+class ConnectionSettings(Protocol):
+    """The settings of a client's connections, as its (frozen) config holds them."""
+
+    @property
+    def request_timeout_ms(self) -> int: ...
+    @property
+    def retry_backoff_ms(self) -> int: ...
+    @property
+    def retry_backoff_max_ms(self) -> int: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def ca_file(self) -> str | None: ...
+    @property
+    def ssl(self) -> _ssl.SSLContext | None: ...
+
+
+def connect(
+    bootstrap: str | Sequence[str],
+    settings: ConnectionSettings,
+    *,
+    retry_timeout_ms: int,
+    address_map: AddressMap | None = None,
+) -> ApiClient:
+    """The API client of a producer, consumer or subscriber core: its transport (``.transport``)
+    to ``bootstrap`` and its backoff (``.backoff``) made from ``settings``."""
+    transport = Transport(
+        bootstrap,
+        request_timeout_ms=settings.request_timeout_ms,
+        address_map=address_map,
+        token=settings.token,
+        ca_file=settings.ca_file,
+        ssl=settings.ssl,
+    )
+    backoff = Backoff(settings.retry_backoff_ms, settings.retry_backoff_max_ms)
+    return ApiClient(transport, retry_timeout_ms=retry_timeout_ms, backoff=backoff)
 
 
 class ApiClient:
@@ -65,6 +106,16 @@ class ApiClient:
 
     async def cluster_status(self) -> ClusterStatus:
         return ClusterStatus.from_wire(await self.call("GET", "/v1/cluster", idempotent=True))
+
+    async def load_topic(self, metadata: ClusterMetadata, name: str) -> TopicDescription:
+        """Describe the topic into ``metadata``, with the cluster's node addresses when a leader of
+        one of its queues is a node ``metadata`` does not know yet."""
+        desc = await self.describe_topic(name)
+        leaders = {q.leader for q in desc.queue_states if q.leader}
+        if not all(metadata.leader_known(n) for n in leaders):
+            metadata.update_cluster(await self.cluster_status())
+        metadata.update_topic(desc, time.monotonic())
+        return desc
 
     # -- consumer groups -------------------------------------------------------------------------
 

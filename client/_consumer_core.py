@@ -22,13 +22,11 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Iterable, Sequence
 
-from ._api import ApiClient
+from ._api import connect
 from ._consumer_config import ConsumerConfig, TopicQueue
 from ._fetcher import Fetcher, QueueRun
 from ._group_member import GroupMember
 from ._metadata import ClusterMetadata
-from ._retry import Backoff
-from ._transport import Transport
 from ._types import Message
 from .errors import RaftmqError, TopicNotFound, Unavailable, UnexpectedResponse
 
@@ -45,15 +43,8 @@ class ConsumerCore:
         self.config = config
         self.member_id = config.member_id or f"c-{uuid.uuid4().hex[:16]}"
         self.loop = asyncio.get_running_loop()
-        self.transport = Transport(
-            bootstrap,
-            request_timeout_ms=config.request_timeout_ms,
-            token=config.token,
-            ca_file=config.ca_file,
-            ssl=config.ssl,
-        )
-        self.backoff = Backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
-        self.api = ApiClient(self.transport, retry_timeout_ms=config.request_timeout_ms, backoff=self.backoff)
+        self.api = connect(bootstrap, config, retry_timeout_ms=config.request_timeout_ms)
+        self.transport, self.backoff = self.api.transport, self.api.backoff
         self.metadata = ClusterMetadata()
         self.fetcher = Fetcher(
             config,
@@ -154,11 +145,7 @@ class ConsumerCore:
     # -- metadata --------------------------------------------------------------------------------
 
     async def _load_topic(self, topic: str) -> None:
-        desc = await self.api.describe_topic(topic)
-        leaders = {q.leader for q in desc.queue_states if q.leader}
-        if not all(self.metadata.leader_known(n) for n in leaders):
-            self.metadata.update_cluster(await self.api.cluster_status())
-        self.metadata.update_topic(desc, time.monotonic())
+        await self.api.load_topic(self.metadata, topic)
 
     def _refresh_soon(self, topic: str) -> None:
         if topic in self._refreshing or self._closing:

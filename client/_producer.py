@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._accumulator import Accumulator, Batch, Delivery, buffer_full, encode_message
-from ._api import ApiClient
+from ._api import connect
 from ._metadata import ClusterMetadata, key_queue
-from ._retry import Backoff, may_retry, outcome_error
-from ._transport import AddressMap, Transport, path_part
+from ._retry import may_retry, outcome_error
+from ._transport import AddressMap, path_part
 from ._types import RecordMetadata, TopicDescription
 from .errors import (
     ClientClosed,
@@ -135,16 +135,10 @@ class ProducerCore:
         self.config = config
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
-        self.transport = Transport(
-            bootstrap,
-            request_timeout_ms=config.request_timeout_ms,
-            address_map=config.address_map,
-            token=config.token,
-            ca_file=config.ca_file,
-            ssl=config.ssl,
+        self.api = connect(
+            bootstrap, config, retry_timeout_ms=config.request_timeout_ms, address_map=config.address_map
         )
-        self.backoff = Backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
-        self.api = ApiClient(self.transport, retry_timeout_ms=config.request_timeout_ms, backoff=self.backoff)
+        self.transport, self.backoff = self.api.transport, self.api.backoff
         self.metadata = ClusterMetadata()
         # Idempotence: one random id per producer; the broker keeps its last sequences per queue.
         self.producer_id = (config.producer_id or f"p-{uuid.uuid4().hex}") if config.idempotent else None
@@ -181,12 +175,7 @@ class ProducerCore:
         return await asyncio.shield(task)
 
     async def _load_topic(self, name: str) -> TopicDescription:
-        desc = await self.api.describe_topic(name)
-        leaders = {q.leader for q in desc.queue_states if q.leader}
-        if not all(self.metadata.leader_known(n) for n in leaders):
-            self.metadata.update_cluster(await self.api.cluster_status())
-        self.metadata.update_topic(desc, time.monotonic())
-        return desc
+        return await self.api.load_topic(self.metadata, name)
 
     def _refresh_soon(self, topic: str) -> None:
         if topic in self._refreshing or self._aborting:

@@ -25,11 +25,11 @@ from typing import Any, Literal, TypedDict
 
 import structlog
 
-from ._api import ApiClient
+from ._api import connect
 from ._metadata import ClusterMetadata
 from ._received import ReceivedMessage, SettleOp
-from ._retry import Backoff, retrying
-from ._transport import AddressMap, Transport, path_part
+from ._retry import retrying
+from ._transport import AddressMap, path_part
 from .errors import InternalError, RaftmqError, UnexpectedResponse
 
 __all__ = [
@@ -166,16 +166,10 @@ class SubscriberCore:
         config.check()
         self.config = config
         self.loop = asyncio.get_running_loop()
-        self.transport = Transport(
-            bootstrap,
-            request_timeout_ms=config.request_timeout_ms,
-            address_map=config.address_map,
-            token=config.token,
-            ca_file=config.ca_file,
-            ssl=config.ssl,
+        self.api = connect(
+            bootstrap, config, retry_timeout_ms=config.retry_timeout_ms, address_map=config.address_map
         )
-        self.backoff = Backoff(config.retry_backoff_ms, config.retry_backoff_max_ms)
-        self.api = ApiClient(self.transport, retry_timeout_ms=config.retry_timeout_ms, backoff=self.backoff)
+        self.transport, self.backoff = self.api.transport, self.api.backoff
         self.stats = SubscriberStats()
         self.buffer: deque[ReceivedMessage] = deque()  # received, not handed out yet
         self.arrived = asyncio.Event()
@@ -395,11 +389,7 @@ class SubscriberCore:
 
     async def _refresh_routes(self) -> None:
         try:
-            desc = await self.api.describe_topic(self.config.topic)
-            leaders = {q.leader for q in desc.queue_states if q.leader}
-            if not all(self.metadata.leader_known(n) for n in leaders):
-                self.metadata.update_cluster(await self.api.cluster_status())
-            self.metadata.update_topic(desc, time.monotonic())
+            await self.api.load_topic(self.metadata, self.config.topic)
         except Exception as e:  # (RaftmqError, a broken answer) settlements go to any node meanwhile
             log.debug("subscriber_routes_not_refreshed", topic=self.config.topic, error=repr(e))
         finally:
