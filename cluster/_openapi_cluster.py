@@ -33,7 +33,7 @@ def _cluster_schemas() -> dict[str, Schema]:
     node = _obj({"id": NODE_ID, "http": ADDRESS, "raft": ADDRESS}, required=("id", "http", "raft"))
     change_props: dict[str, Schema] = {
         "id": _int(1),
-        "kind": {"enum": ["move", "transfer_leader", "add_node", "remove_node"]},
+        "kind": {"enum": ["move", "transfer_leader", "add_node", "remove_node", "rebalance"]},
         "started_ms": _int(0),
         "phase": _str(description="The step under way (see docs/operations.md)."),
         "group": _nullable(_str()),
@@ -77,7 +77,47 @@ def _cluster_schemas() -> dict[str, Schema]:
             required=("placement", "change", "history"),
         ),
         "ChangeAccepted": _obj({"change": _ref("Change")}, required=("change",)),
+        "RebalancePlan": _rebalance_plan(),
+        "RebalanceDryRun": _obj({"plan": _ref("RebalancePlan")}, required=("plan",)),
+        "RebalanceAccepted": _obj(
+            {"change": _ref("Change"), "plan": _ref("RebalancePlan")}, required=("change", "plan")
+        ),
     }
+
+
+def _rebalance_plan() -> Schema:
+    fields = ("group", "source", "target")
+    step = _obj({"group": _str(), "source": NODE_ID, "target": NODE_ID}, required=fields)
+    count = _int(0)
+    node = _obj(
+        {
+            "id": NODE_ID,
+            "replicas_before": count,
+            "replicas_after": count,
+            "leaders_before": count,
+            "leaders_after": count,
+            "available": {
+                "type": "boolean",
+                "description": "false: it did not answer; it neither gives nor takes replicas.",
+            },
+        },
+        required=("id", "replicas_before", "replicas_after", "leaders_before", "leaders_after", "available"),
+    )
+    return _obj(
+        {
+            "moves": _array(step, description="Replica moves, in order (each: add, catch up, remove)."),
+            "leader_changes": _array(
+                step, description="Then preferred-leader changes of queue groups (replicas reordered)."
+            ),
+            "nodes": _array(
+                node,
+                description="Per node: replicas (every group, `meta` too) and preferred leaderships "
+                "(queue groups) before and after the plan.",
+            ),
+        },
+        required=("moves", "leader_changes", "nodes"),
+        description="What a rebalance does, from the placement as it is now. Empty: already balanced.",
+    )
 
 
 def _cluster_paths() -> dict[str, Any]:
@@ -123,6 +163,7 @@ def _cluster_paths() -> dict[str, Any]:
                 body=_obj({"from": NODE_ID, "to": NODE_ID}, required=("from", "to")),
             )
         },
+        "/v1/cluster/rebalance": {"post": _rebalance_op(refused)},
         "/v1/cluster/groups/{group}/leader": {
             "post": _op(
                 "transferLeader",
@@ -133,3 +174,27 @@ def _cluster_paths() -> dict[str, Any]:
             )
         },
     }
+
+
+def _rebalance_op(refused: dict[str, Any]) -> dict[str, Any]:
+    op = _op(
+        "rebalance",
+        "Move replicas until the nodes' counts differ by at most one, then spread the preferred "
+        "leaders (body optional; `dry_run` answers the plan and records nothing)",
+        {
+            "200": _json(_ref("RebalanceDryRun"), "dry run: the plan; nothing recorded"),
+            "202": _json(_ref("RebalanceAccepted"), "the change is recorded; see GET /v1/cluster/placement"),
+            **_errors(400, 409, *RAFT_ERRORS),
+        },
+        body=_obj(
+            {
+                "dry_run": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "true: answer the plan only; nothing is recorded.",
+                }
+            }
+        ),
+    )
+    op["requestBody"]["required"] = False
+    return op

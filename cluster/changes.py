@@ -21,6 +21,12 @@ quorum while a voter is already missing, and writes would stall until it caught 
 
 Leadership moves (``transfer_leader``) make the target the preferred leader first, so the leader
 balancer keeps it there, then ask the current leader to hand over.
+
+A ``rebalance`` is a sequence of such moves, like a node removal: between moves (``group`` None)
+the coordinator asks ``cluster/rebalance.py`` for the next one, from the placement as recorded,
+and once none is left it reorders replicas (``prefer_leader``, phase ``leaders``) to spread the
+preferred leaders; the leader balancer hands the leadership over after the change ends. A cancelled
+rebalance (or node removal) rolls back the move under way, like a cancelled move, and ends.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import structlog
 from .config import NodeConfig
 from .node import META, port_offset
 from .placement import Change, Placement, command, pick_target, static_placement
+from .rebalance import next_leader_change, next_move
 from .validation import ApiError
 
 if TYPE_CHECKING:
@@ -110,9 +117,10 @@ class Coordinator:
         elif change.kind == "move":
             if await self._move_step(change, placement):
                 await self._end(change, "done")
-        elif change.kind == "remove_node":
-            assert change.node is not None
-            if change.group is None:
+        elif change.kind in ("remove_node", "rebalance"):
+            if change.group is None and change.kind == "rebalance":
+                await self._next_rebalance_step(change, placement)
+            elif change.group is None:
                 await self._next_move(change, placement)
             elif await self._move_step(change, placement):
                 await self._propose(
@@ -122,7 +130,7 @@ class Coordinator:
     async def _cancel_step(self, change: Change, placement: Placement) -> None:
         """Roll a cancelled change back as far as it can go, then end it as failed. A move whose
         target has caught up and whose source is being removed is finished instead."""
-        if change.kind not in ("move", "remove_node") or change.group is None:
+        if change.kind not in ("move", "remove_node", "rebalance") or change.group is None:
             await self._end(change, "failed", "cancelled")
             return
         g, source, target = change.group, change.source, change.target
@@ -160,6 +168,31 @@ class Coordinator:
         await self._propose(
             "change_phase", change_id=change.id, phase="start", group=group, source=change.node, target=target
         )
+
+    async def _next_rebalance_step(self, change: Change, placement: Placement) -> None:
+        """Between moves of a rebalance: start the next move, else make the next preferred-leader
+        change, else end. Each follows from the placement alone (``cluster/rebalance.py``)."""
+        c = change.id
+        unavailable = await self.unanswering(placement)
+        move = next_move(placement, unavailable)
+        if move is not None:
+            log.info("rebalance_moving", group=move.group, source=move.source, target=move.target)
+            await self._propose("change_phase", change_id=c, phase="start", **move.to_json())
+        elif (lead := next_leader_change(placement, unavailable)) is not None:
+            if change.phase != "leaders":
+                await self._propose("change_phase", change_id=c, phase="leaders")
+            await self._propose("prefer_leader", change_id=c, group=lead.group, node=lead.target)
+            log.info("rebalance_preferred_leader", group=lead.group, source=lead.source, target=lead.target)
+        else:
+            await self._end(change, "done")
+            return
+        self.wake()
+
+    async def unanswering(self, placement: Placement) -> frozenset[str]:
+        """The nodes of ``placement`` that do not answer now (a rebalance moves nothing to them)."""
+        ids = [n.id for n in placement.nodes]
+        answers = await asyncio.gather(*(self._answers(i) for i in ids))
+        return frozenset(i for i, ok in zip(ids, answers, strict=True) if not ok)
 
     async def _move_step(self, change: Change, placement: Placement) -> bool:
         """One phase of a replica move; True once the move is complete."""

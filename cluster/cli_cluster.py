@@ -29,7 +29,7 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
 
     @main.group("cluster")
     def cluster() -> None:
-        """Add or remove nodes, move replicas and leaders (docs/operations.md)."""
+        """Add or remove nodes, move replicas and leaders, rebalance (docs/operations.md)."""
 
     wait = click.option(
         "--wait/--no-wait", default=True, show_default=True, help="Follow the change until it ends."
@@ -97,6 +97,19 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
         answer = admin.post(f"/v1/cluster/groups/{admin.quote(group)}/leader", {"node": target})
         _follow(admin, answer["change"], wait, timeout_s)
 
+    @cluster.command("rebalance")
+    @click.option("--dry-run", is_flag=True, help="Print the plan only; record nothing.")
+    @wait
+    @timeout
+    @admin_command
+    def rebalance(admin: AdminHttp, dry_run: bool, wait: bool, timeout_s: int) -> None:
+        """Move replicas (one group at a time) until every node holds as many as the others, give or
+        take one, then spread the preferred leaders. Prints the plan (stdout), then the progress."""
+        answer = admin.post("/v1/cluster/rebalance", {"dry_run": True} if dry_run else {})
+        _print_plan(answer["plan"])
+        if not dry_run:
+            _follow(admin, answer["change"], wait, timeout_s)
+
     @cluster.command("cancel")
     @wait
     @timeout
@@ -113,6 +126,8 @@ def _describe(change: dict[str, Any]) -> str:
         return f"move group {change['group']} from {change['source']} to {change['target']}"
     if kind == "transfer_leader":
         return f"leadership of group {change['group']} to {change['target']}"
+    if kind == "rebalance":
+        return "rebalance"
     return f"{kind.replace('_', ' ')} {change['node']}"
 
 
@@ -135,9 +150,11 @@ def _follow(
             click.echo(f"change {change_id}: failed: {ended.get('error')}", err=True)
             sys.exit(0 if cancelling and ended.get("cancel") else 1)
         current = data.get("change") or {}
-        phase = (current.get("group"), current.get("phase"))
+        phase = (current.get("group"), current.get("phase"), current.get("source"), current.get("target"))
         if current.get("id") == change_id and phase != last_phase:
             where = f"group {phase[0]}: " if phase[0] is not None else ""
+            if phase[0] is not None and current.get("kind") == "rebalance":
+                where = f"group {phase[0]} from {phase[2]} to {phase[3]}: "
             click.echo(f"change {change_id}: {where}{phase[1]}", err=True)
             last_phase = phase
         time.sleep(1.0)
@@ -145,6 +162,22 @@ def _follow(
         f"change {change_id}: still running after {timeout_s} s (see raftmq cluster placement)", err=True
     )
     sys.exit(1)
+
+
+def _print_plan(plan: dict[str, Any]) -> None:
+    if not plan["moves"] and not plan["leader_changes"]:
+        click.echo("already balanced: nothing to move")
+    for m in plan["moves"]:
+        click.echo(f"move group {m['group']} from {m['source']} to {m['target']}")
+    for c in plan["leader_changes"]:
+        click.echo(f"preferred leader of group {c['group']}: {c['target']} (was {c['source']})")
+    click.echo("node  replicas  preferred leader of")
+    for n in plan["nodes"]:
+        note = "" if n["available"] else "  (not answering: takes nothing)"
+        click.echo(
+            f"{n['id']:<5} {n['replicas_before']:>3} -> {n['replicas_after']:<3}"
+            f"{n['leaders_before']:>3} -> {n['leaders_after']}{note}"
+        )
 
 
 def _print_placement(data: dict[str, Any]) -> None:

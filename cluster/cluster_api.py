@@ -1,4 +1,5 @@
-"""Cluster changes over HTTP: add or remove a node, move a replica, move a group's leadership.
+"""Cluster changes over HTTP: add or remove a node, move a replica, move a group's leadership,
+rebalance.
 
 Public (cluster admin), served by the metadata group's leader (any node forwards)::
 
@@ -8,6 +9,8 @@ Public (cluster admin), served by the metadata group's leader (any node forwards
     DELETE /v1/cluster/change                    cancel the change in progress    -> 202 change
     POST   /v1/cluster/groups/{group}/move       {"from", "to"}                   -> 202 change
     POST   /v1/cluster/groups/{group}/leader     {"node"}                         -> 202 change
+    POST   /v1/cluster/rebalance                 {"dry_run"?: bool} (body optional)
+                                                 -> 202 change and plan; dry run: 200 plan
 
 A change is accepted (202) once it is recorded in the metadata group; the coordinator
 (``cluster/changes.py``) carries it out, and ``GET /v1/cluster/placement`` shows its progress and,
@@ -30,6 +33,7 @@ from .config import NodeConfig
 from .node import META, Node, _set_if_pending, now_ms
 from .placement import command
 from .raft import Outcome
+from .rebalance import plan
 from .validation import ApiError, bad, parse_json
 
 if TYPE_CHECKING:
@@ -97,6 +101,33 @@ class ClusterApi:
         group = request.match_info["group"]
         return await self._begin({"kind": "transfer_leader", "group": group, "target": body["node"]})
 
+    async def rebalance(self, request: web.Request) -> web.Response:
+        """Even out replicas and preferred leaders (``cluster/rebalance.py``). The answer carries
+        the plan as of now; a balanced cluster gets a change that ends at once as done."""
+        from .http_api import json_response
+
+        raw = await request.read()
+        body = parse_json(raw) if raw else {}
+        if (
+            not isinstance(body, dict)
+            or set(body) - {"dry_run"}
+            or not isinstance(body.get("dry_run", False), bool)
+        ):
+            raise bad('body must be empty or {"dry_run": true | false}')
+        if not self.api._leads(META):
+            return await self.api._forward(request, META, raw or None)
+        machine = self.node.metadata
+        placement = None if machine is None else machine.placement()
+        if placement is None:
+            raise ApiError(errors.UNAVAILABLE, "the cluster placement is not initialised yet")
+        unavailable: frozenset[str] = frozenset()
+        if self.coordinator is not None:  # set at startup
+            unavailable = await self.coordinator.unanswering(placement)
+        steps = plan(placement, unavailable).to_json()
+        if body.get("dry_run", False):
+            return json_response({"plan": steps})
+        return await self._begin({"kind": "rebalance"}, plan=steps)
+
     async def cancel(self, request: web.Request) -> web.Response:
         from .http_api import json_response
 
@@ -122,7 +153,8 @@ class ClusterApi:
                 raise bad(f"{key!r} must be a non-empty string")
         return body
 
-    async def _begin(self, change: dict[str, Any]) -> web.Response:
+    async def _begin(self, change: dict[str, Any], **extra: Any) -> web.Response:
+        """Record ``change`` and answer 202 ``{"change": ..., **extra}``."""
         from .http_api import json_response
 
         result = await self.api._propose_checked(
@@ -130,7 +162,7 @@ class ClusterApi:
         )
         if self.coordinator is not None:
             self.coordinator.wake()
-        return json_response(result, status=202)
+        return json_response({**result, **extra}, status=202)
 
     async def _check_answers(self, body: dict[str, Any]) -> None:
         """A node is added only when it runs and answers as itself (a typo is not recorded)."""
@@ -200,6 +232,7 @@ def add_cluster_routes(app: web.Application, node: Node, api: Api) -> ClusterApi
     r.add_delete("/v1/cluster/nodes/{node}", cluster.remove_node)
     r.add_post("/v1/cluster/groups/{group}/move", cluster.move)
     r.add_post("/v1/cluster/groups/{group}/leader", cluster.leader)
+    r.add_post("/v1/cluster/rebalance", cluster.rebalance)
     r.add_delete("/v1/cluster/change", cluster.cancel)
     r.add_get("/internal/placement", cluster.internal_placement)
 

@@ -14,7 +14,8 @@ Metadata ops of this module (ONLY ADD TO THE END; see ``cluster/metadata.py``)::
     {"op": "begin_change", "now_ms": u64, "change": {"kind": "move", "group", "source", "target"}
                                                    | {"kind": "transfer_leader", "group", "target"}
                                                    | {"kind": "add_node", "node": {"id","http","raft"}}
-                                                   | {"kind": "remove_node", "node": id}}
+                                                   | {"kind": "remove_node", "node": id}
+                                                   | {"kind": "rebalance"}}
     {"op": "change_phase", "change_id", "phase", "group"?, "source"?, "target"?}
     {"op": "place_replica", "change_id", "group", "node", "after"?: id}
     {"op": "unplace_replica", "change_id", "group", "node"}
@@ -64,7 +65,7 @@ OPS = (
     "end_change",
     "cancel_change",
 )
-KINDS = ("move", "transfer_leader", "add_node", "remove_node")
+KINDS = ("move", "transfer_leader", "add_node", "remove_node", "rebalance")
 _NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 
 
@@ -114,8 +115,9 @@ class Placement:
 
 @dataclass(frozen=True)
 class Change:
-    """The change in progress. For ``remove_node``, ``group``/``source``/``target``/``phase``
-    describe the replica move under way (none between moves)."""
+    """The change in progress. For ``remove_node`` and ``rebalance``, ``group``/``source``/
+    ``target``/``phase`` describe the replica move under way (none between moves). A rebalance
+    records no plan: each next step follows from the placement (``cluster/rebalance.py``)."""
 
     id: int
     kind: str
@@ -301,6 +303,8 @@ def _begin(p: Placement, change_id: int, cmd: dict[str, Any]) -> Change:
                     "bad_request", f"no node can take {node_id}'s replica of group {group}; add one first"
                 )
         return Change(change_id, kind, now_ms, node=node_id)
+    if kind == "rebalance":
+        return Change(change_id, kind, now_ms)
     group = _str(spec, "group")
     if group not in p.groups:
         raise Refused("bad_request", f"no group {group!r}")

@@ -1,0 +1,214 @@
+"""Rebalancing with real node processes: after ``add-node``, a rebalance moves the new node its
+share of replicas while a producer keeps writing, and nothing acknowledged is lost. The planner
+itself is tested in ``tests/unit/test_rebalance.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from .conftest import assert_error
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+TOPIC = "orders"
+QUEUES = 6  # two per queue group
+
+
+class Producer:
+    """Produces batches of 5 in a thread, round robin over ``nodes``; remembers what was acked."""
+
+    def __init__(self, c: Cluster, nodes: list[str]) -> None:
+        self.urls = [c.nodes[n].url for n in nodes]
+        self.acked: dict[tuple[int, int], str] = {}
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Producer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        session, i = requests.Session(), 0
+        while not self._stop.is_set():
+            values = [f"m-{i}-{j}" for j in range(5)]
+            try:
+                r = session.post(
+                    f"{self.urls[i % len(self.urls)]}/v1/topics/{TOPIC}/messages",
+                    json={"messages": [{"value": v} for v in values]},
+                    timeout=30,
+                )
+                if r.status_code == 200:
+                    for v, res in zip(values, r.json()["results"], strict=True):
+                        self.acked[(res["queue"], res["offset"])] = v
+                else:
+                    self.failures.append(f"{r.status_code} {r.text[:200]}")
+            except requests.RequestException as e:
+                self.failures.append(repr(e))
+            i += 1
+            time.sleep(0.02)
+
+    def wait_for(self, count: int) -> None:
+        goal = len(self.acked) + count
+        wait_until(lambda: len(self.acked) >= goal, 60, what=f"{count} more acknowledged messages")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Three nodes, three queue groups (replication 3) and n4 (``join = true``) added: it runs and
+    is in the placement, but hosts nothing."""
+    c = Cluster(tmp_path, nodes=4, queue_groups=3, node_toml=lambda n: "join = true" if n == "n4" else "")
+    with c:
+        c.start()
+        c.wait_ready()
+        wait_until(lambda: placement(c)["placement"], 30, what="the placement recorded")
+        c.create_topic(TOPIC, queues=QUEUES)
+        n4 = c.nodes["n4"]
+        r = c.post("/v1/cluster/nodes", {"id": "n4", "http": n4.http, "raft": f"127.0.0.1:{n4.raft_base}"})
+        assert r.status_code == 202, r.text
+        wait_for_end(c, r.json()["change"]["id"])
+        yield c
+
+
+def placement(c: Cluster) -> dict[str, Any]:
+    r = c.get("/v1/cluster/placement")
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def wait_for_end(c: Cluster, change_id: int, timeout_s: float = 180) -> dict[str, Any]:
+    def ended() -> dict[str, Any] | None:
+        r = c.get("/v1/cluster/placement")
+        if r.status_code != 200:  # 503 while the metadata group elects its next leader
+            return None
+        return next((h for h in r.json()["history"] if h["id"] == change_id), None)
+
+    record: dict[str, Any] = wait_until(ended, timeout_s, interval_s=0.5, what=f"change {change_id} to end")
+    return record
+
+
+def replica_counts(groups: dict[str, list[str]]) -> Counter[str]:
+    counts = Counter({n: 0 for n in ("n1", "n2", "n3", "n4")})
+    counts.update(i for ids in groups.values() for i in ids)
+    return counts
+
+
+def voters(c: Cluster, group: str) -> set[str]:
+    """The node ids of ``group``'s voters, as its leader reports them."""
+    leader = c.wait_leader(group, timeout_s=30)
+    addrs = set(c.status(leader)["groups"][group]["members"])
+    offset = 0 if group == "meta" else 1 + int(group)
+    return {n.id for n in c.nodes.values() if f"127.0.0.1:{n.raft_base + offset}" in addrs}
+
+
+def cli(c: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "raftmq.cluster.cli", "cluster", *args, "--url", c.url()]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_rebalance_gives_an_added_node_its_share_while_producing(cluster: Cluster) -> None:
+    c = cluster
+    before = placement(c)["placement"]
+    dry = c.post("/v1/cluster/rebalance", {"dry_run": True})
+    assert dry.status_code == 200, dry.text
+    planned = dry.json()["plan"]
+    # 12 replicas (3 queue groups and meta, 3 each) over 4 nodes: n4 takes 3, all queue groups'.
+    assert [m["target"] for m in planned["moves"]] == ["n4", "n4", "n4"], planned
+    assert {m["group"] for m in planned["moves"]} == {"0", "1", "2"}
+    assert placement(c)["placement"] == before and placement(c)["change"] is None  # nothing recorded
+
+    with Producer(c, ["n1", "n2", "n3"]) as producer:
+        producer.wait_for(100)
+        r = c.session.post(c.url() + "/v1/cluster/rebalance", timeout=30)  # no body
+        assert r.status_code == 202, r.text
+        change = r.json()["change"]
+        assert change["kind"] == "rebalance" and r.json()["plan"] == planned
+        # One change at a time: another rebalance is refused while this one runs.
+        e = assert_error(c.post("/v1/cluster/rebalance", {}), 409, "change_in_progress")
+        assert e["change"]["id"] == change["id"]
+        record = wait_for_end(c, change["id"])
+        assert record["outcome"] == "done", record
+        producer.wait_for(100)
+    acked = dict(producer.acked)
+    print(f"acknowledged {len(acked)}, failed requests {len(producer.failures)}: {producer.failures[-3:]}")
+
+    groups = placement(c)["placement"]["groups"]
+    counts = replica_counts(groups)
+    assert counts["n4"] == 3 and max(counts.values()) - min(counts.values()) <= 1, counts
+    assert groups["meta"] == before["groups"]["meta"]  # the metadata group counts but stays
+    leaders = Counter(ids[0] for g, ids in groups.items() if g != "meta")
+    assert max(leaders.values()) == 1, groups  # three queue groups, three different preferred leaders
+    for g, ids in groups.items():
+        assert len(ids) == 3 and voters(c, g) == set(ids), (g, ids)
+    # Every acknowledged message is there, on every replica of its group.
+    queue_groups = c.get(f"/v1/topics/{TOPIC}").json()["queue_groups"]
+    for g in ("0", "1", "2"):
+        c.wait_replicas_equal(g, groups[g], timeout_s=60)
+    for q in range(QUEUES):
+        want = {o: v for (qq, o), v in acked.items() if qq == q}
+        for nid in groups[str(queue_groups[q])]:
+            got = {m["offset"]: m["value"] for m in c.fetch_all(TOPIC, q, node=nid, read_from="local")}
+            missing = [o for o, v in want.items() if got.get(o) != v]
+            assert not missing, f"queue {q} on {nid}: {len(missing)} acknowledged messages missing"
+            assert sorted(got) == list(range(len(got))), f"queue {q} on {nid}: offsets not dense"
+
+    # Balanced now: the dry run plans nothing, and a rebalance ends at once.
+    dry = c.post("/v1/cluster/rebalance", {"dry_run": True})
+    assert dry.status_code == 200 and dry.json()["plan"]["moves"] == [], dry.text
+    assert dry.json()["plan"]["leader_changes"] == []
+    shown = cli(c, "rebalance")
+    assert shown.returncode == 0, shown.stderr
+    assert "already balanced" in shown.stdout and ": done" in shown.stderr, (shown.stdout, shown.stderr)
+    assert placement(c)["placement"]["groups"] == groups
+    # The leader balancer hands each queue group's leadership to its preferred leader.
+    for g in ("0", "1", "2"):
+        wait_until(lambda g=g: c.leader(g) == groups[g][0], 30, what=f"{groups[g][0]} leading group {g}")
+
+
+def test_a_cancelled_rebalance_starts_no_further_move(cluster: Cluster) -> None:
+    c = cluster
+    shown = cli(c, "rebalance", "--dry-run")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("to n4") == 3 and placement(c)["change"] is None, shown.stdout
+    for body in ({"dry_run": "yes"}, {"dry": True}, [True], "x"):
+        assert_error(c.post("/v1/cluster/rebalance", body), 400, "bad_request")
+    assert_error(
+        c.session.post(c.url() + "/v1/cluster/rebalance", data=b"{", timeout=30), 400, "invalid_json"
+    )
+
+    r = c.post("/v1/cluster/rebalance", {"dry_run": False})
+    assert r.status_code == 202, r.text
+    change_id = r.json()["change"]["id"]
+    wait_until(lambda: (placement(c)["change"] or {}).get("group"), 60, 0.2, what="the first move")
+    r = c.session.delete(c.url() + "/v1/cluster/change", timeout=30)
+    assert r.status_code == 202 and r.json()["change"]["cancel"] is True, r.text
+    record = wait_for_end(c, change_id, 60)
+    assert (record["kind"], record["outcome"], record["cancel"]) == ("rebalance", "failed", True), record
+    groups = placement(c)["placement"]["groups"]
+    assert replica_counts(groups)["n4"] <= 1, groups  # the move under way, at most: no other started
+    for g, ids in groups.items():
+        assert len(ids) == 3 and voters(c, g) == set(ids), (g, ids)
+    # The next rebalance finishes the job.
+    done = cli(c, "rebalance", "--timeout-s", "180")
+    assert done.returncode == 0 and ": done" in done.stderr, done.stderr
+    assert "from n" in done.stderr  # progress lines name each move
+    assert replica_counts(placement(c)["placement"]["groups"])["n4"] == 3
