@@ -24,7 +24,7 @@ from . import errors
 from .validation import MAX_FETCH_BYTES, MAX_OFFSET, MAX_QUEUE_NUMBER, ApiError, bad, query_int
 
 if TYPE_CHECKING:
-    from .http_api import Api
+    from .api_core import ApiCore
     from .metadata import Topic
     from .node import Node
 
@@ -68,7 +68,7 @@ class FetchQuery:
 
 
 async def fetch_query(
-    api: Api, request: web.Request, *, default_max: int, max_max: int, default_bytes: int
+    api: ApiCore, request: web.Request, *, default_max: int, max_max: int, default_bytes: int
 ) -> FetchQuery:
     """Check ``GET /v1/topics/{topic}/queues/{queue}/messages`` and decide where it is read."""
     topic = await api.topic(request.match_info["topic"])
