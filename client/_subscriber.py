@@ -6,16 +6,14 @@ asyncio, :class:`Subscriber` for threads. The work is done by ``_subscriber_core
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Unpack
 
+from ._io_thread import SyncClient
 from ._received import ReceivedMessage
 from ._subscriber_core import SubscriberConfig, SubscriberCore, SubscriberOptions, SubscriberStats
-from ._sync import LoopThread
 from .errors import ClientClosed
 
 __all__ = ["AsyncSubscriber", "Subscriber"]
@@ -149,7 +147,7 @@ class AsyncSubscriber:
         await self.close()
 
 
-class Subscriber:
+class Subscriber(SyncClient):
     """The sync twin of :class:`AsyncSubscriber` (same arguments): iterate, or call
     :meth:`receive`; messages may be settled from any thread. The work runs in the subscriber's
     own I/O thread. :meth:`close` may be called from another thread: iteration then ends."""
@@ -159,12 +157,8 @@ class Subscriber:
     ) -> None:
         self._async = AsyncSubscriber(bootstrap, topic=topic, group=group, **options)
         self._local: deque[ReceivedMessage] = deque()  # taken from the core, not yet yielded
-        self._io = LoopThread("raftmq-subscriber")
-        try:
-            self._io.run(self._async.start())
-        except BaseException:
-            self._io.stop()
-            raise
+        super().__init__("raftmq-subscriber")
+        self._start(self._async.start())
 
     @property
     def stats(self) -> SubscriberStats:
@@ -181,10 +175,7 @@ class Subscriber:
         or the subscriber is closed); [] on timeout or once closed."""
         if self._local:
             return [self._local.popleft() for _ in range(min(max_messages, len(self._local)))]
-        try:
-            return self._io.run(self._async.receive(max_messages, timeout_ms))
-        except (ClientClosed, concurrent.futures.CancelledError):  # closed by another thread
-            return []
+        return self._run_or_closed(self._async.receive(max_messages, timeout_ms), [])
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while True:
@@ -202,12 +193,4 @@ class Subscriber:
         """Stop, give back what was never handed out, send the queued settlements."""
         while self._local:  # taken by an iteration that stopped early: never handed out
             self._local.popleft().nack(0)
-        with contextlib.suppress(ClientClosed):
-            self._io.run(self._async.close())
-        self._io.stop()
-
-    def __enter__(self) -> Subscriber:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._shut_down(self._async.close())

@@ -1,78 +1,27 @@
-"""The sync flavour: each client runs its asyncio core in a background I/O thread of its own."""
+"""The sync flavour: each client wraps its asyncio twin, which runs in a background I/O thread of
+the client's own (``_io_thread.py``); the twin checks the settings and owns the core."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
 import ssl as _ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ._accumulator import buffer_full
 from ._admin import AsyncAdmin
-from ._consumer_config import ConsumerConfig, Mode, Reset, TopicQueue
-from ._consumer_core import ConsumerCore
-from ._producer import DeliveryCallback, ProducerConfig, ProducerCore, _FutureDelivery
+from ._consumer import AsyncConsumer
+from ._consumer_config import Mode, Reset, TopicQueue
+from ._io_thread import LoopThread, SyncClient
+from ._producer import AsyncProducer, DeliveryCallback, _FutureDelivery
 from ._types import ClusterStatus, Message, RecordMetadata, TopicDescription, TopicInfo
-from .errors import ClientClosed
 
 __all__ = ["Admin", "Consumer", "LoopThread", "Producer"]
 
-T = TypeVar("T")
 
-
-class LoopThread:
-    """An event loop running in a daemon thread; ``run`` executes a coroutine there."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-        finally:
-            pending = asyncio.all_tasks(self.loop)
-            for task in pending:
-                task.cancel()
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            self.loop.close()
-
-    @property
-    def in_loop(self) -> bool:
-        return threading.get_ident() == self._thread.ident
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run ``coro`` in the loop and wait for its result (from any other thread)."""
-        if self.in_loop:
-            coro.close()
-            raise RuntimeError(
-                "a blocking raftmq call from the client's own I/O thread (e.g. in a delivery callback)"
-            )
-        if not self._thread.is_alive() or self.loop.is_closed():
-            coro.close()
-            raise ClientClosed("the client is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"no result within {timeout_s} s") from None
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            if not self.in_loop:
-                self._thread.join()
-
-
-class Admin:
+class Admin(SyncClient):
     """Topics, consumer-group offsets and cluster status; the sync twin of :class:`AsyncAdmin`
     (same arguments, same methods, blocking)."""
 
@@ -98,7 +47,7 @@ class Admin:
             ca_file=ca_file,
             ssl=ssl,
         )
-        self._io = LoopThread("raftmq-admin")
+        super().__init__("raftmq-admin")
 
     def create_topic(
         self,
@@ -138,18 +87,10 @@ class Admin:
         self._io.run(self._async.commit_offsets(group, topic, offsets))
 
     def close(self) -> None:
-        with contextlib.suppress(ClientClosed):
-            self._io.run(self._async.close())
-        self._io.stop()
-
-    def __enter__(self) -> Admin:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._shut_down(self._async.close())
 
 
-class Producer:
+class Producer(SyncClient):
     """Produces messages in batches; the sync twin of :class:`AsyncProducer` (same arguments).
 
     ``send`` is thread-safe and returns a :class:`concurrent.futures.Future`; batching, retries
@@ -176,7 +117,8 @@ class Producer:
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
     ) -> None:
-        config = ProducerConfig(
+        self._async = AsyncProducer(
+            bootstrap,
             linger_ms=linger_ms,
             max_batch_bytes=max_batch_bytes,
             max_batch_messages=max_batch_messages,
@@ -193,14 +135,10 @@ class Producer:
             ca_file=ca_file,
             ssl=ssl,
         )
-        config.check()
         self._max_block_ms = max_block_ms
-        self._io = LoopThread("raftmq-producer")
-
-        async def make() -> ProducerCore:
-            return ProducerCore(bootstrap, config)
-
-        self._core = self._io.run(make())
+        super().__init__("raftmq-producer")
+        self._start(self._async.start())
+        self._core = self._async._get_core()  # made by start, in the I/O thread
 
     @property
     def producer_id(self) -> str | None:
@@ -249,21 +187,13 @@ class Producer:
     def close(self, timeout_s: float | None = None) -> None:
         """Flush (up to ``timeout_s``), then stop the I/O thread; unsent messages fail with
         ClientClosed."""
-        if not self._core.closed:
-            self._io.run(self._core.close(timeout_s))
-        self._io.stop()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._shut_down(self._async.close(timeout_s))
 
 
 SyncHandler = Callable[[Message], None]
 
 
-class Consumer:
+class Consumer(SyncClient):
     """Consumes topics with committed progress; the sync twin of :class:`AsyncConsumer` (same
     arguments). Iterate (``for msg in consumer: ...; msg.ack()``) or call :meth:`run`.
 
@@ -294,9 +224,10 @@ class Consumer:
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
     ) -> None:
-        config = ConsumerConfig(
+        self._async = AsyncConsumer(
+            bootstrap,
             group=group,
-            topics=(topics,) if isinstance(topics, str) else tuple(topics),
+            topics=topics,
             mode=mode,
             member_id=member_id,
             max_batch=max_batch,
@@ -314,26 +245,12 @@ class Consumer:
             ca_file=ca_file,
             ssl=ssl,
         )
-        config.check()
-        self._config = config
-        self._io = LoopThread("raftmq-consumer")
+        self._config = self._async._config
         self._local: deque[Message] = deque()
         self._last: Message | None = None
-
-        async def make() -> ConsumerCore:
-            core = ConsumerCore(bootstrap, config)
-            try:
-                await core.start()
-            except BaseException:
-                await core.close(commit=False)
-                raise
-            return core
-
-        try:
-            self._core = self._io.run(make())
-        except BaseException:
-            self._io.stop()
-            raise
+        super().__init__("raftmq-consumer")
+        self._start(self._async.start())
+        self._core = self._async._started()
 
     @property
     def member_id(self) -> str:
@@ -357,11 +274,7 @@ class Consumer:
                 out.append(message)
         if out or self._core.closed:
             return out
-        timeout_s = None if timeout_ms is None else timeout_ms / 1000
-        try:
-            return self._io.run(self._core.get_many(max_messages, timeout_s))
-        except (ClientClosed, concurrent.futures.CancelledError):  # closed by another thread
-            return []
+        return self._run_or_closed(self._async.getmany(max_messages, timeout_ms), [])
 
     def __iter__(self) -> Iterator[Message]:
         while True:
@@ -457,21 +370,13 @@ class Consumer:
 
     def commit(self) -> None:
         """Commit finished offsets now (also done every ``auto_commit_interval_ms``)."""
-        self._io.run(self._core.commit())
+        self._io.run(self._async.commit())
 
     def committed(self, topic: str) -> dict[int, int | None]:
         """The group's committed offset of each queue of ``topic`` (None where none)."""
-        return self._io.run(self._core.api.committed_offsets(self._config.commit_group, topic))
+        return self._io.run(self._async.committed(topic))
 
     def close(self, *, commit: bool = True) -> None:
         """Stop fetching, commit finished offsets (unless ``commit`` is False), leave the group.
         Safe to call from another thread (an iteration in progress ends)."""
-        if not self._core.closed:
-            self._io.run(self._core.close(commit=commit))
-        self._io.stop()
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._shut_down(self._async.close(commit=commit))
