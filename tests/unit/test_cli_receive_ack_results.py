@@ -4,11 +4,11 @@ answers the ack with one result of each)."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 
 import pytest
 from aiohttp import web
+from fake_node import run, serve
 
 from raftmq.cluster import cli_delivery
 from raftmq.cluster.cli_delivery import ReceiveOptions
@@ -44,21 +44,11 @@ def test_refused_acks_are_counted_by_code_and_errors_reported(capsys: pytest.Cap
         return web.json_response({"messages": MESSAGES if receives == 1 else []})
 
     async def main() -> cli_delivery.Received:
-        app = web.Application()
-        app.router.add_post(PATH + "/receive", receive)
-        app.router.add_post(PATH + "/ack", ack)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         options = ReceiveOptions("t", "g", None, None, ack=True, follow=False, wait_ms=0)
-        try:
-            return await cli_delivery._receive([f"http://127.0.0.1:{port}"], {}, options, io.BytesIO())
-        finally:
-            await runner.cleanup()
+        async with serve(web.post(PATH + "/receive", receive), web.post(PATH + "/ack", ack)) as node:
+            return await cli_delivery._receive([f"http://{node}"], {}, options, io.BytesIO())
 
-    done = asyncio.run(asyncio.wait_for(main(), 30))
+    done = run(main())
     assert (done.count, done.stale, done.failed) == (3, 1, {"unavailable": 1})
     cli_delivery.report_failed_acks(done)
     assert "1 acks failed (unavailable: 1)" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from fake_node import run, serve
 
 from raftmq.client import AsyncSubscriber, ReceivedMessage, UnexpectedResponse
 from raftmq.client._subscriber_core import SubscribeMode
@@ -20,6 +21,9 @@ PATH = "/v1/topics/t/subscriptions/g"
 
 async def topic(request: web.Request) -> web.Response:
     return web.json_response({"name": "t", "queues": 1})
+
+
+TOPIC = web.get("/v1/topics/t", topic)  # the subscriber checks its topic on start
 
 
 async def broken_receive(request: web.Request) -> web.Response:
@@ -38,23 +42,15 @@ async def broken_stream(request: web.Request) -> web.WebSocketResponse:
 @pytest.mark.parametrize("mode", ["poll", "push"])
 def test_a_broken_answer_stops_the_subscriber_with_an_error(mode: str) -> None:
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/v1/topics/t", topic)
-        app.router.add_post(PATH + "/receive", broken_receive)
-        app.router.add_get(PATH + "/stream", broken_stream)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            async with AsyncSubscriber(f"127.0.0.1:{port}", topic="t", group="g", mode=mode) as sub:  # type: ignore[arg-type]
-                with pytest.raises(UnexpectedResponse):
-                    await sub.receive(timeout_ms=5_000)
-        finally:
-            await runner.cleanup()
+        routes = (web.post(PATH + "/receive", broken_receive), web.get(PATH + "/stream", broken_stream))
+        async with (
+            serve(TOPIC, *routes) as node,
+            AsyncSubscriber(node, topic="t", group="g", mode=mode) as sub,  # type: ignore[arg-type]
+        ):
+            with pytest.raises(UnexpectedResponse):
+                await sub.receive(timeout_ms=5_000)
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    run(main())
 
 
 def test_a_stream_that_opens_while_the_subscriber_closes_gets_no_credit() -> None:
@@ -79,17 +75,9 @@ def test_a_stream_that_opens_while_the_subscriber_closes_gets_no_credit() -> Non
         return web.json_response({"results": [{"receipt": r, "ok": True} for r in receipts]})
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/v1/topics/t", topic)
-        app.router.add_get(PATH + "/stream", slow_stream)
-        app.router.add_post(PATH + "/ack", slow_ack)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            sub = AsyncSubscriber(f"127.0.0.1:{port}", topic="t", group="g", mode="push")
+        routes = (web.get(PATH + "/stream", slow_stream), web.post(PATH + "/ack", slow_ack))
+        async with serve(TOPIC, *routes) as node:
+            sub = AsyncSubscriber(node, topic="t", group="g", mode="push")
             await sub.start()
             await upgrading.wait()
             wire = {"queue": 0, "offset": 0, "value": "v", "receipt": "r1", "attempt": 1, "deadline_ms": 0}
@@ -97,10 +85,8 @@ def test_a_stream_that_opens_while_the_subscriber_closes_gets_no_credit() -> Non
             message.ack()
             await sub.close()
             assert sub.stats.acked == 1
-        finally:
-            await runner.cleanup()
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    run(main())
     assert not [f for f in frames if '"rdy"' in f and '"n":0' not in f], frames
 
 
@@ -131,32 +117,24 @@ def test_a_new_stream_gets_only_the_credit_the_unsettled_messages_of_the_old_one
         return ws
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/v1/topics/t", topic)
-        app.router.add_get(PATH + "/stream", stream)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            async with AsyncSubscriber(
-                f"127.0.0.1:{port}", topic="t", group="g", mode="push", max_in_flight=4, ack_interval_ms=0
-            ) as sub:
-                got = await sub.receive(4, timeout_ms=5_000)
-                assert len(got) == 4
-                await wait_for(lambda: len(rdys) == 2 and rdys[1] == [0])
-                got[0].ack()
-                got[1].nack(0)
-                await wait_for(lambda: rdys[1][-1] == 2)
-                got[2].ack()
-                got[3].ack()
-                await wait_for(lambda: rdys[1][-1] == 4)
-                assert sub.stats.reconnects == 1
-        finally:
-            await runner.cleanup()
+        async with (
+            serve(TOPIC, web.get(PATH + "/stream", stream)) as node,
+            AsyncSubscriber(
+                node, topic="t", group="g", mode="push", max_in_flight=4, ack_interval_ms=0
+            ) as sub,
+        ):
+            got = await sub.receive(4, timeout_ms=5_000)
+            assert len(got) == 4
+            await wait_for(lambda: len(rdys) == 2 and rdys[1] == [0])
+            got[0].ack()
+            got[1].nack(0)
+            await wait_for(lambda: rdys[1][-1] == 2)
+            got[2].ack()
+            got[3].ack()
+            await wait_for(lambda: rdys[1][-1] == 4)
+            assert sub.stats.reconnects == 1
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    run(main())
     assert rdys[0] == [4]
     assert rdys[1][:3] == [0, 2, 4] or rdys[1][:4] == [0, 1, 2, 4], rdys  # then 0 (the drain)
 
@@ -205,23 +183,13 @@ def test_an_internal_error_of_a_receive_is_retried(mode: SubscribeMode) -> None:
         return ws
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/v1/topics/t", topic)
-        app.router.add_post(PATH + "/receive", receive)
-        app.router.add_get(PATH + "/stream", stream)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            async with AsyncSubscriber(
-                f"127.0.0.1:{port}", topic="t", group="g", mode=mode, wait_ms=100
-            ) as sub:
-                got = await sub.receive(timeout_ms=10_000)
-                assert [m.receipt for m in got] == ["r1"]
-        finally:
-            await runner.cleanup()
+        routes = (web.post(PATH + "/receive", receive), web.get(PATH + "/stream", stream))
+        async with (
+            serve(TOPIC, *routes) as node,
+            AsyncSubscriber(node, topic="t", group="g", mode=mode, wait_ms=100) as sub,
+        ):
+            got = await sub.receive(timeout_ms=10_000)
+            assert [m.receipt for m in got] == ["r1"]
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    run(main())
     assert attempts >= 2
