@@ -5,7 +5,8 @@ replica) of those commands (``cluster/commands.py``, ``docs/delivery.md``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import orjson
 
@@ -33,14 +34,9 @@ from ._command_types import (
     VERSION,
     Command,
     CommitFencedCommand,
-    DeliverTickCommand,
-    LockCommand,
     Receipt,
     ReceiptsCommand,
-    ReceiveCommand,
-    RedriveCommand,
     SubscribeCommand,
-    UnlockCommand,
 )
 
 
@@ -98,8 +94,18 @@ def receive(
     )
 
 
-def _wire_receipts(receipts: Sequence[tuple[int, int, int]]) -> list[list[int]]:
-    return [[queue, offset, token] for queue, offset, token in receipts]
+def _with_receipts(
+    op: str,
+    now_ms: int,
+    group: str,
+    topic_id: int,
+    receipts: Sequence[tuple[int, int, int]],
+    epoch: int | None,
+    **extra: int | None,
+) -> bytes:
+    """An ack, nack or extend: ``receipts`` as ``[queue, offset, token]``, then ``extra``, then ``epoch``."""
+    wire = [[queue, offset, token] for queue, offset, token in receipts]
+    return _command(op, now_ms=now_ms, group=group, topic_id=topic_id, receipts=wire, **extra, epoch=epoch)
 
 
 def ack(
@@ -111,9 +117,7 @@ def ack(
     epoch: int | None = None,
 ) -> bytes:
     """Finish the messages of ``receipts`` (``(queue, offset, token)``)."""
-    return _command(
-        "ack", now_ms=now_ms, group=group, topic_id=topic_id, receipts=_wire_receipts(receipts), epoch=epoch
-    )
+    return _with_receipts("ack", now_ms, group, topic_id, receipts, epoch)
 
 
 def nack(
@@ -126,15 +130,7 @@ def nack(
     epoch: int | None = None,
 ) -> bytes:
     """Give the messages back for a retry after ``delay_ms`` (default: the backoff schedule)."""
-    return _command(
-        "nack",
-        now_ms=now_ms,
-        group=group,
-        topic_id=topic_id,
-        receipts=_wire_receipts(receipts),
-        delay_ms=delay_ms,
-        epoch=epoch,
-    )
+    return _with_receipts("nack", now_ms, group, topic_id, receipts, epoch, delay_ms=delay_ms)
 
 
 def extend(
@@ -147,15 +143,7 @@ def extend(
     epoch: int | None = None,
 ) -> bytes:
     """Move the visibility deadline of the messages to ``now_ms + visibility_ms``."""
-    return _command(
-        "extend",
-        now_ms=now_ms,
-        group=group,
-        topic_id=topic_id,
-        receipts=_wire_receipts(receipts),
-        visibility_ms=visibility_ms,
-        epoch=epoch,
-    )
+    return _with_receipts("extend", now_ms, group, topic_id, receipts, epoch, visibility_ms=visibility_ms)
 
 
 def deliver_tick(now_ms: int, max_items: int) -> bytes:
@@ -229,22 +217,6 @@ def _subscribe(obj: dict[str, Any]) -> SubscribeCommand:
     }
 
 
-def _receive(obj: dict[str, Any]) -> ReceiveCommand:
-    _object(obj, {"now_ms", "group", "topic_id", "queues", "max", "visibility_ms", "epoch", "max_age_ms"})
-    return {
-        "v": VERSION,
-        "op": "receive",
-        "now_ms": _uint(obj, "now_ms", MAX_TIME_MS, ""),
-        "group": _name(obj, "group", ""),
-        "topic_id": _uint(obj, "topic_id", MAX_U32, ""),
-        "queues": _queue_list(obj, "queues"),
-        "max": _positive(obj, "max", MAX_RECEIVE),
-        "visibility_ms": _positive(obj, "visibility_ms", MAX_DURATION_MS),
-        "epoch": _optional_uint(obj, "epoch", ""),
-        "max_age_ms": _optional_duration(obj, "max_age_ms", ""),
-    }
-
-
 _tuple_new = tuple.__new__
 
 
@@ -294,43 +266,6 @@ def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
     }
 
 
-def _deliver_tick(obj: dict[str, Any]) -> DeliverTickCommand:
-    _object(obj, {"now_ms", "max"})
-    return {
-        "v": VERSION,
-        "op": "deliver_tick",
-        "now_ms": _uint(obj, "now_ms", MAX_TIME_MS, ""),
-        "max": _positive(obj, "max", MAX_TICK_ITEMS),
-    }
-
-
-def _lock(obj: dict[str, Any]) -> LockCommand:
-    _object(obj, {"now_ms", "group", "topic_id", "queue", "consumer", "lease_ms"})
-    return {
-        "v": VERSION,
-        "op": "lock",
-        "now_ms": _uint(obj, "now_ms", MAX_TIME_MS, ""),
-        "group": _name(obj, "group", ""),
-        "topic_id": _uint(obj, "topic_id", MAX_U32, ""),
-        "queue": _uint(obj, "queue", MAX_U32, ""),
-        "consumer": _name(obj, "consumer", ""),
-        "lease_ms": _positive(obj, "lease_ms", MAX_DURATION_MS),
-    }
-
-
-def _unlock(obj: dict[str, Any]) -> UnlockCommand:
-    _object(obj, {"group", "topic_id", "queue", "consumer", "epoch"})
-    return {
-        "v": VERSION,
-        "op": "unlock",
-        "group": _name(obj, "group", ""),
-        "topic_id": _uint(obj, "topic_id", MAX_U32, ""),
-        "queue": _uint(obj, "queue", MAX_U32, ""),
-        "consumer": _name(obj, "consumer", ""),
-        "epoch": _uint(obj, "epoch", MAX_U64, ""),
-    }
-
-
 def _commit_fenced(obj: dict[str, Any]) -> CommitFencedCommand:
     _object(obj, {"group", "topic_id", "offsets", "epoch"})
     epoch = _uint(obj, "epoch", MAX_U64, "")
@@ -345,29 +280,75 @@ def _commit_fenced(obj: dict[str, Any]) -> CommitFencedCommand:
     }
 
 
-def _redrive(obj: dict[str, Any]) -> RedriveCommand:
-    _object(obj, {"now_ms", "group", "topic_id", "dlq_topic_id", "queues", "max"})
-    return {
-        "v": VERSION,
-        "op": "redrive",
-        "now_ms": _uint(obj, "now_ms", MAX_TIME_MS, ""),
-        "group": _name(obj, "group", ""),
-        "topic_id": _uint(obj, "topic_id", MAX_U32, ""),
-        "dlq_topic_id": _uint(obj, "dlq_topic_id", MAX_U32, ""),
-        "queues": _queue_list(obj, "queues"),
-        "max": _positive(obj, "max", MAX_RECEIVE),
-    }
+# The ops whose fields are plain values: each field's reader, in the order the fields are checked
+# (the first bad one is the error). Such an op has exactly these fields (besides "v" and "op").
+_Reader = Callable[[dict[str, Any], str], Any]
+
+
+_time = partial(_uint, max_value=MAX_TIME_MS, where="")
+_u32 = partial(_uint, max_value=MAX_U32, where="")
+_u64 = partial(_uint, max_value=MAX_U64, where="")
+_text = partial(_name, where="")
+_u64_or_none = partial(_optional_uint, where="")
+_duration_or_none = partial(_optional_duration, where="")
+
+
+def _one_to(max_value: int) -> _Reader:
+    return partial(_positive, max_value=max_value)
+
+
+_PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
+    "receive": {
+        "now_ms": _time,
+        "group": _text,
+        "topic_id": _u32,
+        "queues": _queue_list,
+        "max": _one_to(MAX_RECEIVE),
+        "visibility_ms": _one_to(MAX_DURATION_MS),
+        "epoch": _u64_or_none,
+        "max_age_ms": _duration_or_none,
+    },
+    "deliver_tick": {"now_ms": _time, "max": _one_to(MAX_TICK_ITEMS)},
+    "lock": {
+        "now_ms": _time,
+        "group": _text,
+        "topic_id": _u32,
+        "queue": _u32,
+        "consumer": _text,
+        "lease_ms": _one_to(MAX_DURATION_MS),
+    },
+    "unlock": {"group": _text, "topic_id": _u32, "queue": _u32, "consumer": _text, "epoch": _u64},
+    "redrive": {
+        "now_ms": _time,
+        "group": _text,
+        "topic_id": _u32,
+        "dlq_topic_id": _u32,
+        "queues": _queue_list,
+        "max": _one_to(MAX_RECEIVE),
+    },
+}
+_PLAIN_ALLOWED = {op: set(fields) for op, fields in _PLAIN_FIELDS.items()}
+
+
+def _plain(obj: dict[str, Any]) -> Command:
+    """A receive, deliver_tick, lock, unlock or redrive command (``_PLAIN_FIELDS``)."""
+    op = obj["op"]
+    _object(obj, _PLAIN_ALLOWED[op])
+    decoded: dict[str, Any] = {"v": VERSION, "op": op}
+    for name, read in _PLAIN_FIELDS[op].items():
+        decoded[name] = read(obj, name)
+    return cast(Command, decoded)
 
 
 _DELIVERY_DECODERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     "subscribe": _subscribe,
-    "receive": _receive,
+    "receive": _plain,
     "ack": _receipts_command,
     "nack": _receipts_command,
     "extend": _receipts_command,
-    "deliver_tick": _deliver_tick,
-    "lock": _lock,
-    "unlock": _unlock,
+    "deliver_tick": _plain,
+    "lock": _plain,
+    "unlock": _plain,
     "commit_fenced": _commit_fenced,
-    "redrive": _redrive,
+    "redrive": _plain,
 }
