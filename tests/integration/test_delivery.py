@@ -20,6 +20,8 @@ pytestmark = pytest.mark.timeout(240)
 
 MAX_DELIVERIES = 3
 BACKOFF_MS = 300
+MAX_WAIT_MS = 15_000  # limits.max_wait_ms: a long poll for a message that must come costs nothing
+CLOCK_SLACK_S = 0.01  # the node stamps deadlines in whole milliseconds
 DELIVERY = f"[delivery]\nmax_deliveries = {MAX_DELIVERIES}\nbackoff_ms = [{BACKOFF_MS}]\ntick_ms = 100\n"
 
 
@@ -90,12 +92,14 @@ def test_received_messages_are_acked_once_and_the_committed_offset_follows(c: Cl
 def test_an_unacked_message_is_redelivered_after_its_visibility_with_attempt_plus_one(c: Cluster) -> None:
     c.create_topic("expiry", queues=1)
     produce(c, "expiry", [{"value": "slow"}])
+    start = time.monotonic()  # before the receive: its deadline is set after this
     (first,) = receive(c, "expiry", "g", visibility_ms=500)
-    start = time.monotonic()
-    (again,) = receive(c, "expiry", "g", wait_ms=5000)
+    (again,) = receive(c, "expiry", "g", wait_ms=MAX_WAIT_MS)
     elapsed = time.monotonic() - start
     assert (again["offset"], again["attempt"], again["value"]) == (first["offset"], 2, "slow")
-    assert 0.5 + BACKOFF_MS / 1000 - 0.05 <= elapsed < 3.0
+    # Never early (correctness); the upper bound only shows it came back by itself (latency
+    # figures belong to the benchmarks, and a slow CI machine must pass).
+    assert 0.5 + BACKOFF_MS / 1000 - CLOCK_SLACK_S <= elapsed < 10.0, elapsed
     assert outcome(settle(c, "expiry", "g", "ack", [first["receipt"]])) == ["stale_receipt"]
     assert outcome(settle(c, "expiry", "g", "ack", [again["receipt"]])) == ["ok"]
 
@@ -106,18 +110,23 @@ def test_nack_with_a_delay_redelivers_not_before_the_delay(c: Cluster) -> None:
     (first,) = receive(c, "nacked", "g")
     start = time.monotonic()
     assert outcome(settle(c, "nacked", "g", "nack", [first["receipt"]], delay_ms=800)) == ["ok"]
-    (again,) = receive(c, "nacked", "g", wait_ms=5000)
-    assert 0.8 <= time.monotonic() - start < 3.0 and again["attempt"] == 2
+    (again,) = receive(c, "nacked", "g", wait_ms=MAX_WAIT_MS)
+    elapsed = time.monotonic() - start
+    assert 0.8 <= elapsed < 10.0 and again["attempt"] == 2, elapsed  # never early; upper bound generous
 
 
 def test_extend_keeps_a_message_in_flight_and_its_receipt_valid(c: Cluster) -> None:
     c.create_topic("extended", queues=1)
     produce(c, "extended", [{"value": "long job"}])
-    (got,) = receive(c, "extended", "g", visibility_ms=600)
-    time.sleep(0.3)
-    (result,) = settle(c, "extended", "g", "extend", [got["receipt"]], visibility_ms=3000)
+    # The first visibility leaves a slow machine ample time to extend before it ends; the
+    # extension outlasts the wait below by far.
+    (got,) = receive(c, "extended", "g", visibility_ms=2000)
+    (result,) = settle(c, "extended", "g", "extend", [got["receipt"]], visibility_ms=30_000)
     assert result["ok"] and result["deadline_ms"] > got["deadline_ms"]
-    assert receive(c, "extended", "g", wait_ms=1500) == []
+    # Not redelivered past its first deadline (plus the backoff, and a margin for the tick).
+    wait_ms = got["deadline_ms"] + BACKOFF_MS + 1000 - time.time_ns() // 1_000_000
+    assert receive(c, "extended", "g", wait_ms=max(0, wait_ms)) == []
+    assert time.time_ns() // 1_000_000 > got["deadline_ms"] + BACKOFF_MS
     assert outcome(settle(c, "extended", "g", "ack", [got["receipt"]])) == ["ok"]
 
 
@@ -139,16 +148,19 @@ def test_a_poison_message_reaches_the_dead_letter_topic_after_exactly_max_delive
     c.create_topic("payments", queues=2)
     produce(c, "payments", [{"value": "poison", "key": "p", "headers": {"kind": "bad"}, "queue": 0}])
     deliveries = []
-    while True:  # the worker fails on it every time: nack once, then let it expire
-        got = receive(c, "payments", "workers", wait_ms=4000, visibility_ms=400)
-        if not got:
-            break
-        (m,) = got
+    for _ in range(MAX_DELIVERIES):  # the worker fails on it every time: nack once, then let it expire
+        (m,) = receive(c, "payments", "workers", wait_ms=MAX_WAIT_MS, visibility_ms=400)
         deliveries.append(m["attempt"])
         if m["attempt"] == 1:
             settle(c, "payments", "workers", "nack", [m["receipt"]])
     assert deliveries == list(range(1, MAX_DELIVERIES + 1))
-    listed = c.get(sub("payments", "workers", "dlq")).json()
+    # No fourth delivery: it would be due 400 ms + the backoff after the third.
+    assert receive(c, "payments", "workers", wait_ms=4000) == []
+    listed = wait_until(
+        lambda: (d := c.get(sub("payments", "workers", "dlq")).json())["messages"] and d,
+        30,
+        what="the dead letter",
+    )
     assert listed["dead_letter_topic"] == "payments.workers.dlq"
     (letter,) = listed["messages"]
     assert (letter["queue"], letter["value"], letter["key"]) == (0, "poison", "p")
@@ -163,14 +175,14 @@ def test_a_poison_message_reaches_the_dead_letter_topic_after_exactly_max_delive
     assert dlq["queue_groups"] == c.get("/v1/topics/payments").json()["queue_groups"]
 
     # Another group on the topic is unaffected: it gets the message once, fresh.
-    (other,) = receive(c, "payments", "auditors", wait_ms=1000)
+    (other,) = receive(c, "payments", "auditors", wait_ms=MAX_WAIT_MS)
     assert other["attempt"] == 1
     settle(c, "payments", "auditors", "ack", [other["receipt"]])
 
     # Redrive: back to the topic as a new message for this group only.
     r = c.post(sub("payments", "workers", "dlq/redrive"), {})
     assert r.status_code == 200 and r.json()["redriven"] == 1, r.text
-    (back,) = receive(c, "payments", "workers", wait_ms=2000)
+    (back,) = receive(c, "payments", "workers", wait_ms=MAX_WAIT_MS)
     assert (back["value"], back["attempt"], back["offset"]) == ("poison", 1, 1)
     assert back["headers"] == {"kind": "bad", "raftmq-redrive-group": "workers"}
     settle(c, "payments", "workers", "ack", [back["receipt"]])
@@ -200,40 +212,47 @@ def test_per_group_settings_are_configurable(c: Cluster) -> None:
 
 
 def test_delayed_messages_are_released_in_due_order_not_before_their_time_and_promptly(c: Cluster) -> None:
+    # Due times 1 s apart or more: a slow produce request (the node stamps ``delay_ms`` when it
+    # gets it) cannot swap d2000 and at3000, nor release d2000 before the high offset is read.
     c.create_topic("delayed", queues=1)
     now_ms = time.time_ns() // 1_000_000
     results = produce(
         c,
         "delayed",
         [
-            {"value": "d1500", "delay_ms": 1500},
+            {"value": "d3500", "delay_ms": 3500},
             {"value": "now"},
-            {"value": "d1000", "delay_ms": 1000},
-            {"value": "at1200", "deliver_at_ms": now_ms + 1200},
+            {"value": "d2000", "delay_ms": 2000},
+            {"value": "at3000", "deliver_at_ms": now_ms + 3000},
         ],
     )
+    after_ms = time.time_ns() // 1_000_000
     assert [r["offset"] for r in results] == [None, 0, None, None]
     due = {
-        "d1500": results[0]["deliver_at_ms"],
-        "d1000": results[2]["deliver_at_ms"],
-        "at1200": now_ms + 1200,
+        "d3500": results[0]["deliver_at_ms"],
+        "d2000": results[2]["deliver_at_ms"],
+        "at3000": now_ms + 3000,
     }
-    assert results[3]["deliver_at_ms"] == due["at1200"] and now_ms + 1000 <= due["d1000"] < now_ms + 1500
+    assert results[3]["deliver_at_ms"] == due["at3000"]
+    assert now_ms + 2000 <= due["d2000"] <= after_ms + 2000
     assert c.get("/v1/topics/delayed").json()["queues"][0]["high_offset"] == 1
     arrived: dict[str, tuple[int, int]] = {}
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while len(arrived) < 4 and time.monotonic() < deadline:
         for m in receive(c, "delayed", "g", wait_ms=3000):
             arrived[m["value"]] = (m["timestamp_ms"], time.time_ns() // 1_000_000)
             settle(c, "delayed", "g", "ack", [m["receipt"]])
-    assert set(arrived) == {"now", "d1000", "at1200", "d1500"}
+    assert set(arrived) == {"now", "d2000", "at3000", "d3500"}
     offsets = [m["offset"] for m in c.fetch_all("delayed", 0)]
     values = [m["value"] for m in c.fetch_all("delayed", 0)]
-    assert values == ["now", "d1000", "at1200", "d1500"] and offsets == [0, 1, 2, 3]
+    assert values == ["now", "d2000", "at3000", "d3500"] and offsets == [0, 1, 2, 3]
     for name, due_ms in due.items():
         released_ms, received_ms = arrived[name]
-        assert due_ms <= released_ms <= due_ms + 300, (name, released_ms - due_ms)
-        assert received_ms <= due_ms + 600, (name, received_ms - due_ms)
+        # Never before the due time (correctness). "Promptly" is a generous bound that a slow CI
+        # machine meets: released by the node's tick, not by some later event (the release
+        # latency target is a benchmark's business).
+        assert due_ms <= released_ms <= due_ms + 3000, (name, released_ms - due_ms)
+        assert received_ms <= due_ms + 5000, (name, received_ms - due_ms)
 
 
 def test_expired_messages_are_never_received_and_fetch_skips_them(c: Cluster) -> None:
@@ -252,7 +271,10 @@ def test_expired_messages_are_never_received_and_fetch_skips_them(c: Cluster) ->
 # -- ordered consumption ------------------------------------------------------------------------
 
 
-def lock(c: Cluster, consumer: str, lease_ms: int = 2000) -> requests.Response:
+LEASE_MS = 4000  # long enough that a slow machine does all a holder does below within one lease
+
+
+def lock(c: Cluster, consumer: str, lease_ms: int = LEASE_MS) -> requests.Response:
     return c.post("/v1/topics/ordered/queues/0/locks/ord", {"consumer": consumer, "lease_ms": lease_ms})
 
 
@@ -283,11 +305,11 @@ def test_a_queue_lock_fences_stale_holders_and_hands_the_committed_offset_on(c: 
     # Unlocked receivers of the group do not get the locked queue.
     assert [m["value"] for m in receive(c, "ordered", "ord", wait_ms=300)] == ["free"]
 
-    b = wait_until(lambda: (r := lock(c, "b")).status_code == 200 and r.json(), 5, what="lease to end")
+    b = wait_until(lambda: (r := lock(c, "b")).status_code == 200 and r.json(), 30, what="lease to end")
     assert (b["epoch"], b["committed_offset"]) == (epoch_a + 1, 3)
     assert_error(commit(c, 4, epoch_a), 409, "stale_epoch")
     locked = {"queue": 0, "epoch": b["epoch"]}
-    got = receive(c, "ordered", "ord", wait_ms=1000, **locked)
+    got = receive(c, "ordered", "ord", wait_ms=MAX_WAIT_MS, **locked)
     assert [m["value"] for m in got] == ["o3", "o4"]
     r = c.post(sub("ordered", "ord", "ack"), {"receipts": [got[0]["receipt"]], "epoch": epoch_a})
     assert_error(r, 409, "stale_epoch")
@@ -309,12 +331,24 @@ def test_a_queue_lock_fences_stale_holders_and_hands_the_committed_offset_on(c: 
 
 
 def test_waiting_receivers_are_served_round_robin(c: Cluster) -> None:
-    """Four receivers long-poll; a producer sends one batch of ``BATCH`` messages at a time. Each
-    batch goes to the receiver at the head of the line, which then acks and queues again."""
-    batch, batches = 10, 32
+    """Four receivers long-poll; a producer sends one batch of ``batch`` messages at a time. Each
+    batch goes to the receiver at the head of the line, which then acks and queues again.
+
+    The producer sends the next batch only once the previous one was received and acked and its
+    receiver has sent its next receive (a closed loop instead of fixed gaps between batches). A
+    receiver slowed down by a busy machine is then still back in line long before its turn comes
+    round again (three batches later), and the long polls (15 s) outlast every gap, so no receiver
+    leaves the line by timing out: the counts show the coordinator's order, not the scheduling of
+    the test's threads. Served round robin, each receiver gets 8 of the 32 batches (one batch of
+    tolerance for the line's order at the start); served in any other order (the newest waiter
+    first, or the receiver nearest the coordinator), some receiver gets far more than another."""
+    batch, batches, receivers = 10, 32, 4
     c.create_topic("balanced", queues=3)
     counts: Counter[int] = Counter()
     seen: set[str] = set()
+    busy: set[int] = set()  # served, and not yet back in line
+    started: set[int] = set()
+    stopped: set[int] = set()
     lock_ = threading.Lock()
     stop = threading.Event()
     errors: list[str] = []
@@ -323,37 +357,61 @@ def test_waiting_receivers_are_served_round_robin(c: Cluster) -> None:
         session = requests.Session()
         node = c.url(f"n{i % 3 + 1}")
         try:
-            while not stop.is_set():
+            while True:
+                with lock_:
+                    started.add(i)
+                    busy.discard(i)
                 r = session.post(
-                    node + sub("balanced", "bal", "receive"), json={"max": batch, "wait_ms": 3000}, timeout=30
+                    node + sub("balanced", "bal", "receive"),
+                    json={"max": batch, "wait_ms": MAX_WAIT_MS},
+                    timeout=60,
                 )
                 if r.status_code != 200:
                     errors.append(r.text)
                     continue
                 got = r.json()["messages"]
+                values = [m["value"] for m in got]
                 with lock_:
-                    counts[i] += len(got)
-                    seen.update(m["value"] for m in got)
+                    if got:
+                        busy.add(i)
+                    counts[i] += sum(1 for v in values if v.startswith("b"))
+                    seen.update(values)
                 if got:
-                    session.post(
+                    r = session.post(
                         node + sub("balanced", "bal", "ack"),
                         json={"receipts": [m["receipt"] for m in got]},
-                        timeout=30,
+                        timeout=60,
                     )
+                    if r.status_code != 200 or not all(x.get("ok") for x in r.json()["results"]):
+                        errors.append(r.text)
+                if stop.is_set() and any(v.startswith("stop") for v in values):
+                    with lock_:
+                        stopped.add(i)
+                    return
         finally:
             session.close()
 
-    threads = [threading.Thread(target=receiver, args=(i,)) for i in range(4)]
+    def settled(values: list[str]) -> bool:
+        with lock_:
+            return seen.issuperset(values) and not busy
+
+    threads = [threading.Thread(target=receiver, args=(i,), daemon=True) for i in range(receivers)]
     for t in threads:
         t.start()
-    time.sleep(0.5)  # all four are waiting (their long polls outlast every gap below)
+    wait_until(lambda: len(started) == receivers, 30, what="every receiver waiting")
     for b in range(batches):
-        produce(c, "balanced", [{"value": f"b{b}-{j}"} for j in range(batch)])
-        time.sleep(0.12)
-    wait_until(lambda: len(seen) == batch * batches, 20, what="every message received")
+        values = [f"b{b}-{j}" for j in range(batch)]
+        produce(c, "balanced", [{"value": v} for v in values])
+        wait_until(lambda values=values: settled(values), 30, interval_s=0.01, what=f"batch {b} received")
+    # One stop message per receiver, one at a time (each goes to the head of the line).
     stop.set()
+    for k in range(receivers):
+        produce(c, "balanced", [{"value": f"stop-{k}"}])
+        wait_until(lambda k=k: len(stopped) == k + 1, 30, interval_s=0.01, what=f"receiver {k + 1} stopped")
     for t in threads:
         t.join(30)
     assert not errors, errors[:3]
-    assert sum(counts.values()) == batch * batches, counts  # no redelivery under steady load
-    assert max(counts.values()) - min(counts.values()) <= batch, counts
+    per_receiver = [counts[i] for i in range(receivers)]  # a receiver never served counts 0
+    print(f"round robin: messages per receiver {per_receiver}")
+    assert sum(per_receiver) == batch * batches, counts  # no redelivery under steady load
+    assert max(per_receiver) - min(per_receiver) <= batch, counts
