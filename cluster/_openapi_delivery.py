@@ -23,13 +23,11 @@ from ._openapi_base import (
     _ref,
     _str,
 )
+from ._openapi_messages import _handed_out, _max_messages_param
 from .commands import MAX_BACKOFF_LEVELS, MAX_RECEIPTS, MAX_RECEIVE
 from .config import Limits
 from .push_api import DEFAULT_HEARTBEAT_MS, MAX_FRAME_ID_CHARS, MAX_HEARTBEAT_MS, MIN_HEARTBEAT_MS
-from .validation import (
-    MAX_OFFSET,
-    MAX_QUEUE_NUMBER,
-)
+from .validation import MAX_OFFSET, MAX_QUEUE_NUMBER
 
 _DIGITS = "(0|[1-9][0-9]{0,19})"
 RECEIPT = _str(
@@ -66,30 +64,14 @@ def _delivery_schemas(limits: Limits) -> dict[str, Schema]:
             },
             dependentRequired={"queue": ["epoch"], "epoch": ["queue"]},
         ),
-        "ReceivedMessage": _obj(
+        "ReceivedMessage": _handed_out(
             {
                 "receipt": RECEIPT,
                 "attempt": _int(1),
                 "queue": _int(0),
                 "offset": _int(0),
                 "deadline_ms": _int(0, description="In flight until then; redelivered after it."),
-                "key": _nullable(_str()),
-                "value": _str(),
-                "value_b64": _str(contentEncoding="base64"),
-                "headers": {"type": "object", "additionalProperties": _str()},
-                "timestamp_ms": _int(0),
-            },
-            required=(
-                "receipt",
-                "attempt",
-                "queue",
-                "offset",
-                "deadline_ms",
-                "key",
-                "headers",
-                "timestamp_ms",
-            ),
-            oneOf=[{"required": ["value"]}, {"required": ["value_b64"]}],
+            }
         ),
         "ReceiveResponse": _obj({"messages": _array(_ref("ReceivedMessage"))}, required=("messages",)),
         "AckRequest": _obj({"receipts": receipts, "epoch": epoch}, required=("receipts",)),
@@ -358,12 +340,7 @@ def _delivery_paths(limits: Limits) -> dict[str, Any]:
                 {"200": _json(_ref("DeadLetters"), "dead letters"), **_errors(400, 404, *RAFT_ERRORS)},
                 (
                     *sub,
-                    _param(
-                        "max",
-                        "query",
-                        _int(1, limits.max_fetch_messages, default=limits.default_fetch_messages),
-                        "Most messages.",
-                    ),
+                    _max_messages_param(limits),
                     _param("queue", "query", _int(0, MAX_QUEUE_NUMBER), "Only this queue."),
                 ),
             )

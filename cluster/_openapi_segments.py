@@ -19,10 +19,7 @@ from ._openapi_base import (
     _ref,
     _str,
 )
-from .validation import (
-    MAX_OFFSET,
-    MAX_QUEUE_NUMBER,
-)
+from .validation import MAX_OFFSET, MAX_QUEUE_NUMBER
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 BINARY = {"type": "string", "contentMediaType": "application/octet-stream"}

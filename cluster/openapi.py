@@ -34,6 +34,7 @@ from ._openapi_base import (
 from ._openapi_cluster import _cluster_paths, _cluster_schemas
 from ._openapi_console import _console_paths, _console_schemas
 from ._openapi_delivery import _delivery_paths, _delivery_schemas
+from ._openapi_messages import VALUE_OR_B64, _handed_out, _max_messages_param
 from ._openapi_security import add_security
 from ._openapi_segments import _fetch_ok, _segment_paths, _segment_schemas
 from .config import Limits
@@ -78,7 +79,7 @@ def _message_schema(limits: Limits) -> Schema:
                 1, limits.max_ttl_ms, description="Expire this long after it is deliverable: never received."
             ),
         },
-        oneOf=[{"required": ["value"]}, {"required": ["value_b64"]}],
+        oneOf=VALUE_OR_B64,
         dependentSchemas={"delay_ms": {"not": {"required": ["deliver_at_ms"]}}},  # one of the two
         description=f"value or value_b64 (exactly one). value + key + headers: at most "
         f"{limits.max_message_bytes} UTF-8 bytes (413 message_too_large). A delayed message (delay_ms > 0 "
@@ -181,18 +182,7 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             {"results": _array(_ref("ProduceResult"), description="In request order.")},
             required=("results",),
         ),
-        "FetchedMessage": _obj(
-            {
-                "offset": _int(0),
-                "key": _nullable(_str()),
-                "value": _str(),
-                "value_b64": _str(contentEncoding="base64"),
-                "headers": {"type": "object", "additionalProperties": _str()},
-                "timestamp_ms": _int(0),
-            },
-            required=("offset", "key", "headers", "timestamp_ms"),
-            oneOf=[{"required": ["value"]}, {"required": ["value_b64"]}],
-        ),
+        "FetchedMessage": _handed_out({"offset": _int(0)}),
         "FetchResponse": _obj(
             {
                 "messages": _array(_ref("FetchedMessage")),
@@ -281,12 +271,7 @@ def _paths(limits: Limits) -> dict[str, Any]:
         TOPIC,
         queue,
         _param("offset", "query", _int(0, MAX_OFFSET), "First offset to return.", required=True),
-        _param(
-            "max",
-            "query",
-            _int(1, limits.max_fetch_messages, default=limits.default_fetch_messages),
-            "Most messages.",
-        ),
+        _max_messages_param(limits),
         _param("wait_ms", "query", _int(0, limits.max_wait_ms, default=0), "Long-poll this long if none."),
         _param("read_from", "query", {"enum": ["leader", "local"], "default": "leader"}, "Replica to read."),
         _param(
