@@ -212,3 +212,32 @@ def test_a_cancelled_rebalance_starts_no_further_move(cluster: Cluster) -> None:
     assert done.returncode == 0 and ": done" in done.stderr, done.stderr
     assert "from n" in done.stderr  # progress lines name each move
     assert replica_counts(placement(c)["placement"]["groups"])["n4"] == 3
+
+
+def test_a_rebalance_continues_when_its_coordinator_is_killed(cluster: Cluster) -> None:
+    """The metadata leader dies during the first move: the next one carries the rebalance on from
+    the recorded placement, leaving the dead node as it is; once it is back, a second rebalance
+    evens it out."""
+    c = cluster
+    coordinator = c.wait_leader("meta")
+    entry = next(n for n in ("n1", "n2", "n3") if n != coordinator)
+    r = c.post("/v1/cluster/rebalance", node=entry)
+    assert r.status_code == 202, r.text
+    change_id = r.json()["change"]["id"]
+    wait_until(lambda: (placement(c)["change"] or {}).get("group"), 60, 0.2, what="the first move")
+    c.kill(coordinator)
+    record = wait_for_end(c, change_id)
+    assert record["outcome"] == "done", record
+    groups = placement(c)["placement"]["groups"]
+    for g, ids in groups.items():
+        assert len(ids) == 3 and voters(c, g) == set(ids), (g, ids)
+    c.start(coordinator)
+    c.wait_ready([coordinator], timeout_s=60)
+    r = c.post("/v1/cluster/rebalance")
+    assert r.status_code == 202, r.text
+    assert wait_for_end(c, r.json()["change"]["id"])["outcome"] == "done"
+    groups = placement(c)["placement"]["groups"]
+    counts = replica_counts(groups)
+    assert counts["n4"] == 3 and max(counts.values()) - min(counts.values()) <= 1, counts
+    for g, ids in groups.items():
+        assert voters(c, g) == set(ids), (g, ids)
