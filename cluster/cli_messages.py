@@ -157,6 +157,21 @@ def produce(
         sys.exit(130)
 
 
+# Options of the commands that print messages as JSON lines (consume, receive).
+_max_option = click.option(
+    "--max", "max_messages", type=click.IntRange(min=1), help="Stop after this many messages."
+)
+_output_option = click.option(
+    "--output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the JSON lines to this file (appended) instead of stdout.",
+)
+
+
+def _output(path: str | None) -> Any:
+    return sys.stdout.buffer if path in (None, "-") else open(path, "ab")
+
+
 def _message_json(m: Any) -> bytes:
     """One consumed message as a JSON line (binary values as ``value_b64``)."""
     import base64
@@ -194,17 +209,13 @@ def _message_json(m: Any) -> bytes:
     show_default=True,
     help="Where to start a queue the group has no committed offset for.",
 )
-@click.option("--max", "max_messages", type=click.IntRange(min=1), help="Stop after this many messages.")
+@_max_option
 @click.option(
     "--timeout-ms",
     type=click.IntRange(min=0),
     help="Stop when no message arrived for this long (default: wait for more until Ctrl-C).",
 )
-@click.option(
-    "--output",
-    type=click.Path(dir_okay=False, allow_dash=True),
-    help="Write the JSON lines to this file (appended) instead of stdout.",
-)
+@_output_option
 @client_command
 def consume(
     urls: list[str],
@@ -227,7 +238,7 @@ def consume(
 
     if broadcast and member_id is None:
         member_id = socket.gethostname()
-    out = sys.stdout.buffer if output in (None, "-") else open(output, "ab")  # noqa: SIM115
+    out = _output(output)
     consumer = Consumer(
         urls,
         **client_security(),
@@ -272,14 +283,10 @@ def consume(
 # -- receive/ack and dead letters (the work is in cli_delivery.py) -------------------------------
 
 
-def _output(path: str | None) -> Any:
-    return sys.stdout.buffer if path in (None, "-") else open(path, "ab")
-
-
 @click.command()
 @click.argument("topic")
 @click.option("--group", required=True, help="The consumer group (its subscription to TOPIC).")
-@click.option("--max", "max_messages", type=click.IntRange(min=1), help="Stop after this many messages.")
+@_max_option
 @click.option(
     "--visibility-ms",
     type=click.IntRange(min=1),
@@ -299,11 +306,7 @@ def _output(path: str | None) -> Any:
     show_default=True,
     help="How long one receive waits; without --follow, stop after a wait that brought nothing.",
 )
-@click.option(
-    "--output",
-    type=click.Path(dir_okay=False, allow_dash=True),
-    help="Write the JSON lines to this file (appended) instead of stdout.",
-)
+@_output_option
 @client_command
 def receive(
     urls: list[str],
