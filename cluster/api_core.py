@@ -9,10 +9,12 @@ certainly did nothing are retried at the next leader until ``leader_wait_s`` has
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import urllib.parse
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -34,6 +36,18 @@ if TYPE_CHECKING:
     from .subscriptions_api import SubscriptionsApi
 
 __all__ = ["ApiCore"]
+
+
+@contextlib.contextmanager
+def _leader_call(leader_id: str, name: str) -> Iterator[None]:
+    """A call to the leader of group ``name``: not connected is ``unavailable`` (definite: nothing
+    was sent), any later failure ``unknown_outcome`` (the leader may have done it)."""
+    try:
+        yield
+    except NOT_SENT:
+        raise ApiError(errors.UNAVAILABLE, f"cannot reach the leader {leader_id} of group {name}") from None
+    except (TimeoutError, aiohttp.ClientError):
+        raise ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of the leader {leader_id}") from None
 
 
 class ApiCore:
@@ -65,6 +79,14 @@ class ApiCore:
                 await self.node.refresh_peer_status()
             await asyncio.sleep(0.05)
 
+    async def _leader_elsewhere(self, name: str) -> Any:
+        """The leader of group ``name`` (waiting up to ``leader_wait_s``), which this node must not be:
+        a call to it goes over the network."""
+        leader = await self._wait_leader(name, self.leader_wait_s)
+        if leader.id == self.node.me.id:
+            raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
+        return leader
+
     def _leads(self, name: str) -> bool:
         local = self.node.groups.get(name)
         return local is not None and local.raft.is_leader()
@@ -86,12 +108,10 @@ class ApiCore:
             self.node.forget_peer_status()
 
     async def _forward_once(self, request: web.Request, name: str, body: bytes | None) -> web.Response:
-        leader = await self._wait_leader(name, self.leader_wait_s)
-        if leader.id == self.node.me.id:
-            raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
+        leader = await self._leader_elsewhere(name)
         session = self.node._session
         assert session is not None
-        try:
+        with _leader_call(leader.id, name):
             async with session.request(
                 request.method,
                 leader.http_url + request.path_qs,
@@ -103,12 +123,6 @@ class ApiCore:
             ) as resp:
                 data = await resp.read()
                 return web.Response(body=data, status=resp.status, content_type=resp.content_type)
-        except NOT_SENT:
-            raise ApiError(
-                errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
-            ) from None
-        except (TimeoutError, aiohttp.ClientError):
-            raise ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of the leader {leader.id}") from None
 
     # -- topics -----------------------------------------------------------------------------------
 
@@ -225,10 +239,8 @@ class ApiCore:
     ) -> dict[str, Any]:
         if self._leads(name):
             return await self.internal_action(name, action, body, size_hint)
-        leader = await self._wait_leader(name, self.leader_wait_s)
-        if leader.id == self.node.me.id:
-            raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
-        try:
+        leader = await self._leader_elsewhere(name)
+        with _leader_call(leader.id, name):
             status, data, _ = await self.node.peer_request(
                 "POST",
                 leader,
@@ -236,12 +248,6 @@ class ApiCore:
                 body=body,
                 timeout_s=self.limits.request_timeout_ms / 1000 + 5,
             )
-        except NOT_SENT:
-            raise ApiError(
-                errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
-            ) from None
-        except (TimeoutError, aiohttp.ClientError):
-            raise ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of the leader {leader.id}") from None
         if status != 200:
             raise body_error(status, data)
         result: dict[str, Any] = orjson.loads(data)

@@ -72,9 +72,7 @@ class SegmentsApi:
         if self.api._leads(name):
             local = self.node.groups[name]
             return self.node.me.id, manifest(local.machine.store, topic.id, qs)
-        leader = await self.api._wait_leader(name, self.api.leader_wait_s)
-        if leader.id == self.node.me.id:
-            raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
+        leader = await self.api._leader_elsewhere(name)
         query = f"topic_id={topic.id}&queues={','.join(map(str, qs))}"
         try:
             status, data, _ = await self.node.peer_request(
@@ -253,9 +251,7 @@ class SegmentsApi:
         session = self.node._session
         assert session is not None
         while True:
-            leader = await api._wait_leader(name, api.leader_wait_s)
-            if leader.id == self.node.me.id:
-                raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
+            leader = await api._leader_elsewhere(name)
             try:
                 async with session.get(
                     leader.http_url + request.path_qs,
