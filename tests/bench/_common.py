@@ -1,7 +1,11 @@
-"""Helpers shared by the benchmark scripts: result files, tables, ports, py-spy profiles."""
+"""Helpers shared by the benchmark scripts: the run (options, a quiet machine, the JSON result),
+a 3-node cluster, worker processes, tables, ports, CPU meters and py-spy profiles."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -11,13 +15,22 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench-results"
 PYTHON = sys.executable
+
+if TYPE_CHECKING:  # imported where used: only the cluster benchmarks put the repository on sys.path
+    from tests.integration.harness import Cluster
+
+Spy = tuple[str, Path, "subprocess.Popen[bytes] | None"]  # (name, output file, py-spy process)
 
 
 def git_commit() -> str:
@@ -83,6 +96,14 @@ def write_result(bench: str, data: dict[str, Any]) -> Path:
     path = RESULTS / f"{bench}-{data['commit']}-{stamp}.json"
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The ``p``-th percentile of ``values`` (nearest rank; nan when there are none)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
 
 
 def table(rows: list[list[Any]], headers: list[str]) -> str:
@@ -162,16 +183,12 @@ class CpuMeter:
         self._p0: dict[str, int] = {}
 
     def start(self) -> CpuMeter:
-        import time
-
         self._t0 = time.monotonic()
         self._sys0 = _system_busy_ticks()
         self._p0 = {k: _proc_ticks(p) for k, p in self.pids.items()}
         return self
 
     def stop(self) -> dict[str, float]:
-        import time
-
         wall = max(1e-6, time.monotonic() - self._t0)
         busy1, _ = _system_busy_ticks()
         ours = {k: (_proc_ticks(p) - self._p0[k]) / _TICK / wall for k, p in self.pids.items()}
@@ -185,8 +202,6 @@ class CpuMeter:
 def wait_quiet(max_wait_s: float, threshold_cores: float = 0.5, window_s: float = 2.0) -> float:
     """Wait (up to ``max_wait_s``) until the machine's busy CPU over ``window_s`` is below
     ``threshold_cores``; returns the last busy figure. Other users' work skews the figures."""
-    import time
-
     deadline = time.monotonic() + max_wait_s
     while True:
         meter = CpuMeter({}).start()
@@ -332,3 +347,304 @@ def summarize_raw_profile(
         "self": share(self_c),
         "inclusive": share(incl_c),
     }
+
+
+def collect_profiles(
+    spies: list[Spy], threads: dict[str, str], seconds: float, wait_s: float
+) -> dict[str, Any]:
+    """The summary of each py-spy recording of ``seconds`` once it ended (waiting up to ``wait_s``
+    for each); a spy that could not start (no py-spy) has none."""
+    profiles = {}
+    for name, out, spy in spies:
+        if spy is not None:
+            spy.wait(wait_s)
+            profiles[name] = summarize_raw_profile(out, threads=threads, seconds=seconds)
+    return profiles
+
+
+# -- the run: options, a quiet machine, the JSON result --------------------------------------------
+
+
+def add_run_arguments(ap: argparse.ArgumentParser, keep: str = "") -> None:
+    """The options of every benchmark that runs a cluster: ``--data-dir``, ``--wait-quiet``,
+    ``--tag``, and ``--keep`` (with help ``keep``) where the script can keep its data."""
+    ap.add_argument("--data-dir", default="", help="where the data goes (default: the system's temp dir)")
+    if keep:
+        ap.add_argument("--keep", action="store_true", help=keep)
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=60.0,
+        help="wait up to this many s for the machine to be idle (< 0.5 busy cores) first",
+    )
+    ap.add_argument("--tag", default="", help="free text stored in the JSON (e.g. the experiment)")
+
+
+def data_folder(args: argparse.Namespace) -> tuple[Path, str]:
+    """The folder the data goes under (``--data-dir``, else the system's temp dir) and its
+    filesystem type; warns when that is memory, where fsync costs nothing."""
+    base = Path(args.data_dir or tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    kind = fs_type(base.resolve())
+    if kind in ("tmpfs", "ramfs"):
+        print(f"WARNING: {base} is on {kind}: fsync costs nothing there; pass --data-dir on a disk")
+    return base, kind
+
+
+@contextlib.contextmanager
+def recorded_run(
+    bench: str,
+    args: argparse.Namespace,
+    *,
+    notes: str,
+    data_fs: str,
+    report: Callable[[dict[str, Any]], None],
+    internal: tuple[str, ...] = (),
+) -> Iterator[dict[str, Any]]:
+    """The result of one run, to fill in the block: it starts with the header (``args`` but the
+    ``internal`` ones as params) once the machine is quiet (``--wait-quiet``); after the block,
+    the elapsed time is added, ``report`` prints it and it is written to RESULTS as JSON. A block
+    that raises writes nothing."""
+    params = {k: v for k, v in vars(args).items() if k not in internal}
+    params["data_fs"] = data_fs
+    result = header(bench, params)
+    result["notes"] = notes
+    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
+    result["loadavg_start"] = loadavg()
+    RESULTS.mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    yield result
+    result["elapsed_s"] = round(time.monotonic() - t0, 1)
+    result["loadavg_end"] = loadavg()
+    report(result)
+    path = write_result(bench, result)
+    print(f"\nwrote {path.relative_to(RESULTS.parent)}  ({result['elapsed_s']} s)")
+
+
+# -- a 3-node cluster --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def three_node_cluster(base: Path, prefix: str, extra_toml: str, keep: bool = False) -> Iterator[Cluster]:
+    """A cluster of 3 nodes (3 queue groups, replication 3) in a new folder under ``base``, started
+    and ready; at the end it is stopped and the folder removed (unless ``keep``)."""
+    from tests.integration.harness import Cluster
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    cluster = Cluster(tmp, nodes=3, queue_groups=3, replication=3, extra_toml=extra_toml)
+    try:
+        cluster.start()
+        cluster.wait_ready(timeout_s=60)
+        yield cluster
+    finally:
+        cluster.stop()
+        if keep:
+            print(f"  cluster data and logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def leaders_settled(cluster: Cluster, groups: int = 3) -> bool:
+    """Every queue group is led by its preferred node (n{g+1}), as the node's balancer arranges."""
+    return all(cluster.leader(str(g)) == f"n{(g % len(cluster.nodes)) + 1}" for g in range(groups))
+
+
+def settle_leaders(cluster: Cluster, timeout_s: float = 20) -> None:
+    """Wait until the leader balancer has put each queue group on its preferred node (a leadership
+    transfer while measuring stalls a group for about a second); if it has not by ``timeout_s``,
+    say so and go on."""
+    from tests.integration.harness import wait_until
+
+    try:
+        wait_until(lambda: leaders_settled(cluster), timeout_s, 0.25, "leaders on preferred nodes")
+    except AssertionError:
+        print("  leaders did not settle on their preferred nodes; measuring anyway", flush=True)
+
+
+def node_pids(cluster: Cluster) -> dict[str, int]:
+    """The process id of each running node."""
+    return {nid: n.proc.pid for nid, n in cluster.nodes.items() if n.proc is not None}
+
+
+def profile_nodes(cluster: Cluster, name: str, seconds: float, gil: bool = False) -> list[Spy]:
+    """py-spy every node for ``seconds``, into RESULTS/profile-<name>-<node>.raw.txt."""
+    spies: list[Spy] = []
+    for nid, pid in node_pids(cluster).items():
+        out = RESULTS / f"profile-{name}-{nid}.raw.txt"
+        spies.append((nid, out, start_py_spy(pid, seconds, out, gil=gil)))
+    return spies
+
+
+async def _fill(
+    leaders: dict[int, str], topic: str, queues: int, requests_per_sender: int, value_bytes: int
+) -> None:
+    import aiohttp
+    import orjson
+
+    per_request = 1_000
+    bodies = {
+        q: orjson.dumps(
+            {"messages": [{"value": f"{q:04d}" + "x" * (value_bytes - 4), "queue": q}] * per_request}
+        )
+        for q in range(queues)
+    }
+    async with aiohttp.ClientSession() as session:
+
+        async def fill(q: int) -> None:
+            for _ in range(requests_per_sender):
+                for attempt in range(20):
+                    async with session.post(
+                        f"{leaders[q]}/v1/topics/{topic}/messages",
+                        data=bodies[q],
+                        headers={"Content-Type": "application/json"},
+                    ) as r:
+                        await r.read()
+                        if r.status == 200:
+                            break
+                    await asyncio.sleep(0.1 * (attempt + 1))
+                else:
+                    raise RuntimeError(f"cannot produce to queue {q}")
+
+        await asyncio.gather(*(fill(q) for q in range(queues)), *(fill(q) for q in range(queues)))
+
+
+def fill_topic(
+    cluster: Cluster, topic: str, queues: int, messages: int, value_bytes: int = 100
+) -> tuple[int, float]:
+    """Create ``topic`` with ``queues`` queues and produce ``messages`` messages of ``value_bytes``
+    to it, spread evenly over the queues: raw HTTP, 1,000 per request, two senders per queue, each
+    request to its queue's leader. ``messages`` is rounded down to whole requests of every sender.
+
+    Returns:
+        (messages produced, seconds it took)
+    """
+    r = cluster.post("/v1/topics", {"name": topic, "queues": queues})
+    assert r.status_code == 201, r.text
+    senders = 2 * queues
+    total = messages // (1_000 * senders) * 1_000 * senders
+    desc = cluster.get(f"/v1/topics/{topic}").json()
+    leaders = {q["queue"]: cluster.nodes[q["leader"]].url for q in desc["queues"]}
+    t0 = time.perf_counter()
+    asyncio.run(_fill(leaders, topic, queues, total // 1_000 // senders, value_bytes))
+    produce_s = time.perf_counter() - t0
+    print(f"  produced {total:,} messages in {produce_s:.1f} s", flush=True)
+    return total, produce_s
+
+
+# -- worker processes: the script itself, run with --role ---------------------------------------------
+
+WORKER_OPTIONS = ("role", "topic", "group", "spy_out")  # what a worker is started with (internal)
+# py-spy's threads of a client process (first match wins)
+CLIENT_THREADS = {"_run_once": "asyncio", "run_forever": "asyncio", "_worker": "executor"}
+
+
+def add_worker_arguments(ap: argparse.ArgumentParser, worker: str, max_seconds: float) -> None:
+    """The options of a benchmark whose workers are the script itself run with ``--role``: how
+    long they run (``--max-seconds``, ``--idle-s``), how long a profile lasts (``--profile-s``),
+    and the internal options ``WORKER_OPTIONS``."""
+    ap.add_argument("--profile-s", type=float, default=5.0)
+    ap.add_argument("--max-seconds", type=float, default=max_seconds)
+    ap.add_argument(
+        "--idle-s", type=float, default=1.5, help=f"a {worker} stops after this long without messages"
+    )
+    for name in WORKER_OPTIONS:
+        ap.add_argument("--" + name.replace("_", "-"), default="", help=argparse.SUPPRESS)
+
+
+def worker_command(script: str, role: str, **options: object) -> list[str]:
+    """``script`` run as a worker in ``role``, with ``options`` (``max_batch=500``: ``--max-batch 500``)."""
+    cmd = [PYTHON, script, "--role", role]
+    for name, value in options.items():
+        cmd += ["--" + name.replace("_", "-"), str(value)]
+    return cmd
+
+
+def read_lines(proc: subprocess.Popen[str], into: list[dict[str, Any]]) -> None:
+    """Append each JSON line ``proc`` prints to ``into`` until it exits."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.strip()
+        if line.startswith("{"):
+            into.append(json.loads(line))
+
+
+class Workers:
+    """Worker processes that print JSON lines: a sample ``{"t": ..., "n": messages}`` now and then
+    and a summary ``{"done": true, ...}`` at the end. Their lines are collected as they come
+    (``outputs``, one list per worker); :meth:`go` tells all of them to start at once."""
+
+    def __init__(self, commands: list[list[str]]) -> None:
+        self.procs = [
+            subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
+            for cmd in commands
+        ]
+        self.outputs: list[list[dict[str, Any]]] = [[] for _ in self.procs]
+        self._readers = [
+            threading.Thread(target=read_lines, args=(p, o))
+            for p, o in zip(self.procs, self.outputs, strict=True)
+        ]
+        for t in self._readers:
+            t.start()
+
+    def go(self) -> float:
+        """Send "go" to every worker; returns the time it was sent."""
+        t_go = time.time()
+        for p in self.procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        return t_go
+
+    def wait(self, timeout_s: float, name: str, log_prefix: str | None = None) -> None:
+        """Wait for every worker to exit and for its last line. Raises if one failed (with the end of
+        its stderr); else a worker's stderr, if any, goes to RESULTS/<log_prefix><i>.log (None: dropped)."""
+        for p in self.procs:
+            p.wait(timeout=timeout_s)
+        for t in self._readers:
+            t.join()
+        for i, p in enumerate(self.procs):
+            assert p.stderr is not None
+            log = p.stderr.read()
+            if p.returncode:
+                raise RuntimeError(f"{name} {i} failed: {log[-3000:]}")
+            if log_prefix is not None and log.strip():
+                (RESULTS / f"{log_prefix}{i}.log").write_text(log)
+
+    def summaries(self) -> list[dict[str, Any]]:
+        return [next(x for x in o if x.get("done")) for o in self.outputs]
+
+    def samples(self, since: float) -> list[list[dict[str, Any]]]:
+        """Each worker's samples from ``since`` on."""
+        return [[x for x in o if "t" in x and x["t"] >= since] for o in self.outputs]
+
+
+def steady_rate(samples: list[list[dict[str, Any]]], start: float, end: float) -> float:
+    """Messages per second of all workers together between ``start`` and ``end`` (nan when that
+    window is under 0.3 s)."""
+
+    def total_at(t: float) -> float:
+        out = 0.0
+        for s in samples:
+            before = [x for x in s if x["t"] <= t]
+            out += before[-1]["n"] if before else 0
+        return out
+
+    window = end - start
+    return (total_at(end) - total_at(start)) / window if window > 0.3 else float("nan")
+
+
+def worker_profile(path: Path, threads: dict[str, str], seconds: float) -> dict[str, Any]:
+    """The summary of the profile a worker records of itself into ``path`` (it ends ``seconds``
+    after the worker's "go"; waited for, up to 10 s more)."""
+    deadline = time.monotonic() + seconds + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    return summarize_raw_profile(path, threads=threads, seconds=seconds)

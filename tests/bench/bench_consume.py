@@ -39,54 +39,45 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import orjson
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from _common import (  # noqa: E402
-    PYTHON,
+    CLIENT_THREADS,
     RESULTS,
+    WORKER_OPTIONS,
     CpuMeter,
-    fs_type,
-    header,
-    loadavg,
+    Workers,
+    add_run_arguments,
+    add_worker_arguments,
+    collect_profiles,
+    data_folder,
+    fill_topic,
+    node_pids,
+    percentile,
+    profile_nodes,
+    recorded_run,
+    settle_leaders,
     start_py_spy,
-    summarize_raw_profile,
+    steady_rate,
     table,
-    wait_quiet,
-    write_result,
+    three_node_cluster,
+    worker_command,
+    worker_profile,
 )
 
-from tests.integration.harness import Cluster, wait_until  # noqa: E402
+from tests.integration.harness import Cluster  # noqa: E402
 
 TARGET_MSGS = 100_000
 TARGET_P99_MS = 50.0
 CONSUMERS = 3
 VALUE_BYTES = 100
-THREADS = {"_run_once": "asyncio", "run_forever": "asyncio", "_worker": "executor"}
-
-
-def percentile(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
-
-
-def leaders_settled(cluster: Cluster, groups: int = 3) -> bool:
-    """Every queue group is led by its preferred node (n{g+1}), as the node's balancer arranges."""
-    return all(cluster.leader(str(g)) == f"n{(g % len(cluster.nodes)) + 1}" for g in range(groups))
 
 
 # -- the consumer processes (this script run with --role) -----------------------------------------
@@ -178,7 +169,7 @@ def consumer_main(args: argparse.Namespace) -> None:
     print(json.dumps(summary), flush=True)
 
 
-def spawn_consumer(
+def consumer_command(
     role: str,
     cluster: Cluster,
     topic: str,
@@ -186,114 +177,47 @@ def spawn_consumer(
     args: argparse.Namespace,
     stop_file: str = "",
     spy_out: str = "",
-) -> subprocess.Popen[str]:
-    urls = ",".join(n.url for n in cluster.nodes.values())
-    cmd = [
-        PYTHON,
+) -> list[str]:
+    return worker_command(
         __file__,
-        "--role",
         role,
-        "--urls",
-        urls,
-        "--topic",
-        topic,
-        "--group",
-        group,
-        "--max-batch",
-        str(args.max_batch),
-        "--max-backlog",
-        str(args.max_backlog),
-        "--reset",
-        "latest" if role == "latency" else "earliest",
-        "--stop-file",
-        stop_file,
-        "--spy-out",
-        spy_out,
-        "--profile-s",
-        str(args.profile_s),
-    ]
-    return subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        urls=",".join(n.url for n in cluster.nodes.values()),
+        topic=topic,
+        group=group,
+        max_batch=args.max_batch,
+        max_backlog=args.max_backlog,
+        reset="latest" if role == "latency" else "earliest",
+        stop_file=stop_file,
+        spy_out=spy_out,
+        profile_s=args.profile_s,
     )
-
-
-# -- producing ------------------------------------------------------------------------------------
-
-
-async def preproduce(cluster: Cluster, topic: str, queues: int, total: int) -> float:
-    """``total`` messages spread evenly over the queues, 1,000 per request, sent to the leaders."""
-    desc = cluster.get(f"/v1/topics/{topic}").json()
-    leaders = {q["queue"]: cluster.nodes[q["leader"]].url for q in desc["queues"]}
-    per_request = 1_000
-    bodies = {
-        q: orjson.dumps(
-            {"messages": [{"value": f"{q:04d}" + "x" * (VALUE_BYTES - 4), "queue": q}] * per_request}
-        )
-        for q in range(queues)
-    }
-    requests_per_queue = total // per_request // queues // 2  # two senders per queue
-    t0 = time.perf_counter()
-    async with aiohttp.ClientSession() as session:
-
-        async def fill(q: int) -> None:
-            for _ in range(requests_per_queue):
-                for attempt in range(20):
-                    async with session.post(
-                        f"{leaders[q]}/v1/topics/{topic}/messages",
-                        data=bodies[q],
-                        headers={"Content-Type": "application/json"},
-                    ) as r:
-                        await r.read()
-                        if r.status == 200:
-                            break
-                    await asyncio.sleep(0.1 * (attempt + 1))
-                else:
-                    raise RuntimeError(f"cannot produce to queue {q}")
-
-        await asyncio.gather(*(fill(q) for q in range(queues)), *(fill(q) for q in range(queues)))
-    return time.perf_counter() - t0
 
 
 # -- phases ---------------------------------------------------------------------------------------
 
 
-def read_lines(proc: subprocess.Popen[str], into: list[dict[str, Any]]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.strip()
-        if line.startswith("{"):
-            into.append(json.loads(line))
-
-
 def phase_throughput(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
-    import threading
-
     topic = "bench-consume"
-    r = cluster.post("/v1/topics", {"name": topic, "queues": args.queues})
-    assert r.status_code == 201, r.text
-    total = (args.messages // (1_000 * args.queues * 2)) * 1_000 * args.queues * 2
-    produce_s = asyncio.run(preproduce(cluster, topic, args.queues, total))
-    print(f"  produced {total:,} messages in {produce_s:.1f} s", flush=True)
+    total, produce_s = fill_topic(cluster, topic, args.queues, args.messages, VALUE_BYTES)
     time.sleep(1.0)  # let followers apply, so the nodes are idle when consuming starts
     consumer_spy = RESULTS / "profile-consume-consumer0.raw.txt"
     if args.profile:
         consumer_spy.unlink(missing_ok=True)
     t_spawn = time.time()
-    procs = [
-        spawn_consumer(
-            "throughput",
-            cluster,
-            topic,
-            "bench",
-            args,
-            spy_out=str(consumer_spy) if i == 0 and args.profile else "",
-        )
-        for i in range(CONSUMERS)
-    ]
-    outputs: list[list[dict[str, Any]]] = [[] for _ in procs]
-    readers = [threading.Thread(target=read_lines, args=(p, o)) for p, o in zip(procs, outputs, strict=True)]
-    for t in readers:
-        t.start()
+    workers = Workers(
+        [
+            consumer_command(
+                "throughput",
+                cluster,
+                topic,
+                "bench",
+                args,
+                spy_out=str(consumer_spy) if i == 0 and args.profile else "",
+            )
+            for i in range(CONSUMERS)
+        ]
+    )
+    procs, outputs = workers.procs, workers.outputs
     # The start barrier: every consumer owns its share (the group has formed) for 0.3 s.
     share = args.queues // CONSUMERS
     deadline = time.monotonic() + 60
@@ -310,34 +234,16 @@ def phase_throughput(cluster: Cluster, args: argparse.Namespace) -> dict[str, An
             raise RuntimeError(f"the group did not form: {latest}")
         time.sleep(0.05)
     group_formed_s = time.time() - t_spawn
-    meter = CpuMeter({n: cluster.nodes[n].proc.pid for n in cluster.nodes})  # type: ignore[union-attr]
-    meter.start()
-    t_go = time.time()
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    spies = []
-    if args.profile:
-        for n in cluster.nodes:
-            out = RESULTS / f"profile-consume-{n}.raw.txt"
-            pid = cluster.nodes[n].proc.pid  # type: ignore[union-attr]
-            spies.append((n, out, start_py_spy(pid, args.profile_s, out)))
-    for p in procs:
-        p.wait(timeout=args.max_seconds + 60)
-    for t in readers:
-        t.join()
+    meter = CpuMeter(node_pids(cluster)).start()
+    t_go = workers.go()
+    spies = profile_nodes(cluster, "consume", args.profile_s) if args.profile else []
+    workers.wait(
+        args.max_seconds + 60, "consumer", "consume-consumer" if os.environ.get("RAFTMQ_BENCH_LOG") else None
+    )
     cpu = meter.stop()
     wall = time.time() - t_go
-    for p in procs:
-        assert p.stderr is not None
-        log = p.stderr.read()
-        if p.returncode:
-            raise RuntimeError(f"consumer failed: {log[-3000:]}")
-        if os.environ.get("RAFTMQ_BENCH_LOG"):
-            (RESULTS / f"consume-consumer{procs.index(p)}.log").write_text(log)
-    summaries = [next(x for x in o if x.get("done")) for o in outputs]
-    samples = [[x for x in o if "t" in x and x["t"] >= t_go] for o in outputs]
+    summaries = workers.summaries()
+    samples = workers.samples(t_go)
     distinct = {(q, o) for s in summaries for q, o in s["distinct"]}
     received = sum(s["count"] for s in summaries)
     prefetched = sum(s["prefetched"] for s in summaries)
@@ -346,29 +252,13 @@ def phase_throughput(cluster: Cluster, args: argparse.Namespace) -> dict[str, An
     dry_at = min(s["last_at"] for s in summaries)  # the first consumer to run out of messages
     drain_s = last_msg - t_go
     consumers_cpu_s = sum(s["cpu_s"] for s in summaries)
-
-    def total_at(t: float) -> float:
-        out = 0.0
-        for s in samples:
-            before = [x for x in s if x["t"] <= t]
-            out += before[-1]["n"] if before else 0
-        return out
-
     # Steady: from 0.5 s after "go" (the prefetched messages are behind) until one consumer ran dry.
     steady_from = t_go + 0.5
     window = dry_at - steady_from
-    steady = (total_at(dry_at) - total_at(steady_from)) / window if window > 0.3 else float("nan")
-    profiles = {}
-    for name, out, spy in spies:
-        if spy is not None:
-            spy.wait(args.profile_s + 30)
-            profiles[name] = summarize_raw_profile(out, threads=THREADS, seconds=args.profile_s)
+    steady = steady_rate(samples, steady_from, dry_at)
+    profiles = collect_profiles(spies, CLIENT_THREADS, args.profile_s, args.profile_s + 30)
     if args.profile:
-        deadline = time.monotonic() + args.profile_s + 10
-        while not consumer_spy.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(0.5)
-        profiles["consumer0"] = summarize_raw_profile(consumer_spy, threads=THREADS, seconds=args.profile_s)
+        profiles["consumer0"] = worker_profile(consumer_spy, CLIENT_THREADS, args.profile_s)
     return {
         "messages": total,
         "value_bytes": VALUE_BYTES,
@@ -443,38 +333,28 @@ async def open_loop_producer(
     }
 
 
-def phase_latency(cluster: Cluster, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    import threading
-
+def phase_latency(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     topic = "bench-latency"
     r = cluster.post("/v1/topics", {"name": topic, "queues": args.queues})
     assert r.status_code == 201, r.text
-    stop_file = tmp / "latency-stop"
-    proc = spawn_consumer("latency", cluster, topic, "lat", args, str(stop_file))
-    out: list[dict[str, Any]] = []
-    reader = threading.Thread(target=read_lines, args=(proc, out))
-    reader.start()
+    stop_file = cluster.dir / "latency-stop"
+    workers = Workers([consumer_command("latency", cluster, topic, "lat", args, str(stop_file))])
+    proc, out = workers.procs[0], workers.outputs[0]
     deadline = time.monotonic() + 30
     while not any("ready" in x for x in out):
         if time.monotonic() > deadline or proc.poll() is not None:
             raise RuntimeError("the latency consumer did not start")
         time.sleep(0.05)
     time.sleep(0.5)
-    meter = CpuMeter({n: cluster.nodes[n].proc.pid for n in cluster.nodes})  # type: ignore[union-attr]
-    meter.pids["consumer"] = proc.pid
-    meter.start()
+    meter = CpuMeter({**node_pids(cluster), "consumer": proc.pid}).start()
     seconds = args.warmup + args.duration
     produced = asyncio.run(
         open_loop_producer(cluster, topic, args.rate, seconds, args.warmup / seconds, args.linger_ms)
     )
     cpu = meter.stop()
     stop_file.write_text("stop")
-    proc.wait(timeout=60)
-    reader.join()
-    if proc.returncode:
-        assert proc.stderr is not None
-        raise RuntimeError(f"consumer failed: {proc.stderr.read()[-3000:]}")
-    summary = next(x for x in out if x.get("done"))
+    workers.wait(60, "consumer")
+    summary = workers.summaries()[0]
     lat = summary["latencies"]
     measured = lat[int(args.warmup * args.rate) :]  # messages arrive in roughly send order
     after_append = summary["from_append"][int(args.warmup * args.rate) :]
@@ -556,22 +436,12 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--profile", action="store_true", help="py-spy a consumer and the nodes in 'throughput'")
-    ap.add_argument("--profile-s", type=float, default=5.0)
-    ap.add_argument("--max-seconds", type=float, default=120.0)
-    ap.add_argument(
-        "--idle-s", type=float, default=1.5, help="a consumer stops after this long without messages"
-    )
-    ap.add_argument("--wait-quiet", type=float, default=60.0)
-    ap.add_argument("--data-dir", default="")
-    ap.add_argument("--tag", default="")
-    # consumer process role (internal)
-    ap.add_argument("--role", default="", help=argparse.SUPPRESS)
+    add_worker_arguments(ap, "consumer", max_seconds=120.0)
+    add_run_arguments(ap)
+    # what a consumer process is started with besides WORKER_OPTIONS (internal)
     ap.add_argument("--urls", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--topic", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--group", default="", help=argparse.SUPPRESS)
     ap.add_argument("--reset", default="earliest", help=argparse.SUPPRESS)
     ap.add_argument("--stop-file", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--spy-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role:
         consumer_main(args)
@@ -582,48 +452,27 @@ def main() -> None:
     args.max_batch = args.max_batch or defaults.max_batch
     args.max_backlog = args.max_backlog or max(defaults.max_backlog, args.max_batch)
 
-    base = Path(args.data_dir or tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    kind = fs_type(base.resolve())
-    tmp = Path(tempfile.mkdtemp(prefix="consume-bench-", dir=base))
-    params = {
-        k: v
-        for k, v in vars(args).items()
-        if k not in ("role", "urls", "topic", "group", "stop_file", "spy_out")
-    }
-    params["data_fs"] = kind
-    result = header("consume", params)
-    result["notes"] = "3 nodes, the consumer processes and the producer on one machine"
-    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-    result["loadavg_start"] = loadavg()
-    RESULTS.mkdir(exist_ok=True)
-    t0 = time.monotonic()
-    cluster = Cluster(tmp, nodes=3, queue_groups=3, replication=3, extra_toml='durability = "fsync"')
+    base, kind = data_folder(args)
     phases = args.phases.split(",")
-    result["results"] = {}
-    try:
-        cluster.start()
-        cluster.wait_ready(timeout_s=60)
-        # Let the leader balancer put each queue group on its preferred node (n{g+1}) first: a
-        # leadership transfer while measuring stalls produces for about a second.
-        try:
-            wait_until(lambda: leaders_settled(cluster), 20, 0.25, "leaders on preferred nodes")
-        except AssertionError:
-            print("  leaders did not settle on their preferred nodes; measuring anyway", flush=True)
+    with (
+        recorded_run(
+            "consume",
+            args,
+            notes="3 nodes, the consumer processes and the producer on one machine",
+            data_fs=kind,
+            report=print_report,
+            internal=(*WORKER_OPTIONS, "urls", "stop_file"),
+        ) as result,
+        three_node_cluster(base, "consume-bench-", 'durability = "fsync"') as cluster,
+    ):
+        result["results"] = {}
+        settle_leaders(cluster)
         if "throughput" in phases:
             print("phase throughput", flush=True)
             result["results"]["throughput"] = phase_throughput(cluster, args)
         if "latency" in phases:
             print("phase latency", flush=True)
-            result["results"]["latency"] = phase_latency(cluster, args, tmp)
-    finally:
-        cluster.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    result["loadavg_end"] = loadavg()
-    print_report(result)
-    path = write_result("consume", result)
-    print(f"\nwrote {path.relative_to(RESULTS.parent)}  ({result['elapsed_s']} s)")
+            result["results"]["latency"] = phase_latency(cluster, args)
 
 
 if __name__ == "__main__":

@@ -44,15 +44,14 @@ from _common import (
     PYTHON,
     RESULTS,
     CpuMeter,
+    Spy,
+    add_run_arguments,
+    collect_profiles,
+    data_folder,
     free_ports,
-    fs_type,
-    header,
-    loadavg,
+    recorded_run,
     start_py_spy,
-    summarize_raw_profile,
     table,
-    wait_quiet,
-    write_result,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -160,6 +159,7 @@ def wait_leader(replicas: list[ReplicaProc], timeout: float = 30) -> ReplicaProc
 
 
 def run_durability(durability: str, args: argparse.Namespace, base_dir: Path) -> dict[str, Any]:
+    print(f"durability={durability}", flush=True)
     data_dir = Path(tempfile.mkdtemp(prefix=f"core-{durability}-", dir=base_dir))
     ports = free_ports(3)
     replicas = [ReplicaProc(i, ports, data_dir, args, durability) for i in range(3)]
@@ -173,10 +173,10 @@ def run_durability(durability: str, args: argparse.Namespace, base_dir: Path) ->
         coalesced_batches = max(1, COALESCE_BYTES // BATCH_SIZE_ESTIMATE)
         for phase in phases:
             profiling = args.profile == phase
-            spies: list[tuple[str, Path, Any]] = []
+            spies: list[Spy] = []
             if profiling:
                 # py-spy attaches after the warm-up and samples for the measured duration.
-                def spy_later(spies: list[tuple[str, Path, Any]] = spies, phase: str = phase) -> None:
+                def spy_later(spies: list[Spy] = spies, phase: str = phase) -> None:
                     time.sleep(args.warmup)
                     for role, r in (("leader", leader), ("follower", followers[0])):
                         path = RESULTS / f"profile-core-{durability}-{phase}-{role}.raw.txt"
@@ -243,12 +243,7 @@ def run_durability(durability: str, args: argparse.Namespace, base_dir: Path) ->
             if res.get("msgs_per_s"):
                 res["cpu_us_per_msg"] = round(ours / res["msgs_per_s"] * 1e6, 2)
             if profiling:
-                profiles = {}
-                for role, path, proc in spies:
-                    if proc is not None:
-                        proc.wait(30)
-                    profiles[role] = summarize_raw_profile(path, threads=THREADS, seconds=args.duration)
-                res["profile"] = profiles
+                res["profile"] = collect_profiles(spies, THREADS, args.duration, 30)
             out["phases"][phase] = res
         out["final_status"] = [r.request(op="status") for r in replicas]
     finally:
@@ -382,41 +377,18 @@ def main() -> None:
     ap.add_argument("--tick-ms", type=float, default=50)
     ap.add_argument("--pso", action="append", default=[], help="SyncObjConf override KEY=VALUE (experiments)")
     ap.add_argument("--profile", default="", help="phase to profile with py-spy (leader and one follower)")
-    ap.add_argument("--data-dir", default="", help="where replicas keep data (default: system temp dir)")
-    ap.add_argument("--keep", action="store_true", help="keep the replicas' data and logs")
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=60.0,
-        help="wait up to this many s for the machine to be idle (< 0.5 busy cores) first",
-    )
-    ap.add_argument("--tag", default="", help="free text stored in the JSON (e.g. the experiment)")
+    add_run_arguments(ap, keep="keep the replicas' data and logs")
     args = ap.parse_args()
 
-    base_dir = Path(args.data_dir or tempfile.gettempdir())
-    base_dir.mkdir(parents=True, exist_ok=True)
-    kind = fs_type(base_dir.resolve())
-    if kind in ("tmpfs", "ramfs"):
-        print(f"WARNING: {base_dir} is on {kind}: fsync costs nothing there; pass --data-dir on a disk")
-    RESULTS.mkdir(exist_ok=True)
-    params = {k: v for k, v in vars(args).items()}
-    params["data_fs"] = kind
-    result = header("core", params)
-    result["notes"] = (
-        "3 replica processes + the load generator (inside the leader process) share the machine's cores"
-    )
-    result["runs"] = []
-    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-    result["loadavg_start"] = loadavg()
-    t0 = time.monotonic()
-    for durability in args.durability.split(","):
-        print(f"durability={durability}", flush=True)
-        result["runs"].append(run_durability(durability, args, base_dir))
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    result["loadavg_end"] = loadavg()
-    print_report(result)
-    path = write_result("core", result)
-    print(f"\nwrote {path.relative_to(RESULTS.parent)}  ({result['elapsed_s']} s)")
+    base_dir, kind = data_folder(args)
+    with recorded_run(
+        "core",
+        args,
+        notes="3 replica processes + the load generator (inside the leader process) share the cores",
+        data_fs=kind,
+        report=print_report,
+    ) as result:
+        result["runs"] = [run_durability(d, args, base_dir) for d in args.durability.split(",")]
 
 
 if __name__ == "__main__":

@@ -29,9 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,16 +41,20 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from _common import (  # noqa: E402
-    RESULTS,
+    CLIENT_THREADS,
     CpuMeter,
-    fs_type,
-    header,
-    loadavg,
-    start_py_spy,
-    summarize_raw_profile,
+    Spy,
+    add_run_arguments,
+    collect_profiles,
+    data_folder,
+    leaders_settled,
+    node_pids,
+    percentile,
+    profile_nodes,
+    recorded_run,
+    settle_leaders,
     table,
-    wait_quiet,
-    write_result,
+    three_node_cluster,
 )
 
 import tests.integration.harness as harness  # noqa: E402
@@ -80,19 +82,7 @@ QUEUES = 6
 TARGET_MSGS = 50_000
 TARGET_P99_MS = 30.0
 TARGET_FAILOVER_S = 3.0
-THREADS = {
-    "_autoTickThread": "tick",
-    "_run_once": "asyncio",
-    "run_forever": "asyncio",
-    "_worker": "executor",
-}
-
-
-def percentile(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+THREADS = {"_autoTickThread": "tick", **CLIENT_THREADS}  # a node's threads (first match wins)
 
 
 def body_for(queue: int) -> bytes:
@@ -258,11 +248,6 @@ class Prober:
         await asyncio.gather(*tasks)
 
 
-def leaders_settled(cluster: Cluster, groups: int) -> bool:
-    """Every queue group is led by its preferred node (n{g+1}), as the node's balancer arranges."""
-    return all(cluster.leader(str(g)) == f"n{(g % len(cluster.nodes)) + 1}" for g in range(groups))
-
-
 def caught_up(cluster: Cluster, node: str) -> bool:
     mine = cluster.status(node)["groups"]
     for name, g in mine.items():
@@ -403,9 +388,7 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
     queues_by_group: dict[int, list[int]] = {}
     for q in describe["queues"]:
         queues_by_group.setdefault(q["group_id"], []).append(q["queue"])
-    # let the leader balancer put each group on its preferred node before measuring
-    with contextlib.suppress(AssertionError):
-        wait_until(lambda: leaders_settled(cluster, 3), 15, 0.25, "leaders on preferred nodes")
+    settle_leaders(cluster, 15)
     load = Load(cluster, queues_by_group, timeout_s=30)
     load.route = args.route
     load.leaders = {g: cluster.wait_leader(str(g)) for g in queues_by_group}
@@ -417,24 +400,16 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
         load.error_codes.clear()
         for phase in args.phases.split(","):
             print(f"  {phase} ...", flush=True)
-            pids = {nid: n.proc.pid for nid, n in cluster.nodes.items() if n.proc is not None}
-            pids["loadgen"] = os.getpid()
+            pids = {**node_pids(cluster), "loadgen": os.getpid()}
             meter: CpuMeter | None = None
-            spies: list[tuple[str, Path, Any]] = []
+            spies: list[Spy] = []
 
             async def start_meters(
-                delay: float,
-                pids: dict[str, int] = pids,
-                phase: str = phase,
-                spies: list[tuple[str, Path, Any]] = spies,
+                delay: float, pids: dict[str, int] = pids, phase: str = phase, spies: list[Spy] = spies
             ) -> CpuMeter:
                 await asyncio.sleep(delay)
                 if args.profile and phase == "max":
-                    for nid, pid in pids.items():
-                        if nid == "loadgen":
-                            continue
-                        path = RESULTS / f"profile-http-{phase}-{nid}.raw.txt"
-                        spies.append((nid, path, start_py_spy(pid, args.duration, path)))
+                    spies.extend(profile_nodes(cluster, f"http-{phase}", args.duration))
                 return CpuMeter(pids).start()
 
             terms_before = await asyncio.to_thread(terms, cluster)
@@ -467,12 +442,7 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
             res["error_codes"] = dict(load.error_codes)
             load.error_codes.clear()
             if spies:
-                profiles = {}
-                for nid, path, proc in spies:
-                    if proc is not None:
-                        await asyncio.to_thread(proc.wait, 30)
-                    profiles[nid] = summarize_raw_profile(path, threads=THREADS, seconds=args.duration)
-                res["profile"] = profiles
+                res["profile"] = await asyncio.to_thread(collect_profiles, spies, THREADS, args.duration, 30)
             out[phase] = res
     return out
 
@@ -589,50 +559,24 @@ def main() -> None:
     ap.add_argument("--failover-timeout", type=float, default=15.0)
     ap.add_argument("--raft", action="append", default=[], help="[raft] setting KEY=VALUE (experiments)")
     ap.add_argument("--profile", action="store_true", help="py-spy every node during 'max'")
-    ap.add_argument("--data-dir", default="", help="where the cluster keeps data (default: system temp)")
-    ap.add_argument("--keep", action="store_true", help="keep the cluster's data and logs")
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=60.0,
-        help="wait up to this many s for the machine to be idle (< 0.5 busy cores) first",
-    )
-    ap.add_argument("--tag", default="")
+    add_run_arguments(ap, keep="keep the cluster's data and logs")
     args = ap.parse_args()
 
-    base = Path(args.data_dir or tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    kind = fs_type(base.resolve())
-    if kind in ("tmpfs", "ramfs"):
-        print(f"WARNING: {base} is on {kind}: fsync costs nothing there; pass --data-dir on a disk")
-    tmp = Path(tempfile.mkdtemp(prefix="http-bench-", dir=base))
-    params = dict(vars(args))
-    params["data_fs"] = kind
-    result = header("http", params)
-    result["notes"] = "load generator (1 process, aiohttp) on the same machine as the 3 nodes"
-    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-    result["loadavg_start"] = loadavg()
+    base, kind = data_folder(args)
     extra = f'durability = "{args.durability}"'
     if args.raft:
         extra += "\n[raft]\n" + "\n".join(args.raft)
-    RESULTS.mkdir(exist_ok=True)
-    t0 = time.monotonic()
-    cluster = Cluster(tmp, nodes=3, queue_groups=3, replication=3, extra_toml=extra)
-    try:
-        cluster.start()
-        cluster.wait_ready(timeout_s=60)
+    with (
+        recorded_run(
+            "http",
+            args,
+            notes="load generator (1 process, aiohttp) on the same machine as the 3 nodes",
+            data_fs=kind,
+            report=print_report,
+        ) as result,
+        three_node_cluster(base, "http-bench-", extra, keep=args.keep) as cluster,
+    ):
         result["results"] = asyncio.run(run(args, cluster))
-    finally:
-        cluster.stop()
-        if args.keep:
-            print(f"  cluster data and logs kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    result["loadavg_end"] = loadavg()
-    print_report(result)
-    path = write_result("http", result)
-    print(f"\nwrote {path.relative_to(RESULTS.parent)}  ({result['elapsed_s']} s)")
 
 
 if __name__ == "__main__":

@@ -44,11 +44,7 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -60,19 +56,28 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from _common import (  # noqa: E402
-    PYTHON,
+    CLIENT_THREADS,
     RESULTS,
+    WORKER_OPTIONS,
     CpuMeter,
-    fs_type,
-    header,
+    Workers,
+    add_run_arguments,
+    add_worker_arguments,
+    collect_profiles,
+    data_folder,
+    fill_topic,
     loadavg,
+    node_pids,
+    profile_nodes,
+    recorded_run,
+    settle_leaders,
     start_py_spy,
-    summarize_raw_profile,
+    steady_rate,
     table,
-    wait_quiet,
-    write_result,
+    three_node_cluster,
+    worker_command,
+    worker_profile,
 )
-from bench_consume import leaders_settled, preproduce, read_lines  # noqa: E402
 
 from tests.integration.harness import Cluster, wait_until  # noqa: E402
 
@@ -80,7 +85,6 @@ TARGET_MSGS = 30_000
 RECEIVERS = 4
 TOPIC = "bench-receive"
 GROUP = "bench"
-THREADS = {"_run_once": "asyncio", "run_forever": "asyncio", "_worker": "executor"}
 
 
 # -- the receiver processes (this script run with --role) -----------------------------------------
@@ -226,33 +230,19 @@ def receiver_main(args: argparse.Namespace) -> None:
     print(json.dumps(tally.summary(cpu_s, **settled)), flush=True)
 
 
-def spawn_receiver(url: str, args: argparse.Namespace, spy_out: str) -> subprocess.Popen[str]:
-    cmd = [
-        PYTHON,
+def receiver_command(url: str, args: argparse.Namespace, spy_out: str) -> list[str]:
+    return worker_command(
         __file__,
-        "--role",
         args.client,
-        "--url",
-        url,
-        "--topic",
-        TOPIC,
-        "--group",
-        GROUP,
-        "--batch",
-        str(args.batch),
-        "--ack-batch",
-        str(args.ack_batch),
-        "--ack-interval-ms",
-        str(args.ack_interval_ms),
-        "--idle-s",
-        str(args.idle_s),
-        "--spy-out",
-        spy_out,
-        "--profile-s",
-        str(args.profile_s),
-    ]
-    return subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        url=url,
+        topic=TOPIC,
+        group=GROUP,
+        batch=args.batch,
+        ack_batch=args.ack_batch,
+        ack_interval_ms=args.ack_interval_ms,
+        idle_s=args.idle_s,
+        spy_out=spy_out,
+        profile_s=args.profile_s,
     )
 
 
@@ -287,24 +277,8 @@ def commit_indexes(cluster: Cluster) -> dict[str, int]:
     return out
 
 
-def steady_rate(samples: list[list[dict[str, Any]]], start: float, end: float) -> float:
-    def total_at(t: float) -> float:
-        out = 0.0
-        for s in samples:
-            before = [x for x in s if x["t"] <= t]
-            out += before[-1]["n"] if before else 0
-        return out
-
-    window = end - start
-    return (total_at(end) - total_at(start)) / window if window > 0.3 else float("nan")
-
-
 def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
-    r = cluster.post("/v1/topics", {"name": TOPIC, "queues": args.queues})
-    assert r.status_code == 201, r.text
-    total = (args.messages // (1_000 * args.queues * 2)) * 1_000 * args.queues * 2
-    produce_s = asyncio.run(preproduce(cluster, TOPIC, args.queues, total))
-    print(f"  produced {total:,} messages in {produce_s:.1f} s", flush=True)
+    total, produce_s = fill_topic(cluster, TOPIC, args.queues, args.messages)
     # The subscription and its dead-letter topic exist before "go" (as after any first receive).
     r = cluster.session.put(f"{cluster.url()}/v1/topics/{TOPIC}/subscriptions/{GROUP}", json={})
     assert r.status_code == 200, r.text
@@ -313,46 +287,24 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     if args.profile:
         spy0.unlink(missing_ok=True)
     urls = receiver_urls(cluster, args.connect)
-    procs = [
-        spawn_receiver(u, args, str(spy0) if i == 0 and args.profile else "") for i, u in enumerate(urls)
-    ]
-    outputs: list[list[dict[str, Any]]] = [[] for _ in procs]
-    readers = [threading.Thread(target=read_lines, args=(p, o)) for p, o in zip(procs, outputs, strict=True)]
-    for t in readers:
-        t.start()
-    wait_until(lambda: all(any("ready" in x for x in o) for o in outputs), 60, 0.05, "receivers ready")
+    workers = Workers(
+        [receiver_command(u, args, str(spy0) if i == 0 and args.profile else "") for i, u in enumerate(urls)]
+    )
+    wait_until(
+        lambda: all(any("ready" in x for x in o) for o in workers.outputs), 60, 0.05, "receivers ready"
+    )
     load_at_go = loadavg()
     index_at_go = commit_indexes(cluster)
-    meter = CpuMeter({n: cluster.nodes[n].proc.pid for n in cluster.nodes})  # type: ignore[union-attr]
-    meter.start()
-    t_go = time.time()
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    spies = []
-    if args.profile:
-        for n in cluster.nodes:
-            out = RESULTS / f"profile-receive-{n}.raw.txt"
-            pid = cluster.nodes[n].proc.pid  # type: ignore[union-attr]
-            spies.append((n, out, start_py_spy(pid, args.profile_s, out, gil=args.profile_gil)))
-    for p in procs:
-        p.wait(timeout=args.max_seconds + 60)
-    for t in readers:
-        t.join()
+    meter = CpuMeter(node_pids(cluster)).start()
+    t_go = workers.go()
+    spies = profile_nodes(cluster, "receive", args.profile_s, gil=args.profile_gil) if args.profile else []
+    workers.wait(args.max_seconds + 60, "receiver", "receive-receiver")
     cpu = meter.stop()
     wall = time.time() - t_go
     index_at_end = commit_indexes(cluster)
     entries = sum(index_at_end.get(g, i) - i for g, i in index_at_go.items())
-    for i, p in enumerate(procs):
-        assert p.stderr is not None
-        log = p.stderr.read()
-        if p.returncode:
-            raise RuntimeError(f"receiver {i} failed: {log[-3000:]}")
-        if log.strip():
-            (RESULTS / f"receive-receiver{i}.log").write_text(log)
-    summaries = [next(x for x in o if x.get("done")) for o in outputs]
-    samples = [[x for x in o if "t" in x and x["t"] >= t_go] for o in outputs]
+    summaries = workers.summaries()
+    samples = workers.samples(t_go)
     distinct = {(q, o) for s in summaries for q, o in s["distinct"]}
     received = sum(s["count"] for s in summaries)
     last_msg = max(s["last_at"] for s in summaries)
@@ -360,15 +312,9 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     drain_s = last_msg - t_go
     receivers_cpu_s = sum(s["cpu_s"] for s in summaries)
     per_receiver = [s["count"] for s in summaries]
-    profiles = {}
-    for name, out, spy in spies:
-        if spy is not None:
-            spy.wait(args.profile_s + 30)
-            profiles[name] = summarize_raw_profile(out, threads=THREADS, seconds=args.profile_s)
+    profiles = collect_profiles(spies, CLIENT_THREADS, args.profile_s, args.profile_s + 30)
     if args.profile:
-        wait_until(spy0.exists, args.profile_s + 10, 0.2, "the receiver's profile")
-        time.sleep(0.5)
-        profiles["receiver0"] = summarize_raw_profile(spy0, threads=THREADS, seconds=args.profile_s)
+        profiles["receiver0"] = worker_profile(spy0, CLIENT_THREADS, args.profile_s)
     nodes_cpu_s = sum(v for k, v in cpu.items() if k in cluster.nodes) * wall
     return {
         "messages": total,
@@ -439,23 +385,12 @@ def main() -> None:
     ap.add_argument("--ack-batch", type=int, default=256, help="the subscriber's ack_batch_size")
     ap.add_argument("--ack-interval-ms", type=int, default=50, help="the subscriber's ack_interval_ms")
     ap.add_argument("--profile", action="store_true", help="py-spy the nodes and receiver 0")
-    ap.add_argument("--profile-s", type=float, default=5.0)
     ap.add_argument(
         "--profile-gil", action="store_true", help="nodes: sample the thread holding the GIL only (--gil)"
     )
-    ap.add_argument("--max-seconds", type=float, default=150.0)
-    ap.add_argument(
-        "--idle-s", type=float, default=1.5, help="a receiver stops after this long without messages"
-    )
-    ap.add_argument("--wait-quiet", type=float, default=60.0)
-    ap.add_argument("--data-dir", default="")
-    ap.add_argument("--tag", default="")
-    # receiver process role (internal)
-    ap.add_argument("--role", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--url", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--topic", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--group", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--spy-out", default="", help=argparse.SUPPRESS)
+    add_worker_arguments(ap, "receiver", max_seconds=150.0)
+    add_run_arguments(ap)
+    ap.add_argument("--url", default="", help=argparse.SUPPRESS)  # a receiver's node (internal)
     args = ap.parse_args()
     if args.role:
         receiver_main(args)
@@ -463,34 +398,20 @@ def main() -> None:
     from raftmq.client._subscriber_core import SubscriberConfig
 
     args.batch = args.batch or SubscriberConfig(topic="t", group="g").max_in_flight
-    base = Path(args.data_dir or tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="receive-bench-", dir=base))
-    params = {k: v for k, v in vars(args).items() if k not in ("role", "url", "topic", "group", "spy_out")}
-    params["data_fs"] = fs_type(base.resolve())
-    result = header("receive", params)
-    result["notes"] = "3 nodes and the 4 receiver processes on one machine"
-    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-    result["loadavg_start"] = loadavg()
-    RESULTS.mkdir(exist_ok=True)
-    t0 = time.monotonic()
-    cluster = Cluster(tmp, nodes=3, queue_groups=3, replication=3, extra_toml='durability = "fsync"')
-    try:
-        cluster.start()
-        cluster.wait_ready(timeout_s=60)
-        try:  # a leadership transfer while measuring stalls a queue group for about a second
-            wait_until(lambda: leaders_settled(cluster), 20, 0.25, "leaders on preferred nodes")
-        except AssertionError:
-            print("  leaders did not settle on their preferred nodes; measuring anyway", flush=True)
+    base, kind = data_folder(args)
+    with (
+        recorded_run(
+            "receive",
+            args,
+            notes="3 nodes and the 4 receiver processes on one machine",
+            data_fs=kind,
+            report=print_report,
+            internal=(*WORKER_OPTIONS, "url"),
+        ) as result,
+        three_node_cluster(base, "receive-bench-", 'durability = "fsync"') as cluster,
+    ):
+        settle_leaders(cluster)
         result["results"] = run(cluster, args)
-    finally:
-        cluster.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-    result["elapsed_s"] = round(time.monotonic() - t0, 1)
-    result["loadavg_end"] = loadavg()
-    print_report(result)
-    path = write_result("receive", result)
-    print(f"\nwrote {path.relative_to(RESULTS.parent)}  ({result['elapsed_s']} s)")
 
 
 if __name__ == "__main__":
