@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from ._consumer_config import ConsumerConfig, Mode, Reset, TopicQueue
 from ._consumer_core import ConsumerCore
+from ._limits import check_concurrency
 from ._types import Message
 from .errors import ClientClosed
 
@@ -198,8 +199,7 @@ class AsyncConsumer:
                 delivered again after a restart).
         """
         core = self._started()
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        check_concurrency(concurrency)
         slots = asyncio.Semaphore(concurrency)
         lanes: dict[TopicQueue, deque[Message]] = {}
         running: set[asyncio.Task[None]] = set()

@@ -6,13 +6,13 @@ import ssl as _ssl
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ._limits import MAX_MESSAGES, MAX_NAME_BYTES, MAX_WAIT_MS
+
 __all__ = ["MAX_NAME_BYTES", "ConsumerConfig", "Mode", "Reset", "TopicQueue"]
 
 Mode = Literal["clustering", "broadcast"]
 Reset = Literal["earliest", "latest"]
 TopicQueue = tuple[str, int]
-
-MAX_NAME_BYTES = 255  # of a consumer group name and of a member id (the broker's limit)
 
 
 def _name_ok(name: str) -> bool:
@@ -64,10 +64,10 @@ class ConsumerConfig:
             problems.append(f"'<group>.<member_id>' must be at most {MAX_NAME_BYTES} UTF-8 bytes")
         if self.reset not in ("earliest", "latest"):
             problems.append("reset must be 'earliest' or 'latest'")
-        if not 1 <= self.max_batch <= 10_000:
-            problems.append("max_batch must be from 1 to 10,000")
-        if not 0 <= self.wait_ms <= 15_000:
-            problems.append("wait_ms must be from 0 to 15,000")
+        if not 1 <= self.max_batch <= MAX_MESSAGES:
+            problems.append(f"max_batch must be from 1 to {MAX_MESSAGES:,}")
+        if not 0 <= self.wait_ms <= MAX_WAIT_MS:
+            problems.append(f"wait_ms must be from 0 to {MAX_WAIT_MS:,}")
         if self.max_backlog < self.max_batch:
             problems.append("max_backlog must be at least max_batch")
         if self.max_fetches_in_flight < 1:

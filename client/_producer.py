@@ -20,6 +20,7 @@ from typing import Any
 
 from ._accumulator import Accumulator, Batch, Delivery, buffer_full, encode_message
 from ._api import connect
+from ._limits import MAX_MESSAGES
 from ._metadata import ClusterMetadata, key_queue
 from ._retry import may_retry, outcome_error
 from ._transport import AddressMap, path_part
@@ -90,8 +91,10 @@ class ProducerConfig:
             for name in ("linger_ms", "max_block_ms", "retry_backoff_ms", "retry_backoff_max_ms")
             if getattr(self, name) < 0
         ]
-        if self.max_batch_messages > 10_000:
-            problems.append("max_batch_messages may not exceed the broker's 10,000 messages per request")
+        if self.max_batch_messages > MAX_MESSAGES:
+            problems.append(
+                f"max_batch_messages may not exceed the broker's {MAX_MESSAGES:,} messages per request"
+            )
         if self.producer_id is not None and not 0 < len(self.producer_id.encode()) <= 200:
             problems.append("producer_id must be 1-200 bytes")
         if problems:

@@ -26,6 +26,7 @@ from typing import Any, Literal, TypedDict
 import structlog
 
 from ._api import connect
+from ._limits import MAX_MESSAGES, MAX_WAIT_MS
 from ._metadata import ClusterMetadata
 from ._received import ReceivedMessage, SettleOp
 from ._retry import retrying
@@ -45,9 +46,8 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 SubscribeMode = Literal["poll", "push"]
-MAX_IN_FLIGHT = 10_000  # the API's most messages per receive (and RDY)
-MAX_RECEIPTS = 10_000  # per settle request or frame
-MAX_WAIT_MS = 15_000
+MAX_IN_FLIGHT = MAX_MESSAGES  # the API's most messages per receive (and RDY)
+MAX_RECEIPTS = MAX_MESSAGES  # per settle request or frame
 ROUTES_MAX_AGE_S = 10.0  # how long the leaders of the queue groups are trusted before a refresh
 
 

@@ -15,6 +15,7 @@ from ._admin import AsyncAdmin
 from ._consumer import AsyncConsumer
 from ._consumer_config import Mode, Reset, TopicQueue
 from ._io_thread import LoopThread, SyncClient
+from ._limits import check_concurrency
 from ._producer import AsyncProducer, DeliveryCallback, _FutureDelivery
 from ._types import ClusterStatus, Message, RecordMetadata, TopicDescription, TopicInfo
 
@@ -299,8 +300,7 @@ class Consumer(SyncClient):
         Raises:
             Exception: The first exception of ``handler`` (after the running handlers finished).
         """
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        check_concurrency(concurrency)
         lock = threading.Lock()
         lanes: dict[TopicQueue, deque[Message]] = {}
         failure: list[BaseException] = []
