@@ -87,11 +87,12 @@ def test_receive_prints_json_lines_acks_them_and_stops_at_max_or_when_idle(c: Cl
 def test_no_ack_leaves_messages_in_flight_until_their_deadline(c: Cluster) -> None:
     c.create_topic("peek", queues=2)
     produce(c, "peek", ["a", "b"])
-    peek = raftmq(c, "receive", "peek", "--group", "g", "--no-ack", "--visibility-ms", "1500", "--max", "2")
+    # A visibility that outlasts the CLI's exit and the check below on a slow machine too.
+    peek = raftmq(c, "receive", "peek", "--group", "g", "--no-ack", "--visibility-ms", "4000", "--max", "2")
     assert peek.returncode == 0, peek.stderr
     assert sorted(m["value"] for m in lines(peek.stdout)) == ["a", "b"]
     assert receive_http(c, "peek", "g") == []  # in flight
-    again = raftmq(c, "receive", "peek", "--group", "g", "--wait-ms", "4000", "--max", "2")
+    again = raftmq(c, "receive", "peek", "--group", "g", "--wait-ms", "15000", "--max", "2")
     assert again.returncode == 0, again.stderr
     assert [m["attempt"] for m in lines(again.stdout)] == [2, 2]
 
@@ -117,15 +118,17 @@ def test_follow_waits_for_messages_produced_later(c: Cluster) -> None:
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
-    wait_until(lambda: receive_http(c, "later", "g", wait_ms=200) == [], 10, what="acked")
+    wait_until(lambda: receive_http(c, "later", "g", wait_ms=200) == [], 30, what="acked")
 
 
 def test_dead_letters_are_listed_and_redriven_back_to_the_group(c: Cluster) -> None:
     c.create_topic("payments", queues=2)
     produce(c, "payments", ["poison-1", "poison-2"])
     # A worker that never acks: each delivery expires (--no-ack, short visibility), twice each.
+    # The second delivery is due about 300 ms after the first; the receive stops when idle for
+    # --wait-ms, which must outlast that on a slow machine too.
     peek = raftmq(
-        c, "receive", "payments", "--group", "w", "--no-ack", "--visibility-ms", "200", "--wait-ms", "2000"
+        c, "receive", "payments", "--group", "w", "--no-ack", "--visibility-ms", "200", "--wait-ms", "5000"
     )
     assert peek.returncode == 0, peek.stderr
     assert sorted(m["attempt"] for m in lines(peek.stdout)) == [1, 1, 2, 2]
@@ -140,7 +143,7 @@ def test_dead_letters_are_listed_and_redriven_back_to_the_group(c: Cluster) -> N
         dead = listed()
         return dead if len(dead) == 2 else None
 
-    dead = wait_until(two_dead, 20, what="two dead letters")
+    dead = wait_until(two_dead, 30, what="two dead letters")
     assert sorted(m["value"] for m in dead) == ["poison-1", "poison-2"]
     assert {m["headers"]["raftmq-dlq-attempts"] for m in dead} == {"2"}
     assert {m["headers"]["raftmq-dlq-reason"] for m in dead} == {"expired"}
@@ -150,7 +153,7 @@ def test_dead_letters_are_listed_and_redriven_back_to_the_group(c: Cluster) -> N
     (answer,) = lines(redrive.stdout)
     assert answer["redriven"] == 2 and not answer["more"] and "redrove 2 dead letters" in redrive.stderr
     assert listed() == []  # nothing left to redrive
-    back = raftmq(c, "receive", "payments", "--group", "w", "--wait-ms", "1000")
+    back = raftmq(c, "receive", "payments", "--group", "w", "--wait-ms", "3000")
     assert back.returncode == 0, back.stderr
     got = lines(back.stdout)
     assert sorted(m["value"] for m in got) == ["poison-1", "poison-2"]
