@@ -158,8 +158,8 @@ def test_long_poll_returns_as_soon_as_a_message_is_committed(cluster: Cluster) -
         started = time.monotonic()
         r = requests.get(
             c.url(follower) + "/v1/topics/poll/queues/0/messages",
-            params={"offset": 0, "wait_ms": 5000},
-            timeout=30,
+            params={"offset": 0, "wait_ms": 15_000},
+            timeout=60,
         )
         result.update(response=r, returned=time.monotonic(), took=time.monotonic() - started)
 
@@ -169,18 +169,19 @@ def test_long_poll_returns_as_soon_as_a_message_is_committed(cluster: Cluster) -
     assert t.is_alive(), "the fetch returned before anything was produced"
     r = c.produce("poll", [{"value": "wake up", "key": "k"}], node=leader)
     assert r.status_code == 200, r.text
-    t.join(10)
+    t.join(60)
     body = result["response"].json()
     assert [(m["offset"], m["value"], m["key"]) for m in body["messages"]] == [(0, "wake up", "k")]
     assert body["next_offset"] == 1 and body["high_offset"] == 1
-    # Woken by the commit, not by the 5 s timeout (latency figures belong to the benchmarks).
-    assert result["took"] < 4.0
+    # Woken by the commit, not by the 15 s timeout (latency figures belong to the benchmarks; the
+    # bound leaves a slow machine plenty).
+    assert result["took"] < 10.0, result["took"]
 
     started = time.monotonic()
     r = fetch(c, "poll", 0, follower, offset=1, wait_ms=1000)
     took = time.monotonic() - started
     assert r.status_code == 200 and r.json()["messages"] == [] and r.json()["next_offset"] == 1
-    assert 0.9 <= took < 4.0, took
+    assert 0.9 <= took < 10.0, took  # it waited (the lower bound); the upper one is generous
 
 
 # -- consumer group offsets -------------------------------------------------------------------

@@ -139,13 +139,19 @@ def test_async_producer_and_consumer_round_trip(cluster: Cluster) -> None:
 
 
 def test_produce_to_consume_latency_is_sane(cluster: Cluster) -> None:
-    """A sanity check, not a benchmark: messages arrive promptly through long polling."""
+    """A sanity check, not a benchmark: messages arrive promptly through long polling.
+
+    The fetches long-poll for 15 s (the most a node allows). A message is woken up by its commit
+    and arrives in milliseconds; without that it would wait for the end of the poll it came
+    during, and the second-worst of 100 would take about 15 s. The bound in between (10 s) tells
+    the two apart and leaves a slow CI machine plenty (the latency figures are in the benchmarks).
+    """
     with Admin(urls(cluster)) as admin:
         admin.create_topic("latency", 2)
     latencies: list[float] = []
     sent_at: dict[str, float] = {}
     with (
-        Consumer(urls(cluster), group="lat", topics="latency", wait_ms=5_000, reset="latest") as consumer,
+        Consumer(urls(cluster), group="lat", topics="latency", wait_ms=15_000, reset="latest") as consumer,
         Producer(urls(cluster), linger_ms=0) as producer,
     ):
         for i in range(100):
@@ -155,16 +161,16 @@ def test_produce_to_consume_latency_is_sane(cluster: Cluster) -> None:
             for m in consumer.poll(timeout_ms=5_000):
                 latencies.append(time.monotonic() - sent_at[str(m.value)])
                 m.ack()
-        while len(latencies) < 100:
-            got = consumer.poll(timeout_ms=5_000)
-            assert got, "messages stopped arriving"
-            for m in got:
+        deadline = time.monotonic() + 60
+        while len(latencies) < 100 and time.monotonic() < deadline:
+            for m in consumer.poll(timeout_ms=1_000):
                 latencies.append(time.monotonic() - sent_at[str(m.value)])
                 m.ack()
+    assert len(latencies) == 100, "messages stopped arriving"
     latencies.sort()
     p50, p99 = latencies[49], latencies[98]
     print(f"produce->consume latency p50={p50 * 1000:.1f} ms p99={p99 * 1000:.1f} ms")
-    assert p99 < 2.0  # generous: the broker's own target is 50 ms
+    assert p99 < 10.0  # woken by the commit, not by the end of a 15 s poll
 
 
 def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(tmp_path: Path) -> None:

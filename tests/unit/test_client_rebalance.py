@@ -88,7 +88,9 @@ def test_after_the_grace_a_revoke_commits_what_was_acked_and_ignores_later_acks(
         handed[1].ack()
         t0 = time.monotonic()
         await core.release(set(), grace_s=0.2)
-        assert 0.15 < time.monotonic() - t0 < 1.0
+        # It waited out the grace, then gave up on 2 and 3 (never acked: without the grace it
+        # would wait for ever); the upper bound is generous for a slow machine.
+        assert 0.15 < time.monotonic() - t0 < 10.0
         assert api.commits == [("t", {0: 2})]  # 2 and 3 are delivered again by the next owner
         assert handed[2].revoked
         handed[2].ack()
@@ -108,7 +110,7 @@ def test_close_during_a_revoke_still_commits_the_revoked_queue() -> None:
         core._tasks.add(releasing)  # as the membership task that runs it would be
         t0 = time.monotonic()
         await core.close()
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 10.0  # cut short: not the 30 s grace
         assert api.commits == [("t", {0: 1})]
         assert api.events[-1] == "leave g"
 

@@ -5,6 +5,7 @@ be reached (two real aiohttp servers speaking the routes involved)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiohttp import web
@@ -66,11 +67,11 @@ async def ack_all(bootstrap: str) -> AsyncSubscriber:
     async with AsyncSubscriber(bootstrap, topic="t", group="g", ack_interval_ms=0) as sub:
         core = sub._core
         assert core is not None
-        for _ in range(50):  # until the routes are known (loaded in the background at start)
-            if core.metadata.node_urls:
-                break
+        deadline = time.monotonic() + 10
+        while not core.metadata.node_urls:  # until the routes are known (loaded in the background)
+            assert time.monotonic() < deadline, "the routes were never loaded"
             await asyncio.sleep(0.02)
-        messages = await sub.receive(2, timeout_ms=5_000)
+        messages = await sub.receive(2, timeout_ms=10_000)
         assert len(messages) == 2
         for m in messages:
             m.ack()
