@@ -50,6 +50,25 @@ def batches(ckpt: Path, kind: str) -> set[int]:
     return {int(n) for n in os.listdir(d) if n.isdigit()} if d.exists() else set()
 
 
+def kill_mid_batch(proc: subprocess.Popen[bytes], ckpt: Path, after: int) -> tuple[list[int], list[int]]:
+    """Wait for a batch committed after batch ``after``, then kill the driver while a later one is
+    planned but not done; the checkpoint's offsets and commits (batch ids) after the kill."""
+    try:
+        wait_until(lambda: max(batches(ckpt, "commits") or {-1}) > after, 120, 0.05, what="a batch committed")
+        wait_until(
+            lambda: max(batches(ckpt, "offsets")) > max(batches(ckpt, "commits") or {-1}),
+            60,
+            0.01,
+            what="a batch in flight",
+        )
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    return sorted(batches(ckpt, "offsets")), sorted(batches(ckpt, "commits"))
+
+
 def test_driver_killed_mid_batch_and_restarted_writes_each_committed_message_once(tmp_path: Path) -> None:
     (tmp_path / "cluster").mkdir()
     with Cluster(tmp_path / "cluster", nodes=1, extra_toml=TOML) as c:
@@ -69,22 +88,16 @@ def test_driver_killed_mid_batch_and_restarted_writes_each_committed_message_onc
         out, ckpt, log = tmp_path / "out", tmp_path / "ckpt", tmp_path / "driver.log"
         background = threading.Thread(target=produce, args=(30,))
         background.start()
-        first = driver(c, "sp-stream", out, ckpt, "continuous", log)
-        try:
-            # Wait for a finished batch, then kill while a later one is planned but not done.
-            wait_until(lambda: len(batches(ckpt, "commits")) >= 1, 120, 0.05, what="a first batch")
-            wait_until(
-                lambda: max(batches(ckpt, "offsets")) > max(batches(ckpt, "commits") or {-1}),
-                60,
-                0.01,
-                what="a batch in flight",
-            )
-            os.killpg(first.pid, signal.SIGKILL)
-        finally:
-            if first.poll() is None:
-                os.killpg(first.pid, signal.SIGKILL)
-            first.wait(30)
-        killed_at = (sorted(batches(ckpt, "offsets")), sorted(batches(ckpt, "commits")))
+        # Wait for a finished batch, then kill while a later one is planned but not done. On a
+        # busy machine that batch may finish between the look at the checkpoint and the kill:
+        # then the driver is restarted from its checkpoint and killed again (each run is one
+        # more restart for the exactly-once check below), until one kill is mid-batch.
+        for _ in range(3):
+            committed = max(batches(ckpt, "commits") or {-1})
+            running = driver(c, "sp-stream", out, ckpt, "continuous", log)
+            killed_at = kill_mid_batch(running, ckpt, after=committed)
+            if killed_at[0][-1] > (killed_at[1] or [-1])[-1]:
+                break
         background.join()
         assert killed_at[0][-1] > (killed_at[1] or [-1])[-1], killed_at  # killed mid-batch
         # Restart from the checkpoint and drain everything committed now.
