@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -47,7 +48,7 @@ from .config import ClusterConfig, ConfigError, NodeConfig, load_config
 from .metadata import MetadataMachine
 from .placement import META_GROUP, Placement, static_placement
 from .queue_group import QueueGroupMachine
-from .tls import client_context
+from .tls import TlsError, client_context
 
 __all__ = [
     "BackupError",
@@ -88,12 +89,13 @@ def backup_cluster(
         "queue_groups": config.queue_groups,
         "groups": {},
     }
+    open_url = _opener(config)
     with tempfile.TemporaryDirectory(prefix=".raftmq-backup-", dir=out_dir) as tmp:
         tmp_out = os.path.join(tmp, "backup.tar")
         with tarfile.open(tmp_out, "w") as backup:
             for name in names:
                 tar_path = os.path.join(tmp, f"{name}.tar")
-                source = _fetch_checkpoint(config, name, tar_path, timeout_s)
+                source = _fetch_checkpoint(config, open_url, name, tar_path, timeout_s)
                 info = _inspect_checkpoint(tar_path, name, os.path.join(tmp, f"check-{name}"))
                 info |= {"source": source, "sha256": _sha256(tar_path), "bytes": os.path.getsize(tar_path)}
                 if name == META_GROUP:
@@ -114,8 +116,20 @@ def backup_cluster(
     return manifest
 
 
-def _opener(config: ClusterConfig) -> Callable[..., Any]:
-    context: ssl.SSLContext | None = client_context(config)
+OpenUrl = Callable[..., Any]
+
+
+def _opener(config: ClusterConfig) -> OpenUrl:
+    """Calls to the nodes' ``/internal`` API as a peer: the cluster secret (API tokens play no part),
+    HTTPS verified against ``tls.ca_file`` when the cluster serves it. Straight to the nodes, as
+    the nodes call each other: ``HTTP(S)_PROXY`` is ignored (a proxy would see the secret)."""
+    try:
+        context: ssl.SSLContext | None = client_context(config)
+    except TlsError as e:
+        raise BackupError(f"{e} (tls.ca_file in the cluster file; RAFTMQ_TLS_CA_FILE overrides it)") from None
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
 
     def open_url(url: str, *, method: str = "GET", timeout_s: float) -> Any:
         request = urllib.request.Request(
@@ -124,18 +138,19 @@ def _opener(config: ClusterConfig) -> Callable[..., Any]:
             method=method,
             headers={SECRET_HEADER: config.secret},
         )
-        return urllib.request.urlopen(request, timeout=timeout_s, context=context)
+        return opener.open(request, timeout=timeout_s)
 
     return open_url
 
 
-def _fetch_checkpoint(config: ClusterConfig, name: str, dest: str, timeout_s: float) -> str:
+def _fetch_checkpoint(
+    config: ClusterConfig, open_url: OpenUrl, name: str, dest: str, timeout_s: float
+) -> str:
     """Save a checkpoint of group ``name`` taken at its leader after a barrier; returns the node id."""
-    open_url = _opener(config)
     deadline = time.monotonic() + timeout_s
-    problems: list[str] = []
+    problems: dict[str, str] = {}  # the last problem per node, for the error at the deadline
     while time.monotonic() < deadline:
-        for node in _leaders(config, name, open_url):
+        for node in _leaders(config, name, open_url, problems):
             try:
                 with open_url(f"{node.http_url}/internal/groups/{name}/barrier", method="POST", timeout_s=30):
                     pass
@@ -145,26 +160,51 @@ def _fetch_checkpoint(config: ClusterConfig, name: str, dest: str, timeout_s: fl
                 ):
                     shutil.copyfileobj(resp, f, 1 << 20)
                 return node.id
-            except urllib.error.HTTPError as e:
-                problems.append(f"{node.id}: HTTP {e.code} {e.read()[:200]!r}")
-            except (OSError, ValueError) as e:  # URLError is an OSError
-                problems.append(f"{node.id}: {e}")
+            except (OSError, ValueError, http.client.HTTPException) as e:  # URLError is an OSError
+                problems[node.id] = _problem(config, node, e)
         time.sleep(0.5)
-    raise BackupError(f"no leader of group {name} gave a checkpoint in {timeout_s:.0f} s: {problems[-3:]}")
+    seen = "; ".join(f"{nid}: {p}" for nid, p in sorted(problems.items())) or "no node claimed leadership"
+    raise BackupError(f"no leader of group {name} gave a checkpoint in {timeout_s:.0f} s ({seen})")
 
 
-def _leaders(config: ClusterConfig, name: str, open_url: Callable[..., Any]) -> list[NodeConfig]:
-    """Nodes claiming leadership of group ``name``, the highest term first."""
+def _leaders(
+    config: ClusterConfig, name: str, open_url: OpenUrl, problems: dict[str, str]
+) -> list[NodeConfig]:
+    """Nodes claiming leadership of group ``name``, the highest term first; why a node could not
+    say goes into ``problems``."""
     claims = []
     for node in config.nodes:
         try:
             with open_url(f"{node.http_url}/internal/status", timeout_s=3) as resp:
                 group = json.loads(resp.read())["groups"].get(name)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
+            problems[node.id] = _problem(config, node, e)
             continue
         if group and group.get("is_leader"):
             claims.append((int(group["term"]), node))
     return [node for _, node in sorted(claims, key=lambda c: -c[0])]
+
+
+def _problem(config: ClusterConfig, node: NodeConfig, e: Exception) -> str:
+    """What a failed call to ``node`` says, in one line. Raises BackupError for what no wait can
+    mend: a refused cluster secret or a certificate that does not verify."""
+    if isinstance(e, urllib.error.HTTPError):
+        if e.code == 401:
+            raise BackupError(
+                f"node {node.id} ({node.http_url}) refused the cluster secret (HTTP 401): the backup "
+                "calls the nodes with cluster.secret from the cluster file (or RAFTMQ_SECRET), which "
+                "must be the running nodes' secret; API tokens are not used"
+            )
+        return f"HTTP {e.code} {e.read()[:200].decode(errors='replace')}"
+    reason = e.reason if isinstance(e, urllib.error.URLError) else e
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        against = f"the CA file {config.tls.ca_file!r}" if config.tls.ca_file else "the system's CAs"
+        raise BackupError(
+            f"node {node.id}'s certificate is not trusted ({node.http_url}): {reason.verify_message}. "
+            f"The backup verifies it against {against} (tls.ca_file in the cluster file; "
+            "RAFTMQ_TLS_CA_FILE overrides it) and checks that it names the host of the node's http address"
+        )
+    return str(reason) or type(reason).__name__
 
 
 def _inspect_checkpoint(tar_path: str, name: str, scratch: str) -> dict[str, Any]:
