@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import Cluster
+from .harness import SECRET, Cluster
 from .tls_certs import CertAuthority
 
 ADMIN_TOKEN = "backup-admin-token-Qw3Er5Ty7Ui9Op"
@@ -122,6 +122,8 @@ def test_backup_and_restore_of_a_cluster_with_tls_and_tokens(tmp_path: Path) -> 
         done = raftmq("backup", "--config", config, "-o", str(backup), **proxy, no_proxy="")
         assert done.returncode == 0, done.stderr
         assert "backup of 4 groups written" in done.stdout
+        content = backup.read_bytes()
+        assert all(s.encode() not in content for s in (SECRET, ADMIN_TOKEN, PRODUCER_TOKEN, CONSUMER_TOKEN))
 
         for nid in c.nodes:
             assert c.terminate(nid) == 0
