@@ -13,18 +13,17 @@ group's leader: :func:`dlq_list`, :func:`check_lock`.
 from __future__ import annotations
 
 import asyncio
-import base64
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from raftmq.storage.queues import lock_state, read_messages
-from raftmq.storage.records import Message
 from raftmq.storage.store import Store
 
 from . import commands, errors
 from .delivery import dlq_topic_name
 from .http_api import _group_name, json_response
+from .http_common import message_item
 from .metadata import Topic
 from .node import now_ms
 from .receive_coordinator import queues_by_group
@@ -38,20 +37,6 @@ __all__ = ["DeadLettersAndLocks", "check_lock", "dlq_list"]
 
 DEFAULT_REDRIVE = 1000
 MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
-
-
-def _message_json(m: Message) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "offset": m.offset,
-        "key": m.key,
-        "timestamp_ms": m.timestamp_ms,
-        "headers": m.headers or {},
-    }
-    if m.binary:
-        item["value_b64"] = base64.b64encode(m.value).decode()
-    else:
-        item["value"] = m.value.decode()
-    return item
 
 
 class DeadLettersAndLocks:
@@ -231,7 +216,7 @@ def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) 
         room = max_messages - len(messages)
         if room > 0 and start < high:
             messages += [
-                {"queue": q, **_message_json(m)} for m in read_messages(store, topic_id, q, start, room)
+                message_item({"queue": q}, m) for m in read_messages(store, topic_id, q, start, room)
             ]
     return {"queues": out_queues, "messages": messages}
 

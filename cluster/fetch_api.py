@@ -5,10 +5,8 @@ the Arrow answer is in ``cluster/segments_api.py``) and a consumer group's commi
 
 from __future__ import annotations
 
-import base64
 import urllib.parse
 from collections import defaultdict
-from typing import Any
 
 import orjson
 from aiohttp import web
@@ -18,7 +16,7 @@ from raftmq.storage.queues import committed_offset, queue_bounds, read_messages
 from . import commands, errors
 from .api_core import ApiCore
 from .fetch_common import fetch_query, long_poll
-from .http_common import body_error, group_name, json_response
+from .http_common import body_error, group_name, json_response, message_item
 from .metadata import Topic
 from .node import now_ms
 from .segments_api import wants_arrow
@@ -55,17 +53,7 @@ class FetchHandlers(ApiCore):
         for m in messages:
             if m.expired(now, topic.retention_ms):  # TTL: skipped, next_offset still moves past it
                 continue
-            item: dict[str, Any] = {
-                "offset": m.offset,
-                "key": m.key,
-                "timestamp_ms": m.timestamp_ms,
-                "headers": m.headers or {},
-            }
-            if m.binary:
-                item["value_b64"] = base64.b64encode(m.value).decode()
-            else:
-                item["value"] = m.value.decode()
-            out.append(item)
+            out.append(message_item({}, m))
         self.metrics.fetched.inc(len(messages))
         next_offset = messages[-1].offset + 1 if messages else offset
         return json_response(

@@ -6,6 +6,7 @@ proposal or of a peer's answer, and the consumer-group name of a path.
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,6 +14,8 @@ import aiohttp
 import orjson
 import structlog
 from aiohttp import web
+
+from raftmq.storage.records import Message
 
 from . import commands, errors
 from .errors import error_body
@@ -27,6 +30,7 @@ __all__ = [
     "error_response",
     "group_name",
     "json_response",
+    "message_item",
     "raft_error",
 ]
 
@@ -41,6 +45,21 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def json_response(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def message_item(item: dict[str, Any], m: Message) -> dict[str, Any]:
+    """``item`` (the route's own fields first) with the message as fetch, receive and the
+    dead-letter list hand it out: offset, key, timestamp_ms, headers, then value (UTF-8 text) or
+    value_b64 (binary). Returns ``item``."""
+    item["offset"] = m.offset
+    item["key"] = m.key
+    item["timestamp_ms"] = m.timestamp_ms
+    item["headers"] = m.headers or {}
+    if m.binary:
+        item["value_b64"] = base64.b64encode(m.value).decode()
+    else:
+        item["value"] = m.value.decode()
+    return item
 
 
 def error_response(e: ApiError) -> web.Response:

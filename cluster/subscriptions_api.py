@@ -29,7 +29,6 @@ Internal actions (``Api.internal_action``) at a queue group's leader: ``subscrib
 from __future__ import annotations
 
 import asyncio
-import base64
 import re
 import time
 from collections import defaultdict
@@ -47,6 +46,7 @@ from . import commands, errors
 from .delivery import available, dlq_topic_name
 from .dlq_locks_api import DeadLettersAndLocks, check_lock, dlq_list
 from .http_api import FORWARDED, json_response
+from .http_common import message_item
 from .metadata import Topic, validate_topic_name
 from .node import META, Node, now_ms
 from .receive_coordinator import ReceiveCoordinator, Waiter
@@ -481,21 +481,13 @@ class SubscriptionsApi:
             m = found[queue].get(offset)
             if m is None:
                 continue
-            item = {  # the fields of _message_json, built in one go (this runs per message)
+            head = {
                 "receipt": f"{topic_id}.{queue}.{offset}.{token}",  # format_receipt
                 "attempt": d["attempt"],
                 "queue": queue,
                 "deadline_ms": d["deadline_ms"],
-                "offset": offset,
-                "key": m.key,
-                "timestamp_ms": m.timestamp_ms,
-                "headers": m.headers or {},
             }
-            if m.binary:
-                item["value_b64"] = base64.b64encode(m.value).decode()
-            else:
-                item["value"] = m.value.decode()
-            out.append(item)
+            out.append(message_item(head, m))
         return out
 
 
