@@ -53,13 +53,26 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
     @click.argument("node_id")
     @click.option("--http", "http", required=True, help="The node's HTTP address (host:port).")
     @click.option("--raft", "raft", required=True, help="The node's Raft base address (host:port).")
+    @click.option(
+        "--rebalance",
+        is_flag=True,
+        help="Once it is added, move it its share of replicas (as raftmq cluster rebalance does).",
+    )
     @wait
     @timeout
     @admin_command
-    def add_node(admin: AdminHttp, node_id: str, http: str, raft: str, wait: bool, timeout_s: int) -> None:
+    def add_node(
+        admin: AdminHttp, node_id: str, http: str, raft: str, rebalance: bool, wait: bool, timeout_s: int
+    ) -> None:
         """Add NODE_ID (already running, with join = true in its cluster file) to the cluster."""
+        if rebalance and not wait:
+            raise click.UsageError("--rebalance starts once the node is added: it needs --wait")
         answer = admin.post("/v1/cluster/nodes", {"id": node_id, "http": http, "raft": raft})
-        _follow(admin, answer["change"], wait, timeout_s)
+        _follow(admin, answer["change"], wait, timeout_s)  # exits unless the node was added
+        if rebalance:
+            answer = admin.post("/v1/cluster/rebalance", {})
+            _print_plan(answer["plan"])
+            _follow(admin, answer["change"], wait, timeout_s)
 
     @cluster.command("remove-node")
     @click.argument("node_id")

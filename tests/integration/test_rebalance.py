@@ -6,104 +6,41 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
 
+from .cluster_changes import QUEUES, TOPIC, Traffic, placement, wait_for_end
 from .conftest import assert_error
 from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-TOPIC = "orders"
-QUEUES = 6  # two per queue group
-
-
-class Producer:
-    """Produces batches of 5 in a thread, round robin over ``nodes``; remembers what was acked."""
-
-    def __init__(self, c: Cluster, nodes: list[str]) -> None:
-        self.urls = [c.nodes[n].url for n in nodes]
-        self.acked: dict[tuple[int, int], str] = {}
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-
-    def __enter__(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _run(self) -> None:
-        session, i = requests.Session(), 0
-        while not self._stop.is_set():
-            values = [f"m-{i}-{j}" for j in range(5)]
-            try:
-                r = session.post(
-                    f"{self.urls[i % len(self.urls)]}/v1/topics/{TOPIC}/messages",
-                    json={"messages": [{"value": v} for v in values]},
-                    timeout=30,
-                )
-                if r.status_code == 200:
-                    for v, res in zip(values, r.json()["results"], strict=True):
-                        self.acked[(res["queue"], res["offset"])] = v
-                else:
-                    self.failures.append(f"{r.status_code} {r.text[:200]}")
-            except requests.RequestException as e:
-                self.failures.append(repr(e))
-            i += 1
-            time.sleep(0.02)
-
-    def wait_for(self, count: int) -> None:
-        goal = len(self.acked) + count
-        wait_until(lambda: len(self.acked) >= goal, 60, what=f"{count} more acknowledged messages")
-
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """Three nodes, three queue groups (replication 3) and n4 (``join = true``) added: it runs and
-    is in the placement, but hosts nothing."""
+def joining(tmp_path: Path) -> Iterator[Cluster]:
+    """Three nodes, three queue groups (replication 3) and n4 (``join = true``): it runs, but is
+    not in the placement yet."""
     c = Cluster(tmp_path, nodes=4, queue_groups=3, node_toml=lambda n: "join = true" if n == "n4" else "")
     with c:
         c.start()
         c.wait_ready()
         wait_until(lambda: placement(c)["placement"], 30, what="the placement recorded")
         c.create_topic(TOPIC, queues=QUEUES)
-        n4 = c.nodes["n4"]
-        r = c.post("/v1/cluster/nodes", {"id": "n4", "http": n4.http, "raft": f"127.0.0.1:{n4.raft_base}"})
-        assert r.status_code == 202, r.text
-        wait_for_end(c, r.json()["change"]["id"])
         yield c
 
 
-def placement(c: Cluster) -> dict[str, Any]:
-    r = c.get("/v1/cluster/placement")
-    assert r.status_code == 200, r.text
-    result: dict[str, Any] = r.json()
-    return result
-
-
-def wait_for_end(c: Cluster, change_id: int, timeout_s: float = 180) -> dict[str, Any]:
-    def ended() -> dict[str, Any] | None:
-        r = c.get("/v1/cluster/placement")
-        if r.status_code != 200:  # 503 while the metadata group elects its next leader
-            return None
-        return next((h for h in r.json()["history"] if h["id"] == change_id), None)
-
-    record: dict[str, Any] = wait_until(ended, timeout_s, interval_s=0.5, what=f"change {change_id} to end")
-    return record
+@pytest.fixture
+def cluster(joining: Cluster) -> Iterator[Cluster]:
+    """As ``joining``, with n4 added: it is in the placement, but hosts nothing."""
+    c = joining
+    n4 = c.nodes["n4"]
+    r = c.post("/v1/cluster/nodes", {"id": "n4", "http": n4.http, "raft": f"127.0.0.1:{n4.raft_base}"})
+    assert r.status_code == 202, r.text
+    wait_for_end(c, r.json()["change"]["id"])
+    yield c
 
 
 def replica_counts(groups: dict[str, list[str]]) -> Counter[str]:
@@ -136,8 +73,8 @@ def test_rebalance_gives_an_added_node_its_share_while_producing(cluster: Cluste
     assert {m["group"] for m in planned["moves"]} == {"0", "1", "2"}
     assert placement(c)["placement"] == before and placement(c)["change"] is None  # nothing recorded
 
-    with Producer(c, ["n1", "n2", "n3"]) as producer:
-        producer.wait_for(100)
+    with Traffic(c, ["n1", "n2", "n3"]) as traffic:
+        traffic.wait_for(100)
         r = c.session.post(c.url() + "/v1/cluster/rebalance", timeout=30)  # no body
         assert r.status_code == 202, r.text
         change = r.json()["change"]
@@ -147,9 +84,9 @@ def test_rebalance_gives_an_added_node_its_share_while_producing(cluster: Cluste
         assert e["change"]["id"] == change["id"]
         record = wait_for_end(c, change["id"])
         assert record["outcome"] == "done", record
-        producer.wait_for(100)
-    acked = dict(producer.acked)
-    print(f"acknowledged {len(acked)}, failed requests {len(producer.failures)}: {producer.failures[-3:]}")
+        traffic.wait_for(100)
+    acked = dict(traffic.acked)
+    print(f"acknowledged {len(acked)}, failed requests {len(traffic.failures)}: {traffic.failures[-3:]}")
 
     groups = placement(c)["placement"]["groups"]
     counts = replica_counts(groups)
@@ -241,3 +178,43 @@ def test_a_rebalance_continues_when_its_coordinator_is_killed(cluster: Cluster) 
     assert counts["n4"] == 3 and max(counts.values()) - min(counts.values()) <= 1, counts
     for g, ids in groups.items():
         assert voters(c, g) == set(ids), (g, ids)
+
+
+def test_add_node_with_rebalance_adds_the_node_then_gives_it_its_share(joining: Cluster) -> None:
+    c = joining
+    n4 = c.nodes["n4"]
+    refused = cli(
+        c,
+        "add-node",
+        "n4",
+        "--http",
+        n4.http,
+        "--raft",
+        f"127.0.0.1:{n4.raft_base}",
+        "--rebalance",
+        "--no-wait",
+    )
+    assert refused.returncode == 2 and "needs --wait" in refused.stderr, refused.stderr
+    assert [n["id"] for n in placement(c)["placement"]["nodes"]] == ["n1", "n2", "n3"]  # nothing recorded
+    with Traffic(c, ["n1", "n2", "n3"]) as traffic:
+        traffic.wait_for(100)
+        shown = cli(
+            c, "add-node", "n4", "--http", n4.http, "--raft", f"127.0.0.1:{n4.raft_base}", "--rebalance"
+        )
+        assert shown.returncode == 0, shown.stderr
+        traffic.wait_for(100)
+    assert shown.stdout.count("to n4") == 3, shown.stdout  # the plan: one replica of each queue group
+    assert shown.stderr.count(": done") == 2, shown.stderr  # the node added, then the rebalance
+    groups = placement(c)["placement"]["groups"]
+    counts = replica_counts(groups)
+    assert counts["n4"] == 3 and max(counts.values()) - min(counts.values()) <= 1, counts
+    acked = dict(traffic.acked)
+    queue_groups = c.get(f"/v1/topics/{TOPIC}").json()["queue_groups"]
+    for q in range(QUEUES):
+        g = str(queue_groups[q])
+        c.wait_replicas_equal(g, groups[g], timeout_s=60)
+        want = {o: v for (qq, o), v in acked.items() if qq == q}
+        got = {m["offset"]: m["value"] for m in c.fetch_all(TOPIC, q, node="n4", read_from="local")}
+        assert all(got.get(o) == v for o, v in want.items()), (
+            f"queue {q}: acknowledged messages missing on n4"
+        )
