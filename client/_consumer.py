@@ -88,7 +88,7 @@ class AsyncConsumer:
         topics: str | Sequence[str],
         mode: Mode = "clustering",
         member_id: str | None = None,
-        max_batch: int = 500,
+        max_batch: int = 32,
         wait_ms: int = 5_000,
         max_backlog: int = 2_000,
         max_fetches_in_flight: int = 4,

@@ -247,6 +247,7 @@ def consume(
         mode="broadcast" if broadcast else "clustering",
         member_id=member_id,
         reset="earliest" if reset == "earliest" else "latest",
+        max_batch=500,  # a dump wants large fetches (the client's default is the design's 32)
     )
     count = size = 0
     started = last_at = time.monotonic()
