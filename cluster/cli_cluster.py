@@ -70,9 +70,10 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
         answer = admin.post("/v1/cluster/nodes", {"id": node_id, "http": http, "raft": raft})
         _follow(admin, answer["change"], wait, timeout_s)  # exits unless the node was added
         if rebalance:
+            before = _groups(admin)
             answer = admin.post("/v1/cluster/rebalance", {})
             _print_plan(answer["plan"])
-            _follow(admin, answer["change"], wait, timeout_s)
+            _follow(admin, answer["change"], wait, timeout_s, before=before)
 
     @cluster.command("remove-node")
     @click.argument("node_id")
@@ -84,8 +85,9 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
         """Move every replica off NODE_ID, then remove it from the cluster."""
         if not yes:
             click.confirm(f"Move every replica off {node_id} and remove it from the cluster?", abort=True)
+        before = _groups(admin)
         answer = admin.delete(f"/v1/cluster/nodes/{admin.quote(node_id)}")
-        _follow(admin, answer["change"], wait, timeout_s)
+        _follow(admin, answer["change"], wait, timeout_s, before=before)
 
     @cluster.command("move")
     @click.argument("group")
@@ -96,8 +98,9 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
     @admin_command
     def move(admin: AdminHttp, group: str, source: str, target: str, wait: bool, timeout_s: int) -> None:
         """Move GROUP's replica (a queue group id, or meta) from one node to another."""
+        before = _groups(admin)
         answer = admin.post(f"/v1/cluster/groups/{admin.quote(group)}/move", {"from": source, "to": target})
-        _follow(admin, answer["change"], wait, timeout_s)
+        _follow(admin, answer["change"], wait, timeout_s, before=before)
 
     @cluster.command("transfer-leader")
     @click.argument("group")
@@ -107,8 +110,9 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
     @admin_command
     def transfer_leader(admin: AdminHttp, group: str, target: str, wait: bool, timeout_s: int) -> None:
         """Make a replica GROUP's preferred leader and hand it the leadership."""
+        before = _groups(admin)
         answer = admin.post(f"/v1/cluster/groups/{admin.quote(group)}/leader", {"node": target})
-        _follow(admin, answer["change"], wait, timeout_s)
+        _follow(admin, answer["change"], wait, timeout_s, before=before)
 
     @cluster.command("rebalance")
     @click.option("--dry-run", is_flag=True, help="Print the plan only; record nothing.")
@@ -118,10 +122,11 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
     def rebalance(admin: AdminHttp, dry_run: bool, wait: bool, timeout_s: int) -> None:
         """Move replicas (one group at a time) until every node holds as many as the others, give or
         take one, then spread the preferred leaders. Prints the plan (stdout), then the progress."""
+        before = None if dry_run else _groups(admin)
         answer = admin.post("/v1/cluster/rebalance", {"dry_run": True} if dry_run else {})
         _print_plan(answer["plan"])
         if not dry_run:
-            _follow(admin, answer["change"], wait, timeout_s)
+            _follow(admin, answer["change"], wait, timeout_s, before=before)
 
     @cluster.command("cancel")
     @wait
@@ -129,8 +134,9 @@ def register(main: click.Group, admin_command: Decorator, json_option: Decorator
     @admin_command
     def cancel(admin: AdminHttp, wait: bool, timeout_s: int) -> None:
         """Cancel the change in progress: a move is rolled back unless its source is already going."""
+        before = _groups(admin)
         answer = admin.delete("/v1/cluster/change")
-        _follow(admin, answer["change"], wait, timeout_s, cancelling=True)
+        _follow(admin, answer["change"], wait, timeout_s, cancelling=True, before=before)
 
 
 def _describe(change: dict[str, Any]) -> str:
@@ -144,17 +150,58 @@ def _describe(change: dict[str, Any]) -> str:
     return f"{kind.replace('_', ' ')} {change['node']}"
 
 
+def _groups(admin: AdminHttp) -> dict[str, list[str]]:
+    """Each group's replicas (preferred leader first) as recorded now; {} before the first placement."""
+    placement = admin.get("/v1/cluster/placement").get("placement")
+    return dict(placement["groups"]) if placement else {}
+
+
+def _placement_changes(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
+    """What changed between two recordings of the groups' replicas, a line per group: a replica
+    moved (``from A to B``), replicas added or removed, or a new preferred leader."""
+    lines = []
+    for g in sorted(set(before) | set(after), key=lambda g: (g != "meta", g.zfill(4))):
+        old, new = before.get(g, []), after.get(g, [])
+        if old == new:
+            continue
+        gone, came = [n for n in old if n not in new], [n for n in new if n not in old]
+        if len(gone) == 1 and len(came) == 1:
+            lines.append(f"group {g}: replica moved from {gone[0]} to {came[0]}")
+        elif gone or came:
+            parts = ([f"added {' '.join(came)}"] if came else []) + (
+                [f"removed {' '.join(gone)}"] if gone else []
+            )
+            lines.append(f"group {g}: replica {', '.join(parts)}")
+        if old and new and new[0] != old[0]:
+            lines.append(f"group {g}: preferred leader {old[0]} -> {new[0]}")
+    return lines
+
+
 def _follow(
-    admin: AdminHttp, change: dict[str, Any], wait: bool, timeout_s: int, cancelling: bool = False
+    admin: AdminHttp,
+    change: dict[str, Any],
+    wait: bool,
+    timeout_s: int,
+    cancelling: bool = False,
+    before: dict[str, list[str]] | None = None,
 ) -> None:
+    """Print the change's progress until it ends: its phases as seen at each poll (a fast step can
+    fall between polls), and every change of placement since ``before`` (none is missed: each
+    poll compares the whole recorded placement with the previous one)."""
     change_id = change["id"]
     click.echo(f"change {change_id}: {'cancelling ' if cancelling else ''}{_describe(change)}", err=True)
     if not wait:
         return
     deadline = time.monotonic() + timeout_s
     last_phase = None
+    last_groups = before
     while time.monotonic() < deadline:
         data = admin.get("/v1/cluster/placement")
+        groups = dict(data["placement"]["groups"]) if data.get("placement") else {}
+        if last_groups is not None:
+            for line in _placement_changes(last_groups, groups):
+                click.echo(f"change {change_id}: {line}", err=True)
+        last_groups = groups
         ended = next((h for h in data["history"] if h["id"] == change_id), None)
         if ended is not None:
             if ended["outcome"] == "done":
