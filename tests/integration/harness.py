@@ -42,18 +42,23 @@ def free_port_block(count: int) -> int:
 def wait_until(
     predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""
 ) -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``."""
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``.
+
+    A request error, a missing key or a failed assertion inside ``predicate`` (a 503 while a group
+    elects its leader, say) counts as "not yet". The failure names what the last attempt saw: its
+    error, or the falsy value it returned."""
     deadline = time.monotonic() + timeout_s
-    last_error: Exception | None = None
+    last: str = "no attempt"
     while time.monotonic() < deadline:
         try:
             value = predicate()
             if value:
                 return value
-        except (requests.RequestException, KeyError, ValueError) as e:
-            last_error = e
+            last = f"the last attempt returned {value!r}"[:2000]
+        except (requests.RequestException, KeyError, ValueError, AssertionError) as e:
+            last = f"the last attempt raised {e!r}"[:2000]
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}: {last_error}")
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}; {last}")
 
 
 @dataclass
