@@ -76,8 +76,13 @@ def test_received_messages_are_acked_once_and_the_committed_offset_follows(c: Cl
     sent = {f"m{i}" for i in range(30)}
     produce(c, "basic", [{"value": v, "queue": i % 3} for i, v in enumerate(sorted(sent))])
     got: list[dict[str, Any]] = []
-    for node in ("n1", "n2", "n3", "n1", "n2", "n3"):  # any node answers (forwarded to the coordinator)
+    deadline = time.monotonic() + 60
+    turn = 0
+    while len(got) < 30 and time.monotonic() < deadline:  # a receive may bring fewer than 7
+        node = ("n1", "n2", "n3")[turn % 3]  # any node answers (forwarded to the coordinator)
         got += receive(c, "basic", "workers", node=node, max=7, wait_ms=1000)
+        turn += 1
+    assert turn >= 5  # at most 7 at a time: each node answered
     assert {m["value"] for m in got} == sent and len(got) == 30
     assert {m["attempt"] for m in got} == {1} and len({m["receipt"] for m in got}) == 30
     receipts = [m["receipt"] for m in got]
@@ -235,7 +240,11 @@ def test_delayed_messages_are_released_in_due_order_not_before_their_time_and_pr
     }
     assert results[3]["deliver_at_ms"] == due["at3000"]
     assert now_ms + 2000 <= due["d2000"] <= after_ms + 2000
-    assert c.get("/v1/topics/delayed").json()["queues"][0]["high_offset"] == 1
+    # Only "now" was appended at once; a delayed one is appended at its due time, not before (a
+    # machine that stalled for seconds may read the high offset after the first was due).
+    high = c.get("/v1/topics/delayed").json()["queues"][0]["high_offset"]
+    read_ms = time.time_ns() // 1_000_000
+    assert 1 <= high <= 1 + sum(1 for d in due.values() if d <= read_ms), (high, due, read_ms)
     arrived: dict[str, tuple[int, int]] = {}
     deadline = time.monotonic() + 30
     while len(arrived) < 4 and time.monotonic() < deadline:
@@ -245,7 +254,10 @@ def test_delayed_messages_are_released_in_due_order_not_before_their_time_and_pr
     assert set(arrived) == {"now", "d2000", "at3000", "d3500"}
     offsets = [m["offset"] for m in c.fetch_all("delayed", 0)]
     values = [m["value"] for m in c.fetch_all("delayed", 0)]
-    assert values == ["now", "d2000", "at3000", "d3500"] and offsets == [0, 1, 2, 3]
+    # Appended in due order: d2000 before at3000 unless the produce took a second to reach the
+    # node (d2000 is stamped when it arrives, at3000 is fixed before it is sent).
+    in_due_order = sorted(due, key=lambda name: due[name])
+    assert values == ["now", *in_due_order] and offsets == [0, 1, 2, 3], (values, due)
     for name, due_ms in due.items():
         released_ms, received_ms = arrived[name]
         # Never before the due time (correctness). "Promptly" is a generous bound that a slow CI
