@@ -202,14 +202,24 @@ def test_a_failover_counts_a_leader_change_and_moves_the_queue_series(c: Cluster
     c.kill(old)
     try:
         new = c.wait_leader(group, exclude=old)
-        assert values(c, "raftmq_raft_became_leader_total", group_id=group, node_id=new) == [became[new] + 1]
+        now = {n: values(c, "raftmq_raft_became_leader_total", group_id=group, node_id=n)[0] for n in others}
+        new_term = max(values(c, "raftmq_raft_term", group_id=group))  # read after the wins
         assert values(c, "raftmq_raft_term", group_id=group, node_id=new)[0] > term
+        # The new leader counted its win. A loaded machine may see more than one election (a
+        # split vote, a leader that lost its quorum for a moment), but no term has two leaders:
+        # the wins counted are at most the terms that passed.
+        assert now[new] >= became[new] + 1, (became, now)
+        assert 1 <= sum(now.values()) - sum(became.values()) <= new_term - term, (became, now, term, new_term)
         # The new leader reports the queue now, and only it.
-        wait_until(lambda: values(c, "raftmq_queue_high_offset", topic="moved", queue="0") == [1], 10)
+        wait_until(
+            lambda: values(c, "raftmq_queue_high_offset", topic="moved", queue="0") == [1],
+            30,
+            what="the queue reported by its new leader only",
+        )
         assert values(c, "raftmq_raft_is_leader", group_id=group, node_id=new) == [1.0]
     finally:
         c.start(old)
-        c.wait_ready([old])
+        c.wait_ready([old], timeout_s=60)
 
 
 def _expressions(node: Any) -> Iterator[str]:
