@@ -227,12 +227,26 @@ def test_consumer_group_offsets_are_replicated_per_group_and_range_checked(clust
 # -- cluster view, health, metrics ------------------------------------------------------------
 
 
+def settled_view(c: Cluster, nid: str) -> dict[str, Any] | None:
+    """``GET /v1/cluster`` at ``nid`` once it shows every node reachable and one leader per group.
+
+    Statuses are gathered node by node, so while a leadership moves (the leader balancer after
+    start-up, an election on a busy machine) a view can show the old leader and the new one, or
+    none: such a view is read again."""
+    view: dict[str, Any] = c.get("/v1/cluster", nid).json()
+    settled = all(n["reachable"] for n in view["nodes"]) and all(
+        g["leader"] in c.nodes and [r["node_id"] for r in g["replicas"] if r["is_leader"]] == [g["leader"]]
+        for g in view["groups"]
+    )
+    return view if settled else None
+
+
 def test_cluster_view_health_and_metrics(cluster: Cluster) -> None:
     c = cluster
     for nid in c.nodes:
         assert c.get("/healthz", nid).json() == {"status": "ok", "node_id": nid}
-        assert c.get("/readyz", nid).status_code == 200
-        view = c.get("/v1/cluster", nid).json()
+        wait_until(lambda nid=nid: c.get("/readyz", nid).status_code == 200, 30, what=f"{nid} ready")
+        view = wait_until(lambda nid=nid: settled_view(c, nid), 30, what=f"a settled view at {nid}")
         assert view["node_id"] == nid
         assert [n["id"] for n in view["nodes"]] == ["n1", "n2", "n3"]
         assert all(n["reachable"] for n in view["nodes"])
@@ -326,7 +340,7 @@ def test_kill_queue_group_leader_under_load_loses_no_acknowledged_message(tmp_pa
         try:
             wait_until(lambda: len(producer.acked) >= 400, 30, what="400 acknowledged messages")
             c.kill(victim)
-            new_leader = c.wait_leader(group, exclude=victim, timeout_s=20)
+            new_leader = c.wait_leader(group, exclude=victim, timeout_s=30)
             after = len(producer.acked)
             wait_until(lambda: len(producer.acked) >= after + 400, 60, what="400 more after the election")
         finally:
@@ -342,8 +356,8 @@ def test_kill_queue_group_leader_under_load_loses_no_acknowledged_message(tmp_pa
             assert_acked_present(c, "crash", acked, nid)
 
         c.start(victim)
-        c.wait_ready([victim])
-        c.wait_replicas_equal(group)
+        c.wait_ready([victim], timeout_s=60)
+        c.wait_replicas_equal(group, timeout_s=60)
         assert_acked_present(c, "crash", acked, victim)
         r = fetch(c, "crash", 0, victim, offset=0, max=5)
         assert r.status_code == 200 and [m["value"] for m in r.json()["messages"]] == [
