@@ -95,12 +95,13 @@ def test_a_push_subscriber_keeps_receiving_through_leader_kills_and_acks_every_m
                 # It keeps receiving while the node is down (messages produced after the kill too).
                 work.wait_more(100, f"receiving without {victim}")
                 c.start(victim)
-                c.wait_ready()
+                c.wait_ready(timeout_s=60)
+            # Enough traffic to mean something, waited for (a slow machine produces less per second).
+            wait_until(lambda: len(work.produced) > 300, 60, what="300 messages produced")
             work.stop.set()
             work.threads[0].join(60)
             with work.lock:
                 expected = set(work.produced)
-            assert len(expected) > 300
             wait_until(
                 lambda: expected <= set(work.received),
                 60,
