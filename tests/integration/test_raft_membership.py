@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import socket
 import struct
 import threading
 import time
@@ -25,6 +24,8 @@ import pytest
 from raftmq.cluster.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, StoreClosed
+
+from .harness import free_port_block
 
 _APPLIED = b"A"
 
@@ -65,12 +66,6 @@ class LogMachine:
             return [v for _, v in self._store.scan(b"C", b"D")]
         except StoreClosed:  # a checkpoint install swaps the database under us (tick thread)
             return []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -152,7 +147,11 @@ class Replica:
 
 class Cluster:
     def __init__(self, root: Path, names: list[str]) -> None:
-        self.replicas = {n: Replica(root, n, f"127.0.0.1:{free_port()}") for n in names}
+        # Free ports below the ephemeral range: a port the kernel hands out (bind to 0) could be
+        # taken, before its replica starts, as the local end of a connection to it from a peer
+        # (d is dialled before it listens), which would then be connected to itself.
+        base = free_port_block(len(names))
+        self.replicas = {n: Replica(root, n, f"127.0.0.1:{base + i}") for i, n in enumerate(names)}
 
     def addrs(self, *names: str) -> list[str]:
         return [self.replicas[n].addr for n in names]
