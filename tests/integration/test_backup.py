@@ -101,8 +101,8 @@ def test_backup_wipe_restore_brings_back_exactly_the_backup(tmp_path: Path) -> N
             lambda: all(
                 len(c.fetch_all(t, q, node="n3", read_from="local")) > 0 for t in TOPICS for q in range(2)
             ),
-            30,
+            60,
             what="n3 caught up",
         )
         for g in ("0", "1", "2"):
-            c.wait_replicas_equal(g)
+            c.wait_replicas_equal(g, timeout_s=60)

@@ -69,7 +69,7 @@ def test_messages_in_flight_at_a_leader_crash_are_redelivered_and_none_is_lost(t
 
         # The crashed node comes back and every replica agrees on the delivery state, byte for byte.
         c.start(victim)
-        c.wait_ready()
+        c.wait_ready(timeout_s=60)
         for g in sorted(set(c.get("/v1/topics/jobs").json()["queue_groups"])):
             c.wait_replicas_equal(str(g), timeout_s=60)
         offsets = c.get("/v1/groups/workers/offsets", params={"topic": "jobs"}).json()["offsets"]
