@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -252,33 +255,74 @@ def consume(
     count = size = 0
     started = last_at = time.monotonic()
     interrupted = False
-    try:
-        while max_messages is None or count < max_messages:
-            want = 10_000 if max_messages is None else min(10_000, max_messages - count)
-            batch = consumer.poll(timeout_ms=timeout_ms, max_messages=want)
-            if not batch:
-                break
-            lines = [_message_json(m) for m in batch]
-            for line in lines:
-                out.write(line)
-            out.flush()
-            for m in batch:
-                m.ack()
-            count += len(batch)
-            size += sum(len(line) for line in lines)
-            last_at = time.monotonic()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
+    with _ctrl_c_between_batches() as batch_done:
         try:
-            consumer.close()  # commits what was written
+            while max_messages is None or count < max_messages:
+                want = 10_000 if max_messages is None else min(10_000, max_messages - count)
+                batch = consumer.poll(timeout_ms=timeout_ms, max_messages=want)
+                if not batch:
+                    break
+                with batch_done:  # a Ctrl-C now is taken once the batch is written and acked
+                    lines = [_message_json(m) for m in batch]
+                    for line in lines:
+                        out.write(line)
+                    out.flush()
+                    for m in batch:
+                        m.ack()
+                    count += len(batch)
+                    size += sum(len(line) for line in lines)
+                    last_at = time.monotonic()
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
-            if out is not sys.stdout.buffer:
-                out.close()
+            try:
+                consumer.close()  # commits what was written
+            finally:
+                if out is not sys.stdout.buffer:
+                    out.close()
     # The rate up to the last message (not the idle --timeout-ms wait after it).
     click.echo(_rate_line("consumed", count, size, last_at - started), err=True)
     if interrupted:
         sys.exit(130)
+
+
+class _Deferred:
+    """While entered, a Ctrl-C is remembered instead of raised; leaving raises it."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self.pending = False
+
+    def __enter__(self) -> None:
+        self.inside = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.inside = False
+        if self.pending and exc[0] is None:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _ctrl_c_between_batches() -> Iterator[_Deferred]:
+    """Ctrl-C while a consumed batch is written and acked takes effect once it is: otherwise
+    messages already written would be left unacked, so not committed on exit, and the next run
+    of the group would write them again."""
+    deferred = _Deferred()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if deferred.inside:
+            deferred.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield deferred
+        return
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield deferred
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # -- receive/ack and dead letters (the work is in cli_delivery.py) -------------------------------

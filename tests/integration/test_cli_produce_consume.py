@@ -85,7 +85,10 @@ def test_produce_a_file_then_consume_it_with_a_group_then_broadcast(cluster: Clu
     assert rate, produced.stdout
     assert float(rate.group(1)) == pytest.approx(source.stat().st_size / 1e6, abs=0.01)
 
-    first = raftmq("consume", "cli-orders", "--group", "billing", "--timeout-ms", "2000", *url_args(cluster))
+    # --max ends the run as soon as all are there; the idle timeout is only a safety net (a
+    # short one would end a run early on a machine that stalls between two fetches).
+    idle = ["--timeout-ms", "30000"]
+    first = raftmq("consume", "cli-orders", "--group", "billing", "--max", "1000", *idle, *url_args(cluster))
     assert first.returncode == 0, first.stderr
     got = lines_of(first.stdout)
     assert sorted(m["value"] for m in got) == sorted(values)
@@ -109,8 +112,9 @@ def test_produce_a_file_then_consume_it_with_a_group_then_broadcast(cluster: Clu
         "--broadcast",
         "--member-id",
         "audit",
-        "--timeout-ms",
-        "2000",
+        "--max",
+        "1000",
+        *idle,
         *url_args(cluster),
     )
     assert broadcast.returncode == 0, broadcast.stderr
@@ -149,16 +153,20 @@ def test_produce_jsonl_from_stdin_with_keys_and_consume_with_max_into_a_file(
         "cli-events",
         "--group",
         "g",
+        "--max",
+        "50",
         "--timeout-ms",
-        "1500",
+        "30000",
         "--output",
         str(out),
         *url_args(cluster),
     )
     assert rest.returncode == 0, rest.stderr
     got = lines_of(out.read_text())
-    assert len(got) == 200  # exactly where the first run stopped: the 150 were committed
     by_value = {m["value"]: m for m in got}
+    # Exactly where the first run stopped: the 150 were committed (a duplicate would leave one of
+    # the 200 out).
+    assert len(got) == len(by_value) == 200
     for r in records:
         m = by_value[json.dumps(r)]
         assert m["key"] == r["user"]
