@@ -9,10 +9,11 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .cluster_changes import QUEUES, TOPIC, Traffic, placement, wait_for_end
+from .cluster_changes import QUEUES, TOPIC, Traffic, placement, run_change, wait_for_end
 from .conftest import assert_error
 from .harness import Cluster, wait_until
 
@@ -135,19 +136,32 @@ def test_a_cancelled_rebalance_starts_no_further_move(cluster: Cluster) -> None:
     r = c.post("/v1/cluster/rebalance", {"dry_run": False})
     assert r.status_code == 202, r.text
     change_id = r.json()["change"]["id"]
-    wait_until(lambda: (placement(c)["change"] or {}).get("group"), 60, 0.2, what="the first move")
+
+    def under_way() -> dict[str, Any] | None:
+        seen = placement(c)
+        return seen if (seen["change"] or {}).get("group") else None
+
+    # Usually the first move; on a fast machine one may have ended between two looks.
+    seen = wait_until(under_way, 60, 0.2, what="a move under way")
     r = c.session.delete(c.url() + "/v1/cluster/change", timeout=30)
     assert r.status_code == 202 and r.json()["change"]["cancel"] is True, r.text
+    at_cancel = r.json()["change"]  # the move under way when the cancel was recorded, if any
     record = wait_for_end(c, change_id, 60)
     assert (record["kind"], record["outcome"], record["cancel"]) == ("rebalance", "failed", True), record
     groups = placement(c)["placement"]["groups"]
-    assert replica_counts(groups)["n4"] <= 1, groups  # the move under way, at most: no other started
+    # n4 holds what it held when the move was seen under way, plus at most that move and the one
+    # under way at the cancel (the same move, unless it ended in between): no other started.
+    held_before = {g for g, ids in seen["placement"]["groups"].items() if "n4" in ids}
+    may_end = {seen["change"]["group"], at_cancel.get("group")} - {None}
+    held = {g for g, ids in groups.items() if "n4" in ids}
+    assert held <= held_before | may_end, (held, held_before, may_end, at_cancel)
     for g, ids in groups.items():
         assert len(ids) == 3 and voters(c, g) == set(ids), (g, ids)
     # The next rebalance finishes the job.
     done = cli(c, "rebalance", "--timeout-s", "180")
     assert done.returncode == 0 and ": done" in done.stderr, done.stderr
-    assert "from n" in done.stderr  # progress lines name each move
+    if replica_counts(groups)["n4"] < 3:
+        assert "from n" in done.stderr  # progress lines name each move
     assert replica_counts(placement(c)["placement"]["groups"])["n4"] == 3
 
 
@@ -170,9 +184,7 @@ def test_a_rebalance_continues_when_its_coordinator_is_killed(cluster: Cluster) 
         assert len(ids) == 3 and voters(c, g) == set(ids), (g, ids)
     c.start(coordinator)
     c.wait_ready([coordinator], timeout_s=60)
-    r = c.post("/v1/cluster/rebalance")
-    assert r.status_code == 202, r.text
-    assert wait_for_end(c, r.json()["change"]["id"])["outcome"] == "done"
+    run_change(c, "POST", "/v1/cluster/rebalance", {})  # retried while the metadata group elects
     groups = placement(c)["placement"]["groups"]
     counts = replica_counts(groups)
     assert counts["n4"] == 3 and max(counts.values()) - min(counts.values()) <= 1, counts
