@@ -26,6 +26,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp, nodes=3) as c:
         c.start()
         c.wait_ready()
+        c.wait_balanced()
         yield c
         for nid in c.nodes:
             assert c.alive(nid), f"{nid} died during the module:\n{c.log(nid)[-3000:]}"

@@ -231,6 +231,21 @@ class Cluster:
 
         return str(wait_until(found, timeout_s, what=f"leader of group {group}"))
 
+    def wait_balanced(self, timeout_s: float = 30) -> None:
+        """Until each queue group is led by its preferred replica (the first of its replicas in
+        the placement). The nodes' leader balancer hands leaderships over a few seconds after a
+        start; a module fixture waits for this so that its tests do not start during a handover
+        (a view with two leaders or none, a leader that moves under a request)."""
+
+        def balanced() -> bool:
+            r = self.get("/v1/cluster/placement", timeout=5)
+            placed = r.json().get("placement") if r.status_code == 200 else None
+            if not placed:
+                return False
+            return all(self.leader(g) == ids[0] for g, ids in placed["groups"].items() if g != "meta")
+
+        wait_until(balanced, timeout_s, interval_s=0.2, what="each queue group led by its preferred replica")
+
     def digest(self, group: str, node_id: str) -> dict[str, Any]:
         r = self.internal("GET", f"/internal/groups/{group}/digest", node_id)
         r.raise_for_status()

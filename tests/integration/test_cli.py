@@ -51,6 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("cli")) as c:
         c.start()
         c.wait_ready()
+        c.wait_balanced()
         yield c
 
 

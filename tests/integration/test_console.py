@@ -62,6 +62,7 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cluster.session.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
         cluster.start()
         cluster.wait_ready()
+        cluster.wait_balanced()
         _fill(cluster)
         yield cluster
         for nid in cluster.nodes:
