@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 import click
 from rich.text import Text
@@ -112,3 +112,12 @@ def _rate_line(what: str, count: int, size: int, seconds: float) -> str:
         f"{what} {count:,} messages ({size / 1e6:,.2f} MB) in {seconds:.2f} s: "
         f"{count / seconds:,.0f} messages/s, {size / 1e6 / seconds:,.2f} MB/s"
     )
+
+
+def write_all(out: IO[bytes], data: bytes) -> None:
+    """Write all of ``data``: a buffered write to a pipe that a signal interrupts (a Ctrl-C held
+    until the batch is acked) returns having written only part, and the rest would be lost."""
+    view = memoryview(data)
+    while view:
+        written = out.write(view)
+        view = view[written:]

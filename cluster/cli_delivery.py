@@ -10,10 +10,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
+
+from .cli_common import write_all
 
 __all__ = [
     "ReceiveOptions",
@@ -72,12 +75,17 @@ def received_line(m: Mapping[str, Any]) -> bytes:
 
 
 def receive(
-    urls: list[str], security: Mapping[str, Any], options: ReceiveOptions, out: IO[bytes]
+    urls: list[str],
+    security: Mapping[str, Any],
+    options: ReceiveOptions,
+    out: IO[bytes],
+    batch_guard: AbstractContextManager[Any] | None = None,
 ) -> Received:
     """Receive (and ack, unless ``options.ack`` is False) until ``max_messages``, or until a receive
     waited ``wait_ms`` for nothing (unless ``follow``). Acks refused other than as stale are
-    reported on stderr."""
-    done = asyncio.run(_receive(urls, security, options, out))
+    reported on stderr. Each batch is written, acked and counted inside ``batch_guard`` (the CLI's
+    holds a Ctrl-C until the batch is acked)."""
+    done = asyncio.run(_receive(urls, security, options, out, batch_guard))
     report_failed_acks(done)
     return done
 
@@ -94,7 +102,11 @@ def report_failed_acks(done: Received) -> None:
 
 
 async def _receive(
-    urls: list[str], security: Mapping[str, Any], options: ReceiveOptions, out: IO[bytes]
+    urls: list[str],
+    security: Mapping[str, Any],
+    options: ReceiveOptions,
+    out: IO[bytes],
+    batch_guard: AbstractContextManager[Any] | None = None,
 ) -> Received:
     api = _client(urls, security)
     path = _path(options.topic, options.group)
@@ -113,24 +125,25 @@ async def _receive(
                 if options.follow:
                     continue
                 break
-            lines = [received_line(m) for m in messages]
-            out.write(b"".join(lines))
-            out.flush()
-            if options.ack:  # after writing: a message is acked only once it is out
-                receipts = [m["receipt"] for m in messages]
-                results = (
-                    await api.call("POST", path + "/ack", body={"receipts": receipts}, idempotent=True)
-                )["results"]
-                for r in results:
-                    if not r.get("ok"):
-                        code = (r.get("error") or {}).get("code", "unknown")
-                        if code == "stale_receipt":
-                            done.stale += 1
-                        else:
-                            done.failed[code] += 1
-            done.count += len(messages)
-            done.size += sum(len(line) for line in lines)
-            done.seconds = time.monotonic() - started
+            with batch_guard or nullcontext():
+                lines = [received_line(m) for m in messages]
+                write_all(out, b"".join(lines))
+                out.flush()
+                if options.ack:  # after writing: a message is acked only once it is out
+                    receipts = [m["receipt"] for m in messages]
+                    results = (
+                        await api.call("POST", path + "/ack", body={"receipts": receipts}, idempotent=True)
+                    )["results"]
+                    for r in results:
+                        if not r.get("ok"):
+                            code = (r.get("error") or {}).get("code", "unknown")
+                            if code == "stale_receipt":
+                                done.stale += 1
+                            else:
+                                done.failed[code] += 1
+                done.count += len(messages)
+                done.size += sum(len(line) for line in lines)
+                done.seconds = time.monotonic() - started
     finally:
         await api.transport.close()
     return done

@@ -18,7 +18,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from .cli_common import _rate_line, client_command, client_security
+from .cli_common import _rate_line, client_command, client_security, write_all
 
 
 def _parse_input_line(
@@ -264,8 +264,7 @@ def consume(
                     break
                 with batch_done:  # a Ctrl-C now is taken once the batch is written and acked
                     lines = [_message_json(m) for m in batch]
-                    for line in lines:
-                        out.write(line)
+                    write_all(out, b"".join(lines))
                     out.flush()
                     for m in batch:
                         m.ack()
@@ -304,15 +303,15 @@ class _Deferred:
 
 @contextlib.contextmanager
 def _ctrl_c_between_batches() -> Iterator[_Deferred]:
-    """Ctrl-C while a consumed batch is written and acked takes effect once it is: otherwise
-    messages already written would be left unacked, so not committed on exit, and the next run
-    of the group would write them again."""
+    """Ctrl-C while a consumed (or received) batch is written and acked takes effect once it is:
+    otherwise messages already written would be left unacked, and the next run of the group would
+    write them again. A second Ctrl-C stops at once (an ack can wait for an unavailable cluster)."""
     deferred = _Deferred()
 
     def on_sigint(signum: int, frame: object) -> None:
-        if deferred.inside:
+        if deferred.inside and not deferred.pending:
             deferred.pending = True
-        else:
+        else:  # between batches, or a second Ctrl-C: stop now
             raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
@@ -368,7 +367,8 @@ def receive(
 
     Each line holds receipt, attempt, queue, offset, deadline_ms, key, value (value_b64 for a
     binary value), headers and timestamp_ms. Exit status 0 when done, 1 on an error, 130 after
-    Ctrl-C (messages written but not acked yet come back after their deadline).
+    Ctrl-C, which takes effect once the batch being written is acked (a second Ctrl-C stops at
+    once: messages written but not acked come back after their deadline).
     """
     from .cli_delivery import ReceiveOptions
     from .cli_delivery import receive as run
@@ -376,7 +376,8 @@ def receive(
     options = ReceiveOptions(topic, group, max_messages, visibility_ms, ack, follow, wait_ms)
     out = _output(output)
     try:
-        done = run(urls, client_security(), options, out)
+        with _ctrl_c_between_batches() as batch_done:
+            done = run(urls, client_security(), options, out, batch_done)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -408,7 +409,7 @@ def dlq_list(urls: list[str], topic: str, group: str, max_messages: int, queue: 
 
     answer = run(urls, client_security(), topic, group, max_messages, queue)
     for m in answer["messages"]:
-        sys.stdout.buffer.write(dead_letter_line(m))
+        write_all(sys.stdout.buffer, dead_letter_line(m))
     sys.stdout.buffer.flush()
     waiting = sum(q["high_offset"] - q["redrive_offset"] for q in answer["queues"])
     click.echo(f"{answer['dead_letter_topic']}: {waiting:,} dead letters not redriven", err=True)

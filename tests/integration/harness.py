@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +39,14 @@ def free_port_block(count: int) -> int:
         if all(_port_free(base + i) for i in range(count)):
             return base
     raise RuntimeError("no free port block")
+
+
+def pipe_bytes(pipe: Any) -> int:
+    """Bytes waiting in a pipe we read from (FIONREAD): a writer whose output fills the pipe's
+    capacity (64 KiB on Linux) is blocked in its write until we read."""
+    buf = bytearray(4)
+    fcntl.ioctl(pipe.fileno(), termios.FIONREAD, buf)
+    return int.from_bytes(buf, sys.byteorder)
 
 
 def wait_until(

@@ -17,7 +17,7 @@ import pytest
 
 from raftmq.client import Admin
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, pipe_bytes, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -223,3 +223,43 @@ def test_ctrl_c_stops_consuming_cleanly_and_commits(cluster: Cluster, tmp_path: 
     with Admin([n.url for n in cluster.nodes.values()]) as admin:
         assert sum(o or 0 for o in admin.committed_offsets("int", "cli-sigint").values()) == 300
     assert Counter(m["value"] for m in lines_of(out.read_text())) == Counter(f"m{i}" for i in range(300))
+
+
+def test_ctrl_c_while_writing_to_a_full_pipe_writes_the_whole_batch_then_commits_it(cluster: Cluster) -> None:
+    """consume writes to a pipe nobody reads yet: it blocks in the middle of a batch (far more
+    than a pipe holds) when the Ctrl-C comes. The batch is still written whole and acked; what is
+    committed on exit is exactly what was written, so the next run neither repeats nor skips."""
+    create(cluster, "cli-pipe", 2)
+    sent = [f"{k:05d}" + "x" * 200 for k in range(3000)]
+    produced = raftmq("produce", "cli-pipe", "-q", *url_args(cluster), input="".join(v + "\n" for v in sent))
+    assert produced.returncode == 0, produced.stderr
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raftmq.cluster.cli",
+            "consume",
+            "cli-pipe",
+            "--group",
+            "pipe",
+            *url_args(cluster),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 30, what="consume blocked on a full pipe")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # reading the pipe lets it finish the batch
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = err.decode()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and out.endswith(b"\n"), (out[-200:], stderr)
+    written = [m["value"] for m in lines_of(out.decode())]
+    assert len(set(written)) == len(written) and set(written) <= set(sent)
+    assert f"consumed {len(written):,} messages" in stderr, stderr
+    with Admin([n.url for n in cluster.nodes.values()]) as admin:
+        committed = sum(o or 0 for o in admin.committed_offsets("pipe", "cli-pipe").values())
+    assert committed == len(written) > 0, (committed, len(written))

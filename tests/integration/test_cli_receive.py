@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, pipe_bytes, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -171,3 +171,48 @@ def test_errors_are_one_line_on_stderr_with_exit_status_1_and_usage_errors_2(c: 
     assert usage.returncode == 2, usage.stderr
     no_group = raftmq(c, "dlq", "redrive", "orders")
     assert no_group.returncode == 2 and "--group" in no_group.stderr
+
+
+def test_ctrl_c_takes_effect_once_the_batch_written_is_acked(c: Cluster) -> None:
+    """A Ctrl-C while a batch is being written is held until the batch is written and acked: no
+    message it wrote comes back. The receiver writes to a pipe nobody reads yet, so it is blocked
+    in the middle of its first batch (far more than a pipe holds) when the Ctrl-C comes. Whatever
+    it received but did not write comes back after its deadline: the two parts are every message,
+    each once."""
+    c.create_topic("interrupted", queues=2)
+    sent = [f"{k:05d}" + "x" * 200 for k in range(3000)]  # 1,000 per receive: about 250 KB a batch
+    for start in range(0, len(sent), 500):
+        produce(c, "interrupted", sent[start : start + 500])
+    env = {**os.environ, "RAFTMQ_URL": " ".join(c.url(n) for n in c.nodes)}
+    more = ["--visibility-ms", "15000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftmq.cluster.cli", "receive", "interrupted", "--group", "g", *more],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 30, what="the receiver blocked on a full pipe")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # reading the pipe lets it finish the batch
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = err.decode()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert out.endswith(b"\n"), (out[-200:], stderr)  # whole lines: the batch was not cut off
+    written = [m["value"] for m in lines(out.decode())]
+    assert written and len(set(written)) == len(written)
+    rest: list[str] = []
+    deadline = time.monotonic() + 90
+    while len(written) + len(rest) < len(sent) and time.monotonic() < deadline:
+        batch = receive_http(c, "interrupted", "g", max=1000, wait_ms=1000)
+        if batch:
+            r = c.post(
+                "/v1/topics/interrupted/subscriptions/g/ack", {"receipts": [m["receipt"] for m in batch]}
+            )
+            assert r.status_code == 200 and all(x["ok"] for x in r.json()["results"]), r.text
+        rest += [m["value"] for m in batch]
+    assert not set(written) & set(rest), "messages written before the Ctrl-C came back: not acked"
+    assert sorted(written + rest) == sorted(sent)
