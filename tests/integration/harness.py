@@ -49,6 +49,26 @@ def pipe_bytes(pipe: Any) -> int:
     return int.from_bytes(buf, sys.byteorder)
 
 
+def ctrl_c_mid_write(args: list[str], env: dict[str, str] | None = None) -> tuple[int, bytes, str]:
+    """Run the CLI with its stdout a pipe nobody reads until it is full, so the process is blocked
+    in the middle of a write; then send it a Ctrl-C and read everything. Returns the exit status,
+    stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 30, what=f"{args[0]} blocked on a full pipe")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # reading the pipe lets it finish its write
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err.decode()
+
+
 def wait_until(
     predicate: Callable[[], Any], timeout_s: float = 30.0, interval_s: float = 0.05, what: str = ""
 ) -> Any:

@@ -17,7 +17,7 @@ import pytest
 
 from raftmq.client import Admin
 
-from .harness import Cluster, pipe_bytes, wait_until
+from .harness import Cluster, ctrl_c_mid_write, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -233,29 +233,8 @@ def test_ctrl_c_while_writing_to_a_full_pipe_writes_the_whole_batch_then_commits
     sent = [f"{k:05d}" + "x" * 200 for k in range(3000)]
     produced = raftmq("produce", "cli-pipe", "-q", *url_args(cluster), input="".join(v + "\n" for v in sent))
     assert produced.returncode == 0, produced.stderr
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "raftmq.cluster.cli",
-            "consume",
-            "cli-pipe",
-            "--group",
-            "pipe",
-            *url_args(cluster),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 30, what="consume blocked on a full pipe")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)  # reading the pipe lets it finish the batch
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = err.decode()
-    assert proc.returncode == 130, stderr
+    status, out, stderr = ctrl_c_mid_write(["consume", "cli-pipe", "--group", "pipe", *url_args(cluster)])
+    assert status == 130, stderr
     assert "Traceback" not in stderr and out.endswith(b"\n"), (out[-200:], stderr)
     written = [m["value"] for m in lines_of(out.decode())]
     assert len(set(written)) == len(written) and set(written) <= set(sent)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .harness import Cluster, pipe_bytes, wait_until
+from .harness import Cluster, ctrl_c_mid_write, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -184,22 +184,10 @@ def test_ctrl_c_takes_effect_once_the_batch_written_is_acked(c: Cluster) -> None
     for start in range(0, len(sent), 500):
         produce(c, "interrupted", sent[start : start + 500])
     env = {**os.environ, "RAFTMQ_URL": " ".join(c.url(n) for n in c.nodes)}
-    more = ["--visibility-ms", "15000"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "raftmq.cluster.cli", "receive", "interrupted", "--group", "g", *more],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
+    status, out, stderr = ctrl_c_mid_write(
+        ["receive", "interrupted", "--group", "g", "--visibility-ms", "15000"], env
     )
-    try:
-        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 30, what="the receiver blocked on a full pipe")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)  # reading the pipe lets it finish the batch
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = err.decode()
-    assert proc.returncode == 130, stderr
+    assert status == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert out.endswith(b"\n"), (out[-200:], stderr)  # whole lines: the batch was not cut off
     written = [m["value"] for m in lines(out.decode())]
