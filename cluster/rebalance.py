@@ -46,27 +46,21 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Move:
+class _Step:
+    group: str
+    source: str
+    target: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"group": self.group, "source": self.source, "target": self.target}
+
+
+class Move(_Step):
     """Group ``group``'s replica moves from ``source`` to ``target`` (add, catch up, remove)."""
 
-    group: str
-    source: str
-    target: str
 
-    def to_json(self) -> dict[str, str]:
-        return {"group": self.group, "source": self.source, "target": self.target}
-
-
-@dataclass(frozen=True)
-class LeaderChange:
+class LeaderChange(_Step):
     """Group ``group``'s preferred leader changes from ``source`` to ``target`` (a replica of it)."""
-
-    group: str
-    source: str
-    target: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"group": self.group, "source": self.source, "target": self.target}
 
 
 @dataclass(frozen=True)

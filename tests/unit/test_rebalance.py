@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
+from test_placement import config
 
-from raftmq.cluster.config import ClusterConfig, parse_config
 from raftmq.cluster.metadata import MetadataMachine
 from raftmq.cluster.placement import META_GROUP, NodeAddr, Placement, static_placement
 from raftmq.cluster.rebalance import (
@@ -22,20 +22,6 @@ from raftmq.cluster.rebalance import (
     replica_counts,
 )
 from raftmq.storage.memory import MemoryStore
-
-
-def config(n: int, join: int = 0, **cluster: Any) -> ClusterConfig:
-    nodes = [
-        {
-            "id": f"n{i}",
-            "http": f"127.0.0.1:{8000 + i}",
-            "raft": f"127.0.0.1:{7000 + 100 * i}",
-            "data_dir": "/d",
-            **({"join": True} if i > n else {}),
-        }
-        for i in range(1, n + join + 1)
-    ]
-    return parse_config({"cluster": {"secret": "0123456789abcdef0123", **cluster}, "nodes": nodes})
 
 
 class Meta:
