@@ -139,8 +139,12 @@ def _commit_offsets(obj: dict[str, Any]) -> CommitOffsetsCommand:
 
 
 def _retain(obj: dict[str, Any]) -> RetainCommand:
-    _fields(obj, "command", {"v", "op", "now_ms", "queues"})
+    _fields(obj, "command", {"v", "op", "now_ms", "queues", "max_jump_ms", "max_batches"})
     now_ms = _uint(obj, "now_ms", MAX_U64, "")
+    max_jump_ms = _optional_duration(obj, "max_jump_ms", "")
+    max_batches = None if obj.get("max_batches") is None else _uint(obj, "max_batches", MAX_U32, "")
+    if max_batches == 0:
+        raise _bad("max_batches: expected an integer in [1, 4294967295], got 0")
     queues: list[RetainQueue] = []
     seen: set[tuple[int, int]] = set()
     for i, item in enumerate(_list(obj, "queues", "", allow_empty=True)):
@@ -159,4 +163,11 @@ def _retain(obj: dict[str, Any]) -> RetainCommand:
             raise _bad(f"queues[{i}]: queue named twice")
         seen.add((entry["topic_id"], entry["queue"]))
         queues.append(entry)
-    return {"v": VERSION, "op": "retain", "now_ms": now_ms, "queues": queues}
+    return {
+        "v": VERSION,
+        "op": "retain",
+        "now_ms": now_ms,
+        "queues": queues,
+        "max_jump_ms": max_jump_ms,
+        "max_batches": max_batches,
+    }

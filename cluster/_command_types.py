@@ -83,6 +83,8 @@ class RetainCommand(TypedDict):
     op: Literal["retain"]
     now_ms: int
     queues: list[RetainQueue]
+    max_jump_ms: int | None  # None: age-based removal trusts now_ms (entries written before the bound)
+    max_batches: int | None  # None: no bound on the batches removed (entries written before the bound)
 
 
 class DropTopicCommand(TypedDict):

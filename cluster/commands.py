@@ -13,7 +13,8 @@ Wire shapes (``v`` is always 1; every listed field is required unless marked ``?
                       "deliver_at_ms"?: time, "ttl_ms"?: duration]}]}
     {"op": "commit_offsets", "group": str, "topic_id": u32, "offsets": {"<queue>": u64}}
     {"op": "retain", "now_ms": u64, "queues": [
-        {"topic_id": u32, "queue": u32, "max_age_ms"?: u64 | null, "max_bytes"?: u64 | null}]}
+        {"topic_id": u32, "queue": u32, "max_age_ms"?: u64 | null, "max_bytes"?: u64 | null}],
+     "max_jump_ms"?: duration, "max_batches"?: u32 >= 1}
     {"op": "drop_topic", "topic_id": u32}
 
 Receive/ack, delayed messages and locks (``cluster/delivery.py``, ``docs/delivery.md``); a receipt
@@ -137,6 +138,7 @@ __all__ = [
     "commit_fenced",
     "commit_offsets",
     "decode",
+    "decode_stamped",
     "deliver_tick",
     "drop_topic",
     "extend",
@@ -191,9 +193,25 @@ def commit_offsets(group: str, topic_id: int, offsets: Mapping[int, int]) -> byt
     )
 
 
-def retain(now_ms: int, queues: Sequence[Mapping[str, Any]]) -> bytes:
-    """A command applying retention; each queue is ``{topic_id, queue, max_age_ms, max_bytes}``."""
-    return orjson.dumps({"v": VERSION, "op": "retain", "now_ms": now_ms, "queues": list(queues)})
+def retain(
+    now_ms: int,
+    queues: Sequence[Mapping[str, Any]],
+    *,
+    max_jump_ms: int | None = None,
+    max_batches: int | None = None,
+) -> bytes:
+    """A command applying retention; each queue is ``{topic_id, queue, max_age_ms, max_bytes}``.
+
+    ``max_jump_ms``: how far the group's retention clock may move in one step beyond what the
+    stamps' own progress allows (``cluster/queue_group.py``); ``max_batches``: the most record
+    batches the command removes (the next ``retain`` goes on). None: unbounded, as entries
+    written before these fields existed."""
+    body: dict[str, Any] = {"v": VERSION, "op": "retain", "now_ms": now_ms, "queues": list(queues)}
+    if max_jump_ms is not None:
+        body["max_jump_ms"] = max_jump_ms
+    if max_batches is not None:
+        body["max_batches"] = max_batches
+    return orjson.dumps(body)
 
 
 def drop_topic(topic_id: int) -> bytes:
@@ -228,6 +246,29 @@ def decode(data: bytes) -> Command:
     except (orjson.JSONDecodeError, TypeError) as e:
         raise BadCommand(errors.INVALID_JSON, f"command is not JSON: {e}") from None
     return validate(obj)
+
+
+def decode_stamped(data: bytes, min_now_ms: int) -> tuple[Command, int | None]:
+    """:func:`decode` for the state machine: a command stamped below ``min_now_ms`` (the group's
+    applied time) is validated and returned as if stamped at ``min_now_ms``, so the group's time
+    never goes backwards (a TTL's expiry, computed from ``now_ms``, moves with it).
+
+    Returns:
+        The command and its ``now_ms`` as stamped (None: the command carries no valid stamp).
+
+    Raises:
+        BadCommand: as :func:`decode`.
+    """
+    try:
+        obj = orjson.loads(data)
+    except (orjson.JSONDecodeError, TypeError) as e:
+        raise BadCommand(errors.INVALID_JSON, f"command is not JSON: {e}") from None
+    stamped = obj.get("now_ms") if type(obj) is dict else None
+    if type(stamped) is not int or stamped < 0:
+        return validate(obj), None
+    if stamped < min_now_ms:
+        obj["now_ms"] = min_now_ms
+    return validate(obj), stamped
 
 
 def validate(obj: Any) -> Command:

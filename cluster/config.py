@@ -151,6 +151,10 @@ class RaftTimingConfig:
     group_commit_bytes: int = 256 * 1024  # coalesce produce requests into entries up to this size
     group_commit_inflight: int = 2  # entries in flight per group before requests accumulate
     retention_check_ms: int = 10_000  # how often a queue group's leader proposes a retention tick
+    # How far a retain tick's time may run ahead of the previous tick's before age-based retention
+    # stops trusting it (a leader clock that jumped ahead); at least 3 retention_check_ms is used.
+    retention_max_jump_ms: int = 300_000
+    retention_max_batches: int = 1000  # record batches one retain command removes at most
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,10 @@ def parse_config(
         problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
+    if not 1 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:
+        problems.append("raft.retention_max_jump_ms must be from 1 to 2**40")
+    if not 1 <= timing.retention_max_batches <= 0xFFFF_FFFF:
+        problems.append("raft.retention_max_batches must be from 1 to 4294967295")
     if timing.election_min_ms >= timing.election_max_ms:
         problems.append("raft.election_min_ms must be below raft.election_max_ms")
     if timing.heartbeat_ms * 5 > timing.election_min_ms:

@@ -76,6 +76,11 @@ class _RaftCollector(Collector):
             "Times this replica became leader (summed over a group's replicas: its leader changes)",
             labels=labels,
         )
+        clock_jumps = CounterMetricFamily(
+            "raftmq_retention_clock_jumps",
+            "Retention ticks proposed here whose time ran too far ahead (age-based removal held back)",
+            labels=labels,
+        )
         commit_s = _histogram(
             "raftmq_raft_commit_seconds",
             "Entries proposed at this node: time until committed on a majority and applied here",
@@ -101,11 +106,13 @@ class _RaftCollector(Collector):
             ):
                 gauges[family].add_metric(key, value)
             became_leader.add_metric(key, local.raft.became_leader_count)
+            if name != "meta":
+                clock_jumps.add_metric(key, self._node.retention_clock_jumps.get(name, 0))
             _add_histogram(commit_s, key, local.raft.commit_latency)
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, commit_s, apply_s, fsync_s)
+        yield from (became_leader, clock_jumps, commit_s, apply_s, fsync_s)
 
 
 class _QueueCollector(Collector):

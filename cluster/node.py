@@ -104,6 +104,8 @@ class Node:
         # Per led queue group: (applied index, _scheduled_seq, now_ms) at its last look at the
         # schedule, and the due time it found (deliver_once's cache).
         self._due_cache: dict[str, tuple[int, int, int, int | None]] = {}
+        # Per queue group: retain ticks this node proposed whose time jumped too far ahead.
+        self.retention_clock_jumps: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
         self._peer_status: dict[str, dict[str, Any]] = {}
@@ -464,10 +466,38 @@ class Node:
                 if str(g) == name
             ]
             if queues:
-                outcome = await self.propose(name, commands.retain(now_ms(), queues))
-                if outcome.error:
-                    log.warning("retention_tick_not_applied", group=name, error=outcome.error)
+                await self._retain(name, local, queues)
             await self._expire_producers(name, local)
+
+    async def _retain(self, name: str, local: LocalGroup, queues: list[dict[str, Any]]) -> None:
+        """Propose ``retain`` again while the last one stopped at its batch bound (at most 100 per
+        tick). A tick stamped further ahead of the last one than ``max_jump_ms`` is logged and
+        counted (``raftmq_retention_clock_jumps_total``): the group's retention clock moved less,
+        so no message is removed early (``cluster/queue_group.py``, ``retention_clock``)."""
+        raft = self.config.raft
+        max_jump_ms = max(raft.retention_max_jump_ms, 3 * raft.retention_check_ms)
+        for _ in range(100):
+            if not local.raft.is_leader():
+                return
+            command = commands.retain(
+                now_ms(), queues, max_jump_ms=max_jump_ms, max_batches=raft.retention_max_batches
+            )
+            outcome = await self.propose(name, command)
+            result = outcome.result
+            if outcome.error or not isinstance(result, dict) or "error" in result:
+                log.warning("retention_tick_not_applied", group=name, error=outcome.error or result)
+                return
+            if "clock_jump_ms" in result:
+                self.retention_clock_jumps[name] = self.retention_clock_jumps.get(name, 0) + 1
+                log.warning(
+                    "retention_clock_jump",
+                    group=name,
+                    jump_ms=result["clock_jump_ms"],
+                    retention_clock_ms=result["retention_clock_ms"],
+                    max_jump_ms=max_jump_ms,
+                )
+            if not result.get("more"):
+                return
 
     async def _topics_for_retention(self) -> list[Topic]:
         """Every topic, from this node's metadata replica or, on a node without one (a queue

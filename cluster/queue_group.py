@@ -6,6 +6,12 @@ check them):
 - PURE. ``apply`` reads no clock, no randomness and does no I/O except through the ``Store``; time
   enters only as the leader-stamped ``now_ms`` of a command. The same command log gives the same
   store bytes and the same results on every replica.
+- The group's time never goes backwards: a command stamped below the greatest ``now_ms`` applied
+  (``GroupTime.last_ms``, key ``T``) is applied at that time (a new leader whose clock is behind).
+- A leader clock that jumps ahead cannot age messages early: age-based retention uses the group's
+  retention clock, which moves with the stamps but at most ``max_jump_ms`` beyond their own
+  progress per ``retain`` (:func:`retention_clock`); a clamped jump is reported in the result
+  (``clock_jump_ms``) for the node to log and count.
 - NEVER RAISES on input. A malformed or invalid command returns an error result
   (``{"error": {...}}``, codes from ``cluster/errors.py``); an unexpected exception in the logic is
   caught and returned as an ``internal`` error. Either way nothing is written except the new
@@ -24,8 +30,8 @@ check them):
   request names one topic, so a request is still never half-applied), and ack/nack/extend answer
   ``stale_receipt`` per receipt (a stale receipt changes nothing; the others apply).
 - Bounded work: every command touches a bounded number of keys (its own size, or the ``max`` of
-  a ``deliver_tick``/``receive``/``expire_producers``); what is left is continued by the next
-  command.
+  a ``deliver_tick``/``receive``/``expire_producers``, or the ``max_batches`` of a ``retain``);
+  what is left is continued by the next command.
 
 Receive/ack, delayed messages and locks live in ``cluster/delivery.py``; the expiry of idle
 producer states in ``cluster/producers.py``.
@@ -40,7 +46,7 @@ from typing import Any, NamedTuple
 import structlog
 
 from raftmq.storage import keys, queues
-from raftmq.storage.keys import APPLIED, ProducerState, QueueMeta
+from raftmq.storage.keys import APPLIED, GROUP_TIME, GroupTime, ProducerState, QueueMeta
 from raftmq.storage.records import decode_header, encode_batch
 from raftmq.storage.store import Batch, Store, StoreError
 
@@ -57,11 +63,9 @@ from .commands import (
 from .delivery import Refused as _Rejected
 from .errors import error_body
 
-__all__ = ["Applied", "QueueGroupMachine", "QueueHigh"]
+__all__ = ["Applied", "QueueGroupMachine", "QueueHigh", "group_time", "retention_clock"]
 
 _log = structlog.get_logger(__name__)
-
-_RETAIN_SCAN_CHUNK = 64  # record batches read per scan call while applying retention
 
 
 class QueueHigh(NamedTuple):
@@ -160,7 +164,14 @@ class QueueGroupMachine:
             return {"skipped": True}
         work = _Apply(self._store, index)
         try:
-            result = self._dispatch(work, commands.decode(command))
+            before = work.time()
+            cmd, stamped = commands.decode_stamped(command, before.last_ms)
+            if stamped is not None and stamped > before.last_ms:
+                work.set_time(GroupTime(stamped, before.retain_stamp_ms, before.retain_clock_ms))
+            if cmd["op"] == "retain":
+                result = self._retain(work, cmd, before, cmd["now_ms"] if stamped is None else stamped)
+            else:
+                result = self._dispatch(work, cmd)
             batch = work.finish()
         except StoreError:
             raise
@@ -200,8 +211,6 @@ class QueueGroupMachine:
             return self._produce(work, cmd)
         if cmd["op"] == "commit_offsets":
             return self._commit_offsets(work, cmd)
-        if cmd["op"] == "retain":
-            return self._retain(work, cmd)
         if cmd["op"] == "drop_topic":
             return self._drop_topic(work, cmd)
         if cmd["op"] == "noop":
@@ -343,27 +352,51 @@ class QueueGroupMachine:
             work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(stored))
         return {"ok": True}
 
-    def _retain(self, work: _Apply, cmd: RetainCommand) -> dict[str, Any]:
-        """Remove whole record batches from the low end of each queue while the batch is older
-        than ``now_ms - max_age_ms`` or the queue holds more than ``max_bytes``. A queue may be
-        emptied (``low_offset == high_offset``). Result: ``{"removed": [{"topic_id", "queue",
-        "low_offset"}]}`` for the queues whose ``low_offset`` moved."""
+    def _retain(self, work: _Apply, cmd: RetainCommand, before: GroupTime, stamped: int) -> dict[str, Any]:
+        """Remove whole record batches from the low end of each queue while the batch was appended
+        before ``clock - max_age_ms`` or the queue holds more than ``max_bytes``; ``clock`` is the
+        group's retention clock (:func:`retention_clock`; ``now_ms`` for a command without
+        ``max_jump_ms``). At most ``max_batches`` batches in all; the next ``retain`` goes on. A
+        queue may be emptied (``low_offset == high_offset``). Only batch headers are decoded.
+
+        Result: ``{"removed": [{"topic_id", "queue", "low_offset"}]}`` for the queues whose
+        ``low_offset`` moved, plus ``"more": bool`` with ``max_batches`` (the bound stopped
+        removal before a batch that was due), plus
+        ``"clock_jump_ms": n, "retention_clock_ms": t`` when the stamp jumped ``n`` ms ahead of the
+        last ``retain``'s and retention used ``t`` instead."""
+        max_jump_ms = cmd["max_jump_ms"]
+        if max_jump_ms is None:
+            clock_ms, jump_ms = cmd["now_ms"], None
+        else:
+            clock_ms, jump_ms = retention_clock(before, stamped, max_jump_ms)
+        now = work.time()
+        work.set_time(GroupTime(now.last_ms, stamped, max(clock_ms, before.retain_clock_ms)))
+        budget = cmd["max_batches"]
         removed: list[dict[str, Any]] = []
+        more = False
         for entry in cmd["queues"]:
             topic_id, queue = entry["topic_id"], entry["queue"]
             max_age_ms, max_bytes = entry["max_age_ms"], entry["max_bytes"]
             meta = work.meta(topic_id, queue)
             if meta.low_offset == meta.high_offset or (max_age_ms is None and max_bytes is None):
                 continue
-            cutoff_ms = None if max_age_ms is None else cmd["now_ms"] - max_age_ms
-            low, retained = _retention_point(work.store, topic_id, queue, meta, cutoff_ms, max_bytes)
-            if low == meta.low_offset:
+            cutoff_ms = None if max_age_ms is None else clock_ms - max_age_ms
+            point = _retention_point(work.store, topic_id, queue, meta, cutoff_ms, max_bytes, budget)
+            if budget is not None:
+                budget -= point.batches
+            more = more or point.more
+            if point.low == meta.low_offset:
                 continue
             start, _ = keys.queue_range(keys.RECORD, topic_id, queue)
-            work.batch.delete_range(start, keys.record_key(topic_id, queue, low))
-            work.set_meta(topic_id, queue, QueueMeta(low, meta.high_offset, retained))
-            removed.append({"topic_id": topic_id, "queue": queue, "low_offset": low})
-        return {"removed": removed}
+            work.batch.delete_range(start, keys.record_key(topic_id, queue, point.low))
+            work.set_meta(topic_id, queue, QueueMeta(point.low, meta.high_offset, point.retained))
+            removed.append({"topic_id": topic_id, "queue": queue, "low_offset": point.low})
+        result: dict[str, Any] = {"removed": removed}
+        if budget is not None:
+            result["more"] = more
+        if jump_ms is not None:
+            result.update(clock_jump_ms=jump_ms, retention_clock_ms=clock_ms)
+        return result
 
     def _drop_topic(self, work: _Apply, cmd: DropTopicCommand) -> dict[str, Any]:
         """Delete every key of the topic and leave a tombstone, so a produce or commit that raced
@@ -384,24 +417,69 @@ def _stale(producer_id: str, sequence: int, state: ProducerState) -> str:
     )
 
 
+def group_time(store: Store) -> GroupTime:
+    """The group's applied leader time (all zero before the first stamped command). A leader may
+    read it to stamp no lower than what the group applied."""
+    data = store.get(GROUP_TIME)
+    return GroupTime() if data is None else GroupTime.decode(data)
+
+
+def retention_clock(before: GroupTime, stamped_ms: int, max_jump_ms: int) -> tuple[int, int | None]:
+    """The time age-based retention uses for a ``retain`` stamped ``stamped_ms``, and the jump
+    (ms) that was clamped, or None.
+
+    The clock moves by the stamps' progress since the previous ``retain`` (since the group's last
+    stamped command for the first one), at most ``max_jump_ms`` per step, never beyond the stamp
+    itself nor beyond the previous stamp plus ``max_jump_ms``, and never backwards. With ticks every
+    ``retention_check_ms`` (well below ``max_jump_ms``) it equals the stamp. A leader whose clock
+    is D ahead moves it by ``max_jump_ms`` once, then at the true rate; when leadership goes back to
+    a true clock it waits (the stamps are lower) and follows again. So a batch is removed for age
+    only after ``max_age_ms - max_jump_ms`` of the group's own applied history, whatever the jump.
+    The price: after a group had no leader for longer than ``max_jump_ms``, age-based retention
+    runs late by the excess (late, never early)."""
+    if before.retain_stamp_ms:
+        previous_stamp, previous_clock = before.retain_stamp_ms, before.retain_clock_ms
+    elif before.last_ms:
+        previous_stamp = previous_clock = before.last_ms
+    else:
+        return stamped_ms, None
+    progress = stamped_ms - previous_stamp
+    step = min(max(progress, 0), max_jump_ms)
+    clock = max(previous_clock, min(previous_clock + step, stamped_ms, previous_stamp + max_jump_ms))
+    return clock, (progress if progress > max_jump_ms else None)
+
+
+class _RetentionPoint(NamedTuple):
+    low: int  # the new low_offset
+    retained: int  # the new retained_bytes
+    batches: int  # batches removed
+    more: bool  # the budget stopped removal before a batch that was due
+
+
 def _retention_point(
-    store: Store, topic_id: int, queue: int, meta: QueueMeta, cutoff_ms: int | None, max_bytes: int | None
-) -> tuple[int, int]:
-    """The new ``(low_offset, retained_bytes)`` after removing expired batches from the low end."""
-    low, retained = meta.low_offset, meta.retained_bytes
+    store: Store,
+    topic_id: int,
+    queue: int,
+    meta: QueueMeta,
+    cutoff_ms: int | None,
+    max_bytes: int | None,
+    budget: int | None,
+) -> _RetentionPoint:
+    """Where the low end moves when due batches are removed, at most ``budget`` of them. Reads the
+    batches in key order one at a time (never more than ``budget + 1``), decoding only headers."""
+    low, retained, batches = meta.low_offset, meta.retained_bytes, 0
     start, end = keys.queue_range(keys.RECORD, topic_id, queue)
-    while True:
-        chunk = list(store.scan(start, end, limit=_RETAIN_SCAN_CHUNK))
-        for _, value in chunk:
-            header = decode_header(value)
-            expired = cutoff_ms is not None and header.append_time_ms < cutoff_ms
-            oversize = max_bytes is not None and retained > max_bytes
-            if not (expired or oversize):
-                return low, retained
-            low, retained = header.end_offset, retained - len(value)
-        if len(chunk) < _RETAIN_SCAN_CHUNK:
-            return low, retained
-        start = chunk[-1][0] + b"\x00"
+    limit = None if budget is None else budget + 1
+    for _, value in store.scan(start, end, limit=limit):
+        header = decode_header(value)
+        expired = cutoff_ms is not None and header.append_time_ms < cutoff_ms
+        oversize = max_bytes is not None and retained > max_bytes
+        if not (expired or oversize):
+            break
+        if batches == budget:
+            return _RetentionPoint(low, retained, batches, True)
+        low, retained, batches = header.end_offset, retained - len(value), batches + 1
+    return _RetentionPoint(low, retained, batches, False)
 
 
 class _Apply:
@@ -425,6 +503,17 @@ class _Apply:
         self._stored_last_used: dict[tuple[int, int, str], int | None] = {}  # as loaded
         self._dropped: dict[int, bool] = {}
         self._producers_timed: bool | None = None
+        self._time: GroupTime | None = None
+        self._time_changed = False
+
+    def time(self) -> GroupTime:
+        """The group's applied time, as changed so far in this apply."""
+        if self._time is None:
+            self._time = group_time(self.store)
+        return self._time
+
+    def set_time(self, time: GroupTime) -> None:
+        self._time, self._time_changed = time, True
 
     def producers_timed(self) -> bool:
         """Whether producer states record their last use: from the group's first
@@ -465,6 +554,8 @@ class _Apply:
     def finish(self) -> Batch:
         """The batch with the changed metas and producer states (and their idle-index keys) added,
         in first-change order."""
+        if self._time_changed and self._time is not None:
+            self.batch.put(GROUP_TIME, self._time.encode())
         for (topic_id, queue), meta in self._changed_metas.items():
             self.batch.put(keys.meta_key(topic_id, queue), meta.encode())
         for key, state in self._changed_producers.items():

@@ -15,6 +15,7 @@ key                                                     value
 ``P`` topic_id queue producer_id                        :class:`ProducerState` (last sequences)
 ``W`` last_used_ms topic_id queue producer_id           empty: producer idle index, by last use
 ``G``                                                   producer sweep cursor (see below)
+``T``                                                   :class:`GroupTime` (leader time applied)
 ``Q`` topic_id queue                                    :class:`QueueMeta`
 ``R`` topic_id queue base_offset                        one record batch (``storage/records.py``)
 ``S`` topic_id queue [group]                            delivery cursor u64 (receive/ack)
@@ -63,6 +64,7 @@ __all__ = [
     "DEADLINE",
     "DELAYED",
     "DROPPED",
+    "GROUP_TIME",
     "LOCK",
     "MAX_U32",
     "MAX_U64",
@@ -81,6 +83,7 @@ __all__ = [
     "SUBSCRIPTION",
     "SUB_CURSOR",
     "TOPIC_PREFIXES",
+    "GroupTime",
     "LockState",
     "PendingRecord",
     "ProducerState",
@@ -135,6 +138,8 @@ PRODUCER_IDLE = b"W"
 """Producer states by last use (``cluster/producers.py``)."""
 PRODUCER_SWEEP = b"G"
 """The one-time sweep that gives producer states of the old encoding a time (``cluster/producers.py``)."""
+GROUP_TIME = b"T"
+"""The group's applied leader time (:class:`GroupTime`, ``cluster/queue_group.py``)."""
 # Every prefix above is in use; a prefix is never reused for another meaning (stored data would
 # be misread after an upgrade). New kinds of keys take a new byte.
 
@@ -446,6 +451,37 @@ class QueueMeta:
             raise CorruptRecord(f"queue meta has {len(data)} bytes, expected {_META.size}")
         low, high, retained = _META.unpack(data)
         return cls(low, high, retained)
+
+
+_GROUP_TIME = struct.Struct(">QQQ")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTime:
+    """The leader-stamped time a queue group applied so far (0: none yet).
+
+    Attributes:
+        last_ms: The greatest ``now_ms`` applied; a command stamped lower is applied at this time,
+            so the group's time never goes backwards.
+        retain_stamp_ms: The ``now_ms`` the last ``retain`` was stamped with (as stamped).
+        retain_clock_ms: The time age-based retention used at the last ``retain``. It follows the
+            stamps but moves at most ``max_jump_ms`` per ``retain`` beyond the stamps' own
+            progress, so a leader clock that jumps ahead cannot age messages early.
+    """
+
+    last_ms: int = 0
+    retain_stamp_ms: int = 0
+    retain_clock_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _GROUP_TIME.pack(self.last_ms, self.retain_stamp_ms, self.retain_clock_ms)
+
+    @classmethod
+    def decode(cls, data: bytes) -> GroupTime:
+        """Raises: CorruptRecord: ``data`` is not an encoded group time."""
+        if len(data) != _GROUP_TIME.size:
+            raise CorruptRecord(f"group time has {len(data)} bytes, expected {_GROUP_TIME.size}")
+        return cls(*_GROUP_TIME.unpack(data))
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,7 +64,8 @@ class Machine:
         return committed_offset(self.store, group, T, queue)
 
     def pairs(self) -> list[tuple[bytes, bytes]]:
-        return [(k, v) for k, v in self.store.scan(b"") if k != keys.APPLIED]
+        # The group's time (T) is bookkeeping written with any stamped command, as applied_index.
+        return [(k, v) for k, v in self.store.scan(b"") if k not in (keys.APPLIED, keys.GROUP_TIME)]
 
 
 def offsets(delivered: list[dict[str, Any]]) -> list[int]:

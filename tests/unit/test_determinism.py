@@ -158,6 +158,13 @@ command_bytes = st.one_of(
         st.dictionaries(queues, st.integers(0, 15), min_size=1, max_size=3),
     ),
     st.builds(commands.retain, now_ms, retain_queues),
+    st.builds(
+        lambda n, q, jump, most: commands.retain(n, q, max_jump_ms=jump, max_batches=most),
+        now_ms,
+        retain_queues,
+        st.integers(0, 5000),
+        st.integers(1, 3),
+    ),
     st.builds(expire_producers, now_ms, st.integers(1, 10_000), st.integers(1, 3)),
     st.builds(commands.drop_topic, st.just(3)),  # topic ids are never reused: keep 1 and 2 alive
     st.just(commands.noop()),
@@ -317,7 +324,10 @@ def seeded_log(rng: random.Random, length: int) -> list[bytes]:
                 "max_age_ms": rng.randint(0, 5000),
                 "max_bytes": rng.randint(0, 800),
             }
-            log.append(commands.retain(rng.randint(0, 9999), [spec]))
+            bounds = {"max_jump_ms": rng.randint(0, 5000), "max_batches": rng.randint(1, 3)}
+            log.append(
+                commands.retain(rng.randint(0, 9999), [spec], **(bounds if rng.random() < 0.5 else {}))
+            )
         elif kind == "expire":
             log.append(expire_producers(rng.randint(0, 9999), rng.randint(1, 5000), rng.randint(1, 3)))
         elif kind == "drop":

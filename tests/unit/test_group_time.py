@@ -1,0 +1,200 @@
+"""The queue group's time: it never goes backwards, a forward jump of the leader's clock cannot age
+messages early, and a ``retain`` removes a bounded number of batches. Every test runs on the
+MemoryStore and on a RocksStore."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from raftmq.cluster import commands
+from raftmq.cluster.queue_group import QueueGroupMachine, group_time
+from raftmq.storage.memory import MemoryStore
+from raftmq.storage.queues import queue_bounds, queue_meta, read_messages
+from raftmq.storage.rocks import RocksStore
+from raftmq.storage.store import Store
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+JUMP_MS = 300_000  # max_jump_ms of the retains below
+T0 = 1_800_000_000_000  # a wall-clock time in ms
+
+
+class Group:
+    """A machine that numbers entries itself."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.machine = QueueGroupMachine(store, 1)
+        self.index = 0
+
+    def apply(self, command: bytes) -> dict[str, Any]:
+        self.index += 1
+        return self.machine.apply(self.index, command)
+
+    def produce(self, now_ms: int, queue: int = 0, **message: Any) -> dict[str, Any]:
+        batch = {"topic_id": 1, "queue": queue, "messages": [{"value": "m", **message}]}
+        result: dict[str, Any] = self.apply(commands.produce(now_ms, [batch]))["results"][0]
+        return result
+
+    def retain(self, now_ms: int, max_age_ms: int = HOUR_MS, **bounds: Any) -> dict[str, Any]:
+        spec = [{"topic_id": 1, "queue": 0, "max_age_ms": max_age_ms, "max_bytes": None}]
+        return self.apply(
+            commands.retain(now_ms, spec, **{"max_jump_ms": JUMP_MS, "max_batches": 100, **bounds})
+        )
+
+    def low(self, queue: int = 0) -> int:
+        return queue_bounds(self.store, 1, queue)[0]
+
+
+@pytest.fixture(params=["memory", "rocks"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    rocks = RocksStore.open(str(tmp_path / "db"))
+    try:
+        yield rocks
+    finally:
+        rocks.close()
+
+
+@pytest.fixture
+def g(store: Store) -> Group:
+    return Group(store)
+
+
+# -- the group's time never goes backwards -------------------------------------------------------
+
+
+def test_a_command_stamped_below_the_applied_time_is_applied_at_that_time(g: Group) -> None:
+    g.produce(T0 + 10_000)
+    # A new leader whose clock is 5 s behind: its messages are stamped at the group's time, and a
+    # TTL counts from there, so nothing expires before what the group already applied.
+    g.produce(T0 + 5_000, ttl_ms=1_000)
+    messages = read_messages(g.store, 1, 0, 0, 10)
+    assert [m.timestamp_ms for m in messages] == [T0 + 10_000, T0 + 10_000]
+    assert messages[1].expires_at_ms == T0 + 11_000
+    assert group_time(g.store).last_ms == T0 + 10_000
+    g.produce(T0 + 12_000)  # a later stamp moves it on
+    assert read_messages(g.store, 1, 0, 2, 1)[0].timestamp_ms == T0 + 12_000
+
+
+def test_the_group_time_is_kept_across_a_restart(tmp_path: Path) -> None:
+    path = str(tmp_path / "db")
+    store = RocksStore.open(path)
+    Group(store).produce(T0 + 10_000)
+    store.close()
+    store = RocksStore.open(path)
+    try:
+        g = Group(store)
+        g.index = g.machine.applied_index
+        g.produce(T0)
+        assert read_messages(store, 1, 0, 1, 1)[0].timestamp_ms == T0 + 10_000
+    finally:
+        store.close()
+
+
+# -- a forward jump cannot age messages early ---------------------------------------------------
+
+
+def test_retention_follows_the_stamps_when_time_advances_normally(g: Group) -> None:
+    g.produce(T0)
+    g.produce(T0 + 30 * 60_000)
+    for now in range(T0 + 10_000, T0 + HOUR_MS, 60_000):
+        assert g.retain(now) == {"removed": [], "more": False}
+    assert g.low() == 0
+    # A tick every 10 s (as retention_check_ms) once past an hour: the first batch is removed.
+    result = g.retain(T0 + HOUR_MS + 10_000)
+    assert result == {"removed": [{"topic_id": 1, "queue": 0, "low_offset": 1}], "more": False}
+
+
+def test_a_leader_clock_days_ahead_removes_nothing_within_retention(g: Group) -> None:
+    g.produce(T0)
+    g.retain(T0 + 10_000)
+    # A leader whose clock is 3 days ahead takes over and ticks every 10 s for 20 minutes; it
+    # also appends, so the group's last stamp is days ahead too.
+    skewed = T0 + 3 * DAY_MS
+    g.produce(skewed + 20_000)
+    first = g.retain(skewed + 20_000)
+    assert first["removed"] == []
+    assert first["clock_jump_ms"] == 3 * DAY_MS + 10_000
+    assert first["retention_clock_ms"] == T0 + 10_000 + JUMP_MS
+    for step in range(1, 120):
+        assert g.retain(skewed + 20_000 + step * 10_000)["removed"] == []
+    assert g.low() == 0
+    # The true leader comes back 21 min after T0: the group's clock waits for its stamps (they
+    # are lower), then follows them; the message goes once an hour has passed by them, less the
+    # one clamped jump at most.
+    for now in range(T0 + 21 * 60_000, T0 + HOUR_MS - JUMP_MS, 60_000):
+        assert g.retain(now)["removed"] == [], now
+    deadline = T0 + HOUR_MS + 60_000
+    now = T0 + HOUR_MS - JUMP_MS
+    while g.low() == 0 and now < deadline:
+        g.retain(now)
+        now += 10_000
+    assert g.low() == 1
+
+
+def test_flapping_between_a_skewed_and_a_true_leader_does_not_push_the_clock_ahead(g: Group) -> None:
+    g.produce(T0)
+    g.retain(T0)
+    for minute in range(1, 40):
+        true_now = T0 + minute * 60_000
+        g.retain(true_now)
+        g.retain(true_now + 3 * DAY_MS)  # the skewed node wins an election, ticks once, loses
+        assert group_time(g.store).retain_clock_ms <= true_now + JUMP_MS
+    assert g.low() == 0
+
+
+def test_a_retain_without_max_jump_ms_trusts_its_stamp(g: Group) -> None:
+    # Entries written before the bound existed apply as they did.
+    g.produce(T0)
+    spec = [{"topic_id": 1, "queue": 0, "max_age_ms": HOUR_MS, "max_bytes": None}]
+    result = g.apply(commands.retain(T0 + 3 * DAY_MS, spec))
+    assert result == {"removed": [{"topic_id": 1, "queue": 0, "low_offset": 1}]}
+
+
+# -- bounded work per retain ------------------------------------------------------------------
+
+
+def test_a_retain_removes_at_most_max_batches_and_the_next_one_goes_on(g: Group) -> None:
+    for i in range(7):
+        g.produce(T0 + i, queue=0)
+        g.produce(T0 + i, queue=1)
+    spec = [{"topic_id": 1, "queue": q, "max_age_ms": 1_000, "max_bytes": None} for q in (0, 1)]
+    now = T0 + 10_000
+    lows = []
+    for _ in range(5):
+        result = g.apply(commands.retain(now, spec, max_jump_ms=JUMP_MS, max_batches=3))
+        lows.append((g.low(0), g.low(1), result["more"]))
+    # 3 batches per command over both queues, in order, until all 14 are gone.
+    assert lows == [(3, 0, True), (6, 0, True), (7, 2, True), (7, 5, True), (7, 7, False)]
+    meta = queue_meta(g.store, 1, 1)
+    assert meta is not None and meta.retained_bytes == 0
+
+
+def test_a_bound_that_stops_exactly_at_the_last_due_batch_reports_no_more(g: Group) -> None:
+    for i in range(3):
+        g.produce(T0 + i)
+    g.produce(T0 + 50_000)  # not due
+    result = g.retain(T0 + 20_000, max_age_ms=10_000, max_batches=3)
+    assert result == {"removed": [{"topic_id": 1, "queue": 0, "low_offset": 3}], "more": False}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"max_batches": 0}, {"max_batches": True}, {"max_jump_ms": -1}, {"max_jump_ms": 2**41}],
+    ids=["zero_batches", "bool_batches", "negative_jump", "jump_too_large"],
+)
+def test_a_retain_with_a_bad_bound_is_refused_and_changes_nothing(g: Group, bad: dict[str, Any]) -> None:
+    g.produce(T0)
+    before = [(k, v) for k, v in g.store.scan(b"") if k != b"A"]
+    body = {"v": 1, "op": "retain", "now_ms": T0 + DAY_MS, "queues": [], **bad}
+    result = g.apply(orjson.dumps(body))
+    assert result["error"]["code"] == "bad_request"
+    assert [(k, v) for k, v in g.store.scan(b"") if k != b"A"] == before
