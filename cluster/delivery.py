@@ -93,13 +93,16 @@ __all__ = [
 def subscribe(work: _Apply, cmd: SubscribeCommand) -> dict[str, Any]:
     """Store the subscription settings. Without ``overwrite``, an existing subscription keeps its
     ``max_deliveries`` and ``backoff_ms`` (a receive after a restart must not undo a PUT); a null
-    ``dlq_topic_id`` keeps the stored one. Result: ``{"subscription": {...}, "changed": bool}``."""
+    ``dlq_topic_id`` keeps the stored one, a given one replaces it (a dead-letter topic created,
+    or created again after a delete). Result: ``{"subscription": {...}, "changed": bool}``."""
     topic_id, group = cmd["topic_id"], cmd["group"]
     _check_topic(work, topic_id)
     current = read_subscription(work.store, topic_id, group)
     given = Subscription(cmd["topic"], cmd["dlq_topic_id"], cmd["max_deliveries"], tuple(cmd["backoff_ms"]))
     new = given if current is None or cmd["overwrite"] else replace(current, topic=given.topic)
-    if given.dlq_topic_id is None and current is not None:
+    if given.dlq_topic_id is not None:
+        new = replace(new, dlq_topic_id=given.dlq_topic_id)
+    elif current is not None:
         new = replace(new, dlq_topic_id=current.dlq_topic_id)
     if new != current:
         work.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))

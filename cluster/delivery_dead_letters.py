@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from raftmq.storage import keys, queues
-from raftmq.storage.keys import PendingRecord
+from raftmq.storage.keys import STATE_INFLIGHT, PendingRecord
 from raftmq.storage.queues import read_messages
 from raftmq.storage.records import NewMessage
 
 from .delivery_state import (
     DLQ_HEADER_PREFIX,
+    PARK_MS,
     REDRIVE_GROUP_HEADER,
     REDRIVE_MAX_PER_COMMAND,
     _check_topic,
@@ -29,7 +30,16 @@ def _dead_letter(
     """Move a message that used up its deliveries to the dead-letter topic (same queue number,
     same queue group: one apply). Returns ``dead_lettered``; ``discarded`` when the message
     expired or retention removed it; ``parked`` when there is no dead-letter topic (none created
-    yet, or it was deleted): then it waits for the last backoff level and is delivered again."""
+    yet, or it was deleted).
+
+    A parked message stays in flight on a deadline ``PARK_MS`` later (the last backoff level when
+    it was parked already), under a token that names its reason (:data:`PARKED_TOKENS`; no
+    delivery has it: tokens are raft indexes), and the apply reports it (``Applied.parked``): the
+    leader then has the metadata group create the dead-letter topic and records it in the
+    subscription (``SubscriptionsApi.on_parked``). When the deadline passes, ``deliver_tick``
+    calls this again with the kept reason: the message moves to the dead-letter topic if there is
+    one by then, else it is parked again and reported again. A parked message is never handed
+    out again and never dropped, and it needs no receiver to move."""
     settings = w.settings(topic_id, group)
     message = w.message(topic_id, queue, offset)
     if message is None or message.expired(w.now_ms):
@@ -37,7 +47,12 @@ def _dead_letter(
         return "discarded"
     dlq = settings.dlq_topic_id
     if dlq is None or w.work.is_dropped(dlq):
-        w.retry(topic_id, queue, group, offset, rec, w.now_ms + settings.backoff_ms[-1])
+        wait_ms = settings.backoff_ms[-1] if rec.token in PARKED_REASONS else PARK_MS
+        parked = PendingRecord(
+            STATE_INFLIGHT, rec.attempts, w.now_ms + wait_ms, PARKED_TOKENS[reason], rec.first_ms, rec.last_ms
+        )
+        w.set_pending(topic_id, queue, group, offset, parked)
+        w.work.parked[(topic_id, settings.topic, group)] = None
         return "parked"
     headers = dict(message.headers or {})
     headers.update(
@@ -56,6 +71,17 @@ def _dead_letter(
     w.append(dlq, queue, NewMessage(message.value, message.binary, message.key, headers))
     w.finish(topic_id, queue, group, offset)
     return "dead_lettered"
+
+
+PARKED_TOKENS = {"expired": 2**64 - 1, "nacked": 2**64 - 2}
+"""The token of a parked dead letter, by its reason (the ``raftmq-dlq-reason`` header)."""
+PARKED_REASONS = {token: reason for reason, token in PARKED_TOKENS.items()}
+
+
+def expiry_reason(rec: PendingRecord) -> str:
+    """The dead-letter reason of an in-flight record whose deadline passed: ``expired``, or the
+    reason it was parked with."""
+    return PARKED_REASONS.get(rec.token, "expired")
 
 
 # -- dead letters back --------------------------------------------------------------------------

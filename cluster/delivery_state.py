@@ -50,6 +50,9 @@ SCAN_BUDGET = 4096
 """Most index entries and messages one ``receive`` looks at (dangling entries and skipped
 messages count), so one command does bounded work; the next one continues."""
 REDRIVE_MAX_PER_COMMAND = 10_000
+PARK_MS = 1000
+"""How long a dead letter without a dead-letter topic waits before it is looked at again: time
+for the leader to have the topic created (``delivery_dead_letters._dead_letter``)."""
 
 
 class Refused(Exception):

@@ -12,7 +12,7 @@ from raftmq.storage.queues import scan_prefix
 from raftmq.storage.records import NewMessage, decode_batch, encode_batch
 from raftmq.storage.store import Store
 
-from .delivery_dead_letters import _dead_letter
+from .delivery_dead_letters import _dead_letter, expiry_reason
 from .delivery_state import _Work
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def deliver_tick(work: _Apply, cmd: DeliverTickCommand) -> dict[str, Any]:
         settings = w.settings(topic_id, group)
         if rec.attempts >= settings.max_deliveries:
             dead_lettered += (
-                _dead_letter(w, topic_id, queue, group, offset, rec, "expired") == "dead_lettered"
+                _dead_letter(w, topic_id, queue, group, offset, rec, expiry_reason(rec)) == "dead_lettered"
             )
         else:
             w.retry(topic_id, queue, group, offset, rec, now_ms + settings.backoff(rec.attempts))

@@ -29,6 +29,7 @@ import tarfile
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,9 @@ class Node:
         self._set_config(config)
         self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
         self._delivery_wake = asyncio.Event()  # an apply scheduled a delayed message or deadline
+        # Dead letters parked for want of a dead-letter topic, (topic_id, topic, consumer group),
+        # on the event loop (SubscriptionsApi.on_parked creates the topic where this node leads).
+        self.on_parked: Callable[[tuple[tuple[int, str, str], ...]], None] | None = None
         self._scheduled_seq = 0  # counts those applies (on the event loop)
         # Per led queue group: (applied index, _scheduled_seq, now_ms) at its last look at the
         # schedule, and the due time it found (deliver_once's cache).
@@ -385,6 +389,8 @@ class Node:
             self._loop.call_soon_threadsafe(self._wake, queues)
         if applied.scheduled:
             self._loop.call_soon_threadsafe(self._scheduled_applied)
+        if applied.parked and self.on_parked is not None:
+            self._loop.call_soon_threadsafe(self.on_parked, applied.parked)
 
     def _scheduled_applied(self) -> None:
         self._scheduled_seq += 1

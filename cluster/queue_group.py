@@ -87,12 +87,15 @@ class Applied:
             may find something (a retry scheduled, a cursor rewound, a lock released).
         scheduled: A delayed message or an in-flight deadline was added: the leader's tick may
             have to run earlier than it planned.
+        parked: ``(topic_id, topic, consumer group)`` of dead letters parked because their
+            subscription has no dead-letter topic (its leader creates it: ``docs/delivery.md``).
     """
 
     index: int
     grown: tuple[QueueHigh, ...]
     changed: tuple[tuple[int, int], ...] = ()
     scheduled: bool = False
+    parked: tuple[tuple[int, str, str], ...] = ()
 
 
 class QueueGroupMachine:
@@ -182,11 +185,12 @@ class QueueGroupMachine:
             work.grown.clear()
             work.changed.clear()
             work.scheduled = False
+            work.parked.clear()
         batch.put(APPLIED, keys.encode_u64(index))
         self._store.write(batch, sync=False)
         self._applied_index = index
         grown = tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())
-        self._notify(Applied(index, grown, tuple(work.changed), work.scheduled))
+        self._notify(Applied(index, grown, tuple(work.changed), work.scheduled, tuple(work.parked)))
         return result
 
     def _error_result(self, index: int, exc: Exception) -> dict[str, Any]:
@@ -496,6 +500,7 @@ class _Apply:
         self.grown: dict[tuple[int, int], int] = {}
         self.changed: dict[tuple[int, int], None] = {}  # an ordered set
         self.scheduled = False
+        self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
         self._metas: dict[tuple[int, int], QueueMeta] = {}
         self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
         self._producers: dict[tuple[int, int, str], ProducerState] = {}

@@ -24,6 +24,11 @@ Internal actions (``Api.internal_action``) at a queue group's leader: ``subscrib
 ``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``dlq_list``; at the metadata leader:
 ``ensure_dlq``; at a receive coordinator: ``take`` (wait in its line, as a push stream does:
 ``cluster/push_api.py``).
+
+Consume rights create nothing permanent: a receive or push stream stores the subscription with the
+dead-letter topic only if that topic exists. The dead-letter topic is created by a subscription
+``PUT`` (admin), or when the first dead letter is parked for want of it (:meth:`on_parked`, at the
+leader of a queue group of the topic; ``docs/delivery.md``).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -82,6 +88,7 @@ _STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive"})
 _SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
 _COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
 SUBSCRIPTION_REFRESH_S = 60.0  # how long a coordinator trusts that a subscription is in place
+SUBSCRIBED_MAX = 4096  # the most (topic, group) pairs a node remembers as subscribed
 DEFAULT_REDRIVE = 1000
 MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
 
@@ -125,6 +132,41 @@ def _read(store: Store, topic_id: int, queue: int, offsets: list[int]) -> dict[i
     return found
 
 
+class RecentKeys:
+    """Keys seen within the last ``ttl_s`` seconds, at most ``max_keys`` of them (the least
+    recently added go first). For keys that clients choose (consumer group names), so that no
+    number of distinct names grows a node's memory without bound."""
+
+    def __init__(self, max_keys: int, ttl_s: float) -> None:
+        self.max_keys = max_keys
+        self.ttl_s = ttl_s
+        self._added: OrderedDict[Hashable, float] = OrderedDict()  # oldest first
+
+    def __len__(self) -> int:
+        return len(self._added)
+
+    def fresh(self, key: Hashable, now: float) -> bool:
+        """Whether ``key`` was added less than ``ttl_s`` before ``now`` (a monotonic time)."""
+        added = self._added.get(key)
+        if added is None:
+            return False
+        if now - added < self.ttl_s:
+            return True
+        del self._added[key]
+        return False
+
+    def add(self, key: Hashable, now: float) -> None:
+        """Remember ``key`` as added at ``now``; forget the oldest keys beyond ``max_keys`` and
+        those that expired (kept in the order they were added, so they are at the front)."""
+        self._added[key] = now
+        self._added.move_to_end(key)
+        while self._added:
+            oldest, added = next(iter(self._added.items()))
+            if len(self._added) <= self.max_keys and now - added < self.ttl_s:
+                break
+            del self._added[oldest]
+
+
 class SubscriptionsApi:
     """Handlers and internal actions; one instance per node (``Api.delivery``)."""
 
@@ -134,8 +176,11 @@ class SubscriptionsApi:
         self.node = node
         self.api = api
         self.coordinator = ReceiveCoordinator(node, api, self._receipts_call)
-        self._subscribed: dict[tuple[int, str], float] = {}
+        self._subscribed = RecentKeys(SUBSCRIBED_MAX, SUBSCRIPTION_REFRESH_S)
         self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
+        self._creating_dlq: set[tuple[int, str]] = set()  # on_parked's tasks under way
+        self._tasks: set[asyncio.Task[None]] = set()
+        node.on_parked = self.on_parked
 
     @property
     def limits(self) -> Any:
@@ -154,36 +199,50 @@ class SubscriptionsApi:
             raise bad(f"consumer group {group!r} cannot name a dead-letter topic: {problem}")
         return group
 
-    async def _ensure_dlq(self, topic: Topic, group: str) -> Topic:
+    async def _existing_dlq(self, topic: Topic, group: str) -> Topic | None:
+        """The dead-letter topic of ``group`` on ``topic`` if it exists with the topic's placement."""
         try:
             dlq = await self.api.topic(dlq_topic_name(topic.name, group))
-            if dlq.queue_groups == topic.queue_groups:
-                return dlq
         except ApiError as e:
             if e.code is not errors.TOPIC_NOT_FOUND:
                 raise
+            return None
+        return dlq if dlq.queue_groups == topic.queue_groups else None
+
+    async def _ensure_dlq(self, topic: Topic, group: str) -> Topic:
+        """The dead-letter topic, created by the metadata group if it does not exist."""
+        dlq = await self._existing_dlq(topic, group)
+        if dlq is not None:
+            return dlq
         result = await self.api._group_call(META, "ensure_dlq", {"source": topic.name, "group": group})
         return Topic.from_json(result["topic"])
 
     async def _ensure_subscription(self, topic: Topic, group: str) -> None:
-        """Create the dead-letter topic and the subscription in every queue group of the topic
-        (with the cluster's defaults; an existing subscription keeps its settings)."""
+        """Store the subscription in every queue group of the topic (with the cluster's defaults;
+        an existing subscription keeps its settings) before a receive. It names the dead-letter
+        topic only if that exists: a receive creates no topic."""
         key = (topic.id, group)
-        if time.monotonic() - self._subscribed.get(key, -SUBSCRIPTION_REFRESH_S) < SUBSCRIPTION_REFRESH_S:
+        if self._subscribed.fresh(key, time.monotonic()):
             return
-        await self._subscribe(topic, group, None, None)
-        self._subscribed[key] = time.monotonic()
+        await self._subscribe(topic, group, None, None, create_dlq=False)
+        self._subscribed.add(key, time.monotonic())
 
     async def _subscribe(
-        self, topic: Topic, group: str, max_deliveries: int | None, backoff_ms: list[int] | None
+        self,
+        topic: Topic,
+        group: str,
+        max_deliveries: int | None,
+        backoff_ms: list[int] | None,
+        *,
+        create_dlq: bool,
     ) -> dict[str, Any]:
-        dlq = await self._ensure_dlq(topic, group)
+        dlq = await (self._ensure_dlq if create_dlq else self._existing_dlq)(topic, group)
         settings = self.node.config.delivery
         body = {
             "group": group,
             "topic_id": topic.id,
             "topic": topic.name,
-            "dlq_topic_id": dlq.id,
+            "dlq_topic_id": None if dlq is None else dlq.id,
             "max_deliveries": max_deliveries or settings.max_deliveries,
             "backoff_ms": backoff_ms or list(settings.backoff_ms),
             "overwrite": max_deliveries is not None or backoff_ms is not None,
@@ -195,10 +254,40 @@ class SubscriptionsApi:
         return {
             "topic": topic.name,
             "group": group,
-            "dead_letter_topic": dlq.name,
+            "dead_letter_topic": dlq_topic_name(topic.name, group),
             "max_deliveries": stored["max_deliveries"],
             "backoff_ms": stored["backoff_ms"],
         }
+
+    def on_parked(self, parked: tuple[tuple[int, str, str], ...]) -> None:
+        """Applies parked dead letters of these ``(topic_id, topic, group)`` (``Node.on_parked``,
+        on the event loop, on every replica): where this node leads the queue group, have the
+        metadata group create the dead-letter topic and record it in the subscription of every
+        queue group of the topic. The parked messages move there when their retry is due. If this
+        fails (a leader change, the topic deleted), the message is delivered again when due and
+        parked again at its next failure, which asks again."""
+        for topic_id, topic_name, group in parked:
+            key = (topic_id, group)
+            if key in self._creating_dlq:
+                continue
+            self._creating_dlq.add(key)
+            task = asyncio.create_task(self._create_dlq_for(topic_id, topic_name, group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _create_dlq_for(self, topic_id: int, topic_name: str, group: str) -> None:
+        try:
+            topic = await self.api.topic(topic_name)
+            if topic.id != topic_id or not any(self.api._leads(str(g)) for g in set(topic.queue_groups)):
+                return  # deleted, or a follower's replica: the leader's does this
+            await self._subscribe(topic, group, None, None, create_dlq=True)
+            log.info("dead_letter_topic_created", topic=topic.name, group=group)
+        except ApiError as e:
+            log.warning("dead_letter_topic_not_created", topic=topic_name, group=group, error=e.message)
+        except Exception:
+            log.exception("dead_letter_topic_not_created", topic=topic_name, group=group)
+        finally:
+            self._creating_dlq.discard((topic_id, group))
 
     # -- receive ----------------------------------------------------------------------------------
 
@@ -378,7 +467,7 @@ class SubscriptionsApi:
                 )
         if max_deliveries is None and backoff is None:
             max_deliveries = self.node.config.delivery.max_deliveries  # reset to the defaults
-        return json_response(await self._subscribe(topic, group, max_deliveries, backoff))
+        return json_response(await self._subscribe(topic, group, max_deliveries, backoff, create_dlq=True))
 
     # -- internal actions (at the group's leader) -------------------------------------------------
 

@@ -1,0 +1,121 @@
+"""Consume rights create nothing permanent, on a real 3-node cluster with API tokens: a receive or
+push stream under a new consumer group creates no topic; the first dead letter creates the
+dead-letter topic and lands in it (``docs/delivery.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+ADMIN_TOKEN = "admin-token-Wq4Lp9Zx2Nc7Vb1Mk"
+CONSUMER_TOKEN = "consumer-token-Hy6Tr3Ed8Ws5Qa0"  # consume on orders and payments
+SECURITY_TOML = f"""
+[security]
+[[security.tokens]]
+name = "admin"
+token = "{ADMIN_TOKEN}"
+admin = ["*"]
+produce = ["*"]
+consume = ["*"]
+
+[[security.tokens]]
+name = "consumer"
+token = "{CONSUMER_TOKEN}"
+consume = ["orders", "payments"]
+"""
+DELIVERY = "[delivery]\nmax_deliveries = 1\nbackoff_ms = [100]\ntick_ms = 100\n"
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("consume-rights"), extra_toml=DELIVERY + SECURITY_TOML) as cluster:
+        cluster.session.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"  # the harness's own calls
+        cluster.start()
+        cluster.wait_ready()
+        cluster.wait_balanced()
+        yield cluster
+        for nid in cluster.nodes:
+            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
+
+
+def as_consumer(c: Cluster, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
+    headers = {"Authorization": f"Bearer {CONSUMER_TOKEN}"}
+    return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
+
+
+def topic_names(c: Cluster) -> set[str]:
+    r = c.get("/v1/topics")
+    assert r.status_code == 200, r.text
+    return {t["name"] for t in r.json()["topics"]}
+
+
+def sub(topic: str, group: str, action: str = "") -> str:
+    return f"/v1/topics/{topic}/subscriptions/{group}" + (f"/{action}" if action else "")
+
+
+def test_receives_and_push_streams_under_new_groups_create_no_topic(c: Cluster) -> None:
+    c.create_topic("orders", queues=2)
+    assert c.produce("orders", [{"value": f"o{i}", "queue": i % 2} for i in range(4)]).status_code == 200
+    before = topic_names(c)
+    for i, node in enumerate(c.nodes):  # the coordinator and forwarding nodes alike
+        r = as_consumer(c, "POST", sub("orders", f"new-{i}", "receive"), node, json={"wait_ms": 2000})
+        assert r.status_code == 200, r.text
+        assert r.json()["messages"], r.text  # the subscription works without a dead-letter topic
+
+    async def stream(group: str) -> list[dict[str, Any]]:
+        url = c.url("n2").replace("http", "ws", 1) + sub("orders", group, "stream")
+        headers = {"Authorization": f"Bearer {CONSUMER_TOKEN}"}
+        async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
+            hello = await ws.receive_json(timeout=30)
+            assert hello["type"] == "hello", hello
+            await ws.send_json({"op": "rdy", "n": 10})
+            frame = await ws.receive_json(timeout=30)
+            assert frame["type"] == "messages", frame
+            messages: list[dict[str, Any]] = frame["messages"]
+            return messages
+
+    assert asyncio.run(stream("streamed"))
+    assert topic_names(c) == before
+    for group in ("new-0", "new-1", "new-2", "streamed"):
+        assert c.get(f"/v1/topics/orders.{group}.dlq").status_code == 404
+
+
+def test_the_first_dead_letter_creates_the_dead_letter_topic_and_lands_in_it(c: Cluster) -> None:
+    c.create_topic("payments", queues=3)
+    assert c.produce("payments", [{"value": "poison", "key": "p", "queue": 2}]).status_code == 200
+    r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 10_000})
+    assert r.status_code == 200, r.text
+    (m,) = r.json()["messages"]
+    assert "payments.workers.dlq" not in topic_names(c)
+    r = as_consumer(c, "POST", sub("payments", "workers", "nack"), json={"receipts": [m["receipt"]]})
+    assert r.status_code == 200, r.text
+    assert r.json()["results"] == [{"receipt": m["receipt"], "ok": True}]  # parked: no topic yet
+
+    def listed() -> list[dict[str, Any]]:
+        r = as_consumer(c, "GET", sub("payments", "workers", "dlq"))
+        assert r.status_code == 200, r.text
+        messages: list[dict[str, Any]] = r.json()["messages"]
+        return messages
+
+    (letter,) = wait_until(listed, 30, what="the dead letter in the new dead-letter topic")
+    assert (letter["queue"], letter["value"], letter["key"]) == (2, "poison", "p")
+    headers = letter["headers"]
+    assert (headers["raftmq-dlq-reason"], headers["raftmq-dlq-attempts"]) == ("nacked", "1")
+    dlq = c.get("/v1/topics/payments.workers.dlq").json()
+    assert dlq["queue_groups"] == c.get("/v1/topics/payments").json()["queue_groups"]
+    r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 1500})
+    assert r.status_code == 200 and r.json()["messages"] == [], r.text  # not handed out again
+    # The next dead letter of the group goes there at once.
+    assert c.produce("payments", [{"value": "second", "queue": 0}]).status_code == 200
+    r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 10_000})
+    (m,) = r.json()["messages"]
+    r = as_consumer(c, "POST", sub("payments", "workers", "nack"), json={"receipts": [m["receipt"]]})
+    assert r.json()["results"] == [{"receipt": m["receipt"], "ok": True, "dead_lettered": True}]
