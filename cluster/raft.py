@@ -18,7 +18,11 @@ RocksDB checkpoint from a peer out of band (``fetch_checkpoint``), never through
 
 Membership (``dynamicMembershipChange``): single-server changes, effective on every replica as soon as
 the entry is appended. pysyncobj's guard against a second change in flight is dead code, so
-:meth:`RaftGroup.change_membership` refuses one while a membership entry is uncommitted. A group's
+:meth:`RaftGroup.change_membership` refuses one while a membership entry is uncommitted or its own
+change is unanswered; that change is answered ``unknown_outcome`` when its leader loses the
+leadership or a snapshot replaces the log (pysyncobj would never call it back). Votes count only
+between voters: the transport drops vote requests and votes from non-voters, so a removed voter that
+never learnt of its removal cannot depose the leader with its campaigns. A group's
 voters are what its own log says: the snapshot manifest records the voters as of its last entry
 (pysyncobj would store the live set, which may include an uncommitted change), and on start the
 voters are that set plus the membership entries after it in the journal (Raft's rule: the latest
@@ -77,6 +81,8 @@ if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against
 
 _EXIT_STORAGE_FAILURE = 70
 _MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
+_VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
+_VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
 
 
 class StateMachine(Protocol):
@@ -120,6 +126,15 @@ class RaftSettings:
     # term would depose the leader, and it cannot win) until a leader reached it. Its election
     # deadline is pushed this far ahead, again and again, until then.
     join_quiet_s: float = 30.0
+
+
+@dataclass(eq=False)
+class _MembershipChange:
+    """A voter change this leader proposed and has not answered yet (compared by identity)."""
+
+    action: str
+    addr: str
+    on_done: Callable[[Outcome], None]
 
 
 @dataclass(frozen=True)
@@ -199,11 +214,28 @@ class _FlushingTransport(TCPTransport):  # type: ignore[misc]
     only to the voters of this replica's own configuration and hangs up on anyone else, so a
     replica that missed a membership change (it was down) could never hear from a new voter that
     leads. A hinted peer gets a connection but no vote and no entries from this replica.
+
+    Votes count only between voters: a vote request (or a vote) from a node outside this replica's
+    voters is dropped before pysyncobj sees it. pysyncobj answers any connected node's request and
+    adopts its term, so a removed voter that never learnt of its removal (the leader stops sending
+    to it when it appends the change) would campaign, and its higher term would depose the leader
+    through the connections that hints keep open. Entries and heartbeats from any node still pass.
     """
 
     def send(self, node: Any, message: Any) -> Any:
         self._syncObj.raftmq_journal.flush()
         return super().send(node, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        # Every connection delivers through this method (tick thread). Only votes are checked.
+        if (
+            isinstance(message, dict)
+            and message.get("type") in _VOTE_MESSAGES
+            and node not in self._syncObj.otherNodes
+        ):
+            self._syncObj.raftmq_group._vote_ignored(node, message)
+            return
+        super()._onMessageReceived(node, message)
 
     def addNode(self, node: Any) -> None:
         if node in self._nodes:  # a hinted peer became a voter: keep its connection
@@ -269,7 +301,9 @@ class RaftGroup:
         self.peer_addrs = [a for a in members if a != self_addr]
         self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
         self._loading_on_start = os.path.exists(snapshot_file)
-        self._membership_in_flight = False  # tick thread only
+        self._membership_in_flight: _MembershipChange | None = None  # tick thread only
+        self.votes_ignored = 0  # vote requests and votes dropped from non-voters (tick thread)
+        self._vote_log_at = 0.0  # tick thread
         self._hinted: frozenset[str] = frozenset()  # tick thread only
         self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         conf = SyncObjConf(
@@ -430,29 +464,68 @@ class RaftGroup:
                 on_done(Outcome(error="not_leader"))
             elif action not in ("add", "remove") or (action == "remove" and addr == self.self_addr):
                 on_done(Outcome(error="bad_request"))
-            elif self._membership_in_flight or self._uncommitted_membership():
+            elif self._membership_in_flight is not None or self._uncommitted_membership():
                 # Also when the change asked for is the one in flight: "already so" must mean committed.
                 on_done(Outcome(error="unavailable"))
             elif (action == "add") == (addr in members):
                 on_done(Outcome(result={"changed": False, "members": members}))
             else:
-                self._membership_in_flight = True
+                change = self._membership_in_flight = _MembershipChange(action, addr, on_done)
                 log.info("membership_change", group=self.name, action=action, addr=addr)
                 propose = self._sync.addNodeToCluster if action == "add" else self._sync.removeNodeFromCluster
-                propose(addr, callback=functools.partial(self._membership_done, on_done))
+                propose(addr, callback=functools.partial(self._membership_done, change))
 
         self._tick_calls.put(start)
 
-    def _membership_done(self, on_done: Callable[[Outcome], None], _result: Any, error: int) -> None:
-        self._membership_in_flight = False
+    def _membership_done(self, change: _MembershipChange, _result: Any, error: int) -> None:
+        if error == FAIL_REASON.SUCCESS:
+            self._answer_membership(
+                change, Outcome(result={"changed": True, "members": self._live_members()})
+            )
+        else:
+            code, definite = _FAILURES.get(error, ("unknown_outcome", False))
+            self._answer_membership(change, Outcome(error=code, definite=definite))
+
+    def _answer_membership(self, change: _MembershipChange, outcome: Outcome) -> None:
+        """Tick thread: answer ``change`` once and let the next one start. pysyncobj's callback
+        comes only when the entry is applied through the log; ``_abandon_membership`` answers first
+        when it may never come, and the late callback (if any) is then ignored here."""
+        if self._membership_in_flight is not change:
+            return
+        self._membership_in_flight = None
         try:
-            if error == FAIL_REASON.SUCCESS:
-                on_done(Outcome(result={"changed": True, "members": self._live_members()}))
-            else:
-                code, definite = _FAILURES.get(error, ("unknown_outcome", False))
-                on_done(Outcome(error=code, definite=definite))
+            change.on_done(outcome)
         except Exception:  # an exception escaping a pysyncobj callback applies the entry twice
             log.exception("membership_callback_failed", group=self.name)
+
+    def _abandon_membership(self, reason: str) -> None:
+        """Tick thread: answer the change in flight as ``unknown_outcome`` (it may still commit
+        under another leader; the caller checks the voters and retries, which is idempotent)."""
+        change = self._membership_in_flight
+        if change is not None:
+            log.info(
+                "membership_change_abandoned",
+                group=self.name,
+                action=change.action,
+                addr=change.addr,
+                reason=reason,
+            )
+            self._answer_membership(change, Outcome(error="unknown_outcome", definite=False))
+
+    def _vote_ignored(self, node: Any, message: dict[str, Any]) -> None:
+        """Tick thread: a vote request or vote from ``node``, not a voter here, was dropped."""
+        self.votes_ignored += 1
+        now = time.monotonic()
+        if now >= self._vote_log_at:
+            self._vote_log_at = now + _VOTE_LOG_EVERY_S
+            log.warning(
+                "vote_request_ignored",
+                group=self.name,
+                sender=str(node.id),
+                message=message.get("type"),
+                term=message.get("term"),
+                ignored_total=self.votes_ignored,
+            )
 
     def force_compaction(self) -> None:
         self._sync.forceLogCompaction()
@@ -515,6 +588,10 @@ class RaftGroup:
         names = {0: "follower", 1: "candidate", 2: "leader"}
         if new == 2:
             self.became_leader_count += 1
+        elif old == 2:
+            # A change this leader proposed may now commit or vanish anywhere; if its entry ends up
+            # under a snapshot here, pysyncobj never calls back. Answer it now, deterministically.
+            self._abandon_membership("leadership_lost")
         log.info(
             "raft_state_changed",
             group=self.name,
@@ -572,6 +649,8 @@ class RaftGroup:
             os.fsync(f.fileno())
 
     def _deserialize(self, path: str) -> tuple[Entry, Entry, list[str]]:
+        # The log gives way to a snapshot: a voter change's entry under it is never applied here.
+        self._abandon_membership("snapshot_loaded")
         # A snapshot received from the leader was written and renamed by pysyncobj without fsync;
         # make it durable before pysyncobj replaces the journal with the snapshot's two entries.
         with open(path, "rb") as f:

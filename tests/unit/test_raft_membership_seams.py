@@ -1,23 +1,41 @@
-"""Pins of the pysyncobj 0.3.17 membership behaviour ``cluster/raft.py`` relies on (no sockets).
+"""Pins of the pysyncobj 0.3.17 membership behaviour ``cluster/raft.py`` relies on (no sockets), and
+the adapter's membership seams driven through a real, socket-free ``SyncObj``.
 
-Each test names what raftmq does because of the pinned behaviour; if pysyncobj changes it, the test
+Each pin names what raftmq does because of the pinned behaviour; if pysyncobj changes it, the test
 fails and the adapter must be revisited (docs/architecture.md, "Placement and cluster changes").
 """
 
 from __future__ import annotations
 
+import gzip
 import inspect
+import queue
 import re
 import textwrap
+from collections.abc import Iterator
 from typing import Any
 
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.syncobj as pso
-from pysyncobj import SyncObj
+import pytest
+from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
-from pysyncobj.transport import TCPTransport
+from pysyncobj.transport import TCPTransport, Transport
 
-from raftmq.cluster.raft import _FlushingTransport, members_after, membership_change
+from raftmq.cluster.journal import DurableJournal
+from raftmq.cluster.raft import (
+    Outcome,
+    RaftGroup,
+    _FlushingTransport,
+    _install_journal_seam,
+    members_after,
+    membership_change,
+)
+from raftmq.storage.memory import MemoryStore
+
+SELF = "127.0.0.1:1"
+PEERS = ["127.0.0.1:2", "127.0.0.1:3"]
+NEWCOMER = "127.0.0.1:4"
 
 
 def _src(func: Any) -> str:
@@ -88,3 +106,232 @@ def test_the_transport_hangs_up_on_unknown_addresses_and_hints_are_transport_nod
         SyncObj.__init__
     )
     assert _FlushingTransport.addNode is not TCPTransport.addNode  # idempotent for a hinted peer
+    for method in (
+        TCPTransport.addNode,
+        TCPTransport._onIncomingMessageReceived,
+        TCPTransport._onOutgoingMessageReceived,
+    ):
+        # Every connection hands its messages to the transport's _onMessageReceived, looked up on
+        # the instance: _FlushingTransport's override sees every message before pysyncobj does.
+        assert "functools.partial(self._onMessageReceived, node)" in _src(method)
+
+
+def test_pysyncobj_adopts_the_term_of_a_vote_request_from_any_connected_node() -> None:
+    # Why _FlushingTransport drops votes from non-voters: the handler never checks the sender.
+    handler = _src(SyncObj._SyncObj__onMessageReceived)
+    vote = handler[handler.index("if message['type'] == 'request_vote'") :]
+    vote = vote[: vote.index("if message['type'] == 'append_entries'")]
+    assert "if message['term'] > self.__raftCurrentTerm: self.__setCurrentTerm(message['term'], None)" in vote
+    assert "self.__setState(_RAFT_STATE.FOLLOWER)" in vote
+    assert "otherNodes" not in vote
+
+
+# -- a socket-free leader wrapped in a RaftGroup -----------------------------------------------------
+
+
+class RecordingTransport(Transport):  # type: ignore[misc]
+    """Never connects; records what pysyncobj sends."""
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        super().__init__(syncObj, selfNode, otherNodes)
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send(self, node: Any, message: Any) -> bool:
+        self.sent.append((str(node.id), message))
+        return True
+
+
+class Replica:
+    """A real pysyncobj ``SyncObj`` (no ticks of its own, no sockets) inside the parts of a
+    ``RaftGroup`` that membership changes use; the test plays the peers by calling pysyncobj's
+    message handler, and delivers what peers send through ``_FlushingTransport``'s filter."""
+
+    def __init__(self) -> None:
+        _install_journal_seam()
+        self.journal = DurableJournal(MemoryStore())
+        group = RaftGroup.__new__(RaftGroup)
+        group.name, group.node_id, group.self_addr = "g", "n1", SELF
+        group.became_leader_count = 0
+        group.votes_ignored = 0
+        group._vote_log_at = 0.0
+        group._journal = self.journal
+        group._tick_calls = queue.SimpleQueue()
+        group._membership_in_flight = None
+        self.group = group
+        self.sync = SyncObj(
+            SELF,
+            PEERS,
+            conf=SyncObjConf(
+                autoTick=False,
+                journalFile=self.journal,
+                dynamicMembershipChange=True,
+                onStateChanged=group._on_state_changed,
+            ),
+            transportClass=RecordingTransport,
+        )
+        self.sync.raftmq_group = group  # what _FlushingTransport reports dropped votes to
+        group._sync = self.sync
+        # The filter under test, in front of pysyncobj's handler as TCPTransport would put it.
+        self.inbound = _FlushingTransport.__new__(_FlushingTransport)
+        Transport.__init__(self.inbound, self.sync, None, [])
+        self.inbound._syncObj = self.sync
+        self.inbound.setOnMessageReceivedCallback(self.sync._SyncObj__onMessageReceived)
+
+    def receive(self, sender: str, message: dict[str, Any]) -> None:
+        self.inbound._onMessageReceived(TCPNode(sender), message)
+
+    def last_index(self) -> int:
+        return int(self.journal[-1][1])
+
+    def elect(self, term: int, commit: bool = True) -> None:
+        """Win an election at ``term``; ``commit``: get the leader's no-op committed and applied."""
+        self.sync._SyncObj__setCurrentTerm(term, SELF)
+        self.sync._SyncObj__onBecomeLeader()
+        if commit:
+            self.ack_all()
+            assert self.sync._isLeader() and self.sync.raftLastApplied == self.last_index()
+
+    def ack_all(self) -> None:
+        """Every voter acknowledges the whole log; a tick commits and applies it."""
+        for peer in sorted(self.members() - {SELF}):
+            self.receive(
+                peer,
+                {
+                    "type": "next_node_idx",
+                    "next_node_idx": self.last_index() + 1,
+                    "success": True,
+                    "reset": False,
+                },
+            )
+        self.tick()
+
+    def tick(self) -> None:
+        """A pysyncobj tick, then the RaftGroup calls queued for the tick thread."""
+        self.sync.doTick(0)
+        while True:
+            try:
+                call = self.group._tick_calls.get_nowait()
+            except queue.Empty:
+                break
+            call()
+        self.sync.doTick(0)  # proposals queued by those calls are appended
+
+    def change(self, action: str, addr: str) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        self.group.change_membership(action, addr, outcomes.append)
+        self.tick()
+        return outcomes
+
+    def members(self) -> set[str]:
+        return {str(n.id) for n in self.sync.otherNodes} | {SELF}
+
+
+@pytest.fixture
+def replica() -> Iterator[Replica]:
+    r = Replica()
+    yield r
+    r.sync.destroy()
+
+
+def _snapshot(last: tuple[bytes, int, int], prev: tuple[bytes, int, int], cluster: list[str]) -> bytes:
+    """A snapshot as pysyncobj's in-memory serializer sends it (no file: gzip of a pickle)."""
+    return gzip.compress(pso_pickle.dumps((None, last, prev, [TCPNode(a) for a in cluster])))
+
+
+def test_a_voter_change_cut_off_by_a_lost_leadership_and_a_snapshot_does_not_block_the_next(
+    replica: Replica,
+) -> None:
+    """The leader proposes a change and is deposed before it commits; the new leader sends a
+    snapshot past the change's index, so pysyncobj never calls the change back. Elected again, the
+    replica must accept the next change (it refused every change for ever before)."""
+    r = replica
+    r.elect(term=2)
+    first = r.change("add", NEWCOMER)
+    index = r.last_index()
+    assert membership_change(r.journal[-1][0]) == ("add", NEWCOMER) and first == []  # in flight
+    # PEERS[0] won term 3 without the entry and tells this replica so.
+    r.receive(
+        PEERS[0],
+        {
+            "type": "append_entries",
+            "term": 3,
+            "commit_index": index - 1,
+            "prevLogIdx": index - 1,
+            "prevLogTerm": 2,
+            "entries": [],
+        },
+    )
+    assert not r.sync._isLeader()
+    assert first == [Outcome(error="unknown_outcome", definite=False)]  # answered at once
+    noop = bytes([pso._COMMAND_TYPE.NO_OP])
+    snapshot = _snapshot((noop, index + 5, 3), (noop, index + 4, 3), [SELF, *PEERS])
+    r.receive(
+        PEERS[0],
+        {
+            "type": "append_entries",
+            "term": 3,
+            "commit_index": index + 5,
+            "serialized": (snapshot, True, True),
+        },
+    )
+    assert r.sync.raftLastApplied == index + 5 and r.last_index() == index + 5  # the log gave way
+    r.elect(term=4)
+    second = r.change("add", NEWCOMER)
+    assert second == [] and membership_change(r.journal[-1][0]) == ("add", NEWCOMER)  # proposed
+    r.ack_all()
+    assert second == [Outcome(result={"changed": True, "members": sorted([SELF, *PEERS, NEWCOMER])})]
+    assert first == [Outcome(error="unknown_outcome", definite=False)]  # answered once
+
+
+def test_a_deposed_leaders_change_is_answered_once_even_when_it_commits_later(replica: Replica) -> None:
+    """Deposed and elected again, the replica commits its old entry in the new term: pysyncobj then
+    calls the old change back, which must not answer it a second time nor end the next change."""
+    r = replica
+    r.elect(term=2)
+    first = r.change("add", NEWCOMER)
+    index = r.last_index()
+    r.receive(
+        PEERS[0], {"type": "request_vote", "term": 3, "last_log_index": index, "last_log_term": 2}
+    )  # a voter's campaign: it deposes the leader (votes from voters still count)
+    assert not r.sync._isLeader() and r.sync.raftCurrentTerm == 3
+    assert first == [Outcome(error="unknown_outcome", definite=False)]
+    r.elect(term=4, commit=False)
+    refused = r.change("remove", PEERS[1])  # the old entry is still uncommitted in the log
+    assert refused == [Outcome(error="unavailable")]
+    r.ack_all()  # commits the old entry: pysyncobj calls the old change back now
+    assert first == [Outcome(error="unknown_outcome", definite=False)]
+    assert r.members() == {SELF, *PEERS, NEWCOMER}
+    second = r.change("remove", PEERS[1])
+    r.ack_all()
+    assert second == [Outcome(result={"changed": True, "members": sorted([SELF, PEERS[0], NEWCOMER])})]
+
+
+def test_votes_from_non_voters_are_dropped_and_a_voter_added_later_is_heard(replica: Replica) -> None:
+    """A removed voter (or any node the transport connects, hinted peers included) campaigning with
+    a higher term cannot depose the leader; once a node is added, its campaign counts."""
+    r = replica
+    r.elect(term=2)
+    campaign = {"type": "request_vote", "term": 9, "last_log_index": 99, "last_log_term": 8}
+    r.receive(NEWCOMER, campaign)
+    assert r.sync._isLeader() and r.sync.raftCurrentTerm == 2
+    assert r.group.votes_ignored == 1
+    assert r.change("add", NEWCOMER) == []
+    r.ack_all()  # committed: NEWCOMER is a voter now
+    r.receive(NEWCOMER, campaign)
+    assert not r.sync._isLeader() and r.sync.raftCurrentTerm == 9
+    assert (NEWCOMER, {"type": "response_vote", "term": 9}) in r.sync._SyncObj__transport.sent
+    assert r.group.votes_ignored == 1
+
+
+def test_a_candidate_counts_votes_from_voters_only(replica: Replica) -> None:
+    r = replica
+    r.sync._SyncObj__onNodeConnected(TCPNode(PEERS[0]))  # pysyncobj campaigns only when connected
+    r.sync._SyncObj__raftElectionDeadline = 0
+    r.sync.doTick(0)
+    term = r.sync.raftCurrentTerm
+    assert r.sync._SyncObj__raftState == pso._RAFT_STATE.CANDIDATE
+    for outsider in (NEWCOMER, "127.0.0.1:5"):  # two votes would be a majority of three
+        r.receive(outsider, {"type": "response_vote", "term": term})
+    assert not r.sync._isLeader() and r.group.votes_ignored == 2
+    r.receive(PEERS[1], {"type": "response_vote", "term": term})
+    assert r.sync._isLeader()
