@@ -1,9 +1,10 @@
 """A durable Raft journal for pysyncobj, kept in a :class:`~raftmq.storage.store.Store`.
 
 pysyncobj's own ``FileJournal`` never fsyncs, has no checksums and truncates matching entries
-(``shared/notes/pysyncobj.md``, hazards 1, 4, 5). This journal replaces it through the seam in
-``cluster/raft.py`` and keeps pysyncobj's journal interface (list-like access to
-``(command, index, term)`` tuples, positions counted from the first retained entry).
+(hazards 1, 4 and 5 of docs/architecture.md, "The hazards and what neutralises each"). This journal
+replaces it through the seam in ``cluster/raft.py`` and keeps pysyncobj's journal interface
+(list-like access to ``(command, index, term)`` tuples, positions counted from the first retained
+entry).
 
 Keys (big-endian, so a scan is in index order):
 - ``b"E" + index(u64)`` → ``term(u64) + crc32c(u32) + command``; the CRC covers term and command.

@@ -1,7 +1,8 @@
 """The Raft adapter: one :class:`RaftGroup` per replicated group. The only module importing pysyncobj.
 
 pysyncobj (pinned to 0.3.17) provides elections and replication. This module makes it durable and
-safe to embed (each hazard of ``shared/notes/pysyncobj.md`` and what neutralises it):
+safe to embed (each hazard, as docs/architecture.md lists them under "The hazards and what
+neutralises each", and what neutralises it):
 
 1. No fsync → :class:`~raftmq.cluster.journal.DurableJournal` replaces the journal through the
    ``createJournal`` seam; the transport flushes it before every message and a tick callback after

@@ -2,7 +2,8 @@
 
 Every test runs over MemoryStore and RocksStore. "Reopen" means building a new DurableJournal on the
 same store; for RocksStore the store is closed and opened again first, so what a reopened journal
-shows is what was on disk. Hazard numbers refer to ``shared/notes/pysyncobj.md``.
+shows is what was on disk. Hazard numbers refer to docs/architecture.md, "The hazards and what
+neutralises each".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each test fails loudly if pysyncobj changes what a seam depends on. Most drive pysyncobj's real code
 without sockets (a ``SyncObj`` with ``autoTick=False`` over a fake transport, its private handlers
 called directly); the last group runs single-node ``RaftGroup``s on localhost. Hazard numbers refer to
-``shared/notes/pysyncobj.md``.
+docs/architecture.md, "pysyncobj 0.3.17: the facts raftmq relies on".
 """
 
 from __future__ import annotations
