@@ -232,6 +232,10 @@ class ChaosCluster:
             f"replication = {min(3, len(self.node_ids))}",
             "[limits]",
             f"request_timeout_ms = {self.request_timeout_ms}",
+            # The nodes serve HTTP on their addresses of the run's own docker network (not loopback),
+            # which needs tokens or this; the workload sends no token (docs/chaos.md, "The cluster").
+            "[security]",
+            "allow_unauthenticated = true",
             self.extra_toml,
         ]
         for nid in self.node_ids:

@@ -66,6 +66,9 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
     except KeyError:
         ids = ", ".join(n.id for n in config.nodes)
         raise click.ClickException(f"node {node_id!r} is not in {config_path} (nodes: {ids})") from None
+    refusal = open_api_refusal(config, node_id)
+    if refusal is not None:
+        raise click.ClickException(refusal)
     # pysyncobj retries a busy Raft port forever without a word, so check every port before starting.
     busy = unavailable_addresses(listen_addresses(config, node_id))
     if busy:
@@ -79,6 +82,24 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
 
 class CannotListen(Exception):
     """A node's address was taken between the check and the bind."""
+
+
+def open_api_refusal(config: ClusterConfig, node_id: str) -> str | None:
+    """Why node ``node_id`` must not start, or None. Secure by default beyond one host: without
+    API tokens anyone who reaches the HTTP port may read every message and change the cluster, so
+    an HTTP address other than a loopback one needs tokens or ``allow_unauthenticated = true``."""
+    http = config.node(node_id).http
+    security = config.security
+    if security.enabled or security.allow_unauthenticated or loopback_host(http.rsplit(":", 1)[0]):
+        return None
+    return (
+        f"node {node_id} would serve the HTTP API on {http}, which is not a loopback address, "
+        "without authentication: the cluster file lists no API tokens, so anyone who reaches that "
+        "address could read and write every topic and change the cluster.\n"
+        "Add tokens ([[security.tokens]] with an admin token, see docs/security.md), or, only on a "
+        "network that no untrusted client can reach, set allow_unauthenticated = true in the cluster "
+        "file's [security] section (or RAFTMQ_SECURITY_ALLOW_UNAUTHENTICATED=true)."
+    )
 
 
 def listen_addresses(config: ClusterConfig, node_id: str) -> list[tuple[str, str]]:
@@ -134,8 +155,16 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
         node, ssl_context = Node(config, node_id), server_context(config.node(node_id))
     except TlsError as e:
         raise CannotListen(str(e)) from None
-    if not config.security.enabled and not _loopback(node.me.http.rsplit(":", 1)[0]):
-        log.warning("api_unauthenticated", node_id=node_id, hint="no [[security.tokens]] in the cluster file")
+    if not config.security.enabled and not loopback_host(node.me.http.rsplit(":", 1)[0]):
+        # Only with allow_unauthenticated = true (serve refuses to start otherwise): say it loudly.
+        log.warning(
+            "api_unauthenticated",
+            node_id=node_id,
+            http=node.me.http,
+            allow_unauthenticated=True,
+            risk="no API tokens: anyone who reaches this address may read, write and administer everything",
+            hint="add [[security.tokens]] (docs/security.md)",
+        )
     try:
         await node.start()
     except RaftBindError as e:
@@ -164,10 +193,19 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     await node.stop()
 
 
-def _loopback(host: str) -> bool:
+def loopback_host(host: str) -> bool:
+    """True when ``host`` names loopback addresses only: 127.0.0.0/8, ::1, or a host name that
+    resolves to nothing else (``localhost``). 0.0.0.0, ::, any other address and a name that does
+    not resolve are not loopback."""
+    host = host.strip("[]")
     try:
-        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+    except (OSError, ValueError):
         return False
 
 

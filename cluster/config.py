@@ -22,6 +22,8 @@ A cluster file is TOML::
     store = "s3://bucket/raftmq"         # default: <data_dir>/<node_id>/segments
 
     [security]                           # optional API tokens (cluster/tokens.py, docs/security.md)
+    allow_unauthenticated = false        # without tokens, `raftmq serve` refuses a non-loopback
+                                         # HTTP address unless true (cluster/cli_serve.py)
     [[security.tokens]]
     name = "orders-service"
     sha256 = "<64 hex digits>"           # or token = "..."; env: RAFTMQ_TOKEN_ORDERS_SERVICE

@@ -4,6 +4,7 @@ The cluster file lists tokens under ``[security]``::
 
     [security]
     metrics_open = false                 # true: GET /metrics needs no token
+    allow_unauthenticated = false        # true: no tokens and a non-loopback HTTP address is fine
 
     [[security.tokens]]
     name = "orders-service"
@@ -94,6 +95,9 @@ class TokenGrant:
 class SecurityConfig:
     tokens: tuple[TokenGrant, ...] = ()
     metrics_open: bool = False  # GET /metrics without a token
+    # Without tokens, ``raftmq serve`` refuses a non-loopback HTTP address unless this is set
+    # (``cluster/cli_serve.py``): an open API beyond one host must be asked for.
+    allow_unauthenticated: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -148,13 +152,9 @@ def parse_security(raw: Any, env: Mapping[str, str], problems: list[str]) -> Sec
     if not isinstance(raw, dict):
         problems.append("[security] must be a table")
         return SecurityConfig()
-    problems += [f"unknown key security.{k}" for k in sorted(set(raw) - {"tokens", "metrics_open"})]
-    metrics_open = raw.get("metrics_open", False)
-    if "RAFTMQ_SECURITY_METRICS_OPEN" in env:
-        metrics_open = env["RAFTMQ_SECURITY_METRICS_OPEN"].lower() in ("1", "true", "yes", "on")
-    if not isinstance(metrics_open, bool):
-        problems.append("security.metrics_open must be true or false")
-        metrics_open = False
+    flags = ("metrics_open", "allow_unauthenticated")
+    problems += [f"unknown key security.{k}" for k in sorted(set(raw) - {"tokens", *flags})]
+    metrics_open, allow_unauthenticated = (_flag(raw, key, env, problems) for key in flags)
     entries = raw.get("tokens", [])
     if not isinstance(entries, list):
         problems.append("security.tokens must be an array of tables ([[security.tokens]])")
@@ -173,7 +173,21 @@ def parse_security(raw: Any, env: Mapping[str, str], problems: list[str]) -> Sec
         if g.digest in seen:
             problems.append(f"security.tokens: token {g.name!r} has the same value as an earlier token")
         seen.add(g.digest)
-    return SecurityConfig(tokens=tuple(grants), metrics_open=metrics_open)
+    return SecurityConfig(
+        tokens=tuple(grants), metrics_open=metrics_open, allow_unauthenticated=allow_unauthenticated
+    )
+
+
+def _flag(raw: dict[str, Any], key: str, env: Mapping[str, str], problems: list[str]) -> bool:
+    """``security.<key>``, true or false; ``RAFTMQ_SECURITY_<KEY>`` overrides it."""
+    value = raw.get(key, False)
+    var = f"RAFTMQ_SECURITY_{key.upper()}"
+    if var in env:
+        value = env[var].lower() in ("1", "true", "yes", "on")
+    if not isinstance(value, bool):
+        problems.append(f"security.{key} must be true or false")
+        return False
+    return value
 
 
 def _parse_grant(i: int, entry: Any, env: Mapping[str, str], problems: list[str]) -> TokenGrant | None:
