@@ -3,7 +3,8 @@
 The cluster comes up healthy; messages produced through the published ports are all there after a
 node is killed with ``docker kill`` mid-stream; the killed node comes back from its volume and
 catches up; a backup taken in a container and restored into every node's volume brings back exactly
-the backed-up messages; ``down -v`` leaves no volume behind. Also: a missing secret fails clearly.
+the backed-up messages; ``down -v`` leaves no volume behind. Also: a missing secret or admin token
+fails clearly, and the image refuses to serve its non-loopback address without API tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ PROJECT = "raftmq-deploy-test"
 CLUSTER_FILE = REPO / "deploy" / "compose" / "cluster.toml"
 TOPIC = "deploy"
 QUEUES = 6
+ADMIN_TOKEN = os.urandom(24).hex()  # RAFTMQ_TOKEN_ADMIN: the compose cluster's admin token
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def _compose_nodes() -> dict[str, str]:
@@ -55,7 +58,7 @@ def _free_ports(count: int, start: int = 18081) -> list[int]:
 
 
 def _http_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=AUTH), timeout=timeout) as resp:
         return json.loads(resp.read())
 
 
@@ -103,13 +106,18 @@ def empty_env_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_missing_secret_fails_clearly(
+def test_missing_secret_or_admin_token_fails_clearly(
     deploy_image: str, compose_bin: list[str], empty_env_file: Path, tmp_path: Path
 ) -> None:
     compose = Compose(compose_bin, _base_env() | {"RAFTMQ_IMAGE": deploy_image}, empty_env_file)
     done = compose.run("config", check=False)
     assert done.returncode != 0
     assert "RAFTMQ_SECRET is not set" in done.stderr
+    secret = {"RAFTMQ_SECRET": os.urandom(16).hex()}
+    compose = Compose(compose_bin, _base_env() | {"RAFTMQ_IMAGE": deploy_image} | secret, empty_env_file)
+    done = compose.run("config", check=False)
+    assert done.returncode != 0
+    assert "RAFTMQ_TOKEN_ADMIN is not set" in done.stderr
 
     # The image itself, run without compose and without a secret, says what is missing.
     ran = subprocess.run(
@@ -124,6 +132,41 @@ def test_missing_secret_fails_clearly(
     assert ran.returncode == 64, ran.stderr
     assert "RAFTMQ_SECRET is not set" in ran.stderr
 
+    # With the secret but without the admin token, the node names the missing variable.
+    secret_arg = f"RAFTMQ_SECRET={secret['RAFTMQ_SECRET']}"
+    ran = subprocess.run(
+        [
+            "docker", "run", "--rm", "-e", "RAFTMQ_NODE=n1", "-e", secret_arg,
+            "-v", f"{CLUSTER_FILE}:/etc/raftmq/cluster.toml:ro", deploy_image,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 1, ran.stderr
+    assert "RAFTMQ_TOKEN_ADMIN" in ran.stderr
+
+    # A cluster file without tokens: a node on the container's (non-loopback) address refuses.
+    open_file = tmp_path / "open.toml"
+    open_file.write_text(CLUSTER_FILE.read_text().split("[[security.tokens]]")[0] + _nodes_toml())
+    ran = subprocess.run(
+        [
+            "docker", "run", "--rm", "-e", "RAFTMQ_NODE=n1", "-e", secret_arg,
+            "-v", f"{open_file}:/etc/raftmq/cluster.toml:ro", deploy_image,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 1, ran.stderr
+    assert "not a loopback address" in ran.stderr and "allow_unauthenticated = true" in ran.stderr
+
+
+def _nodes_toml() -> str:
+    """The [[nodes]] tables of the compose cluster file, as they are written there."""
+    text = CLUSTER_FILE.read_text()
+    return text[text.index("[[nodes]]") :]
+
 
 @pytest.fixture
 def cluster(
@@ -135,6 +178,7 @@ def cluster(
     env = _base_env() | {
         "RAFTMQ_IMAGE": deploy_image,
         "RAFTMQ_SECRET": os.urandom(16).hex(),
+        "RAFTMQ_TOKEN_ADMIN": ADMIN_TOKEN,
         "RAFTMQ_NOFILE": str(_docker_nofile(deploy_image)),
     }
     env |= {f"RAFTMQ_{n.upper()}_PORT": str(p) for n, p in ports.items()}
@@ -219,7 +263,11 @@ async def _produce_through_kill(
     (RecordMetadata or the exception), and how many were sent before the kill."""
     outcomes: dict[str, asyncio.Future[Any]] = {}
     async with AsyncProducer(
-        urls, address_map=lambda u: to_host.get(u, u), linger_ms=2, delivery_timeout_ms=60_000
+        urls,
+        address_map=lambda u: to_host.get(u, u),
+        linger_ms=2,
+        delivery_timeout_ms=60_000,
+        token=ADMIN_TOKEN,
     ) as p:
         loop = asyncio.get_running_loop()
 
@@ -251,7 +299,7 @@ def test_compose_cluster_keeps_every_acknowledged_message_through_a_docker_kill(
     to_host = {f"http://{advertised[n]}": f"http://127.0.0.1:{p}" for n, p in ports.items()}
     urls = list(to_host.values())
 
-    with Admin(urls, request_timeout_ms=10_000) as admin:
+    with Admin(urls, request_timeout_ms=10_000, token=ADMIN_TOKEN) as admin:
         admin.create_topic(TOPIC, queues=QUEUES)
     status = _http_json(urls[0] + "/v1/cluster")
     victim = next(g["leader"] for g in status["groups"] if g["group_id"] == "meta")
@@ -319,7 +367,7 @@ def _produce_one(url: str, value: str) -> None:
     request = urllib.request.Request(
         f"{url}/v1/topics/{TOPIC}/messages",
         data=json.dumps({"messages": [{"value": value}]}).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **AUTH},
     )
     with urllib.request.urlopen(request, timeout=30) as resp:
         assert resp.status == 200
