@@ -106,9 +106,11 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("DELETE", _G + "/members/{member_id}"): _on_topic(CONSUME, source="none"),
     # Redrive appends the dead letters to the topic again: consuming and producing.
     ("POST", _T + "/subscriptions/{group}/dlq/redrive"): _on_topic(CONSUME, PRODUCE),
+    # A subscription's settings outlive its consumers and create its dead-letter topic: admin.
+    ("PUT", _T + "/subscriptions/{group}"): _on_topic(ADMIN),
 }
-# Any method, any route below these (receive/ack/nack/extend, subscription settings, dead letters,
-# the push stream, queue locks, segments).
+# Any method, any route below these (receive/ack/nack/extend, dead letters, the push stream, queue
+# locks, segments).
 PREFIXES: tuple[tuple[str, Rule], ...] = (
     (_T + "/subscriptions/{group}", _on_topic(CONSUME)),
     (_T + "/queues/{queue}/locks/{group}", _on_topic(CONSUME)),

@@ -294,6 +294,48 @@ def test_the_push_stream_needs_consume(secure: Secure) -> None:
     assert asyncio.run(handshake(PRODUCER_TOKEN)) == 403
 
 
+def test_subscription_settings_need_admin_on_the_topic(secure: Secure) -> None:
+    """A consume-only token may receive under any group but not set a group's settings (they
+    outlive its consumers and create its dead-letter topic): 403, and nothing is created."""
+    settings = {"max_deliveries": 3, "backoff_ms": [100]}
+    path = "/v1/topics/orders.a/subscriptions/settings-check"
+    for node in secure.c.nodes:
+        assert_error(secure.call("PUT", path, CONSUMER_TOKEN, node=node, json=settings), 403, "forbidden")
+        assert_error(secure.call("PUT", path, PRODUCER_TOKEN, node=node, json=settings), 403, "forbidden")
+    # admin on other topics only is not enough either
+    assert_error(secure.call("PUT", path, AUDIT_TOKEN, json=settings), 403, "forbidden")
+    listed = secure.call("GET", "/v1/topics", ADMIN_TOKEN)
+    assert "orders.a.settings-check.dlq" not in {t["name"] for t in listed.json()["topics"]}
+    # admin on the topic (its own patterns or cluster-wide) sets them
+    stored = secure.call("PUT", path, ADMIN_TOKEN, node="n2", json=settings)
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["max_deliveries"] == 3
+    own = secure.call("PUT", "/v1/topics/audit.log/subscriptions/settings-check", AUDIT_TOKEN, json=settings)
+    assert own.status_code == 200, own.text
+    # and consuming under the group stays a consume right
+    received = secure.call("POST", path + "/receive", CONSUMER_TOKEN, json={"wait_ms": 0})
+    assert received.status_code == 200, received.text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/v1/cluster/placement", None),
+        ("POST", "/v1/cluster/nodes", {"id": "n9", "http": "127.0.0.1:1", "raft": "127.0.0.1:2"}),
+        ("DELETE", "/v1/cluster/nodes/n3", None),
+        ("POST", "/v1/cluster/groups/0/move", {"from": "n1", "to": "n2"}),
+        ("POST", "/v1/cluster/groups/0/leader", {"node": "n2"}),
+        ("POST", "/v1/cluster/rebalance", {}),
+        ("DELETE", "/v1/cluster/change", None),
+    ],
+)
+def test_cluster_changes_need_cluster_admin(secure: Secure, method: str, path: str, body: Any) -> None:
+    """Admin on some topics, or every other right on every topic, changes nothing in the cluster."""
+    for token in (AUDIT_TOKEN, CONSUMER_TOKEN, PRODUCER_TOKEN, MONITOR_TOKEN):
+        assert_error(secure.call(method, path, token, node="n2", json=body), 403, "forbidden")
+    assert secure.call("GET", "/v1/cluster/placement", ADMIN_TOKEN).status_code == 200
+
+
 # -- forwarding and the cluster secret ----------------------------------------------------------------
 
 

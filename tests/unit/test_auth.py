@@ -331,7 +331,7 @@ def test_route_rules(method: str, canonical: str | None, path: str, rule: Any) -
         ("DELETE", "/v1/groups/{group}/members/{member_id}", (CONSUME,), "none"),
         ("POST", "/v1/topics/{topic}/subscriptions/{group}/receive", (CONSUME,), "path"),
         ("GET", "/v1/topics/{topic}/subscriptions/{group}/stream", (CONSUME,), "path"),
-        ("PUT", "/v1/topics/{topic}/subscriptions/{group}", (CONSUME,), "path"),
+        ("PUT", "/v1/topics/{topic}/subscriptions/{group}", (ADMIN,), "path"),  # settings: admin
         ("GET", "/v1/topics/{topic}/subscriptions/{group}/dlq", (CONSUME,), "path"),
         ("POST", "/v1/topics/{topic}/subscriptions/{group}/dlq/redrive", (CONSUME, PRODUCE), "path"),
         ("POST", "/v1/topics/{topic}/queues/{queue}/locks/{group}", (CONSUME,), "path"),
