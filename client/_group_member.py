@@ -145,8 +145,12 @@ class GroupMember:
                 next_beat = now + self.interval_s
 
     def _expected(self, view: dict[str, Any]) -> frozenset[TopicQueue]:
-        """The queues this member should get once the barrier lets them go, assuming every member
-        subscribes to the same topics (otherwise a guess, which only affects heartbeat pacing)."""
+        """The queues this member should get once the barrier lets them go: the answer's
+        ``allocation``; from a broker that does not send it, computed from ``members`` assuming
+        every member subscribes to the same topics (a guess, which only affects heartbeat pacing)."""
+        allocation = view.get("allocation")
+        if isinstance(allocation, dict):
+            return frozenset((t, q) for t, queues in allocation.items() for q in queues)
         expected: set[TopicQueue] = set()
         for topic in view["assignment"]:
             desc = self.core.metadata.topic(topic)

@@ -1,5 +1,8 @@
 """Consumer-group membership routes: join/heartbeat and leave (served by the metadata leader).
 
+Leaving (removing a member) needs ``consume`` on every topic the member consumes, checked at the
+coordinator, which knows them (``auth.py`` checks ``consume`` on some topic first).
+
 The heartbeat body is ``{"member_id", "topics", "generation"?}``; ``generation`` (optional, for
 older clients) is the generation of the last assignment the member has applied, 0 before its
 first. It drives the revoke barrier of :mod:`raftmq.cluster.membership`.
@@ -9,11 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from aiohttp import web
 
+from . import errors
+from .auth import PRINCIPAL
 from .membership import GroupMembership
 from .node import META, Node, now_ms
-from .validation import bad, parse_json
+from .tokens import CONSUME, TokenGrant
+from .validation import ApiError, bad, parse_json
 
 if TYPE_CHECKING:
     from .http_api import Api
@@ -32,6 +39,21 @@ def _check_member_id(member_id: str) -> None:
         size = 0
     if not 1 <= size <= MAX_MEMBER_ID_BYTES:
         raise bad(f"'member_id' must be 1-{MAX_MEMBER_ID_BYTES} UTF-8 bytes")
+
+
+def _forwarded_grant(node: Node, body: bytes) -> TokenGrant | None:
+    """The token a forwarding entry node checked the caller's request with (by name), or None
+    when the body names none (a peer's own request)."""
+    try:
+        name = orjson.loads(body).get("token") if body else None
+    except (orjson.JSONDecodeError, AttributeError):
+        name = None
+    if not isinstance(name, str):
+        return None
+    for grant in node.config.security.tokens:
+        if grant.name == name:
+            return grant
+    raise ApiError(errors.FORBIDDEN, f"no token {name!r} in this node's cluster file")
 
 
 def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
@@ -74,12 +96,29 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
         return json_response(membership.view(group, member_id, counts))
 
     async def leave(request: web.Request) -> web.Response:
+        """Remove a member: the caller's token needs ``consume`` on every topic the member
+        consumes. Only the coordinator knows those, so the entry node forwards the token's name
+        (a forwarded request carries the peer key, so the name is trusted there) and the
+        coordinator checks it against the same token table (the cluster file)."""
         group = _group_name(request)
         member_id = request.match_info["member_id"]
         _check_member_id(member_id)
+        grant = request.get(PRINCIPAL)  # None: no tokens, or a request a peer forwarded
         if not api._leads(META):
-            return await api._forward(request, META)
+            on_behalf = None if grant is None else orjson.dumps({"token": grant.name})
+            return await api._forward(request, META, on_behalf)
+        if grant is None and node.config.security.enabled:
+            grant = _forwarded_grant(node, await request.read())
         membership.set_term(coordinator_term())
+        topics = membership.member_topics(group, member_id) or ()
+        if grant is not None:
+            for topic in topics:
+                if not grant.allows(CONSUME, topic):
+                    raise ApiError(
+                        errors.FORBIDDEN,
+                        f"token {grant.name!r} lacks consume permission on topic {topic!r}, "
+                        f"which member {member_id!r} of group {group!r} consumes",
+                    )
         left = membership.leave(group, member_id)
         return json_response({"group": group, "member_id": member_id, "left": left})
 

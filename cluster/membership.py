@@ -27,10 +27,15 @@ a leader change members simply rejoin on their next heartbeat. Generations stay 
 leaders because they start from the leader's Raft term (``term << 32``). A new coordinator does not
 know who holds what; it grants queues at once until members have answered it (see ``set_term``).
 Time comes in as ``now_ms`` arguments, so this module reads no clock.
+
+Group names and member ids are chosen by clients, so the coordinator keeps only groups with a live
+member: a group whose last member left or expired is forgotten (a later group of that name starts
+above the generations of the forgotten ones, so generations still never go backwards).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,31 +92,60 @@ class GroupMembership:
     def __init__(self, session_timeout_ms: int = 10_000, heartbeat_interval_ms: int = 1_000) -> None:
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, _Group] = {}  # groups with members only: see _prune
+        # Every member as (group, member id), least recently heard from first: expire looks at
+        # the front only, so a heartbeat costs the same however many groups there are.
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._term = 0
+        self._floor = 0  # the highest generation of a group forgotten in this term
 
     def set_term(self, term: int) -> None:
         """Called with the metadata group's term when this node leads it; a new term forgets the
         members (they rejoin) and starts generations above every earlier leader's."""
         if term != self._term:
             self._term = term
+            self._floor = 0
             self._groups.clear()
+            self._seen.clear()
+
+    def __len__(self) -> int:
+        """How many groups this coordinator keeps (each has at least one live member)."""
+        return len(self._groups)
 
     def _group(self, group: str) -> _Group:
         g = self._groups.get(group)
         if g is None:
-            g = self._groups[group] = _Group(generation=self._term << 32)
+            # Above every generation a forgotten group had: a group that comes back never sees
+            # its generation go backwards.
+            g = self._groups[group] = _Group(generation=max(self._term << 32, self._floor))
         return g
 
+    def _prune(self, group: str, g: _Group) -> None:
+        """Forget ``group`` once it has no member: group names are chosen by clients, so no
+        number of them may grow this coordinator's memory (only live members hold state)."""
+        if not g.members:
+            self._floor = max(self._floor, g.generation)
+            self._groups.pop(group, None)
+
     def expire(self, now_ms: int) -> None:
-        for g in self._groups.values():
-            dead = [
-                m for m, info in g.members.items() if now_ms - info.last_seen_ms > self.session_timeout_ms
-            ]
-            for m in dead:
-                g.drop(m)
-            if dead:
-                g.generation += 1
+        """Drop the members not heard from for ``session_timeout_ms``."""
+        touched: dict[str, _Group] = {}
+        while self._seen:
+            key = next(iter(self._seen))
+            group, member_id = key
+            g = self._groups.get(group)
+            info = None if g is None else g.members.get(member_id)
+            if g is None or info is None:
+                del self._seen[key]
+                continue
+            if now_ms - info.last_seen_ms <= self.session_timeout_ms:
+                break
+            del self._seen[key]
+            g.drop(member_id)
+            touched[group] = g
+        for group, g in touched.items():
+            g.generation += 1
+            self._prune(group, g)
 
     def heartbeat(
         self, group: str, member_id: str, topics: list[str], now_ms: int, generation: int | None = None
@@ -133,6 +167,8 @@ class GroupMembership:
             current.topics = wanted
             g.generation += 1
         current.last_seen_ms = now_ms
+        self._seen[(group, member_id)] = None
+        self._seen.move_to_end((group, member_id))
         current.applied = generation
         if generation is not None and generation == current.sent_generation:
             for key in [k for k, m in g.holders.items() if m == member_id and k not in current.sent]:
@@ -143,7 +179,9 @@ class GroupMembership:
         if g is None or member_id not in g.members:
             return False
         g.drop(member_id)
+        self._seen.pop((group, member_id), None)
         g.generation += 1
+        self._prune(group, g)
         return True
 
     def _may_take(self, g: _Group, key: TopicQueue, member_id: str) -> bool:
@@ -157,15 +195,20 @@ class GroupMembership:
         """What ``member_id`` should consume now: its queues per topic, and the group's generation.
 
         A queue of its allocation that another member may still be consuming is left out (the
-        revoke barrier); it is granted on a later call once that member has let it go.
+        revoke barrier); it is granted on a later call once that member has let it go. The answer
+        names no other member: ``allocation`` (the member's queues once the barrier lets them go,
+        which the client paces its heartbeats by) is all it needs of them; ``members`` holds the
+        member itself only (older clients read it).
         """
         g = self._group(group)
         assignment: dict[str, list[int]] = {}
+        allocation: dict[str, list[int]] = {}
         me = g.members.get(member_id)
         granted: set[TopicQueue] = set()
         for topic in me.topics if me else ():
             subscribers = [m for m, info in g.members.items() if topic in info.topics]
             mine = average_allocation(queue_counts.get(topic, 0), subscribers).get(member_id, [])
+            allocation[topic] = mine
             assignment[topic] = [q for q in mine if self._may_take(g, (topic, q), member_id)]
             granted.update((topic, q) for q in assignment[topic])
         if me is not None:
@@ -177,11 +220,18 @@ class GroupMembership:
             "group": group,
             "member_id": member_id,
             "generation": g.generation,
-            "members": sorted(g.members),
+            "members": [member_id] if me is not None else [],
             "assignment": assignment,
+            "allocation": allocation,
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "session_timeout_ms": self.session_timeout_ms,
         }
+
+    def member_topics(self, group: str, member_id: str) -> tuple[str, ...] | None:
+        """The topics ``member_id`` of ``group`` consumes, or None if it is not a member."""
+        g = self._groups.get(group)
+        member = None if g is None else g.members.get(member_id)
+        return None if member is None else member.topics
 
     def holders(self, group: str) -> dict[TopicQueue, str]:
         """Who may be consuming each queue of ``group`` (for tests and diagnostics)."""

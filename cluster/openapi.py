@@ -248,8 +248,18 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                 "group": _str(),
                 "member_id": _str(),
                 "generation": _int(0),
-                "members": _array(_str()),
+                "members": _array(
+                    _str(),
+                    description="The member itself only: the answer names no other member "
+                    "(older clients read this field).",
+                ),
                 "assignment": {"type": "object", "additionalProperties": _array(_int(0))},
+                "allocation": {
+                    "type": "object",
+                    "additionalProperties": _array(_int(0)),
+                    "description": "The member's queues per topic once the revoke barrier lets them "
+                    "go: the assignment plus the queues still withheld.",
+                },
                 "heartbeat_interval_ms": _int(1),
                 "session_timeout_ms": _int(1),
             },
@@ -400,7 +410,8 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/v1/groups/{group}/members/{member_id}": {
             "delete": _op(
                 "leaveGroup",
-                "Leave a consumer group (its queues move to the other members)",
+                "Leave a consumer group (its queues move to the other members); removing a member "
+                "needs consume on every topic it consumes",
                 {
                     "200": _json(
                         _obj(

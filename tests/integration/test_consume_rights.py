@@ -1,6 +1,7 @@
 """Consume rights create nothing permanent, on a real 3-node cluster with API tokens: a receive or
 push stream under a new consumer group creates no topic; the first dead letter creates the
-dead-letter topic and lands in it (``docs/delivery.md``)."""
+dead-letter topic and lands in it (``docs/delivery.md``); removing a group member needs consume on
+its topics; a join answer names no other member."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 
 ADMIN_TOKEN = "admin-token-Wq4Lp9Zx2Nc7Vb1Mk"
 CONSUMER_TOKEN = "consumer-token-Hy6Tr3Ed8Ws5Qa0"  # consume on orders and payments
+PAYMENTS_TOKEN = "payments-token-Jk2Fd7Sa9Gh4Lz3"  # consume on payments only
 SECURITY_TOML = f"""
 [security]
 [[security.tokens]]
@@ -30,6 +32,11 @@ consume = ["*"]
 name = "consumer"
 token = "{CONSUMER_TOKEN}"
 consume = ["orders", "payments"]
+
+[[security.tokens]]
+name = "payments-consumer"
+token = "{PAYMENTS_TOKEN}"
+consume = ["payments"]
 """
 DELIVERY = "[delivery]\nmax_deliveries = 1\nbackoff_ms = [100]\ntick_ms = 100\n"
 
@@ -46,8 +53,10 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
 
 
-def as_consumer(c: Cluster, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
-    headers = {"Authorization": f"Bearer {CONSUMER_TOKEN}"}
+def as_consumer(
+    c: Cluster, method: str, path: str, node: str | None = None, token: str = CONSUMER_TOKEN, **kw: Any
+) -> Any:
+    headers = {"Authorization": f"Bearer {token}"}
     return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
 
 
@@ -62,7 +71,7 @@ def sub(topic: str, group: str, action: str = "") -> str:
 
 
 def test_receives_and_push_streams_under_new_groups_create_no_topic(c: Cluster) -> None:
-    c.create_topic("orders", queues=2)
+    ensure_topic(c, "orders", 2)
     assert c.produce("orders", [{"value": f"o{i}", "queue": i % 2} for i in range(4)]).status_code == 200
     before = topic_names(c)
     for i, node in enumerate(c.nodes):  # the coordinator and forwarding nodes alike
@@ -89,7 +98,7 @@ def test_receives_and_push_streams_under_new_groups_create_no_topic(c: Cluster) 
 
 
 def test_the_first_dead_letter_creates_the_dead_letter_topic_and_lands_in_it(c: Cluster) -> None:
-    c.create_topic("payments", queues=3)
+    ensure_topic(c, "payments", 3)
     assert c.produce("payments", [{"value": "poison", "key": "p", "queue": 2}]).status_code == 200
     r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 10_000})
     assert r.status_code == 200, r.text
@@ -119,3 +128,41 @@ def test_the_first_dead_letter_creates_the_dead_letter_topic_and_lands_in_it(c: 
     (m,) = r.json()["messages"]
     r = as_consumer(c, "POST", sub("payments", "workers", "nack"), json={"receipts": [m["receipt"]]})
     assert r.json()["results"] == [{"receipt": m["receipt"], "ok": True, "dead_lettered": True}]
+
+
+def ensure_topic(c: Cluster, name: str, queues: int) -> None:
+    r = c.post("/v1/topics", {"name": name, "queues": queues})
+    assert r.status_code in (201, 409), r.text
+    assert len(c.get(f"/v1/topics/{name}").json()["queues"]) == queues
+
+
+def join(c: Cluster, group: str, member_id: str, topics: list[str], node: str | None = None) -> Any:
+    body = {"member_id": member_id, "topics": topics, "generation": 0}
+    return as_consumer(c, "POST", f"/v1/groups/{group}/members", node, json=body)
+
+
+def test_a_join_answer_names_no_other_member(c: Cluster) -> None:
+    ensure_topic(c, "orders", 2)
+    assert join(c, "accounting", "member-alice-7f3e", ["orders"]).status_code == 200
+    r = join(c, "accounting", "member-bob-2c9d", ["orders"])
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert "member-alice-7f3e" not in r.text
+    assert answer["members"] == ["member-bob-2c9d"]
+    assert answer["allocation"] == {"orders": [1]}  # bob's share of two queues over two members
+    assert set(answer) >= {"group", "member_id", "generation", "assignment"}
+
+
+def test_removing_a_member_needs_consume_on_every_topic_it_consumes(c: Cluster) -> None:
+    ensure_topic(c, "orders", 2)
+    ensure_topic(c, "payments", 3)
+    assert join(c, "billing", "carol", ["orders", "payments"]).status_code == 200
+    for node in c.nodes:  # the metadata leader and the nodes that forward to it
+        r = as_consumer(c, "DELETE", "/v1/groups/billing/members/carol", node, token=PAYMENTS_TOKEN)
+        assert r.status_code == 403, r.text
+        assert r.json()["error"]["code"] == "forbidden" and "'orders'" in r.json()["error"]["message"]
+    # Still a member: its next heartbeat keeps its queues.
+    r = join(c, "billing", "carol", ["orders", "payments"])
+    assert r.status_code == 200 and r.json()["assignment"] == {"orders": [0, 1], "payments": [0, 1, 2]}
+    r = as_consumer(c, "DELETE", "/v1/groups/billing/members/carol", "n3")
+    assert r.status_code == 200 and r.json()["left"] is True, r.text

@@ -183,3 +183,15 @@ def test_nothing_is_withheld_once_the_whole_share_is_granted(members: list[str])
         assert member.withheld == frozenset()
 
     asyncio.run(main())
+
+
+def test_the_answers_allocation_says_what_is_withheld_without_other_members_names() -> None:
+    async def main() -> None:
+        core = FakeCore()
+        member = GroupMember(core)  # type: ignore[arg-type]
+        core.member = member
+        # The broker names only the member itself, and its share once the barrier lets go.
+        await member.apply({**view(8, [2], ["b"]), "allocation": {"t": [2, 3]}})
+        assert member.withheld == {("t", 3)}
+
+    asyncio.run(main())

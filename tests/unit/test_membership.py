@@ -7,6 +7,8 @@ import random
 from collections import Counter
 from typing import Any
 
+import orjson
+
 from raftmq.cluster.membership import GroupMembership, average_allocation
 
 
@@ -51,7 +53,20 @@ def test_a_member_missing_heartbeats_is_dropped_and_its_queues_move() -> None:
     m.heartbeat("g", "a", ["t"], now_ms=900)
     m.heartbeat("g", "a", ["t"], now_ms=1_500)  # b last seen at 0: expired
     view = m.view("g", "a", {"t": 2})
-    assert view["members"] == ["a"] and view["assignment"] == {"t": [0, 1]}
+    assert m.member_topics("g", "b") is None and view["assignment"] == {"t": [0, 1]}
+
+
+def test_a_join_answer_names_no_other_member_and_gives_the_allocation_to_pace_by() -> None:
+    m = GroupMembership()
+    m.heartbeat("g", "member-a", ["t"], now_ms=0, generation=0)
+    m.view("g", "member-a", {"t": 6})  # a holds all six queues until it applies the next assignment
+    for member in ("member-b", "member-c"):
+        m.heartbeat("g", member, ["t"], now_ms=1, generation=0)
+    view = m.view("g", "member-b", {"t": 6})
+    assert view["members"] == ["member-b"]  # itself only (older clients read the field)
+    assert "member-a" not in orjson.dumps(view).decode() and "member-c" not in orjson.dumps(view).decode()
+    assert view["allocation"] == {"t": [2, 3]}  # its share of six queues over three members
+    assert view["assignment"] == {"t": []}  # withheld until a lets them go (the revoke barrier)
 
 
 def test_groups_and_topics_are_independent() -> None:
@@ -137,7 +152,7 @@ def test_a_previous_owner_that_left_or_expired_releases_its_queues() -> None:
     c = beat(m, "c", 900, c["generation"])
     assert c["assignment"] == {"t": []}  # b is still live (last seen at 3)
     c = beat(m, "c", 1_100, c["generation"])  # b expired at 1_003
-    assert c["members"] == ["c"] and c["assignment"] == {"t": [0, 1, 2, 3]}
+    assert m.member_topics("g", "b") is None and c["assignment"] == {"t": [0, 1, 2, 3]}
     assert set(m.holders("g").values()) == {"c"}
 
 
@@ -202,7 +217,8 @@ def test_no_queue_is_ever_granted_to_two_members_at_once() -> None:
             continue  # the answer is lost
         holding[member] = set(view["assignment"].get("t", []))
         applied[member] = view["generation"]
-        for gone in set(holding) - set(view["members"]):  # expired: such a client gives its queues up itself
+        gone_members = [x for x in holding if m.member_topics("g", x) is None]
+        for gone in gone_members:  # expired: such a client gives its queues up itself
             holding.pop(gone)
             applied.pop(gone, None)
         owners = Counter(q for qs in holding.values() for q in qs)
