@@ -8,6 +8,7 @@ from . import cli_cluster as _cli_cluster
 from .backup import backup_command, restore_command
 from .cli_common import admin_command, json_option
 from .cli_messages import consume, dlq, produce, receive
+from .cli_repair import repair_journal_command
 from .cli_serve import dev, serve
 from .cli_topics import status, topic
 
@@ -28,6 +29,7 @@ for _command in (serve, dev, status, topic, produce, consume, receive, dlq):
 
 main.add_command(backup_command)  # cluster/backup.py
 main.add_command(restore_command)
+main.add_command(repair_journal_command)  # cluster/cli_repair.py
 _cli_cluster.register(main, admin_command, json_option)  # raftmq cluster ... (cluster/cli_cluster.py)
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import click
 import structlog
 
 from .config import ClusterConfig, ConfigError, load_config
+from .journal import JournalCorruptError
 
 DEV_DIR = ".raftmq"
 
@@ -78,6 +79,11 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
         asyncio.run(_serve(config, node_id))
     except CannotListen as e:
         raise click.ClickException(str(e)) from None
+    except JournalCorruptError as e:  # refused: cutting the journal would drop acknowledged entries
+        raise click.ClickException(
+            f"node {node_id}: {e}\n  raftmq repair-journal --config {config_path} --node {node_id} "
+            f"--group {e.group} --truncate-from {e.index} [--yes]"
+        ) from None
 
 
 class CannotListen(Exception):
@@ -170,6 +176,9 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     except RaftBindError as e:
         await node.stop()
         raise CannotListen(_cannot_listen(f"node {node_id}", [str(e)])) from None
+    except JournalCorruptError:
+        await node.stop()  # the groups started before it; serve() reports the error
+        raise
     runner = web.AppRunner(create_app(node), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)

@@ -20,8 +20,13 @@ Invariants:
   kept (it is this leader's own log, so it matches), and an older suffix is hidden from pysyncobj but
   stays on disk until an entry that really conflicts replaces it. The disk therefore never holds
   less than what this node acknowledged.
-- Loading stops at the first record whose CRC or index does not fit (a torn tail) and deletes it and
-  everything after it; the node then re-fetches those entries from the leader.
+- Loading checks every record (:func:`scan_journal`). A damaged run at the very end (a torn tail:
+  records that fail their CRC, with no good record after them) is deleted and re-fetched from the
+  leader. A damaged or missing record with good records after it is corruption in the middle: the
+  journal raises :class:`JournalCorruptError` naming the group and the index and changes nothing, since
+  cutting there would drop entries this node acknowledged; ``raftmq repair-journal``
+  (``cluster/cli_repair.py``) is the operator's way out. Why a crash cannot produce the second
+  case: docs/architecture.md, "Journal integrity".
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
@@ -38,7 +44,14 @@ from raftmq.storage.store import Batch, Store, StoreError
 
 from .timing import LatencyHistogram
 
-__all__ = ["DurableJournal", "Entry"]
+__all__ = [
+    "DurableJournal",
+    "Entry",
+    "JournalCorruptError",
+    "JournalScan",
+    "scan_journal",
+    "truncate_journal",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -73,11 +86,138 @@ def _decode_entry(value: bytes) -> tuple[bytes, int] | None:
     return command, term
 
 
+def _key_index(key: bytes) -> int:
+    """The index an entry key names (a malformed key: its first 8 bytes after the prefix, zero-padded)."""
+    return int(_U64.unpack(key[1:9].ljust(8, b"\0"))[0])
+
+
+_REASONS = {
+    "crc": "a record that fails its checksum",
+    "gap": "a missing entry",
+    "key": "a malformed key",
+}
+
+
+@dataclass(frozen=True)
+class JournalScan:
+    """What a journal holds on disk: the good entries up to the first one that does not fit.
+
+    ``bad_index`` is the first index that does not fit: a record failing its CRC (``crc``), a
+    malformed key (``key``), or the first missing index before a later record (``gap``). None when
+    every record is good and contiguous. ``good_after`` counts the records with a valid CRC after it:
+    0 means a torn tail (only damaged records follow the last good one), more means corruption in
+    the middle. ``last_index`` is the last index on disk, good or not.
+    """
+
+    entries: list[Entry] = field(default_factory=list)
+    bad_index: int | None = None
+    reason: str = ""
+    cut_key: bytes = b""  # deleting [cut_key, end) removes bad_index and everything after it
+    good_after: int = 0
+    first_good_after: int | None = None
+    last_index: int | None = None
+
+    @property
+    def torn_tail(self) -> bool:
+        return self.bad_index is not None and self.good_after == 0
+
+    @property
+    def corrupt_middle(self) -> bool:
+        return self.good_after > 0
+
+    def describe(self) -> str:
+        """One line for operators (the CLI and the error)."""
+        if self.bad_index is None:
+            span = f"entries {self.entries[0][1]}..{self.entries[-1][1]}" if self.entries else "no entries"
+            return f"sound ({span})"
+        good = (
+            f"good entries {self.entries[0][1]}..{self.entries[-1][1]}" if self.entries else "no good entry"
+        )
+        what = f"{_REASONS[self.reason]} at index {self.bad_index}"
+        if self.corrupt_middle:
+            return (
+                f"{good}, then {what}, then {self.good_after} good entries "
+                f"(from index {self.first_good_after}, last index on disk {self.last_index})"
+            )
+        return f"{good}, then {what} and only damaged records after it (a torn tail)"
+
+
+def scan_journal(store: Store) -> JournalScan:
+    """Read and check every entry record of a journal store (nothing is written)."""
+    entries: list[Entry] = []
+    bad: int | None = None
+    reason, cut = "", b""
+    good_after, first_after, last = 0, None, None
+    expected: int | None = None
+    for key, value in store.scan(_ENTRY, _ENTRY_END):
+        well_formed = len(key) == len(_ENTRY) + _U64.size
+        decoded = _decode_entry(value) if well_formed else None
+        index = _key_index(key)
+        last = index
+        if bad is None:
+            if decoded is not None and (expected is None or index == expected):
+                entries.append((decoded[0], index, decoded[1]))
+                expected = index + 1
+                continue
+            if decoded is None:
+                reason, bad = ("crc" if well_formed else "key"), index
+                # A malformed key names the index of its first 8 bytes, and sorts after that
+                # index's own key: that entry goes too, so a cut at bad_index removes the key.
+                entries = [e for e in entries if e[1] < bad]
+                cut = min(key, _entry_key(bad))
+            else:  # a good record after a missing index
+                assert expected is not None
+                reason, bad, cut = "gap", expected, _entry_key(expected)
+        if decoded is not None:
+            good_after += 1
+            first_after = index if first_after is None else first_after
+    return JournalScan(entries, bad, reason, cut, good_after, first_after, last)
+
+
+def truncate_journal(store: Store, from_index: int, *, dry_run: bool = False) -> int:
+    """Delete every entry at or after ``from_index`` (synced); returns how many records go.
+
+    For ``raftmq repair-journal`` on a stopped node: the node then re-fetches those entries (or a
+    snapshot) from its group's leader. The vote and the commit index hint are kept (a hint past the
+    new end is clamped on load). ``dry_run``: count only."""
+    start = _entry_key(from_index)
+    # A malformed key that sorts before entry_key(from_index) but names an index past it goes too.
+    first = next((k for k, _ in store.scan(_ENTRY, _ENTRY_END) if _key_index(k) >= from_index), start)
+    start = min(start, first)
+    removed = sum(1 for _ in store.scan(start, _ENTRY_END))
+    if dry_run or removed == 0:
+        return removed
+    batch = Batch()
+    batch.delete_range(start, _ENTRY_END)
+    store.write(batch, sync=True)
+    return removed
+
+
+class JournalCorruptError(Exception):
+    """A journal holds a damaged or missing entry with good entries after it (not a torn tail).
+
+    Raised on load, before anything is changed. Cutting there would drop entries this node may have
+    acknowledged to a leader; the operator repairs it with ``raftmq repair-journal``."""
+
+    def __init__(self, group: str, scan: JournalScan) -> None:
+        assert scan.bad_index is not None
+        self.group = group
+        self.index = scan.bad_index
+        self.scan = scan
+        super().__init__(
+            f"group {group}: the Raft journal is corrupt at index {scan.bad_index} ({scan.describe()}); "
+            "refusing to start, because cutting the journal there would drop entries this node may "
+            "have acknowledged. Repair it with `raftmq repair-journal --group "
+            f"{group} --truncate-from {scan.bad_index}` (see docs/operations.md, Repairing a journal)"
+        )
+
+
 class DurableJournal:
     """pysyncobj's journal interface over a Store. Used only from the Raft tick thread."""
 
-    def __init__(self, store: Store, *, fsync: bool = True) -> None:
+    def __init__(self, store: Store, *, fsync: bool = True, group: str = "?") -> None:
         self._store = store
+        self._group = group  # names the group in a JournalCorruptError
         self._fsync = fsync
         self._dirty = False
         self._entries: list[Entry] = []
@@ -107,17 +247,22 @@ class DurableJournal:
         commit = self._store.get(_COMMIT)
         if commit is not None:
             self._commit_index = _U64.unpack(commit)[0]
-        expected: int | None = None
-        for key, value in self._store.scan(_ENTRY, _ENTRY_END):
-            index = _U64.unpack_from(key, 1)[0]
-            decoded = _decode_entry(value)
-            if decoded is None or (expected is not None and index != expected):
-                self._repair_tail(index, reason="crc" if decoded is None else "gap")
-                break
-            command, term = decoded
-            self._entries.append((command, index, term))
-            self._bytes += len(command)
-            expected = index + 1
+        scan = scan_journal(self._store)
+        if scan.corrupt_middle:
+            log.error(
+                "journal_corrupt",
+                group=self._group,
+                index=scan.bad_index,
+                reason=scan.reason,
+                good_after=scan.good_after,
+                last_index=scan.last_index,
+            )
+            raise JournalCorruptError(self._group, scan)
+        if scan.torn_tail:
+            assert scan.bad_index is not None
+            self._repair_tail(scan.cut_key, scan.bad_index, scan.reason)
+        self._entries = scan.entries
+        self._bytes = sum(len(command) for command, _, _ in self._entries)
         # The commit index hint may point past a cut tail. pysyncobj trusts it on start and its
         # leader never lowers it, so entries it later appends at those indexes would count as
         # committed (and be applied) without a quorum. Never hand it one past the log.
@@ -127,11 +272,11 @@ class DurableJournal:
             self._commit_index = last
             self._commit_saved = False
 
-    def _repair_tail(self, index: int, reason: str) -> None:
+    def _repair_tail(self, cut_key: bytes, index: int, reason: str) -> None:
         batch = Batch()
-        batch.delete_range(_entry_key(index), _ENTRY_END)
+        batch.delete_range(cut_key, _ENTRY_END)
         self._write(batch, sync=True)
-        log.warning("journal_tail_repaired", from_index=index, reason=reason)
+        log.warning("journal_tail_repaired", group=self._group, from_index=index, reason=reason)
 
     # -- durability --------------------------------------------------------------------------------
 

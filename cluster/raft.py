@@ -10,7 +10,8 @@ neutralises each", and what neutralises it):
 2. Snapshot/compaction crash window → the deserializer aligns the journal to the snapshot before
    pysyncobj compares them, and compaction fsyncs the snapshot's directory first.
 3. ``journalFile`` without ``fullDumpFile`` → both are always set here.
-4. Torn journal → checksummed records; a bad tail is cut on load.
+4. Torn journal → checksummed records; a bad tail is cut on load, a bad record in the middle
+   stops the start (``JournalCorruptError``; ``raftmq repair-journal``).
 5. Truncation of matching entries → a no-op in the journal.
 6. Replay after restart → the state machine skips indexes at or below its ``applied_index``.
 Poison pills: the state machine never raises; a storage failure stops the process.
@@ -287,7 +288,7 @@ class RaftGroup:
         self._settings = settings
         self._snapshot_file = snapshot_file
         self._fetch_checkpoint = fetch_checkpoint
-        self._journal = DurableJournal(journal_store, fsync=settings.fsync)
+        self._journal = DurableJournal(journal_store, fsync=settings.fsync, group=name)
         self._journal.before_compaction = self._before_compaction
         self._journal.on_storage_failure = self._journal_storage_failed
         self._destroyed = threading.Event()

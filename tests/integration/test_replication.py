@@ -6,6 +6,8 @@ Each test names the durability property it proves (see docs/architecture.md for 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -193,6 +195,62 @@ def test_torn_journal_tail_is_cut_and_refetched_not_a_crash_loop(tmp_path: Path)
         c.start(victim)
         c.wait_ready([victim], timeout_s=60)
         assert "journal_tail_repaired" in c.log(victim)
+        acked |= produce_batches(c, "t", batches=3, size=10, tag="after")
+        c.wait_replicas_equal("0", timeout_s=60)
+        assert_all_present(c, "t", acked, victim, read_from="local")
+
+
+def raftmq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "raftmq.cluster.cli", *args], capture_output=True, text=True, timeout=180
+    )
+
+
+def test_corrupt_middle_of_journal_refuses_to_start_until_repaired_then_catches_up(tmp_path: Path) -> None:
+    with start(tmp_path) as c:
+        c.create_topic("t", queues=1)
+        acked = produce_batches(c, "t", batches=10, size=10)
+        leader = c.wait_leader("0")
+        victim = next(n for n in c.nodes if n != leader)
+        c.wait_replicas_equal("0")
+        c.kill(victim)
+        path = str(c.data_dir / victim / "groups" / "0" / "raft")
+        journal = RocksStore.open(path)
+        keys = [k for k, _ in journal.scan(b"E", b"F")]
+        assert len(keys) >= 5, keys
+        key = keys[len(keys) // 2]  # good entries before and after it: not a torn tail
+        value = journal.get(key)
+        assert value is not None
+        batch = Batch()
+        batch.put(key, value[:-3] + bytes(b ^ 0xFF for b in value[-3:]))  # a flipped command tail
+        journal.write(batch, sync=True)
+        journal.close()
+        index = int.from_bytes(key[1:], "big")
+
+        c.start(victim)
+        proc = c.nodes[victim].proc
+        assert proc is not None
+        wait_until(lambda: proc.poll() is not None, 60, what=f"{victim} refusing to start")
+        assert proc.returncode != 0
+        log = c.log(victim)
+        assert f"group 0: the Raft journal is corrupt at index {index}" in log, log[-3000:]
+        assert "raftmq repair-journal" in log
+        assert "journal_tail_repaired" not in log
+
+        args = ["repair-journal", "--config", str(c.config_path), "--node", victim, "--group", "0"]
+        dry = raftmq(*args)
+        assert dry.returncode == 0, dry.stderr
+        assert f"fails its checksum at index {index}" in dry.stdout and "Dry run" in dry.stdout, dry.stdout
+        check = RocksStore.open(path)
+        assert [k for k, _ in check.scan(b"E", b"F")] == keys  # the dry run changed nothing
+        check.close()
+        done = raftmq(*args, "--yes")
+        assert done.returncode == 0, done.stderr
+        removed = len(keys) - keys.index(key)
+        assert f"deleted {removed} records (entries {index}.." in done.stdout, done.stdout
+
+        c.start(victim)
+        c.wait_ready([victim], timeout_s=60)
         acked |= produce_batches(c, "t", batches=3, size=10, tag="after")
         c.wait_replicas_equal("0", timeout_s=60)
         assert_all_present(c, "t", acked, victim, read_from="local")

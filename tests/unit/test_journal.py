@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import structlog
 
-from raftmq.cluster.journal import DurableJournal, Entry
+from raftmq.cluster.journal import DurableJournal, Entry, JournalCorruptError, scan_journal, truncate_journal
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, Store
@@ -423,33 +423,89 @@ def test_corrupt_last_entry_is_cut(env: Env, pos: int) -> None:
     assert visible(env.reopen()) == [*items[:9], (cmd(10, "-again"), 10, 2)]
 
 
-@pytest.mark.parametrize("value", [b"", b"\x00" * 11, b"short"], ids=["empty", "header-minus-1", "short"])
-def test_truncated_record_in_the_middle_cuts_everything_after(env: Env, value: bytes) -> None:
+def _disk(env: Env) -> list[tuple[bytes, bytes]]:
+    return list(env.store.scan(b"", None))
+
+
+def _refused(env: Env, group: str = "7") -> JournalCorruptError:
+    """Reopen expecting a refusal; the store must be left exactly as it was."""
+    before = _disk(env)
+    with structlog.testing.capture_logs() as logs, pytest.raises(JournalCorruptError) as info:
+        env.reopen(group=group)
+    assert _disk(env) == before
+    assert not any(e["event"] == "journal_tail_repaired" for e in logs)
+    corrupt = [e for e in logs if e["event"] == "journal_corrupt"]
+    assert corrupt and corrupt[0]["group"] == group and corrupt[0]["index"] == info.value.index
+    return info.value
+
+
+# -- 4b. corruption in the middle: refuse, never cut acknowledged entries -----------------------------
+
+
+@pytest.mark.parametrize(
+    "value", [b"", b"\x00" * 11, b"short", None], ids=["empty", "header-minus-1", "short", "flipped"]
+)
+def test_damaged_record_in_the_middle_refuses_to_load_and_changes_nothing(
+    env: Env, value: bytes | None
+) -> None:
     items = _written(env)
+    if value is None:
+        good = env.store.get(entry_key(6))
+        assert good is not None
+        value = _flip(good, 12)
     env.put_raw(entry_key(6), value)
-    with structlog.testing.capture_logs() as logs:
-        journal = env.reopen()
-    assert visible(journal) == items[:5]
-    assert disk_indexes(env.store) == list(range(1, 6))
-    assert any(e["event"] == "journal_tail_repaired" and e["from_index"] == 6 for e in logs)
-    assert journal.size_bytes == expected_size(journal)
-    assert visible(env.reopen()) == items[:5]  # repair is durable and idempotent
+    error = _refused(env)
+    assert (error.group, error.index, error.scan.reason) == ("7", 6, "crc")
+    assert error.scan.entries == items[:5]
+    assert (error.scan.good_after, error.scan.first_good_after, error.scan.last_index) == (4, 7, 10)
+    message = str(error)
+    assert "group 7" in message and "index 6" in message and "raftmq repair-journal" in message
+    _refused(env)  # and again: a refusal repairs nothing behind the operator's back
 
 
-def test_gap_drops_everything_from_the_gap_on(env: Env) -> None:
-    items = _written(env)
-    env.delete_raw(entry_key(6))
-    with structlog.testing.capture_logs() as logs:
-        journal = env.reopen()
-    assert visible(journal) == items[:5]
-    assert disk_indexes(env.store) == list(range(1, 6))
-    repaired = [e for e in logs if e["event"] == "journal_tail_repaired"]
-    assert repaired and repaired[0]["from_index"] == 7 and repaired[0]["reason"] == "gap"
-    assert visible(env.reopen()) == items[:5]
-
-
-def test_corrupt_first_entry_leaves_an_empty_journal(env: Env) -> None:
+def test_missing_entry_in_the_middle_refuses_and_names_the_missing_index(env: Env) -> None:
     _written(env)
+    env.delete_raw(entry_key(6))
+    error = _refused(env, group="meta")
+    assert (error.group, error.index, error.scan.reason) == ("meta", 6, "gap")
+    assert "a missing entry at index 6" in str(error)
+
+
+def test_corrupt_first_entry_with_good_entries_after_it_refuses(env: Env) -> None:
+    _written(env)
+    value = env.store.get(entry_key(1))
+    assert value is not None
+    env.put_raw(entry_key(1), _flip(value, 3))
+    error = _refused(env)
+    assert error.index == 1 and error.scan.entries == [] and error.scan.good_after == 9
+
+
+def test_malformed_key_in_the_middle_refuses(env: Env) -> None:
+    _written(env)
+    env.put_raw(entry_key(5) + b"x", b"junk")
+    error = _refused(env)
+    assert (error.index, error.scan.reason) == (5, "key")
+
+
+def test_damaged_run_at_the_end_is_a_torn_tail_and_is_cut(env: Env) -> None:
+    items = _written(env)
+    for index in (8, 9, 10):
+        value = env.store.get(entry_key(index))
+        assert value is not None
+        env.put_raw(entry_key(index), _flip(value, 12))
+    with structlog.testing.capture_logs() as logs:
+        journal = env.reopen()
+    assert visible(journal) == items[:7]
+    assert disk_indexes(env.store) == list(range(1, 8))
+    assert any(e["event"] == "journal_tail_repaired" and e["from_index"] == 8 for e in logs)
+    assert journal.size_bytes == expected_size(journal)
+    assert visible(env.reopen()) == items[:7]  # repair is durable and idempotent
+
+
+def test_only_record_damaged_leaves_an_empty_journal(env: Env) -> None:
+    journal = env.journal()
+    fill(journal, entries(1, 1, 1))
+    journal._destroy()
     value = env.store.get(entry_key(1))
     assert value is not None
     env.put_raw(entry_key(1), _flip(value, 3))
@@ -457,6 +513,31 @@ def test_corrupt_first_entry_leaves_an_empty_journal(env: Env) -> None:
     assert len(journal) == 0
     assert disk_indexes(env.store) == []
     assert journal.size_bytes == 0
+    assert journal.getRaftCommitIndex() == 1  # pysyncobj's initial value, for its seeded no-op
+
+
+def test_truncate_journal_from_the_bad_index_lets_it_load_and_carry_on(env: Env) -> None:
+    items = _written(env)
+    env.delete_raw(entry_key(6))
+    scan = scan_journal(env.store)
+    assert scan.corrupt_middle and scan.bad_index == 6
+    assert truncate_journal(env.store, 6) == 4  # 7..10
+    assert scan_journal(env.store).bad_index is None
+    with structlog.testing.capture_logs() as logs:
+        journal = env.reopen()
+    assert visible(journal) == items[:5]
+    assert journal.getRaftCommitIndex() == 4
+    assert not any(e["event"] in ("journal_tail_repaired", "journal_corrupt") for e in logs)
+    journal.add(cmd(6, "-refetched"), 6, 2)
+    journal.flush()
+    assert visible(env.reopen()) == [*items[:5], (cmd(6, "-refetched"), 6, 2)]
+
+
+def test_truncate_journal_removes_a_malformed_key_past_the_cut(env: Env) -> None:
+    _written(env)
+    env.put_raw(entry_key(5) + b"x", b"junk")
+    assert truncate_journal(env.store, 5) == 7  # 5, the malformed key, 6..10
+    assert disk_indexes(env.store) == [1, 2, 3, 4]
 
 
 def test_commit_index_hint_is_clamped_to_a_repaired_log(env: Env) -> None:
@@ -466,7 +547,10 @@ def test_commit_index_hint_is_clamped_to_a_repaired_log(env: Env) -> None:
     fill(journal, entries(1, 10, 1))
     journal.setRaftCommitIndex(10)
     journal._destroy()
-    env.delete_raw(entry_key(8))
+    for index in (8, 9, 10):
+        value = env.store.get(entry_key(index))
+        assert value is not None
+        env.put_raw(entry_key(index), _flip(value, 12))
     with structlog.testing.capture_logs() as logs:
         journal = env.reopen()
     assert journal[-1][1] == 7
@@ -474,13 +558,6 @@ def test_commit_index_hint_is_clamped_to_a_repaired_log(env: Env) -> None:
     assert any(e["event"] == "journal_commit_index_clamped" for e in logs)
     journal.onOneSecondTimer()
     assert env.reopen().getRaftCommitIndex() == 7  # and the clamped value is what gets saved
-
-    value = env.store.get(entry_key(1))
-    assert value is not None
-    env.put_raw(entry_key(1), _flip(value, 3))
-    journal = env.reopen()
-    assert len(journal) == 0
-    assert journal.getRaftCommitIndex() == 1  # pysyncobj's initial value, for its seeded no-op
 
 
 def test_commit_index_inside_a_compacted_log_is_kept(env: Env) -> None:
