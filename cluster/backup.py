@@ -48,6 +48,7 @@ from .config import ClusterConfig, ConfigError, NodeConfig, load_config
 from .metadata import MetadataMachine
 from .placement import META_GROUP, Placement, static_placement
 from .queue_group import QueueGroupMachine
+from .safe_tar import UnsafeArchive, safe_extract
 from .tls import TlsError, client_context
 
 __all__ = [
@@ -288,6 +289,11 @@ def _placement(config: ClusterConfig, manifest: dict[str, Any]) -> Placement:
         )
     raw = manifest.get("placement")
     placement = static_placement(config) if raw is None else Placement.from_json(raw)
+    # Group names become paths (<node_dir>/groups/<name>): only the groups the cluster file has.
+    known = {META_GROUP, *(str(g) for g in range(config.queue_groups))}
+    unknown = sorted(set(placement.groups) - known)
+    if unknown:
+        raise BackupError(f"the backup's placement names groups this cluster does not have: {unknown}")
     for n in placement.nodes:
         try:
             file_node = config.node(n.id)
@@ -401,14 +407,12 @@ def _sha256(path: str) -> str:
 
 
 def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
-    """Extract regular files and directories under ``dest`` only (``filter="data"`` is missing
-    before Python 3.11.4, which Debian bookworm's 3.11.2 is)."""
-    root = os.path.realpath(dest)
-    for member in tar.getmembers():
-        target = os.path.realpath(os.path.join(dest, member.name))
-        if not (member.isfile() or member.isdir()) or os.path.commonpath([root, target]) != root:
-            raise BackupError(f"unsafe entry in checkpoint tar: {member.name!r}")
-    tar.extractall(dest)  # members checked above
+    """Extract regular files and directories under ``dest`` only, or nothing (``cluster/safe_tar.py``:
+    no links, no absolute or ``..`` paths)."""
+    try:
+        safe_extract(tar, dest)
+    except UnsafeArchive as e:
+        raise BackupError(f"checkpoint tar: {e}") from None
 
 
 # -- command line (hooked into ``raftmq`` by cluster/cli.py) -----------------------------------------

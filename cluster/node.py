@@ -670,20 +670,15 @@ class Node:
 
 
 def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
-    """Extract a checkpoint tar, refusing links and paths outside ``dest``.
+    """Extract a checkpoint tar under ``dest``: regular files and directories only, never a link
+    or a path outside ``dest``, and nothing at all if any member breaks that (``cluster/safe_tar.py``).
 
-    ``filter="data"`` exists from Python 3.11.4 on (Debian bookworm ships 3.11.2), so older
-    interpreters get the same checks by hand.
+    Raises:
+        UnsafeArchive: a ValueError naming the member.
     """
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(dest, filter="data")
-        return
-    root = os.path.realpath(dest)
-    for member in tar.getmembers():
-        target = os.path.realpath(os.path.join(dest, member.name))
-        if not (member.isfile() or member.isdir()) or os.path.commonpath([root, target]) != root:
-            raise ValueError(f"unsafe entry in checkpoint tar: {member.name!r}")
-    tar.extractall(dest)  # members checked above
+    from .safe_tar import safe_extract
+
+    safe_extract(tar, dest)
 
 
 def _set_if_pending(future: asyncio.Future[Any], value: Any) -> None:

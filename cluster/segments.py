@@ -396,10 +396,13 @@ def segment_root(store_setting: str, node: NodeConfig) -> str:
 
 
 def locate(root: str, rel: str) -> str:
-    """The absolute path or URI of ``rel`` under ``root``."""
+    """The absolute path or URI of ``rel`` under ``root``. Raises ``UnsafePath`` (a ValueError)
+    when ``rel`` could leave ``root`` (``..``, absolute); seal commands never store such a path."""
+    from raftmq.storage.segments import checked_rel
+
     if "://" in root:
-        return root.rstrip("/") + "/" + rel
-    return os.path.join(os.path.abspath(root), rel)
+        return root.rstrip("/") + "/" + checked_rel(rel)
+    return os.path.join(os.path.abspath(root), checked_rel(rel))
 
 
 # -- the leader's sealing task (and every node's garbage collection) -----------------------------

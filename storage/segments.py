@@ -57,8 +57,10 @@ __all__ = [
     "TIMESTAMP_TYPE",
     "SegmentFile",
     "SegmentStore",
+    "UnsafePath",
     "WrittenSegment",
     "batch_to_ipc_stream",
+    "checked_rel",
     "decode_record_batch",
     "empty_batch",
     "ipc_stream_to_batches",
@@ -427,6 +429,21 @@ class WrittenSegment:
     last_ts_ms: int
 
 
+_REL = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
+
+
+class UnsafePath(ValueError):
+    """A segment path that could leave the segment store's root (``..``, absolute, odd characters)."""
+
+
+def checked_rel(rel: str) -> str:
+    """``rel`` if it is a path relative to a segment store's root that stays under it: parts of
+    ``[A-Za-z0-9._-]`` joined by ``/``, none of them ``.`` or ``..``. Raises :class:`UnsafePath`."""
+    if not _REL.fullmatch(rel) or any(part in (".", "..") for part in rel.split("/")):
+        raise UnsafePath(f"not a segment path: {rel!r}")
+    return rel
+
+
 def verify_crc(data: Any, expected: int | None, what: str) -> None:
     """Raise CorruptRecord when ``data``'s CRC32C is not ``expected`` (None: not checked)."""
     if expected is not None and crc32c.crc32c(data) != expected:
@@ -455,11 +472,21 @@ class SegmentStore:
     def location(self, rel: str) -> str:
         """Where a reader finds ``rel``: an absolute local path, or a URI."""
         if "://" in self.root:
-            return self.root.rstrip("/") + "/" + rel
-        return os.path.join(self.base, rel)
+            return self.root.rstrip("/") + "/" + checked_rel(rel)
+        return self._path(rel)
 
     def _path(self, rel: str) -> str:
-        return f"{self.base}/{rel}"
+        """The full path of ``rel``. Every file operation goes through here, so no name, id or
+        request value can reach outside the root: ``rel`` is checked, and a local path must not
+        resolve (through a symlink) outside the root either. Raises :class:`UnsafePath`."""
+        path = f"{self.base}/{checked_rel(rel)}"
+        if self.local and not self._inside(path):
+            raise UnsafePath(f"{rel!r} resolves outside the segment store {self.base}")
+        return path
+
+    def _inside(self, path: str) -> bool:
+        root = os.path.realpath(str(self.base))
+        return bool(os.path.commonpath([root, os.path.realpath(path)]) == root)
 
     def write(
         self, batches: Sequence[pa.RecordBatch], rel_arrow: str, rel_parquet: str | None
@@ -556,6 +583,8 @@ class SegmentStore:
             if info.type != pafs.FileType.File:
                 continue
             rel = info.path[len(self.base) + 1 :]
+            if self.local and not self._inside(info.path):
+                continue  # reached through a symlink to elsewhere: not this store's file
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
             yield rel, mtime, info.base_name.startswith(".") and info.base_name.endswith(".tmp")
 
