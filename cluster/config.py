@@ -195,6 +195,9 @@ class TestFaults:
     # Answer produce requests before their entry is replicated (the chaos suite's mutation check:
     # with it, leader kills must show up as lost messages).
     ack_before_replication: bool = False
+    # While this file says "fail", checkpoint fetches for snapshot installs fail; while it says
+    # "stall", each waits (up to 60 s) and then fails (the chaos suite's checkpoint-fetch fault).
+    checkpoint_fetch_fault_file: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from aiohttp import web
 from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
 
 from . import errors
-from .node import META, SECRET_HEADER, Node
+from .node import META, SECRET_HEADER, CheckpointBehind, Node
 from .validation import ApiError, bad, parse_json, query_int
 
 if TYPE_CHECKING:
@@ -101,8 +101,13 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
         authorize(request)
         name = request.match_info["group"]
         local_group(request)
+        # A replica installing a snapshot asks for a state covering it: a lagging one refuses.
+        min_index = query_int(request.query, "min_index", 0, 0, 2**63 - 1)
         loop = asyncio.get_running_loop()
-        tar_path = await loop.run_in_executor(None, node.make_checkpoint_tar, name)
+        try:
+            tar_path = await loop.run_in_executor(None, node.make_checkpoint_tar, name, min_index)
+        except CheckpointBehind as e:
+            raise ApiError(errors.UNAVAILABLE, str(e)) from None
         try:
             response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
             response.content_length = os.path.getsize(tar_path)

@@ -33,7 +33,7 @@ from raftmq.storage.store import Batch, Store
 from . import placement as pl
 from .placement import Change, Placement
 
-__all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "validate_topic_name"]
+__all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "applied_index", "validate_topic_name"]
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +109,12 @@ def _error(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
+def applied_index(store: Store) -> int:
+    """The raft index of the last command applied to a metadata store (0 if none)."""
+    applied = store.get(_APPLIED)
+    return 0 if applied is None else int(_U64.unpack(applied)[0])
+
+
 class MetadataMachine:
     """Topics in memory, persisted through the Store on every apply."""
 
@@ -135,8 +141,7 @@ class MetadataMachine:
         return self._applied
 
     def reload(self) -> None:
-        applied = self._store.get(_APPLIED)
-        self._applied = 0 if applied is None else _U64.unpack(applied)[0]
+        self._applied = applied_index(self._store)
         next_id = self._store.get(_NEXT_ID)
         self._next_id = 1 if next_id is None else _U32.unpack(next_id)[0]
         self._topics = {

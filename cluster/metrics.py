@@ -81,6 +81,16 @@ class _RaftCollector(Collector):
             "Retention ticks proposed here whose time ran too far ahead (age-based removal held back)",
             labels=labels,
         )
+        snapshot_installs = CounterMetricFamily(
+            "raftmq_raft_snapshot_installs",
+            "Snapshots installed on this replica from a checkpoint fetched from a peer",
+            labels=labels,
+        )
+        snapshot_failures = CounterMetricFamily(
+            "raftmq_raft_snapshot_install_failures",
+            "Checkpoint fetches or checks for a snapshot install that failed (the install waits)",
+            labels=labels,
+        )
         commit_s = _histogram(
             "raftmq_raft_commit_seconds",
             "Entries proposed at this node: time until committed on a majority and applied here",
@@ -106,13 +116,16 @@ class _RaftCollector(Collector):
             ):
                 gauges[family].add_metric(key, value)
             became_leader.add_metric(key, local.raft.became_leader_count)
+            snapshot_installs.add_metric(key, local.raft.snapshot_installs)
+            snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
             if name != "meta":
                 clock_jumps.add_metric(key, self._node.retention_clock_jumps.get(name, 0))
             _add_histogram(commit_s, key, local.raft.commit_latency)
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, clock_jumps, commit_s, apply_s, fsync_s)
+        yield from (became_leader, clock_jumps, snapshot_installs, snapshot_failures)
+        yield from (commit_s, apply_s, fsync_s)
 
 
 class _QueueCollector(Collector):

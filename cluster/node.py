@@ -37,6 +37,7 @@ import aiohttp
 import orjson
 import structlog
 
+from raftmq.storage.queues import applied_index as queues_applied_index
 from raftmq.storage.queues import next_due_ms
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
@@ -46,6 +47,7 @@ from .config import ClusterConfig, NodeConfig
 from .delivery import WAKE_WITHIN_MS
 from .group_commit import GroupCommitter
 from .metadata import MetadataMachine, Topic
+from .metadata import applied_index as metadata_applied_index
 from .placement import Placement, overlay
 from .queue_group import Applied, QueueGroupMachine
 from .raft import Outcome, RaftGroup, RaftSettings, StateMachine
@@ -55,7 +57,7 @@ from .tls import client_context
 if TYPE_CHECKING:
     from .reconcile import Reconciler
 
-__all__ = ["META", "LocalGroup", "Node", "port_offset"]
+__all__ = ["META", "CheckpointBehind", "LocalGroup", "Node", "port_offset"]
 
 log = structlog.get_logger(__name__)
 
@@ -607,51 +609,106 @@ class Node:
 
     # -- checkpoints (snapshot install) ------------------------------------------------------------
 
-    def make_checkpoint_tar(self, name: str) -> str:
-        """Checkpoint group ``name``'s state into a tar file; returns its path (caller deletes)."""
+    def make_checkpoint_tar(self, name: str, min_index: int = 0) -> str:
+        """Checkpoint group ``name``'s state into a tar file; returns its path (caller deletes).
+
+        The tar holds ``checkpoint/`` (the RocksDB checkpoint) and ``meta.json`` (group, node, the
+        applied index before the checkpoint was taken: the checkpoint holds at least that).
+
+        Raises:
+            CheckpointBehind: this replica has applied less than ``min_index`` (a follower that
+                lags the snapshot the fetching replica must cover).
+        """
         local = self.groups[name]
+        applied = local.machine.applied_index
+        if applied < min_index:
+            raise CheckpointBehind(f"node {self.me.id} applied group {name} to {applied}, not {min_index}")
         stamp = f"{name}-{time.time_ns()}"
         ckpt_dir = os.path.join(self.node_dir, "tmp", f"ckpt-{stamp}")
         tar_path = ckpt_dir + ".tar"
         local.machine.store.checkpoint(ckpt_dir)
         try:
+            with open(ckpt_dir + ".json", "wb") as f:
+                f.write(orjson.dumps({"group": name, "node_id": self.me.id, "applied_index": applied}))
             with tarfile.open(tar_path, "w") as tar:
                 tar.add(ckpt_dir, arcname="checkpoint")
+                tar.add(ckpt_dir + ".json", arcname="meta.json")
         finally:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(ckpt_dir + ".json")
         return tar_path
 
-    def _fetch_checkpoint(self, name: str, manifest: dict[str, Any]) -> str:
-        """Download a checkpoint of group ``name`` from a peer (tick thread; blocking)."""
-        source = manifest.get("node_id")
+    def _fetch_checkpoint(self, name: str, manifest: dict[str, Any]) -> tuple[str, int]:
+        """Download and check a checkpoint of group ``name`` covering the snapshot ``manifest``
+        (RaftGroup's checkpoint thread; blocking). Returns the checkpoint directory (the caller
+        restores or deletes it) and the applied index read from it.
+
+        Sources, in order: the group's leader as this replica knows it, the replica that wrote the
+        manifest, then the other replicas; each is asked for a state at or past the manifest's
+        ``state_index`` (a lagging replica refuses) and what arrives is checked: its ``meta.json``
+        names this group, it opens as a store, and its applied index is at least that.
+        """
+        need = int(manifest["state_index"])
         local = self.groups.get(name)
         members = [self.node_for_addr(a) for a in (local.raft.members() if local else ())]
         replicas = {n.id: n for n in [*self._replicas(name), *(m for m in members if m is not None)]}
-        order = sorted((r for r in replicas.values() if r.id != self.me.id), key=lambda r: r.id != source)
+        leader_addr = local.raft.leader() if local else None
+        leader = self.node_for_addr(leader_addr) if leader_addr else None
+        first = [leader.id if leader else None, manifest.get("node_id")]
+        order = sorted(
+            (r for r in replicas.values() if r.id != self.me.id),
+            key=lambda r: (first.index(r.id) if r.id in first else len(first), r.id),
+        )
+        # No proxy from the environment: a checkpoint goes straight to a peer, with the peer key.
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.ssl_context)
+        )
         errors = []
         for node in order:
             dest = os.path.join(self.node_dir, "tmp", f"incoming-{name}-{time.time_ns()}")
             tar_path = dest + ".tar"
             try:
+                self._checkpoint_fetch_fault(name)
                 request = urllib.request.Request(
-                    f"{node.http_url}/internal/groups/{name}/checkpoint",
+                    f"{node.http_url}/internal/groups/{name}/checkpoint?min_index={need}",
                     headers={SECRET_HEADER: self.config.secret},
                 )
-                with (
-                    urllib.request.urlopen(request, timeout=60, context=self.ssl_context) as resp,
-                    open(tar_path, "wb") as f,
-                ):
+                with opener.open(request, timeout=_CHECKPOINT_TIMEOUT_S) as resp, open(tar_path, "wb") as f:
                     shutil.copyfileobj(resp, f, 1 << 20)
                 with tarfile.open(tar_path) as tar:
                     _safe_extract(tar, dest)
-                return os.path.join(dest, "checkpoint")
+                index = _check_checkpoint(name, dest, need)
+                os.rename(os.path.join(dest, "checkpoint"), dest + ".checkpoint")
+                shutil.rmtree(dest, ignore_errors=True)
+                return dest + ".checkpoint", index
             except Exception as e:  # try the next replica
                 errors.append(f"{node.id}: {e}")
                 shutil.rmtree(dest, ignore_errors=True)
             finally:
                 if os.path.exists(tar_path):
                     os.remove(tar_path)
-        raise RuntimeError(f"no replica could send a checkpoint of group {name}: {errors}")
+        raise RuntimeError(f"no replica could send a checkpoint of group {name} at index {need}: {errors}")
+
+    def _checkpoint_fetch_fault(self, name: str) -> None:
+        """Test fault ``[faults] checkpoint_fetch_fault_file``: while that file says ``fail`` every
+        checkpoint fetch fails; while it says ``stall`` a fetch waits (up to 60 s), then fails."""
+        path = self.config.faults.checkpoint_fetch_fault_file
+        if not path:
+            return
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with open(path) as f:
+                    mode = f.read().strip()
+            except FileNotFoundError:
+                return
+            if mode not in ("fail", "stall"):
+                return
+            if mode == "fail" or time.monotonic() > deadline:
+                log.warning("test_fault_checkpoint_fetch", group=name, mode=mode)
+                raise RuntimeError(f"test fault: checkpoint fetch {mode}")
+            time.sleep(0.2)
 
     def store_digest(self, name: str) -> dict[str, Any]:
         """A hash of every key and value of group ``name``'s state (replicas compare equal)."""
@@ -667,6 +724,30 @@ class Node:
             "keys": keys,
             "sha256": h.hexdigest(),
         }
+
+
+class CheckpointBehind(Exception):
+    """This replica's state is behind the index a checkpoint was asked for."""
+
+
+_CHECKPOINT_TIMEOUT_S = 30.0  # per socket operation of a checkpoint download
+
+
+def _check_checkpoint(name: str, dest: str, need: int) -> int:
+    """The applied index of the checkpoint extracted into ``dest``, once it is known to be group
+    ``name``'s state at or past ``need``; raises ``ValueError`` otherwise."""
+    with open(os.path.join(dest, "meta.json"), "rb") as f:
+        meta = orjson.loads(f.read())
+    if meta.get("group") != name:
+        raise ValueError(f"checkpoint of group {meta.get('group')!r}, not {name!r}")
+    store = RocksStore.open(os.path.join(dest, "checkpoint"))  # raises StoreError if it does not open
+    try:
+        index = metadata_applied_index(store) if name == META else queues_applied_index(store)
+    finally:
+        store.close()
+    if index < need or index < int(meta.get("applied_index", 0)):
+        raise ValueError(f"checkpoint at index {index}; the snapshot needs {need}, its source said {meta}")
+    return index
 
 
 def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:

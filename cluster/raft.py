@@ -17,6 +17,9 @@ neutralises each", and what neutralises it):
 Poison pills: the state machine never raises; a storage failure stops the process.
 Snapshots are manifests (a few hundred bytes); a replica whose state is behind a snapshot pulls a
 RocksDB checkpoint from a peer out of band (``fetch_checkpoint``), never through Raft's 64 KiB chunks.
+That install is all or nothing: pysyncobj sees the snapshot only once a verified checkpoint was
+restored (``_gate_snapshot``); until then the follower's state, journal and commit index stay as
+they were and the leader sends the snapshot again.
 
 Membership (``dynamicMembershipChange``): single-server changes, effective on every replica as soon as
 the entry is appended. pysyncobj's guard against a second change in flight is dead code, so
@@ -33,6 +36,7 @@ no configuration yet.
 
 Threading: every apply, callback, journal write and snapshot hook runs on the group's tick thread.
 ``submit`` may be called from any thread; its ``on_done`` runs on the tick thread and must be short.
+A checkpoint for a snapshot install is fetched and checked on a background thread of its own.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import functools
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -82,6 +87,8 @@ if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against
     raise ImportError(f"raftmq needs pysyncobj=={PINNED_PYSYNCOBJ}, found {PYSYNCOBJ_VERSION}")
 
 _EXIT_STORAGE_FAILURE = 70
+_CHECKPOINT_RETRY_S = 1.0  # after a failed checkpoint fetch, the next try waits this long
+_BLOCKING_INSTALL_S = 120.0  # on start, how long a replica behind its own snapshot tries to fetch
 _MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
 _VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
 _VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
@@ -260,6 +267,11 @@ class _GroupSyncObj(SyncObj):  # type: ignore[misc]
         # Inside a replicated method the entry being applied is raftLastApplied + 1.
         return self.raftmq_group._apply(self.raftLastApplied + 1, data)
 
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        # SyncObj.__init__ registers self.__onMessageReceived with the transport: this override is
+        # what it finds. Snapshot messages pass through RaftGroup's gate first (see _gate_snapshot).
+        super()._SyncObj__onMessageReceived(node, self.raftmq_group._gate_snapshot(message))
+
 
 class RaftGroup:
     """One replica of one Raft group: pysyncobj, a durable journal and a state machine."""
@@ -275,7 +287,7 @@ class RaftGroup:
         machine: StateMachine,
         snapshot_file: str,
         settings: RaftSettings,
-        fetch_checkpoint: Callable[[dict[str, Any]], str] | None = None,
+        fetch_checkpoint: Callable[[dict[str, Any]], tuple[str, int]] | None = None,
         bind_addr: str | None = None,
         joining: bool = False,
     ) -> None:
@@ -308,6 +320,16 @@ class RaftGroup:
         self._vote_log_at = 0.0  # tick thread
         self._hinted: frozenset[str] = frozenset()  # tick thread only
         self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Snapshot install (see _gate_snapshot). The tick thread owns _incoming_snapshot; the rest
+        # is shared with the background fetch thread under _checkpoint_lock.
+        self._incoming_snapshot: bytes | None = None
+        self._checkpoint_lock = threading.Lock()
+        self._staged_checkpoint: tuple[str, int] | None = None  # (directory, its applied index)
+        self._checkpoint_fetching = False
+        self._checkpoint_retry_at = 0.0
+        # Read by metrics: snapshot installs done here, and checkpoint fetches or checks that failed.
+        self.snapshot_installs = 0
+        self.snapshot_install_failures = 0
         conf = SyncObjConf(
             password=settings.password,
             journalFile=self._journal,
@@ -673,29 +695,177 @@ class RaftGroup:
             members = base  # an installed snapshot: pysyncobj clears the journal after this
         self._base_index, self._base_members = last[1], base
         if self._machine.applied_index < manifest["state_index"]:
-            self._install_checkpoint(manifest)
+            # The gate lets an installed snapshot through only once the state covers it, so this
+            # is a start whose state is behind its own snapshot (see _install_blocking).
+            self._install_blocking(manifest)
         # pysyncobj drops its own address from this list only when given Node objects: leave it out.
         return last, prev, [m for m in members if m != self.self_addr]
 
-    def _install_checkpoint(self, manifest: dict[str, Any]) -> None:
-        """Pull a peer's checkpoint (this replica's state is behind the snapshot it was given)."""
-        if self._fetch_checkpoint is None:
-            raise RuntimeError(f"group {self.name}: state behind snapshot and no way to fetch one")
+    # -- snapshot install: all or nothing --------------------------------------------------------
+    #
+    # pysyncobj installs a snapshot in __loadDumpFile, which swallows any exception; the follower
+    # would then answer success, raise its commit index to the end of its own unchecked log and
+    # apply entries that were never committed. So nothing may fail in there: the last chunk of an
+    # install message reaches pysyncobj only once the state already covers the snapshot (a
+    # verified checkpoint restored first, on the tick thread). Until then the message is held:
+    # pysyncobj sees a heartbeat (leader, term, election deadline) without the snapshot and
+    # without the leader's commit index, answers nothing, keeps its manifest file, journal,
+    # commit index and state, and the leader sends the snapshot again. The checkpoint is fetched
+    # and verified by a background thread, so a slow or failing fetch never blocks the ticks.
+
+    def _gate_snapshot(self, message: Any) -> Any:
+        """Tick thread: ``message`` as pysyncobj may see it (see the comment above)."""
+        if (
+            not isinstance(message, dict)
+            or message.get("type") != "append_entries"
+            or "prevLogIdx" in message
+            or message.get("serialized") is None
+            or message.get("term", -1) < int(self._sync.raftCurrentTerm)
+        ):
+            return message
+        # The leader's commit index says nothing about this follower's unchecked log.
+        held = {**message, "commit_index": min(message["commit_index"], int(self._sync.raftCommitIndex))}
+        chunk = message["serialized"]
+        if not isinstance(chunk, tuple | list) or len(chunk) != 3:  # the leader failed to read its file
+            return {**held, "serialized": None}
+        data, is_first, is_last = chunk
+        if is_first:
+            self._incoming_snapshot = bytes(data)
+        elif self._incoming_snapshot is not None:
+            self._incoming_snapshot += bytes(data)
+        if not is_last:
+            return held  # pysyncobj writes the chunk to a temporary file, nothing else
+        raw, self._incoming_snapshot = self._incoming_snapshot, None
+        if raw is not None and self._snapshot_ready(raw):
+            return message
+        return {**held, "serialized": None}
+
+    def _snapshot_ready(self, raw: bytes) -> bool:
+        """Tick thread: whether the state covers the snapshot manifest ``raw`` (restoring a verified
+        checkpoint first if one is staged); starts a background fetch when it does not."""
+        try:
+            manifest = orjson.loads(raw)
+            need = int(manifest["state_index"])
+            if manifest["group"] != self.name:
+                raise ValueError(f"snapshot of group {manifest['group']!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            self.snapshot_install_failures += 1
+            log.error("snapshot_rejected", group=self.name, error=str(e))
+            return False
+        if self._machine.applied_index >= need:
+            return True
+        with self._checkpoint_lock:
+            staged, self._staged_checkpoint = self._staged_checkpoint, None
+        if staged is not None:
+            path, index = staged
+            if index >= need:
+                return self._restore_staged(path, need)
+            shutil.rmtree(path, ignore_errors=True)  # a newer snapshot needs a newer checkpoint
+        self._start_checkpoint_fetch(manifest)
+        return False
+
+    def _restore_staged(self, path: str, need: int) -> bool:
         log.info(
             "snapshot_install_started",
+            group=self.name,
+            state_index=need,
+            local_index=self._machine.applied_index,
+        )
+        try:
+            self._machine.restore(path)  # an atomic swap: the old state or the new one
+        except StoreError as e:
+            # The checkpoint opened and was checked: the local disk failed. Stop, as the journal does.
+            log.critical("snapshot_restore_storage_failure_stopping", group=self.name, error=str(e))
+            os._exit(_EXIT_STORAGE_FAILURE)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+        if self._machine.applied_index < need:  # never after the checks; hold and fetch again
+            self.snapshot_install_failures += 1
+            log.error(
+                "snapshot_restore_behind", group=self.name, state_index=self._machine.applied_index, need=need
+            )
+            return False
+        self.snapshot_installs += 1
+        log.info("snapshot_install_done", group=self.name, state_index=self._machine.applied_index)
+        return True
+
+    def _start_checkpoint_fetch(self, manifest: dict[str, Any]) -> None:
+        if self._fetch_checkpoint is None:
+            log.error("snapshot_install_impossible", group=self.name, reason="no way to fetch a checkpoint")
+            return
+        with self._checkpoint_lock:
+            if self._checkpoint_fetching or time.monotonic() < self._checkpoint_retry_at:
+                return
+            self._checkpoint_fetching = True
+        log.info(
+            "snapshot_checkpoint_fetch_started",
             group=self.name,
             source=manifest.get("node_id"),
             state_index=manifest["state_index"],
             local_index=self._machine.applied_index,
         )
-        checkpoint_dir = self._fetch_checkpoint(manifest)
-        self._machine.restore(checkpoint_dir)
-        if self._machine.applied_index < manifest["state_index"]:
-            raise RuntimeError("fetched checkpoint is older than the snapshot")
-        # The fetch blocked this tick thread; without this the follower would start an election
-        # (pysyncobj checks the deadline before reading the heartbeats that queued meanwhile).
-        self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
-        log.info("snapshot_install_done", group=self.name, state_index=self._machine.applied_index)
+        threading.Thread(
+            target=self._fetch_in_background,
+            args=(manifest,),
+            name=f"raftmq-checkpoint-{self.name}",
+            daemon=True,
+        ).start()
+
+    def _fetch_in_background(self, manifest: dict[str, Any]) -> None:
+        staged: tuple[str, int] | None = None
+        try:
+            staged = self._fetch_verified(manifest)
+        except Exception as e:
+            log.warning("snapshot_checkpoint_fetch_failed", group=self.name, error=str(e))
+        with self._checkpoint_lock:
+            self._checkpoint_fetching = False
+            if staged is None:
+                self.snapshot_install_failures += 1
+                self._checkpoint_retry_at = time.monotonic() + _CHECKPOINT_RETRY_S
+                return
+            old, self._staged_checkpoint = self._staged_checkpoint, staged
+        if old is not None:
+            shutil.rmtree(old[0], ignore_errors=True)
+        log.info("snapshot_checkpoint_ready", group=self.name, state_index=staged[1])
+
+    def _fetch_verified(self, manifest: dict[str, Any]) -> tuple[str, int]:
+        """A checkpoint directory holding this group's state at or past the snapshot, and its
+        applied index (any thread). Raises when no replica could send one."""
+        assert self._fetch_checkpoint is not None
+        path, index = self._fetch_checkpoint(manifest)
+        if index < int(manifest["state_index"]):
+            shutil.rmtree(path, ignore_errors=True)
+            raise ValueError(
+                f"checkpoint at index {index} is behind the snapshot's {manifest['state_index']}"
+            )
+        return path, index
+
+    def _install_blocking(self, manifest: dict[str, Any]) -> None:
+        """Tick thread, on start: this replica's state is behind its own snapshot manifest (its
+        state directory was lost or replaced). Fetch and restore before pysyncobj goes on, or stop:
+        pysyncobj must never continue from a state that does not cover its snapshot."""
+        need = int(manifest["state_index"])
+        deadline = time.monotonic() + _BLOCKING_INSTALL_S
+        while self._fetch_checkpoint is not None and time.monotonic() < deadline:
+            try:
+                path, _index = self._fetch_verified(manifest)
+            except Exception as e:
+                self.snapshot_install_failures += 1
+                log.warning("snapshot_checkpoint_fetch_failed", group=self.name, error=str(e))
+                time.sleep(_CHECKPOINT_RETRY_S)
+                continue
+            if self._restore_staged(path, need):
+                # The fetch blocked this tick thread; without this the replica would start an
+                # election (pysyncobj checks the deadline before reading the heartbeats queued).
+                self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
+                return
+        log.critical(
+            "snapshot_state_behind_stopping",
+            group=self.name,
+            state_index=self._machine.applied_index,
+            need=need,
+        )
+        os._exit(_EXIT_STORAGE_FAILURE)
 
 
 def membership_change(command: bytes) -> tuple[str, str] | None:

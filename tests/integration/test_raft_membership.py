@@ -109,13 +109,16 @@ class Replica:
         self._stores = [journal, state]
         self.machine = LogMachine(state)
 
-        def fetch(manifest: dict[str, Any]) -> str:
+        def fetch(manifest: dict[str, Any]) -> tuple[str, int]:
             source = next(p for p in peers.values() if p.addr == manifest["raft_addr"])
             assert source.machine is not None
             dest = str(self.root / f"incoming-{time.time_ns()}")
             source.machine.store.checkpoint(dest)
             self.checkpoints_fetched += 1
-            return dest
+            ckpt = RocksStore.open(dest)
+            raw = ckpt.get(_APPLIED)
+            ckpt.close()
+            return dest, struct.unpack(">Q", raw)[0] if raw else 0
 
         self.group = RaftGroup(
             name="g",
