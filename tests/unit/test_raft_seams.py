@@ -441,11 +441,12 @@ def test_leader_with_a_repaired_journal_does_not_apply_unreplicated_entries(
     journal.setCurrentTerm(1, None)
     journal.setRaftCommitIndex(8)
     journal._destroy()
-    key = b"E" + struct.pack(">Q", 6)
-    value = store.get(key)
-    assert value is not None
     batch = Batch()
-    batch.put(key, value[:-1] + b"\x02")  # torn record: 6, 7, 8 are cut on load
+    for index in (6, 7, 8):  # a torn tail: 6, 7, 8 are cut on load
+        key = b"E" + struct.pack(">Q", index)
+        value = store.get(key)
+        assert value is not None
+        batch.put(key, value[:-1] + bytes([value[-1] ^ 0x02]))
     store.write(batch)
 
     journal = DurableJournal(store)
