@@ -131,11 +131,34 @@ def topic_create(
     _print_topic(data)
 
 
+def _grouped(topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each topic followed by its dead-letter topics (``dead_letter_of``; a node answers them in
+    that order already, this keeps an older node's answer readable too)."""
+    under: dict[str, list[dict[str, Any]]] = {}
+    for t in topics:
+        source = t.get("dead_letter_of")
+        if source:
+            under.setdefault(source["topic"], []).append(t)
+    names = {t["name"] for t in topics}
+    out: list[dict[str, Any]] = []
+
+    def add(t: dict[str, Any]) -> None:
+        out.append(t)
+        for child in under.pop(t["name"], []):  # a dead-letter topic's name is longer: no cycle
+            add(child)
+
+    for t in topics:
+        source = t.get("dead_letter_of")
+        if not (source and source["topic"] in names):  # else listed under its source
+            add(t)
+    return out
+
+
 @topic.command("list")
 @json_option
 @admin_command
 def topic_list(admin: AdminHttp, as_json: bool) -> None:
-    """List the topics."""
+    """List the topics; each dead-letter topic is shown under its source topic (└)."""
     data = admin.get("/v1/topics")
     if as_json:
         _print_json(data)
@@ -147,9 +170,10 @@ def topic_list(admin: AdminHttp, as_json: bool) -> None:
     table = Table(
         "topic", "queues", "retention_ms", "retention_bytes", "max_message_bytes", box=box.SIMPLE_HEAD
     )
-    for t in data["topics"]:
+    for t in _grouped(data["topics"]):
+        source = t.get("dead_letter_of")
         table.add_row(
-            t["name"],
+            Text(f"└ {t['name']}", style="dim") if source else t["name"],
             str(t["queues"]),
             _none(t.get("retention_ms")),
             _none(t.get("retention_bytes")),

@@ -87,8 +87,9 @@ def _message_schema(limits: Limits) -> Schema:
     )
 
 
-def _topic(queues: Schema) -> Schema:
-    """A topic: ``queues`` is its queue count, or (described) the list of its queues."""
+def _topic(queues: Schema, **extra: Schema) -> Schema:
+    """A topic: ``queues`` is its queue count, or (described) the list of its queues; ``extra``:
+    optional fields."""
     nullable_pos = _nullable(_int(1, U64))
     return _obj(
         {
@@ -100,6 +101,7 @@ def _topic(queues: Schema) -> Schema:
             "retention_bytes": nullable_pos,
             "max_message_bytes": nullable_pos,
             "created_ms": _int(0),
+            **extra,
         },
         required=tuple(
             (
@@ -138,7 +140,15 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             },
             required=("name",),
         ),
-        "Topic": _topic(_int(1)),
+        "Topic": _topic(
+            _int(1),
+            dead_letter_of=_obj(
+                {"topic": _str(), "group": _str()},
+                required=("topic", "group"),
+                description="Only on a dead-letter topic: its source topic and consumer group "
+                "(the list puts it right after its source).",
+            ),
+        ),
         "TopicDescription": _topic(_array(_ref("QueueInfo"))),
         "QueueInfo": _obj(
             {

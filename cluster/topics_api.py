@@ -1,8 +1,11 @@
 """Topic handlers of the HTTP API v1: create, list, describe and delete (``POST/GET
-/v1/topics``, ``GET/DELETE /v1/topics/{topic}``); topics live in the metadata group.
+/v1/topics``, ``GET/DELETE /v1/topics/{topic}``); topics live in the metadata group. The list
+shows dead-letter topics under their source (:func:`topic_list`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 import structlog
@@ -18,6 +21,38 @@ from .validation import ApiError, parse_create_topic, parse_json
 __all__ = ["TopicHandlers"]
 
 log = structlog.get_logger(__name__)
+
+
+def dead_letter_sources(topics: list[Topic]) -> dict[str, tuple[str, str]]:
+    """``{dead-letter topic: (source topic, consumer group)}``: the topics named
+    ``<source>.<group>.dlq`` whose source exists with the same queue groups, as
+    ``ensure_dlq_topic`` makes them (both parts may hold dots: the longest source that fits wins)."""
+    by_name = {t.name: t for t in topics}
+    found: dict[str, tuple[str, str]] = {}
+    for t in topics:
+        if not t.name.endswith(".dlq"):
+            continue
+        stem = t.name[: -len(".dlq")]
+        for i in range(len(stem) - 1, 0, -1):
+            source, group = by_name.get(stem[:i]), stem[i + 1 :]
+            if stem[i] == "." and source is not None and group and source.queue_groups == t.queue_groups:
+                found[t.name] = (source.name, group)
+                break
+    return found
+
+
+def topic_list(topics: list[Topic]) -> list[dict[str, Any]]:
+    """The ``GET /v1/topics`` answer's topics: each dead-letter topic right after its source (and
+    its source's other dead-letter topics), marked ``dead_letter_of``; the rest by name."""
+    sources = dead_letter_sources(topics)
+    out = []
+    for t in sorted(topics, key=lambda t: (sources.get(t.name, (t.name, ""))[0], t.name in sources, t.name)):
+        item = t.to_json()
+        if t.name in sources:
+            source, group = sources[t.name]
+            item["dead_letter_of"] = {"topic": source, "group": group}
+        out.append(item)
+    return out
 
 
 class TopicHandlers(ApiCore):
@@ -45,8 +80,7 @@ class TopicHandlers(ApiCore):
         if self._leads(META):
             await self._propose_checked(META, commands.noop())
             assert self.node.metadata is not None
-            topics = [t.to_json() for t in self.node.metadata.topics()]
-            return json_response({"topics": topics})
+            return json_response({"topics": topic_list(self.node.metadata.topics())})
         return await self._forward(request, META)
 
     async def get_topic(self, request: web.Request) -> web.Response:

@@ -108,8 +108,13 @@ function explain(error) {
 async function topicsDescribed() {
   const { topics } = await api("/v1/topics");
   const sampled = topics.slice(0, MAX_TOPICS_SAMPLED);
+  // The list puts each dead-letter topic right after its source and marks it dead_letter_of.
   const described = await Promise.all(
-    sampled.map((t) => api(`/v1/topics/${pathOf(t.name)}`).catch(() => ({ ...t, queues: null }))),
+    sampled.map((t) =>
+      api(`/v1/topics/${pathOf(t.name)}`)
+        .then((d) => ({ ...d, dead_letter_of: t.dead_letter_of || null }))
+        .catch(() => ({ ...t, queues: null })),
+    ),
   );
   const now = Date.now();
   for (const t of described) {
@@ -218,10 +223,16 @@ async function renderTopics() {
     "topics-table",
     described.map((t) => {
       const messages = (t.queues || []).reduce((s, q) => s + ((q.high_offset || 0) - (q.low_offset || 0)), 0);
+      const source = t.dead_letter_of;
       return el(
         "tr",
-        { class: `clickable${state.topic === t.name ? " selected" : ""}`, "data-topic": t.name, onclick: () => selectTopic(t.name) },
-        el("td", {}, el("a", { class: "link", text: t.name })),
+        {
+          class: `clickable${state.topic === t.name ? " selected" : ""}${source ? " dead-letters" : ""}`,
+          "data-topic": t.name,
+          ...(source ? { "data-dead-letter-of": source.topic, title: `dead letters of ${source.group} on ${source.topic}` } : {}),
+          onclick: () => selectTopic(t.name),
+        },
+        el("td", {}, source ? el("span", { class: "nest", text: "└ " }) : "", el("a", { class: "link", text: t.name })),
         el("td", { class: "num", text: Array.isArray(t.queues) ? t.queues.length : "–" }),
         el("td", { text: [...new Set(t.queue_groups)].join(", ") }),
         el("td", { class: "num", text: fmt(messages) }),
@@ -350,9 +361,15 @@ async function renderGroups() {
   );
 }
 
-// Dead-letter topics are named <topic>.<group>.dlq; both parts may contain dots, so the split is
-// the one whose <topic> exists.
+// Dead-letter topics are named <topic>.<group>.dlq; the list marks them dead_letter_of. (A node
+// older than that mark: both parts may contain dots, so the split is the one whose <topic> exists.)
 function subscriptionsWithDlq(topics) {
+  const marked = topics.filter((t) => t.dead_letter_of);
+  if (marked.length) {
+    return marked
+      .map((t) => ({ topic: t.dead_letter_of.topic, group: t.dead_letter_of.group, dlq: t.name }))
+      .sort((a, b) => a.dlq.localeCompare(b.dlq));
+  }
   const names = new Set(topics.map((t) => t.name));
   const found = [];
   for (const name of names) {
@@ -396,7 +413,7 @@ async function renderDlq() {
         el("td", {}, el("a", { class: "link", text: "browse" })),
       ),
     ),
-    "no dead-letter topics: one is created when a group first receives from a topic",
+    "no dead-letter topics: one is created with a group's first dead letter",
   );
   const detail = document.getElementById("dlq-detail");
   if (state.dlq && !subs.some((s) => s.dlq === state.dlq.dlq)) state.dlq = null;

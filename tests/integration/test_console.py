@@ -184,6 +184,13 @@ def test_topics_view_shows_the_queues_offsets_and_consumer_groups_of_a_topic(pag
     # The viewer's token sees its topics only (orders and its dead-letter topic), not audit.
     expect(page.locator("#topics-table tbody tr[data-topic]")).to_have_count(2, timeout=10_000)
     expect(page.locator('#topics-table tr[data-topic="audit"]')).to_have_count(0)
+    # The dead-letter topic is shown under its source, marked as its dead letters.
+    rows = page.locator("#topics-table tbody tr[data-topic]")
+    expect(rows.nth(0)).to_have_attribute("data-topic", "orders")
+    expect(rows.nth(1)).to_have_attribute("data-topic", "orders.workers.dlq")
+    expect(rows.nth(1)).to_have_attribute("data-dead-letter-of", "orders")
+    expect(rows.nth(1).locator("td").first).to_contain_text("└ orders.workers.dlq")
+    expect(page.locator('#topics-table tr[data-topic="orders"][data-dead-letter-of]')).to_have_count(0)
     page.click('#topics-table tr[data-topic="orders"]')
     queues = c.get("/v1/topics/orders").json()["queues"]
     assert [q["high_offset"] for q in queues] == [5, 5, 3]

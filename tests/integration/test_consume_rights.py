@@ -1,11 +1,15 @@
 """Consume rights create nothing permanent, on a real 3-node cluster with API tokens: a receive or
 push stream under a new consumer group creates no topic; the first dead letter creates the
 dead-letter topic and lands in it (``docs/delivery.md``); removing a group member needs consume on
-its topics; a join answer names no other member."""
+its topics; a join answer names no other member; the topic list (API and ``raftmq topic list``)
+shows dead-letter topics under their source."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,3 +170,37 @@ def test_removing_a_member_needs_consume_on_every_topic_it_consumes(c: Cluster) 
     assert r.status_code == 200 and r.json()["assignment"] == {"orders": [0, 1], "payments": [0, 1, 2]}
     r = as_consumer(c, "DELETE", "/v1/groups/billing/members/carol", "n3")
     assert r.status_code == 200 and r.json()["left"] is True, r.text
+
+
+def test_the_topic_list_shows_dead_letter_topics_under_their_source(c: Cluster) -> None:
+    ensure_topic(c, "payments", 3)
+    ensure_topic(c, "payments-eu", 3)  # sorts between payments and payments.<group>.dlq by name
+    r = c.session.put(c.url() + sub("payments", "auditors"), json={"max_deliveries": 2}, timeout=30)
+    assert r.status_code == 200, r.text  # an admin's PUT creates the dead-letter topic
+    ensure_topic(c, "lonely.g.dlq", 1)  # named like one, but no topic "lonely": a plain topic
+    r = c.get("/v1/topics")
+    assert r.status_code == 200, r.text
+    topics = r.json()["topics"]
+    names = [t["name"] for t in topics]
+    marked = {t["name"]: t["dead_letter_of"] for t in topics if "dead_letter_of" in t}
+    assert marked["payments.auditors.dlq"] == {"topic": "payments", "group": "auditors"}
+    assert "payments" not in marked and "payments-eu" not in marked and "lonely.g.dlq" not in marked
+    under_payments = names[names.index("payments") + 1 : names.index("payments-eu")]
+    assert "payments.auditors.dlq" in under_payments
+    assert all(marked.get(n, {}).get("topic") == "payments" for n in under_payments), names
+
+    # raftmq topic list shows them under their source too.
+    out = subprocess.run(
+        [sys.executable, "-m", "raftmq.cluster.cli", "topic", "list", "--url", c.url("n2")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RAFTMQ_TOKEN": ADMIN_TOKEN, "COLUMNS": "120"},
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [line.strip() for line in out.stdout.splitlines()]
+    first = [i for i, line in enumerate(lines) if line.split()[:1] == ["payments"]]
+    nested = [i for i, line in enumerate(lines) if line.startswith("└ payments.auditors.dlq")]
+    eu = [i for i, line in enumerate(lines) if line.startswith("payments-eu ")]
+    assert first and nested and eu and first[0] < nested[0] < eu[0], out.stdout
+    assert any(line.startswith("lonely.g.dlq ") for line in lines), out.stdout
