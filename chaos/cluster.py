@@ -62,6 +62,7 @@ LABEL_OWNER = "raftmq.chaos.owner"
 HTTP_PORT = 8080
 RAFT_PORT = 7100
 SECRET = "chaos-secret-0123456789abcdef"
+CHECKPOINT_FAULT_FILE = "checkpoint-fetch-fault"  # in each volume; the nodes' [faults] point at it
 VOLUMES_ROOT = Path(tempfile.gettempdir()) / "raftmq-chaos"
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -268,6 +269,7 @@ class ChaosCluster:
                 ["raftmq", "serve", "--config", "/etc/raftmq/cluster.toml", "--node", nid, "--json-logs"]
             )
             .with_env("RAFTMQ_FAKETIME", "1")
+            .with_env("RAFTMQ_FAULTS_CHECKPOINT_FETCH_FAULT_FILE", f"/data/{CHECKPOINT_FAULT_FILE}")
             .with_volume_mapping(self.volume(nid), "/data", "rw")
             .with_volume_mapping(self.dir / "cluster.toml", "/etc/raftmq/cluster.toml", "ro")
             .with_exposed_ports(HTTP_PORT)
@@ -328,8 +330,10 @@ class ChaosCluster:
     def status(self) -> dict[str, str]:
         return {nid: self._status(nid) for nid in self.node_ids}
 
-    def _get_json(self, nid: str, path: str, timeout_s: float = 2.0, secret: bool = False) -> Any:
-        req = urllib.request.Request(self.url(nid) + path)
+    def _get_json(
+        self, nid: str, path: str, timeout_s: float = 2.0, secret: bool = False, method: str = "GET"
+    ) -> Any:
+        req = urllib.request.Request(self.url(nid) + path, method=method)
         if secret:
             req.add_header("X-Raftmq-Secret", SECRET)
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
@@ -468,10 +472,25 @@ class ChaosCluster:
     def free_disk(self, nid: str) -> None:
         (self.volume(nid) / "disk-filler").unlink(missing_ok=True)
 
+    def set_checkpoint_fetch_fault(self, nid: str, mode: str | None) -> None:
+        """Make the node's checkpoint fetches (snapshot installs) ``"fail"`` or ``"stall"`` (up to
+        60 s each, until the mode changes), or (None) work again; the node reads the file before
+        every fetch (``[faults] checkpoint_fetch_fault_file``)."""
+        path = self.volume(nid) / CHECKPOINT_FAULT_FILE
+        if mode is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(mode + "\n")
+
+    def compact(self, nid: str, group: str) -> None:
+        """Make the node's replica of ``group`` take a snapshot and compact its journal now."""
+        self._get_json(nid, f"/internal/groups/{group}/compact", secret=True, method="POST")
+
     def heal_all(self, on_error: Callable[[str, Exception], None] | None = None) -> None:
         """Undo every fault on every node: free disks, reset clocks, restart, unpause, flush iptables."""
         steps: list[Callable[[str], None]] = [
             self.free_disk,
+            lambda nid: self.set_checkpoint_fetch_fault(nid, None),
             lambda nid: self.set_clock_offset(nid, 0),
             self.unpause,
             self.restart,

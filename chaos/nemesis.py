@@ -19,6 +19,7 @@ comes from the seeded ``rng``, except where it depends on the cluster (the curre
 | packet-loss | every node drops a random share of its peers' packets | heal |
 | clock-skew | jump the clocks of up to a majority-minus-one of nodes by seconds to a minute | reset |
 | disk-full | fill one node's volume to the last byte | free it, restart the node if it stopped |
+| checkpoint-fetch | kill a node, compact the rest, restart it: checkpoint fetches stall, then fail | heal |
 
 Partitions are iptables DROP rules inside the containers on traffic from peers; clients on the host
 always reach every node, as in Jepsen.
@@ -38,6 +39,8 @@ __all__ = ["FAULTS", "Fault", "Planned", "parse_faults", "schedule", "time_for_e
 
 Value = dict[str, Any]
 ALONE_S = 1.5  # how long isolate-kill-leader lets the cut-off leader run before killing it
+COMPACT_AFTER_S = 1.0  # checkpoint-fetch: writes the killed node misses before the others compact
+STALL_S = 2.0  # checkpoint-fetch: how long the restarted node's fetches hang before they fail
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,34 @@ def _disk_free(c: ChaosCluster, v: Value) -> None:
         c.restart(n)  # a node that hit ENOSPC stops itself rather than diverge
 
 
+def _checkpoint_fetch(c: ChaosCluster, rng: random.Random) -> Value:
+    """One node must install snapshots while its checkpoint fetches hang, then fail: it is killed,
+    the others compact every group past its log while the workload writes, and it starts again. It
+    must apply nothing it did not verify, and catch up once fetches work."""
+    n = rng.choice(_running(c))
+    c.set_checkpoint_fetch_fault(n, "stall")
+    c.kill(n)
+    time.sleep(COMPACT_AFTER_S)  # entries the node misses
+    compacted = []
+    for m in _running(c):
+        for group in c.groups():
+            try:
+                c.compact(m, group)
+                compacted.append(f"{group}@{m}")
+            except Exception:  # not a replica of that group, or busy: the others still compact
+                continue
+    c.restart(n)
+    time.sleep(STALL_S)  # its first fetches hang (heartbeats must still count), then fail from now on
+    c.set_checkpoint_fetch_fault(n, "fail")
+    return {"nodes": [n], "modes": ["stall", "fail"], "stall_s": STALL_S, "compacted": compacted}
+
+
+def _checkpoint_fetch_heal(c: ChaosCluster, v: Value) -> None:
+    for n in v["nodes"]:
+        c.set_checkpoint_fetch_fault(n, None)
+    _restart(c, v)  # in case it was not running
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -202,6 +233,12 @@ FAULTS: dict[str, Fault] = {
         Fault("packet-loss", _packet_loss, _heal, "drop 10-30% of packets between nodes"),
         Fault("clock-skew", _clock_skew, _clock_reset, "jump the clocks of a minority of nodes"),
         Fault("disk-full", _disk_full, _disk_free, "fill one node's volume"),
+        Fault(
+            "checkpoint-fetch",
+            _checkpoint_fetch,
+            _checkpoint_fetch_heal,
+            "snapshot installs on one node while its checkpoint fetches stall, then fail",
+        ),
     ]
 }
 

@@ -679,6 +679,8 @@ class Node:
                 with tarfile.open(tar_path) as tar:
                     _safe_extract(tar, dest)
                 index = _check_checkpoint(name, dest, need)
+                # Written to disk here, so the restore on the group's tick thread finds nothing dirty.
+                _fsync_files(os.path.join(dest, "checkpoint"))
                 os.rename(os.path.join(dest, "checkpoint"), dest + ".checkpoint")
                 shutil.rmtree(dest, ignore_errors=True)
                 return dest + ".checkpoint", index
@@ -731,6 +733,16 @@ class CheckpointBehind(Exception):
 
 
 _CHECKPOINT_TIMEOUT_S = 30.0  # per socket operation of a checkpoint download
+
+
+def _fsync_files(path: str) -> None:
+    for entry in os.scandir(path):
+        if entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _check_checkpoint(name: str, dest: str, need: int) -> int:

@@ -25,6 +25,8 @@ GROUPS = {
     "crashes": ["kill", "kill-leader", "kill-majority", "isolate-kill-leader"],
     "partitions": ["partition-one", "partition-halves", "partition-bridge", "partition-leader"],
     "process-faults": ["pause", "clock-skew", "disk-full", "packet-loss"],
+    # A node installs snapshots while its checkpoint fetches fail or stall (issue 12, item 3).
+    "snapshot-installs": ["checkpoint-fetch"],
 }
 
 
