@@ -9,6 +9,13 @@ Invariants:
   batch within the broker's memory of each producer's last sequences per queue.
 - ``buffered_bytes`` is the sum of the sizes of every batch not yet completed (queued or in flight)
   and never exceeds ``max_buffer_bytes`` (a single larger message is refused up front).
+
+Unkeyed messages are spread with uniform sticky batches (as Kafka's KIP-794): they stick to one
+queue until ``sticky_bytes`` have gone there, then move to the queue that has had the fewest
+unkeyed bytes of this producer so far (ties broken at random). Switching does not depend on when
+batches are sent or sealed, so a slow queue (whose batch waits for the one in flight and grows)
+gets no more than the others: over any run each queue's share is within one ``sticky_bytes`` of
+an even split.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from .errors import BufferFull, MessageTooLarge, RaftmqError
 __all__ = ["Accumulator", "Batch", "Delivery"]
 
 QueueKey = tuple[str, int]
+STICKY_BYTES = 16 * 1024  # unkeyed messages go this many bytes to one queue, then move on
 _OVERHEAD_BYTES = 128  # the request's envelope: {"messages":[...],"producer_id":..,"sequence":..}
 
 
@@ -92,6 +100,16 @@ def with_queue(encoded: bytes, queue: int) -> bytes:
     return b'{"queue":%d,' % queue + encoded[1:]
 
 
+@dataclass
+class _Sticky:
+    """A topic's unkeyed stream: the current queue, the bytes it may still take, and the unkeyed
+    bytes each queue had so far."""
+
+    queue: int
+    left: int
+    sent: list[int]
+
+
 class Accumulator:
     """Batches per queue; see the module docstring for the invariants."""
 
@@ -103,6 +121,7 @@ class Accumulator:
         max_batch_messages: int,
         max_buffer_bytes: int,
         rand: random.Random | None = None,
+        sticky_bytes: int = STICKY_BYTES,
     ) -> None:
         self.linger_s = linger_s
         self.max_batch_bytes = max_batch_bytes
@@ -113,7 +132,8 @@ class Accumulator:
         self._queues: dict[QueueKey, deque[Batch]] = {}
         self._in_flight: dict[QueueKey, Batch] = {}
         self._sequences: dict[QueueKey, int] = {}
-        self._sticky: dict[str, tuple[int, Batch | None]] = {}
+        self.sticky_bytes = max(1, min(sticky_bytes, max_batch_bytes))
+        self._sticky: dict[str, _Sticky] = {}
         self._rand = rand or random.Random()
         self._pressure = False  # an append found the buffer full: send what is there now
         self.buffered_bytes = 0
@@ -133,8 +153,8 @@ class Accumulator:
         """Add one message (``encoded`` by :func:`encode_message`) to its queue's open batch.
 
         Args:
-            queue: The queue, or None for an unkeyed message (sticky: fill one queue's batch, then
-                move round-robin to the next queue).
+            queue: The queue, or None for an unkeyed message (uniform sticky: ``sticky_bytes`` to
+                one queue, then the least-loaded queue; see the module docstring).
             queues: The topic's queue count.
 
         Returns:
@@ -152,7 +172,7 @@ class Accumulator:
                 self._pressure = True
                 return None
             if queue is None:
-                queue = self._sticky_queue(topic, queues)
+                queue = self._sticky_queue(topic, queues, size)
             key = (topic, queue)
             dq = self._queues.setdefault(key, deque())
             batch = dq[-1] if dq else None
@@ -175,21 +195,25 @@ class Accumulator:
             if batch.size_bytes >= self.max_batch_bytes or len(batch.parts) >= self.max_batch_messages:
                 batch.sealed = True
                 wake = True
-            if topic in self._sticky and self._sticky[topic][0] == queue:
-                self._sticky[topic] = (queue, batch)
             return queue, wake
 
-    def _sticky_queue(self, topic: str, queues: int) -> int:
-        current = self._sticky.get(topic)
-        if current is not None:
-            queue, batch = current
-            if batch is not None and not batch.sealed and queue < queues:
-                return queue
-            queue = (queue + 1) % queues
-        else:
-            queue = self._rand.randrange(queues)
-        self._sticky[topic] = (queue, None)
-        return queue
+    def _sticky_queue(self, topic: str, queues: int, size: int) -> int:
+        """The queue of an unkeyed message of ``size`` bytes (counted against the stick)."""
+        state = self._sticky.get(topic)
+        if state is None:
+            state = self._sticky[topic] = _Sticky(-1, 0, [0] * queues)
+        elif len(state.sent) != queues:  # the topic's queue count changed: new queues start level
+            floor = min(state.sent[:queues], default=0)
+            state.sent = (state.sent + [floor] * queues)[:queues]
+            if state.queue >= queues:
+                state.left = 0
+        if state.left <= 0:
+            least = min(state.sent)
+            state.queue = self._rand.choice([q for q, n in enumerate(state.sent) if n == least])
+            state.left = self.sticky_bytes
+        state.left -= size
+        state.sent[state.queue] += size
+        return state.queue
 
     # -- sending (the event loop's thread) -------------------------------------------------------
 

@@ -401,7 +401,8 @@ class AsyncProducer:
     """Produces messages in batches (asyncio).
 
     Each message goes to a queue: the one given, else the key's queue (CRC32C of the key, as the
-    broker routes), else a sticky queue that changes round-robin batch by batch. Messages wait in
+    broker routes), else a sticky queue (16 KiB to one queue, then the least-loaded; uniform sticky
+    batches as Kafka's KIP-794). Messages wait in
     their queue's batch up to ``linger_ms`` (or until ``max_batch_bytes``/``max_batch_messages``),
     and each batch is sent straight to the leader of its queue's group, one batch in flight per
     queue (order per queue is kept across retries).

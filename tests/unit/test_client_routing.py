@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.client import key_queue
-from raftmq.client._accumulator import Accumulator, encode_message, with_queue
+from raftmq.client._accumulator import Accumulator, Batch, encode_message, with_queue
 from raftmq.cluster.http_api import key_queue as broker_key_queue
 
 
@@ -45,21 +45,71 @@ def _queue_of(acc: Accumulator, key: str | None, now: float = 0.0) -> int:
     return added[0]
 
 
-def test_unkeyed_messages_stick_to_one_queue_until_its_batch_is_sent() -> None:
-    acc = _acc()
-    first = {_queue_of(acc, None) for _ in range(10)}
-    assert len(first) == 1
-    taken, _ = acc.ready(1.0)  # linger passed: the batch goes
-    assert [b.queue for b in taken] == list(first)
-    nxt = _queue_of(acc, None)
-    assert nxt == (first.pop() + 1) % 4  # round-robin to the next queue
+def test_unkeyed_messages_stick_to_one_queue_for_sticky_bytes_then_move_on() -> None:
+    acc = _acc(sticky_bytes=1_000)
+    encoded, _ = encode_message("v", None, None)
+    per_stick = -(-1_000 // (len(encoded) + 16))  # messages until the stick's bytes are used
+    queues = [_queue_of(acc, None) for _ in range(4 * per_stick)]
+    sticks = [queues[i : i + per_stick] for i in range(0, len(queues), per_stick)]
+    assert all(len(set(stick)) == 1 for stick in sticks)
+    assert sorted(stick[0] for stick in sticks) == [0, 1, 2, 3]  # each queue once per round
+    acc.ready(1.0)  # sending or sealing batches does not move the stick
+    assert _queue_of(acc, None) in range(4)
 
 
-def test_unkeyed_messages_move_on_when_a_batch_fills() -> None:
-    acc = _acc(max_batch_messages=3)
-    queues = [_queue_of(acc, None) for _ in range(9)]
-    assert len(set(queues[0:3])) == 1 and len(set(queues[3:6])) == 1 and len(set(queues[6:9])) == 1
-    assert queues[0] != queues[3] != queues[6]
+def _spread(acc: Accumulator, messages: int, slow_queue: int) -> list[int]:
+    """Append ``messages`` small unkeyed messages as ``raftmq produce`` does (values "1", "2",
+    ...), with a sender that takes ready batches every 64 messages and completes them at once,
+    except that ``slow_queue``'s leader answers only every 200th round (its next batch waits and
+    grows: with the old rule, stick until the batch is sent, 92-99% of the messages went there).
+    Returns the messages per queue."""
+    counts = [0, 0, 0, 0]
+    sink = _Sink()
+    slow: list[Batch] = []
+    now = 0.0
+    for i in range(1, messages + 1):
+        encoded, _ = encode_message(str(i), None, None)
+        added = acc.try_append("t", None, 4, encoded, sink, now)
+        assert added is not None
+        counts[added[0]] += 1
+        if i % 64 == 0:
+            now += 0.001
+            taken, _ = acc.ready(now)
+            for b in taken:
+                if b.queue == slow_queue:
+                    slow.append(b)
+                else:
+                    acc.complete(b)
+            if i % (64 * 200) == 0:
+                for b in slow:
+                    acc.complete(b)
+                slow.clear()
+    return counts
+
+
+def test_300000_unkeyed_messages_spread_within_ten_percent_of_even() -> None:
+    """Issue 15: no queue above 1/N + 10% (of 1/N) over 300,000 unkeyed messages, also with one
+    slow queue (the old sticky-until-the-batch-is-sent rule put most messages on it)."""
+    for slow_queue in (0, 3):
+        acc = _acc(max_batch_bytes=256 * 1024, max_batch_messages=10_000, max_buffer_bytes=32 << 20)
+        counts = _spread(acc, 300_000, slow_queue)
+        assert sum(counts) == 300_000
+        assert max(counts) <= 300_000 / 4 * 1.10, counts
+        assert min(counts) >= 300_000 / 4 * 0.90, counts
+
+
+def test_unkeyed_spread_follows_a_change_of_the_queue_count() -> None:
+    acc = _acc(sticky_bytes=100)
+    encoded, _ = encode_message("v", None, None)
+    for _ in range(400):
+        acc.try_append("t", None, 4, encoded, _Sink(), 0.0)
+    counts = [0] * 8
+    for _ in range(8_000):
+        added = acc.try_append("t", None, 8, encoded, _Sink(), 0.0)
+        assert added is not None
+        counts[added[0]] += 1
+    per_stick = -(-100 // (len(encoded) + 16))
+    assert max(counts) - min(counts) <= per_stick, counts  # the new queues take an even share at once
 
 
 def test_keyed_messages_go_to_their_key_queue() -> None:
