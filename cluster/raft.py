@@ -270,7 +270,7 @@ class _GroupSyncObj(SyncObj):  # type: ignore[misc]
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         # SyncObj.__init__ registers self.__onMessageReceived with the transport: this override is
         # what it finds. Snapshot messages pass through RaftGroup's gate first (see _gate_snapshot).
-        super()._SyncObj__onMessageReceived(node, self.raftmq_group._gate_snapshot(message))
+        super()._SyncObj__onMessageReceived(node, self.raftmq_group._gate_snapshot(self, message))
 
 
 class RaftGroup:
@@ -713,18 +713,19 @@ class RaftGroup:
     # commit index and state, and the leader sends the snapshot again. The checkpoint is fetched
     # and verified by a background thread, so a slow or failing fetch never blocks the ticks.
 
-    def _gate_snapshot(self, message: Any) -> Any:
-        """Tick thread: ``message`` as pysyncobj may see it (see the comment above)."""
+    def _gate_snapshot(self, sync: SyncObj, message: Any) -> Any:
+        """Tick thread: ``message`` as pysyncobj (``sync``, this group's object; a message may come
+        before ``self._sync`` is set) may see it (see the comment above)."""
         if (
             not isinstance(message, dict)
             or message.get("type") != "append_entries"
             or "prevLogIdx" in message
             or message.get("serialized") is None
-            or message.get("term", -1) < int(self._sync.raftCurrentTerm)
+            or message.get("term", -1) < int(sync.raftCurrentTerm)
         ):
             return message
         # The leader's commit index says nothing about this follower's unchecked log.
-        held = {**message, "commit_index": min(message["commit_index"], int(self._sync.raftCommitIndex))}
+        held = {**message, "commit_index": min(message["commit_index"], int(sync.raftCommitIndex))}
         chunk = message["serialized"]
         if not isinstance(chunk, tuple | list) or len(chunk) != 3:  # the leader failed to read its file
             return {**held, "serialized": None}
@@ -752,10 +753,12 @@ class RaftGroup:
             self.snapshot_install_failures += 1
             log.error("snapshot_rejected", group=self.name, error=str(e))
             return False
-        if self._machine.applied_index >= need:
-            return True
         with self._checkpoint_lock:
             staged, self._staged_checkpoint = self._staged_checkpoint, None
+        if self._machine.applied_index >= need:
+            if staged is not None:
+                shutil.rmtree(staged[0], ignore_errors=True)  # no longer needed
+            return True
         if staged is not None:
             path, index = staged
             if index >= need:
@@ -857,7 +860,9 @@ class RaftGroup:
             if self._restore_staged(path, need):
                 # The fetch blocked this tick thread; without this the replica would start an
                 # election (pysyncobj checks the deadline before reading the heartbeats queued).
-                self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
+                sync = getattr(self, "_sync", None)
+                if sync is not None:
+                    sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
                 return
         log.critical(
             "snapshot_state_behind_stopping",

@@ -315,3 +315,30 @@ def test_storage_failure_during_restore_stops_the_process(
     assert info.value.args == (70,)
     assert machine.applied == [] and group._sync.raftCommitIndex == 1
     assert _successes(group) == []
+
+
+def test_a_start_behind_its_own_snapshot_fetches_first_or_stops(
+    follower: Callable[[], tuple[RaftGroup, Machine, Fetcher]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A replica whose state directory was lost starts behind its own manifest: pysyncobj loads the
+    manifest on the first tick, and must not go on before the state covers it."""
+    exits: list[int] = []  # os._exit, recorded (pysyncobj's bare except would swallow a raise)
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(raft, "_BLOCKING_INSTALL_S", 0.0)
+    (tmp_path / "snapshot").mkdir()
+    (tmp_path / "snapshot" / "manifest.json").write_bytes(_manifest())
+    group, machine, fetcher = follower()  # fetches fail
+    group._sync.doTick(0)
+    assert exits == [70]
+    assert machine.applied == [] and machine.restored == []
+    exits.clear()
+
+    monkeypatch.setattr(raft, "_BLOCKING_INSTALL_S", 30.0)
+    group, machine, fetcher = follower()
+    fetcher.failing = False
+    group._sync.doTick(0)
+    assert exits == []
+    assert machine.applied == [(fetcher.index, b"restored")]
+    assert group._sync.raftLastApplied == SNAPSHOT_INDEX
