@@ -49,6 +49,7 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
 import docker
+from raftmq.cluster.keys import PEER_HEADER, derive_keys
 
 from .client import NodeDown
 from .images import APP_IMAGE
@@ -335,7 +336,7 @@ class ChaosCluster:
     ) -> Any:
         req = urllib.request.Request(self.url(nid) + path, method=method)
         if secret:
-            req.add_header("X-Raftmq-Secret", SECRET)
+            req.add_header(PEER_HEADER, derive_keys(SECRET).peer)
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             return json.loads(r.read())
 

@@ -3,17 +3,20 @@
 Every request is classified by its route (:func:`route_rule`):
 
 - ``/healthz``, ``/readyz``, ``/openapi.json`` and the web console's files (``/ui``): open.
-- ``/internal/...``: peers only (the cluster secret in ``X-Raftmq-Secret``).
+- ``/internal/...``: peers only (the peer key in ``X-Raftmq-Peer-Key``); ``raftmq backup``'s three
+  routes also take the backup key (``X-Raftmq-Backup-Key``); ``POST /internal/proof`` is open (a
+  node being added proves it holds the peer key there; ``cluster/keys.py``).
 - ``/metrics``: a token, unless ``security.metrics_open``.
 - ``/v1/...``: with tokens configured, ``Authorization: Bearer <token>`` and the permission the route
   needs on its topic (the table in ``docs/security.md``); a route without a topic, and any route
   this module does not know, needs cluster admin (``admin = ["*"]``).
 
 Forwarding: the node a client called (the entry node) checks the token; when it forwards the request
-to a group's leader it sends the cluster secret instead (its peer session always does), and a request
-carrying the right secret is a peer's and passes. A request carrying a wrong secret is refused (401):
-``X-Raftmq-Secret`` never falls back to a token, so without the secret the header is worth nothing.
-Secrets are compared as SHA-256 digests in constant time.
+to a group's leader it sends the peer key instead (its peer session always does), and a request
+carrying the right peer key is a peer's and passes. A request carrying a wrong key is refused (401):
+a key header never falls back to a token, so without the key the header is worth nothing. The
+backup key passes only ``BACKUP_ROUTES``. ``X-Raftmq-Secret`` (the raw secret, sent by raftmq before
+the derived keys) is refused whatever it holds. Keys are compared with ``keys.same_credential``.
 
 Refusals: 401 ``unauthorized`` (no, malformed or unknown credentials; with ``WWW-Authenticate``),
 403 ``forbidden`` (a valid token without the permission). Nothing here logs or returns a header's
@@ -23,8 +26,6 @@ value; refusals are logged with the reason and the token's name, at most ``LOG_B
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from aiohttp import web
 
 from . import errors
 from .errors import ErrorCode, error_body
-from .node import SECRET_HEADER
+from .keys import BACKUP_HEADER, BACKUP_ROUTES, LEGACY_HEADER, PEER_HEADER, PROOF_PATH, ClusterKeys
 from .tokens import (
     ADMIN,
     CONSUME,
@@ -123,7 +124,7 @@ def route_rule(method: str, canonical: str | None, path: str) -> Rule:
     if canonical is None:
         return PEER if path.startswith("/internal/") else TOKEN  # then 404/405 from the handler
     if canonical.startswith("/internal/"):
-        return PEER
+        return OPEN if (method, canonical) == ("POST", PROOF_PATH) else PEER
     rule = ROUTES.get(("GET" if method == "HEAD" else method, canonical))
     if rule is not None:
         return rule
@@ -133,9 +134,8 @@ def route_rule(method: str, canonical: str | None, path: str) -> Rule:
     return CLUSTER_ADMIN
 
 
-def auth_middleware(secret: str, security: SecurityConfig) -> Any:
-    """The middleware for a node with cluster secret ``secret`` and tokens ``security``."""
-    secret_digest = hashlib.sha256(secret.encode()).digest()
+def auth_middleware(keys: ClusterKeys, security: SecurityConfig) -> Any:
+    """The middleware for a node with the cluster's keys ``keys`` and tokens ``security``."""
     refusals = _RefusalLog()
 
     @web.middleware
@@ -144,16 +144,29 @@ def auth_middleware(secret: str, security: SecurityConfig) -> Any:
         resource = match.route.resource
         canonical = None if match.http_exception is not None or resource is None else resource.canonical
         rule = route_rule(request.method, canonical, request.path)
-        peer_secret = request.headers.get(SECRET_HEADER)
-        if peer_secret is not None:
-            if not (peer_secret.isascii() and hmac.compare_digest(_sha256(peer_secret), secret_digest)):
-                return refusals.refuse(
-                    request, errors.UNAUTHORIZED, "bad_peer_secret", "wrong cluster secret"
-                )
+        if LEGACY_HEADER in request.headers:
+            return refusals.refuse(
+                request,
+                errors.UNAUTHORIZED,
+                "legacy_secret_header",
+                f"{LEGACY_HEADER} is not accepted: peers send a key derived from the cluster secret "
+                "(every node must run a raftmq version with derived keys; see docs/operations.md)",
+            )
+        if PEER_HEADER in request.headers:
+            if not keys.authorizes(request.headers):
+                return refusals.refuse(request, errors.UNAUTHORIZED, "bad_peer_key", "wrong peer key")
             return await handler(request)  # a peer: the entry node checked the caller
+        if BACKUP_HEADER in request.headers:
+            action = match.get("action") if canonical is not None else None
+            route = (request.method, canonical, action if action == "barrier" else None)
+            if route not in BACKUP_ROUTES or not keys.authorizes(request.headers, backup=True):
+                return refusals.refuse(
+                    request, errors.UNAUTHORIZED, "bad_backup_key", "wrong backup key, or not a backup route"
+                )
+            return await handler(request)
         if rule is PEER:
             return refusals.refuse(
-                request, errors.UNAUTHORIZED, "no_peer_secret", "internal endpoints need the cluster secret"
+                request, errors.UNAUTHORIZED, "no_peer_key", "internal endpoints need the peer key"
             )
         if rule is OPEN or not security.enabled or (rule is METRICS and security.metrics_open):
             return await handler(request)
@@ -173,10 +186,6 @@ def auth_middleware(secret: str, security: SecurityConfig) -> Any:
         return response
 
     return middleware
-
-
-def _sha256(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()
 
 
 async def _missing_permission(rule: Rule, grant: TokenGrant, request: web.Request) -> str | None:

@@ -9,9 +9,10 @@ A backup is one tar file::
 **Backup** (the cluster running): for every queue group, then the metadata group last (so every
 topic with messages in the backup is in it), ask the group's leader for a read barrier (an entry
 it applies, so its state then holds everything committed before) and then for a checkpoint, over
-the peers' ``/internal`` API with the cluster secret. Each checkpoint is opened once to check it and
-read its state index. Every message acknowledged before the backup started is in it; each group is
-a consistent cut, taken one after another.
+the peers' ``/internal`` API with the backup key (derived from the cluster secret,
+``cluster/keys.py``; it opens only the status, barrier and checkpoint routes). Each checkpoint is
+opened once to check it and read its state index. Every message acknowledged before the backup
+started is in it; each group is a consistent cut, taken one after another.
 
 **Restore** (offline, on every node of the cluster, each node stopped, from the same file): the
 groups the node hosts (by the backup's placement) get the checkpoint as their state and a Raft
@@ -45,6 +46,7 @@ import click
 from raftmq.storage.rocks import RocksStore
 
 from .config import ClusterConfig, ConfigError, NodeConfig, load_config
+from .keys import BACKUP_HEADER, derive_keys
 from .metadata import MetadataMachine
 from .placement import META_GROUP, Placement, static_placement
 from .queue_group import QueueGroupMachine
@@ -62,7 +64,6 @@ __all__ = [
 
 FORMAT = 1
 MANIFEST = "raftmq-backup.json"
-SECRET_HEADER = "X-Raftmq-Secret"
 # pysyncobj's NO_OP command byte (0.3.17, a unit test checks it): the seeded snapshot's two entries.
 # They are never applied (the snapshot covers them) and never sent (every replica starts with them).
 _NO_OP = b"\x01"
@@ -121,9 +122,10 @@ OpenUrl = Callable[..., Any]
 
 
 def _opener(config: ClusterConfig) -> OpenUrl:
-    """Calls to the nodes' ``/internal`` API as a peer: the cluster secret (API tokens play no part),
-    HTTPS verified against ``tls.ca_file`` when the cluster serves it. Straight to the nodes, as
-    the nodes call each other: ``HTTP(S)_PROXY`` is ignored (a proxy would see the secret)."""
+    """Calls to the nodes' ``/internal`` API with the backup key (API tokens play no part), HTTPS
+    verified against ``tls.ca_file`` when the cluster serves it. Straight to the nodes, as the
+    nodes call each other: ``HTTP(S)_PROXY`` is ignored (a proxy would see the key)."""
+    backup_key = derive_keys(config.secret).backup
     try:
         context: ssl.SSLContext | None = client_context(config)
     except TlsError as e:
@@ -137,7 +139,7 @@ def _opener(config: ClusterConfig) -> OpenUrl:
             url,
             data=b"{}" if method == "POST" else None,
             method=method,
-            headers={SECRET_HEADER: config.secret},
+            headers={BACKUP_HEADER: backup_key},
         )
         return opener.open(request, timeout=timeout_s)
 
@@ -188,13 +190,14 @@ def _leaders(
 
 def _problem(config: ClusterConfig, node: NodeConfig, e: Exception) -> str:
     """What a failed call to ``node`` says, in one line. Raises BackupError for what no wait can
-    mend: a refused cluster secret or a certificate that does not verify."""
+    mend: a refused backup key or a certificate that does not verify."""
     if isinstance(e, urllib.error.HTTPError):
         if e.code == 401:
             raise BackupError(
-                f"node {node.id} ({node.http_url}) refused the cluster secret (HTTP 401): the backup "
-                "calls the nodes with cluster.secret from the cluster file (or RAFTMQ_SECRET), which "
-                "must be the running nodes' secret; API tokens are not used"
+                f"node {node.id} ({node.http_url}) refused the backup key (HTTP 401): the backup "
+                "calls the nodes with a key derived from the cluster secret (cluster.secret in the "
+                "cluster file, or RAFTMQ_SECRET), which must be the running nodes' secret, and the "
+                "nodes must run a raftmq version with derived keys; API tokens are not used"
             )
         return f"HTTP {e.code} {e.read()[:200].decode(errors='replace')}"
     reason = e.reason if isinstance(e, urllib.error.URLError) else e

@@ -17,6 +17,10 @@ A change is accepted (202) once it is recorded in the metadata group; the coordi
 in ``history``, how it ended. One change at a time: another is refused with 409
 ``change_in_progress``. Peers (``/internal``): the placement as this node's metadata replica has
 it, and the ``membership``/``transfer`` actions run by a group's leader for the coordinator.
+
+Adding a node: the node at the request's ``http`` address is sent no credential; it proves it holds
+the cluster's peer key over a fresh nonce (``POST /internal/proof``, the one open ``/internal``
+route; ``cluster/keys.py``). A node that cannot is refused (400 ``bad_request``), nothing recorded.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from aiohttp import web
 
 from . import errors
 from .config import NodeConfig
+from .keys import PROOF_PATH, new_nonce, node_proof, proof_matches
 from .node import META, Node, _set_if_pending, now_ms
 from .placement import command
 from .raft import Outcome
@@ -165,17 +170,54 @@ class ClusterApi:
         return json_response({**result, **extra}, status=202)
 
     async def _check_answers(self, body: dict[str, Any]) -> None:
-        """A node is added only when it runs and answers as itself (a typo is not recorded)."""
+        """A node is added only when it runs and proves it is the node named, with these addresses,
+        of this cluster (a typo or a stranger's address is not recorded). The address came from the
+        request, so it gets no credential: a fresh nonce goes out on the probe session, and the
+        node answers with its proof over it (``cluster/keys.py``)."""
         me = self.node.me
         probe = NodeConfig(body["id"], body["http"], body["raft"], "", tls_cert_file=me.tls_cert_file)
+        nonce = new_nonce()
         try:
-            status = await self.node.peer_get_json(probe, "/internal/status", timeout_s=3.0)
+            answer = await self.node.probe_post_json(probe, PROOF_PATH, {"nonce": nonce}, timeout_s=3.0)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             raise bad(f"no raftmq node answers at {body['http']}; start it first") from None
-        if not isinstance(status, dict) or status.get("node_id") != body["id"]:
+        if not isinstance(answer, dict):
+            raise bad(f"no raftmq node answers at {body['http']}; start it first")
+        if proof_matches(
+            self.node.keys.peer, nonce, body["id"], body["http"], body["raft"], answer.get("proof")
+        ):
+            return
+        # No valid proof. The answer's claims are unverified: they only make the refusal clearer.
+        if answer.get("node_id") != body["id"]:
             raise bad(f"the node at {body['http']} is not {body['id']!r}")
-        if status.get("raft") != body["raft"]:
-            raise bad(f"node {body['id']} has Raft address {status.get('raft')!r}, not {body['raft']!r}")
+        if answer.get("raft") != body["raft"]:
+            raise bad(f"node {body['id']} has Raft address {answer.get('raft')!r}, not {body['raft']!r}")
+        if answer.get("http") != body["http"]:
+            raise bad(f"node {body['id']} has http address {answer.get('http')!r}, not {body['http']!r}")
+        raise bad(
+            f"the node at {body['http']} did not prove it holds this cluster's secret "
+            "(a node of another cluster, or another cluster.secret)"
+        )
+
+    async def internal_proof(self, request: web.Request) -> web.Response:
+        """``POST /internal/proof {"nonce"}``, open (the prober sends no credential): this node's id
+        and addresses and its proof over the nonce. It reveals nothing a request could not already
+        learn, and the proof is bound to this node's own addresses."""
+        from .http_api import json_response
+
+        body = parse_json(await request.read())
+        nonce = body.get("nonce") if isinstance(body, dict) else None
+        if not isinstance(nonce, str) or not 32 <= len(nonce) <= 128 or not nonce.isascii():
+            raise bad('body must be {"nonce": "<32 to 128 characters>"}')
+        me = self.node.me
+        return json_response(
+            {
+                "node_id": me.id,
+                "http": me.http,
+                "raft": me.raft,
+                "proof": node_proof(self.node.keys.peer, nonce, me.id, me.http, me.raft),
+            }
+        )
 
     # -- internal ---------------------------------------------------------------------------------
 
@@ -235,6 +277,7 @@ def add_cluster_routes(app: web.Application, node: Node, api: Api) -> ClusterApi
     r.add_post("/v1/cluster/rebalance", cluster.rebalance)
     r.add_delete("/v1/cluster/change", cluster.cancel)
     r.add_get("/internal/placement", cluster.internal_placement)
+    r.add_post(PROOF_PATH, cluster.internal_proof)
 
     async def start_coordinator(app: web.Application) -> None:
         from .changes import Coordinator

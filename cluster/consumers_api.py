@@ -11,7 +11,6 @@ It is a monitoring read (the web console's consumer view), not a linearizable on
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections import defaultdict
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from aiohttp import web
 from raftmq.storage.store import StoreError
 
 from . import errors
-from .node import SECRET_HEADER, Node
+from .node import Node
 from .validation import ApiError, bad, query_int
 from .views import consumer_queues
 
@@ -96,9 +95,8 @@ class _ConsumersApi:
     async def internal_consumers(self, request: web.Request) -> web.Response:
         from .http_api import json_response
 
-        given = request.headers.get(SECRET_HEADER, "")
-        if not hmac.compare_digest(given.encode(), self.node.config.secret.encode()):
-            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the cluster secret")
+        if not self.node.keys.authorizes(request.headers):
+            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
         name = request.match_info["group"]
         local = self.node.groups.get(name)
         if local is None or not local.raft.is_leader():

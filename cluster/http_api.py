@@ -108,7 +108,7 @@ def create_app(node: Node) -> web.Application:
         middlewares=[
             metrics_middleware,
             error_middleware,
-            auth_middleware(node.config.secret, node.config.security),
+            auth_middleware(node.keys, node.config.security),
         ],
     )
     api = Api(node)

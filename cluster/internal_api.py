@@ -1,4 +1,5 @@
-"""Node-to-node HTTP endpoints under ``/internal/``, authenticated by the cluster secret.
+"""Node-to-node HTTP endpoints under ``/internal/``, authenticated by the peer key (``cluster/keys.py``;
+``raftmq backup`` calls status, the barrier action and checkpoint with the backup key).
 
 They carry forwarded writes, checkpoint transfers for snapshot installs, status for the cluster
 view, and store digests that tests use to compare replicas.
@@ -7,7 +8,6 @@ view, and store digests that tests use to compare replicas.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ from aiohttp import web
 from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
 
 from . import errors
-from .node import META, SECRET_HEADER, CheckpointBehind, Node
+from .node import META, CheckpointBehind, Node
 from .validation import ApiError, bad, parse_json, query_int
 
 if TYPE_CHECKING:
@@ -28,10 +28,10 @@ __all__ = ["add_internal_routes"]
 def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
     from .http_api import json_response
 
-    def authorize(request: web.Request) -> None:
-        given = request.headers.get(SECRET_HEADER, "")
-        if not hmac.compare_digest(given.encode(), node.config.secret.encode()):
-            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the cluster secret")
+    def authorize(request: web.Request, *, backup: bool = False) -> None:
+        """The peer key, or (``backup``: a route of ``raftmq backup``) the backup key."""
+        if not node.keys.authorizes(request.headers, backup=backup):
+            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
 
     def local_group(request: web.Request) -> Any:
         name = request.match_info["group"]
@@ -41,11 +41,11 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
         return local
 
     async def status(request: web.Request) -> web.Response:
-        authorize(request)
+        authorize(request, backup=True)
         return json_response(node.local_status())
 
     async def action(request: web.Request) -> web.Response:
-        authorize(request)
+        authorize(request, backup=request.match_info["action"] == "barrier")
         body = parse_json(await request.read())
         return json_response(
             await api.internal_action(request.match_info["group"], request.match_info["action"], body)
@@ -98,7 +98,7 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
         return json_response({"offsets": out})
 
     async def checkpoint(request: web.Request) -> web.StreamResponse:
-        authorize(request)
+        authorize(request, backup=True)
         name = request.match_info["group"]
         local_group(request)
         # A replica installing a snapshot asks for a state covering it: a lagging one refuses.

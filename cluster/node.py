@@ -46,6 +46,7 @@ from . import commands, producers
 from .config import ClusterConfig, NodeConfig
 from .delivery import WAKE_WITHIN_MS
 from .group_commit import GroupCommitter
+from .keys import PEER_HEADER, derive_keys
 from .metadata import MetadataMachine, Topic
 from .metadata import applied_index as metadata_applied_index
 from .placement import Placement, overlay
@@ -62,7 +63,7 @@ __all__ = ["META", "CheckpointBehind", "LocalGroup", "Node", "port_offset"]
 log = structlog.get_logger(__name__)
 
 META = "meta"
-SECRET_HEADER = "X-Raftmq-Secret"
+PROBE_MAX_BYTES = 64 * 1024  # an answer read from an address that came from a request
 
 
 def now_ms() -> int:
@@ -96,6 +97,7 @@ class Node:
         self.change_in_progress: dict[str, Any] | None = None  # as last seen (leader balancing waits)
         self.reconciler: Reconciler | None = None  # set by start
         self.me = config.node(node_id)
+        self.keys = derive_keys(config.secret)  # the only use of the raw secret (cluster/keys.py)
         self.node_dir = self.me.node_dir()
         self.groups: dict[str, LocalGroup] = {}
         self.metadata: MetadataMachine | None = None
@@ -113,7 +115,8 @@ class Node:
         # Per queue group: retain ticks this node proposed whose time jumped too far ahead.
         self.retention_clock_jumps: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # carries the peer key: known nodes only
+        self._probe_session: aiohttp.ClientSession | None = None  # no credential: addresses from requests
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/segments.py), set by start
@@ -128,12 +131,20 @@ class Node:
         os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=self.ssl_context or True),
-            headers={SECRET_HEADER: self.config.secret},
+            headers={PEER_HEADER: self.keys.peer},
+            trust_env=False,  # no proxy from the environment: a proxy would see the key
             # sock_connect: a peer that is cut off fails fast (and definitely: nothing was sent),
             # so the request is retried at the new leader instead of hanging.
             timeout=aiohttp.ClientTimeout(
                 total=self.config.limits.request_timeout_ms / 1000 + 20, sock_connect=1.0
             ),
+        )
+        # Invariant: a request that names an address (a node to add) is answered by calls on this
+        # session only; it has no credential headers, no cookies kept between calls, no proxy.
+        self._probe_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self.ssl_context or True),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
         )
         from .reconcile import Reconciler
 
@@ -222,7 +233,7 @@ class Node:
         journal_store = RocksStore.open(self._group_dir(name, "raft"))
         timing = self.config.raft
         settings = RaftSettings(
-            password=self.config.secret,
+            password=self.keys.raft,
             fsync=self.config.durability == "fsync",
             election_min_s=timing.election_min_ms / 1000,
             election_max_s=timing.election_max_ms / 1000,
@@ -257,8 +268,9 @@ class Node:
             await loop.run_in_executor(None, local.raft.destroy)
             local.state_store.close()
             local.journal_store.close()
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._probe_session):
+            if session is not None:
+                await session.close()
         log.info("node_stopped", node_id=self.me.id)
 
     def _group_dir(self, name: str, part: str) -> str:
@@ -344,6 +356,24 @@ class Node:
             node.http_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=1.0)
         ) as resp:
             return orjson.loads(await resp.read())
+
+    async def probe_post_json(self, node: NodeConfig, path: str, body: Any, timeout_s: float) -> Any:
+        """POST ``body`` to ``node``, whose address came from a request, and decode the JSON answer:
+        no credential goes with it, and a redirect is not followed."""
+        assert self._probe_session is not None
+        async with self._probe_session.post(
+            node.http_url + path,
+            data=orjson.dumps(body),
+            headers={"Content-Type": "application/json"},
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=1.0),
+        ) as resp:
+            data = b""
+            async for chunk in resp.content.iter_any():
+                data += chunk
+                if len(data) > PROBE_MAX_BYTES:
+                    raise ValueError(f"the answer of {node.http} exceeds {PROBE_MAX_BYTES} bytes")
+            return orjson.loads(data)
 
     async def peer_request(
         self, method: str, node: NodeConfig, path: str, *, body: Any = None, timeout_s: float | None = None
@@ -672,7 +702,7 @@ class Node:
                 self._checkpoint_fetch_fault(name)
                 request = urllib.request.Request(
                     f"{node.http_url}/internal/groups/{name}/checkpoint?min_index={need}",
-                    headers={SECRET_HEADER: self.config.secret},
+                    headers={PEER_HEADER: self.keys.peer},
                 )
                 with opener.open(request, timeout=_CHECKPOINT_TIMEOUT_S) as resp, open(tar_path, "wb") as f:
                     shutil.copyfileobj(resp, f, 1 << 20)

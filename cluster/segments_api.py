@@ -14,7 +14,7 @@ Public:
   Same offsets as the JSON answer; it also returns messages a per-message TTL expired (replay sees
   every retained message).
 
-Internal (cluster secret): ``GET /internal/groups/{group}/segments?topic_id=&queues=`` (the
+Internal (peer key): ``GET /internal/groups/{group}/segments?topic_id=&queues=`` (the
 manifest part of one queue group, from its leader) and ``POST /internal/segments/seal``
 (seal every unsealed committed range of the groups this node leads now; tests and operators).
 """
@@ -22,7 +22,6 @@ manifest part of one queue group, from its leader) and ``POST /internal/segments
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ from raftmq.storage.queues import queue_bounds
 
 from . import errors
 from .fetch_common import fetch_query, long_poll, only_params, queue_number
-from .node import SECRET_HEADER, Node
+from .node import Node
 from .segments import locate, manifest, segment_root
 from .validation import MAX_OFFSET, ApiError, bad, query_int
 
@@ -279,9 +278,8 @@ class SegmentsApi:
     # -- internal -----------------------------------------------------------------------------------
 
     def _authorize(self, request: web.Request) -> None:
-        given = request.headers.get(SECRET_HEADER, "")
-        if not hmac.compare_digest(given.encode(), self.node.config.secret.encode()):
-            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the cluster secret")
+        if not self.node.keys.authorizes(request.headers):
+            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
 
     async def internal_manifest(self, request: web.Request) -> web.Response:
         from .http_api import json_response

@@ -19,7 +19,10 @@ from typing import Any
 
 import requests
 
+from raftmq.cluster.keys import PEER_HEADER, derive_keys
+
 SECRET = "integration-test-secret-0123456789"
+PEER_KEY = derive_keys(SECRET).peer  # what the nodes send each other (cluster/keys.py)
 
 
 def _port_free(port: int) -> bool:
@@ -225,7 +228,7 @@ class Cluster:
         return self.session.post(self.url(node) + path, json=json, timeout=kw.pop("timeout", 30), **kw)
 
     def internal(self, method: str, path: str, node: str, **kw: Any) -> requests.Response:
-        headers = {"X-Raftmq-Secret": SECRET, **kw.pop("headers", {})}
+        headers = {PEER_HEADER: PEER_KEY, **kw.pop("headers", {})}
         return self.session.request(method, self.url(node) + path, headers=headers, timeout=30, **kw)
 
     def wait_ready(self, node_ids: list[str] | None = None, timeout_s: float = 30) -> None:

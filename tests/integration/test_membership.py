@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
+from raftmq.cluster.keys import PEER_HEADER
+
 from .cluster_changes import QUEUES, TOPIC, Traffic, placement, run_change
 from .conftest import assert_error
-from .harness import SECRET, Cluster, wait_until
+from .harness import PEER_KEY, Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -369,9 +371,9 @@ def test_bad_changes_are_refused_and_change_nothing(cluster: Cluster) -> None:
     assert_error(r, 400, "invalid_json")
     after = placement(c)
     assert after["placement"] == before["placement"] and after["change"] is None
-    # Peers only: the placement of a metadata replica needs the cluster secret.
+    # Peers only: the placement of a metadata replica needs the peer key.
     assert c.get("/internal/placement").status_code == 401
-    r = c.get("/internal/placement", headers={"X-Raftmq-Secret": SECRET})
+    r = c.get("/internal/placement", headers={PEER_HEADER: PEER_KEY})
     assert r.status_code == 200 and r.json()["placement"] == before["placement"]
 
 

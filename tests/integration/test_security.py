@@ -30,6 +30,7 @@ import requests
 
 from raftmq.client import Admin, Forbidden, Producer, Unauthorized
 from raftmq.cluster.config import parse_config
+from raftmq.cluster.keys import derive_keys
 from raftmq.cluster.tls import TlsError, client_context, server_context
 
 from .conftest import assert_error
@@ -41,7 +42,11 @@ PRODUCER_TOKEN = "producer-token-7Hq2LmN9sT4vWxYz"  # in the file as itself
 CONSUMER_TOKEN = "consumer-token-Rk5Jp8Qd3Ff6Gg1"  # from RAFTMQ_TOKEN_ORDERS_CONSUMER
 AUDIT_TOKEN = "audit-admin-token-Ux7Vb2Nc4Mm9"
 MONITOR_TOKEN = "monitor-token-Ee3Ww6Tt8Yy1Ii0"  # no permission on any topic
-SECRETS = (SECRET, ADMIN_TOKEN, PRODUCER_TOKEN, CONSUMER_TOKEN, AUDIT_TOKEN, MONITOR_TOKEN)
+KEYS = derive_keys(SECRET)  # what the nodes use of the secret (cluster/keys.py)
+SECRETS = (
+    *(SECRET, KEYS.peer, KEYS.raft, KEYS.backup),
+    *(ADMIN_TOKEN, PRODUCER_TOKEN, CONSUMER_TOKEN, AUDIT_TOKEN, MONITOR_TOKEN),
+)
 
 SECURITY_TOML = f"""
 [security]
