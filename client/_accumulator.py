@@ -7,8 +7,11 @@ Invariants:
 - At most one batch per queue is in flight: a queue's next batch is sent only after the previous
   one succeeded or failed for good. This keeps per-queue order across retries, and keeps a retried
   batch within the broker's memory of each producer's last sequences per queue.
-- ``buffered_bytes`` is the sum of the sizes of every batch not yet completed (queued or in flight)
-  and never exceeds ``max_buffer_bytes`` (a single larger message is refused up front).
+- ``buffered_bytes`` is the memory held by every batch not yet completed (queued or in flight):
+  each message counts its encoded size plus ``message_bytes``, the Python objects that come with
+  it (its delivery and future: about 1.8 KB with a ``concurrent.futures.Future``, which dwarfs a
+  small message; counting only the encoded bytes let 32 MiB hold a million messages and 1.9 GB).
+  It never exceeds ``max_buffer_bytes`` (a single larger message is refused up front).
 
 Unkeyed messages are spread with uniform sticky batches (as Kafka's KIP-794): they stick to one
 queue until ``sticky_bytes`` have gone there, then move to the queue that has had the fewest
@@ -36,6 +39,8 @@ from .errors import BufferFull, MessageTooLarge, RaftmqError
 __all__ = ["Accumulator", "Batch", "Delivery"]
 
 QueueKey = tuple[str, int]
+MESSAGE_BYTES = 256  # memory of a buffered message besides its encoded bytes (asyncio future)
+SYNC_MESSAGE_BYTES = 1_792  # ... with a concurrent.futures.Future (the sync Producer)
 STICKY_BYTES = 16 * 1024  # unkeyed messages go this many bytes to one queue, then move on
 _OVERHEAD_BYTES = 128  # the request's envelope: {"messages":[...],"producer_id":..,"sequence":..}
 
@@ -57,7 +62,8 @@ class Batch:
     created_s: float
     parts: list[bytes] = field(default_factory=list)  # each message, JSON-encoded
     deliveries: list[Delivery] = field(default_factory=list)
-    size_bytes: int = _OVERHEAD_BYTES
+    size_bytes: int = _OVERHEAD_BYTES  # the request's size (against max_batch_bytes)
+    memory_bytes: int = 0  # what it holds in the buffer (against max_buffer_bytes)
     sealed: bool = False  # no more messages join it
     sequence: int | None = None  # assigned when first sent, kept across retries
     done: bool = False
@@ -122,6 +128,7 @@ class Accumulator:
         max_buffer_bytes: int,
         rand: random.Random | None = None,
         sticky_bytes: int = STICKY_BYTES,
+        message_bytes: int = MESSAGE_BYTES,
     ) -> None:
         self.linger_s = linger_s
         self.max_batch_bytes = max_batch_bytes
@@ -133,6 +140,7 @@ class Accumulator:
         self._in_flight: dict[QueueKey, Batch] = {}
         self._sequences: dict[QueueKey, int] = {}
         self.sticky_bytes = max(1, min(sticky_bytes, max_batch_bytes))
+        self.message_bytes = message_bytes
         self._sticky: dict[str, _Sticky] = {}
         self._rand = rand or random.Random()
         self._pressure = False  # an append found the buffer full: send what is there now
@@ -165,10 +173,11 @@ class Accumulator:
             MessageTooLarge: The message alone exceeds ``max_buffer_bytes``.
         """
         size = len(encoded) + 16
+        memory = size + self.message_bytes
         if size + _OVERHEAD_BYTES > self.max_buffer_bytes:
             raise MessageTooLarge(f"a message of {size} bytes exceeds max_buffer_bytes")
         with self._lock:
-            if self.buffered_bytes + size > self.max_buffer_bytes:
+            if self.buffered_bytes > 0 and self.buffered_bytes + memory > self.max_buffer_bytes:
                 self._pressure = True
                 return None
             if queue is None:
@@ -191,7 +200,8 @@ class Accumulator:
             batch.parts.append(with_queue(encoded, queue))
             batch.deliveries.append(delivery)
             batch.size_bytes += size
-            self.buffered_bytes += size
+            batch.memory_bytes += memory
+            self.buffered_bytes += memory
             if batch.size_bytes >= self.max_batch_bytes or len(batch.parts) >= self.max_batch_messages:
                 batch.sealed = True
                 wake = True
@@ -255,7 +265,7 @@ class Accumulator:
         with self._lock:
             if self._in_flight.get(batch.key) is batch:
                 del self._in_flight[batch.key]
-            self.buffered_bytes -= batch.size_bytes - _OVERHEAD_BYTES
+            self.buffered_bytes -= batch.memory_bytes
             self._pressure = False
             batch.done = True
             self.space.notify_all()

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from ._accumulator import buffer_full
+from ._accumulator import SYNC_MESSAGE_BYTES, buffer_full
 from ._admin import AsyncAdmin
 from ._consumer import AsyncConsumer
 from ._consumer_config import Mode, Reset, TopicQueue
@@ -140,6 +140,7 @@ class Producer(SyncClient):
         super().__init__("raftmq-producer")
         self._start(self._async.start())
         self._core = self._async._get_core()  # made by start, in the I/O thread
+        self._core.acc.message_bytes = SYNC_MESSAGE_BYTES  # each send makes a concurrent future
 
     @property
     def producer_id(self) -> str | None:

@@ -106,14 +106,6 @@ def client_command(f: Callable[..., None]) -> Callable[..., None]:
     return security_options(click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run))
 
 
-def _rate_line(what: str, count: int, size: int, seconds: float) -> str:
-    seconds = max(seconds, 1e-9)
-    return (
-        f"{what} {count:,} messages ({size / 1e6:,.2f} MB) in {seconds:.2f} s: "
-        f"{count / seconds:,.0f} messages/s, {size / 1e6 / seconds:,.2f} MB/s"
-    )
-
-
 def write_all(out: IO[bytes], data: bytes) -> None:
     """Write all of ``data``: a buffered write to a pipe that a signal interrupts (a Ctrl-C held
     until the batch is acked) returns having written only part, and the rest would be lost."""

@@ -9,7 +9,7 @@ import asyncio
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -80,12 +80,13 @@ def receive(
     options: ReceiveOptions,
     out: IO[bytes],
     batch_guard: AbstractContextManager[Any] | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> Received:
     """Receive (and ack, unless ``options.ack`` is False) until ``max_messages``, or until a receive
     waited ``wait_ms`` for nothing (unless ``follow``). Acks refused other than as stale are
     reported on stderr. Each batch is written, acked and counted inside ``batch_guard`` (the CLI's
-    holds a Ctrl-C until the batch is acked)."""
-    done = asyncio.run(_receive(urls, security, options, out, batch_guard))
+    holds a Ctrl-C until the batch is acked), then reported as ``on_batch(messages, bytes)``."""
+    done = asyncio.run(_receive(urls, security, options, out, batch_guard, on_batch))
     report_failed_acks(done)
     return done
 
@@ -107,6 +108,7 @@ async def _receive(
     options: ReceiveOptions,
     out: IO[bytes],
     batch_guard: AbstractContextManager[Any] | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> Received:
     api = _client(urls, security)
     path = _path(options.topic, options.group)
@@ -144,6 +146,8 @@ async def _receive(
                 done.count += len(messages)
                 done.size += sum(len(line) for line in lines)
                 done.seconds = time.monotonic() - started
+                if on_batch is not None:
+                    on_batch(len(messages), sum(len(line) for line in lines))
     finally:
         await api.transport.close()
     return done

@@ -12,13 +12,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import click
-from rich.console import Console
 
-from .cli_common import _rate_line, client_command, client_security, write_all
+from .cli_common import client_command, client_security, write_all
+from .cli_progress import Tally, output_options, plural, progress, summary, wants_progress
 
 
 def _parse_input_line(
@@ -67,7 +67,7 @@ def _parse_input_line(
 )
 @click.option("--key-field", help="jsonl: the field of each JSON object whose value is the message's key.")
 @click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True, help="Batching delay.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@output_options
 @client_command
 def produce(
     urls: list[str],
@@ -77,87 +77,80 @@ def produce(
     key_field: str | None,
     linger_ms: int,
     quiet: bool,
+    as_json: bool,
 ) -> None:
     """Produce each line of stdin or a file as one message to TOPIC.
 
-    Idempotent (a retried batch is stored once), with a progress bar on stderr and the final rate
-    on stdout. Exit status 1 if any message could not be stored.
+    Idempotent (a retried batch is stored once). The input is streamed: memory stays flat however
+    long it is. On a terminal a progress line on stderr shows the messages stored and messages/s;
+    the final summary goes to stderr. Exit status 1 if any message could not be stored.
     """
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TransferSpeedColumn,
-    )
-
-    from raftmq.client import Producer, RaftmqError, RecordMetadata
+    from raftmq.client import Producer, RaftmqError
 
     if key_field is not None and fmt != "jsonl":
         raise click.UsageError("--key-field needs --format jsonl")
+    tally = Tally("produced")
     stream = sys.stdin.buffer if path in (None, "-") else open(path, "rb")  # noqa: SIM115
     total = os.fstat(stream.fileno()).st_size if path not in (None, "-") else None
-    stored = failed = 0
-    stored_bytes = 0
-    first_error: list[RaftmqError] = []
-
-    def delivered(size: int) -> Callable[[RecordMetadata | None, RaftmqError | None], None]:
-        def callback(meta: RecordMetadata | None, error: RaftmqError | None) -> None:
-            nonlocal stored, failed, stored_bytes
-            if error is None:
-                stored += 1
-                stored_bytes += size
-            else:
-                failed += 1
-                if not first_error:
-                    first_error.append(error)
-
-        return callback
-
-    columns = (
-        [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn()]
-        if total is not None
-        else [SpinnerColumn(), TextColumn("{task.description}"), DownloadColumn()]
-    )
-    progress = Progress(
-        *columns,
-        TransferSpeedColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=quiet,
-    )
     sent = read_bytes = 0
+    outcome = _Outcome(tally)
+
+    def read() -> str:
+        done = f"{read_bytes / total:.0%} of {path}, " if total else ""
+        return f"({done}{sent:,} sent)"
+
     interrupted = False
-    started = time.monotonic()
-    with stream, progress, Producer(urls, linger_ms=linger_ms, **client_security()) as producer:
-        task = progress.add_task(f"producing to {topic}", total=total)
+    with (
+        stream,
+        Producer(urls, linger_ms=linger_ms, **client_security()) as producer,
+        progress(tally, f"producing to {topic}", wants_progress(quiet, as_json), read),
+    ):
         try:
             for number, raw in enumerate(stream, 1):
                 read_bytes += len(raw)
                 value, key = _parse_input_line(raw, fmt, key_field, number)
-                producer.send(topic, value, key=key, callback=delivered(len(raw)))
+                producer.send(topic, value, key=key, callback=_Stored(outcome, len(raw)))
                 sent += 1
-                if sent % 256 == 0:
-                    progress.update(
-                        task, completed=read_bytes, description=f"{topic}: {stored:,}/{sent:,} stored"
-                    )
         except KeyboardInterrupt:
             interrupted = True
         producer.flush()
-        progress.update(task, completed=read_bytes, description=f"{topic}: {stored:,}/{sent:,} stored")
-    elapsed = time.monotonic() - started
-    click.echo(_rate_line("produced", stored, stored_bytes, elapsed))
-    if failed:
-        error = first_error[0]
+    summary(tally, quiet=quiet, as_json=as_json, failed=outcome.failed)
+    if outcome.failed:
+        error: RaftmqError = outcome.first_error
         click.echo(
-            f"{failed:,} messages were not stored; first error {error.code}: {error.message}", err=True
+            f"{plural(outcome.failed)} not stored; first error {error.code}: {error.message}", err=True
         )
         sys.exit(1)
     if interrupted:
         click.echo("interrupted: stopped reading the input", err=True)
         sys.exit(130)
+
+
+class _Outcome:
+    """The produce's stored and failed messages (delivery callbacks run on the producer's thread)."""
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self.failed = 0
+        self.first_error: Any = None
+
+
+class _Stored:
+    """One message's delivery callback: small, as a million of them may wait in the buffer."""
+
+    __slots__ = ("outcome", "size")
+
+    def __init__(self, outcome: _Outcome, size: int) -> None:
+        self.outcome = outcome
+        self.size = size
+
+    def __call__(self, meta: Any, error: Any) -> None:
+        if error is None:
+            self.outcome.tally.add(1, self.size)
+        else:
+            self.outcome.failed += 1
+            if self.outcome.first_error is None:
+                self.outcome.first_error = error
 
 
 # Options of the commands that print messages as JSON lines (consume, receive).
@@ -219,6 +212,7 @@ def _message_json(m: Any) -> bytes:
     help="Stop when no message arrived for this long (default: wait for more until Ctrl-C).",
 )
 @_output_option
+@output_options
 @client_command
 def consume(
     urls: list[str],
@@ -230,15 +224,20 @@ def consume(
     max_messages: int | None,
     timeout_ms: int | None,
     output: str | None,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Consume TOPIC as a member of GROUP, printing each message as a JSON line.
 
     Each line holds offset, queue, key, value (value_b64 for a binary value), headers and
     timestamp_ms. A message is acked once written; the group's offsets are committed every
     second and on exit (also after Ctrl-C), so the next run of the group continues after it.
+    A progress line on stderr when it is a terminal and the messages go elsewhere; the final
+    summary on stderr.
     """
     from raftmq.client import Consumer
 
+    tally = Tally("consumed")
     if broadcast and member_id is None:
         member_id = socket.gethostname()
     out = _output(output)
@@ -252,13 +251,15 @@ def consume(
         reset="earliest" if reset == "earliest" else "latest",
         max_batch=500,  # a dump wants large fetches (the client's default is the design's 32)
     )
-    count = size = 0
-    started = last_at = time.monotonic()
+    last_at: float | None = None
     interrupted = False
-    with _ctrl_c_between_batches() as batch_done:
+    with (
+        _ctrl_c_between_batches() as batch_done,
+        progress(tally, f"consuming {topic}", wants_progress(quiet, as_json, out)),
+    ):
         try:
-            while max_messages is None or count < max_messages:
-                want = 10_000 if max_messages is None else min(10_000, max_messages - count)
+            while max_messages is None or tally.count < max_messages:
+                want = 10_000 if max_messages is None else min(10_000, max_messages - tally.count)
                 batch = consumer.poll(timeout_ms=timeout_ms, max_messages=want)
                 if not batch:
                     break
@@ -268,8 +269,7 @@ def consume(
                     out.flush()
                     for m in batch:
                         m.ack()
-                    count += len(batch)
-                    size += sum(len(line) for line in lines)
+                    tally.add(len(batch), sum(len(line) for line in lines))
                     last_at = time.monotonic()
         except KeyboardInterrupt:
             interrupted = True
@@ -279,8 +279,9 @@ def consume(
             finally:
                 if out is not sys.stdout.buffer:
                     out.close()
-    # The rate up to the last message (not the idle --timeout-ms wait after it).
-    click.echo(_rate_line("consumed", count, size, last_at - started), err=True)
+    if timeout_ms is not None and last_at is not None and not interrupted:
+        tally.ended = last_at  # up to the last message, not the idle --timeout-ms wait after it
+    summary(tally, quiet=quiet, as_json=as_json)
     if interrupted:
         sys.exit(130)
 
@@ -351,6 +352,7 @@ def _ctrl_c_between_batches() -> Iterator[_Deferred]:
     help="How long one receive waits; without --follow, stop after a wait that brought nothing.",
 )
 @_output_option
+@output_options
 @client_command
 def receive(
     urls: list[str],
@@ -362,31 +364,39 @@ def receive(
     follow: bool,
     wait_ms: int,
     output: str | None,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Receive messages of TOPIC for GROUP (receive/ack), printing each as a JSON line.
 
     Each line holds receipt, attempt, queue, offset, deadline_ms, key, value (value_b64 for a
     binary value), headers and timestamp_ms. Exit status 0 when done, 1 on an error, 130 after
     Ctrl-C, which takes effect once the batch being written is acked (a second Ctrl-C stops at
-    once: messages written but not acked come back after their deadline).
+    once: messages written but not acked come back after their deadline). A progress line on
+    stderr when it is a terminal and the messages go elsewhere; the final summary on stderr.
     """
     from .cli_delivery import ReceiveOptions
     from .cli_delivery import receive as run
 
+    tally = Tally("received")
     options = ReceiveOptions(topic, group, max_messages, visibility_ms, ack, follow, wait_ms)
     out = _output(output)
     try:
-        with _ctrl_c_between_batches() as batch_done:
-            done = run(urls, client_security(), options, out, batch_done)
+        with (
+            _ctrl_c_between_batches() as batch_done,
+            progress(tally, f"receiving {topic}", wants_progress(quiet, as_json, out)),
+        ):
+            done = run(urls, client_security(), options, out, batch_done, tally.add)
     except KeyboardInterrupt:
+        summary(tally, quiet=quiet, as_json=as_json)
         click.echo("interrupted", err=True)
         sys.exit(130)
     finally:
         if out is not sys.stdout.buffer:
             out.close()
-    click.echo(_rate_line("received", done.count, done.size, done.seconds), err=True)
+    summary(tally, quiet=quiet, as_json=as_json, stale_acks=done.stale)
     if done.stale:
-        click.echo(f"{done.stale:,} acks came too late (the messages were redelivered)", err=True)
+        click.echo(f"{plural(done.stale, 'ack')} came too late (the messages were redelivered)", err=True)
 
 
 @click.group()

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,9 +82,10 @@ def test_produce_a_file_then_consume_it_with_a_group_then_broadcast(cluster: Clu
     produced = raftmq("produce", "cli-orders", "--file", str(source), *url_args(cluster))
     assert produced.returncode == 0, produced.stderr
     rate = re.search(
-        r"produced 1,000 messages \(([\d.]+) MB\) in [\d.]+ s: ([\d,]+) messages/s, ", produced.stdout
+        r"produced 1,000 messages \(([\d.]+) MB\) in [\d.]+ s: ([\d,]+) messages/s, ", produced.stderr
     )
-    assert rate, produced.stdout
+    assert rate, produced.stderr
+    assert produced.stdout == ""  # the summary is on stderr, as for consume and receive
     assert float(rate.group(1)) == pytest.approx(source.stat().st_size / 1e6, abs=0.01)
 
     # --max ends the run as soon as all are there; the idle timeout is only a safety net (a
@@ -140,7 +142,7 @@ def test_produce_jsonl_from_stdin_with_keys_and_consume_with_max_into_a_file(
         env={"RAFTMQ_URL": ",".join(n.url for n in cluster.nodes.values())},
     )
     assert produced.returncode == 0, produced.stderr
-    assert "produced 200 messages" in produced.stdout
+    assert produced.stdout == "" and produced.stderr == ""  # -q: no progress, no summary
 
     out = tmp_path / "events.jsonl"
     part = raftmq(
@@ -272,3 +274,72 @@ def test_300000_unkeyed_messages_spread_evenly_over_4_queues(cluster: Cluster, s
     counts = high_offsets(cluster, topic)
     assert sum(counts) == total
     assert max(counts) <= total / 4 * 1.10, counts
+
+
+def test_summaries_go_to_stderr_with_counts_plurals_and_the_real_elapsed_time(cluster: Cluster) -> None:
+    """Issue 15: produce, consume and receive print their final line on stderr ("1 message", the
+    time since the command started), --json prints it as one JSON object, -q prints none; stdout
+    holds only the messages; nothing is lost."""
+    create(cluster, "cli-summary")
+    urls = url_args(cluster)
+    one = raftmq("produce", "cli-summary", *urls, input="only\n")
+    assert one.returncode == 0 and one.stdout == "", one
+    assert re.fullmatch(
+        r"produced 1 message \(0\.00 MB\) in [\d.]+ s: [\d,]+ messages/s, [\d.]+ MB/s\n", one.stderr
+    )
+
+    many = raftmq("produce", "cli-summary", "--json", *urls, input="".join(f"m{i}\n" for i in range(999)))
+    assert many.returncode == 0 and many.stdout == "", many
+    summary = json.loads(many.stderr)
+    assert summary["produced"] == 999 and summary["failed"] == 0 and summary["seconds"] > 0, summary
+    assert summary["bytes"] == sum(len(f"m{i}\n") for i in range(999))
+
+    quiet = raftmq("consume", "cli-summary", "--group", "q", "--max", "1000", "-q", *urls)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert sorted(m["value"] for m in lines_of(quiet.stdout)) == sorted(
+        ["only", *(f"m{i}" for i in range(999))]
+    )
+
+    as_json = raftmq("receive", "cli-summary", "--group", "r", "--max", "1000", "--json", *urls)
+    assert as_json.returncode == 0, as_json.stderr
+    assert len(lines_of(as_json.stdout)) == 1000
+    assert json.loads(as_json.stderr)["received"] == 1000
+
+    # A consumer that waits for its one message: the summary counts the wait (it said "1 messages
+    # in 0.00 s" after 2.4 s). The message is produced 2 s after the consumer started.
+    create(cluster, "cli-late")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "raftmq.cluster.cli",
+            "consume",
+            "cli-late",
+            "--group",
+            "g",
+            "--max",
+            "1",
+            *urls,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"},
+    )
+    try:
+        started = time.monotonic()
+        time.sleep(2.0)
+        late = raftmq("produce", "cli-late", "-q", *urls, input="late\n")
+        assert late.returncode == 0, late.stderr
+        out, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - started
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert [m["value"] for m in lines_of(out)] == ["late"]
+    line = re.fullmatch(r"consumed 1 message \(0\.00 MB\) in ([\d.]+) s: .*\n", err)
+    assert line, err
+    assert 2.0 <= float(line.group(1)) <= waited, (err, waited)
+
+    received = raftmq("receive", "cli-late", "--group", "one", "--max", "1", *urls)
+    assert received.returncode == 0 and re.fullmatch(r"received 1 message \(.*\n", received.stderr), received

@@ -362,3 +362,45 @@ def test_closing_with_a_timeout_fails_in_flight_batches_as_unknown_and_queued_on
             await p.send("t", "c")
 
     run(main)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_the_buffer_counts_what_a_buffered_message_holds_in_memory(sync: bool) -> None:
+    """Issue 15: the buffer's bytes are the memory its messages hold, futures included (a small
+    message's concurrent future is ~1.6 KB: counting the encoded bytes only, 32 MiB held a million
+    small messages, and ``raftmq produce`` peaked at 1.27 GB)."""
+    import asyncio
+    import concurrent.futures
+    import gc
+    import tracemalloc
+
+    from raftmq.client._accumulator import MESSAGE_BYTES, SYNC_MESSAGE_BYTES
+    from raftmq.client._producer import _FutureDelivery
+
+    limit = 4 << 20
+    acc = Accumulator(
+        linger_s=1.0,
+        max_batch_bytes=256 * 1024,
+        max_batch_messages=10_000,
+        max_buffer_bytes=limit,
+        message_bytes=SYNC_MESSAGE_BYTES if sync else MESSAGE_BYTES,
+    )
+    loop = asyncio.new_event_loop()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        appended = 0
+        while True:  # as Producer.send does: a future and its delivery per message
+            future: Any = concurrent.futures.Future() if sync else loop.create_future()
+            encoded, _ = encode_message(str(appended), None, None)
+            if acc.try_append("t", None, 4, encoded, _FutureDelivery(future, None), 0.0) is None:
+                break
+            appended += 1
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        loop.close()
+    assert acc.buffered_bytes <= limit
+    assert held <= limit * 1.25, (held, appended)  # the buffer's limit bounds the real memory
+    assert appended >= limit // 2_500  # and still holds thousands of small messages
