@@ -18,17 +18,80 @@ from rich.text import Text
 from .admin_http import DEFAULT_URL, AdminError, AdminHttp, ServerError
 
 URL_HELP = (
-    "A node's base URL; repeat to try several in order. "
-    f"Default: $RAFTMQ_URL (comma- or space-separated) or {DEFAULT_URL}."
+    "Nodes' base URLs, comma-separated or repeated, tried in order (as Kafka's --bootstrap-server). "
+    "Default: $RAFTMQ_URL (comma- or space-separated), else every node of ./.raftmq/cluster.toml "
+    f"(a raftmq dev folder), else {DEFAULT_URL}."
 )
+DEV_CLUSTER_FILE = os.path.join(".raftmq", "cluster.toml")  # written by `raftmq dev`
+PROBE_S = 2.0  # how long the commands look for a node that accepts connections before failing
+
+
+def _split(value: str) -> list[str]:
+    return [u for u in re.split(r"[,\s]+", value.strip()) if u]
+
+
+def dev_cluster_urls(path: str = DEV_CLUSTER_FILE) -> list[str]:
+    """The HTTP URLs of every node of the cluster file ``path`` (none if it is missing or bad)."""
+    if not os.path.isfile(path):
+        return []
+    from .config import ConfigError, load_config
+
+    try:
+        return [n.http_url for n in load_config(path).nodes]
+    except (ConfigError, OSError, ValueError):
+        return []
 
 
 def resolve_urls(urls: tuple[str, ...], env: dict[str, str] | None = None) -> list[str]:
-    """The --url values, else $RAFTMQ_URL, else the dev cluster's first node."""
-    if urls:
-        return list(urls)
-    from_env = re.split(r"[,\s]+", (os.environ if env is None else env).get("RAFTMQ_URL", "").strip())
-    return [u for u in from_env if u] or [DEFAULT_URL]
+    """The --url values (each may be a comma list), else $RAFTMQ_URL, else every node of the dev
+    cluster file in the working folder, else the dev cluster's first node."""
+    given = [u for value in urls for u in _split(value)]
+    if given:
+        return given
+    from_env = _split((os.environ if env is None else env).get("RAFTMQ_URL", ""))
+    return from_env or dev_cluster_urls() or [DEFAULT_URL]
+
+
+def _connect(url: str, timeout_s: float) -> str | None:
+    """None if a TCP connection to ``url``'s host and port opens within ``timeout_s``, else why not."""
+    import socket
+    import urllib.parse
+
+    from .admin_http import normalize_url
+
+    parts = urllib.parse.urlsplit(normalize_url(url))
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as e:
+        if isinstance(e, TimeoutError | socket.timeout):
+            return "timed out"
+        return (getattr(e, "strerror", None) or str(e) or type(e).__name__).lower()
+
+
+def require_a_node(urls: list[str], timeout_s: float = PROBE_S) -> None:
+    """Return once one of ``urls`` accepts a TCP connection (tried together); if none does within
+    ``timeout_s``, fail with one line naming each URL and why (instead of retrying for 30 s)."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(len(urls), 16))
+    try:
+        futures = {pool.submit(_connect, u, timeout_s): u for u in urls}
+        why: dict[str, str] = {}
+        try:
+            for done in concurrent.futures.as_completed(futures, timeout=timeout_s + 0.5):
+                reason = done.result()
+                if reason is None:
+                    return
+                why[futures[done]] = reason
+        except concurrent.futures.TimeoutError:
+            pass
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    tried = ", ".join(f"{u} ({why.get(u, 'timed out')})" for u in urls)
+    click.echo(f"error: no raftmq node answered: {tried}. Set --url or $RAFTMQ_URL.", err=True)
+    sys.exit(1)
 
 
 def security_options(f: Callable[..., None]) -> Callable[..., None]:
@@ -67,8 +130,10 @@ def admin_command(f: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(f)
     def run(*args: Any, urls: tuple[str, ...], **kwargs: Any) -> None:
+        resolved = resolve_urls(urls)
+        require_a_node(resolved)
         try:
-            f(AdminHttp(resolve_urls(urls), **client_security()), *args, **kwargs)
+            f(AdminHttp(resolved, **client_security()), *args, **kwargs)
         except ServerError as e:
             click.echo(f"error {e.code}: {e.message}", err=True)
             sys.exit(1)
@@ -97,8 +162,10 @@ def client_command(f: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(f)
     def run(*args: Any, urls: tuple[str, ...], **kwargs: Any) -> None:
+        resolved = resolve_urls(urls)
+        require_a_node(resolved)
         try:
-            f(resolve_urls(urls), *args, **kwargs)
+            f(resolved, *args, **kwargs)
         except RaftmqError as e:
             click.echo(f"error {e.code}: {e.message}", err=True)
             sys.exit(1)

@@ -25,7 +25,11 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def raftmq(
-    *args: str, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 90
+    *args: str,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 90,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the CLI; on a timeout, fail with the stuck process's Python stacks (py-spy) and stderr."""
     base = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
@@ -36,6 +40,7 @@ def raftmq(
         stderr=subprocess.PIPE,
         text=True,
         env={**base, "COLUMNS": "120", **(env or {})},
+        cwd=cwd,
     )
     try:
         stdout, stderr = proc.communicate(input or "", timeout=timeout)
