@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import urllib.parse
 from collections import defaultdict
+from collections.abc import Iterator
 
 import orjson
 from aiohttp import web
 
-from raftmq.storage.queues import committed_offset, queue_bounds, read_messages
+from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
+from raftmq.storage.records import Message
 
 from . import commands, errors
 from .api_core import ApiCore
-from .fetch_common import fetch_query, long_poll
-from .http_common import body_error, group_name, json_response, message_item
+from .fetch_common import encode_fetch, fetch_query, long_poll, read_steps, write_parts
+from .http_common import body_error, group_name, json_response
 from .metadata import Topic
 from .node import now_ms
 from .segments_api import wants_arrow
@@ -41,24 +43,21 @@ class FetchHandlers(ApiCore):
         if f.store is None:
             return await self._forward(request, str(f.group))
         store, topic, q, offset = f.store, f.topic, f.queue, f.offset
-        messages = await long_poll(
-            self.node,
-            f,
-            lambda: read_messages(store, topic.id, q, offset, f.max_messages, f.max_bytes),
-            bool,
-        )
+        steps: Iterator[list[Message]] = iter(())
+
+        def first_step() -> list[Message]:
+            nonlocal steps
+            steps = message_steps(store, topic.id, q, offset, f.max_messages, f.max_bytes)
+            return next(steps, [])
+
+        # Up to 64 MiB: read a record batch at a time with the event loop free in between.
+        messages = await read_steps(await long_poll(self.node, f, first_step, bool), steps)
         low, high = queue_bounds(store, topic.id, q)
-        out = []
-        now = now_ms()
-        for m in messages:
-            if m.expired(now, topic.retention_ms):  # TTL: skipped, next_offset still moves past it
-                continue
-            out.append(message_item({}, m))
         self.metrics.fetched.inc(len(messages))
         next_offset = messages[-1].offset + 1 if messages else offset
-        return json_response(
-            {"messages": out, "next_offset": next_offset, "low_offset": low, "high_offset": high}
-        )
+        # Expired messages (TTL, or older than retention_ms) are skipped; next_offset moves past them.
+        tail = {"next_offset": next_offset, "low_offset": low, "high_offset": high}
+        return await write_parts(request, await encode_fetch(messages, now_ms(), topic.retention_ms, tail))
 
     # -- consumer group offsets -------------------------------------------------------------------
 

@@ -5,22 +5,31 @@ Both check the path and the query the same way and in the same order (so a reque
 same error whichever answer it asks for), decide the same way whether this node reads or the
 queue group's leader must, and long-poll the same way; they differ in their defaults for
 ``max`` and ``max_bytes`` and in how they read and encode the messages.
+
+Bounded work on the event loop: a fetch answer may hold 64 MiB. The JSON answer is read a
+record batch at a time (:func:`read_steps`), encoded in slices of about
+:data:`ENCODE_SLICE_BYTES` (:func:`encode_fetch`) with the loop free between slices, and written
+part by part as the socket drains (:func:`write_parts`), so ``/healthz`` and other requests are
+answered while large fetches run (``tests/bench/bench_fetch_load.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import orjson
 from aiohttp import web
 
 from raftmq.storage.queues import OffsetOutOfRange
-from raftmq.storage.store import Store
+from raftmq.storage.records import Message
+from raftmq.storage.store import Store, StoreClosed
 
 from . import errors
+from .http_common import message_item
 from .validation import MAX_FETCH_BYTES, MAX_OFFSET, MAX_QUEUE_NUMBER, ApiError, bad, query_int
 
 if TYPE_CHECKING:
@@ -28,9 +37,21 @@ if TYPE_CHECKING:
     from .metadata import Topic
     from .node import Node
 
-__all__ = ["FETCH_PARAMS", "FetchQuery", "fetch_query", "long_poll", "only_params", "queue_number"]
+__all__ = [
+    "ENCODE_SLICE_BYTES",
+    "FETCH_PARAMS",
+    "FetchQuery",
+    "encode_fetch",
+    "fetch_query",
+    "long_poll",
+    "only_params",
+    "queue_number",
+    "read_steps",
+    "write_parts",
+]
 
 FETCH_PARAMS = frozenset({"offset", "max", "wait_ms", "read_from", "max_bytes"})
+ENCODE_SLICE_BYTES = 256 * 1024  # message bytes encoded between two turns of the event loop
 T = TypeVar("T")
 
 
@@ -118,3 +139,63 @@ async def long_poll(
         if has_data(got) or remaining <= 0:
             return got
         await node.wait_for_messages(f.topic.id, f.queue, remaining)
+
+
+async def read_steps(first: list[Message], steps: Iterator[list[Message]]) -> list[Message]:
+    """``first`` and the messages of the remaining ``steps`` (``storage/queues.message_steps``:
+    one record batch each), with the event loop free between steps. Threads would not free it:
+    a thread running Python competes with the loop for the GIL, and RocksDB's seeks hold it."""
+    out = list(first)
+    try:
+        for step in steps:
+            await asyncio.sleep(0)
+            out += step
+    except StoreClosed:
+        pass  # a snapshot install replaced the store meanwhile: what was read is still right
+    return out
+
+
+async def encode_fetch(
+    messages: Sequence[Message], now_ms: int, max_age_ms: int | None, tail: Mapping[str, Any]
+) -> list[bytes]:
+    """The JSON fetch answer ``{"messages": [...], **tail}`` in parts whose concatenation is byte
+    for byte what ``orjson.dumps`` of it gives, without the messages expired at ``now_ms`` (their
+    TTL, or older than the topic's ``max_age_ms``).
+
+    Encoded on the event loop in slices of about :data:`ENCODE_SLICE_BYTES` of values, yielding to
+    the loop between slices: a 64 MiB answer never holds the loop (and the GIL) for more than one
+    slice, which a thread could not promise (orjson holds the GIL). The parts are meant to be
+    written one at a time (:func:`write_parts`): joining them would copy 64 MiB in one step."""
+    parts: list[bytes] = [b'{"messages":[']
+    items: list[dict[str, Any]] = []
+    size = 0
+    for m in messages:
+        if m.expired(now_ms, max_age_ms):
+            continue
+        items.append(message_item({}, m))
+        size += len(m.value)
+        if size >= ENCODE_SLICE_BYTES:
+            parts += [b","] if len(parts) > 1 else []
+            parts.append(orjson.dumps(items)[1:-1])  # the items without the list's brackets
+            items, size = [], 0
+            await asyncio.sleep(0)
+    if items:
+        parts += [b","] if len(parts) > 1 else []
+        parts.append(orjson.dumps(items)[1:-1])
+    rest = orjson.dumps(dict(tail))  # b'{"next_offset":...}'
+    parts.append(b"]," + rest[1:] if tail else b"]}")
+    return parts
+
+
+async def write_parts(request: web.Request, parts: Sequence[bytes]) -> web.StreamResponse:
+    """A JSON answer written part by part, waiting for the socket to drain between parts (a
+    ``web.Response`` of 64 MiB copies it into the transport's buffer in one step). The body and
+    its ``Content-Length`` are what ``json_response`` gives for the same bytes."""
+    response = web.StreamResponse()
+    response.content_type = "application/json"
+    response.content_length = sum(len(p) for p in parts)
+    await response.prepare(request)
+    for part in parts:
+        await response.write(part)
+    await response.write_eof()
+    return response

@@ -9,7 +9,7 @@ the low end. A reader racing with retention sees :class:`OffsetOutOfRange`, neve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from .keys import (
     APPLIED,
@@ -51,6 +51,7 @@ __all__ = [
     "committed_offset",
     "first_pending",
     "lock_state",
+    "message_steps",
     "next_due_ms",
     "pending_record",
     "queue_bounds",
@@ -211,6 +212,38 @@ def read_messages(
     return messages
 
 
+def message_steps(
+    store: Store, topic_id: int, queue: int, offset: int, max_messages: int, max_bytes: int | None = None
+) -> Iterator[list[Message]]:
+    """:func:`read_messages` in steps, one record batch each: the lists concatenated are what
+    :func:`read_messages` returns. One scan is read lazily (one seek for the whole read; a
+    ``RocksStore`` cursor copies a batch or 1 MiB at a time), so a caller on an event loop can
+    give other work a turn between steps of a 64 MiB read.
+
+    Raises (at the first step):
+        OffsetOutOfRange: ``offset < low_offset`` or ``offset > high_offset``.
+        CorruptRecord: a stored batch failed its checks.
+    """
+    if max_messages <= 0:
+        _check_offset(store, topic_id, queue, offset)
+        return
+    count, budget = 0, max_bytes
+    for _, value, from_offset in _batches_from(store, topic_id, queue, offset, first_chunk=0):
+        step: list[Message] = []
+        for message in decode_messages(value, from_offset, max_messages - count):
+            if budget is not None:
+                if (count or step) and len(message.value) > budget:
+                    if step:
+                        yield step
+                    return
+                budget -= len(message.value)
+            step.append(message)
+        count += len(step)
+        yield step
+        if count >= max_messages:
+            return
+
+
 def read_delivery_fields(
     store: Store, topic_id: int, queue: int, offset: int, max_messages: int
 ) -> list[tuple[int, int, int | None, bytes]]:
@@ -248,7 +281,9 @@ def _batches_from(
 ) -> Iterator[tuple[BatchHeader, bytes, int]]:
     """``(header, value, first offset wanted)`` of the record batches from the one holding
     ``offset`` on, in order, ending before a gap (retention removed batches under our feet: never
-    return a gap). Scans fetch ``first_chunk`` batches, then twice as many up to ``_SCAN_CHUNK``.
+    return a gap). Scans fetch ``first_chunk`` batches, then twice as many up to ``_SCAN_CHUNK``;
+    ``first_chunk=0``: one scan, read lazily (each new scan is a seek, which costs as much as
+    reading a large batch).
 
     Raises:
         OffsetOutOfRange: ``offset`` is outside the queue's bounds.
@@ -270,7 +305,10 @@ def _batches_from(
     start_key = found[0]
     chunk_size = first_chunk
     while True:
-        chunk = list(store.scan(start_key, end, limit=chunk_size))
+        if chunk_size == 0:
+            chunk: Iterable[tuple[bytes, bytes]] = store.scan(start_key, end)
+        else:
+            chunk = list(store.scan(start_key, end, limit=chunk_size))
         for key, value in chunk:
             header = decode_header(value)
             # A batch must sit at its own base offset; anything else means the store is damaged.
@@ -280,7 +318,7 @@ def _batches_from(
                 return
             yield header, value, next_offset
             next_offset = header.end_offset
-        if len(chunk) < chunk_size:
+        if not isinstance(chunk, list) or len(chunk) < chunk_size:
             return
         start_key = chunk[-1][0] + b"\x00"
         chunk_size = min(2 * chunk_size, _SCAN_CHUNK)

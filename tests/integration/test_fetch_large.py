@@ -1,0 +1,101 @@
+"""Large JSON fetches, read a record batch at a time and written in parts, answer exactly what was
+produced: every kind of message, the max and max_bytes limits, TTL-expired messages skipped."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import pytest
+
+from .harness import Cluster
+
+pytestmark = pytest.mark.timeout(180)
+
+MIB = 1024 * 1024
+
+
+def produced_messages() -> list[dict[str, Any]]:
+    """Requests of about 2-3 MiB: text of many sizes, binary values, keys, headers, one TTL."""
+    out: list[dict[str, Any]] = []
+    for i in range(60):
+        size = (i * 37_717) % (900 * 1024) if i % 7 else 0
+        m: dict[str, Any] = {"queue": 0}
+        if i % 5 == 3:
+            m["value_b64"] = base64.b64encode(bytes((i + j) % 256 for j in range(size // 3))).decode()
+        else:
+            m["value"] = f"{i:04d}-" + 'é\u2028"\\'[i % 4] * (size // 3)  # up to 3 UTF-8 bytes each
+        if i % 3 == 0:
+            m["key"] = f"k{i}"
+        if i % 4 == 1:
+            m["headers"] = {"i": str(i), "ü": "\n"}
+        if i == 41:
+            m["ttl_ms"] = 1  # expired when fetched: skipped, next_offset moves past it
+        out.append(m)
+    return out
+
+
+def expected_items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    items = []
+    for offset, m in enumerate(messages):
+        if "ttl_ms" in m:
+            continue
+        item: dict[str, Any] = {"offset": offset, "key": m.get("key"), "headers": m.get("headers", {})}
+        item.update({k: m[k] for k in ("value", "value_b64") if k in m})
+        items.append(item)
+    return items
+
+
+def value_size(item: dict[str, Any]) -> int:
+    if "value" in item:
+        return len(item["value"].encode())
+    return len(base64.b64decode(item["value_b64"]))
+
+
+def fetch(c: Cluster, topic: str, offset: int, **params: Any) -> dict[str, Any]:
+    r = c.get(f"/v1/topics/{topic}/queues/0/messages", params={"offset": offset, **params}, timeout=60)
+    assert r.status_code == 200, r.text[:500]
+    assert r.headers["Content-Type"] == "application/json"
+    assert int(r.headers["Content-Length"]) == len(r.content)
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_large_fetches_answer_exactly_what_was_produced(cluster: Cluster) -> None:
+    c = cluster
+    c.create_topic("fetch-large", queues=1)
+    messages = produced_messages()
+    start = 0
+    while start < len(messages):  # requests of at most about 3 MiB (the limit is 4 MiB)
+        end, size = start + 1, len(json.dumps(messages[start]))  # as requests encodes it (ASCII)
+        while end < len(messages) and size + len(json.dumps(messages[end])) < 3 * MIB:
+            size += len(json.dumps(messages[end]))
+            end += 1
+        r = c.produce("fetch-large", messages[start:end])
+        assert r.status_code == 200, r.text[:500]
+        start = end
+    time.sleep(0.01)  # the TTL message (1 ms) has expired
+    expected = expected_items(messages)
+
+    whole = fetch(c, "fetch-large", 0, max=10_000, max_bytes=64 * MIB)
+    got = [{k: v for k, v in m.items() if k != "timestamp_ms"} for m in whole["messages"]]
+    assert got == expected
+    assert (whole["next_offset"], whole["low_offset"], whole["high_offset"]) == (60, 0, 60)
+    stamps = [m["timestamp_ms"] for m in whole["messages"]]
+    assert stamps == sorted(stamps)
+
+    # Smaller answers: each within max_bytes (but never empty) and max, joining up exactly.
+    for max_messages, max_bytes in ((7, 3 * MIB), (10_000, MIB), (3, 64 * MIB), (10_000, 1)):
+        offset, joined = 0, []
+        while offset < 60:
+            body = fetch(c, "fetch-large", offset, max=max_messages, max_bytes=max_bytes)
+            page = body["messages"]
+            assert len(page) <= max_messages
+            if len(page) > 1:
+                assert sum(value_size(m) for m in page) <= max_bytes
+            assert body["next_offset"] > offset
+            joined += page
+            offset = body["next_offset"]
+        assert [{k: v for k, v in m.items() if k != "timestamp_ms"} for m in joined] == expected
