@@ -18,6 +18,7 @@ comes from the seeded ``rng``, except where it depends on the cluster (the curre
 | isolate-kill-leader | cut off a queue group's leader, let it run alone 1.5 s, SIGKILL it | heal, start it |
 | packet-loss | every node drops a random share of its peers' packets | heal |
 | clock-skew | jump the clocks of up to a majority-minus-one of nodes by seconds to a minute | reset |
+| clock-jump-leader | move a queue group leader's clock 3 days ahead | reset, restart it |
 | disk-full | fill one node's volume to the last byte | free it, restart the node if it stopped |
 | checkpoint-fetch | kill a node, compact the rest, restart it: checkpoint fetches stall, then fail | heal |
 
@@ -41,6 +42,7 @@ Value = dict[str, Any]
 ALONE_S = 1.5  # how long isolate-kill-leader lets the cut-off leader run before killing it
 COMPACT_AFTER_S = 1.0  # checkpoint-fetch: writes the killed node misses before the others compact
 STALL_S = 2.0  # checkpoint-fetch: how long the restarted node's fetches hang before they fail
+CLOCK_JUMP_S = 3 * 24 * 3600  # clock-jump-leader: how far ahead the leader's clock moves
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,27 @@ def _clock_reset(c: ChaosCluster, v: Value) -> None:
         c.set_clock_offset(n, 0)
 
 
+def _clock_jump_leader(c: ChaosCluster, rng: random.Random) -> Value:
+    """A queue group's leader's clock jumps days ahead: it stamps its commands days ahead, and its
+    retention ticks must not remove messages that are within retention by the true time (the
+    topic's retention_ms is hours; ChaosSpec.retention_ms)."""
+    group = rng.choice(c.groups()[1:])
+    leader = c.leader(group)
+    if leader is None:
+        return {"group": group, "nodes": [], "note": "no leader to skew"}
+    c.set_clock_offset(leader, CLOCK_JUMP_S)
+    return {"group": group, "nodes": [leader], "offset_s": CLOCK_JUMP_S}
+
+
+def _clock_jump_heal(c: ChaosCluster, v: Value) -> None:
+    for n in v["nodes"]:
+        c.set_clock_offset(n, 0)
+        # Its monotonic clock went back days too: its timers and sleeps would wait that long.
+        if c.running(n):
+            c.kill(n)
+    _restart(c, v)
+
+
 def _disk_full(c: ChaosCluster, rng: random.Random) -> Value:
     n = rng.choice(_running(c))
     return {"nodes": [n], "bytes": c.fill_disk(n)}
@@ -232,6 +255,12 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault("packet-loss", _packet_loss, _heal, "drop 10-30% of packets between nodes"),
         Fault("clock-skew", _clock_skew, _clock_reset, "jump the clocks of a minority of nodes"),
+        Fault(
+            "clock-jump-leader",
+            _clock_jump_leader,
+            _clock_jump_heal,
+            "move a queue group leader's clock 3 days ahead, then back (and restart it)",
+        ),
         Fault("disk-full", _disk_full, _disk_free, "fill one node's volume"),
         Fault(
             "checkpoint-fetch",

@@ -71,6 +71,9 @@ class ChaosSpec:
     # tells nothing about the others.
     client_timeout_s: float = 3.0
     request_timeout_ms: int = 2500
+    # The topic's retention_ms (None: none). Hours, so that nothing a run writes is due: a
+    # message removed by retention during the run is then lost (clock-jump-leader checks this).
+    retention_ms: int | None = None
 
 
 @dataclass
@@ -112,11 +115,12 @@ def _receive_config(spec: ChaosSpec) -> ReceiveConfig | None:
 
 
 def _create_topic(
-    cluster: ChaosCluster, topic: str, queues: int, timeout_s: float = 60
+    cluster: ChaosCluster, topic: str, queues: int, retention_ms: int | None = None, timeout_s: float = 60
 ) -> dict[int, list[str]]:
     """Create the topic (retrying through the nodes) and return queue -> replica nodes."""
     deadline = time.monotonic() + timeout_s
-    body = json.dumps({"name": topic, "queues": queues}).encode()
+    settings = {} if retention_ms is None else {"retention_ms": retention_ms}
+    body = json.dumps({"name": topic, "queues": queues, **settings}).encode()
     last: Exception | None = None
     for attempt in range(10_000):
         node = cluster.node_ids[attempt % len(cluster.node_ids)]
@@ -192,7 +196,9 @@ async def _run(spec: ChaosSpec) -> RunResult:
     try:
         t = time.monotonic()
         await asyncio.to_thread(cluster.start)
-        replicas = await asyncio.to_thread(_create_topic, cluster, wl_config.topic, wl_config.queues)
+        replicas = await asyncio.to_thread(
+            _create_topic, cluster, wl_config.topic, wl_config.queues, spec.retention_ms
+        )
         receivers = Receivers(client, history, cluster.node_ids, rx_config) if rx_config else None
         if receivers is not None:
             await receivers.subscribe()

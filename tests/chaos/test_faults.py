@@ -27,6 +27,14 @@ GROUPS = {
     "process-faults": ["pause", "clock-skew", "disk-full", "packet-loss"],
     # A node installs snapshots while its checkpoint fetches fail or stall (issue 12, item 3).
     "snapshot-installs": ["checkpoint-fetch"],
+    # A leader's clock days ahead, on a topic with retention (issue 12, item 5).
+    "clock-jumps": ["clock-jump-leader"],
+}
+
+# Settings of a group's run beyond its faults. clock-jumps: retention of 6 hours (nothing the run
+# writes is due by the true time; a leader 3 days ahead must not remove it) ticked every 0.5 s.
+SETTINGS: dict[str, dict[str, object]] = {
+    "clock-jumps": {"retention_ms": 6 * 3600 * 1000, "env": {"RAFTMQ_RAFT_RETENTION_CHECK_MS": "500"}},
 }
 
 
@@ -90,7 +98,8 @@ def assert_received_at_least_once(result: RunResult) -> None:
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_at_least_once_under(group: str, chaos_images: str, store: Path) -> None:
     workload = "both" if group in WITH_RECEIVERS else "queue"
-    assert_at_least_once(run_chaos(f"suite-{group}", GROUPS[group], store, workload=workload))
+    settings = SETTINGS.get(group, {})
+    assert_at_least_once(run_chaos(f"suite-{group}", GROUPS[group], store, workload=workload, **settings))
 
 
 def test_at_least_once_on_five_nodes_under_partitions_and_majority_kills(
