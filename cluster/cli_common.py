@@ -89,8 +89,10 @@ def require_a_node(urls: list[str], timeout_s: float = PROBE_S) -> None:
             pass
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    tried = ", ".join(f"{u} ({why.get(u, 'timed out')})" for u in urls)
-    click.echo(f"error: no raftmq node answered: {tried}. Set --url or $RAFTMQ_URL.", err=True)
+    from .admin_http import normalize_url
+
+    tried = ", ".join(f"{normalize_url(u)} ({why.get(u, 'timed out')})" for u in urls)
+    click.echo(f"error: no raftmq node answered: {tried}", err=True)
     sys.exit(1)
 
 
