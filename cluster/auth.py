@@ -2,7 +2,8 @@
 
 Every request is classified by its route (:func:`route_rule`):
 
-- ``/healthz``, ``/readyz``, ``/openapi.json`` and the web console's files (``/ui``): open.
+- ``/healthz``, ``/readyz``, ``/openapi.json``, the web console's files (``/ui``) and ``/`` (a
+  redirect to ``/ui``): open.
 - ``/internal/...``: peers only (the peer key in ``X-Raftmq-Peer-Key``); ``raftmq backup``'s three
   routes also take the backup key (``X-Raftmq-Backup-Key``); ``POST /internal/proof`` is open (a
   node being added proves it holds the peer key there; ``cluster/keys.py``).
@@ -89,6 +90,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/healthz"): OPEN,
     ("GET", "/readyz"): OPEN,
     ("GET", "/openapi.json"): OPEN,
+    ("GET", "/"): OPEN,  # a redirect to /ui
     ("GET", "/ui"): OPEN,  # the web console's files; the page then calls the API with a token
     ("GET", "/ui/"): OPEN,
     ("GET", "/ui/{file}"): OPEN,
@@ -234,7 +236,9 @@ def _only_visible_topics(response: web.StreamResponse, grant: TokenGrant) -> web
         return response
     data = orjson.loads(response.body)
     data["topics"] = [t for t in data.get("topics", []) if grant.allows_any(str(t.get("name")))]
-    return web.Response(body=orjson.dumps(data), status=200, content_type="application/json")
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE), status=200, content_type="application/json"
+    )
 
 
 class _RefusalLog:
@@ -272,7 +276,7 @@ class _RefusalLog:
             error = ', error="invalid_token"' if reason == "unknown_token" else ""
             headers["WWW-Authenticate"] = f'Bearer realm="raftmq"{error}'
         return web.Response(
-            body=orjson.dumps(error_body(code, message)),
+            body=orjson.dumps(error_body(code, message), option=orjson.OPT_APPEND_NEWLINE),
             status=code.status,
             content_type="application/json",
             headers=headers,
