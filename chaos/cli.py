@@ -89,6 +89,12 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     metavar="KEY=VALUE",
     help="Environment for every node, e.g. RAFTMQ_FAULTS_ACK_BEFORE_REPLICATION=true.",
 )
+@click.option(
+    "--retention-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The topic's retention_ms (default: none); hours, so that a removed message is lost.",
+)
 @click.option("--name", default=None, help="Report folder name under the store (default chaos-<nemesis>).")
 @click.option(
     "--store", type=click.Path(file_okay=False, path_type=Path), default=Path("store"), show_default=True
@@ -111,8 +117,8 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 def main(
     time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
     workload: str, producer_client: str, quiet_s: tuple[float, float], fault_s: tuple[float, float],
-    env: tuple[str, ...], name: str | None, store: Path, build: bool, build_only: bool,
-    recheck: Path | None, verbose: bool,
+    env: tuple[str, ...], retention_ms: int | None, name: str | None, store: Path, build: bool,
+    build_only: bool, recheck: Path | None, verbose: bool,
 ) -> None:  # fmt: skip
     """Run a Jepsen-style chaos test against raftmq nodes in containers."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
@@ -147,6 +153,7 @@ def main(
         workload=workload,
         producer_client=producer_client,
         env=_env_pairs(env),
+        retention_ms=retention_ms,
         store=store,
     )
     started = time.monotonic()
