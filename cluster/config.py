@@ -155,6 +155,7 @@ class RaftTimingConfig:
     retention_check_ms: int = 10_000  # how often a queue group's leader proposes a retention tick
     # How far a retain tick's time may run ahead of the previous tick's before age-based retention
     # stops trusting it (a leader clock that jumped ahead); at least 3 retention_check_ms is used.
+    # 0 for either: off, retain written as by releases before it (only for a rolling upgrade).
     retention_max_jump_ms: int = 300_000
     retention_max_batches: int = 1000  # record batches one retain command removes at most
 
@@ -336,10 +337,10 @@ def parse_config(
         problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
-    if not 1 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:
-        problems.append("raft.retention_max_jump_ms must be from 1 to 2**40")
-    if not 1 <= timing.retention_max_batches <= 0xFFFF_FFFF:
-        problems.append("raft.retention_max_batches must be from 1 to 4294967295")
+    if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:
+        problems.append("raft.retention_max_jump_ms must be from 0 (off) to 2**40")
+    if not 0 <= timing.retention_max_batches <= 0xFFFF_FFFF:
+        problems.append("raft.retention_max_batches must be from 0 (off) to 4294967295")
     if timing.election_min_ms >= timing.election_max_ms:
         problems.append("raft.election_min_ms must be below raft.election_max_ms")
     if timing.heartbeat_ms * 5 > timing.election_min_ms:

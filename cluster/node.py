@@ -513,13 +513,15 @@ class Node:
         counted (``raftmq_retention_clock_jumps_total``): the group's retention clock moved less,
         so no message is removed early (``cluster/queue_group.py``, ``retention_clock``)."""
         raft = self.config.raft
-        max_jump_ms = max(raft.retention_max_jump_ms, 3 * raft.retention_check_ms)
+        # 0: the field is left out, as releases before it wrote retain (a rolling upgrade).
+        max_jump_ms: int | None = max(raft.retention_max_jump_ms, 3 * raft.retention_check_ms)
+        if not raft.retention_max_jump_ms:
+            max_jump_ms = None
+        max_batches = raft.retention_max_batches or None
         for _ in range(100):
             if not local.raft.is_leader():
                 return
-            command = commands.retain(
-                now_ms(), queues, max_jump_ms=max_jump_ms, max_batches=raft.retention_max_batches
-            )
+            command = commands.retain(now_ms(), queues, max_jump_ms=max_jump_ms, max_batches=max_batches)
             outcome = await self.propose(name, command)
             result = outcome.result
             if outcome.error or not isinstance(result, dict) or "error" in result:

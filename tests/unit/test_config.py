@@ -104,3 +104,16 @@ def test_load_config_reports_missing_and_invalid_files(tmp_path: Path) -> None:
     bad.write_text("[cluster\nsecret=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(str(bad), env={})
+
+
+def test_retention_bounds_default_on_may_be_off_and_are_range_checked() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
+    assert (c.raft.retention_max_jump_ms, c.raft.retention_max_batches) == (300_000, 1000)
+    off = {"retention_max_jump_ms": 0, "retention_max_batches": 0}  # a rolling upgrade
+    c = parse_config({"cluster": {"secret": SECRET}, "raft": off, "nodes": nodes(3)})
+    assert (c.raft.retention_max_jump_ms, c.raft.retention_max_batches) == (0, 0)
+    bad = {"retention_max_jump_ms": 2**41, "retention_max_batches": -1}
+    with pytest.raises(ConfigError) as e:
+        parse_config({"cluster": {"secret": SECRET}, "raft": bad, "nodes": nodes(3)})
+    text = "\n".join(e.value.problems)
+    assert "raft.retention_max_jump_ms" in text and "raft.retention_max_batches" in text
