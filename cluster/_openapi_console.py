@@ -81,6 +81,13 @@ def _console_paths() -> dict[str, Any]:
                 params=(TOPIC,),
             )
         },
+        "/": {
+            "get": _op(
+                "root",
+                "Redirects to the web console (302, Location: /ui)",
+                {"302": {"description": "to /ui"}},
+            )
+        },
         "/ui": {"get": {**index, "operationId": "consoleIndex"}},
         "/ui/": {"get": {**index, "operationId": "consoleIndexSlash"}},
         "/ui/{file}": {

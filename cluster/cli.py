@@ -15,7 +15,7 @@ from .cli_topics import status, topic
 __all__ = ["main"]
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})  # -h on every command
 @click.version_option("0.1.0", prog_name="raftmq")
 def main() -> None:
     """raftmq: a highly available message broker cluster."""

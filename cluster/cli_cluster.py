@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from .admin_http import AdminHttp
+from .cli_common import stdout_console
 
 __all__ = ["register"]
 
@@ -241,7 +241,7 @@ def _print_plan(plan: dict[str, Any]) -> None:
 
 
 def _print_placement(data: dict[str, Any]) -> None:
-    console = Console()
+    console = stdout_console()
     placement = data.get("placement")
     if placement is None:
         console.print("the metadata group has not recorded a placement yet")

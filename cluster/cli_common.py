@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import click
+from rich.console import Console
 from rich.text import Text
 
 from .admin_http import DEFAULT_URL, AdminError, AdminHttp, ServerError
@@ -144,6 +145,12 @@ def admin_command(f: Callable[..., None]) -> Callable[..., None]:
             sys.exit(1)
 
     return security_options(click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run))
+
+
+def stdout_console() -> Console:
+    """The console tables are printed to: the terminal's width on a terminal; piped or redirected,
+    wide enough that no name is cut ("orders.billing…") or wrapped."""
+    return Console() if sys.stdout.isatty() else Console(width=10_000)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON answer.")

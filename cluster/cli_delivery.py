@@ -156,7 +156,9 @@ async def _receive(
 def dlq_list(
     urls: list[str], security: Mapping[str, Any], topic: str, group: str, max_messages: int, queue: int | None
 ) -> dict[str, Any]:
-    """The dead letters not yet redriven (``GET .../dlq``); the messages are written by the caller."""
+    """The dead letters not yet redriven (``GET .../dlq``); the messages are written by the caller.
+    Without a dead-letter topic, ``subscribed`` tells whether GROUP has any state on TOPIC (offsets
+    or receive/ack: ``GET /v1/topics/{topic}/groups``)."""
 
     async def run() -> dict[str, Any]:
         api = _client(urls, security)
@@ -167,6 +169,11 @@ def dlq_list(
             answer: dict[str, Any] = await api.call(
                 "GET", _path(topic, group) + "/dlq", params=params, idempotent=True
             )
+            if not answer["queues"]:  # no dead-letter topic: is there a subscription at all?
+                groups = await api.call(
+                    "GET", _path(topic, group).split("/subscriptions/")[0] + "/groups", idempotent=True
+                )
+                answer["subscribed"] = any(g["group"] == group for g in groups["groups"])
             return answer
         finally:
             await api.transport.close()

@@ -205,6 +205,12 @@ def _message_json(m: Any) -> bytes:
     show_default=True,
     help="Where to start a queue the group has no committed offset for.",
 )
+@click.option(
+    "--from-beginning",
+    "from_beginning",
+    is_flag=True,
+    help="Same as --from earliest (Kafka's console consumer's spelling).",
+)
 @_max_option
 @click.option(
     "--timeout-ms",
@@ -221,6 +227,7 @@ def consume(
     broadcast: bool,
     member_id: str | None,
     reset: str,
+    from_beginning: bool,
     max_messages: int | None,
     timeout_ms: int | None,
     output: str | None,
@@ -238,6 +245,8 @@ def consume(
     from raftmq.client import Consumer
 
     tally = Tally("consumed")
+    if from_beginning:
+        reset = "earliest"
     if broadcast and member_id is None:
         member_id = socket.gethostname()
     out = _output(output)
@@ -418,11 +427,18 @@ def dlq_list(urls: list[str], topic: str, group: str, max_messages: int, queue: 
     from .cli_delivery import dlq_list as run
 
     answer = run(urls, client_security(), topic, group, max_messages, queue)
+    if answer.get("subscribed") is False:
+        click.echo(
+            f"error: group {group!r} has no subscription to {topic!r} (no offsets, no receive/ack "
+            f"state, no dead-letter topic {answer['dead_letter_topic']})",
+            err=True,
+        )
+        sys.exit(1)
     for m in answer["messages"]:
         write_all(sys.stdout.buffer, dead_letter_line(m))
     sys.stdout.buffer.flush()
     waiting = sum(q["high_offset"] - q["redrive_offset"] for q in answer["queues"])
-    click.echo(f"{answer['dead_letter_topic']}: {waiting:,} dead letters not redriven", err=True)
+    click.echo(f"{answer['dead_letter_topic']}: {plural(waiting, 'dead letter')} not redriven", err=True)
 
 
 @dlq.command("redrive")
@@ -451,4 +467,4 @@ def dlq_redrive(
         click.echo(json.dumps(answer, separators=(",", ":")))
     total = sum(a["redriven"] for a in answers)
     more = " (more left: run again or use --all)" if answers[-1]["more"] else ""
-    click.echo(f"redrove {total:,} dead letters to {topic}{more}", err=True)
+    click.echo(f"redrove {plural(total, 'dead letter')} to {topic}{more}", err=True)

@@ -7,12 +7,11 @@ from typing import Any
 
 import click
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from .admin_http import AdminHttp
-from .cli_common import _none, _print_json, admin_command, json_option
+from .cli_common import _none, _print_json, admin_command, json_option, stdout_console
 
 
 @click.command()
@@ -24,7 +23,7 @@ def status(admin: AdminHttp, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
-    console = Console()
+    console = stdout_console()
     console.print(f"[bold]nodes[/bold] (as seen by {data['node_id']})")
     nodes = Table(box=box.SIMPLE_HEAD)
     for column in ("node", "http", "raft", "reachable"):
@@ -127,7 +126,7 @@ def topic_create(
     if as_json:
         _print_json(data)
         return
-    Console().print(f"created topic {data['name']!r} with {len(data['queues'])} queues")
+    stdout_console().print(f"created topic {data['name']!r} with {len(data['queues'])} queues")
     _print_topic(data)
 
 
@@ -163,7 +162,7 @@ def topic_list(admin: AdminHttp, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
-    console = Console()
+    console = stdout_console()
     if not data["topics"]:
         console.print("no topics")
         return
@@ -209,7 +208,7 @@ def _print_topic(t: dict[str, Any]) -> None:
         "high",
         box=box.SIMPLE_HEAD,
     )
-    console = Console()
+    console = stdout_console()
     console.print(f"[bold]topic {t['name']}[/bold] (id {t['id']}, created {_time(t.get('created_ms'))})")
     console.print(f"  {settings}")
     for q in t["queues"]:

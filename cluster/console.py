@@ -45,7 +45,8 @@ def console_files() -> dict[str, tuple[bytes, str]]:
 
 
 def add_console_routes(app: web.Application) -> None:
-    """``GET /ui`` and ``/ui/`` (the page) and ``GET /ui/{file}`` (its files; nothing else)."""
+    """``GET /ui`` and ``/ui/`` (the page), ``GET /ui/{file}`` (its files; nothing else), and
+    ``GET /``, a redirect to ``/ui`` (a browser pointed at a node finds the console)."""
     files = console_files()
 
     def serve(name: str) -> web.Response:
@@ -64,3 +65,8 @@ def add_console_routes(app: web.Application) -> None:
     app.router.add_get("/ui", index)
     app.router.add_get("/ui/", index)
     app.router.add_get("/ui/{file}", file)
+
+    async def root(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/ui")
+
+    app.router.add_get("/", root)

@@ -44,7 +44,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+    """A JSON answer; its body ends with a newline (``curl`` leaves the shell prompt on a line of
+    its own, and JSON-lines tools take it whole)."""
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE),
+        status=status,
+        content_type="application/json",
+    )
 
 
 def message_item(item: dict[str, Any], m: Message) -> dict[str, Any]:
