@@ -7,6 +7,7 @@ const TICK_MS = 2000;
 const HISTORY_MS = 10 * 60 * 1000; // lag samples kept per series
 const MAX_TOPICS_SAMPLED = 50;
 const TOKEN_KEY = "raftmq.token";
+const PAGE = 20; // messages per page of the message browser
 const COLORS = ["#1f6feb", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7ea4", "#57606a"];
 
 const state = {
@@ -14,6 +15,7 @@ const state = {
   topic: null, // selected on the topics view
   consumer: null, // "group\u0000topic" selected on the groups view
   dlq: null, // {topic, group} selected on the dead letters view
+  browse: null, // {topic, queue, offset} on the message browser (offset null: the oldest)
   lag: new Map(), // "group\u0000topic" -> [[time_ms, lag], ...]
   highs: new Map(), // "topic/queue" -> [time_ms, high_offset] of the previous sample
   rates: new Map(), // "topic/queue" -> messages per second
@@ -261,6 +263,7 @@ async function renderTopics() {
         el("td", { class: "num high", text: fmt(q.high_offset) }),
         el("td", { class: "num", text: fmt((q.high_offset || 0) - (q.low_offset || 0)) }),
         el("td", { class: "num", text: fmt(state.rates.get(`${topic.name}/${q.queue}`) || 0) }),
+        el("td", {}, el("a", { class: "link browse", href: `#messages/${pathOf(topic.name, String(q.queue))}`, text: "browse messages" })),
       ),
     ),
     "no queues",
@@ -359,6 +362,99 @@ async function renderGroups() {
     ),
     "no queues",
   );
+}
+
+// -- message browser ------------------------------------------------------------------------------
+// Values, keys and headers are untrusted: they only ever reach the page as text nodes (el's "text"
+// and children), never as HTML.
+
+function bytesOf(m) {
+  if (m.value !== undefined) return new TextEncoder().encode(m.value);
+  const raw = atob(m.value_b64);
+  return Uint8Array.from(raw, (ch) => ch.charCodeAt(0));
+}
+
+function hexDump(bytes) {
+  const lines = [];
+  for (let i = 0; i < bytes.length; i += 16) {
+    const row = Array.from(bytes.slice(i, i + 16));
+    const hex = row.map((b) => b.toString(16).padStart(2, "0")).join(" ");
+    const ascii = row.map((b) => (b >= 32 && b < 127 ? String.fromCharCode(b) : ".")).join("");
+    lines.push(`${i.toString(16).padStart(8, "0")}  ${hex.padEnd(47)}  ${ascii}`);
+  }
+  return lines.join("\n") || "(empty)";
+}
+
+function shownValue(m, format) {
+  if (format === "hex") return [hexDump(bytesOf(m))];
+  const text = m.value !== undefined ? m.value : new TextDecoder().decode(bytesOf(m));
+  if (format === "json") {
+    try {
+      return [JSON.stringify(JSON.parse(text), null, 2)];
+    } catch (_) {
+      return [el("span", { class: "muted note", text: "not JSON: " }), text];
+    }
+  }
+  if (m.value === undefined) return [el("span", { class: "muted note", text: "binary, as UTF-8: " }), text];
+  return [text];
+}
+
+function browseTo(offset) {
+  const { topic, queue } = state.browse;
+  location.hash = `#messages/${pathOf(topic, String(queue), String(Math.max(0, offset)))}`;
+}
+
+async function renderMessages() {
+  const b = state.browse;
+  if (!b) return;
+  const described = await api(`/v1/topics/${pathOf(b.topic)}`);
+  const q = (described.queues || []).find((x) => x.queue === b.queue);
+  if (!q) throw new Error(`topic ${b.topic} has no queue ${b.queue}`);
+  const low = q.low_offset || 0;
+  const high = q.high_offset || 0;
+  const offset = Math.min(Math.max(b.offset === null ? low : b.offset, low), high);
+  const format = document.getElementById("messages-format").value;
+  const answer = await api(`/v1/topics/${pathOf(b.topic, "queues", String(b.queue), "messages")}?offset=${offset}&max=${PAGE}`);
+  document.getElementById("messages-title").textContent = `Messages of ${b.topic}, queue ${b.queue}`;
+  const input = document.getElementById("messages-offset");
+  if (document.activeElement !== input) input.value = String(offset);
+  const shown = answer.messages.length;
+  document.getElementById("messages-range").textContent = shown
+    ? `offsets ${fmt(answer.messages[0].offset)}–${fmt(answer.messages[shown - 1].offset)} of ${fmt(answer.low_offset)}–${fmt(answer.high_offset - 1)}`
+    : `no messages from offset ${fmt(offset)} (retained: ${answer.high_offset > answer.low_offset ? `${fmt(answer.low_offset)}–${fmt(answer.high_offset - 1)}` : "none"})`;
+  state.page = { low: answer.low_offset, high: answer.high_offset, offset, next: answer.next_offset };
+  document.getElementById("messages-prev").disabled = offset <= answer.low_offset;
+  document.getElementById("messages-oldest").disabled = offset <= answer.low_offset;
+  document.getElementById("messages-next").disabled = answer.next_offset >= answer.high_offset;
+  fill(
+    "messages-table",
+    answer.messages.map((m) =>
+      el(
+        "tr",
+        { "data-offset": m.offset },
+        el("td", { class: "num", text: m.offset }),
+        el("td", { class: "key", text: m.key === null || m.key === undefined ? "–" : m.key }),
+        el("td", { class: "payload" }, shownValue(m, format)),
+        el("td", { class: "headers", text: Object.entries(m.headers || {}).map(([k, v]) => `${k}: ${v}`).join("\n") || "–" }),
+        el("td", { class: "time", text: m.timestamp_ms ? new Date(m.timestamp_ms).toISOString() : "–" }),
+      ),
+    ),
+    "no messages here",
+  );
+}
+
+function startBrowser() {
+  const page = () => state.page || { low: 0, high: 0, offset: 0, next: 0 };
+  document.getElementById("messages-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = Number(document.getElementById("messages-offset").value);
+    if (Number.isInteger(value) && value >= 0) browseTo(value);
+  });
+  document.getElementById("messages-oldest").addEventListener("click", () => browseTo(page().low));
+  document.getElementById("messages-prev").addEventListener("click", () => browseTo(Math.max(page().low, page().offset - PAGE)));
+  document.getElementById("messages-next").addEventListener("click", () => browseTo(page().next));
+  document.getElementById("messages-newest").addEventListener("click", () => browseTo(Math.max(page().low, page().high - PAGE)));
+  document.getElementById("messages-format").addEventListener("change", () => refresh());
 }
 
 // Dead-letter topics are named <topic>.<group>.dlq; the list marks them dead_letter_of. (A node
@@ -536,7 +632,7 @@ function drawChart(canvas, series, { spark }) {
 
 // -- main loop -------------------------------------------------------------------------------------
 
-const RENDER = { cluster: renderCluster, topics: renderTopics, groups: renderGroups, dlq: renderDlq };
+const RENDER = { cluster: renderCluster, topics: renderTopics, groups: renderGroups, dlq: renderDlq, messages: renderMessages };
 
 function decoded(text) {
   try {
@@ -546,12 +642,26 @@ function decoded(text) {
   }
 }
 
+// Views are linkable: #topics/<topic>, #messages/<topic>/<queue>[/<offset>],
+// #groups/<group>/<topic>, #dlq/<topic>/<group> (each part percent-encoded).
 function route() {
-  const [view, arg] = location.hash.replace(/^#/, "").split("/");
+  const [view, ...args] = location.hash.replace(/^#/, "").split("/");
+  const parts = args.map(decoded);
   state.view = RENDER[view] ? view : "cluster";
-  if (state.view === "topics") state.topic = arg ? decoded(arg) : null;
+  if (state.view === "topics") state.topic = parts[0] || null;
+  if (state.view === "messages") {
+    const queue = Number(parts[1]);
+    const offset = parts[2] === undefined ? null : Number(parts[2]);
+    if (parts[0] && Number.isInteger(queue) && queue >= 0 && (offset === null || (Number.isInteger(offset) && offset >= 0))) {
+      state.browse = { topic: parts[0], queue, offset };
+    } else {
+      state.view = "topics"; // a malformed link: the topics to pick from
+      state.browse = null;
+    }
+  }
   for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${state.view}`;
-  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === state.view);
+  const tab = state.view === "messages" ? "topics" : state.view;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === tab);
   refresh();
 }
 
@@ -565,7 +675,8 @@ async function refresh() {
   const status = document.getElementById("status");
   try {
     await RENDER[state.view]();
-    status.textContent = `updated ${new Date().toLocaleTimeString()} · refreshing every ${TICK_MS / 1000} s`;
+    const every = state.view === "messages" ? "read again on Go or a page button" : `refreshing every ${TICK_MS / 1000} s`;
+    status.textContent = `updated ${new Date().toLocaleTimeString()} · ${every}`;
     const b = document.getElementById("banner");
     if (!b.classList.contains("info")) banner("");
   } catch (error) {
@@ -593,9 +704,11 @@ function start() {
     refresh();
   });
   document.getElementById("redrive-all").addEventListener("click", () => redrive(undefined));
+  startBrowser();
   window.addEventListener("hashchange", route);
   route();
-  setInterval(refresh, TICK_MS);
+  // The message browser shows what it was asked for; it is read again on a click, not every tick.
+  setInterval(() => state.view !== "messages" && refresh(), TICK_MS);
 }
 
 start();

@@ -272,3 +272,66 @@ def test_a_malformed_topic_link_opens_the_topics_view_without_an_error(page: Pag
     expect(page.locator("#view-topics")).to_be_visible(timeout=10_000)
     expect(page.locator("#topics-table tbody tr[data-topic]")).to_have_count(2, timeout=10_000)
     expect(page.locator("#topic-detail")).to_be_hidden()
+
+
+XSS = '<img src=x onerror="window.__xss = 1">'
+
+
+def test_the_message_browser_pages_a_queue_in_text_json_and_hex(page: Page, c: Cluster) -> None:
+    """A queue's messages by offset, 20 a page, with key, value, headers and time; a hostile value
+    and header are shown as text (no element is made from them, no handler runs)."""
+    results = _ok(
+        c.produce(
+            "orders",
+            [{"value": XSS, "key": "<b>key</b>", "headers": {"h": "<i>x</i>"}, "queue": 0}]
+            + [{"value": '{"amount": 12, "items": ["a"]}', "key": f"j{i}", "queue": 0} for i in range(24)]
+            + [{"value_b64": "AAH/", "queue": 0}],
+        )
+    )["results"]
+    first = results[0]["offset"]
+    high = results[-1]["offset"] + 1
+    assert [r["offset"] for r in results] == list(range(first, high))
+    # Linkable: the topic's queue list links each queue's browser; the oldest page is shown first.
+    page.goto(c.url("n1") + "/ui#topics/orders")
+    page.click('#queues-table tr[data-queue="0"] a.browse', timeout=10_000)
+    assert page.url.endswith("#messages/orders/0")
+    rows = page.locator("#messages-table tbody tr[data-offset]")
+    expect(rows).to_have_count(20, timeout=10_000)
+    expect(rows.first).to_have_attribute("data-offset", "0")
+    expect(page.locator("#messages-title")).to_have_text("Messages of orders, queue 0")
+    # Next page, then straight to an offset.
+    page.click("#messages-next")
+    expect(rows.first).to_have_attribute("data-offset", "20", timeout=10_000)
+    assert page.url.endswith("#messages/orders/0/20")
+    page.fill("#messages-offset", str(first))
+    page.click("#messages-form button[type=submit]")
+    hostile = page.locator(f'#messages-table tr[data-offset="{first}"]')
+    expect(hostile.locator("td.payload")).to_have_text(XSS, timeout=10_000)
+    expect(hostile.locator("td.key")).to_have_text("<b>key</b>")
+    expect(hostile.locator("td.headers")).to_have_text("h: <i>x</i>")
+    expect(hostile.locator("td.time")).to_contain_text("T")  # ISO time
+    assert page.locator("#messages-table img, #messages-table b, #messages-table i").count() == 0
+    assert page.evaluate("() => window.__xss") is None
+    shot(page, "messages-text")
+    # JSON view: pretty-printed, and a value that is not JSON says so.
+    page.select_option("#messages-format", "json")
+    json_row = page.locator(f'#messages-table tr[data-offset="{first + 1}"] td.payload')
+    expect(json_row).to_contain_text('"amount": 12,\n  "items": [', timeout=10_000)
+    expect(hostile.locator("td.payload")).to_contain_text("not JSON: " + XSS)
+    shot(page, "messages-json")
+    # Hex view: bytes and printable characters; the binary message's bytes exactly.
+    page.select_option("#messages-format", "hex")
+    expect(hostile.locator("td.payload")).to_contain_text("3c 69 6d 67 20 73 72 63", timeout=10_000)
+    expect(hostile.locator("td.payload")).to_contain_text("<img src=x onerr")
+    page.click("#messages-newest")
+    binary = page.locator(f'#messages-table tr[data-offset="{high - 1}"] td.payload')
+    expect(binary).to_contain_text("00000000  00 01 ff", timeout=10_000)
+    expect(page.locator("#messages-next")).to_be_disabled()
+    assert page.url.endswith(f"#messages/orders/0/{high - 20}")
+    shot(page, "messages-hex")
+
+
+def test_a_malformed_message_browser_link_opens_the_topics_view(page: Page, c: Cluster) -> None:
+    page.goto(c.url("n1") + "/ui#messages/orders/x")
+    expect(page.locator("#view-topics")).to_be_visible(timeout=10_000)
+    expect(page.locator("#topics-table tbody tr[data-topic]")).to_have_count(2, timeout=10_000)
