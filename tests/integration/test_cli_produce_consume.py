@@ -348,3 +348,56 @@ def test_summaries_go_to_stderr_with_counts_plurals_and_the_real_elapsed_time(cl
 
     received = raftmq("receive", "cli-late", "--group", "one", "--max", "1", *urls)
     assert received.returncode == 0 and re.fullmatch(r"received 1 message \(.*\n", received.stderr), received
+
+
+def _stderr_on_a_terminal(args: list[str], stdin: bytes) -> tuple[int, str]:
+    """Run the CLI with stderr on a pseudo-terminal (stdout and stdin pipes); its exit status and
+    everything it drew there."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        env={**{k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}, "COLUMNS": "160", "TERM": "xterm"},
+    )
+    os.close(slave)
+    drawn = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the process closed the terminal
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    assert proc.stdin is not None
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    status = proc.wait(timeout=120)
+    reader.join(timeout=10)
+    os.close(master)
+    return status, drawn.decode(errors="replace")
+
+
+def test_progress_is_drawn_on_a_terminal_only(cluster: Cluster) -> None:
+    """On a terminal, produce draws the messages stored so far and messages/s, then its summary;
+    piped, stderr holds the summary alone (the other tests)."""
+    create(cluster, "cli-tty")
+    status, drawn = _stderr_on_a_terminal(
+        ["produce", "cli-tty", *url_args(cluster)], "".join(f"{i}\n" for i in range(100_000)).encode()
+    )
+    assert status == 0, drawn[-2000:]
+    assert re.search(
+        r"producing to cli-tty: [\d,]+ messages? produced \([\d,]+ sent\), [\d,]+ messages/s", drawn
+    )
+    assert "produced 100,000 messages (" in drawn, drawn[-2000:]
+    assert sum(high_offsets(cluster, "cli-tty")) == 100_000
