@@ -96,7 +96,8 @@ def report_failed_acks(done: Received) -> None:
     if done.failed:
         codes = ", ".join(f"{code}: {n:,}" for code, n in sorted(done.failed.items()))
         print(
-            f"{done.failed.total():,} acks failed ({codes}); those messages are delivered again after "
+            f"{done.failed.total():,} ack{'' if done.failed.total() == 1 else 's'} failed ({codes}); "
+            "those messages are delivered again after "
             "their deadline",
             file=sys.stderr,
         )

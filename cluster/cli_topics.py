@@ -126,7 +126,8 @@ def topic_create(
     if as_json:
         _print_json(data)
         return
-    stdout_console().print(f"created topic {data['name']!r} with {len(data['queues'])} queues")
+    queues = len(data["queues"])
+    stdout_console().print(f"created topic {data['name']!r} with {queues} queue{'' if queues == 1 else 's'}")
     _print_topic(data)
 
 

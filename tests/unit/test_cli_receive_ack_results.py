@@ -51,4 +51,4 @@ def test_refused_acks_are_counted_by_code_and_errors_reported(capsys: pytest.Cap
     done = run(main())
     assert (done.count, done.stale, done.failed) == (3, 1, {"unavailable": 1})
     cli_delivery.report_failed_acks(done)
-    assert "1 acks failed (unavailable: 1)" in capsys.readouterr().err
+    assert "1 ack failed (unavailable: 1)" in capsys.readouterr().err
