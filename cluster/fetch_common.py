@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
+import structlog
 from aiohttp import web
 
 from raftmq.storage.queues import OffsetOutOfRange
@@ -49,6 +50,8 @@ __all__ = [
     "read_steps",
     "write_parts",
 ]
+
+log = structlog.get_logger(__name__)
 
 FETCH_PARAMS = frozenset({"offset", "max", "wait_ms", "read_from", "max_bytes"})
 ENCODE_SLICE_BYTES = 256 * 1024  # message bytes encoded between two turns of the event loop
@@ -190,12 +193,17 @@ async def encode_fetch(
 async def write_parts(request: web.Request, parts: Sequence[bytes]) -> web.StreamResponse:
     """A JSON answer written part by part, waiting for the socket to drain between parts (a
     ``web.Response`` of 64 MiB copies it into the transport's buffer in one step). The body and
-    its ``Content-Length`` are what ``json_response`` gives for the same bytes."""
+    its ``Content-Length`` are what ``json_response`` gives for the same bytes. A client that hangs
+    up mid-answer (a reader gone, a forwarding peer killed) ends the answer quietly: the rest has
+    nowhere to go, and a failed write is no error of the node's."""
     response = web.StreamResponse()
     response.content_type = "application/json"
     response.content_length = sum(len(p) for p in parts)
     await response.prepare(request)
-    for part in parts:
-        await response.write(part)
-    await response.write_eof()
+    try:
+        for part in parts:
+            await response.write(part)
+        await response.write_eof()
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
+        log.debug("fetch_client_gone", path=request.path)
     return response

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import struct
 import time
 from typing import Any
 
@@ -54,8 +56,10 @@ def value_size(item: dict[str, Any]) -> int:
     return len(base64.b64decode(item["value_b64"]))
 
 
-def fetch(c: Cluster, topic: str, offset: int, **params: Any) -> dict[str, Any]:
-    r = c.get(f"/v1/topics/{topic}/queues/0/messages", params={"offset": offset, **params}, timeout=60)
+def fetch(c: Cluster, topic: str, offset: int, node: str | None = None, **params: Any) -> dict[str, Any]:
+    r = c.get(
+        f"/v1/topics/{topic}/queues/0/messages", node=node, params={"offset": offset, **params}, timeout=60
+    )
     assert r.status_code == 200, r.text[:500]
     assert r.headers["Content-Type"] == "application/json"
     assert int(r.headers["Content-Length"]) == len(r.content)
@@ -99,3 +103,35 @@ def test_large_fetches_answer_exactly_what_was_produced(cluster: Cluster) -> Non
             joined += page
             offset = body["next_offset"]
         assert [{k: v for k, v in m.items() if k != "timestamp_ms"} for m in joined] == expected
+
+
+def test_a_client_that_hangs_up_mid_answer_leaves_no_error_in_the_log(cluster: Cluster) -> None:
+    """A client closing its connection while a large answer is written part by part (the writes
+    then fail) is an ordinary event: no node logs a traceback, and each goes on serving. Every node
+    is asked: the one serving the queue writes the answer itself, the others forward the fetch."""
+    c = cluster
+    c.create_topic("fetch-hangup", queues=1)
+    value = "x" * (900 * 1024)
+    for _ in range(8):  # 21.6 MiB in the queue: far more than the sockets' buffers hold
+        r = c.produce("fetch-hangup", [{"queue": 0, "value": value}] * 3)
+        assert r.status_code == 200, r.text[:500]
+    before = {n: c.log(n).count("Traceback") for n in c.nodes}
+    for node in c.nodes.values():
+        host, port = node.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(
+                b"GET /v1/topics/fetch-hangup/queues/0/messages?offset=0&max=100&max_bytes=67108864 "
+                b"HTTP/1.1\r\nHost: raftmq\r\n\r\n"
+            )
+            head = s.recv(4096)  # the answer has started
+            assert head.startswith(b"HTTP/1.1 200"), head[:200]
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset
+    # Every node still answers a whole fetch after the hang-ups.
+    for node_id in c.nodes:
+        whole = fetch(c, "fetch-hangup", 0, node=node_id, max=100, max_bytes=64 * MIB)
+        assert [m["offset"] for m in whole["messages"]] == list(range(24))
+    time.sleep(2.0)  # let any failed write of a hung-up answer reach the logs
+    for node_id in c.nodes:
+        log = c.log(node_id)
+        assert "request_failed" not in log, log[-4000:]
+        assert log.count("Traceback") == before[node_id], log[-4000:]
