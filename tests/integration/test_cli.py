@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -29,7 +30,11 @@ DEV_RAFT_PORTS = tuple(7100 + 100 * i + k for i in (1, 2, 3) for k in range(4))
 
 
 def raftmq(
-    *args: str, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 60
+    *args: str,
+    input: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
     return subprocess.run(
@@ -39,6 +44,7 @@ def raftmq(
         text=True,
         timeout=timeout,
         env={**base, "COLUMNS": "120", **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -252,31 +258,71 @@ def answers(url: str) -> bool:
         return False
 
 
-def test_dev_runs_a_cluster_reports_a_dead_node_and_stops_on_sigint(tmp_path: Path) -> None:
+def serve_processes_of(folder: Path) -> list[int]:
+    """Pids of the ``raftmq serve`` processes that run a node of the dev cluster in ``folder``
+    (their cluster file is ``folder/.raftmq/cluster.toml``, named absolutely or from ``folder``)."""
+    cluster_file = str(folder / ".raftmq" / "cluster.toml")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        ours = cluster_file in argv or (cwd == str(folder) and ".raftmq/cluster.toml" in argv)
+        if "serve" in argv and ours:
+            found.append(int(entry))
+    return found
+
+
+def test_dev_says_ready_restarts_a_killed_node_as_its_hint_says_and_stops_every_node(tmp_path: Path) -> None:
+    """``raftmq dev`` as a user meets it, with raftmq not on PATH (./scripts/dev runs .venv/bin/raftmq
+    without activating the venv): the "ready" line with the URLs comes once every node answers
+    /readyz and before the "Try:" hints; with n1 killed, ``raftmq status`` in the dev folder answers
+    from the others; the restart line it prints works as printed; SIGINT then stops every node,
+    also the restarted one (before: it stayed running)."""
     busy = [p for p in DEV_HTTP_PORTS + DEV_RAFT_PORTS if not port_free(p)]
     if busy:
         pytest.skip(f"raftmq dev uses fixed ports and these are busy: {busy}")
+    folder = tmp_path.resolve()
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if not os.path.exists(Path(d) / "raftmq")]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PATH": os.pathsep.join(path)}
+    env.pop("RAFTMQ_URL", None)
     dev = subprocess.Popen(
         [sys.executable, "-m", "raftmq.cluster.cli", "dev"],
-        cwd=tmp_path,
+        cwd=folder,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=env,
     )
     lines: list[str] = []
     reader = threading.Thread(target=read_lines, args=(dev.stdout, lines), daemon=True)
     reader.start()
     pids: dict[str, int] = {}
     try:
-        for i in (1, 2, 3):  # every node: the test talks to n1 and n2
-            wait_until(lambda i=i: answers(f"http://127.0.0.1:808{i}/readyz"), 60, what=f"dev n{i} ready")
+        wait_until(lambda: any(line.startswith("ready: ") for line in lines), 90, what="dev says ready")
         output = "".join(lines)
-        cluster_file = tmp_path.resolve() / ".raftmq" / "cluster.toml"
+        cluster_file = folder / ".raftmq" / "cluster.toml"
         assert f"cluster file {cluster_file}" in output
         nodes = re.findall(r"^\s+(n\d)\s+(http://\S+)\s+pid (\d+)", output, re.M)
         assert [(n, u) for n, u, _ in nodes] == [(f"n{i}", f"http://127.0.0.1:808{i}") for i in (1, 2, 3)]
         pids = {n: int(pid) for n, _, pid in nodes}
+        ready = next(i for i, line in enumerate(lines) if line.startswith("ready: "))
+        assert lines[ready].split() == [
+            "ready:",
+            "HTTP",
+            "API",
+            *[f"http://127.0.0.1:808{i}" for i in (1, 2, 3)],
+            "console",
+            "http://127.0.0.1:8081/ui",
+        ], lines[ready]
+        assert not any(line.startswith("Try:") for line in lines[:ready]), output  # hints after "ready"
+        wait_until(lambda: any(line.startswith("Try:") for line in lines[ready:]), 10, what="Try: hints")
+        with urllib.request.urlopen("http://127.0.0.1:8081/ui", timeout=10) as ui:
+            assert ui.status == 200
 
         status, _ = _http("POST", "http://127.0.0.1:8081/v1/topics", {"name": "dev-orders", "queues": 1})
         assert status == 201
@@ -285,21 +331,49 @@ def test_dev_runs_a_cluster_reports_a_dead_node_and_stops_on_sigint(tmp_path: Pa
         )
         assert (status, body) == (200, {"results": [{"queue": 0, "offset": 0}]})
 
-        os.kill(pids["n3"], signal.SIGKILL)
-        wait_until(lambda: "node n3 exited with code -9" in "".join(lines), 30, what="dev reports n3")
+        os.kill(pids["n1"], signal.SIGKILL)
+        wait_until(lambda: "node n1 exited with code -9" in "".join(lines), 30, what="dev reports n1")
         assert dev.poll() is None
-        for i in (1, 2):
+        for i in (2, 3):
             os.kill(pids[f"n{i}"], 0)  # still running
             assert answers(f"http://127.0.0.1:808{i}/healthz")
 
+        # raftmq status in the dev folder, without --url: n1 is down, n2 and n3 answer.
+        r = raftmq("status", cwd=folder)
+        assert r.returncode == 0, r.stderr
+        assert re.search(r"^\s*n1\s+127\.0\.0\.1:8081\s+127\.0\.0\.1:7200\s+no\s*$", r.stdout, re.M), r.stdout
+        assert "2/3 nodes reachable" in r.stdout
+
+        # The restart line, run exactly as printed, from the dev folder (raftmq is not on PATH).
+        output = "".join(lines)
+        hint = re.search(r"Bring it back with:\n\s+(.+)\n", output)
+        assert hint, output
+        restart = subprocess.run(
+            shlex.split(hint.group(1)), cwd=folder, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert restart.returncode == 0, (hint.group(1), restart.stdout, restart.stderr)
+        restarted = wait_until(
+            lambda: re.search(r"^node n1 restarted: pid (\d+)", "".join(lines), re.M), 30, what="n1 restarted"
+        )
+        pids["n1 again"] = int(restarted.group(1))
+        assert pids["n1 again"] != pids["n1"]
+        wait_until(lambda: answers("http://127.0.0.1:8081/readyz"), 60, what="n1 ready again")
+        status, body = _http("GET", "http://127.0.0.1:8081/v1/topics/dev-orders/queues/0/messages?offset=0")
+        assert status == 200 and [m["value"] for m in body["messages"]] == ["hi"], body
+        assert sorted(serve_processes_of(folder)) == sorted([pids["n1 again"], pids["n2"], pids["n3"]])
+
         dev.send_signal(signal.SIGINT)
-        assert dev.wait(20) == 0
+        assert dev.wait(40) == 0
         reader.join(5)
         assert "stopped." in "".join(lines)
+        assert serve_processes_of(folder) == []  # the restarted n1 too
     finally:
         if dev.poll() is None:
             dev.kill()
             dev.wait(10)
         for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in serve_processes_of(folder):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
