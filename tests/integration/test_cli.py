@@ -277,6 +277,7 @@ def serve_processes_of(folder: Path) -> list[int]:
     return found
 
 
+@pytest.mark.timeout(300)
 def test_dev_says_ready_restarts_a_killed_node_as_its_hint_says_and_stops_every_node(tmp_path: Path) -> None:
     """``raftmq dev`` as a user meets it, with raftmq not on PATH (./scripts/dev runs .venv/bin/raftmq
     without activating the venv): the "ready" line with the URLs comes once every node answers
@@ -348,6 +349,8 @@ def test_dev_says_ready_restarts_a_killed_node_as_its_hint_says_and_stops_every_
         output = "".join(lines)
         hint = re.search(r"Bring it back with:\n\s+(.+)\n", output)
         assert hint, output
+        r = raftmq("dev", "restart", "n9", cwd=folder)
+        assert r.returncode == 1 and "node 'n9' is not in" in r.stderr, r
         restart = subprocess.run(
             shlex.split(hint.group(1)), cwd=folder, env=env, capture_output=True, text=True, timeout=120
         )
@@ -367,6 +370,8 @@ def test_dev_says_ready_restarts_a_killed_node_as_its_hint_says_and_stops_every_
         reader.join(5)
         assert "stopped." in "".join(lines)
         assert serve_processes_of(folder) == []  # the restarted n1 too
+        r = raftmq("dev", "restart", "n1", cwd=folder)
+        assert r.returncode == 1 and "no `raftmq dev` is running for" in r.stderr, r
     finally:
         if dev.poll() is None:
             dev.kill()
