@@ -58,7 +58,28 @@ def _console_schemas() -> dict[str, Schema]:
                 ),
             },
             required=("topic", "groups", "unavailable_queues"),
-        )
+        ),
+        "LagHistory": _obj(
+            {
+                "topic": _str(),
+                "node": _str(description="The node that sampled it (each node keeps its own)."),
+                "interval_ms": _int(1, description="How often the node samples (limits.lag_sample_ms)."),
+                "history_ms": _int(1, description="How far back samples are kept (15 minutes)."),
+                "groups": _array(
+                    _obj(
+                        {
+                            "group": _str(),
+                            "samples": _array(
+                                _array(_int(0), description="[time_ms, lag]"),
+                                description="Oldest first.",
+                            ),
+                        },
+                        required=("group", "samples"),
+                    )
+                ),
+            },
+            required=("topic", "node", "interval_ms", "history_ms", "groups"),
+        ),
     }
 
 
@@ -78,6 +99,14 @@ def _console_paths() -> dict[str, Any]:
                 "topicGroups",
                 "Consumer groups of a topic: lag, in-flight, retrying and dead letters per queue",
                 {"200": _json(_ref("TopicGroups"), "the groups"), **_errors(400, 404, *RAFT_ERRORS)},
+                params=(TOPIC,),
+            )
+        },
+        "/v1/topics/{topic}/groups/lag": {
+            "get": _op(
+                "topicGroupsLag",
+                "Each consumer group's lag on a topic over the last 15 minutes, as this node sampled it",
+                {"200": _json(_ref("LagHistory"), "the samples"), **_errors(400, 404, *RAFT_ERRORS)},
                 params=(TOPIC,),
             )
         },

@@ -100,6 +100,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/topics"): _on_topic(ADMIN, source="body:name"),
     ("GET", _T): _on_topic(*PERMISSIONS, any_of=True),
     ("GET", _T + "/groups"): _on_topic(CONSUME, ADMIN, any_of=True),  # consumer lag (consumers_api.py)
+    ("GET", _T + "/groups/lag"): _on_topic(CONSUME, ADMIN, any_of=True),  # its history, same rule
     ("DELETE", _T): _on_topic(ADMIN),
     ("POST", _T + "/messages"): _on_topic(PRODUCE),
     ("GET", _T + "/queues/{queue}/messages"): _on_topic(CONSUME),

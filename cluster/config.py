@@ -137,6 +137,9 @@ class Limits:
     # An idempotent producer's state on a queue not used for this long is forgotten (0: kept
     # forever); a retry later than this may be stored again (cluster/producers.py).
     producer_idle_ms: int = 7 * 24 * 3600 * 1000
+    # Every node samples each consumer group's lag this often for the console's charts
+    # (cluster/lag_history.py; the last 15 minutes are kept).
+    lag_sample_ms: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -335,6 +338,8 @@ def parse_config(
         problems.append("delivery.backoff_ms must list 1 to 64 delays")
     if limits.default_visibility_ms < 1 or limits.default_visibility_ms > limits.max_visibility_ms:
         problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
+    if not 100 <= limits.lag_sample_ms <= 60_000:
+        problems.append("limits.lag_sample_ms must be from 100 to 60000")
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
     if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:

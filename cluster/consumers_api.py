@@ -6,11 +6,15 @@ dead letters not redriven yet (``cluster/views.py`` reads them from a queue grou
 queue group's figures come from its leader (``/internal/groups/{g}/consumers``); queues whose
 leader cannot be reached are listed in ``unavailable_queues`` instead of failing the request.
 It is a monitoring read (the web console's consumer view), not a linearizable one.
+
+``GET /v1/topics/{topic}/groups/lag``: each group's lag over the last minutes, as this node sampled
+it (``cluster/lag_history.py``), so the console's charts have history when the page opens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -22,6 +26,7 @@ from aiohttp import web
 from raftmq.storage.store import StoreError
 
 from . import errors
+from .lag_history import LagHistory, sample_forever
 from .node import Node
 from .validation import ApiError, bad, query_int
 from .views import consumer_queues
@@ -38,6 +43,7 @@ class _ConsumersApi:
     def __init__(self, node: Node, api: Api) -> None:
         self.node = node
         self.api = api
+        self.history = LagHistory(node.config.limits.lag_sample_ms)
 
     async def topic_groups(self, request: web.Request) -> web.Response:
         from .http_api import json_response
@@ -45,10 +51,50 @@ class _ConsumersApi:
         if request.query:
             raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
         topic = await self.api.topic(request.match_info["topic"])
+        groups, unavailable = await self._groups(topic.id, topic.queue_groups)
+        return json_response(
+            {"topic": topic.name, "groups": list(groups.values()), "unavailable_queues": sorted(unavailable)}
+        )
+
+    async def lag_history(self, request: web.Request) -> web.Response:
+        from .http_api import json_response
+
+        if request.query:
+            raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
+        topic = await self.api.topic(request.match_info["topic"])
+        series = self.history.of_topic(topic.id)
+        return json_response(
+            {
+                "topic": topic.name,
+                "node": self.node.me.id,
+                "interval_ms": self.history.interval_ms,
+                "history_ms": self.history.history_ms,
+                "groups": [
+                    {"group": g, "samples": [[t, lag] for t, lag in series[g]]} for g in sorted(series)
+                ],
+            }
+        )
+
+    async def sampled_lags(self, name: str) -> list[tuple[str, int]] | None:
+        """Each group's lag on a topic for the history, or None if a queue could not be asked."""
+        machine = self.node.metadata
+        topic = machine.topic(name) if machine is not None else None
+        if topic is None:
+            return None
+        groups, unavailable = await self._groups(topic.id, topic.queue_groups)
+        return None if unavailable else [(g, entry["lag"]) for g, entry in groups.items()]
+
+    def sampled_topics(self) -> list[tuple[int, str]]:
+        machine = self.node.metadata
+        return [] if machine is None else [(t.id, t.name) for t in machine.topics()]
+
+    async def _groups(
+        self, topic_id: int, queue_groups: tuple[int, ...]
+    ) -> tuple[dict[str, dict[str, Any]], list[int]]:
         by_group: dict[int, list[int]] = defaultdict(list)
-        for q, g in enumerate(topic.queue_groups):
+        for q, g in enumerate(queue_groups):
             by_group[g].append(q)
-        parts = await asyncio.gather(*(self._rows(g, topic.id) for g in by_group))
+        parts = await asyncio.gather(*(self._rows(g, topic_id) for g in by_group))
         rows: list[dict[str, Any]] = []
         unavailable: list[int] = []
         for g, part in zip(by_group, parts, strict=True):
@@ -64,9 +110,7 @@ class _ConsumersApi:
             for f in _FIGURES:
                 entry[f] += r[f]
             entry["queues"].append({k: r[k] for k in r if k not in ("group", "topic_id")})
-        return json_response(
-            {"topic": topic.name, "groups": list(groups.values()), "unavailable_queues": sorted(unavailable)}
-        )
+        return groups, unavailable
 
     async def _rows(self, group_id: int, topic_id: int) -> list[dict[str, Any]] | None:
         """The consumer rows of one queue group at its leader, or None if it cannot be asked."""
@@ -120,4 +164,22 @@ async def _local_rows(store: Any, topic_id: int) -> list[dict[str, Any]] | None:
 def add_consumer_routes(app: web.Application, node: Node, api: Api) -> None:
     handlers = _ConsumersApi(node, api)
     app.router.add_get("/v1/topics/{topic}/groups", handlers.topic_groups)
+    app.router.add_get("/v1/topics/{topic}/groups/lag", handlers.lag_history)
+
+    async def start_sampling(app: web.Application) -> None:
+        task = asyncio.create_task(
+            sample_forever(
+                handlers.history,
+                handlers.sampled_topics,
+                handlers.sampled_lags,
+                lambda: int(time.time() * 1000),
+            )
+        )
+
+        async def stop(app: web.Application) -> None:
+            task.cancel()
+
+        app.on_cleanup.append(stop)
+
+    app.on_startup.append(start_sampling)
     app.router.add_get("/internal/groups/{group}/consumers", handlers.internal_consumers)

@@ -4,7 +4,8 @@
 "use strict";
 
 const TICK_MS = 2000;
-const HISTORY_MS = 10 * 60 * 1000; // lag samples kept per series
+const HISTORY_MS = 15 * 60 * 1000; // lag shown per series (what the nodes keep: GET …/groups/lag)
+const NODE_HISTORY_EVERY_MS = 10000; // the node's lag history is read again this often
 const MAX_TOPICS_SAMPLED = 50;
 const TOKEN_KEY = "raftmq.token";
 const PAGE = 20; // messages per page of the message browser
@@ -16,7 +17,9 @@ const state = {
   consumer: null, // "group\u0000topic" selected on the groups view
   dlq: null, // {topic, group} selected on the dead letters view
   browse: null, // {topic, queue, offset} on the message browser (offset null: the oldest)
-  lag: new Map(), // "group\u0000topic" -> [[time_ms, lag], ...]
+  lag: new Map(), // "group\u0000topic" -> [[time_ms, lag], ...] sampled by this page
+  nodeLag: new Map(), // "group\u0000topic" -> [[time_ms, lag], ...] sampled by the node
+  nodeLagAt: 0, // when nodeLag was read
   highs: new Map(), // "topic/queue" -> [time_ms, high_offset] of the previous sample
   rates: new Map(), // "topic/queue" -> messages per second
   groups: new Map(), // topic -> GET /v1/topics/{topic}/groups answer
@@ -149,6 +152,32 @@ async function sampleGroups(topics) {
       state.lag.set(key, series);
     }
   });
+}
+
+// The node keeps each group's lag for the last minutes (GET /v1/topics/{topic}/groups/lag), so the
+// chart has history as soon as the page opens; the page's own samples since then are added.
+async function readNodeHistory(topics) {
+  const now = Date.now();
+  if (now - state.nodeLagAt < NODE_HISTORY_EVERY_MS) return;
+  state.nodeLagAt = now;
+  const answers = await Promise.all(topics.map((t) => api(`/v1/topics/${pathOf(t)}/groups/lag`).catch(() => null)));
+  const read = new Map();
+  const interval = answers.find((a) => a && a.interval_ms);
+  if (interval) {
+    document.getElementById("lag-note").textContent =
+      `The last ${fmt(interval.history_ms / 60000)} minutes as node ${interval.node} sampled them (every ${fmt(interval.interval_ms / 1000)} s), then every ${TICK_MS / 1000} s while this page is open.`;
+  }
+  answers.forEach((answer, i) => {
+    for (const g of (answer && answer.groups) || []) read.set(`${g.group}\u0000${topics[i]}`, g.samples);
+  });
+  state.nodeLag = read;
+}
+
+function lagSeries(key) {
+  const fromNode = state.nodeLag.get(key) || [];
+  const last = fromNode.length ? fromNode[fromNode.length - 1][0] : -Infinity;
+  const since = Date.now() - HISTORY_MS;
+  return [...fromNode, ...(state.lag.get(key) || []).filter((p) => p[0] > last)].filter((p) => p[0] >= since);
 }
 
 // -- views -------------------------------------------------------------------------------------
@@ -303,12 +332,13 @@ async function renderGroups() {
   const { topics } = await api("/v1/topics");
   await sampleGroups(topics);
   const rows = consumers();
+  await readNodeHistory([...new Set(rows.map((r) => r.topic))]);
   const colors = new Map(rows.map((r, i) => [r.key, COLORS[i % COLORS.length]]));
   fill(
     "consumers-table",
     rows.map((r) => {
       const spark = el("canvas", { class: "spark", width: 160, height: 28 });
-      drawChart(spark, [{ color: colors.get(r.key), points: state.lag.get(r.key) || [] }], { spark: true });
+      drawChart(spark, [{ color: colors.get(r.key), points: lagSeries(r.key) }], { spark: true });
       return el(
         "tr",
         {
@@ -337,7 +367,7 @@ async function renderGroups() {
   }
   drawChart(
     document.getElementById("lag-chart"),
-    rows.map((r) => ({ name: `${r.group} on ${r.topic}`, color: colors.get(r.key), points: state.lag.get(r.key) || [] })),
+    rows.map((r) => ({ name: `${r.group} on ${r.topic}`, color: colors.get(r.key), points: lagSeries(r.key) })),
     {},
   );
   const selected = rows.find((r) => r.key === state.consumer);
@@ -574,6 +604,7 @@ function drawChart(canvas, series, { spark }) {
   ctx.scale(ratio, ratio);
   ctx.clearRect(0, 0, width, height);
   const pad = spark ? { l: 2, r: 2, t: 3, b: 3 } : { l: 60, r: 16, t: 16, b: 48 };
+  ctx.font = "12px system-ui, sans-serif";
   const now = Date.now();
   const all = series.flatMap((s) => s.points);
   const t0 = all.length ? Math.min(...all.map((p) => p[0])) : now - 60000;
@@ -581,6 +612,12 @@ function drawChart(canvas, series, { spark }) {
   const span = Math.max(now - t0, spark ? 10000 : 60000);
   const step = niceStep(Math.max(0, ...all.map((p) => p[1])), 4);
   const top = step * Math.max(1, Math.ceil(Math.max(0, ...all.map((p) => p[1])) / step));
+  if (!spark) {
+    // The Y labels right-align at pad.l - 8: make room for the widest one (e.g. "1,200,000").
+    let widest = 0;
+    for (let v = 0; v <= top; v += step) widest = Math.max(widest, ctx.measureText(fmt(v)).width);
+    pad.l = Math.max(pad.l, Math.ceil(widest) + 16);
+  }
   const x = (t) => pad.l + ((t - (now - span)) / span) * (width - pad.l - pad.r);
   const y = (v) => height - pad.b - (v / top) * (height - pad.t - pad.b);
   ctx.font = "12px system-ui, sans-serif";

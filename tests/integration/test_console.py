@@ -8,6 +8,7 @@ screenshot of it is written to test-output/console/ (printed at the end of each 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ consume = ["orders*"]
 produce = ["orders*"]
 [delivery]
 tick_ms = 100
+[limits]
+lag_sample_ms = 500
 """
 
 if not os.path.exists(CHROMIUM):  # scripts/setup installs it; ./scripts/test never gets here
@@ -335,3 +338,64 @@ def test_a_malformed_message_browser_link_opens_the_topics_view(page: Page, c: C
     page.goto(c.url("n1") + "/ui#messages/orders/x")
     expect(page.locator("#view-topics")).to_be_visible(timeout=10_000)
     expect(page.locator("#topics-table tbody tr[data-topic]")).to_have_count(2, timeout=10_000)
+
+
+def test_the_nodes_keep_each_groups_lag_history(c: Cluster) -> None:
+    """Every node samples each group's lag (every 500 ms here) and answers its own rings."""
+
+    def billing_samples(node: str) -> list[list[int]]:
+        answer = _ok(c.get("/v1/topics/orders/groups/lag", node=node))
+        assert answer["topic"] == "orders" and answer["node"] == node and answer["interval_ms"] == 500
+        assert answer["history_ms"] == 15 * 60 * 1000
+        found = [g["samples"] for g in answer["groups"] if g["group"] == "billing"]
+        return found[0] if found else []
+
+    for node in ("n1", "n2", "n3"):
+        samples = wait_until(
+            lambda n=node: len(s := billing_samples(n)) >= 3 and s, 60, what=f"{node}'s samples"
+        )
+        times = [t for t, _ in samples]
+        assert times == sorted(times) and samples[-1][1] >= 7, samples  # (sampled during _fill too)
+    # Same permission as the groups view, and nothing else in the query.
+    viewer = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
+    r = requests.get(c.url("n2") + "/v1/topics/audit/groups/lag", headers=viewer, timeout=10)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    r = c.get("/v1/topics/orders/groups/lag?since=0")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"
+    r = c.get("/v1/topics/nothing/groups/lag")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "topic_not_found"
+
+
+def test_the_lag_chart_shows_the_nodes_history_when_the_page_opens(page: Page, c: Cluster) -> None:
+    wait_until(
+        lambda: any(
+            len(g["samples"]) >= 4
+            for g in _ok(c.get("/v1/topics/orders/groups/lag", node="n1"))["groups"]
+            if g["group"] == "billing"
+        ),
+        60,
+        what="n1's samples of billing",
+    )
+    opened_ms = page.evaluate("() => Date.now()")
+    page.click("nav a[data-view=groups]")
+    row = page.locator('#consumers-table tr[data-consumer="billing"][data-topic="orders"]')
+    expect(row.locator("td.lag")).to_have_text(re.compile(r"^[0-9,]+$"), timeout=10_000)
+    series = page.evaluate("() => lagSeries('billing\\u0000orders')")
+    older = [t for t, _ in series if t < opened_ms]
+    assert len(older) >= 4, series  # before the page took a sample of its own
+    shot(page, "groups-history")
+
+
+def test_the_lag_charts_y_labels_fit_in_the_canvas(page: Page, c: Cluster) -> None:
+    """Labels up to "15,000,000" are drawn inside the chart: nothing at its left edge."""
+    page.click("nav a[data-view=groups]")
+    expect(page.locator("#consumers-table tbody tr[data-consumer]").first).to_be_visible(timeout=10_000)
+    painted_at_left_edge = page.evaluate(
+        """() => { const c = document.createElement('canvas'); c.width = 600; c.height = 300;
+                   const now = Date.now();
+                   const points = [[now - 60000, 0], [now, 12345678]];
+                   drawChart(c, [{name: 'big', color: '#000', points}], {});
+                   const d = c.getContext('2d').getImageData(0, 0, 3, c.height).data;
+                   let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; }"""
+    )
+    assert painted_at_left_edge == 0
