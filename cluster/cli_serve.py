@@ -255,13 +255,8 @@ def write_dev_config(directory: str, nodes: int = 3, base_http: int = 8081, base
 # directory: `pid` (the dev process), `<token>.restart` (a request: a node id) and `<token>.answer`
 # (JSON: ok, message). The dev process starts the node itself, so it owns it and its Ctrl-C stops it.
 DEV_CONTROL = "dev-control"
-READY_WAIT_S = 60.0
-SERVE = (
-    sys.executable,
-    "-m",
-    "raftmq.cluster.cli",
-    "serve",
-)  # `dev restart` waits this long for the node's /readyz; `dev` then says it waits
+READY_WAIT_S = 60.0  # `dev restart` waits this long for the node's /readyz; `dev` then says it waits
+SERVE = (sys.executable, "-m", "raftmq.cluster.cli", "serve")
 
 
 def raftmq_command() -> str:
@@ -291,9 +286,7 @@ def _answers_ready(http_url: str) -> bool:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's (a reused pid)
         return False
     return True
 
