@@ -34,6 +34,7 @@ from schemathesis.specs.openapi.checks import (
 from raftmq.cluster import errors
 from raftmq.cluster.config import Limits, RaftTimingConfig
 from raftmq.cluster.http_api import create_app
+from raftmq.cluster.keys import derive_keys
 from raftmq.cluster.openapi import openapi_spec
 from raftmq.cluster.tokens import SecurityConfig
 
@@ -78,7 +79,8 @@ def test_served_spec_is_the_spec_and_covers_every_public_route(cluster: Cluster)
     node = SimpleNamespace(
         config=SimpleNamespace(
             limits=Limits(), raft=RaftTimingConfig(), secret="s" * 16, security=SecurityConfig()
-        )
+        ),
+        keys=derive_keys("s" * 16),
     )
     app = create_app(node)  # type: ignore[arg-type]
     routes = {
@@ -177,7 +179,13 @@ def test_fuzzed_requests_never_get_a_server_error(
     def fuzz(case: Any) -> None:
         response = case.call(base_url=next(nodes), session=session, timeout=30)
         _check_error_body(response)
-        case.validate_response(response, checks=checks)
+        if response.status_code == 413:
+            # Too many messages or bytes: refused as too large, which schemathesis does not count
+            # among the answers that reject a schema violation (its list stops at 4xx it knows).
+            assert response.json()["error"]["code"] == "request_too_large", response.text[:500]
+            case.validate_response(response, checks=[c for c in checks if c is not negative_data_rejection])
+        else:
+            case.validate_response(response, checks=checks)
 
     try:
         fuzz()
