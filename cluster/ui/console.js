@@ -249,7 +249,7 @@ function topicRate(t) {
 async function renderTopics() {
   const { topics, described } = await topicsDescribed();
   await sampleGroups(topics);
-  if (state.topic && !topics.some((t) => t.name === state.topic)) state.topic = null;
+  // (A topic of the link not listed yet, e.g. just created, shows once the list has it.)
   fill(
     "topics-table",
     described.map((t) => {
@@ -315,6 +315,42 @@ async function renderTopics() {
   );
 }
 
+// Creating and deleting topics needs a token with admin on the topic (the one typed in above);
+// a refusal is shown in the banner as the API's error.
+async function createTopic(event) {
+  event.preventDefault();
+  const name = document.getElementById("create-name").value.trim();
+  const queues = Number(document.getElementById("create-queues").value || 8);
+  const hours = document.getElementById("create-retention").value;
+  const body = { name, queues };
+  if (hours) body.retention_ms = Number(hours) * 3600 * 1000;
+  try {
+    await api("/v1/topics", { method: "POST", body });
+    document.getElementById("create-name").value = "";
+    banner(`Created topic ${name} with ${queues} queue${queues === 1 ? "" : "s"}.`, "info");
+    location.hash = `#topics/${pathOf(name)}`;
+  } catch (error) {
+    banner(explain(error));
+    return; // (a refresh would clear the banner)
+  }
+  await refresh();
+}
+
+async function deleteTopic() {
+  const name = state.topic;
+  if (!name) return;
+  if (!window.confirm(`Delete topic ${name} and all its messages? This cannot be undone.`)) return;
+  try {
+    await api(`/v1/topics/${pathOf(name)}`, { method: "DELETE" });
+    banner(`Deleted topic ${name}.`, "info");
+    location.hash = "#topics";
+  } catch (error) {
+    banner(explain(error));
+    return; // (a refresh would clear the banner)
+  }
+  await refresh();
+}
+
 function selectTopic(name) {
   state.topic = name;
   location.hash = `#topics/${encodeURIComponent(name)}`;
@@ -346,8 +382,7 @@ async function renderGroups() {
           "data-consumer": r.group,
           "data-topic": r.topic,
           onclick: () => {
-            state.consumer = r.key;
-            refresh();
+            location.hash = `#groups/${pathOf(r.group, r.topic)}`;
           },
         },
         el("td", {}, el("span", { class: "badge", text: "●" }), " ", el("strong", { text: r.group })),
@@ -519,20 +554,27 @@ async function renderDlq() {
     const g = ((state.groups.get(s.topic) || { groups: [] }).groups || []).find((x) => x.group === s.group);
     return g ? g.dead_letters : null;
   };
+  // Grouped under their source topic: sorted by it, its name on the first of its rows.
+  subs.sort((a, b) => a.topic.localeCompare(b.topic) || a.group.localeCompare(b.group));
+  if (state.dlq && !state.dlq.dlq) {
+    // From a link (#dlq/<topic>/<group>): the row's dead-letter topic.
+    const linked = subs.find((s) => s.topic === state.dlq.topic && s.group === state.dlq.group);
+    if (linked) state.dlq = linked;
+  }
   fill(
     "dlq-table",
-    subs.map((s) =>
+    subs.map((s, i) =>
       el(
         "tr",
         {
-          class: `clickable${state.dlq && state.dlq.dlq === s.dlq ? " selected" : ""}`,
+          class: `clickable${state.dlq && state.dlq.dlq === s.dlq ? " selected" : ""}${i && subs[i - 1].topic === s.topic ? " same-source" : ""}`,
           "data-dlq": s.dlq,
+          "data-source": s.topic,
           onclick: () => {
-            state.dlq = s;
-            refresh();
+            location.hash = `#dlq/${pathOf(s.topic, s.group)}`;
           },
         },
-        el("td", { text: s.topic }),
+        el("td", { class: "source", text: i && subs[i - 1].topic === s.topic ? "" : s.topic }),
         el("td", { text: s.group }),
         el("td", { text: s.dlq }),
         el("td", { class: "num", text: fmt(count(s)) }),
@@ -549,11 +591,23 @@ async function renderDlq() {
   const listed = await api(`/v1/topics/${pathOf(topic, "subscriptions", group, "dlq")}?max=200`);
   document.getElementById("dlq-title").textContent = `Dead letters of ${group} on ${topic}`;
   document.getElementById("redrive-all").disabled = listed.messages.length === 0;
+  // Redrive goes in order per queue, from the queue's redrive offset: the API can redrive one
+  // message alone only when it is the oldest of its queue (POST …/redrive {"queue", "max": 1}).
+  const perQueue = new Map();
+  for (const m of listed.messages) perQueue.set(m.queue, (perQueue.get(m.queue) || 0) + 1);
+  document.getElementById("redrive-queues").replaceChildren(
+    ...[...perQueue].map(([queue, n]) =>
+      el("button", { type: "button", class: "redrive-queue", "data-queue": queue, onclick: () => redrive(queue), text: `Redrive all of queue ${queue}${listed.messages.length >= 200 ? "" : ` (${n})`}` }),
+    ),
+  );
+  const seen = new Set();
   fill(
     "dlq-messages",
     listed.messages.map((m) => {
       const h = m.headers || {};
       const value = m.value !== undefined ? m.value : `base64: ${m.value_b64}`;
+      const oldest = !seen.has(m.queue);
+      seen.add(m.queue);
       return el(
         "tr",
         { "data-queue": m.queue, "data-offset": m.offset },
@@ -564,24 +618,34 @@ async function renderDlq() {
         el("td", { text: h["raftmq-dlq-reason"] || "–" }),
         el("td", { class: "num", text: h["raftmq-dlq-attempts"] || "–" }),
         el("td", { text: m.timestamp_ms ? new Date(m.timestamp_ms).toLocaleString() : "–" }),
-        el("td", {}, el("button", { type: "button", class: "redrive-queue", onclick: () => redrive(m.queue), text: `Redrive queue ${m.queue}` })),
+        el(
+          "td",
+          {},
+          oldest
+            ? el("button", { type: "button", class: "redrive-one", onclick: () => redrive(m.queue, 1), text: "Redrive this message" })
+            : el("span", { class: "muted", title: "Redrive goes in order: the older dead letters of this queue first", text: "after the ones above" }),
+        ),
       );
     }),
     "no dead letters",
   );
 }
 
-async function redrive(queue) {
+async function redrive(queue, max) {
   if (!state.dlq) return;
   const { topic, group } = state.dlq;
-  const body = queue === undefined ? {} : { queue };
+  const body = queue === undefined ? {} : max === undefined ? { queue } : { queue, max };
   try {
     const r = await api(`/v1/topics/${pathOf(topic, "subscriptions", group, "dlq", "redrive")}`, { method: "POST", body });
-    const text = `Redrove ${r.redriven} message${r.redriven === 1 ? "" : "s"} to ${topic} for ${group}${r.more ? " (more left)" : ""}.`;
+    const one = max === 1 && r.redriven === 1 ? r.queues.find((q) => q.count === 1) : null;
+    const text = one
+      ? `Redrove the dead letter at offset ${one.redrive_offset - 1} of queue ${one.queue} to ${topic} for ${group}.`
+      : `Redrove ${r.redriven} message${r.redriven === 1 ? "" : "s"} to ${topic} for ${group}${r.more ? " (more left)" : ""}.`;
     banner(text, "info");
     setTimeout(() => document.getElementById("banner").textContent === text && banner(""), 10000);
   } catch (error) {
     banner(explain(error));
+    return; // (a refresh would clear the banner)
   }
   await refresh();
 }
@@ -686,6 +750,11 @@ function route() {
   const parts = args.map(decoded);
   state.view = RENDER[view] ? view : "cluster";
   if (state.view === "topics") state.topic = parts[0] || null;
+  if (state.view === "groups") state.consumer = parts[0] && parts[1] ? `${parts[0]}\u0000${parts[1]}` : null;
+  if (state.view === "dlq") {
+    const same = state.dlq && state.dlq.topic === parts[0] && state.dlq.group === parts[1];
+    state.dlq = parts[0] && parts[1] ? (same ? state.dlq : { topic: parts[0], group: parts[1], dlq: null }) : null;
+  }
   if (state.view === "messages") {
     const queue = Number(parts[1]);
     const offset = parts[2] === undefined ? null : Number(parts[2]);
@@ -742,6 +811,8 @@ function start() {
   });
   document.getElementById("redrive-all").addEventListener("click", () => redrive(undefined));
   startBrowser();
+  document.getElementById("create-topic").addEventListener("submit", createTopic);
+  document.getElementById("delete-topic").addEventListener("click", deleteTopic);
   window.addEventListener("hashchange", route);
   route();
   // The message browser shows what it was asked for; it is read again on a click, not every tick.

@@ -399,3 +399,98 @@ def test_the_lag_charts_y_labels_fit_in_the_canvas(page: Page, c: Cluster) -> No
                    let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; }"""
     )
     assert painted_at_left_edge == 0
+
+
+def test_one_dead_letter_is_redriven_alone_when_it_is_the_oldest_of_its_queue(page: Page, c: Cluster) -> None:
+    """The API redrives a queue's dead letters in order, so "Redrive this message" is offered on the
+    oldest of each queue only; the others say they come after it. Per-queue buttons say "all"."""
+    sub = "/v1/topics/orders/subscriptions/workers"
+    _ok(c.produce("orders", [{"value": f"bad {i}", "queue": 2} for i in range(2)]))
+
+    def dead_lettered() -> bool:
+        got = _ok(c.post(sub + "/receive", {"max": 100, "wait_ms": 1000}))["messages"]
+        bad = [m["receipt"] for m in got if m.get("value", "").startswith("bad ")]  # (one is binary)
+        done = [m["receipt"] for m in got if m["receipt"] not in bad]
+        if done:
+            _ok(c.post(sub + "/ack", {"receipts": done}))
+        if bad:
+            _ok(c.post(sub + "/nack", {"receipts": bad}))
+        return [m["value"] for m in c.get(sub + "/dlq").json()["messages"]] == ["bad 0", "bad 1"]
+
+    wait_until(dead_lettered, 60, what="both bad messages dead-lettered")
+    page.goto(c.url("n1") + "/ui#dlq/orders/workers")  # linkable
+    rows = page.locator("#dlq-messages tbody tr[data-offset]")
+    expect(rows).to_have_count(2, timeout=10_000)
+    expect(page.locator('#dlq-table tr[data-dlq="orders.workers.dlq"]')).to_have_class(re.compile("selected"))
+    expect(page.locator("#dlq-table tr[data-dlq] td.source").first).to_have_text("orders")
+    expect(rows.nth(0).locator("button.redrive-one")).to_have_text("Redrive this message")
+    expect(rows.nth(1).locator("button")).to_have_count(0)
+    expect(rows.nth(1)).to_contain_text("after the ones above")
+    expect(page.locator('#redrive-queues button[data-queue="2"]')).to_have_text("Redrive all of queue 2 (2)")
+    assert page.locator("#dlq-messages").inner_text().count("Redrive") == 1
+    first = rows.nth(0).get_attribute("data-offset")
+    shot(page, "dead-letters-per-message")
+    rows.nth(0).locator("button.redrive-one").click()
+    expect(page.locator("#banner")).to_contain_text(
+        f"Redrove the dead letter at offset {first} of queue 2 to orders for workers", timeout=10_000
+    )
+    expect(rows).to_have_count(1, timeout=10_000)
+    expect(rows.nth(0)).to_contain_text("bad 1")
+    expect(rows.nth(0).locator("button.redrive-one")).to_be_visible()
+    assert [m["value"] for m in c.get(sub + "/dlq").json()["messages"]] == ["bad 1"]
+    got = _ok(c.post(sub + "/receive", {"max": 100, "wait_ms": 3000}))["messages"]
+    assert [(m["queue"], m.get("value")) for m in got] == [(2, "bad 0")]  # (the rest was acked above)
+    _ok(c.post(sub + "/ack", {"receipts": [m["receipt"] for m in got]}))
+    page.click('#redrive-queues button[data-queue="2"]')
+    expect(page.locator("#dlq-messages tbody")).to_contain_text("no dead letters", timeout=10_000)
+
+
+def test_a_topic_is_created_and_deleted_with_an_admin_token(browser: Browser, c: Cluster) -> None:
+    """Without admin the API's refusal is shown and nothing is made; with an admin token the topic
+    is created (then shown), and deleted after a confirmation."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: d.accept() if "Delete topic orders-new" in d.message else d.dismiss())
+    page.goto(c.url("n1") + "/ui#topics")
+    page.fill("#token", VIEWER_TOKEN)  # consume and produce on orders*, no admin
+    page.click("#token-form button[type=submit]")
+    expect(page.locator("#topics-table tbody tr[data-topic]")).to_have_count(2, timeout=10_000)
+    page.fill("#create-name", "orders-new")
+    page.fill("#create-queues", "2")
+    page.click("#create-topic button[type=submit]")
+    expect(page.locator("#banner")).to_contain_text("403 forbidden", timeout=10_000)
+    assert c.get("/v1/topics/orders-new").status_code == 404
+    page.fill("#token", ADMIN_TOKEN)
+    page.click("#token-form button[type=submit]")
+    page.fill("#create-name", "orders-new")
+    page.fill("#create-queues", "2")
+    page.fill("#create-retention", "6")
+    page.click("#create-topic button[type=submit]")
+    expect(page.locator("#banner")).to_contain_text("Created topic orders-new with 2 queues", timeout=10_000)
+    assert page.url.endswith("#topics/orders-new")
+    expect(page.locator("#topic-title")).to_have_text("Topic orders-new", timeout=10_000)
+    expect(page.locator("#queues-table tbody tr[data-queue]")).to_have_count(2, timeout=10_000)
+    described = _ok(c.get("/v1/topics/orders-new"))
+    assert len(described["queues"]) == 2 and described["retention_ms"] == 6 * 3600 * 1000
+    shot(page, "topic-created")
+    page.click("#delete-topic")
+    expect(page.locator("#banner")).to_contain_text("Deleted topic orders-new", timeout=10_000)
+    wait_until(lambda: c.get("/v1/topics/orders-new").status_code == 404, 30, what="the topic deleted")
+    expect(page.locator('#topics-table tr[data-topic="orders-new"]')).to_have_count(0, timeout=10_000)
+    assert page.url.endswith("#topics")
+    context.close()
+    assert not errors, errors
+
+
+def test_a_consumer_groups_detail_has_its_own_link(page: Page, c: Cluster) -> None:
+    page.click("nav a[data-view=groups]")
+    page.click('#consumers-table tr[data-consumer="billing"][data-topic="orders"]', timeout=10_000)
+    assert page.url.endswith("#groups/billing/orders")
+    expect(page.locator("#consumer-title")).to_have_text("billing on orders, per queue", timeout=10_000)
+    page.goto(c.url("n1") + "/ui#cluster")
+    page.goto(c.url("n1") + "/ui#groups/billing/orders")  # opened from the link alone
+    expect(page.locator("#consumer-queues-table tbody tr[data-queue]")).to_have_count(3, timeout=10_000)
+    expect(page.locator("#consumer-title")).to_have_text("billing on orders, per queue")
+    expect(page.locator('#consumers-table tr[data-consumer="billing"]')).to_have_class(re.compile("selected"))
