@@ -101,6 +101,10 @@ class AdminHttp:
         self.timeout_s = timeout_s
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        # No redirects: urllib would send the Authorization header on to wherever a Location points.
+        self._opener = urllib.request.build_opener(
+            _RefuseRedirects(), urllib.request.HTTPSHandler(context=self._context)
+        )
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
@@ -128,7 +132,7 @@ class AdminHttp:
                 headers={"Content-Type": "application/json", "Accept": "application/json", **self._auth},
             )
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._context) as resp:
+                with self._opener.open(req, timeout=self.timeout_s) as resp:
                     raw = resp.read()
             except urllib.error.HTTPError as e:
                 raise _server_error(e.code, e.read()) from None
@@ -159,3 +163,10 @@ class AdminHttp:
     def quote(segment: str) -> str:
         """A path segment, percent-encoded."""
         return urllib.parse.quote(segment, safe="")
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as the error status it is (a ServerError), never followed."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None

@@ -21,7 +21,7 @@ from .admin_http import DEFAULT_URL, AdminError, AdminHttp, ServerError
 URL_HELP = (
     "Nodes' base URLs, comma-separated or repeated, tried in order (as Kafka's --bootstrap-server). "
     "Default: $RAFTMQ_URL (comma- or space-separated), else every node of ./.raftmq/cluster.toml "
-    f"(a raftmq dev folder), else {DEFAULT_URL}."
+    f"on a loopback address (a raftmq dev folder), else {DEFAULT_URL}."
 )
 DEV_CLUSTER_FILE = os.path.join(".raftmq", "cluster.toml")  # written by `raftmq dev`
 PROBE_S = 2.0  # how long the commands look for a node that accepts connections before failing
@@ -32,15 +32,31 @@ def _split(value: str) -> list[str]:
 
 
 def dev_cluster_urls(path: str = DEV_CLUSTER_FILE) -> list[str]:
-    """The HTTP URLs of every node of the cluster file ``path`` (none if it is missing or bad)."""
+    """The HTTP URLs of the nodes of the cluster file ``path`` that listen on a loopback address
+    (none if it is missing or bad). Only loopback ones: the commands send the API token to these
+    URLs, and a file in the working folder (a cloned repository's, say) must not be able to send
+    it to a host the user never named."""
     if not os.path.isfile(path):
         return []
     from .config import ConfigError, load_config
 
     try:
-        return [n.http_url for n in load_config(path).nodes]
+        nodes = load_config(path).nodes
     except (ConfigError, OSError, ValueError):
         return []
+    return [n.http_url for n in nodes if _loopback_literal(n.http.rsplit(":", 1)[0])]
+
+
+def _loopback_literal(host: str) -> bool:
+    """``host`` is ``localhost`` or a loopback IP address, written out (no name is resolved)."""
+    import ipaddress
+
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def resolve_urls(urls: tuple[str, ...], env: dict[str, str] | None = None) -> list[str]:
