@@ -22,6 +22,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from .keys import NO_REDIRECTS
+
 __all__ = ["DEFAULT_URL", "AdminError", "AdminHttp", "NoAnswer", "ServerError", "normalize_url"]
 
 DEFAULT_URL = "http://127.0.0.1:8081"
@@ -103,7 +105,7 @@ class AdminHttp:
         self._context = ssl.create_default_context(cafile=ca_file) if ca_file else None
         # No redirects: urllib would send the Authorization header on to wherever a Location points.
         self._opener = urllib.request.build_opener(
-            _RefuseRedirects(), urllib.request.HTTPSHandler(context=self._context)
+            NO_REDIRECTS, urllib.request.HTTPSHandler(context=self._context)
         )
 
     def get(self, path: str) -> Any:
@@ -163,10 +165,3 @@ class AdminHttp:
     def quote(segment: str) -> str:
         """A path segment, percent-encoded."""
         return urllib.parse.quote(segment, safe="")
-
-
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is answered as the error status it is (a ServerError), never followed."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None

@@ -117,6 +117,7 @@ class ApiCore:
                 leader.http_url + request.path_qs,
                 data=body,
                 headers={FORWARDED: self.node.me.id, "Content-Type": "application/json"},
+                allow_redirects=False,  # the peer key goes to the leader only
                 timeout=aiohttp.ClientTimeout(
                     total=self.limits.request_timeout_ms / 1000 + 16, sock_connect=1.0
                 ),

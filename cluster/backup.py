@@ -46,7 +46,7 @@ import click
 from raftmq.storage.rocks import RocksStore
 
 from .config import ClusterConfig, ConfigError, NodeConfig, load_config
-from .keys import BACKUP_HEADER, derive_keys
+from .keys import BACKUP_HEADER, NO_REDIRECTS, derive_keys
 from .metadata import MetadataMachine
 from .placement import META_GROUP, Placement, static_placement
 from .queue_group import QueueGroupMachine
@@ -131,7 +131,7 @@ def _opener(config: ClusterConfig) -> OpenUrl:
     except TlsError as e:
         raise BackupError(f"{e} (tls.ca_file in the cluster file; RAFTMQ_TLS_CA_FILE overrides it)") from None
     opener = urllib.request.build_opener(
-        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+        urllib.request.ProxyHandler({}), NO_REDIRECTS, urllib.request.HTTPSHandler(context=context)
     )
 
     def open_url(url: str, *, method: str = "GET", timeout_s: float) -> Any:

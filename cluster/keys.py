@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ __all__ = [
     "BACKUP_HEADER",
     "BACKUP_ROUTES",
     "LEGACY_HEADER",
+    "NO_REDIRECTS",
     "PEER_HEADER",
     "PROOF_PATH",
     "ClusterKeys",
@@ -130,3 +132,14 @@ def proof_matches(peer_key: str, nonce: str, node_id: str, http: str, raft: str,
     if not isinstance(proof, str):
         return False
     return same_credential(proof, node_proof(peer_key, nonce, node_id, http, raft))
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is answered as the HTTP error it is, never followed: urllib would carry every
+    header of the request (a key, a token) on to wherever the ``Location`` points."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+NO_REDIRECTS = _RefuseRedirects()  # for urllib.request.build_opener; it keeps no state

@@ -46,7 +46,7 @@ from . import commands, producers
 from .config import ClusterConfig, NodeConfig
 from .delivery import WAKE_WITHIN_MS
 from .group_commit import GroupCommitter
-from .keys import PEER_HEADER, derive_keys
+from .keys import NO_REDIRECTS, PEER_HEADER, derive_keys
 from .metadata import MetadataMachine, Topic
 from .metadata import applied_index as metadata_applied_index
 from .placement import Placement, overlay
@@ -353,7 +353,9 @@ class Node:
     async def peer_get_json(self, node: NodeConfig, path: str, timeout_s: float = 5.0) -> Any:
         assert self._session is not None
         async with self._session.get(
-            node.http_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=1.0)
+            node.http_url + path,
+            allow_redirects=False,  # the peer key goes to peers only
+            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=1.0),
         ) as resp:
             return orjson.loads(await resp.read())
 
@@ -387,6 +389,7 @@ class Node:
             node.http_url + path,
             data=data,
             headers={"Content-Type": "application/json"},
+            allow_redirects=False,  # the peer key goes to peers only
             timeout=timeout,
         ) as resp:
             return resp.status, await resp.read(), resp.content_type
@@ -694,7 +697,9 @@ class Node:
         )
         # No proxy from the environment: a checkpoint goes straight to a peer, with the peer key.
         opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.ssl_context)
+            urllib.request.ProxyHandler({}),
+            NO_REDIRECTS,
+            urllib.request.HTTPSHandler(context=self.ssl_context),
         )
         errors = []
         for node in order:
