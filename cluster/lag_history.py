@@ -82,7 +82,12 @@ async def sample_forever(
     ``lags_of(name)`` each group's lag on a topic (None: incomplete, skipped this round)."""
     while True:
         await asyncio.sleep(history.interval_ms / 1000)
-        for topic_id, name in topics()[:MAX_TOPICS]:
+        try:
+            listed = topics()[:MAX_TOPICS]
+        except Exception:  # the metadata not there yet: next round (the loop never dies)
+            log.debug("lag sample: no topic list", exc_info=True)
+            listed = []
+        for topic_id, name in listed:
             try:
                 lags = await lags_of(name)
             except asyncio.CancelledError:

@@ -72,6 +72,30 @@ def test_the_sampler_records_each_topic_and_skips_incomplete_or_failing_ones() -
     assert h.of_topic(2) == {} and h.of_topic(3) == {}
 
 
+def test_the_sampler_survives_a_failing_topic_list() -> None:
+    h = LagHistory(interval_ms=1)
+    calls = 0
+
+    def topics() -> list[tuple[int, str]]:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise AttributeError("no metadata yet")
+        return [(1, "orders")]
+
+    async def lags_of(name: str) -> list[tuple[str, int]] | None:
+        return [("billing", 1)]
+
+    async def run() -> None:
+        task = asyncio.create_task(sample_forever(h, topics, lags_of, lambda: 1000))
+        while not h.of_topic(1):
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert calls >= 3 and h.of_topic(1)["billing"][0] == (1000, 1)
+
+
 def test_lag_sample_ms_is_checked() -> None:
     node = {"id": "n1", "http": "127.0.0.1:8001", "raft": "127.0.0.1:7001", "data_dir": "/d"}
     raw: dict[str, Any] = {"cluster": {"secret": "0123456789abcdef"}, "nodes": [node]}
