@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import random
 import shutil
@@ -34,14 +35,42 @@ def _port_free(port: int) -> bool:
     return True
 
 
+_PORT_SLOT = 16  # ports per reserved block: a node takes its queue groups + 3
+_PORT_LOCKS = Path("/tmp/raftmq-test-ports")  # one lock file per block, shared by every test run
+_held_ports: dict[int, int] = {}  # base port -> the fd holding its block's lock
+
+
 def free_port_block(count: int) -> int:
-    """A base port such that ``count`` consecutive ports are free (best effort)."""
+    """A base port such that ``count`` (at most 16) consecutive ports are free, and reserved: no
+    other call, in this process or another test run on the machine, gets them until
+    :func:`release_port_block` (or the end of this process). A port only found free is not enough:
+    a cluster's nodes, or two runs at once, could be handed the same port (a node's HTTP port was
+    another's Raft port, which accepts a connection and never answers; a port of a killed node was
+    taken before it restarted)."""
+    if count > _PORT_SLOT:
+        raise ValueError(f"at most {_PORT_SLOT} ports in a block, not {count}")
+    _PORT_LOCKS.mkdir(exist_ok=True)
     for _ in range(200):
         # Below Linux's ephemeral range (32768+), where outgoing connections could take our ports.
-        base = random.randrange(20000, 32000 - count)
+        base = random.randrange(20000 // _PORT_SLOT, 32000 // _PORT_SLOT) * _PORT_SLOT
+        fd = os.open(_PORT_LOCKS / f"{base}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
         if all(_port_free(base + i) for i in range(count)):
+            _held_ports[base] = fd
             return base
+        os.close(fd)
     raise RuntimeError("no free port block")
+
+
+def release_port_block(base: int) -> None:
+    """Give back the block :func:`free_port_block` reserved at ``base``."""
+    fd = _held_ports.pop(base, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def pipe_bytes(pipe: Any) -> int:
@@ -129,8 +158,10 @@ class Cluster:
         groups = queue_groups if queue_groups is not None else nodes
         ports_per_node = groups + 2
         self.nodes: dict[str, NodeProc] = {}
+        self._port_blocks: list[int] = []  # released by stop()
         for i in range(1, nodes + 1):
             base = free_port_block(ports_per_node + 1)
+            self._port_blocks.append(base)
             self.nodes[f"n{i}"] = NodeProc(
                 id=f"n{i}", http=f"127.0.0.1:{base}", raft_base=base + 1, scheme=scheme
             )
@@ -207,6 +238,9 @@ class Cluster:
                 n.proc.kill()
                 n.proc.wait(10)
         self.session.close()
+        for base in self._port_blocks:
+            release_port_block(base)
+        self._port_blocks = []
 
     def __enter__(self) -> Cluster:
         return self
@@ -233,11 +267,12 @@ class Cluster:
 
     def wait_ready(self, node_ids: list[str] | None = None, timeout_s: float = 30) -> None:
         for nid in node_ids or [n for n in self.nodes if self.alive(n)]:
-            wait_until(
-                lambda nid=nid: self.get("/readyz", nid, timeout=2).status_code == 200,
-                timeout_s,
-                what=f"{nid} ready",
-            )
+            wait_until(functools.partial(self._answers_ready, nid), timeout_s, what=f"{nid} ready")
+
+    def _answers_ready(self, node_id: str) -> bool:
+        if not self.alive(node_id):  # fail at once, with why (wait_until retries request errors)
+            raise RuntimeError(f"{node_id} exited:\n{self.log(node_id)[-3000:]}")
+        return self.get("/readyz", node_id, timeout=2).status_code == 200
 
     def status(self, node_id: str) -> dict[str, Any]:
         r = self.internal("GET", "/internal/status", node_id)
