@@ -199,11 +199,11 @@ async def write_parts(request: web.Request, parts: Sequence[bytes]) -> web.Strea
     response = web.StreamResponse()
     response.content_type = "application/json"
     response.content_length = sum(len(p) for p in parts)
-    await response.prepare(request)
     try:
+        await response.prepare(request)  # fails too when the client left during a long poll
         for part in parts:
             await response.write(part)
         await response.write_eof()
-    except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
+    except ConnectionError:  # reset, pipe broken, "Connection lost" (aiohttp raises all three)
         log.debug("fetch_client_gone", path=request.path)
     return response

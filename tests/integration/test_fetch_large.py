@@ -126,10 +126,23 @@ def test_a_client_that_hangs_up_mid_answer_leaves_no_error_in_the_log(cluster: C
             head = s.recv(4096)  # the answer has started
             assert head.startswith(b"HTTP/1.1 200"), head[:200]
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset
+    # And clients that leave during a long poll, before the answer has started: it fails at its
+    # first byte (the headers) once a message arrives.
+    for node in c.nodes.values():
+        host, port = node.http.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(
+                b"GET /v1/topics/fetch-hangup/queues/0/messages?offset=24&wait_ms=5000 "
+                b"HTTP/1.1\r\nHost: raftmq\r\n\r\n"
+            )
+            time.sleep(0.5)  # the request has reached the node and waits
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset
+    r = c.produce("fetch-hangup", [{"queue": 0, "value": "wakes the long polls"}])
+    assert r.status_code == 200, r.text[:500]
     # Every node still answers a whole fetch after the hang-ups.
     for node_id in c.nodes:
         whole = fetch(c, "fetch-hangup", 0, node=node_id, max=100, max_bytes=64 * MIB)
-        assert [m["offset"] for m in whole["messages"]] == list(range(24))
+        assert [m["offset"] for m in whole["messages"]] == list(range(25))
     time.sleep(2.0)  # let any failed write of a hung-up answer reach the logs
     for node_id in c.nodes:
         log = c.log(node_id)
