@@ -21,6 +21,7 @@ import click
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import StoreError
 
+from .backup import config_option
 from .config import ClusterConfig, ConfigError, load_config
 from .journal import JournalScan, scan_journal, truncate_journal
 
@@ -73,14 +74,7 @@ def _plan(scan: JournalScan, truncate_from: int | None) -> int | None:
 
 
 @click.command("repair-journal")
-@click.option(
-    "--config",
-    "config_path",
-    required=True,
-    envvar="RAFTMQ_CONFIG",
-    type=click.Path(dir_okay=False),
-    help="The cluster file (default: $RAFTMQ_CONFIG).",
-)
+@config_option
 @click.option("--node", "node_id", required=True, help="The (stopped) node whose journal to repair.")
 @click.option("--group", required=True, help="The group: 'meta' or a queue group's number.")
 @click.option(
