@@ -25,10 +25,9 @@ Membership (``dynamicMembershipChange``): single-server changes, effective on ev
 the entry is appended. pysyncobj's guard against a second change in flight is dead code, so
 :meth:`RaftGroup.change_membership` refuses one while a membership entry is uncommitted or its own
 change is unanswered; that change is answered ``unknown_outcome`` when its leader loses the
-leadership or a snapshot replaces the log (pysyncobj would never call it back). The transport drops
-vote requests from voters this replica saw removed and votes from non-voters, so a removed voter that
-never learnt of its removal cannot depose the leader with its campaigns (a voter added in a change
-this replica missed is still answered). A group's
+leadership or a snapshot replaces the log (pysyncobj would never call it back). Votes count only
+between voters: the transport drops vote requests and votes from non-voters, so a removed voter that
+never learnt of its removal cannot depose the leader with its campaigns. A group's
 voters are what its own log says: the snapshot manifest records the voters as of its last entry
 (pysyncobj would store the live set, which may include an uncommitted change), and on start the
 voters are that set plus the membership entries after it in the journal (Raft's rule: the latest
@@ -91,7 +90,7 @@ _EXIT_STORAGE_FAILURE = 70
 _CHECKPOINT_RETRY_S = 1.0  # after a failed checkpoint fetch, the next try waits this long
 _BLOCKING_INSTALL_S = 120.0  # on start, how long a replica behind its own snapshot tries to fetch
 _MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
-_VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # checked in _FlushingTransport
+_VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
 _VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
 
 
@@ -225,16 +224,11 @@ class _FlushingTransport(TCPTransport):  # type: ignore[misc]
     replica that missed a membership change (it was down) could never hear from a new voter that
     leads. A hinted peer gets a connection but no vote and no entries from this replica.
 
-    Removed voters cannot campaign: a vote request from a node this replica has seen removed from
-    its voters (``RaftGroup._removed_voter``) is dropped before pysyncobj sees it, and so is a vote
-    from any node outside its voters (a candidate counts its own voters only). pysyncobj answers
-    any connected node's request and adopts its term, so a removed voter that never learnt of its
-    removal (the leader stops sending to it when it appends the change) would campaign, and its
-    higher term would depose the leader through the connections that hints keep open. A request
-    from a non-voter this replica never saw removed is answered: it is a voter added in a change
-    this replica missed (it was down), and dropping it would leave the group without a leader
-    until a voter that knows the new configuration returns. Entries and heartbeats from any node
-    still pass.
+    Votes count only between voters: a vote request (or a vote) from a node outside this replica's
+    voters is dropped before pysyncobj sees it. pysyncobj answers any connected node's request and
+    adopts its term, so a removed voter that never learnt of its removal (the leader stops sending
+    to it when it appends the change) would campaign, and its higher term would depose the leader
+    through the connections that hints keep open. Entries and heartbeats from any node still pass.
     """
 
     def send(self, node: Any, message: Any) -> Any:
@@ -248,10 +242,8 @@ class _FlushingTransport(TCPTransport):  # type: ignore[misc]
             and message.get("type") in _VOTE_MESSAGES
             and node not in self._syncObj.otherNodes
         ):
-            group = self._syncObj.raftmq_group
-            if message["type"] == "response_vote" or group._removed_voter(self._syncObj, str(node.id)):
-                group._vote_ignored(node, message)
-                return
+            self._syncObj.raftmq_group._vote_ignored(node, message)
+            return
         super()._onMessageReceived(node, message)
 
     def addNode(self, node: Any) -> None:
@@ -324,11 +316,7 @@ class RaftGroup:
         self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
         self._loading_on_start = os.path.exists(snapshot_file)
         self._membership_in_flight: _MembershipChange | None = None  # tick thread only
-        self.votes_ignored = 0  # vote requests from removed voters, votes from non-voters (tick thread)
-        # Voters (self excluded) as last seen here, and addresses seen leaving them and not added
-        # back (see _removed_voter). Seeded from the journal's changes; older removals are forgotten.
-        self._voters_seen: frozenset[str] = frozenset(self._base_members) - {self_addr}  # tick thread
-        self._removed_voters: set[str] = set()  # tick thread only
+        self.votes_ignored = 0  # vote requests and votes dropped from non-voters (tick thread)
         self._vote_log_at = 0.0  # tick thread
         self._hinted: frozenset[str] = frozenset()  # tick thread only
         self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -549,8 +537,7 @@ class RaftGroup:
             self._answer_membership(change, Outcome(error="unknown_outcome", definite=False))
 
     def _vote_ignored(self, node: Any, message: dict[str, Any]) -> None:
-        """Tick thread: a vote request from ``node``, a removed voter, or a vote from ``node``, not
-        a voter here, was dropped."""
+        """Tick thread: a vote request or vote from ``node``, not a voter here, was dropped."""
         self.votes_ignored += 1
         now = time.monotonic()
         if now >= self._vote_log_at:
@@ -610,23 +597,7 @@ class RaftGroup:
                 call()
             except Exception:
                 log.exception("tick_call_failed", group=self.name)
-        self._note_voters(self._sync)
         self._members = tuple(self._live_members())
-
-    def _removed_voter(self, sync: SyncObj, addr: str) -> bool:
-        """Tick thread: ``addr`` left this replica's voters (a membership change appended here, a
-        snapshot installed, or on start a change in the journal) and was not added back since.
-        ``sync`` is this group's object (a message may come before ``self._sync`` is set)."""
-        self._note_voters(sync)
-        return addr in self._removed_voters
-
-    def _note_voters(self, sync: SyncObj) -> None:
-        """Tick thread: record the addresses that left or joined the voters since the last call."""
-        voters = frozenset(str(n.id) for n in sync.otherNodes) - {self.self_addr}
-        if voters != self._voters_seen:
-            self._removed_voters |= self._voters_seen - voters
-            self._removed_voters -= voters
-            self._voters_seen = voters
 
     def _live_members(self) -> list[str]:
         return sorted({str(n.id) for n in self._sync.otherNodes} | {self.self_addr})

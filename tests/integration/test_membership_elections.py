@@ -5,8 +5,8 @@ its followers and n4. Each move ends with the source removed as a voter while th
 lists it (the coordinator unplaces it right after), so every replica of the group still hints it
 (``RaftGroup.hint_peers``) and keeps a connection to it. The removed replica never learns of its
 removal (the leader stops sending to it when it appends the change), times out and campaigns with a
-higher term. Unless the others ignore vote requests from a voter they saw removed, its term deposes
-the leader: an election per move. The moves never touch the leader or the preferred leader, so no leadership
+higher term. Unless the others ignore vote requests from non-voters, that term deposes the leader:
+an election per move. The moves never touch the leader or the preferred leader, so no leadership
 is handed over on purpose and the group's term must not move. The groups not involved (1, 2 and
 meta) are reported as a control: an election there too means the machine stalled.
 """
