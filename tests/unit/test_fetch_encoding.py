@@ -5,8 +5,6 @@ for byte what encoding it whole gives, with the event loop given a turn between 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,10 +14,8 @@ from raftmq.cluster import commands
 from raftmq.cluster.fetch_common import ENCODE_SLICE_BYTES, encode_fetch
 from raftmq.cluster.http_common import message_item
 from raftmq.cluster.queue_group import QueueGroupMachine
-from raftmq.storage.memory import MemoryStore
 from raftmq.storage.queues import OffsetOutOfRange, message_steps, queue_bounds, read_messages
 from raftmq.storage.records import Message
-from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
 
 NOW_MS = 1_000_000
@@ -101,18 +97,6 @@ def test_other_tasks_run_between_slices_of_a_large_answer() -> None:
 
 
 # -- reading a fetch a record batch at a time ---------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "rocks"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    rocks = RocksStore.open(str(tmp_path / "db"))
-    try:
-        yield rocks
-    finally:
-        rocks.close()
 
 
 def test_message_steps_concatenated_are_read_messages(store: Store) -> None:

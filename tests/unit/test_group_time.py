@@ -4,7 +4,6 @@ MemoryStore and on a RocksStore."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import pytest
 
 from raftmq.cluster import commands
 from raftmq.cluster.queue_group import QueueGroupMachine, group_time
-from raftmq.storage.memory import MemoryStore
 from raftmq.storage.queues import queue_bounds, queue_meta, read_messages
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
@@ -49,18 +47,6 @@ class Group:
 
     def low(self, queue: int = 0) -> int:
         return queue_bounds(self.store, 1, queue)[0]
-
-
-@pytest.fixture(params=["memory", "rocks"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    rocks = RocksStore.open(str(tmp_path / "db"))
-    try:
-        yield rocks
-    finally:
-        rocks.close()
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ memory store and on RocksDB."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,9 +16,7 @@ from raftmq.cluster.producers import expire_producers, expiry_due
 from raftmq.cluster.queue_group import QueueGroupMachine
 from raftmq.storage import keys
 from raftmq.storage.keys import ProducerState
-from raftmq.storage.memory import MemoryStore
 from raftmq.storage.records import CorruptRecord
-from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, Store
 
 Pairs = list[tuple[bytes, bytes]]
@@ -59,18 +55,6 @@ class Harness:
     def pairs(self) -> Pairs:
         # The group's time (T) is bookkeeping written with any stamped command, as applied_index.
         return [(k, v) for k, v in self.store.scan(b"") if k not in (keys.APPLIED, keys.GROUP_TIME)]
-
-
-@pytest.fixture(params=["memory", "rocks"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    rocks = RocksStore.open(str(tmp_path / "db"))
-    try:
-        yield rocks
-    finally:
-        rocks.close()
 
 
 @pytest.fixture
