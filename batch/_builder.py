@@ -35,8 +35,11 @@ _pack_entry = RECORD_ENTRY.pack
 _pack_header = HEADER_ENTRY.pack
 
 
+_time_ns = time.time_ns
+
+
 def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return _time_ns() // 1_000_000
 
 
 class BatchBuilder:
@@ -161,21 +164,22 @@ class BatchBuilder:
         else:
             data = value  # type: ignore[assignment]
             attributes = RECORD_BINARY
-        key_len = 0
+        key_len = header_count = 0
         if key is not None:
             kb = key.encode("utf-8")
             key_len = len(kb)
             self._keys += kb
             attributes |= RECORD_KEY
-        header_count = 0
         if headers:
             header_count = self._append_headers(headers)
         if delay_ms or ttl_ms:
             attributes |= self._append_timing(delay_ms, ttl_ms)
-        if timestamp_ms is None:
-            delta = _now_ms() - self.base_timestamp_ms if self._timestamps else 0
-        else:
+        if timestamp_ms is not None:
             delta = timestamp_ms - self.base_timestamp_ms
+        elif self._timestamps:
+            delta = _time_ns() // 1_000_000 - self.base_timestamp_ms
+        else:
+            delta = 0
         if not 0 <= delta <= MAX_U32:
             delta = 0 if delta < 0 else MAX_U32
         self._values += data

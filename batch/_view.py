@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
+from itertools import pairwise, repeat
 from typing import NamedTuple
 
 import crc32c
@@ -251,60 +252,65 @@ class BatchView:
         )
 
     def records(self, from_offset: int | None = None, max_records: int | None = None) -> Iterator[Record]:
-        """The records, decoded one at a time as the iterator is advanced.
+        """The records, each built as the iterator is advanced (a tuple: see :class:`Record`).
+
+        Positions come from the table (records before ``from_offset`` are never read), and the
+        common columns are sliced by C-level ``map``s: Python code runs per record only for keys
+        that are not ASCII and for headers.
 
         Args:
-            from_offset: Skip records below this offset (positions come from the table: no
-                record before it is read).
+            from_offset: Skip records below this offset.
             max_records: Stop after this many.
         """
         first = 0 if from_offset is None else min(max(from_offset - self.base_offset, 0), self.count)
         last = self.count if max_records is None else min(self.count, first + max(max_records, 0))
         if first >= last:
-            return
+            return iter(())
         buf = self.buffer
-        k0, _ = self.sections["keys"]
-        v0, _ = self.sections["values"]
-        n0, _ = self.sections["header_names"]
-        h0, _ = self.sections["header_values"]
         rows = self.table[first:last]
-        attributes = rows["attributes"].tolist()
-        deltas = rows["timestamp_delta"].tolist()
-        key_starts = self.key_starts[first : last + 1].tolist()
-        value_starts = self.value_starts[first : last + 1].tolist()
-        header_starts = self.header_starts[first : last + 1].tolist()
-        delays = self.delay_ms()[first:last].tolist() if len(self._delays) else None
-        ttls = self.ttl_ms()[first:last].tolist() if len(self._ttls) else None
-        name_starts: list[int] = []
-        hvalue_starts: list[int] = []
-        if header_starts[-1] > header_starts[0]:
-            name_starts = _exclusive_cumsum(self._headers["name_len"]).tolist()
-            hvalue_starts = _exclusive_cumsum(self._headers["value_len"]).tolist()
-        base_ts = self.base_timestamp_ms
-        offset = self.base_offset + first
-        for i, attrs in enumerate(attributes):
-            key = None
-            if attrs & RECORD_KEY:
-                key = str(buf[k0 + key_starts[i] : k0 + key_starts[i + 1]], "utf-8")
-            headers = None
-            h_first, h_end = header_starts[i], header_starts[i + 1]
-            if h_end > h_first:
-                headers = {
-                    str(buf[n0 + name_starts[j] : n0 + name_starts[j + 1]], "utf-8"): str(
-                        buf[h0 + hvalue_starts[j] : h0 + hvalue_starts[j + 1]], "utf-8"
+        attrs = rows["attributes"]
+        timestamps = (rows["timestamp_delta"].astype(np.int64) + self.base_timestamp_ms).tolist()
+        binary = ((attrs & RECORD_BINARY) != 0).tolist()
+        v0 = self.sections["values"][0]
+        values = _slices(buf, v0, self.value_starts[first : last + 1])
+        keys: Iterator[str | None] | list[str | None] = repeat(None)
+        has_key = (attrs & RECORD_KEY) != 0
+        if has_key.any():
+            keys = _keys(buf, self.sections["keys"][0], self.key_starts[first : last + 1], has_key)
+        headers: Iterator[dict[str, str] | None] | list[dict[str, str] | None] = repeat(None)
+        h_starts = self.header_starts[first : last + 1]
+        if h_starts[-1] > h_starts[0]:
+            headers = self._header_dicts(h_starts.tolist())
+        delays: Iterator[int] | list[int] = repeat(0)
+        ttls: Iterator[int] | list[int] = repeat(0)
+        if len(self._delays):
+            delays = self.delay_ms()[first:last].tolist()
+        if len(self._ttls):
+            ttls = self.ttl_ms()[first:last].tolist()
+        offsets = range(self.base_offset + first, self.base_offset + last)
+        return map(
+            _make_record, zip(offsets, timestamps, keys, values, binary, headers, delays, ttls, strict=False)
+        )
+        # (strict=False: the columns that are absent are endless repeats)
+
+    def _header_dicts(self, starts: list[int]) -> list[dict[str, str] | None]:
+        buf = self.buffer
+        n0, h0 = self.sections["header_names"][0], self.sections["header_values"][0]
+        name_at = _exclusive_cumsum(self._headers["name_len"]).tolist()
+        value_at = _exclusive_cumsum(self._headers["value_len"]).tolist()
+        out: list[dict[str, str] | None] = []
+        for a, b in pairwise(starts):  # per record with headers: headers are per message
+            out.append(
+                {
+                    str(buf[n0 + name_at[j] : n0 + name_at[j + 1]], "utf-8"): str(
+                        buf[h0 + value_at[j] : h0 + value_at[j + 1]], "utf-8"
                     )
-                    for j in range(h_first, h_end)
+                    for j in range(a, b)
                 }
-            yield Record(
-                offset + i,
-                base_ts + deltas[i],
-                key,
-                bytes(buf[v0 + value_starts[i] : v0 + value_starts[i + 1]]),
-                bool(attrs & RECORD_BINARY),
-                headers,
-                delays[i] if delays is not None else 0,
-                ttls[i] if ttls is not None else 0,
+                if b > a
+                else None
             )
+        return out
 
     def __iter__(self) -> Iterator[Record]:
         return self.records()
@@ -317,6 +323,33 @@ class BatchView:
             f"BatchView(base_offset={self.base_offset}, count={self.count}, size={self.size}, "
             f"producer_id={self.producer_id!r}, base_sequence={self.base_sequence})"
         )
+
+
+# tuple.__new__ bound to Record: C-level (NamedTuple._make checks the length in Python)
+_make_record = partial(tuple.__new__, Record)
+
+
+def _slices(buf: memoryview, at: int, starts: I64) -> Iterator[bytes]:
+    """``bytes`` of each piece ``starts[i]:starts[i + 1]`` of ``buf[at:]``: one copy of the range,
+    then C-level slicing."""
+    first, end = int(starts[0]), int(starts[-1])
+    raw = bytes(buf[at + first : at + end])
+    cuts = (starts - first).tolist()
+    return map(raw.__getitem__, map(slice, cuts, cuts[1:]))
+
+
+def _keys(buf: memoryview, at: int, starts: I64, has_key: npt.NDArray[np.bool_]) -> Iterator[str | None]:
+    first, end = int(starts[0]), int(starts[-1])
+    raw = bytes(buf[at + first : at + end])
+    cuts = (starts - first).tolist()
+    if raw.isascii():  # one decode; str offsets are byte offsets
+        text = raw.decode("ascii")
+        keys: Iterator[str | None] = map(text.__getitem__, map(slice, cuts, cuts[1:]))
+    else:
+        keys = (raw[a:b].decode("utf-8") for a, b in pairwise(cuts))
+    if bool(has_key.all()):
+        return keys
+    return (k if present else None for k, present in zip(keys, has_key.tolist(), strict=True))
 
 
 def read(buf: Buffer) -> BatchView:

@@ -1,0 +1,144 @@
+"""What pysyncobj does to every Raft entry it sends, per entry, on incompressible data.
+
+pysyncobj 0.3.17 (``tcp_connection.py``, ``TcpConnection.send`` and ``__processParseMessage``)
+sends each append_entries message as ``encrypt_at_time(zlib.compress(pickle.dumps(message), 3))``
+with the Fernet key of ``encryptor.getEncryptor(password)`` (PBKDF2 of the Raft key), and the
+follower does ``pickle.loads(zlib.decompress(fernet.decrypt(data)))``. The entry inside is the
+pickled replicated call around the command bytes. This script repeats those steps on one entry
+whose command is ``size`` bytes of ``os.urandom`` (a v2 batch of binary or already compressed
+values looks like this to zlib) and, for contrast, of random ASCII letters (text values), and
+times each step per entry, with two alternatives: no zlib, and AES-GCM instead of Fernet.
+
+    flock /tmp/raftmq-heavy.lock .venv/bin/python tests/bench/bench_raft_entry.py   # ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import random
+import string
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, header, loadavg, table, write_result
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pysyncobj.encryptor import getEncryptor
+
+SECRET = "bench-secret-0123456789abcdef"
+SIZES = (10 * 1024, 100 * 1024, 1024 * 1024)
+
+
+def timeit(fn: Callable[[], Any], min_time: float, min_runs: int = 5) -> float:
+    """Median seconds per call."""
+    fn()
+    times = []
+    t_end = time.perf_counter() + min_time
+    while len(times) < min_runs or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def message(command: bytes) -> dict[str, Any]:
+    """An append_entries message carrying one entry, as pysyncobj builds it (the entry is the
+    pickled replicated call: function id, args, kwargs)."""
+    entry = b"\x00" + pickle.dumps((0, (command,), {}))
+    return {
+        "type": "append_entries",
+        "term": 7,
+        "commit_index": 1_000,
+        "entries": [(entry, 1_001, 7)],
+        "prevLogIdx": 1_000,
+        "prevLogTerm": 7,
+    }
+
+
+def measure(size: int, data: str, min_time: float) -> dict[str, Any]:
+    fernet = getEncryptor(SECRET)
+    gcm = AESGCM(AESGCM.generate_key(bit_length=128))
+    nonce = os.urandom(12)
+    rng = random.Random(size)
+    command = (
+        os.urandom(size) if data == "random" else "".join(rng.choices(string.ascii_letters, k=size)).encode()
+    )
+    msg = message(command)
+    pickled = pickle.dumps(msg)
+    compressed = zlib.compress(pickled, 3)
+    sealed = fernet.encrypt_at_time(compressed, int(time.monotonic()))
+    sealed_plain = fernet.encrypt_at_time(pickled, int(time.monotonic()))
+    gcm_sealed = gcm.encrypt(nonce, pickled, None)
+
+    def receive() -> Any:
+        fernet.extract_timestamp(sealed)
+        return pickle.loads(zlib.decompress(fernet.decrypt(sealed)))
+
+    steps: dict[str, Callable[[], Any]] = {
+        "pickle.dumps (send)": lambda: pickle.dumps(msg),
+        "zlib.compress level 3 (send)": lambda: zlib.compress(pickled, 3),
+        "Fernet encrypt (send)": lambda: fernet.encrypt_at_time(compressed, int(time.monotonic())),
+        "Fernet timestamp + decrypt (receive)": lambda: (
+            fernet.extract_timestamp(sealed),
+            fernet.decrypt(sealed),
+        ),
+        "zlib.decompress (receive)": lambda: zlib.decompress(compressed),
+        "pickle.loads (receive)": lambda: pickle.loads(pickled),
+        "pysyncobj today: send + receive": lambda: (
+            fernet.encrypt_at_time(zlib.compress(pickle.dumps(msg), 3), int(time.monotonic())),
+            receive(),
+        ),
+        "without zlib: send + receive": lambda: (
+            fernet.encrypt_at_time(pickle.dumps(msg), int(time.monotonic())),
+            pickle.loads(fernet.decrypt(sealed_plain)),
+        ),
+        "AES-128-GCM, no zlib: send + receive": lambda: (
+            gcm.encrypt(nonce, pickle.dumps(msg), None),
+            pickle.loads(gcm.decrypt(nonce, gcm_sealed, None)),
+        ),
+    }
+    us = {name: round(timeit(fn, min_time) * 1e6, 1) for name, fn in steps.items()}
+    return {
+        "size": size,
+        "data": data,
+        "us_per_entry": us,
+        "zlib_ratio": round(len(compressed) / len(pickled), 3),
+        "wire_bytes_today": len(sealed),
+        "wire_bytes_without_zlib": len(sealed_plain),
+        "wire_bytes_gcm": len(gcm_sealed) + len(nonce),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--min-time", type=float, default=0.4, help="seconds per step and case")
+    args = ap.parse_args()
+    result = header("raft_entry", vars(args))
+    result["loadavg_start"] = loadavg()
+    cases = [measure(size, data, args.min_time) for data in ("random", "letters") for size in SIZES]
+    result["cases"] = cases
+    result["loadavg_end"] = loadavg()
+    names = list(cases[0]["us_per_entry"])
+    rows = [[name, *(c["us_per_entry"][name] for c in cases)] for name in names]
+    rows.append(["zlib output / input", *(c["zlib_ratio"] for c in cases)])
+    rows.append(["wire bytes today", *(c["wire_bytes_today"] for c in cases)])
+    rows.append(["wire bytes without zlib (Fernet)", *(c["wire_bytes_without_zlib"] for c in cases)])
+    rows.append(["wire bytes AES-GCM", *(c["wire_bytes_gcm"] for c in cases)])
+    heads = ["us per entry", *(f"{c['size'] // 1024}KiB {c['data']}" for c in cases)]
+    print(
+        f"\nbench_raft_entry  commit {result['commit']}  {result['date']}  loadavg {result['loadavg_start']}"
+    )
+    print(table(rows, heads))
+    path = write_result("raft_entry", result)
+    print(f"\nwrote {path.relative_to(RESULTS.parent)}")
+
+
+if __name__ == "__main__":
+    main()
