@@ -25,13 +25,13 @@ class Frame(NamedTuple):
     """One batch of a frame sequence and where it goes.
 
     Attributes:
-        topic: The topic, or None for the topic of the request's path.
         queue: The queue, or None when the node chooses (``ANY_QUEUE`` on the wire).
+        topic: The topic, or None for the topic of the request's path.
         batch: The batch bytes (a view into the body: not copied, not checked).
     """
 
-    topic: str | None
     queue: int | None
+    topic: str | None
     batch: memoryview
 
 
@@ -73,7 +73,8 @@ def _batch_length(buf: memoryview, at: int, index: int) -> int:
 
 
 def split_frames(body: Buffer, max_frames: int = 1024) -> list[Frame]:
-    """The frames of ``body``, each batch a view (its contents are checked by ``validate``).
+    """The ``(queue, topic, batch)`` frames of ``body``, each batch a view (its contents are
+    checked by ``validate``).
 
     Raises:
         BadBatch: a frame is truncated, names a topic that is not UTF-8, or there are more than
@@ -107,7 +108,7 @@ def split_frames(body: Buffer, max_frames: int = 1024) -> list[Frame]:
             except UnicodeDecodeError:
                 raise BadBatch("bad_utf8", f"batch {index}: the topic is not UTF-8", None, index) from None
         length = _batch_length(buf, pos, index)
-        frames.append(Frame(topic, None if queue == ANY_QUEUE else queue, buf[pos : pos + length]))
+        frames.append(Frame(None if queue == ANY_QUEUE else queue, topic, buf[pos : pos + length]))
         pos += length
     return frames
 
