@@ -63,20 +63,31 @@ class ApiCore:
         self.changes: ClusterApi | None = None  # set by create_app (cluster changes)
         # How long a request may wait for a group to elect a leader: two election timeouts, and at
         # least 3 s (a split vote can take a second round).
-        self.leader_wait_s = max(3.0, 2 * node.config.raft.election_max_ms / 1000)
+        self.election_max_s = node.config.raft.election_max_ms / 1000
+        self.leader_wait_s = max(3.0, 2 * self.election_max_s)
 
     # -- leaders and forwarding -------------------------------------------------------------------
 
     async def _wait_leader(self, name: str, timeout_s: float) -> Any:
-        deadline = time.monotonic() + timeout_s
+        """The leader of group ``name``, waiting up to ``timeout_s`` for one to be known.
+
+        A group not hosted here is looked up at the peers at once. A local replica that knows no
+        leader is given one election timeout to learn of it (an election ends so); after that the
+        peers are asked too, every half second: the replica may be cut off, or removed from the
+        group without knowing it, while the group goes on under a leader elsewhere."""
+        start = time.monotonic()
+        deadline = start + timeout_s
+        ask_peers_at = start if name not in self.node.groups else start + self.election_max_s
         while True:
             leader = self.node.leader_of(name)
             if leader is not None:
                 return leader
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise ApiError(errors.UNAVAILABLE, f"group {name} has no leader right now")
-            if name not in self.node.groups:
+            if now >= ask_peers_at:
                 await self.node.refresh_peer_status()
+                ask_peers_at = time.monotonic() + (0.5 if name in self.node.groups else 0.0)
             await asyncio.sleep(0.05)
 
     async def _leader_elsewhere(self, name: str) -> Any:

@@ -301,15 +301,23 @@ class Node:
         return self.groups.get(str(group_id))
 
     def leader_of(self, name: str) -> NodeConfig | None:
-        """The node leading group ``name`` as far as this node knows (None: unknown)."""
+        """The node leading group ``name`` as far as this node knows (None: unknown).
+
+        The local replica's view first; when it knows no leader (it is not hosted here, or it is
+        electing, cut off, or a removed voter that never learnt of its removal and campaigns while
+        the others go on), the peer claiming the leadership with the highest term in the last
+        peer statuses fetched (:meth:`refresh_peer_status`)."""
         local = self.groups.get(name)
         if local is not None:
-            return self.node_for_addr(local.raft.leader())
-        for status in self._peer_status.values():
-            g = status.get("groups", {}).get(name)
-            if g and g.get("is_leader"):
-                return self.node_by_id(status["node_id"])
-        return None
+            leader = self.node_for_addr(local.raft.leader())
+            if leader is not None:
+                return leader
+        claims = [
+            (int(g.get("term", 0)), str(status["node_id"]))
+            for status in self._peer_status.values()
+            if (g := status.get("groups", {}).get(name)) and g.get("is_leader")
+        ]
+        return self.node_by_id(max(claims)[1]) if claims else None
 
     def local_status(self) -> dict[str, Any]:
         groups = {}

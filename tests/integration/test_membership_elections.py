@@ -84,11 +84,16 @@ def test_a_removed_voter_left_placed_cannot_depose_the_leader(cluster: Cluster) 
     between them (killed, or the metadata group electing) leaves the removed replica running, and
     every other replica hinting it. It never learnt of its removal, so it campaigns every election
     timeout for as long as it stays placed. Made here by removing x at the leader by hand; the move
-    run afterwards finds x removed already and unplaces it."""
+    run afterwards finds x removed already and unplaces it.
+
+    x leads the metadata group, so x's coordinator runs the move: its own replica of group 0 knows
+    no leader (it campaigns), and the coordinator must find group 0's leader at the other nodes
+    (before, every step failed with "group 0 has no leader right now" and the move never ended)."""
     c = cluster
     with Traffic(c, ["n1", "n2", "n3"]) as traffic:
         traffic.wait_for(100)
         preferred, x, _ = placement(c)["placement"]["groups"]["0"]
+        run_change(c, "POST", "/v1/cluster/groups/meta/leader", {"node": x})
         wait_until(lambda: c.leader("0") == preferred, 30, what=f"{preferred} leading group 0")
         before = terms(c)
         x_term = int(c.status(x)["groups"]["0"]["term"])
