@@ -170,6 +170,11 @@ def _proc_ticks(pid: int) -> int:
         return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` used so far; 0 when it is gone."""
+    return _proc_ticks(pid) / _TICK
+
+
 class CpuMeter:
     """CPU used (in cores) by the given processes and by everything else, between start and stop.
 
