@@ -503,11 +503,19 @@ def raftmq_once(cluster: Any, topic: str, values: list[str], args: argparse.Name
 
 
 def profile_raftmq(
-    cluster: Any, topic: str, values: list[str], seconds: float, rate: float, gil: bool
+    cluster: Any,
+    topic: str,
+    values: list[str],
+    seconds: float,
+    rate: float,
+    gil: bool,
+    baseline_us: dict[str, float],
 ) -> dict[str, Any]:
     """A raftmq run long enough for py-spy to record the nodes and this process for ``seconds``
-    (starting 2 s in); CPU and stored messages over the same window give µs per message. The
-    samplers slow the processes down: this run's rate is not a figure to compare."""
+    (starting 2 s in). py-spy stops a process for every sample, which slows it and costs CPU:
+    this run's rate and CPU are not figures to compare. Each function's share of a process's
+    samples is turned into µs per message with that process's CPU per message in the timed runs
+    (``baseline_us``)."""
     r = cluster.post("/v1/topics", {"name": topic})
     if r.status_code != 201:
         raise RuntimeError(f"raftmq: cannot create topic {topic}: {r.status_code} {r.text}")
@@ -552,12 +560,13 @@ def profile_raftmq(
     for name in pids:
         cpu = window["cpu1"][name] - window["cpu0"][name]
         prof = profiles.get(name, {})
-        us = cpu / max(1, in_window) * 1e6
+        us = baseline_us[name]
         # a function's share of the busy samples times the process's CPU per message (with --gil
         # the shares are of the time the GIL was held: work done without it, in RocksDB, zlib or
         # the kernel, is spread over the functions in proportion)
         out["processes"][name] = {
-            "cpu_cores": round(cpu / seconds, 2),
+            "cpu_cores_under_py_spy": round(cpu / seconds, 2),
+            "cpu_us_per_msg_under_py_spy": round(cpu / max(1, in_window) * 1e6, 2),
             "cpu_us_per_msg": round(us, 2),
             "self_us_per_msg": [(f, round(pct / 100 * us, 2)) for f, pct in prof.get("self", [])],
             "inclusive_us_per_msg": [(f, round(pct / 100 * us, 2)) for f, pct in prof.get("inclusive", [])],
@@ -580,7 +589,13 @@ def run_raftmq(base: Path, args: argparse.Namespace) -> tuple[list[dict[str, Any
         if args.profile > 0:
             print(f"  [raftmq] profiled run (py-spy, {args.profile:.0f} s) ...", flush=True)
             rate = statistics.median(r["msgs_per_s"] for r in runs)
-            profile = profile_raftmq(cluster, "profiled", values, args.profile, rate, not args.all_threads)
+            baseline = {
+                name: statistics.median(r["cpu_s"][name] / r["messages"] * 1e6 for r in runs)
+                for name in runs[0]["cpu_s"]
+            }
+            profile = profile_raftmq(
+                cluster, "profiled", values, args.profile, rate, not args.all_threads, baseline
+            )
     return runs, profile
 
 
@@ -676,7 +691,7 @@ def report(result: dict[str, Any]) -> None:
             f"{prof['run_msgs_per_s_under_py_spy']:,} msgs/s under py-spy)"
         )
         for name, proc in prof["processes"].items():
-            print(f"  {name}: {proc['cpu_cores']} cores, {proc['cpu_us_per_msg']} CPU µs/msg; top self:")
+            print(f"  {name}: {proc['cpu_us_per_msg']} CPU µs/msg in the timed runs; top self:")
             for func, us in proc["self_us_per_msg"][:10]:
                 print(f"      {us:6.2f} µs  {func}")
 
