@@ -11,9 +11,18 @@ import requests
 
 from raftmq.cluster import errors
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, log_tails, wait_until
 
 ERROR_FIELDS = {"code", "message", "retriable", "definite"}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test shows the last lines of its clusters' node logs (``harness.log_tails``)."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and call.when == "call" and (tails := log_tails()):
+        report.sections.append(("node logs, last lines", tails))
 
 
 @pytest.fixture(scope="module")

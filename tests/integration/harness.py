@@ -13,6 +13,7 @@ import subprocess
 import sys
 import termios
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,8 @@ def _port_free(port: int) -> bool:
 
 _PORT_SLOT = 16  # ports per reserved block: a node takes its queue groups + 3
 _PORT_LOCKS = Path("/tmp/raftmq-test-ports")  # one lock file per block, shared by every test run
+# Clusters still referenced (a failed test's traceback holds its own): log_tails reads their logs.
+_LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _held_ports: dict[int, int] = {}  # base port -> the fd holding its block's lock
 
 
@@ -138,6 +141,25 @@ class NodeProc:
         return f"{self.scheme}://{self.http}"
 
 
+def log_tails(lines_per_node: int = 20) -> str:
+    """The last lines of every node log of the clusters still referenced, a run of lines with the
+    same event collapsed into one: shown under a failed test (conftest.py), so that a failure in
+    CI, whose temporary folders are gone afterwards, says what the nodes were doing."""
+    out: list[str] = []
+    for c in list(_LIVE):
+        for node_id in c.nodes:
+            tail: list[str] = []
+            for line in c.log(node_id).splitlines():
+                event = line[28:70].split()[:3]  # "[level", "]", event: a structlog line
+                if tail and tail[-1][28:70].split()[:3] == event:
+                    tail[-1] = line
+                else:
+                    tail.append(line)
+            out.append(f"== {c.dir.name}/{node_id} (alive: {c.alive(node_id)})")
+            out += [t[:300] for t in tail[-lines_per_node:]]
+    return "\n".join(out)
+
+
 class Cluster:
     """Nodes from one cluster file. Use as a context manager; ``stop`` kills what is left."""
 
@@ -183,6 +205,7 @@ class Cluster:
         self.config_path = tmp / "cluster.toml"
         self.config_path.write_text("\n".join(lines) + "\n")
         self.session = requests.Session()
+        _LIVE.add(self)
 
     # -- process control ------------------------------------------------------------------------
 
