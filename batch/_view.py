@@ -414,8 +414,14 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
         extras_bytes,
         pid_len,
     ) = COVERED.unpack_from(buf, CRC_START)
-    if header_size < HEADER_SIZE or rec_stride < RECORD_ENTRY_SIZE or hdr_stride < HEADER_ENTRY_SIZE:
-        raise _bad("bad_header", "header or table entry sizes below this version's")
+    if (
+        header_size < HEADER_SIZE
+        or rec_stride < RECORD_ENTRY_SIZE
+        or hdr_stride < HEADER_ENTRY_SIZE
+        or rec_stride % 4
+        or hdr_stride % 4
+    ):
+        raise _bad("bad_header", "header or table entry sizes below this version's, or not whole u32 words")
     if attributes:
         raise _bad("bad_header", f"unknown batch attributes {attributes:#x}")
     if bytes(buf[HEADER_SIZE - 3 : HEADER_SIZE]) != b"\0\0\0":
@@ -452,40 +458,51 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
         except UnicodeDecodeError:
             raise _bad("bad_utf8", "the producer id is not UTF-8") from None
 
-    table = np.frombuffer(buf, dtype=_record_dtype(rec_stride), count=count, offset=bounds["table"][0])
-    headers = np.frombuffer(
-        buf, dtype=_header_dtype(hdr_stride), count=header_total, offset=bounds["header_table"][0]
-    )
-    attrs = table["attributes"]
-    key_len = table["key_len"]
-    value_len = table["value_len"]
-    header_count = table["header_count"]
+    # The record table as rows of u32 words: word 0 = attributes | header_count << 8 | reserved
+    # << 16, then timestamp_delta, key_len, value_len (entry sizes grow by whole words).
+    words = np.frombuffer(
+        buf, dtype="<u4", count=count * (rec_stride // 4), offset=bounds["table"][0]
+    ).reshape(count, rec_stride // 4)
+    word0 = words[:, 0]
+    key_len = words[:, 2]
+    value_len = words[:, 3]
     view = BatchView.__new__(BatchView)
     view._key_starts = view._value_starts = view._header_starts = None
-    view.table = table
+    view.table = np.frombuffer(buf, dtype=_record_dtype(rec_stride), count=count, offset=bounds["table"][0])
 
-    # Structure: each check is one numpy expression over all records; the per-batch fast paths
-    # (no headers, no key, no delay or TTL, ASCII only) skip whole groups of checks. Only a batch
-    # that fails pays for naming its first bad record.
-    if (attrs & (0xFF ^ RECORD_KNOWN)).any() or table["reserved"].any():
+    # Structure: each check is one numpy expression over all records, and what a batch does not
+    # use (headers, delays and TTLs, keys, non-ASCII text) costs nothing. Only a batch that fails
+    # pays for naming its first bad record.
+    allowed = RECORD_KNOWN | (0xFF00 if header_total else 0)
+    if not extras_bytes:
+        allowed &= ~(RECORD_DELAY | RECORD_TTL)
+    if (word0 & (0xFFFF_FFFF ^ allowed)).any():
         _first(
-            (attrs & (0xFF ^ RECORD_KNOWN)).astype(bool) | (table["reserved"] != 0),
+            (word0 & (0xFFFF_FFFF ^ RECORD_KNOWN ^ 0xFF00)),
             "bad_attributes",
-            "unknown record attribute bits or reserved bytes not zero",
+            "unknown record bits or reserved bytes",
         )
-    key_sum = int(key_len.sum(dtype=np.int64))
+        _first(word0 & 0xFF00, "bad_length", "headers counted, but the header table is empty")
+        _first(
+            word0 & (RECORD_DELAY | RECORD_TTL),
+            "bad_length",
+            "a delay or TTL bit, but no delay or TTL section",
+        )
+    key_sum, value_sum = words[:, 2:4].sum(axis=0, dtype=np.int64).tolist()
     if key_sum:
-        _first(((attrs & RECORD_KEY) == 0) & (key_len != 0), "bad_record", "a key length without the key bit")
-    if (
-        key_sum != keys_bytes
-        or int(value_len.sum(dtype=np.int64)) != values_bytes
-        or int(header_count.sum(dtype=np.int64)) != header_total
-    ):
+        _first(((word0 & RECORD_KEY) == 0) & (key_len != 0), "bad_record", "a key length without the key bit")
+    if key_sum != keys_bytes or value_sum != values_bytes:
         raise _bad("bad_length", "the record lengths do not add up to their sections")
-    name_starts = hvalue_starts = None
+    name_starts = hvalue_starts = header_count = None
     if header_total:
-        name_starts = _exclusive_cumsum(headers["name_len"])
-        hvalue_starts = _exclusive_cumsum(headers["value_len"])
+        header_count = (word0 >> 8) & 0xFF
+        if int(header_count.sum(dtype=np.int64)) != header_total:
+            raise _bad("bad_length", "the records' header counts do not add up to the header table")
+        hwords = np.frombuffer(
+            buf, dtype="<u4", count=header_total * (hdr_stride // 4), offset=bounds["header_table"][0]
+        ).reshape(header_total, hdr_stride // 4)
+        name_starts = _exclusive_cumsum(hwords[:, 0])
+        hvalue_starts = _exclusive_cumsum(hwords[:, 1])
         if name_starts[-1] != names_bytes or hvalue_starts[-1] != hvalues_bytes:
             raise _bad("bad_length", "the header lengths do not add up to their sections")
     elif names_bytes or hvalues_bytes:
@@ -493,13 +510,11 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
     n_delays = n_ttls = 0
     has_delay = has_ttl = None
     if extras_bytes:
-        has_delay = (attrs & RECORD_DELAY) != 0
-        has_ttl = (attrs & RECORD_TTL) != 0
+        has_delay = (word0 & RECORD_DELAY) != 0
+        has_ttl = (word0 & RECORD_TTL) != 0
         n_delays, n_ttls = int(np.count_nonzero(has_delay)), int(np.count_nonzero(has_ttl))
-    elif (attrs & (RECORD_DELAY | RECORD_TTL)).any():
-        raise _bad("bad_length", "a delay or TTL bit without the delay and TTL section")
-    if 8 * (n_delays + n_ttls) != extras_bytes:
-        raise _bad("bad_length", "the delay and TTL section does not match the records' bits")
+        if 8 * (n_delays + n_ttls) != extras_bytes:
+            raise _bad("bad_length", "the delay and TTL section does not match the records' bits")
     extras_at = bounds["extras"][0]
     delays = np.frombuffer(buf, dtype="<u8", count=n_delays, offset=extras_at)
     ttls = np.frombuffer(buf, dtype="<u8", count=n_ttls, offset=extras_at + 8 * n_delays)
@@ -510,9 +525,14 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
     if n_ttls and not ttls.all():
         assert has_ttl is not None
         raise _bad("bad_ttl", "a TTL of 0 with the TTL bit", _nth(has_ttl, int(np.argmin(ttls))))
+    view._headers = np.frombuffer(
+        buf, dtype=_header_dtype(hdr_stride), count=header_total, offset=bounds["header_table"][0]
+    )
 
     if limits is not None:
-        _check_limits(limits, view, headers, keys_bytes, delays, ttls, has_delay, has_ttl)
+        _check_limits(
+            limits, view, key_len, value_len, header_count, keys_bytes, delays, ttls, has_delay, has_ttl
+        )
 
     # UTF-8: keys, header names and values, and text values, each section checked in one pass.
     bad_record = None
@@ -529,17 +549,18 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
     if values_bytes:
         v0 = bounds["values"][0]
         values = buf[v0 : v0 + values_bytes]
-        binary = attrs & RECORD_BINARY
-        n_binary = int(np.count_nonzero(binary))
         bad = None
-        if n_binary == 0:
-            bad = _first_bad_utf8(values, view, "value_starts")
-        elif n_binary < count:  # gather the text values into one buffer (a byte mask: no loop)
-            is_text = binary == 0
-            mask = np.repeat(is_text, value_len.astype(np.int64))
-            text = np.frombuffer(values, dtype=np.uint8)[mask]
-            bad_text = _first_bad_utf8(memoryview(text), _exclusive_cumsum(value_len[is_text]))
-            bad = None if bad_text is None else int(np.flatnonzero(is_text)[bad_text])
+        if np.frombuffer(values, dtype=np.uint8).max() >= 0x80:  # all ASCII: every text value is fine
+            binary = word0 & RECORD_BINARY
+            n_binary = int(np.count_nonzero(binary))
+            if n_binary == 0:
+                bad = _first_bad_utf8(values, view, "value_starts")
+            elif n_binary < count:  # gather the text values into one buffer (a byte mask: no loop)
+                is_text = binary == 0
+                mask = np.repeat(is_text, value_len.astype(np.int64))
+                text = np.frombuffer(values, dtype=np.uint8)[mask]
+                bad_text = _first_bad_utf8(memoryview(text), _exclusive_cumsum(value_len[is_text]))
+                bad = None if bad_text is None else int(np.flatnonzero(is_text)[bad_text])
         if bad is not None:
             bad_record = bad if bad_record is None else min(bad_record, bad)
     if bad_record is not None:
@@ -554,7 +575,6 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
     view.producer_epoch = epoch
     view.base_sequence = base_sequence
     view.base_timestamp_ms = base_timestamp_ms
-    view._headers = headers
     view._delays = delays
     view._ttls = ttls
     bounds["delays"] = (extras_at, extras_at + 8 * n_delays)
@@ -567,39 +587,37 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
 def _check_limits(
     limits: Limits,
     view: BatchView,
-    headers: np.ndarray,
+    key_len: npt.NDArray[np.uint32],
+    value_len: npt.NDArray[np.uint32],
+    header_count: np.ndarray | None,
     keys_bytes: int,
     delays: npt.NDArray[np.uint64],
     ttls: npt.NDArray[np.uint64],
     has_delay: npt.NDArray[np.bool_] | None,
     has_ttl: npt.NDArray[np.bool_] | None,
 ) -> None:
-    table = view.table
     candidates: list[tuple[int, str, str]] = []
 
     def first(mask: npt.NDArray[np.bool_], reason: str, message: str) -> None:
         if mask.any():
             candidates.append((int(np.argmax(mask)), reason, message))
 
-    key_len = table["key_len"]
-    size = table["value_len"].astype(np.int64)
+    size: npt.NDArray[np.int64] | npt.NDArray[np.uint32] = value_len
     if keys_bytes:
-        size += key_len
+        size = key_len.astype(np.int64) + value_len
         if keys_bytes > limits.max_key_bytes:  # no key can be longer than all keys together
             first(
                 key_len > limits.max_key_bytes,
                 "key_too_large",
                 f"a key longer than {limits.max_key_bytes} bytes",
             )
-    if len(headers):
-        first(
-            table["header_count"] > limits.max_headers,
-            "too_many_headers",
-            f"over {limits.max_headers} headers",
-        )
+    if header_count is not None:
+        if int(header_count.max()) > limits.max_headers:
+            first(header_count > limits.max_headers, "too_many_headers", f"over {limits.max_headers} headers")
+        headers = view.header_table
         header_bytes = _exclusive_cumsum(headers["name_len"].astype(np.int64) + headers["value_len"])
         starts = view.header_starts
-        size += header_bytes[starts[1:]] - header_bytes[starts[:-1]]
+        size = size + (header_bytes[starts[1:]] - header_bytes[starts[:-1]])
     if int(size.max()) > limits.max_message_bytes:
         first(size > limits.max_message_bytes, "message_too_large", f"over {limits.max_message_bytes} bytes")
     if len(delays) and int(delays.max()) > limits.max_delay_ms:
