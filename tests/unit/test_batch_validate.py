@@ -149,3 +149,30 @@ def test_a_character_split_across_two_keys_is_refused_at_the_first_of_them() -> 
     out[keys + int(starts[2]) + 2] = 0xC3  # "ab\xc3": cut before its end
     out[keys + int(starts[4])] = 0xA9  # "\xa9bc": the rest of "é"
     assert error(recrc(out)) == ("bad_utf8", 2)  # the section alone would decode as "abébc"
+
+
+def test_a_later_version_that_only_adds_fields_is_read_by_this_one() -> None:
+    """A batch whose header and record entries carry 4 more bytes each (fields a later version
+    appends) reads as the same records: readers step by header_size and record_entry_size."""
+    msgs: list[dict[str, Any]] = [
+        {"value": "a", "key": "k", "headers": {"h": "v"}, "ttl_ms": 5},
+        {"value": b"\x00", "delay_ms": 7},
+    ]
+    b = BatchBuilder("p", 3, base_timestamp_ms=0, timestamps=False)
+    for m in msgs:
+        b.append(**m)
+    old = b.finish()
+    count = 2
+    pid_end = 96 + 1
+    table_end = pid_end + 16 * count
+    covered = bytearray(old[40:96])
+    struct.pack_into("<H", covered, 0, 100)  # header_size
+    covered[4] = 20  # record_entry_size
+    entries = b"".join(
+        old[pid_end + 16 * i : pid_end + 16 * (i + 1)] + b"\xaa\xbb\xcc\xdd" for i in range(count)
+    )
+    body = bytes(covered) + b"\x01\x02\x03\x04" + old[96:pid_end] + entries + old[table_end:]
+    new = bytearray(old[:40] + body)
+    struct.pack_into("<I", new, 4, len(new))
+    later = recrc(new)
+    assert list(validate(later, Limits()).records()) == list(read(old).records())
