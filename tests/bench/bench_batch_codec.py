@@ -101,6 +101,7 @@ def measure(records: int, value_bytes: int, keyed: bool, min_time: float) -> dic
         "v2 stamp (apply)": lambda: stamp(batch, 1_000, NOW_MS, 42),
         "v2 read (CRC + structure)": lambda: read(stored),
         "v2 lazy decode (all records)": lambda: list(read(stored).records()),
+        "v2 values only (BatchView.values)": lambda: list(read(stored).values()),
         "v2 columns + to_arrow": lambda: columns([view]).to_arrow(),
         "json encode (client)": json_encode,
         "json orjson decode (node)": lambda: orjson.loads(body),

@@ -100,6 +100,10 @@ def test_stamping_keeps_the_batch_valid_and_moves_only_the_stamped_fields(
         list(view.records(from_offset=start, max_records=3))
         == [r for r in expected(msgs, base_offset) if r.offset >= start][:3]
     )
+    assert (
+        list(view.values(from_offset=start, max_records=3))
+        == [r.value for r in expected(msgs, base_offset) if r.offset >= start][:3]
+    )
     in_place = bytearray(b"xx" + raw)
     stamp_into(in_place, base_offset, append_time_ms, raft_index, at=2)
     assert bytes(in_place[2:]) == stamped
