@@ -101,6 +101,14 @@ def _header_dtype(stride: int) -> np.dtype[np.void]:
     return header_dtype(stride)
 
 
+@lru_cache(maxsize=8)
+def _no_headers(stride: int) -> np.ndarray:
+    return np.zeros(0, dtype=_header_dtype(stride))
+
+
+_NO_U64: npt.NDArray[np.uint64] = np.zeros(0, dtype="<u8")
+
+
 def _exclusive_cumsum(lengths: npt.NDArray[np.uint32] | I64) -> I64:
     """``[0, l0, l0+l1, ...]``: n + 1 start positions (in int64: no u32 overflow)."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -528,8 +536,10 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
         if 8 * (n_delays + n_ttls) != extras_bytes:
             raise _bad("bad_length", "the delay and TTL section does not match the records' bits")
     extras_at = bounds["extras"][0]
-    delays = np.frombuffer(buf, dtype="<u8", count=n_delays, offset=extras_at)
-    ttls = np.frombuffer(buf, dtype="<u8", count=n_ttls, offset=extras_at + 8 * n_delays)
+    delays = np.frombuffer(buf, dtype="<u8", count=n_delays, offset=extras_at) if n_delays else _NO_U64
+    ttls = (
+        np.frombuffer(buf, dtype="<u8", count=n_ttls, offset=extras_at + 8 * n_delays) if n_ttls else _NO_U64
+    )
     # Zero is "absent": a present delay or TTL is at least 1 (one encoding per message).
     if n_delays and not delays.all():
         assert has_delay is not None
@@ -537,8 +547,12 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
     if n_ttls and not ttls.all():
         assert has_ttl is not None
         raise _bad("bad_ttl", "a TTL of 0 with the TTL bit", _nth(has_ttl, int(np.argmin(ttls))))
-    view._headers = np.frombuffer(
-        buf, dtype=_header_dtype(hdr_stride), count=header_total, offset=bounds["header_table"][0]
+    view._headers = (
+        np.frombuffer(
+            buf, dtype=_header_dtype(hdr_stride), count=header_total, offset=bounds["header_table"][0]
+        )
+        if header_total
+        else _no_headers(hdr_stride)
     )
 
     if limits is not None:
