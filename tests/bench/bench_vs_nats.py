@@ -620,9 +620,9 @@ SUMMARY_KEYS = (
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Best and median of a system's runs (nan for a system not run)."""
+    """Best and median of a system's runs (None for a system not run)."""
     if not runs:
-        return dict.fromkeys(SUMMARY_KEYS, math.nan)
+        return dict.fromkeys(SUMMARY_KEYS)
     rates = [r["msgs_per_s"] for r in runs]
     cpu = [r["cpu_us_per_msg"] for r in runs]
     return {
@@ -642,7 +642,7 @@ def ratios(summaries: dict[str, dict[str, Any]]) -> dict[str, float]:
     ours = summaries.get("raftmq")
     for name in ("nats-always", "nats-default"):
         theirs = summaries.get(name)
-        if ours is None or theirs is None or math.isnan(ours["best_msgs_per_s"] + theirs["best_msgs_per_s"]):
+        if ours is None or theirs is None or None in (ours["best_msgs_per_s"], theirs["best_msgs_per_s"]):
             continue
         for stat in ("best", "median"):
             out[f"raftmq / {name} ({stat})"] = round(
@@ -660,17 +660,7 @@ def report(result: dict[str, Any]) -> None:
     rows = []
     for key, label in SYSTEMS:
         s = result["summary"][key]
-        rows.append(
-            [
-                label,
-                float(s["best_msgs_per_s"]),
-                float(s["median_msgs_per_s"]),
-                s["median_cpu_us_per_msg"],
-                s["median_server_us_per_msg"],
-                s["median_client_us_per_msg"],
-                s["max_other_cores"],
-            ]
-        )
+        rows.append([label, *(math.nan if s[k] is None else float(s[k]) for k in SUMMARY_KEYS)])
     headers = [
         "system (3 nodes, 127.0.0.1)",
         "best msgs/s",
