@@ -49,7 +49,7 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
 import docker
-from raftmq.cluster.keys import PEER_HEADER, derive_keys
+from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
 
 from .client import NodeDown
 from .images import APP_IMAGE

@@ -1,6 +1,6 @@
 """Clustering mode: membership of a consumer group, heartbeats, and following the assignment.
 
-The broker's coordinator keeps a **revoke barrier** (``cluster/membership.py``): a queue that moves
+The broker's coordinator keeps a **revoke barrier** (``cluster/machines/membership.py``): a queue that moves
 to this member is left out of its assignment until the queue's previous owner has acknowledged the
 generation that took it away. This member does its part:
 
@@ -42,7 +42,7 @@ REVOKE_GRACE_INTERVALS = 2.0  # how long a revoked queue waits for acks of hande
 
 
 def average_allocation(queues: int, members: list[str]) -> dict[str, list[int]]:
-    """The broker's allocation (``cluster/membership.py``): contiguous ranges over sorted member
+    """The broker's allocation (``cluster/machines/membership.py``): contiguous ranges over sorted member
     ids, the first ``queues % n`` members one more. Only used to guess which queues are withheld."""
     ordered = sorted(members)
     out: dict[str, list[int]] = {m: [] for m in ordered}

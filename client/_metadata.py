@@ -20,7 +20,7 @@ def key_queue(key: str, queues: int) -> int:
     """The queue of a keyed message: CRC32C of the UTF-8 key, mixed (murmur3 fmix32), modulo the
     queue count.
 
-    Identical to the broker's routing (``raftmq.cluster.produce_api.key_queue``; a unit test compares
+    Identical to the broker's routing (``raftmq.cluster.api.handlers.produce.key_queue``; a unit test compares
     them), so a key lands on the same queue whether the client or the broker routes it.
     """
     h = int(crc32c.crc32c(key.encode()))

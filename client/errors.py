@@ -111,7 +111,7 @@ class RaftmqError(Exception):
         return f"{type(self).__name__}({self.message!r})"
 
 
-# -- the API's codes (cluster/errors.py; a unit test keeps the two tables equal) ------------------
+# -- the API's codes (cluster/base/errors.py; a unit test keeps the two tables equal) ------------------
 
 
 class BadRequest(RaftmqError):

@@ -32,7 +32,7 @@ The receive/ack keys are described in ``docs/delivery.md``. ``E``, ``L`` and ``W
 time so that a tick finds what is due with one ordered scan; they are not removed by ``drop_topic``
 (they are checked against the per-topic keys when due, and a dangling one is deleted then).
 
-``W`` holds one key per ``P`` key whose state has a ``last_used_ms`` (``cluster/producers.py``
+``W`` holds one key per ``P`` key whose state has a ``last_used_ms`` (``cluster/machines/producers.py``
 expires idle producer states through it). ``G`` is written by the group's first
 ``expire_producers``, which starts a one-time sweep giving every ``P`` state a time: its value is
 the next ``P`` key to look at, or empty when the sweep is done. Until ``G`` exists, producer states
@@ -133,13 +133,14 @@ REDRIVE = b"V"
 DEADLINE = b"E"
 DELAYED = b"L"
 SEGMENT = b"s"
-"""Sealed segments of a queue (cluster/segments.py)."""
+"""Sealed segments of a queue (cluster/machines/segments.py)."""
 PRODUCER_IDLE = b"W"
-"""Producer states by last use (``cluster/producers.py``)."""
+"""Producer states by last use (``cluster/machines/producers.py``)."""
 PRODUCER_SWEEP = b"G"
-"""The one-time sweep that gives producer states of the old encoding a time (``cluster/producers.py``)."""
+"""The one-time sweep that gives producer states of the old encoding a time
+(``cluster/machines/producers.py``)."""
 GROUP_TIME = b"T"
-"""The group's applied leader time (:class:`GroupTime`, ``cluster/queue_group.py``)."""
+"""The group's applied leader time (:class:`GroupTime`, ``cluster/machines/queue_group.py``)."""
 # Every prefix above is in use; a prefix is never reused for another meaning (stored data would
 # be misread after an upgrade). New kinds of keys take a new byte.
 
@@ -492,7 +493,7 @@ class ProducerState:
         entries: ``(sequence, base_offset, count)``, oldest first.
         last_used_ms: The leader time of the command that appended the newest batch; None for a
             state of the old encoding (written before states had a time) until the sweep of
-            ``cluster/producers.py`` gives it one.
+            ``cluster/machines/producers.py`` gives it one.
 
     Encodings: the old one is ``n u8`` then ``n`` entries (``sequence u64, base_offset u64, count
     u32``); the current one is ``0x80 u8, last_used_ms u64, n u8`` then the entries. Both decode.

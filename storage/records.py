@@ -71,7 +71,7 @@ class CorruptRecord(StoreError):
 
 
 class NewMessage(NamedTuple):
-    """A message to append, already validated (see ``cluster/commands.py``).
+    """A message to append, already validated (see ``cluster/commands/__init__.py``).
 
     Attributes:
         value: The payload (UTF-8 text unless ``binary``).

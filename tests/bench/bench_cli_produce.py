@@ -45,7 +45,7 @@ def produce_run(cluster: Cluster, topic: str, lines: int) -> dict[str, Any]:
     seq = subprocess.Popen(["seq", "1", str(lines)], stdout=subprocess.PIPE)
     started = time.monotonic()
     cli = subprocess.Popen(
-        [sys.executable, "-m", "raftmq.cluster.cli", "produce", topic, "--json"],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "produce", topic, "--json"],
         stdin=seq.stdout,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -57,7 +57,7 @@ from _common import (
 HERE = Path(__file__).resolve().parent
 REPLICA = HERE / "core_replica.py"
 COALESCE_BYTES = 256 * 1024
-BATCH_SIZE_ESTIMATE = 100 * (100 + 32)  # as in core_replica / http_api
+BATCH_SIZE_ESTIMATE = 100 * (100 + 32)  # as in core_replica / api.app
 TARGET_MSGS = 100_000
 THREADS = {
     "_autoTickThread": "tick",

@@ -35,8 +35,8 @@ from _common import RESULTS, header, loadavg, table, write_result
 from pysyncobj.encryptor import getEncryptor
 
 from raftmq.cluster import commands
-from raftmq.cluster.journal import DurableJournal
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
+from raftmq.cluster.replication.journal import DurableJournal
 from raftmq.storage.records import encode_batch
 from raftmq.storage.rocks import RocksStore
 

@@ -14,7 +14,7 @@ apply (decode + encode + RocksDB write) -> callback. Nothing else.
 
 Experiments: ``--pso KEY=VALUE`` overrides a pysyncobj ``SyncObjConf`` argument that RaftGroup sets
 (e.g. ``appendEntriesUseBatch=1``, ``password=none``) by wrapping the constructor in this process
-only; cluster/raft.py is not changed.
+only; cluster/replication/raft.py is not changed.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ _PROTO = os.fdopen(os.dup(1), "wb", buffering=0)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
-import raftmq.cluster.raft as raft_mod  # noqa: E402
+import raftmq.cluster.replication.raft as raft_mod  # noqa: E402
 from raftmq.cluster import commands  # noqa: E402
-from raftmq.cluster.group_commit import GroupCommitter, ProduceFailed  # noqa: E402
-from raftmq.cluster.queue_group import QueueGroupMachine  # noqa: E402
-from raftmq.cluster.raft import Outcome, RaftGroup, RaftSettings  # noqa: E402
+from raftmq.cluster.machines.queue_group import QueueGroupMachine  # noqa: E402
+from raftmq.cluster.replication.group_commit import GroupCommitter, ProduceFailed  # noqa: E402
+from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings  # noqa: E402
 from raftmq.storage.rocks import RocksStore  # noqa: E402
 
 SECRET = "bench-secret-0123456789abcdef"
@@ -57,7 +57,7 @@ def one_batch(queue: int) -> dict[str, Any]:
     return {"topic_id": TOPIC_ID, "queue": queue, "messages": [{"value": "x" * MSG_BYTES}] * BATCH_MESSAGES}
 
 
-# The node's GroupCommitter sizes a request as sum(message size + 32) (http_api.produce).
+# The node's GroupCommitter sizes a request as sum(message size + 32) (api.app.produce).
 BATCH_SIZE_ESTIMATE = BATCH_MESSAGES * (MSG_BYTES + 32)
 
 
@@ -310,7 +310,8 @@ def _outcome_error(outcome: Outcome | None) -> str | None:
 
 
 def _install_pso_overrides(pairs: list[str]) -> dict[str, Any]:
-    """Wrap SyncObjConf in cluster/raft.py's namespace (this process only) to override settings."""
+    """Wrap SyncObjConf in cluster/replication/raft.py's namespace (this process only) to override
+    settings."""
     overrides: dict[str, Any] = {}
     for pair in pairs:
         key, _, raw = pair.partition("=")

@@ -10,8 +10,8 @@ import secrets
 import tomllib
 from typing import Any
 
-from raftmq.cluster.cli_serve import open_api_refusal
-from raftmq.cluster.config import parse_config
+from raftmq.cluster.cli.serve import open_api_refusal
+from raftmq.cluster.config.cluster_file import parse_config
 
 from .conftest import REPO
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from raftmq.cluster import errors
+from raftmq.cluster.base import errors
 
 from .harness import Cluster, log_tails, wait_until
 

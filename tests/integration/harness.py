@@ -21,10 +21,10 @@ from typing import Any
 
 import requests
 
-from raftmq.cluster.keys import PEER_HEADER, derive_keys
+from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
 
 SECRET = "integration-test-secret-0123456789"
-PEER_KEY = derive_keys(SECRET).peer  # what the nodes send each other (cluster/keys.py)
+PEER_KEY = derive_keys(SECRET).peer  # what the nodes send each other (cluster/config/keys.py)
 
 
 def _port_free(port: int) -> bool:
@@ -89,7 +89,7 @@ def ctrl_c_mid_write(args: list[str], env: dict[str, str] | None = None) -> tupl
     in the middle of a write; then send it a Ctrl-C and read everything. Returns the exit status,
     stdout and stderr."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -219,7 +219,7 @@ class Cluster:
                     [
                         sys.executable,
                         "-m",
-                        "raftmq.cluster.cli",
+                        "raftmq.cluster.cli.main",
                         "serve",
                         "--config",
                         str(self.config_path),

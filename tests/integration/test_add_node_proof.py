@@ -1,7 +1,7 @@
 """No credential goes to an address that arrived in a request (issue 12, item 1).
 
 ``POST /v1/cluster/nodes`` names an address; the node checking it sends a nonce and no credential,
-and the node there must prove it holds the peer key (``cluster/keys.py``). A recording HTTP server
+and the node there must prove it holds the peer key (``cluster/config/keys.py``). A recording HTTP server
 on 127.0.0.1 stands in for the address a client controls: it records every byte of every request.
 Also here: each key derived from the cluster secret opens only what it guards, at a real node.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from raftmq.cluster.keys import BACKUP_HEADER, LEGACY_HEADER, PEER_HEADER, derive_keys, node_proof
+from raftmq.cluster.config.keys import BACKUP_HEADER, LEGACY_HEADER, PEER_HEADER, derive_keys, node_proof
 
 from .cluster_changes import placement
 from .conftest import assert_error

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import requests
 
-from raftmq.cluster.http_api import key_queue
+from raftmq.cluster.api.app import key_queue
 
 from .conftest import assert_error, describe, fetch, wait_applied_everywhere, wait_topic_gone
 from .harness import Cluster, wait_until

@@ -18,7 +18,7 @@ TOPICS = {"orders": 4, "audit": 2}
 
 def raftmq(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args], capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args], capture_output=True, text=True, timeout=180
     )
 
 

@@ -44,7 +44,7 @@ def raftmq(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The CLI as an operator's shell runs it: no RAFTMQ_* variable but those given."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAFTMQ_", "SSL_CERT", "REQUESTS_"))}
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=120,

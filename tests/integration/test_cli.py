@@ -38,7 +38,7 @@ def raftmq(
 ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
         input=input if input is not None else "",
         capture_output=True,
         text=True,
@@ -292,7 +292,7 @@ def test_dev_says_ready_restarts_a_killed_node_as_its_hint_says_and_stops_every_
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PATH": os.pathsep.join(path)}
     env.pop("RAFTMQ_URL", None)
     dev = subprocess.Popen(
-        [sys.executable, "-m", "raftmq.cluster.cli", "dev"],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "dev"],
         cwd=folder,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

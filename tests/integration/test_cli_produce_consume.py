@@ -34,7 +34,7 @@ def raftmq(
     """Run the CLI; on a timeout, fail with the stuck process's Python stacks (py-spy) and stderr."""
     base = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -206,7 +206,7 @@ def test_ctrl_c_stops_consuming_cleanly_and_commits(cluster: Cluster, tmp_path: 
         [
             sys.executable,
             "-m",
-            "raftmq.cluster.cli",
+            "raftmq.cluster.cli.main",
             "consume",
             "cli-sigint",
             "--group",
@@ -317,7 +317,7 @@ def test_summaries_go_to_stderr_with_counts_plurals_and_the_real_elapsed_time(cl
         [
             sys.executable,
             "-m",
-            "raftmq.cluster.cli",
+            "raftmq.cluster.cli.main",
             "consume",
             "cli-late",
             "--group",
@@ -358,7 +358,7 @@ def _stderr_on_a_terminal(args: list[str], stdin: bytes) -> tuple[int, str]:
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=slave,

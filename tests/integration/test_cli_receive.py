@@ -34,7 +34,7 @@ def raftmq(c: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedP
     env = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
     env["RAFTMQ_URL"] = " ".join(c.url(n) for n in c.nodes)
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -101,7 +101,7 @@ def test_follow_waits_for_messages_produced_later(c: Cluster) -> None:
     c.create_topic("later", queues=2)
     env = {**os.environ, "RAFTMQ_URL": c.url("n2")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raftmq.cluster.cli", "receive", "later", "--group", "g", "--follow"],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "receive", "later", "--group", "g", "--follow"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

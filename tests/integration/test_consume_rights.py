@@ -191,7 +191,7 @@ def test_the_topic_list_shows_dead_letter_topics_under_their_source(c: Cluster) 
 
     # raftmq topic list shows them under their source too.
     out = subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", "topic", "list", "--url", c.url("n2")],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "topic", "list", "--url", c.url("n2")],
         capture_output=True,
         text=True,
         timeout=60,

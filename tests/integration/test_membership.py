@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.keys import PEER_HEADER
+from raftmq.cluster.config.keys import PEER_HEADER
 
 from .cluster_changes import QUEUES, TOPIC, Traffic, placement, run_change
 from .conftest import assert_error
@@ -294,7 +294,7 @@ def test_a_move_stuck_on_a_dead_target_is_cancelled_and_rolled_back(cluster: Clu
 
 
 def cli(c: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "raftmq.cluster.cli", "cluster", *args, "--url", c.url()]
+    command = [sys.executable, "-m", "raftmq.cluster.cli.main", "cluster", *args, "--url", c.url()]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 

@@ -52,7 +52,7 @@ def serve(path: Path, log: Path, env: dict[str, str] | None = None) -> subproces
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "raftmq.cluster.cli", "serve", "--config", str(path), "--node", "n1"],
+            [sys.executable, "-m", "raftmq.cluster.cli.main", "serve", "--config", str(path), "--node", "n1"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=clean | (env or {}),

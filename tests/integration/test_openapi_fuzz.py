@@ -31,12 +31,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from raftmq.cluster import errors
-from raftmq.cluster.config import Limits, RaftTimingConfig
-from raftmq.cluster.http_api import create_app
-from raftmq.cluster.keys import derive_keys
-from raftmq.cluster.openapi import openapi_spec
-from raftmq.cluster.tokens import SecurityConfig
+from raftmq.cluster.api.app import create_app
+from raftmq.cluster.api.openapi.spec import openapi_spec
+from raftmq.cluster.base import errors
+from raftmq.cluster.config.cluster_file import Limits, RaftTimingConfig
+from raftmq.cluster.config.keys import derive_keys
+from raftmq.cluster.config.tokens import SecurityConfig
 
 from .conftest import assert_error_shape
 from .harness import Cluster

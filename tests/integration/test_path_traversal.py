@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.backup import FORMAT, MANIFEST
-from raftmq.cluster.config import load_config
-from raftmq.cluster.placement import static_placement
+from raftmq.cluster.cli.backup import FORMAT, MANIFEST
+from raftmq.cluster.config.cluster_file import load_config
+from raftmq.cluster.machines.placement import static_placement
 
 from .conftest import assert_error_shape
 from .harness import Cluster, wait_until
@@ -138,7 +138,7 @@ def test_seal_command_naming_paths_outside_the_store_is_refused(c: Cluster) -> N
 
 def raftmq(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args], capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args], capture_output=True, text=True, timeout=180
     )
 
 

@@ -22,7 +22,7 @@ import jsonschema_rs
 import orjson
 import pytest
 
-from raftmq.cluster.openapi import openapi_spec
+from raftmq.cluster.api.openapi.spec import openapi_spec
 
 from .conftest import assert_error
 from .harness import Cluster

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.raft import RaftBindError, RaftGroup, RaftSettings
+from raftmq.cluster.replication.raft import RaftBindError, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 
 

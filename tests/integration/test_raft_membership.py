@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from raftmq.cluster.raft import Outcome, RaftGroup, RaftSettings
+from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, StoreClosed
 

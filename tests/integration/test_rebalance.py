@@ -59,7 +59,7 @@ def voters(c: Cluster, group: str) -> set[str]:
 
 
 def cli(c: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "raftmq.cluster.cli", "cluster", *args, "--url", c.url()]
+    command = [sys.executable, "-m", "raftmq.cluster.cli.main", "cluster", *args, "--url", c.url()]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 

@@ -202,7 +202,7 @@ def test_torn_journal_tail_is_cut_and_refetched_not_a_crash_loop(tmp_path: Path)
 
 def raftmq(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args], capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args], capture_output=True, text=True, timeout=180
     )
 
 

@@ -29,9 +29,9 @@ import pytest
 import requests
 
 from raftmq.client import Admin, Forbidden, Producer, Unauthorized
-from raftmq.cluster.config import parse_config
-from raftmq.cluster.keys import derive_keys
-from raftmq.cluster.tls import TlsError, client_context, server_context
+from raftmq.cluster.config.cluster_file import parse_config
+from raftmq.cluster.config.keys import derive_keys
+from raftmq.cluster.config.tls import TlsError, client_context, server_context
 
 from .conftest import assert_error
 from .harness import SECRET, Cluster, wait_until
@@ -42,7 +42,7 @@ PRODUCER_TOKEN = "producer-token-7Hq2LmN9sT4vWxYz"  # in the file as itself
 CONSUMER_TOKEN = "consumer-token-Rk5Jp8Qd3Ff6Gg1"  # from RAFTMQ_TOKEN_ORDERS_CONSUMER
 AUDIT_TOKEN = "audit-admin-token-Ux7Vb2Nc4Mm9"
 MONITOR_TOKEN = "monitor-token-Ee3Ww6Tt8Yy1Ii0"  # no permission on any topic
-KEYS = derive_keys(SECRET)  # what the nodes use of the secret (cluster/keys.py)
+KEYS = derive_keys(SECRET)  # what the nodes use of the secret (cluster/config/keys.py)
 SECRETS = (
     *(SECRET, KEYS.peer, KEYS.raft, KEYS.backup),
     *(ADMIN_TOKEN, PRODUCER_TOKEN, CONSUMER_TOKEN, AUDIT_TOKEN, MONITOR_TOKEN),
@@ -472,7 +472,7 @@ def test_the_python_client_with_token_and_ca_file(secure: Secure) -> None:
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")} | (env or {})
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli", *args],
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -493,7 +493,7 @@ def test_the_cli_with_token_and_ca_file(secure: Secure) -> None:
         [
             sys.executable,
             "-m",
-            "raftmq.cluster.cli",
+            "raftmq.cluster.cli.main",
             "produce",
             "other",
             "-q",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.admin_http import AdminHttp, ServerError
+from raftmq.cluster.cli.admin_http import AdminHttp, ServerError
 
 TOKEN = "t" * 32
 

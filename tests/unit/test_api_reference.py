@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raftmq.cluster.openapi import openapi_spec
-from raftmq.cluster.openapi_markdown import render
+from raftmq.cluster.api.openapi.markdown import render
+from raftmq.cluster.api.openapi.spec import openapi_spec
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "api-reference.md"
 
 
 def test_the_committed_reference_is_the_rendered_spec() -> None:
     assert REFERENCE.read_text(encoding="utf-8") == render(), (
-        "docs/api-reference.md is stale: python -m raftmq.cluster.openapi_markdown > docs/api-reference.md"
+        "docs/api-reference.md is stale: "
+        "python -m raftmq.cluster.api.openapi.markdown > docs/api-reference.md"
     )
 
 

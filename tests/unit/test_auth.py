@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.auth import CLUSTER_ADMIN, LIST_TOPICS, METRICS, OPEN, PEER, ROUTES, TOKEN, route_rule
-from raftmq.cluster.config import ConfigError, parse_config
-from raftmq.cluster.tokens import (
+from raftmq.cluster.api.auth import CLUSTER_ADMIN, LIST_TOPICS, METRICS, OPEN, PEER, ROUTES, TOKEN, route_rule
+from raftmq.cluster.config.cluster_file import ConfigError, parse_config
+from raftmq.cluster.config.tokens import (
     ADMIN,
     CONSUME,
     PRODUCE,
@@ -354,8 +354,8 @@ def test_every_route_of_the_app_has_a_deliberate_rule() -> None:
     """A new route with a topic in its path must be put in the table (falling back to cluster
     admin would lock its users out); routes without a topic may fall back to cluster admin only
     under /v1/cluster/."""
-    from raftmq.cluster.http_api import create_app
-    from raftmq.cluster.node import Node
+    from raftmq.cluster.api.app import create_app
+    from raftmq.cluster.node.node import Node
 
     config = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes()})
     app = create_app(Node(config, "n1"))

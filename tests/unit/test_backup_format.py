@@ -1,4 +1,4 @@
-"""The parts of cluster/backup.py that need no cluster: the seeded snapshot's command byte, and the
+"""The parts of cluster/cli/backup.py that need no cluster: the seeded snapshot's command byte, and the
 checks that refuse a restore before anything is written."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import pysyncobj.syncobj as pso
 import pytest
 
-from raftmq.cluster import backup
-from raftmq.cluster.config import parse_config
-from raftmq.cluster.placement import static_placement
+from raftmq.cluster.cli import backup
+from raftmq.cluster.config.cluster_file import parse_config
+from raftmq.cluster.machines.placement import static_placement
 
 SECRET = "unit-test-secret-0123456789"
 

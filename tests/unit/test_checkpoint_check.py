@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from raftmq.cluster import node
+from raftmq.cluster.node import node
 from raftmq.storage.keys import APPLIED, encode_u64
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, StoreError

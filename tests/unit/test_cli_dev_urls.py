@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.cluster.admin_http import DEFAULT_URL
-from raftmq.cluster.cli_common import dev_cluster_urls, resolve_urls
+from raftmq.cluster.cli.admin_http import DEFAULT_URL
+from raftmq.cluster.cli.common import dev_cluster_urls, resolve_urls
 
 SECRET = "0123456789abcdef0123"
 

@@ -8,7 +8,7 @@ import sys
 import click
 from click.testing import CliRunner
 
-from raftmq.cluster.cli import main
+from raftmq.cluster.cli.main import main
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -37,6 +37,6 @@ def test_dash_h_prints_the_help_of_every_command() -> None:
 def test_dash_h_in_the_real_binary() -> None:
     for command in ((), ("produce",), ("cluster", "add-node")):
         done = subprocess.run(
-            [sys.executable, "-m", "raftmq.cluster.cli", *command, "-h"], capture_output=True, text=True
+            [sys.executable, "-m", "raftmq.cluster.cli.main", *command, "-h"], capture_output=True, text=True
         )
         assert done.returncode == 0 and done.stdout.startswith("Usage: "), (command, done.stderr)

@@ -1,7 +1,7 @@
 """``raftmq cluster ...`` prints every change of placement it sees while following a change, so a
 move that starts and ends between two polls is still reported (``_placement_changes``)."""
 
-from raftmq.cluster.cli_cluster import _placement_changes
+from raftmq.cluster.cli.cluster import _placement_changes
 
 
 def test_a_moved_replica_names_its_source_and_target() -> None:

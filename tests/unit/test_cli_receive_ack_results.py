@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 from fake_node import run, serve
 
-from raftmq.cluster import cli_delivery
-from raftmq.cluster.cli_delivery import ReceiveOptions
+from raftmq.cluster.cli import delivery as cli_delivery
+from raftmq.cluster.cli.delivery import ReceiveOptions
 
 PATH = "/v1/topics/t/subscriptions/g"
 MESSAGES = [

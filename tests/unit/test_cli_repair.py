@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from raftmq.cluster.cli import main
-from raftmq.cluster.journal import DurableJournal, JournalCorruptError
+from raftmq.cluster.cli.main import main
+from raftmq.cluster.replication.journal import DurableJournal, JournalCorruptError
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch
 

@@ -3,7 +3,7 @@
 
 import io
 
-from raftmq.cluster.cli_common import write_all
+from raftmq.cluster.cli.common import write_all
 
 
 class ShortWrites(io.RawIOBase):

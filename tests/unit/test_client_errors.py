@@ -7,7 +7,7 @@ import pytest
 from raftmq.client import errors
 from raftmq.client._retry import Backoff, may_retry, outcome_error
 from raftmq.client._transport import _parse
-from raftmq.cluster import errors as server
+from raftmq.cluster.base import errors as server
 
 
 def test_every_server_code_has_a_class_with_the_same_flags() -> None:

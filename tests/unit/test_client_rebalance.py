@@ -16,7 +16,7 @@ from raftmq.client._fetcher import QueueRun
 from raftmq.client._group_member import GroupMember
 from raftmq.client._group_member import average_allocation as client_allocation
 from raftmq.client._types import Message
-from raftmq.cluster.membership import average_allocation as broker_allocation
+from raftmq.cluster.machines.membership import average_allocation as broker_allocation
 
 CONFIG = ConsumerConfig(group="g", topics=("t",))
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from raftmq.client import key_queue
 from raftmq.client._accumulator import Accumulator, Batch, encode_message, with_queue
-from raftmq.cluster.http_api import key_queue as broker_key_queue
+from raftmq.cluster.api.app import key_queue as broker_key_queue
 
 
 @given(st.text(max_size=64), st.integers(1, 1024))

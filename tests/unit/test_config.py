@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.config import ConfigError, load_config, parse_config
+from raftmq.cluster.config.cluster_file import ConfigError, load_config, parse_config
 
 SECRET = "0123456789abcdef0123"
 

@@ -8,8 +8,8 @@ import pytest
 from test_delivery import DLQ, G, Machine, T
 
 from raftmq.cluster import commands
-from raftmq.cluster.delivery import DLQ_HEADER_PREFIX
-from raftmq.cluster.queue_group import Applied
+from raftmq.cluster.machines.delivery import DLQ_HEADER_PREFIX
+from raftmq.cluster.machines.queue_group import Applied
 from raftmq.storage.queues import next_due_ms, queue_bounds, read_messages
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster.delivery import DLQ_HEADER_PREFIX, REDRIVE_GROUP_HEADER, SCAN_BUDGET, available
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.machines.delivery import DLQ_HEADER_PREFIX, REDRIVE_GROUP_HEADER, SCAN_BUDGET, available
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import keys
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.queues import committed_offset, next_due_ms, pending_record, queue_bounds, read_messages

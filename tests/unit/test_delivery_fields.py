@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftmq.cluster import commands
-from raftmq.cluster.delivery import REDRIVE_GROUP_HEADER, _deliverable, _deliverable_fields
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.machines.delivery import REDRIVE_GROUP_HEADER, _deliverable, _deliverable_fields
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.queues import OffsetOutOfRange, read_delivery_fields, read_messages
 from raftmq.storage.records import (

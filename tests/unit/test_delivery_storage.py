@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.cluster import commands
-from raftmq.cluster.config import ConfigError, parse_config
-from raftmq.cluster.delivery import DEFAULT_BACKOFF_MS, available
-from raftmq.cluster.metadata import MetadataMachine
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.config.cluster_file import ConfigError, parse_config
+from raftmq.cluster.machines.delivery import DEFAULT_BACKOFF_MS, available
+from raftmq.cluster.machines.metadata import MetadataMachine
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import keys
 from raftmq.storage.keys import STATE_INFLIGHT, LockState, PendingRecord
 from raftmq.storage.memory import MemoryStore

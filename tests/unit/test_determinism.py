@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raftmq.cluster import commands
-from raftmq.cluster.producers import expire_producers
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.machines.producers import expire_producers
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
@@ -394,7 +394,7 @@ def seeded_delivery_command(
 _DIGEST_SCRIPT = """
 import hashlib, sys
 import orjson
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage.memory import MemoryStore
 log = [bytes.fromhex(line) for line in open(sys.argv[1]).read().split()]
 store = MemoryStore()

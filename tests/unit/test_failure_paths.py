@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster import node as node_module
-from raftmq.cluster import raft as raft_module
-from raftmq.cluster.journal import DurableJournal
+from raftmq.cluster.node import node as node_module
+from raftmq.cluster.replication import raft as raft_module
+from raftmq.cluster.replication.journal import DurableJournal
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.store import Batch, StoreError
 
@@ -98,10 +98,10 @@ def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() ->
 
     import aiohttp
 
-    from raftmq.cluster import errors
-    from raftmq.cluster.config import Limits, RaftTimingConfig
-    from raftmq.cluster.http_api import Api
-    from raftmq.cluster.validation import ApiError
+    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.validation import ApiError
+    from raftmq.cluster.base import errors
+    from raftmq.cluster.config.cluster_file import Limits, RaftTimingConfig
 
     leader = SimpleNamespace(id="n2")
 

@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster.fetch_common import ENCODE_SLICE_BYTES, encode_fetch
-from raftmq.cluster.http_common import message_item
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.api.common import message_item
+from raftmq.cluster.api.handlers.fetch_common import ENCODE_SLICE_BYTES, encode_fetch
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage.queues import OffsetOutOfRange, message_steps, queue_bounds, read_messages
 from raftmq.storage.records import Message
 from raftmq.storage.store import Store

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster.queue_group import QueueGroupMachine, group_time
+from raftmq.cluster.machines.queue_group import QueueGroupMachine, group_time
 from raftmq.storage.queues import queue_bounds, queue_meta, read_messages
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store

@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 import structlog
 
-from raftmq.cluster.journal import DurableJournal, Entry, JournalCorruptError, scan_journal, truncate_journal
+from raftmq.cluster.replication.journal import (
+    DurableJournal,
+    Entry,
+    JournalCorruptError,
+    scan_journal,
+    truncate_journal,
+)
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, Store

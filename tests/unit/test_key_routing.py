@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from raftmq.client import key_queue as client_key_queue
-from raftmq.cluster.http_api import key_queue
+from raftmq.cluster.api.app import key_queue
 
 
 def test_client_and_broker_route_every_key_alike() -> None:

@@ -1,5 +1,6 @@
 """The keys derived from the cluster secret, the node proof and the credential comparison
-(``cluster/keys.py``). The routes each key opens at a real node: tests/integration/test_add_node_proof.py."""
+(``cluster/config/keys.py``). The routes each key opens at a real node:
+tests/integration/test_add_node_proof.py."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 from cryptography.fernet import InvalidToken
 from pysyncobj.encryptor import getEncryptor
 
-from raftmq.cluster.auth import OPEN, PEER, route_rule
-from raftmq.cluster.keys import (
+from raftmq.cluster.api.auth import OPEN, PEER, route_rule
+from raftmq.cluster.config.keys import (
     BACKUP_HEADER,
     PEER_HEADER,
     PROOF_PATH,

@@ -1,4 +1,4 @@
-"""The nodes' consumer lag history (cluster/lag_history.py): rings bounded in time, in samples per
+"""The nodes' consumer lag history (cluster/node/lag_history.py): rings bounded in time, in samples per
 series and in series, since group names are chosen by clients."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.config import ConfigError, parse_config
-from raftmq.cluster.lag_history import LagHistory, sample_forever
+from raftmq.cluster.config.cluster_file import ConfigError, parse_config
+from raftmq.cluster.node.lag_history import LagHistory, sample_forever
 
 
 def test_a_series_keeps_the_last_minutes_oldest_first() -> None:

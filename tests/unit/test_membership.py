@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from raftmq.cluster.membership import GroupMembership, average_allocation
+from raftmq.cluster.machines.membership import GroupMembership, average_allocation
 
 
 def test_average_allocation_gives_contiguous_ranges_over_sorted_members() -> None:

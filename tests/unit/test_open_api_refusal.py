@@ -1,5 +1,5 @@
 """Which addresses count as loopback, and when ``raftmq serve`` refuses to start for an open API
-(``cluster/cli_serve.py``; the real process is tested in tests/integration/test_open_api_refusal.py)."""
+(``cluster/cli/serve.py``; the real process is tested in tests/integration/test_open_api_refusal.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.cli_serve import loopback_host, open_api_refusal, write_dev_config
-from raftmq.cluster.config import ConfigError, load_config, parse_config
+from raftmq.cluster.cli.serve import loopback_host, open_api_refusal, write_dev_config
+from raftmq.cluster.config.cluster_file import ConfigError, load_config, parse_config
 
 SECRET = "0123456789abcdef0123"
 TOKEN = {"name": "ops", "token": "ops-token-0123456789abcdef", "admin": ["*"]}

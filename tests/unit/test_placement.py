@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from raftmq.cluster.config import parse_config
-from raftmq.cluster.metadata import MetadataMachine
-from raftmq.cluster.placement import (
+from raftmq.cluster.config.cluster_file import parse_config
+from raftmq.cluster.machines.metadata import MetadataMachine
+from raftmq.cluster.machines.placement import (
     OPS,
     Placement,
     overlay,

@@ -1,4 +1,4 @@
-"""Idle producer states expire (``expire_producers``, cluster/producers.py): the idle index follows
+"""Idle producer states expire (``expire_producers``, cluster/machines/producers.py): the idle index follows
 every use, expiry is bounded per apply, states of the old encoding decode and are swept; on the
 memory store and on RocksDB."""
 
@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster.config import ConfigError, parse_config
-from raftmq.cluster.producers import expire_producers, expiry_due
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster.config.cluster_file import ConfigError, parse_config
+from raftmq.cluster.machines.producers import expire_producers, expiry_due
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import keys
 from raftmq.storage.keys import ProducerState
 from raftmq.storage.records import CorruptRecord

@@ -1,4 +1,4 @@
-"""The push stream's node side (cluster/push_api.py) when a take fails: an ``internal`` error (an
+"""The push stream's node side (cluster/api/handlers/push.py) when a take fails: an ``internal`` error (an
 unexpected error at the coordinator; a take that fails hands nothing out) gets a non-fatal error
 frame and is retried with backoff, the stream stays open and pushes once a take succeeds; an error
 for good (the topic is gone) still ends the stream. Real WebSockets (aiohttp server and client);
@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from raftmq.cluster import errors
-from raftmq.cluster.metadata import Topic
-from raftmq.cluster.push_api import CLOSE_FATAL, PushApi, _Stream
-from raftmq.cluster.validation import ApiError
+from raftmq.cluster.api.handlers.push import CLOSE_FATAL, PushApi, _Stream
+from raftmq.cluster.api.validation import ApiError
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.metadata import Topic
 
 TOPIC = Topic(7, "t", 1, (1,), None, None, None, 0)
 LIMITS = SimpleNamespace(max_fetch_messages=1_000, max_delay_ms=60_000, max_visibility_ms=60_000)

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster import queue_group as queue_group_module
-from raftmq.cluster.queue_group import Applied, QueueGroupMachine, QueueHigh
+from raftmq.cluster.machines import queue_group as queue_group_module
+from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine, QueueHigh
 from raftmq.storage import keys
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.queues import (

@@ -1,5 +1,5 @@
-"""Pins of the pysyncobj 0.3.17 membership behaviour ``cluster/raft.py`` relies on (no sockets), and
-the adapter's membership seams driven through a real, socket-free ``SyncObj``.
+"""Pins of the pysyncobj 0.3.17 membership behaviour ``cluster/replication/raft.py`` relies on (no sockets),
+and the adapter's membership seams driven through a real, socket-free ``SyncObj``.
 
 Each pin names what raftmq does because of the pinned behaviour; if pysyncobj changes it, the test
 fails and the adapter must be revisited (docs/architecture.md, "Placement and cluster changes").
@@ -22,8 +22,8 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport, Transport
 
-from raftmq.cluster.journal import DurableJournal
-from raftmq.cluster.raft import (
+from raftmq.cluster.replication.journal import DurableJournal
+from raftmq.cluster.replication.raft import (
     Outcome,
     RaftGroup,
     _FlushingTransport,

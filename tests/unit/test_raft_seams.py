@@ -1,4 +1,5 @@
-"""Pins of the pysyncobj 0.3.17 behaviour ``cluster/raft.py`` relies on, and of the adapter's seams.
+"""Pins of the pysyncobj 0.3.17 behaviour ``cluster/replication/raft.py`` relies on, and of the adapter's
+seams.
 
 Each test fails loudly if pysyncobj changes what a seam depends on. Most drive pysyncobj's real code
 without sockets (a ``SyncObj`` with ``autoTick=False`` over a fake transport, its private handlers
@@ -32,9 +33,10 @@ from pysyncobj.serializer import SERIALIZER_STATE, Serializer
 from pysyncobj.transport import TCPTransport, Transport
 from pysyncobj.version import VERSION
 
-from raftmq.cluster import raft
-from raftmq.cluster.journal import DurableJournal, Entry
-from raftmq.cluster.raft import (
+from raftmq.cluster.base.timing import LatencyHistogram
+from raftmq.cluster.replication import raft
+from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.raft import (
     PINNED_PYSYNCOBJ,
     Outcome,
     RaftGroup,
@@ -42,7 +44,6 @@ from raftmq.cluster.raft import (
     _FlushingTransport,
     _install_journal_seam,
 )
-from raftmq.cluster.timing import LatencyHistogram
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.store import Batch, Store, StoreError
 

@@ -1,4 +1,4 @@
-"""The rebalance planner (``cluster/rebalance.py``) and the ``rebalance`` change in the metadata
+"""The rebalance planner (``cluster/machines/rebalance.py``) and the ``rebalance`` change in the metadata
 state machine (pure: no sockets, no clock)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import orjson
 import pytest
 from test_placement import config
 
-from raftmq.cluster.metadata import MetadataMachine
-from raftmq.cluster.placement import META_GROUP, NodeAddr, Placement, static_placement
-from raftmq.cluster.rebalance import (
+from raftmq.cluster.machines.metadata import MetadataMachine
+from raftmq.cluster.machines.placement import META_GROUP, NodeAddr, Placement, static_placement
+from raftmq.cluster.machines.rebalance import (
     LeaderChange,
     Move,
     leader_counts,
@@ -188,7 +188,7 @@ def _add_n4(meta: Meta) -> None:
 
 
 def test_a_rebalance_carried_out_op_by_op_gives_the_planned_placement() -> None:
-    """The coordinator's ops (as ``cluster/changes.py`` sends them) reach the plan's placement,
+    """The coordinator's ops (as ``cluster/node/changes.py`` sends them) reach the plan's placement,
     each next step following from the recorded placement alone."""
     meta = Meta()
     meta("init_placement", placement=static_placement(config(3, join=1, queue_groups=4)).to_json())

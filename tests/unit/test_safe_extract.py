@@ -1,4 +1,4 @@
-"""Tar extraction of checkpoints and backups stays inside its destination (``cluster/safe_tar.py``).
+"""Tar extraction of checkpoints and backups stays inside its destination (``cluster/base/safe_tar.py``).
 
 Both extractors are run over crafted archives: the snapshot install's (``node._safe_extract``, a tar
 from a peer) and ``raftmq restore``'s (``backup._safe_extract``). A refused archive must leave
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.cluster.backup import BackupError
-from raftmq.cluster.backup import _safe_extract as backup_extract
-from raftmq.cluster.node import _safe_extract as node_extract
+from raftmq.cluster.cli.backup import BackupError
+from raftmq.cluster.cli.backup import _safe_extract as backup_extract
+from raftmq.cluster.node.node import _safe_extract as node_extract
 
 Extract = Callable[[tarfile.TarFile, str], None]
 EXTRACTORS = {"node": (node_extract, ValueError), "backup": (backup_extract, BackupError)}

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftmq.cluster import commands, segments
-from raftmq.cluster.queue_group import QueueGroupMachine
+from raftmq.cluster import commands
+from raftmq.cluster.machines import segments
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import keys
 from raftmq.storage.memory import MemoryStore
 

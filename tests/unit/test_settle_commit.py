@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster import commands, errors
-from raftmq.cluster.queue_group import QueueGroupMachine
-from raftmq.cluster.settle_commit import SettleCommitter
-from raftmq.cluster.validation import ApiError
+from raftmq.cluster import commands
+from raftmq.cluster.api.validation import ApiError
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
+from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.memory import MemoryStore
 
 T, G = 1, "g"

@@ -25,9 +25,9 @@ from pysyncobj import SyncObjConf
 from pysyncobj.monotonic import monotonic
 from pysyncobj.transport import Transport
 
-from raftmq.cluster import raft
-from raftmq.cluster.journal import DurableJournal
-from raftmq.cluster.raft import RaftGroup, RaftSettings
+from raftmq.cluster.replication import raft
+from raftmq.cluster.replication.journal import DurableJournal
+from raftmq.cluster.replication.raft import RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.store import StoreError
 

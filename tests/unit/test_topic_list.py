@@ -1,13 +1,13 @@
-"""The topic list shows dead-letter topics under their source: ``topics_api.topic_list`` (the API's
-answer) and ``cli_topics._grouped`` (``raftmq topic list``)."""
+"""The topic list shows dead-letter topics under their source: ``api.handlers.topics.topic_list`` (the API's
+answer) and ``cli.topics._grouped`` (``raftmq topic list``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from raftmq.cluster.cli_topics import _grouped
-from raftmq.cluster.metadata import Topic
-from raftmq.cluster.topics_api import topic_list
+from raftmq.cluster.api.handlers.topics import topic_list
+from raftmq.cluster.cli.topics import _grouped
+from raftmq.cluster.machines.metadata import Topic
 
 
 def topic(name: str, groups: tuple[int, ...] = (1, 2)) -> Topic:

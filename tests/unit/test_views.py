@@ -1,4 +1,4 @@
-"""The read-only views behind the metrics and the consumer-group API (cluster/views.py), over the
+"""The read-only views behind the metrics and the consumer-group API (cluster/machines/views.py), over the
 pure queue-group machine: queue bounds, lag, in flight, retrying and dead letters per group."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from raftmq.cluster import commands
-from raftmq.cluster.queue_group import QueueGroupMachine
-from raftmq.cluster.views import ConsumerQueue, consumer_queues, queue_metas
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
+from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues, queue_metas
 from raftmq.storage.memory import MemoryStore
 
 T, DLQ, OTHER = 1, 2, 3  # topic ids

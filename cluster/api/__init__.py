@@ -1,0 +1,1 @@
+"""The HTTP API: the aiohttp application, validation, auth, metrics, the console and OpenAPI."""

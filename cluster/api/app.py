@@ -1,0 +1,139 @@
+"""The public HTTP API v1 (aiohttp + orjson). Any node answers any request.
+
+Writes go to the leader of the group concerned: served here when this node leads it, otherwise
+forwarded to the leader (one hop; a forwarded request is never forwarded again). Every error has
+the stable body ``{"error": {"code", "message", "retriable", "definite", ...}}``.
+
+This module builds the application (:func:`create_app`) and its handler object :class:`Api`,
+which mixes in the handlers by concern:
+
+- ``api/core.py``: ``ApiCore``, the routing they share (leaders, forwarding, topic lookup, writes
+  at a group's leader, ``internal_action``);
+- ``api/handlers/topics.py``: topics; ``api/handlers/produce.py``: produce and :func:`key_queue`;
+  ``api/handlers/fetch.py``: fetch (JSON) and consumer-group offsets;
+- ``api/common.py``: JSON answers, the error middleware, peer and Raft errors.
+
+The other route families register themselves from their own modules (``add_*_routes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+# Importable from here, as before the handlers were split out (handlers.subscriptions, handlers.groups,
+# handlers.dlq_locks and others import them from here).
+from raftmq.cluster.api.common import FORWARDED as FORWARDED
+from raftmq.cluster.api.common import NOT_SENT as NOT_SENT
+from raftmq.cluster.api.common import error_middleware as error_middleware
+from raftmq.cluster.api.common import error_response as error_response
+from raftmq.cluster.api.common import group_name
+from raftmq.cluster.api.common import json_response as json_response
+from raftmq.cluster.api.handlers.fetch import FetchHandlers
+from raftmq.cluster.api.handlers.produce import ProduceHandlers, key_queue
+from raftmq.cluster.api.handlers.topics import TopicHandlers
+from raftmq.cluster.api.openapi.spec import openapi_spec
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import error_body
+from raftmq.cluster.node.node import META, Node
+
+__all__ = ["create_app", "key_queue"]
+
+_group_name = group_name  # the consumer group named by a path (api.handlers.groups, api.handlers.dlq_locks)
+NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
+API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
+
+
+class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
+    """Request handlers. One instance per node."""
+
+    # -- health and cluster -----------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response({"status": "ok", "node_id": self.node.me.id})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        missing = [name for name, g in self.node.groups.items() if g.raft.leader() is None]
+        if missing:
+            return json_response(
+                error_body(
+                    errors.UNAVAILABLE,
+                    "groups without a leader: " + ", ".join(sorted(missing)),
+                    groups=missing,
+                ),
+                status=503,
+            )
+        return json_response({"status": "ready", "node_id": self.node.me.id})
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        peers = await self.node.refresh_peer_status()
+        statuses = {self.node.me.id: self.node.local_status(), **peers}
+        nodes = [
+            {"id": n.id, "http": n.http, "raft": n.raft, "reachable": n.id in statuses}
+            for n in self.node.config.nodes
+        ]
+        groups: dict[str, dict[str, Any]] = {}
+        for node_id, status in statuses.items():
+            for name, g in status["groups"].items():
+                entry = groups.setdefault(name, {"group_id": name, "leader": None, "term": 0, "replicas": []})
+                entry["replicas"].append({"node_id": node_id, **{k: g[k] for k in g if k != "replicas"}})
+                if g["is_leader"] and g["term"] >= entry["term"]:
+                    entry["leader"], entry["term"] = node_id, g["term"]
+        ordered = sorted(groups.values(), key=lambda g: (g["group_id"] != META, g["group_id"].zfill(4)))
+        for g in ordered:
+            g["replicas"].sort(key=lambda r: r["node_id"])
+        return json_response({"node_id": self.node.me.id, "nodes": nodes, "groups": ordered})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return json_response(openapi_spec(self.limits))
+
+
+def create_app(node: Node) -> web.Application:
+    """The node's aiohttp application: public API v1 plus the internal peer API."""
+    from raftmq.cluster.api.auth import auth_middleware
+    from raftmq.cluster.api.console import add_console_routes
+    from raftmq.cluster.api.handlers.cluster import add_cluster_routes
+    from raftmq.cluster.api.handlers.consumers import add_consumer_routes
+    from raftmq.cluster.api.handlers.groups import add_group_routes
+    from raftmq.cluster.api.handlers.internal import add_internal_routes
+    from raftmq.cluster.api.handlers.push import add_push_routes
+    from raftmq.cluster.api.handlers.segments import add_segment_routes
+    from raftmq.cluster.api.handlers.subscriptions import add_subscription_routes
+    from raftmq.cluster.api.metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
+
+    app = web.Application(
+        client_max_size=node.config.limits.max_request_bytes,
+        middlewares=[
+            metrics_middleware,
+            error_middleware,
+            auth_middleware(node.keys, node.config.security),
+        ],
+    )
+    api = Api(node)
+    app[METRICS_KEY] = api.metrics = Metrics(node)
+    app[NODE_KEY] = node
+    app[API_KEY] = api
+    r = app.router
+    r.add_get("/healthz", api.healthz)
+    r.add_get("/readyz", api.readyz)
+    r.add_get("/v1/cluster", api.cluster)
+    r.add_post("/v1/topics", api.create_topic)
+    r.add_get("/v1/topics", api.list_topics)
+    r.add_get("/v1/topics/{topic}", api.get_topic)
+    r.add_delete("/v1/topics/{topic}", api.delete_topic)
+    r.add_post("/v1/topics/{topic}/messages", api.produce)
+    r.add_get("/v1/topics/{topic}/queues/{queue}/messages", api.fetch)
+    r.add_put("/v1/groups/{group}/offsets", api.put_offsets)
+    r.add_get("/v1/groups/{group}/offsets", api.get_offsets)
+    r.add_get("/openapi.json", api.openapi)
+    r.add_get("/metrics", metrics_handler)
+    add_internal_routes(app, node, api)
+    add_group_routes(app, node, api)
+    api.delivery = add_subscription_routes(app, node, api)
+    add_push_routes(app, node, api, api.delivery)
+    api.segments = add_segment_routes(app, node, api)
+    api.changes = add_cluster_routes(app, node, api)
+    add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)
+    add_console_routes(app)  # the web console: /ui (cluster/api/console.py)
+    return app

@@ -1,0 +1,293 @@
+"""Who may call what: the authentication middleware of the HTTP API.
+
+Every request is classified by its route (:func:`route_rule`):
+
+- ``/healthz``, ``/readyz``, ``/openapi.json``, the web console's files (``/ui``) and ``/`` (a
+  redirect to ``/ui``): open.
+- ``/internal/...``: peers only (the peer key in ``X-Raftmq-Peer-Key``); ``raftmq backup``'s three
+  routes also take the backup key (``X-Raftmq-Backup-Key``); ``POST /internal/proof`` is open (a
+  node being added proves it holds the peer key there; ``cluster/config/keys.py``).
+- ``/metrics``: a token, unless ``security.metrics_open``.
+- ``/v1/...``: with tokens configured, ``Authorization: Bearer <token>`` and the permission the route
+  needs on its topic (the table in ``docs/security.md``); a route without a topic, and any route
+  this module does not know, needs cluster admin (``admin = ["*"]``).
+
+Forwarding: the node a client called (the entry node) checks the token; when it forwards the request
+to a group's leader it sends the peer key instead (its peer session always does), and a request
+carrying the right peer key is a peer's and passes. A request carrying a wrong key is refused (401):
+a key header never falls back to a token, so without the key the header is worth nothing. The
+backup key passes only ``BACKUP_ROUTES``. ``X-Raftmq-Secret`` (the raw secret, sent by raftmq before
+the derived keys) is refused whatever it holds. Keys are compared with ``keys.same_credential``.
+
+Refusals: 401 ``unauthorized`` (no, malformed or unknown credentials; with ``WWW-Authenticate``),
+403 ``forbidden`` (a valid token without the permission). Nothing here logs or returns a header's
+value; refusals are logged with the reason and the token's name, at most ``LOG_BURST`` lines per
+``LOG_WINDOW_S``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ErrorCode, error_body
+from raftmq.cluster.config.keys import (
+    BACKUP_HEADER,
+    BACKUP_ROUTES,
+    LEGACY_HEADER,
+    PEER_HEADER,
+    PROOF_PATH,
+    ClusterKeys,
+)
+from raftmq.cluster.config.tokens import (
+    ADMIN,
+    CONSUME,
+    PERMISSIONS,
+    PRODUCE,
+    BadCredentials,
+    SecurityConfig,
+    TokenGrant,
+    bearer_token,
+)
+
+__all__ = ["PRINCIPAL", "Rule", "auth_middleware", "route_rule"]
+
+log = structlog.get_logger(__name__)
+
+LOG_BURST = 20
+LOG_WINDOW_S = 10.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PRINCIPAL: web.RequestKey[TokenGrant] = web.RequestKey("raftmq_principal", TokenGrant)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a route needs. ``kind``: ``open``, ``peer``, ``metrics``, ``token`` (any valid token),
+    ``cluster_admin`` or ``topic``; for ``topic``, every permission in ``needs`` (any one of them
+    with ``any_of``) on each topic named by ``source``: ``path``, ``query:<field>``,
+    ``body:<field>`` (a name or a list of names), or ``none`` (the permission on some topic)."""
+
+    kind: str
+    needs: tuple[str, ...] = ()
+    source: str = "path"
+    any_of: bool = False
+
+
+OPEN, PEER, METRICS = Rule("open"), Rule("peer"), Rule("metrics")
+TOKEN, CLUSTER_ADMIN = Rule("token"), Rule("cluster_admin")
+LIST_TOPICS = Rule("token", source="list")  # any token; the answer lists only the token's topics
+
+
+def _on_topic(*needs: str, source: str = "path", any_of: bool = False) -> Rule:
+    return Rule("topic", needs, source, any_of)
+
+
+_T, _G = "/v1/topics/{topic}", "/v1/groups/{group}"
+# Every route by (method, pattern); HEAD counts as GET. A route missing here needs cluster admin (the
+# safe default, meant for cluster changes under /v1/cluster/); tests/unit/test_auth.py fails for a
+# missing route with a topic in its path, or outside /v1/cluster/.
+ROUTES: dict[tuple[str, str], Rule] = {
+    ("GET", "/healthz"): OPEN,
+    ("GET", "/readyz"): OPEN,
+    ("GET", "/openapi.json"): OPEN,
+    ("GET", "/"): OPEN,  # a redirect to /ui
+    ("GET", "/ui"): OPEN,  # the web console's files; the page then calls the API with a token
+    ("GET", "/ui/"): OPEN,
+    ("GET", "/ui/{file}"): OPEN,
+    ("GET", "/metrics"): METRICS,
+    ("GET", "/v1/cluster"): TOKEN,  # clients read node addresses from it
+    ("GET", "/v1/topics"): LIST_TOPICS,
+    ("POST", "/v1/topics"): _on_topic(ADMIN, source="body:name"),
+    ("GET", _T): _on_topic(*PERMISSIONS, any_of=True),
+    ("GET", _T + "/groups"): _on_topic(
+        CONSUME, ADMIN, any_of=True
+    ),  # consumer lag (api/handlers/consumers.py)
+    ("GET", _T + "/groups/lag"): _on_topic(CONSUME, ADMIN, any_of=True),  # its history, same rule
+    ("DELETE", _T): _on_topic(ADMIN),
+    ("POST", _T + "/messages"): _on_topic(PRODUCE),
+    ("GET", _T + "/queues/{queue}/messages"): _on_topic(CONSUME),
+    ("PUT", _G + "/offsets"): _on_topic(CONSUME, source="body:topic"),
+    ("GET", _G + "/offsets"): _on_topic(CONSUME, source="query:topic"),
+    ("POST", _G + "/members"): _on_topic(CONSUME, source="body:topics"),
+    ("DELETE", _G + "/members/{member_id}"): _on_topic(CONSUME, source="none"),
+    # Redrive appends the dead letters to the topic again: consuming and producing.
+    ("POST", _T + "/subscriptions/{group}/dlq/redrive"): _on_topic(CONSUME, PRODUCE),
+    # A subscription's settings outlive its consumers and create its dead-letter topic: admin.
+    ("PUT", _T + "/subscriptions/{group}"): _on_topic(ADMIN),
+}
+# Any method, any route below these (receive/ack/nack/extend, dead letters, the push stream, queue
+# locks, segments).
+PREFIXES: tuple[tuple[str, Rule], ...] = (
+    (_T + "/subscriptions/{group}", _on_topic(CONSUME)),
+    (_T + "/queues/{queue}/locks/{group}", _on_topic(CONSUME)),
+    (_T + "/segments", _on_topic(CONSUME)),
+)
+
+
+def route_rule(method: str, canonical: str | None, path: str) -> Rule:
+    """The rule of a request: ``canonical`` is its route's pattern (None: no route matched)."""
+    if canonical is None:
+        return PEER if path.startswith("/internal/") else TOKEN  # then 404/405 from the handler
+    if canonical.startswith("/internal/"):
+        return OPEN if (method, canonical) == ("POST", PROOF_PATH) else PEER
+    rule = ROUTES.get(("GET" if method == "HEAD" else method, canonical))
+    if rule is not None:
+        return rule
+    for prefix, prefix_rule in PREFIXES:
+        if canonical == prefix or canonical.startswith(prefix + "/"):
+            return prefix_rule
+    return CLUSTER_ADMIN
+
+
+def auth_middleware(keys: ClusterKeys, security: SecurityConfig) -> Any:
+    """The middleware for a node with the cluster's keys ``keys`` and tokens ``security``."""
+    refusals = _RefusalLog()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        match = request.match_info
+        resource = match.route.resource
+        canonical = None if match.http_exception is not None or resource is None else resource.canonical
+        rule = route_rule(request.method, canonical, request.path)
+        if LEGACY_HEADER in request.headers:
+            return refusals.refuse(
+                request,
+                errors.UNAUTHORIZED,
+                "legacy_secret_header",
+                f"{LEGACY_HEADER} is not accepted: peers send a key derived from the cluster secret "
+                "(every node must run a raftmq version with derived keys; see docs/operations.md)",
+            )
+        if PEER_HEADER in request.headers:
+            if not keys.authorizes(request.headers):
+                return refusals.refuse(request, errors.UNAUTHORIZED, "bad_peer_key", "wrong peer key")
+            return await handler(request)  # a peer: the entry node checked the caller
+        if BACKUP_HEADER in request.headers:
+            action = match.get("action") if canonical is not None else None
+            route = (request.method, canonical, action if action == "barrier" else None)
+            if route not in BACKUP_ROUTES or not keys.authorizes(request.headers, backup=True):
+                return refusals.refuse(
+                    request, errors.UNAUTHORIZED, "bad_backup_key", "wrong backup key, or not a backup route"
+                )
+            return await handler(request)
+        if rule is PEER:
+            return refusals.refuse(
+                request, errors.UNAUTHORIZED, "no_peer_key", "internal endpoints need the peer key"
+            )
+        if rule is OPEN or not security.enabled or (rule is METRICS and security.metrics_open):
+            return await handler(request)
+        try:
+            grant = security.authenticate(bearer_token(request.headers.get("Authorization")))
+        except BadCredentials as e:
+            return refusals.refuse(request, errors.UNAUTHORIZED, "bad_credentials", str(e))
+        if grant is None:
+            return refusals.refuse(request, errors.UNAUTHORIZED, "unknown_token", "invalid token")
+        missing = await _missing_permission(rule, grant, request)
+        if missing is not None:
+            return refusals.refuse(request, errors.FORBIDDEN, "forbidden", missing, token=grant.name)
+        request[PRINCIPAL] = grant
+        response = await handler(request)
+        if rule is LIST_TOPICS:
+            return _only_visible_topics(response, grant)
+        return response
+
+    return middleware
+
+
+async def _missing_permission(rule: Rule, grant: TokenGrant, request: web.Request) -> str | None:
+    """None when ``grant`` may make the request, else why not (without any secret)."""
+    if rule.kind in ("token", "metrics"):
+        return None
+    if rule.kind != "topic":
+        if grant.cluster_admin:
+            return None
+        return f'token {grant.name!r} lacks cluster admin (admin = ["*"]) for {request.method} {request.path}'
+    for topic in await _topics(rule.source, request):
+        granted = [p for p in rule.needs if grant.allows(p, topic)]
+        if (rule.any_of and not granted) or (not rule.any_of and len(granted) < len(rule.needs)):
+            what = " or ".join(rule.needs) if rule.any_of else " and ".join(rule.needs)
+            on = "any topic" if topic is None else f"topic {topic!r}"
+            return f"token {grant.name!r} lacks {what} permission on {on}"
+    return None
+
+
+async def _topics(source: str, request: web.Request) -> list[str | None]:
+    """The topics a request acts on; [None] when they cannot be read (the handler then refuses the
+    malformed request, if the token has the permission on some topic)."""
+    kind, _, name = source.partition(":")
+    value: Any = None
+    if kind == "path":
+        value = request.match_info.get("topic")
+    elif kind == "query":
+        value = request.query.get(name)
+    elif kind == "body":
+        try:
+            body = orjson.loads(await request.read())  # aiohttp keeps the bytes for the handler
+        except orjson.JSONDecodeError:
+            body = None
+        value = body.get(name) if isinstance(body, dict) else None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    return [None]
+
+
+def _only_visible_topics(response: web.StreamResponse, grant: TokenGrant) -> web.StreamResponse:
+    if grant.cluster_admin or response.status != 200 or not isinstance(response, web.Response):
+        return response
+    if not isinstance(response.body, bytes):
+        return response
+    data = orjson.loads(response.body)
+    data["topics"] = [t for t in data.get("topics", []) if grant.allows_any(str(t.get("name")))]
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE), status=200, content_type="application/json"
+    )
+
+
+class _RefusalLog:
+    """Answers refused requests and logs them, at most LOG_BURST lines per LOG_WINDOW_S (a flood
+    of bad requests must not flood the log); the count of unlogged ones follows later."""
+
+    def __init__(self) -> None:
+        self._window_start = 0.0
+        self._logged = 0
+        self._suppressed = 0
+
+    def refuse(
+        self, request: web.Request, code: ErrorCode, reason: str, message: str, token: str | None = None
+    ) -> web.Response:
+        now = time.monotonic()
+        if now - self._window_start >= LOG_WINDOW_S:
+            if self._suppressed:
+                log.warning("requests_refused_unlogged", count=self._suppressed, window_s=LOG_WINDOW_S)
+            self._window_start, self._logged, self._suppressed = now, 0, 0
+        if self._logged < LOG_BURST:
+            self._logged += 1
+            log.warning(
+                "request_refused",
+                status=code.status,
+                reason=reason,
+                token=token,
+                method=request.method,
+                path=request.path,
+                remote=request.remote,
+            )
+        else:
+            self._suppressed += 1
+        headers = {}
+        if code is errors.UNAUTHORIZED:
+            error = ', error="invalid_token"' if reason == "unknown_token" else ""
+            headers["WWW-Authenticate"] = f'Bearer realm="raftmq"{error}'
+        return web.Response(
+            body=orjson.dumps(error_body(code, message), option=orjson.OPT_APPEND_NEWLINE),
+            status=code.status,
+            content_type="application/json",
+            headers=headers,
+        )

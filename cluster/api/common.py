@@ -1,0 +1,126 @@
+"""What every HTTP handler module shares: JSON answers, the error middleware (every error has the
+stable body ``{"error": {"code", "message", "retriable", "definite", ...}}``), errors of a Raft
+proposal or of a peer's answer, and the consumer-group name of a path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+
+from raftmq.cluster import commands
+from raftmq.cluster.api.validation import ApiError, bad
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import error_body
+from raftmq.storage.records import Message
+
+__all__ = [
+    "FORWARDED",
+    "NOT_SENT",
+    "Handler",
+    "body_error",
+    "error_middleware",
+    "error_response",
+    "group_name",
+    "json_response",
+    "message_item",
+    "raft_error",
+]
+
+log = structlog.get_logger(__name__)
+
+FORWARDED = "X-Raftmq-Forwarded"
+# Peer-call failures where the request certainly never left this node (no connection was made):
+# definite, so safe to retry at the next leader.
+NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    """A JSON answer; its body ends with a newline (``curl`` leaves the shell prompt on a line of
+    its own, and JSON-lines tools take it whole)."""
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE),
+        status=status,
+        content_type="application/json",
+    )
+
+
+def message_item(item: dict[str, Any], m: Message) -> dict[str, Any]:
+    """``item`` (the route's own fields first) with the message as fetch, receive and the
+    dead-letter list hand it out: offset, key, timestamp_ms, headers, then value (UTF-8 text) or
+    value_b64 (binary). Returns ``item``."""
+    item["offset"] = m.offset
+    item["key"] = m.key
+    item["timestamp_ms"] = m.timestamp_ms
+    item["headers"] = m.headers or {}
+    if m.binary:
+        item["value_b64"] = base64.b64encode(m.value).decode()
+    else:
+        item["value"] = m.value.decode()
+    return item
+
+
+def error_response(e: ApiError) -> web.Response:
+    return json_response(error_body(e.code, e.message, **e.extra), status=e.code.status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e)
+    except web.HTTPRequestEntityTooLarge as e:
+        return error_response(ApiError(errors.REQUEST_TOO_LARGE, str(e.text or "request body too large")))
+    except web.HTTPNotFound:
+        return error_response(ApiError(errors.NOT_FOUND, f"no route {request.method} {request.path}"))
+    except web.HTTPMethodNotAllowed:
+        return error_response(
+            ApiError(errors.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}")
+        )
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(ApiError(errors.BAD_REQUEST, e.reason))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("request_failed", method=request.method, path=request.path)
+        return error_response(ApiError(errors.INTERNAL, "internal error; see the node's log"))
+
+
+def raft_error(code: str, message: str, definite: bool) -> ApiError:
+    known = errors.BY_CODE.get(code, errors.UNKNOWN_OUTCOME)
+    if known.definite and not definite:
+        known = errors.UNKNOWN_OUTCOME
+    return ApiError(known, message)
+
+
+def body_error(status: int, data: bytes) -> ApiError:
+    """An ApiError from a peer's error response."""
+    try:
+        e = orjson.loads(data)["error"]
+        code = errors.BY_CODE.get(e["code"], errors.INTERNAL)
+        extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
+        return ApiError(code, e.get("message", ""), **extra)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return ApiError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
+
+
+def group_name(request: web.Request) -> str:
+    group = request.match_info["group"]
+    try:
+        size = len(group.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        size = 0
+    if not 1 <= size <= commands.MAX_NAME_BYTES:
+        raise bad(f"consumer group names are 1-{commands.MAX_NAME_BYTES} UTF-8 bytes")
+    return group

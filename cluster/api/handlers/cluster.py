@@ -1,0 +1,294 @@
+"""Cluster changes over HTTP: add or remove a node, move a replica, move a group's leadership,
+rebalance.
+
+Public (cluster admin), served by the metadata group's leader (any node forwards)::
+
+    GET    /v1/cluster/placement                 placement, change in progress, recent changes
+    POST   /v1/cluster/nodes                     {"id", "http", "raft"}           -> 202 change
+    DELETE /v1/cluster/nodes/{node}                                                -> 202 change
+    DELETE /v1/cluster/change                    cancel the change in progress    -> 202 change
+    POST   /v1/cluster/groups/{group}/move       {"from", "to"}                   -> 202 change
+    POST   /v1/cluster/groups/{group}/leader     {"node"}                         -> 202 change
+    POST   /v1/cluster/rebalance                 {"dry_run"?: bool} (body optional)
+                                                 -> 202 change and plan; dry run: 200 plan
+
+A change is accepted (202) once it is recorded in the metadata group; the coordinator
+(``cluster/node/changes.py``) carries it out, and ``GET /v1/cluster/placement`` shows its progress and,
+in ``history``, how it ended. One change at a time: another is refused with 409
+``change_in_progress``. Peers (``/internal``): the placement as this node's metadata replica has
+it, and the ``membership``/``transfer`` actions run by a group's leader for the coordinator.
+
+Adding a node: the node at the request's ``http`` address is sent no credential; it proves it holds
+the cluster's peer key over a fresh nonce (``POST /internal/proof``, the one open ``/internal``
+route; ``cluster/config/keys.py``). A node that cannot is refused (400 ``bad_request``), nothing recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from raftmq.cluster.api.validation import ApiError, bad, parse_json
+from raftmq.cluster.base import errors
+from raftmq.cluster.config.cluster_file import NodeConfig
+from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_matches
+from raftmq.cluster.machines.placement import command
+from raftmq.cluster.machines.rebalance import plan
+from raftmq.cluster.node.node import META, Node, _set_if_pending, now_ms
+from raftmq.cluster.replication.raft import Outcome
+
+if TYPE_CHECKING:
+    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.node.changes import Coordinator
+
+__all__ = ["ClusterApi", "add_cluster_routes"]
+
+MEMBERSHIP_TIMEOUT_S = 10.0
+
+
+class ClusterApi:
+    """Handlers of the routes above; ``actions`` are the internal actions of a group's leader."""
+
+    actions = ("membership", "transfer")
+
+    def __init__(self, node: Node, api: Api) -> None:
+        self.node = node
+        self.api = api
+        self.coordinator: Coordinator | None = None
+
+    # -- public -----------------------------------------------------------------------------------
+
+    async def placement(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        if not self.api._leads(META):
+            return await self.api._forward(request, META)
+        machine = self.node.metadata
+        assert machine is not None
+        placement, change = machine.placement(), machine.change()
+        return json_response(
+            {
+                "placement": None if placement is None else placement.to_json(),
+                "change": None if change is None else change.to_json(),
+                "history": machine.change_history(),
+            }
+        )
+
+    async def add_node(self, request: web.Request) -> web.Response:
+        body = await self._body(request, {"id", "http", "raft"}, {"id", "http", "raft"})
+        if not self.api._leads(META):
+            return await self.api._forward(request, META, orjson.dumps(body))
+        await self._check_answers(body)
+        return await self._begin({"kind": "add_node", "node": body})
+
+    async def remove_node(self, request: web.Request) -> web.Response:
+        if not self.api._leads(META):
+            return await self.api._forward(request, META)
+        return await self._begin({"kind": "remove_node", "node": request.match_info["node"]})
+
+    async def move(self, request: web.Request) -> web.Response:
+        body = await self._body(request, {"from", "to"}, {"from", "to"})
+        if not self.api._leads(META):
+            return await self.api._forward(request, META, orjson.dumps(body))
+        group = request.match_info["group"]
+        return await self._begin(
+            {"kind": "move", "group": group, "source": body["from"], "target": body["to"]}
+        )
+
+    async def leader(self, request: web.Request) -> web.Response:
+        body = await self._body(request, {"node"}, {"node"})
+        if not self.api._leads(META):
+            return await self.api._forward(request, META, orjson.dumps(body))
+        group = request.match_info["group"]
+        return await self._begin({"kind": "transfer_leader", "group": group, "target": body["node"]})
+
+    async def rebalance(self, request: web.Request) -> web.Response:
+        """Even out replicas and preferred leaders (``cluster/machines/rebalance.py``). The answer carries
+        the plan as of now; a balanced cluster gets a change that ends at once as done."""
+        from raftmq.cluster.api.app import json_response
+
+        raw = await request.read()
+        body = parse_json(raw) if raw else {}
+        if (
+            not isinstance(body, dict)
+            or set(body) - {"dry_run"}
+            or not isinstance(body.get("dry_run", False), bool)
+        ):
+            raise bad('body must be empty or {"dry_run": true | false}')
+        if not self.api._leads(META):
+            return await self.api._forward(request, META, raw or None)
+        machine = self.node.metadata
+        placement = None if machine is None else machine.placement()
+        if placement is None:
+            raise ApiError(errors.UNAVAILABLE, "the cluster placement is not initialised yet")
+        unavailable: frozenset[str] = frozenset()
+        if self.coordinator is not None:  # set at startup
+            unavailable = await self.coordinator.unanswering(placement)
+        steps = plan(placement, unavailable).to_json()
+        if body.get("dry_run", False):
+            return json_response({"plan": steps})
+        return await self._begin({"kind": "rebalance"}, plan=steps)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        if not self.api._leads(META):
+            return await self.api._forward(request, META)
+        machine = self.node.metadata
+        change = None if machine is None else machine.change()
+        if change is None:
+            raise bad("no cluster change is in progress")
+        result = await self.api._propose_checked(
+            META, orjson.dumps(command("cancel_change", change_id=change.id))
+        )
+        if self.coordinator is not None:
+            self.coordinator.wake()
+        return json_response(result, status=202)
+
+    async def _body(self, request: web.Request, required: set[str], allowed: set[str]) -> dict[str, Any]:
+        body = parse_json(await request.read())
+        if not isinstance(body, dict) or not required <= set(body) or set(body) - allowed:
+            raise bad(f"body must be an object with {', '.join(sorted(required))}")
+        for key, value in body.items():
+            if not isinstance(value, str) or not value or len(value) > 300:
+                raise bad(f"{key!r} must be a non-empty string")
+        return body
+
+    async def _begin(self, change: dict[str, Any], **extra: Any) -> web.Response:
+        """Record ``change`` and answer 202 ``{"change": ..., **extra}``."""
+        from raftmq.cluster.api.app import json_response
+
+        result = await self.api._propose_checked(
+            META, orjson.dumps(command("begin_change", now_ms=now_ms(), change=change))
+        )
+        if self.coordinator is not None:
+            self.coordinator.wake()
+        return json_response({**result, **extra}, status=202)
+
+    async def _check_answers(self, body: dict[str, Any]) -> None:
+        """A node is added only when it runs and proves it is the node named, with these addresses,
+        of this cluster (a typo or a stranger's address is not recorded). The address came from the
+        request, so it gets no credential: a fresh nonce goes out on the probe session, and the
+        node answers with its proof over it (``cluster/config/keys.py``)."""
+        me = self.node.me
+        probe = NodeConfig(body["id"], body["http"], body["raft"], "", tls_cert_file=me.tls_cert_file)
+        nonce = new_nonce()
+        try:
+            answer = await self.node.probe_post_json(probe, PROOF_PATH, {"nonce": nonce}, timeout_s=3.0)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            raise bad(f"no raftmq node answers at {body['http']}; start it first") from None
+        if not isinstance(answer, dict):
+            raise bad(f"no raftmq node answers at {body['http']}; start it first")
+        if proof_matches(
+            self.node.keys.peer, nonce, body["id"], body["http"], body["raft"], answer.get("proof")
+        ):
+            return
+        # No valid proof. The answer's claims are unverified: they only make the refusal clearer.
+        if answer.get("node_id") != body["id"]:
+            raise bad(f"the node at {body['http']} is not {body['id']!r}")
+        if answer.get("raft") != body["raft"]:
+            raise bad(f"node {body['id']} has Raft address {answer.get('raft')!r}, not {body['raft']!r}")
+        if answer.get("http") != body["http"]:
+            raise bad(f"node {body['id']} has http address {answer.get('http')!r}, not {body['http']!r}")
+        raise bad(
+            f"the node at {body['http']} did not prove it holds this cluster's secret "
+            "(a node of another cluster, or another cluster.secret)"
+        )
+
+    async def internal_proof(self, request: web.Request) -> web.Response:
+        """``POST /internal/proof {"nonce"}``, open (the prober sends no credential): this node's id
+        and addresses and its proof over the nonce. It reveals nothing a request could not already
+        learn, and the proof is bound to this node's own addresses."""
+        from raftmq.cluster.api.app import json_response
+
+        body = parse_json(await request.read())
+        nonce = body.get("nonce") if isinstance(body, dict) else None
+        if not isinstance(nonce, str) or not 32 <= len(nonce) <= 128 or not nonce.isascii():
+            raise bad('body must be {"nonce": "<32 to 128 characters>"}')
+        me = self.node.me
+        return json_response(
+            {
+                "node_id": me.id,
+                "http": me.http,
+                "raft": me.raft,
+                "proof": node_proof(self.node.keys.peer, nonce, me.id, me.http, me.raft),
+            }
+        )
+
+    # -- internal ---------------------------------------------------------------------------------
+
+    async def internal_action(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        """At the leader of group ``name``: change its voters, or hand its leadership over."""
+        local = self.node.groups[name]
+        if action == "transfer":
+            to = body.get("to")
+            if to is not None and not isinstance(to, str):
+                raise bad("'to' must be a Raft address or null")
+            local.raft.transfer_leadership(to)
+            return {"ok": True}
+        what, addr = body.get("action"), body.get("addr")
+        if what not in ("add", "remove") or not isinstance(addr, str):
+            raise bad('body must be {"action": "add" | "remove", "addr": "<host:port>"}')
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+
+        def done(outcome: Outcome) -> None:  # tick thread
+            loop.call_soon_threadsafe(_set_if_pending, future, outcome)
+
+        local.raft.change_membership(what, addr, done)
+        try:
+            outcome = await asyncio.wait_for(future, MEMBERSHIP_TIMEOUT_S)
+        except TimeoutError:
+            raise ApiError(errors.TIMEOUT, f"group {name}: the voter change did not commit in time") from None
+        if outcome.error:
+            code = errors.BY_CODE.get(outcome.error, errors.UNKNOWN_OUTCOME)
+            if not outcome.definite:
+                code = errors.UNKNOWN_OUTCOME
+            raise ApiError(code, f"group {name}: {what} {addr}: {outcome.error}")
+        result: dict[str, Any] = outcome.result
+        return result
+
+    async def internal_placement(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        machine = self.node.metadata
+        placement = None if machine is None else machine.placement()
+        change = None if machine is None else machine.change()
+        return json_response(
+            {
+                "placement": None if placement is None else placement.to_json(),
+                "change": None if change is None else change.to_json(),
+            }
+        )
+
+
+def add_cluster_routes(app: web.Application, node: Node, api: Api) -> ClusterApi:
+    cluster = ClusterApi(node, api)
+    r = app.router
+    r.add_get("/v1/cluster/placement", cluster.placement)
+    r.add_post("/v1/cluster/nodes", cluster.add_node)
+    r.add_delete("/v1/cluster/nodes/{node}", cluster.remove_node)
+    r.add_post("/v1/cluster/groups/{group}/move", cluster.move)
+    r.add_post("/v1/cluster/groups/{group}/leader", cluster.leader)
+    r.add_post("/v1/cluster/rebalance", cluster.rebalance)
+    r.add_delete("/v1/cluster/change", cluster.cancel)
+    r.add_get("/internal/placement", cluster.internal_placement)
+    r.add_post(PROOF_PATH, cluster.internal_proof)
+
+    async def start_coordinator(app: web.Application) -> None:
+        from raftmq.cluster.node.changes import Coordinator
+
+        cluster.coordinator = coordinator = Coordinator(node, api)
+        task = asyncio.create_task(coordinator.run_forever())
+
+        async def stop(app: web.Application) -> None:
+            task.cancel()
+
+        app.on_cleanup.append(stop)
+
+    app.on_startup.append(start_coordinator)
+    return cluster

@@ -1,0 +1,184 @@
+"""``GET /v1/topics/{topic}/groups``: the consumer groups of a topic and their progress per queue.
+
+For every consumer group with a committed offset or receive/ack state on the topic: per queue the
+committed offset, the high offset, the lag, the messages in flight and waiting for a retry, and the
+dead letters not redriven yet (``cluster/machines/views.py`` reads them from a queue group's store). Each
+queue group's figures come from its leader (``/internal/groups/{g}/consumers``); queues whose
+leader cannot be reached are listed in ``unavailable_queues`` instead of failing the request.
+It is a monitoring read (the web console's consumer view), not a linearizable one.
+
+``GET /v1/topics/{topic}/groups/lag``: each group's lag over the last minutes, as this node sampled
+it (``cluster/node/lag_history.py``), so the console's charts have history when the page opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from raftmq.cluster.api.validation import ApiError, bad, query_int
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.views import consumer_queues
+from raftmq.cluster.node.lag_history import LagHistory, sample_forever
+from raftmq.cluster.node.node import Node
+from raftmq.storage.store import StoreError
+
+if TYPE_CHECKING:
+    from raftmq.cluster.api.app import Api
+
+__all__ = ["add_consumer_routes"]
+
+_FIGURES = ("lag", "in_flight", "retrying", "dead_letters")
+
+
+class _ConsumersApi:
+    def __init__(self, node: Node, api: Api) -> None:
+        self.node = node
+        self.api = api
+        self.history = LagHistory(node.config.limits.lag_sample_ms)
+
+    async def topic_groups(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        if request.query:
+            raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
+        topic = await self.api.topic(request.match_info["topic"])
+        groups, unavailable = await self._groups(topic.id, topic.queue_groups)
+        return json_response(
+            {"topic": topic.name, "groups": list(groups.values()), "unavailable_queues": sorted(unavailable)}
+        )
+
+    async def lag_history(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        if request.query:
+            raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
+        topic = await self.api.topic(request.match_info["topic"])
+        series = self.history.of_topic(topic.id)
+        return json_response(
+            {
+                "topic": topic.name,
+                "node": self.node.me.id,
+                "interval_ms": self.history.interval_ms,
+                "history_ms": self.history.history_ms,
+                "groups": [
+                    {"group": g, "samples": [[t, lag] for t, lag in series[g]]} for g in sorted(series)
+                ],
+            }
+        )
+
+    async def sampled_lags(self, name: str) -> list[tuple[str, int]] | None:
+        """Each group's lag on a topic for the history, or None if a queue could not be asked."""
+        machine = self.node.metadata
+        topic = machine.topic(name) if machine is not None else None
+        if topic is None:
+            return None
+        groups, unavailable = await self._groups(topic.id, topic.queue_groups)
+        return None if unavailable else [(g, entry["lag"]) for g, entry in groups.items()]
+
+    def sampled_topics(self) -> list[tuple[int, str]]:
+        machine = self.node.metadata
+        return [] if machine is None else [(t.id, t.name) for t in machine.topics()]
+
+    async def _groups(
+        self, topic_id: int, queue_groups: tuple[int, ...]
+    ) -> tuple[dict[str, dict[str, Any]], list[int]]:
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for q, g in enumerate(queue_groups):
+            by_group[g].append(q)
+        parts = await asyncio.gather(*(self._rows(g, topic_id) for g in by_group))
+        rows: list[dict[str, Any]] = []
+        unavailable: list[int] = []
+        for g, part in zip(by_group, parts, strict=True):
+            if part is None:
+                unavailable += by_group[g]
+            else:
+                rows += [{**r, "group_id": g} for r in part if r["queue"] in by_group[g]]
+        groups: dict[str, dict[str, Any]] = {}
+        for r in sorted(rows, key=lambda r: (r["group"], r["queue"])):
+            entry = groups.setdefault(
+                r["group"], {"group": r["group"], **dict.fromkeys(_FIGURES, 0), "queues": []}
+            )
+            for f in _FIGURES:
+                entry[f] += r[f]
+            entry["queues"].append({k: r[k] for k in r if k not in ("group", "topic_id")})
+        return groups, unavailable
+
+    async def _rows(self, group_id: int, topic_id: int) -> list[dict[str, Any]] | None:
+        """The consumer rows of one queue group at its leader, or None if it cannot be asked."""
+        name = str(group_id)
+        local = self.node.groups.get(name)
+        if local is not None and local.raft.is_leader():
+            return await _local_rows(local.machine.store, topic_id)
+        leader = self.node.leader_of(name)
+        if leader is None:
+            await self.node.refresh_peer_status()
+            leader = self.node.leader_of(name)
+        if leader is None or leader.id == self.node.me.id:
+            return None
+        try:
+            status, data, _ = await self.node.peer_request(
+                "GET", leader, f"/internal/groups/{name}/consumers?topic_id={topic_id}", timeout_s=3.0
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None
+        if status != 200:
+            self.node.forget_peer_status()  # leadership moved: ask afresh next time
+            return None
+        rows: list[dict[str, Any]] = orjson.loads(data)["rows"]
+        return rows
+
+    async def internal_consumers(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        if not self.node.keys.authorizes(request.headers):
+            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
+        name = request.match_info["group"]
+        local = self.node.groups.get(name)
+        if local is None or not local.raft.is_leader():
+            raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
+        topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
+        rows = await _local_rows(local.machine.store, topic_id)
+        if rows is None:
+            raise ApiError(errors.UNAVAILABLE, f"group {name} is restoring a checkpoint")
+        return json_response({"rows": rows})
+
+
+async def _local_rows(store: Any, topic_id: int) -> list[dict[str, Any]] | None:
+    loop = asyncio.get_running_loop()
+    try:
+        rows = await loop.run_in_executor(None, consumer_queues, store, topic_id)
+    except StoreError:  # the store is being swapped for a restored checkpoint
+        return None
+    return [asdict(r) for r in rows]
+
+
+def add_consumer_routes(app: web.Application, node: Node, api: Api) -> None:
+    handlers = _ConsumersApi(node, api)
+    app.router.add_get("/v1/topics/{topic}/groups", handlers.topic_groups)
+    app.router.add_get("/v1/topics/{topic}/groups/lag", handlers.lag_history)
+
+    async def start_sampling(app: web.Application) -> None:
+        task = asyncio.create_task(
+            sample_forever(
+                handlers.history,
+                handlers.sampled_topics,
+                handlers.sampled_lags,
+                lambda: int(time.time() * 1000),
+            )
+        )
+
+        async def stop(app: web.Application) -> None:
+            task.cancel()
+
+        app.on_cleanup.append(stop)
+
+    app.on_startup.append(start_sampling)
+    app.router.add_get("/internal/groups/{group}/consumers", handlers.internal_consumers)

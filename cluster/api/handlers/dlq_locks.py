@@ -1,0 +1,242 @@
+"""Dead letters and queue locks over HTTP (``docs/delivery.md``); the routes are registered by
+``add_subscription_routes`` (``cluster/api/handlers/subscriptions.py``)::
+
+    GET    /v1/topics/{topic}/subscriptions/{group}/dlq       ?max=&queue=
+    POST   /v1/topics/{topic}/subscriptions/{group}/dlq/redrive  {"max"?, "queue"?}
+    POST   /v1/topics/{topic}/queues/{queue}/locks/{group}    {"consumer", "lease_ms"}
+    DELETE /v1/topics/{topic}/queues/{queue}/locks/{group}    ?consumer=&epoch=
+
+Also the parts of the internal actions ``dlq_list`` and (a locked) ``receive`` at a queue
+group's leader: :func:`dlq_list`, :func:`check_lock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from raftmq.cluster import commands
+from raftmq.cluster.api.app import _group_name, json_response
+from raftmq.cluster.api.common import message_item
+from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
+from raftmq.cluster.api.validation import ApiError, bad, query_int
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.delivery import dlq_topic_name
+from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.node import now_ms
+from raftmq.cluster.node.receive_coordinator import queues_by_group
+from raftmq.storage.queues import lock_state, read_messages
+from raftmq.storage.store import Store
+
+if TYPE_CHECKING:
+    from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
+
+__all__ = ["DeadLettersAndLocks", "check_lock", "dlq_list"]
+
+DEFAULT_REDRIVE = 1000
+MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
+
+
+class DeadLettersAndLocks:
+    """The dead-letter and queue-lock handlers; one instance per node, next to its
+    ``SubscriptionsApi`` (whose topic lookups, consumer-group check and limits they share)."""
+
+    def __init__(self, subs: SubscriptionsApi) -> None:
+        self.subs = subs
+        self.api = subs.api
+
+    @property
+    def limits(self) -> Any:
+        return self.subs.limits
+
+    def _group(self, request: web.Request, topic: Topic | None = None) -> str:
+        return self.subs._group(request, topic)
+
+    def _queue(self, request: web.Request, topic: Topic) -> int:
+        q = query_int({"queue": request.match_info["queue"]}, "queue", None, 0, 2**31)
+        if q >= topic.queues:
+            raise ApiError(
+                errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
+            )
+        return q
+
+    # -- dead letters -----------------------------------------------------------------------------
+
+    async def _dlq(self, topic: Topic, group: str) -> Topic | None:
+        try:
+            return await self.api.topic(dlq_topic_name(topic.name, group))
+        except ApiError as e:
+            if e.code is errors.TOPIC_NOT_FOUND:
+                return None
+            raise
+
+    async def list_dlq(self, request: web.Request) -> web.Response:
+        topic = await self.api.topic(request.match_info["topic"])
+        group = self._group(request, topic)
+        query = request.query
+        unknown = set(query) - {"max", "queue"}
+        if unknown:
+            raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+        max_messages = query_int(
+            query, "max", self.limits.default_fetch_messages, 1, self.limits.max_fetch_messages
+        )
+        queues = self._queues_param(topic, query.get("queue"))
+        dlq = await self._dlq(topic, group)
+        out: dict[str, Any] = {
+            "dead_letter_topic": dlq_topic_name(topic.name, group),
+            "queues": [],
+            "messages": [],
+        }
+        if dlq is None:
+            return json_response(out)
+        parts = await asyncio.gather(
+            *(
+                self.api._group_call(g, "dlq_list", {"topic_id": dlq.id, "queues": qs, "max": max_messages})
+                for g, qs in queues_by_group(dlq, queues).items()
+            )
+        )
+        for part in parts:
+            out["queues"] += part["queues"]
+            out["messages"] += part["messages"]
+        out["queues"].sort(key=lambda q: q["queue"])
+        out["messages"] = sorted(out["messages"], key=lambda m: (m["queue"], m["offset"]))[:max_messages]
+        return json_response(out)
+
+    def _queues_param(self, topic: Topic, raw: str | int | None) -> list[int]:
+        """All queues, or the one named (a query string or a validated body integer)."""
+        if raw is None:
+            return list(range(topic.queues))
+        q = query_int({"queue": raw}, "queue", None, 0, 2**31) if isinstance(raw, str) else raw
+        if q >= topic.queues:
+            raise ApiError(
+                errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {q}"
+            )
+        return [q]
+
+    async def redrive(self, request: web.Request) -> web.Response:
+        topic = await self.api.topic(request.match_info["topic"])
+        group = self._group(request, topic)
+        body = json_object(await request.read(), {"max", "queue"})
+        max_messages = int_field(body, "max", DEFAULT_REDRIVE, 1, commands.MAX_RECEIVE)
+        queue = int_field(body, "queue", None, 0, 2**31) if "queue" in body else None
+        queues = self._queues_param(topic, queue)
+        dlq = await self._dlq(topic, group)
+        out: dict[str, Any] = {
+            "dead_letter_topic": dlq_topic_name(topic.name, group),
+            "redriven": 0,
+            "queues": [],
+            "more": False,
+        }
+        if dlq is None:
+            return json_response(out)
+        parts = await asyncio.gather(
+            *(
+                self.api._group_call(
+                    g,
+                    "redrive",
+                    {
+                        "group": group,
+                        "topic_id": topic.id,
+                        "dlq_topic_id": dlq.id,
+                        "queues": qs,
+                        "max": max_messages,
+                    },
+                )
+                for g, qs in queues_by_group(topic, queues).items()
+            )
+        )
+        for part in parts:
+            out["queues"] += part["queues"]
+            out["more"] = out["more"] or part["more"]
+        out["queues"].sort(key=lambda q: q["queue"])
+        out["redriven"] = sum(q["count"] for q in out["queues"])
+        return json_response(out)
+
+    # -- locks ------------------------------------------------------------------------------------
+
+    async def lock(self, request: web.Request) -> web.Response:
+        topic = await self.api.topic(request.match_info["topic"])
+        group = _group_name(request)
+        queue = self._queue(request, topic)
+        body = json_object(await request.read(), {"consumer", "lease_ms"})
+        consumer = body.get("consumer")
+        if (
+            not isinstance(consumer, str)
+            or not 1 <= len(consumer.encode(errors="replace")) <= MAX_CONSUMER_BYTES
+        ):
+            raise bad(f"'consumer' must be a string of 1 to {MAX_CONSUMER_BYTES} UTF-8 bytes")
+        _utf8(consumer, "consumer")
+        lease_ms = int_field(body, "lease_ms", None, 1, self.limits.max_visibility_ms)
+        result = await self.api._group_call(
+            topic.queue_groups[queue],
+            "lock",
+            {
+                "group": group,
+                "topic_id": topic.id,
+                "queue": queue,
+                "consumer": consumer,
+                "lease_ms": lease_ms,
+            },
+        )
+        return json_response({"topic": topic.name, "queue": queue, "group": group, **result})
+
+    async def unlock(self, request: web.Request) -> web.Response:
+        topic = await self.api.topic(request.match_info["topic"])
+        group = _group_name(request)
+        queue = self._queue(request, topic)
+        query = request.query
+        unknown = set(query) - {"consumer", "epoch"}
+        if unknown:
+            raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+        consumer = query.get("consumer", "")
+        if not 1 <= len(_utf8(consumer, "consumer")) <= MAX_CONSUMER_BYTES:
+            raise bad(f"query parameter 'consumer' must be 1 to {MAX_CONSUMER_BYTES} UTF-8 bytes")
+        epoch = query_int(query, "epoch", None, 0, 2**63 - 1)
+        result = await self.api._group_call(
+            topic.queue_groups[queue],
+            "unlock",
+            {"group": group, "topic_id": topic.id, "queue": queue, "consumer": consumer, "epoch": epoch},
+        )
+        return json_response(result)
+
+
+def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) -> dict[str, Any]:
+    """The internal action ``dlq_list`` at a queue group's leader: per queue the redrive offset
+    and high offset, and up to ``max_messages`` messages from the redrive offsets on."""
+    from raftmq.storage.queues import queue_bounds, redrive_offset
+
+    out_queues: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    for q in queues:
+        low, high = queue_bounds(store, topic_id, q)
+        start = max(low, redrive_offset(store, topic_id, q) or 0)
+        out_queues.append({"queue": q, "redrive_offset": start, "high_offset": high})
+        room = max_messages - len(messages)
+        if room > 0 and start < high:
+            messages += [
+                message_item({"queue": q}, m) for m in read_messages(store, topic_id, q, start, room)
+            ]
+    return {"queues": out_queues, "messages": messages}
+
+
+def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
+    """``stale_epoch`` unless each queue is locked with ``epoch`` by a live lease (as the state
+    machine's receive would refuse it)."""
+    for q in queues:
+        state = lock_state(store, group, topic_id, q)
+        if state is None or state.epoch != epoch or not state.live(now_ms()):
+            raise ApiError(
+                errors.STALE_EPOCH,
+                f"queue {q} is not locked with epoch {epoch} now",
+                queue=q,
+                epoch=None if state is None else state.epoch,
+            )
+
+
+def _utf8(text: str, name: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise bad(f"'{name}' is not valid Unicode (lone surrogate)") from None

@@ -1,0 +1,153 @@
+"""Reading over the HTTP API v1: fetch (``GET /v1/topics/{topic}/queues/{queue}/messages``, JSON;
+the Arrow answer is in ``cluster/api/handlers/segments.py``) and a consumer group's committed offsets
+(``PUT/GET /v1/groups/{group}/offsets``).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Iterator
+
+import orjson
+from aiohttp import web
+
+from raftmq.cluster import commands
+from raftmq.cluster.api.common import body_error, group_name, json_response
+from raftmq.cluster.api.core import ApiCore
+from raftmq.cluster.api.handlers.fetch_common import (
+    encode_fetch,
+    fetch_query,
+    long_poll,
+    read_steps,
+    write_parts,
+)
+from raftmq.cluster.api.handlers.segments import wants_arrow
+from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES, ApiError, bad, parse_json
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.node import now_ms
+from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
+from raftmq.storage.records import Message
+
+__all__ = ["FetchHandlers"]
+
+
+class FetchHandlers(ApiCore):
+    """Fetch and offsets handlers, mixed into ``Api`` (``cluster/api/app.py``)."""
+
+    async def fetch(self, request: web.Request) -> web.StreamResponse:
+        if self.segments is not None and wants_arrow(request):  # Arrow IPC: cluster/api/handlers/segments.py
+            return await self.segments.fetch_arrow(request)
+        f = await fetch_query(
+            self,
+            request,
+            default_max=self.limits.default_fetch_messages,
+            max_max=self.limits.max_fetch_messages,
+            default_bytes=DEFAULT_FETCH_BYTES,
+        )
+        if f.store is None:
+            return await self._forward(request, str(f.group))
+        store, topic, q, offset = f.store, f.topic, f.queue, f.offset
+        steps: Iterator[list[Message]] = iter(())
+
+        def first_step() -> list[Message]:
+            nonlocal steps
+            steps = message_steps(store, topic.id, q, offset, f.max_messages, f.max_bytes)
+            return next(steps, [])
+
+        # Up to 64 MiB: read a record batch at a time with the event loop free in between.
+        messages = await read_steps(await long_poll(self.node, f, first_step, bool), steps)
+        low, high = queue_bounds(store, topic.id, q)
+        self.metrics.fetched.inc(len(messages))
+        next_offset = messages[-1].offset + 1 if messages else offset
+        # Expired messages (TTL, or older than retention_ms) are skipped; next_offset moves past them.
+        tail = {"next_offset": next_offset, "low_offset": low, "high_offset": high}
+        return await write_parts(request, await encode_fetch(messages, now_ms(), topic.retention_ms, tail))
+
+    # -- consumer group offsets -------------------------------------------------------------------
+
+    async def put_offsets(self, request: web.Request) -> web.Response:
+        group = group_name(request)
+        body = parse_json(await request.read())
+        if not isinstance(body, dict) or set(body) - {"topic", "offsets", "epoch"}:
+            raise bad('body must be {"topic": str, "offsets": {"<queue>": offset}, "epoch"?: int}')
+        epoch = body.get("epoch")  # an ordered consumer's lock epoch: the commit is fenced
+        if "epoch" in body and (
+            not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**63
+        ):
+            raise bad("'epoch' must be a non-negative integer")
+        name = body.get("topic")
+        if not isinstance(name, str):
+            raise bad("'topic' must be a topic name")
+        topic = await self.topic(name)
+        offsets = body.get("offsets")
+        if not isinstance(offsets, dict) or not offsets:
+            raise bad("'offsets' must be a non-empty object of queue -> offset")
+        by_group: dict[int, dict[str, int]] = defaultdict(dict)
+        for k, v in offsets.items():
+            # ASCII digits only (str.isdigit() also accepts e.g. "²", which int() refuses), and
+            # few of them (int() refuses more than 4300 digits).
+            if not (k.isascii() and k.isdigit() and len(k) <= 10) or int(k) >= topic.queues:
+                raise ApiError(errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has no queue {k!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63:
+                raise bad(f"offset for queue {k} must be a non-negative integer")
+            by_group[topic.queue_groups[int(k)]][str(int(k))] = v
+        if len(by_group) > 1:
+            # One commit per queue group: check every offset first, so that a request is not
+            # half-applied when a later group refuses its part. high_offset only grows, so an
+            # offset accepted here is still in range when its commit applies.
+            await self._check_offsets(
+                topic, {int(q): o for offs in by_group.values() for q, o in offs.items()}
+            )
+        for g, offs in by_group.items():
+            commit = {"group": group, "topic_id": topic.id, "offsets": offs}
+            if epoch is None:
+                await self._group_call(g, "commit", commit)
+            else:
+                await self._group_call(g, "commit_fenced", {**commit, "epoch": epoch})
+        return json_response({"ok": True})
+
+    async def _check_offsets(self, topic: Topic, offsets: dict[int, int]) -> None:
+        described = await self._describe(topic)
+        for q, offset in offsets.items():
+            info = described["queues"][q]
+            low, high = info["low_offset"], info["high_offset"]
+            if high is None:
+                raise ApiError(errors.UNAVAILABLE, f"cannot read the bounds of queue {q} now")
+            if offset > high:
+                raise ApiError(
+                    errors.OFFSET_OUT_OF_RANGE,
+                    f"offset {offset} is above high_offset {high} of queue {q}",
+                    queue=q,
+                    offset=offset,
+                    low_offset=low,
+                    high_offset=high,
+                )
+
+    async def get_offsets(self, request: web.Request) -> web.Response:
+        group = group_name(request)
+        if not request.query.get("topic"):
+            raise bad("query parameter 'topic' is required")
+        topic = await self.topic(request.query["topic"])
+        result: dict[str, int | None] = {}
+        for g in sorted(set(topic.queue_groups)):
+            name = str(g)
+            queues = [q for q, qg in enumerate(topic.queue_groups) if qg == g]
+            if self._leads(name):
+                await self._propose_checked(name, commands.noop())  # linearizable: barrier first
+                store = self.node.groups[name].machine.store
+                for q in queues:
+                    result[str(q)] = committed_offset(store, group, topic.id, q)
+            else:
+                leader = await self._wait_leader(name, 3.0)
+                query = urllib.parse.urlencode({"group": group, "topic_id": topic.id})
+                status, data, _ = await self.node.peer_request(
+                    "GET", leader, f"/internal/groups/{name}/offsets?{query}"
+                )
+                if status != 200:
+                    raise body_error(status, data)
+                got = orjson.loads(data)["offsets"]
+                for q in queues:
+                    result[str(q)] = got.get(str(q))
+        return json_response({"group": group, "topic": topic.name, "offsets": result})

@@ -1,0 +1,154 @@
+"""Node-to-node HTTP endpoints under ``/internal/``, authenticated by the peer key
+(``cluster/config/keys.py``; ``raftmq backup`` calls status, the barrier action and checkpoint
+with the backup key).
+
+They carry forwarded writes, checkpoint transfers for snapshot installs, status for the cluster
+view, and store digests that tests use to compare replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from raftmq.cluster.api.validation import ApiError, bad, parse_json, query_int
+from raftmq.cluster.base import errors
+from raftmq.cluster.node.node import META, CheckpointBehind, Node
+from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
+
+if TYPE_CHECKING:
+    from raftmq.cluster.api.app import Api
+
+__all__ = ["add_internal_routes"]
+
+
+def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
+    from raftmq.cluster.api.app import json_response
+
+    def authorize(request: web.Request, *, backup: bool = False) -> None:
+        """The peer key, or (``backup``: a route of ``raftmq backup``) the backup key."""
+        if not node.keys.authorizes(request.headers, backup=backup):
+            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
+
+    def local_group(request: web.Request) -> Any:
+        name = request.match_info["group"]
+        local = node.groups.get(name)
+        if local is None:
+            raise ApiError(errors.NOT_FOUND, f"node {node.me.id} hosts no replica of group {name}")
+        return local
+
+    async def status(request: web.Request) -> web.Response:
+        authorize(request, backup=True)
+        return json_response(node.local_status())
+
+    async def action(request: web.Request) -> web.Response:
+        authorize(request, backup=request.match_info["action"] == "barrier")
+        body = parse_json(await request.read())
+        return json_response(
+            await api.internal_action(request.match_info["group"], request.match_info["action"], body)
+        )
+
+    async def topic(request: web.Request) -> web.Response:
+        authorize(request)
+        name = request.match_info["topic"]
+        if not api._leads(META):
+            raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead the metadata group")
+        t = await api._topic_linearizable(name)
+        if t is None:
+            raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+        return json_response(t.to_json())
+
+    async def topics(request: web.Request) -> web.Response:
+        """Every topic in this node's metadata replica (not linearizable: for retention ticks)."""
+        authorize(request)
+        if node.metadata is None:
+            raise ApiError(errors.NOT_LEADER, f"{node.me.id} holds no metadata replica")
+        return json_response({"topics": [t.to_json() for t in node.metadata.topics()]})
+
+    async def bounds(request: web.Request) -> web.Response:
+        authorize(request)
+        local = local_group(request)
+        topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
+        store = local.machine.store
+        out = {}
+        for q in range(4096):
+            if queue_meta(store, topic_id, q) is not None:
+                out[str(q)] = list(queue_bounds(store, topic_id, q))
+        return json_response({"queues": out})
+
+    async def offsets(request: web.Request) -> web.Response:
+        authorize(request)
+        local = local_group(request)
+        name = request.match_info["group"]
+        await api.internal_action(name, "barrier", {})
+        group, topic_id = request.query.get("group"), query_int(request.query, "topic_id", None, 0, 2**32 - 1)
+        if not group:
+            raise bad("query parameter 'group' is required")
+        store = local.machine.store
+        out = {}
+        for q in range(4096):
+            if (
+                queue_meta(store, topic_id, q) is not None
+                or committed_offset(store, group, topic_id, q) is not None
+            ):
+                out[str(q)] = committed_offset(store, group, topic_id, q)
+        return json_response({"offsets": out})
+
+    async def checkpoint(request: web.Request) -> web.StreamResponse:
+        authorize(request, backup=True)
+        name = request.match_info["group"]
+        local_group(request)
+        # A replica installing a snapshot asks for a state covering it: a lagging one refuses.
+        min_index = query_int(request.query, "min_index", 0, 0, 2**63 - 1)
+        loop = asyncio.get_running_loop()
+        try:
+            tar_path = await loop.run_in_executor(None, node.make_checkpoint_tar, name, min_index)
+        except CheckpointBehind as e:
+            raise ApiError(errors.UNAVAILABLE, str(e)) from None
+        try:
+            response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
+            response.content_length = os.path.getsize(tar_path)
+            await response.prepare(request)
+            with open(tar_path, "rb") as f:
+                while chunk := await loop.run_in_executor(None, f.read, 1 << 20):
+                    await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            os.remove(tar_path)
+
+    async def digest(request: web.Request) -> web.Response:
+        authorize(request)
+        local_group(request)
+        loop = asyncio.get_running_loop()
+        return json_response(await loop.run_in_executor(None, node.store_digest, request.match_info["group"]))
+
+    async def propose_raw(request: web.Request) -> web.Response:
+        """Propose raw command bytes (operators and tests: the state machine must cope with any)."""
+        authorize(request)
+        local_group(request)
+        name = request.match_info["group"]
+        if not api._leads(name):
+            raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead group {name}")
+        outcome = await node.propose(name, await request.read())
+        return json_response({"error": outcome.error, "definite": outcome.definite, "result": outcome.result})
+
+    async def compact(request: web.Request) -> web.Response:
+        authorize(request)
+        local_group(request).raft.force_compaction()
+        return json_response({"ok": True})
+
+    r = app.router
+    r.add_get("/internal/status", status)
+    r.add_get("/internal/topics", topics)
+    r.add_get("/internal/topics/{topic}", topic)
+    r.add_post("/internal/groups/{group}/propose", propose_raw)
+    r.add_post("/internal/groups/{group}/compact", compact)
+    r.add_post("/internal/groups/{group}/{action}", action)
+    r.add_get("/internal/groups/{group}/bounds", bounds)
+    r.add_get("/internal/groups/{group}/offsets", offsets)
+    r.add_get("/internal/groups/{group}/checkpoint", checkpoint)
+    r.add_get("/internal/groups/{group}/digest", digest)

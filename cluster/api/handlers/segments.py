@@ -1,0 +1,329 @@
+"""HTTP routes of sealed segments and the Arrow fetch (``docs/spark.md``, ``docs/api.md``).
+
+Public:
+
+- ``GET /v1/topics/{topic}/segments``: the manifest. Per queue: ``low_offset``, ``high_offset``
+  (committed, as applied by the queue group's leader) and the sealed segments still holding
+  retained data, with where their files are (``arrow_path``/``parquet_path``: a path on the node
+  that wrote them, or a URI of a shared store) and ``url``, which serves the bytes over HTTP.
+- ``GET /v1/topics/{topic}/segments/{queue}/{base}?format=arrow|parquet``: one sealed segment's
+  file. Any node answers: it reads the file (its own, or a shared store) or proxies the writer.
+- ``GET /v1/topics/{topic}/queues/{queue}/messages`` with ``Accept:
+  application/vnd.apache.arrow.stream``: the fetch route answers an Arrow IPC stream (Kafka's
+  columns, up to 65,536 rows, ``X-Raftmq-Next-Offset``/``Low-Offset``/``High-Offset`` headers).
+  Same offsets as the JSON answer; it also returns messages a per-message TTL expired (replay sees
+  every retained message).
+
+Internal (peer key): ``GET /internal/groups/{group}/segments?topic_id=&queues=`` (the
+manifest part of one queue group, from its leader) and ``POST /internal/segments/seal``
+(seal every unsealed committed range of the groups this node leads now; tests and operators).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from raftmq.cluster.api.handlers.fetch_common import fetch_query, long_poll, only_params, queue_number
+from raftmq.cluster.api.validation import MAX_OFFSET, ApiError, bad, query_int
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.segments import locate, manifest, segment_root
+from raftmq.cluster.node.node import Node
+from raftmq.storage.queues import queue_bounds
+
+if TYPE_CHECKING:
+    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.machines.metadata import Topic
+
+__all__ = ["ARROW_FILE", "ARROW_STREAM", "PARQUET", "SegmentsApi", "add_segment_routes", "wants_arrow"]
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+ARROW_FILE = "application/vnd.apache.arrow.file"
+PARQUET = "application/vnd.apache.parquet"
+ARROW_MAX_ROWS = 65_536
+ARROW_DEFAULT_BYTES = 32 * 1024 * 1024
+FORWARDED = "X-Raftmq-Forwarded"
+_OFFSET_HEADERS = ("X-Raftmq-Next-Offset", "X-Raftmq-Low-Offset", "X-Raftmq-High-Offset")
+
+
+def wants_arrow(request: web.Request) -> bool:
+    """The request asks for an Arrow IPC stream (``Accept``)."""
+    return ARROW_STREAM in request.headers.get("Accept", "")
+
+
+class SegmentsApi:
+    def __init__(self, node: Node, api: Api) -> None:
+        self.node = node
+        self.api = api
+
+    # -- manifest ---------------------------------------------------------------------------------
+
+    async def _group_manifest(self, g: int, topic: Topic, qs: list[int]) -> tuple[str | None, dict[int, Any]]:
+        """(leader id, per-queue manifest) of queue group ``g``, read at its leader."""
+        name = str(g)
+        if self.api._leads(name):
+            local = self.node.groups[name]
+            return self.node.me.id, manifest(local.machine.store, topic.id, qs)
+        leader = await self.api._leader_elsewhere(name)
+        query = f"topic_id={topic.id}&queues={','.join(map(str, qs))}"
+        try:
+            status, data, _ = await self.node.peer_request(
+                "GET", leader, f"/internal/groups/{name}/segments?{query}", timeout_s=10.0
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            raise ApiError(
+                errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
+            ) from None
+        if status != 200:
+            raise ApiError(errors.UNAVAILABLE, f"the leader {leader.id} of group {name} answered {status}")
+        got = orjson.loads(data)["queues"]
+        return leader.id, {int(q): v for q, v in got.items()}
+
+    def _describe_segment(self, topic: Topic, q: int, s: dict[str, Any]) -> dict[str, Any]:
+        writer = self._node_config(s["node"])
+        root = segment_root(self.node.config.segments.store, writer) if writer else None
+        http_url = (writer or self.node.me).http_url
+        return {
+            "base": s["base"],
+            "end": s["end"],
+            "rows": s["rows"],
+            "bytes": s["bytes"],
+            "crc32c": s["crc32c"],
+            "parquet_crc32c": s["parquet_crc32c"],
+            "node": s["node"],
+            "first_timestamp_ms": s["first_ts_ms"],
+            "last_timestamp_ms": s["last_ts_ms"],
+            "arrow_path": locate(root, s["arrow"]) if root else None,
+            "parquet_path": locate(root, s["parquet"]) if root and s["parquet"] else None,
+            "url": f"{http_url}/v1/topics/{topic.name}/segments/{q}/{s['base']}",
+        }
+
+    def _node_config(self, node_id: str) -> Any:
+        for n in self.node.config.nodes:
+            if n.id == node_id:
+                return n
+        return None
+
+    async def get_manifest(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        topic = await self.api.topic(request.match_info["topic"])
+        only_params(request, set())
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for q, g in enumerate(topic.queue_groups):
+            by_group[g].append(q)
+        parts = await asyncio.gather(*(self._group_manifest(g, topic, qs) for g, qs in by_group.items()))
+        per_queue: dict[int, tuple[int, str | None, dict[str, Any]]] = {}
+        for (g, _), (leader, got) in zip(by_group.items(), parts, strict=True):
+            for q, info in got.items():
+                per_queue[q] = (g, leader, info)
+        out = []
+        for q in range(topic.queues):
+            g, leader, info = per_queue[q]
+            segs = [self._describe_segment(topic, q, s) for s in info["segments"]]
+            out.append(
+                {
+                    "queue": q,
+                    "group_id": g,
+                    "leader": leader,
+                    "leader_url": (self._node_config(leader) or self.node.me).http_url if leader else None,
+                    "low_offset": info["low_offset"],
+                    "high_offset": info["high_offset"],
+                    "sealed_end": segs[-1]["end"] if segs else info["low_offset"],
+                    "segments": segs,
+                }
+            )
+        settings = self.node.config.segments
+        return json_response(
+            {
+                "topic": topic.name,
+                "topic_id": topic.id,
+                "shared_store": bool(settings.store),
+                "queues": out,
+            }
+        )
+
+    # -- one segment's bytes ----------------------------------------------------------------------
+
+    async def get_segment(self, request: web.Request) -> web.StreamResponse:
+        topic = await self.api.topic(request.match_info["topic"])
+        q = queue_number(topic, request.match_info["queue"])
+        base = query_int({"base": request.match_info["base"]}, "base", None, 0, MAX_OFFSET)
+        only_params(request, {"format"})
+        fmt = request.query.get("format", "arrow")
+        if fmt not in ("arrow", "parquet"):
+            raise bad("format must be 'arrow' or 'parquet'")
+        _, got = await self._group_manifest(topic.queue_groups[q], topic, [q])
+        entry = next((s for s in got[q]["segments"] if s["base"] == base), None)
+        if entry is None:
+            raise ApiError(errors.NOT_FOUND, f"queue {q} of {topic.name!r} has no sealed segment at {base}")
+        rel = entry["arrow"] if fmt == "arrow" else entry["parquet"]
+        if rel is None:
+            raise ApiError(errors.NOT_FOUND, f"the segment at {base} has no {fmt} file")
+        content_type = ARROW_FILE if fmt == "arrow" else PARQUET
+        crc = entry["crc32c"] if fmt == "arrow" else entry["parquet_crc32c"]
+        headers = {"X-Raftmq-Crc32c": str(crc)}
+        writer = self._node_config(entry["node"])
+        settings = self.node.config.segments
+        if entry["node"] == self.node.me.id or settings.store:
+            from raftmq.storage.segments import SegmentStore
+
+            store = (
+                self.node.sealer.store
+                if entry["node"] == self.node.me.id and self.node.sealer is not None
+                else SegmentStore(segment_root(settings.store, writer or self.node.me))
+            )
+            loop = asyncio.get_running_loop()
+            try:
+                data = await loop.run_in_executor(None, store.read_bytes, rel)
+            except (FileNotFoundError, OSError):
+                raise ApiError(
+                    errors.NOT_FOUND, f"the {fmt} file of the segment at {base} is gone (retention?)"
+                ) from None
+            return web.Response(body=data, content_type=content_type, headers=headers)
+        if writer is None or request.headers.get(FORWARDED):
+            raise ApiError(errors.UNAVAILABLE, f"segment at {base} was written by {entry['node']}, not here")
+        session = self.node._session
+        assert session is not None
+        try:
+            async with session.get(
+                writer.http_url + request.path_qs,
+                headers={FORWARDED: self.node.me.id},
+                timeout=aiohttp.ClientTimeout(total=120),
+            ) as resp:
+                body = await resp.read()
+                return web.Response(
+                    body=body,
+                    status=resp.status,
+                    content_type=resp.content_type,
+                    headers={k: v for k, v in resp.headers.items() if k.startswith("X-Raftmq-")},
+                )
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            raise ApiError(errors.UNAVAILABLE, f"cannot reach {writer.id}, which holds the segment") from None
+
+    # -- Arrow fetch --------------------------------------------------------------------------------
+
+    async def fetch_arrow(self, request: web.Request) -> web.StreamResponse:
+        from raftmq.storage.segments import batch_to_ipc_stream, read_columns
+
+        f = await fetch_query(
+            self.api,
+            request,
+            default_max=ARROW_MAX_ROWS,
+            max_max=ARROW_MAX_ROWS,
+            default_bytes=ARROW_DEFAULT_BYTES,
+        )
+        if f.store is None:
+            return await self._forward(request, str(f.group))
+        store, topic, q = f.store, f.topic, f.queue
+        batch, next_offset = await long_poll(
+            self.node,
+            f,
+            lambda: read_columns(store, topic.id, topic.name, q, f.offset, None, f.max_messages, f.max_bytes),
+            lambda got: bool(got[0].num_rows),
+            in_executor=True,
+        )
+        low, high = queue_bounds(store, topic.id, q)
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(None, lambda: batch_to_ipc_stream([batch]).to_pybytes())
+        if self.api.metrics is not None:
+            self.api.metrics.fetched.inc(batch.num_rows)
+        return web.Response(
+            body=body,
+            content_type=ARROW_STREAM,
+            headers=dict(zip(_OFFSET_HEADERS, (str(next_offset), str(low), str(high)), strict=True)),
+        )
+
+    async def _forward(self, request: web.Request, name: str) -> web.StreamResponse:
+        """Proxy an Arrow fetch to the group's leader, keeping ``Accept`` and the offset headers."""
+        api = self.api
+        if request.headers.get(FORWARDED):
+            raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
+        deadline = time.monotonic() + api.leader_wait_s
+        session = self.node._session
+        assert session is not None
+        while True:
+            leader = await api._leader_elsewhere(name)
+            try:
+                async with session.get(
+                    leader.http_url + request.path_qs,
+                    headers={FORWARDED: self.node.me.id, "Accept": ARROW_STREAM},
+                    timeout=aiohttp.ClientTimeout(total=api.limits.max_wait_ms / 1000 + 30),
+                ) as resp:
+                    body = await resp.read()
+                    if resp.status == errors.NOT_LEADER.status and time.monotonic() < deadline:
+                        await asyncio.sleep(0.1)
+                        self.node.forget_peer_status()
+                        continue
+                    return web.Response(
+                        body=body,
+                        status=resp.status,
+                        content_type=resp.content_type,
+                        headers={k: v for k, v in resp.headers.items() if k in _OFFSET_HEADERS},
+                    )
+            except aiohttp.ClientConnectorError:
+                raise ApiError(
+                    errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
+                ) from None
+            except (TimeoutError, aiohttp.ClientError):
+                raise ApiError(errors.UNAVAILABLE, f"lost the answer of the leader {leader.id}") from None
+
+    # -- internal -----------------------------------------------------------------------------------
+
+    def _authorize(self, request: web.Request) -> None:
+        if not self.node.keys.authorizes(request.headers):
+            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
+
+    async def internal_manifest(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        self._authorize(request)
+        name = request.match_info["group"]
+        local = self.node.groups.get(name)
+        if local is None or name == "meta":
+            raise ApiError(errors.NOT_FOUND, f"node {self.node.me.id} hosts no replica of queue group {name}")
+        topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
+        raw = request.query.get("queues", "")
+        try:
+            qs = [int(x) for x in raw.split(",") if x]
+        except ValueError:
+            raise bad("queues must be comma-separated queue numbers") from None
+        got = manifest(local.machine.store, topic_id, qs)
+        return json_response({"queues": {str(q): v for q, v in got.items()}})
+
+    async def internal_seal(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        self._authorize(request)
+        if self.node.sealer is None:
+            raise ApiError(errors.UNAVAILABLE, "segment sealing is not running")
+        results = await self.node.sealer.once(force=True)
+        return json_response({"results": results})
+
+    async def internal_gc(self, request: web.Request) -> web.Response:
+        from raftmq.cluster.api.app import json_response
+
+        self._authorize(request)
+        if self.node.sealer is None:
+            raise ApiError(errors.UNAVAILABLE, "segment sealing is not running")
+        loop = asyncio.get_running_loop()
+        deleted = await loop.run_in_executor(None, self.node.sealer.collect_garbage)
+        return json_response({"deleted": deleted})
+
+
+def add_segment_routes(app: web.Application, node: Node, api: Api) -> SegmentsApi:
+    """Register the segment routes; returns the handlers (the fetch route uses ``fetch_arrow``)."""
+    s = SegmentsApi(node, api)
+    r = app.router
+    r.add_get("/v1/topics/{topic}/segments", s.get_manifest)
+    r.add_get("/v1/topics/{topic}/segments/{queue}/{base}", s.get_segment)
+    r.add_get("/internal/groups/{group}/segments", s.internal_manifest)
+    r.add_post("/internal/segments/seal", s.internal_seal)
+    r.add_post("/internal/segments/gc", s.internal_gc)
+    return s

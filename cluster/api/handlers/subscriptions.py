@@ -1,0 +1,600 @@
+"""Receive/ack, dead letters, queue locks and subscription settings over HTTP (``docs/delivery.md``).
+
+Public routes (any node answers; the state lives in the queue groups, see
+``cluster/machines/delivery/__init__.py``)::
+
+    POST   /v1/topics/{topic}/subscriptions/{group}/receive   {"max", "wait_ms", "visibility_ms",
+                                                                "queue"?, "epoch"?}
+    POST   /v1/topics/{topic}/subscriptions/{group}/ack       {"receipts", "epoch"?}
+    POST   /v1/topics/{topic}/subscriptions/{group}/nack      {"receipts", "delay_ms"?, "epoch"?}
+    POST   /v1/topics/{topic}/subscriptions/{group}/extend    {"receipts", "visibility_ms"?, "epoch"?}
+    PUT    /v1/topics/{topic}/subscriptions/{group}           {"max_deliveries"?, "backoff_ms"?}
+    GET    /v1/topics/{topic}/subscriptions/{group}/dlq       ?max=&queue=
+    POST   /v1/topics/{topic}/subscriptions/{group}/dlq/redrive  {"max"?, "queue"?}
+    POST   /v1/topics/{topic}/queues/{queue}/locks/{group}    {"consumer", "lease_ms"}
+    DELETE /v1/topics/{topic}/queues/{queue}/locks/{group}    ?consumer=&epoch=
+
+Receives of one (topic, consumer group) are coordinated by one node: the leader of the queue group
+holding the topic's queue 0 (a locked receive: the leader of its queue's group); other nodes
+forward to it. The coordinator's line of waiting receivers, served round robin, is in
+``cluster/node/receive_coordinator.py``. Acks, nacks and extends go straight to the queue groups of
+their receipts. The dead-letter and lock handlers are in ``cluster/api/handlers/dlq_locks.py``.
+
+Internal actions (``Api.internal_action``) at a queue group's leader: ``subscribe``, ``receive``,
+``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``, ``extend``,
+``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``dlq_list``; at the metadata leader:
+``ensure_dlq``; at a receive coordinator: ``take`` (wait in its line, as a push stream does:
+``cluster/api/handlers/push.py``).
+
+Consume rights create nothing permanent: a receive or push stream stores the subscription with the
+dead-letter topic only if that topic exists. The dead-letter topic is created by a subscription
+``PUT`` (admin), or when the first dead letter is parked for want of it (:meth:`on_parked`, at the
+leader of a queue group of the topic; ``docs/delivery.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from raftmq.cluster import commands
+from raftmq.cluster.api.app import FORWARDED, json_response
+from raftmq.cluster.api.common import message_item
+from raftmq.cluster.api.handlers.dlq_locks import DeadLettersAndLocks, check_lock, dlq_list
+from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
+from raftmq.cluster.api.validation import ApiError, bad
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.delivery import available, dlq_topic_name
+from raftmq.cluster.machines.metadata import Topic, validate_topic_name
+from raftmq.cluster.node.node import META, Node, now_ms
+from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
+from raftmq.cluster.replication.settle_commit import SettleCommitter
+from raftmq.storage.queues import OffsetOutOfRange, read_messages
+from raftmq.storage.records import Message
+from raftmq.storage.store import Store
+
+if TYPE_CHECKING:
+    from raftmq.cluster.api.app import Api
+
+__all__ = ["INTERNAL_ACTIONS", "SubscriptionsApi", "add_subscription_routes", "format_receipt"]
+
+log = structlog.get_logger(__name__)
+
+INTERNAL_ACTIONS = frozenset(
+    {
+        "subscribe",
+        "receive",
+        "await",
+        "ack",
+        "nack",
+        "extend",
+        "lock",
+        "unlock",
+        "commit_fenced",
+        "redrive",
+        "dlq_list",
+        "ensure_dlq",
+        "take",
+    }
+)
+_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive"})
+_SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
+_COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
+SUBSCRIPTION_REFRESH_S = 60.0  # how long a coordinator trusts that a subscription is in place
+SUBSCRIBED_MAX = 4096  # the most (topic, group) pairs a node remembers as subscribed
+DEFAULT_REDRIVE = 1000
+MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
+
+
+def format_receipt(topic_id: int, queue: int, offset: int, token: int) -> str:
+    """A receipt: opaque to clients; ``topic_id.queue.offset.token`` (the token is the raft index
+    of the delivering ``receive``, so a receipt names one delivery)."""
+    return f"{topic_id}.{queue}.{offset}.{token}"
+
+
+_NUMBER = "(0|[1-9][0-9]{0,19})"  # no sign, no leading zero, ASCII digits only
+_RECEIPT = re.compile(r"\.".join([_NUMBER] * 4))
+
+
+def _parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
+    match = _RECEIPT.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise bad(f"receipts[{i}] is not a receipt")
+    topic_id, queue, offset, token = map(int, match.groups())
+    if topic_id >= 2**32 or queue >= 2**32 or offset >= 2**64 or token >= 2**64:
+        raise bad(f"receipts[{i}] is not a receipt")
+    return topic_id, queue, offset, token
+
+
+def _read(store: Store, topic_id: int, queue: int, offsets: list[int]) -> dict[int, Message]:
+    """The messages at ``offsets`` of one queue, reading runs of consecutive offsets together."""
+    found: dict[int, Message] = {}
+    ordered = sorted(set(offsets))
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        try:
+            count = end - start + 1
+            for m in read_messages(store, topic_id, queue, ordered[start], count, first_chunk=1):
+                found[m.offset] = m
+        except OffsetOutOfRange:
+            pass  # retention removed it after it was handed out; it will expire and be finished
+        start = end + 1
+    return found
+
+
+class RecentKeys:
+    """Keys seen within the last ``ttl_s`` seconds, at most ``max_keys`` of them (the least
+    recently added go first). For keys that clients choose (consumer group names), so that no
+    number of distinct names grows a node's memory without bound."""
+
+    def __init__(self, max_keys: int, ttl_s: float) -> None:
+        self.max_keys = max_keys
+        self.ttl_s = ttl_s
+        self._added: OrderedDict[Hashable, float] = OrderedDict()  # oldest first
+
+    def __len__(self) -> int:
+        return len(self._added)
+
+    def fresh(self, key: Hashable, now: float) -> bool:
+        """Whether ``key`` was added less than ``ttl_s`` before ``now`` (a monotonic time)."""
+        added = self._added.get(key)
+        if added is None:
+            return False
+        if now - added < self.ttl_s:
+            return True
+        del self._added[key]
+        return False
+
+    def add(self, key: Hashable, now: float) -> None:
+        """Remember ``key`` as added at ``now``; forget the oldest keys beyond ``max_keys`` and
+        those that expired (kept in the order they were added, so they are at the front)."""
+        self._added[key] = now
+        self._added.move_to_end(key)
+        while self._added:
+            oldest, added = next(iter(self._added.items()))
+            if len(self._added) <= self.max_keys and now - added < self.ttl_s:
+                break
+            del self._added[oldest]
+
+
+class SubscriptionsApi:
+    """Handlers and internal actions; one instance per node (``Api.delivery``)."""
+
+    actions = INTERNAL_ACTIONS
+
+    def __init__(self, node: Node, api: Api) -> None:
+        self.node = node
+        self.api = api
+        self.coordinator = ReceiveCoordinator(node, api, self._receipts_call)
+        self._subscribed = RecentKeys(SUBSCRIBED_MAX, SUBSCRIPTION_REFRESH_S)
+        self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
+        self._creating_dlq: set[tuple[int, str]] = set()  # on_parked's tasks under way
+        self._tasks: set[asyncio.Task[None]] = set()
+        node.on_parked = self.on_parked
+
+    @property
+    def limits(self) -> Any:
+        return self.node.config.limits
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _group(self, request: web.Request, topic: Topic | None = None) -> str:
+        """The consumer group of a subscription route; it must fit a topic name, since it names
+        the dead-letter topic ``<topic>.<group>.dlq``."""
+        group = request.match_info["group"]
+        problem = validate_topic_name(group)
+        if problem is None and topic is not None:
+            problem = validate_topic_name(dlq_topic_name(topic.name, group))
+        if problem:
+            raise bad(f"consumer group {group!r} cannot name a dead-letter topic: {problem}")
+        return group
+
+    async def _existing_dlq(self, topic: Topic, group: str) -> Topic | None:
+        """The dead-letter topic of ``group`` on ``topic`` if it exists with the topic's placement."""
+        try:
+            dlq = await self.api.topic(dlq_topic_name(topic.name, group))
+        except ApiError as e:
+            if e.code is not errors.TOPIC_NOT_FOUND:
+                raise
+            return None
+        return dlq if dlq.queue_groups == topic.queue_groups else None
+
+    async def _ensure_dlq(self, topic: Topic, group: str) -> Topic:
+        """The dead-letter topic, created by the metadata group if it does not exist."""
+        dlq = await self._existing_dlq(topic, group)
+        if dlq is not None:
+            return dlq
+        result = await self.api._group_call(META, "ensure_dlq", {"source": topic.name, "group": group})
+        return Topic.from_json(result["topic"])
+
+    async def _ensure_subscription(self, topic: Topic, group: str) -> None:
+        """Store the subscription in every queue group of the topic (with the cluster's defaults;
+        an existing subscription keeps its settings) before a receive. It names the dead-letter
+        topic only if that exists: a receive creates no topic."""
+        key = (topic.id, group)
+        if self._subscribed.fresh(key, time.monotonic()):
+            return
+        await self._subscribe(topic, group, None, None, create_dlq=False)
+        self._subscribed.add(key, time.monotonic())
+
+    async def _subscribe(
+        self,
+        topic: Topic,
+        group: str,
+        max_deliveries: int | None,
+        backoff_ms: list[int] | None,
+        *,
+        create_dlq: bool,
+    ) -> dict[str, Any]:
+        dlq = await (self._ensure_dlq if create_dlq else self._existing_dlq)(topic, group)
+        settings = self.node.config.delivery
+        body = {
+            "group": group,
+            "topic_id": topic.id,
+            "topic": topic.name,
+            "dlq_topic_id": None if dlq is None else dlq.id,
+            "max_deliveries": max_deliveries or settings.max_deliveries,
+            "backoff_ms": backoff_ms or list(settings.backoff_ms),
+            "overwrite": max_deliveries is not None or backoff_ms is not None,
+        }
+        results = await asyncio.gather(
+            *(self.api._group_call(g, "subscribe", body) for g in sorted(set(topic.queue_groups)))
+        )
+        stored: dict[str, Any] = results[0]["subscription"]
+        return {
+            "topic": topic.name,
+            "group": group,
+            "dead_letter_topic": dlq_topic_name(topic.name, group),
+            "max_deliveries": stored["max_deliveries"],
+            "backoff_ms": stored["backoff_ms"],
+        }
+
+    def on_parked(self, parked: tuple[tuple[int, str, str], ...]) -> None:
+        """Applies parked dead letters of these ``(topic_id, topic, group)`` (``Node.on_parked``,
+        on the event loop, on every replica): where this node leads the queue group, have the
+        metadata group create the dead-letter topic and record it in the subscription of every
+        queue group of the topic. The parked messages move there when their retry is due. If this
+        fails (a leader change, the topic deleted), the message is delivered again when due and
+        parked again at its next failure, which asks again."""
+        for topic_id, topic_name, group in parked:
+            key = (topic_id, group)
+            if key in self._creating_dlq:
+                continue
+            self._creating_dlq.add(key)
+            task = asyncio.create_task(self._create_dlq_for(topic_id, topic_name, group))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _create_dlq_for(self, topic_id: int, topic_name: str, group: str) -> None:
+        try:
+            topic = await self.api.topic(topic_name)
+            if topic.id != topic_id or not any(self.api._leads(str(g)) for g in set(topic.queue_groups)):
+                return  # deleted, or a follower's replica: the leader's does this
+            await self._subscribe(topic, group, None, None, create_dlq=True)
+            log.info("dead_letter_topic_created", topic=topic.name, group=group)
+        except ApiError as e:
+            log.warning("dead_letter_topic_not_created", topic=topic_name, group=group, error=e.message)
+        except Exception:
+            log.exception("dead_letter_topic_not_created", topic=topic_name, group=group)
+        finally:
+            self._creating_dlq.discard((topic_id, group))
+
+    # -- receive ----------------------------------------------------------------------------------
+
+    async def receive(self, request: web.Request) -> web.Response:
+        topic = await self.api.topic(request.match_info["topic"])
+        group = self._group(request, topic)
+        raw = await request.read()
+        body = json_object(raw, {"max", "wait_ms", "visibility_ms", "queue", "epoch"})
+        limits = self.limits
+        max_messages = int_field(
+            body,
+            "max",
+            limits.default_fetch_messages,
+            1,
+            min(limits.max_fetch_messages, commands.MAX_RECEIVE),
+        )
+        wait_ms = int_field(body, "wait_ms", 0, 0, limits.max_wait_ms)
+        visibility_ms = int_field(
+            body, "visibility_ms", limits.default_visibility_ms, 1, limits.max_visibility_ms
+        )
+        if ("queue" in body) != ("epoch" in body):
+            raise bad("'queue' and 'epoch' go together (a receive under a queue lock)")
+        queue = int_field(body, "queue", None, 0, 2**31) if "queue" in body else None
+        epoch = int_field(body, "epoch", None, 0, 2**63 - 1) if "epoch" in body else None
+        if queue is not None and queue >= topic.queues:
+            raise ApiError(
+                errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {queue}"
+            )
+        coordinator = str(topic.queue_groups[queue or 0])
+        key = (topic.id, group, queue, epoch)
+        deadline = time.monotonic() + wait_ms / 1000
+        give_up = deadline + self.api.leader_wait_s
+        while True:  # the coordinator can move (a leader change) while the receiver waits
+            if not self.api._leads(coordinator):
+                await self.coordinator.new_leader_known(coordinator)
+                if self.api._leads(coordinator):
+                    continue
+                remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                try:
+                    return await self.api._forward(
+                        request, coordinator, orjson.dumps({**body, "wait_ms": remaining_ms})
+                    )
+                except ApiError as e:
+                    # "electing": the leadership came here while forwarding; look again.
+                    if e.code is not errors.UNAVAILABLE or time.monotonic() > give_up:
+                        raise
+                    await asyncio.sleep(0.1)  # (or the leader is unreachable: do not spin)
+                    self.node.forget_peer_status()
+                    continue
+            await self._ensure_subscription(topic, group)
+            waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
+            self.coordinator.enqueue(
+                key, waiter, lambda: self.coordinator.target(topic, group, queue, epoch, coordinator)
+            )
+            try:
+                return json_response({"messages": await waiter.future})
+            except ApiError as e:
+                if e.code is not errors.NOT_LEADER or request.headers.get(FORWARDED):
+                    raise  # a forwarding node retries a not_leader answer at the new leader itself
+            await self.coordinator.new_leader_known(coordinator)
+
+    async def take(
+        self, topic: Topic, group: str, max_messages: int, visibility_ms: int, wait_ms: int
+    ) -> list[dict[str, Any]]:
+        """Wait in this coordinator's line like an HTTP receive (same round robin, deadlines and
+        receipts) and return what was handed out (the push stream's source, ``cluster/api/handlers/push.py``).
+
+        Raises:
+            ApiError: ``not_leader`` when this node does not coordinate (topic, group) (nothing
+                was handed out); any error of the receive.
+        """
+        coordinator = str(topic.queue_groups[0])
+        if not self.api._leads(coordinator):
+            raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not coordinate {topic.name}/{group}")
+        await self._ensure_subscription(topic, group)
+        deadline = time.monotonic() + wait_ms / 1000
+        waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
+        key = (topic.id, group, None, None)
+        self.coordinator.enqueue(
+            key, waiter, lambda: self.coordinator.target(topic, group, None, None, coordinator)
+        )
+        return await waiter.future
+
+    async def settle(
+        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """``ack``, ``nack`` or ``extend`` checked ``receipts`` and ``fields`` as the HTTP routes
+        do (the push stream's FIN, REQ and TOUCH); one result per receipt."""
+        return await self._receipts_call(topic, group, op, receipts, fields)
+
+    async def ack(self, request: web.Request) -> web.Response:
+        return await self._receipts(request, "ack", set())
+
+    async def nack(self, request: web.Request) -> web.Response:
+        return await self._receipts(request, "nack", {"delay_ms"})
+
+    async def extend(self, request: web.Request) -> web.Response:
+        return await self._receipts(request, "extend", {"visibility_ms"})
+
+    async def _receipts(self, request: web.Request, op: str, extra: set[str]) -> web.Response:
+        topic = await self.api.topic(request.match_info["topic"])
+        group = self._group(request, topic)
+        body = json_object(await request.read(), {"receipts", "epoch", *extra})
+        receipts = body.get("receipts")
+        if not isinstance(receipts, list) or not 1 <= len(receipts) <= commands.MAX_RECEIPTS:
+            raise bad(f"'receipts' must be a list of 1 to {commands.MAX_RECEIPTS} receipts")
+        fields: dict[str, Any] = {}
+        if "epoch" in body:
+            fields["epoch"] = int_field(body, "epoch", None, 0, 2**63 - 1)
+        if op == "nack" and "delay_ms" in body:
+            fields["delay_ms"] = int_field(body, "delay_ms", None, 0, self.limits.max_delay_ms)
+        if op == "extend":
+            limits = self.limits
+            fields["visibility_ms"] = int_field(
+                body, "visibility_ms", limits.default_visibility_ms, 1, limits.max_visibility_ms
+            )
+        results = await self._receipts_call(topic, group, op, receipts, fields)
+        return json_response({"results": results})
+
+    async def _receipts_call(
+        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Apply ``op`` to each receipt at its queue group; one result per receipt, in order.
+        Every receipt is parsed before anything is sent (one that is not a receipt: 400)."""
+        results: list[dict[str, Any] | None] = [None] * len(receipts)
+        # Per queue group: the receipts' positions, and the receipts as the command has them.
+        by_group: dict[int, tuple[list[int], list[list[int]]]] = {}
+        for i, text in enumerate(receipts):
+            topic_id, queue, offset, token = _parse_receipt(text, i)
+            if topic_id != topic.id or queue >= topic.queues:
+                results[i] = errors.error_body(errors.STALE_RECEIPT, "the receipt is not of this topic")
+                continue
+            g = topic.queue_groups[queue]
+            if g not in by_group:
+                by_group[g] = ([], [])
+            positions, wire = by_group[g]
+            positions.append(i)
+            wire.append([queue, offset, token])
+
+        async def call(g: int, items: tuple[list[int], list[list[int]]]) -> ApiError | None:
+            positions, wire = items
+            body = {"group": group, "topic_id": topic.id, "receipts": wire, **fields}
+            try:
+                got = (await self.api._group_call(g, op, body))["results"]
+            except ApiError as e:
+                for i in positions:
+                    results[i] = errors.error_body(e.code, e.message, **e.extra)
+                return e
+            for i, r in zip(positions, got, strict=True):
+                results[i] = r
+            return None
+
+        failed = await asyncio.gather(*(call(g, items) for g, items in by_group.items()))
+        if by_group and all(failed):  # nothing was applied anywhere: answer with the error
+            first = failed[0]
+            assert first is not None
+            raise first
+        return [{"receipt": text, **(r or {})} for text, r in zip(receipts, results, strict=True)]
+
+    # -- subscription settings --------------------------------------------------------------------
+
+    async def put_subscription(self, request: web.Request) -> web.Response:
+        topic = await self.api.topic(request.match_info["topic"])
+        group = self._group(request, topic)
+        body = json_object(await request.read(), {"max_deliveries", "backoff_ms"})
+        max_deliveries = int_field(body, "max_deliveries", 0, 1, 2**31) if "max_deliveries" in body else None
+        backoff = body.get("backoff_ms")
+        if "backoff_ms" in body:
+            ok = isinstance(backoff, list) and 1 <= len(backoff) <= commands.MAX_BACKOFF_LEVELS
+            if not ok or not all(
+                isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= self.limits.max_delay_ms
+                for b in backoff or ()
+            ):
+                raise bad(
+                    f"'backoff_ms' must be a list of 1 to {commands.MAX_BACKOFF_LEVELS} delays "
+                    f"from 0 to {self.limits.max_delay_ms}"
+                )
+        if max_deliveries is None and backoff is None:
+            max_deliveries = self.node.config.delivery.max_deliveries  # reset to the defaults
+        return json_response(await self._subscribe(topic, group, max_deliveries, backoff, create_dlq=True))
+
+    # -- internal actions (at the group's leader) -------------------------------------------------
+
+    async def internal_action(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An internal action at this node, which leads group ``name`` (checked by the caller)."""
+        propose = self.api._propose_checked
+        if action == "ensure_dlq":
+            if name != META:
+                raise ApiError(errors.BAD_REQUEST, "ensure_dlq runs at the metadata leader")
+            ensure = {
+                "v": 1,
+                "op": "ensure_dlq_topic",
+                "source": body["source"],
+                "group": body["group"],
+                "now_ms": now_ms(),
+            }
+            return await propose(META, orjson.dumps(ensure))
+        if name == META:
+            raise ApiError(errors.BAD_REQUEST, f"{action} runs at a queue group's leader")
+        if action == "take":
+            topic = await self.api.topic(body["topic"])
+            if topic.id != body["topic_id"] or str(topic.queue_groups[0]) != name:
+                raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {body['topic']!r} was deleted")
+            got = await self.take(topic, body["group"], body["max"], body["visibility_ms"], body["wait_ms"])
+            return {"messages": got}
+        store = self.node.groups[name].machine.store
+        if action == "receive":
+            if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
+                check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
+            ok, _ = available(
+                store, body["group"], body["topic_id"], body["queues"], now_ms(), body.get("epoch")
+            )
+            if not ok:
+                return {"messages": []}
+            command = commands.receive(
+                now_ms(),
+                body["group"],
+                body["topic_id"],
+                body["queues"],
+                body["max"],
+                body["visibility_ms"],
+                epoch=body.get("epoch"),
+                max_age_ms=body.get("max_age_ms"),
+            )
+            return {"messages": self._render(store, body["topic_id"], await propose(name, command))}
+        if action == "await":
+            ok = await self.coordinator.await_available(
+                name,
+                body["topic_id"],
+                body["group"],
+                body["queues"],
+                body.get("epoch"),
+                body["wait_ms"] / 1000,
+            )
+            return {"available": ok}
+        if action in _SETTLE_ACTIONS and body.get("epoch") is None:
+            return {"results": await self._settle_here(name, action, body)}
+        if action in _COMMAND_ACTIONS:
+            # The body holds the command's fields; the leader stamps the time (for the ops that
+            # take one) and checks the command before proposing it, so bad input costs no entry.
+            fields = {k: v for k, v in body.items() if v is not None}
+            if action in _STAMPED_ACTIONS:
+                fields["now_ms"] = now_ms()
+            command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
+            try:
+                commands.decode(command)
+            except commands.BadCommand as e:
+                raise ApiError(e.code, e.message) from None
+            return await propose(name, command)
+        if action == "dlq_list":
+            return dlq_list(store, body["topic_id"], body["queues"], body["max"])
+        raise ApiError(errors.NOT_FOUND, f"unknown action {action}")
+
+    async def _settle_here(self, name: str, action: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """An ack, nack or extend through the group's :class:`SettleCommitter` (concurrent
+        requests share entries). Checked first, so bad input costs no entry and fails no other
+        request it would have been merged with."""
+        fields = {k: v for k, v in body.items() if v is not None}
+        try:
+            commands.validate({"v": commands.VERSION, "op": action, "now_ms": 0, **fields})
+        except commands.BadCommand as e:
+            raise ApiError(e.code, e.message) from None
+        settler = self._settlers.get(name)
+        if settler is None:
+            propose = self.api._propose_checked
+            settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms)
+        return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
+
+    @staticmethod
+    def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:
+        token = result["token"]
+        delivered = result["messages"]
+        by_queue: dict[int, list[int]] = defaultdict(list)
+        for d in delivered:
+            by_queue[d["queue"]].append(d["offset"])
+        found = {q: _read(store, topic_id, q, offsets) for q, offsets in by_queue.items()}
+        out = []
+        for d in delivered:
+            queue, offset = d["queue"], d["offset"]
+            m = found[queue].get(offset)
+            if m is None:
+                continue
+            head = {
+                "receipt": f"{topic_id}.{queue}.{offset}.{token}",  # format_receipt
+                "attempt": d["attempt"],
+                "queue": queue,
+                "deadline_ms": d["deadline_ms"],
+            }
+            out.append(message_item(head, m))
+        return out
+
+
+def add_subscription_routes(app: web.Application, node: Node, api: Api) -> SubscriptionsApi:
+    """Register the routes; returns the handler object (``Api.delivery`` refers to it)."""
+    handlers = SubscriptionsApi(node, api)
+    r = app.router
+    sub = "/v1/topics/{topic}/subscriptions/{group}"
+    r.add_post(sub + "/receive", handlers.receive)
+    r.add_post(sub + "/ack", handlers.ack)
+    r.add_post(sub + "/nack", handlers.nack)
+    r.add_post(sub + "/extend", handlers.extend)
+    r.add_put(sub, handlers.put_subscription)
+    dlq_locks = DeadLettersAndLocks(handlers)
+    r.add_get(sub + "/dlq", dlq_locks.list_dlq)
+    r.add_post(sub + "/dlq/redrive", dlq_locks.redrive)
+    lock = "/v1/topics/{topic}/queues/{queue}/locks/{group}"
+    r.add_post(lock, dlq_locks.lock)
+    r.add_delete(lock, dlq_locks.unlock)
+    return handlers

@@ -1,0 +1,102 @@
+"""Topic handlers of the HTTP API v1: create, list, describe and delete (``POST/GET
+/v1/topics``, ``GET/DELETE /v1/topics/{topic}``); topics live in the metadata group. The list
+shows dead-letter topics under their source (:func:`topic_list`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from raftmq.cluster import commands
+from raftmq.cluster.api.common import json_response
+from raftmq.cluster.api.core import ApiCore
+from raftmq.cluster.api.validation import ApiError, parse_create_topic, parse_json
+from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.node import META, now_ms
+
+__all__ = ["TopicHandlers"]
+
+log = structlog.get_logger(__name__)
+
+
+def dead_letter_sources(topics: list[Topic]) -> dict[str, tuple[str, str]]:
+    """``{dead-letter topic: (source topic, consumer group)}``: the topics named
+    ``<source>.<group>.dlq`` whose source exists with the same queue groups, as
+    ``ensure_dlq_topic`` makes them (both parts may hold dots: the longest source that fits wins)."""
+    by_name = {t.name: t for t in topics}
+    found: dict[str, tuple[str, str]] = {}
+    for t in topics:
+        if not t.name.endswith(".dlq"):
+            continue
+        stem = t.name[: -len(".dlq")]
+        for i in range(len(stem) - 1, 0, -1):
+            source, group = by_name.get(stem[:i]), stem[i + 1 :]
+            if stem[i] == "." and source is not None and group and source.queue_groups == t.queue_groups:
+                found[t.name] = (source.name, group)
+                break
+    return found
+
+
+def topic_list(topics: list[Topic]) -> list[dict[str, Any]]:
+    """The ``GET /v1/topics`` answer's topics: each dead-letter topic right after its source (and
+    its source's other dead-letter topics), marked ``dead_letter_of``; the rest by name."""
+    sources = dead_letter_sources(topics)
+    out = []
+    for t in sorted(topics, key=lambda t: (sources.get(t.name, (t.name, ""))[0], t.name in sources, t.name)):
+        item = t.to_json()
+        if t.name in sources:
+            source, group = sources[t.name]
+            item["dead_letter_of"] = {"topic": source, "group": group}
+        out.append(item)
+    return out
+
+
+class TopicHandlers(ApiCore):
+    """Topic handlers, mixed into ``Api`` (``cluster/api/app.py``)."""
+
+    async def create_topic(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        spec = parse_create_topic(parse_json(body), self.limits)
+        if not self._leads(META):
+            return await self._forward(request, META, body)
+        command = orjson.dumps(
+            {
+                "v": 1,
+                "op": "create_topic",
+                "now_ms": now_ms(),
+                "group_count": self.node.config.queue_groups,
+                **spec,
+            }
+        )
+        result = await self._propose_checked(META, command)
+        topic = Topic.from_json(result["topic"])
+        return json_response(await self._describe(topic), status=201)
+
+    async def list_topics(self, request: web.Request) -> web.Response:
+        if self._leads(META):
+            await self._propose_checked(META, commands.noop())
+            assert self.node.metadata is not None
+            return json_response({"topics": topic_list(self.node.metadata.topics())})
+        return await self._forward(request, META)
+
+    async def get_topic(self, request: web.Request) -> web.Response:
+        topic = await self.topic(request.match_info["topic"])
+        return json_response(await self._describe(topic))
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        if not self._leads(META):
+            return await self._forward(request, META)
+        result = await self._propose_checked(META, orjson.dumps({"v": 1, "op": "delete_topic", "name": name}))
+        topic = Topic.from_json(result["deleted"])
+        # Free the data; topic ids are never reused, so a failure here only leaves garbage.
+        for g in sorted(set(topic.queue_groups)):
+            try:
+                await self._group_call(g, "drop", {"topic_id": topic.id})
+            except ApiError as e:
+                log.warning("drop_topic_failed", group=g, topic_id=topic.id, error=e.message)
+        return json_response({"deleted": name})

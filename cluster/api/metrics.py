@@ -1,0 +1,268 @@
+"""Prometheus metrics of a node (``GET /metrics``).
+
+Request counts and latencies are counted by a middleware. Raft and storage figures are read from the
+node when Prometheus scrapes (a custom collector), so the produce path and the tick threads pay
+nothing for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from raftmq.cluster.base.timing import LatencyHistogram
+from raftmq.cluster.machines.views import consumer_queues, queue_metas
+from raftmq.cluster.node.node import META, Node
+from raftmq.storage.store import StoreError
+
+__all__ = ["METRICS_KEY", "Metrics", "metrics_handler", "metrics_middleware"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15)
+
+
+_Family = GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily
+
+
+def _histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=labels)
+
+
+def _add_histogram(family: HistogramMetricFamily, key: list[str], hist: LatencyHistogram) -> None:
+    buckets, total_s = hist.snapshot()
+    family.add_metric(key, buckets, total_s)
+
+
+class _RaftCollector(Collector):
+    """Per-replica Raft state, latencies and journal figures of every group on this node."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[_Family]:
+        labels = ["node_id", "group_id"]
+        gauges = {
+            "term": GaugeMetricFamily("raftmq_raft_term", "Current Raft term of the replica", labels=labels),
+            "leader": GaugeMetricFamily(
+                "raftmq_raft_is_leader", "1 if this replica leads its group", labels=labels
+            ),
+            "quorum": GaugeMetricFamily(
+                "raftmq_raft_has_quorum", "1 if this replica sees a majority of its group", labels=labels
+            ),
+            "commit": GaugeMetricFamily("raftmq_raft_commit_index", "Raft commit index", labels=labels),
+            "applied": GaugeMetricFamily(
+                "raftmq_raft_applied_index", "Raft index applied here", labels=labels
+            ),
+            "lag": GaugeMetricFamily(
+                "raftmq_raft_apply_lag_entries",
+                "Committed entries not yet applied on this replica",
+                labels=labels,
+            ),
+            "journal": GaugeMetricFamily(
+                "raftmq_journal_entries", "Entries retained in the journal", labels=labels
+            ),
+            "journal_bytes": GaugeMetricFamily(
+                "raftmq_journal_bytes", "Bytes of retained commands", labels=labels
+            ),
+        }
+        became_leader = CounterMetricFamily(
+            "raftmq_raft_became_leader",
+            "Times this replica became leader (summed over a group's replicas: its leader changes)",
+            labels=labels,
+        )
+        clock_jumps = CounterMetricFamily(
+            "raftmq_retention_clock_jumps",
+            "Retention ticks proposed here whose time ran too far ahead (age-based removal held back)",
+            labels=labels,
+        )
+        snapshot_installs = CounterMetricFamily(
+            "raftmq_raft_snapshot_installs",
+            "Snapshots installed on this replica from a checkpoint fetched from a peer",
+            labels=labels,
+        )
+        snapshot_failures = CounterMetricFamily(
+            "raftmq_raft_snapshot_install_failures",
+            "Checkpoint fetches or checks for a snapshot install that failed (the install waits)",
+            labels=labels,
+        )
+        commit_s = _histogram(
+            "raftmq_raft_commit_seconds",
+            "Entries proposed at this node: time until committed on a majority and applied here",
+            labels,
+        )
+        apply_s = _histogram(
+            "raftmq_raft_apply_seconds", "Time the state machine took to apply one entry", labels
+        )
+        fsync_s = _histogram("raftmq_journal_fsync_seconds", "Journal fsyncs and their duration", labels)
+        node_id = self._node.me.id
+        for name, local in list(self._node.groups.items()):
+            s = local.raft.status()
+            key = [node_id, name]
+            for family, value in (
+                ("term", s.term),
+                ("leader", int(s.is_leader)),
+                ("quorum", int(s.has_quorum)),
+                ("commit", s.commit_index),
+                ("applied", s.applied_index),
+                ("lag", max(0, s.commit_index - s.applied_index)),
+                ("journal", s.journal_entries),
+                ("journal_bytes", local.raft.journal_stats()["bytes"]),
+            ):
+                gauges[family].add_metric(key, value)
+            became_leader.add_metric(key, local.raft.became_leader_count)
+            snapshot_installs.add_metric(key, local.raft.snapshot_installs)
+            snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
+            if name != "meta":
+                clock_jumps.add_metric(key, self._node.retention_clock_jumps.get(name, 0))
+            _add_histogram(commit_s, key, local.raft.commit_latency)
+            _add_histogram(apply_s, key, local.raft.apply_latency)
+            _add_histogram(fsync_s, key, local.raft.fsync_latency)
+        yield from gauges.values()
+        yield from (became_leader, clock_jumps, snapshot_installs, snapshot_failures)
+        yield from (commit_s, apply_s, fsync_s)
+
+
+class _QueueCollector(Collector):
+    """Queue depth and consumer progress, from the store of each queue group this node leads.
+
+    Only the leader reports a group (its state is the freshest), so summing a series over the
+    nodes counts every queue once. See ``cluster/machines/views.py`` for what is read.
+    """
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[_Family]:
+        q_labels = ["topic", "queue", "group_id"]
+        c_labels = ["topic", "queue", "consumer_group"]
+        queue = {
+            "low": GaugeMetricFamily("raftmq_queue_low_offset", "First retained offset", labels=q_labels),
+            "high": GaugeMetricFamily(
+                "raftmq_queue_high_offset", "Next offset to be written", labels=q_labels
+            ),
+            "depth": GaugeMetricFamily(
+                "raftmq_queue_messages", "Messages retained (high_offset - low_offset)", labels=q_labels
+            ),
+            "bytes": GaugeMetricFamily("raftmq_queue_retained_bytes", "Bytes retained", labels=q_labels),
+        }
+        appended = CounterMetricFamily(
+            "raftmq_queue_appended_messages",
+            "Messages appended to the queue (its high_offset)",
+            labels=q_labels,
+        )
+        consumer = {
+            "committed": GaugeMetricFamily(
+                "raftmq_consumer_committed_offset", "Committed offset of the consumer group", labels=c_labels
+            ),
+            "lag": GaugeMetricFamily(
+                "raftmq_consumer_lag_messages",
+                "Messages not finished by the group: high_offset - committed offset",
+                labels=c_labels,
+            ),
+            "in_flight": GaugeMetricFamily(
+                "raftmq_subscription_in_flight_messages",
+                "Received messages whose visibility deadline has not passed",
+                labels=c_labels,
+            ),
+            "retrying": GaugeMetricFamily(
+                "raftmq_subscription_retrying_messages", "Messages waiting for a retry", labels=c_labels
+            ),
+            "dlq": GaugeMetricFamily(
+                "raftmq_subscription_dead_letters",
+                "Messages in the group's dead-letter queue not redriven yet",
+                labels=c_labels,
+            ),
+        }
+        names = self._topic_names()
+        for gid, local in list(self._node.groups.items()):
+            if gid == META or not local.raft.is_leader():
+                continue
+            store = local.machine.store
+            try:
+                metas = queue_metas(store)
+                rows = consumer_queues(store)
+            except StoreError:  # the store is being swapped for a restored checkpoint
+                continue
+            for (topic_id, q), meta in metas.items():
+                key = [names.get(topic_id, f"#{topic_id}"), str(q), gid]
+                queue["low"].add_metric(key, meta.low_offset)
+                queue["high"].add_metric(key, meta.high_offset)
+                queue["depth"].add_metric(key, meta.high_offset - meta.low_offset)
+                queue["bytes"].add_metric(key, meta.retained_bytes)
+                appended.add_metric(key, meta.high_offset)
+            for row in rows:
+                key = [names.get(row.topic_id, f"#{row.topic_id}"), str(row.queue), row.group]
+                if row.committed_offset is not None:
+                    consumer["committed"].add_metric(key, row.committed_offset)
+                consumer["lag"].add_metric(key, row.lag)
+                consumer["in_flight"].add_metric(key, row.in_flight)
+                consumer["retrying"].add_metric(key, row.retrying)
+                consumer["dlq"].add_metric(key, row.dead_letters)
+        yield from queue.values()
+        yield appended
+        yield from consumer.values()
+
+    def _topic_names(self) -> dict[int, str]:
+        machine = self._node.metadata  # None on a node that is not a metadata voter
+        return {} if machine is None else {t.id: t.name for t in machine.topics()}
+
+
+class Metrics:
+    """The node's metric registry (one per application, no module-level state)."""
+
+    def __init__(self, node: Node) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "raftmq_http_requests",
+            "HTTP requests by route and status",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "raftmq_http_request_seconds",
+            "HTTP request latency by route",
+            ["method", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.produced = Counter(
+            "raftmq_produced_messages",
+            "Messages acknowledged by produce requests on this node",
+            registry=self.registry,
+        )
+        self.fetched = Counter(
+            "raftmq_fetched_messages",
+            "Messages returned by fetch requests on this node",
+            registry=self.registry,
+        )
+        self.registry.register(_RaftCollector(node))
+        self.registry.register(_QueueCollector(node))
+
+
+METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+
+
+@web.middleware
+async def metrics_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    start = time.perf_counter()
+    response = await handler(request)
+    metrics = request.app[METRICS_KEY]
+    info = request.match_info.route.resource
+    route = info.canonical if info is not None else "unmatched"
+    metrics.requests.labels(request.method, route, str(response.status)).inc()
+    metrics.latency.labels(request.method, route).observe(time.perf_counter() - start)
+    return response
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    # Off the event loop: the collectors read every led queue group's store.
+    registry = request.app[METRICS_KEY].registry
+    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,249 @@
+"""Validation of client requests: bad input becomes an :class:`ApiError` before anything is proposed.
+
+Pure functions over parsed JSON; the HTTP layer turns ``ApiError`` into the stable error body.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ErrorCode
+from raftmq.cluster.config.cluster_file import Limits
+from raftmq.cluster.machines.metadata import validate_topic_name
+
+__all__ = [
+    "ApiError",
+    "ProduceMessage",
+    "ProduceRequest",
+    "parse_create_topic",
+    "parse_json",
+    "parse_produce",
+    "query_int",
+]
+
+MAX_KEY_BYTES = 64 * 1024
+MAX_HEADERS = 64
+MAX_PRODUCER_ID_BYTES = 255
+MAX_SEQUENCE = 2**63 - 1
+MAX_OFFSET = 2**63 - 1
+MAX_QUEUE_NUMBER = 2**31  # largest queue number a fetch path may name (above a topic's: queue_not_found)
+DEFAULT_FETCH_BYTES = 8 * 1024 * 1024
+MAX_FETCH_BYTES = 64 * 1024 * 1024
+
+
+class ApiError(Exception):
+    """A request failed with a catalogued error; ``extra`` goes into the error body."""
+
+    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def bad(message: str) -> ApiError:
+    return ApiError(errors.BAD_REQUEST, message)
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a request body (strict UTF-8 JSON; lone surrogates and invalid UTF-8 are rejected)."""
+    if not body:
+        raise ApiError(errors.INVALID_JSON, "the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ApiError(errors.INVALID_JSON, f"the body is not valid JSON: {e}") from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_fields(obj: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise bad(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+
+
+@dataclass(frozen=True)
+class ProduceMessage:
+    body: dict[str, Any]  # the message as carried in the produce command
+    key: str | None
+    queue: int | None
+    size: int  # bytes counted against max_message_bytes
+    deliver_at_ms: int | None = None  # a delayed message: when it is due (also in ``body``)
+
+
+@dataclass(frozen=True)
+class ProduceRequest:
+    messages: list[ProduceMessage]
+    producer_id: str | None
+    sequence: int | None
+
+
+def parse_produce(body: Any, limits: Limits, max_message_bytes: int, now_ms: int = 0) -> ProduceRequest:
+    """Validate a produce body ``{"messages": [...], "producer_id"?, "sequence"?}``.
+
+    A message's ``delay_ms`` (> 0) or ``deliver_at_ms`` (in the future; ``now_ms`` is this node's
+    clock) makes it delayed: its command body then carries the absolute ``deliver_at_ms``; both
+    at most ``limits.max_delay_ms`` ahead. ``ttl_ms`` (1..``limits.max_ttl_ms``) goes as given."""
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object with a 'messages' list")
+    _check_fields(body, {"messages", "producer_id", "sequence"}, "body")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad("'messages' must be a non-empty list")
+    if len(raw) > limits.max_messages_per_request:
+        raise ApiError(
+            errors.REQUEST_TOO_LARGE,
+            f"{len(raw)} messages in one request; the limit is {limits.max_messages_per_request}",
+        )
+    producer_id, sequence = body.get("producer_id"), body.get("sequence")
+    if producer_id is not None:
+        if not isinstance(producer_id, str) or not producer_id:
+            raise bad("'producer_id' must be a non-empty string")
+        if len(producer_id.encode()) > MAX_PRODUCER_ID_BYTES:
+            raise bad(f"'producer_id' is longer than {MAX_PRODUCER_ID_BYTES} bytes")
+    if sequence is not None and (not _is_int(sequence) or not 0 <= sequence <= MAX_SEQUENCE):
+        raise bad("'sequence' must be a non-negative integer")
+    if (producer_id is None) != (sequence is None):
+        raise bad("'producer_id' and 'sequence' go together")
+    messages = [_parse_message(m, i, max_message_bytes, limits, now_ms) for i, m in enumerate(raw)]
+    return ProduceRequest(messages, producer_id, sequence)
+
+
+_MESSAGE_FIELDS = {"value", "value_b64", "key", "headers", "queue", "delay_ms", "deliver_at_ms", "ttl_ms"}
+
+
+def _present_int(raw: dict[str, Any], name: str, lo: int, hi: int, where: str) -> int | None:
+    """``raw[name]`` if present (it must be an integer in [lo, hi]; null is not absent), else None."""
+    if name not in raw:
+        return None
+    value = raw[name]
+    if not _is_int(value) or not lo <= value <= hi:
+        raise bad(f"{where}.{name} must be an integer from {lo} to {hi}")
+    return int(value)
+
+
+def _timing(raw: dict[str, Any], where: str, limits: Limits, now_ms: int) -> dict[str, int]:
+    """The command fields for ``delay_ms`` / ``deliver_at_ms`` / ``ttl_ms`` (none when absent)."""
+    if "delay_ms" in raw and "deliver_at_ms" in raw:
+        raise bad(f"{where}: give delay_ms or deliver_at_ms, not both")
+    out: dict[str, int] = {}
+    delay = _present_int(raw, "delay_ms", 0, limits.max_delay_ms, where)
+    if delay:
+        out["deliver_at_ms"] = now_ms + delay
+    at = _present_int(raw, "deliver_at_ms", 0, now_ms + limits.max_delay_ms, where)
+    if at is not None and at > now_ms:  # a due time in the past delivers at once
+        out["deliver_at_ms"] = at
+    ttl = _present_int(raw, "ttl_ms", 1, limits.max_ttl_ms, where)
+    if ttl is not None:
+        out["ttl_ms"] = ttl
+    return out
+
+
+def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now_ms: int) -> ProduceMessage:
+    where = f"messages[{i}]"
+    if not isinstance(raw, dict):
+        raise bad(f"{where} must be an object")
+    _check_fields(raw, _MESSAGE_FIELDS, where)
+    body: dict[str, Any] = _timing(raw, where, limits, now_ms)
+    if ("value" in raw) == ("value_b64" in raw):
+        raise bad(f"{where} needs exactly one of 'value' (a string) or 'value_b64' (base64)")
+    if "value" in raw:
+        value = raw["value"]
+        if not isinstance(value, str):
+            raise bad(f"{where}.value must be a string (use value_b64 for binary)")
+        size = _utf8_len(value, f"{where}.value")
+        body["value"] = value
+    else:
+        text = raw["value_b64"]
+        if not isinstance(text, str):
+            raise bad(f"{where}.value_b64 must be a base64 string")
+        try:
+            size = len(base64.b64decode(text, validate=True))
+        except (binascii.Error, ValueError):
+            raise bad(f"{where}.value_b64 is not valid base64") from None
+        body["value_b64"] = text
+    key = raw.get("key")
+    if key is not None:
+        if not isinstance(key, str):
+            raise bad(f"{where}.key must be a string")
+        key_len = _utf8_len(key, f"{where}.key")
+        if key_len > MAX_KEY_BYTES:
+            raise bad(f"{where}.key is longer than {MAX_KEY_BYTES} bytes")
+        size += key_len
+        body["key"] = key
+    headers = raw.get("headers")
+    if headers is not None:
+        if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
+            raise bad(f"{where}.headers must be an object of at most {MAX_HEADERS} string values")
+        for hk, hv in headers.items():
+            if not isinstance(hv, str):
+                raise bad(f"{where}.headers[{hk!r}] must be a string")
+            size += _utf8_len(hk, f"{where}.headers") + _utf8_len(hv, f"{where}.headers")
+        if headers:
+            body["headers"] = headers
+    queue = raw.get("queue")
+    if queue is not None and (not _is_int(queue) or queue < 0):
+        raise bad(f"{where}.queue must be a non-negative integer")
+    if size > max_message_bytes:
+        raise ApiError(
+            errors.MESSAGE_TOO_LARGE,
+            f"{where} is {size} bytes; the limit is {max_message_bytes}",
+            index=i,
+            limit=max_message_bytes,
+        )
+    return ProduceMessage(body=body, key=key, queue=queue, size=size, deliver_at_ms=body.get("deliver_at_ms"))
+
+
+def _utf8_len(text: str, where: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
+        raise bad(f"{where} is not valid Unicode (lone surrogate)") from None
+
+
+def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
+    """Validate ``{"name", "queues"=8, "retention_ms"?, "retention_bytes"?, "max_message_bytes"?}``."""
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object")
+    _check_fields(body, {"name", "queues", "retention_ms", "retention_bytes", "max_message_bytes"}, "body")
+    problem = validate_topic_name(body.get("name"))
+    if problem:
+        raise bad(problem)
+    queues = body.get("queues", 8)
+    if not _is_int(queues) or not 1 <= queues <= limits.max_queues_per_topic:
+        raise bad(f"'queues' must be an integer from 1 to {limits.max_queues_per_topic}")
+    out: dict[str, Any] = {"name": body["name"], "queues": queues}
+    for key in ("retention_ms", "retention_bytes", "max_message_bytes"):
+        v = body.get(key)
+        if v is None:
+            continue
+        if not _is_int(v) or v < 1:
+            raise bad(f"'{key}' must be a positive integer")
+        out[key] = v
+    if out.get("max_message_bytes", 0) > limits.max_message_bytes:
+        raise bad(f"'max_message_bytes' may not exceed the cluster limit {limits.max_message_bytes}")
+    return out
+
+
+def query_int(query: Any, name: str, default: int | None, lo: int, hi: int) -> int:
+    """An integer query parameter in [lo, hi] (digits only: no sign, no decimals)."""
+    raw = query.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise bad(f"query parameter '{name}' is required")
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 19:
+        raise bad(f"query parameter '{name}' must be a non-negative integer, got {raw!r}")
+    value = int(raw)
+    if not lo <= value <= hi:
+        raise bad(f"query parameter '{name}' must be from {lo} to {hi}")
+    return value

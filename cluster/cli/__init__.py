@@ -1,0 +1,1 @@
+"""The ``raftmq`` command line (``cli/main.py``): nodes, a local cluster, administration."""

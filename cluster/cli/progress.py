@@ -1,0 +1,146 @@
+"""Progress and final summaries of ``raftmq produce``, ``consume`` and ``receive`` (cli/messages.py).
+
+The three commands behave alike:
+
+- a live progress line on stderr (messages so far and messages/s) when stderr is a terminal, the
+  messages printed (consume, receive) do not go to that same terminal, and neither ``--quiet`` nor
+  ``--json`` is given;
+- one summary line on stderr at the end, with the command's elapsed time (from its start, before
+  connecting) and the rate over it; ``--json`` prints it as one JSON object instead, ``--quiet``
+  leaves it out. Errors are printed in every case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import click
+
+__all__ = ["Tally", "output_options", "plural", "progress", "summary"]
+
+
+def plural(count: int, word: str = "message") -> str:
+    """``1 message``, ``2 messages``, ``1,000 messages``."""
+    return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+@dataclass
+class Tally:
+    """What a command has done so far (read by the progress line from its refresh thread)."""
+
+    verb: str  # produced, consumed, received
+    count: int = 0
+    size: int = 0
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, count: int, size: int) -> None:
+        with self.lock:
+            self.count += count
+            self.size += size
+
+    def seconds(self) -> float:
+        return (self.ended if self.ended is not None else time.monotonic()) - self.started
+
+
+def output_options(f: Any) -> Any:
+    """``--quiet/-q`` and ``--json`` (the same on produce, consume and receive)."""
+    f = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print the final summary on stderr as one JSON object (and no progress line).",
+    )(f)
+    return click.option(
+        "--quiet", "-q", is_flag=True, help="No progress line and no summary (errors are still printed)."
+    )(f)
+
+
+def _is_tty(stream: IO[Any]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def wants_progress(quiet: bool, as_json: bool, output: IO[bytes] | None = None) -> bool:
+    """A progress line: stderr is a terminal, not shared with the messages written to ``output``."""
+    if quiet or as_json or not _is_tty(sys.stderr):
+        return False
+    return output is None or not _is_tty(output)
+
+
+class _Rate:
+    """Messages/s over the last few seconds (samples taken as the line is drawn)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def __call__(self, now: float, count: int) -> float:
+        self.samples.append((now, count))
+        while len(self.samples) > 2 and now - self.samples[0][0] > 3.0:
+            self.samples.popleft()
+        first_at, first = self.samples[0]
+        return (count - first) / (now - first_at) if now > first_at else 0.0
+
+
+@contextlib.contextmanager
+def progress(tally: Tally, what: str, enabled: bool, extra: Any = None) -> Iterator[None]:
+    """While entered, a live line on stderr: ``what``, the messages so far, messages/s and the
+    elapsed time (redrawn 4 times a second from the tally, also while the command waits)."""
+    if not enabled:
+        yield
+        return
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    rate = _Rate()
+
+    class _Line:
+        def __rich__(self) -> Text:
+            now = time.monotonic()
+            count = tally.count
+            more = f" {extra()}" if extra is not None else ""
+            return Text(
+                f"{what}: {plural(count)} {tally.verb}{more}, {rate(now, count):,.0f} messages/s, "
+                f"{now - tally.started:,.1f} s",
+                no_wrap=True,
+                overflow="ellipsis",
+            )
+
+    with Live(_Line(), console=Console(stderr=True), refresh_per_second=4, transient=True):
+        yield
+
+
+def summary(tally: Tally, *, quiet: bool, as_json: bool, **more: Any) -> None:
+    """The final line on stderr (see the module docstring)."""
+    if tally.ended is None:
+        tally.ended = time.monotonic()
+    if quiet:
+        return
+    seconds = max(tally.seconds(), 1e-9)
+    if as_json:
+        body = {
+            tally.verb: tally.count,
+            "bytes": tally.size,
+            "seconds": round(seconds, 3),
+            "messages_per_s": round(tally.count / seconds, 1),
+            **more,
+        }
+        click.echo(json.dumps(body, separators=(",", ":")), err=True)
+        return
+    click.echo(
+        f"{tally.verb} {plural(tally.count)} ({tally.size / 1e6:,.2f} MB) in {seconds:,.2f} s: "
+        f"{tally.count / seconds:,.0f} messages/s, {tally.size / 1e6 / seconds:,.2f} MB/s",
+        err=True,
+    )

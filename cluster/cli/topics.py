@@ -1,0 +1,242 @@
+"""``raftmq status`` and ``raftmq topic ...``: the cluster's state and topics over the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from raftmq.cluster.cli.admin_http import AdminHttp
+from raftmq.cluster.cli.common import _none, _print_json, admin_command, json_option, stdout_console
+
+
+@click.command()
+@json_option
+@admin_command
+def status(admin: AdminHttp, as_json: bool) -> None:
+    """Show the nodes and every Raft group: leader, term, and commit/applied index per replica."""
+    data = admin.get("/v1/cluster")
+    if as_json:
+        _print_json(data)
+        return
+    console = stdout_console()
+    console.print(f"[bold]nodes[/bold] (as seen by {data['node_id']})")
+    nodes = Table(box=box.SIMPLE_HEAD)
+    for column in ("node", "http", "raft", "reachable"):
+        nodes.add_column(column)
+    for n in data["nodes"]:
+        reachable = Text("yes", style="green") if n["reachable"] else Text("no", style="bold red")
+        nodes.add_row(n["id"], n["http"], n.get("raft", ""), reachable)
+    console.print(nodes)
+    console.print("[bold]groups[/bold]")
+    console.print(_groups_table(data))
+    console.print(
+        "  cells: commit_index/applied_index, * leader, (-n) entries behind the leader", style="dim"
+    )
+    console.print(_status_summary(data))
+
+
+def _groups_table(data: dict[str, Any]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD)
+    node_ids = [n["id"] for n in data["nodes"]]
+    reachable = {n["id"] for n in data["nodes"] if n["reachable"]}
+    for column in ("group", "leader", "term", *node_ids):
+        table.add_column(column, justify="right" if column in node_ids or column == "term" else "left")
+    for g in data["groups"]:
+        replicas = {r["node_id"]: r for r in g["replicas"]}
+        target = _leader_commit(g)
+        cells: list[Text | str] = []
+        for nid in node_ids:
+            r = replicas.get(nid)
+            if r is None:
+                cells.append("" if nid in reachable else Text("?", style="red"))
+                continue
+            behind = target - r["applied_index"]
+            mark = "*" if nid == g["leader"] else ""
+            cell = Text(f"{mark}{r['commit_index']}/{r['applied_index']}")
+            if behind > 0:
+                cell.append(f" (-{behind})")
+                cell.stylize("bold yellow")
+            elif mark:
+                cell.stylize("bold")
+            cells.append(cell)
+        leader = _none(g["leader"], "bold red", "none")
+        table.add_row(g["group_id"], leader, str(g["term"]), *cells)
+    return table
+
+
+def _leader_commit(group: dict[str, Any]) -> int:
+    """What a replica should have applied: the leader's commit index (the highest seen if none)."""
+    for r in group["replicas"]:
+        if r["node_id"] == group["leader"]:
+            return int(r["commit_index"])
+    return max((int(r["commit_index"]) for r in group["replicas"]), default=0)
+
+
+def _status_summary(data: dict[str, Any]) -> Text:
+    nodes, groups = data["nodes"], data["groups"]
+    up = sum(1 for n in nodes if n["reachable"])
+    led = sum(1 for g in groups if g["leader"])
+    lagging = sum(1 for g in groups for r in g["replicas"] if r["applied_index"] < _leader_commit(g))
+    ok = up == len(nodes) and led == len(groups)
+    text = Text(
+        f"{up}/{len(nodes)} nodes reachable, {led}/{len(groups)} groups have a leader, "
+        f"{lagging} {'replica' if lagging == 1 else 'replicas'} behind its leader",
+        style="green" if ok and not lagging else "yellow",
+    )
+    return text
+
+
+@click.group()
+def topic() -> None:
+    """Create, list, describe and delete topics."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--queues", type=click.IntRange(min=1), default=8, show_default=True, help="Queue count.")
+@click.option("--retention-ms", type=click.IntRange(min=1), help="Remove messages older than this.")
+@click.option("--retention-bytes", type=click.IntRange(min=1), help="Keep at most this much per queue.")
+@click.option("--max-message-bytes", type=click.IntRange(min=1), help="Per-topic message size limit.")
+@json_option
+@admin_command
+def topic_create(
+    admin: AdminHttp,
+    name: str,
+    queues: int,
+    retention_ms: int | None,
+    retention_bytes: int | None,
+    max_message_bytes: int | None,
+    as_json: bool,
+) -> None:
+    """Create topic NAME."""
+    body: dict[str, Any] = {"name": name, "queues": queues}
+    for key, value in (
+        ("retention_ms", retention_ms),
+        ("retention_bytes", retention_bytes),
+        ("max_message_bytes", max_message_bytes),
+    ):
+        if value is not None:
+            body[key] = value
+    data = admin.post("/v1/topics", body)
+    if as_json:
+        _print_json(data)
+        return
+    queues = len(data["queues"])
+    stdout_console().print(f"created topic {data['name']!r} with {queues} queue{'' if queues == 1 else 's'}")
+    _print_topic(data)
+
+
+def _grouped(topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each topic followed by its dead-letter topics (``dead_letter_of``; a node answers them in
+    that order already, this keeps an older node's answer readable too)."""
+    under: dict[str, list[dict[str, Any]]] = {}
+    for t in topics:
+        source = t.get("dead_letter_of")
+        if source:
+            under.setdefault(source["topic"], []).append(t)
+    names = {t["name"] for t in topics}
+    out: list[dict[str, Any]] = []
+
+    def add(t: dict[str, Any]) -> None:
+        out.append(t)
+        for child in under.pop(t["name"], []):  # a dead-letter topic's name is longer: no cycle
+            add(child)
+
+    for t in topics:
+        source = t.get("dead_letter_of")
+        if not (source and source["topic"] in names):  # else listed under its source
+            add(t)
+    return out
+
+
+@topic.command("list")
+@json_option
+@admin_command
+def topic_list(admin: AdminHttp, as_json: bool) -> None:
+    """List the topics; each dead-letter topic is shown under its source topic (└)."""
+    data = admin.get("/v1/topics")
+    if as_json:
+        _print_json(data)
+        return
+    console = stdout_console()
+    if not data["topics"]:
+        console.print("no topics")
+        return
+    table = Table(
+        "topic", "queues", "retention_ms", "retention_bytes", "max_message_bytes", box=box.SIMPLE_HEAD
+    )
+    for t in _grouped(data["topics"]):
+        source = t.get("dead_letter_of")
+        table.add_row(
+            Text(f"└ {t['name']}", style="dim") if source else t["name"],
+            str(t["queues"]),
+            _none(t.get("retention_ms")),
+            _none(t.get("retention_bytes")),
+            _none(t.get("max_message_bytes")),
+        )
+    console.print(table)
+
+
+@topic.command("describe")
+@click.argument("name")
+@json_option
+@admin_command
+def topic_describe(admin: AdminHttp, name: str, as_json: bool) -> None:
+    """Show topic NAME's settings and queues: queue group, leader, replicas, low/high offsets."""
+    data = admin.get(f"/v1/topics/{AdminHttp.quote(name)}")
+    if as_json:
+        _print_json(data)
+        return
+    _print_topic(data)
+
+
+def _print_topic(t: dict[str, Any]) -> None:
+    settings = ", ".join(
+        f"{k} {t.get(k) if t.get(k) is not None else '-'}"
+        for k in ("retention_ms", "retention_bytes", "max_message_bytes")
+    )
+    table = Table(
+        "queue",
+        "group",
+        "leader",
+        "replicas",
+        "low",
+        "high",
+        box=box.SIMPLE_HEAD,
+    )
+    console = stdout_console()
+    console.print(f"[bold]topic {t['name']}[/bold] (id {t['id']}, created {_time(t.get('created_ms'))})")
+    console.print(f"  {settings}")
+    for q in t["queues"]:
+        table.add_row(
+            str(q["queue"]),
+            str(q["group_id"]),
+            _none(q["leader"], "bold red", "none"),
+            ",".join(q["replicas"]),
+            _none(q["low_offset"], "red", "?"),
+            _none(q["high_offset"], "red", "?"),
+        )
+    console.print(table)
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+@topic.command("delete")
+@click.argument("name")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@admin_command
+def topic_delete(admin: AdminHttp, name: str, yes: bool) -> None:
+    """Delete topic NAME and all its messages."""
+    if not yes:
+        click.confirm(f"Delete topic {name!r} and all its messages?", abort=True)
+    admin.delete(f"/v1/topics/{AdminHttp.quote(name)}")
+    click.echo(f"deleted topic {name!r}")

@@ -1,0 +1,305 @@
+"""Queue-group commands: the bytes carried by each Raft entry of a queue group.
+
+A command is an orjson object ``{"v": 1, "op": <op>, ...}``. Commands are the replicated log
+format: every replica, today and after an upgrade, must read old entries the same way. So op names
+are never renamed or reused (see :data:`OPS`) and fields are never reinterpreted.
+
+Wire shapes (``v`` is always 1; every listed field is required unless marked ``?``)::
+
+    {"op": "noop"}
+    {"op": "produce", "now_ms": u64, "batches": [
+        {"topic_id": u32, "queue": u32, "producer_id"?: str, "sequence"?: u64,
+         "messages": [{"value": str} | {"value_b64": str}, "key"?: str, "headers"?: {str: str},
+                      "deliver_at_ms"?: time, "ttl_ms"?: duration]}]}
+    {"op": "commit_offsets", "group": str, "topic_id": u32, "offsets": {"<queue>": u64}}
+    {"op": "retain", "now_ms": u64, "queues": [
+        {"topic_id": u32, "queue": u32, "max_age_ms"?: u64 | null, "max_bytes"?: u64 | null}],
+     "max_jump_ms"?: duration, "max_batches"?: u32 >= 1}
+    {"op": "drop_topic", "topic_id": u32}
+
+Receive/ack, delayed messages and locks (``cluster/machines/delivery/__init__.py``, ``docs/delivery.md``); a
+receipt is ``[queue u32, offset u64, token u64]``; ``time`` is a u64 up to 2**62 and ``duration`` a u64 up
+to 2**40::
+
+    {"op": "subscribe", "group": str, "topic_id": u32, "topic": str, "dlq_topic_id": u32 | null,
+     "max_deliveries": u32 >= 1, "backoff_ms": [duration, ...] (1..64), "overwrite": bool}
+    {"op": "receive", "now_ms": time, "group": str, "topic_id": u32, "queues": [u32, ...] (distinct),
+     "max": 1..10000, "visibility_ms": duration >= 1, "epoch"?: u64, "max_age_ms"?: duration}
+    {"op": "ack", "now_ms": time, "group": str, "topic_id": u32, "receipts": [receipt, ...],
+     "epoch"?: u64}
+    {"op": "nack", ... as ack ..., "delay_ms"?: duration}
+    {"op": "extend", ... as ack ..., "visibility_ms": duration >= 1}
+    {"op": "deliver_tick", "now_ms": time, "max": 1..100000}
+    {"op": "lock", "now_ms": time, "group": str, "topic_id": u32, "queue": u32, "consumer": str,
+     "lease_ms": duration >= 1}
+    {"op": "unlock", "group": str, "topic_id": u32, "queue": u32, "consumer": str, "epoch": u64}
+    {"op": "commit_fenced", ... as commit_offsets ..., "epoch": u64}
+    {"op": "redrive", "now_ms": time, "group": str, "topic_id": u32, "dlq_topic_id": u32,
+     "queues": [u32, ...] (distinct), "max": 1..10000}
+
+Validation is strict, because a command that one replica accepts and another rejects would fork
+the queue group: unknown fields are rejected, ``true`` is not an integer, integers must be in range,
+``producer_id`` and ``sequence`` come together, lists (``batches``, ``messages``, ``offsets``) are
+non-empty (``retain.queues`` may be empty), ``value_b64`` is standard base64 with padding,
+names (``producer_id``, ``group``, ``consumer``, ``topic``) are 1..255 UTF-8 bytes, and a
+``retain`` names each queue once. Optional fields are absent or null.
+
+The leader should run :func:`decode` on a command before proposing it, to answer a bad request at
+once; the state machine decodes again and turns a :class:`BadCommand` into an error result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from raftmq.cluster.base import errors
+
+# Each op family lives in a module of cluster/commands/; its public names are importable from here.
+from raftmq.cluster.commands.delivery import (
+    _DELIVERY_DECODERS,
+    ack,
+    commit_fenced,
+    deliver_tick,
+    extend,
+    lock,
+    nack,
+    receive,
+    redrive,
+    subscribe,
+    unlock,
+)
+from raftmq.cluster.commands.fields import _fields, _uint
+from raftmq.cluster.commands.produce import _commit_offsets, _produce, _retain
+from raftmq.cluster.commands.shapes import (
+    MAX_BACKOFF_LEVELS,
+    MAX_DURATION_MS,
+    MAX_NAME_BYTES,
+    MAX_RECEIPTS,
+    MAX_RECEIVE,
+    MAX_TICK_ITEMS,
+    MAX_TIME_MS,
+    VERSION,
+    BadCommand,
+    Command,
+    CommitFencedCommand,
+    CommitOffsetsCommand,
+    DeliverTickCommand,
+    DropTopicCommand,
+    LockCommand,
+    NoopCommand,
+    ProduceBatch,
+    ProduceCommand,
+    Receipt,
+    ReceiptsCommand,
+    ReceiveCommand,
+    RedriveCommand,
+    RetainCommand,
+    RetainQueue,
+    SubscribeCommand,
+    UnlockCommand,
+)
+from raftmq.cluster.machines.producers import decode_expire_producers
+from raftmq.cluster.machines.segments import decode_seal_segment
+from raftmq.storage.keys import MAX_U32
+
+__all__ = [
+    "MAX_BACKOFF_LEVELS",
+    "MAX_DURATION_MS",
+    "MAX_NAME_BYTES",
+    "MAX_RECEIPTS",
+    "MAX_RECEIVE",
+    "MAX_TICK_ITEMS",
+    "MAX_TIME_MS",
+    "OPS",
+    "VERSION",
+    "BadCommand",
+    "Command",
+    "CommitFencedCommand",
+    "CommitOffsetsCommand",
+    "DeliverTickCommand",
+    "DropTopicCommand",
+    "LockCommand",
+    "NoopCommand",
+    "ProduceBatch",
+    "ProduceCommand",
+    "Receipt",
+    "ReceiptsCommand",
+    "ReceiveCommand",
+    "RedriveCommand",
+    "RetainCommand",
+    "RetainQueue",
+    "SubscribeCommand",
+    "UnlockCommand",
+    "ack",
+    "commit_fenced",
+    "commit_offsets",
+    "decode",
+    "decode_stamped",
+    "deliver_tick",
+    "drop_topic",
+    "extend",
+    "lock",
+    "nack",
+    "noop",
+    "produce",
+    "receive",
+    "redrive",
+    "retain",
+    "subscribe",
+    "unlock",
+    "validate",
+]
+
+
+# ONLY ADD TO THE END. An op name is part of the replicated log format: never rename or reuse one.
+OPS: tuple[str, ...] = (
+    "noop",
+    "produce",
+    "commit_offsets",
+    "retain",
+    "drop_topic",
+    "subscribe",
+    "receive",
+    "ack",
+    "nack",
+    "extend",
+    "deliver_tick",
+    "lock",
+    "unlock",
+    "commit_fenced",
+    "redrive",
+    "seal_segment",  # cluster/machines/segments.py
+    "expire_producers",  # cluster/machines/producers.py
+)
+
+
+# -- builders (leader side) -------------------------------------------------------------------
+
+
+def produce(now_ms: int, batches: Sequence[Mapping[str, Any]]) -> bytes:
+    """A produce command appending ``batches`` (wire shape, see the module docstring)."""
+    return orjson.dumps({"v": VERSION, "op": "produce", "now_ms": now_ms, "batches": list(batches)})
+
+
+def commit_offsets(group: str, topic_id: int, offsets: Mapping[int, int]) -> bytes:
+    """A command committing consumer group ``group``'s ``{queue: offset}`` on ``topic_id``."""
+    wire_offsets = {str(queue): offset for queue, offset in offsets.items()}
+    return orjson.dumps(
+        {"v": VERSION, "op": "commit_offsets", "group": group, "topic_id": topic_id, "offsets": wire_offsets}
+    )
+
+
+def retain(
+    now_ms: int,
+    queues: Sequence[Mapping[str, Any]],
+    *,
+    max_jump_ms: int | None = None,
+    max_batches: int | None = None,
+) -> bytes:
+    """A command applying retention; each queue is ``{topic_id, queue, max_age_ms, max_bytes}``.
+
+    ``max_jump_ms``: how far the group's retention clock may move in one step beyond what the
+    stamps' own progress allows (``cluster/machines/queue_group.py``); ``max_batches``: the most record
+    batches the command removes (the next ``retain`` goes on). None: unbounded, as entries
+    written before these fields existed."""
+    body: dict[str, Any] = {"v": VERSION, "op": "retain", "now_ms": now_ms, "queues": list(queues)}
+    if max_jump_ms is not None:
+        body["max_jump_ms"] = max_jump_ms
+    if max_batches is not None:
+        body["max_batches"] = max_batches
+    return orjson.dumps(body)
+
+
+def drop_topic(topic_id: int) -> bytes:
+    """A command removing every key of ``topic_id`` and refusing later writes to it."""
+    return orjson.dumps({"v": VERSION, "op": "drop_topic", "topic_id": topic_id})
+
+
+def noop() -> bytes:
+    """A command that changes nothing but ``applied_index`` (a read barrier)."""
+    return orjson.dumps({"v": VERSION, "op": "noop"})
+
+
+# -- decoding (every replica) -----------------------------------------------------------------
+
+
+def decode(data: bytes) -> Command:
+    """Parse and strictly validate command bytes.
+
+    Args:
+        data: The bytes of one Raft entry.
+
+    Returns:
+        The validated command, normalized: produce messages become :class:`NewMessage` (value
+        bytes, base64 decoded), optional fields are present with None, offsets keys are ints.
+
+    Raises:
+        BadCommand: ``data`` is not JSON (``invalid_json``) or not a valid command
+            (``bad_request``).
+    """
+    try:
+        obj = orjson.loads(data)
+    except (orjson.JSONDecodeError, TypeError) as e:
+        raise BadCommand(errors.INVALID_JSON, f"command is not JSON: {e}") from None
+    return validate(obj)
+
+
+def decode_stamped(data: bytes, min_now_ms: int) -> tuple[Command, int | None]:
+    """:func:`decode` for the state machine: a command stamped below ``min_now_ms`` (the group's
+    applied time) is validated and returned as if stamped at ``min_now_ms``, so the group's time
+    never goes backwards (a TTL's expiry, computed from ``now_ms``, moves with it).
+
+    Returns:
+        The command and its ``now_ms`` as stamped (None: the command carries no valid stamp).
+
+    Raises:
+        BadCommand: as :func:`decode`.
+    """
+    try:
+        obj = orjson.loads(data)
+    except (orjson.JSONDecodeError, TypeError) as e:
+        raise BadCommand(errors.INVALID_JSON, f"command is not JSON: {e}") from None
+    stamped = obj.get("now_ms") if type(obj) is dict else None
+    if type(stamped) is not int or stamped < 0:
+        return validate(obj), None
+    if stamped < min_now_ms:
+        obj["now_ms"] = min_now_ms
+    return validate(obj), stamped
+
+
+def validate(obj: Any) -> Command:
+    """:func:`decode` for a command already parsed from JSON (e.g. built by the leader, to check it
+    before proposing it without encoding it first).
+
+    Raises:
+        BadCommand: ``obj`` is not a valid command (``bad_request``).
+    """
+    if type(obj) is not dict:
+        raise BadCommand(errors.BAD_REQUEST, "command is not a JSON object")
+    version = obj.get("v")
+    if type(version) is not int or version != VERSION:
+        raise BadCommand(errors.BAD_REQUEST, f"unsupported command version {version!r}")
+    op = obj.get("op")
+    if op == "produce":
+        return _produce(obj)
+    if op == "commit_offsets":
+        return _commit_offsets(obj)
+    if op == "retain":
+        return _retain(obj)
+    if op == "drop_topic":
+        _fields(obj, "command", {"v", "op", "topic_id"})
+        return {"v": VERSION, "op": "drop_topic", "topic_id": _uint(obj, "topic_id", MAX_U32, "")}
+    if op == "noop":
+        _fields(obj, "command", {"v", "op"})
+        return {"v": VERSION, "op": "noop"}
+    if op == "seal_segment":
+        return decode_seal_segment(obj)
+    if op == "expire_producers":
+        return decode_expire_producers(obj)
+    decoder = _DELIVERY_DECODERS.get(op) if type(op) is str else None
+    if decoder is not None:
+        return decoder(obj)
+    raise BadCommand(errors.BAD_REQUEST, f"unknown op {op!r}")

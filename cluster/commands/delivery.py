@@ -1,0 +1,353 @@
+"""Receive/ack, delayed messages and locks: the builders (leader side) and decoders (every
+replica) of those commands (``cluster/commands/__init__.py``, ``docs/delivery.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, cast
+
+import orjson
+
+from raftmq.cluster.commands.fields import (
+    _bad,
+    _list,
+    _name,
+    _object,
+    _optional_duration,
+    _optional_uint,
+    _positive,
+    _queue_list,
+    _uint,
+)
+from raftmq.cluster.commands.produce import _commit_offsets
+from raftmq.cluster.commands.shapes import (
+    MAX_BACKOFF_LEVELS,
+    MAX_DURATION_MS,
+    MAX_RECEIPTS,
+    MAX_RECEIVE,
+    MAX_TICK_ITEMS,
+    MAX_TIME_MS,
+    VERSION,
+    Command,
+    CommitFencedCommand,
+    Receipt,
+    ReceiptsCommand,
+    SubscribeCommand,
+)
+from raftmq.storage.keys import MAX_U32, MAX_U64
+
+
+def _command(op: str, **fields: Any) -> bytes:
+    """A command of ``op``; fields that are None are left out (absent = null = not given)."""
+    return orjson.dumps({"v": VERSION, "op": op, **{k: v for k, v in fields.items() if v is not None}})
+
+
+def subscribe(
+    group: str,
+    topic_id: int,
+    topic: str,
+    dlq_topic_id: int | None,
+    max_deliveries: int,
+    backoff_ms: Sequence[int],
+    *,
+    overwrite: bool = False,
+) -> bytes:
+    """Store the subscription settings of ``group`` on ``topic_id``. Without ``overwrite`` an
+    existing subscription keeps its ``max_deliveries`` and ``backoff_ms``."""
+    return _command(
+        "subscribe",
+        group=group,
+        topic_id=topic_id,
+        topic=topic,
+        dlq_topic_id=dlq_topic_id,
+        max_deliveries=max_deliveries,
+        backoff_ms=list(backoff_ms),
+        overwrite=overwrite,
+    )
+
+
+def receive(
+    now_ms: int,
+    group: str,
+    topic_id: int,
+    queues: Sequence[int],
+    max_messages: int,
+    visibility_ms: int,
+    *,
+    epoch: int | None = None,
+    max_age_ms: int | None = None,
+) -> bytes:
+    """Hand out up to ``max_messages`` messages of ``queues`` (due retries first)."""
+    return _command(
+        "receive",
+        now_ms=now_ms,
+        group=group,
+        topic_id=topic_id,
+        queues=list(queues),
+        max=max_messages,
+        visibility_ms=visibility_ms,
+        epoch=epoch,
+        max_age_ms=max_age_ms,
+    )
+
+
+def _with_receipts(
+    op: str,
+    now_ms: int,
+    group: str,
+    topic_id: int,
+    receipts: Sequence[tuple[int, int, int]],
+    epoch: int | None,
+    **extra: int | None,
+) -> bytes:
+    """An ack, nack or extend: ``receipts`` as ``[queue, offset, token]``, then ``extra``, then ``epoch``."""
+    wire = [[queue, offset, token] for queue, offset, token in receipts]
+    return _command(op, now_ms=now_ms, group=group, topic_id=topic_id, receipts=wire, **extra, epoch=epoch)
+
+
+def ack(
+    now_ms: int,
+    group: str,
+    topic_id: int,
+    receipts: Sequence[tuple[int, int, int]],
+    *,
+    epoch: int | None = None,
+) -> bytes:
+    """Finish the messages of ``receipts`` (``(queue, offset, token)``)."""
+    return _with_receipts("ack", now_ms, group, topic_id, receipts, epoch)
+
+
+def nack(
+    now_ms: int,
+    group: str,
+    topic_id: int,
+    receipts: Sequence[tuple[int, int, int]],
+    *,
+    delay_ms: int | None = None,
+    epoch: int | None = None,
+) -> bytes:
+    """Give the messages back for a retry after ``delay_ms`` (default: the backoff schedule)."""
+    return _with_receipts("nack", now_ms, group, topic_id, receipts, epoch, delay_ms=delay_ms)
+
+
+def extend(
+    now_ms: int,
+    group: str,
+    topic_id: int,
+    receipts: Sequence[tuple[int, int, int]],
+    visibility_ms: int,
+    *,
+    epoch: int | None = None,
+) -> bytes:
+    """Move the visibility deadline of the messages to ``now_ms + visibility_ms``."""
+    return _with_receipts("extend", now_ms, group, topic_id, receipts, epoch, visibility_ms=visibility_ms)
+
+
+def deliver_tick(now_ms: int, max_items: int) -> bytes:
+    """Release due delayed messages and expire in-flight deadlines, at most ``max_items`` each."""
+    return _command("deliver_tick", now_ms=now_ms, max=max_items)
+
+
+def lock(now_ms: int, group: str, topic_id: int, queue: int, consumer: str, lease_ms: int) -> bytes:
+    """Acquire or renew the exclusive lock of a queue for ``consumer`` of ``group``."""
+    return _command(
+        "lock",
+        now_ms=now_ms,
+        group=group,
+        topic_id=topic_id,
+        queue=queue,
+        consumer=consumer,
+        lease_ms=lease_ms,
+    )
+
+
+def unlock(group: str, topic_id: int, queue: int, consumer: str, epoch: int) -> bytes:
+    """Release the lock if ``consumer`` holds it with ``epoch``."""
+    return _command("unlock", group=group, topic_id=topic_id, queue=queue, consumer=consumer, epoch=epoch)
+
+
+def commit_fenced(group: str, topic_id: int, offsets: Mapping[int, int], epoch: int) -> bytes:
+    """Like :func:`commit_offsets`, refused unless every queue's lock has ``epoch``."""
+    wire_offsets = {str(queue): offset for queue, offset in offsets.items()}
+    return _command("commit_fenced", group=group, topic_id=topic_id, offsets=wire_offsets, epoch=epoch)
+
+
+def redrive(
+    now_ms: int, group: str, topic_id: int, dlq_topic_id: int, queues: Sequence[int], max_messages: int
+) -> bytes:
+    """Move up to ``max_messages`` dead letters per queue back to the source topic."""
+    return _command(
+        "redrive",
+        now_ms=now_ms,
+        group=group,
+        topic_id=topic_id,
+        dlq_topic_id=dlq_topic_id,
+        queues=list(queues),
+        max=max_messages,
+    )
+
+
+# -- decoding -----------------------------------------------------------------------------------
+
+
+def _subscribe(obj: dict[str, Any]) -> SubscribeCommand:
+    _object(obj, {"group", "topic_id", "topic", "dlq_topic_id", "max_deliveries", "backoff_ms", "overwrite"})
+    backoff = _list(obj, "backoff_ms", "")
+    if len(backoff) > MAX_BACKOFF_LEVELS:
+        raise _bad(f"backoff_ms: more than {MAX_BACKOFF_LEVELS} levels")
+    overwrite = obj.get("overwrite", False)
+    if type(overwrite) is not bool:
+        raise _bad("overwrite: expected true or false")
+    dlq = obj.get("dlq_topic_id")
+    return {
+        "v": VERSION,
+        "op": "subscribe",
+        "group": _name(obj, "group", ""),
+        "topic_id": _uint(obj, "topic_id", MAX_U32, ""),
+        "topic": _name(obj, "topic", ""),
+        "dlq_topic_id": None if dlq is None else _uint(obj, "dlq_topic_id", MAX_U32, ""),
+        "max_deliveries": _positive(obj, "max_deliveries", MAX_U32),
+        "backoff_ms": [
+            _uint({"b": b}, "b", MAX_DURATION_MS, f"backoff_ms[{i}].") for i, b in enumerate(backoff)
+        ],
+        "overwrite": overwrite,
+    }
+
+
+_tuple_new = tuple.__new__
+
+
+def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
+    op = obj["op"]
+    extra = {"delay_ms"} if op == "nack" else {"visibility_ms"} if op == "extend" else set()
+    _object(obj, {"now_ms", "group", "topic_id", "receipts", "epoch", *extra})
+    raw = _list(obj, "receipts", "")
+    if len(raw) > MAX_RECEIPTS:
+        raise _bad(f"receipts: more than {MAX_RECEIPTS}")
+    receipts = []
+    for i, r in enumerate(raw):
+        # The common case checked inline (this runs for every receipt on every replica); the
+        # field-by-field checks below only name what is wrong.
+        if type(r) is list and len(r) == 3:
+            queue, offset, token = r
+            if (
+                type(queue) is int
+                and type(offset) is int
+                and type(token) is int
+                and 0 <= queue <= MAX_U32
+                and 0 <= offset <= MAX_U64
+                and 0 <= token <= MAX_U64
+            ):
+                receipts.append(_tuple_new(Receipt, r))  # Receipt(*r) without its Python __new__
+                continue
+        if type(r) is not list or len(r) != 3:
+            raise _bad(f"receipts[{i}]: expected [queue, offset, token]")
+        fields = dict(zip(("queue", "offset", "token"), r, strict=True))
+        receipts.append(
+            Receipt(
+                _uint(fields, "queue", MAX_U32, f"receipts[{i}]."),
+                _uint(fields, "offset", MAX_U64, f"receipts[{i}]."),
+                _uint(fields, "token", MAX_U64, f"receipts[{i}]."),
+            )
+        )
+    return {
+        "v": VERSION,
+        "op": op,
+        "now_ms": _uint(obj, "now_ms", MAX_TIME_MS, ""),
+        "group": _name(obj, "group", ""),
+        "topic_id": _uint(obj, "topic_id", MAX_U32, ""),
+        "receipts": receipts,
+        "epoch": _optional_uint(obj, "epoch", ""),
+        "delay_ms": _optional_duration(obj, "delay_ms", "") if op == "nack" else None,
+        "visibility_ms": _positive(obj, "visibility_ms", MAX_DURATION_MS) if op == "extend" else 0,
+    }
+
+
+def _commit_fenced(obj: dict[str, Any]) -> CommitFencedCommand:
+    _object(obj, {"group", "topic_id", "offsets", "epoch"})
+    epoch = _uint(obj, "epoch", MAX_U64, "")
+    plain = _commit_offsets({k: v for k, v in obj.items() if k != "epoch"})
+    return {
+        "v": VERSION,
+        "op": "commit_fenced",
+        "group": plain["group"],
+        "topic_id": plain["topic_id"],
+        "offsets": plain["offsets"],
+        "epoch": epoch,
+    }
+
+
+# The ops whose fields are plain values: each field's reader, in the order the fields are checked
+# (the first bad one is the error). Such an op has exactly these fields (besides "v" and "op").
+_Reader = Callable[[dict[str, Any], str], Any]
+
+
+_time = partial(_uint, max_value=MAX_TIME_MS, where="")
+_u32 = partial(_uint, max_value=MAX_U32, where="")
+_u64 = partial(_uint, max_value=MAX_U64, where="")
+_text = partial(_name, where="")
+_u64_or_none = partial(_optional_uint, where="")
+_duration_or_none = partial(_optional_duration, where="")
+
+
+def _one_to(max_value: int) -> _Reader:
+    return partial(_positive, max_value=max_value)
+
+
+_PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
+    "receive": {
+        "now_ms": _time,
+        "group": _text,
+        "topic_id": _u32,
+        "queues": _queue_list,
+        "max": _one_to(MAX_RECEIVE),
+        "visibility_ms": _one_to(MAX_DURATION_MS),
+        "epoch": _u64_or_none,
+        "max_age_ms": _duration_or_none,
+    },
+    "deliver_tick": {"now_ms": _time, "max": _one_to(MAX_TICK_ITEMS)},
+    "lock": {
+        "now_ms": _time,
+        "group": _text,
+        "topic_id": _u32,
+        "queue": _u32,
+        "consumer": _text,
+        "lease_ms": _one_to(MAX_DURATION_MS),
+    },
+    "unlock": {"group": _text, "topic_id": _u32, "queue": _u32, "consumer": _text, "epoch": _u64},
+    "redrive": {
+        "now_ms": _time,
+        "group": _text,
+        "topic_id": _u32,
+        "dlq_topic_id": _u32,
+        "queues": _queue_list,
+        "max": _one_to(MAX_RECEIVE),
+    },
+}
+_PLAIN_ALLOWED = {op: set(fields) for op, fields in _PLAIN_FIELDS.items()}
+
+
+def _plain(obj: dict[str, Any]) -> Command:
+    """A receive, deliver_tick, lock, unlock or redrive command (``_PLAIN_FIELDS``)."""
+    op = obj["op"]
+    _object(obj, _PLAIN_ALLOWED[op])
+    decoded: dict[str, Any] = {"v": VERSION, "op": op}
+    for name, read in _PLAIN_FIELDS[op].items():
+        decoded[name] = read(obj, name)
+    return cast(Command, decoded)
+
+
+_DELIVERY_DECODERS: dict[str, Callable[[dict[str, Any]], Command]] = {
+    "subscribe": _subscribe,
+    "receive": _plain,
+    "ack": _receipts_command,
+    "nack": _receipts_command,
+    "extend": _receipts_command,
+    "deliver_tick": _plain,
+    "lock": _plain,
+    "unlock": _plain,
+    "commit_fenced": _commit_fenced,
+    "redrive": _plain,
+}

@@ -1,0 +1,210 @@
+"""The shapes of queue-group commands (``cluster/commands/__init__.py``): limits, :class:`BadCommand`,
+and the decoded commands as TypedDicts. Import them from ``cluster.commands``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, TypedDict
+
+from raftmq.cluster.base.errors import ErrorCode
+from raftmq.cluster.machines.producers import ExpireProducersCommand
+from raftmq.cluster.machines.segments import SealSegmentCommand
+from raftmq.storage.records import NewMessage
+
+VERSION = 1
+
+MAX_NAME_BYTES = 255
+"""Longest ``producer_id``, consumer ``group`` or ``consumer``, in UTF-8 bytes."""
+MAX_TIME_MS = 2**62
+"""Largest point in time (ms since the epoch) a command may carry: sums with durations fit u64."""
+MAX_DURATION_MS = 2**40
+"""Largest duration (ms; about 35 years) a command may carry."""
+MAX_RECEIVE = 10_000
+"""Most messages one ``receive`` or ``redrive`` hands out (per queue for redrive)."""
+MAX_RECEIPTS = 10_000
+"""Most receipts in one ``ack``, ``nack`` or ``extend``."""
+MAX_TICK_ITEMS = 100_000
+"""Largest ``max`` of a ``deliver_tick``."""
+MAX_BACKOFF_LEVELS = 64
+
+
+class BadCommand(Exception):
+    """The command bytes are not a valid command.
+
+    Attributes:
+        code: The catalogue entry (``invalid_json`` or ``bad_request``).
+        message: What is wrong, naming the field (e.g. ``batches[0].messages[3].value_b64``).
+    """
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ProduceBatch(TypedDict):
+    """A decoded produce batch; messages are normalized to :class:`NewMessage` (with
+    ``expires_at_ms`` = (``deliver_at_ms`` or ``now_ms``) + ``ttl_ms``). ``deliver_at_ms`` is None
+    when no message of the batch is delayed, else one entry per message (None: not delayed)."""
+
+    topic_id: int
+    queue: int
+    producer_id: str | None
+    sequence: int | None
+    messages: list[NewMessage]
+    deliver_at_ms: list[int | None] | None
+
+
+class ProduceCommand(TypedDict):
+    v: int
+    op: Literal["produce"]
+    now_ms: int
+    batches: list[ProduceBatch]
+
+
+class CommitOffsetsCommand(TypedDict):
+    v: int
+    op: Literal["commit_offsets"]
+    group: str
+    topic_id: int
+    offsets: dict[int, int]
+
+
+class RetainQueue(TypedDict):
+    topic_id: int
+    queue: int
+    max_age_ms: int | None
+    max_bytes: int | None
+
+
+class RetainCommand(TypedDict):
+    v: int
+    op: Literal["retain"]
+    now_ms: int
+    queues: list[RetainQueue]
+    max_jump_ms: int | None  # None: age-based removal trusts now_ms (entries written before the bound)
+    max_batches: int | None  # None: no bound on the batches removed (entries written before the bound)
+
+
+class DropTopicCommand(TypedDict):
+    v: int
+    op: Literal["drop_topic"]
+    topic_id: int
+
+
+class NoopCommand(TypedDict):
+    v: int
+    op: Literal["noop"]
+
+
+class SubscribeCommand(TypedDict):
+    v: int
+    op: Literal["subscribe"]
+    group: str
+    topic_id: int
+    topic: str
+    dlq_topic_id: int | None
+    max_deliveries: int
+    backoff_ms: list[int]
+    overwrite: bool
+
+
+class ReceiveCommand(TypedDict):
+    v: int
+    op: Literal["receive"]
+    now_ms: int
+    group: str
+    topic_id: int
+    queues: list[int]
+    max: int
+    visibility_ms: int
+    epoch: int | None
+    max_age_ms: int | None
+
+
+class Receipt(NamedTuple):
+    queue: int
+    offset: int
+    token: int
+
+
+class ReceiptsCommand(TypedDict):
+    """``ack``, ``nack`` and ``extend``; ``delay_ms`` is only set for nack, ``visibility_ms``
+    only for extend (0 otherwise)."""
+
+    v: int
+    op: Literal["ack", "nack", "extend"]
+    now_ms: int
+    group: str
+    topic_id: int
+    receipts: list[Receipt]
+    epoch: int | None
+    delay_ms: int | None
+    visibility_ms: int
+
+
+class DeliverTickCommand(TypedDict):
+    v: int
+    op: Literal["deliver_tick"]
+    now_ms: int
+    max: int
+
+
+class LockCommand(TypedDict):
+    v: int
+    op: Literal["lock"]
+    now_ms: int
+    group: str
+    topic_id: int
+    queue: int
+    consumer: str
+    lease_ms: int
+
+
+class UnlockCommand(TypedDict):
+    v: int
+    op: Literal["unlock"]
+    group: str
+    topic_id: int
+    queue: int
+    consumer: str
+    epoch: int
+
+
+class CommitFencedCommand(TypedDict):
+    v: int
+    op: Literal["commit_fenced"]
+    group: str
+    topic_id: int
+    offsets: dict[int, int]
+    epoch: int
+
+
+class RedriveCommand(TypedDict):
+    v: int
+    op: Literal["redrive"]
+    now_ms: int
+    group: str
+    topic_id: int
+    dlq_topic_id: int
+    queues: list[int]
+    max: int
+
+
+Command = (
+    ProduceCommand
+    | CommitOffsetsCommand
+    | RetainCommand
+    | DropTopicCommand
+    | NoopCommand
+    | SubscribeCommand
+    | ReceiveCommand
+    | ReceiptsCommand
+    | DeliverTickCommand
+    | LockCommand
+    | UnlockCommand
+    | CommitFencedCommand
+    | RedriveCommand
+    | SealSegmentCommand
+    | ExpireProducersCommand
+)

@@ -1,0 +1,495 @@
+"""The cluster file: one frozen configuration, loaded once, validated with every problem listed.
+
+A cluster file is TOML::
+
+    [cluster]
+    secret = "at least 16 characters"   # Raft peer encryption and node-to-node calls
+    queue_groups = 3                     # default: one per node
+    replication = 3                      # replicas per queue group (default: min(3, nodes))
+    durability = "fsync"                 # or "os"
+
+    [limits]                             # optional; defaults shown in Limits
+    max_message_bytes = 1048576
+
+    [raft]                               # optional timing; defaults in RaftTimingConfig
+    election_min_ms = 1000
+
+    [delivery]                           # optional receive/ack settings; defaults in DeliveryConfig
+    max_deliveries = 16
+    backoff_ms = [10000, 30000, 60000]   # env: RAFTMQ_DELIVERY_BACKOFF_MS=10000,30000,60000
+
+    [segments]                           # optional segment sealing; defaults in SegmentsConfig
+    store = "s3://bucket/raftmq"         # default: <data_dir>/<node_id>/segments
+
+    [security]                           # optional API tokens (cluster/config/tokens.py, docs/security.md)
+    allow_unauthenticated = false        # without tokens, `raftmq serve` refuses a non-loopback
+                                         # HTTP address unless true (cluster/cli/serve.py)
+    [[security.tokens]]
+    name = "orders-service"
+    sha256 = "<64 hex digits>"           # or token = "..."; env: RAFTMQ_TOKEN_ORDERS_SERVICE
+    produce = ["orders.*"]
+
+    [tls]                                # optional HTTPS for the API and node-to-node calls
+    cert_file = "/etc/raftmq/node.pem"   # default for every node (per node: tls_cert_file)
+    key_file = "/etc/raftmq/node.key"    # (per node: tls_key_file)
+    ca_file = "/etc/raftmq/ca.pem"       # the CA peers' certificates are checked against
+    verify = true
+
+    [[nodes]]
+    id = "n1"
+    http = "127.0.0.1:8001"
+    raft = "127.0.0.1:7001"              # base port: the metadata group uses it, queue group g uses +1+g
+    raft_bind = "127.0.0.1"              # optional host the Raft ports listen on (default: raft's host)
+    data_dir = ".raftmq"                 # this node keeps its data under <data_dir>/<id>/
+    join = false                         # true: added to a running cluster later (docs/operations.md)
+
+Placement: at the first start the metadata group records the placement computed from this file
+(``group_replicas``, nodes with ``join = true`` left out); from then on the metadata group's
+placement (``cluster/machines/placement.py``) is the truth, and a node sees it as the ``replica_map`` and node
+list of its ``ClusterConfig``.
+
+Environment variables override single settings: ``RAFTMQ_<SECTION>_<KEY>`` (for example
+``RAFTMQ_CLUSTER_DURABILITY=os``, ``RAFTMQ_LIMITS_MAX_MESSAGE_BYTES=2097152``) and
+``RAFTMQ_SECRET`` for ``cluster.secret``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from raftmq.cluster.commands import MAX_DURATION_MS
+from raftmq.cluster.config.tokens import SecurityConfig, parse_security
+from raftmq.cluster.machines.delivery import DEFAULT_BACKOFF_MS
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "DeliveryConfig",
+    "Limits",
+    "NodeConfig",
+    "RaftTimingConfig",
+    "SegmentsConfig",
+    "TestFaults",
+    "TlsConfig",
+    "load_config",
+    "parse_config",
+]
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+MAX_METADATA_VOTERS = 5
+
+
+class ConfigError(Exception):
+    """The cluster file is invalid; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid cluster configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    id: str
+    http: str  # host:port of the HTTP API
+    raft: str  # host:port; base of this node's Raft ports
+    data_dir: str
+    raft_bind: str = ""  # host the Raft ports listen on ("": the host of ``raft``)
+    tls_cert_file: str = ""  # set (with tls_key_file): the HTTP API is served over HTTPS
+    tls_key_file: str = ""
+    join: bool = False  # not in the first placement: added to the running cluster later
+
+    @property
+    def http_url(self) -> str:
+        return f"{'https' if self.tls_cert_file else 'http'}://{self.http}"
+
+    def raft_addr(self, port_offset: int) -> str:
+        host, port = self.raft.rsplit(":", 1)
+        return f"{host}:{int(port) + port_offset}"
+
+    def raft_bind_addr(self, port_offset: int) -> str:
+        """Where the Raft port ``port_offset`` listens: never all interfaces unless configured."""
+        host, port = self.raft.rsplit(":", 1)
+        return f"{self.raft_bind or host}:{int(port) + port_offset}"
+
+    def node_dir(self) -> str:
+        return os.path.join(self.data_dir, self.id)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 1024 * 1024
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_messages_per_request: int = 10_000
+    max_fetch_messages: int = 10_000
+    default_fetch_messages: int = 32
+    max_wait_ms: int = 15_000
+    max_queues_per_topic: int = 1024
+    request_timeout_ms: int = 10_000
+    max_delay_ms: int = 7 * 24 * 3600 * 1000  # delay_ms / deliver_at_ms of a produced message
+    max_ttl_ms: int = 10 * 365 * 24 * 3600 * 1000  # ttl_ms of a produced message
+    default_visibility_ms: int = 30_000  # receive: how long a message stays in flight
+    max_visibility_ms: int = 12 * 3600 * 1000  # receive and extend
+    # An idempotent producer's state on a queue not used for this long is forgotten (0: kept
+    # forever); a retry later than this may be stored again (cluster/machines/producers.py).
+    producer_idle_ms: int = 7 * 24 * 3600 * 1000
+    # Every node samples each consumer group's lag this often for the console's charts
+    # (cluster/node/lag_history.py; the last 15 minutes are kept).
+    lag_sample_ms: int = 10_000
+
+
+@dataclass(frozen=True)
+class RaftTimingConfig:
+    # Failover takes one election timeout (plus a vote round): 0.8-1.6 s keeps it under 3 s while
+    # staying far above a loaded tick (heartbeats go every 50 ms).
+    election_min_ms: int = 800
+    election_max_ms: int = 1600
+    heartbeat_ms: int = 50
+    leader_fallback_ms: int = 2000
+    compaction_min_entries: int = 20_000
+    compaction_min_time_s: int = 120
+    compaction_max_bytes: int = 64 * 1024 * 1024
+    group_commit_bytes: int = 256 * 1024  # coalesce produce requests into entries up to this size
+    group_commit_inflight: int = 2  # entries in flight per group before requests accumulate
+    retention_check_ms: int = 10_000  # how often a queue group's leader proposes a retention tick
+    # How far a retain tick's time may run ahead of the previous tick's before age-based retention
+    # stops trusting it (a leader clock that jumped ahead); at least 3 retention_check_ms is used.
+    # 0 for either: off, retain written as by releases before it (only for a rolling upgrade).
+    retention_max_jump_ms: int = 300_000
+    retention_max_batches: int = 1000  # record batches one retain command removes at most
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    """Receive/ack defaults (``docs/delivery.md``). ``max_deliveries`` and ``backoff_ms`` are the
+    settings a new subscription gets (``PUT .../subscriptions/{group}`` changes them per group)."""
+
+    max_deliveries: int = 16
+    backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS  # RocketMQ's levels from 10 s to 2 h
+    tick_ms: int = 200  # the leader checks for due delayed messages and deadlines at least this often
+    tick_max_items: int = 1000  # delayed messages and deadlines one deliver_tick handles (each)
+
+
+@dataclass(frozen=True)
+class SegmentsConfig:
+    """Segment sealing (``cluster/machines/segments.py``, ``docs/spark.md``). A queue group's leader seals a
+    queue's committed messages after its last segment once there are ``max_messages`` of them, or
+    ``max_bytes`` stored, or the oldest is ``max_age_ms`` old (0: no age trigger)."""
+
+    enabled: bool = True
+    store: str = ""  # "" = <data_dir>/<node_id>/segments; or a directory or pyarrow URI ({node_id})
+    max_messages: int = 262_144
+    max_bytes: int = 64 * 1024 * 1024
+    max_age_ms: int = 0
+    parquet: bool = True  # also write Parquet (for plain spark.read.parquet)
+    check_ms: int = 2_000  # how often the leader looks for ranges to seal
+    gc_interval_ms: int = 30_000  # how often a node deletes its dead segment files
+    gc_grace_ms: int = 600_000  # an unlisted file younger than this is kept (its seal may be in flight)
+
+
+@dataclass(frozen=True)
+class TestFaults:
+    """Faults for tests only (never set them in production)."""
+
+    crash_after_snapshot: bool = False
+    # Answer produce requests before their entry is replicated (the chaos suite's mutation check:
+    # with it, leader kills must show up as lost messages).
+    ack_before_replication: bool = False
+    # While this file says "fail", checkpoint fetches for snapshot installs fail; while it says
+    # "stall", each waits (up to 60 s) and then fails (the chaos suite's checkpoint-fetch fault).
+    checkpoint_fetch_fault_file: str = ""
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """HTTPS settings shared by the nodes (``docs/security.md``). ``cert_file``/``key_file`` are the
+    default of every node's ``tls_cert_file``/``tls_key_file``; ``ca_file`` is what peers'
+    certificates are verified against ("" = the system's CAs); ``verify = false`` turns the
+    verification of peers off (never in production)."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str = ""
+    verify: bool = True
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: tuple[NodeConfig, ...]
+    secret: str = field(repr=False)
+    queue_groups: int
+    replication: int
+    durability: str = "fsync"
+    limits: Limits = field(default_factory=Limits)
+    raft: RaftTimingConfig = field(default_factory=RaftTimingConfig)
+    faults: TestFaults = field(default_factory=TestFaults)
+    path: str | None = None
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    segments: SegmentsConfig = field(default_factory=SegmentsConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    # The metadata group's placement once known (cluster/machines/placement.py): group name ("meta", "0",
+    # ...) -> node ids, preferred leader first. None: the first placement, computed from the file.
+    replica_map: Mapping[str, tuple[str, ...]] | None = None
+
+    @property
+    def tls_enabled(self) -> bool:
+        return any(n.tls_cert_file for n in self.nodes)
+
+    def node(self, node_id: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    @property
+    def bootstrap_nodes(self) -> tuple[NodeConfig, ...]:
+        """The nodes of the first placement: those not marked ``join``."""
+        return tuple(n for n in self.nodes if not n.join)
+
+    @property
+    def metadata_voters(self) -> tuple[NodeConfig, ...]:
+        """The metadata group's replicas; first placement: the first (up to) five bootstrap nodes."""
+        if self.replica_map is not None:
+            return tuple(self.node(i) for i in self.replica_map.get("meta", ()))
+        return self.bootstrap_nodes[:MAX_METADATA_VOTERS]
+
+    def group_replicas(self, group_id: int) -> tuple[NodeConfig, ...]:
+        """Nodes hosting queue group ``group_id``, the preferred leader first. First placement:
+        ``replication`` consecutive bootstrap nodes starting at ``group_id`` (mod their count), so
+        replicas are distinct and preferred leaders (the first replica) are spread over the nodes."""
+        if self.replica_map is not None:
+            return tuple(self.node(i) for i in self.replica_map.get(str(group_id), ()))
+        nodes = self.bootstrap_nodes
+        return tuple(nodes[(group_id + i) % len(nodes)] for i in range(self.replication))
+
+    def groups_on(self, node_id: str) -> list[int]:
+        return [g for g in range(self.queue_groups) if any(r.id == node_id for r in self.group_replicas(g))]
+
+
+def load_config(path: str, env: Mapping[str, str] | None = None) -> ClusterConfig:
+    """Read, override from the environment and validate a cluster file."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError([f"cluster file not found: {path}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{path}: not valid TOML: {e}"]) from None
+    return parse_config(raw, env=os.environ if env is None else env, path=path)
+
+
+def parse_config(
+    raw: dict[str, Any], env: Mapping[str, str] | None = None, path: str | None = None
+) -> ClusterConfig:
+    problems: list[str] = []
+    env = env or {}
+    cluster = dict(raw.get("cluster", {}))
+    if "RAFTMQ_SECRET" in env:
+        cluster["secret"] = env["RAFTMQ_SECRET"]
+    _apply_env(
+        cluster,
+        "CLUSTER",
+        env,
+        {"secret": str, "queue_groups": int, "replication": int, "durability": str},
+        problems,
+    )
+    unknown = set(raw) - {
+        *("cluster", "limits", "raft", "nodes", "faults", "delivery", "segments", "security", "tls")
+    }
+    problems += [f"unknown section [{k}]" for k in sorted(unknown)]
+
+    nodes = _parse_nodes(raw.get("nodes"), problems)
+    secret = cluster.get("secret")
+    if not isinstance(secret, str) or len(secret) < 16:
+        problems.append("cluster.secret must be a string of at least 16 characters (or set RAFTMQ_SECRET)")
+    n = len([node for node in nodes if not node.join])
+    queue_groups = cluster.get("queue_groups", n)
+    replication = cluster.get("replication", min(3, n) if n else 1)
+    durability = cluster.get("durability", "fsync")
+    if not _is_int(queue_groups) or queue_groups < 1 or queue_groups > 256:
+        problems.append("cluster.queue_groups must be an integer from 1 to 256")
+    if not _is_int(replication) or replication < 1:
+        problems.append("cluster.replication must be a positive integer")
+    elif n and replication > n:
+        problems.append(f"cluster.replication ({replication}) exceeds the node count ({n}, join excluded)")
+    if durability not in ("fsync", "os"):
+        problems.append('cluster.durability must be "fsync" or "os"')
+    unknown_keys = set(cluster) - {"secret", "queue_groups", "replication", "durability", "name"}
+    problems += [f"unknown key cluster.{k}" for k in sorted(unknown_keys)]
+
+    limits = _parse_section(Limits, raw.get("limits", {}), "limits", env, problems)
+    timing = _parse_section(RaftTimingConfig, raw.get("raft", {}), "raft", env, problems)
+    faults = _parse_section(TestFaults, raw.get("faults", {}), "faults", env, problems)
+    delivery = _parse_section(DeliveryConfig, raw.get("delivery", {}), "delivery", env, problems)
+    segments = _parse_section(SegmentsConfig, raw.get("segments", {}), "segments", env, problems)
+    security = parse_security(raw.get("security"), env, problems)
+    tls = _parse_section(TlsConfig, raw.get("tls", {}), "tls", env, problems)
+    nodes = _with_tls(nodes, tls, problems)
+    if segments.max_messages < 1 or segments.max_bytes < 1 or segments.check_ms < 1:
+        problems.append("segments.max_messages, max_bytes and check_ms must be at least 1")
+    if delivery.max_deliveries < 1 or delivery.tick_ms < 1 or delivery.tick_max_items < 1:
+        problems.append("delivery.max_deliveries, tick_ms and tick_max_items must be at least 1")
+    if not delivery.backoff_ms or len(delivery.backoff_ms) > 64:
+        problems.append("delivery.backoff_ms must list 1 to 64 delays")
+    if limits.default_visibility_ms < 1 or limits.default_visibility_ms > limits.max_visibility_ms:
+        problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
+    if not 100 <= limits.lag_sample_ms <= 60_000:
+        problems.append("limits.lag_sample_ms must be from 100 to 60000")
+    if limits.producer_idle_ms > MAX_DURATION_MS:
+        problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
+    if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:
+        problems.append("raft.retention_max_jump_ms must be from 0 (off) to 2**40")
+    if not 0 <= timing.retention_max_batches <= 0xFFFF_FFFF:
+        problems.append("raft.retention_max_batches must be from 0 (off) to 4294967295")
+    if timing.election_min_ms >= timing.election_max_ms:
+        problems.append("raft.election_min_ms must be below raft.election_max_ms")
+    if timing.heartbeat_ms * 5 > timing.election_min_ms:
+        problems.append("raft.heartbeat_ms must be at most a fifth of raft.election_min_ms")
+    if problems:
+        raise ConfigError(problems)
+    return ClusterConfig(
+        nodes=tuple(nodes),
+        secret=str(secret),
+        queue_groups=int(queue_groups),
+        replication=int(replication),
+        durability=str(durability),
+        limits=limits,
+        raft=timing,
+        faults=faults,
+        path=path,
+        delivery=delivery,
+        segments=segments,
+        security=security,
+        tls=tls,
+    )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse_nodes(raw: Any, problems: list[str]) -> list[NodeConfig]:
+    if not isinstance(raw, list) or not raw:
+        problems.append("at least one [[nodes]] entry is required")
+        return []
+    nodes: list[NodeConfig] = []
+    seen: dict[str, set[str]] = {"id": set(), "http": set(), "raft": set()}
+    for i, entry in enumerate(raw):
+        where = f"nodes[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        unknown = set(entry) - {"id", "http", "raft", "data_dir", "join", *_NODE_OPTIONS}
+        problems += [f"unknown key {where}.{k}" for k in sorted(unknown)]
+        node_id, http, raft, data_dir = (entry.get(k) for k in ("id", "http", "raft", "data_dir"))
+        if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
+            problems.append(f"{where}.id must be 1-32 characters of A-Z a-z 0-9 _ -")
+            continue
+        where = f"node {node_id}"
+        for key, value in (("http", http), ("raft", raft)):
+            if not isinstance(value, str) or not _valid_addr(value):
+                problems.append(f"{where}: {key} must be host:port with a port from 1 to 65535")
+        if not isinstance(data_dir, str) or not data_dir:
+            problems.append(f"{where}: data_dir must be a non-empty path")
+        for key, value in (("id", node_id), ("http", http), ("raft", raft)):
+            if isinstance(value, str):
+                if value in seen[key]:
+                    problems.append(f"{where}: duplicate {key} {value!r}")
+                seen[key].add(value)
+        join = entry.get("join", False)
+        if not isinstance(join, bool):
+            problems.append(f"{where}: join must be true or false")
+        options = {k: entry[k] for k in _NODE_OPTIONS if k in entry}
+        for key, value in options.items():
+            if not isinstance(value, str) or (key == "raft_bind" and (not value or ":" in value)):
+                problems.append(f"{where}: {key} must be a " + ("host" if key == "raft_bind" else "path"))
+        if isinstance(http, str) and isinstance(raft, str) and isinstance(data_dir, str):
+            node = NodeConfig(id=node_id, http=http, raft=raft, data_dir=data_dir, join=join is True)
+            strings: dict[str, Any] = {k: v for k, v in options.items() if isinstance(v, str)}
+            nodes.append(replace(node, **strings))
+    return nodes
+
+
+_NODE_OPTIONS = ("raft_bind", "tls_cert_file", "tls_key_file")
+
+
+def _with_tls(nodes: list[NodeConfig], tls: TlsConfig, problems: list[str]) -> list[NodeConfig]:
+    """Nodes with [tls]'s cert_file/key_file where they set none; HTTPS is all nodes or none."""
+    out = [
+        replace(
+            n, tls_cert_file=n.tls_cert_file or tls.cert_file, tls_key_file=n.tls_key_file or tls.key_file
+        )
+        for n in nodes
+    ]
+    for n in out:
+        if bool(n.tls_cert_file) != bool(n.tls_key_file):
+            problems.append(f"node {n.id}: TLS needs both a certificate and a key file")
+    if len({bool(n.tls_cert_file) for n in out}) > 1:
+        problems.append("TLS must be set for every node or for none (peers call each other by URL)")
+    return out
+
+
+def _valid_addr(addr: str) -> bool:
+    host, sep, port = addr.rpartition(":")
+    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
+
+
+def _apply_env(
+    section: dict[str, Any], name: str, env: Mapping[str, str], types: Mapping[str, type], problems: list[str]
+) -> None:
+    for key, typ in types.items():
+        var = f"RAFTMQ_{name}_{key.upper()}"
+        if var not in env:
+            continue
+        value = env[var]
+        if typ is bool:
+            section[key] = value.lower() in ("1", "true", "yes", "on")
+        elif typ is tuple:
+            try:
+                section[key] = [int(v) for v in value.split(",") if v.strip()]
+            except ValueError:
+                problems.append(f"{var} must be comma-separated integers, got {value!r}")
+        elif typ is int:
+            try:
+                section[key] = int(value)
+            except ValueError:
+                problems.append(f"{var} must be an integer, got {value!r}")
+        else:
+            section[key] = value
+
+
+def _parse_section(cls: Any, raw: Any, name: str, env: Mapping[str, str], problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"[{name}] must be a table")
+        return cls()
+    values = dict(raw)
+    defaults = cls()
+    types = {f.name: type(getattr(defaults, f.name)) for f in fields(cls)}
+    _apply_env(values, name.upper(), env, types, problems)
+    result = cls()
+    for key, value in values.items():
+        if key not in types:
+            problems.append(f"unknown key {name}.{key}")
+            continue
+        want = types[key]
+        if want is tuple:
+            if not isinstance(value, list) or not all(_is_int(v) and v >= 0 for v in value):
+                problems.append(f"{name}.{key} must be a list of non-negative integers")
+                continue
+            value = tuple(value)
+        elif want is str:
+            if not isinstance(value, str):
+                problems.append(f"{name}.{key} must be a string")
+                continue
+        elif not (isinstance(value, bool) if want is bool else _is_int(value) and value >= 0):
+            problems.append(
+                f"{name}.{key} must be {'true or false' if want is bool else 'a non-negative integer'}"
+            )
+            continue
+        result = replace(result, **{key: value})
+    return result

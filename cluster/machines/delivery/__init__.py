@@ -1,0 +1,309 @@
+"""Receive/ack, retries, dead letters, delayed messages and queue locks in the queue-group state
+machine (``QueueGroupMachine`` dispatches the ops here). The model is in ``docs/delivery.md``.
+
+Everything here runs inside ``QueueGroupMachine.apply`` and keeps its invariants: pure (time only
+from the command's ``now_ms``, the store the only I/O), never raising on input (a refusal is a
+:class:`Refused`, turned into an error result with nothing written), every write into the one
+batch of the apply, bounded work per command.
+
+Per (topic, queue, consumer group) the state is (keys in ``storage/keys.py``):
+
+- the **floor**: the committed offset (``O``, shared with offset consumers): every offset below it
+  is finished;
+- the **cursor** (``S``): the next offset never handed out;
+- a **pending record** (``I``) for each handed-out, unfinished offset: in flight (with its
+  visibility deadline and receipt token) or waiting for a retry (with its due time).
+
+Invariant: an offset in ``[floor, cursor)`` is finished exactly when it has no pending record, and
+``floor == min(lowest pending offset, cursor)`` after every apply. So "acked above the floor" is
+the absence of a pending record, and moving the floor is one ordered lookup, never a scan.
+
+The deadline index (``E``, by deadline over the whole queue group) lets ``deliver_tick`` find
+expired deliveries in deadline order; the retry index (``Y``, per subscription queue, by due time)
+lets ``receive`` hand out due retries oldest first. Index entries are maintained with every change
+of a pending record; entries left behind by bulk changes (a rewinding commit, ``drop_topic``) are
+recognised as dangling when met (their pending record is gone or says otherwise) and deleted then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import error_body
+from raftmq.cluster.machines.delivery.dead_letters import _dead_letter, redrive
+from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
+from raftmq.cluster.machines.delivery.state import (
+    DEFAULT_BACKOFF_MS,
+    DEFAULT_MAX_DELIVERIES,
+    DLQ_HEADER_PREFIX,
+    REDRIVE_GROUP_HEADER,
+    SCAN_BUDGET,
+    WAKE_WITHIN_MS,
+    Refused,
+    Subscription,
+    _check_topic,
+    _deliverable,
+    _deliverable_fields,
+    _Sub,
+    _Work,
+    dlq_topic_name,
+    read_subscription,
+)
+from raftmq.cluster.machines.delivery.timers import available, deliver_tick, on_commit, store_delayed
+from raftmq.storage import keys, queues
+from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord
+from raftmq.storage.queues import read_delivery_fields, scan_prefix
+
+if TYPE_CHECKING:
+    from raftmq.cluster.commands import Receipt, ReceiptsCommand, ReceiveCommand, SubscribeCommand
+    from raftmq.cluster.machines.queue_group import _Apply
+
+__all__ = [
+    "DEFAULT_BACKOFF_MS",
+    "DEFAULT_MAX_DELIVERIES",
+    "DLQ_HEADER_PREFIX",
+    "REDRIVE_GROUP_HEADER",
+    "SCAN_BUDGET",
+    "WAKE_WITHIN_MS",
+    "Refused",
+    "Subscription",
+    "ack_nack_extend",
+    "available",
+    "check_fence",
+    "deliver_tick",
+    "dlq_topic_name",
+    "lock",
+    "on_commit",
+    "read_subscription",
+    "receive",
+    "redrive",
+    "store_delayed",
+    "subscribe",
+    "unlock",
+]
+
+# -- subscribe ----------------------------------------------------------------------------------
+
+
+def subscribe(work: _Apply, cmd: SubscribeCommand) -> dict[str, Any]:
+    """Store the subscription settings. Without ``overwrite``, an existing subscription keeps its
+    ``max_deliveries`` and ``backoff_ms`` (a receive after a restart must not undo a PUT); a null
+    ``dlq_topic_id`` keeps the stored one, a given one replaces it (a dead-letter topic created,
+    or created again after a delete). Result: ``{"subscription": {...}, "changed": bool}``."""
+    topic_id, group = cmd["topic_id"], cmd["group"]
+    _check_topic(work, topic_id)
+    current = read_subscription(work.store, topic_id, group)
+    given = Subscription(cmd["topic"], cmd["dlq_topic_id"], cmd["max_deliveries"], tuple(cmd["backoff_ms"]))
+    new = given if current is None or cmd["overwrite"] else replace(current, topic=given.topic)
+    if given.dlq_topic_id is not None:
+        new = replace(new, dlq_topic_id=given.dlq_topic_id)
+    elif current is not None:
+        new = replace(new, dlq_topic_id=current.dlq_topic_id)
+    if new != current:
+        work.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))
+    return {"subscription": new.to_json(), "changed": new != current}
+
+
+# -- receive ------------------------------------------------------------------------------------
+
+
+def _open_queues(w: _Work, cmd: ReceiveCommand) -> list[int]:
+    """The queues this receive may take from: with an epoch, all of them must be locked with it
+    (else the whole receive is refused); without, queues locked by a live holder are left out."""
+    topic_id, group, now_ms, epoch = cmd["topic_id"], cmd["group"], cmd["now_ms"], cmd["epoch"]
+    out = []
+    for queue in cmd["queues"]:
+        lock_state = queues.lock_state(w.store, group, topic_id, queue)
+        if epoch is not None:
+            if lock_state is None or lock_state.epoch != epoch or not lock_state.live(now_ms):
+                raise Refused(
+                    errors.STALE_EPOCH,
+                    f"queue {queue} is not locked with epoch {epoch} now",
+                    queue=queue,
+                    epoch=None if lock_state is None else lock_state.epoch,
+                )
+            out.append(queue)
+        elif lock_state is None or not lock_state.live(now_ms):
+            out.append(queue)
+    return out
+
+
+def _due_retries(
+    w: _Work, cmd: ReceiveCommand, open_queues: list[int], limit: int
+) -> list[tuple[int, int, int]]:
+    """``(due_ms, queue, offset)`` of due retry-index entries, oldest due first (ties: queue order
+    of the command, then offset). Dangling entries are included; the caller checks them."""
+    topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
+    found: list[tuple[int, int, int, int]] = []
+    for position, queue in enumerate(open_queues):
+        prefix = keys.sub_key(keys.RETRY, topic_id, queue, group)
+        for key, _ in scan_prefix(w.store, prefix, limit=limit):
+            due_ms, offset = keys.decode_u64(key[len(prefix) : -8]), keys.decode_u64(key[-8:])
+            if due_ms > now_ms:
+                break
+            found.append((due_ms, position, queue, offset))
+    found.sort()
+    return [(due_ms, queue, offset) for due_ms, _, queue, offset in found[:limit]]
+
+
+def receive(work: _Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
+    """Hand out up to ``max`` messages: due retries first (oldest due first), then new offsets
+    from each queue's cursor, in the command's queue order. Each becomes in flight until
+    ``now_ms + visibility_ms`` with ``attempt`` + 1 and the receipt token ``index``. Expired
+    messages (TTL, or older than ``max_age_ms``) and messages redriven for another group are
+    finished on the way, never handed out.
+
+    Result: ``{"token": index, "messages": [{"queue", "offset", "attempt", "deadline_ms"}]}``.
+    """
+    topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
+    _check_topic(work, topic_id)
+    w = _Work(work, now_ms)
+    open_queues = _open_queues(w, cmd)
+    limit, deadline_ms, max_age_ms = cmd["max"], now_ms + cmd["visibility_ms"], cmd["max_age_ms"]
+    budget = SCAN_BUDGET
+    out: list[dict[str, Any]] = []
+
+    def hand_out(queue: int, offset: int, attempts: int, first_ms: int) -> None:
+        rec = PendingRecord(STATE_INFLIGHT, attempts, deadline_ms, index, first_ms, now_ms)
+        w.set_pending(topic_id, queue, group, offset, rec)
+        out.append({"queue": queue, "offset": offset, "attempt": attempts, "deadline_ms": deadline_ms})
+
+    for due_ms, queue, offset in _due_retries(w, cmd, open_queues, min(limit, budget)):
+        budget -= 1
+        rec = w.pending(topic_id, queue, group, offset)
+        if rec is None or rec.state != STATE_RETRY or rec.time_ms != due_ms:
+            w.batch.delete(keys.retry_key(topic_id, queue, group, due_ms, offset))  # dangling
+            continue
+        message = w.message(topic_id, queue, offset)
+        if message is None or not _deliverable(message, group, now_ms, max_age_ms):
+            w.finish(topic_id, queue, group, offset)
+            continue
+        hand_out(queue, offset, rec.attempts + 1, rec.first_ms)
+    first = PendingRecord(STATE_INFLIGHT, 1, deadline_ms, index, now_ms, now_ms)  # a first delivery
+    for queue in open_queues:
+        if len(out) >= limit or budget <= 0:
+            break
+        sub = w.sub(topic_id, queue, group)
+        low, high = queues.queue_bounds(w.store, topic_id, queue)
+        if sub.cursor is None:  # first receive: start at the committed offset, else the oldest
+            sub.cursor = low if sub.floor is None else sub.floor
+        sub.cursor = max(sub.cursor, low)  # retention removed what was never handed out
+        while sub.cursor < high and len(out) < limit and budget > 0:
+            found = read_delivery_fields(w.store, topic_id, queue, sub.cursor, min(limit - len(out), budget))
+            if not found:
+                break
+            budget -= len(found)
+            sub.cursor = found[-1][0] + 1
+            fresh = [
+                o
+                for o, ts, exp, headers in found
+                if _deliverable_fields(ts, exp, headers, group, now_ms, max_age_ms)
+            ]
+            w.put_fresh(topic_id, queue, group, fresh, first)  # above the cursor: no record yet
+            out += [{"queue": queue, "offset": o, "attempt": 1, "deadline_ms": deadline_ms} for o in fresh]
+    w.finish_op()
+    return {"token": index, "messages": out}
+
+
+# -- ack, nack, extend --------------------------------------------------------------------------
+
+
+def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
+    """Apply ``ack`` (finish), ``nack`` (retry after ``delay_ms`` or the backoff; after
+    ``max_deliveries`` deliveries: dead letter) or ``extend`` (deadline = ``now_ms +
+    visibility_ms``) to each receipt.
+
+    A receipt is valid while its message is in flight from the delivery that issued it (same
+    token); otherwise it gets a ``stale_receipt`` result and changes nothing. Receipts are applied
+    one by one (a stale one does not stop the others); with an ``epoch`` the whole command is
+    refused unless every named queue's lock has that epoch.
+
+    Result: ``{"results": [r, ...]}`` in receipt order: ``{"ok": true}`` (extend adds
+    ``deadline_ms``; nack adds ``"dead_lettered": true`` when the message moved to the dead-letter
+    topic) or an error body.
+    """
+    topic_id, group, now_ms, op = cmd["topic_id"], cmd["group"], cmd["now_ms"], cmd["op"]
+    _check_topic(work, topic_id)
+    if cmd["epoch"] is not None:
+        check_fence(work, group, topic_id, sorted({r.queue for r in cmd["receipts"]}), cmd["epoch"])
+    w = _Work(work, now_ms)
+    by_queue: dict[int, list[int]] = {}
+    for r in cmd["receipts"]:
+        by_queue.setdefault(r.queue, []).append(r.offset)
+    for queue, offsets in by_queue.items():
+        w.load_pending(topic_id, queue, group, offsets)
+    if op == "ack":
+        return {"results": _ack(w, topic_id, group, cmd["receipts"])}
+    results: list[dict[str, Any]] = []
+    for queue, offset, token in cmd["receipts"]:
+        key = w._prefix(topic_id, queue, group) + keys.encode_u64(offset)
+        rec = w.pending_at(key)
+        if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
+            results.append(_stale(queue, offset))
+            continue
+        if op == "extend":
+            deadline_ms = now_ms + cmd["visibility_ms"]
+            w.set_pending(topic_id, queue, group, offset, replace(rec, time_ms=deadline_ms))
+            results.append({"ok": True, "deadline_ms": deadline_ms})
+        else:
+            settings = w.settings(topic_id, group)
+            if rec.attempts >= settings.max_deliveries:
+                outcome = _dead_letter(w, topic_id, queue, group, offset, rec, "nacked")
+                results.append(
+                    {"ok": True, **({"dead_lettered": True} if outcome == "dead_lettered" else {})}
+                )
+            else:
+                delay = cmd["delay_ms"]
+                w.retry(
+                    topic_id,
+                    queue,
+                    group,
+                    offset,
+                    rec,
+                    now_ms + (settings.backoff(rec.attempts) if delay is None else delay),
+                )
+                results.append({"ok": True})
+    w.finish_op()
+    return {"results": results}
+
+
+def _stale(queue: int, offset: int) -> dict[str, Any]:
+    return error_body(
+        errors.STALE_RECEIPT,
+        f"the receipt of queue {queue} offset {offset} is no longer valid (acked, redelivered or unknown)",
+    )
+
+
+def _ack(w: _Work, topic_id: int, group: str, receipts: list[Receipt]) -> list[dict[str, Any]]:
+    """The ``ack`` of :func:`ack_nack_extend` (records loaded), with the work per receipt kept
+    small: it runs for every message on every replica."""
+    results: list[dict[str, Any]] = []
+    per_queue: dict[int, tuple[bytes, _Sub]] = {}
+    delete = w.batch.delete
+    pending = w._pending
+    for queue, offset, token in receipts:
+        known = per_queue.get(queue)
+        if known is None:
+            known = per_queue[queue] = (w._prefix(topic_id, queue, group), w.sub(topic_id, queue, group))
+        prefix, sub = known
+        o = keys.encode_u64(offset)
+        key = prefix + o
+        rec = w.pending_at(key)
+        if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
+            results.append(_stale(queue, offset))
+            continue
+        delete(w._deadline_prefix(rec.time_ms, topic_id, queue, group) + o)
+        delete(key)
+        pending[key] = None
+        sub.gone.add(offset)
+        results.append({"ok": True})
+    for _, sub in per_queue.values():
+        if sub.gone:
+            sub.touched = True
+            sub.new.difference_update(sub.gone)
+    w.finish_op()
+    return results

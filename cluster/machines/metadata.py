@@ -1,0 +1,340 @@
+"""The metadata state machine: topics, their settings and the queue → queue group map.
+
+Replicated by the metadata group (a Raft group over the first five nodes). Pure like every state
+machine here: no clock (``now_ms`` arrives in the command), no I/O but the Store, never raises.
+
+Keys: ``b"A"`` applied index (u64), ``b"N"`` next topic id (u32), ``b"T" + name`` → topic (orjson).
+Topic ids are never reused, so data a deleted topic left in a queue group can never be mistaken for
+a new topic's.
+
+Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
+``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``) (ONLY ADD TO THE END).
+Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
+changes, ``b"Z"`` next change id (u64).
+``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic
+``<source>.<group>.dlq`` of a consumer group, creating it with the source's queue count and the
+SAME ``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
+letter queue is one apply). An existing topic of that name is accepted only with that placement.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+
+from raftmq.cluster.machines import placement as pl
+from raftmq.cluster.machines.placement import Change, Placement
+from raftmq.storage.store import Batch, Store
+
+__all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "applied_index", "validate_topic_name"]
+
+log = structlog.get_logger(__name__)
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_APPLIED = b"A"
+_NEXT_ID = b"N"
+_TOPIC = b"T"
+_PLACEMENT = b"P"
+_CHANGE = b"X"
+_HISTORY = b"Y"
+_NEXT_CHANGE = b"Z"
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+MAX_QUEUES = 1024
+
+
+@dataclass(frozen=True)
+class Topic:
+    id: int
+    name: str
+    queues: int
+    queue_groups: tuple[int, ...]  # queue q lives in queue group queue_groups[q]
+    retention_ms: int | None
+    retention_bytes: int | None
+    max_message_bytes: int | None
+    created_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "queues": self.queues,
+            "queue_groups": list(self.queue_groups),
+            "retention_ms": self.retention_ms,
+            "retention_bytes": self.retention_bytes,
+            "max_message_bytes": self.max_message_bytes,
+            "created_ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Topic:
+        return cls(
+            id=d["id"],
+            name=d["name"],
+            queues=d["queues"],
+            queue_groups=tuple(d["queue_groups"]),
+            retention_ms=d["retention_ms"],
+            retention_bytes=d["retention_bytes"],
+            max_message_bytes=d["max_message_bytes"],
+            created_ms=d["created_ms"],
+        )
+
+
+def validate_topic_name(name: Any) -> str | None:
+    """An error message, or None when ``name`` is a valid topic name."""
+    if not isinstance(name, str) or not TOPIC_NAME.match(name):
+        return "topic names are 1-200 characters of A-Z a-z 0-9 . _ -"
+    if name in (".", ".."):
+        return "topic name may not be '.' or '..'"
+    return None
+
+
+def _opt_int(d: dict[str, Any], key: str, minimum: int) -> tuple[int | None, str | None]:
+    v = d.get(key)
+    if v is None:
+        return None, None
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        return None, f"{key} must be an integer >= {minimum}"
+    return v, None
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def applied_index(store: Store) -> int:
+    """The raft index of the last command applied to a metadata store (0 if none)."""
+    applied = store.get(_APPLIED)
+    return 0 if applied is None else int(_U64.unpack(applied)[0])
+
+
+class MetadataMachine:
+    """Topics in memory, persisted through the Store on every apply."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._topics: dict[str, Topic] = {}
+        self._applied = 0
+        self._next_id = 1
+        self._placement: Placement | None = None
+        self._change: Change | None = None
+        self._history: list[dict[str, Any]] = []
+        self._next_change = 1
+        self._staged: tuple[Placement | None, Change | None, list[dict[str, Any]], int] | None = None
+        # Called on the tick thread after an entry changed the placement or the change in progress.
+        self.on_placement_changed: Callable[[], None] | None = None
+        self.reload()
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied
+
+    def reload(self) -> None:
+        self._applied = applied_index(self._store)
+        next_id = self._store.get(_NEXT_ID)
+        self._next_id = 1 if next_id is None else _U32.unpack(next_id)[0]
+        self._topics = {
+            k[1:].decode(): Topic.from_json(orjson.loads(v)) for k, v in self._store.scan(_TOPIC, b"U")
+        }
+        raw = self._store.get(_PLACEMENT)
+        self._placement = None if raw is None else Placement.from_json(orjson.loads(raw))
+        raw = self._store.get(_CHANGE)
+        self._change = None if raw is None else Change.from_json(orjson.loads(raw))
+        raw = self._store.get(_HISTORY)
+        self._history = [] if raw is None else list(orjson.loads(raw))
+        raw = self._store.get(_NEXT_CHANGE)
+        self._next_change = 1 if raw is None else _U64.unpack(raw)[0]
+
+    def restore(self, checkpoint_dir: str) -> None:
+        self._store.restore_from(checkpoint_dir)  # type: ignore[attr-defined]
+        self.reload()
+
+    # Reads (any thread): the dict is replaced, never mutated in place.
+    def topic(self, name: str) -> Topic | None:
+        return self._topics.get(name)
+
+    def topics(self) -> list[Topic]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def placement(self) -> Placement | None:
+        """The cluster's placement (None until the metadata group initialised it)."""
+        return self._placement
+
+    def change(self) -> Change | None:
+        """The cluster change in progress, if any."""
+        return self._change
+
+    def change_history(self) -> list[dict[str, Any]]:
+        """The last finished changes, oldest first."""
+        return list(self._history)
+
+    def topic_by_id(self, topic_id: int) -> Topic | None:
+        for t in self._topics.values():
+            if t.id == topic_id:
+                return t
+        return None
+
+    def apply(self, index: int, command: bytes) -> dict[str, Any]:
+        # Invariant: applied_index only grows; an entry at or below it was applied before a
+        # restart and is skipped.
+        if index <= self._applied:
+            return {"skipped": True}
+        self._staged = None
+        try:
+            result, batch, topics, next_id = self._execute(command)
+        except Exception as e:  # a bug must not become a poison pill; nothing was written
+            log.exception("metadata_apply_failed", index=index)
+            result, batch, topics, next_id = _error("internal", f"{type(e).__name__}"), Batch(), None, None
+            self._staged = None
+        batch.put(_APPLIED, _U64.pack(index))
+        self._store.write(batch)
+        self._applied = index
+        if topics is not None:
+            self._topics = topics
+        if next_id is not None:
+            self._next_id = next_id
+        if self._staged is not None:
+            self._placement, self._change, self._history, self._next_change = self._staged
+            self._staged = None
+            if self.on_placement_changed is not None:
+                self.on_placement_changed()
+        return result
+
+    def _execute(self, command: bytes) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        batch = Batch()
+        try:
+            cmd = orjson.loads(command)
+        except orjson.JSONDecodeError:
+            return _error("bad_request", "command is not JSON"), batch, None, None
+        if not isinstance(cmd, dict) or cmd.get("v") != 1:
+            return _error("bad_request", "command must be an object with v=1"), batch, None, None
+        op = cmd.get("op")
+        if op == "noop":
+            return {"ok": True}, batch, None, None
+        if op == "create_topic":
+            return self._create_topic(cmd, batch)
+        if op == "ensure_dlq_topic":
+            return self._ensure_dlq_topic(cmd, batch)
+        if op in pl.OPS:
+            return self._placement_op(cmd, batch), batch, None, None
+        if op == "delete_topic":
+            name = cmd.get("name")
+            if not isinstance(name, str) or name not in self._topics:
+                return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
+            topics = dict(self._topics)
+            deleted = topics.pop(name)
+            batch.delete(_TOPIC + name.encode())
+            return {"deleted": deleted.to_json()}, batch, topics, None
+        return _error("bad_request", f"unknown op {op!r}"), batch, None, None
+
+    def _placement_op(self, cmd: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        try:
+            result, placement, change, ended = pl.apply_op(
+                self._placement, self._change, self._next_change, cmd
+            )
+        except pl.Refused as e:
+            return {"error": {"code": e.code, "message": e.message, **e.extra}}
+        history, next_change = self._history, self._next_change
+        if placement is not None and placement is not self._placement:
+            batch.put(_PLACEMENT, orjson.dumps(placement.to_json()))
+        if change is not self._change:
+            if change is None:
+                batch.delete(_CHANGE)
+            else:
+                batch.put(_CHANGE, orjson.dumps(change.to_json()))
+            if change is not None and change.id == next_change:
+                next_change += 1
+                batch.put(_NEXT_CHANGE, _U64.pack(next_change))
+        if ended is not None:
+            history = [*history, ended][-pl.MAX_HISTORY :]
+            batch.put(_HISTORY, orjson.dumps(history))
+        self._staged = (placement, change, history, next_change)
+        return result
+
+    def _create_topic(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        name = cmd.get("name")
+        problem = validate_topic_name(name)
+        if problem:
+            return _error("bad_request", problem), batch, None, None
+        assert isinstance(name, str)
+        queues, group_count, now_ms = cmd.get("queues"), cmd.get("group_count"), cmd.get("now_ms")
+        for key, v, lo, hi in (("queues", queues, 1, MAX_QUEUES), ("group_count", group_count, 1, 256)):
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                return _error("bad_request", f"{key} must be an integer from {lo} to {hi}"), batch, None, None
+        if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
+            return _error("bad_request", "now_ms must be a non-negative integer"), batch, None, None
+        opts: dict[str, int | None] = {}
+        for key, minimum in (("retention_ms", 1), ("retention_bytes", 1), ("max_message_bytes", 1)):
+            opts[key], problem = _opt_int(cmd, key, minimum)
+            if problem:
+                return _error("bad_request", problem), batch, None, None
+        if name in self._topics:
+            return _error("topic_exists", f"topic {name!r} exists"), batch, None, None
+        assert isinstance(queues, int) and isinstance(group_count, int)
+        topic_id = self._next_id
+        topic = Topic(
+            id=topic_id,
+            name=name,
+            queues=queues,
+            # Start each topic at a different group so that small topics spread over the groups.
+            queue_groups=tuple((topic_id + q) % group_count for q in range(queues)),
+            retention_ms=opts["retention_ms"],
+            retention_bytes=opts["retention_bytes"],
+            max_message_bytes=opts["max_message_bytes"],
+            created_ms=now_ms,
+        )
+        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
+        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
+        topics = dict(self._topics)
+        topics[name] = topic
+        return {"topic": topic.to_json()}, batch, topics, topic_id + 1
+
+    def _ensure_dlq_topic(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        source_name, group, now_ms = cmd.get("source"), cmd.get("group"), cmd.get("now_ms")
+        if not isinstance(source_name, str) or not isinstance(group, str):
+            return _error("bad_request", "source and group must be strings"), batch, None, None
+        if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
+            return _error("bad_request", "now_ms must be a non-negative integer"), batch, None, None
+        source = self._topics.get(source_name)
+        if source is None:
+            return _error("topic_not_found", f"no topic {source_name!r}"), batch, None, None
+        name = f"{source_name}.{group}.dlq"
+        problem = validate_topic_name(name)
+        if problem:
+            return _error("bad_request", f"dead-letter topic {name!r}: {problem}"), batch, None, None
+        existing = self._topics.get(name)
+        if existing is not None:
+            if existing.queue_groups != source.queue_groups:
+                message = f"topic {name!r} exists with another placement; it cannot hold dead letters"
+                return _error("topic_exists", message), batch, None, None
+            return {"topic": existing.to_json(), "created": False}, batch, None, None
+        topic_id = self._next_id
+        topic = Topic(
+            id=topic_id,
+            name=name,
+            queues=source.queues,
+            queue_groups=source.queue_groups,
+            retention_ms=None,
+            retention_bytes=None,
+            max_message_bytes=None,
+            created_ms=now_ms,
+        )
+        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
+        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
+        topics = dict(self._topics)
+        topics[name] = topic
+        return {"topic": topic.to_json(), "created": True}, batch, topics, topic_id + 1

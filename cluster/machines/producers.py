@@ -1,0 +1,191 @@
+"""Idle producer states expire: the ``expire_producers`` command.
+
+Every idempotent producer leaves a :class:`~raftmq.storage.keys.ProducerState` per queue it wrote
+to (the ``P`` keys). Producers are often short-lived (the Python client makes a new ``producer_id``
+per ``Producer``), so without expiry these states would grow without bound. A state not used (no
+batch appended under it) for ``limits.producer_idle_ms`` is forgotten: the leader of a queue group
+proposes, on its retention timer, when its own store shows something is due::
+
+    {"op": "expire_producers", "now_ms": time, "idle_ms": duration >= 1, "max": 1..100000}
+
+:func:`apply_expire_producers` is the pure part (the queue group machine dispatches to it): no
+clock (``now_ms`` is the leader's stamp), no I/O but the store, at most ``max`` keys looked at per
+step, so a group with a million producers never stalls its apply thread; what is left is done by
+the next command (the result says ``more``).
+
+1. The idle index (``W`` keys, ``storage/keys.py``): every state with ``last_used_ms = t`` has the
+   key ``W t topic queue producer``, moved by each produce that uses the state. One ordered scan
+   finds the states last used before ``now_ms - idle_ms``; each is deleted with its index key. An
+   index key whose state is gone (its topic was dropped) or has another time is just deleted.
+2. The sweep (once per group): until a group applies its first ``expire_producers``, producer
+   states are written in the old encoding, without a time and index key, as releases before this
+   one wrote them (so a rolling upgrade with ``producer_idle_ms = 0`` keeps every replica's bytes
+   identical, and a rollback stays possible). That first command starts the sweep: a cursor (the
+   ``G`` key) walks the ``P`` keys, at most ``max`` per command, and gives each state without a
+   time the command's ``now_ms`` (and its index key), so it expires after ``idle_ms`` more unless
+   its producer writes again. From then on every append records its time. ``G`` is empty when the
+   sweep is done.
+
+A forgotten producer is a new producer to the queue: a retry arriving later than the idle time
+is stored again, and an old sequence is no longer refused as ``stale_sequence``. Only appends use a
+state: a retry answered as a duplicate, or refused as stale, changes nothing (and so does not keep
+the state alive).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal, Protocol, TypedDict
+
+import orjson
+
+from raftmq.cluster.base import errors
+from raftmq.storage import keys, queues
+from raftmq.storage.keys import PRODUCER_IDLE, PRODUCER_SWEEP, ProducerState
+from raftmq.storage.store import Batch, Store
+
+__all__ = [
+    "EXPIRE_MAX",
+    "MAX_EXPIRE_ITEMS",
+    "ExpireProducersCommand",
+    "apply_expire_producers",
+    "decode_expire_producers",
+    "expire_producers",
+    "expiry_due",
+]
+
+MAX_EXPIRE_ITEMS = 100_000
+"""Largest ``max`` of an ``expire_producers`` command."""
+EXPIRE_MAX = 1000
+"""The ``max`` the leader proposes: keys looked at per step (index keys, then swept ``P`` keys)."""
+
+_MAX_TIME_MS = 2**62  # as commands.MAX_TIME_MS / MAX_DURATION_MS (commands imports this module)
+_MAX_DURATION_MS = 2**40
+
+
+class ExpireProducersCommand(TypedDict):
+    v: int
+    op: Literal["expire_producers"]
+    now_ms: int
+    idle_ms: int
+    max: int
+
+
+class _Work(Protocol):
+    """What the queue group machine's apply offers (``queue_group._Apply``)."""
+
+    store: Store
+    batch: Batch
+
+
+def expire_producers(now_ms: int, idle_ms: int, max_items: int = EXPIRE_MAX) -> bytes:
+    """The ``expire_producers`` command bytes."""
+    return orjson.dumps(
+        {"v": 1, "op": "expire_producers", "now_ms": now_ms, "idle_ms": idle_ms, "max": max_items}
+    )
+
+
+def decode_expire_producers(obj: dict[str, Any]) -> ExpireProducersCommand:
+    """Strictly validate an ``expire_producers`` command (``obj`` is the parsed JSON object).
+
+    Raises:
+        BadCommand: an unknown or invalid field.
+    """
+    unknown = obj.keys() - {"v", "op", "now_ms", "idle_ms", "max"}
+    if unknown:
+        raise _bad(f"command: unknown fields {sorted(unknown)}")
+    return {
+        "v": 1,
+        "op": "expire_producers",
+        "now_ms": _uint(obj, "now_ms", 0, _MAX_TIME_MS),
+        "idle_ms": _uint(obj, "idle_ms", 1, _MAX_DURATION_MS),
+        "max": _uint(obj, "max", 1, MAX_EXPIRE_ITEMS),
+    }
+
+
+def _bad(message: str) -> Exception:
+    from raftmq.cluster.commands import BadCommand  # commands imports this module
+
+    return BadCommand(errors.BAD_REQUEST, message)
+
+
+def _uint(obj: dict[str, Any], name: str, min_value: int, max_value: int) -> int:
+    value = obj.get(name)
+    # type() rather than isinstance(): a JSON true must not pass as 1.
+    if type(value) is not int or not min_value <= value <= max_value:
+        raise _bad(f"{name}: expected an integer in [{min_value}, {max_value}], got {value!r}")
+    return value
+
+
+# -- leader side ---------------------------------------------------------------------------------
+
+
+def expiry_due(store: Store, now_ms: int, idle_ms: int) -> bool:
+    """Whether an ``expire_producers`` would find work in this replica's ``store`` (the leader asks
+    before proposing, so an idle group adds no entries)."""
+    if _sweep_start(store) is not None:
+        return True
+    start, end = _due_range(now_ms - idle_ms)
+    return next(iter(store.scan(start, end, limit=1)), None) is not None
+
+
+# -- the pure apply ------------------------------------------------------------------------------
+
+
+def apply_expire_producers(work: _Work, cmd: ExpireProducersCommand) -> dict[str, Any]:
+    """Forget the states last used before ``now_ms - idle_ms``, then continue the sweep, looking
+    at most at ``max`` keys in all (see the module docstring).
+
+    Result: ``{"expired": n, "more": bool}``: ``n`` states were deleted; ``more`` when the step
+    ended at its ``max`` (the leader proposes again at once).
+    """
+    budget = cmd["max"]
+    expired = 0
+    start, end = _due_range(cmd["now_ms"] - cmd["idle_ms"])
+    due = list(work.store.scan(start, end, limit=budget))
+    for index_key, _ in due:
+        last_used_ms, topic_id, queue, producer_id = keys.decode_producer_idle_key(index_key)
+        work.batch.delete(index_key)
+        state_key = keys.producer_key(topic_id, queue, producer_id)
+        data = work.store.get(state_key)
+        if data is not None and ProducerState.decode(data).last_used_ms == last_used_ms:
+            work.batch.delete(state_key)
+            expired += 1
+    budget -= len(due)
+    more = budget == 0
+    if budget > 0:
+        more = _sweep(work, cmd["now_ms"], budget)
+    return {"expired": expired, "more": more}
+
+
+def _due_range(cutoff_ms: int) -> tuple[bytes, bytes]:
+    """The index keys of states last used before ``cutoff_ms`` (none when it is <= 0)."""
+    start = PRODUCER_IDLE
+    return start, keys.producer_idle_key(max(cutoff_ms, 0), 0, 0, "")
+
+
+def _sweep_start(store: Store) -> bytes | None:
+    """Where the sweep continues; None when it is done."""
+    cursor = store.get(PRODUCER_SWEEP)
+    if cursor is None:
+        return keys.PRODUCER  # not started
+    return cursor or None
+
+
+def _sweep(work: _Work, now_ms: int, budget: int) -> bool:
+    """One step of the sweep over at most ``budget`` ``P`` keys; returns whether more is left."""
+    start = _sweep_start(work.store)
+    if start is None:
+        return False
+    chunk = list(queues.scan_prefix(work.store, keys.PRODUCER, start=start, limit=budget))
+    for state_key, value in chunk:
+        state = ProducerState.decode(value)
+        if state.last_used_ms is None:
+            topic_id, queue, producer_id = keys.decode_producer_key(state_key)
+            work.batch.put(state_key, replace(state, last_used_ms=now_ms).encode())
+            work.batch.put(keys.producer_idle_key(now_ms, topic_id, queue, producer_id), b"")
+    if len(chunk) < budget:
+        work.batch.put(PRODUCER_SWEEP, b"")
+        return False
+    work.batch.put(PRODUCER_SWEEP, chunk[-1][0] + b"\x00")
+    return True

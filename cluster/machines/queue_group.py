@@ -1,0 +1,574 @@
+"""The queue-group state machine: applies committed commands to one queue group's store.
+
+Invariants (every replica relies on them; tests/unit/test_queue_group.py and test_determinism.py
+check them):
+
+- PURE. ``apply`` reads no clock, no randomness and does no I/O except through the ``Store``; time
+  enters only as the leader-stamped ``now_ms`` of a command. The same command log gives the same
+  store bytes and the same results on every replica.
+- The group's time never goes backwards: a command stamped below the greatest ``now_ms`` applied
+  (``GroupTime.last_ms``, key ``T``) is applied at that time (a new leader whose clock is behind).
+- A leader clock that jumps ahead cannot age messages early: age-based retention uses the group's
+  retention clock, which moves with the stamps but at most ``max_jump_ms`` beyond their own
+  progress per ``retain`` (:func:`retention_clock`); a clamped jump is reported in the result
+  (``clock_jump_ms``) for the node to log and count.
+- NEVER RAISES on input. A malformed or invalid command returns an error result
+  (``{"error": {...}}``, codes from ``cluster/base/errors.py``); an unexpected exception in the logic is
+  caught and returned as an ``internal`` error. Either way nothing is written except the new
+  ``applied_index``, so the entry is not re-applied on replay and ``applied_index`` stays equal to
+  the Raft index of the last applied entry.
+- The only exception that escapes is ``StoreError`` (including ``CorruptRecord`` found while
+  reading): this replica's storage is broken, and answering differently from healthy replicas
+  would fork the group. The Raft adapter stops the process on it.
+- ``applied_index`` only grows. An entry whose index is ``<= applied_index`` was applied before
+  (journal replay after a restart) and is skipped with ``{"skipped": true}``, changing nothing.
+- ONE ``store.write`` per applied entry, with ``sync=False`` (durability comes from the Raft
+  journal, which is replayed from ``applied_index`` after a crash), and that batch always contains
+  the new ``applied_index``.
+- All-or-nothing: a command is applied whole or not at all, except that produce answers
+  ``topic_not_found`` per batch (the leader coalesces several requests into one entry, and one
+  request names one topic, so a request is still never half-applied), and ack/nack/extend answer
+  ``stale_receipt`` per receipt (a stale receipt changes nothing; the others apply).
+- Bounded work: every command touches a bounded number of keys (its own size, or the ``max`` of
+  a ``deliver_tick``/``receive``/``expire_producers``, or the ``max_batches`` of a ``retain``);
+  what is left is continued by the next command.
+
+Receive/ack, delayed messages and locks live in ``cluster/machines/delivery/__init__.py``; the expiry of idle
+producer states in ``cluster/machines/producers.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import structlog
+
+from raftmq.cluster import commands
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import error_body
+from raftmq.cluster.commands import (
+    BadCommand,
+    Command,
+    CommitFencedCommand,
+    CommitOffsetsCommand,
+    DropTopicCommand,
+    ProduceCommand,
+    RetainCommand,
+)
+from raftmq.cluster.machines import delivery, producers, segments
+from raftmq.cluster.machines.delivery import Refused as _Rejected
+from raftmq.storage import keys, queues
+from raftmq.storage.keys import APPLIED, GROUP_TIME, GroupTime, ProducerState, QueueMeta
+from raftmq.storage.records import decode_header, encode_batch
+from raftmq.storage.store import Batch, Store, StoreError
+
+__all__ = ["Applied", "QueueGroupMachine", "QueueHigh", "group_time", "retention_clock"]
+
+_log = structlog.get_logger(__name__)
+
+
+class QueueHigh(NamedTuple):
+    """A queue whose ``high_offset`` grew in an apply."""
+
+    topic_id: int
+    queue: int
+    high_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one apply changed, for the ``on_applied`` hook (e.g. to wake long-polls).
+
+    Attributes:
+        index: The raft index just applied.
+        grown: The queues that received messages, with their new ``high_offset``.
+        changed: ``(topic_id, queue)`` whose receive/ack state changed so that a waiting receiver
+            may find something (a retry scheduled, a cursor rewound, a lock released).
+        scheduled: A delayed message or an in-flight deadline was added: the leader's tick may
+            have to run earlier than it planned.
+        parked: ``(topic_id, topic, consumer group)`` of dead letters parked because their
+            subscription has no dead-letter topic (its leader creates it: ``docs/delivery.md``).
+    """
+
+    index: int
+    grown: tuple[QueueHigh, ...]
+    changed: tuple[tuple[int, int], ...] = ()
+    scheduled: bool = False
+    parked: tuple[tuple[int, str, str], ...] = ()
+
+
+class QueueGroupMachine:
+    """The deterministic state machine of one queue group.
+
+    Args:
+        store: The group's store; ``applied_index`` is loaded from it.
+        group_id: The queue group's id (for logs).
+        max_entry_messages: A produce command with more messages in total is rejected with
+            ``request_too_large``.
+
+    Attributes:
+        on_applied: Optional hook called after every applied (written) entry with an
+            :class:`Applied`; set by the node. It runs on the apply thread, so it must be quick;
+            its exceptions are logged and swallowed.
+    """
+
+    def __init__(self, store: Store, group_id: int, *, max_entry_messages: int = 100_000) -> None:
+        if max_entry_messages < 1:
+            raise ValueError("max_entry_messages must be at least 1")
+        self._store = store
+        self._group_id = group_id
+        self._max_entry_messages = max_entry_messages
+        self._applied_index = queues.applied_index(store)
+        self.on_applied: Callable[[Applied], None] | None = None
+
+    @property
+    def applied_index(self) -> int:
+        """The raft index of the last applied entry (0 before the first)."""
+        return self._applied_index
+
+    @property
+    def store(self) -> Store:
+        """The group's store (readers outside the apply thread use ``storage/queues.py`` on it)."""
+        return self._store
+
+    def restore(self, checkpoint_dir: str) -> None:
+        """Replace the whole state with a checkpoint taken on a peer (a Raft snapshot install).
+
+        Must run on the apply thread, between applies. ``applied_index`` is reloaded from the
+        restored store, so entries the checkpoint already covers are skipped afterwards.
+
+        Raises:
+            StoreError: the store cannot restore (it has no ``restore_from``, as ``RocksStore``
+                has) or the restore failed.
+        """
+        restore_from = getattr(self._store, "restore_from", None)
+        if restore_from is None:
+            raise StoreError(f"{type(self._store).__name__} cannot restore a checkpoint")
+        restore_from(checkpoint_dir)
+        self._applied_index = queues.applied_index(self._store)
+
+    def apply(self, index: int, command: bytes) -> dict[str, Any]:
+        """Apply the committed entry ``index`` carrying ``command``.
+
+        Args:
+            index: The entry's raft index (> 0).
+            command: The entry's bytes (see ``cluster/commands/__init__.py``).
+
+        Returns:
+            The result: ``{"skipped": true}`` for an already applied index, an error body for an
+            invalid command, otherwise the op's result (see the op methods).
+
+        Raises:
+            StoreError: the store failed; this replica must stop.
+        """
+        # Invariant: applied_index only grows; an entry at or below it is skipped.
+        if index <= self._applied_index:
+            return {"skipped": True}
+        work = _Apply(self._store, index)
+        try:
+            before = work.time()
+            cmd, stamped = commands.decode_stamped(command, before.last_ms)
+            if stamped is not None and stamped > before.last_ms:
+                work.set_time(GroupTime(stamped, before.retain_stamp_ms, before.retain_clock_ms))
+            if cmd["op"] == "retain":
+                result = self._retain(work, cmd, before, cmd["now_ms"] if stamped is None else stamped)
+            else:
+                result = self._dispatch(work, cmd)
+            batch = work.finish()
+        except StoreError:
+            raise
+        except Exception as e:
+            # Whatever went wrong, the partly built batch is dropped: nothing but applied_index
+            # is written, so the command is all-or-nothing.
+            result, batch = self._error_result(index, e), Batch()
+            work.grown.clear()
+            work.changed.clear()
+            work.scheduled = False
+            work.parked.clear()
+        batch.put(APPLIED, keys.encode_u64(index))
+        self._store.write(batch, sync=False)
+        self._applied_index = index
+        grown = tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())
+        self._notify(Applied(index, grown, tuple(work.changed), work.scheduled, tuple(work.parked)))
+        return result
+
+    def _error_result(self, index: int, exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, BadCommand):
+            return error_body(exc.code, exc.message)
+        if isinstance(exc, _Rejected):
+            return error_body(exc.code, exc.message, **exc.extra)
+        _log.exception("apply_failed", group_id=self._group_id, index=index)
+        return error_body(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _notify(self, applied: Applied) -> None:
+        hook = self.on_applied
+        if hook is None:
+            return
+        try:
+            hook(applied)
+        except Exception:
+            _log.exception("on_applied_failed", group_id=self._group_id, index=applied.index)
+
+    def _dispatch(self, work: _Apply, cmd: Command) -> dict[str, Any]:
+        if cmd["op"] == "produce":
+            return self._produce(work, cmd)
+        if cmd["op"] == "commit_offsets":
+            return self._commit_offsets(work, cmd)
+        if cmd["op"] == "drop_topic":
+            return self._drop_topic(work, cmd)
+        if cmd["op"] == "noop":
+            return {"ok": True}
+        return self._dispatch_delivery(work, cmd)
+
+    def _dispatch_delivery(self, work: _Apply, cmd: Command) -> dict[str, Any]:
+        op = cmd["op"]
+        if cmd["op"] == "subscribe":
+            return delivery.subscribe(work, cmd)
+        if cmd["op"] == "receive":
+            return delivery.receive(work, cmd, work.index)
+        if cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend":
+            return delivery.ack_nack_extend(work, cmd)
+        if cmd["op"] == "deliver_tick":
+            return delivery.deliver_tick(work, cmd)
+        if cmd["op"] == "lock":
+            return delivery.lock(work, cmd)
+        if cmd["op"] == "unlock":
+            return delivery.unlock(work, cmd)
+        if cmd["op"] == "commit_fenced":
+            delivery.check_fence(work, cmd["group"], cmd["topic_id"], sorted(cmd["offsets"]), cmd["epoch"])
+            return self._commit_offsets(work, cmd)
+        if cmd["op"] == "redrive":
+            return delivery.redrive(work, cmd)
+        if cmd["op"] == "seal_segment":
+            return segments.apply_seal_segment(work, cmd)
+        if cmd["op"] == "expire_producers":
+            return producers.apply_expire_producers(work, cmd)
+        raise AssertionError(f"op {op} has no handler")  # commands.decode knows no other op
+
+    def _produce(self, work: _Apply, cmd: ProduceCommand) -> dict[str, Any]:
+        """Append each batch at its queue's ``high_offset``.
+
+        Result: ``{"results": [r, ...]}``, one per batch, ``r`` being ``{"topic_id", "queue",
+        "base_offset", "count"}`` (plus ``"duplicate": true`` for a remembered
+        ``(producer_id, sequence)``, with the original offsets and nothing stored) or an error
+        body (``topic_not_found`` for a dropped topic).
+
+        Messages with a ``deliver_at_ms`` (delayed) are not appended but kept until the leader's
+        tick releases them; ``base_offset``/``count`` then cover only the other messages, in
+        order, and ``r`` has ``"delayed": n``. Which messages are delayed depends only on the
+        command (a due time in the past is released by the next tick), so the leader can map
+        offsets to messages.
+        """
+        total = sum(len(b["messages"]) for b in cmd["batches"])
+        if total > self._max_entry_messages:
+            raise _Rejected(
+                errors.REQUEST_TOO_LARGE, f"{total} messages exceed the limit of {self._max_entry_messages}"
+            )
+        results: list[dict[str, Any]] = []
+        for b in cmd["batches"]:
+            topic_id, queue, producer_id, sequence = (
+                b["topic_id"],
+                b["queue"],
+                b["producer_id"],
+                b["sequence"],
+            )
+            if work.is_dropped(topic_id):
+                results.append(error_body(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped"))
+                continue
+            state = ProducerState()
+            if producer_id is not None and sequence is not None:
+                state = work.producer(topic_id, queue, producer_id)
+                original = state.find(sequence)
+                if original is not None:
+                    base_offset, count = original
+                    results.append(
+                        {
+                            "topic_id": topic_id,
+                            "queue": queue,
+                            "base_offset": base_offset,
+                            "count": count,
+                            "duplicate": True,
+                        }
+                    )
+                    continue
+                if state.is_stale(sequence):
+                    # A command can be applied long after its request gave up (queued while the
+                    # group had no leader, or stuck in a partitioned connection): by then the
+                    # producer may have retried it and sent newer batches that pushed it out of
+                    # the remembered window. Sequences only grow per (producer, queue).
+                    results.append(error_body(errors.STALE_SEQUENCE, _stale(producer_id, sequence, state)))
+                    continue
+            messages, delayed = b["messages"], 0
+            if b["deliver_at_ms"] is not None:
+                messages = []
+                for position, (message, due_ms) in enumerate(
+                    zip(b["messages"], b["deliver_at_ms"], strict=True)
+                ):
+                    if due_ms is None:
+                        messages.append(message)
+                    else:
+                        delivery.store_delayed(
+                            work, cmd["now_ms"], topic_id, queue, position, due_ms, message
+                        )
+                        delayed += 1
+            meta = work.meta(topic_id, queue)
+            base_offset, count = meta.high_offset, len(messages)
+            if messages:
+                value = encode_batch(work.index, cmd["now_ms"], base_offset, messages)
+                work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
+                high = base_offset + count
+                work.set_meta(
+                    topic_id, queue, QueueMeta(meta.low_offset, high, meta.retained_bytes + len(value))
+                )
+                work.grown[(topic_id, queue)] = high
+            if producer_id is not None and sequence is not None:
+                now_ms = cmd["now_ms"] if work.producers_timed() else None
+                state = state.add(sequence, base_offset, count, now_ms)
+                work.set_producer(topic_id, queue, producer_id, state)
+            result = {"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count}
+            results.append({**result, "delayed": delayed} if delayed else result)
+        return {"results": results}
+
+    def _commit_offsets(
+        self, work: _Apply, cmd: CommitOffsetsCommand | CommitFencedCommand
+    ) -> dict[str, Any]:
+        """Store the consumer group's offsets. Each must be in ``[0, high_offset]`` of its queue
+        (below ``low_offset`` is allowed: a lagging consumer). Receive/ack state of the group is
+        kept consistent (``delivery.on_commit``: pending records below the offset are finished; a
+        commit below the floor rewinds). Result: ``{"ok": true}``."""
+        topic_id = cmd["topic_id"]
+        if work.is_dropped(topic_id):
+            raise _Rejected(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped")
+        for queue, offset in cmd["offsets"].items():
+            meta = work.meta(topic_id, queue)
+            if offset > meta.high_offset:
+                raise _Rejected(
+                    errors.OFFSET_OUT_OF_RANGE,
+                    f"offset {offset} is above high_offset {meta.high_offset} of queue {queue}",
+                    queue=queue,
+                    offset=offset,
+                    low_offset=meta.low_offset,
+                    high_offset=meta.high_offset,
+                )
+        for queue, offset in cmd["offsets"].items():
+            stored = delivery.on_commit(work, cmd["group"], topic_id, queue, offset)
+            work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(stored))
+        return {"ok": True}
+
+    def _retain(self, work: _Apply, cmd: RetainCommand, before: GroupTime, stamped: int) -> dict[str, Any]:
+        """Remove whole record batches from the low end of each queue while the batch was appended
+        before ``clock - max_age_ms`` or the queue holds more than ``max_bytes``; ``clock`` is the
+        group's retention clock (:func:`retention_clock`; ``now_ms`` for a command without
+        ``max_jump_ms``). At most ``max_batches`` batches in all; the next ``retain`` goes on. A
+        queue may be emptied (``low_offset == high_offset``). Only batch headers are decoded.
+
+        Result: ``{"removed": [{"topic_id", "queue", "low_offset"}]}`` for the queues whose
+        ``low_offset`` moved, plus ``"more": bool`` with ``max_batches`` (the bound stopped
+        removal before a batch that was due), plus
+        ``"clock_jump_ms": n, "retention_clock_ms": t`` when the stamp jumped ``n`` ms ahead of the
+        last ``retain``'s and retention used ``t`` instead."""
+        max_jump_ms = cmd["max_jump_ms"]
+        if max_jump_ms is None:
+            clock_ms, jump_ms = cmd["now_ms"], None
+        else:
+            clock_ms, jump_ms = retention_clock(before, stamped, max_jump_ms)
+        now = work.time()
+        work.set_time(GroupTime(now.last_ms, stamped, max(clock_ms, before.retain_clock_ms)))
+        budget = cmd["max_batches"]
+        removed: list[dict[str, Any]] = []
+        more = False
+        for entry in cmd["queues"]:
+            topic_id, queue = entry["topic_id"], entry["queue"]
+            max_age_ms, max_bytes = entry["max_age_ms"], entry["max_bytes"]
+            meta = work.meta(topic_id, queue)
+            if meta.low_offset == meta.high_offset or (max_age_ms is None and max_bytes is None):
+                continue
+            cutoff_ms = None if max_age_ms is None else clock_ms - max_age_ms
+            point = _retention_point(work.store, topic_id, queue, meta, cutoff_ms, max_bytes, budget)
+            if budget is not None:
+                budget -= point.batches
+            more = more or point.more
+            if point.low == meta.low_offset:
+                continue
+            start, _ = keys.queue_range(keys.RECORD, topic_id, queue)
+            work.batch.delete_range(start, keys.record_key(topic_id, queue, point.low))
+            work.set_meta(topic_id, queue, QueueMeta(point.low, meta.high_offset, point.retained))
+            removed.append({"topic_id": topic_id, "queue": queue, "low_offset": point.low})
+        result: dict[str, Any] = {"removed": removed}
+        if budget is not None:
+            result["more"] = more
+        if jump_ms is not None:
+            result.update(clock_jump_ms=jump_ms, retention_clock_ms=clock_ms)
+        return result
+
+    def _drop_topic(self, work: _Apply, cmd: DropTopicCommand) -> dict[str, Any]:
+        """Delete every key of the topic and leave a tombstone, so a produce or commit that raced
+        the drop is refused (``topic_not_found``) instead of resurrecting the topic. Topic ids are
+        never reused. Result: ``{"ok": true}``."""
+        topic_id = cmd["topic_id"]
+        for prefix in keys.TOPIC_PREFIXES:
+            work.batch.delete_range(*keys.topic_range(prefix, topic_id))
+        work.batch.put(keys.dropped_key(topic_id), b"")
+        return {"ok": True}
+
+
+def _stale(producer_id: str, sequence: int, state: ProducerState) -> str:
+    newest = max(seq for seq, _, _ in state.entries)
+    return (
+        f"sequence {sequence} of producer {producer_id!r} is older than its newest on this queue "
+        f"({newest}) and no longer remembered: nothing was stored (a late retry, or a reused producer_id)"
+    )
+
+
+def group_time(store: Store) -> GroupTime:
+    """The group's applied leader time (all zero before the first stamped command). A leader may
+    read it to stamp no lower than what the group applied."""
+    data = store.get(GROUP_TIME)
+    return GroupTime() if data is None else GroupTime.decode(data)
+
+
+def retention_clock(before: GroupTime, stamped_ms: int, max_jump_ms: int) -> tuple[int, int | None]:
+    """The time age-based retention uses for a ``retain`` stamped ``stamped_ms``, and the jump
+    (ms) that was clamped, or None.
+
+    The clock moves by the stamps' progress since the previous ``retain`` (since the group's last
+    stamped command for the first one), at most ``max_jump_ms`` per step, never beyond the stamp
+    itself nor beyond the previous stamp plus ``max_jump_ms``, and never backwards. With ticks every
+    ``retention_check_ms`` (well below ``max_jump_ms``) it equals the stamp. A leader whose clock
+    is D ahead moves it by ``max_jump_ms`` once, then at the true rate; when leadership goes back to
+    a true clock it waits (the stamps are lower) and follows again. So a batch is removed for age
+    only after ``max_age_ms - max_jump_ms`` of the group's own applied history, whatever the jump.
+    The price: after a group had no leader for longer than ``max_jump_ms``, age-based retention
+    runs late by the excess (late, never early)."""
+    if before.retain_stamp_ms:
+        previous_stamp, previous_clock = before.retain_stamp_ms, before.retain_clock_ms
+    elif before.last_ms:
+        previous_stamp = previous_clock = before.last_ms
+    else:
+        return stamped_ms, None
+    progress = stamped_ms - previous_stamp
+    step = min(max(progress, 0), max_jump_ms)
+    clock = max(previous_clock, min(previous_clock + step, stamped_ms, previous_stamp + max_jump_ms))
+    return clock, (progress if progress > max_jump_ms else None)
+
+
+class _RetentionPoint(NamedTuple):
+    low: int  # the new low_offset
+    retained: int  # the new retained_bytes
+    batches: int  # batches removed
+    more: bool  # the budget stopped removal before a batch that was due
+
+
+def _retention_point(
+    store: Store,
+    topic_id: int,
+    queue: int,
+    meta: QueueMeta,
+    cutoff_ms: int | None,
+    max_bytes: int | None,
+    budget: int | None,
+) -> _RetentionPoint:
+    """Where the low end moves when due batches are removed, at most ``budget`` of them. Reads the
+    batches in key order one at a time (never more than ``budget + 1``), decoding only headers."""
+    low, retained, batches = meta.low_offset, meta.retained_bytes, 0
+    start, end = keys.queue_range(keys.RECORD, topic_id, queue)
+    limit = None if budget is None else budget + 1
+    for _, value in store.scan(start, end, limit=limit):
+        header = decode_header(value)
+        expired = cutoff_ms is not None and header.append_time_ms < cutoff_ms
+        oversize = max_bytes is not None and retained > max_bytes
+        if not (expired or oversize):
+            break
+        if batches == budget:
+            return _RetentionPoint(low, retained, batches, True)
+        low, retained, batches = header.end_offset, retained - len(value), batches + 1
+    return _RetentionPoint(low, retained, batches, False)
+
+
+class _Apply:
+    """The working state of one apply: the batch being built and an overlay of the queue metas and
+    producer states it changed, so that later batches of the same command see earlier ones.
+
+    Invariant: a stored producer state with ``last_used_ms = t`` has exactly one idle-index key, at
+    ``t`` (``storage/keys.py``); :meth:`finish` moves it when a state's time changes."""
+
+    def __init__(self, store: Store, index: int) -> None:
+        self.store = store
+        self.index = index
+        self.batch = Batch()
+        self.grown: dict[tuple[int, int], int] = {}
+        self.changed: dict[tuple[int, int], None] = {}  # an ordered set
+        self.scheduled = False
+        self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
+        self._metas: dict[tuple[int, int], QueueMeta] = {}
+        self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
+        self._producers: dict[tuple[int, int, str], ProducerState] = {}
+        self._changed_producers: dict[tuple[int, int, str], ProducerState] = {}
+        self._stored_last_used: dict[tuple[int, int, str], int | None] = {}  # as loaded
+        self._dropped: dict[int, bool] = {}
+        self._producers_timed: bool | None = None
+        self._time: GroupTime | None = None
+        self._time_changed = False
+
+    def time(self) -> GroupTime:
+        """The group's applied time, as changed so far in this apply."""
+        if self._time is None:
+            self._time = group_time(self.store)
+        return self._time
+
+    def set_time(self, time: GroupTime) -> None:
+        self._time, self._time_changed = time, True
+
+    def producers_timed(self) -> bool:
+        """Whether producer states record their last use: from the group's first
+        ``expire_producers`` on (it writes the sweep key), so that a group never sent one writes
+        exactly what releases before producer expiry wrote (a rolling upgrade, a rollback)."""
+        if self._producers_timed is None:
+            self._producers_timed = self.store.get(keys.PRODUCER_SWEEP) is not None
+        return self._producers_timed
+
+    def is_dropped(self, topic_id: int) -> bool:
+        if topic_id not in self._dropped:
+            self._dropped[topic_id] = self.store.get(keys.dropped_key(topic_id)) is not None
+        return self._dropped[topic_id]
+
+    def meta(self, topic_id: int, queue: int) -> QueueMeta:
+        key = (topic_id, queue)
+        if key not in self._metas:
+            self._metas[key] = queues.queue_meta(self.store, topic_id, queue) or QueueMeta()
+        return self._metas[key]
+
+    def set_meta(self, topic_id: int, queue: int, meta: QueueMeta) -> None:
+        self._metas[(topic_id, queue)] = self._changed_metas[(topic_id, queue)] = meta
+
+    def producer(self, topic_id: int, queue: int, producer_id: str) -> ProducerState:
+        key = (topic_id, queue, producer_id)
+        if key not in self._producers:
+            data = self.store.get(keys.producer_key(topic_id, queue, producer_id))
+            state = ProducerState() if data is None else ProducerState.decode(data)
+            self._producers[key] = state
+            self._stored_last_used[key] = None if data is None else state.last_used_ms
+        return self._producers[key]
+
+    def set_producer(self, topic_id: int, queue: int, producer_id: str, state: ProducerState) -> None:
+        """Store ``state``; it must have been read with :meth:`producer` in this apply."""
+        key = (topic_id, queue, producer_id)
+        self._producers[key] = self._changed_producers[key] = state
+
+    def finish(self) -> Batch:
+        """The batch with the changed metas and producer states (and their idle-index keys) added,
+        in first-change order."""
+        if self._time_changed and self._time is not None:
+            self.batch.put(GROUP_TIME, self._time.encode())
+        for (topic_id, queue), meta in self._changed_metas.items():
+            self.batch.put(keys.meta_key(topic_id, queue), meta.encode())
+        for key, state in self._changed_producers.items():
+            self.batch.put(keys.producer_key(*key), state.encode())
+            stored, now = self._stored_last_used[key], state.last_used_ms
+            if now is not None and now != stored:
+                if stored is not None:
+                    self.batch.delete(keys.producer_idle_key(stored, *key))
+                self.batch.put(keys.producer_idle_key(now, *key), b"")
+        return self.batch

@@ -1,0 +1,137 @@
+"""Read-only views of one queue group's store: queue bounds and consumer progress.
+
+The metrics collector (``cluster/api/metrics.py``) and the consumer-group API
+(``cluster/api/handlers/consumers.py``) read them from the replica that leads the group. They
+cost a few small range scans: one key per queue (``Q``), per committed offset (``O``), per
+subscription (``U``) and per pending delivery (``I``, ``Y``); record batches are never read, so the
+cost does not grow with the messages stored.
+
+Any thread may call them (the store takes one writer and many readers); a store being swapped for
+a restored checkpoint raises ``StoreError``, which callers treat as "no figures this time".
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import orjson
+
+from raftmq.storage import keys
+from raftmq.storage.keys import QueueMeta
+from raftmq.storage.queues import redrive_offset, scan_prefix
+from raftmq.storage.store import Store
+
+__all__ = ["ConsumerQueue", "consumer_queues", "queue_metas"]
+
+_QUEUE = struct.Struct(">II")  # topic_id, queue after the prefix byte
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerQueue:
+    """The progress of one consumer group on one queue, as the group's store has it.
+
+    Attributes:
+        committed_offset: The committed offset (for receive/ack: the floor), None if never set.
+        high_offset: The queue's next offset to be written.
+        lag: Messages the group has not finished: ``high_offset - committed_offset`` (from
+            ``low_offset`` when nothing was committed), never below 0.
+        in_flight: Messages handed out (by ``receive`` or a push stream) and not yet acked, nacked
+            or expired: counted by their state in the store, so one whose deadline has passed
+            counts until the leader's ``deliver_tick`` expires it (within ``delivery.tick_ms``).
+        retrying: Messages waiting for a retry (nacked or expired, not yet due again).
+        dead_letters: Messages in this queue of the group's dead-letter topic not redriven yet.
+    """
+
+    topic_id: int
+    queue: int
+    group: str
+    committed_offset: int | None
+    high_offset: int
+    lag: int
+    in_flight: int = 0
+    retrying: int = 0
+    dead_letters: int = 0
+
+
+def _prefix(prefix: bytes, topic_id: int | None) -> bytes:
+    return prefix if topic_id is None else prefix + struct.pack(">I", topic_id)
+
+
+def queue_metas(store: Store, topic_id: int | None = None) -> dict[tuple[int, int], QueueMeta]:
+    """``(topic_id, queue) -> QueueMeta`` of every queue in the store (or of one topic)."""
+    out = {}
+    for key, value in scan_prefix(store, _prefix(keys.META, topic_id)):
+        out[_QUEUE.unpack_from(key, 1)] = QueueMeta.decode(value)
+    return out
+
+
+def _group_after(key: bytes, at: int) -> tuple[str, int]:
+    """A length-prefixed group name at ``key[at:]`` and the index after it."""
+    size = key[at]
+    return key[at + 1 : at + 1 + size].decode("utf-8"), at + 1 + size
+
+
+def consumer_queues(store: Store, topic_id: int | None = None) -> list[ConsumerQueue]:
+    """Every (topic, queue, consumer group) with a committed offset or receive/ack state, sorted.
+
+    A group known on some queue of a topic gets a row for every queue of that topic in this
+    store, so a queue it has not reached yet shows its whole backlog as lag.
+    """
+    metas = queue_metas(store, topic_id)
+    committed: dict[tuple[int, int, str], int] = {}
+    for key, value in scan_prefix(store, _prefix(keys.OFFSET, topic_id)):
+        t, q = _QUEUE.unpack_from(key, 1)
+        committed[(t, q, key[9:].decode("utf-8"))] = keys.decode_u64(value)
+    in_flight: dict[tuple[int, int, str], int] = {}
+    retrying: dict[tuple[int, int, str], int] = {}
+    for key, value in scan_prefix(store, _prefix(keys.PENDING, topic_id)):
+        t, q = _QUEUE.unpack_from(key, 1)
+        sub = (t, q, _group_after(key, 9)[0])
+        counts = in_flight if value[:1] == bytes([keys.STATE_INFLIGHT]) else retrying
+        counts[sub] = counts.get(sub, 0) + 1
+    cursors: set[tuple[int, int, str]] = set()
+    for key, _ in scan_prefix(store, _prefix(keys.SUB_CURSOR, topic_id)):
+        t, q = _QUEUE.unpack_from(key, 1)
+        cursors.add((t, q, _group_after(key, 9)[0]))
+    dlq_ids: dict[tuple[int, str], int] = {}
+    for key, value in scan_prefix(store, _prefix(keys.SUBSCRIPTION, topic_id)):
+        (t,) = struct.unpack_from(">I", key, 1)
+        dlq_id = orjson.loads(value).get("dlq_topic_id")
+        if dlq_id is not None:
+            dlq_ids[(t, _group_after(key, 5)[0])] = int(dlq_id)
+    groups = {(t, g) for t, _, g in (*committed, *in_flight, *retrying, *cursors)} | set(dlq_ids)
+    rows = []
+    for t, g in sorted(groups):
+        queues = {q for (mt, q) in metas if mt == t} | {q for (ct, q, cg) in committed if (ct, cg) == (t, g)}
+        for q in sorted(queues):
+            meta = metas.get((t, q), QueueMeta())
+            done = committed.get((t, q, g))
+            lag = meta.high_offset - (meta.low_offset if done is None else done)
+            rows.append(
+                ConsumerQueue(
+                    topic_id=t,
+                    queue=q,
+                    group=g,
+                    committed_offset=done,
+                    high_offset=meta.high_offset,
+                    lag=max(0, lag),
+                    in_flight=in_flight.get((t, q, g), 0),
+                    retrying=retrying.get((t, q, g), 0),
+                    dead_letters=_dead_letters(store, dlq_ids.get((t, g)), q),
+                )
+            )
+    return rows
+
+
+def _dead_letters(store: Store, dlq_topic_id: int | None, queue: int) -> int:
+    """Messages of dead-letter queue ``(dlq_topic_id, queue)`` after its redrive offset. Queue q of a
+    dead-letter topic lives in the same queue group as queue q of its source (docs/delivery.md)."""
+    if dlq_topic_id is None:
+        return 0
+    data = store.get(keys.meta_key(dlq_topic_id, queue))
+    if data is None:
+        return 0
+    meta = QueueMeta.decode(data)
+    start = max(meta.low_offset, redrive_offset(store, dlq_topic_id, queue) or 0)
+    return max(0, meta.high_offset - start)

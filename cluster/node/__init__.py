@@ -1,0 +1,1 @@
+"""The node process: its Raft groups, peers, checkpoints, ticks, cluster changes, sealing."""

@@ -1,0 +1,270 @@
+"""The receive coordinator: the line of waiting receivers of each (topic, consumer group) and
+how it is served (``docs/delivery.md``).
+
+The coordinator of a (topic, group) is the leader of the queue group holding the topic's queue 0
+(a locked receive: the leader of its queue's group). It keeps its waiting receivers in arrival
+order and serves them from the queue groups' leaders (internal action ``receive``, which proposes
+a ``receive`` command only when something is available), the head of the line first: waiting
+receivers are served round robin. HTTP receives (``cluster/api/handlers/subscriptions.py``) and push
+streams (``cluster/api/handlers/push.py``, through ``SubscriptionsApi.take``) wait in the same line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from raftmq.cluster import commands
+from raftmq.cluster.api.validation import ApiError
+from raftmq.cluster.base import errors
+from raftmq.cluster.machines.delivery import available
+from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.node import Node, now_ms
+
+if TYPE_CHECKING:
+    from raftmq.cluster.api.app import Api
+
+__all__ = ["ReceiveCoordinator", "Waiter", "queues_by_group"]
+
+log = structlog.get_logger(__name__)
+
+MAX_REMOTE_AWAIT_S = 5.0  # a remote ``await`` is re-armed at least this often
+LEADERSHIP_CHECK_S = 1.0  # a waiting coordinator checks at least this often that it still leads
+
+Settle = Callable[[Topic, str, str, list[str], dict[str, Any]], Awaitable[list[dict[str, Any]]]]
+"""``SubscriptionsApi._receipts_call``: apply an op to receipts at their queue groups."""
+
+
+def queues_by_group(topic: Topic, queues: list[int]) -> dict[int, list[int]]:
+    """``queues`` of ``topic`` by the queue group holding them."""
+    by_group: dict[int, list[int]] = defaultdict(list)
+    for q in queues:
+        by_group[topic.queue_groups[q]].append(q)
+    return dict(by_group)
+
+
+@dataclass
+class Waiter:
+    max: int
+    visibility_ms: int
+    deadline: float  # time.monotonic()
+    future: asyncio.Future[list[dict[str, Any]]]
+
+
+@dataclass
+class _Target:
+    """What one coordinator serves: a topic, a consumer group, the queues by queue group, and the
+    epoch of a locked receive (None: any unlocked queue)."""
+
+    topic: Topic
+    group: str
+    by_group: dict[int, list[int]]
+    coordinator: str  # the group whose leader serves this target
+    epoch: int | None = None
+    waiters: deque[Waiter] = field(default_factory=deque)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    rotation: int = 0
+
+
+class ReceiveCoordinator:
+    """The lines of waiting receivers this node coordinates; one instance per node
+    (``SubscriptionsApi.coordinator``)."""
+
+    def __init__(self, node: Node, api: Api, settle: Settle) -> None:
+        self.node = node
+        self.api = api
+        self._settle = settle
+        self._targets: dict[tuple[int, str, int | None, int | None], _Target] = {}
+
+    def target(
+        self, topic: Topic, group: str, queue: int | None, epoch: int | None, coordinator: str
+    ) -> _Target:
+        queues = list(range(topic.queues)) if queue is None else [queue]
+        return _Target(topic, group, queues_by_group(topic, queues), coordinator, epoch)
+
+    def enqueue(
+        self, key: tuple[int, str, int | None, int | None], waiter: Waiter, make: Callable[[], _Target]
+    ) -> None:
+        """Put ``waiter`` at the end of its target's line and make sure the line is served."""
+        target = self._targets.get(key)
+        if target is None:
+            target = self._targets[key] = make()
+        target.waiters.append(waiter)
+        target.arrived.set()
+        if target.task is None or target.task.done():
+            target.task = asyncio.create_task(self._serve(key, target))
+
+    async def new_leader_known(self, name: str) -> None:
+        """Until this node leads group ``name`` again or knows another leader (a leadership transfer
+        takes a moment to be seen), at most ``leader_wait_s``."""
+        deadline = time.monotonic() + self.api.leader_wait_s
+        while time.monotonic() < deadline and not self.api._leads(name):
+            leader = self.node.leader_of(name)
+            if leader is not None and leader.id != self.node.me.id:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _serve(self, key: tuple[int, str, int | None, int | None], target: _Target) -> None:
+        """Serve the waiting receivers of one target, the head of the line first."""
+        try:
+            while True:
+                self._drop_done(target)
+                if not target.waiters:
+                    self._targets.pop(key, None)
+                    return
+                if not self.api._leads(target.coordinator):
+                    # Leadership moved: the new leader coordinates, and the waiters move there
+                    # (serving them here too would break the line).
+                    self._targets.pop(key, None)
+                    self._fail(target, ApiError(errors.NOT_LEADER, "the receive coordinator moved"))
+                    return
+                target.arrived.clear()
+                head = target.waiters[0]
+                line = [w for w in target.waiters if w.visibility_ms == head.visibility_ms]
+                demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
+                got = await self._take(target, demand, head.visibility_ms)
+                self._hand_out(target, got)
+                now = time.monotonic()
+                for w in list(target.waiters):
+                    if w.deadline <= now:
+                        target.waiters.remove(w)
+                        if not w.future.done():
+                            w.future.set_result([])
+                if got or not target.waiters:
+                    continue
+                await self._wait(target, min(w.deadline for w in target.waiters))
+        except ApiError as e:
+            self._fail(target, e)
+        except Exception:
+            log.exception("receive_dispatch_failed", topic=target.topic.name, group=target.group)
+            self._fail(target, ApiError(errors.INTERNAL, "internal error; see the node's log"))
+        finally:
+            if self._targets.get(key) is target and not target.waiters:
+                self._targets.pop(key, None)
+
+    @staticmethod
+    def _drop_done(target: _Target) -> None:
+        for w in [w for w in target.waiters if w.future.done()]:  # the client went away
+            target.waiters.remove(w)
+
+    @staticmethod
+    def _fail(target: _Target, e: ApiError) -> None:
+        while target.waiters:
+            w = target.waiters.popleft()
+            if not w.future.done():
+                w.future.set_exception(e)
+
+    def _hand_out(self, target: _Target, got: list[dict[str, Any]]) -> None:
+        """Give messages to the waiters in line order, each up to its ``max``."""
+        rest = got
+        while rest:
+            self._drop_done(target)
+            if not target.waiters:
+                # Nobody left to take them (clients went away): give them back at once.
+                receipts = [m["receipt"] for m in rest]
+                task = asyncio.create_task(self._give_back(target, receipts))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                return
+            w = target.waiters.popleft()
+            part, rest = rest[: w.max], rest[w.max :]
+            w.future.set_result(part)
+
+    async def _give_back(self, target: _Target, receipts: list[str]) -> None:
+        await self._settle(target.topic, target.group, "nack", receipts, {"delay_ms": 0})
+
+    async def _take(self, target: _Target, demand: int, visibility_ms: int) -> list[dict[str, Any]]:
+        """Receive up to ``demand`` messages from the queue groups, one after the other (starting
+        group and queue order rotate, so no queue is always served first)."""
+        target.rotation += 1
+        groups = sorted(target.by_group)
+        start = target.rotation % len(groups)
+        got: list[dict[str, Any]] = []
+        failures = 0
+        for g in groups[start:] + groups[:start]:
+            if len(got) >= demand:
+                break
+            queues = target.by_group[g]
+            turn = target.rotation % len(queues)
+            body = {
+                "group": target.group,
+                "topic_id": target.topic.id,
+                "queues": queues[turn:] + queues[:turn],
+                "max": demand - len(got),
+                "visibility_ms": visibility_ms,
+                "epoch": target.epoch,
+                "max_age_ms": target.topic.retention_ms,
+            }
+            try:
+                got += (await self.api._group_call(g, "receive", body))["messages"]
+            except ApiError as e:
+                if not e.code.retriable:
+                    raise
+                failures += 1
+                log.info("receive_group_unavailable", group_id=g, code=e.code.code)
+        if failures == len(groups):
+            await asyncio.sleep(0.2)  # every group is electing: do not spin
+        return got
+
+    async def _wait(self, target: _Target, until: float) -> None:
+        """Until something may be available in one of the target's queue groups, a new receiver
+        arrives, or ``until``."""
+        timeout = min(until - time.monotonic(), LEADERSHIP_CHECK_S)
+        if timeout <= 0:
+            return
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(target.arrived.wait())]
+        for g, queues in target.by_group.items():
+            tasks.append(asyncio.create_task(self._await_group(g, target, queues, timeout)))
+        try:
+            await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> None:
+        name = str(g)
+        if self.api._leads(name):
+            await self.await_available(name, target.topic.id, target.group, queues, target.epoch, timeout)
+            return
+        body = {
+            "group": target.group,
+            "topic_id": target.topic.id,
+            "queues": queues,
+            "epoch": target.epoch,
+            "wait_ms": int(min(timeout, MAX_REMOTE_AWAIT_S) * 1000),
+        }
+        try:
+            await self.api._group_call(g, "await", body)
+        except ApiError:
+            await asyncio.sleep(0.2)  # the group is electing; try again a little later
+
+    async def await_available(
+        self, name: str, topic_id: int, group: str, queues: list[int], epoch: int | None, timeout_s: float
+    ) -> bool:
+        """Wait (at most ``timeout_s``) until a receive from this replica's queues could hand out
+        something: the queue grew, a retry is due, a lock was released or ran out."""
+        deadline = time.monotonic() + timeout_s
+        store = self.node.groups[name].machine.store
+        while True:
+            ok, wake_ms = available(store, group, topic_id, queues, now_ms(), epoch)
+            remaining = deadline - time.monotonic()
+            if ok or remaining <= 0:
+                return ok
+            if wake_ms is not None:
+                remaining = min(remaining, max(0.001, (wake_ms - now_ms()) / 1000))
+            waits = [asyncio.create_task(self.node.wait_for_messages(topic_id, q, remaining)) for q in queues]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waits:
+                    task.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+
+    # -- ack, nack, extend ------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""Group commit: concurrent produce requests for one queue group become few Raft entries.
+
+While ``max_inflight`` entries of a group are on their way through Raft, new requests wait and are
+then proposed together as one entry (up to ``max_entry_bytes``). Under light load a request goes out
+at once (no linger); under heavy load entries grow, so the per-entry costs (fsync, pickling,
+encryption, one RocksDB write per replica) are shared by many requests.
+
+Runs on the asyncio loop; Raft outcomes come back from the tick thread via ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from raftmq.cluster import commands
+from raftmq.cluster.replication.raft import Outcome, RaftGroup
+
+__all__ = ["GroupCommitter", "ProduceFailed"]
+
+
+class ProduceFailed(Exception):
+    """A produce did not (definitely or possibly) happen; ``code`` is an error code."""
+
+    def __init__(self, code: str, message: str, definite: bool = True) -> None:
+        super().__init__(message)
+        self.code = code
+        self.definite = definite
+
+
+@dataclass
+class _Request:
+    batches: list[dict[str, Any]]
+    size: int
+    future: asyncio.Future[list[dict[str, Any]]]
+    solo: bool = False  # propose alone (after a merged entry holding it was rejected)
+
+
+class GroupCommitter:
+    """Coalesces produce requests for one queue group. Not thread-safe: use from the loop only."""
+
+    def __init__(
+        self,
+        group: RaftGroup,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        now_ms: Callable[[], int],
+        max_entry_bytes: int,
+        max_inflight: int,
+        ack_before_replication: bool = False,
+    ) -> None:
+        self._group = group
+        self._loop = loop
+        self._now_ms = now_ms
+        self._max_entry_bytes = max_entry_bytes
+        self._max_inflight = max(1, max_inflight)
+        self._pending: deque[_Request] = deque()
+        self._inflight = 0
+        self._ack_early = ack_before_replication
+
+    async def produce(self, batches: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
+        """Propose ``batches`` (commands.produce batch dicts); one result per batch, in order.
+
+        Raises ProduceFailed when the entry failed or was rejected.
+        """
+        future: asyncio.Future[list[dict[str, Any]]] = self._loop.create_future()
+        self._pending.append(_Request(batches, size, future))
+        self._flush()
+        if self._ack_early:  # TEST FAULT: the answer does not wait for replication
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return [{"queue": b["queue"], "base_offset": None, "count": len(b["messages"])} for b in batches]
+        return await future
+
+    def _flush(self) -> None:
+        while self._pending and self._inflight < self._max_inflight:
+            taken = [self._pending.popleft()]
+            size = taken[0].size
+            while (
+                not taken[0].solo
+                and self._pending
+                and not self._pending[0].solo
+                and size + self._pending[0].size <= self._max_entry_bytes
+            ):
+                request = self._pending.popleft()
+                taken.append(request)
+                size += request.size
+            self._propose([r for r in taken if not r.future.done()])
+
+    def _propose(self, requests: list[_Request]) -> None:
+        if not requests:
+            return
+        batches = [b for r in requests for b in r.batches]
+        command = commands.produce(self._now_ms(), batches)
+        self._inflight += 1
+
+        def on_done(outcome: Outcome) -> None:  # tick thread
+            self._loop.call_soon_threadsafe(self._complete, requests, outcome)
+
+        self._group.submit(command, on_done)
+
+    def _complete(self, requests: list[_Request], outcome: Outcome) -> None:
+        self._inflight -= 1
+        result = outcome.result
+        if outcome.error is None and isinstance(result, dict) and "error" in result and len(requests) > 1:
+            # The state machine rejected the merged entry (all or nothing); retry each request
+            # alone so one bad request cannot fail the others.
+            for request in reversed(requests):
+                request.solo = True
+                self._pending.appendleft(request)
+        else:
+            for request, value in zip(requests, self._split(requests, outcome), strict=True):
+                if request.future.done():
+                    continue  # the caller timed out or went away
+                if isinstance(value, ProduceFailed):
+                    request.future.set_exception(value)
+                else:
+                    request.future.set_result(value)
+        self._flush()
+
+    @staticmethod
+    def _split(requests: list[_Request], outcome: Outcome) -> list[list[dict[str, Any]] | ProduceFailed]:
+        if outcome.error is not None:
+            failed = ProduceFailed(outcome.error, f"raft: {outcome.error}", outcome.definite)
+            return [failed] * len(requests)
+        result = outcome.result
+        if not isinstance(result, dict) or "results" not in result:
+            error = result.get("error", {}) if isinstance(result, dict) else {}
+            failed = ProduceFailed(error.get("code", "internal"), error.get("message", "produce rejected"))
+            return [failed] * len(requests)
+        results: list[dict[str, Any]] = result["results"]
+        out: list[list[dict[str, Any]] | ProduceFailed] = []
+        start = 0
+        for request in requests:
+            out.append(results[start : start + len(request.batches)])
+            start += len(request.batches)
+        return out

@@ -1,0 +1,928 @@
+"""The Raft adapter: one :class:`RaftGroup` per replicated group. The only module importing pysyncobj.
+
+pysyncobj (pinned to 0.3.17) provides elections and replication. This module makes it durable and
+safe to embed (each hazard, as docs/architecture.md lists them under "The hazards and what
+neutralises each", and what neutralises it):
+
+1. No fsync → :class:`~raftmq.cluster.replication.journal.DurableJournal` replaces the journal through the
+   ``createJournal`` seam; the transport flushes it before every message and a tick callback after
+   every tick, so an entry is synced before it is acknowledged or counted.
+2. Snapshot/compaction crash window → the deserializer aligns the journal to the snapshot before
+   pysyncobj compares them, and compaction fsyncs the snapshot's directory first.
+3. ``journalFile`` without ``fullDumpFile`` → both are always set here.
+4. Torn journal → checksummed records; a bad tail is cut on load, a bad record in the middle
+   stops the start (``JournalCorruptError``; ``raftmq repair-journal``).
+5. Truncation of matching entries → a no-op in the journal.
+6. Replay after restart → the state machine skips indexes at or below its ``applied_index``.
+Poison pills: the state machine never raises; a storage failure stops the process.
+Snapshots are manifests (a few hundred bytes); a replica whose state is behind a snapshot pulls a
+RocksDB checkpoint from a peer out of band (``fetch_checkpoint``), never through Raft's 64 KiB chunks.
+That install is all or nothing: pysyncobj sees the snapshot only once a verified checkpoint was
+restored (``_gate_snapshot``); until then the follower's state, journal and commit index stay as
+they were and the leader sends the snapshot again.
+
+Membership (``dynamicMembershipChange``): single-server changes, effective on every replica as soon as
+the entry is appended. pysyncobj's guard against a second change in flight is dead code, so
+:meth:`RaftGroup.change_membership` refuses one while a membership entry is uncommitted or its own
+change is unanswered; that change is answered ``unknown_outcome`` when its leader loses the
+leadership or a snapshot replaces the log (pysyncobj would never call it back). Votes count only
+between voters: the transport drops vote requests and votes from non-voters, so a removed voter that
+never learnt of its removal cannot depose the leader with its campaigns. A group's
+voters are what its own log says: the snapshot manifest records the voters as of its last entry
+(pysyncobj would store the live set, which may include an uncommitted change), and on start the
+voters are that set plus the membership entries after it in the journal (Raft's rule: the latest
+configuration in the log counts, committed or not). ``peer_addrs`` only seeds a group whose log holds
+no configuration yet.
+
+Threading: every apply, callback, journal write and snapshot hook runs on the group's tick thread.
+``submit`` may be called from any thread; its ``on_done`` runs on the tick thread and must be short.
+A checkpoint for a snapshot install is fetched and checked on a background thread of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import pysyncobj.pickle as _pso_pickle
+import pysyncobj.syncobj as _pso
+import structlog
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
+from pysyncobj.monotonic import monotonic as _pso_monotonic
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
+from raftmq.cluster.base.timing import LatencyHistogram
+from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.storage.store import Store, StoreError
+
+__all__ = [
+    "PINNED_PYSYNCOBJ",
+    "GroupStatus",
+    "Outcome",
+    "RaftBindError",
+    "RaftGroup",
+    "RaftSettings",
+    "StateMachine",
+    "members_after",
+    "membership_change",
+]
+
+log = structlog.get_logger(__name__)
+
+PINNED_PYSYNCOBJ = "0.3.17"
+if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against this version
+    raise ImportError(f"raftmq needs pysyncobj=={PINNED_PYSYNCOBJ}, found {PYSYNCOBJ_VERSION}")
+
+_EXIT_STORAGE_FAILURE = 70
+_CHECKPOINT_RETRY_S = 1.0  # after a failed checkpoint fetch, the next try waits this long
+_BLOCKING_INSTALL_S = 120.0  # on start, how long a replica behind its own snapshot tries to fetch
+_MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
+_VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
+_VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
+
+
+class StateMachine(Protocol):
+    """What a Raft group replicates into. ``apply`` must be pure and must not raise."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def applied_index(self) -> int: ...
+
+    def apply(self, index: int, command: bytes) -> Any: ...
+
+    def restore(self, checkpoint_dir: str) -> None:
+        """Replace the whole state with a checkpoint taken on a peer."""
+        ...
+
+
+class RaftBindError(Exception):
+    """A Raft group could not listen on its address (the port is taken or not local)."""
+
+
+@dataclass(frozen=True)
+class RaftSettings:
+    """Timing and durability of one group. Defaults favour low latency and stable leadership."""
+
+    password: str
+    fsync: bool = True
+    election_min_s: float = 0.8
+    election_max_s: float = 1.6
+    heartbeat_s: float = 0.05
+    tick_s: float = 0.05
+    leader_fallback_s: float = 2.0  # a cut-off leader steps down after this long
+    connection_retry_s: float = 0.5
+    compaction_min_entries: int = 20_000
+    compaction_min_time_s: float = 120.0
+    compaction_max_bytes: int = 64 * 1024 * 1024
+    max_entry_bytes: int = 256 * 1024
+    crash_after_snapshot: bool = False  # test fault: exit between snapshot and journal compaction
+    # A replica joining a running group starts with an empty log: it must not campaign (its higher
+    # term would depose the leader, and it cannot win) until a leader reached it. Its election
+    # deadline is pushed this far ahead, again and again, until then.
+    join_quiet_s: float = 30.0
+
+
+@dataclass(eq=False)
+class _MembershipChange:
+    """A voter change this leader proposed and has not answered yet (compared by identity)."""
+
+    action: str
+    addr: str
+    on_done: Callable[[Outcome], None]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a submitted command ended. ``error`` is an error code from ``cluster/base/errors.py``;
+    ``definite=False`` means the command may or may not have been applied."""
+
+    result: Any = None
+    error: str | None = None
+    definite: bool = True
+
+
+# pysyncobj failure reason -> (error code, definite)
+_FAILURES: dict[int, tuple[str, bool]] = {
+    FAIL_REASON.QUEUE_FULL: ("unavailable", True),
+    FAIL_REASON.MISSING_LEADER: ("unavailable", True),
+    FAIL_REASON.DISCARDED: ("not_leader", True),  # another entry won this index: ours is gone
+    FAIL_REASON.NOT_LEADER: ("not_leader", True),
+    FAIL_REASON.LEADER_CHANGED: ("unknown_outcome", False),
+    FAIL_REASON.REQUEST_DENIED: ("unavailable", True),
+    FAIL_REASON.UNKNOWN_OUTCOME: ("unknown_outcome", False),
+}
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    leader: str | None  # Raft address of the leader this replica knows, if any
+    is_leader: bool
+    term: int
+    commit_index: int
+    applied_index: int
+    state_index: int  # the state machine's applied_index (last non-empty entry applied)
+    has_quorum: bool
+    journal_entries: int
+    members: tuple[str, ...] = ()  # Raft addresses of the voters as this replica sees them
+
+
+class _MatchingTruncationFilter(logging.Filter):
+    """Drops pysyncobj's CRITICAL "truncating already-applied log entries" line.
+
+    pysyncobj logs it whenever a follower truncates from below its applied index (hazard 5). With
+    DurableJournal that truncation keeps every entry that matches the leader (a current-term suffix
+    is kept; committed entries always match the leader's), so nothing applied is lost or replayed
+    differently; the line would only alarm operators. tests/unit/test_journal.py covers the cases.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("truncating already-applied log entries")
+
+
+def _install_log_filter() -> None:
+    logger = logging.getLogger("pysyncobj.syncobj")
+    if not any(isinstance(f, _MatchingTruncationFilter) for f in logger.filters):
+        logger.addFilter(_MatchingTruncationFilter())
+
+
+def _install_journal_seam() -> None:
+    """Make pysyncobj use a DurableJournal passed as ``journalFile`` (idempotent)."""
+    original = _pso.createJournal
+    if getattr(original, "raftmq_seam", False):
+        return
+
+    def create_journal(journal_file: Any = None) -> Any:
+        if isinstance(journal_file, DurableJournal):
+            return journal_file
+        return original(journal_file)
+
+    create_journal.raftmq_seam = True  # type: ignore[attr-defined]
+    _pso.createJournal = create_journal
+
+
+class _FlushingTransport(TCPTransport):  # type: ignore[misc]
+    """TCP transport that makes the journal durable before any message leaves the node.
+
+    It also connects to *hinted* peers (:meth:`RaftGroup.hint_peers`): pysyncobj's transport talks
+    only to the voters of this replica's own configuration and hangs up on anyone else, so a
+    replica that missed a membership change (it was down) could never hear from a new voter that
+    leads. A hinted peer gets a connection but no vote and no entries from this replica.
+
+    Votes count only between voters: a vote request (or a vote) from a node outside this replica's
+    voters is dropped before pysyncobj sees it. pysyncobj answers any connected node's request and
+    adopts its term, so a removed voter that never learnt of its removal (the leader stops sending
+    to it when it appends the change) would campaign, and its higher term would depose the leader
+    through the connections that hints keep open. Entries and heartbeats from any node still pass.
+    """
+
+    def send(self, node: Any, message: Any) -> Any:
+        self._syncObj.raftmq_journal.flush()
+        return super().send(node, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        # Every connection delivers through this method (tick thread). Only votes are checked.
+        if (
+            isinstance(message, dict)
+            and message.get("type") in _VOTE_MESSAGES
+            and node not in self._syncObj.otherNodes
+        ):
+            self._syncObj.raftmq_group._vote_ignored(node, message)
+            return
+        super()._onMessageReceived(node, message)
+
+    def addNode(self, node: Any) -> None:
+        if node in self._nodes:  # a hinted peer became a voter: keep its connection
+            return
+        super().addNode(node)
+
+
+class _GroupSyncObj(SyncObj):  # type: ignore[misc]
+    """pysyncobj's object with exactly one replicated method taking bytes (never add another:
+    pysyncobj numbers replicated methods by sorted name)."""
+
+    def __init__(self, group: RaftGroup, journal: DurableJournal, **kwargs: Any) -> None:
+        # Set before SyncObj.__init__: its tick thread starts inside it and may send at once.
+        self.raftmq_group = group
+        self.raftmq_journal = journal
+        super().__init__(**kwargs)
+
+    @replicated  # type: ignore[untyped-decorator]
+    def apply_command(self, data: bytes) -> Any:
+        # Inside a replicated method the entry being applied is raftLastApplied + 1.
+        return self.raftmq_group._apply(self.raftLastApplied + 1, data)
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        # SyncObj.__init__ registers self.__onMessageReceived with the transport: this override is
+        # what it finds. Snapshot messages pass through RaftGroup's gate first (see _gate_snapshot).
+        super()._SyncObj__onMessageReceived(node, self.raftmq_group._gate_snapshot(self, message))
+
+
+class RaftGroup:
+    """One replica of one Raft group: pysyncobj, a durable journal and a state machine."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        node_id: str,
+        self_addr: str,
+        peer_addrs: list[str],
+        journal_store: Store,
+        machine: StateMachine,
+        snapshot_file: str,
+        settings: RaftSettings,
+        fetch_checkpoint: Callable[[dict[str, Any]], tuple[str, int]] | None = None,
+        bind_addr: str | None = None,
+        joining: bool = False,
+    ) -> None:
+        _install_journal_seam()
+        _install_log_filter()
+        self.name = name
+        self.node_id = node_id
+        self.self_addr = self_addr
+        self._machine = machine
+        self._settings = settings
+        self._snapshot_file = snapshot_file
+        self._fetch_checkpoint = fetch_checkpoint
+        self._journal = DurableJournal(journal_store, fsync=settings.fsync, group=name)
+        self._journal.before_compaction = self._before_compaction
+        self._journal.on_storage_failure = self._journal_storage_failed
+        self._destroyed = threading.Event()
+        self.became_leader_count = 0  # written on the tick thread, read by metrics
+        # Read by metrics: submit (at this node) until applied here, and one state machine apply.
+        self.commit_latency = LatencyHistogram()
+        self.apply_latency = LatencyHistogram()
+        os.makedirs(os.path.dirname(snapshot_file), exist_ok=True)
+        fresh = len(self._journal) == 0 and not os.path.exists(snapshot_file)
+        # Membership: (index, voters) the journal's entries after `index` apply to; see the docstring.
+        self._base_index, self._base_members, members = self._members_on_start(list(peer_addrs))
+        self.peer_addrs = [a for a in members if a != self_addr]
+        self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
+        self._loading_on_start = os.path.exists(snapshot_file)
+        self._membership_in_flight: _MembershipChange | None = None  # tick thread only
+        self.votes_ignored = 0  # vote requests and votes dropped from non-voters (tick thread)
+        self._vote_log_at = 0.0  # tick thread
+        self._hinted: frozenset[str] = frozenset()  # tick thread only
+        self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Snapshot install (see _gate_snapshot). The tick thread owns _incoming_snapshot; the rest
+        # is shared with the background fetch thread under _checkpoint_lock.
+        self._incoming_snapshot: bytes | None = None
+        self._checkpoint_lock = threading.Lock()
+        self._staged_checkpoint: tuple[str, int] | None = None  # (directory, its applied index)
+        self._checkpoint_fetching = False
+        self._checkpoint_retry_at = 0.0
+        # Read by metrics: snapshot installs done here, and checkpoint fetches or checks that failed.
+        self.snapshot_installs = 0
+        self.snapshot_install_failures = 0
+        conf = SyncObjConf(
+            password=settings.password,
+            journalFile=self._journal,
+            fullDumpFile=snapshot_file,
+            serializer=self._serialize,
+            deserializer=self._deserialize,
+            raftMinTimeout=settings.election_min_s,
+            raftMaxTimeout=settings.election_max_s,
+            appendEntriesPeriod=settings.heartbeat_s,
+            autoTickPeriod=settings.tick_s,
+            leaderFallbackTimeout=settings.leader_fallback_s,
+            connectionRetryTime=settings.connection_retry_s,
+            connectionTimeout=max(3.5, settings.election_max_s),
+            # Send on every new entry (with a pipe wake-up) rather than once per period: latency.
+            appendEntriesUseBatch=False,
+            # Entries stay far below this, so pysyncobj's broken chunked path is never taken.
+            appendEntriesBatchSizeBytes=max(2 * settings.max_entry_bytes, 1 << 20),
+            logCompactionMinEntries=settings.compaction_min_entries,
+            logCompactionMinTime=settings.compaction_min_time_s,
+            dynamicMembershipChange=True,
+            onStateChanged=self._on_state_changed,
+            bindAddress=bind_addr,
+            # Give up binding the Raft port after ~5 s (pysyncobj retries forever by default, and
+            # silently): start-up then fails with RaftBindError instead of hanging.
+            bindRetryTime=0.5,
+            maxBindRetries=10,
+        )
+        self._sync = _GroupSyncObj(
+            self,
+            self._journal,
+            selfNode=self_addr,
+            otherNodes=self.peer_addrs,
+            conf=conf,
+            transportClass=_FlushingTransport,
+        )
+        self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
+        if self._quiet:
+            # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
+            self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.join_quiet_s
+        try:
+            self._sync.waitBinded()
+        except SyncObjException:
+            self._sync.destroy_synchronous()
+            raise RaftBindError(f"group {name}: cannot listen on the Raft address {self_addr}") from None
+        self._sync.addOnTickCallback(self._after_tick)
+
+    # -- client side ------------------------------------------------------------------------------
+
+    def submit(self, command: bytes, on_done: Callable[[Outcome], None]) -> None:
+        """Propose ``command``. ``on_done`` is called once, on the tick thread, when the entry is
+        applied here (result) or has failed; it must not block. May be called from any thread."""
+
+        submitted = time.perf_counter()
+
+        def callback(result: Any, error: int) -> None:
+            # An exception escaping a pysyncobj callback makes the leader apply the entry twice.
+            try:
+                if error == FAIL_REASON.SUCCESS:
+                    self.commit_latency.observe(time.perf_counter() - submitted)
+                    on_done(Outcome(result=result))
+                else:
+                    code, definite = _FAILURES.get(error, ("unknown_outcome", False))
+                    on_done(Outcome(error=code, definite=definite))
+            except Exception:
+                log.exception("submit_callback_failed", group=self.name)
+
+        if len(command) > self._settings.max_entry_bytes:
+            on_done(Outcome(error="request_too_large", definite=True))
+            return
+        self._sync.apply_command(command, callback=callback)
+
+    def is_leader(self) -> bool:
+        return bool(self._sync._isLeader())
+
+    def leader(self) -> str | None:
+        node = self._sync._getLeader()
+        return None if node is None else str(node.id)
+
+    def status(self) -> GroupStatus:
+        s = self._sync
+        return GroupStatus(
+            name=self.name,
+            leader=self.leader(),
+            is_leader=self.is_leader(),
+            term=int(s.raftCurrentTerm),
+            commit_index=int(s.raftCommitIndex),
+            applied_index=int(s.raftLastApplied),
+            state_index=self._machine.applied_index,
+            has_quorum=bool(s.hasQuorum),
+            journal_entries=len(self._journal),
+            members=self._members,
+        )
+
+    def members(self) -> tuple[str, ...]:
+        """The voters (Raft addresses) this replica uses now, itself included."""
+        return self._members
+
+    def journal_stats(self) -> dict[str, float]:
+        """Journal figures for metrics: retained bytes, fsync count and total fsync seconds."""
+        j = self._journal
+        return {"bytes": j.size_bytes, "syncs": j.syncs, "sync_seconds": j.sync_seconds}
+
+    @property
+    def fsync_latency(self) -> LatencyHistogram:
+        """The journal's fsync durations (for metrics)."""
+        return self._journal.sync_latency
+
+    def transfer_leadership(self, to_addr: str | None = None, within_s: float = 2.0) -> None:
+        """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer). Best effort:
+        pysyncobj refuses unless the target has matched the whole log, which under steady writes
+        holds only between entries, so the request is retried every tick for up to ``within_s``
+        seconds. Watch ``leader()`` for the result."""
+        deadline = time.monotonic() + within_s
+
+        def attempt() -> None:
+            if self._destroyed.is_set() or not self.is_leader() or time.monotonic() > deadline:
+                return
+            refused: list[int] = []
+            self._sync.transferLeadership(node=to_addr, callback=lambda _r, e: refused.append(e))
+            if refused and refused[0] != FAIL_REASON.SUCCESS:
+                self._tick_calls.put(attempt)  # the next tick, after this tick's acks were read
+
+        self._tick_calls.put(attempt)
+
+    def hint_peers(self, addrs: Iterable[str]) -> None:
+        """Keep connections to ``addrs`` (the group's replicas as the placement says) besides the
+        voters, so that this replica hears from a leader its own log does not know yet. Hints
+        never vote, never count for a quorum and get no entries from this replica."""
+        wanted = frozenset(addrs) - {self.self_addr}
+
+        def apply() -> None:
+            transport = self._sync._SyncObj__transport
+            voters = {str(n.id) for n in self._sync.otherNodes}
+            present = {str(n.id) for n in transport._nodes}  # a snapshot load may have dropped one
+            for addr in sorted(wanted - voters - present):
+                transport.addNode(TCPNode(addr))
+            for addr in sorted((self._hinted - wanted - voters) & present):
+                transport.dropNode(TCPNode(addr))
+            self._hinted = wanted
+
+        self._tick_calls.put(apply)
+
+    def change_membership(self, action: str, addr: str, on_done: Callable[[Outcome], None]) -> None:
+        """Add (``action="add"``) or remove (``"remove"``) the voter at Raft address ``addr``.
+
+        One single-server change at a time: refused (``unavailable``, retriable) unless this
+        replica leads, its leadership is established (its no-op entry applied) and no membership
+        entry is uncommitted. ``on_done`` gets ``result={"changed": bool, "members": [...]}`` once
+        the change is committed (``changed=False``: it was so already, committed), on the tick
+        thread. A leader cannot remove itself (``bad_request``): transfer leadership first.
+        """
+
+        def start() -> None:
+            members = self._live_members()
+            if not self.is_leader():
+                on_done(Outcome(error="not_leader"))
+            elif action not in ("add", "remove") or (action == "remove" and addr == self.self_addr):
+                on_done(Outcome(error="bad_request"))
+            elif self._membership_in_flight is not None or self._uncommitted_membership():
+                # Also when the change asked for is the one in flight: "already so" must mean committed.
+                on_done(Outcome(error="unavailable"))
+            elif (action == "add") == (addr in members):
+                on_done(Outcome(result={"changed": False, "members": members}))
+            else:
+                change = self._membership_in_flight = _MembershipChange(action, addr, on_done)
+                log.info("membership_change", group=self.name, action=action, addr=addr)
+                propose = self._sync.addNodeToCluster if action == "add" else self._sync.removeNodeFromCluster
+                propose(addr, callback=functools.partial(self._membership_done, change))
+
+        self._tick_calls.put(start)
+
+    def _membership_done(self, change: _MembershipChange, _result: Any, error: int) -> None:
+        if error == FAIL_REASON.SUCCESS:
+            self._answer_membership(
+                change, Outcome(result={"changed": True, "members": self._live_members()})
+            )
+        else:
+            code, definite = _FAILURES.get(error, ("unknown_outcome", False))
+            self._answer_membership(change, Outcome(error=code, definite=definite))
+
+    def _answer_membership(self, change: _MembershipChange, outcome: Outcome) -> None:
+        """Tick thread: answer ``change`` once and let the next one start. pysyncobj's callback
+        comes only when the entry is applied through the log; ``_abandon_membership`` answers first
+        when it may never come, and the late callback (if any) is then ignored here."""
+        if self._membership_in_flight is not change:
+            return
+        self._membership_in_flight = None
+        try:
+            change.on_done(outcome)
+        except Exception:  # an exception escaping a pysyncobj callback applies the entry twice
+            log.exception("membership_callback_failed", group=self.name)
+
+    def _abandon_membership(self, reason: str) -> None:
+        """Tick thread: answer the change in flight as ``unknown_outcome`` (it may still commit
+        under another leader; the caller checks the voters and retries, which is idempotent)."""
+        change = self._membership_in_flight
+        if change is not None:
+            log.info(
+                "membership_change_abandoned",
+                group=self.name,
+                action=change.action,
+                addr=change.addr,
+                reason=reason,
+            )
+            self._answer_membership(change, Outcome(error="unknown_outcome", definite=False))
+
+    def _vote_ignored(self, node: Any, message: dict[str, Any]) -> None:
+        """Tick thread: a vote request or vote from ``node``, not a voter here, was dropped."""
+        self.votes_ignored += 1
+        now = time.monotonic()
+        if now >= self._vote_log_at:
+            self._vote_log_at = now + _VOTE_LOG_EVERY_S
+            log.warning(
+                "vote_request_ignored",
+                group=self.name,
+                sender=str(node.id),
+                message=message.get("type"),
+                term=message.get("term"),
+                ignored_total=self.votes_ignored,
+            )
+
+    def force_compaction(self) -> None:
+        self._sync.forceLogCompaction()
+
+    def destroy(self) -> None:
+        """Stop the tick thread and close the transport (the stores stay open: the caller owns them)."""
+        if not self._destroyed.is_set():
+            self._destroyed.set()
+            self._sync.destroy_synchronous()
+
+    # -- tick thread ------------------------------------------------------------------------------
+
+    def _apply(self, index: int, data: bytes) -> Any:
+        started = time.perf_counter()
+        try:
+            return self._machine.apply(index, data)
+        except StoreError:
+            # A replica that cannot write must stop; carrying on would let it diverge silently.
+            log.critical("storage_failure_stopping", group=self.name, index=index, exc_info=True)
+            os._exit(_EXIT_STORAGE_FAILURE)
+        finally:
+            self.apply_latency.observe(time.perf_counter() - started)
+
+    def _journal_storage_failed(self, error: StoreError) -> None:
+        # Disk full or broken: pysyncobj would retry the write every tick forever. Stop instead;
+        # the other replicas carry on, and this node recovers from them once restarted.
+        log.critical("journal_storage_failure_stopping", group=self.name, error=str(error))
+        os._exit(_EXIT_STORAGE_FAILURE)
+
+    def _after_tick(self) -> None:
+        self._journal.flush()
+        if self._journal.size_bytes > self._settings.compaction_max_bytes:
+            self._sync.forceLogCompaction()
+        if self._quiet:
+            if self._sync._getLeader() is not None or len(self._journal) > 1:
+                self._quiet = False  # a leader reached us: an ordinary voter from now on
+            else:
+                self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.join_quiet_s
+        for _ in range(self._tick_calls.qsize()):  # not those queued meanwhile: they wait a tick
+            try:
+                call = self._tick_calls.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                call()
+            except Exception:
+                log.exception("tick_call_failed", group=self.name)
+        self._members = tuple(self._live_members())
+
+    def _live_members(self) -> list[str]:
+        return sorted({str(n.id) for n in self._sync.otherNodes} | {self.self_addr})
+
+    def _uncommitted_membership(self) -> bool:
+        """A membership entry after the commit index is in the log (tick thread)."""
+        commit = int(self._sync.raftCommitIndex)
+        tail = self._journal[-64:]  # one change at a time: an uncommitted one is near the end
+        return any(e[1] > commit and membership_change(e[0]) is not None for e in tail)
+
+    def _on_state_changed(self, old: int, new: int) -> None:
+        names = {0: "follower", 1: "candidate", 2: "leader"}
+        if new == 2:
+            self.became_leader_count += 1
+        elif old == 2:
+            # A change this leader proposed may now commit or vanish anywhere; if its entry ends up
+            # under a snapshot here, pysyncobj never calls back. Answer it now, deterministically.
+            self._abandon_membership("leadership_lost")
+        log.info(
+            "raft_state_changed",
+            group=self.name,
+            node_id=self.node_id,
+            state=names.get(new, str(new)),
+            term=int(self._sync.raftCurrentTerm) if hasattr(self, "_sync") else None,
+        )
+
+    def _before_compaction(self) -> None:
+        # pysyncobj renamed the new snapshot into place without syncing the directory; make the
+        # rename durable before the journal entries it covers disappear.
+        _fsync_dir(os.path.dirname(self._snapshot_file))
+        if self._settings.crash_after_snapshot:
+            log.warning("test_fault_crash_after_snapshot", group=self.name)
+            os._exit(137)
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def _members_on_start(self, seed: list[str]) -> tuple[int, list[str], list[str]]:
+        """(base index, voters at it, voters now) from the snapshot manifest and the journal, as
+        pysyncobj will load them: the journal's entries after the snapshot count only if it holds
+        the snapshot's prev and last entries (otherwise pysyncobj clears it)."""
+        manifest = _read_manifest(self._snapshot_file)
+        if manifest is None:
+            return 0, seed, members_after(seed, self._journal[:], 0)
+        last, prev = _entry_from_json(manifest["last"]), _entry_from_json(manifest["prev"])
+        base = list(manifest.get("cluster") or seed)
+        entries = self._journal[:]
+        held = {(e[1], e[2]) for e in entries}
+        if (prev[1], prev[2]) in held and (last[1], last[2]) in held:
+            return last[1], base, members_after(base, entries, last[1])
+        return last[1], base, base
+
+    def _serialize(self, tmp_path: str, data: tuple[Entry, Entry, Any]) -> None:
+        last, prev, _live_cluster = data
+        # Invariant: the state covers every entry up to `last`; make it durable before the
+        # journal entries up to it can be compacted away.
+        self._machine.store.sync()
+        # The voters as of `last` (pysyncobj's live set may hold a later, uncommitted change).
+        members = members_after(self._base_members, self._journal[:], self._base_index, last[1])
+        self._base_index, self._base_members = last[1], members
+        manifest = {
+            "format": 1,
+            "group": self.name,
+            "node_id": self.node_id,
+            "raft_addr": self.self_addr,
+            "state_index": self._machine.applied_index,
+            "last": _entry_to_json(last),
+            "prev": _entry_to_json(prev),
+            "cluster": members,
+        }
+        with open(tmp_path, "wb") as f:
+            f.write(orjson.dumps(manifest))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _deserialize(self, path: str) -> tuple[Entry, Entry, list[str]]:
+        # The log gives way to a snapshot: a voter change's entry under it is never applied here.
+        self._abandon_membership("snapshot_loaded")
+        # A snapshot received from the leader was written and renamed by pysyncobj without fsync;
+        # make it durable before pysyncobj replaces the journal with the snapshot's two entries.
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        _fsync_dir(os.path.dirname(path))
+        with open(path, "rb") as f:
+            manifest = orjson.loads(f.read())
+        last = _entry_from_json(manifest["last"])
+        prev = _entry_from_json(manifest["prev"])
+        self._journal.align_to_snapshot(prev, last)
+        restart, self._loading_on_start = self._loading_on_start, False
+        # A manifest from before membership changes has no "cluster": keep the voters in use.
+        base = list(manifest.get("cluster") or self._live_members())
+        entries = self._journal[:]
+        if restart and len(entries) >= 2 and entries[0] == prev and entries[1] == last:
+            members = members_after(base, entries, last[1])  # pysyncobj keeps this journal
+        else:
+            members = base  # an installed snapshot: pysyncobj clears the journal after this
+        self._base_index, self._base_members = last[1], base
+        if self._machine.applied_index < manifest["state_index"]:
+            # The gate lets an installed snapshot through only once the state covers it, so this
+            # is a start whose state is behind its own snapshot (see _install_blocking).
+            self._install_blocking(manifest)
+        # pysyncobj drops its own address from this list only when given Node objects: leave it out.
+        return last, prev, [m for m in members if m != self.self_addr]
+
+    # -- snapshot install: all or nothing --------------------------------------------------------
+    #
+    # pysyncobj installs a snapshot in __loadDumpFile, which swallows any exception; the follower
+    # would then answer success, raise its commit index to the end of its own unchecked log and
+    # apply entries that were never committed. So nothing may fail in there: the last chunk of an
+    # install message reaches pysyncobj only once the state already covers the snapshot (a
+    # verified checkpoint restored first, on the tick thread). Until then the message is held:
+    # pysyncobj sees a heartbeat (leader, term, election deadline) without the snapshot and
+    # without the leader's commit index, answers nothing, keeps its manifest file, journal,
+    # commit index and state, and the leader sends the snapshot again. The checkpoint is fetched
+    # and verified by a background thread, so a slow or failing fetch never blocks the ticks.
+
+    def _gate_snapshot(self, sync: SyncObj, message: Any) -> Any:
+        """Tick thread: ``message`` as pysyncobj (``sync``, this group's object; a message may come
+        before ``self._sync`` is set) may see it (see the comment above)."""
+        if (
+            not isinstance(message, dict)
+            or message.get("type") != "append_entries"
+            or "prevLogIdx" in message
+            or message.get("serialized") is None
+            or message.get("term", -1) < int(sync.raftCurrentTerm)
+        ):
+            return message
+        # The leader's commit index says nothing about this follower's unchecked log.
+        held = {**message, "commit_index": min(message["commit_index"], int(sync.raftCommitIndex))}
+        chunk = message["serialized"]
+        if not isinstance(chunk, tuple | list) or len(chunk) != 3:  # the leader failed to read its file
+            return {**held, "serialized": None}
+        data, is_first, is_last = chunk
+        if is_first:
+            self._incoming_snapshot = bytes(data)
+        elif self._incoming_snapshot is not None:
+            self._incoming_snapshot += bytes(data)
+        if not is_last:
+            return held  # pysyncobj writes the chunk to a temporary file, nothing else
+        raw, self._incoming_snapshot = self._incoming_snapshot, None
+        if raw is not None and self._snapshot_ready(raw):
+            return message
+        return {**held, "serialized": None}
+
+    def _snapshot_ready(self, raw: bytes) -> bool:
+        """Tick thread: whether the state covers the snapshot manifest ``raw`` (restoring a verified
+        checkpoint first if one is staged); starts a background fetch when it does not."""
+        try:
+            manifest = orjson.loads(raw)
+            need = int(manifest["state_index"])
+            if manifest["group"] != self.name:
+                raise ValueError(f"snapshot of group {manifest['group']!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            self.snapshot_install_failures += 1
+            log.error("snapshot_rejected", group=self.name, error=str(e))
+            return False
+        with self._checkpoint_lock:
+            staged, self._staged_checkpoint = self._staged_checkpoint, None
+        if self._machine.applied_index >= need:
+            if staged is not None:
+                shutil.rmtree(staged[0], ignore_errors=True)  # no longer needed
+            return True
+        if staged is not None:
+            path, index = staged
+            if index >= need:
+                return self._restore_staged(path, need)
+            shutil.rmtree(path, ignore_errors=True)  # a newer snapshot needs a newer checkpoint
+        self._start_checkpoint_fetch(manifest)
+        return False
+
+    def _restore_staged(self, path: str, need: int) -> bool:
+        log.info(
+            "snapshot_install_started",
+            group=self.name,
+            state_index=need,
+            local_index=self._machine.applied_index,
+        )
+        try:
+            self._machine.restore(path)  # an atomic swap: the old state or the new one
+        except StoreError as e:
+            # The checkpoint opened and was checked: the local disk failed. Stop, as the journal does.
+            log.critical("snapshot_restore_storage_failure_stopping", group=self.name, error=str(e))
+            os._exit(_EXIT_STORAGE_FAILURE)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+        if self._machine.applied_index < need:  # never after the checks; hold and fetch again
+            self.snapshot_install_failures += 1
+            log.error(
+                "snapshot_restore_behind", group=self.name, state_index=self._machine.applied_index, need=need
+            )
+            return False
+        self.snapshot_installs += 1
+        log.info("snapshot_install_done", group=self.name, state_index=self._machine.applied_index)
+        return True
+
+    def _start_checkpoint_fetch(self, manifest: dict[str, Any]) -> None:
+        if self._fetch_checkpoint is None:
+            log.error("snapshot_install_impossible", group=self.name, reason="no way to fetch a checkpoint")
+            return
+        with self._checkpoint_lock:
+            if self._checkpoint_fetching or time.monotonic() < self._checkpoint_retry_at:
+                return
+            self._checkpoint_fetching = True
+        log.info(
+            "snapshot_checkpoint_fetch_started",
+            group=self.name,
+            source=manifest.get("node_id"),
+            state_index=manifest["state_index"],
+            local_index=self._machine.applied_index,
+        )
+        threading.Thread(
+            target=self._fetch_in_background,
+            args=(manifest,),
+            name=f"raftmq-checkpoint-{self.name}",
+            daemon=True,
+        ).start()
+
+    def _fetch_in_background(self, manifest: dict[str, Any]) -> None:
+        staged: tuple[str, int] | None = None
+        try:
+            staged = self._fetch_verified(manifest)
+        except Exception as e:
+            log.warning("snapshot_checkpoint_fetch_failed", group=self.name, error=str(e))
+        with self._checkpoint_lock:
+            self._checkpoint_fetching = False
+            if staged is None:
+                self.snapshot_install_failures += 1
+                self._checkpoint_retry_at = time.monotonic() + _CHECKPOINT_RETRY_S
+                return
+            old, self._staged_checkpoint = self._staged_checkpoint, staged
+        if old is not None:
+            shutil.rmtree(old[0], ignore_errors=True)
+        log.info("snapshot_checkpoint_ready", group=self.name, state_index=staged[1])
+
+    def _fetch_verified(self, manifest: dict[str, Any]) -> tuple[str, int]:
+        """A checkpoint directory holding this group's state at or past the snapshot, and its
+        applied index (any thread). Raises when no replica could send one."""
+        assert self._fetch_checkpoint is not None
+        path, index = self._fetch_checkpoint(manifest)
+        if index < int(manifest["state_index"]):
+            shutil.rmtree(path, ignore_errors=True)
+            raise ValueError(
+                f"checkpoint at index {index} is behind the snapshot's {manifest['state_index']}"
+            )
+        return path, index
+
+    def _install_blocking(self, manifest: dict[str, Any]) -> None:
+        """Tick thread, on start: this replica's state is behind its own snapshot manifest (its
+        state directory was lost or replaced). Fetch and restore before pysyncobj goes on, or stop:
+        pysyncobj must never continue from a state that does not cover its snapshot."""
+        need = int(manifest["state_index"])
+        deadline = time.monotonic() + _BLOCKING_INSTALL_S
+        while self._fetch_checkpoint is not None and time.monotonic() < deadline:
+            try:
+                path, _index = self._fetch_verified(manifest)
+            except Exception as e:
+                self.snapshot_install_failures += 1
+                log.warning("snapshot_checkpoint_fetch_failed", group=self.name, error=str(e))
+                time.sleep(_CHECKPOINT_RETRY_S)
+                continue
+            if self._restore_staged(path, need):
+                # The fetch blocked this tick thread; without this the replica would start an
+                # election (pysyncobj checks the deadline before reading the heartbeats queued).
+                sync = getattr(self, "_sync", None)
+                if sync is not None:
+                    sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
+                return
+        log.critical(
+            "snapshot_state_behind_stopping",
+            group=self.name,
+            state_index=self._machine.applied_index,
+            need=need,
+        )
+        os._exit(_EXIT_STORAGE_FAILURE)
+
+
+def membership_change(command: bytes) -> tuple[str, str] | None:
+    """``("add" | "rem", raft address)`` when ``command`` is a pysyncobj membership entry."""
+    if command[:1] != _MEMBERSHIP:
+        return None
+    request = _pso_pickle.loads(command[1:])  # ["add" | "rem", node id (= address), node]
+    return str(request[0]), str(request[1])
+
+
+def members_after(
+    base: Iterable[str], entries: Iterable[Entry], after_index: int, upto_index: int | None = None
+) -> list[str]:
+    """The voters once the membership entries of ``entries`` with an index in
+    ``(after_index, upto_index]`` are applied, in log order, to the voters ``base``."""
+    members = set(base)
+    for command, index, _term in entries:
+        if index <= after_index or (upto_index is not None and index > upto_index):
+            continue
+        change = membership_change(command)
+        if change is not None:
+            action, addr = change
+            if action == "add":
+                members.add(addr)
+            elif action == "rem":
+                members.discard(addr)
+    return sorted(members)
+
+
+def _read_manifest(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            manifest: dict[str, Any] = orjson.loads(f.read())
+        return manifest
+    except FileNotFoundError:
+        return None
+    except ValueError:  # written and fsynced before its rename, so never torn; pysyncobj logs it too
+        log.error("snapshot_manifest_unreadable", path=path)
+        return None
+
+
+def _entry_to_json(entry: Entry) -> list[Any]:
+    command, index, term = entry
+    return [base64.b64encode(command).decode(), index, term]
+
+
+def _entry_from_json(raw: list[Any]) -> Entry:
+    return (base64.b64decode(raw[0]), int(raw[1]), int(raw[2]))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
