@@ -36,7 +36,8 @@ from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.openapi.spec import openapi_spec
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
-from raftmq.cluster.node.node import META, Node
+from raftmq.cluster.base.groups import group_sort_key
+from raftmq.cluster.node.node import Node
 
 __all__ = ["create_app", "key_queue"]
 
@@ -80,7 +81,7 @@ class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
                 entry["replicas"].append({"node_id": node_id, **{k: g[k] for k in g if k != "replicas"}})
                 if g["is_leader"] and g["term"] >= entry["term"]:
                     entry["leader"], entry["term"] = node_id, g["term"]
-        ordered = sorted(groups.values(), key=lambda g: (g["group_id"] != META, g["group_id"].zfill(4)))
+        ordered = sorted(groups.values(), key=lambda g: group_sort_key(g["group_id"]))
         for g in ordered:
             g["replicas"].sort(key=lambda r: r["node_id"])
         return json_response({"node_id": self.node.me.id, "nodes": nodes, "groups": ordered})

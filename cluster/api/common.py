@@ -16,9 +16,9 @@ import structlog
 from aiohttp import web
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.validation import ApiError, bad
+from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import error_body
+from raftmq.cluster.base.errors import ApiError, error_body
 from raftmq.storage.records import Message
 
 __all__ = [
@@ -98,10 +98,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def raft_error(code: str, message: str, definite: bool) -> ApiError:
-    known = errors.BY_CODE.get(code, errors.UNKNOWN_OUTCOME)
-    if known.definite and not definite:
-        known = errors.UNKNOWN_OUTCOME
-    return ApiError(known, message)
+    return ApiError(errors.outcome_code(code, definite), message)
 
 
 def body_error(status: int, data: bytes) -> ApiError:

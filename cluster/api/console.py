@@ -12,8 +12,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from raftmq.cluster.api.validation import ApiError
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError
 
 __all__ = ["add_console_routes", "console_files"]
 

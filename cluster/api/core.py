@@ -23,11 +23,11 @@ from aiohttp import web
 
 from raftmq.cluster import commands
 from raftmq.cluster.api.common import FORWARDED, NOT_SENT, body_error, raft_error
-from raftmq.cluster.api.validation import ApiError
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError, ProduceFailed
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
-from raftmq.cluster.node.node import META, Node
-from raftmq.cluster.replication.group_commit import ProduceFailed
+from raftmq.cluster.node.node import Node
 from raftmq.storage.queues import queue_bounds
 
 if TYPE_CHECKING:
@@ -283,7 +283,7 @@ class ApiCore:
             except TimeoutError:
                 raise ApiError(errors.TIMEOUT, f"queue group {name} did not commit in time") from None
             except ProduceFailed as e:
-                raise raft_error(e.code, f"queue group {name}: {e}", e.definite) from None
+                raise ApiError(e.code, f"queue group {name}: {e}") from None
             return {"results": results}
         if action == "drop":
             return await self._propose_checked(name, commands.drop_topic(int(body["topic_id"])))

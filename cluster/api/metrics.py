@@ -16,9 +16,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.machines.views import consumer_queues, queue_metas
-from raftmq.cluster.node.node import META, Node
+from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
 
 __all__ = ["METRICS_KEY", "Metrics", "metrics_handler", "metrics_middleware"]

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ErrorCode
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.cluster_file import Limits
 from raftmq.cluster.machines.metadata import validate_topic_name
 
@@ -35,16 +35,6 @@ MAX_OFFSET = 2**63 - 1
 MAX_QUEUE_NUMBER = 2**31  # largest queue number a fetch path may name (above a topic's: queue_not_found)
 DEFAULT_FETCH_BYTES = 8 * 1024 * 1024
 MAX_FETCH_BYTES = 64 * 1024 * 1024
-
-
-class ApiError(Exception):
-    """A request failed with a catalogued error; ``extra`` goes into the error body."""
-
-    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.extra = extra
 
 
 def bad(message: str) -> ApiError:

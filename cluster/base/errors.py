@@ -8,6 +8,15 @@ Codes are part of the wire API: never rename or reuse one. ``client.errors`` mir
 exception classes. Error bodies always have the shape built by :func:`error_body`::
 
     {"error": {"code": "not_leader", "message": "...", "retriable": true, "definite": true, ...}}
+
+Every exception the server raises with a catalogue code is a :class:`RaftmqError`, carrying the
+code, a message and the extra fields of its error body::
+
+    RaftmqError(code, message, **extra)
+    ├── BadCommand     a command's bytes are not a valid command (commands/, the state machines)
+    ├── Refused        a valid command a state machine must not apply: nothing is written
+    ├── ProduceFailed  a produce entry failed or was rejected (replication/group_commit.py)
+    └── ApiError       a request failed (api/; the error middleware answers with its body)
 """
 
 from __future__ import annotations
@@ -41,8 +50,14 @@ __all__ = [
     "UNAUTHORIZED",
     "UNAVAILABLE",
     "UNKNOWN_OUTCOME",
+    "ApiError",
+    "BadCommand",
     "ErrorCode",
+    "ProduceFailed",
+    "RaftmqError",
+    "Refused",
     "error_body",
+    "outcome_code",
 ]
 
 
@@ -187,3 +202,49 @@ def error_body(code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
     for key, value in extra.items():
         body.setdefault(key, value)
     return {"error": body}
+
+
+def outcome_code(code: str, definite: bool) -> ErrorCode:
+    """The catalogue entry of a Raft outcome's error ``code``: an unknown code, or a definite one
+    whose write may have happened after all (``definite`` False), is ``unknown_outcome``."""
+    known = BY_CODE.get(code, UNKNOWN_OUTCOME)
+    if known.definite and not definite:
+        known = UNKNOWN_OUTCOME
+    return known
+
+
+class RaftmqError(Exception):
+    """The root: an error with a catalogue ``code``, a ``message`` for people and ``extra`` fields
+    for its error body (e.g. ``low_offset``)."""
+
+    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body of this error."""
+        return error_body(self.code, self.message, **self.extra)
+
+
+class BadCommand(RaftmqError):
+    """The command bytes are not a valid command (``invalid_json`` or ``bad_request``); the message
+    names the field (e.g. ``batches[0].messages[3].value_b64``)."""
+
+
+class Refused(RaftmqError):
+    """A valid command that a state machine must not apply now: nothing is written but
+    ``applied_index``, and the result carries the error."""
+
+
+class ProduceFailed(RaftmqError):
+    """A produce did not happen (``code.definite``) or may have happened (``unknown_outcome``)."""
+
+    @property
+    def definite(self) -> bool:
+        return self.code.definite
+
+
+class ApiError(RaftmqError):
+    """A request failed with a catalogued error; ``extra`` goes into the error body."""

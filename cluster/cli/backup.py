@@ -43,12 +43,13 @@ from typing import Any
 
 import click
 
+from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.base.safe_tar import UnsafeArchive, safe_extract
 from raftmq.cluster.config.cluster_file import ClusterConfig, ConfigError, NodeConfig, load_config
 from raftmq.cluster.config.keys import BACKUP_HEADER, NO_REDIRECTS, derive_keys
 from raftmq.cluster.config.tls import TlsError, client_context
 from raftmq.cluster.machines.metadata import MetadataMachine
-from raftmq.cluster.machines.placement import META_GROUP, Placement, static_placement
+from raftmq.cluster.machines.placement import Placement, static_placement
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage.rocks import RocksStore
 
@@ -82,7 +83,7 @@ def backup_cluster(
 ) -> dict[str, Any]:
     """Write a backup of the running cluster to ``out_path`` (atomically: a temporary file is
     renamed into place). Returns the manifest."""
-    names = [str(g) for g in range(config.queue_groups)] + [META_GROUP]
+    names = [str(g) for g in range(config.queue_groups)] + [META]
     out_dir = os.path.dirname(os.path.abspath(out_path))
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -99,7 +100,7 @@ def backup_cluster(
                 source = _fetch_checkpoint(config, open_url, name, tar_path, timeout_s)
                 info = _inspect_checkpoint(tar_path, name, os.path.join(tmp, f"check-{name}"))
                 info |= {"source": source, "sha256": _sha256(tar_path), "bytes": os.path.getsize(tar_path)}
-                if name == META_GROUP:
+                if name == META:
                     manifest["placement"] = info.pop("placement")
                 manifest["groups"][name] = info
                 backup.add(tar_path, arcname=f"groups/{name}.tar")
@@ -220,7 +221,7 @@ def _inspect_checkpoint(tar_path: str, name: str, scratch: str) -> dict[str, Any
         raise BackupError(f"the checkpoint of group {name} is unusable: {e}") from None
     try:
         info: dict[str, Any] = {}
-        if name == META_GROUP:
+        if name == META:
             meta = MetadataMachine(store)
             placement = meta.placement()
             info["placement"] = None if placement is None else placement.to_json()
@@ -292,7 +293,7 @@ def _placement(config: ClusterConfig, manifest: dict[str, Any]) -> Placement:
     raw = manifest.get("placement")
     placement = static_placement(config) if raw is None else Placement.from_json(raw)
     # Group names become paths (<node_dir>/groups/<name>): only the groups the cluster file has.
-    known = {META_GROUP, *(str(g) for g in range(config.queue_groups))}
+    known = {META, *(str(g) for g in range(config.queue_groups))}
     unknown = sorted(set(placement.groups) - known)
     if unknown:
         raise BackupError(f"the backup's placement names groups this cluster does not have: {unknown}")
@@ -337,7 +338,7 @@ def _restore_group(
         shutil.rmtree(scratch, ignore_errors=True)
     state_index = int(expected["state_index"])
     if state_index >= 2:  # index 1 is pysyncobj's first NO_OP: below 2 nothing was ever applied
-        offset = 0 if name == META_GROUP else 1 + int(name)
+        offset = port_offset(name)
         voters = sorted(_raft_addr(placement, nid, offset) for nid in placement.replicas(name))
         _seed_snapshot(
             os.path.join(group_dir, "snapshot"),

@@ -15,6 +15,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from raftmq.cluster.base.groups import group_sort_key
 from raftmq.cluster.cli.admin_http import AdminHttp
 from raftmq.cluster.cli.common import stdout_console
 
@@ -160,7 +161,7 @@ def _placement_changes(before: dict[str, list[str]], after: dict[str, list[str]]
     """What changed between two recordings of the groups' replicas, a line per group: a replica
     moved (``from A to B``), replicas added or removed, or a new preferred leader."""
     lines = []
-    for g in sorted(set(before) | set(after), key=lambda g: (g != "meta", g.zfill(4))):
+    for g in sorted(set(before) | set(after), key=group_sort_key):
         old, new = before.get(g, []), after.get(g, [])
         if old == new:
             continue

@@ -73,6 +73,8 @@ from raftmq.cluster.commands.delivery import (
 )
 from raftmq.cluster.commands.fields import _fields, _uint
 from raftmq.cluster.commands.produce import _commit_offsets, _produce, _retain
+from raftmq.cluster.commands.producers import decode_expire_producers
+from raftmq.cluster.commands.segments import decode_seal_segment
 from raftmq.cluster.commands.shapes import (
     MAX_BACKOFF_LEVELS,
     MAX_DURATION_MS,
@@ -101,8 +103,6 @@ from raftmq.cluster.commands.shapes import (
     SubscribeCommand,
     UnlockCommand,
 )
-from raftmq.cluster.machines.producers import decode_expire_producers
-from raftmq.cluster.machines.segments import decode_seal_segment
 from raftmq.storage.keys import MAX_U32
 
 __all__ = [

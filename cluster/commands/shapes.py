@@ -1,45 +1,39 @@
-"""The shapes of queue-group commands (``cluster/commands/__init__.py``): limits, :class:`BadCommand`,
-and the decoded commands as TypedDicts. Import them from ``cluster.commands``.
+"""The shapes of queue-group commands (``cluster/commands/__init__.py``): the limits (from
+``base/limits.py``), :class:`BadCommand` (from ``base/errors.py``) and the decoded commands as
+TypedDicts. Import them from ``cluster.commands``.
 """
 
 from __future__ import annotations
 
 from typing import Literal, NamedTuple, TypedDict
 
-from raftmq.cluster.base.errors import ErrorCode
-from raftmq.cluster.machines.producers import ExpireProducersCommand
-from raftmq.cluster.machines.segments import SealSegmentCommand
+from raftmq.cluster.base.errors import BadCommand as BadCommand
+from raftmq.cluster.base.limits import (
+    MAX_BACKOFF_LEVELS as MAX_BACKOFF_LEVELS,
+)
+from raftmq.cluster.base.limits import (
+    MAX_DURATION_MS as MAX_DURATION_MS,
+)
+from raftmq.cluster.base.limits import (
+    MAX_NAME_BYTES as MAX_NAME_BYTES,
+)
+from raftmq.cluster.base.limits import (
+    MAX_RECEIPTS as MAX_RECEIPTS,
+)
+from raftmq.cluster.base.limits import (
+    MAX_RECEIVE as MAX_RECEIVE,
+)
+from raftmq.cluster.base.limits import (
+    MAX_TICK_ITEMS as MAX_TICK_ITEMS,
+)
+from raftmq.cluster.base.limits import (
+    MAX_TIME_MS as MAX_TIME_MS,
+)
+from raftmq.cluster.commands.producers import ExpireProducersCommand
+from raftmq.cluster.commands.segments import SealSegmentCommand
 from raftmq.storage.records import NewMessage
 
 VERSION = 1
-
-MAX_NAME_BYTES = 255
-"""Longest ``producer_id``, consumer ``group`` or ``consumer``, in UTF-8 bytes."""
-MAX_TIME_MS = 2**62
-"""Largest point in time (ms since the epoch) a command may carry: sums with durations fit u64."""
-MAX_DURATION_MS = 2**40
-"""Largest duration (ms; about 35 years) a command may carry."""
-MAX_RECEIVE = 10_000
-"""Most messages one ``receive`` or ``redrive`` hands out (per queue for redrive)."""
-MAX_RECEIPTS = 10_000
-"""Most receipts in one ``ack``, ``nack`` or ``extend``."""
-MAX_TICK_ITEMS = 100_000
-"""Largest ``max`` of a ``deliver_tick``."""
-MAX_BACKOFF_LEVELS = 64
-
-
-class BadCommand(Exception):
-    """The command bytes are not a valid command.
-
-    Attributes:
-        code: The catalogue entry (``invalid_json`` or ``bad_request``).
-        message: What is wrong, naming the field (e.g. ``batches[0].messages[3].value_b64``).
-    """
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 class ProduceBatch(TypedDict):

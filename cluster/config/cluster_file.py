@@ -62,9 +62,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from raftmq.cluster.commands import MAX_DURATION_MS
+from raftmq.cluster.base.limits import DEFAULT_BACKOFF_MS, MAX_DURATION_MS
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
-from raftmq.cluster.machines.delivery import DEFAULT_BACKOFF_MS
 
 __all__ = [
     "ClusterConfig",

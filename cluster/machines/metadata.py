@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import structlog
 
+from raftmq.cluster.base.errors import Refused
 from raftmq.cluster.machines import placement as pl
 from raftmq.cluster.machines.placement import Change, Placement
 from raftmq.storage.store import Batch, Store
@@ -242,8 +243,8 @@ class MetadataMachine:
             result, placement, change, ended = pl.apply_op(
                 self._placement, self._change, self._next_change, cmd
             )
-        except pl.Refused as e:
-            return {"error": {"code": e.code, "message": e.message, **e.extra}}
+        except Refused as e:
+            return {"error": {"code": e.code.code, "message": e.message, **e.extra}}
         history, next_change = self._history, self._next_change
         if placement is not None and placement is not self._placement:
             batch.put(_PLACEMENT, orjson.dumps(placement.to_json()))

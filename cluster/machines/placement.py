@@ -36,10 +36,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import Refused
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
 
 __all__ = [
-    "META_GROUP",
     "OPS",
     "Change",
     "NodeAddr",
@@ -50,7 +52,6 @@ __all__ = [
     "static_placement",
 ]
 
-META_GROUP = "meta"
 MAX_HISTORY = 20
 # ONLY ADD TO THE END: op names are part of the metadata group's log.
 OPS = (
@@ -142,20 +143,10 @@ class Change:
         return cls(**fields, new_node=NodeAddr(n["id"], n["http"], n["raft"]) if n else None)
 
 
-class Refused(Exception):
-    """An op that must not apply: ``code`` is an error code of ``cluster/base/errors.py``."""
-
-    def __init__(self, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.extra = extra
-
-
 def static_placement(config: ClusterConfig) -> Placement:
     """The first placement, computed from the cluster file (nodes marked ``join`` left out)."""
     nodes = config.bootstrap_nodes
-    groups = {META_GROUP: tuple(n.id for n in config.metadata_voters)}
+    groups = {META: tuple(n.id for n in config.metadata_voters)}
     for g in range(config.queue_groups):
         groups[str(g)] = tuple(n.id for n in config.group_replicas(g))
     return Placement(1, tuple(NodeAddr(n.id, n.http, n.raft) for n in nodes), groups)
@@ -205,22 +196,22 @@ def apply_op(
         p = _parse_placement(cmd.get("placement"))
         return {"placement": p.to_json(), "created": True}, p, change, None
     if placement is None:
-        raise Refused("unavailable", "the cluster placement is not initialised yet")
+        raise Refused(errors.UNAVAILABLE, "the cluster placement is not initialised yet")
     if op == "begin_change":
         if change is not None:
             raise Refused(
-                "change_in_progress",
+                errors.CHANGE_IN_PROGRESS,
                 f"change {change.id} ({change.kind}) is in progress",
                 change=change.to_json(),
             )
         new = _begin(placement, next_change_id, cmd)
         return {"change": new.to_json()}, placement, new, None
     if change is None or cmd.get("change_id") != change.id:
-        raise Refused("bad_request", f"change {cmd.get('change_id')!r} is not the change in progress")
+        raise Refused(errors.BAD_REQUEST, f"change {cmd.get('change_id')!r} is not the change in progress")
     if op == "end_change":
         outcome = cmd.get("outcome")
         if outcome not in ("done", "failed"):
-            raise Refused("bad_request", "outcome must be 'done' or 'failed'")
+            raise Refused(errors.BAD_REQUEST, "outcome must be 'done' or 'failed'")
         record = {
             **change.to_json(),
             "outcome": outcome,
@@ -234,7 +225,7 @@ def apply_op(
     if op == "change_phase":
         fields: dict[str, Any] = {k: cmd.get(k) for k in ("group", "source", "target") if k in cmd}
         if not all(v is None or isinstance(v, str) for v in fields.values()):
-            raise Refused("bad_request", "group, source and target must be strings or null")
+            raise Refused(errors.BAD_REQUEST, "group, source and target must be strings or null")
         new_change = replace(change, phase=_str(cmd, "phase"), **fields)
         return {"change": new_change.to_json()}, placement, new_change, None
     p = _step(placement, op, cmd)
@@ -253,41 +244,41 @@ def _step(p: Placement, op: Any, cmd: dict[str, Any]) -> Placement:
         if p.node(node_id) is None:
             return p
         if p.groups_on(node_id):
-            raise Refused("bad_request", f"node {node_id} still hosts {', '.join(p.groups_on(node_id))}")
+            raise Refused(errors.BAD_REQUEST, f"node {node_id} still hosts {', '.join(p.groups_on(node_id))}")
         return p._with(nodes=tuple(n for n in p.nodes if n.id != node_id))
     group, node_id = _str(cmd, "group"), _str(cmd, "node")
     if group not in p.groups:
-        raise Refused("bad_request", f"no group {group!r}")
+        raise Refused(errors.BAD_REQUEST, f"no group {group!r}")
     ids = list(p.replicas(group))
     if op == "place_replica":
         if node_id in ids:
             return p
         if p.node(node_id) is None:
-            raise Refused("bad_request", f"no node {node_id!r}")
+            raise Refused(errors.BAD_REQUEST, f"no node {node_id!r}")
         after = cmd.get("after")
         ids.insert(ids.index(after) + 1 if after in ids else len(ids), node_id)
     elif op == "unplace_replica":
         if node_id not in ids:
             return p
         if len(ids) == 1:
-            raise Refused("bad_request", f"{node_id} is the last replica of group {group}")
+            raise Refused(errors.BAD_REQUEST, f"{node_id} is the last replica of group {group}")
         ids.remove(node_id)
     elif op == "prefer_leader":
         if node_id not in ids:
-            raise Refused("bad_request", f"{node_id} hosts no replica of group {group}")
+            raise Refused(errors.BAD_REQUEST, f"{node_id} hosts no replica of group {group}")
         if ids[0] == node_id:
             return p
         ids.remove(node_id)
         ids.insert(0, node_id)
     else:
-        raise Refused("bad_request", f"unknown op {op!r}")
+        raise Refused(errors.BAD_REQUEST, f"unknown op {op!r}")
     return p._with(groups={**p.groups, group: tuple(ids)})
 
 
 def _begin(p: Placement, change_id: int, cmd: dict[str, Any]) -> Change:
     spec = cmd.get("change")
     if not isinstance(spec, dict) or spec.get("kind") not in KINDS:
-        raise Refused("bad_request", f"change must be an object with kind one of {', '.join(KINDS)}")
+        raise Refused(errors.BAD_REQUEST, f"change must be an object with kind one of {', '.join(KINDS)}")
     kind, now_ms = spec["kind"], _uint(cmd, "now_ms")
     if kind == "add_node":
         node = _parse_node(spec.get("node"))
@@ -296,55 +287,57 @@ def _begin(p: Placement, change_id: int, cmd: dict[str, Any]) -> Change:
     if kind == "remove_node":
         node_id = _known_node(p, _str(spec, "node"))
         if len(p.nodes) == 1:
-            raise Refused("bad_request", "the last node of a cluster cannot be removed")
+            raise Refused(errors.BAD_REQUEST, "the last node of a cluster cannot be removed")
         for group in p.groups_on(node_id):
             if pick_target(p, group, {node_id}) is None:
                 raise Refused(
-                    "bad_request", f"no node can take {node_id}'s replica of group {group}; add one first"
+                    errors.BAD_REQUEST,
+                    f"no node can take {node_id}'s replica of group {group}; add one first",
                 )
         return Change(change_id, kind, now_ms, node=node_id)
     if kind == "rebalance":
         return Change(change_id, kind, now_ms)
     group = _str(spec, "group")
     if group not in p.groups:
-        raise Refused("bad_request", f"no group {group!r}")
+        raise Refused(errors.BAD_REQUEST, f"no group {group!r}")
     target = _known_node(p, _str(spec, "target"))
     if kind == "transfer_leader":
         if target not in p.replicas(group):
-            raise Refused("bad_request", f"{target} hosts no replica of group {group}")
+            raise Refused(errors.BAD_REQUEST, f"{target} hosts no replica of group {group}")
         return Change(change_id, kind, now_ms, group=group, target=target)
     source = _known_node(p, _str(spec, "source"))
     if source not in p.replicas(group):
-        raise Refused("bad_request", f"{source} hosts no replica of group {group}")
+        raise Refused(errors.BAD_REQUEST, f"{source} hosts no replica of group {group}")
     if target in p.replicas(group):
-        raise Refused("bad_request", f"{target} already hosts a replica of group {group}")
+        raise Refused(errors.BAD_REQUEST, f"{target} already hosts a replica of group {group}")
     return Change(change_id, kind, now_ms, group=group, source=source, target=target)
 
 
 def _known_node(p: Placement, node_id: str) -> str:
     if p.node(node_id) is None:
-        raise Refused("bad_request", f"no node {node_id!r} in the cluster")
+        raise Refused(errors.BAD_REQUEST, f"no node {node_id!r} in the cluster")
     return node_id
 
 
 def _check_new_node(p: Placement, node: NodeAddr) -> None:
     for n in p.nodes:
         if n.id == node.id:
-            raise Refused("bad_request", f"node {node.id} is already in the cluster")
+            raise Refused(errors.BAD_REQUEST, f"node {node.id} is already in the cluster")
         if n.http == node.http or n.raft == node.raft:
             raise Refused(
-                "bad_request", f"node {n.id} already uses {node.http if n.http == node.http else node.raft}"
+                errors.BAD_REQUEST,
+                f"node {n.id} already uses {node.http if n.http == node.http else node.raft}",
             )
 
 
 def _parse_node(raw: Any) -> NodeAddr:
     if not isinstance(raw, dict) or set(raw) != {"id", "http", "raft"}:
-        raise Refused("bad_request", 'node must be {"id", "http", "raft"}')
+        raise Refused(errors.BAD_REQUEST, 'node must be {"id", "http", "raft"}')
     if not isinstance(raw["id"], str) or not _NODE_ID.match(raw["id"]):
-        raise Refused("bad_request", "node id must be 1-32 characters of A-Z a-z 0-9 _ -")
+        raise Refused(errors.BAD_REQUEST, "node id must be 1-32 characters of A-Z a-z 0-9 _ -")
     for key in ("http", "raft"):
         if not isinstance(raw[key], str) or not _valid_addr(raw[key]):
-            raise Refused("bad_request", f"node {key} must be host:port")
+            raise Refused(errors.BAD_REQUEST, f"node {key} must be host:port")
     return NodeAddr(raw["id"], raw["http"], raw["raft"])
 
 
@@ -352,13 +345,15 @@ def _parse_placement(raw: Any) -> Placement:
     try:
         p = Placement.from_json(raw)
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise Refused("bad_request", "placement must be {version, nodes, groups}") from None
+        raise Refused(errors.BAD_REQUEST, "placement must be {version, nodes, groups}") from None
     ids = [n.id for n in p.nodes]
     if not ids or len(set(ids)) != len(ids):
-        raise Refused("bad_request", "placement nodes must be distinct and not empty")
+        raise Refused(errors.BAD_REQUEST, "placement nodes must be distinct and not empty")
     for group, replicas in p.groups.items():
         if not replicas or len(set(replicas)) != len(replicas) or not set(replicas) <= set(ids):
-            raise Refused("bad_request", f"group {group}: replicas must be distinct nodes of the placement")
+            raise Refused(
+                errors.BAD_REQUEST, f"group {group}: replicas must be distinct nodes of the placement"
+            )
     return p
 
 
@@ -370,14 +365,14 @@ def _valid_addr(addr: str) -> bool:
 def _str(d: dict[str, Any], key: str) -> str:
     v = d.get(key)
     if not isinstance(v, str) or not v:
-        raise Refused("bad_request", f"{key} must be a non-empty string")
+        raise Refused(errors.BAD_REQUEST, f"{key} must be a non-empty string")
     return v
 
 
 def _uint(d: dict[str, Any], key: str) -> int:
     v = d.get(key)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise Refused("bad_request", f"{key} must be a non-negative integer")
+        raise Refused(errors.BAD_REQUEST, f"{key} must be a non-negative integer")
     return v
 
 

@@ -35,86 +35,21 @@ the state alive).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Protocol
 
-import orjson
-
-from raftmq.cluster.base import errors
+from raftmq.cluster.commands.producers import ExpireProducersCommand
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import PRODUCER_IDLE, PRODUCER_SWEEP, ProducerState
 from raftmq.storage.store import Batch, Store
 
-__all__ = [
-    "EXPIRE_MAX",
-    "MAX_EXPIRE_ITEMS",
-    "ExpireProducersCommand",
-    "apply_expire_producers",
-    "decode_expire_producers",
-    "expire_producers",
-    "expiry_due",
-]
-
-MAX_EXPIRE_ITEMS = 100_000
-"""Largest ``max`` of an ``expire_producers`` command."""
-EXPIRE_MAX = 1000
-"""The ``max`` the leader proposes: keys looked at per step (index keys, then swept ``P`` keys)."""
-
-_MAX_TIME_MS = 2**62  # as commands.MAX_TIME_MS / MAX_DURATION_MS (commands imports this module)
-_MAX_DURATION_MS = 2**40
-
-
-class ExpireProducersCommand(TypedDict):
-    v: int
-    op: Literal["expire_producers"]
-    now_ms: int
-    idle_ms: int
-    max: int
+__all__ = ["apply_expire_producers", "expiry_due"]
 
 
 class _Work(Protocol):
-    """What the queue group machine's apply offers (``queue_group._Apply``)."""
+    """What the queue group machine's apply offers (``apply.Apply``)."""
 
     store: Store
     batch: Batch
-
-
-def expire_producers(now_ms: int, idle_ms: int, max_items: int = EXPIRE_MAX) -> bytes:
-    """The ``expire_producers`` command bytes."""
-    return orjson.dumps(
-        {"v": 1, "op": "expire_producers", "now_ms": now_ms, "idle_ms": idle_ms, "max": max_items}
-    )
-
-
-def decode_expire_producers(obj: dict[str, Any]) -> ExpireProducersCommand:
-    """Strictly validate an ``expire_producers`` command (``obj`` is the parsed JSON object).
-
-    Raises:
-        BadCommand: an unknown or invalid field.
-    """
-    unknown = obj.keys() - {"v", "op", "now_ms", "idle_ms", "max"}
-    if unknown:
-        raise _bad(f"command: unknown fields {sorted(unknown)}")
-    return {
-        "v": 1,
-        "op": "expire_producers",
-        "now_ms": _uint(obj, "now_ms", 0, _MAX_TIME_MS),
-        "idle_ms": _uint(obj, "idle_ms", 1, _MAX_DURATION_MS),
-        "max": _uint(obj, "max", 1, MAX_EXPIRE_ITEMS),
-    }
-
-
-def _bad(message: str) -> Exception:
-    from raftmq.cluster.commands import BadCommand  # commands imports this module
-
-    return BadCommand(errors.BAD_REQUEST, message)
-
-
-def _uint(obj: dict[str, Any], name: str, min_value: int, max_value: int) -> int:
-    value = obj.get(name)
-    # type() rather than isinstance(): a JSON true must not pass as 1.
-    if type(value) is not int or not min_value <= value <= max_value:
-        raise _bad(f"{name}: expected an integer in [{min_value}, {max_value}], got {value!r}")
-    return value
 
 
 # -- leader side ---------------------------------------------------------------------------------

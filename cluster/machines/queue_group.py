@@ -47,6 +47,7 @@ import structlog
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import Refused as _Rejected
 from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.commands import (
     BadCommand,
@@ -58,9 +59,9 @@ from raftmq.cluster.commands import (
     RetainCommand,
 )
 from raftmq.cluster.machines import delivery, producers, segments
-from raftmq.cluster.machines.delivery import Refused as _Rejected
+from raftmq.cluster.machines.apply import Apply, group_time
 from raftmq.storage import keys, queues
-from raftmq.storage.keys import APPLIED, GROUP_TIME, GroupTime, ProducerState, QueueMeta
+from raftmq.storage.keys import APPLIED, GroupTime, ProducerState, QueueMeta
 from raftmq.storage.records import decode_header, encode_batch
 from raftmq.storage.store import Batch, Store, StoreError
 
@@ -166,7 +167,7 @@ class QueueGroupMachine:
         # Invariant: applied_index only grows; an entry at or below it is skipped.
         if index <= self._applied_index:
             return {"skipped": True}
-        work = _Apply(self._store, index)
+        work = Apply(self._store, index)
         try:
             before = work.time()
             cmd, stamped = commands.decode_stamped(command, before.last_ms)
@@ -211,7 +212,7 @@ class QueueGroupMachine:
         except Exception:
             _log.exception("on_applied_failed", group_id=self._group_id, index=applied.index)
 
-    def _dispatch(self, work: _Apply, cmd: Command) -> dict[str, Any]:
+    def _dispatch(self, work: Apply, cmd: Command) -> dict[str, Any]:
         if cmd["op"] == "produce":
             return self._produce(work, cmd)
         if cmd["op"] == "commit_offsets":
@@ -222,7 +223,7 @@ class QueueGroupMachine:
             return {"ok": True}
         return self._dispatch_delivery(work, cmd)
 
-    def _dispatch_delivery(self, work: _Apply, cmd: Command) -> dict[str, Any]:
+    def _dispatch_delivery(self, work: Apply, cmd: Command) -> dict[str, Any]:
         op = cmd["op"]
         if cmd["op"] == "subscribe":
             return delivery.subscribe(work, cmd)
@@ -247,7 +248,7 @@ class QueueGroupMachine:
             return producers.apply_expire_producers(work, cmd)
         raise AssertionError(f"op {op} has no handler")  # commands.decode knows no other op
 
-    def _produce(self, work: _Apply, cmd: ProduceCommand) -> dict[str, Any]:
+    def _produce(self, work: Apply, cmd: ProduceCommand) -> dict[str, Any]:
         """Append each batch at its queue's ``high_offset``.
 
         Result: ``{"results": [r, ...]}``, one per batch, ``r`` being ``{"topic_id", "queue",
@@ -331,9 +332,7 @@ class QueueGroupMachine:
             results.append({**result, "delayed": delayed} if delayed else result)
         return {"results": results}
 
-    def _commit_offsets(
-        self, work: _Apply, cmd: CommitOffsetsCommand | CommitFencedCommand
-    ) -> dict[str, Any]:
+    def _commit_offsets(self, work: Apply, cmd: CommitOffsetsCommand | CommitFencedCommand) -> dict[str, Any]:
         """Store the consumer group's offsets. Each must be in ``[0, high_offset]`` of its queue
         (below ``low_offset`` is allowed: a lagging consumer). Receive/ack state of the group is
         kept consistent (``delivery.on_commit``: pending records below the offset are finished; a
@@ -357,7 +356,7 @@ class QueueGroupMachine:
             work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(stored))
         return {"ok": True}
 
-    def _retain(self, work: _Apply, cmd: RetainCommand, before: GroupTime, stamped: int) -> dict[str, Any]:
+    def _retain(self, work: Apply, cmd: RetainCommand, before: GroupTime, stamped: int) -> dict[str, Any]:
         """Remove whole record batches from the low end of each queue while the batch was appended
         before ``clock - max_age_ms`` or the queue holds more than ``max_bytes``; ``clock`` is the
         group's retention clock (:func:`retention_clock`; ``now_ms`` for a command without
@@ -403,7 +402,7 @@ class QueueGroupMachine:
             result.update(clock_jump_ms=jump_ms, retention_clock_ms=clock_ms)
         return result
 
-    def _drop_topic(self, work: _Apply, cmd: DropTopicCommand) -> dict[str, Any]:
+    def _drop_topic(self, work: Apply, cmd: DropTopicCommand) -> dict[str, Any]:
         """Delete every key of the topic and leave a tombstone, so a produce or commit that raced
         the drop is refused (``topic_not_found``) instead of resurrecting the topic. Topic ids are
         never reused. Result: ``{"ok": true}``."""
@@ -420,13 +419,6 @@ def _stale(producer_id: str, sequence: int, state: ProducerState) -> str:
         f"sequence {sequence} of producer {producer_id!r} is older than its newest on this queue "
         f"({newest}) and no longer remembered: nothing was stored (a late retry, or a reused producer_id)"
     )
-
-
-def group_time(store: Store) -> GroupTime:
-    """The group's applied leader time (all zero before the first stamped command). A leader may
-    read it to stamp no lower than what the group applied."""
-    data = store.get(GROUP_TIME)
-    return GroupTime() if data is None else GroupTime.decode(data)
 
 
 def retention_clock(before: GroupTime, stamped_ms: int, max_jump_ms: int) -> tuple[int, int | None]:
@@ -485,90 +477,3 @@ def _retention_point(
             return _RetentionPoint(low, retained, batches, True)
         low, retained, batches = header.end_offset, retained - len(value), batches + 1
     return _RetentionPoint(low, retained, batches, False)
-
-
-class _Apply:
-    """The working state of one apply: the batch being built and an overlay of the queue metas and
-    producer states it changed, so that later batches of the same command see earlier ones.
-
-    Invariant: a stored producer state with ``last_used_ms = t`` has exactly one idle-index key, at
-    ``t`` (``storage/keys.py``); :meth:`finish` moves it when a state's time changes."""
-
-    def __init__(self, store: Store, index: int) -> None:
-        self.store = store
-        self.index = index
-        self.batch = Batch()
-        self.grown: dict[tuple[int, int], int] = {}
-        self.changed: dict[tuple[int, int], None] = {}  # an ordered set
-        self.scheduled = False
-        self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
-        self._metas: dict[tuple[int, int], QueueMeta] = {}
-        self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
-        self._producers: dict[tuple[int, int, str], ProducerState] = {}
-        self._changed_producers: dict[tuple[int, int, str], ProducerState] = {}
-        self._stored_last_used: dict[tuple[int, int, str], int | None] = {}  # as loaded
-        self._dropped: dict[int, bool] = {}
-        self._producers_timed: bool | None = None
-        self._time: GroupTime | None = None
-        self._time_changed = False
-
-    def time(self) -> GroupTime:
-        """The group's applied time, as changed so far in this apply."""
-        if self._time is None:
-            self._time = group_time(self.store)
-        return self._time
-
-    def set_time(self, time: GroupTime) -> None:
-        self._time, self._time_changed = time, True
-
-    def producers_timed(self) -> bool:
-        """Whether producer states record their last use: from the group's first
-        ``expire_producers`` on (it writes the sweep key), so that a group never sent one writes
-        exactly what releases before producer expiry wrote (a rolling upgrade, a rollback)."""
-        if self._producers_timed is None:
-            self._producers_timed = self.store.get(keys.PRODUCER_SWEEP) is not None
-        return self._producers_timed
-
-    def is_dropped(self, topic_id: int) -> bool:
-        if topic_id not in self._dropped:
-            self._dropped[topic_id] = self.store.get(keys.dropped_key(topic_id)) is not None
-        return self._dropped[topic_id]
-
-    def meta(self, topic_id: int, queue: int) -> QueueMeta:
-        key = (topic_id, queue)
-        if key not in self._metas:
-            self._metas[key] = queues.queue_meta(self.store, topic_id, queue) or QueueMeta()
-        return self._metas[key]
-
-    def set_meta(self, topic_id: int, queue: int, meta: QueueMeta) -> None:
-        self._metas[(topic_id, queue)] = self._changed_metas[(topic_id, queue)] = meta
-
-    def producer(self, topic_id: int, queue: int, producer_id: str) -> ProducerState:
-        key = (topic_id, queue, producer_id)
-        if key not in self._producers:
-            data = self.store.get(keys.producer_key(topic_id, queue, producer_id))
-            state = ProducerState() if data is None else ProducerState.decode(data)
-            self._producers[key] = state
-            self._stored_last_used[key] = None if data is None else state.last_used_ms
-        return self._producers[key]
-
-    def set_producer(self, topic_id: int, queue: int, producer_id: str, state: ProducerState) -> None:
-        """Store ``state``; it must have been read with :meth:`producer` in this apply."""
-        key = (topic_id, queue, producer_id)
-        self._producers[key] = self._changed_producers[key] = state
-
-    def finish(self) -> Batch:
-        """The batch with the changed metas and producer states (and their idle-index keys) added,
-        in first-change order."""
-        if self._time_changed and self._time is not None:
-            self.batch.put(GROUP_TIME, self._time.encode())
-        for (topic_id, queue), meta in self._changed_metas.items():
-            self.batch.put(keys.meta_key(topic_id, queue), meta.encode())
-        for key, state in self._changed_producers.items():
-            self.batch.put(keys.producer_key(*key), state.encode())
-            stored, now = self._stored_last_used[key], state.last_used_ms
-            if now is not None and now != stored:
-                if stored is not None:
-                    self.batch.delete(keys.producer_idle_key(stored, *key))
-                self.batch.put(keys.producer_idle_key(now, *key), b"")
-        return self.batch

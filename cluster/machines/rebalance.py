@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from raftmq.cluster.machines.placement import META_GROUP, Placement
+from raftmq.cluster.base.groups import META
+from raftmq.cluster.machines.placement import Placement
 
 __all__ = [
     "LeaderChange",
@@ -111,7 +112,7 @@ def leader_counts(p: Placement) -> dict[str, int]:
     """Queue groups per node of the node list that have it as their preferred leader."""
     count = {n.id: 0 for n in p.nodes}
     for g, ids in p.groups.items():
-        if g != META_GROUP and ids and ids[0] in count:
+        if g != META and ids and ids[0] in count:
             count[ids[0]] += 1
     return count
 
@@ -129,7 +130,7 @@ def next_move(p: Placement, unavailable: frozenset[str] = frozenset()) -> Move |
     if load[source] - load[target] < 2:
         return None
     # Never empty (see the module docstring); checked all the same.
-    candidates = [g for g, ids in p.groups.items() if g != META_GROUP and source in ids and target not in ids]
+    candidates = [g for g, ids in p.groups.items() if g != META and source in ids and target not in ids]
     if not candidates:
         return None
     group = min(candidates, key=lambda g: (p.groups[g][0] == source, _group_key(g)))
@@ -146,7 +147,7 @@ def next_leader_change(p: Placement, unavailable: frozenset[str] = frozenset()) 
         for target in targets:
             if count[source] - count[target] < 2:
                 break
-            led = [g for g, ids in p.groups.items() if g != META_GROUP and ids[0] == source and target in ids]
+            led = [g for g, ids in p.groups.items() if g != META and ids[0] == source and target in ids]
             if led:
                 return LeaderChange(min(led, key=_group_key), source, target)
     return None

@@ -40,11 +40,11 @@ import aiohttp
 import orjson
 import structlog
 
-from raftmq.cluster.api.validation import ApiError
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.placement import Change, Placement, command, pick_target, static_placement
 from raftmq.cluster.machines.rebalance import next_leader_change, next_move
-from raftmq.cluster.node.node import META, port_offset
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.app import Api
@@ -357,7 +357,7 @@ class Coordinator:
         return result
 
     async def _end(self, change: Change, outcome: str, error: str | None = None) -> None:
-        from raftmq.cluster.node.node import now_ms
+        from raftmq.cluster.base.clock import now_ms
 
         await self._propose("end_change", change_id=change.id, now_ms=now_ms(), outcome=outcome, error=error)
         self._attempts.pop(change.id, None)

@@ -38,6 +38,9 @@ import orjson
 import structlog
 
 from raftmq.cluster import commands
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.groups import META, group_sort_key, port_offset
+from raftmq.cluster.commands.producers import expire_producers
 from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
 from raftmq.cluster.config.keys import NO_REDIRECTS, PEER_HEADER, derive_keys
 from raftmq.cluster.config.tls import client_context
@@ -47,7 +50,7 @@ from raftmq.cluster.machines.metadata import MetadataMachine, Topic
 from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
 from raftmq.cluster.machines.placement import Placement, overlay
 from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine
-from raftmq.cluster.machines.segments import Sealer
+from raftmq.cluster.node.sealer import Sealer
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
 from raftmq.storage.queues import applied_index as queues_applied_index
@@ -58,16 +61,11 @@ from raftmq.storage.store import Store
 if TYPE_CHECKING:
     from raftmq.cluster.node.reconcile import Reconciler
 
-__all__ = ["META", "CheckpointBehind", "LocalGroup", "Node", "port_offset"]
+__all__ = ["CheckpointBehind", "LocalGroup", "Node"]
 
 log = structlog.get_logger(__name__)
 
-META = "meta"
 PROBE_MAX_BYTES = 64 * 1024  # an answer read from an address that came from a request
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -80,11 +78,6 @@ class LocalGroup:
     state_store: RocksStore
     journal_store: RocksStore
     committer: GroupCommitter | None = None
-
-
-def port_offset(name: str) -> int:
-    """The Raft port of group ``name`` is the node's ``raft`` port plus this."""
-    return 0 if name == META else 1 + int(name)
 
 
 class Node:
@@ -157,7 +150,7 @@ class Node:
         placed = {META} if any(v.id == self.me.id for v in self.config.metadata_voters) else set()
         placed |= {str(g) for g in self.config.groups_on(self.me.id)}
         on_disk = reconciler.groups_on_disk()
-        for name in sorted(placed | on_disk, key=lambda n: (n != META, n.zfill(4))):
+        for name in sorted(placed | on_disk, key=group_sort_key):
             # With a known placement a replica without data joins a running group; without one,
             # this is the cluster's first start (every replica must campaign).
             await self.start_group(name, joining=placement is not None and name not in on_disk)
@@ -574,7 +567,7 @@ class Node:
         for _ in range(100 if idle_ms else 0):
             if not local.raft.is_leader() or not producers.expiry_due(local.machine.store, now_ms(), idle_ms):
                 break
-            outcome = await self.propose(name, producers.expire_producers(now_ms(), idle_ms))
+            outcome = await self.propose(name, expire_producers(now_ms(), idle_ms))
             result = outcome.result
             if outcome.error or not isinstance(result, dict) or "error" in result:
                 log.warning("expire_producers_not_applied", group=name, error=outcome.error or result)

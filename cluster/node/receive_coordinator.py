@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.validation import ApiError
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.delivery import available
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.node.node import Node, now_ms
+from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.app import Api

@@ -141,7 +141,7 @@ class Reconciler:
         local = node.groups.get(name)
         if local is None or local.raft.is_leader():
             return False
-        from raftmq.cluster.node.node import port_offset
+        from raftmq.cluster.base.groups import port_offset
 
         me = node.me.raft_addr(port_offset(name))
         statuses = await node.refresh_peer_status()

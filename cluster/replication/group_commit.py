@@ -17,18 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftmq.cluster import commands
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ProduceFailed
 from raftmq.cluster.replication.raft import Outcome, RaftGroup
 
 __all__ = ["GroupCommitter", "ProduceFailed"]
-
-
-class ProduceFailed(Exception):
-    """A produce did not (definitely or possibly) happen; ``code`` is an error code."""
-
-    def __init__(self, code: str, message: str, definite: bool = True) -> None:
-        super().__init__(message)
-        self.code = code
-        self.definite = definite
 
 
 @dataclass
@@ -123,12 +116,17 @@ class GroupCommitter:
     @staticmethod
     def _split(requests: list[_Request], outcome: Outcome) -> list[list[dict[str, Any]] | ProduceFailed]:
         if outcome.error is not None:
-            failed = ProduceFailed(outcome.error, f"raft: {outcome.error}", outcome.definite)
+            failed = ProduceFailed(
+                errors.outcome_code(outcome.error, outcome.definite), f"raft: {outcome.error}"
+            )
             return [failed] * len(requests)
         result = outcome.result
         if not isinstance(result, dict) or "results" not in result:
             error = result.get("error", {}) if isinstance(result, dict) else {}
-            failed = ProduceFailed(error.get("code", "internal"), error.get("message", "produce rejected"))
+            failed = ProduceFailed(
+                errors.outcome_code(error.get("code", "internal"), True),
+                error.get("message", "produce rejected"),
+            )
             return [failed] * len(requests)
         results: list[dict[str, Any]] = result["results"]
         out: list[list[dict[str, Any]] | ProduceFailed] = []

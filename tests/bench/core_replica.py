@@ -37,8 +37,9 @@ sys.stdout = sys.stderr
 
 import raftmq.cluster.replication.raft as raft_mod  # noqa: E402
 from raftmq.cluster import commands  # noqa: E402
+from raftmq.cluster.base.errors import ProduceFailed  # noqa: E402
 from raftmq.cluster.machines.queue_group import QueueGroupMachine  # noqa: E402
-from raftmq.cluster.replication.group_commit import GroupCommitter, ProduceFailed  # noqa: E402
+from raftmq.cluster.replication.group_commit import GroupCommitter  # noqa: E402
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings  # noqa: E402
 from raftmq.storage.rocks import RocksStore  # noqa: E402
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raftmq.cluster import commands
-from raftmq.cluster.machines.producers import expire_producers
+from raftmq.cluster.commands.producers import expire_producers
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore

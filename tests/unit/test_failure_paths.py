@@ -99,8 +99,8 @@ def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() ->
     import aiohttp
 
     from raftmq.cluster.api.app import Api
-    from raftmq.cluster.api.validation import ApiError
     from raftmq.cluster.base import errors
+    from raftmq.cluster.base.errors import ApiError
     from raftmq.cluster.config.cluster_file import Limits, RaftTimingConfig
 
     leader = SimpleNamespace(id="n2")

@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from raftmq.cluster import commands
+from raftmq.cluster.commands.producers import expire_producers
 from raftmq.cluster.config.cluster_file import ConfigError, parse_config
-from raftmq.cluster.machines.producers import expire_producers, expiry_due
+from raftmq.cluster.machines.producers import expiry_due
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import keys
 from raftmq.storage.keys import ProducerState

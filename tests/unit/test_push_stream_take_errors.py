@@ -15,8 +15,8 @@ import aiohttp
 from aiohttp import web
 
 from raftmq.cluster.api.handlers.push import CLOSE_FATAL, PushApi, _Stream
-from raftmq.cluster.api.validation import ApiError
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.metadata import Topic
 
 TOPIC = Topic(7, "t", 1, (1,), None, None, None, 0)

@@ -10,8 +10,9 @@ import orjson
 import pytest
 from test_placement import config
 
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import MetadataMachine
-from raftmq.cluster.machines.placement import META_GROUP, NodeAddr, Placement, static_placement
+from raftmq.cluster.machines.placement import NodeAddr, Placement, static_placement
 from raftmq.cluster.machines.rebalance import (
     LeaderChange,
     Move,
@@ -67,7 +68,7 @@ def check_plan_is_sound(before: Placement, unavailable: frozenset[str] = frozens
     result = plan(before, unavailable)
     current = dict(before.groups)
     for move in result.moves:
-        assert move.group != META_GROUP
+        assert move.group != META
         assert move.source in current[move.group] and move.target not in current[move.group], move
         assert unavailable.isdisjoint({move.source, move.target}), move
         current[move.group] = tuple(move.target if i == move.source else i for i in current[move.group])
@@ -96,7 +97,7 @@ def test_a_new_empty_node_gets_its_share_of_replicas(queue_groups: int, share: i
     assert replica_counts(after)["n4"] == share
     assert len(result.moves) == share and all(m.target == "n4" for m in result.moves)
     assert spread(leader_counts(after)) <= 1 and leader_counts(after)["n4"] >= 1
-    assert after.groups[META_GROUP] == before.groups[META_GROUP]  # meta counts but never moves
+    assert after.groups[META] == before.groups[META]  # meta counts but never moves
 
 
 def test_moves_prefer_groups_the_source_does_not_lead() -> None:
@@ -108,7 +109,7 @@ def test_a_balanced_cluster_gets_an_empty_plan() -> None:
     for p in (
         static_placement(config(3, queue_groups=3)),
         static_placement(config(5, queue_groups=10)),
-        placement({META_GROUP: ("a", "b", "c"), "0": ("d", "a", "b"), "1": ("c", "d", "a")}),
+        placement({META: ("a", "b", "c"), "0": ("d", "a", "b"), "1": ("c", "d", "a")}),
     ):
         result = plan(p)
         assert result.empty and result.after == p, result
@@ -125,12 +126,12 @@ def test_a_node_that_already_holds_a_group_cannot_take_it() -> None:
 
 def test_preferred_leaders_are_spread_by_reordering_replicas() -> None:
     groups = {g: ("n1", "n2", "n3") for g in ("0", "1", "2", "3", "4", "5")}
-    p = placement({META_GROUP: ("n1", "n2", "n3"), **groups})
+    p = placement({META: ("n1", "n2", "n3"), **groups})
     result = plan(p)
     assert result.moves == ()  # replicas are even already: only the order changes
     assert result.leader_changes[0] == LeaderChange("0", "n1", "n2")
     assert leader_counts(result.after) == {"n1": 2, "n2": 2, "n3": 2}
-    assert result.after.groups[META_GROUP] == ("n1", "n2", "n3")  # meta's leadership is left alone
+    assert result.after.groups[META] == ("n1", "n2", "n3")  # meta's leadership is left alone
     assert all(sorted(ids) == ["n1", "n2", "n3"] for ids in result.after.groups.values())
 
 
@@ -163,7 +164,7 @@ def test_random_placements_end_balanced_and_valid() -> None:
     for _ in range(300):
         nodes = tuple(f"n{i}" for i in range(rng.randint(1, 7)))
         groups: dict[str, tuple[str, ...]] = {
-            META_GROUP: tuple(rng.sample(nodes, min(len(nodes), rng.randint(1, 5))))
+            META: tuple(rng.sample(nodes, min(len(nodes), rng.randint(1, 5))))
         }
         for g in range(rng.randint(1, 12)):
             groups[str(g)] = tuple(rng.sample(nodes, rng.randint(1, min(3, len(nodes)))))

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from raftmq.cluster.machines.segments import locate
+from raftmq.cluster.node.sealer import locate
 from raftmq.storage.segments import SegmentStore, UnsafePath, checked_rel, empty_batch
 
 BAD = [

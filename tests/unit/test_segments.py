@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raftmq.cluster import commands
+from raftmq.cluster.commands.segments import seal_segment
 from raftmq.cluster.machines import segments
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import keys
@@ -33,7 +34,7 @@ class Harness:
         assert "error" not in r["results"][0], r
 
     def seal(self, *segs: dict[str, Any], prune: list[tuple[int, int]] | None = None) -> dict[str, Any]:
-        return self.apply(segments.seal_segment(5000, list(segs), prune or []))
+        return self.apply(seal_segment(5000, list(segs), prune or []))
 
     def pairs(self) -> list[tuple[bytes, bytes]]:
         return list(self.store.scan(b""))
@@ -135,7 +136,7 @@ def test_malformed_seal_commands_are_errors_that_change_nothing(mutate: Any) -> 
     h = Harness()
     h.produce(1, 0, 10)
     before = [(k, v) for k, v in h.pairs() if k != keys.APPLIED]
-    command = orjson.loads(segments.seal_segment(1, [seg(1, 0, 0, 10)], []))
+    command = orjson.loads(seal_segment(1, [seg(1, 0, 0, 10)], []))
     mutate(command)
     r = h.apply(orjson.dumps(command))
     assert r["error"]["code"] == "bad_request", r
@@ -144,7 +145,7 @@ def test_malformed_seal_commands_are_errors_that_change_nothing(mutate: Any) -> 
 
 def test_seal_segment_keeps_its_op_position_and_decodes_to_the_same_command() -> None:
     assert commands.OPS.index("seal_segment") == 15  # ops are only ever added after it
-    raw = segments.seal_segment(5, [seg(1, 0, 0, 10)], [(1, 0)])
+    raw = seal_segment(5, [seg(1, 0, 0, 10)], [(1, 0)])
     cmd = commands.decode(raw)
     assert cmd["op"] == "seal_segment"
     assert orjson.loads(raw) == {**cmd, "v": 1}

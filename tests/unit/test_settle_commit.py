@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.validation import ApiError
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.memory import MemoryStore

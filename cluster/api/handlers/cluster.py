@@ -32,13 +32,16 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from raftmq.cluster.api.validation import ApiError, bad, parse_json
+from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_matches
 from raftmq.cluster.machines.placement import command
 from raftmq.cluster.machines.rebalance import plan
-from raftmq.cluster.node.node import META, Node, _set_if_pending, now_ms
+from raftmq.cluster.node.node import Node, _set_if_pending
 from raftmq.cluster.replication.raft import Outcome
 
 if TYPE_CHECKING:

@@ -23,8 +23,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from raftmq.cluster.api.validation import ApiError, bad, query_int
+from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.views import consumer_queues
 from raftmq.cluster.node.lag_history import LagHistory, sample_forever
 from raftmq.cluster.node.node import Node

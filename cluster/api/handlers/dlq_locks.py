@@ -21,11 +21,12 @@ from raftmq.cluster import commands
 from raftmq.cluster.api.app import _group_name, json_response
 from raftmq.cluster.api.common import message_item
 from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
-from raftmq.cluster.api.validation import ApiError, bad, query_int
+from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.delivery import dlq_topic_name
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.node.node import now_ms
 from raftmq.cluster.node.receive_coordinator import queues_by_group
 from raftmq.storage.queues import lock_state, read_messages
 from raftmq.storage.store import Store

@@ -23,10 +23,11 @@ from raftmq.cluster.api.handlers.fetch_common import (
     write_parts,
 )
 from raftmq.cluster.api.handlers.segments import wants_arrow
-from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES, ApiError, bad, parse_json
+from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES, bad, parse_json
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.node.node import now_ms
 from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
 from raftmq.storage.records import Message
 

@@ -26,15 +26,9 @@ import structlog
 from aiohttp import web
 
 from raftmq.cluster.api.common import message_item
-from raftmq.cluster.api.validation import (
-    MAX_FETCH_BYTES,
-    MAX_OFFSET,
-    MAX_QUEUE_NUMBER,
-    ApiError,
-    bad,
-    query_int,
-)
+from raftmq.cluster.api.validation import MAX_FETCH_BYTES, MAX_OFFSET, MAX_QUEUE_NUMBER, bad, query_int
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError
 from raftmq.storage.queues import OffsetOutOfRange
 from raftmq.storage.records import Message
 from raftmq.storage.store import Store, StoreClosed

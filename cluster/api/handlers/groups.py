@@ -16,11 +16,14 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL
-from raftmq.cluster.api.validation import ApiError, bad, parse_json
+from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.tokens import CONSUME, TokenGrant
 from raftmq.cluster.machines.membership import GroupMembership
-from raftmq.cluster.node.node import META, Node, now_ms
+from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.app import Api

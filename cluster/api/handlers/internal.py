@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from raftmq.cluster.api.validation import ApiError, bad, parse_json, query_int
+from raftmq.cluster.api.validation import bad, parse_json, query_int
 from raftmq.cluster.base import errors
-from raftmq.cluster.node.node import META, CheckpointBehind, Node
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.groups import META
+from raftmq.cluster.node.node import CheckpointBehind, Node
 from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
 
 if TYPE_CHECKING:

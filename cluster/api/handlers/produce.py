@@ -14,10 +14,10 @@ from aiohttp import web
 
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
-from raftmq.cluster.api.validation import ApiError, parse_json, parse_produce
+from raftmq.cluster.api.validation import parse_json, parse_produce
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import error_body
-from raftmq.cluster.node.node import now_ms
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError, error_body
 
 __all__ = ["ProduceHandlers", "key_queue"]
 

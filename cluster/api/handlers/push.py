@@ -36,10 +36,12 @@ import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.validation import ApiError, bad, query_int
+from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.node.node import Node, now_ms
+from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.app import Api

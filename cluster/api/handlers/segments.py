@@ -31,10 +31,12 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster.api.handlers.fetch_common import fetch_query, long_poll, only_params, queue_number
-from raftmq.cluster.api.validation import MAX_OFFSET, ApiError, bad, query_int
+from raftmq.cluster.api.validation import MAX_OFFSET, bad, query_int
 from raftmq.cluster.base import errors
-from raftmq.cluster.machines.segments import locate, manifest, segment_root
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.machines.segments import manifest
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.sealer import locate, segment_root
 from raftmq.storage.queues import queue_bounds
 
 if TYPE_CHECKING:

@@ -50,11 +50,14 @@ from raftmq.cluster.api.app import FORWARDED, json_response
 from raftmq.cluster.api.common import message_item
 from raftmq.cluster.api.handlers.dlq_locks import DeadLettersAndLocks, check_lock, dlq_list
 from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
-from raftmq.cluster.api.validation import ApiError, bad
+from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.delivery import available, dlq_topic_name
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
-from raftmq.cluster.node.node import META, Node, now_ms
+from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.queues import OffsetOutOfRange, read_messages

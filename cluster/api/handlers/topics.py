@@ -14,9 +14,11 @@ from aiohttp import web
 from raftmq.cluster import commands
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
-from raftmq.cluster.api.validation import ApiError, parse_create_topic, parse_json
+from raftmq.cluster.api.validation import parse_create_topic, parse_json
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.node.node import META, now_ms
 
 __all__ = ["TopicHandlers"]
 

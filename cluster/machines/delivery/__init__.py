@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import error_body
+from raftmq.cluster.base.errors import Refused, error_body
 from raftmq.cluster.machines.delivery.dead_letters import _dead_letter, redrive
 from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
 from raftmq.cluster.machines.delivery.state import (
@@ -43,7 +43,6 @@ from raftmq.cluster.machines.delivery.state import (
     REDRIVE_GROUP_HEADER,
     SCAN_BUDGET,
     WAKE_WITHIN_MS,
-    Refused,
     Subscription,
     _check_topic,
     _deliverable,
@@ -60,7 +59,7 @@ from raftmq.storage.queues import read_delivery_fields, scan_prefix
 
 if TYPE_CHECKING:
     from raftmq.cluster.commands import Receipt, ReceiptsCommand, ReceiveCommand, SubscribeCommand
-    from raftmq.cluster.machines.queue_group import _Apply
+    from raftmq.cluster.machines.apply import Apply
 
 __all__ = [
     "DEFAULT_BACKOFF_MS",
@@ -89,7 +88,7 @@ __all__ = [
 # -- subscribe ----------------------------------------------------------------------------------
 
 
-def subscribe(work: _Apply, cmd: SubscribeCommand) -> dict[str, Any]:
+def subscribe(work: Apply, cmd: SubscribeCommand) -> dict[str, Any]:
     """Store the subscription settings. Without ``overwrite``, an existing subscription keeps its
     ``max_deliveries`` and ``backoff_ms`` (a receive after a restart must not undo a PUT); a null
     ``dlq_topic_id`` keeps the stored one, a given one replaces it (a dead-letter topic created,
@@ -150,7 +149,7 @@ def _due_retries(
     return [(due_ms, queue, offset) for due_ms, _, queue, offset in found[:limit]]
 
 
-def receive(work: _Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
+def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
     """Hand out up to ``max`` messages: due retries first (oldest due first), then new offsets
     from each queue's cursor, in the command's queue order. Each becomes in flight until
     ``now_ms + visibility_ms`` with ``attempt`` + 1 and the receipt token ``index``. Expired
@@ -212,7 +211,7 @@ def receive(work: _Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
 # -- ack, nack, extend --------------------------------------------------------------------------
 
 
-def ack_nack_extend(work: _Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
+def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
     """Apply ``ack`` (finish), ``nack`` (retry after ``delay_ms`` or the backoff; after
     ``max_deliveries`` deliveries: dead letter) or ``extend`` (deadline = ``now_ms +
     visibility_ms``) to each receipt.

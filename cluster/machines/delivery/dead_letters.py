@@ -20,7 +20,7 @@ from raftmq.storage.records import NewMessage
 
 if TYPE_CHECKING:
     from raftmq.cluster.commands import RedriveCommand
-    from raftmq.cluster.machines.queue_group import _Apply
+    from raftmq.cluster.machines.apply import Apply
 
 
 def _dead_letter(
@@ -86,7 +86,7 @@ def expiry_reason(rec: PendingRecord) -> str:
 # -- dead letters back --------------------------------------------------------------------------
 
 
-def redrive(work: _Apply, cmd: RedriveCommand) -> dict[str, Any]:
+def redrive(work: Apply, cmd: RedriveCommand) -> dict[str, Any]:
     """Move dead letters back: up to ``max`` messages per queue from the dead-letter queue's
     redrive offset are appended to the same queue of the source topic as new messages (new
     offsets; the dead-letter headers removed, ``raftmq-redrive-group`` set, so that other consumer

@@ -8,16 +8,17 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from raftmq.cluster.base import errors
-from raftmq.cluster.machines.delivery.state import Refused, _check_topic
+from raftmq.cluster.base.errors import Refused
+from raftmq.cluster.machines.delivery.state import _check_topic
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import LockState
 
 if TYPE_CHECKING:
     from raftmq.cluster.commands import LockCommand, UnlockCommand
-    from raftmq.cluster.machines.queue_group import _Apply
+    from raftmq.cluster.machines.apply import Apply
 
 
-def check_fence(work: _Apply, group: str, topic_id: int, queue_list: Iterable[int], epoch: int) -> None:
+def check_fence(work: Apply, group: str, topic_id: int, queue_list: Iterable[int], epoch: int) -> None:
     """Refuse (``stale_epoch``) unless every queue's lock for ``group`` has ``epoch``. The lease
     need not be live: while nobody else took the lock, its holder's epoch is still the newest."""
     for queue in queue_list:
@@ -34,7 +35,7 @@ def check_fence(work: _Apply, group: str, topic_id: int, queue_list: Iterable[in
 # -- locks (ordered consumption) ----------------------------------------------------------------
 
 
-def lock(work: _Apply, cmd: LockCommand) -> dict[str, Any]:
+def lock(work: Apply, cmd: LockCommand) -> dict[str, Any]:
     """Acquire or renew the exclusive lock of a queue for ``consumer``.
 
     Refused with ``lock_held`` while another consumer's lease is live. The holder renewing keeps
@@ -72,7 +73,7 @@ def lock(work: _Apply, cmd: LockCommand) -> dict[str, Any]:
     }
 
 
-def unlock(work: _Apply, cmd: UnlockCommand) -> dict[str, Any]:
+def unlock(work: Apply, cmd: UnlockCommand) -> dict[str, Any]:
     """Release the lock if ``consumer`` holds it with ``epoch`` (the epoch is kept, so the next
     holder gets a higher one). Result: ``{"released": bool}``."""
     topic_id, queue, group = cmd["topic_id"], cmd["queue"], cmd["group"]

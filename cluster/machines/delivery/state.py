@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ErrorCode
+from raftmq.cluster.base.errors import Refused
+from raftmq.cluster.base.limits import DEFAULT_BACKOFF_MS as DEFAULT_BACKOFF_MS
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord, QueueMeta
 from raftmq.storage.queues import OffsetOutOfRange, read_messages, scan_prefix
@@ -22,14 +23,9 @@ from raftmq.storage.records import Message, NewMessage, encode_batch
 from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
-    from raftmq.cluster.machines.queue_group import _Apply
+    from raftmq.cluster.machines.apply import Apply
 
 DEFAULT_MAX_DELIVERIES = 16
-DEFAULT_BACKOFF_MS: tuple[int, ...] = tuple(
-    s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
-)
-"""RocketMQ's retry levels from 10 s on: attempt ``n`` failed -> due ``DEFAULT_BACKOFF_MS[n - 1]``
-later (the last level repeats)."""
 
 DLQ_HEADER_PREFIX = "raftmq-dlq-"
 """Headers a dead letter gets (``raftmq-dlq-topic``, ``-queue``, ``-offset``, ...); redrive strips them."""
@@ -52,14 +48,6 @@ REDRIVE_MAX_PER_COMMAND = 10_000
 PARK_MS = 1000
 """How long a dead letter without a dead-letter topic waits before it is looked at again: time
 for the leader to have the topic created (``delivery.dead_letters._dead_letter``)."""
-
-
-class Refused(Exception):
-    """A valid command that cannot be applied; nothing is written but ``applied_index``."""
-
-    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.code, self.message, self.extra = code, message, extra
 
 
 def dlq_topic_name(topic: str, group: str) -> str:
@@ -126,7 +114,7 @@ class _Work:
     """An overlay over the store for one delivery op: pending records, subscription cursors and
     floors, locks and appends made earlier in the same command are seen by later steps."""
 
-    def __init__(self, work: _Apply, now_ms: int) -> None:
+    def __init__(self, work: Apply, now_ms: int) -> None:
         self.work = work
         self.store = work.store
         self.batch = work.batch
@@ -382,6 +370,6 @@ def _deliverable_fields(
     return True
 
 
-def _check_topic(work: _Apply, topic_id: int) -> None:
+def _check_topic(work: Apply, topic_id: int) -> None:
     if work.is_dropped(topic_id):
         raise Refused(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped")

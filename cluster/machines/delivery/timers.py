@@ -16,12 +16,12 @@ from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
     from raftmq.cluster.commands import DeliverTickCommand
-    from raftmq.cluster.machines.queue_group import _Apply
+    from raftmq.cluster.machines.apply import Apply
 
 # -- the leader's tick --------------------------------------------------------------------------
 
 
-def deliver_tick(work: _Apply, cmd: DeliverTickCommand) -> dict[str, Any]:
+def deliver_tick(work: Apply, cmd: DeliverTickCommand) -> dict[str, Any]:
     """Release delayed messages due at ``now_ms`` (due order; appended to their queues now, so
     they get their offsets now), then expire in-flight deliveries whose deadline passed: a retry
     after the backoff, or a dead letter after ``max_deliveries``. At most ``max`` of each; ``more``
@@ -75,7 +75,7 @@ def deliver_tick(work: _Apply, cmd: DeliverTickCommand) -> dict[str, Any]:
 
 
 def store_delayed(
-    work: _Apply, now_ms: int, topic_id: int, queue: int, position: int, due_ms: int, message: NewMessage
+    work: Apply, now_ms: int, topic_id: int, queue: int, position: int, due_ms: int, message: NewMessage
 ) -> None:
     """Keep a delayed message in the due-time index until ``deliver_tick`` releases it."""
     key = keys.delayed_key(due_ms, topic_id, queue, work.index, position)
@@ -86,7 +86,7 @@ def store_delayed(
 # -- offsets committed by offset consumers ------------------------------------------------------
 
 
-def on_commit(work: _Apply, group: str, topic_id: int, queue: int, offset: int) -> int:
+def on_commit(work: Apply, group: str, topic_id: int, queue: int, offset: int) -> int:
     """Keep receive/ack state consistent with a committed offset; returns the offset to store
     (called before the commit is written). Only when ``group`` has received from the queue (a
     cursor exists); otherwise ``offset`` is stored as given:

@@ -1,0 +1,106 @@
+"""The working state of one queue-group apply (:class:`Apply`): the batch being built and an overlay
+of what the command changed so far. The queue-group machine (``queue_group.py``) creates one per
+entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read and write through it.
+"""
+
+from __future__ import annotations
+
+from raftmq.storage import keys, queues
+from raftmq.storage.keys import GROUP_TIME, GroupTime, ProducerState, QueueMeta
+from raftmq.storage.store import Batch, Store
+
+__all__ = ["Apply", "group_time"]
+
+
+def group_time(store: Store) -> GroupTime:
+    """The group's applied leader time (all zero before the first stamped command). A leader may
+    read it to stamp no lower than what the group applied."""
+    data = store.get(GROUP_TIME)
+    return GroupTime() if data is None else GroupTime.decode(data)
+
+
+class Apply:
+    """The working state of one apply: the batch being built and an overlay of the queue metas and
+    producer states it changed, so that later batches of the same command see earlier ones.
+
+    Invariant: a stored producer state with ``last_used_ms = t`` has exactly one idle-index key, at
+    ``t`` (``storage/keys.py``); :meth:`finish` moves it when a state's time changes."""
+
+    def __init__(self, store: Store, index: int) -> None:
+        self.store = store
+        self.index = index
+        self.batch = Batch()
+        self.grown: dict[tuple[int, int], int] = {}
+        self.changed: dict[tuple[int, int], None] = {}  # an ordered set
+        self.scheduled = False
+        self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
+        self._metas: dict[tuple[int, int], QueueMeta] = {}
+        self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
+        self._producers: dict[tuple[int, int, str], ProducerState] = {}
+        self._changed_producers: dict[tuple[int, int, str], ProducerState] = {}
+        self._stored_last_used: dict[tuple[int, int, str], int | None] = {}  # as loaded
+        self._dropped: dict[int, bool] = {}
+        self._producers_timed: bool | None = None
+        self._time: GroupTime | None = None
+        self._time_changed = False
+
+    def time(self) -> GroupTime:
+        """The group's applied time, as changed so far in this apply."""
+        if self._time is None:
+            self._time = group_time(self.store)
+        return self._time
+
+    def set_time(self, time: GroupTime) -> None:
+        self._time, self._time_changed = time, True
+
+    def producers_timed(self) -> bool:
+        """Whether producer states record their last use: from the group's first
+        ``expire_producers`` on (it writes the sweep key), so that a group never sent one writes
+        exactly what releases before producer expiry wrote (a rolling upgrade, a rollback)."""
+        if self._producers_timed is None:
+            self._producers_timed = self.store.get(keys.PRODUCER_SWEEP) is not None
+        return self._producers_timed
+
+    def is_dropped(self, topic_id: int) -> bool:
+        if topic_id not in self._dropped:
+            self._dropped[topic_id] = self.store.get(keys.dropped_key(topic_id)) is not None
+        return self._dropped[topic_id]
+
+    def meta(self, topic_id: int, queue: int) -> QueueMeta:
+        key = (topic_id, queue)
+        if key not in self._metas:
+            self._metas[key] = queues.queue_meta(self.store, topic_id, queue) or QueueMeta()
+        return self._metas[key]
+
+    def set_meta(self, topic_id: int, queue: int, meta: QueueMeta) -> None:
+        self._metas[(topic_id, queue)] = self._changed_metas[(topic_id, queue)] = meta
+
+    def producer(self, topic_id: int, queue: int, producer_id: str) -> ProducerState:
+        key = (topic_id, queue, producer_id)
+        if key not in self._producers:
+            data = self.store.get(keys.producer_key(topic_id, queue, producer_id))
+            state = ProducerState() if data is None else ProducerState.decode(data)
+            self._producers[key] = state
+            self._stored_last_used[key] = None if data is None else state.last_used_ms
+        return self._producers[key]
+
+    def set_producer(self, topic_id: int, queue: int, producer_id: str, state: ProducerState) -> None:
+        """Store ``state``; it must have been read with :meth:`producer` in this apply."""
+        key = (topic_id, queue, producer_id)
+        self._producers[key] = self._changed_producers[key] = state
+
+    def finish(self) -> Batch:
+        """The batch with the changed metas and producer states (and their idle-index keys) added,
+        in first-change order."""
+        if self._time_changed and self._time is not None:
+            self.batch.put(GROUP_TIME, self._time.encode())
+        for (topic_id, queue), meta in self._changed_metas.items():
+            self.batch.put(keys.meta_key(topic_id, queue), meta.encode())
+        for key, state in self._changed_producers.items():
+            self.batch.put(keys.producer_key(*key), state.encode())
+            stored, now = self._stored_last_used[key], state.last_used_ms
+            if now is not None and now != stored:
+                if stored is not None:
+                    self.batch.delete(keys.producer_idle_key(stored, *key))
+                self.batch.put(keys.producer_idle_key(now, *key), b"")
+        return self.batch
