@@ -22,14 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-# Importable from here, as before the handlers were split out (handlers.subscriptions, handlers.groups,
-# handlers.dlq_locks and others import them from here).
-from raftmq.cluster.api.common import FORWARDED as FORWARDED
-from raftmq.cluster.api.common import NOT_SENT as NOT_SENT
-from raftmq.cluster.api.common import error_middleware as error_middleware
-from raftmq.cluster.api.common import error_response as error_response
-from raftmq.cluster.api.common import group_name
-from raftmq.cluster.api.common import json_response as json_response
+from raftmq.cluster.api.common import error_middleware, json_response
 from raftmq.cluster.api.handlers.fetch import FetchHandlers
 from raftmq.cluster.api.handlers.produce import ProduceHandlers, key_queue
 from raftmq.cluster.api.handlers.topics import TopicHandlers
@@ -41,7 +34,6 @@ from raftmq.cluster.node.node import Node
 
 __all__ = ["create_app", "key_queue"]
 
-_group_name = group_name  # the consumer group named by a path (api.handlers.groups, api.handlers.dlq_locks)
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
 API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
 
@@ -131,8 +123,8 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/metrics", metrics_handler)
     add_internal_routes(app, node, api)
     add_group_routes(app, node, api)
-    api.delivery = add_subscription_routes(app, node, api)
-    add_push_routes(app, node, api, api.delivery)
+    api.delivery = delivery = add_subscription_routes(app, node, api)
+    add_push_routes(app, node, api, delivery)
     api.segments = add_segment_routes(app, node, api)
     api.changes = add_cluster_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)

@@ -1,6 +1,6 @@
 """What every HTTP handler module shares: JSON answers, the error middleware (every error has the
-stable body ``{"error": {"code", "message", "retriable", "definite", ...}}``), errors of a Raft
-proposal or of a peer's answer, and the consumer-group name of a path.
+stable body ``{"error": {"code", "message", "retriable", "definite", ...}}``) and the consumer-group
+name of a path.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import orjson
 import structlog
 from aiohttp import web
@@ -22,24 +21,16 @@ from raftmq.cluster.base.errors import ApiError, error_body
 from raftmq.storage.records import Message
 
 __all__ = [
-    "FORWARDED",
-    "NOT_SENT",
     "Handler",
-    "body_error",
     "error_middleware",
     "error_response",
     "group_name",
     "json_response",
     "message_item",
-    "raft_error",
 ]
 
 log = structlog.get_logger(__name__)
 
-FORWARDED = "X-Raftmq-Forwarded"
-# Peer-call failures where the request certainly never left this node (no connection was made):
-# definite, so safe to retry at the next leader.
-NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -95,21 +86,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("request_failed", method=request.method, path=request.path)
         return error_response(ApiError(errors.INTERNAL, "internal error; see the node's log"))
-
-
-def raft_error(code: str, message: str, definite: bool) -> ApiError:
-    return ApiError(errors.outcome_code(code, definite), message)
-
-
-def body_error(status: int, data: bytes) -> ApiError:
-    """An ApiError from a peer's error response."""
-    try:
-        e = orjson.loads(data)["error"]
-        code = errors.BY_CODE.get(e["code"], errors.INTERNAL)
-        extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
-        return ApiError(code, e.get("message", ""), **extra)
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return ApiError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
 
 
 def group_name(request: web.Request) -> str:

@@ -47,8 +47,8 @@ from raftmq.cluster.machines.placement import Change, Placement, command, pick_t
 from raftmq.cluster.machines.rebalance import next_leader_change, next_move
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
     from raftmq.cluster.node.node import Node
+    from raftmq.cluster.node.router import LeaderRouter
 
 __all__ = ["Coordinator"]
 
@@ -64,9 +64,9 @@ class StepFailed(Exception):
 
 
 class Coordinator:
-    def __init__(self, node: Node, api: Api) -> None:
+    def __init__(self, node: Node, router: LeaderRouter) -> None:
         self.node = node
-        self.api = api
+        self.router = router
         self._goals: dict[tuple[int, str], int] = {}  # (change id, group) -> commit index to reach
         self._attempts: dict[int, int] = {}
         self._wake = asyncio.Event()
@@ -258,12 +258,12 @@ class Coordinator:
 
     async def _membership(self, g: str, action: str, node_id: str) -> None:
         addr = self._raft_addr(node_id, g)
-        result = await self.api._group_call(g, "membership", {"action": action, "addr": addr})
+        result = await self.router.group_call(g, "membership", {"action": action, "addr": addr})
         log.info("voters_changed", group=g, action=action, node=node_id, members=result.get("members"))
 
     async def _transfer(self, g: str, node_id: str | None) -> None:
         to = None if node_id is None else self._raft_addr(node_id, g)
-        await self.api._group_call(g, "transfer", {"to": to})
+        await self.router.group_call(g, "transfer", {"to": to})
 
     async def _wait_caught_up(self, change_id: int, g: str, target: str) -> bool:
         """Wait (a round) until ``target`` applied what ``g``'s leader had committed when this

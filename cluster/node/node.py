@@ -61,7 +61,7 @@ from raftmq.storage.store import Store
 if TYPE_CHECKING:
     from raftmq.cluster.node.reconcile import Reconciler
 
-__all__ = ["CheckpointBehind", "LocalGroup", "Node"]
+__all__ = ["CheckpointBehind", "LocalGroup", "Node", "set_if_pending"]
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +116,11 @@ class Node:
         self.ssl_context = client_context(config)  # peer calls over HTTPS (None: plain HTTP)
 
     # -- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def peer_session(self) -> aiohttp.ClientSession | None:
+        """The session of calls to known nodes (it carries the peer key); None before ``start``."""
+        return self._session
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -405,7 +410,7 @@ class Node:
         future: asyncio.Future[Outcome] = loop.create_future()
 
         def done(outcome: Outcome) -> None:  # tick thread
-            loop.call_soon_threadsafe(_set_if_pending, future, outcome)
+            loop.call_soon_threadsafe(set_if_pending, future, outcome)
 
         local.raft.submit(command, done)
         timeout_s = timeout_s or self.config.limits.request_timeout_ms / 1000
@@ -435,7 +440,7 @@ class Node:
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:
             for future in self._waiters.pop(key, ()):
-                _set_if_pending(future, None)
+                set_if_pending(future, None)
 
     async def wait_for_messages(self, topic_id: int, queue: int, timeout_s: float) -> None:
         """Return when the queue grows on this replica, or after ``timeout_s``."""
@@ -812,6 +817,6 @@ def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
     safe_extract(tar, dest)
 
 
-def _set_if_pending(future: asyncio.Future[Any], value: Any) -> None:
+def set_if_pending(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)

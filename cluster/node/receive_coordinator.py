@@ -29,7 +29,7 @@ from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.node.router import LeaderRouter
 
 __all__ = ["ReceiveCoordinator", "Waiter", "queues_by_group"]
 
@@ -78,9 +78,9 @@ class ReceiveCoordinator:
     """The lines of waiting receivers this node coordinates; one instance per node
     (``SubscriptionsApi.coordinator``)."""
 
-    def __init__(self, node: Node, api: Api, settle: Settle) -> None:
+    def __init__(self, node: Node, router: LeaderRouter, settle: Settle) -> None:
         self.node = node
-        self.api = api
+        self.router = router
         self._settle = settle
         self._targets: dict[tuple[int, str, int | None, int | None], _Target] = {}
 
@@ -105,8 +105,8 @@ class ReceiveCoordinator:
     async def new_leader_known(self, name: str) -> None:
         """Until this node leads group ``name`` again or knows another leader (a leadership transfer
         takes a moment to be seen), at most ``leader_wait_s``."""
-        deadline = time.monotonic() + self.api.leader_wait_s
-        while time.monotonic() < deadline and not self.api._leads(name):
+        deadline = time.monotonic() + self.router.leader_wait_s
+        while time.monotonic() < deadline and not self.router.leads(name):
             leader = self.node.leader_of(name)
             if leader is not None and leader.id != self.node.me.id:
                 return
@@ -120,7 +120,7 @@ class ReceiveCoordinator:
                 if not target.waiters:
                     self._targets.pop(key, None)
                     return
-                if not self.api._leads(target.coordinator):
+                if not self.router.leads(target.coordinator):
                     # Leadership moved: the new leader coordinates, and the waiters move there
                     # (serving them here too would break the line).
                     self._targets.pop(key, None)
@@ -203,7 +203,7 @@ class ReceiveCoordinator:
                 "max_age_ms": target.topic.retention_ms,
             }
             try:
-                got += (await self.api._group_call(g, "receive", body))["messages"]
+                got += (await self.router.group_call(g, "receive", body))["messages"]
             except ApiError as e:
                 if not e.code.retriable:
                     raise
@@ -231,7 +231,7 @@ class ReceiveCoordinator:
 
     async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> None:
         name = str(g)
-        if self.api._leads(name):
+        if self.router.leads(name):
             await self.await_available(name, target.topic.id, target.group, queues, target.epoch, timeout)
             return
         body = {
@@ -242,7 +242,7 @@ class ReceiveCoordinator:
             "wait_ms": int(min(timeout, MAX_REMOTE_AWAIT_S) * 1000),
         }
         try:
-            await self.api._group_call(g, "await", body)
+            await self.router.group_call(g, "await", body)
         except ApiError:
             await asyncio.sleep(0.2)  # the group is electing; try again a little later
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from raftmq.cluster.base.groups import port_offset
 from raftmq.cluster.config.keys import PEER_HEADER
 
 from .cluster_changes import QUEUES, TOPIC, Traffic, placement, run_change
@@ -112,7 +113,7 @@ def members(c: Cluster, group: str) -> set[str]:
     """The node ids of group's voters, as its leader reports them."""
     leader = leader_of(c, group)
     addrs = set(c.status(leader)["groups"][group]["members"])
-    offset = 0 if group == "meta" else 1 + int(group)
+    offset = port_offset(group)
     return {n.id for n in c.nodes.values() if f"127.0.0.1:{n.raft_base + offset}" in addrs}
 
 

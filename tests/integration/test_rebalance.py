@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from raftmq.cluster.base.groups import port_offset
+
 from .cluster_changes import QUEUES, TOPIC, Traffic, placement, run_change, wait_for_end
 from .conftest import assert_error
 from .harness import Cluster, wait_until
@@ -54,7 +56,7 @@ def voters(c: Cluster, group: str) -> set[str]:
     """The node ids of ``group``'s voters, as its leader reports them."""
     leader = c.wait_leader(group, timeout_s=30)
     addrs = set(c.status(leader)["groups"][group]["members"])
-    offset = 0 if group == "meta" else 1 + int(group)
+    offset = port_offset(group)
     return {n.id for n in c.nodes.values() if f"127.0.0.1:{n.raft_base + offset}" in addrs}
 
 

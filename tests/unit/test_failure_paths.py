@@ -92,16 +92,16 @@ def test_checkpoint_extraction_refuses_escaping_paths_and_links(
 
 def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() -> None:
     """A connect timeout (a cut-off leader) sent nothing: it must be `unavailable` (definite), so
-    `_group_call` retries at the next leader, not `unknown_outcome`."""
+    `group_call` retries at the next leader, not `unknown_outcome`."""
     import asyncio
     from types import SimpleNamespace
 
     import aiohttp
 
-    from raftmq.cluster.api.app import Api
     from raftmq.cluster.base import errors
     from raftmq.cluster.base.errors import ApiError
     from raftmq.cluster.config.cluster_file import Limits, RaftTimingConfig
+    from raftmq.cluster.node.router import LeaderRouter
 
     leader = SimpleNamespace(id="n2")
 
@@ -115,7 +115,7 @@ def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() ->
         leader_of=lambda name: leader,
         peer_request=peer_request,
     )
-    api = Api(fake_node)  # type: ignore[arg-type]
+    router = LeaderRouter(fake_node)  # type: ignore[arg-type]
     with pytest.raises(ApiError) as e:
-        asyncio.run(api._group_call_once("0", "produce", {"batches": []}, None))
+        asyncio.run(router._group_call_once("0", "produce", {"batches": []}, None))
     assert e.value.code is errors.UNAVAILABLE and e.value.code.definite

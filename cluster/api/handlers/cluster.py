@@ -41,11 +41,11 @@ from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_matches
 from raftmq.cluster.machines.placement import command
 from raftmq.cluster.machines.rebalance import plan
-from raftmq.cluster.node.node import Node, _set_if_pending
+from raftmq.cluster.node.node import Node, set_if_pending
 from raftmq.cluster.replication.raft import Outcome
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.core import ApiCore
     from raftmq.cluster.node.changes import Coordinator
 
 __all__ = ["ClusterApi", "add_cluster_routes"]
@@ -58,7 +58,7 @@ class ClusterApi:
 
     actions = ("membership", "transfer")
 
-    def __init__(self, node: Node, api: Api) -> None:
+    def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
         self.api = api
         self.coordinator: Coordinator | None = None
@@ -66,10 +66,10 @@ class ClusterApi:
     # -- public -----------------------------------------------------------------------------------
 
     async def placement(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
-        if not self.api._leads(META):
-            return await self.api._forward(request, META)
+        if not self.api.router.leads(META):
+            return await self.api.router.forward(request, META)
         machine = self.node.metadata
         assert machine is not None
         placement, change = machine.placement(), machine.change()
@@ -83,20 +83,20 @@ class ClusterApi:
 
     async def add_node(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"id", "http", "raft"}, {"id", "http", "raft"})
-        if not self.api._leads(META):
-            return await self.api._forward(request, META, orjson.dumps(body))
+        if not self.api.router.leads(META):
+            return await self.api.router.forward(request, META, orjson.dumps(body))
         await self._check_answers(body)
         return await self._begin({"kind": "add_node", "node": body})
 
     async def remove_node(self, request: web.Request) -> web.Response:
-        if not self.api._leads(META):
-            return await self.api._forward(request, META)
+        if not self.api.router.leads(META):
+            return await self.api.router.forward(request, META)
         return await self._begin({"kind": "remove_node", "node": request.match_info["node"]})
 
     async def move(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"from", "to"}, {"from", "to"})
-        if not self.api._leads(META):
-            return await self.api._forward(request, META, orjson.dumps(body))
+        if not self.api.router.leads(META):
+            return await self.api.router.forward(request, META, orjson.dumps(body))
         group = request.match_info["group"]
         return await self._begin(
             {"kind": "move", "group": group, "source": body["from"], "target": body["to"]}
@@ -104,15 +104,15 @@ class ClusterApi:
 
     async def leader(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"node"}, {"node"})
-        if not self.api._leads(META):
-            return await self.api._forward(request, META, orjson.dumps(body))
+        if not self.api.router.leads(META):
+            return await self.api.router.forward(request, META, orjson.dumps(body))
         group = request.match_info["group"]
         return await self._begin({"kind": "transfer_leader", "group": group, "target": body["node"]})
 
     async def rebalance(self, request: web.Request) -> web.Response:
         """Even out replicas and preferred leaders (``cluster/machines/rebalance.py``). The answer carries
         the plan as of now; a balanced cluster gets a change that ends at once as done."""
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         raw = await request.read()
         body = parse_json(raw) if raw else {}
@@ -122,8 +122,8 @@ class ClusterApi:
             or not isinstance(body.get("dry_run", False), bool)
         ):
             raise bad('body must be empty or {"dry_run": true | false}')
-        if not self.api._leads(META):
-            return await self.api._forward(request, META, raw or None)
+        if not self.api.router.leads(META):
+            return await self.api.router.forward(request, META, raw or None)
         machine = self.node.metadata
         placement = None if machine is None else machine.placement()
         if placement is None:
@@ -137,15 +137,15 @@ class ClusterApi:
         return await self._begin({"kind": "rebalance"}, plan=steps)
 
     async def cancel(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
-        if not self.api._leads(META):
-            return await self.api._forward(request, META)
+        if not self.api.router.leads(META):
+            return await self.api.router.forward(request, META)
         machine = self.node.metadata
         change = None if machine is None else machine.change()
         if change is None:
             raise bad("no cluster change is in progress")
-        result = await self.api._propose_checked(
+        result = await self.api.router.propose_checked(
             META, orjson.dumps(command("cancel_change", change_id=change.id))
         )
         if self.coordinator is not None:
@@ -163,9 +163,9 @@ class ClusterApi:
 
     async def _begin(self, change: dict[str, Any], **extra: Any) -> web.Response:
         """Record ``change`` and answer 202 ``{"change": ..., **extra}``."""
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
-        result = await self.api._propose_checked(
+        result = await self.api.router.propose_checked(
             META, orjson.dumps(command("begin_change", now_ms=now_ms(), change=change))
         )
         if self.coordinator is not None:
@@ -206,7 +206,7 @@ class ClusterApi:
         """``POST /internal/proof {"nonce"}``, open (the prober sends no credential): this node's id
         and addresses and its proof over the nonce. It reveals nothing a request could not already
         learn, and the proof is bound to this node's own addresses."""
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         body = parse_json(await request.read())
         nonce = body.get("nonce") if isinstance(body, dict) else None
@@ -240,7 +240,7 @@ class ClusterApi:
         future: asyncio.Future[Outcome] = loop.create_future()
 
         def done(outcome: Outcome) -> None:  # tick thread
-            loop.call_soon_threadsafe(_set_if_pending, future, outcome)
+            loop.call_soon_threadsafe(set_if_pending, future, outcome)
 
         local.raft.change_membership(what, addr, done)
         try:
@@ -256,7 +256,7 @@ class ClusterApi:
         return result
 
     async def internal_placement(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         machine = self.node.metadata
         placement = None if machine is None else machine.placement()
@@ -269,7 +269,7 @@ class ClusterApi:
         )
 
 
-def add_cluster_routes(app: web.Application, node: Node, api: Api) -> ClusterApi:
+def add_cluster_routes(app: web.Application, node: Node, api: ApiCore) -> ClusterApi:
     cluster = ClusterApi(node, api)
     r = app.router
     r.add_get("/v1/cluster/placement", cluster.placement)
@@ -285,7 +285,7 @@ def add_cluster_routes(app: web.Application, node: Node, api: Api) -> ClusterApi
     async def start_coordinator(app: web.Application) -> None:
         from raftmq.cluster.node.changes import Coordinator
 
-        cluster.coordinator = coordinator = Coordinator(node, api)
+        cluster.coordinator = coordinator = Coordinator(node, api.router)
         task = asyncio.create_task(coordinator.run_forever())
 
         async def stop(app: web.Application) -> None:

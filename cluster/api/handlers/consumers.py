@@ -32,7 +32,7 @@ from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.core import ApiCore
 
 __all__ = ["add_consumer_routes"]
 
@@ -40,13 +40,13 @@ _FIGURES = ("lag", "in_flight", "retrying", "dead_letters")
 
 
 class _ConsumersApi:
-    def __init__(self, node: Node, api: Api) -> None:
+    def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
         self.api = api
         self.history = LagHistory(node.config.limits.lag_sample_ms)
 
     async def topic_groups(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         if request.query:
             raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
@@ -57,7 +57,7 @@ class _ConsumersApi:
         )
 
     async def lag_history(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         if request.query:
             raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
@@ -137,7 +137,7 @@ class _ConsumersApi:
         return rows
 
     async def internal_consumers(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         if not self.node.keys.authorizes(request.headers):
             raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
@@ -161,7 +161,7 @@ async def _local_rows(store: Any, topic_id: int) -> list[dict[str, Any]] | None:
     return [asdict(r) for r in rows]
 
 
-def add_consumer_routes(app: web.Application, node: Node, api: Api) -> None:
+def add_consumer_routes(app: web.Application, node: Node, api: ApiCore) -> None:
     handlers = _ConsumersApi(node, api)
     app.router.add_get("/v1/topics/{topic}/groups", handlers.topic_groups)
     app.router.add_get("/v1/topics/{topic}/groups/lag", handlers.lag_history)

@@ -13,13 +13,12 @@ group's leader: :func:`dlq_list`, :func:`check_lock`.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.app import _group_name, json_response
-from raftmq.cluster.api.common import message_item
+from raftmq.cluster.api.common import group_name, json_response, message_item
 from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
@@ -32,19 +31,32 @@ from raftmq.storage.queues import lock_state, read_messages
 from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
+    from raftmq.cluster.api.core import ApiCore
 
-__all__ = ["DeadLettersAndLocks", "check_lock", "dlq_list"]
+__all__ = ["DeadLettersAndLocks", "SubscriptionsView", "check_lock", "dlq_list"]
 
 DEFAULT_REDRIVE = 1000
 MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
 
 
+class SubscriptionsView(Protocol):
+    """What these handlers use of ``SubscriptionsApi`` (``handlers/subscriptions.py``)."""
+
+    @property
+    def api(self) -> ApiCore: ...
+
+    @property
+    def limits(self) -> Any: ...
+
+    def consumer_group(self, request: web.Request, topic: Topic | None = None) -> str: ...
+
+
 class DeadLettersAndLocks:
     """The dead-letter and queue-lock handlers; one instance per node, next to its
-    ``SubscriptionsApi`` (whose topic lookups, consumer-group check and limits they share)."""
+    ``SubscriptionsApi`` (seen as a :class:`SubscriptionsView`), whose topic lookups, consumer-group
+    check and limits they share."""
 
-    def __init__(self, subs: SubscriptionsApi) -> None:
+    def __init__(self, subs: SubscriptionsView) -> None:
         self.subs = subs
         self.api = subs.api
 
@@ -53,7 +65,7 @@ class DeadLettersAndLocks:
         return self.subs.limits
 
     def _group(self, request: web.Request, topic: Topic | None = None) -> str:
-        return self.subs._group(request, topic)
+        return self.subs.consumer_group(request, topic)
 
     def _queue(self, request: web.Request, topic: Topic) -> int:
         q = query_int({"queue": request.match_info["queue"]}, "queue", None, 0, 2**31)
@@ -94,7 +106,9 @@ class DeadLettersAndLocks:
             return json_response(out)
         parts = await asyncio.gather(
             *(
-                self.api._group_call(g, "dlq_list", {"topic_id": dlq.id, "queues": qs, "max": max_messages})
+                self.api.router.group_call(
+                    g, "dlq_list", {"topic_id": dlq.id, "queues": qs, "max": max_messages}
+                )
                 for g, qs in queues_by_group(dlq, queues).items()
             )
         )
@@ -134,7 +148,7 @@ class DeadLettersAndLocks:
             return json_response(out)
         parts = await asyncio.gather(
             *(
-                self.api._group_call(
+                self.api.router.group_call(
                     g,
                     "redrive",
                     {
@@ -159,7 +173,7 @@ class DeadLettersAndLocks:
 
     async def lock(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
-        group = _group_name(request)
+        group = group_name(request)
         queue = self._queue(request, topic)
         body = json_object(await request.read(), {"consumer", "lease_ms"})
         consumer = body.get("consumer")
@@ -170,7 +184,7 @@ class DeadLettersAndLocks:
             raise bad(f"'consumer' must be a string of 1 to {MAX_CONSUMER_BYTES} UTF-8 bytes")
         _utf8(consumer, "consumer")
         lease_ms = int_field(body, "lease_ms", None, 1, self.limits.max_visibility_ms)
-        result = await self.api._group_call(
+        result = await self.api.router.group_call(
             topic.queue_groups[queue],
             "lock",
             {
@@ -185,7 +199,7 @@ class DeadLettersAndLocks:
 
     async def unlock(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
-        group = _group_name(request)
+        group = group_name(request)
         queue = self._queue(request, topic)
         query = request.query
         unknown = set(query) - {"consumer", "epoch"}
@@ -195,7 +209,7 @@ class DeadLettersAndLocks:
         if not 1 <= len(_utf8(consumer, "consumer")) <= MAX_CONSUMER_BYTES:
             raise bad(f"query parameter 'consumer' must be 1 to {MAX_CONSUMER_BYTES} UTF-8 bytes")
         epoch = query_int(query, "epoch", None, 0, 2**63 - 1)
-        result = await self.api._group_call(
+        result = await self.api.router.group_call(
             topic.queue_groups[queue],
             "unlock",
             {"group": group, "topic_id": topic.id, "queue": queue, "consumer": consumer, "epoch": epoch},

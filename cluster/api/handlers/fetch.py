@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.common import body_error, group_name, json_response
+from raftmq.cluster.api.common import group_name, json_response
 from raftmq.cluster.api.core import ApiCore
 from raftmq.cluster.api.handlers.fetch_common import (
     encode_fetch,
@@ -28,6 +28,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.router import body_error
 from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
 from raftmq.storage.records import Message
 
@@ -48,7 +49,7 @@ class FetchHandlers(ApiCore):
             default_bytes=DEFAULT_FETCH_BYTES,
         )
         if f.store is None:
-            return await self._forward(request, str(f.group))
+            return await self.router.forward(request, str(f.group))
         store, topic, q, offset = f.store, f.topic, f.queue, f.offset
         steps: Iterator[list[Message]] = iter(())
 
@@ -104,9 +105,9 @@ class FetchHandlers(ApiCore):
         for g, offs in by_group.items():
             commit = {"group": group, "topic_id": topic.id, "offsets": offs}
             if epoch is None:
-                await self._group_call(g, "commit", commit)
+                await self.router.group_call(g, "commit", commit)
             else:
-                await self._group_call(g, "commit_fenced", {**commit, "epoch": epoch})
+                await self.router.group_call(g, "commit_fenced", {**commit, "epoch": epoch})
         return json_response({"ok": True})
 
     async def _check_offsets(self, topic: Topic, offsets: dict[int, int]) -> None:
@@ -135,13 +136,13 @@ class FetchHandlers(ApiCore):
         for g in sorted(set(topic.queue_groups)):
             name = str(g)
             queues = [q for q, qg in enumerate(topic.queue_groups) if qg == g]
-            if self._leads(name):
-                await self._propose_checked(name, commands.noop())  # linearizable: barrier first
+            if self.router.leads(name):
+                await self.router.propose_checked(name, commands.noop())  # linearizable: barrier first
                 store = self.node.groups[name].machine.store
                 for q in queues:
                     result[str(q)] = committed_offset(store, group, topic.id, q)
             else:
-                leader = await self._wait_leader(name, 3.0)
+                leader = await self.router.wait_leader(name, 3.0)
                 query = urllib.parse.urlencode({"group": group, "topic_id": topic.id})
                 status, data, _ = await self.node.peer_request(
                     "GET", leader, f"/internal/groups/{name}/offsets?{query}"

@@ -113,7 +113,7 @@ async def fetch_query(
         if local is None:
             raise bad(f"node {api.node.me.id} hosts no replica of queue group {g}; read_from=local needs one")
         store = local.machine.store
-    elif api._leads(str(g)):
+    elif api.router.leads(str(g)):
         assert local is not None
         store = local.machine.store
     return FetchQuery(topic, q, g, offset, max_messages, wait_ms, max_bytes, store)

@@ -26,7 +26,7 @@ from raftmq.cluster.machines.membership import GroupMembership
 from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.core import ApiCore
 
 __all__ = ["add_group_routes"]
 
@@ -59,8 +59,8 @@ def _forwarded_grant(node: Node, body: bytes) -> TokenGrant | None:
     raise ApiError(errors.FORBIDDEN, f"no token {name!r} in this node's cluster file")
 
 
-def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
-    from raftmq.cluster.api.app import _group_name, json_response
+def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
+    from raftmq.cluster.api.common import group_name, json_response
 
     membership = GroupMembership()
 
@@ -68,7 +68,7 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
         return node.groups[META].raft.status().term
 
     async def join(request: web.Request) -> web.Response:
-        group = _group_name(request)
+        group = group_name(request)
         body_bytes = await request.read()
         body: Any = parse_json(body_bytes)
         if not isinstance(body, dict) or set(body) - {"member_id", "topics", "generation"}:
@@ -89,8 +89,8 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
             or not all(isinstance(t, str) for t in topics)
         ):
             raise bad(f"'topics' must be a list of 1 to {MAX_SUBSCRIBED_TOPICS} topic names")
-        if not api._leads(META):
-            return await api._forward(request, META, body_bytes)
+        if not api.router.leads(META):
+            return await api.router.forward(request, META, body_bytes)
         counts = {}
         for name in topics:
             counts[name] = (await api.topic(name)).queues
@@ -103,13 +103,13 @@ def add_group_routes(app: web.Application, node: Node, api: Api) -> None:
         consumes. Only the coordinator knows those, so the entry node forwards the token's name
         (a forwarded request carries the peer key, so the name is trusted there) and the
         coordinator checks it against the same token table (the cluster file)."""
-        group = _group_name(request)
+        group = group_name(request)
         member_id = request.match_info["member_id"]
         _check_member_id(member_id)
         grant = request.get(PRINCIPAL)  # None: no tokens, or a request a peer forwarded
-        if not api._leads(META):
+        if not api.router.leads(META):
             on_behalf = None if grant is None else orjson.dumps({"token": grant.name})
-            return await api._forward(request, META, on_behalf)
+            return await api.router.forward(request, META, on_behalf)
         if grant is None and node.config.security.enabled:
             grant = _forwarded_grant(node, await request.read())
         membership.set_term(coordinator_term())

@@ -22,13 +22,13 @@ from raftmq.cluster.node.node import CheckpointBehind, Node
 from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.core import ApiCore
 
 __all__ = ["add_internal_routes"]
 
 
-def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
-    from raftmq.cluster.api.app import json_response
+def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
+    from raftmq.cluster.api.common import json_response
 
     def authorize(request: web.Request, *, backup: bool = False) -> None:
         """The peer key, or (``backup``: a route of ``raftmq backup``) the backup key."""
@@ -56,9 +56,9 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
     async def topic(request: web.Request) -> web.Response:
         authorize(request)
         name = request.match_info["topic"]
-        if not api._leads(META):
+        if not api.router.leads(META):
             raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead the metadata group")
-        t = await api._topic_linearizable(name)
+        t = await api.topic_linearizable(name)
         if t is None:
             raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         return json_response(t.to_json())
@@ -133,7 +133,7 @@ def add_internal_routes(app: web.Application, node: Node, api: Api) -> None:
         authorize(request)
         local_group(request)
         name = request.match_info["group"]
-        if not api._leads(name):
+        if not api.router.leads(name):
             raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead group {name}")
         outcome = await node.propose(name, await request.read())
         return json_response({"error": outcome.error, "definite": outcome.definite, "result": outcome.result})

@@ -118,6 +118,6 @@ class ProduceHandlers(ApiCore):
     ) -> list[dict[str, Any]]:
         # Through _group_call even when this node leads: a leadership change in the middle is then
         # retried at the new leader like any other definite failure.
-        result = await self._group_call(g, "produce", {"batches": batches}, size_hint=size)
+        result = await self.router.group_call(g, "produce", {"batches": batches}, size_hint=size)
         results: list[dict[str, Any]] = result["results"]
         return results

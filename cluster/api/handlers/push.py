@@ -44,7 +44,7 @@ from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.core import ApiCore
     from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 
 __all__ = ["PushApi", "add_push_routes"]
@@ -100,7 +100,7 @@ def _int(frame: dict[str, Any], name: str, lo: int, hi: int) -> int:
 class PushApi:
     """The stream handler; one instance per node. Streams open on this node are in ``streams``."""
 
-    def __init__(self, node: Node, api: Api, delivery: SubscriptionsApi) -> None:
+    def __init__(self, node: Node, api: ApiCore, delivery: SubscriptionsApi) -> None:
         self.node = node
         self.api = api
         self.delivery = delivery
@@ -113,7 +113,7 @@ class PushApi:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         limits = self.node.config.limits
         topic = await self.api.topic(request.match_info["topic"])
-        group = self.delivery._group(request, topic)
+        group = self.delivery.consumer_group(request, topic)
         query = request.query
         unknown = set(query) - {"visibility_ms", "heartbeat_ms"}
         if unknown:
@@ -153,9 +153,9 @@ class PushApi:
             "visibility_ms": visibility_ms,
             "wait_ms": PULL_WAIT_MS,
         }
-        messages: list[dict[str, Any]] = (await self.api._group_call(topic.queue_groups[0], "take", body))[
-            "messages"
-        ]
+        messages: list[dict[str, Any]] = (
+            await self.api.router.group_call(topic.queue_groups[0], "take", body)
+        )["messages"]
         return messages
 
     async def close_all(self, app: web.Application) -> None:
@@ -425,7 +425,7 @@ class _Stream:
                 await self._send_messages(keep)
 
 
-def add_push_routes(app: web.Application, node: Node, api: Api, delivery: SubscriptionsApi) -> PushApi:
+def add_push_routes(app: web.Application, node: Node, api: ApiCore, delivery: SubscriptionsApi) -> PushApi:
     """Register the stream route and the shutdown hook that closes open streams."""
     handlers = PushApi(node, api, delivery)
     app.router.add_get(STREAM_PATH, handlers.stream)

@@ -40,7 +40,7 @@ from raftmq.cluster.node.sealer import locate, segment_root
 from raftmq.storage.queues import queue_bounds
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.core import ApiCore
     from raftmq.cluster.machines.metadata import Topic
 
 __all__ = ["ARROW_FILE", "ARROW_STREAM", "PARQUET", "SegmentsApi", "add_segment_routes", "wants_arrow"]
@@ -60,7 +60,7 @@ def wants_arrow(request: web.Request) -> bool:
 
 
 class SegmentsApi:
-    def __init__(self, node: Node, api: Api) -> None:
+    def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
         self.api = api
 
@@ -69,10 +69,10 @@ class SegmentsApi:
     async def _group_manifest(self, g: int, topic: Topic, qs: list[int]) -> tuple[str | None, dict[int, Any]]:
         """(leader id, per-queue manifest) of queue group ``g``, read at its leader."""
         name = str(g)
-        if self.api._leads(name):
+        if self.api.router.leads(name):
             local = self.node.groups[name]
             return self.node.me.id, manifest(local.machine.store, topic.id, qs)
-        leader = await self.api._leader_elsewhere(name)
+        leader = await self.api.router.leader_elsewhere(name)
         query = f"topic_id={topic.id}&queues={','.join(map(str, qs))}"
         try:
             status, data, _ = await self.node.peer_request(
@@ -113,7 +113,7 @@ class SegmentsApi:
         return None
 
     async def get_manifest(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         topic = await self.api.topic(request.match_info["topic"])
         only_params(request, set())
@@ -191,7 +191,7 @@ class SegmentsApi:
             return web.Response(body=data, content_type=content_type, headers=headers)
         if writer is None or request.headers.get(FORWARDED):
             raise ApiError(errors.UNAVAILABLE, f"segment at {base} was written by {entry['node']}, not here")
-        session = self.node._session
+        session = self.node.peer_session
         assert session is not None
         try:
             async with session.get(
@@ -248,10 +248,10 @@ class SegmentsApi:
         if request.headers.get(FORWARDED):
             raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
         deadline = time.monotonic() + api.leader_wait_s
-        session = self.node._session
+        session = self.node.peer_session
         assert session is not None
         while True:
-            leader = await api._leader_elsewhere(name)
+            leader = await api.router.leader_elsewhere(name)
             try:
                 async with session.get(
                     leader.http_url + request.path_qs,
@@ -283,7 +283,7 @@ class SegmentsApi:
             raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
 
     async def internal_manifest(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         self._authorize(request)
         name = request.match_info["group"]
@@ -300,7 +300,7 @@ class SegmentsApi:
         return json_response({"queues": {str(q): v for q, v in got.items()}})
 
     async def internal_seal(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         self._authorize(request)
         if self.node.sealer is None:
@@ -309,7 +309,7 @@ class SegmentsApi:
         return json_response({"results": results})
 
     async def internal_gc(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.app import json_response
+        from raftmq.cluster.api.common import json_response
 
         self._authorize(request)
         if self.node.sealer is None:
@@ -319,7 +319,7 @@ class SegmentsApi:
         return json_response({"deleted": deleted})
 
 
-def add_segment_routes(app: web.Application, node: Node, api: Api) -> SegmentsApi:
+def add_segment_routes(app: web.Application, node: Node, api: ApiCore) -> SegmentsApi:
     """Register the segment routes; returns the handlers (the fetch route uses ``fetch_arrow``)."""
     s = SegmentsApi(node, api)
     r = app.router

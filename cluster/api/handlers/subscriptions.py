@@ -20,7 +20,7 @@ forward to it. The coordinator's line of waiting receivers, served round robin, 
 ``cluster/node/receive_coordinator.py``. Acks, nacks and extends go straight to the queue groups of
 their receipts. The dead-letter and lock handlers are in ``cluster/api/handlers/dlq_locks.py``.
 
-Internal actions (``Api.internal_action``) at a queue group's leader: ``subscribe``, ``receive``,
+Internal actions (``ApiCore.internal_action``) at a queue group's leader: ``subscribe``, ``receive``,
 ``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``, ``extend``,
 ``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``dlq_list``; at the metadata leader:
 ``ensure_dlq``; at a receive coordinator: ``take`` (wait in its line, as a push stream does:
@@ -46,8 +46,7 @@ import structlog
 from aiohttp import web
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.app import FORWARDED, json_response
-from raftmq.cluster.api.common import message_item
+from raftmq.cluster.api.common import json_response, message_item
 from raftmq.cluster.api.handlers.dlq_locks import DeadLettersAndLocks, check_lock, dlq_list
 from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
 from raftmq.cluster.api.validation import bad
@@ -59,13 +58,14 @@ from raftmq.cluster.machines.delivery import available, dlq_topic_name
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
+from raftmq.cluster.node.router import FORWARDED
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.queues import OffsetOutOfRange, read_messages
 from raftmq.storage.records import Message
 from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
-    from raftmq.cluster.api.app import Api
+    from raftmq.cluster.api.core import ApiCore
 
 __all__ = ["INTERNAL_ACTIONS", "SubscriptionsApi", "add_subscription_routes", "format_receipt"]
 
@@ -172,14 +172,14 @@ class RecentKeys:
 
 
 class SubscriptionsApi:
-    """Handlers and internal actions; one instance per node (``Api.delivery``)."""
+    """Handlers and internal actions; one instance per node (``ApiCore.delivery``)."""
 
     actions = INTERNAL_ACTIONS
 
-    def __init__(self, node: Node, api: Api) -> None:
+    def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
         self.api = api
-        self.coordinator = ReceiveCoordinator(node, api, self._receipts_call)
+        self.coordinator = ReceiveCoordinator(node, api.router, self._receipts_call)
         self._subscribed = RecentKeys(SUBSCRIBED_MAX, SUBSCRIPTION_REFRESH_S)
         self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
         self._creating_dlq: set[tuple[int, str]] = set()  # on_parked's tasks under way
@@ -192,7 +192,7 @@ class SubscriptionsApi:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _group(self, request: web.Request, topic: Topic | None = None) -> str:
+    def consumer_group(self, request: web.Request, topic: Topic | None = None) -> str:
         """The consumer group of a subscription route; it must fit a topic name, since it names
         the dead-letter topic ``<topic>.<group>.dlq``."""
         group = request.match_info["group"]
@@ -218,7 +218,7 @@ class SubscriptionsApi:
         dlq = await self._existing_dlq(topic, group)
         if dlq is not None:
             return dlq
-        result = await self.api._group_call(META, "ensure_dlq", {"source": topic.name, "group": group})
+        result = await self.api.router.group_call(META, "ensure_dlq", {"source": topic.name, "group": group})
         return Topic.from_json(result["topic"])
 
     async def _ensure_subscription(self, topic: Topic, group: str) -> None:
@@ -252,7 +252,7 @@ class SubscriptionsApi:
             "overwrite": max_deliveries is not None or backoff_ms is not None,
         }
         results = await asyncio.gather(
-            *(self.api._group_call(g, "subscribe", body) for g in sorted(set(topic.queue_groups)))
+            *(self.api.router.group_call(g, "subscribe", body) for g in sorted(set(topic.queue_groups)))
         )
         stored: dict[str, Any] = results[0]["subscription"]
         return {
@@ -282,7 +282,9 @@ class SubscriptionsApi:
     async def _create_dlq_for(self, topic_id: int, topic_name: str, group: str) -> None:
         try:
             topic = await self.api.topic(topic_name)
-            if topic.id != topic_id or not any(self.api._leads(str(g)) for g in set(topic.queue_groups)):
+            if topic.id != topic_id or not any(
+                self.api.router.leads(str(g)) for g in set(topic.queue_groups)
+            ):
                 return  # deleted, or a follower's replica: the leader's does this
             await self._subscribe(topic, group, None, None, create_dlq=True)
             log.info("dead_letter_topic_created", topic=topic.name, group=group)
@@ -297,7 +299,7 @@ class SubscriptionsApi:
 
     async def receive(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
-        group = self._group(request, topic)
+        group = self.consumer_group(request, topic)
         raw = await request.read()
         body = json_object(raw, {"max", "wait_ms", "visibility_ms", "queue", "epoch"})
         limits = self.limits
@@ -325,13 +327,13 @@ class SubscriptionsApi:
         deadline = time.monotonic() + wait_ms / 1000
         give_up = deadline + self.api.leader_wait_s
         while True:  # the coordinator can move (a leader change) while the receiver waits
-            if not self.api._leads(coordinator):
+            if not self.api.router.leads(coordinator):
                 await self.coordinator.new_leader_known(coordinator)
-                if self.api._leads(coordinator):
+                if self.api.router.leads(coordinator):
                     continue
                 remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
                 try:
-                    return await self.api._forward(
+                    return await self.api.router.forward(
                         request, coordinator, orjson.dumps({**body, "wait_ms": remaining_ms})
                     )
                 except ApiError as e:
@@ -364,7 +366,7 @@ class SubscriptionsApi:
                 was handed out); any error of the receive.
         """
         coordinator = str(topic.queue_groups[0])
-        if not self.api._leads(coordinator):
+        if not self.api.router.leads(coordinator):
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not coordinate {topic.name}/{group}")
         await self._ensure_subscription(topic, group)
         deadline = time.monotonic() + wait_ms / 1000
@@ -393,7 +395,7 @@ class SubscriptionsApi:
 
     async def _receipts(self, request: web.Request, op: str, extra: set[str]) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
-        group = self._group(request, topic)
+        group = self.consumer_group(request, topic)
         body = json_object(await request.read(), {"receipts", "epoch", *extra})
         receipts = body.get("receipts")
         if not isinstance(receipts, list) or not 1 <= len(receipts) <= commands.MAX_RECEIPTS:
@@ -435,7 +437,7 @@ class SubscriptionsApi:
             positions, wire = items
             body = {"group": group, "topic_id": topic.id, "receipts": wire, **fields}
             try:
-                got = (await self.api._group_call(g, op, body))["results"]
+                got = (await self.api.router.group_call(g, op, body))["results"]
             except ApiError as e:
                 for i in positions:
                     results[i] = errors.error_body(e.code, e.message, **e.extra)
@@ -455,7 +457,7 @@ class SubscriptionsApi:
 
     async def put_subscription(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
-        group = self._group(request, topic)
+        group = self.consumer_group(request, topic)
         body = json_object(await request.read(), {"max_deliveries", "backoff_ms"})
         max_deliveries = int_field(body, "max_deliveries", 0, 1, 2**31) if "max_deliveries" in body else None
         backoff = body.get("backoff_ms")
@@ -477,7 +479,7 @@ class SubscriptionsApi:
 
     async def internal_action(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
         """An internal action at this node, which leads group ``name`` (checked by the caller)."""
-        propose = self.api._propose_checked
+        propose = self.api.router.propose_checked
         if action == "ensure_dlq":
             if name != META:
                 raise ApiError(errors.BAD_REQUEST, "ensure_dlq runs at the metadata leader")
@@ -556,7 +558,7 @@ class SubscriptionsApi:
             raise ApiError(e.code, e.message) from None
         settler = self._settlers.get(name)
         if settler is None:
-            propose = self.api._propose_checked
+            propose = self.api.router.propose_checked
             settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms)
         return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
 
@@ -584,8 +586,8 @@ class SubscriptionsApi:
         return out
 
 
-def add_subscription_routes(app: web.Application, node: Node, api: Api) -> SubscriptionsApi:
-    """Register the routes; returns the handler object (``Api.delivery`` refers to it)."""
+def add_subscription_routes(app: web.Application, node: Node, api: ApiCore) -> SubscriptionsApi:
+    """Register the routes; returns the handler object (``ApiCore.delivery`` refers to it)."""
     handlers = SubscriptionsApi(node, api)
     r = app.router
     sub = "/v1/topics/{topic}/subscriptions/{group}"

@@ -63,8 +63,8 @@ class TopicHandlers(ApiCore):
     async def create_topic(self, request: web.Request) -> web.Response:
         body = await request.read()
         spec = parse_create_topic(parse_json(body), self.limits)
-        if not self._leads(META):
-            return await self._forward(request, META, body)
+        if not self.router.leads(META):
+            return await self.router.forward(request, META, body)
         command = orjson.dumps(
             {
                 "v": 1,
@@ -74,16 +74,16 @@ class TopicHandlers(ApiCore):
                 **spec,
             }
         )
-        result = await self._propose_checked(META, command)
+        result = await self.router.propose_checked(META, command)
         topic = Topic.from_json(result["topic"])
         return json_response(await self._describe(topic), status=201)
 
     async def list_topics(self, request: web.Request) -> web.Response:
-        if self._leads(META):
-            await self._propose_checked(META, commands.noop())
+        if self.router.leads(META):
+            await self.router.propose_checked(META, commands.noop())
             assert self.node.metadata is not None
             return json_response({"topics": topic_list(self.node.metadata.topics())})
-        return await self._forward(request, META)
+        return await self.router.forward(request, META)
 
     async def get_topic(self, request: web.Request) -> web.Response:
         topic = await self.topic(request.match_info["topic"])
@@ -91,14 +91,16 @@ class TopicHandlers(ApiCore):
 
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
-        if not self._leads(META):
-            return await self._forward(request, META)
-        result = await self._propose_checked(META, orjson.dumps({"v": 1, "op": "delete_topic", "name": name}))
+        if not self.router.leads(META):
+            return await self.router.forward(request, META)
+        result = await self.router.propose_checked(
+            META, orjson.dumps({"v": 1, "op": "delete_topic", "name": name})
+        )
         topic = Topic.from_json(result["deleted"])
         # Free the data; topic ids are never reused, so a failure here only leaves garbage.
         for g in sorted(set(topic.queue_groups)):
             try:
-                await self._group_call(g, "drop", {"topic_id": topic.id})
+                await self.router.group_call(g, "drop", {"topic_id": topic.id})
             except ApiError as e:
                 log.warning("drop_topic_failed", group=g, topic_id=topic.id, error=e.message)
         return json_response({"deleted": name})

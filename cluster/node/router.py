@@ -1,0 +1,197 @@
+"""Routing to a group's leader: where it is, forwarding a request to it, and writes at it.
+
+Writes go to the leader of the group concerned: served here when this node leads it, otherwise
+forwarded to the leader (one hop; a forwarded request is never forwarded again). Failures that
+certainly did nothing are retried at the next leader until ``leader_wait_s`` has passed.
+
+One :class:`LeaderRouter` per node; the HTTP handlers (``cluster/api/``), the change coordinator
+(``changes.py``) and the receive coordinator (``receive_coordinator.py``) route through it. A write
+this node leads runs its ``local_action``, which the API sets (``ApiCore.internal_action``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.node.node import Node
+
+__all__ = ["FORWARDED", "NOT_SENT", "LeaderRouter", "LocalAction", "body_error", "raft_error"]
+
+FORWARDED = "X-Raftmq-Forwarded"
+# Peer-call failures where the request certainly never left this node (no connection was made):
+# definite, so safe to retry at the next leader.
+NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+
+LocalAction = Callable[[str, str, dict[str, Any], "int | None"], Awaitable[dict[str, Any]]]
+"""A write at this node as leader of a group: ``(group, action, body, size_hint) -> result``."""
+
+
+def raft_error(code: str, message: str, definite: bool) -> ApiError:
+    """The error of a failed Raft proposal (``Outcome.error``)."""
+    return ApiError(errors.outcome_code(code, definite), message)
+
+
+def body_error(status: int, data: bytes) -> ApiError:
+    """An ApiError from a peer's error response."""
+    try:
+        e = orjson.loads(data)["error"]
+        code = errors.BY_CODE.get(e["code"], errors.INTERNAL)
+        extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
+        return ApiError(code, e.get("message", ""), **extra)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return ApiError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
+
+
+@contextlib.contextmanager
+def _leader_call(leader_id: str, name: str) -> Iterator[None]:
+    """A call to the leader of group ``name``: not connected is ``unavailable`` (definite: nothing
+    was sent), any later failure ``unknown_outcome`` (the leader may have done it)."""
+    try:
+        yield
+    except NOT_SENT:
+        raise ApiError(errors.UNAVAILABLE, f"cannot reach the leader {leader_id} of group {name}") from None
+    except (TimeoutError, aiohttp.ClientError):
+        raise ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of the leader {leader_id}") from None
+
+
+class LeaderRouter:
+    """Finds a group's leader and calls it (or this node, when it leads). One instance per node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.limits = node.config.limits
+        self.local_action: LocalAction | None = None  # set by the API (create_app)
+        # How long a request may wait for a group to elect a leader: two election timeouts, and at
+        # least 3 s (a split vote can take a second round).
+        self.election_max_s = node.config.raft.election_max_ms / 1000
+        self.leader_wait_s = max(3.0, 2 * self.election_max_s)
+
+    async def wait_leader(self, name: str, timeout_s: float) -> Any:
+        """The leader of group ``name``, waiting up to ``timeout_s`` for one to be known.
+
+        A group not hosted here is looked up at the peers at once. A local replica that knows no
+        leader is given one election timeout to learn of it (an election ends so); after that the
+        peers are asked too, every half second: the replica may be cut off, or removed from the
+        group without knowing it, while the group goes on under a leader elsewhere."""
+        start = time.monotonic()
+        deadline = start + timeout_s
+        ask_peers_at = start if name not in self.node.groups else start + self.election_max_s
+        while True:
+            leader = self.node.leader_of(name)
+            if leader is not None:
+                return leader
+            now = time.monotonic()
+            if now >= deadline:
+                raise ApiError(errors.UNAVAILABLE, f"group {name} has no leader right now")
+            if now >= ask_peers_at:
+                await self.node.refresh_peer_status()
+                ask_peers_at = time.monotonic() + (0.5 if name in self.node.groups else 0.0)
+            await asyncio.sleep(0.05)
+
+    async def leader_elsewhere(self, name: str) -> Any:
+        """The leader of group ``name`` (waiting up to ``leader_wait_s``), which this node must not be:
+        a call to it goes over the network."""
+        leader = await self.wait_leader(name, self.leader_wait_s)
+        if leader.id == self.node.me.id:
+            raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
+        return leader
+
+    def leads(self, name: str) -> bool:
+        local = self.node.groups.get(name)
+        return local is not None and local.raft.is_leader()
+
+    async def forward(self, request: web.Request, name: str, body: bytes | None = None) -> web.Response:
+        """Proxy ``request`` to the leader of group ``name`` and return its answer unchanged.
+
+        A ``not_leader`` answer (leadership moved on; nothing was done) is retried against the
+        newly known leader until ``leader_wait_s`` has passed, as :meth:`group_call` does for writes.
+        """
+        if request.headers.get(FORWARDED):
+            raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
+        deadline = time.monotonic() + self.leader_wait_s
+        while True:
+            response = await self._forward_once(request, name, body)
+            if response.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
+                return response
+            await asyncio.sleep(0.1)
+            self.node.forget_peer_status()
+
+    async def _forward_once(self, request: web.Request, name: str, body: bytes | None) -> web.Response:
+        leader = await self.leader_elsewhere(name)
+        session = self.node.peer_session
+        assert session is not None
+        with _leader_call(leader.id, name):
+            async with session.request(
+                request.method,
+                leader.http_url + request.path_qs,
+                data=body,
+                headers={FORWARDED: self.node.me.id, "Content-Type": "application/json"},
+                allow_redirects=False,  # the peer key goes to the leader only
+                timeout=aiohttp.ClientTimeout(
+                    total=self.limits.request_timeout_ms / 1000 + 16, sock_connect=1.0
+                ),
+            ) as resp:
+                data = await resp.read()
+                return web.Response(body=data, status=resp.status, content_type=resp.content_type)
+
+    async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
+        outcome = await self.node.propose(name, command)
+        if outcome.error:
+            raise raft_error(outcome.error, f"group {name}: {outcome.error}", outcome.definite)
+        result: dict[str, Any] = outcome.result
+        if "error" in result:
+            e = result["error"]
+            extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
+            raise ApiError(errors.BY_CODE.get(e["code"], errors.INTERNAL), e["message"], **extra)
+        return result
+
+    async def group_call(
+        self, g: int | str, action: str, body: dict[str, Any], size_hint: int | None = None
+    ) -> dict[str, Any]:
+        """Run an internal write ``action`` at the leader of queue group ``g`` (here or remote).
+
+        Failures that certainly did nothing (the leader was unreachable, or is no longer the
+        leader) are retried against the newly known leader until ``leader_wait_s`` has passed, so
+        a client sees one slow answer across an election instead of an error.
+        """
+        name = str(g)
+        deadline = time.monotonic() + self.leader_wait_s
+        while True:
+            try:
+                return await self._group_call_once(name, action, body, size_hint)
+            except ApiError as e:
+                if not (e.code.retriable and e.code.definite) or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.1)
+            self.node.forget_peer_status()
+
+    async def _group_call_once(
+        self, name: str, action: str, body: dict[str, Any], size_hint: int | None
+    ) -> dict[str, Any]:
+        if self.leads(name):
+            if self.local_action is None:
+                raise ApiError(errors.UNAVAILABLE, "this node is not serving yet")
+            return await self.local_action(name, action, body, size_hint)
+        leader = await self.leader_elsewhere(name)
+        with _leader_call(leader.id, name):
+            status, data, _ = await self.node.peer_request(
+                "POST",
+                leader,
+                f"/internal/groups/{name}/{action}",
+                body=body,
+                timeout_s=self.limits.request_timeout_ms / 1000 + 5,
+            )
+        if status != 200:
+            raise body_error(status, data)
+        result: dict[str, Any] = orjson.loads(data)
+        return result
