@@ -30,8 +30,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
@@ -50,7 +49,9 @@ from raftmq.cluster.machines.metadata import MetadataMachine, Topic
 from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
 from raftmq.cluster.machines.placement import Placement, overlay
 from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine
+from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
+from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
 from raftmq.storage.queues import applied_index as queues_applied_index
@@ -58,26 +59,11 @@ from raftmq.storage.queues import next_due_ms
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
 
-if TYPE_CHECKING:
-    from raftmq.cluster.node.reconcile import Reconciler
-
 __all__ = ["CheckpointBehind", "LocalGroup", "Node", "set_if_pending"]
 
 log = structlog.get_logger(__name__)
 
 PROBE_MAX_BYTES = 64 * 1024  # an answer read from an address that came from a request
-
-
-@dataclass
-class LocalGroup:
-    """This node's replica of one Raft group."""
-
-    name: str  # "meta" or the queue group id as a string
-    raft: RaftGroup
-    machine: StateMachine
-    state_store: RocksStore
-    journal_store: RocksStore
-    committer: GroupCommitter | None = None
 
 
 class Node:
@@ -144,7 +130,6 @@ class Node:
             cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
         )
-        from raftmq.cluster.node.reconcile import Reconciler
 
         self.reconciler = reconciler = Reconciler(self)
         placement = await reconciler.initial_placement()

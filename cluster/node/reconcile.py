@@ -30,7 +30,7 @@ import structlog
 from raftmq.cluster.machines.placement import Placement
 
 if TYPE_CHECKING:
-    from raftmq.cluster.node.node import Node
+    from raftmq.cluster.node.view import NodeView
 
 __all__ = ["Reconciler"]
 
@@ -40,7 +40,7 @@ POLL_S = 1.0
 
 
 class Reconciler:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
         self.cache_path = os.path.join(node.node_dir, "placement.json")
         self._wake = asyncio.Event()

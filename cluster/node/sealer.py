@@ -39,7 +39,7 @@ from raftmq.storage.store import Store
 if TYPE_CHECKING:
     from raftmq.cluster.config.cluster_file import NodeConfig
     from raftmq.cluster.machines.metadata import Topic
-    from raftmq.cluster.node.node import Node
+    from raftmq.cluster.node.view import NodeView
     from raftmq.storage.segments import SegmentStore, WrittenSegment
 
 __all__ = ["Sealer", "locate", "segment_root"]
@@ -84,7 +84,7 @@ class _Progress:
 class Sealer:
     """Seals the queues of the groups this node leads, and deletes this node's dead files."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeView) -> None:
         from raftmq.storage.segments import SegmentStore
 
         self.node = node

@@ -1,0 +1,59 @@
+"""What a node's helpers see of it: :class:`LocalGroup` (this node's replica of one Raft group) and
+:class:`NodeView`, the part of :class:`~raftmq.cluster.node.node.Node` that the reconciler
+(``reconcile.py``) and the sealer (``sealer.py``) use. They depend on this contract, not on
+``node.py``, which creates them: imports in this room flow one way (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
+    from raftmq.cluster.machines.metadata import MetadataMachine
+    from raftmq.cluster.machines.placement import Placement
+    from raftmq.cluster.replication.group_commit import GroupCommitter
+    from raftmq.cluster.replication.raft import Outcome, RaftGroup, StateMachine
+    from raftmq.storage.rocks import RocksStore
+
+__all__ = ["LocalGroup", "NodeView"]
+
+
+@dataclass
+class LocalGroup:
+    """This node's replica of one Raft group."""
+
+    name: str  # "meta" or the queue group id as a string
+    raft: RaftGroup
+    machine: StateMachine
+    state_store: RocksStore
+    journal_store: RocksStore
+    committer: GroupCommitter | None = None
+
+
+class NodeView(Protocol):
+    """The node as its reconciler and sealer see it (``Node`` is the implementation)."""
+
+    file_config: ClusterConfig
+    config: ClusterConfig
+    me: NodeConfig
+    node_dir: str
+    groups: dict[str, LocalGroup]
+    metadata: MetadataMachine | None
+    placement: Placement | None
+    change_in_progress: dict[str, Any] | None
+
+    async def start_group(self, name: str, *, joining: bool) -> LocalGroup: ...
+
+    async def stop_group(self, name: str, *, delete: bool) -> None: ...
+
+    def hint_peers(self) -> None: ...
+
+    def set_placement(self, placement: Placement) -> None: ...
+
+    async def refresh_peer_status(self) -> dict[str, dict[str, Any]]: ...
+
+    async def peer_get_json(self, node: NodeConfig, path: str, timeout_s: float = 5.0) -> Any: ...
+
+    async def propose(self, name: str, command: bytes, timeout_s: float | None = None) -> Outcome: ...
