@@ -22,7 +22,7 @@ from ._metadata import key_queue
 from ._producer import AsyncProducer, DeliveryCallback
 from ._received import ReceivedMessage
 from ._subscriber import AsyncSubscriber, Subscriber
-from ._subscriber_core import SubscribeMode, SubscriberOptions, SubscriberStats
+from ._subscriber_config import SubscribeMode, SubscriberOptions, SubscriberStats
 from ._sync import Admin, Consumer, Producer
 from ._types import (
     ClusterStatus,

@@ -23,15 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
-from ._consumer_config import TopicQueue
+from ._api import ApiClient
+from ._consumer_config import ConsumerConfig, TopicQueue
+from ._metadata import ClusterMetadata
+from ._retry import Backoff
 from .errors import RaftmqError, Timeout
 
-if TYPE_CHECKING:
-    from ._consumer_core import ConsumerCore
-
-__all__ = ["GroupMember"]
+__all__ = ["ConsumerView", "GroupMember"]
 
 log = logging.getLogger("raftmq.client.consumer")
 
@@ -57,10 +58,31 @@ def average_allocation(queues: int, members: list[str]) -> dict[str, list[int]]:
     return out
 
 
-class GroupMember:
-    """The membership of one :class:`ConsumerCore` in its group (clustering mode)."""
+class ConsumerView(Protocol):
+    """What a member uses of its consumer (``_consumer_core.ConsumerCore``, which creates it)."""
 
-    def __init__(self, core: ConsumerCore) -> None:
+    api: ApiClient
+    backoff: Backoff
+    config: ConsumerConfig
+    member_id: str
+    metadata: ClusterMetadata
+
+    @property
+    def runs(self) -> Mapping[TopicQueue, Any]: ...
+
+    def fail(self, error: RaftmqError) -> None: ...
+
+    async def release(
+        self, keep: Iterable[TopicQueue], *, grace_s: float = 0.0, commit_retry_ms: int | None = None
+    ) -> None: ...
+
+    async def acquire(self, target: Iterable[TopicQueue]) -> None: ...
+
+
+class GroupMember:
+    """The membership of one consumer (``ConsumerCore``) in its group (clustering mode)."""
+
+    def __init__(self, core: ConsumerView) -> None:
         self.core = core
         self.applied = 0  # generation of the last applied assignment (0: none yet)
         self.generation: int | None = None

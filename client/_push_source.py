@@ -18,20 +18,19 @@ import contextlib
 import itertools
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import orjson
 import structlog
 
 from ._received import SettleOp
-from ._subscriber_core import now_ms, receiving_may_retry, wait_event
+from ._retry import Backoff
+from ._subscriber_config import SubscriberConfig, SubscriberStats, now_ms, receiving_may_retry, wait_event
+from ._transport import Transport
 from .errors import BadRequest, ConnectionLost, RaftmqError, error_from_body
 
-if TYPE_CHECKING:
-    from ._subscriber_core import SubscriberCore
-
-__all__ = ["PushSource"]
+__all__ = ["PushSource", "SubscriberView"]
 
 log = structlog.get_logger(__name__)
 
@@ -42,8 +41,28 @@ STABLE_STREAM_S = 5.0  # a stream that lived this long resets the reconnect back
 Socket = aiohttp.ClientWebSocketResponse[Literal[False]]
 
 
+class SubscriberView(Protocol):
+    """What the push source uses of its subscriber (``_subscriber_core.SubscriberCore``)."""
+
+    config: SubscriberConfig
+    transport: Transport
+    backoff: Backoff
+    stats: SubscriberStats
+    unsettled: dict[str, int]
+    room_changed: asyncio.Event
+    closing: bool
+
+    def deliver(self, messages: list[dict[str, Any]]) -> None: ...
+
+    def room(self) -> int: ...
+
+    async def back_off(self, error: RaftmqError, failures: int) -> bool: ...
+
+    def fail(self, error: RaftmqError) -> None: ...
+
+
 class PushSource:
-    def __init__(self, core: SubscriberCore) -> None:
+    def __init__(self, core: SubscriberView) -> None:
         self.core = core
         self.ws: Socket | None = None
         self.node: str | None = None  # the node serving the current stream (from its hello)

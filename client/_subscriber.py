@@ -13,7 +13,8 @@ from typing import Unpack
 
 from ._io_thread import SyncClient
 from ._received import ReceivedMessage
-from ._subscriber_core import SubscriberConfig, SubscriberCore, SubscriberOptions, SubscriberStats
+from ._subscriber_config import SubscriberConfig, SubscriberOptions, SubscriberStats
+from ._subscriber_core import SubscriberCore
 from .errors import ClientClosed
 
 __all__ = ["AsyncSubscriber", "Subscriber"]

@@ -395,7 +395,7 @@ def main() -> None:
     if args.role:
         receiver_main(args)
         return
-    from raftmq.client._subscriber_core import SubscriberConfig
+    from raftmq.client._subscriber_config import SubscriberConfig
 
     args.batch = args.batch or SubscriberConfig(topic="t", group="g").max_in_flight
     base, kind = data_folder(args)

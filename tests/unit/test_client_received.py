@@ -11,7 +11,7 @@ import pytest
 
 from raftmq.client import ReceivedMessage
 from raftmq.client._received import SettleOp
-from raftmq.client._subscriber_core import SubscriberConfig
+from raftmq.client._subscriber_config import SubscriberConfig
 
 WIRE = {
     "receipt": "3.1.7.42",

@@ -50,16 +50,6 @@ MAX_CLUSTER_ROOT_MODULES = 4
 # Uses of ``_private`` names or modules across packages: at most this many.
 MAX_PRIVATE_IMPORTS = 10
 
-# Issue 13 in progress: the circles left, each as the set of its modules (short names). A circle
-# found must lie inside one of these, so any new circle fails; cutting them shrinks this list.
-KNOWN_CIRCLES: list[set[str]] = [
-    {"client._consumer_core", "client._group_member"},
-    {"client._push_source", "client._subscriber_core"},
-]
-
-# Imports that still point up the rooms (importer, imported): none are left; any upward import fails.
-KNOWN_UPWARD: set[tuple[str, str]] = set()
-
 
 @dataclass(frozen=True)
 class Edge:
@@ -296,14 +286,7 @@ def test_cluster_modules_import_only_their_room_and_the_rooms_above() -> None:
         if target_room is None:
             if e.target != "raftmq.cluster":
                 up.append(f"{e.at()}: {e.source} imports {e.target}, left at the root of cluster/")
-        elif (
-            ROOMS.index(target_room) > ROOMS.index(source_room)
-            and (
-                e.source.removeprefix("raftmq.cluster."),
-                e.target.removeprefix("raftmq.cluster."),
-            )
-            not in KNOWN_UPWARD
-        ):
+        elif ROOMS.index(target_room) > ROOMS.index(source_room):
             up.append(f"{e.at()}: {e.source} ({source_room}) imports {e.target} ({target_room})")
     print("\n".join(up) or "no import points up the rooms")
     assert not up
@@ -325,15 +308,7 @@ def test_no_circle_of_imports() -> None:
         report.append("  one loop: " + " -> ".join(path))
         report += [f"    {a} -> {b}: {_edge_lines(a, b)}" for a, b in itertools.pairwise(path)]
     print("\n".join(report) or "no circle")
-    new = [
-        loop[: loop.index("loop:")]
-        for loop in loops
-        if not any(
-            {m.removeprefix("raftmq.") for m in loop[: loop.index("loop:")]} <= known
-            for known in KNOWN_CIRCLES
-        )
-    ]
-    assert not new, f"new circles: {new}"
+    assert not loops
 
 
 @cache

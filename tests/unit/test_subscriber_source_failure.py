@@ -14,7 +14,7 @@ from aiohttp import web
 from fake_node import run, serve
 
 from raftmq.client import AsyncSubscriber, ReceivedMessage, UnexpectedResponse
-from raftmq.client._subscriber_core import SubscribeMode
+from raftmq.client._subscriber_config import SubscribeMode
 
 PATH = "/v1/topics/t/subscriptions/g"
 
