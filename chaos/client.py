@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from raftmq.client import AsyncProducer, ConnectionFailed, RaftmqError
-from raftmq.client._transport import Transport, path_part
+from raftmq.client.lowlevel import Transport, path_part
 
 __all__ = ["BrokerClient", "ClientProducer", "NodeDown", "Outcome", "RaftmqBrokerClient"]
 

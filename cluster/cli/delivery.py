@@ -51,16 +51,14 @@ class Received:
 
 
 def _client(urls: list[str], security: Mapping[str, Any]) -> Any:
-    from raftmq.client._api import ApiClient
-    from raftmq.client._retry import Backoff
-    from raftmq.client._transport import Transport
+    from raftmq.client.lowlevel import ApiClient, Backoff, Transport
 
     transport = Transport(urls, token=security.get("token"), ca_file=security.get("ca_file"))
     return ApiClient(transport, retry_timeout_ms=30_000, backoff=Backoff(100, 2_000))
 
 
 def _path(topic: str, group: str) -> str:
-    from raftmq.client._transport import path_part
+    from raftmq.client.lowlevel import path_part
 
     return f"/v1/topics/{path_part(topic)}/subscriptions/{path_part(group)}"
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import raftmq.client
-from raftmq.client import errors
+from raftmq.client import errors, lowlevel
 
 
 def test_all_names_exist_once() -> None:
-    for module in [raftmq.client, errors]:
+    for module in [raftmq.client, errors, lowlevel]:
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.__all__ lists missing {name}"
         assert len(module.__all__) == len(set(module.__all__))
@@ -78,3 +78,20 @@ def test_every_client_type_in_a_public_signature_is_exported() -> None:
 
 def test_the_package_is_typed() -> None:
     assert (Path(raftmq.client.__file__).parent / "py.typed").exists()
+
+
+def test_every_public_name_of_the_lowlevel_module_is_in_all() -> None:
+    public = {
+        name
+        for name, obj in vars(lowlevel).items()
+        if not name.startswith("_") and not isinstance(obj, types.ModuleType) and name != "annotations"
+    }
+    assert public == set(lowlevel.__all__)
+
+
+def test_chaos_and_the_cli_use_the_lowlevel_module_not_private_ones() -> None:
+    root = Path(raftmq.client.__file__).resolve().parents[1]
+    for path in [root / "chaos" / "client.py", root / "cluster" / "cli" / "delivery.py"]:
+        text = path.read_text(encoding="utf-8")
+        assert "raftmq.client.lowlevel" in text, path
+        assert "raftmq.client._" not in text, path
