@@ -5,7 +5,7 @@ v2 steps: build (client: BatchBuilder.append per message + finish), validate (no
 limits, UTF-8, vectorised), stamp (apply: base offset, append time, Raft index), read (CRC and
 structure, no limits: a consumer's check), lazy decode (Record per message), columns (+ Arrow).
 Today's steps, per message: the client's orjson encode of the body, the node's orjson decode and
-validation (cluster/validation.py parse_produce), and the replica's storage/records.py
+validation (cluster/api/validation.py parse_produce), and the replica's storage/records.py
 encode_batch (from NewMessage tuples); decode_messages for reading.
 
     flock /tmp/raftmq-heavy.lock .venv/bin/python tests/bench/bench_batch_codec.py   # ~1 min
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, header, loadavg, table, wait_quiet, write_result
 
 from raftmq.batch import BatchBuilder, Limits, columns, read, stamp, validate
-from raftmq.cluster.config import Limits as NodeLimits
-from raftmq.cluster.validation import parse_produce
+from raftmq.cluster.api.validation import parse_produce
+from raftmq.cluster.config.cluster_file import Limits as NodeLimits
 from raftmq.storage.records import NewMessage, decode_messages, encode_batch
 
 NOW_MS = 1_700_000_000_000
