@@ -119,7 +119,7 @@ class _RaftCollector(Collector):
             snapshot_installs.add_metric(key, local.raft.snapshot_installs)
             snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
             if name != "meta":
-                clock_jumps.add_metric(key, self._node.retention_clock_jumps.get(name, 0))
+                clock_jumps.add_metric(key, self._node.ticks.retention_clock_jumps.get(name, 0))
             _add_histogram(commit_s, key, local.raft.commit_latency)
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)

@@ -1,6 +1,6 @@
 """Extracting tar files that arrive from elsewhere (a peer's checkpoint, a backup) under one directory.
 
-Used by ``node._safe_extract`` (snapshot install) and ``backup._safe_extract`` (backup checks and
+Used by ``checkpoints._safe_extract`` (snapshot install) and ``backup._safe_extract`` (backup checks and
 ``raftmq restore``). Invariants, checked for every member before anything is written (so a refused
 archive leaves nothing behind):
 

@@ -5,7 +5,7 @@ Layout on disk (``<data_dir>/<node_id>/``)::
     groups/meta/{state,raft,snapshot/}   the metadata group's replica (if this node is a voter)
     groups/<g>/{state,raft,snapshot/}    queue group g's replica (if placed here)
     placement.json                       the last placement this node saw (cluster/node/reconcile.py)
-    tmp/                                 checkpoint transfers
+    tmp/                                 checkpoint transfers (cluster/node/checkpoints.py)
 
 Placement: ``config`` is the cluster file overlaid with the metadata group's placement (nodes and
 replicas per group); it is replaced, never mutated, when the placement changes. ``file_config`` is
@@ -21,13 +21,8 @@ only through ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import os
 import shutil
-import tarfile
-import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -36,30 +31,24 @@ import aiohttp
 import orjson
 import structlog
 
-from raftmq.cluster import commands
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.groups import META, group_sort_key, port_offset
-from raftmq.cluster.commands.producers import expire_producers
 from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
-from raftmq.cluster.config.keys import NO_REDIRECTS, PEER_HEADER, derive_keys
+from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
 from raftmq.cluster.config.tls import client_context
-from raftmq.cluster.machines import producers
-from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
-from raftmq.cluster.machines.metadata import MetadataMachine, Topic
-from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
+from raftmq.cluster.machines.metadata import MetadataMachine
 from raftmq.cluster.machines.placement import Placement, overlay
 from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine
+from raftmq.cluster.node.checkpoints import Checkpoints
 from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
+from raftmq.cluster.node.ticks import TickLoops
 from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
-from raftmq.storage.queues import applied_index as queues_applied_index
-from raftmq.storage.queues import next_due_ms
 from raftmq.storage.rocks import RocksStore
-from raftmq.storage.store import Store
 
-__all__ = ["CheckpointBehind", "LocalGroup", "Node", "set_if_pending"]
+__all__ = ["LocalGroup", "Node", "set_if_pending"]
 
 log = structlog.get_logger(__name__)
 
@@ -83,16 +72,11 @@ class Node:
         self._addr_to_node: dict[str, NodeConfig] = {}
         self._set_config(config)
         self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
-        self._delivery_wake = asyncio.Event()  # an apply scheduled a delayed message or deadline
         # Dead letters parked for want of a dead-letter topic, (topic_id, topic, consumer group),
         # on the event loop (SubscriptionsApi.on_parked creates the topic where this node leads).
         self.on_parked: Callable[[tuple[tuple[int, str, str], ...]], None] | None = None
-        self._scheduled_seq = 0  # counts those applies (on the event loop)
-        # Per led queue group: (applied index, _scheduled_seq, now_ms) at its last look at the
-        # schedule, and the due time it found (deliver_once's cache).
-        self._due_cache: dict[str, tuple[int, int, int, int | None]] = {}
-        # Per queue group: retain ticks this node proposed whose time jumped too far ahead.
-        self.retention_clock_jumps: dict[str, int] = {}
+        self.ticks = TickLoops(self)  # leader balancing, retention, delivery ticks (ticks.py)
+        self.checkpoints = Checkpoints(self)  # snapshot install transfers (checkpoints.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None  # carries the peer key: known nodes only
         self._probe_session: aiohttp.ClientSession | None = None  # no credential: addresses from requests
@@ -145,9 +129,9 @@ class Node:
             # this is the cluster's first start (every replica must campaign).
             await self.start_group(name, joining=placement is not None and name not in on_disk)
         self._tasks.append(asyncio.create_task(reconciler.run_forever()))
-        self._tasks.append(asyncio.create_task(self._balance_leaders_forever()))
-        self._tasks.append(asyncio.create_task(self._retention_forever()))
-        self._tasks.append(asyncio.create_task(self._deliver_forever()))
+        self._tasks.append(asyncio.create_task(self.ticks.balance_leaders_forever()))
+        self._tasks.append(asyncio.create_task(self.ticks.retention_forever()))
+        self._tasks.append(asyncio.create_task(self.ticks.deliver_forever()))
         self.sealer = Sealer(self)
         self._tasks.append(asyncio.create_task(self.sealer.run_forever()))
         log.info("node_started", node_id=self.me.id, groups=sorted(self.groups))
@@ -165,7 +149,7 @@ class Node:
             machine = QueueGroupMachine(store, int(name))
             machine.on_applied = self._on_applied
         # The seed voters count only while the group's log holds no configuration (a new group).
-        seed = [n.raft_addr(port_offset(name)) for n in self._replicas(name)]
+        seed = [n.raft_addr(port_offset(name)) for n in self.replicas(name)]
         local = await self._loop.run_in_executor(None, self._start_group, name, seed, machine, store, joining)
         if isinstance(machine, MetadataMachine):
             self.metadata = machine
@@ -204,9 +188,9 @@ class Node:
         """Point every local replica at its group's replicas as the placement says (see
         :meth:`RaftGroup.hint_peers`): a replica that missed a voter change still hears the leader."""
         for name, local in self.groups.items():
-            local.raft.hint_peers(n.raft_addr(port_offset(name)) for n in self._replicas(name))
+            local.raft.hint_peers(n.raft_addr(port_offset(name)) for n in self.replicas(name))
 
-    def _replicas(self, name: str) -> tuple[NodeConfig, ...]:
+    def replicas(self, name: str) -> tuple[NodeConfig, ...]:
         replicas = self.config.metadata_voters if name == META else self.config.group_replicas(int(name))
         return replicas if any(r.id == self.me.id for r in replicas) else (*replicas, self.me)
 
@@ -237,7 +221,7 @@ class Node:
             machine=machine,
             snapshot_file=os.path.join(self._group_dir(name, "snapshot"), "manifest.json"),
             settings=settings,
-            fetch_checkpoint=lambda manifest: self._fetch_checkpoint(name, manifest),
+            fetch_checkpoint=lambda manifest: self.checkpoints.fetch(name, manifest),
             bind_addr=self.me.raft_bind_addr(port_offset(name)),  # pysyncobj's default is 0.0.0.0
             joining=joining,
         )
@@ -316,7 +300,7 @@ class Node:
                 "state_index": s.state_index,
                 "has_quorum": s.has_quorum,
                 "journal_entries": s.journal_entries,
-                "replicas": [r.id for r in self._replicas(name)],
+                "replicas": [r.id for r in self.replicas(name)],
                 "members": list(s.members),  # the Raft voters (addresses) this replica uses
             }
         return {"node_id": self.me.id, "raft": self.me.raft, "groups": groups}
@@ -419,8 +403,7 @@ class Node:
             self._loop.call_soon_threadsafe(self.on_parked, applied.parked)
 
     def _scheduled_applied(self) -> None:
-        self._scheduled_seq += 1
-        self._delivery_wake.set()
+        self.ticks.scheduled()
 
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:
@@ -440,366 +423,6 @@ class Node:
         finally:
             if future in waiters:
                 waiters.remove(future)
-
-    # -- leader balancing -------------------------------------------------------------------------
-
-    async def _balance_leaders_forever(self) -> None:
-        """Hand leadership of a queue group to its preferred node (its first replica) when that
-        node is up and caught up, so leaders stay spread over the cluster."""
-        while True:
-            await asyncio.sleep(3.0)
-            try:
-                await self._balance_once()
-            except Exception:
-                log.exception("leader_balance_failed")
-
-    async def _balance_once(self) -> None:
-        if self.change_in_progress is not None:
-            return  # the change's coordinator moves leaders itself
-        for g in self.config.groups_on(self.me.id):
-            local = self.groups.get(str(g))
-            preferred = self.config.group_replicas(g)[0]
-            if local is None or preferred.id == self.me.id or not local.raft.is_leader():
-                continue
-            if preferred.raft_addr(1 + g) not in local.raft.members():
-                continue
-            status = await self.refresh_peer_status()
-            peer = status.get(preferred.id, {}).get("groups", {}).get(str(g))
-            mine = local.raft.status()
-            if peer and peer["applied_index"] >= mine.commit_index - 10 and peer["term"] == mine.term:
-                log.info("leadership_transfer", group=str(g), to=preferred.id)
-                local.raft.transfer_leadership(preferred.raft_addr(1 + g))
-
-    # -- retention --------------------------------------------------------------------------------
-
-    async def _retention_forever(self) -> None:
-        """As leader of a queue group, propose a ``retain`` tick for the queues of topics with a
-        retention setting, and ``expire_producers`` when idle producer states are due. Time enters
-        the state machine only through these leader-stamped ticks."""
-        interval_s = self.config.raft.retention_check_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.retention_once()
-            except Exception:
-                log.exception("retention_tick_failed")
-
-    async def retention_once(self) -> None:
-        led = [name for name, local in self.groups.items() if name != META and local.raft.is_leader()]
-        topics = await self._topics_for_retention() if led else []
-        topics = [t for t in topics if t.retention_ms or t.retention_bytes]
-        for name, local in self.groups.items():
-            if name == META or not local.raft.is_leader():
-                continue
-            queues = [
-                {"topic_id": t.id, "queue": q, "max_age_ms": t.retention_ms, "max_bytes": t.retention_bytes}
-                for t in topics
-                for q, g in enumerate(t.queue_groups)
-                if str(g) == name
-            ]
-            if queues:
-                await self._retain(name, local, queues)
-            await self._expire_producers(name, local)
-
-    async def _retain(self, name: str, local: LocalGroup, queues: list[dict[str, Any]]) -> None:
-        """Propose ``retain`` again while the last one stopped at its batch bound (at most 100 per
-        tick). A tick stamped further ahead of the last one than ``max_jump_ms`` is logged and
-        counted (``raftmq_retention_clock_jumps_total``): the group's retention clock moved less,
-        so no message is removed early (``cluster/machines/queue_group.py``, ``retention_clock``)."""
-        raft = self.config.raft
-        # 0: the field is left out, as releases before it wrote retain (a rolling upgrade).
-        max_jump_ms: int | None = max(raft.retention_max_jump_ms, 3 * raft.retention_check_ms)
-        if not raft.retention_max_jump_ms:
-            max_jump_ms = None
-        max_batches = raft.retention_max_batches or None
-        for _ in range(100):
-            if not local.raft.is_leader():
-                return
-            command = commands.retain(now_ms(), queues, max_jump_ms=max_jump_ms, max_batches=max_batches)
-            outcome = await self.propose(name, command)
-            result = outcome.result
-            if outcome.error or not isinstance(result, dict) or "error" in result:
-                log.warning("retention_tick_not_applied", group=name, error=outcome.error or result)
-                return
-            if "clock_jump_ms" in result:
-                self.retention_clock_jumps[name] = self.retention_clock_jumps.get(name, 0) + 1
-                log.warning(
-                    "retention_clock_jump",
-                    group=name,
-                    jump_ms=result["clock_jump_ms"],
-                    retention_clock_ms=result["retention_clock_ms"],
-                    max_jump_ms=max_jump_ms,
-                )
-            if not result.get("more"):
-                return
-
-    async def _topics_for_retention(self) -> list[Topic]:
-        """Every topic, from this node's metadata replica or, on a node without one (a queue
-        group's leader need not be a metadata voter), from the first node that has one; [] when
-        none answers (the next tick tries again)."""
-        if self.metadata is not None:
-            return self.metadata.topics()
-        leader = self.leader_of(META)
-        others = [n for n in self.config.nodes if n.id != self.me.id and n != leader]
-        for node in ([leader] if leader is not None else []) + others:
-            try:
-                body = await self.peer_get_json(node, "/internal/topics", timeout_s=2.0)
-                return [Topic.from_json(t) for t in body["topics"]]
-            except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, TypeError):
-                continue
-        return []
-
-    async def _expire_producers(self, name: str, local: LocalGroup) -> None:
-        """Propose ``expire_producers`` steps while this leader's store shows idle producer states
-        are due (``limits.producer_idle_ms``, 0: never); at most 100 steps, the next tick goes on."""
-        idle_ms = self.config.limits.producer_idle_ms
-        expired = 0
-        for _ in range(100 if idle_ms else 0):
-            if not local.raft.is_leader() or not producers.expiry_due(local.machine.store, now_ms(), idle_ms):
-                break
-            outcome = await self.propose(name, expire_producers(now_ms(), idle_ms))
-            result = outcome.result
-            if outcome.error or not isinstance(result, dict) or "error" in result:
-                log.warning("expire_producers_not_applied", group=name, error=outcome.error or result)
-                break
-            expired += result["expired"]
-        if expired:
-            log.info("producers_expired", group=name, count=expired)
-
-    # -- delivery ticks ---------------------------------------------------------------------------
-
-    async def _deliver_forever(self) -> None:
-        """As leader of a queue group, propose ``deliver_tick`` when a delayed message is due or an
-        in-flight deadline passed: at that time (woken early when an apply schedules something
-        sooner), and at least every ``delivery.tick_ms``. Time enters the state machine only through
-        this leader-stamped tick; a new leader's loop continues where the old one stopped, since the
-        schedule is in the replicated state."""
-        tick_s = self.config.delivery.tick_ms / 1000
-        while True:
-            self._delivery_wake.clear()
-            try:
-                wait_s = await self.deliver_once()
-            except Exception:
-                log.exception("deliver_tick_failed")
-                wait_s = tick_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._delivery_wake.wait(), min(max(wait_s, 0.001), tick_s))
-
-    async def deliver_once(self) -> float:
-        """Propose the ticks that are due; returns the seconds until the next known due time."""
-        settings = self.config.delivery
-        next_due: int | None = None
-        for name, local in self.groups.items():
-            if name == META or not local.raft.is_leader():
-                self._due_cache.pop(name, None)  # a leader looks at the schedule once first
-                continue
-            for _ in range(100):  # bounded: the loop comes back at once if more is due
-                now = now_ms()
-                known, due = self._known_due(name, local, now)
-                if not known:
-                    index, seq = local.machine.applied_index, self._scheduled_seq
-                    due = next_due_ms(local.machine.store)
-                    self._due_cache[name] = (index, seq, now, due)
-                if due is None or due > now:
-                    break
-                outcome = await self.propose(name, commands.deliver_tick(now, settings.tick_max_items))
-                if outcome.error or not isinstance(outcome.result, dict) or "error" in outcome.result:
-                    log.warning("deliver_tick_not_applied", group=name, error=outcome.error or outcome.result)
-                    due = None
-                    break
-            if due is not None:
-                next_due = due if next_due is None else min(next_due, due)
-        if next_due is None:
-            return settings.tick_ms / 1000
-        return max(0.0, (next_due - now_ms()) / 1000)
-
-    def _known_due(self, name: str, local: LocalGroup, now: int) -> tuple[bool, int | None]:
-        """``(True, due)`` when group ``name``'s next due time is known without a look at the store
-        (its deadline index scan passes over every settled entry's tombstone): nothing was applied
-        since the last look, or nothing that woke the loop (an entry added without waking it is due
-        ``WAKE_WITHIN_MS`` after its command at the earliest, so one look in that time, a tick
-        early, finds it on time). A cached time may be early (settled since): the look then finds
-        the real one."""
-        cached = self._due_cache.get(name)
-        if cached is None:
-            return False, None
-        index, seq, looked_ms, due = cached
-        if due is not None and due <= now:
-            return False, None
-        if local.machine.applied_index == index:
-            return True, due
-        horizon = looked_ms + WAKE_WITHIN_MS - self.config.delivery.tick_ms
-        if seq != self._scheduled_seq or now >= horizon:
-            return False, None
-        return True, due if due is not None and due < horizon else horizon
-
-    # -- checkpoints (snapshot install) ------------------------------------------------------------
-
-    def make_checkpoint_tar(self, name: str, min_index: int = 0) -> str:
-        """Checkpoint group ``name``'s state into a tar file; returns its path (caller deletes).
-
-        The tar holds ``checkpoint/`` (the RocksDB checkpoint) and ``meta.json`` (group, node, the
-        applied index before the checkpoint was taken: the checkpoint holds at least that).
-
-        Raises:
-            CheckpointBehind: this replica has applied less than ``min_index`` (a follower that
-                lags the snapshot the fetching replica must cover).
-        """
-        local = self.groups[name]
-        applied = local.machine.applied_index
-        if applied < min_index:
-            raise CheckpointBehind(f"node {self.me.id} applied group {name} to {applied}, not {min_index}")
-        stamp = f"{name}-{time.time_ns()}"
-        ckpt_dir = os.path.join(self.node_dir, "tmp", f"ckpt-{stamp}")
-        tar_path = ckpt_dir + ".tar"
-        local.machine.store.checkpoint(ckpt_dir)
-        try:
-            with open(ckpt_dir + ".json", "wb") as f:
-                f.write(orjson.dumps({"group": name, "node_id": self.me.id, "applied_index": applied}))
-            with tarfile.open(tar_path, "w") as tar:
-                tar.add(ckpt_dir, arcname="checkpoint")
-                tar.add(ckpt_dir + ".json", arcname="meta.json")
-        finally:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(ckpt_dir + ".json")
-        return tar_path
-
-    def _fetch_checkpoint(self, name: str, manifest: dict[str, Any]) -> tuple[str, int]:
-        """Download and check a checkpoint of group ``name`` covering the snapshot ``manifest``
-        (RaftGroup's checkpoint thread; blocking). Returns the checkpoint directory (the caller
-        restores or deletes it) and the applied index read from it.
-
-        Sources, in order: the group's leader as this replica knows it, the replica that wrote the
-        manifest, then the other replicas; each is asked for a state at or past the manifest's
-        ``state_index`` (a lagging replica refuses) and what arrives is checked: its ``meta.json``
-        names this group, it opens as a store, and its applied index is at least that.
-        """
-        need = int(manifest["state_index"])
-        local = self.groups.get(name)
-        members = [self.node_for_addr(a) for a in (local.raft.members() if local else ())]
-        replicas = {n.id: n for n in [*self._replicas(name), *(m for m in members if m is not None)]}
-        leader_addr = local.raft.leader() if local else None
-        leader = self.node_for_addr(leader_addr) if leader_addr else None
-        first = [leader.id if leader else None, manifest.get("node_id")]
-        order = sorted(
-            (r for r in replicas.values() if r.id != self.me.id),
-            key=lambda r: (first.index(r.id) if r.id in first else len(first), r.id),
-        )
-        # No proxy from the environment: a checkpoint goes straight to a peer, with the peer key.
-        opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}),
-            NO_REDIRECTS,
-            urllib.request.HTTPSHandler(context=self.ssl_context),
-        )
-        errors = []
-        for node in order:
-            dest = os.path.join(self.node_dir, "tmp", f"incoming-{name}-{time.time_ns()}")
-            tar_path = dest + ".tar"
-            try:
-                self._checkpoint_fetch_fault(name)
-                request = urllib.request.Request(
-                    f"{node.http_url}/internal/groups/{name}/checkpoint?min_index={need}",
-                    headers={PEER_HEADER: self.keys.peer},
-                )
-                with opener.open(request, timeout=_CHECKPOINT_TIMEOUT_S) as resp, open(tar_path, "wb") as f:
-                    shutil.copyfileobj(resp, f, 1 << 20)
-                with tarfile.open(tar_path) as tar:
-                    _safe_extract(tar, dest)
-                index = _check_checkpoint(name, dest, need)
-                # Written to disk here, so the restore on the group's tick thread finds nothing dirty.
-                _fsync_files(os.path.join(dest, "checkpoint"))
-                os.rename(os.path.join(dest, "checkpoint"), dest + ".checkpoint")
-                shutil.rmtree(dest, ignore_errors=True)
-                return dest + ".checkpoint", index
-            except Exception as e:  # try the next replica
-                errors.append(f"{node.id}: {e}")
-                shutil.rmtree(dest, ignore_errors=True)
-            finally:
-                if os.path.exists(tar_path):
-                    os.remove(tar_path)
-        raise RuntimeError(f"no replica could send a checkpoint of group {name} at index {need}: {errors}")
-
-    def _checkpoint_fetch_fault(self, name: str) -> None:
-        """Test fault ``[faults] checkpoint_fetch_fault_file``: while that file says ``fail`` every
-        checkpoint fetch fails; while it says ``stall`` a fetch waits (up to 60 s), then fails."""
-        path = self.config.faults.checkpoint_fetch_fault_file
-        if not path:
-            return
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with open(path) as f:
-                    mode = f.read().strip()
-            except FileNotFoundError:
-                return
-            if mode not in ("fail", "stall"):
-                return
-            if mode == "fail" or time.monotonic() > deadline:
-                log.warning("test_fault_checkpoint_fetch", group=name, mode=mode)
-                raise RuntimeError(f"test fault: checkpoint fetch {mode}")
-            time.sleep(0.2)
-
-    def store_digest(self, name: str) -> dict[str, Any]:
-        """A hash of every key and value of group ``name``'s state (replicas compare equal)."""
-        store: Store = self.groups[name].machine.store
-        h = hashlib.sha256()
-        keys = 0
-        for k, v in store.scan(b""):
-            h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
-            keys += 1
-        return {
-            "group": name,
-            "state_index": self.groups[name].machine.applied_index,
-            "keys": keys,
-            "sha256": h.hexdigest(),
-        }
-
-
-class CheckpointBehind(Exception):
-    """This replica's state is behind the index a checkpoint was asked for."""
-
-
-_CHECKPOINT_TIMEOUT_S = 30.0  # per socket operation of a checkpoint download
-
-
-def _fsync_files(path: str) -> None:
-    for entry in os.scandir(path):
-        if entry.is_file(follow_symlinks=False):
-            fd = os.open(entry.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def _check_checkpoint(name: str, dest: str, need: int) -> int:
-    """The applied index of the checkpoint extracted into ``dest``, once it is known to be group
-    ``name``'s state at or past ``need``; raises ``ValueError`` otherwise."""
-    with open(os.path.join(dest, "meta.json"), "rb") as f:
-        meta = orjson.loads(f.read())
-    if meta.get("group") != name:
-        raise ValueError(f"checkpoint of group {meta.get('group')!r}, not {name!r}")
-    store = RocksStore.open(os.path.join(dest, "checkpoint"))  # raises StoreError if it does not open
-    try:
-        index = metadata_applied_index(store) if name == META else queues_applied_index(store)
-    finally:
-        store.close()
-    if index < need or index < int(meta.get("applied_index", 0)):
-        raise ValueError(f"checkpoint at index {index}; the snapshot needs {need}, its source said {meta}")
-    return index
-
-
-def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
-    """Extract a checkpoint tar under ``dest``: regular files and directories only, never a link
-    or a path outside ``dest``, and nothing at all if any member breaks that (``cluster/base/safe_tar.py``).
-
-    Raises:
-        UnsafeArchive: a ValueError naming the member.
-    """
-    from raftmq.cluster.base.safe_tar import safe_extract
-
-    safe_extract(tar, dest)
 
 
 def set_if_pending(future: asyncio.Future[Any], value: Any) -> None:

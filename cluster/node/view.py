@@ -1,6 +1,7 @@
 """What a node's helpers see of it: :class:`LocalGroup` (this node's replica of one Raft group) and
-:class:`NodeView`, the part of :class:`~raftmq.cluster.node.node.Node` that the reconciler
-(``reconcile.py``) and the sealer (``sealer.py``) use. They depend on this contract, not on
+:class:`NodeView`, the part of :class:`~raftmq.cluster.node.node.Node` that its helpers use: the
+reconciler (``reconcile.py``), the sealer (``sealer.py``), the tick loops (``ticks.py``) and the
+checkpoints (``checkpoints.py``). They depend on this contract, not on
 ``node.py``, which creates them: imports in this room flow one way (docs/architecture.md).
 """
 
@@ -10,7 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import ssl
+
     from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
+    from raftmq.cluster.config.keys import ClusterKeys
     from raftmq.cluster.machines.metadata import MetadataMachine
     from raftmq.cluster.machines.placement import Placement
     from raftmq.cluster.replication.group_commit import GroupCommitter
@@ -33,7 +37,7 @@ class LocalGroup:
 
 
 class NodeView(Protocol):
-    """The node as its reconciler and sealer see it (``Node`` is the implementation)."""
+    """The node as its helpers see it (``Node`` is the implementation)."""
 
     file_config: ClusterConfig
     config: ClusterConfig
@@ -43,6 +47,14 @@ class NodeView(Protocol):
     metadata: MetadataMachine | None
     placement: Placement | None
     change_in_progress: dict[str, Any] | None
+    keys: ClusterKeys
+    ssl_context: ssl.SSLContext | None
+
+    def leader_of(self, name: str) -> NodeConfig | None: ...
+
+    def node_for_addr(self, raft_addr: str | None) -> NodeConfig | None: ...
+
+    def replicas(self, name: str) -> tuple[NodeConfig, ...]: ...
 
     async def start_group(self, name: str, *, joining: bool) -> LocalGroup: ...
 

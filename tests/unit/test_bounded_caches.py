@@ -1,10 +1,11 @@
 """Per-node state keyed by names that clients choose stays bounded: the subscriptions a node
-remembers as in place (``api.handlers.subscriptions.RecentKeys``) and consumer-group membership
+remembers as in place (``base.recent_keys.RecentKeys``) and consumer-group membership
 (``membership.GroupMembership``), each fed 10,000 distinct group names."""
 
 from __future__ import annotations
 
-from raftmq.cluster.api.handlers.subscriptions import SUBSCRIBED_MAX, SUBSCRIPTION_REFRESH_S, RecentKeys
+from raftmq.cluster.api.handlers.subscriptions import SUBSCRIBED_MAX, SUBSCRIPTION_REFRESH_S
+from raftmq.cluster.base.recent_keys import RecentKeys
 from raftmq.cluster.machines.membership import GroupMembership
 
 NAMES = 10_000

@@ -1,5 +1,5 @@
 """What a fetched checkpoint must prove before a snapshot install may use it (issue 12, item 3):
-``node._check_checkpoint`` over real RocksDB checkpoints."""
+``checkpoints._check_checkpoint`` over real RocksDB checkpoints."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from raftmq.cluster.node import node
+from raftmq.cluster.node import checkpoints
 from raftmq.storage.keys import APPLIED, encode_u64
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, StoreError
 
 
 def _received(tmp_path: Path, *, group: str = "0", applied: int = 50, said: int | None = None) -> str:
-    """A checkpoint as ``make_checkpoint_tar`` sends it, extracted: ``checkpoint/`` and ``meta.json``."""
+    """A checkpoint as ``Checkpoints.make_tar`` sends it, extracted: ``checkpoint/`` and ``meta.json``."""
     dest = tmp_path / "incoming"
     store = RocksStore.open(str(tmp_path / "state"))
     batch = Batch()
@@ -29,27 +29,27 @@ def _received(tmp_path: Path, *, group: str = "0", applied: int = 50, said: int 
 
 
 def test_a_checkpoint_at_or_past_the_snapshot_passes(tmp_path: Path) -> None:
-    assert node._check_checkpoint("0", _received(tmp_path, applied=50), need=40) == 50
-    assert node._check_checkpoint("0", _received(tmp_path / "b", applied=40), need=40) == 40
+    assert checkpoints._check_checkpoint("0", _received(tmp_path, applied=50), need=40) == 50
+    assert checkpoints._check_checkpoint("0", _received(tmp_path / "b", applied=40), need=40) == 40
 
 
 def test_a_checkpoint_behind_the_snapshot_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs 60"):
-        node._check_checkpoint("0", _received(tmp_path, applied=50), need=60)
+        checkpoints._check_checkpoint("0", _received(tmp_path, applied=50), need=60)
 
 
 def test_a_checkpoint_of_another_group_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="group '1'"):
-        node._check_checkpoint("0", _received(tmp_path, group="1"), need=10)
+        checkpoints._check_checkpoint("0", _received(tmp_path, group="1"), need=10)
 
 
 def test_a_checkpoint_behind_what_its_source_said_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="its source said"):
-        node._check_checkpoint("0", _received(tmp_path, applied=50, said=70), need=10)
+        checkpoints._check_checkpoint("0", _received(tmp_path, applied=50, said=70), need=10)
 
 
 def test_a_checkpoint_that_does_not_open_is_refused(tmp_path: Path) -> None:
     dest = Path(_received(tmp_path))
     (dest / "checkpoint" / "CURRENT").write_text("MANIFEST-999999\n")  # names a file that is not there
     with pytest.raises(StoreError):
-        node._check_checkpoint("0", str(dest), need=10)
+        checkpoints._check_checkpoint("0", str(dest), need=10)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.node import node as node_module
+from raftmq.cluster.node import checkpoints as checkpoints_module
 from raftmq.cluster.replication import raft as raft_module
 from raftmq.cluster.replication.journal import DurableJournal
 from raftmq.storage.memory import MemoryStore
@@ -75,7 +75,7 @@ def test_checkpoint_extraction_refuses_escaping_paths_and_links(
         monkeypatch.delattr(tarfile, "data_filter", raising=False)
     good = tarfile.TarInfo("checkpoint/CURRENT")
     good.size = 3
-    node_module._safe_extract(_tar_with([(good, b"abc")]), str(tmp_path / "ok"))
+    checkpoints_module._safe_extract(_tar_with([(good, b"abc")]), str(tmp_path / "ok"))
     assert (tmp_path / "ok" / "checkpoint" / "CURRENT").read_bytes() == b"abc"
 
     escape = tarfile.TarInfo("../outside")
@@ -86,7 +86,7 @@ def test_checkpoint_extraction_refuses_escaping_paths_and_links(
     for bad in (escape, link):
         data: Any = b"x" if bad.isfile() else b""
         with pytest.raises((ValueError, tarfile.TarError)):
-            node_module._safe_extract(_tar_with([(bad, data)]), str(tmp_path / "bad"))
+            checkpoints_module._safe_extract(_tar_with([(bad, data)]), str(tmp_path / "bad"))
     assert not (tmp_path / "outside").exists()
 
 

@@ -1,6 +1,6 @@
 """Tar extraction of checkpoints and backups stays inside its destination (``cluster/base/safe_tar.py``).
 
-Both extractors are run over crafted archives: the snapshot install's (``node._safe_extract``, a tar
+Both extractors are run over crafted archives: the snapshot install's (``checkpoints._safe_extract``, a tar
 from a peer) and ``raftmq restore``'s (``backup._safe_extract``). A refused archive must leave
 nothing behind, inside the destination or next to it.
 """
@@ -18,7 +18,7 @@ import pytest
 
 from raftmq.cluster.cli.backup import BackupError
 from raftmq.cluster.cli.backup import _safe_extract as backup_extract
-from raftmq.cluster.node.node import _safe_extract as node_extract
+from raftmq.cluster.node.checkpoints import _safe_extract as node_extract
 
 Extract = Callable[[tarfile.TarFile, str], None]
 EXTRACTORS = {"node": (node_extract, ValueError), "backup": (backup_extract, BackupError)}

@@ -18,7 +18,8 @@ from raftmq.cluster.api.validation import bad, parse_json, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
-from raftmq.cluster.node.node import CheckpointBehind, Node
+from raftmq.cluster.node.checkpoints import CheckpointBehind
+from raftmq.cluster.node.node import Node
 from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         min_index = query_int(request.query, "min_index", 0, 0, 2**63 - 1)
         loop = asyncio.get_running_loop()
         try:
-            tar_path = await loop.run_in_executor(None, node.make_checkpoint_tar, name, min_index)
+            tar_path = await loop.run_in_executor(None, node.checkpoints.make_tar, name, min_index)
         except CheckpointBehind as e:
             raise ApiError(errors.UNAVAILABLE, str(e)) from None
         try:
@@ -126,7 +127,9 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         authorize(request)
         local_group(request)
         loop = asyncio.get_running_loop()
-        return json_response(await loop.run_in_executor(None, node.store_digest, request.match_info["group"]))
+        return json_response(
+            await loop.run_in_executor(None, node.checkpoints.store_digest, request.match_info["group"])
+        )
 
     async def propose_raw(request: web.Request) -> web.Response:
         """Propose raw command bytes (operators and tests: the state machine must cope with any)."""

@@ -1,0 +1,207 @@
+"""Checkpoints of a group's state: made for a peer that installs a snapshot (``make_tar``), fetched
+from the group's replicas when this replica installs one (``fetch``, on the group's checkpoint
+thread, blocking), and digests that tests compare across replicas (``store_digest``).
+
+A fetched checkpoint is checked before use: its ``meta.json`` names the group, it opens as a store,
+and its applied index covers the snapshot. Archives are extracted with ``base/safe_tar.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tarfile
+import time
+import urllib.request
+from typing import Any
+
+import orjson
+import structlog
+
+from raftmq.cluster.base.groups import META
+from raftmq.cluster.base.safe_tar import safe_extract
+from raftmq.cluster.config.keys import NO_REDIRECTS, PEER_HEADER
+from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
+from raftmq.cluster.node.view import NodeView
+from raftmq.storage.queues import applied_index as queues_applied_index
+from raftmq.storage.rocks import RocksStore
+from raftmq.storage.store import Store
+
+__all__ = ["CheckpointBehind", "Checkpoints"]
+
+log = structlog.get_logger(__name__)
+
+
+class CheckpointBehind(Exception):
+    """This replica's state is behind the index a checkpoint was asked for."""
+
+
+_CHECKPOINT_TIMEOUT_S = 30.0  # per socket operation of a checkpoint download
+
+
+def _fsync_files(path: str) -> None:
+    for entry in os.scandir(path):
+        if entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _check_checkpoint(name: str, dest: str, need: int) -> int:
+    """The applied index of the checkpoint extracted into ``dest``, once it is known to be group
+    ``name``'s state at or past ``need``; raises ``ValueError`` otherwise."""
+    with open(os.path.join(dest, "meta.json"), "rb") as f:
+        meta = orjson.loads(f.read())
+    if meta.get("group") != name:
+        raise ValueError(f"checkpoint of group {meta.get('group')!r}, not {name!r}")
+    store = RocksStore.open(os.path.join(dest, "checkpoint"))  # raises StoreError if it does not open
+    try:
+        index = metadata_applied_index(store) if name == META else queues_applied_index(store)
+    finally:
+        store.close()
+    if index < need or index < int(meta.get("applied_index", 0)):
+        raise ValueError(f"checkpoint at index {index}; the snapshot needs {need}, its source said {meta}")
+    return index
+
+
+def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
+    """Extract a checkpoint tar under ``dest``: regular files and directories only, never a link
+    or a path outside ``dest``, and nothing at all if any member breaks that (``cluster/base/safe_tar.py``).
+
+    Raises:
+        UnsafeArchive: a ValueError naming the member.
+    """
+    safe_extract(tar, dest)
+
+
+class Checkpoints:
+    """Checkpoints of this node's replicas (see the module docstring)."""
+
+    def __init__(self, node: NodeView) -> None:
+        self.node = node
+
+    def make_tar(self, name: str, min_index: int = 0) -> str:
+        """Checkpoint group ``name``'s state into a tar file; returns its path (caller deletes).
+
+        The tar holds ``checkpoint/`` (the RocksDB checkpoint) and ``meta.json`` (group, node, the
+        applied index before the checkpoint was taken: the checkpoint holds at least that).
+
+        Raises:
+            CheckpointBehind: this replica has applied less than ``min_index`` (a follower that
+                lags the snapshot the fetching replica must cover).
+        """
+        local = self.node.groups[name]
+        applied = local.machine.applied_index
+        if applied < min_index:
+            raise CheckpointBehind(
+                f"node {self.node.me.id} applied group {name} to {applied}, not {min_index}"
+            )
+        stamp = f"{name}-{time.time_ns()}"
+        ckpt_dir = os.path.join(self.node.node_dir, "tmp", f"ckpt-{stamp}")
+        tar_path = ckpt_dir + ".tar"
+        local.machine.store.checkpoint(ckpt_dir)
+        try:
+            with open(ckpt_dir + ".json", "wb") as f:
+                f.write(orjson.dumps({"group": name, "node_id": self.node.me.id, "applied_index": applied}))
+            with tarfile.open(tar_path, "w") as tar:
+                tar.add(ckpt_dir, arcname="checkpoint")
+                tar.add(ckpt_dir + ".json", arcname="meta.json")
+        finally:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(ckpt_dir + ".json")
+        return tar_path
+
+    def fetch(self, name: str, manifest: dict[str, Any]) -> tuple[str, int]:
+        """Download and check a checkpoint of group ``name`` covering the snapshot ``manifest``
+        (RaftGroup's checkpoint thread; blocking). Returns the checkpoint directory (the caller
+        restores or deletes it) and the applied index read from it.
+
+        Sources, in order: the group's leader as this replica knows it, the replica that wrote the
+        manifest, then the other replicas; each is asked for a state at or past the manifest's
+        ``state_index`` (a lagging replica refuses) and what arrives is checked: its ``meta.json``
+        names this group, it opens as a store, and its applied index is at least that.
+        """
+        need = int(manifest["state_index"])
+        local = self.node.groups.get(name)
+        members = [self.node.node_for_addr(a) for a in (local.raft.members() if local else ())]
+        replicas = {n.id: n for n in [*self.node.replicas(name), *(m for m in members if m is not None)]}
+        leader_addr = local.raft.leader() if local else None
+        leader = self.node.node_for_addr(leader_addr) if leader_addr else None
+        first = [leader.id if leader else None, manifest.get("node_id")]
+        order = sorted(
+            (r for r in replicas.values() if r.id != self.node.me.id),
+            key=lambda r: (first.index(r.id) if r.id in first else len(first), r.id),
+        )
+        # No proxy from the environment: a checkpoint goes straight to a peer, with the peer key.
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}),
+            NO_REDIRECTS,
+            urllib.request.HTTPSHandler(context=self.node.ssl_context),
+        )
+        errors = []
+        for node in order:
+            dest = os.path.join(self.node.node_dir, "tmp", f"incoming-{name}-{time.time_ns()}")
+            tar_path = dest + ".tar"
+            try:
+                self._fetch_fault(name)
+                request = urllib.request.Request(
+                    f"{node.http_url}/internal/groups/{name}/checkpoint?min_index={need}",
+                    headers={PEER_HEADER: self.node.keys.peer},
+                )
+                with opener.open(request, timeout=_CHECKPOINT_TIMEOUT_S) as resp, open(tar_path, "wb") as f:
+                    shutil.copyfileobj(resp, f, 1 << 20)
+                with tarfile.open(tar_path) as tar:
+                    _safe_extract(tar, dest)
+                index = _check_checkpoint(name, dest, need)
+                # Written to disk here, so the restore on the group's tick thread finds nothing dirty.
+                _fsync_files(os.path.join(dest, "checkpoint"))
+                os.rename(os.path.join(dest, "checkpoint"), dest + ".checkpoint")
+                shutil.rmtree(dest, ignore_errors=True)
+                return dest + ".checkpoint", index
+            except Exception as e:  # try the next replica
+                errors.append(f"{node.id}: {e}")
+                shutil.rmtree(dest, ignore_errors=True)
+            finally:
+                if os.path.exists(tar_path):
+                    os.remove(tar_path)
+        raise RuntimeError(f"no replica could send a checkpoint of group {name} at index {need}: {errors}")
+
+    def _fetch_fault(self, name: str) -> None:
+        """Test fault ``[faults] checkpoint_fetch_fault_file``: while that file says ``fail`` every
+        checkpoint fetch fails; while it says ``stall`` a fetch waits (up to 60 s), then fails."""
+        path = self.node.config.faults.checkpoint_fetch_fault_file
+        if not path:
+            return
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with open(path) as f:
+                    mode = f.read().strip()
+            except FileNotFoundError:
+                return
+            if mode not in ("fail", "stall"):
+                return
+            if mode == "fail" or time.monotonic() > deadline:
+                log.warning("test_fault_checkpoint_fetch", group=name, mode=mode)
+                raise RuntimeError(f"test fault: checkpoint fetch {mode}")
+            time.sleep(0.2)
+
+    def store_digest(self, name: str) -> dict[str, Any]:
+        """A hash of every key and value of group ``name``'s state (replicas compare equal)."""
+        store: Store = self.node.groups[name].machine.store
+        h = hashlib.sha256()
+        keys = 0
+        for k, v in store.scan(b""):
+            h.update(len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v)
+            keys += 1
+        return {
+            "group": name,
+            "state_index": self.node.groups[name].machine.applied_index,
+            "keys": keys,
+            "sha256": h.hexdigest(),
+        }

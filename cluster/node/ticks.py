@@ -1,0 +1,240 @@
+"""The node's tick loops: what a leader proposes on a timer, so that time enters the state machines
+only through leader-stamped commands (docs/architecture.md): leader balancing (leadership back to
+each queue group's preferred replica), retention and producer expiry (``retain``,
+``expire_producers``), and delivery ticks (``deliver_tick``, woken early when an apply schedules
+something sooner). One :class:`TickLoops` per node; ``Node.start`` runs its ``*_forever`` loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aiohttp
+import structlog
+
+from raftmq.cluster import commands
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.groups import META, port_offset
+from raftmq.cluster.commands.producers import expire_producers
+from raftmq.cluster.machines import producers
+from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
+from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.view import LocalGroup, NodeView
+from raftmq.storage.queues import next_due_ms
+
+__all__ = ["TickLoops"]
+
+log = structlog.get_logger(__name__)
+
+
+class TickLoops:
+    """The tick loops of one node (see the module docstring)."""
+
+    def __init__(self, node: NodeView) -> None:
+        self.node = node
+        self.delivery_wake = asyncio.Event()  # an apply scheduled a delayed message or deadline
+        self.scheduled_seq = 0  # counts those applies (on the event loop)
+        # Per led queue group: (applied index, scheduled_seq, now_ms) at its last look at the
+        # schedule, and the due time it found (deliver_once's cache).
+        self._due_cache: dict[str, tuple[int, int, int, int | None]] = {}
+        # Per queue group: retain ticks this node proposed whose time jumped too far ahead.
+        self.retention_clock_jumps: dict[str, int] = {}
+
+    def scheduled(self) -> None:
+        """An apply scheduled something (on the event loop): the delivery loop looks again."""
+        self.scheduled_seq += 1
+        self.delivery_wake.set()
+
+    # -- leader balancing -------------------------------------------------------------------------
+
+    async def balance_leaders_forever(self) -> None:
+        """Hand leadership of a queue group to its preferred node (its first replica) when that
+        node is up and caught up, so leaders stay spread over the cluster."""
+        while True:
+            await asyncio.sleep(3.0)
+            try:
+                await self._balance_once()
+            except Exception:
+                log.exception("leader_balance_failed")
+
+    async def _balance_once(self) -> None:
+        if self.node.change_in_progress is not None:
+            return  # the change's coordinator moves leaders itself
+        for g in self.node.config.groups_on(self.node.me.id):
+            local = self.node.groups.get(str(g))
+            preferred = self.node.config.group_replicas(g)[0]
+            if local is None or preferred.id == self.node.me.id or not local.raft.is_leader():
+                continue
+            if preferred.raft_addr(port_offset(str(g))) not in local.raft.members():
+                continue
+            status = await self.node.refresh_peer_status()
+            peer = status.get(preferred.id, {}).get("groups", {}).get(str(g))
+            mine = local.raft.status()
+            if peer and peer["applied_index"] >= mine.commit_index - 10 and peer["term"] == mine.term:
+                log.info("leadership_transfer", group=str(g), to=preferred.id)
+                local.raft.transfer_leadership(preferred.raft_addr(port_offset(str(g))))
+
+    # -- retention --------------------------------------------------------------------------------
+
+    async def retention_forever(self) -> None:
+        """As leader of a queue group, propose a ``retain`` tick for the queues of topics with a
+        retention setting, and ``expire_producers`` when idle producer states are due. Time enters
+        the state machine only through these leader-stamped ticks."""
+        interval_s = self.node.config.raft.retention_check_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.retention_once()
+            except Exception:
+                log.exception("retention_tick_failed")
+
+    async def retention_once(self) -> None:
+        led = [name for name, local in self.node.groups.items() if name != META and local.raft.is_leader()]
+        topics = await self._topics_for_retention() if led else []
+        topics = [t for t in topics if t.retention_ms or t.retention_bytes]
+        for name, local in self.node.groups.items():
+            if name == META or not local.raft.is_leader():
+                continue
+            queues = [
+                {"topic_id": t.id, "queue": q, "max_age_ms": t.retention_ms, "max_bytes": t.retention_bytes}
+                for t in topics
+                for q, g in enumerate(t.queue_groups)
+                if str(g) == name
+            ]
+            if queues:
+                await self._retain(name, local, queues)
+            await self._expire_producers(name, local)
+
+    async def _retain(self, name: str, local: LocalGroup, queues: list[dict[str, Any]]) -> None:
+        """Propose ``retain`` again while the last one stopped at its batch bound (at most 100 per
+        tick). A tick stamped further ahead of the last one than ``max_jump_ms`` is logged and
+        counted (``raftmq_retention_clock_jumps_total``): the group's retention clock moved less,
+        so no message is removed early (``cluster/machines/queue_group.py``, ``retention_clock``)."""
+        raft = self.node.config.raft
+        # 0: the field is left out, as releases before it wrote retain (a rolling upgrade).
+        max_jump_ms: int | None = max(raft.retention_max_jump_ms, 3 * raft.retention_check_ms)
+        if not raft.retention_max_jump_ms:
+            max_jump_ms = None
+        max_batches = raft.retention_max_batches or None
+        for _ in range(100):
+            if not local.raft.is_leader():
+                return
+            command = commands.retain(now_ms(), queues, max_jump_ms=max_jump_ms, max_batches=max_batches)
+            outcome = await self.node.propose(name, command)
+            result = outcome.result
+            if outcome.error or not isinstance(result, dict) or "error" in result:
+                log.warning("retention_tick_not_applied", group=name, error=outcome.error or result)
+                return
+            if "clock_jump_ms" in result:
+                self.retention_clock_jumps[name] = self.retention_clock_jumps.get(name, 0) + 1
+                log.warning(
+                    "retention_clock_jump",
+                    group=name,
+                    jump_ms=result["clock_jump_ms"],
+                    retention_clock_ms=result["retention_clock_ms"],
+                    max_jump_ms=max_jump_ms,
+                )
+            if not result.get("more"):
+                return
+
+    async def _topics_for_retention(self) -> list[Topic]:
+        """Every topic, from this node's metadata replica or, on a node without one (a queue
+        group's leader need not be a metadata voter), from the first node that has one; [] when
+        none answers (the next tick tries again)."""
+        if self.node.metadata is not None:
+            return self.node.metadata.topics()
+        leader = self.node.leader_of(META)
+        others = [n for n in self.node.config.nodes if n.id != self.node.me.id and n != leader]
+        for node in ([leader] if leader is not None else []) + others:
+            try:
+                body = await self.node.peer_get_json(node, "/internal/topics", timeout_s=2.0)
+                return [Topic.from_json(t) for t in body["topics"]]
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, TypeError):
+                continue
+        return []
+
+    async def _expire_producers(self, name: str, local: LocalGroup) -> None:
+        """Propose ``expire_producers`` steps while this leader's store shows idle producer states
+        are due (``limits.producer_idle_ms``, 0: never); at most 100 steps, the next tick goes on."""
+        idle_ms = self.node.config.limits.producer_idle_ms
+        expired = 0
+        for _ in range(100 if idle_ms else 0):
+            if not local.raft.is_leader() or not producers.expiry_due(local.machine.store, now_ms(), idle_ms):
+                break
+            outcome = await self.node.propose(name, expire_producers(now_ms(), idle_ms))
+            result = outcome.result
+            if outcome.error or not isinstance(result, dict) or "error" in result:
+                log.warning("expire_producers_not_applied", group=name, error=outcome.error or result)
+                break
+            expired += result["expired"]
+        if expired:
+            log.info("producers_expired", group=name, count=expired)
+
+    # -- delivery ticks ---------------------------------------------------------------------------
+
+    async def deliver_forever(self) -> None:
+        """As leader of a queue group, propose ``deliver_tick`` when a delayed message is due or an
+        in-flight deadline passed: at that time (woken early when an apply schedules something
+        sooner), and at least every ``delivery.tick_ms``. Time enters the state machine only through
+        this leader-stamped tick; a new leader's loop continues where the old one stopped, since the
+        schedule is in the replicated state."""
+        tick_s = self.node.config.delivery.tick_ms / 1000
+        while True:
+            self.delivery_wake.clear()
+            try:
+                wait_s = await self.deliver_once()
+            except Exception:
+                log.exception("deliver_tick_failed")
+                wait_s = tick_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.delivery_wake.wait(), min(max(wait_s, 0.001), tick_s))
+
+    async def deliver_once(self) -> float:
+        """Propose the ticks that are due; returns the seconds until the next known due time."""
+        settings = self.node.config.delivery
+        next_due: int | None = None
+        for name, local in self.node.groups.items():
+            if name == META or not local.raft.is_leader():
+                self._due_cache.pop(name, None)  # a leader looks at the schedule once first
+                continue
+            for _ in range(100):  # bounded: the loop comes back at once if more is due
+                now = now_ms()
+                known, due = self._known_due(name, local, now)
+                if not known:
+                    index, seq = local.machine.applied_index, self.scheduled_seq
+                    due = next_due_ms(local.machine.store)
+                    self._due_cache[name] = (index, seq, now, due)
+                if due is None or due > now:
+                    break
+                outcome = await self.node.propose(name, commands.deliver_tick(now, settings.tick_max_items))
+                if outcome.error or not isinstance(outcome.result, dict) or "error" in outcome.result:
+                    log.warning("deliver_tick_not_applied", group=name, error=outcome.error or outcome.result)
+                    due = None
+                    break
+            if due is not None:
+                next_due = due if next_due is None else min(next_due, due)
+        if next_due is None:
+            return settings.tick_ms / 1000
+        return max(0.0, (next_due - now_ms()) / 1000)
+
+    def _known_due(self, name: str, local: LocalGroup, now: int) -> tuple[bool, int | None]:
+        """``(True, due)`` when group ``name``'s next due time is known without a look at the store
+        (its deadline index scan passes over every settled entry's tombstone): nothing was applied
+        since the last look, or nothing that woke the loop (an entry added without waking it is due
+        ``WAKE_WITHIN_MS`` after its command at the earliest, so one look in that time, a tick
+        early, finds it on time). A cached time may be early (settled since): the look then finds
+        the real one."""
+        cached = self._due_cache.get(name)
+        if cached is None:
+            return False, None
+        index, seq, looked_ms, due = cached
+        if due is not None and due <= now:
+            return False, None
+        if local.machine.applied_index == index:
+            return True, due
+        horizon = looked_ms + WAKE_WITHIN_MS - self.node.config.delivery.tick_ms
+        if seq != self.scheduled_seq or now >= horizon:
+            return False, None
+        return True, due if due is not None and due < horizon else horizon
