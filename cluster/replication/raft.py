@@ -18,7 +18,7 @@ Poison pills: the state machine never raises; a storage failure stops the proces
 Snapshots are manifests (a few hundred bytes); a replica whose state is behind a snapshot pulls a
 RocksDB checkpoint from a peer out of band (``fetch_checkpoint``), never through Raft's 64 KiB chunks.
 That install is all or nothing: pysyncobj sees the snapshot only once a verified checkpoint was
-restored (``_gate_snapshot``); until then the follower's state, journal and commit index stay as
+restored (``snapshot_gate.py``); until then the follower's state, journal and commit index stay as
 they were and the leader sends the snapshot again.
 
 Membership (``dynamicMembershipChange``): single-server changes, effective on every replica as soon as
@@ -41,17 +41,15 @@ A checkpoint for a snapshot install is fetched and checked on a background threa
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import pysyncobj.pickle as _pso_pickle
@@ -64,7 +62,22 @@ from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from raftmq.cluster.base.timing import LatencyHistogram
+from raftmq.cluster.replication.contract import (
+    GroupStatus,
+    Outcome,
+    RaftBindError,
+    RaftSettings,
+    StateMachine,
+)
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.snapshot_gate import (
+    EXIT_STORAGE_FAILURE,
+    SnapshotGate,
+    entry_from_json,
+    entry_to_json,
+    fsync_dir,
+    read_manifest,
+)
 from raftmq.storage.store import Store, StoreError
 
 __all__ = [
@@ -85,55 +98,9 @@ PINNED_PYSYNCOBJ = "0.3.17"
 if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against this version
     raise ImportError(f"raftmq needs pysyncobj=={PINNED_PYSYNCOBJ}, found {PYSYNCOBJ_VERSION}")
 
-_EXIT_STORAGE_FAILURE = 70
-_CHECKPOINT_RETRY_S = 1.0  # after a failed checkpoint fetch, the next try waits this long
-_BLOCKING_INSTALL_S = 120.0  # on start, how long a replica behind its own snapshot tries to fetch
 _MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
 _VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
 _VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
-
-
-class StateMachine(Protocol):
-    """What a Raft group replicates into. ``apply`` must be pure and must not raise."""
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def applied_index(self) -> int: ...
-
-    def apply(self, index: int, command: bytes) -> Any: ...
-
-    def restore(self, checkpoint_dir: str) -> None:
-        """Replace the whole state with a checkpoint taken on a peer."""
-        ...
-
-
-class RaftBindError(Exception):
-    """A Raft group could not listen on its address (the port is taken or not local)."""
-
-
-@dataclass(frozen=True)
-class RaftSettings:
-    """Timing and durability of one group. Defaults favour low latency and stable leadership."""
-
-    password: str
-    fsync: bool = True
-    election_min_s: float = 0.8
-    election_max_s: float = 1.6
-    heartbeat_s: float = 0.05
-    tick_s: float = 0.05
-    leader_fallback_s: float = 2.0  # a cut-off leader steps down after this long
-    connection_retry_s: float = 0.5
-    compaction_min_entries: int = 20_000
-    compaction_min_time_s: float = 120.0
-    compaction_max_bytes: int = 64 * 1024 * 1024
-    max_entry_bytes: int = 256 * 1024
-    crash_after_snapshot: bool = False  # test fault: exit between snapshot and journal compaction
-    # A replica joining a running group starts with an empty log: it must not campaign (its higher
-    # term would depose the leader, and it cannot win) until a leader reached it. Its election
-    # deadline is pushed this far ahead, again and again, until then.
-    join_quiet_s: float = 30.0
 
 
 @dataclass(eq=False)
@@ -143,16 +110,6 @@ class _MembershipChange:
     action: str
     addr: str
     on_done: Callable[[Outcome], None]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a submitted command ended. ``error`` is an error code from ``cluster/base/errors.py``;
-    ``definite=False`` means the command may or may not have been applied."""
-
-    result: Any = None
-    error: str | None = None
-    definite: bool = True
 
 
 # pysyncobj failure reason -> (error code, definite)
@@ -165,20 +122,6 @@ _FAILURES: dict[int, tuple[str, bool]] = {
     FAIL_REASON.REQUEST_DENIED: ("unavailable", True),
     FAIL_REASON.UNKNOWN_OUTCOME: ("unknown_outcome", False),
 }
-
-
-@dataclass(frozen=True)
-class GroupStatus:
-    name: str
-    leader: str | None  # Raft address of the leader this replica knows, if any
-    is_leader: bool
-    term: int
-    commit_index: int
-    applied_index: int
-    state_index: int  # the state machine's applied_index (last non-empty entry applied)
-    has_quorum: bool
-    journal_entries: int
-    members: tuple[str, ...] = ()  # Raft addresses of the voters as this replica sees them
 
 
 class _MatchingTruncationFilter(logging.Filter):
@@ -268,8 +211,11 @@ class _GroupSyncObj(SyncObj):  # type: ignore[misc]
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         # SyncObj.__init__ registers self.__onMessageReceived with the transport: this override is
-        # what it finds. Snapshot messages pass through RaftGroup's gate first (see _gate_snapshot).
-        super()._SyncObj__onMessageReceived(node, self.raftmq_group._gate_snapshot(self, message))
+        # what it finds. Snapshot messages pass through RaftGroup's gate first (see snapshot_gate.py).
+        gate = self.raftmq_group.snapshot_gate
+        super()._SyncObj__onMessageReceived(
+            node, gate.gate(int(self.raftCurrentTerm), int(self.raftCommitIndex), message)
+        )
 
 
 class RaftGroup:
@@ -319,16 +265,8 @@ class RaftGroup:
         self._vote_log_at = 0.0  # tick thread
         self._hinted: frozenset[str] = frozenset()  # tick thread only
         self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        # Snapshot install (see _gate_snapshot). The tick thread owns _incoming_snapshot; the rest
-        # is shared with the background fetch thread under _checkpoint_lock.
-        self._incoming_snapshot: bytes | None = None
-        self._checkpoint_lock = threading.Lock()
-        self._staged_checkpoint: tuple[str, int] | None = None  # (directory, its applied index)
-        self._checkpoint_fetching = False
-        self._checkpoint_retry_at = 0.0
-        # Read by metrics: snapshot installs done here, and checkpoint fetches or checks that failed.
-        self.snapshot_installs = 0
-        self.snapshot_install_failures = 0
+        # Snapshot install, all or nothing (snapshot_gate.py).
+        self.snapshot_gate = SnapshotGate(name, machine, fetch_checkpoint)
         conf = SyncObjConf(
             password=settings.password,
             journalFile=self._journal,
@@ -568,7 +506,7 @@ class RaftGroup:
         except StoreError:
             # A replica that cannot write must stop; carrying on would let it diverge silently.
             log.critical("storage_failure_stopping", group=self.name, index=index, exc_info=True)
-            os._exit(_EXIT_STORAGE_FAILURE)
+            os._exit(EXIT_STORAGE_FAILURE)
         finally:
             self.apply_latency.observe(time.perf_counter() - started)
 
@@ -576,7 +514,7 @@ class RaftGroup:
         # Disk full or broken: pysyncobj would retry the write every tick forever. Stop instead;
         # the other replicas carry on, and this node recovers from them once restarted.
         log.critical("journal_storage_failure_stopping", group=self.name, error=str(error))
-        os._exit(_EXIT_STORAGE_FAILURE)
+        os._exit(EXIT_STORAGE_FAILURE)
 
     def _after_tick(self) -> None:
         self._journal.flush()
@@ -626,21 +564,38 @@ class RaftGroup:
     def _before_compaction(self) -> None:
         # pysyncobj renamed the new snapshot into place without syncing the directory; make the
         # rename durable before the journal entries it covers disappear.
-        _fsync_dir(os.path.dirname(self._snapshot_file))
+        fsync_dir(os.path.dirname(self._snapshot_file))
         if self._settings.crash_after_snapshot:
             log.warning("test_fault_crash_after_snapshot", group=self.name)
             os._exit(137)
 
     # -- snapshots ------------------------------------------------------------------------------
 
+    def _reset_election_deadline(self) -> None:
+        """After a blocking checkpoint fetch on this tick thread: without this the replica would
+        start an election (pysyncobj checks the deadline before reading the heartbeats queued)."""
+        sync = getattr(self, "_sync", None)
+        if sync is not None:
+            sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
+
+    @property
+    def snapshot_installs(self) -> int:
+        """Snapshot installs done here (read by metrics)."""
+        return self.snapshot_gate.installs
+
+    @property
+    def snapshot_install_failures(self) -> int:
+        """Checkpoint fetches or checks that failed (read by metrics)."""
+        return self.snapshot_gate.install_failures
+
     def _members_on_start(self, seed: list[str]) -> tuple[int, list[str], list[str]]:
         """(base index, voters at it, voters now) from the snapshot manifest and the journal, as
         pysyncobj will load them: the journal's entries after the snapshot count only if it holds
         the snapshot's prev and last entries (otherwise pysyncobj clears it)."""
-        manifest = _read_manifest(self._snapshot_file)
+        manifest = read_manifest(self._snapshot_file)
         if manifest is None:
             return 0, seed, members_after(seed, self._journal[:], 0)
-        last, prev = _entry_from_json(manifest["last"]), _entry_from_json(manifest["prev"])
+        last, prev = entry_from_json(manifest["last"]), entry_from_json(manifest["prev"])
         base = list(manifest.get("cluster") or seed)
         entries = self._journal[:]
         held = {(e[1], e[2]) for e in entries}
@@ -662,8 +617,8 @@ class RaftGroup:
             "node_id": self.node_id,
             "raft_addr": self.self_addr,
             "state_index": self._machine.applied_index,
-            "last": _entry_to_json(last),
-            "prev": _entry_to_json(prev),
+            "last": entry_to_json(last),
+            "prev": entry_to_json(prev),
             "cluster": members,
         }
         with open(tmp_path, "wb") as f:
@@ -678,11 +633,11 @@ class RaftGroup:
         # make it durable before pysyncobj replaces the journal with the snapshot's two entries.
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
         with open(path, "rb") as f:
             manifest = orjson.loads(f.read())
-        last = _entry_from_json(manifest["last"])
-        prev = _entry_from_json(manifest["prev"])
+        last = entry_from_json(manifest["last"])
+        prev = entry_from_json(manifest["prev"])
         self._journal.align_to_snapshot(prev, last)
         restart, self._loading_on_start = self._loading_on_start, False
         # A manifest from before membership changes has no "cluster": keep the voters in use.
@@ -695,181 +650,10 @@ class RaftGroup:
         self._base_index, self._base_members = last[1], base
         if self._machine.applied_index < manifest["state_index"]:
             # The gate lets an installed snapshot through only once the state covers it, so this
-            # is a start whose state is behind its own snapshot (see _install_blocking).
-            self._install_blocking(manifest)
+            # is a start whose state is behind its own snapshot (see SnapshotGate.install_blocking).
+            self.snapshot_gate.install_blocking(manifest, self._reset_election_deadline)
         # pysyncobj drops its own address from this list only when given Node objects: leave it out.
         return last, prev, [m for m in members if m != self.self_addr]
-
-    # -- snapshot install: all or nothing --------------------------------------------------------
-    #
-    # pysyncobj installs a snapshot in __loadDumpFile, which swallows any exception; the follower
-    # would then answer success, raise its commit index to the end of its own unchecked log and
-    # apply entries that were never committed. So nothing may fail in there: the last chunk of an
-    # install message reaches pysyncobj only once the state already covers the snapshot (a
-    # verified checkpoint restored first, on the tick thread). Until then the message is held:
-    # pysyncobj sees a heartbeat (leader, term, election deadline) without the snapshot and
-    # without the leader's commit index, answers nothing, keeps its manifest file, journal,
-    # commit index and state, and the leader sends the snapshot again. The checkpoint is fetched
-    # and verified by a background thread, so a slow or failing fetch never blocks the ticks.
-
-    def _gate_snapshot(self, sync: SyncObj, message: Any) -> Any:
-        """Tick thread: ``message`` as pysyncobj (``sync``, this group's object; a message may come
-        before ``self._sync`` is set) may see it (see the comment above)."""
-        if (
-            not isinstance(message, dict)
-            or message.get("type") != "append_entries"
-            or "prevLogIdx" in message
-            or message.get("serialized") is None
-            or message.get("term", -1) < int(sync.raftCurrentTerm)
-        ):
-            return message
-        # The leader's commit index says nothing about this follower's unchecked log.
-        held = {**message, "commit_index": min(message["commit_index"], int(sync.raftCommitIndex))}
-        chunk = message["serialized"]
-        if not isinstance(chunk, tuple | list) or len(chunk) != 3:  # the leader failed to read its file
-            return {**held, "serialized": None}
-        data, is_first, is_last = chunk
-        if is_first:
-            self._incoming_snapshot = bytes(data)
-        elif self._incoming_snapshot is not None:
-            self._incoming_snapshot += bytes(data)
-        if not is_last:
-            return held  # pysyncobj writes the chunk to a temporary file, nothing else
-        raw, self._incoming_snapshot = self._incoming_snapshot, None
-        if raw is not None and self._snapshot_ready(raw):
-            return message
-        return {**held, "serialized": None}
-
-    def _snapshot_ready(self, raw: bytes) -> bool:
-        """Tick thread: whether the state covers the snapshot manifest ``raw`` (restoring a verified
-        checkpoint first if one is staged); starts a background fetch when it does not."""
-        try:
-            manifest = orjson.loads(raw)
-            need = int(manifest["state_index"])
-            if manifest["group"] != self.name:
-                raise ValueError(f"snapshot of group {manifest['group']!r}")
-        except (ValueError, KeyError, TypeError) as e:
-            self.snapshot_install_failures += 1
-            log.error("snapshot_rejected", group=self.name, error=str(e))
-            return False
-        with self._checkpoint_lock:
-            staged, self._staged_checkpoint = self._staged_checkpoint, None
-        if self._machine.applied_index >= need:
-            if staged is not None:
-                shutil.rmtree(staged[0], ignore_errors=True)  # no longer needed
-            return True
-        if staged is not None:
-            path, index = staged
-            if index >= need:
-                return self._restore_staged(path, need)
-            shutil.rmtree(path, ignore_errors=True)  # a newer snapshot needs a newer checkpoint
-        self._start_checkpoint_fetch(manifest)
-        return False
-
-    def _restore_staged(self, path: str, need: int) -> bool:
-        log.info(
-            "snapshot_install_started",
-            group=self.name,
-            state_index=need,
-            local_index=self._machine.applied_index,
-        )
-        try:
-            self._machine.restore(path)  # an atomic swap: the old state or the new one
-        except StoreError as e:
-            # The checkpoint opened and was checked: the local disk failed. Stop, as the journal does.
-            log.critical("snapshot_restore_storage_failure_stopping", group=self.name, error=str(e))
-            os._exit(_EXIT_STORAGE_FAILURE)
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-        if self._machine.applied_index < need:  # never after the checks; hold and fetch again
-            self.snapshot_install_failures += 1
-            log.error(
-                "snapshot_restore_behind", group=self.name, state_index=self._machine.applied_index, need=need
-            )
-            return False
-        self.snapshot_installs += 1
-        log.info("snapshot_install_done", group=self.name, state_index=self._machine.applied_index)
-        return True
-
-    def _start_checkpoint_fetch(self, manifest: dict[str, Any]) -> None:
-        if self._fetch_checkpoint is None:
-            log.error("snapshot_install_impossible", group=self.name, reason="no way to fetch a checkpoint")
-            return
-        with self._checkpoint_lock:
-            if self._checkpoint_fetching or time.monotonic() < self._checkpoint_retry_at:
-                return
-            self._checkpoint_fetching = True
-        log.info(
-            "snapshot_checkpoint_fetch_started",
-            group=self.name,
-            source=manifest.get("node_id"),
-            state_index=manifest["state_index"],
-            local_index=self._machine.applied_index,
-        )
-        threading.Thread(
-            target=self._fetch_in_background,
-            args=(manifest,),
-            name=f"raftmq-checkpoint-{self.name}",
-            daemon=True,
-        ).start()
-
-    def _fetch_in_background(self, manifest: dict[str, Any]) -> None:
-        staged: tuple[str, int] | None = None
-        try:
-            staged = self._fetch_verified(manifest)
-        except Exception as e:
-            log.warning("snapshot_checkpoint_fetch_failed", group=self.name, error=str(e))
-        with self._checkpoint_lock:
-            self._checkpoint_fetching = False
-            if staged is None:
-                self.snapshot_install_failures += 1
-                self._checkpoint_retry_at = time.monotonic() + _CHECKPOINT_RETRY_S
-                return
-            old, self._staged_checkpoint = self._staged_checkpoint, staged
-        if old is not None:
-            shutil.rmtree(old[0], ignore_errors=True)
-        log.info("snapshot_checkpoint_ready", group=self.name, state_index=staged[1])
-
-    def _fetch_verified(self, manifest: dict[str, Any]) -> tuple[str, int]:
-        """A checkpoint directory holding this group's state at or past the snapshot, and its
-        applied index (any thread). Raises when no replica could send one."""
-        assert self._fetch_checkpoint is not None
-        path, index = self._fetch_checkpoint(manifest)
-        if index < int(manifest["state_index"]):
-            shutil.rmtree(path, ignore_errors=True)
-            raise ValueError(
-                f"checkpoint at index {index} is behind the snapshot's {manifest['state_index']}"
-            )
-        return path, index
-
-    def _install_blocking(self, manifest: dict[str, Any]) -> None:
-        """Tick thread, on start: this replica's state is behind its own snapshot manifest (its
-        state directory was lost or replaced). Fetch and restore before pysyncobj goes on, or stop:
-        pysyncobj must never continue from a state that does not cover its snapshot."""
-        need = int(manifest["state_index"])
-        deadline = time.monotonic() + _BLOCKING_INSTALL_S
-        while self._fetch_checkpoint is not None and time.monotonic() < deadline:
-            try:
-                path, _index = self._fetch_verified(manifest)
-            except Exception as e:
-                self.snapshot_install_failures += 1
-                log.warning("snapshot_checkpoint_fetch_failed", group=self.name, error=str(e))
-                time.sleep(_CHECKPOINT_RETRY_S)
-                continue
-            if self._restore_staged(path, need):
-                # The fetch blocked this tick thread; without this the replica would start an
-                # election (pysyncobj checks the deadline before reading the heartbeats queued).
-                sync = getattr(self, "_sync", None)
-                if sync is not None:
-                    sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
-                return
-        log.critical(
-            "snapshot_state_behind_stopping",
-            group=self.name,
-            state_index=self._machine.applied_index,
-            need=need,
-        )
-        os._exit(_EXIT_STORAGE_FAILURE)
 
 
 def membership_change(command: bytes) -> tuple[str, str] | None:
@@ -897,32 +681,3 @@ def members_after(
             elif action == "rem":
                 members.discard(addr)
     return sorted(members)
-
-
-def _read_manifest(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as f:
-            manifest: dict[str, Any] = orjson.loads(f.read())
-        return manifest
-    except FileNotFoundError:
-        return None
-    except ValueError:  # written and fsynced before its rename, so never torn; pysyncobj logs it too
-        log.error("snapshot_manifest_unreadable", path=path)
-        return None
-
-
-def _entry_to_json(entry: Entry) -> list[Any]:
-    command, index, term = entry
-    return [base64.b64encode(command).decode(), index, term]
-
-
-def _entry_from_json(raw: list[Any]) -> Entry:
-    return (base64.b64decode(raw[0]), int(raw[1]), int(raw[2]))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

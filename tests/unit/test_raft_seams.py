@@ -44,6 +44,7 @@ from raftmq.cluster.replication.raft import (
     _FlushingTransport,
     _install_journal_seam,
 )
+from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.store import Batch, Store, StoreError
 
@@ -743,8 +744,8 @@ def test_force_compaction_writes_a_manifest_and_restart_keeps_every_entry(
     snapshot = str(tmp_path / "snapshots" / "g.snapshot")
     wait_for(lambda: os.path.isfile(snapshot) and journal[0][1] > 1, "snapshot and compaction")
     manifest = _manifest(snapshot)
-    prev = raft._entry_from_json(manifest["prev"])
-    last = raft._entry_from_json(manifest["last"])
+    prev = entry_from_json(manifest["prev"])
+    last = entry_from_json(manifest["last"])
     assert manifest["format"] == 1 and manifest["group"] == "g"
     assert last[1] == prev[1] + 1
     assert manifest["state_index"] <= last[1]
@@ -783,8 +784,8 @@ def test_crash_between_snapshot_and_compaction_keeps_every_entry(
     before = list(journal[:])
     assert before[0][1] == 1
     manifest = _manifest(snapshot)
-    prev = raft._entry_from_json(manifest["prev"])
-    last = raft._entry_from_json(manifest["last"])
+    prev = entry_from_json(manifest["prev"])
+    last = entry_from_json(manifest["last"])
     assert before[-1][1] > last[1]
 
     group2 = start_group(journal_store, machine)

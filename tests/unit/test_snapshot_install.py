@@ -25,7 +25,7 @@ from pysyncobj import SyncObjConf
 from pysyncobj.monotonic import monotonic
 from pysyncobj.transport import Transport
 
-from raftmq.cluster.replication import raft
+from raftmq.cluster.replication import raft, snapshot_gate
 from raftmq.cluster.replication.journal import DurableJournal
 from raftmq.cluster.replication.raft import RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
@@ -124,7 +124,7 @@ def follower(
 
     monkeypatch.setattr(raft, "SyncObjConf", conf_factory)
     monkeypatch.setattr(raft, "_FlushingTransport", RecordingTransport)
-    monkeypatch.setattr(raft, "_CHECKPOINT_RETRY_S", 0.0)
+    monkeypatch.setattr(snapshot_gate, "_CHECKPOINT_RETRY_S", 0.0)
     made: list[RaftGroup] = []
 
     def make() -> tuple[RaftGroup, Machine, Fetcher]:
@@ -199,8 +199,8 @@ def _fetch_failed(group: RaftGroup, count: int) -> Callable[[], bool]:
     """``count`` fetches have failed and none runs."""
 
     def done() -> bool:
-        with group._checkpoint_lock:
-            return group.snapshot_install_failures >= count and not group._checkpoint_fetching
+        with group.snapshot_gate.lock:
+            return group.snapshot_install_failures >= count and not group.snapshot_gate.fetching
 
     return done
 
@@ -246,7 +246,7 @@ def test_snapshot_installs_once_a_checkpoint_arrived(
     _assert_untouched(group, machine, tmp_path)
     fetcher.failing = False
     _send_snapshot(group)  # starts a fetch that succeeds; the snapshot is held until it is in
-    _wait(lambda: group._staged_checkpoint is not None, "the checkpoint")
+    _wait(lambda: group.snapshot_gate.staged is not None, "the checkpoint")
     _assert_untouched(group, machine, tmp_path)
     _send_snapshot(group)  # the leader's next try: restored, then installed
     _ticks(group)
@@ -309,7 +309,7 @@ def test_storage_failure_during_restore_stops_the_process(
     fetcher.failing = False
     machine.restore_error = StoreError("disk gone")
     _send_snapshot(group)
-    _wait(lambda: group._staged_checkpoint is not None or fetcher.calls > 1, "the checkpoint")
+    _wait(lambda: group.snapshot_gate.staged is not None or fetcher.calls > 1, "the checkpoint")
     with pytest.raises(Exited) as info:
         _send_snapshot(group)
     assert info.value.args == (70,)
@@ -326,7 +326,7 @@ def test_a_start_behind_its_own_snapshot_fetches_first_or_stops(
     manifest on the first tick, and must not go on before the state covers it."""
     exits: list[int] = []  # os._exit, recorded (pysyncobj's bare except would swallow a raise)
     monkeypatch.setattr(os, "_exit", exits.append)
-    monkeypatch.setattr(raft, "_BLOCKING_INSTALL_S", 0.0)
+    monkeypatch.setattr(snapshot_gate, "_BLOCKING_INSTALL_S", 0.0)
     (tmp_path / "snapshot").mkdir()
     (tmp_path / "snapshot" / "manifest.json").write_bytes(_manifest())
     group, machine, fetcher = follower()  # fetches fail
@@ -335,7 +335,7 @@ def test_a_start_behind_its_own_snapshot_fetches_first_or_stops(
     assert machine.applied == [] and machine.restored == []
     exits.clear()
 
-    monkeypatch.setattr(raft, "_BLOCKING_INSTALL_S", 30.0)
+    monkeypatch.setattr(snapshot_gate, "_BLOCKING_INSTALL_S", 30.0)
     group, machine, fetcher = follower()
     fetcher.failing = False
     group._sync.doTick(0)

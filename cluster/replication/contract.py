@@ -1,0 +1,81 @@
+"""What the Raft adapter (``raft.py``) offers and asks, free of pysyncobj: the state machine it
+replicates into (:class:`StateMachine`), a group's settings (:class:`RaftSettings`), how a
+submitted command ended (:class:`Outcome`), a replica's status (:class:`GroupStatus`), and
+:class:`RaftBindError`. Callers import these without loading pysyncobj's types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from raftmq.storage.store import Store
+
+__all__ = ["GroupStatus", "Outcome", "RaftBindError", "RaftSettings", "StateMachine"]
+
+
+class StateMachine(Protocol):
+    """What a Raft group replicates into. ``apply`` must be pure and must not raise."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def applied_index(self) -> int: ...
+
+    def apply(self, index: int, command: bytes) -> Any: ...
+
+    def restore(self, checkpoint_dir: str) -> None:
+        """Replace the whole state with a checkpoint taken on a peer."""
+        ...
+
+
+class RaftBindError(Exception):
+    """A Raft group could not listen on its address (the port is taken or not local)."""
+
+
+@dataclass(frozen=True)
+class RaftSettings:
+    """Timing and durability of one group. Defaults favour low latency and stable leadership."""
+
+    password: str
+    fsync: bool = True
+    election_min_s: float = 0.8
+    election_max_s: float = 1.6
+    heartbeat_s: float = 0.05
+    tick_s: float = 0.05
+    leader_fallback_s: float = 2.0  # a cut-off leader steps down after this long
+    connection_retry_s: float = 0.5
+    compaction_min_entries: int = 20_000
+    compaction_min_time_s: float = 120.0
+    compaction_max_bytes: int = 64 * 1024 * 1024
+    max_entry_bytes: int = 256 * 1024
+    crash_after_snapshot: bool = False  # test fault: exit between snapshot and journal compaction
+    # A replica joining a running group starts with an empty log: it must not campaign (its higher
+    # term would depose the leader, and it cannot win) until a leader reached it. Its election
+    # deadline is pushed this far ahead, again and again, until then.
+    join_quiet_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a submitted command ended. ``error`` is an error code from ``cluster/base/errors.py``;
+    ``definite=False`` means the command may or may not have been applied."""
+
+    result: Any = None
+    error: str | None = None
+    definite: bool = True
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    leader: str | None  # Raft address of the leader this replica knows, if any
+    is_leader: bool
+    term: int
+    commit_index: int
+    applied_index: int
+    state_index: int  # the state machine's applied_index (last non-empty entry applied)
+    has_quorum: bool
+    journal_entries: int
+    members: tuple[str, ...] = ()  # Raft addresses of the voters as this replica sees them
