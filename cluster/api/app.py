@@ -22,10 +22,20 @@ from typing import Any
 
 from aiohttp import web
 
+from raftmq.cluster.api.auth import auth_middleware
 from raftmq.cluster.api.common import error_middleware, json_response
+from raftmq.cluster.api.console import add_console_routes
+from raftmq.cluster.api.handlers.cluster import add_cluster_routes
+from raftmq.cluster.api.handlers.consumers import add_consumer_routes
 from raftmq.cluster.api.handlers.fetch import FetchHandlers
+from raftmq.cluster.api.handlers.groups import add_group_routes
+from raftmq.cluster.api.handlers.internal import add_internal_routes
 from raftmq.cluster.api.handlers.produce import ProduceHandlers, key_queue
+from raftmq.cluster.api.handlers.push import add_push_routes
+from raftmq.cluster.api.handlers.segments import add_segment_routes
+from raftmq.cluster.api.handlers.subscriptions import add_subscription_routes
 from raftmq.cluster.api.handlers.topics import TopicHandlers
+from raftmq.cluster.api.metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
 from raftmq.cluster.api.openapi.spec import openapi_spec
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
@@ -84,16 +94,6 @@ class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
 
 def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
-    from raftmq.cluster.api.auth import auth_middleware
-    from raftmq.cluster.api.console import add_console_routes
-    from raftmq.cluster.api.handlers.cluster import add_cluster_routes
-    from raftmq.cluster.api.handlers.consumers import add_consumer_routes
-    from raftmq.cluster.api.handlers.groups import add_group_routes
-    from raftmq.cluster.api.handlers.internal import add_internal_routes
-    from raftmq.cluster.api.handlers.push import add_push_routes
-    from raftmq.cluster.api.handlers.segments import add_segment_routes
-    from raftmq.cluster.api.handlers.subscriptions import add_subscription_routes
-    from raftmq.cluster.api.metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
 
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,

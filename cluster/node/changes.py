@@ -40,6 +40,7 @@ import aiohttp
 import orjson
 import structlog
 
+from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.config.cluster_file import NodeConfig
@@ -357,7 +358,6 @@ class Coordinator:
         return result
 
     async def _end(self, change: Change, outcome: str, error: str | None = None) -> None:
-        from raftmq.cluster.base.clock import now_ms
 
         await self._propose("end_change", change_id=change.id, now_ms=now_ms(), outcome=outcome, error=error)
         self._attempts.pop(change.id, None)

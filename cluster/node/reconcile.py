@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 import structlog
 
+from raftmq.cluster.base.groups import port_offset
 from raftmq.cluster.machines.placement import Placement
 
 if TYPE_CHECKING:
@@ -141,7 +142,6 @@ class Reconciler:
         local = node.groups.get(name)
         if local is None or local.raft.is_leader():
             return False
-        from raftmq.cluster.base.groups import port_offset
 
         me = node.me.raft_addr(port_offset(name))
         statuses = await node.refresh_peer_status()

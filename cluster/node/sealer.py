@@ -23,6 +23,7 @@ import structlog
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.commands.segments import seal_segment
+from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.machines.segments import (
     decode_entry,
     next_base,
@@ -38,7 +39,6 @@ from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
     from raftmq.cluster.config.cluster_file import NodeConfig
-    from raftmq.cluster.machines.metadata import Topic
     from raftmq.cluster.node.view import NodeView
     from raftmq.storage.segments import SegmentStore, WrittenSegment
 
@@ -103,7 +103,6 @@ class Sealer:
                 log.exception("segment_seal_failed")
 
     async def _topics(self) -> list[Topic]:
-        from raftmq.cluster.machines.metadata import Topic
 
         if self.node.metadata is not None:
             return list(self.node.metadata.topics())

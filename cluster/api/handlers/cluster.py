@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -41,12 +42,12 @@ from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_matches
 from raftmq.cluster.machines.placement import command
 from raftmq.cluster.machines.rebalance import plan
+from raftmq.cluster.node.changes import Coordinator
 from raftmq.cluster.node.node import Node, set_if_pending
 from raftmq.cluster.replication.raft import Outcome
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
-    from raftmq.cluster.node.changes import Coordinator
 
 __all__ = ["ClusterApi", "add_cluster_routes"]
 
@@ -66,7 +67,6 @@ class ClusterApi:
     # -- public -----------------------------------------------------------------------------------
 
     async def placement(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         if not self.api.router.leads(META):
             return await self.api.router.forward(request, META)
@@ -112,7 +112,6 @@ class ClusterApi:
     async def rebalance(self, request: web.Request) -> web.Response:
         """Even out replicas and preferred leaders (``cluster/machines/rebalance.py``). The answer carries
         the plan as of now; a balanced cluster gets a change that ends at once as done."""
-        from raftmq.cluster.api.common import json_response
 
         raw = await request.read()
         body = parse_json(raw) if raw else {}
@@ -137,7 +136,6 @@ class ClusterApi:
         return await self._begin({"kind": "rebalance"}, plan=steps)
 
     async def cancel(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         if not self.api.router.leads(META):
             return await self.api.router.forward(request, META)
@@ -163,7 +161,6 @@ class ClusterApi:
 
     async def _begin(self, change: dict[str, Any], **extra: Any) -> web.Response:
         """Record ``change`` and answer 202 ``{"change": ..., **extra}``."""
-        from raftmq.cluster.api.common import json_response
 
         result = await self.api.router.propose_checked(
             META, orjson.dumps(command("begin_change", now_ms=now_ms(), change=change))
@@ -206,7 +203,6 @@ class ClusterApi:
         """``POST /internal/proof {"nonce"}``, open (the prober sends no credential): this node's id
         and addresses and its proof over the nonce. It reveals nothing a request could not already
         learn, and the proof is bound to this node's own addresses."""
-        from raftmq.cluster.api.common import json_response
 
         body = parse_json(await request.read())
         nonce = body.get("nonce") if isinstance(body, dict) else None
@@ -256,7 +252,6 @@ class ClusterApi:
         return result
 
     async def internal_placement(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         machine = self.node.metadata
         placement = None if machine is None else machine.placement()
@@ -283,7 +278,6 @@ def add_cluster_routes(app: web.Application, node: Node, api: ApiCore) -> Cluste
     r.add_post(PROOF_PATH, cluster.internal_proof)
 
     async def start_coordinator(app: web.Application) -> None:
-        from raftmq.cluster.node.changes import Coordinator
 
         cluster.coordinator = coordinator = Coordinator(node, api.router)
         task = asyncio.create_task(coordinator.run_forever())

@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -46,7 +47,6 @@ class _ConsumersApi:
         self.history = LagHistory(node.config.limits.lag_sample_ms)
 
     async def topic_groups(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         if request.query:
             raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
@@ -57,7 +57,6 @@ class _ConsumersApi:
         )
 
     async def lag_history(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         if request.query:
             raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
@@ -137,7 +136,6 @@ class _ConsumersApi:
         return rows
 
     async def internal_consumers(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         if not self.node.keys.authorizes(request.headers):
             raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")

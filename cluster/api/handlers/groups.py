@@ -16,6 +16,7 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL
+from raftmq.cluster.api.common import group_name, json_response
 from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -60,7 +61,6 @@ def _forwarded_grant(node: Node, body: bytes) -> TokenGrant | None:
 
 
 def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
-    from raftmq.cluster.api.common import group_name, json_response
 
     membership = GroupMembership()
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, parse_json, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -29,7 +30,6 @@ __all__ = ["add_internal_routes"]
 
 
 def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
-    from raftmq.cluster.api.common import json_response
 
     def authorize(request: web.Request, *, backup: bool = False) -> None:
         """The peer key, or (``backup``: a route of ``raftmq backup``) the backup key."""

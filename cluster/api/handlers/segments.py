@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.handlers.fetch_common import fetch_query, long_poll, only_params, queue_number
 from raftmq.cluster.api.validation import MAX_OFFSET, bad, query_int
 from raftmq.cluster.base import errors
@@ -113,7 +114,6 @@ class SegmentsApi:
         return None
 
     async def get_manifest(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         topic = await self.api.topic(request.match_info["topic"])
         only_params(request, set())
@@ -283,7 +283,6 @@ class SegmentsApi:
             raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
 
     async def internal_manifest(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         self._authorize(request)
         name = request.match_info["group"]
@@ -300,7 +299,6 @@ class SegmentsApi:
         return json_response({"queues": {str(q): v for q, v in got.items()}})
 
     async def internal_seal(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         self._authorize(request)
         if self.node.sealer is None:
@@ -309,7 +307,6 @@ class SegmentsApi:
         return json_response({"results": results})
 
     async def internal_gc(self, request: web.Request) -> web.Response:
-        from raftmq.cluster.api.common import json_response
 
         self._authorize(request)
         if self.node.sealer is None:
