@@ -416,7 +416,14 @@ def dlq() -> None:
 @dlq.command("list")
 @click.argument("topic")
 @click.option("--group", required=True, help="The consumer group whose dead letters to list.")
-@click.option("--max", "max_messages", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--max",
+    "max_messages",
+    type=click.IntRange(min=1, max=10_000),
+    default=100,
+    show_default=True,
+    help="At most this many dead letters.",
+)
 @click.option("--queue", type=click.IntRange(min=0), help="Only this queue.")
 @client_command
 def dlq_list(urls: list[str], topic: str, group: str, max_messages: int, queue: int | None) -> None:

@@ -64,7 +64,13 @@ def _load(path: str) -> ClusterConfig:
 )
 @click.option("--node", "node_id", required=True, help="This node's id in the cluster file.")
 @click.option("--json-logs/--console-logs", default=False, help="Log as JSON lines (default: console).")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Log records at this level and above.",
+)
 def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> None:
     """Run one node of the cluster described by the cluster file."""
     config = _load(config_path)
