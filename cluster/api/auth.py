@@ -110,6 +110,8 @@ ROUTES: dict[tuple[str, str], Rule] = {
         CONSUME, ADMIN, any_of=True
     ),  # consumer lag (api/handlers/consumers.py)
     ("GET", _T + "/groups/lag"): _on_topic(CONSUME, ADMIN, any_of=True),  # its history, same rule
+    # A group's members on the topic (api/handlers/groups.py): monitoring, as the lag is.
+    ("GET", _T + "/groups/{group}/members"): _on_topic(CONSUME, ADMIN, any_of=True),
     ("DELETE", _T): _on_topic(ADMIN),
     ("POST", _T + "/messages"): _on_topic(PRODUCE),
     ("GET", _T + "/queues/{queue}/messages"): _on_topic(CONSUME),

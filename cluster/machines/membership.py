@@ -227,6 +227,62 @@ class GroupMembership:
             "session_timeout_ms": self.session_timeout_ms,
         }
 
+    def describe(self, group: str, topic: str, queues: int, now_ms: int, limit: int) -> dict[str, Any]:
+        """The members of ``group`` consuming ``topic`` (``queues`` queues) and the group's state,
+        for monitoring (``GET /v1/topics/{topic}/groups/{group}/members``); changes nothing.
+
+        Per member: the queues of ``topic`` last handed to it (``queues``), the ones its allocation
+        gives it but the revoke barrier still holds back (``pending``), when it was last heard
+        from, and the generation it says it has applied. Only ``topic`` is shown of a member's
+        subscription (a token that may read one topic learns nothing of the others). At most
+        ``limit`` members, by member id; ``member_count`` says how many there are.
+
+        ``state``: ``empty`` (no member consumes the topic), ``rebalancing`` (some member has not
+        yet been sent the group's current generation, has not applied what it was sent, or waits
+        for a queue of its allocation), else ``stable``.
+        """
+        g = self._groups.get(group)
+        subscribers = sorted(m for m, info in g.members.items() if topic in info.topics) if g else []
+        allocation = average_allocation(queues, subscribers)
+        rows: list[dict[str, Any]] = []
+        held: set[int] = set()
+        settled = True
+        for member_id in subscribers:
+            assert g is not None
+            info = g.members[member_id]
+            granted = sorted(q for t, q in info.sent if t == topic)
+            held.update(granted)
+            pending = [q for q in allocation[member_id] if q not in granted]
+            if (
+                info.sent_generation != g.generation
+                or (info.applied is not None and info.applied != info.sent_generation)
+                or pending
+            ):
+                settled = False
+            if len(rows) < limit:
+                rows.append(
+                    {
+                        "member_id": member_id,
+                        "queues": granted,
+                        "pending": pending,
+                        "last_seen_ms": info.last_seen_ms,
+                        "last_seen_ago_ms": max(0, now_ms - info.last_seen_ms),
+                        "applied_generation": info.applied,
+                    }
+                )
+        state = "empty" if not subscribers else ("stable" if settled else "rebalancing")
+        return {
+            "group": group,
+            "topic": topic,
+            "state": state,
+            "generation": g.generation if g else None,
+            "member_count": len(subscribers),
+            "members": rows,
+            "truncated": len(rows) < len(subscribers),
+            "unassigned_queues": [q for q in range(queues) if q not in held],
+            "session_timeout_ms": self.session_timeout_ms,
+        }
+
     def member_topics(self, group: str, member_id: str) -> tuple[str, ...] | None:
         """The topics ``member_id`` of ``group`` consumes, or None if it is not a member."""
         g = self._groups.get(group)

@@ -223,3 +223,70 @@ def test_no_queue_is_ever_granted_to_two_members_at_once() -> None:
             applied.pop(gone, None)
         owners = Counter(q for qs in holding.values() for q in qs)
         assert all(n == 1 for n in owners.values()), (now, holding)
+
+
+def test_describe_shows_members_of_one_topic_and_the_state_through_a_rebalance() -> None:
+    m = GroupMembership(session_timeout_ms=10_000)
+    m.set_term(1)
+    assert m.describe("g", "t", 4, now_ms=0, limit=10)["state"] == "empty"
+    m.heartbeat("g", "a", ["t", "secret"], now_ms=0, generation=0)
+    m.view("g", "a", {"t": 4, "secret": 2})
+    gen = m.describe("g", "t", 4, now_ms=0, limit=10)["generation"]
+    d = m.describe("g", "t", 4, now_ms=0, limit=10)
+    assert d["state"] == "rebalancing"  # a has not yet said it applied its assignment
+    m.heartbeat("g", "a", ["t", "secret"], now_ms=100, generation=gen)
+    d = m.describe("g", "t", 4, now_ms=300, limit=10)
+    assert d["state"] == "stable" and d["unassigned_queues"] == []
+    assert d["members"] == [
+        {
+            "member_id": "a",
+            "queues": [0, 1, 2, 3],
+            "pending": [],
+            "last_seen_ms": 100,
+            "last_seen_ago_ms": 200,
+            "applied_generation": gen,
+        }
+    ]
+    assert "secret" not in orjson.dumps(d).decode()  # only the asked topic of a subscription
+    # b joins: a still holds 2 and 3 until it applies the new generation, so b waits for them.
+    m.heartbeat("g", "b", ["t"], now_ms=200, generation=0)
+    m.view("g", "b", {"t": 4})
+    d = m.describe("g", "t", 4, now_ms=200, limit=10)
+    assert d["state"] == "rebalancing" and d["member_count"] == 2
+    assert [(r["member_id"], r["queues"], r["pending"]) for r in d["members"]] == [
+        ("a", [0, 1, 2, 3], []),
+        ("b", [], [2, 3]),
+    ]
+    a_gen = m.view("g", "a", {"t": 4, "secret": 2})["generation"]
+    m.heartbeat("g", "a", ["t", "secret"], now_ms=300, generation=a_gen)
+    b_gen = m.view("g", "b", {"t": 4})["generation"]
+    m.heartbeat("g", "b", ["t"], now_ms=300, generation=b_gen)
+    d = m.describe("g", "t", 4, now_ms=300, limit=10)
+    assert d["state"] == "stable"
+    assert [(r["member_id"], r["queues"]) for r in d["members"]] == [("a", [0, 1]), ("b", [2, 3])]
+    assert m.leave("g", "b")
+    d = m.describe("g", "t", 4, now_ms=300, limit=10)
+    assert [r["member_id"] for r in d["members"]] == ["a"] and d["state"] == "rebalancing"
+    assert d["unassigned_queues"] == [2, 3]
+
+
+def test_describe_caps_the_members_and_says_so() -> None:
+    m = GroupMembership()
+    m.set_term(1)
+    for i in range(7):
+        m.heartbeat("g", f"m{i}", ["t"], now_ms=0)
+    d = m.describe("g", "t", 3, now_ms=0, limit=5)
+    assert d["member_count"] == 7 and d["truncated"] is True
+    assert [r["member_id"] for r in d["members"]] == [f"m{i}" for i in range(5)]
+    assert m.describe("g", "other", 3, now_ms=0, limit=5)["member_count"] == 0
+    assert m.describe("nobody", "t", 3, now_ms=0, limit=5) == {
+        "group": "nobody",
+        "topic": "t",
+        "state": "empty",
+        "generation": None,
+        "member_count": 0,
+        "members": [],
+        "truncated": False,
+        "unassigned_queues": [0, 1, 2],
+        "session_timeout_ms": 10_000,
+    }

@@ -1,4 +1,5 @@
-"""Consumer-group membership routes: join/heartbeat and leave (served by the metadata leader).
+"""Consumer-group membership routes: join/heartbeat, leave, and the members of a group on a topic
+(all served by the metadata leader, the coordinator, which keeps membership in memory).
 
 Leaving (removing a member) needs ``consume`` on every topic the member consumes, checked at the
 coordinator, which knows them (``api/auth.py`` checks ``consume`` on some topic first).
@@ -6,6 +7,11 @@ coordinator, which knows them (``api/auth.py`` checks ``consume`` on some topic 
 The heartbeat body is ``{"member_id", "topics", "generation"?}``; ``generation`` (optional, for
 older clients) is the generation of the last assignment the member has applied, 0 before its
 first. It drives the revoke barrier of :mod:`raftmq.cluster.machines.membership`.
+
+``GET /v1/topics/{topic}/groups/{group}/members`` is the console's view of a group: its members on
+the topic (at most ``MEMBERS_MAX``, by member id, with ``member_count`` and ``truncated``), the
+queues each holds and when it was last heard from, and the group's state. It needs what reading the
+group's lag needs (``consume`` or ``admin`` on the topic).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ __all__ = ["add_group_routes"]
 MAX_MEMBER_ID_BYTES = 255
 MAX_SUBSCRIBED_TOPICS = 100
 U64 = 2**64 - 1  # the largest integer a request body can carry
+MEMBERS_MAX = 100  # members listed by GET .../groups/{group}/members (the count says how many more)
 
 
 def _check_member_id(member_id: str) -> None:
@@ -125,5 +132,18 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         left = membership.leave(group, member_id)
         return json_response({"group": group, "member_id": member_id, "left": left})
 
+    async def members(request: web.Request) -> web.Response:
+        if request.query:
+            raise bad(f"unknown query parameter(s): {', '.join(sorted(request.query))}")
+        group = group_name(request)
+        topic = await api.topic(request.match_info["topic"])
+        if not api.router.leads(META):
+            return await api.router.forward(request, META)
+        membership.set_term(coordinator_term())
+        now = now_ms()
+        membership.expire(now)  # what the next heartbeat would drop anyway
+        return json_response(membership.describe(group, topic.name, topic.queues, now, MEMBERS_MAX))
+
     app.router.add_post("/v1/groups/{group}/members", join)
+    app.router.add_get("/v1/topics/{topic}/groups/{group}/members", members)
     app.router.add_delete("/v1/groups/{group}/members/{member_id}", leave)

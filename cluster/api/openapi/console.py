@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from raftmq.cluster.api.handlers.groups import MEMBERS_MAX
 from raftmq.cluster.api.openapi.base import (
+    GROUP,
     RAFT_ERRORS,
     TOPIC,
     Schema,
@@ -59,6 +61,60 @@ def _console_schemas() -> dict[str, Schema]:
             },
             required=("topic", "groups", "unavailable_queues"),
         ),
+        "GroupMembers": _obj(
+            {
+                "group": _str(),
+                "topic": _str(),
+                "state": _str(
+                    enum=["empty", "stable", "rebalancing"],
+                    description="empty: no member consumes the topic; rebalancing: a member has not yet "
+                    "been sent or applied the group's current assignment, or waits for a queue; else stable.",
+                ),
+                "generation": _nullable(_int(0, description="The group's generation (null: no member).")),
+                "member_count": _int(0, description="Members consuming the topic (all, listed or not)."),
+                "members": _array(
+                    _obj(
+                        {
+                            "member_id": _str(),
+                            "queues": _array(_int(0), description="Queues of the topic handed to it."),
+                            "pending": _array(
+                                _int(0),
+                                description="Queues its allocation gives it, held back until their "
+                                "previous holder lets go (the revoke barrier).",
+                            ),
+                            "last_seen_ms": _int(0, description="Its last heartbeat, Unix ms."),
+                            "last_seen_ago_ms": _int(0, description="How long ago that was."),
+                            "applied_generation": _nullable(
+                                _int(0, description="The generation it says it has applied (null: not sent).")
+                            ),
+                        },
+                        required=(
+                            "member_id",
+                            "queues",
+                            "pending",
+                            "last_seen_ms",
+                            "last_seen_ago_ms",
+                            "applied_generation",
+                        ),
+                    ),
+                    description=f"At most {MEMBERS_MAX:,}, by member id.",
+                ),
+                "truncated": {"type": "boolean", "description": "More members than listed."},
+                "unassigned_queues": _array(_int(0), description="Queues of the topic no member holds."),
+                "session_timeout_ms": _int(0),
+            },
+            required=(
+                "group",
+                "topic",
+                "state",
+                "generation",
+                "member_count",
+                "members",
+                "truncated",
+                "unassigned_queues",
+                "session_timeout_ms",
+            ),
+        ),
         "LagHistory": _obj(
             {
                 "topic": _str(),
@@ -108,6 +164,15 @@ def _console_paths() -> dict[str, Any]:
                 "Each consumer group's lag on a topic over the last 15 minutes, as this node sampled it",
                 {"200": _json(_ref("LagHistory"), "the samples"), **_errors(400, 404, *RAFT_ERRORS)},
                 params=(TOPIC,),
+            )
+        },
+        "/v1/topics/{topic}/groups/{group}/members": {
+            "get": _op(
+                "topicGroupMembers",
+                "A consumer group's members on a topic, the queues each holds, and the group's state "
+                "(from the membership coordinator, the metadata leader)",
+                {"200": _json(_ref("GroupMembers"), "the members"), **_errors(400, 404, *RAFT_ERRORS)},
+                params=(TOPIC, GROUP),
             )
         },
         "/": {
