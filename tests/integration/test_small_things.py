@@ -40,12 +40,13 @@ def test_json_answers_end_with_a_newline(cluster: Cluster) -> None:
         cluster.get("/v1/topics/no-such-topic"),  # an error body
         cluster.get("/v1/topics/nl/queues/0/messages", params={"offset": "x"}),  # 400
         cluster.post("/v1/topics/nl/messages", json={"messages": [{"value": "v"}]}),
+        cluster.get("/v1/topics/nl/queues/0/messages", params={"offset": "0"}),  # written in parts
     ]
     for r in answers:
         assert r.headers["Content-Type"].startswith("application/json"), r.url
         assert r.content.endswith(b"}\n") and not r.content.endswith(b"\n\n"), (r.url, r.content[-40:])
         json.loads(r.content)
-    assert [r.status_code for r in answers] == [200, 200, 200, 200, 404, 400, 200]
+    assert [r.status_code for r in answers] == [200, 200, 200, 200, 404, 400, 200, 200]
 
 
 def test_get_root_redirects_to_the_console(cluster: Cluster) -> None:

@@ -36,7 +36,7 @@ def message(offset: int, value: bytes, **fields: Any) -> Message:
 
 def whole(messages: list[Message], max_age_ms: int | None, tail: dict[str, Any]) -> bytes:
     kept = [message_item({}, m) for m in messages if not m.expired(NOW_MS, max_age_ms)]
-    return orjson.dumps({"messages": kept, **tail})
+    return orjson.dumps({"messages": kept, **tail}, option=orjson.OPT_APPEND_NEWLINE)
 
 
 MIXED = [

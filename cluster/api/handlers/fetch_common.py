@@ -162,8 +162,9 @@ async def encode_fetch(
     messages: Sequence[Message], now_ms: int, max_age_ms: int | None, tail: Mapping[str, Any]
 ) -> list[bytes]:
     """The JSON fetch answer ``{"messages": [...], **tail}`` in parts whose concatenation is byte
-    for byte what ``orjson.dumps`` of it gives, without the messages expired at ``now_ms`` (their
-    TTL, or older than the topic's ``max_age_ms``).
+    for byte what ``json_response`` gives for it (``orjson.dumps`` and a newline, as every JSON
+    answer ends), without the messages expired at ``now_ms`` (their TTL, or older than the
+    topic's ``max_age_ms``).
 
     Encoded on the event loop in slices of about :data:`ENCODE_SLICE_BYTES` of values, yielding to
     the loop between slices: a 64 MiB answer never holds the loop (and the GIL) for more than one
@@ -186,7 +187,7 @@ async def encode_fetch(
         parts += [b","] if len(parts) > 1 else []
         parts.append(orjson.dumps(items)[1:-1])
     rest = orjson.dumps(dict(tail))  # b'{"next_offset":...}'
-    parts.append(b"]," + rest[1:] if tail else b"]}")
+    parts.append((b"]," + rest[1:] if tail else b"]}") + b"\n")
     return parts
 
 
