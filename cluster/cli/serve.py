@@ -492,7 +492,8 @@ def _watch(cluster: DevCluster, stopping: Any) -> None:
             status = f"{cluster.command} status"
             if cluster.directory != DEV_DIR:
                 status += " --url " + ",".join(n.http for n in config.nodes)
-            click.echo(f'Try: curl -s -XPOST {first}/v1/topics -d \'{{"name":"orders"}}\'')
+            # The README's and quickstart's first command, so that their walk through goes on from it.
+            click.echo(f'Try: curl -s -XPOST {first}/v1/topics -d \'{{"name": "orders", "queues": 4}}\'')
             click.echo(f"     {status}")
             click.echo(f"     kill -9 a node's pid, then: {cluster.restart_hint} <node>")
             click.echo("Ctrl-C stops the cluster.")

@@ -23,6 +23,7 @@ from .harness import Cluster, free_port_block, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
+REPO = Path(__file__).resolve().parents[2]
 DEV_HTTP_PORTS = (8081, 8082, 8083)
 # `raftmq dev`: node i has Raft base port 7100 + 100 * i; the metadata group and 3 queue groups
 # use base + 0..3.
@@ -322,6 +323,11 @@ def test_dev_says_ready_restarts_a_killed_node_as_its_hint_says_and_stops_every_
         ], lines[ready]
         assert not any(line.startswith("Try:") for line in lines[:ready]), output  # hints after "ready"
         wait_until(lambda: any(line.startswith("Try:") for line in lines[ready:]), 10, what="Try: hints")
+        # The curl it suggests is the README's and quickstart's first, whose walk through goes on
+        # from its 4 queues (it made an 8-queue orders, and the README's create then failed).
+        tried = next(line for line in lines if line.startswith("Try:")).removeprefix("Try:").strip()
+        for guide in ("README.md", "docs/quickstart.md"):
+            assert tried in (REPO / guide).read_text().splitlines(), (tried, guide)
         with urllib.request.urlopen("http://127.0.0.1:8081/ui", timeout=10) as ui:
             assert ui.status == 200
 
