@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import requests
 
+from raftmq.client import Consumer
+
 from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -488,9 +490,59 @@ def test_a_consumer_groups_detail_has_its_own_link(page: Page, c: Cluster) -> No
     page.click("nav a[data-view=groups]")
     page.click('#consumers-table tr[data-consumer="billing"][data-topic="orders"]', timeout=10_000)
     assert page.url.endswith("#groups/billing/orders")
-    expect(page.locator("#consumer-title")).to_have_text("billing on orders, per queue", timeout=10_000)
+    expect(page.locator("#consumer-title")).to_have_text("billing on orders", timeout=10_000)
     page.goto(c.url("n1") + "/ui#cluster")
     page.goto(c.url("n1") + "/ui#groups/billing/orders")  # opened from the link alone
     expect(page.locator("#consumer-queues-table tbody tr[data-queue]")).to_have_count(3, timeout=10_000)
-    expect(page.locator("#consumer-title")).to_have_text("billing on orders, per queue")
+    expect(page.locator("#consumer-title")).to_have_text("billing on orders")
     expect(page.locator('#consumers-table tr[data-consumer="billing"]')).to_have_class(re.compile("selected"))
+
+
+def test_a_consumer_groups_detail_shows_its_members_and_state(page: Page, c: Cluster) -> None:
+    """Two clustering consumers (the Python client) of group shipping on orders: the group's detail
+    lists them with their queues, says the group is stable, names each queue's holder; when one
+    leaves, the other takes every queue."""
+    bootstrap = [c.url(n) for n in c.nodes]
+
+    def consumer(member_id: str) -> Consumer:
+        return Consumer(
+            bootstrap, group="shipping", topics="orders", member_id=member_id, token=VIEWER_TOKEN, wait_ms=200
+        )
+
+    packer1, packer2 = consumer("packer-1"), consumer("packer-2")
+    try:
+        page.goto(c.url("n1") + "/ui#groups/shipping/orders")
+        members = page.locator("#group-members-table tbody tr[data-member]")
+        expect(members).to_have_count(2, timeout=20_000)
+        expect(page.locator("#group-state")).to_have_text("stable", timeout=20_000)
+        expect(page.locator('#group-members-table tr[data-member="packer-1"] td.queues')).to_have_text("0, 1")
+        expect(page.locator('#group-members-table tr[data-member="packer-2"] td.queues')).to_have_text("2")
+        expect(page.locator('#group-members-table tr[data-member="packer-1"] td.seen')).to_contain_text(
+            re.compile("just now|s ago")
+        )
+        # Per queue: the holder next to the committed offset and lag (the consumers commit).
+        expect(page.locator('#consumer-queues-table tr[data-queue="2"] td.holder')).to_have_text(
+            "packer-2", timeout=20_000
+        )
+        expect(page.locator('#consumer-queues-table tr[data-queue="0"] td.holder')).to_have_text("packer-1")
+        answer = _ok(c.get("/v1/topics/orders/groups/shipping/members", node="n2"))
+        held = {m["member_id"]: m["queues"] for m in answer["members"]}
+        assert held == {"packer-1": [0, 1], "packer-2": [2]}
+        expect(page.locator("#members-note")).to_contain_text("2 members")
+        shot(page, "group-members")
+        packer2.close()
+        expect(members).to_have_count(1, timeout=20_000)
+        expect(page.locator('#group-members-table tr[data-member="packer-1"] td.queues')).to_have_text(
+            "0, 1, 2", timeout=20_000
+        )
+        expect(page.locator("#group-state")).to_have_text("stable", timeout=20_000)
+        shot(page, "group-members-after-leave")
+    finally:
+        packer2.close()
+        packer1.close()
+    # The same permission as the group's lag: the viewer may read orders' groups, not audit's.
+    viewer = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
+    r = requests.get(c.url("n2") + "/v1/topics/orders/groups/shipping/members", headers=viewer, timeout=10)
+    assert r.status_code == 200, r.text
+    r = requests.get(c.url("n2") + "/v1/topics/audit/groups/shipping/members", headers=viewer, timeout=10)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text

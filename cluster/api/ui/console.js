@@ -405,10 +405,13 @@ async function renderGroups() {
     rows.map((r) => ({ name: `${r.group} on ${r.topic}`, color: colors.get(r.key), points: lagSeries(r.key) })),
     {},
   );
-  const selected = rows.find((r) => r.key === state.consumer);
-  document.getElementById("consumer-detail").hidden = !selected;
-  if (!selected) return;
-  document.getElementById("consumer-title").textContent = `${selected.group} on ${selected.topic}, per queue`;
+  // A group opened from its link may have members but no committed progress yet: it is shown too.
+  const [group, topic] = state.consumer ? state.consumer.split("\u0000") : [null, null];
+  document.getElementById("consumer-detail").hidden = !group;
+  if (!group) return;
+  const selected = rows.find((r) => r.key === state.consumer) || { group, topic, queues: [] };
+  document.getElementById("consumer-title").textContent = `${group} on ${topic}`;
+  const holder = await renderMembers(group, topic);
   fill(
     "consumer-queues-table",
     selected.queues.map((q) =>
@@ -416,6 +419,7 @@ async function renderGroups() {
         "tr",
         { "data-queue": q.queue },
         el("td", { class: "num", text: q.queue }),
+        el("td", { class: "holder", text: holder.get(q.queue) || "–" }),
         el("td", { text: q.group_id }),
         el("td", { class: "num", text: fmt(q.committed_offset) }),
         el("td", { class: "num", text: fmt(q.high_offset) }),
@@ -427,6 +431,60 @@ async function renderGroups() {
     ),
     "no queues",
   );
+}
+
+const STATE_BADGE = { stable: "good", rebalancing: "warn", empty: "bad" };
+
+function ago(ms) {
+  return ms < 1000 ? "just now" : `${fmt(ms / 1000)} s ago`;
+}
+
+function queueList(queues) {
+  return queues.length ? queues.join(", ") : "–";
+}
+
+// The group's members on the topic from its coordinator (GET …/groups/{group}/members); returns
+// queue -> member id, for the per-queue table.
+async function renderMembers(group, topic) {
+  const holder = new Map();
+  const stateBox = document.getElementById("group-state");
+  const note = document.getElementById("members-note");
+  let answer;
+  try {
+    answer = await api(`/v1/topics/${pathOf(topic, "groups", group, "members")}`);
+  } catch (e) {
+    stateBox.replaceChildren(badge("members unknown", "bad"));
+    note.textContent = `Members could not be read: ${e.message}`;
+    fill("group-members-table", [], "–");
+    return holder;
+  }
+  stateBox.replaceChildren(badge(answer.state, STATE_BADGE[answer.state] || "warn"));
+  stateBox.dataset.state = answer.state;
+  for (const m of answer.members) for (const q of m.queues) holder.set(q, m.member_id);
+  const shown = answer.truncated ? `, the first ${fmt(answer.members.length)} by id shown` : "";
+  const unassigned = answer.unassigned_queues.length
+    ? `; queues held by no member: ${queueList(answer.unassigned_queues)}`
+    : "";
+  note.textContent =
+    `${fmt(answer.member_count)} member${answer.member_count === 1 ? "" : "s"}${shown}` +
+    (answer.generation === null ? "" : `, generation ${answer.generation}`) +
+    `; a member is dropped after ${fmt(answer.session_timeout_ms / 1000)} s without a heartbeat${unassigned}.`;
+  fill(
+    "group-members-table",
+    answer.members.map((m) =>
+      el(
+        "tr",
+        { "data-member": m.member_id },
+        el("td", {}, el("strong", { text: m.member_id })),
+        el("td", { class: "queues", text: queueList(m.queues) }),
+        el("td", { class: "pending", text: queueList(m.pending) }),
+        el("td", { class: "seen", title: new Date(m.last_seen_ms).toISOString(), text: ago(m.last_seen_ago_ms) }),
+        el("td", { class: "num", text: m.applied_generation === null ? "–" : m.applied_generation }),
+      ),
+    ),
+    "no member consumes this topic in the group (members are clustering consumers that heartbeat)",
+  );
+  return holder;
 }
 
 // -- message browser ------------------------------------------------------------------------------
