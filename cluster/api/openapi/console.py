@@ -76,7 +76,10 @@ def _console_schemas() -> dict[str, Schema]:
                     _obj(
                         {
                             "member_id": _str(),
-                            "queues": _array(_int(0), description="Queues of the topic handed to it."),
+                            "queues": _array(
+                                _int(0),
+                                description="Queues of the topic its last heartbeat answer handed it.",
+                            ),
                             "pending": _array(
                                 _int(0),
                                 description="Queues its allocation gives it, held back until their "
