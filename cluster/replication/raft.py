@@ -1,4 +1,4 @@
-"""The Raft adapter: one :class:`RaftGroup` per replicated group. The only module importing pysyncobj.
+"""The Raft adapter: one :class:`RaftGroup` per replicated group, on pysyncobj through ``pso.py``.
 
 pysyncobj (pinned to 0.3.17) provides elections and replication. This module makes it durable and
 safe to embed (each hazard, as docs/architecture.md lists them under "The hazards and what
@@ -42,7 +42,6 @@ A checkpoint for a snapshot install is fetched and checked on a background threa
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import queue
 import threading
@@ -52,14 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import pysyncobj.pickle as _pso_pickle
-import pysyncobj.syncobj as _pso
 import structlog
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
-from pysyncobj.monotonic import monotonic as _pso_monotonic
-from pysyncobj.node import TCPNode
-from pysyncobj.transport import TCPTransport
-from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.replication.contract import (
@@ -70,6 +62,21 @@ from raftmq.cluster.replication.contract import (
     StateMachine,
 )
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.pso import (
+    FAIL_REASON,
+    PINNED_PYSYNCOBJ,
+    FlushingTransport,
+    SyncObj,
+    SyncObjConf,
+    SyncObjException,
+    TCPNode,
+    install_journal_seam,
+    install_log_filter,
+    members_after,
+    membership_change,
+    monotonic,
+    replicated,
+)
 from raftmq.cluster.replication.snapshot_gate import (
     EXIT_STORAGE_FAILURE,
     SnapshotGate,
@@ -94,12 +101,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-PINNED_PYSYNCOBJ = "0.3.17"
-if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against this version
-    raise ImportError(f"raftmq needs pysyncobj=={PINNED_PYSYNCOBJ}, found {PYSYNCOBJ_VERSION}")
-
-_MEMBERSHIP = bytes([_pso._COMMAND_TYPE.MEMBERSHIP])
-_VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
 _VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
 
 
@@ -122,76 +123,6 @@ _FAILURES: dict[int, tuple[str, bool]] = {
     FAIL_REASON.REQUEST_DENIED: ("unavailable", True),
     FAIL_REASON.UNKNOWN_OUTCOME: ("unknown_outcome", False),
 }
-
-
-class _MatchingTruncationFilter(logging.Filter):
-    """Drops pysyncobj's CRITICAL "truncating already-applied log entries" line.
-
-    pysyncobj logs it whenever a follower truncates from below its applied index (hazard 5). With
-    DurableJournal that truncation keeps every entry that matches the leader (a current-term suffix
-    is kept; committed entries always match the leader's), so nothing applied is lost or replayed
-    differently; the line would only alarm operators. tests/unit/test_journal.py covers the cases.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("truncating already-applied log entries")
-
-
-def _install_log_filter() -> None:
-    logger = logging.getLogger("pysyncobj.syncobj")
-    if not any(isinstance(f, _MatchingTruncationFilter) for f in logger.filters):
-        logger.addFilter(_MatchingTruncationFilter())
-
-
-def _install_journal_seam() -> None:
-    """Make pysyncobj use a DurableJournal passed as ``journalFile`` (idempotent)."""
-    original = _pso.createJournal
-    if getattr(original, "raftmq_seam", False):
-        return
-
-    def create_journal(journal_file: Any = None) -> Any:
-        if isinstance(journal_file, DurableJournal):
-            return journal_file
-        return original(journal_file)
-
-    create_journal.raftmq_seam = True  # type: ignore[attr-defined]
-    _pso.createJournal = create_journal
-
-
-class _FlushingTransport(TCPTransport):  # type: ignore[misc]
-    """TCP transport that makes the journal durable before any message leaves the node.
-
-    It also connects to *hinted* peers (:meth:`RaftGroup.hint_peers`): pysyncobj's transport talks
-    only to the voters of this replica's own configuration and hangs up on anyone else, so a
-    replica that missed a membership change (it was down) could never hear from a new voter that
-    leads. A hinted peer gets a connection but no vote and no entries from this replica.
-
-    Votes count only between voters: a vote request (or a vote) from a node outside this replica's
-    voters is dropped before pysyncobj sees it. pysyncobj answers any connected node's request and
-    adopts its term, so a removed voter that never learnt of its removal (the leader stops sending
-    to it when it appends the change) would campaign, and its higher term would depose the leader
-    through the connections that hints keep open. Entries and heartbeats from any node still pass.
-    """
-
-    def send(self, node: Any, message: Any) -> Any:
-        self._syncObj.raftmq_journal.flush()
-        return super().send(node, message)
-
-    def _onMessageReceived(self, node: Any, message: Any) -> None:
-        # Every connection delivers through this method (tick thread). Only votes are checked.
-        if (
-            isinstance(message, dict)
-            and message.get("type") in _VOTE_MESSAGES
-            and node not in self._syncObj.otherNodes
-        ):
-            self._syncObj.raftmq_group._vote_ignored(node, message)
-            return
-        super()._onMessageReceived(node, message)
-
-    def addNode(self, node: Any) -> None:
-        if node in self._nodes:  # a hinted peer became a voter: keep its connection
-            return
-        super().addNode(node)
 
 
 class _GroupSyncObj(SyncObj):  # type: ignore[misc]
@@ -236,8 +167,8 @@ class RaftGroup:
         bind_addr: str | None = None,
         joining: bool = False,
     ) -> None:
-        _install_journal_seam()
-        _install_log_filter()
+        install_journal_seam()
+        install_log_filter()
         self.name = name
         self.node_id = node_id
         self.self_addr = self_addr
@@ -300,12 +231,12 @@ class RaftGroup:
             selfNode=self_addr,
             otherNodes=self.peer_addrs,
             conf=conf,
-            transportClass=_FlushingTransport,
+            transportClass=FlushingTransport,
         )
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
-            self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.join_quiet_s
+            self._sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.join_quiet_s
         try:
             self._sync.waitBinded()
         except SyncObjException:
@@ -524,7 +455,7 @@ class RaftGroup:
             if self._sync._getLeader() is not None or len(self._journal) > 1:
                 self._quiet = False  # a leader reached us: an ordinary voter from now on
             else:
-                self._sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.join_quiet_s
+                self._sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.join_quiet_s
         for _ in range(self._tick_calls.qsize()):  # not those queued meanwhile: they wait a tick
             try:
                 call = self._tick_calls.get_nowait()
@@ -576,7 +507,7 @@ class RaftGroup:
         start an election (pysyncobj checks the deadline before reading the heartbeats queued)."""
         sync = getattr(self, "_sync", None)
         if sync is not None:
-            sync._SyncObj__raftElectionDeadline = _pso_monotonic() + self._settings.election_max_s
+            sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.election_max_s
 
     @property
     def snapshot_installs(self) -> int:
@@ -654,30 +585,3 @@ class RaftGroup:
             self.snapshot_gate.install_blocking(manifest, self._reset_election_deadline)
         # pysyncobj drops its own address from this list only when given Node objects: leave it out.
         return last, prev, [m for m in members if m != self.self_addr]
-
-
-def membership_change(command: bytes) -> tuple[str, str] | None:
-    """``("add" | "rem", raft address)`` when ``command`` is a pysyncobj membership entry."""
-    if command[:1] != _MEMBERSHIP:
-        return None
-    request = _pso_pickle.loads(command[1:])  # ["add" | "rem", node id (= address), node]
-    return str(request[0]), str(request[1])
-
-
-def members_after(
-    base: Iterable[str], entries: Iterable[Entry], after_index: int, upto_index: int | None = None
-) -> list[str]:
-    """The voters once the membership entries of ``entries`` with an index in
-    ``(after_index, upto_index]`` are applied, in log order, to the voters ``base``."""
-    members = set(base)
-    for command, index, _term in entries:
-        if index <= after_index or (upto_index is not None and index > upto_index):
-            continue
-        change = membership_change(command)
-        if change is not None:
-            action, addr = change
-            if action == "add":
-                members.add(addr)
-            elif action == "rem":
-                members.discard(addr)
-    return sorted(members)

@@ -23,11 +23,10 @@ from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport, Transport
 
 from raftmq.cluster.replication.journal import DurableJournal
+from raftmq.cluster.replication.pso import FlushingTransport, install_journal_seam
 from raftmq.cluster.replication.raft import (
     Outcome,
     RaftGroup,
-    _FlushingTransport,
-    _install_journal_seam,
     members_after,
     membership_change,
 )
@@ -105,19 +104,19 @@ def test_the_transport_hangs_up_on_unknown_addresses_and_hints_are_transport_nod
     assert "self.__transport = transportClass(self, self.__selfNode, self.__otherNodes)" in _src(
         SyncObj.__init__
     )
-    assert _FlushingTransport.addNode is not TCPTransport.addNode  # idempotent for a hinted peer
+    assert FlushingTransport.addNode is not TCPTransport.addNode  # idempotent for a hinted peer
     for method in (
         TCPTransport.addNode,
         TCPTransport._onIncomingMessageReceived,
         TCPTransport._onOutgoingMessageReceived,
     ):
         # Every connection hands its messages to the transport's _onMessageReceived, looked up on
-        # the instance: _FlushingTransport's override sees every message before pysyncobj does.
+        # the instance: FlushingTransport's override sees every message before pysyncobj does.
         assert "functools.partial(self._onMessageReceived, node)" in _src(method)
 
 
 def test_pysyncobj_adopts_the_term_of_a_vote_request_from_any_connected_node() -> None:
-    # Why _FlushingTransport drops votes from non-voters: the handler never checks the sender.
+    # Why FlushingTransport drops votes from non-voters: the handler never checks the sender.
     handler = _src(SyncObj._SyncObj__onMessageReceived)
     vote = handler[handler.index("if message['type'] == 'request_vote'") :]
     vote = vote[: vote.index("if message['type'] == 'append_entries'")]
@@ -144,10 +143,10 @@ class RecordingTransport(Transport):  # type: ignore[misc]
 class Replica:
     """A real pysyncobj ``SyncObj`` (no ticks of its own, no sockets) inside the parts of a
     ``RaftGroup`` that membership changes use; the test plays the peers by calling pysyncobj's
-    message handler, and delivers what peers send through ``_FlushingTransport``'s filter."""
+    message handler, and delivers what peers send through ``FlushingTransport``'s filter."""
 
     def __init__(self) -> None:
-        _install_journal_seam()
+        install_journal_seam()
         self.journal = DurableJournal(MemoryStore())
         group = RaftGroup.__new__(RaftGroup)
         group.name, group.node_id, group.self_addr = "g", "n1", SELF
@@ -169,10 +168,10 @@ class Replica:
             ),
             transportClass=RecordingTransport,
         )
-        self.sync.raftmq_group = group  # what _FlushingTransport reports dropped votes to
+        self.sync.raftmq_group = group  # what FlushingTransport reports dropped votes to
         group._sync = self.sync
         # The filter under test, in front of pysyncobj's handler as TCPTransport would put it.
-        self.inbound = _FlushingTransport.__new__(_FlushingTransport)
+        self.inbound = FlushingTransport.__new__(FlushingTransport)
         Transport.__init__(self.inbound, self.sync, None, [])
         self.inbound._syncObj = self.sync
         self.inbound.setOnMessageReceivedCallback(self.sync._SyncObj__onMessageReceived)

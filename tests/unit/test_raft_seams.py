@@ -36,13 +36,12 @@ from pysyncobj.version import VERSION
 from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.replication import raft
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.pso import FlushingTransport, install_journal_seam
 from raftmq.cluster.replication.raft import (
     PINNED_PYSYNCOBJ,
     Outcome,
     RaftGroup,
     RaftSettings,
-    _FlushingTransport,
-    _install_journal_seam,
 )
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.storage.memory import MemoryStore
@@ -80,7 +79,7 @@ def make_sync() -> Iterator[Callable[..., SyncObj]]:
     made: list[SyncObj] = []
 
     def make(journal: Any = None, others: list[str] = PEERS, **conf: Any) -> SyncObj:
-        _install_journal_seam()
+        install_journal_seam()
         obj = SyncObj(
             SELF,
             others,
@@ -120,9 +119,9 @@ def test_pysyncobj_version_is_pinned() -> None:
 
 
 def test_journal_seam_passes_durable_journal_through_and_is_idempotent() -> None:
-    _install_journal_seam()
+    install_journal_seam()
     installed = pso.createJournal
-    _install_journal_seam()
+    install_journal_seam()
     assert pso.createJournal is installed  # not wrapped twice
     assert getattr(installed, "raftmq_seam", False)
     journal = DurableJournal(MemoryStore())
@@ -201,7 +200,7 @@ def test_transport_signatures() -> None:
 def test_flushing_transport_flushes_before_sending(monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[Any] = []
     monkeypatch.setattr(TCPTransport, "send", lambda self, node, message: events.append(("send", message)))
-    transport = _FlushingTransport.__new__(_FlushingTransport)
+    transport = FlushingTransport.__new__(FlushingTransport)
     transport._syncObj = SimpleNamespace(raftmq_journal=SimpleNamespace(flush=lambda: events.append("flush")))
     transport.send("node", {"type": "next_node_idx"})
     assert events == ["flush", ("send", {"type": "next_node_idx"})]
@@ -258,7 +257,7 @@ def test_syncobjconf_accepts_every_kwarg_raftgroup_passes(
         assert getattr(conf, key) is value, key
     assert set(sync_kwargs) == {"selfNode", "otherNodes", "conf", "transportClass"}
     assert sync_kwargs["otherNodes"] == PEERS  # self filtered out
-    assert sync_kwargs["transportClass"] is _FlushingTransport
+    assert sync_kwargs["transportClass"] is FlushingTransport
 
 
 # -- 4. source and behaviour pins for the hazards ---------------------------------------------------
@@ -375,7 +374,7 @@ def test_durable_journal_makes_matching_truncation_a_noop(make_sync: Callable[..
 
 
 def test_follower_acks_go_through_the_transport() -> None:
-    # _FlushingTransport.send is what makes an entry durable before it is acknowledged
+    # FlushingTransport.send is what makes an entry durable before it is acknowledged
     assert "self.__transport.send(node," in _src(SyncObj._SyncObj__sendNextNodeIdx)
     assert "self.__sendNextNodeIdx(node, nextNodeIdx=nextNodeIdx, success=True)" in _src(
         SyncObj._SyncObj__onMessageReceived

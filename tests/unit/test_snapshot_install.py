@@ -123,7 +123,7 @@ def follower(
         return SyncObjConf(autoTick=False, **kwargs)
 
     monkeypatch.setattr(raft, "SyncObjConf", conf_factory)
-    monkeypatch.setattr(raft, "_FlushingTransport", RecordingTransport)
+    monkeypatch.setattr(raft, "FlushingTransport", RecordingTransport)
     monkeypatch.setattr(snapshot_gate, "_CHECKPOINT_RETRY_S", 0.0)
     made: list[RaftGroup] = []
 

@@ -1,0 +1,353 @@
+"""pysyncobj 0.3.17 and raftmq's patches of it: the only module that imports pysyncobj.
+
+The Raft adapter (``raft.py``) takes every pysyncobj name from here. The seams, each a place
+pysyncobj (pinned exactly) lets a subclass or a module attribute in:
+
+- ``syncobj.createJournal`` (module attribute): a :class:`DurableJournal` passed as ``journalFile``
+  is used as is (:func:`install_journal_seam`);
+- ``transportClass=`` (constructor argument): :class:`FlushingTransport`, which flushes the journal
+  before any message leaves, filters votes from non-voters and connects to hinted peers;
+- the transport's two connection factories, ``TCPTransport.addNode`` (outgoing) and
+  ``TCPTransport._onNewIncomingConnection`` (incoming, from ``TcpServer``): each connection is
+  turned into a :class:`RaftConnection` before it sends or reads a byte.
+
+:class:`RaftConnection` replaces how pysyncobj's ``TcpConnection`` frames, buffers and protects
+messages (docs/architecture.md, "The Raft wire"): bytearray buffers (pysyncobj's ``bytes`` buffers
+copied the whole backlog on every append, trim and read), no zlib, and AES-256-GCM under the Raft
+key instead of Fernet. pysyncobj's handshake stays as it is: each side sends a random 32-byte key
+first, and every later message must carry the key its receiver chose, so a frame recorded on one
+connection is worthless on another.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import logging
+import os
+import pickle
+import socket
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+import pysyncobj.pickle as pso_pickle
+import pysyncobj.syncobj as pso_syncobj
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
+from pysyncobj.monotonic import monotonic
+from pysyncobj.node import TCPNode
+from pysyncobj.tcp_connection import TcpConnection
+from pysyncobj.transport import TCPTransport
+from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
+
+from raftmq.cluster.replication.journal import DurableJournal, Entry
+
+__all__ = [
+    "FAIL_REASON",
+    "PINNED_PYSYNCOBJ",
+    "FlushingTransport",
+    "RaftConnection",
+    "SyncObj",
+    "SyncObjConf",
+    "SyncObjException",
+    "TCPNode",
+    "install_journal_seam",
+    "install_log_filter",
+    "members_after",
+    "membership_change",
+    "monotonic",
+    "pso_pickle",
+    "replicated",
+]
+
+PINNED_PYSYNCOBJ = "0.3.17"
+if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against this version
+    raise ImportError(f"raftmq needs pysyncobj=={PINNED_PYSYNCOBJ}, found {PYSYNCOBJ_VERSION}")
+
+_MEMBERSHIP = bytes([pso_syncobj._COMMAND_TYPE.MEMBERSHIP])
+_VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
+
+# -- the Raft wire ---------------------------------------------------------------------------------
+
+_LENGTH = struct.Struct("<I")
+_SALT_BYTES = 16
+_HEADER = struct.Struct("<16sQ")  # the sender's salt for this connection, its frame counter
+MAX_FRAME_BYTES = 256 << 20  # a longer length prefix is garbage: the connection is dropped
+_FRAME_KEY_CONTEXT = b"raftmq/v2/raft-frame"
+_RECV_CHUNK = 1 << 16
+
+
+def raft_key(password: str | None) -> bytes | None:
+    """The AES-256 key of a Raft password (raftmq passes the derived Raft key, 64 hex digits)."""
+    if password is None:
+        return None
+    try:
+        key = bytes.fromhex(password)
+    except ValueError:
+        key = b""
+    return key if len(key) == 32 else hashlib.sha256(password.encode()).digest()
+
+
+def _frame_cipher(key: bytes, salt: bytes) -> AESGCM:
+    # One key per sender and connection (the salt is random): GCM nonces (the counter) never repeat
+    # under a key, however many connections the cluster opens.
+    return AESGCM(hmac.digest(key, _FRAME_KEY_CONTEXT + salt, "sha256"))
+
+
+def _nonce(counter: int) -> bytes:
+    return b"\0\0\0\0" + counter.to_bytes(8, "big")
+
+
+class RaftConnection(TcpConnection):  # type: ignore[misc]
+    """pysyncobj's connection with cheap buffers, no zlib and AES-GCM frames.
+
+    A frame is ``length (4 bytes, LE) | salt (16) | counter (8, LE) | AES-GCM(pickle(message))``;
+    without a key (no password) it is ``length | pickle(message)``. Each sender picks a random salt
+    per connection and numbers its frames from 1; the receiver drops the connection (and delivers
+    nothing more) on a bad tag, a salt that changes or equals its own (a reflected frame), a counter
+    that does not grow, a frame over :data:`MAX_FRAME_BYTES` or anything that does not unpickle.
+
+    Only the methods that touch the buffers are replaced; pysyncobj's connect/poll/timeout logic
+    stays. Its buffers are reset to ``bytes()`` on (dis)connect, so each use makes them bytearrays.
+    Per-connection state lives in class defaults, so a ``TcpConnection`` can be re-classed in place.
+    """
+
+    _TcpConnection__writeBuffer: bytes | bytearray  # pysyncobj's private buffers (annotations only)
+    _TcpConnection__readBuffer: bytes | bytearray
+    raft_key: bytes | None = None
+    _send_salt: bytes | None = None
+    _send_cipher: AESGCM | None = None
+    _send_counter = 0
+    _recv_salt: bytes | None = None
+    _recv_cipher: AESGCM | None = None
+    _recv_counter = 0
+
+    def _reset_wire(self) -> None:
+        self._send_salt = self._send_cipher = self._recv_salt = self._recv_cipher = None
+        self._send_counter = self._recv_counter = 0
+
+    def connect(self, host: str, port: int) -> bool:
+        self._reset_wire()
+        return bool(super().connect(host, port))
+
+    def disconnect(self) -> None:
+        self._reset_wire()
+        super().disconnect()
+
+    def frame(self, message: Any) -> bytes:
+        """The bytes :meth:`send` queues for ``message`` (advances this connection's counter)."""
+        if self.sendRandKey:
+            message = (self.sendRandKey, message)
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if self.raft_key is not None:
+            if self._send_cipher is None:
+                self._send_salt = os.urandom(_SALT_BYTES)
+                self._send_cipher = _frame_cipher(self.raft_key, self._send_salt)
+            self._send_counter += 1
+            header = _HEADER.pack(self._send_salt, self._send_counter)
+            data = header + self._send_cipher.encrypt(_nonce(self._send_counter), data, header)
+        return _LENGTH.pack(len(data)) + data
+
+    def send(self, message: Any) -> None:
+        data = self.frame(message)
+        buf = self._TcpConnection__writeBuffer
+        if type(buf) is not bytearray:  # pysyncobj's (dis)connect put bytes() back
+            buf = self._TcpConnection__writeBuffer = bytearray(buf)
+        buf += data  # amortised O(1)
+        self._TcpConnection__trySendBuffer()
+
+    def _TcpConnection__processSend(self) -> bool:
+        buf = self._TcpConnection__writeBuffer
+        if not isinstance(buf, bytearray) or not buf:  # only send() fills it, as a bytearray
+            return False
+        try:
+            sent = self._TcpConnection__socket.send(buf)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self.disconnect()
+            return False
+        if sent <= 0:
+            return False
+        del buf[:sent]  # bytearray trims its front in O(1)
+        return True
+
+    def _TcpConnection__processRead(self) -> bool:
+        sock = self._TcpConnection__socket
+        try:
+            incoming = sock.recv(max(self._TcpConnection__recvBufferSize, _RECV_CHUNK))
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self.disconnect()
+            return False
+        if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.disconnect()
+            return False
+        buf = self._TcpConnection__readBuffer
+        if type(buf) is not bytearray:  # pysyncobj's (dis)connect put bytes() back
+            buf = self._TcpConnection__readBuffer = bytearray(buf)
+        buf += incoming
+        return True
+
+    def _TcpConnection__processParseMessage(self) -> Any:
+        buf = self._TcpConnection__readBuffer
+        if not isinstance(buf, bytearray) or len(buf) < _LENGTH.size:  # filled as a bytearray
+            return None
+        (length,) = _LENGTH.unpack_from(buf)
+        if length > MAX_FRAME_BYTES:
+            self.disconnect()
+            return None
+        end = _LENGTH.size + length
+        if len(buf) < end:
+            return None
+        data = bytes(buf[_LENGTH.size : end])  # this message only
+        del buf[:end]
+        try:
+            message = pickle.loads(self._open(data))
+            if self.recvRandKey:
+                rand_key, message = message
+                if not hmac.compare_digest(rand_key, self.recvRandKey):
+                    raise ValueError("frame for another connection")
+        except Exception:  # forged, replayed, reflected or garbled: the peer is not trusted any more
+            self.disconnect()
+            return None
+        return message
+
+    def _open(self, data: bytes) -> bytes:
+        if self.raft_key is None:
+            return data
+        salt, counter = _HEADER.unpack_from(data)
+        if self._recv_cipher is None:
+            if salt == self._send_salt:
+                raise ValueError("reflected frame")
+            self._recv_salt, self._recv_cipher = salt, _frame_cipher(self.raft_key, salt)
+        elif salt != self._recv_salt:
+            raise ValueError("salt changed within a connection")
+        if counter <= self._recv_counter:
+            raise ValueError("replayed frame")
+        # InvalidTag on a forged frame or a wrong key: the caller drops the connection.
+        plain = self._recv_cipher.decrypt(_nonce(counter), data[_HEADER.size :], data[: _HEADER.size])
+        self._recv_counter = counter
+        return plain
+
+
+# -- transport and journal seams -------------------------------------------------------------------
+
+
+class FlushingTransport(TCPTransport):  # type: ignore[misc]
+    """TCP transport that makes the journal durable before any message leaves the node.
+
+    Its connections are :class:`RaftConnection` s under the Raft key (``conf.password``).
+
+    It also connects to *hinted* peers (``RaftGroup.hint_peers``): pysyncobj's transport talks
+    only to the voters of this replica's own configuration and hangs up on anyone else, so a
+    replica that missed a membership change (it was down) could never hear from a new voter that
+    leads. A hinted peer gets a connection but no vote and no entries from this replica.
+
+    Votes count only between voters: a vote request (or a vote) from a node outside this replica's
+    voters is dropped before pysyncobj sees it. pysyncobj answers any connected node's request and
+    adopts its term, so a removed voter that never learnt of its removal (the leader stops sending
+    to it when it appends the change) would campaign, and its higher term would depose the leader
+    through the connections that hints keep open. Entries and heartbeats from any node still pass.
+    """
+
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        # Before TCPTransport.__init__: it adds the nodes (and makes their connections) inside.
+        self.raft_key = raft_key(syncObj.conf.password)
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def _wire(self, conn: Any) -> None:
+        # Seam: pysyncobj builds a plain TcpConnection (addNode; TcpServer for incoming ones);
+        # it becomes a RaftConnection here, before a byte goes through it.
+        if type(conn) is TcpConnection:
+            conn.__class__ = RaftConnection
+        conn.raft_key = self.raft_key
+
+    def _onNewIncomingConnection(self, conn: Any) -> None:
+        self._wire(conn)
+        super()._onNewIncomingConnection(conn)
+
+    def send(self, node: Any, message: Any) -> Any:
+        self._syncObj.raftmq_journal.flush()
+        return super().send(node, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        # Every connection delivers through this method (tick thread). Only votes are checked.
+        if (
+            isinstance(message, dict)
+            and message.get("type") in _VOTE_MESSAGES
+            and node not in self._syncObj.otherNodes
+        ):
+            self._syncObj.raftmq_group._vote_ignored(node, message)
+            return
+        super()._onMessageReceived(node, message)
+
+    def addNode(self, node: Any) -> None:
+        if node in self._nodes:  # a hinted peer became a voter: keep its connection
+            return
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is not None:
+            self._wire(conn)
+
+
+class _MatchingTruncationFilter(logging.Filter):
+    """Drops pysyncobj's CRITICAL "truncating already-applied log entries" line.
+
+    pysyncobj logs it whenever a follower truncates from below its applied index (hazard 5). With
+    DurableJournal that truncation keeps every entry that matches the leader (a current-term suffix
+    is kept; committed entries always match the leader's), so nothing applied is lost or replayed
+    differently; the line would only alarm operators. tests/unit/test_journal.py covers the cases.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("truncating already-applied log entries")
+
+
+def install_log_filter() -> None:
+    logger = logging.getLogger("pysyncobj.syncobj")
+    if not any(isinstance(f, _MatchingTruncationFilter) for f in logger.filters):
+        logger.addFilter(_MatchingTruncationFilter())
+
+
+def install_journal_seam() -> None:
+    """Make pysyncobj use a DurableJournal passed as ``journalFile`` (idempotent)."""
+    original = pso_syncobj.createJournal
+    if getattr(original, "raftmq_seam", False):
+        return
+
+    def create_journal(journal_file: Any = None) -> Any:
+        if isinstance(journal_file, DurableJournal):
+            return journal_file
+        return original(journal_file)
+
+    create_journal.raftmq_seam = True  # type: ignore[attr-defined]
+    pso_syncobj.createJournal = create_journal
+
+
+def membership_change(command: bytes) -> tuple[str, str] | None:
+    """``("add" | "rem", raft address)`` when ``command`` is a pysyncobj membership entry."""
+    if command[:1] != _MEMBERSHIP:
+        return None
+    request = pso_pickle.loads(command[1:])  # ["add" | "rem", node id (= address), node]
+    return str(request[0]), str(request[1])
+
+
+def members_after(
+    base: Iterable[str], entries: Iterable[Entry], after_index: int, upto_index: int | None = None
+) -> list[str]:
+    """The voters once the membership entries of ``entries`` with an index in
+    ``(after_index, upto_index]`` are applied, in log order, to the voters ``base``."""
+    members = set(base)
+    for command, index, _term in entries:
+        if index <= after_index or (upto_index is not None and index > upto_index):
+            continue
+        change = membership_change(command)
+        if change is not None:
+            action, addr = change
+            if action == "add":
+                members.add(addr)
+            elif action == "rem":
+                members.discard(addr)
+    return sorted(members)

@@ -1,0 +1,344 @@
+"""The Raft wire (cluster/replication/pso.py, :class:`RaftConnection`): real pysyncobj connections
+over real sockets on 127.0.0.1.
+
+A backlog far larger than the socket buffers arrives intact and in order; a forged, replayed,
+reflected or wrongly keyed frame drops the connection and delivers nothing; no zlib on the wire;
+and two real RaftGroups replicate through it, while a node with the wrong Raft key gets its
+connection closed without anything applied.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj.poller import createPoller
+from pysyncobj.tcp_connection import CONNECTION_STATE
+
+from raftmq.cluster.replication.pso import FlushingTransport, RaftConnection, raft_key
+from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
+from raftmq.storage.memory import MemoryStore
+
+KEY = bytes(range(32))
+OTHER_KEY = bytes(32)
+
+
+def wait_for(
+    condition: Callable[[], Any], what: str, timeout: float = 20.0, step: Callable[[], None] | None = None
+) -> Any:
+    """Polls ``condition`` (running ``step`` between tries) until true; a guard against hanging."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        if step is not None:
+            step()
+        else:
+            time.sleep(0.005)
+    return value
+
+
+class Pair:
+    """Two RaftConnections on the two ends of one TCP connection, driven by one pysyncobj poller."""
+
+    def __init__(self, key_a: bytes | None = KEY, key_b: bytes | None = KEY, sndbuf: int = 1 << 16) -> None:
+        self.poller = createPoller("select")
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            client = socket.create_connection(listener.getsockname())
+            server, _ = listener.accept()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, sndbuf)
+        for s in (client, server):
+            s.setblocking(False)
+        self.a = RaftConnection(self.poller, socket=client, timeout=60.0)
+        self.b = RaftConnection(self.poller, socket=server, timeout=60.0)
+        self.a.raft_key, self.b.raft_key = key_a, key_b
+        self.got: list[Any] = []
+        self.b.setOnMessageReceivedCallback(self.got.append)
+
+    def pump(self) -> None:
+        self.poller.poll(0.01)
+
+    def close(self) -> None:
+        self.a.disconnect()
+        self.b.disconnect()
+
+
+class RawPeer:
+    """A raw socket to ``b`` of a fresh pair: frames are written to it byte for byte."""
+
+    def __init__(self, key: bytes | None = KEY) -> None:
+        self.pair = Pair(key_b=key)
+        self.sock = self.pair.a._TcpConnection__socket  # write around a's buffers
+        self.sealer = RaftConnection(None)  # frames only, never connected
+        self.sealer.raft_key = key
+
+    def write(self, frame: bytes) -> None:
+        self.sock.sendall(frame)
+        self.settle()
+
+    def settle(self) -> None:
+        for _ in range(20):  # a few polls: enough for the bytes written above to be read
+            self.pair.pump()
+
+    @property
+    def dropped(self) -> bool:
+        return bool(self.pair.b.state == CONNECTION_STATE.DISCONNECTED)
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[..., RawPeer]]:
+    made: list[RawPeer] = []
+
+    def make(key: bytes | None = KEY) -> RawPeer:
+        made.append(RawPeer(key))
+        return made[-1]
+
+    yield make
+    for peer in made:
+        peer.pair.close()
+
+
+def test_a_large_backlog_arrives_intact_and_in_order() -> None:
+    pair = Pair()
+    try:
+        messages = [{"i": i, "data": os.urandom(4096 + i % 97)} for i in range(3000)]
+        for m in messages:
+            pair.a.send(m)  # no polling meanwhile: the backlog piles up in a's write buffer
+        backlog = pair.a.getSendBufferSize()
+        print(f"backlog after 3000 sends: {backlog} bytes")
+        assert backlog > 1 << 20  # most of ~12 MiB is still queued: the socket took little
+        wait_for(lambda: len(pair.got) == len(messages), "the whole backlog", step=pair.pump)
+        assert pair.got == messages
+        assert pair.a.getSendBufferSize() == 0
+        assert pair.b.state == CONNECTION_STATE.CONNECTED
+    finally:
+        pair.close()
+
+
+def test_frames_carry_no_zlib_and_encrypt_the_pickle() -> None:
+    sealer = RaftConnection(None)
+    sealer.raft_key = KEY
+    message = {"type": "append_entries", "entries": [(b"a" * 100_000, 5, 1)]}
+    plain = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    frame = sealer.frame(message)
+    print(f"pickle {len(plain)} bytes, frame {len(frame)} bytes")
+    # length (4) + salt (16) + counter (8) + ciphertext (as long as the pickle) + tag (16)
+    assert len(frame) == 4 + 16 + 8 + len(plain) + 16
+    assert b"a" * 64 not in frame  # encrypted, not sent in the clear
+    assert struct.unpack_from("<I", frame)[0] == len(frame) - 4
+
+
+def test_frames_reach_the_peer_through_a_raw_socket(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    peer.write(peer.sealer.frame({"n": 1}) + peer.sealer.frame({"n": 2}))
+    assert peer.pair.got == [{"n": 1}, {"n": 2}] and not peer.dropped
+
+
+def test_a_tampered_frame_drops_the_connection(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    peer.write(peer.sealer.frame({"n": 1}))
+    frame = bytearray(peer.sealer.frame({"n": 2}))
+    frame[-20] ^= 0x01  # one bit of the ciphertext
+    peer.write(bytes(frame) + peer.sealer.frame({"n": 3}))
+    assert peer.dropped
+    assert peer.pair.got == [{"n": 1}]  # neither the tampered frame nor anything after it
+
+
+def test_a_replayed_frame_drops_the_connection(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    first, second = peer.sealer.frame({"n": 1}), peer.sealer.frame({"n": 2})
+    peer.write(first + second)
+    peer.write(first)  # a valid frame, again
+    assert peer.dropped and peer.pair.got == [{"n": 1}, {"n": 2}]
+
+
+def test_frames_out_of_order_drop_the_connection(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    first, second = peer.sealer.frame({"n": 1}), peer.sealer.frame({"n": 2})
+    peer.write(second + first)
+    assert peer.dropped and peer.pair.got == [{"n": 2}]
+
+
+def test_a_frame_from_another_sender_within_a_connection_drops_it(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    other = RaftConnection(None)
+    other.raft_key = KEY  # same key, its own salt: a frame spliced in from another connection
+    peer.write(peer.sealer.frame({"n": 1}))
+    peer.write(other.frame({"n": 1}) + other.frame({"n": 2}))
+    assert peer.dropped and peer.pair.got == [{"n": 1}]
+
+
+def test_a_reflected_frame_drops_the_connection(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    receiver = peer.pair.b
+    own = receiver.frame({"n": 1})  # what b would send on this connection, sent back to it
+    peer.write(own)
+    assert peer.dropped and peer.pair.got == []
+
+
+def test_a_wrong_key_drops_the_connection(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    peer.sealer.raft_key = OTHER_KEY
+    peer.write(peer.sealer.frame({"n": 1}))
+    assert peer.dropped and peer.pair.got == []
+
+
+def test_a_frame_for_another_connection_drops_it(raw: Callable[..., RawPeer]) -> None:
+    """pysyncobj's handshake: once b chose a random key, every frame must carry it."""
+    peer = raw()
+    peer.pair.b.recvRandKey = os.urandom(32)
+    peer.sealer.sendRandKey = os.urandom(32)  # not the one b chose
+    peer.write(peer.sealer.frame({"n": 1}))
+    assert peer.dropped and peer.pair.got == []
+
+
+def test_an_absurd_length_drops_the_connection(raw: Callable[..., RawPeer]) -> None:
+    peer = raw()
+    peer.write(struct.pack("<I", 0xFFFFFFFF))
+    assert peer.dropped and peer.pair.got == []
+
+
+def test_raft_key_takes_the_derived_hex_key() -> None:
+    assert raft_key(KEY.hex()) == KEY
+    assert raft_key(None) is None
+    assert len(raft_key("not hex") or b"") == 32
+
+
+# -- real RaftGroups ---------------------------------------------------------------------------------
+
+
+class Machine:
+    def __init__(self) -> None:
+        self._store = MemoryStore()
+        self.applied: list[tuple[int, bytes]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> MemoryStore:
+        return self._store
+
+    @property
+    def applied_index(self) -> int:
+        return self.applied[-1][0] if self.applied else 0
+
+    def apply(self, index: int, command: bytes) -> Any:
+        if index > self.applied_index:
+            with self._lock:
+                self.applied.append((index, command))
+        return {"index": index}
+
+    def restore(self, checkpoint_dir: str) -> None:
+        raise NotImplementedError
+
+    def commands(self) -> list[bytes]:
+        with self._lock:
+            return [c for _, c in self.applied]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def settings(key: bytes) -> RaftSettings:
+    return RaftSettings(
+        password=key.hex(), election_min_s=0.3, election_max_s=0.6, heartbeat_s=0.02, tick_s=0.01
+    )
+
+
+@pytest.fixture
+def two_groups(tmp_path: Path) -> Iterator[tuple[list[RaftGroup], list[Machine]]]:
+    addrs = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    machines = [Machine(), Machine()]
+    groups = [
+        RaftGroup(
+            name="g",
+            node_id=f"n{i}",
+            self_addr=addr,
+            peer_addrs=addrs,
+            journal_store=MemoryStore(),
+            machine=machines[i],
+            snapshot_file=str(tmp_path / f"n{i}" / "g.snapshot"),
+            settings=settings(KEY),
+        )
+        for i, addr in enumerate(addrs)
+    ]
+    try:
+        yield groups, machines
+    finally:
+        for g in groups:
+            g.destroy()
+
+
+def _submit(group: RaftGroup, commands: list[bytes]) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def done(outcome: Outcome) -> None:
+        with lock:
+            outcomes.append(outcome)
+
+    for c in commands:
+        group.submit(c, done)
+    wait_for(lambda: len(outcomes) == len(commands), "every outcome")
+    return outcomes
+
+
+def test_two_groups_replicate_large_and_small_entries_over_raft_connections(
+    two_groups: tuple[list[RaftGroup], list[Machine]],
+) -> None:
+    groups, machines = two_groups
+    assert all(isinstance(g._sync._SyncObj__transport, FlushingTransport) for g in groups)
+    leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
+    commands = [os.urandom(100 * 1024) for _ in range(20)] + [os.urandom(1024) for _ in range(500)]
+    outcomes = _submit(leader, commands)
+    assert all(o.error is None for o in outcomes)
+    wait_for(lambda: all(len(m.commands()) >= len(commands) for m in machines), "both replicas")
+    for m in machines:
+        assert [c for c in m.commands() if len(c) in (1024, 100 * 1024)] == commands
+    conns = list(leader._sync._SyncObj__transport._connections.values())
+    assert conns and all(type(c) is RaftConnection for c in conns)
+
+
+def test_a_node_with_the_wrong_key_gets_its_connection_closed_and_applies_nothing(
+    two_groups: tuple[list[RaftGroup], list[Machine]],
+) -> None:
+    groups, machines = two_groups
+    leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
+    _submit(leader, [b"before"])
+    wait_for(lambda: all(b"before" in m.commands() for m in machines), "both replicas")
+    applied = [list(m.applied) for m in machines]
+    host, port = leader.self_addr.rsplit(":", 1)
+
+    def handshake(key: bytes) -> bytes:
+        """What the leader's Raft port answers to a new connection's first frame (pysyncobj's
+        handshake: a random key) sealed with ``key``: its own first frame, or b"" (closed)."""
+        sealer = RaftConnection(None)
+        sealer.raft_key = key
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(sealer.frame(os.urandom(32)))
+            # then a forged entry for the case the handshake were accepted
+            sealer.sendRandKey = os.urandom(32)
+            s.sendall(sealer.frame({"type": "append_entries", "term": 10**6, "entries": []}))
+            try:
+                return s.recv(65536)
+            except ConnectionResetError:
+                return b""
+
+    assert handshake(KEY) != b""  # the right key gets the server's random key back
+    assert handshake(OTHER_KEY) == b""  # the wrong key: closed without a word
+    _submit(leader, [b"after"])
+    wait_for(lambda: all(b"after" in m.commands() for m in machines), "both replicas")
+    for m, before in zip(machines, applied, strict=True):
+        assert m.applied[: len(before)] == before and m.commands()[len(before) :] == [b"after"]
+    assert leader.is_leader()
