@@ -7,8 +7,8 @@ one key per use, each under its own ``info`` label, so a key that leaks opens on
 secret)::
 
     peer     node-to-node HTTP: X-Raftmq-Peer-Key on every /internal call and forwarded request
-    raft     pysyncobj's password (Fernet on every Raft connection; its wire format is pickle, so
-             this key is worth code execution on any node whose Raft port is reachable)
+    raft     every Raft connection: AES-256-GCM frames (replication/pso.py; the wire format is
+             pickle, so this key is worth code execution on any node whose Raft port is reachable)
     backup   raftmq backup: X-Raftmq-Backup-Key, accepted only by the routes in BACKUP_ROUTES
 
 No key ever goes to an address that arrived in a request. A node being added proves it holds the

@@ -2,7 +2,7 @@
 
 pysyncobj's own ``FileJournal`` never fsyncs, has no checksums and truncates matching entries
 (hazards 1, 4 and 5 of docs/architecture.md, "The hazards and what neutralises each"). This journal
-replaces it through the seam in ``cluster/replication/raft.py`` and keeps pysyncobj's journal interface
+replaces it through the seam in ``cluster/replication/pso.py`` and keeps pysyncobj's journal interface
 (list-like access to ``(command, index, term)`` tuples, positions counted from the first retained
 entry).
 

@@ -11,7 +11,7 @@ commit index and state, and the leader sends the snapshot again. The checkpoint 
 and verified by a background thread, so a slow or failing fetch never blocks the ticks.
 
 The gate is :class:`SnapshotGate`, one per :class:`~raftmq.cluster.replication.raft.RaftGroup`; the
-adapter (``raft.py``, the only module importing pysyncobj) hands it each message with the group's
+adapter (``raft.py``, on pysyncobj through ``pso.py``) hands it each message with the group's
 current term and commit index, and calls :meth:`SnapshotGate.install_blocking` on a start whose state
 is behind its own snapshot.
 """

@@ -7,7 +7,11 @@ follower does ``pickle.loads(zlib.decompress(fernet.decrypt(data)))``. The entry
 pickled replicated call around the command bytes. This script repeats those steps on one entry
 whose command is ``size`` bytes of ``os.urandom`` (a v2 batch of binary or already compressed
 values looks like this to zlib) and, for contrast, of random ASCII letters (text values), and
-times each step per entry, with two alternatives: no zlib, and AES-GCM instead of Fernet.
+times each step per entry, with two alternatives: no zlib, and AES-GCM instead of Fernet; and
+raftmq's own connection (``cluster/replication/pso.py``, ``RaftConnection``), which replaced those
+steps: its ``frame`` (pickle + AES-256-GCM) and its parse of one frame from the read buffer.
+A second table times one connection's write buffer per 1 KiB frame with a standing backlog:
+pysyncobj's ``bytes`` (``+=``, then ``[sent:]``) against RaftConnection's bytearray.
 
     flock /tmp/raftmq-heavy.lock .venv/bin/python tests/bench/bench_raft_entry.py   # ~1 min
 """
@@ -31,8 +35,10 @@ from _common import RESULTS, header, loadavg, table, wait_quiet, write_result
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj.encryptor import getEncryptor
 
+from raftmq.cluster.replication.pso import RaftConnection, raft_key
+
 SECRET = "bench-secret-0123456789abcdef"
-SIZES = (10 * 1024, 100 * 1024, 1024 * 1024)
+SIZES = (1024, 10 * 1024, 100 * 1024, 1024 * 1024)
 
 
 def timeit(fn: Callable[[], Any], min_time: float, min_runs: int = 5) -> float:
@@ -77,6 +83,16 @@ def measure(size: int, data: str, min_time: float) -> dict[str, Any]:
     sealed_plain = fernet.encrypt_at_time(pickled, int(time.monotonic()))
     gcm_sealed = gcm.encrypt(nonce, pickled, None)
 
+    sender, receiver = RaftConnection(None), RaftConnection(None)
+    sender.raft_key = receiver.raft_key = raft_key(os.urandom(32).hex())
+
+    def raftmq_send_receive() -> Any:
+        receiver._TcpConnection__readBuffer = bytearray(sender.frame(msg))
+        return receiver._TcpConnection__processParseMessage()
+
+    assert raftmq_send_receive() == msg
+    frame = sender.frame(msg)
+
     def receive() -> Any:
         fernet.extract_timestamp(sealed)
         return pickle.loads(zlib.decompress(fernet.decrypt(sealed)))
@@ -103,6 +119,8 @@ def measure(size: int, data: str, min_time: float) -> dict[str, Any]:
             gcm.encrypt(nonce, pickle.dumps(msg), None),
             pickle.loads(gcm.decrypt(nonce, gcm_sealed, None)),
         ),
+        "raftmq RaftConnection.frame (send: pickle + AES-256-GCM)": lambda: sender.frame(msg),
+        "raftmq RaftConnection frame + parse: send + receive": raftmq_send_receive,
     }
     us = {name: round(timeit(fn, min_time) * 1e6, 1) for name, fn in steps.items()}
     return {
@@ -113,6 +131,31 @@ def measure(size: int, data: str, min_time: float) -> dict[str, Any]:
         "wire_bytes_today": len(sealed),
         "wire_bytes_without_zlib": len(sealed_plain),
         "wire_bytes_gcm": len(gcm_sealed) + len(nonce),
+        "wire_bytes_raftmq": len(frame),
+    }
+
+
+def buffer_case(backlog: int, min_time: float) -> dict[str, Any]:
+    """µs per 1 KiB frame to append to and trim from a write buffer holding ``backlog`` bytes."""
+    frame = os.urandom(1024 + 40)
+    old = os.urandom(backlog)
+    new = bytearray(old)
+
+    def pysyncobj_bytes() -> None:
+        nonlocal old
+        old += frame
+        old = old[len(frame) :]
+
+    def raftmq_bytearray() -> None:
+        new.extend(frame)
+        del new[: len(frame)]
+
+    return {
+        "backlog_bytes": backlog,
+        "us_per_frame": {
+            "pysyncobj bytes buffer": round(timeit(pysyncobj_bytes, min_time) * 1e6, 2),
+            "raftmq bytearray buffer": round(timeit(raftmq_bytearray, min_time) * 1e6, 2),
+        },
     }
 
 
@@ -131,6 +174,8 @@ def main() -> None:
     result["loadavg_start"] = loadavg()
     cases = [measure(size, data, args.min_time) for data in ("random", "letters") for size in SIZES]
     result["cases"] = cases
+    buffers = [buffer_case(b, args.min_time) for b in (0, 64 << 10, 1 << 20, 8 << 20)]
+    result["write_buffer"] = buffers
     result["loadavg_end"] = loadavg()
     names = list(cases[0]["us_per_entry"])
     rows = [[name, *(c["us_per_entry"][name] for c in cases)] for name in names]
@@ -138,11 +183,17 @@ def main() -> None:
     rows.append(["wire bytes today", *(c["wire_bytes_today"] for c in cases)])
     rows.append(["wire bytes without zlib (Fernet)", *(c["wire_bytes_without_zlib"] for c in cases)])
     rows.append(["wire bytes AES-GCM", *(c["wire_bytes_gcm"] for c in cases)])
+    rows.append(["wire bytes raftmq RaftConnection", *(c["wire_bytes_raftmq"] for c in cases)])
     heads = ["us per entry", *(f"{c['size'] // 1024}KiB {c['data']}" for c in cases)]
     print(
         f"\nbench_raft_entry  commit {result['commit']}  {result['date']}  loadavg {result['loadavg_start']}"
     )
     print(table(rows, heads))
+    names = list(buffers[0]["us_per_frame"])
+    rows = [[name, *(b["us_per_frame"][name] for b in buffers)] for name in names]
+    print(
+        table(rows, ["us per 1 KiB frame", *(f"backlog {b['backlog_bytes'] // 1024} KiB" for b in buffers)])
+    )
     path = write_result("raft_entry", result)
     print(f"\nwrote {path.relative_to(RESULTS.parent)}")
 

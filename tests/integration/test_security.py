@@ -32,6 +32,7 @@ from raftmq.client import Admin, Forbidden, Producer, Unauthorized
 from raftmq.cluster.config.cluster_file import parse_config
 from raftmq.cluster.config.keys import derive_keys
 from raftmq.cluster.config.tls import TlsError, client_context, server_context
+from raftmq.cluster.replication.pso import RaftConnection, raft_key
 
 from .conftest import assert_error
 from .harness import SECRET, Cluster, wait_until
@@ -553,6 +554,37 @@ def test_a_raw_pickle_sent_to_a_raft_port_does_nothing(secure: Secure, tmp_path:
         PRODUCER_TOKEN,
         node="n1",
         json={"messages": [{"value": "after"}]},
+    )
+    assert r.status_code == 200, r.text
+
+
+def test_a_node_with_the_wrong_raft_key_is_hung_up_on_and_injects_nothing(
+    secure: Secure, tmp_path: Path
+) -> None:
+    """Frames as a node of another cluster (another secret, so another Raft key) would send them:
+    pysyncobj's handshake (a random key), then a pickle that would create a directory. Every Raft
+    port closes the connection without a word, and nothing runs."""
+    marker = tmp_path / "pwned-by-wrong-key"
+    sealer = RaftConnection(None)
+    sealer.raft_key = raft_key(derive_keys("another cluster's secret").raft)
+    c = secure.c
+    n1 = c.nodes["n1"]
+    for port in (n1.raft_base, n1.raft_base + 1, n1.raft_base + 2):  # metadata group, queue groups 0, 1
+        with socket.create_connection(("127.0.0.1", port), 5) as s:
+            s.sendall(sealer.frame(os.urandom(32)) + sealer.frame(_Mkdir(marker)))
+            try:
+                answer = s.recv(65536)
+            except ConnectionResetError:
+                answer = b""
+        assert answer == b"", port  # closed: no handshake answer to a wrong key
+    wait_until(lambda: c.get("/readyz", "n1", timeout=2).status_code == 200, 15, what="n1 ready")
+    assert not marker.exists()
+    r = secure.call(
+        "POST",
+        "/v1/topics/orders.a/messages",
+        PRODUCER_TOKEN,
+        node="n1",
+        json={"messages": [{"value": "after the wrong key"}]},
     )
     assert r.status_code == 200, r.text
 
