@@ -75,6 +75,10 @@ _LENGTH = struct.Struct("<I")
 _SALT_BYTES = 16
 _HEADER = struct.Struct("<16sQ")  # the sender's salt for this connection, its frame counter
 MAX_FRAME_BYTES = 256 << 20  # a longer length prefix is garbage: the connection is dropped
+# Until a frame of a connection has been authenticated, a longer one is refused as soon as its
+# length prefix arrives: pysyncobj's first frame is its handshake key (about 100 bytes), and a
+# stranger must not make a node buffer up to MAX_FRAME_BYTES per connection it opens.
+MAX_FIRST_FRAME_BYTES = 64 << 10
 _FRAME_KEY_CONTEXT = b"raftmq/v2/raft-frame"
 _RECV_CHUNK = 1 << 16
 
@@ -107,7 +111,9 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     without a key (no password) it is ``length | pickle(message)``. Each sender picks a random salt
     per connection and numbers its frames from 1; the receiver drops the connection (and delivers
     nothing more) on a bad tag, a salt that changes or equals its own (a reflected frame), a counter
-    that does not grow, a frame over :data:`MAX_FRAME_BYTES` or anything that does not unpickle.
+    that is not the previous one plus 1 (a replayed, reordered or removed frame), a frame over
+    :data:`MAX_FRAME_BYTES` (over :data:`MAX_FIRST_FRAME_BYTES` before one was authenticated) or
+    anything that does not unpickle.
 
     Only the methods that touch the buffers are replaced; pysyncobj's connect/poll/timeout logic
     stays. Its buffers are reset to ``bytes()`` on (dis)connect, so each use makes them bytearrays.
@@ -188,6 +194,11 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if type(buf) is not bytearray:  # pysyncobj's (dis)connect put bytes() back
             buf = self._TcpConnection__readBuffer = bytearray(buf)
         buf += incoming
+        if self.raft_key is not None and self._recv_cipher is None and len(buf) >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(buf)
+            if length > MAX_FIRST_FRAME_BYTES:  # nobody authenticated yet: refuse before buffering it
+                self.disconnect()
+                return False
         return True
 
     def _TcpConnection__processParseMessage(self) -> Any:
@@ -224,8 +235,8 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
             self._recv_salt, self._recv_cipher = salt, _frame_cipher(self.raft_key, salt)
         elif salt != self._recv_salt:
             raise ValueError("salt changed within a connection")
-        if counter <= self._recv_counter:
-            raise ValueError("replayed frame")
+        if counter != self._recv_counter + 1:  # TCP keeps the order: each frame is the next one
+            raise ValueError("replayed, reordered or removed frame")
         # InvalidTag on a forged frame or a wrong key: the caller drops the connection.
         plain = self._recv_cipher.decrypt(_nonce(counter), data[_HEADER.size :], data[: _HEADER.size])
         self._recv_counter = counter

@@ -23,7 +23,7 @@ import pytest
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raftmq.cluster.replication.pso import FlushingTransport, RaftConnection, raft_key
+from raftmq.cluster.replication.pso import MAX_FIRST_FRAME_BYTES, FlushingTransport, RaftConnection, raft_key
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 
@@ -165,7 +165,29 @@ def test_frames_out_of_order_drop_the_connection(raw: Callable[..., RawPeer]) ->
     peer = raw()
     first, second = peer.sealer.frame({"n": 1}), peer.sealer.frame({"n": 2})
     peer.write(second + first)
-    assert peer.dropped and peer.pair.got == [{"n": 2}]
+    assert peer.dropped and peer.pair.got == []  # frame 2 where frame 1 must come
+
+
+def test_a_removed_frame_drops_the_connection(raw: Callable[..., RawPeer]) -> None:
+    """Frames are numbered 1, 2, 3... on a connection: one taken out of the stream is noticed."""
+    peer = raw()
+    first, _, third = (peer.sealer.frame({"n": n}) for n in (1, 2, 3))
+    peer.write(first + third)
+    assert peer.dropped and peer.pair.got == [{"n": 1}]
+
+
+def test_a_long_first_frame_is_refused_from_its_length_prefix(raw: Callable[..., RawPeer]) -> None:
+    """Before any frame was authenticated, a length prefix over MAX_FIRST_FRAME_BYTES hangs up at
+    once, before the frame's bytes are buffered; afterwards long frames pass."""
+    peer = raw()
+    peer.write(struct.pack("<I", MAX_FIRST_FRAME_BYTES + 1))  # the prefix alone, nothing after it
+    assert peer.dropped and peer.pair.got == []
+    peer = raw()
+    big = {"n": os.urandom(MAX_FIRST_FRAME_BYTES)}
+    peer.write(peer.sealer.frame({"n": 1}))
+    peer.write(peer.sealer.frame(big))
+    wait_for(lambda: len(peer.pair.got) == 2, "the long second frame", step=peer.pair.pump)
+    assert not peer.dropped and peer.pair.got == [{"n": 1}, big]
 
 
 def test_a_frame_from_another_sender_within_a_connection_drops_it(raw: Callable[..., RawPeer]) -> None:
