@@ -112,7 +112,7 @@ def read_v1(value: bytes | bytearray | memoryview) -> V1Batch:
 def _headers(raw: bytes, i: int) -> dict[str, str]:
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than the stack
         raise BadBatch("bad_record", f"record {i}: headers are not JSON", i) from None
     if not isinstance(obj, dict) or not all(isinstance(v, str) for v in obj.values()):
         raise BadBatch("bad_record", f"record {i}: headers are not a str -> str object", i)
@@ -136,4 +136,6 @@ def v1_to_v2(value: bytes | bytearray | memoryview) -> bytes:
             b.append(r.value if r.binary else r.value.decode("utf-8"), r.key, r.headers, 0, r.ttl_ms)
         except UnicodeError:
             raise BadBatch("bad_utf8", f"record {b.count}: text that is not UTF-8", b.count) from None
+        except ValueError as e:  # what v2 cannot hold (more than 255 headers, say)
+            raise BadBatch("bad_record", f"record {b.count}: {e}", b.count) from None
     return stamp(b.finish(), old.base_offset, old.append_time_ms, old.raft_index)

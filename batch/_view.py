@@ -396,6 +396,9 @@ def _bad(reason: str, message: str, record: int | None = None) -> BadBatch:
     return BadBatch(reason, message if record is None else f"record {record}: {message}", record)
 
 
+INT64_MAX = (1 << 63) - 1
+
+
 def _check(buf: memoryview, limits: Limits | None) -> BatchView:
     size = len(buf)
     if size < HEADER_SIZE:
@@ -452,6 +455,11 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
         raise _bad("too_many_records", f"{count} records in one batch; the limit is {limits.max_records}")
     if pid_len == 0 and (base_sequence or epoch):
         raise _bad("bad_header", "a sequence or epoch without a producer id")
+    # Offsets and times are read into int64 (numpy, Arrow): none may reach 2**63.
+    if base_timestamp_ms + 0xFFFFFFFF > INT64_MAX:
+        raise _bad("bad_header", f"base timestamp {base_timestamp_ms} ms is beyond any int64 time")
+    if base_offset + count > INT64_MAX or append_time_ms > INT64_MAX or raft_index > INT64_MAX:
+        raise _bad("bad_header", "a stamped offset, time or Raft index is beyond int64")
     # Section bounds, in Python integers (no overflow); their sum must be the batch.
     bounds: dict[str, tuple[int, int]] = {}
     pos = header_size

@@ -3,6 +3,7 @@ reads them without importing storage/."""
 
 from __future__ import annotations
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -78,3 +79,24 @@ def test_damaged_v1_values_raise_bad_batch() -> None:
         # v1 has no CRC over its header: a flip there reads as other header values, never as
         # other records (each record has its CRC)
         assert pos < 29 and [r.value for r in batch.records] == [b"hello", b"\x00"]
+
+
+def test_v1_values_v2_cannot_hold_raise_bad_batch() -> None:
+    """Stored v1 headers nested deeper than the stack, or more headers than a v2 record holds,
+    raise BadBatch like any other bad value (RecursionError and ValueError escaped before)."""
+    depth = 100_000
+    nested = b"[" * depth + b"]" * depth
+    old = bytearray(encode_batch(1, APPEND, 0, [NewMessage(b"v", headers={"h": "x" * (2 * depth - 8)})]))
+    start = old.index(b'{"h":')
+    assert old[start : start + 2 * depth].endswith(b'"}')
+    old[start : start + 2 * depth] = nested  # same length; the record's CRC made anew
+    body = 29 + 4  # v1 header, then the record's CRC over the rest
+    old[29:body] = crc32c.crc32c(bytes(old[body:])).to_bytes(4, "big")
+    with pytest.raises(BadBatch) as e:
+        read_v1(bytes(old))
+    assert e.value.reason == "bad_record"
+    many = encode_batch(1, APPEND, 0, [NewMessage(b"v", headers={f"h{i}": "" for i in range(300)})])
+    assert len(read_v1(many).records[0].headers or {}) == 300  # v1 holds them
+    with pytest.raises(BadBatch) as e:
+        v1_to_v2(many)
+    assert e.value.reason == "bad_record" and e.value.record == 0

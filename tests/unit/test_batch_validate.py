@@ -9,7 +9,7 @@ from typing import Any
 import crc32c
 import pytest
 
-from raftmq.batch import BadBatch, BatchBuilder, Limits, read, validate
+from raftmq.batch import BadBatch, BatchBuilder, Limits, read, stamp, validate
 
 
 def recrc(buf: bytearray) -> bytes:
@@ -176,3 +176,22 @@ def test_a_later_version_that_only_adds_fields_is_read_by_this_one() -> None:
     struct.pack_into("<I", new, 4, len(new))
     later = recrc(new)
     assert list(validate(later, Limits()).records()) == list(read(old).records())
+
+
+def test_times_and_offsets_beyond_int64_are_refused() -> None:
+    """Offsets and times are read into int64 (records, columns, Arrow): a batch whose base
+    timestamp or stamped fields reach 2**63 is refused, instead of passing validation and then
+    making every read of it raise OverflowError or wrap around to negative times."""
+    b = BatchBuilder(base_timestamp_ms=2**63 + 5)
+    b.append(b"v")
+    with pytest.raises(BadBatch) as e:
+        validate(b.finish(), Limits())
+    assert e.value.reason == "bad_header"
+    fine = BatchBuilder(base_timestamp_ms=1_700_000_000_000)
+    fine.append(b"v")
+    batch = fine.finish()
+    for fields in ((2**63 - 1, 0, 0), (0, 2**63, 0), (0, 0, 2**63)):
+        with pytest.raises(BadBatch) as e:
+            read(stamp(batch, *fields))
+        assert e.value.reason == "bad_header", fields
+    assert read(stamp(batch, 2**63 - 2, 2**63 - 1, 2**63 - 1)).base_offset == 2**63 - 2
