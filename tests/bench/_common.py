@@ -376,13 +376,27 @@ def add_run_arguments(ap: argparse.ArgumentParser, keep: str = "") -> None:
     ap.add_argument("--data-dir", default="", help="where the data goes (default: the system's temp dir)")
     if keep:
         ap.add_argument("--keep", action="store_true", help=keep)
+    add_quiet_argument(ap)
+    ap.add_argument("--tag", default="", help="free text stored in the JSON (e.g. the experiment)")
+
+
+def add_quiet_argument(ap: argparse.ArgumentParser) -> None:
+    """``--wait-quiet``: how long :func:`quiet_header` waits for an idle machine."""
     ap.add_argument(
         "--wait-quiet",
         type=float,
         default=60.0,
         help="wait up to this many s for the machine to be idle (< 0.5 busy cores) first",
     )
-    ap.add_argument("--tag", default="", help="free text stored in the JSON (e.g. the experiment)")
+
+
+def quiet_header(bench: str, params: dict[str, Any], wait_quiet_s: float) -> dict[str, Any]:
+    """The result's header, made once the machine is quiet (up to ``wait_quiet_s``; 0: at once),
+    with how busy it still was and its load average."""
+    result = header(bench, params)
+    result["busy_before_start"] = wait_quiet(wait_quiet_s) if wait_quiet_s > 0 else None
+    result["loadavg_start"] = loadavg()
+    return result
 
 
 def data_folder(args: argparse.Namespace) -> tuple[Path, str]:
@@ -412,10 +426,8 @@ def recorded_run(
     that raises writes nothing."""
     params = {k: v for k, v in vars(args).items() if k not in internal}
     params["data_fs"] = data_fs
-    result = header(bench, params)
+    result = quiet_header(bench, params, args.wait_quiet)
     result["notes"] = notes
-    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-    result["loadavg_start"] = loadavg()
     RESULTS.mkdir(exist_ok=True)
     t0 = time.monotonic()
     yield result

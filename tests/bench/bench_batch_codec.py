@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, header, loadavg, table, wait_quiet, write_result
+from _common import RESULTS, add_quiet_argument, loadavg, quiet_header, table, write_result
 
 from raftmq.batch import BatchBuilder, Limits, columns, read, stamp, validate
 from raftmq.cluster.api.validation import parse_produce
@@ -130,16 +130,9 @@ def measure(records: int, value_bytes: int, keyed: bool, min_time: float) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per step and case")
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=60.0,
-        help="wait up to this many s for the machine to be idle (< 0.5 busy cores) first",
-    )
+    add_quiet_argument(ap)
     args = ap.parse_args()
-    result = header("batch_codec", vars(args))
-    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-    result["loadavg_start"] = loadavg()
+    result = quiet_header("batch_codec", vars(args), args.wait_quiet)
     cases = []
     for keyed in (False, True):
         for value_bytes in (100, 1024):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, header, loadavg, table, wait_quiet, write_result
+from _common import RESULTS, add_quiet_argument, loadavg, quiet_header, table, write_result
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj.encryptor import getEncryptor
 
@@ -162,16 +162,9 @@ def buffer_case(backlog: int, min_time: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--min-time", type=float, default=0.4, help="seconds per step and case")
-    ap.add_argument(
-        "--wait-quiet",
-        type=float,
-        default=60.0,
-        help="wait up to this many s for the machine to be idle (< 0.5 busy cores) first",
-    )
+    add_quiet_argument(ap)
     args = ap.parse_args()
-    result = header("raft_entry", vars(args))
-    result["busy_before_start"] = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-    result["loadavg_start"] = loadavg()
+    result = quiet_header("raft_entry", vars(args), args.wait_quiet)
     cases = [measure(size, data, args.min_time) for data in ("random", "letters") for size in SIZES]
     result["cases"] = cases
     buffers = [buffer_case(b, args.min_time) for b in (0, 64 << 10, 1 << 20, 8 << 20)]
