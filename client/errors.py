@@ -14,6 +14,7 @@ Class tree::
     RaftmqError
     ├── BadRequest              bad_request          400
     ├── InvalidJson             invalid_json         400
+    ├── BadBatch                bad_batch            400  (reason, record, batch)
     ├── Unauthorized            unauthorized         401
     ├── Forbidden               forbidden            403
     ├── NotFound                not_found            404
@@ -55,6 +56,7 @@ from typing import Any, ClassVar
 __all__ = [
     "BY_CODE",
     "CLIENT_CODES",
+    "BadBatch",
     "BadRequest",
     "BufferFull",
     "ChangeInProgress",
@@ -120,6 +122,13 @@ class BadRequest(RaftmqError):
 
 class InvalidJson(RaftmqError):
     code, status = "invalid_json", 400
+
+
+class BadBatch(RaftmqError):
+    """A binary record batch was refused: ``details["reason"]``, ``details["record"]`` (the first
+    bad record) and ``details["batch"]`` (the frame) say what and where; nothing was stored."""
+
+    code, status = "bad_batch", 400
 
 
 class Unauthorized(RaftmqError):
@@ -276,6 +285,7 @@ class ClientClosed(RaftmqError):
 _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     BadRequest,
     InvalidJson,
+    BadBatch,
     Unauthorized,
     Forbidden,
     NotFound,

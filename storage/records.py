@@ -34,6 +34,8 @@ from typing import NamedTuple
 import crc32c
 import orjson
 
+from raftmq import batch as v2
+
 from .store import StoreError
 
 __all__ = [
@@ -194,11 +196,13 @@ def _encode_body(
 
 
 def decode_header(data: bytes) -> BatchHeader:
-    """The header of the batch ``data`` (no record is read or checked).
+    """The header of the batch ``data`` (no record is read or checked), v1 or v2 (docs/format.md).
 
     Raises:
         CorruptRecord: ``data`` is shorter than a header or has an unknown format version.
     """
+    if data[:1] == _V2_MAGIC:
+        return _v2_header(data)
     if len(data) < HEADER_SIZE:
         raise CorruptRecord(f"record batch of {len(data)} bytes is shorter than its header")
     version, raft_index, append_time_ms, count, base_offset = _HEADER.unpack_from(data, 0)
@@ -213,6 +217,9 @@ def decode_batch(data: bytes) -> RecordBatch:
     Raises:
         CorruptRecord: a CRC mismatch, truncated or trailing data, or an invalid field.
     """
+    if data[:1] == _V2_MAGIC:
+        view = _v2_read(data)
+        return RecordBatch(_v2_header(data), _v2_messages(view, None, None))
     header = decode_header(data)
     messages, end = _decode_records(data, header, header.base_offset, header.count)
     if end != len(data):
@@ -229,6 +236,8 @@ def decode_messages(data: bytes, from_offset: int, max_messages: int) -> list[Me
     Raises:
         CorruptRecord: as :func:`decode_batch`, for the records read.
     """
+    if data[:1] == _V2_MAGIC:
+        return _v2_messages(_v2_read(data), from_offset, max(0, max_messages))
     header = decode_header(data)
     messages, _ = _decode_records(data, header, from_offset, max_messages)
     return messages
@@ -245,6 +254,11 @@ def decode_delivery_fields(
     Raises:
         CorruptRecord: as :func:`decode_messages`, for the records read.
     """
+    if data[:1] == _V2_MAGIC:
+        return [
+            (m.offset, m.expires_at_ms, b"" if m.headers is None else orjson.dumps(m.headers))
+            for m in _v2_messages(_v2_read(data), from_offset, max(0, max_messages))
+        ]
     header = decode_header(data)
     view = memoryview(data)
     size = len(data)
@@ -392,3 +406,48 @@ def _decode_headers(data: bytes) -> dict[str, str]:
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise CorruptRecord("headers are not a str -> str object")
     return headers
+
+
+# -- format v2 (raftmq.batch, docs/format.md): stored by the binary produce path ---------------
+
+_V2_MAGIC = bytes([v2.MAGIC])
+_V2_STAMPED = struct.Struct("<B3xIQQQI")  # magic, batch_length, base_offset, append time, index, header_crc
+_V2_COUNT = struct.Struct("<I")
+_V2_COUNT_AT = 48
+
+
+def _v2_header(data: bytes) -> BatchHeader:
+    """The stamped header of a v2 batch, checked by its own CRC (the records are not read)."""
+    if len(data) < v2.HEADER_SIZE:
+        raise CorruptRecord(f"v2 record batch of {len(data)} bytes is shorter than its header")
+    magic, length, base_offset, append_time_ms, raft_index, header_crc = _V2_STAMPED.unpack_from(data, 0)
+    if crc32c.crc32c(memoryview(data)[:32]) != header_crc or length != len(data):
+        raise CorruptRecord("v2 record batch: header CRC or length mismatch")
+    (count,) = _V2_COUNT.unpack_from(data, _V2_COUNT_AT)
+    return BatchHeader(magic, raft_index, append_time_ms, count, base_offset)
+
+
+def _v2_read(data: bytes) -> v2.BatchView:
+    try:
+        return v2.read(data)
+    except v2.BadBatch as e:
+        raise CorruptRecord(f"v2 record batch: {e.reason}: {e.message}") from None
+
+
+def _v2_messages(view: v2.BatchView, from_offset: int | None, max_messages: int | None) -> list[Message]:
+    """A v2 batch's records as messages: the timestamp is the append time (as v1's), and a TTL
+    counts from when the record became deliverable (append time + delay)."""
+    at, index = view.append_time_ms, view.raft_index
+    return [
+        Message(
+            r.offset,
+            r.key,
+            r.value,
+            r.binary,
+            r.headers,
+            at,
+            index,
+            at + r.delay_ms + r.ttl_ms if r.ttl_ms else None,
+        )
+        for r in view.records(from_offset, max_messages)
+    ]

@@ -200,6 +200,8 @@ def decode_record_batch(
     Raises:
         CorruptRecord: a CRC mismatch or a truncated or invalid record.
     """
+    if data[:1] == b"\x02":  # format v2 (docs/format.md): through the generic reader
+        return _decode_slow(builder, data, from_offset, max_rows, max_bytes)
     header = decode_header(data)
     offset = header.base_offset
     end_offset = header.end_offset

@@ -145,14 +145,17 @@ class ApiCore:
         local = self.node.groups.get(name)
         if local is None or not local.raft.is_leader():
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
-        if action == "produce":
+        if action == "produce" or action == "append":
             if local.committer is None:
                 raise ApiError(errors.BAD_REQUEST, "not a queue group")
-            size = size_hint if size_hint is not None else len(orjson.dumps(body["batches"]))
+            if action == "append":  # binary batches: body {"items": [(topic_id, queue, batch), ...]}
+                size = size_hint if size_hint is not None else sum(len(item[2]) for item in body["items"])
+                proposal = local.committer.append(body["items"], size)
+            else:
+                size = size_hint if size_hint is not None else len(orjson.dumps(body["batches"]))
+                proposal = local.committer.produce(body["batches"], size)
             try:
-                results = await asyncio.wait_for(
-                    local.committer.produce(body["batches"], size), self.limits.request_timeout_ms / 1000
-                )
+                results = await asyncio.wait_for(proposal, self.limits.request_timeout_ms / 1000)
             except TimeoutError:
                 raise ApiError(errors.TIMEOUT, f"queue group {name} did not commit in time") from None
             except ProduceFailed as e:

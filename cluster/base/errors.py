@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 __all__ = [
+    "BAD_BATCH",
     "BAD_REQUEST",
     "BY_CODE",
     "CHANGE_IN_PROGRESS",
@@ -84,6 +85,14 @@ class ErrorCode:
 # Request problems: the request itself is wrong; retrying it unchanged fails the same way.
 BAD_REQUEST = ErrorCode("bad_request", 400, False, True, "The request is malformed or has invalid fields.")
 INVALID_JSON = ErrorCode("invalid_json", 400, False, True, "The body is not valid JSON.")
+BAD_BATCH = ErrorCode(
+    "bad_batch",
+    400,
+    False,
+    True,
+    "A binary record batch is malformed or breaks a limit (reason, record and batch say where); "
+    "nothing was stored.",
+)
 UNAUTHORIZED = ErrorCode("unauthorized", 401, False, True, "Credentials are missing or invalid.")
 FORBIDDEN = ErrorCode("forbidden", 403, False, True, "The credentials do not allow this request.")
 NOT_FOUND = ErrorCode("not_found", 404, False, True, "No such route.")
@@ -154,6 +163,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
         for e in (
             BAD_REQUEST,
             INVALID_JSON,
+            BAD_BATCH,
             UNAUTHORIZED,
             FORBIDDEN,
             NOT_FOUND,

@@ -1,6 +1,7 @@
 """Queue-group commands: the bytes carried by each Raft entry of a queue group.
 
-A command is an orjson object ``{"v": 1, "op": <op>, ...}``. Commands are the replicated log
+A command is an orjson object ``{"v": 1, "op": <op>, ...}``, except ``append``: binary record
+batches (format v2), first byte 0xA2 (``cluster/commands/append.py``). Commands are the replicated log
 format: every replica, today and after an upgrade, must read old entries the same way. So op names
 are never renamed or reused (see :data:`OPS`) and fields are never reinterpreted.
 
@@ -56,6 +57,7 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.base import errors
+from raftmq.cluster.commands.append import AppendBatch, AppendCommand, append, decode_append, is_append
 
 # Each op family lives in a module of cluster/commands/; its public names are importable from here.
 from raftmq.cluster.commands.delivery import (
@@ -115,6 +117,8 @@ __all__ = [
     "MAX_TIME_MS",
     "OPS",
     "VERSION",
+    "AppendBatch",
+    "AppendCommand",
     "BadCommand",
     "Command",
     "CommitFencedCommand",
@@ -134,6 +138,7 @@ __all__ = [
     "SubscribeCommand",
     "UnlockCommand",
     "ack",
+    "append",
     "commit_fenced",
     "commit_offsets",
     "decode",
@@ -173,6 +178,7 @@ OPS: tuple[str, ...] = (
     "redrive",
     "seal_segment",  # cluster/machines/segments.py
     "expire_producers",  # cluster/machines/producers.py
+    "append",  # binary, not JSON: cluster/commands/append.py
 )
 
 
@@ -240,6 +246,8 @@ def decode(data: bytes) -> Command:
         BadCommand: ``data`` is not JSON (``invalid_json``) or not a valid command
             (``bad_request``).
     """
+    if is_append(data):
+        return decode_append(data)[0]
     try:
         obj = orjson.loads(data)
     except (orjson.JSONDecodeError, TypeError) as e:
@@ -258,6 +266,8 @@ def decode_stamped(data: bytes, min_now_ms: int) -> tuple[Command, int | None]:
     Raises:
         BadCommand: as :func:`decode`.
     """
+    if is_append(data):
+        return decode_append(data, min_now_ms)
     try:
         obj = orjson.loads(data)
     except (orjson.JSONDecodeError, TypeError) as e:

@@ -29,6 +29,7 @@ from raftmq.cluster.base.limits import (
 from raftmq.cluster.base.limits import (
     MAX_TIME_MS as MAX_TIME_MS,
 )
+from raftmq.cluster.commands.append import AppendCommand
 from raftmq.cluster.commands.producers import ExpireProducersCommand
 from raftmq.cluster.commands.segments import SealSegmentCommand
 from raftmq.storage.records import NewMessage
@@ -186,7 +187,8 @@ class RedriveCommand(TypedDict):
 
 
 Command = (
-    ProduceCommand
+    AppendCommand
+    | ProduceCommand
     | CommitOffsetsCommand
     | RetainCommand
     | DropTopicCommand

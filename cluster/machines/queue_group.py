@@ -59,9 +59,10 @@ from raftmq.cluster.commands import (
     RetainCommand,
 )
 from raftmq.cluster.machines import delivery, producers, segments
+from raftmq.cluster.machines.append import apply_append, check_sequence
 from raftmq.cluster.machines.apply import Apply, group_time
 from raftmq.storage import keys, queues
-from raftmq.storage.keys import APPLIED, GroupTime, ProducerState, QueueMeta
+from raftmq.storage.keys import APPLIED, GroupTime, QueueMeta
 from raftmq.storage.records import decode_header, encode_batch
 from raftmq.storage.store import Batch, Store, StoreError
 
@@ -213,6 +214,8 @@ class QueueGroupMachine:
             _log.exception("on_applied_failed", group_id=self._group_id, index=applied.index)
 
     def _dispatch(self, work: Apply, cmd: Command) -> dict[str, Any]:
+        if cmd["op"] == "append":
+            return apply_append(work, cmd, self._max_entry_messages)
         if cmd["op"] == "produce":
             return self._produce(work, cmd)
         if cmd["op"] == "commit_offsets":
@@ -278,29 +281,10 @@ class QueueGroupMachine:
             if work.is_dropped(topic_id):
                 results.append(error_body(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped"))
                 continue
-            state = ProducerState()
-            if producer_id is not None and sequence is not None:
-                state = work.producer(topic_id, queue, producer_id)
-                original = state.find(sequence)
-                if original is not None:
-                    base_offset, count = original
-                    results.append(
-                        {
-                            "topic_id": topic_id,
-                            "queue": queue,
-                            "base_offset": base_offset,
-                            "count": count,
-                            "duplicate": True,
-                        }
-                    )
-                    continue
-                if state.is_stale(sequence):
-                    # A command can be applied long after its request gave up (queued while the
-                    # group had no leader, or stuck in a partitioned connection): by then the
-                    # producer may have retried it and sent newer batches that pushed it out of
-                    # the remembered window. Sequences only grow per (producer, queue).
-                    results.append(error_body(errors.STALE_SEQUENCE, _stale(producer_id, sequence, state)))
-                    continue
+            state, answer = check_sequence(work, topic_id, queue, producer_id, sequence)
+            if answer is not None:
+                results.append(answer)
+                continue
             messages, delayed = b["messages"], 0
             if b["deliver_at_ms"] is not None:
                 messages = []
@@ -411,14 +395,6 @@ class QueueGroupMachine:
             work.batch.delete_range(*keys.topic_range(prefix, topic_id))
         work.batch.put(keys.dropped_key(topic_id), b"")
         return {"ok": True}
-
-
-def _stale(producer_id: str, sequence: int, state: ProducerState) -> str:
-    newest = max(seq for seq, _, _ in state.entries)
-    return (
-        f"sequence {sequence} of producer {producer_id!r} is older than its newest on this queue "
-        f"({newest}) and no longer remembered: nothing was stored (a late retry, or a reused producer_id)"
-    )
 
 
 def retention_clock(before: GroupTime, stamped_ms: int, max_jump_ms: int) -> tuple[int, int | None]:

@@ -46,6 +46,7 @@ from raftmq.cluster.node.ticks import TickLoops
 from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
+from raftmq.cluster.replication.upgrade import BATCH_FORMATS
 from raftmq.storage.rocks import RocksStore
 
 __all__ = ["LocalGroup", "Node", "set_if_pending"]
@@ -81,6 +82,8 @@ class Node:
         self._session: aiohttp.ClientSession | None = None  # carries the peer key: known nodes only
         self._probe_session: aiohttp.ClientSession | None = None  # no credential: addresses from requests
         self._peer_status: dict[str, dict[str, Any]] = {}
+        self._binary_groups: set[str] = set()  # groups whose voters all read binary appends
+        self._status_refresh: asyncio.Task[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/machines/segments.py), set by start
         self.ssl_context = client_context(config)  # peer calls over HTTPS (None: plain HTTP)
@@ -161,6 +164,7 @@ class Node:
                 max_entry_bytes=self.config.raft.group_commit_bytes,
                 max_inflight=self.config.raft.group_commit_inflight,
                 ack_before_replication=self.config.faults.ack_before_replication,
+                binary_ok=lambda: self.reads_binary(name),
             )
         self.groups = {**self.groups, name: local}
         local.raft.hint_peers(seed)
@@ -303,7 +307,38 @@ class Node:
                 "replicas": [r.id for r in self.replicas(name)],
                 "members": list(s.members),  # the Raft voters (addresses) this replica uses
             }
-        return {"node_id": self.me.id, "raft": self.me.raft, "groups": groups}
+        return {
+            "node_id": self.me.id,
+            "raft": self.me.raft,
+            "groups": groups,
+            "batch_formats": self.batch_formats,
+        }
+
+    @property
+    def batch_formats(self) -> list[int]:
+        """The record-batch formats this node reads (docs/format.md, rolling upgrades)."""
+        return [1] if self.config.faults.v1_only_node == self.me.id else list(BATCH_FORMATS)
+
+    def reads_binary(self, name: str) -> bool:
+        """Whether every replica of group ``name`` reads binary ``append`` commands (format 2), as
+        their statuses say. True stays True (a group that went binary stays binary); while False,
+        the peers' statuses are asked again, at most once a second."""
+        if name in self._binary_groups:
+            return True
+        others = [r.id for r in self.replicas(name) if r.id != self.me.id]
+        if 2 in self.batch_formats and all(
+            2 in self._peer_status.get(i, {}).get("batch_formats", ()) for i in others
+        ):
+            self._binary_groups.add(name)
+            return True
+        if self._loop is not None and (self._status_refresh is None or self._status_refresh.done()):
+
+            async def refresh() -> None:
+                await self.refresh_peer_status()
+                await asyncio.sleep(1.0)
+
+            self._status_refresh = self._loop.create_task(refresh())
+        return False
 
     def forget_peer_status(self) -> None:
         """Drop the cached view of other nodes (after it proved stale)."""
@@ -353,11 +388,19 @@ class Node:
             return orjson.loads(data)
 
     async def peer_request(
-        self, method: str, node: NodeConfig, path: str, *, body: Any = None, timeout_s: float | None = None
+        self,
+        method: str,
+        node: NodeConfig,
+        path: str,
+        *,
+        body: Any = None,
+        raw: bytes | None = None,
+        timeout_s: float | None = None,
     ) -> tuple[int, bytes, str]:
-        """Send a request to a peer; returns (status, body bytes, content type)."""
+        """Send a request to a peer (a JSON ``body``, or ``raw`` bytes); returns (status, body
+        bytes, content type)."""
         assert self._session is not None
-        data = None if body is None else orjson.dumps(body)
+        data = raw if body is None else orjson.dumps(body)
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=1.0) if timeout_s else None
         async with self._session.request(
             method,

@@ -21,6 +21,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from raftmq.cluster import commands
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.node.node import Node
@@ -183,12 +184,15 @@ class LeaderRouter:
                 raise ApiError(errors.UNAVAILABLE, "this node is not serving yet")
             return await self.local_action(name, action, body, size_hint)
         leader = await self.leader_elsewhere(name)
+        # Binary batches travel as an append command's bytes (its now_ms is the leader's to set).
+        raw = commands.append(0, body["items"]) if action == "append" else None
         with _leader_call(leader.id, name):
             status, data, _ = await self.node.peer_request(
                 "POST",
                 leader,
                 f"/internal/groups/{name}/{action}",
-                body=body,
+                body=body if raw is None else None,
+                raw=raw,
                 timeout_s=self.limits.request_timeout_ms / 1000 + 5,
             )
         if status != 200:

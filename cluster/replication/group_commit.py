@@ -20,16 +20,30 @@ from raftmq.cluster import commands
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ProduceFailed
 from raftmq.cluster.replication.raft import Outcome, RaftGroup
+from raftmq.cluster.replication.upgrade import to_json_batch
 
 __all__ = ["GroupCommitter", "ProduceFailed"]
 
 
+AppendItem = tuple[int, int, bytes | memoryview]
+"""A binary batch to append: ``(topic_id, queue, batch bytes)`` (format v2, docs/format.md)."""
+
+BinaryGate = Callable[[], bool]
+"""Whether every voter of the group reads binary ``append`` commands (docs/format.md, rolling
+upgrades); until then binary batches are proposed as JSON ``produce`` commands."""
+
+
 @dataclass
 class _Request:
-    batches: list[dict[str, Any]]
+    batches: list[dict[str, Any]]  # JSON produce batches (empty for a binary request)
     size: int
     future: asyncio.Future[list[dict[str, Any]]]
+    items: list[AppendItem] | None = None  # binary batches: proposed in an ``append`` command
     solo: bool = False  # propose alone (after a merged entry holding it was rejected)
+
+    @property
+    def count(self) -> int:
+        return len(self.batches) if self.items is None else len(self.items)
 
 
 class GroupCommitter:
@@ -44,6 +58,7 @@ class GroupCommitter:
         max_entry_bytes: int,
         max_inflight: int,
         ack_before_replication: bool = False,
+        binary_ok: BinaryGate = lambda: True,
     ) -> None:
         self._group = group
         self._loop = loop
@@ -53,6 +68,7 @@ class GroupCommitter:
         self._pending: deque[_Request] = deque()
         self._inflight = 0
         self._ack_early = ack_before_replication
+        self._binary_ok = binary_ok
 
     async def produce(self, batches: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
         """Propose ``batches`` (commands.produce batch dicts); one result per batch, in order.
@@ -67,14 +83,28 @@ class GroupCommitter:
             return [{"queue": b["queue"], "base_offset": None, "count": len(b["messages"])} for b in batches]
         return await future
 
+    async def append(self, items: list[AppendItem], size: int) -> list[dict[str, Any]]:
+        """Propose binary batches (checked by ``raftmq.batch.validate``); one result per item, in
+        order, as :meth:`produce`. Binary requests are merged with each other, never with JSON
+        ones (one entry is one command).
+
+        Raises ProduceFailed when the entry failed or was rejected.
+        """
+        future: asyncio.Future[list[dict[str, Any]]] = self._loop.create_future()
+        self._pending.append(_Request([], size, future, items))
+        self._flush()
+        return await future
+
     def _flush(self) -> None:
         while self._pending and self._inflight < self._max_inflight:
             taken = [self._pending.popleft()]
             size = taken[0].size
+            binary = taken[0].items is not None
             while (
                 not taken[0].solo
                 and self._pending
                 and not self._pending[0].solo
+                and (self._pending[0].items is not None) == binary
                 and size + self._pending[0].size <= self._max_entry_bytes
             ):
                 request = self._pending.popleft()
@@ -85,8 +115,15 @@ class GroupCommitter:
     def _propose(self, requests: list[_Request]) -> None:
         if not requests:
             return
-        batches = [b for r in requests for b in r.batches]
-        command = commands.produce(self._now_ms(), batches)
+        now_ms = self._now_ms()
+        if requests[0].items is None:
+            command = commands.produce(now_ms, [b for r in requests for b in r.batches])
+        elif self._binary_ok():
+            command = commands.append(now_ms, [item for r in requests for item in r.items or ()])
+        else:  # a voter may not read binary commands yet (a rolling upgrade): the JSON command
+            command = commands.produce(
+                now_ms, [to_json_batch(now_ms, *item) for r in requests for item in r.items or ()]
+            )
         self._inflight += 1
 
         def on_done(outcome: Outcome) -> None:  # tick thread
@@ -132,6 +169,6 @@ class GroupCommitter:
         out: list[list[dict[str, Any]] | ProduceFailed] = []
         start = 0
         for request in requests:
-            out.append(results[start : start + len(request.batches)])
-            start += len(request.batches)
+            out.append(results[start : start + request.count])
+            start += request.count
         return out

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from raftmq.cluster.api.common import json_response
+from raftmq.cluster.api.handlers.produce import append_items
 from raftmq.cluster.api.validation import bad, parse_json, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -49,7 +50,10 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
 
     async def action(request: web.Request) -> web.Response:
         authorize(request, backup=request.match_info["action"] == "barrier")
-        body = parse_json(await request.read())
+        if request.match_info["action"] == "append":  # binary batches forwarded by a peer
+            body = {"items": append_items(await request.read())}
+        else:
+            body = parse_json(await request.read())
         return json_response(
             await api.internal_action(request.match_info["group"], request.match_info["action"], body)
         )

@@ -12,14 +12,42 @@ from typing import Any
 import crc32c
 from aiohttp import web
 
+from raftmq import batch as rb
+from raftmq.cluster import commands
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
-from raftmq.cluster.api.validation import parse_json, parse_produce
+from raftmq.cluster.api.validation import MAX_HEADERS, MAX_KEY_BYTES, parse_json, parse_produce
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError, error_body
 
-__all__ = ["ProduceHandlers", "key_queue"]
+__all__ = ["ProduceHandlers", "append_items", "bad_batch", "key_queue", "split_frames_or_400"]
+
+
+def bad_batch(e: rb.BadBatch, batch: int | None = None) -> ApiError:
+    """The 400 ``bad_batch`` answer of a malformed binary batch: ``reason``, ``record`` (the first
+    bad record's index, or null) and ``batch`` (the frame's index) say where."""
+    where = e.batch if batch is None else batch
+    return ApiError(errors.BAD_BATCH, e.message, reason=e.reason, record=e.record, batch=where)
+
+
+def split_frames_or_400(body: bytes, max_frames: int) -> list[rb.Frame]:
+    try:
+        return rb.split_frames(body, max_frames=max_frames)
+    except rb.BadBatch as e:
+        raise bad_batch(e) from None
+
+
+def append_items(data: bytes) -> list[tuple[int, int, memoryview]]:
+    """The ``(topic_id, queue, batch)`` items of binary batches a peer forwarded (as the bytes of
+    an ``append`` command, ``cluster/commands/append.py``); 400 when they do not decode."""
+    try:
+        command = commands.decode(data)
+    except commands.BadCommand as e:
+        raise ApiError(e.code, e.message) from None
+    if command["op"] != "append":
+        raise ApiError(errors.BAD_REQUEST, "expected an append command")
+    return [(b.topic_id, b.queue, b.view.buffer) for b in command["batches"]]
 
 
 def key_queue(key: str, queues: int) -> int:
@@ -40,6 +68,8 @@ class ProduceHandlers(ApiCore):
     """The produce handler, mixed into ``Api`` (``cluster/api/app.py``)."""
 
     async def produce(self, request: web.Request) -> web.Response:
+        if request.content_type == rb.BATCH_MEDIA_TYPE:
+            return await self._produce_batches(request)
         topic = await self.topic(request.match_info["topic"])
         max_bytes = topic.max_message_bytes or self.limits.max_message_bytes
         req = parse_produce(parse_json(await request.read()), self.limits, max_bytes, now_ms())
@@ -112,6 +142,91 @@ class ProduceHandlers(ApiCore):
             return json_response(body, status=first.code.status)
         self.metrics.produced.inc(len(results))
         return json_response({"results": results})
+
+    async def _produce_batches(self, request: web.Request) -> web.Response:
+        """Binary produce: frames of v2 record batches (docs/format.md), each checked whole
+        (``raftmq.batch.validate``: no per-message objects), proposed as bytes; one result per
+        frame. Nothing is proposed unless every frame is valid."""
+        topic = await self.topic(request.match_info["topic"])
+        body = await request.read()
+        limits = self._batch_limits(topic.max_message_bytes)
+        frames = split_frames_or_400(body, self.limits.max_messages_per_request)
+        sticky = next(self._sticky) % topic.queues
+        items: list[tuple[int, int, memoryview]] = []
+        total = 0
+        for i, frame in enumerate(frames):
+            if frame.topic is not None and frame.topic != topic.name:
+                raise ApiError(
+                    errors.BAD_REQUEST,
+                    f"batch {i} names topic {frame.topic!r}: a request produces to the topic of its path",
+                )
+            try:
+                view = rb.validate(frame.batch, limits)
+            except rb.BadBatch as e:
+                raise bad_batch(e, i) from None
+            total += view.count
+            if total > self.limits.max_messages_per_request:
+                raise ApiError(
+                    errors.REQUEST_TOO_LARGE,
+                    f"more than {self.limits.max_messages_per_request} messages in one request",
+                )
+            q = sticky if frame.queue is None else frame.queue
+            if q >= topic.queues:
+                raise ApiError(
+                    errors.QUEUE_NOT_FOUND, f"batch {i}: queue {q}: topic has {topic.queues} queues"
+                )
+            items.append((topic.id, q, frame.batch))
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for i, (_, q, _) in enumerate(items):
+            by_group[topic.queue_groups[q]].append(i)
+
+        async def to_group(g: int, which: list[int]) -> list[tuple[int, dict[str, Any] | ApiError]]:
+            part = [items[i] for i in which]
+            try:
+                result = await self.router.group_call(
+                    g, "append", {"items": part}, size_hint=sum(len(b) for _, _, b in part)
+                )
+                return list(zip(which, result["results"], strict=True))
+            except ApiError as e:
+                return [(i, e) for i in which]
+
+        outcome: dict[int, dict[str, Any] | ApiError] = {}
+        for pairs in await asyncio.gather(*(to_group(g, which) for g, which in by_group.items())):
+            outcome.update(pairs)
+        results: list[dict[str, Any] | None] = []
+        failures: list[ApiError] = []
+        for i in range(len(items)):
+            r = outcome[i]
+            if isinstance(r, ApiError):
+                failures.append(r)
+                results.append(None)
+            elif "error" in r:
+                failures.append(
+                    ApiError(errors.BY_CODE.get(r["error"]["code"], errors.INTERNAL), r["error"]["message"])
+                )
+                results.append(None)
+            else:
+                results.append({k: v for k, v in r.items() if k != "topic_id"})
+        if failures:
+            first = failures[0]
+            return json_response(
+                error_body(first.code, first.message, results=results, **first.extra),
+                status=first.code.status,
+            )
+        self.metrics.produced.inc(total)
+        return json_response({"results": results})
+
+    def _batch_limits(self, topic_max_message_bytes: int | None) -> rb.Limits:
+        lim = self.limits
+        return rb.Limits(
+            max_message_bytes=topic_max_message_bytes or lim.max_message_bytes,
+            max_batch_bytes=lim.max_request_bytes,
+            max_records=lim.max_messages_per_request,
+            max_key_bytes=MAX_KEY_BYTES,
+            max_headers=MAX_HEADERS,
+            max_delay_ms=lim.max_delay_ms,
+            max_ttl_ms=lim.max_ttl_ms,
+        )
 
     async def _produce_to_group(
         self, g: int, batches: list[dict[str, Any]], size: int
