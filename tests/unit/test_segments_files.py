@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from raftmq import batch as rb
 from raftmq.spark._client import DataLossError, Piece, check_start, plan_queue, rate_limit, split_further
 from raftmq.storage import keys
 from raftmq.storage.keys import QueueMeta
@@ -38,16 +39,29 @@ def random_messages(rng: random.Random, n: int) -> list[NewMessage]:
         key = rng.choice([None, "", "k", "ключ"])
         headers = rng.choice([None, {}, {"a": "1", "ü": "v"}])
         expires = rng.choice([None, None, 123456])
-        value = rng.randbytes(rng.randrange(0, 40))
-        out.append(NewMessage(value, rng.random() < 0.5, key, headers, expires))
+        binary = rng.random() < 0.5
+        size = rng.randrange(0, 40)
+        # A text value is UTF-8 (format v2 checks it; v1 stored whatever it was given).
+        value = rng.randbytes(size) if binary else "".join(rng.choice("aé✓z") for _ in range(size)).encode()
+        out.append(NewMessage(value, binary, key, headers, expires))
     return out
 
 
-def fill(store: MemoryStore, batches: list[list[NewMessage]], topic_id: int = 1, queue: int = 0) -> int:
+def fill(
+    store: MemoryStore,
+    batches: list[list[NewMessage]],
+    topic_id: int = 1,
+    queue: int = 0,
+    v2: Any = False,
+) -> int:
+    """Store ``batches``; ``v2``: True stores each in format v2 (docs/format.md), a ``Random``
+    picks the format per batch (a queue produced before and after an upgrade)."""
     b = Batch()
     offset = total = 0
     for i, msgs in enumerate(batches):
         value = encode_batch(i + 1, 1_700_000_000_000 + i, offset, msgs)
+        if v2 is True or (isinstance(v2, random.Random) and v2.random() < 0.5):
+            value = rb.v1_to_v2(value)
         b.put(keys.record_key(topic_id, queue, offset), value)
         offset += len(msgs)
         total += len(value)
@@ -75,11 +89,13 @@ def expected_rows(store: MemoryStore, start: int, n: int) -> list[tuple[Any, ...
     return out
 
 
+@pytest.mark.parametrize("formats", ["v1", "v2", "mixed"])
 @pytest.mark.parametrize("seed", range(5))
-def test_fast_decoder_matches_the_record_codec(seed: int) -> None:
+def test_fast_decoder_matches_the_record_codec(seed: int, formats: str) -> None:
     rng = random.Random(seed)
     store = MemoryStore()
-    high = fill(store, [random_messages(rng, rng.randrange(1, 30)) for _ in range(20)])
+    v2 = {"v1": False, "v2": True, "mixed": random.Random(seed)}[formats]
+    high = fill(store, [random_messages(rng, rng.randrange(1, 30)) for _ in range(20)], v2=v2)
     for _ in range(10):
         start = rng.randrange(0, high + 1)
         max_rows = rng.randrange(1, 80)
@@ -93,10 +109,11 @@ def test_fast_decoder_matches_the_record_codec(seed: int) -> None:
     assert stopped.num_rows == 17 and nxt == 17
 
 
-def test_decoder_limits_errors_and_checks() -> None:
+@pytest.mark.parametrize("v2", [False, True])
+def test_decoder_limits_errors_and_checks(v2: bool) -> None:
     store = MemoryStore()
     msgs = [NewMessage(b"x" * 100) for _ in range(10)]
-    fill(store, [msgs, msgs])
+    fill(store, [msgs, msgs], v2=v2)
     batch, nxt = read_columns(store, 1, "t", 0, 5, None, 100, max_bytes=250)
     assert batch.column("offset").to_pylist() == [5, 6] and nxt == 7
     one, _ = read_columns(store, 1, "t", 0, 0, None, 100, max_bytes=1)  # the first always comes
