@@ -36,6 +36,7 @@ from ._types import (
     TopicInfo,
 )
 from .errors import (
+    BadBatch,
     BadRequest,
     BufferFull,
     ChangeInProgress,
@@ -74,6 +75,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "AsyncSubscriber",
+    "BadBatch",
     "BadRequest",
     "BufferFull",
     "ChangeInProgress",
