@@ -68,6 +68,7 @@ class ProduceMessage:
     queue: int | None
     size: int  # bytes counted against max_message_bytes
     deliver_at_ms: int | None = None  # a delayed message: when it is due (also in ``body``)
+    data: bytes | None = None  # the value's bytes when given as value_b64 (decoded once, here)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
         raise bad(f"{where} must be an object")
     _check_fields(raw, _MESSAGE_FIELDS, where)
     body: dict[str, Any] = _timing(raw, where, limits, now_ms)
+    data: bytes | None = None
     if ("value" in raw) == ("value_b64" in raw):
         raise bad(f"{where} needs exactly one of 'value' (a string) or 'value_b64' (base64)")
     if "value" in raw:
@@ -157,9 +159,10 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
         if not isinstance(text, str):
             raise bad(f"{where}.value_b64 must be a base64 string")
         try:
-            size = len(base64.b64decode(text, validate=True))
+            data = base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
             raise bad(f"{where}.value_b64 is not valid base64") from None
+        size = len(data)
         body["value_b64"] = text
     key = raw.get("key")
     if key is not None:
@@ -190,7 +193,14 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
             index=i,
             limit=max_message_bytes,
         )
-    return ProduceMessage(body=body, key=key, queue=queue, size=size, deliver_at_ms=body.get("deliver_at_ms"))
+    return ProduceMessage(
+        body=body,
+        key=key,
+        queue=queue,
+        size=size,
+        deliver_at_ms=body.get("deliver_at_ms"),
+        data=None if "value" in body else data,
+    )
 
 
 def _utf8_len(text: str, where: str) -> int:
