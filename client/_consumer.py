@@ -17,7 +17,7 @@ import ssl as _ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
-from ._consumer_config import ConsumerConfig, Mode, Reset, TopicQueue
+from ._consumer_config import ConsumerConfig, FetchWire, Mode, Reset, TopicQueue
 from ._consumer_core import ConsumerCore
 from ._limits import check_concurrency
 from ._types import Message
@@ -75,6 +75,10 @@ class AsyncConsumer:
         request_timeout_ms: One request's timeout.
         retry_backoff_ms, retry_backoff_max_ms: Backoff after failed fetches and commits.
         metadata_max_age_ms: How often queue leaders are refreshed.
+        wire: ``"binary"`` (default): fetch the stored record batches (``Accept:
+            application/vnd.raftmq.batch``) and build each message only when it is taken;
+            ``"json"``: the JSON answer. A node that refuses the binary answer (415, 406) or
+            answers JSON anyway turns this consumer to JSON by itself.
         token: API token (``Authorization: Bearer``), for clusters with tokens.
         ca_file: CA certificates (PEM) that ``https://`` nodes are verified against (default: the
             system's CAs); ``ssl``: an SSL context instead.
@@ -99,6 +103,7 @@ class AsyncConsumer:
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
+        wire: FetchWire = "binary",
         token: str | None = None,
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
@@ -120,6 +125,7 @@ class AsyncConsumer:
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            wire=wire,
             token=token,
             ca_file=ca_file,
             ssl=ssl,
@@ -174,13 +180,10 @@ class AsyncConsumer:
             self._last.ack()
         self._last = None
         core = self._started()
-        if core.buffer:
-            message = core.buffer.popleft()
-        else:
-            got = await core.get_many(1, None)
-            if not got:
-                raise StopAsyncIteration
-            message = got[0]
+        got = core.take(1) or await core.get_many(1, None)
+        if not got:
+            raise StopAsyncIteration
+        message = got[0]
         self._last = message
         return message
 

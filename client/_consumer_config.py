@@ -8,8 +8,9 @@ from typing import Literal
 
 from ._limits import MAX_MESSAGES, MAX_NAME_BYTES, MAX_WAIT_MS
 
-__all__ = ["MAX_NAME_BYTES", "ConsumerConfig", "Mode", "Reset", "TopicQueue"]
+__all__ = ["MAX_NAME_BYTES", "ConsumerConfig", "FetchWire", "Mode", "Reset", "TopicQueue"]
 
+FetchWire = Literal["binary", "json"]
 Mode = Literal["clustering", "broadcast"]
 Reset = Literal["earliest", "latest"]
 TopicQueue = tuple[str, int]
@@ -41,6 +42,7 @@ class ConsumerConfig:
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 2_000
     metadata_max_age_ms: int = 30_000
+    wire: FetchWire = "binary"  # fetch stored batches (docs/format.md); "json": the JSON answer
     token: str | None = field(default=None, repr=False)  # API token (never in a repr)
     ca_file: str | None = None
     ssl: _ssl.SSLContext | None = None
@@ -62,6 +64,8 @@ class ConsumerConfig:
             problems.append(f"member_id must be 1-{MAX_NAME_BYTES} UTF-8 bytes")
         elif self.mode == "broadcast" and not _name_ok(self.commit_group):
             problems.append(f"'<group>.<member_id>' must be at most {MAX_NAME_BYTES} UTF-8 bytes")
+        if self.wire not in ("binary", "json"):
+            problems.append("wire must be 'binary' or 'json'")
         if self.reset not in ("earliest", "latest"):
             problems.append("reset must be 'earliest' or 'latest'")
         if not 1 <= self.max_batch <= MAX_MESSAGES:

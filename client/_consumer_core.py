@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Iterable, Sequence
 
 from ._api import connect
+from ._batches import BatchRun
 from ._consumer_config import ConsumerConfig, TopicQueue
 from ._fetcher import Fetcher, QueueRun
 from ._group_member import GroupMember
@@ -57,7 +58,8 @@ class ConsumerCore:
         )
         self.member: GroupMember | None = None
         self.runs: dict[TopicQueue, QueueRun] = {}
-        self.buffer: deque[Message] = deque()
+        # Fetched, not handed out: messages (JSON answers) and batches decoded as they are taken
+        self.buffer: deque[Message | BatchRun] = deque()
         self.available = asyncio.Event()
         self.error: RaftmqError | None = None
         self.closed = False
@@ -290,12 +292,12 @@ class ConsumerCore:
             if run.task is not None:
                 run.task.cancel()
         gone = {run.key: run for run in runs}
-        kept: deque[Message] = deque()
+        kept: deque[Message | BatchRun] = deque()
         for m in self.buffer:
             stopping = gone.get((m.topic, m.queue))
             if stopping is None:
                 kept.append(m)
-            elif m.offset < stopping.stop_offset:
+            elif m.offset < stopping.stop_offset:  # a BatchRun's offset: its first not handed out
                 stopping.stop_offset = m.offset
         self.buffer = kept
         return runs
@@ -339,9 +341,29 @@ class ConsumerCore:
 
     # -- delivering ------------------------------------------------------------------------------
 
-    def _deliver(self, messages: list[Message]) -> None:
+    def _deliver(self, messages: list[Message] | list[BatchRun]) -> None:
         self.buffer.extend(messages)
         self.available.set()
+
+    def buffered(self) -> int:
+        """Messages fetched and not handed out yet (expired ones of a batch included)."""
+        return sum(1 if isinstance(item, Message) else len(item) for item in self.buffer)
+
+    def take(self, max_messages: int) -> list[Message]:
+        """Up to ``max_messages`` buffered messages, without waiting; a batch's messages are made
+        here, as many as are taken (``client/_batches.py``)."""
+        buffer = self.buffer
+        out: list[Message] = []
+        while buffer and len(out) < max_messages:
+            item = buffer[0]
+            if isinstance(item, Message):
+                out.append(item)
+                buffer.popleft()
+                continue
+            out += item.take(max_messages - len(out))
+            if not len(item):
+                buffer.popleft()
+        return out
 
     async def get_many(self, max_messages: int, timeout_s: float | None) -> list[Message]:
         """Up to ``max_messages`` fetched messages, waiting up to ``timeout_s`` for the first.
@@ -351,28 +373,24 @@ class ConsumerCore:
         Raises:
             RaftmqError: A failure that stopped the consumer (e.g. its topic was deleted).
         """
-        if not self.buffer:
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            while not self.buffer:
-                if self.error is not None:
-                    raise self.error
-                if self._closing:
-                    return []
-                self.available.clear()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return []
-                try:
-                    async with asyncio.timeout(remaining):
-                        await self.available.wait()
-                except TimeoutError:
-                    return []
-        buffer = self.buffer
-        n = min(max_messages, len(buffer))
-        if n == len(buffer):
-            self.buffer = deque()
-            return list(buffer)
-        return [buffer.popleft() for _ in range(n)]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            got = self.take(max_messages)
+            if got:  # (empty with a non-empty buffer: only expired records were left)
+                return got
+            if self.error is not None:
+                raise self.error
+            if self._closing:
+                return []
+            self.available.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return []
+            try:
+                async with asyncio.timeout(remaining):
+                    await self.available.wait()
+            except TimeoutError:
+                return []
 
     def assignment(self) -> frozenset[TopicQueue]:
         return frozenset(self.runs)

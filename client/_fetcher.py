@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ._batches import Batches, BatchRun, NotAccepted, ack_expired, batch_runs, get_batches
 from ._consumer_config import ConsumerConfig
 from ._metadata import ClusterMetadata
 from ._retry import Backoff
@@ -85,7 +86,7 @@ class Fetcher:
         metadata: ClusterMetadata,
         backoff: Backoff,
         *,
-        deliver: Callable[[list[Message]], None],
+        deliver: Callable[[list[Message] | list[BatchRun]], None],
         fail: Callable[[RaftmqError], None],
         refresh: Callable[[str], None],
     ) -> None:
@@ -96,6 +97,7 @@ class Fetcher:
         self._deliver = deliver
         self._fail = fail
         self._refresh = refresh
+        self.binary = config.wire == "binary"  # False once a node refused the binary answer
 
     async def run(self, run: QueueRun) -> None:
         """Fetch ``run``'s queue in order, long-polling at its end.
@@ -106,13 +108,14 @@ class Fetcher:
         or empty answer) cancels the fetches behind it and continues from the window's next offset.
         """
         cfg = self.config
-        inflight: deque[tuple[int, asyncio.Task[Any]]] = deque()  # (count, fetch), in offset order
+        # (offset, count, fetch), in offset order
+        inflight: deque[tuple[int, int, asyncio.Task[Any]]] = deque()
         next_request = run.window.next_offset
         known_high = 0
         failures = 0
 
         def cancel_all() -> int:
-            for _, task in inflight:
+            for _, _, task in inflight:
                 task.cancel()
             inflight.clear()
             return run.window.next_offset
@@ -125,9 +128,8 @@ class Fetcher:
                     if room < cfg.max_batch or (inflight and next_request >= known_high):
                         break
                     wait_ms = 0 if inflight else cfg.wait_ms
-                    inflight.append(
-                        (cfg.max_batch, asyncio.ensure_future(self._fetch(run, next_request, wait_ms)))
-                    )
+                    task = asyncio.ensure_future(self._fetch(run, next_request, wait_ms))
+                    inflight.append((next_request, cfg.max_batch, task))
                     next_request += cfg.max_batch
                 if not inflight:
                     # Local flow control: wait until the application finished enough messages.
@@ -137,7 +139,7 @@ class Fetcher:
                         await run.resume.wait()
                     run.paused = False
                     continue
-                count, task = inflight[0]
+                _, count, task = inflight[0]
                 offset = run.window.next_offset
                 try:
                     answer = await task
@@ -169,10 +171,14 @@ class Fetcher:
                     continue
                 inflight.popleft()
                 failures = 0
-                known_high = max(known_high, answer["high_offset"])
-                messages = answer["messages"]
                 if run.stopped:
                     return
+                if isinstance(answer, Batches):
+                    known_high = max(known_high, answer.high_offset)
+                    next_request = self._take_batches(run, answer, inflight, next_request)
+                    continue
+                known_high = max(known_high, answer["high_offset"])
+                messages = answer["messages"]
                 if not messages:
                     next_request = cancel_all()
                     continue
@@ -180,22 +186,84 @@ class Fetcher:
                 if first != run.window.next_offset:  # retention removed what we asked for
                     next_request = cancel_all()
                     run.window.jump(first)
-                run.window.add(first, len(messages))
+                end = messages[-1]["offset"] + 1
                 window = run.window
+                window.add(first, end - first)
+                if end - first != len(messages):  # expired messages left out: they count as finished
+                    for gone in sorted(set(range(first, end)) - {m["offset"] for m in messages}):
+                        window.ack(gone)
                 self._deliver([Message.from_wire(run.topic, run.queue, m, window) for m in messages])
-                if len(messages) < count:  # e.g. max_bytes cut it short: the fetches behind have a gap
+                if end - first < count:  # e.g. max_bytes cut it short: the fetches behind have a gap
                     next_request = cancel_all()
         finally:
             cancel_all()
 
+    def _take_batches(
+        self,
+        run: QueueRun,
+        answer: Batches,
+        inflight: deque[tuple[int, int, asyncio.Task[Any]]],
+        next_request: int,
+    ) -> int:
+        """Deliver a binary answer's batches from the window's next offset on (as lazy
+        :class:`BatchRun` s); returns the next offset to request.
+
+        An answer holds whole batches, so it may begin before the offset asked for (the records
+        below are skipped) and end past the range asked for: the fetches behind that it covers are
+        cancelled. What would take the window past ``max_backlog`` is dropped (fetched again once
+        acks made room), so the bound holds however large the stored batches are. An answer that
+        begins after the window's next offset (the fetch ahead of it came back short) is dropped
+        with everything behind it, and fetching continues where the window is.
+        """
+        window = run.window
+        start = window.next_offset
+
+        def restart() -> int:
+            for _, _, task in inflight:
+                task.cancel()
+            inflight.clear()
+            return window.next_offset
+
+        runs, first, end = batch_runs(run.topic, run.queue, answer, start, window)
+        if not runs:
+            # Nothing new: an empty answer (the end of the queue, or all of it older than asked
+            # for); a fetch behind an answer that went further has nothing to add.
+            return restart() if not answer.views else max(next_request, start)
+        if first != start:
+            return restart()
+        room = self.config.max_backlog - window.size
+        if room <= 0:  # an answer that was in flight when the window filled up
+            return restart()
+        if end - first > room:  # a large batch: deliver what max_backlog allows, fetch the rest later
+            end = first + room
+            runs = [r for r in runs if r.offset < end]
+            runs[-1].end = min(runs[-1].end, end)
+        window.add(first, end - first)
+        if any(r.skip for r in runs):
+            ack_expired(runs, window)
+        self._deliver(runs)
+        while inflight and inflight[0][0] < end:  # covered by this answer
+            inflight.popleft()[2].cancel()
+        if not inflight:
+            return end
+        if inflight[0][0] > end:  # this answer came back short: a gap before the next
+            return restart()
+        return max(next_request, end)
+
     async def _fetch(self, run: QueueRun, offset: int, wait_ms: int) -> Any:
+        path = f"/v1/topics/{path_part(run.topic)}/queues/{run.queue}/messages"
+        params = {"offset": offset, "max": self.config.max_batch, "wait_ms": wait_ms}
+        node_url = self.metadata.leader_url(run.topic, run.queue)
+        if self.binary:
+            try:
+                return await get_batches(
+                    self.transport, path, params, node_url=node_url, extra_timeout_ms=wait_ms
+                )
+            except NotAccepted as e:
+                log.warning("%s; fetching JSON from now on", e)
+                self.binary = False
         return await self.transport.request(
-            "GET",
-            f"/v1/topics/{path_part(run.topic)}/queues/{run.queue}/messages",
-            params={"offset": offset, "max": self.config.max_batch, "wait_ms": wait_ms},
-            node_url=self.metadata.leader_url(run.topic, run.queue),
-            idempotent=True,
-            extra_timeout_ms=wait_ms,
+            "GET", path, params=params, node_url=node_url, idempotent=True, extra_timeout_ms=wait_ms
         )
 
     def _reset_offset(self, e: OffsetOutOfRange) -> int:

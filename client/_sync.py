@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from ._accumulator import SYNC_MESSAGE_BYTES, buffer_full
 from ._admin import AsyncAdmin
 from ._consumer import AsyncConsumer
-from ._consumer_config import Mode, Reset, TopicQueue
+from ._consumer_config import FetchWire, Mode, Reset, TopicQueue
 from ._io_thread import LoopThread, SyncClient
 from ._limits import check_concurrency
 from ._producer import AsyncProducer, DeliveryCallback, _FutureDelivery
@@ -222,6 +222,7 @@ class Consumer(SyncClient):
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
+        wire: FetchWire = "binary",
         token: str | None = None,
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
@@ -243,6 +244,7 @@ class Consumer(SyncClient):
             retry_backoff_ms=retry_backoff_ms,
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
+            wire=wire,
             token=token,
             ca_file=ca_file,
             ssl=ssl,

@@ -9,6 +9,7 @@ the low end. A reader racing with retention sees :class:`OffsetOutOfRange`, neve
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Iterator
 
 from .keys import (
@@ -48,6 +49,7 @@ from .store import Store
 __all__ = [
     "OffsetOutOfRange",
     "applied_index",
+    "batch_span",
     "committed_offset",
     "first_pending",
     "lock_state",
@@ -56,6 +58,7 @@ __all__ = [
     "pending_record",
     "queue_bounds",
     "queue_meta",
+    "raw_batches",
     "read_delivery_fields",
     "read_messages",
     "redrive_offset",
@@ -64,6 +67,12 @@ __all__ = [
 ]
 
 _SCAN_CHUNK = 16  # record batches fetched per scan call while reading forward
+
+# A v2 batch's base offset (u64 at byte 8) and record count (u32 at byte 48), little-endian
+# (docs/format.md, "The batch"); v1 keeps them in its own header (records.decode_header).
+_V2_BASE = struct.Struct("<Q")
+_V2_COUNT = struct.Struct("<I")
+_V2_MIN = 52
 
 
 class OffsetOutOfRange(Exception):
@@ -268,6 +277,66 @@ def read_delivery_fields(
         if len(out) >= max_messages:
             break
     return out
+
+
+def batch_span(value: bytes) -> tuple[int, int]:
+    """``(base_offset, end_offset)`` of a stored batch value of either version, read from its
+    header only (nothing is checked but the version and the size of the header).
+
+    Raises:
+        CorruptRecord: the value is shorter than its header or of an unknown version.
+    """
+    if value[:1] == b"\x02":
+        if len(value) < _V2_MIN:
+            raise CorruptRecord(f"v2 record batch of {len(value)} bytes is shorter than its header")
+        base = _V2_BASE.unpack_from(value, 8)[0]
+        return base, base + _V2_COUNT.unpack_from(value, 48)[0]
+    header = decode_header(value)
+    return header.base_offset, header.end_offset
+
+
+def raw_batches(
+    store: Store, topic_id: int, queue: int, offset: int, max_messages: int, max_bytes: int | None = None
+) -> Iterator[tuple[int, int, bytes]]:
+    """The stored batch values of a queue from the one holding ``offset`` on, as stored (v1 or
+    v2, not decoded), each as ``(base_offset, end_offset, value)``; what a binary fetch sends.
+
+    Whole batches only: the first always comes (it may begin before ``offset``); a later one
+    comes only if the records at or above ``offset`` stay within ``max_messages`` and the values'
+    bytes within ``max_bytes``. One lazy scan (a seek for the whole read) that stops before a
+    gap, as :func:`message_steps`; a caller on an event loop may yield between values.
+
+    Raises (at the first value):
+        OffsetOutOfRange: ``offset < low_offset`` or ``offset > high_offset``.
+        CorruptRecord: a value of an unknown version, or not at its own base offset.
+    """
+    low, high = queue_bounds(store, topic_id, queue)
+    if not low <= offset <= high:
+        raise OffsetOutOfRange(offset, low, high)
+    if offset == high or max_messages <= 0:
+        return
+    prefix = record_prefix(topic_id, queue)
+    found = store.last_before(record_key(topic_id, queue, offset), prefix)
+    if found is None or batch_span(found[1])[1] <= offset:
+        low, high = queue_bounds(store, topic_id, queue)  # retention removed it meanwhile
+        raise OffsetOutOfRange(offset, low, high)
+    _, end = queue_range(_RECORD_PREFIX_BYTE, topic_id, queue)
+    count = size = 0
+    next_offset = offset
+    for key, value in store.scan(found[0], end):
+        base, stop = batch_span(value)
+        if key != record_key(topic_id, queue, base):
+            raise CorruptRecord(f"record batch at key {key.hex()} has base offset {base}")
+        if base > next_offset:
+            return  # a gap: retention removed batches under our feet
+        count += stop - max(base, offset)
+        size += len(value)
+        if next_offset > offset and (count > max_messages or (max_bytes is not None and size > max_bytes)):
+            return
+        yield base, stop, value
+        next_offset = stop
+        if count >= max_messages:
+            return
 
 
 def _check_offset(store: Store, topic_id: int, queue: int, offset: int) -> None:

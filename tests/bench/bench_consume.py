@@ -102,6 +102,7 @@ def consumer_main(args: argparse.Namespace) -> None:
         max_backlog=args.max_backlog,
         wait_ms=5_000 if args.role == "latency" else 200,
         reset=args.reset,
+        wire=args.wire,
     )
     print(json.dumps({"started": started, "ready": time.time()}), flush=True)
     prefetched = 0
@@ -114,7 +115,7 @@ def consumer_main(args: argparse.Namespace) -> None:
         threading.Thread(target=lambda: (sys.stdin.readline(), go.set()), daemon=True).start()
         while not go.wait(0.05):
             print(json.dumps({"t": time.time(), "n": 0, "owned": len(consumer.assignment())}), flush=True)
-        prefetched = len(consumer._core.buffer)  # a benchmark may peek
+        prefetched = consumer._core.buffered()  # a benchmark may peek
         print(json.dumps({"go": time.time(), "prefetched": prefetched}), flush=True)
     if args.spy_out:  # profile this process from now on (not its start-up)
         start_py_spy(os.getpid(), args.profile_s, Path(args.spy_out))
@@ -187,6 +188,7 @@ def consumer_command(
         max_batch=args.max_batch,
         max_backlog=args.max_backlog,
         reset="latest" if role == "latency" else "earliest",
+        wire=args.wire,
         stop_file=stop_file,
         spy_out=spy_out,
         profile_s=args.profile_s,
@@ -266,6 +268,7 @@ def phase_throughput(cluster: Cluster, args: argparse.Namespace) -> dict[str, An
         "consumers": CONSUMERS,
         "max_batch": args.max_batch,
         "max_backlog": args.max_backlog,
+        "wire": args.wire,
         "produce_s": round(produce_s, 2),
         "group_formed_s": round(group_formed_s, 2),
         "prefetched_before_go": prefetched,
@@ -389,7 +392,9 @@ def print_report(result: dict[str, Any]) -> None:
         rows.append(["steady msgs/s (3 consumers)", t["steady_msgs_per_s"], f"target >= {TARGET_MSGS:,}"])
         rows.append(["drain msgs/s (from go)", t["drain_msgs_per_s"], f"{t['drain_s']} s"])
         rows.append(["lost / duplicates", f"{t['lost']} / {t['duplicates']}", f"of {t['messages']:,}"])
-        rows.append(["per consumer", str(t["per_consumer"]), f"max_batch {t['max_batch']}"])
+        rows.append(
+            ["per consumer", str(t["per_consumer"]), f"max_batch {t['max_batch']}, wire {t.get('wire')}"]
+        )
         rows.append(["CPU us/msg nodes / consumers", str(list(t["cpu_us_per_msg"].values())), ""])
         rows.append(["other load (cores)", t["other_load_cores"], ""])
     if "latency" in res:
@@ -430,6 +435,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--max-backlog", type=int, default=None, help="consumer max_backlog (default: the client's)"
+    )
+    ap.add_argument(
+        "--wire",
+        choices=("binary", "json"),
+        default="binary",
+        help="the consumers' fetch answer (client default: binary)",
     )
     ap.add_argument("--rate", type=int, default=5_000, help="offered messages/s in 'latency'")
     ap.add_argument("--linger-ms", type=int, default=5, help="the latency producer's linger_ms")

@@ -1,5 +1,6 @@
 """Reading over the HTTP API v1: fetch (``GET /v1/topics/{topic}/queues/{queue}/messages``, JSON;
-the Arrow answer is in ``cluster/api/handlers/segments.py``) and a consumer group's committed offsets
+the Arrow answer is in ``cluster/api/handlers/segments.py``, the binary one of stored batches in
+``cluster/api/handlers/fetch_batches.py``) and a consumer group's committed offsets
 (``PUT/GET /v1/groups/{group}/offsets``).
 """
 
@@ -15,6 +16,7 @@ from aiohttp import web
 from raftmq.cluster import commands
 from raftmq.cluster.api.common import group_name, json_response
 from raftmq.cluster.api.core import ApiCore
+from raftmq.cluster.api.handlers.fetch_batches import fetch_batches, wants_batches
 from raftmq.cluster.api.handlers.fetch_common import (
     encode_fetch,
     fetch_query,
@@ -41,6 +43,8 @@ class FetchHandlers(ApiCore):
     async def fetch(self, request: web.Request) -> web.StreamResponse:
         if self.segments is not None and wants_arrow(request):  # Arrow IPC: cluster/api/handlers/segments.py
             return await self.segments.fetch_arrow(request)
+        if wants_batches(request):  # stored batches as frames: cluster/api/handlers/fetch_batches.py
+            return await fetch_batches(self, request)
         f = await fetch_query(
             self,
             request,

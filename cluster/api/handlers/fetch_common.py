@@ -191,14 +191,21 @@ async def encode_fetch(
     return parts
 
 
-async def write_parts(request: web.Request, parts: Sequence[bytes]) -> web.StreamResponse:
-    """A JSON answer written part by part, waiting for the socket to drain between parts (a
-    ``web.Response`` of 64 MiB copies it into the transport's buffer in one step). The body and
-    its ``Content-Length`` are what ``json_response`` gives for the same bytes. A client that hangs
-    up mid-answer (a reader gone, a forwarding peer killed) ends the answer quietly: the rest has
-    nowhere to go, and a failed write is no error of the node's."""
-    response = web.StreamResponse()
-    response.content_type = "application/json"
+async def write_parts(
+    request: web.Request,
+    parts: Sequence[bytes],
+    *,
+    content_type: str = "application/json",
+    headers: Mapping[str, str] | None = None,
+) -> web.StreamResponse:
+    """A JSON answer (or the binary fetch's frames: ``content_type``, ``headers``) written part by
+    part, waiting for the socket to drain between parts (a ``web.Response`` of 64 MiB copies it
+    into the transport's buffer in one step). The body and its ``Content-Length`` are what
+    ``json_response`` gives for the same bytes. A client that hangs up mid-answer (a reader gone, a
+    forwarding peer killed) ends the answer quietly: the rest has nowhere to go, and a failed write
+    is no error of the node's."""
+    response = web.StreamResponse(headers=headers)
+    response.content_type = content_type
     response.content_length = sum(len(p) for p in parts)
     try:
         await response.prepare(request)  # fails too when the client left during a long poll

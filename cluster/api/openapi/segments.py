@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raftmq.batch import BATCH_MEDIA_TYPE
 from raftmq.cluster.api.openapi.base import (
     RAFT_ERRORS,
     TOPIC,
@@ -26,15 +27,22 @@ BINARY = {"type": "string", "contentMediaType": "application/octet-stream"}
 
 
 def _fetch_ok() -> dict[str, Any]:
-    """The fetch answer: JSON, or an Arrow IPC stream with ``Accept: application/vnd.apache.arrow.stream``
-    (Kafka's columns, up to 65,536 rows per call; ``max`` may then go up to 65,536)."""
+    """The fetch answer: JSON, an Arrow IPC stream with ``Accept: application/vnd.apache.arrow.stream``
+    (Kafka's columns, up to 65,536 rows per call; ``max`` may then go up to 65,536), or the stored
+    record batches with ``Accept: application/vnd.raftmq.batch`` (cluster/api/handlers/fetch_batches.py)."""
     out = _json(_ref("FetchResponse"), "messages")
     out["description"] = (
         "messages; with `Accept: application/vnd.apache.arrow.stream` an Arrow IPC stream of Kafka's "
         "columns (up to 65,536 rows: `max` may go that high), next/low/high offsets in the "
-        "`X-Raftmq-Next-Offset`, `X-Raftmq-Low-Offset` and `X-Raftmq-High-Offset` headers"
+        "`X-Raftmq-Next-Offset`, `X-Raftmq-Low-Offset` and `X-Raftmq-High-Offset` headers; with "
+        f"`Accept: {BATCH_MEDIA_TYPE}` the stored record batches as frames (docs/format.md), whole "
+        "batches from the one holding `offset` (it may begin below it: skip those records), "
+        "messages expired at the node's clock included, and in headers `X-Raftmq-Next-Offset`, "
+        "`X-Raftmq-Low-Offset`, `X-Raftmq-High-Offset`, `X-Raftmq-Now-Ms` (the node's clock) and "
+        "`X-Raftmq-Max-Age-Ms` (the topic's `retention_ms`, absent without one)"
     )
     out["content"][ARROW_STREAM] = {"schema": BINARY}
+    out["content"][BATCH_MEDIA_TYPE] = {"schema": BINARY}
     return out
 
 
