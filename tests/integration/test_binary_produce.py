@@ -5,7 +5,9 @@ changes nothing and leaves the node alive."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +224,56 @@ def test_a_group_of_current_voters_stores_binary_batches_verbatim(tmp_path: Path
         per_node = {n: stored_versions(c, n, group, topic_id) for n in c.nodes}
         assert all(v == per_node["n1"] for v in per_node.values()), per_node
         assert per_node["n1"][-1] == 2, per_node
+
+
+def retry_until_stored(c: Cluster, topic: str, batch: bytes, nodes: list[str]) -> dict[str, Any]:
+    """Send ``batch`` to ``nodes`` in turn until one answers 200 (what an idempotent producer
+    does across a failover); returns the answer's result."""
+
+    def attempt() -> dict[str, Any] | None:
+        for n in nodes:
+            try:
+                r = post_batches(c, topic, [(0, batch)], node=n)
+            except requests.RequestException:
+                continue
+            if r.status_code == 200:
+                result: dict[str, Any] = r.json()["results"][0]
+                return result
+            assert r.json()["error"]["retriable"], r.text  # only a passing condition may fail it
+        return None
+
+    return dict(wait_until(attempt, 60, interval_s=0.2, what="the batch stored"))
+
+
+def test_an_idempotent_binary_batch_retried_across_a_leader_failover_is_stored_once(tmp_path: Path) -> None:
+    with Cluster(tmp_path, nodes=3) as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("bin-failover", queues=1)
+        first = sample_batch("p-fo", 1)
+        assert post_batches(c, "bin-failover", [(0, first)]).status_code == 200
+        # 1: the answer arrived, then the leader died; the retry at the new leader is a duplicate.
+        leader = leader_of_queue(c, "bin-failover", 0)
+        c.kill(leader)
+        others = [n for n in c.nodes if n != leader]
+        again = retry_until_stored(c, "bin-failover", first, others)
+        assert again == {"queue": 0, "base_offset": 0, "count": 4, "duplicate": True}
+        c.start(leader)
+        c.wait_ready()
+        # 2: the leader dies while the request is in flight (its outcome unknown to the client),
+        # and the client retries the same bytes until some node stores or remembers them.
+        second = sample_batch("p-fo", 2)
+        leader = leader_of_queue(c, "bin-failover", 0)
+        body = rb.join_frames([(0, None, second)])
+        url = f"{c.url(leader)}/v1/topics/bin-failover/messages"
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(requests.post, url, data=body, headers=HEADERS, timeout=30)
+            c.kill(leader)
+            with contextlib.suppress(requests.RequestException):
+                pending.result()
+        result = retry_until_stored(c, "bin-failover", second, [n for n in c.nodes if n != leader])
+        assert (result["base_offset"], result["count"]) == (4, 4)
+        got = c.fetch_all("bin-failover", 0, node=next(n for n in c.nodes if n != leader))
+        assert [m["offset"] for m in got] == list(range(8))  # each batch once, no gap
+        for g, w in zip(got, expected_json(0) + expected_json(4), strict=True):
+            same_fields(g, w)
