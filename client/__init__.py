@@ -19,7 +19,8 @@ tree). docs/client.md is the guide.
 from ._admin import AsyncAdmin
 from ._consumer import AsyncConsumer, Mode, Reset, TopicQueue
 from ._metadata import key_queue
-from ._producer import AsyncProducer, DeliveryCallback
+from ._outcome import DeliveryCallback, FutureRecord
+from ._producer import AsyncProducer
 from ._received import ReceivedMessage
 from ._subscriber import AsyncSubscriber, Subscriber
 from ._subscriber_config import SubscribeMode, SubscriberOptions, SubscriberStats
@@ -87,6 +88,7 @@ __all__ = [
     "DeliveryCallback",
     "DeliveryTimeout",
     "Forbidden",
+    "FutureRecord",
     "GroupStatus",
     "InternalError",
     "InvalidJson",

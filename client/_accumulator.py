@@ -3,15 +3,25 @@
 Thread-safe (a sync producer appends from the application's threads; the sender takes batches on
 the event loop's thread) and free of I/O; time comes in as arguments.
 
+Each message is appended to its queue's open batch: a :class:`~._batch_writer.ColumnBatch`,
+written as one record batch of format v2 (docs/format.md) when it is sent (the default), or, with
+``wire="json"``, the JSON API's message objects. What ``send`` returns is a
+:class:`~raftmq.client._outcome.FutureRecord`, two slots over the batch's one shared outcome:
+nothing per message is kept for its outcome but a callback when one is given.
+
 Invariants:
 - At most one batch per queue is in flight: a queue's next batch is sent only after the previous
-  one succeeded or failed for good. This keeps per-queue order across retries, and keeps a retried
-  batch within the broker's memory of each producer's last sequences per queue.
+  one succeeded or failed for good. This keeps per-queue order across retries: the broker
+  refuses a duplicate sequence and one older than its window of 5, but not a gap, so a second
+  batch in flight that got through while the first was retried would be stored before it.
+- A batch's ``sequence`` (idempotent producers) is the next one of its queue when the batch is
+  opened, in the order batches are opened, which is the order they are sent in. A batch that
+  fails without ever being sent leaves a gap (the broker accepts gaps).
 - ``buffered_bytes`` is the memory held by every batch not yet completed (queued or in flight):
-  each message counts its encoded size plus ``message_bytes``, the Python objects that come with
-  it (its delivery and future: about 1.8 KB with a ``concurrent.futures.Future``, which dwarfs a
-  small message; counting only the encoded bytes let 32 MiB hold a million messages and 1.9 GB).
-  It never exceeds ``max_buffer_bytes`` (a single larger message is refused up front).
+  each message counts its bytes in the batch plus ``message_bytes`` (the objects that hold it
+  until the batch is written), plus ``CALLBACK_BYTES`` when it has a callback, and each batch
+  ``BATCH_BYTES`` (its objects); a unit test measures these with tracemalloc. It never exceeds
+  ``max_buffer_bytes`` (a single larger message is refused up front).
 
 Unkeyed messages are spread with uniform sticky batches (as Kafka's KIP-794): they stick to one
 queue until ``sticky_bytes`` have gone there, then move to the queue that has had the fewest
@@ -26,79 +36,152 @@ from __future__ import annotations
 import base64
 import random
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 import orjson
 
-from ._types import RecordMetadata
-from .errors import BufferFull, MessageTooLarge, RaftmqError
+from raftmq.batch import HEADER_SIZE, join_frames, read, split_frames
 
-__all__ = ["Accumulator", "Batch", "Delivery"]
+from ._batch_writer import ColumnBatch
+from ._outcome import BatchOutcome, DeliveryCallback, FutureRecord
+from .errors import BufferFull, MessageTooLarge
 
+__all__ = ["Accumulator", "Batch", "Wire"]
+
+Wire = Literal["binary", "json"]
 QueueKey = tuple[str, int]
-MESSAGE_BYTES = 256  # memory of a buffered message besides its encoded bytes (asyncio future)
-SYNC_MESSAGE_BYTES = 1_792  # ... with a concurrent.futures.Future (the sync Producer)
+RECORD_BYTES = 16  # a record table entry of format v2 (docs/format.md)
+HEADER_ENTRY_BYTES = 8  # a header table entry
+MESSAGE_BYTES = 64  # memory of a buffered message besides its bytes: its value's str and list slots
+JSON_MESSAGE_BYTES = 40  # ... with wire="json": a bytes object (its header) and its list slot
+CALLBACK_BYTES = 128  # ... plus this when send() was given a callback: (index, callback) in a list
+BATCH_BYTES = 2_048  # the objects of one batch (builder, buffers, outcome)
 STICKY_BYTES = 16 * 1024  # unkeyed messages go this many bytes to one queue, then move on
-_OVERHEAD_BYTES = 128  # the request's envelope: {"messages":[...],"producer_id":..,"sequence":..}
+_JSON_OVERHEAD_BYTES = 128  # the JSON request's envelope: {"messages":[...],"producer_id":..,"sequence":..}
+_FRAME_BYTES = 9  # a frame's prefix (docs/format.md, "Frames"): queue, topic_len 0, prefix_crc
 
 
-class Delivery(Protocol):
-    """Where one message's outcome goes (a future, and maybe a callback)."""
-
-    def resolve(self, metadata: RecordMetadata) -> None: ...
-
-    def fail(self, error: RaftmqError) -> None: ...
-
-
-@dataclass(eq=False)
 class Batch:
     """Messages for one queue, sent as one produce request (one ``sequence``)."""
 
-    topic: str
-    queue: int
-    created_s: float
-    parts: list[bytes] = field(default_factory=list)  # each message, JSON-encoded
-    deliveries: list[Delivery] = field(default_factory=list)
-    size_bytes: int = _OVERHEAD_BYTES  # the request's size (against max_batch_bytes)
-    memory_bytes: int = 0  # what it holds in the buffer (against max_buffer_bytes)
-    sealed: bool = False  # no more messages join it
-    sequence: int | None = None  # assigned when first sent, kept across retries
-    done: bool = False
-    maybe_stored: bool = False  # an attempt is in flight, or one's outcome was unknown
-    waiters: list[Callable[[], None]] = field(default_factory=list)  # called once done
+    __slots__ = (
+        "_body",
+        "builder",
+        "count",
+        "created_s",
+        "done",
+        "maybe_stored",
+        "memory_bytes",
+        "outcome",
+        "parts",
+        "queue",
+        "sealed",
+        "sequence",
+        "size_bytes",
+        "topic",
+        "waiters",
+        "wire",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        queue: int,
+        created_s: float,
+        *,
+        wire: Wire = "binary",
+        producer_id: str | None = None,
+        sequence: int | None = None,
+        loop_thread: int | None = None,
+    ) -> None:
+        self.topic = topic
+        self.queue = queue
+        self.created_s = created_s
+        self.wire = wire
+        self.sequence = sequence  # with a producer id: fixed when opened, kept across retries
+        self.builder: ColumnBatch | None = None
+        self.parts: list[bytes] | None = None
+        if wire == "binary":
+            self.builder = ColumnBatch(producer_id, sequence or 0)
+            self.size_bytes = _FRAME_BYTES + HEADER_SIZE + len((producer_id or "").encode())
+        else:
+            self.parts = []
+            self.size_bytes = _JSON_OVERHEAD_BYTES
+        self.count = 0
+        self.memory_bytes = 0  # what it holds in the buffer (against max_buffer_bytes)
+        self.sealed = False  # no more messages join it
+        self.done = False
+        self.maybe_stored = False  # an attempt is in flight, or one's outcome was unknown
+        self.waiters: list[Callable[[], None]] = []  # called once done
+        self.outcome = BatchOutcome(topic, queue, loop_thread)
+        self._body: bytes | None = None
 
     @property
     def key(self) -> QueueKey:
         return (self.topic, self.queue)
 
     def body(self, producer_id: str | None) -> bytes:
-        """The produce request's JSON body."""
-        out = b'{"messages":[' + b",".join(self.parts) + b"]"
-        if producer_id is not None and self.sequence is not None:
-            out += b',"producer_id":' + orjson.dumps(producer_id) + b',"sequence":%d' % self.sequence
-        return out + b"}"
+        """The produce request's body: one frame (binary), or the JSON API's object. Built once
+        (the builder's buffers are let go), so every retry sends the same bytes."""
+        if self._body is None:
+            if self.builder is not None:
+                self._body = join_frames([(self.queue, None, self.builder.finish())])
+                self.builder = None
+            else:
+                self._body = json_body(self.parts or [], producer_id, self.sequence)
+                self.parts = None
+        return self._body
+
+    def as_json(self, producer_id: str | None) -> bytes:
+        """The JSON API's body carrying the same messages and sequence (a node that does not
+        take the binary format). Decodes the binary body: per-message work, on this path only."""
+        if self.wire == "json":
+            return self.body(producer_id)
+        parts = []
+        for frame in split_frames(self.body(producer_id)):
+            for r in read(frame.batch).records():
+                value: str | bytes = bytes(r.value) if r.binary else str(r.value, "utf-8")
+                encoded, _ = encode_message(value, r.key, r.headers)
+                parts.append(with_queue(encoded, self.queue))
+        return json_body(parts, producer_id, self.sequence)
 
 
-def encode_message(value: str | bytes, key: str | None, headers: dict[str, str] | None) -> tuple[bytes, int]:
-    """The message as JSON without its queue (``{...}``), and its size as the broker counts it
-    against ``max_message_bytes`` (value, key and headers in bytes)."""
-    body: dict[str, object]
-    if isinstance(value, str):
-        body = {"value": value}
-        size = len(value.encode())
-    else:
-        body = {"value_b64": base64.b64encode(value).decode()}
-        size = len(value)
+def json_body(parts: list[bytes], producer_id: str | None, sequence: int | None) -> bytes:
+    """The JSON produce request of ``parts`` (messages with their queue)."""
+    out = b'{"messages":[' + b",".join(parts) + b"]"
+    if producer_id is not None and sequence is not None:
+        out += b',"producer_id":' + orjson.dumps(producer_id) + b',"sequence":%d' % sequence
+    return out + b"}"
+
+
+def message_size(value: str | bytes, key: str | None, headers: Mapping[str, str] | None) -> int:
+    """The message's size as the broker counts it against ``max_message_bytes``: the bytes of
+    the value, the key and each header name and value (UTF-8)."""
+    size = len(value) if type(value) is not str or value.isascii() else len(value.encode())
+    if key is not None:
+        size += len(key) if key.isascii() else len(key.encode())
+    if headers:
+        size += sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
+    return size
+
+
+def encode_message(
+    value: str | bytes, key: str | None, headers: Mapping[str, str] | None
+) -> tuple[bytes, int]:
+    """The message as the JSON API's object without its queue (``{...}``), and its size (see
+    :func:`message_size`)."""
+    body: dict[str, object] = (
+        {"value": value} if isinstance(value, str) else {"value_b64": base64.b64encode(value).decode()}
+    )
     if key is not None:
         body["key"] = key
-        size += len(key.encode())
     if headers:
-        body["headers"] = headers
-        size += sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
-    return orjson.dumps(body), size
+        body["headers"] = dict(headers)
+    return orjson.dumps(body), message_size(value, key, headers)
 
 
 def with_queue(encoded: bytes, queue: int) -> bytes:
@@ -117,7 +200,14 @@ class _Sticky:
 
 
 class Accumulator:
-    """Batches per queue; see the module docstring for the invariants."""
+    """Batches per queue; see the module docstring for the invariants.
+
+    Args:
+        wire: ``"binary"`` (format v2 batches) or ``"json"`` (the JSON API's messages).
+        producer_id: The idempotent producer's id (batches are numbered per queue), or None.
+        loop_thread: The id of the thread that completes batches (the producer's I/O thread):
+            a handle refuses to block there.
+    """
 
     def __init__(
         self,
@@ -128,18 +218,27 @@ class Accumulator:
         max_buffer_bytes: int,
         rand: random.Random | None = None,
         sticky_bytes: int = STICKY_BYTES,
-        message_bytes: int = MESSAGE_BYTES,
+        message_bytes: int | None = None,
+        wire: Wire = "binary",
+        producer_id: str | None = None,
+        loop_thread: int | None = None,
     ) -> None:
         self.linger_s = linger_s
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_messages = max_batch_messages
         self.max_buffer_bytes = max_buffer_bytes
+        self.wire: Wire = wire
+        self.producer_id = producer_id
+        self.loop_thread = loop_thread
         self._lock = threading.Lock()
         self.space = threading.Condition(self._lock)  # notified when buffered bytes drop
         self._queues: dict[QueueKey, deque[Batch]] = {}
+        self._open: dict[QueueKey, Batch] = {}  # the batch of each queue that messages join
         self._in_flight: dict[QueueKey, Batch] = {}
         self._sequences: dict[QueueKey, int] = {}
         self.sticky_bytes = max(1, min(sticky_bytes, max_batch_bytes))
+        if message_bytes is None:
+            message_bytes = MESSAGE_BYTES if wire == "binary" else JSON_MESSAGE_BYTES
         self.message_bytes = message_bytes
         self._sticky: dict[str, _Sticky] = {}
         self._rand = rand or random.Random()
@@ -154,58 +253,102 @@ class Accumulator:
         topic: str,
         queue: int | None,
         queues: int,
-        encoded: bytes,
-        delivery: Delivery,
-        now_s: float,
-    ) -> tuple[int, bool] | None:
-        """Add one message (``encoded`` by :func:`encode_message`) to its queue's open batch.
+        value: str | bytes,
+        key: str | None,
+        headers: Mapping[str, str] | None,
+        size: int,
+        callback: DeliveryCallback | None,
+        now_s: float | None = None,
+    ) -> tuple[FutureRecord, bool] | None:
+        """Add one message to its queue's open batch.
 
         Args:
             queue: The queue, or None for an unkeyed message (uniform sticky: ``sticky_bytes`` to
                 one queue, then the least-loaded queue; see the module docstring).
             queues: The topic's queue count.
+            size: The message's size (:func:`message_size`).
+            callback: Called with the outcome, if given.
+            now_s: The time (monotonic s), if a new batch is opened (default: read the clock).
 
         Returns:
-            ``(queue, wake)``, ``wake`` telling the sender a batch was started or filled; None when
-            the buffer has no room (nothing was added).
+            ``(handle, wake)``, ``wake`` telling the sender a batch was started or filled; None
+            when the buffer has no room (nothing was added).
 
         Raises:
             MessageTooLarge: The message alone exceeds ``max_buffer_bytes``.
         """
-        size = len(encoded) + 16
-        memory = size + self.message_bytes
-        if size + _OVERHEAD_BYTES > self.max_buffer_bytes:
-            raise MessageTooLarge(f"a message of {size} bytes exceeds max_buffer_bytes")
+        parts: bytes | None = None
+        if self.wire == "binary":
+            wire_size = size + RECORD_BYTES
+            if headers:
+                wire_size += HEADER_ENTRY_BYTES * len(headers)
+        else:
+            parts, _ = encode_message(value, key, headers)
+            wire_size = len(parts) + 16
+        memory = wire_size + self.message_bytes
+        if callback is not None:
+            memory += CALLBACK_BYTES
+        if memory > self.max_buffer_bytes:
+            raise MessageTooLarge(f"a message of {wire_size} bytes exceeds max_buffer_bytes")
         with self._lock:
-            if self.buffered_bytes > 0 and self.buffered_bytes + memory > self.max_buffer_bytes:
+            buffered = self.buffered_bytes
+            if buffered + memory > self.max_buffer_bytes and buffered > 0:
                 self._pressure = True
                 return None
             if queue is None:
-                queue = self._sticky_queue(topic, queues, size)
-            key = (topic, queue)
-            dq = self._queues.setdefault(key, deque())
-            batch = dq[-1] if dq else None
+                sticky = self._sticky.get(topic)
+                if sticky is not None and sticky.left > 0 and len(sticky.sent) == queues:
+                    queue = sticky.queue
+                    sticky.left -= wire_size
+                    sticky.sent[queue] += wire_size
+                else:
+                    queue = self._sticky_queue(topic, queues, wire_size)
+            qkey = (topic, queue)
+            batch = self._open.get(qkey)  # an open batch holds 1 to max_batch_messages - 1 messages
             wake = False
-            if (
-                batch is None
-                or batch.sealed
-                or len(batch.parts) >= self.max_batch_messages
-                or (batch.parts and batch.size_bytes + size > self.max_batch_bytes)
-            ):
+            if batch is None or batch.size_bytes + wire_size > self.max_batch_bytes:
                 if batch is not None:
                     batch.sealed = True
-                batch = Batch(topic, queue, now_s)
-                dq.append(batch)
+                batch = self._new_batch(qkey, time.monotonic() if now_s is None else now_s)
+                memory += BATCH_BYTES
                 wake = True
-            batch.parts.append(with_queue(encoded, queue))
-            batch.deliveries.append(delivery)
-            batch.size_bytes += size
+            if parts is None:
+                index = batch.builder.append(value, key, headers)  # type: ignore[union-attr]
+            else:
+                index = batch.count
+                batch.parts.append(with_queue(parts, queue))  # type: ignore[union-attr]
+            if callback is not None:
+                batch.outcome.callbacks.append((index, callback))
+            batch.count = count = index + 1
+            batch.size_bytes += wire_size
             batch.memory_bytes += memory
-            self.buffered_bytes += memory
-            if batch.size_bytes >= self.max_batch_bytes or len(batch.parts) >= self.max_batch_messages:
+            self.buffered_bytes = buffered + memory
+            if count >= self.max_batch_messages or batch.size_bytes >= self.max_batch_bytes:
                 batch.sealed = True
+                del self._open[qkey]
                 wake = True
-            return queue, wake
+        return FutureRecord(batch.outcome, index), wake
+
+    def _new_batch(self, qkey: QueueKey, now_s: float) -> Batch:
+        sequence = None
+        if self.producer_id is not None:
+            sequence = self._sequences.get(qkey, 0)
+            self._sequences[qkey] = sequence + 1
+        batch = Batch(
+            qkey[0],
+            qkey[1],
+            now_s,
+            wire=self.wire,
+            producer_id=self.producer_id,
+            sequence=sequence,
+            loop_thread=self.loop_thread,
+        )
+        self._open[qkey] = batch
+        dq = self._queues.get(qkey)
+        if dq is None:
+            dq = self._queues[qkey] = deque()
+        dq.append(batch)
+        return batch
 
     def _sticky_queue(self, topic: str, queues: int, size: int) -> int:
         """The queue of an unkeyed message of ``size`` bytes (counted against the stick)."""
@@ -245,7 +388,9 @@ class Accumulator:
                 due = head.created_s + self.linger_s
                 if urgent or head.sealed or len(dq) > 1 or now_s >= due:
                     dq.popleft()
-                    head.sealed = True
+                    if not head.sealed:
+                        head.sealed = True
+                        del self._open[key]
                     self._in_flight[key] = head
                     taken.append(head)
                 elif next_s is None or due < next_s:
@@ -253,12 +398,6 @@ class Accumulator:
             for key in [k for k, dq in self._queues.items() if not dq and k not in self._in_flight]:
                 del self._queues[key]
         return taken, next_s
-
-    def next_sequence(self, key: QueueKey) -> int:
-        with self._lock:
-            seq = self._sequences.get(key, 0)
-            self._sequences[key] = seq + 1
-            return seq
 
     def complete(self, batch: Batch) -> None:
         """The batch succeeded or failed for good: free its bytes and its queue."""
@@ -282,6 +421,7 @@ class Accumulator:
                 for b in dq:
                     b.sealed = True
                     out.append(b)
+            self._open.clear()
             return out
 
     def empty(self) -> bool:
@@ -293,6 +433,7 @@ class Accumulator:
         with self._lock:
             out = [b for dq in self._queues.values() for b in dq]
             self._queues.clear()
+            self._open.clear()
             return out
 
     def wait_space_blocking(self, timeout_s: float) -> bool:

@@ -14,14 +14,17 @@ import ssl as _ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-from ._accumulator import Accumulator, Batch, Delivery, buffer_full, encode_message
+from raftmq.batch import BATCH_MEDIA_TYPE
+
+from ._accumulator import Accumulator, Batch, Wire, buffer_full, message_size
 from ._api import connect
 from ._limits import MAX_MESSAGES
 from ._metadata import ClusterMetadata, key_queue
+from ._outcome import DeliveryCallback, FutureRecord
 from ._retry import may_retry, outcome_error
 from ._transport import AddressMap, path_part
 from ._types import RecordMetadata, TopicDescription
@@ -44,9 +47,7 @@ __all__ = ["AsyncProducer", "DeliveryCallback", "ProducerConfig", "ProducerCore"
 
 log = logging.getLogger("raftmq.client.producer")
 
-DeliveryCallback = Callable[[RecordMetadata | None, RaftmqError | None], None]
-"""``callback(metadata, error)``: exactly one of the two is None. Runs on the producer's I/O
-thread (the event loop); keep it short and do not block in it."""
+JSON_MEDIA_TYPE = "application/json"
 
 # Errors after which the cached leader of a queue may be stale.
 _REFRESH_ON = (NotLeader, Unavailable, ConnectionFailed, UnknownOutcome, Timeout, TopicNotFound)
@@ -72,6 +73,7 @@ class ProducerConfig:
     token: str | None = field(default=None, repr=False)  # API token (never in a repr)
     ca_file: str | None = None
     ssl: _ssl.SSLContext | None = None
+    wire: Wire = "binary"
 
     def check(self) -> None:
         problems = [
@@ -97,37 +99,16 @@ class ProducerConfig:
             )
         if self.producer_id is not None and not 0 < len(self.producer_id.encode()) <= 200:
             problems.append("producer_id must be 1-200 bytes")
+        if self.wire not in get_args(Wire):
+            problems.append(f"wire must be 'binary' or 'json', not {self.wire!r}")
         if problems:
             raise ValueError("invalid producer settings: " + "; ".join(problems))
 
 
-class _FutureDelivery:
-    """Resolves an asyncio future (same loop) or a concurrent future, then calls the callback."""
-
-    __slots__ = ("callback", "future")
-
-    def __init__(self, future: Any, callback: DeliveryCallback | None) -> None:
-        self.future = future
-        self.callback = callback
-
-    def resolve(self, metadata: RecordMetadata) -> None:
-        if not self.future.done():
-            self.future.set_result(metadata)
-        self._call(metadata, None)
-
-    def fail(self, error: RaftmqError) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
-            if self.callback is not None and isinstance(self.future, asyncio.Future):
-                self.future.exception()  # the callback hears of it: asyncio need not warn
-        self._call(None, error)
-
-    def _call(self, metadata: RecordMetadata | None, error: RaftmqError | None) -> None:
-        if self.callback is not None:
-            try:
-                self.callback(metadata, error)
-            except Exception:
-                log.exception("delivery callback raised")
+def _refuses_binary(e: RaftmqError) -> bool:
+    """A node that does not know the binary format: 415, or (older nodes) a JSON parse error of
+    the batch. Either certainly stored nothing."""
+    return e.code == "invalid_json" or 415 in (e.status, e.details.get("status"))
 
 
 class ProducerCore:
@@ -150,7 +131,11 @@ class ProducerCore:
             max_batch_bytes=config.max_batch_bytes,
             max_batch_messages=config.max_batch_messages,
             max_buffer_bytes=config.max_buffer_bytes,
+            wire=config.wire,
+            producer_id=self.producer_id,
+            loop_thread=self.loop_thread,
         )
+        self.wire: Wire = config.wire  # "json" once a node refused the binary format
         self.space = asyncio.Event()
         self.acc.on_space = self.space.set
         self._wakeup = asyncio.Event()
@@ -206,20 +191,23 @@ class ProducerCore:
 
     # -- appending -------------------------------------------------------------------------------
 
-    def prepare(
+    def add(
         self,
         desc: TopicDescription,
         value: str | bytes,
         key: str | None,
         headers: Mapping[str, str] | None,
         queue: int | None,
-    ) -> tuple[bytes, int | None]:
-        """The encoded message and its queue (None: unkeyed, sticky), checked against the topic."""
+        callback: DeliveryCallback | None,
+    ) -> FutureRecord | None:
+        """Check the message against the topic, then add it to its queue's batch (from any
+        thread): the queue given, else the key's, else the sticky one. None when the buffer is
+        full (nothing was added)."""
         if self._closing:
             raise ClientClosed("the producer is closed")
-        if not isinstance(value, str | bytes):
+        if type(value) is not str and not isinstance(value, str | bytes):
             raise TypeError(f"value must be str or bytes, not {type(value).__name__}")
-        encoded, size = encode_message(value, key, dict(headers) if headers else None)
+        size = message_size(value, key, headers)
         limit = desc.info.max_message_bytes
         if limit is not None and size > limit:
             raise MessageTooLarge(f"the message is {size} bytes; topic {desc.name!r} allows {limit}")
@@ -228,17 +216,13 @@ class ProducerCore:
                 raise QueueNotFound(f"topic {desc.name!r} has {desc.queues} queues, no queue {queue}")
         elif key is not None:
             queue = key_queue(key, desc.queues)
-        return encoded, queue
-
-    def append(self, desc: TopicDescription, encoded: bytes, queue: int | None, delivery: Delivery) -> bool:
-        """Add the message to its batch from any thread; False when the buffer is full."""
-        added = self.acc.try_append(desc.name, queue, desc.queues, encoded, delivery, time.monotonic())
+        added = self.acc.try_append(desc.name, queue, desc.queues, value, key, headers, size, callback)
         if added is None:
             self.wake()  # the accumulator is under pressure: send what it holds now
-            return False
+            return None
         if added[1]:
             self.wake()
-        return True
+        return added[0]
 
     def wake(self) -> None:
         if threading.get_ident() == self.loop_thread:
@@ -275,11 +259,10 @@ class ProducerCore:
             else:
                 self._fail(b, ClientClosed("the producer was closed before this batch was stored"))
             raise
-        except Exception as e:  # a bug here must not leave the futures hanging
+        except Exception as e:  # a bug here must not leave the handles hanging
             log.exception("sending a batch failed")
             error = e if isinstance(e, RaftmqError) else UnknownOutcome(f"client error: {e!r}")
-            for d in b.deliveries:
-                d.fail(error)
+            b.outcome.fail(error)
         finally:
             self.acc.complete(b)
             self.wake()
@@ -293,23 +276,26 @@ class ProducerCore:
             self._fail(b, DeliveryTimeout(f"not sent within {self.config.delivery_timeout_ms} ms"))
             return
         idempotent = self.producer_id is not None
-        if idempotent and b.sequence is None:
-            b.sequence = self.acc.next_sequence(b.key)
-        body = b.body(self.producer_id)
         path = f"/v1/topics/{path_part(b.topic)}/messages"
         indefinite: RaftmqError | None = None
         attempt = 0
         while True:
             b.maybe_stored = True
+            binary = b.wire == "binary" and self.wire == "binary"
             try:
                 answer = await self.transport.request(
                     "POST",
                     path,
-                    body=body,
+                    body=b.body(self.producer_id) if binary else b.as_json(self.producer_id),
+                    content_type=BATCH_MEDIA_TYPE if binary else JSON_MEDIA_TYPE,
                     node_url=self.metadata.leader_url(b.topic, b.queue),
                     idempotent=idempotent,
                 )
             except RaftmqError as e:
+                if binary and _refuses_binary(e):
+                    self._fall_back_to_json(e)
+                    b.maybe_stored = indefinite is not None
+                    continue  # nothing was stored: the same batch as JSON at once
                 if not e.definite:
                     indefinite = e
                 b.maybe_stored = indefinite is not None
@@ -323,21 +309,39 @@ class ProducerCore:
                 log.debug("produce to %s/%d failed (%s); retry %d", b.topic, b.queue, e.code, attempt)
                 await asyncio.sleep(delay)
                 continue
-            self._resolve(b, answer)
+            self._resolve(b, answer, binary)
             return
 
-    def _resolve(self, b: Batch, answer: Any) -> None:
+    def _fall_back_to_json(self, error: RaftmqError) -> None:
+        if self.wire == "binary":
+            log.warning(
+                "a node does not take the binary batch format (%s: %s); this producer sends JSON from now on",
+                error.code,
+                error.message,
+            )
+            self.wire = "json"
+            self.acc.wire = "json"
+
+    def _resolve(self, b: Batch, answer: Any, binary: bool) -> None:
         results = answer.get("results") if isinstance(answer, dict) else None
-        if not isinstance(results, list) or len(results) != len(b.deliveries):
-            self._fail(b, UnexpectedResponse(f"produce answer without {len(b.deliveries)} results"))
-            return
-        for d, r in zip(b.deliveries, results, strict=True):
-            d.resolve(RecordMetadata(b.topic, r["queue"], r["offset"]))
+        try:
+            if binary:  # one result per frame: {"queue", "base_offset", "count"[, "duplicate"]}
+                (r,) = results  # type: ignore[misc]
+                if r["count"] != b.count or "delayed" in r:
+                    raise ValueError(f"count {r['count']}")
+                b.outcome.resolve(int(r["queue"]), int(r["base_offset"]))
+                return
+            if not isinstance(results, list) or len(results) != b.count:
+                raise ValueError(f"{b.count} messages")
+            offsets = [int(r["offset"]) for r in results]
+            b.outcome.resolve(int(results[0]["queue"]), offsets[0], offsets)
+        except (TypeError, ValueError, KeyError):
+            error = f"produce answer {answer!r:.200} does not fit a batch of {b.count}"
+            self._fail(b, UnexpectedResponse(error))
 
     @staticmethod
     def _fail(b: Batch, error: RaftmqError) -> None:
-        for d in b.deliveries:
-            d.fail(error)
+        b.outcome.fail(error)
 
     # -- flush and close -------------------------------------------------------------------------
 
@@ -405,7 +409,9 @@ class AsyncProducer:
     batches as Kafka's KIP-794). Messages wait in
     their queue's batch up to ``linger_ms`` (or until ``max_batch_bytes``/``max_batch_messages``),
     and each batch is sent straight to the leader of its queue's group, one batch in flight per
-    queue (order per queue is kept across retries).
+    queue (order per queue is kept across retries). A batch travels in the binary record-batch
+    format (docs/format.md): each ``send`` appends the message to its queue's batch in that
+    format, and returns a :class:`FutureRecord` that shares the batch's one outcome.
 
     Idempotence is on by default: the producer has a random ``producer_id`` and numbers its batches
     per queue, so the broker stores a retried batch once; failures that are retriable, including
@@ -434,6 +440,10 @@ class AsyncProducer:
         token: API token (``Authorization: Bearer``), for clusters with tokens.
         ca_file: CA certificates (PEM) that ``https://`` nodes are verified against (default: the
             system's CAs); ``ssl``: an SSL context instead.
+        wire: ``"binary"`` (default): record batches (``application/vnd.raftmq.batch``); a node
+            that does not take them (HTTP 415, or ``invalid_json`` from a node older than the
+            format) makes the producer send JSON from then on. ``"json"``: the JSON API's
+            messages, always.
     """
 
     def __init__(
@@ -456,6 +466,7 @@ class AsyncProducer:
         token: str | None = None,
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
+        wire: Wire = "binary",
     ) -> None:
         self._bootstrap = bootstrap
         self._config = ProducerConfig(
@@ -475,6 +486,7 @@ class AsyncProducer:
             token=token,
             ca_file=ca_file,
             ssl=ssl,
+            wire=wire,
         )
         self._config.check()
         self._core: ProducerCore | None = None
@@ -505,7 +517,7 @@ class AsyncProducer:
         headers: Mapping[str, str] | None = None,
         queue: int | None = None,
         callback: DeliveryCallback | None = None,
-    ) -> asyncio.Future[RecordMetadata]:
+    ) -> FutureRecord:
         """Add a message to its batch; waits only while the buffer is full.
 
         Args:
@@ -517,24 +529,26 @@ class AsyncProducer:
             callback: ``callback(metadata, error)`` once the message is stored or failed.
 
         Returns:
-            A future resolving to the message's :class:`RecordMetadata` once it is durable, or
-            failing with a :class:`RaftmqError`.
+            A :class:`FutureRecord`: ``await`` it for the message's :class:`RecordMetadata` once
+            it is durable (or the :class:`RaftmqError` it failed with); it also offers
+            ``done()``, ``result()``, ``exception()`` and ``add_done_callback(fn)``.
 
         Raises:
             TopicNotFound, QueueNotFound, MessageTooLarge: Refused before buffering.
             BufferFull: The buffer stayed full for ``max_block_ms``.
             ClientClosed: The producer is closed.
         """
-        core = self._get_core()
-        desc = await core.topic(topic)
-        encoded, q = core.prepare(desc, value, key, headers, queue)
-        future: asyncio.Future[RecordMetadata] = core.loop.create_future()
-        delivery = _FutureDelivery(future, callback)
+        core = self._core or self._get_core()
+        desc = core.metadata.topic(topic) or await core.topic(topic)
+        handle = core.add(desc, value, key, headers, queue, callback)
+        if handle is not None:
+            return handle
         deadline = time.monotonic() + self._config.max_block_ms / 1000
         while True:
             core.space.clear()
-            if core.append(desc, encoded, q, delivery):
-                return future
+            handle = core.add(desc, value, key, headers, queue, callback)
+            if handle is not None:
+                return handle
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise buffer_full(self._config.max_block_ms)

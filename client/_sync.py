@@ -10,14 +10,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from ._accumulator import SYNC_MESSAGE_BYTES, buffer_full
+from ._accumulator import Wire, buffer_full
 from ._admin import AsyncAdmin
 from ._consumer import AsyncConsumer
 from ._consumer_config import FetchWire, Mode, Reset, TopicQueue
 from ._io_thread import LoopThread, SyncClient
 from ._limits import check_concurrency
-from ._producer import AsyncProducer, DeliveryCallback, _FutureDelivery
-from ._types import ClusterStatus, Message, RecordMetadata, TopicDescription, TopicInfo
+from ._outcome import DeliveryCallback, FutureRecord
+from ._producer import AsyncProducer
+from ._types import ClusterStatus, Message, TopicDescription, TopicInfo
 
 __all__ = ["Admin", "Consumer", "LoopThread", "Producer"]
 
@@ -94,8 +95,9 @@ class Admin(SyncClient):
 class Producer(SyncClient):
     """Produces messages in batches; the sync twin of :class:`AsyncProducer` (same arguments).
 
-    ``send`` is thread-safe and returns a :class:`concurrent.futures.Future`; batching, retries
-    and delivery callbacks run on the producer's own I/O thread.
+    ``send`` is thread-safe and returns a :class:`FutureRecord` (``result(timeout)`` blocks
+    until the message is stored); batching, retries and delivery callbacks run on the producer's
+    own I/O thread.
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class Producer(SyncClient):
         token: str | None = None,
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
+        wire: Wire = "binary",
     ) -> None:
         self._async = AsyncProducer(
             bootstrap,
@@ -135,12 +138,12 @@ class Producer(SyncClient):
             token=token,
             ca_file=ca_file,
             ssl=ssl,
+            wire=wire,
         )
         self._max_block_ms = max_block_ms
         super().__init__("raftmq-producer")
         self._start(self._async.start())
         self._core = self._async._get_core()  # made by start, in the I/O thread
-        self._core.acc.message_bytes = SYNC_MESSAGE_BYTES  # each send makes a concurrent future
 
     @property
     def producer_id(self) -> str | None:
@@ -156,11 +159,12 @@ class Producer(SyncClient):
         headers: Mapping[str, str] | None = None,
         queue: int | None = None,
         callback: DeliveryCallback | None = None,
-    ) -> concurrent.futures.Future[RecordMetadata]:
+    ) -> FutureRecord:
         """Add a message to its batch (see :meth:`AsyncProducer.send`).
 
         Returns:
-            A future resolving to the message's :class:`RecordMetadata` once it is durable.
+            A :class:`FutureRecord`: ``result(timeout)`` is the message's :class:`RecordMetadata`
+            once it is durable (or raises the :class:`RaftmqError` it failed with).
 
         Raises:
             TopicNotFound, QueueNotFound, MessageTooLarge: Refused before buffering.
@@ -171,16 +175,18 @@ class Producer(SyncClient):
         desc = core.metadata.topic(topic)
         if desc is None:
             desc = self._io.run(core.topic(topic))
-        encoded, q = core.prepare(desc, value, key, headers, queue)
-        future: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
-        delivery = _FutureDelivery(future, callback)
+        handle = core.add(desc, value, key, headers, queue, callback)
+        if handle is not None:
+            return handle
         deadline = time.monotonic() + self._max_block_ms / 1000
-        while not core.append(desc, encoded, q, delivery):
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._io.in_loop:
                 raise buffer_full(self._max_block_ms)
             core.acc.wait_space_blocking(min(remaining, 0.05))
-        return future
+            handle = core.add(desc, value, key, headers, queue, callback)
+            if handle is not None:
+                return handle
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Send everything buffered now and wait for the outcomes; False if ``timeout_s`` passed."""

@@ -144,16 +144,19 @@ class Transport:
         node_url: str | None = None,
         idempotent: bool,
         extra_timeout_ms: int = 0,
+        content_type: str = "application/json",
     ) -> Any:
         """One request, answered by the first node that can be reached.
 
         Args:
             method, path: e.g. ``"GET"``, ``"/v1/topics"``.
-            body: JSON bytes, or an object to encode.
+            body: JSON bytes, or an object to encode (or bytes of ``content_type``).
             params: Query parameters.
             node_url: A node to try first (the leader of the group concerned).
             idempotent: Safe to resend after the outcome of an attempt became unknown.
             extra_timeout_ms: Added to the attempt's timeout (the ``wait_ms`` of a long poll).
+            content_type: The body's media type (the producer's record batches:
+                ``application/vnd.raftmq.batch``).
 
         Returns:
             The parsed JSON answer of a 2xx response.
@@ -164,7 +167,7 @@ class Transport:
         """
         session = self._get_session()
         data = body if isinstance(body, bytes) or body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = {"Content-Type": content_type} if data is not None else None
         timeout = aiohttp.ClientTimeout(
             total=(self.request_timeout_ms + extra_timeout_ms) / 1000,
             sock_connect=self.connect_timeout_ms / 1000,

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -74,16 +75,21 @@ def test_committing_past_the_high_offset_is_offset_out_of_range_with_bounds(clus
         assert admin.committed_offsets("g", "oor-t") == {0: 0}
 
 
-def test_messages_round_trip_with_keys_headers_binary_values_and_explicit_queues(cluster: Cluster) -> None:
+@pytest.mark.parametrize("wire", ["binary", "json"])
+def test_messages_round_trip_with_keys_headers_binary_values_and_explicit_queues(
+    cluster: Cluster, wire: Literal["binary", "json"]
+) -> None:
+    """Both wires: record batches (the default) and the JSON API's messages (``wire="json"``)."""
+    topic = f"rt-{wire}"
     with Admin(urls(cluster)) as admin:
-        admin.create_topic("rt", 4)
+        admin.create_topic(topic, 4)
     sent: dict[tuple[int, int], tuple[str | bytes, str | None]] = {}
-    with Producer(urls(cluster)) as producer:
+    with Producer(urls(cluster), wire=wire) as producer:
         futures = []
         for i in range(200):
             value: str | bytes = f"text-{i}" if i % 3 else bytes([i % 256, 0, 255])
             key = f"key-{i % 7}" if i % 2 else None
-            f = producer.send("rt", value, key=key, headers={"i": str(i)}, queue=3 if i % 10 == 0 else None)
+            f = producer.send(topic, value, key=key, headers={"i": str(i)}, queue=3 if i % 10 == 0 else None)
             futures.append((f, value, key, i))
         producer.flush()
         for f, value, key, i in futures:
@@ -93,7 +99,8 @@ def test_messages_round_trip_with_keys_headers_binary_values_and_explicit_queues
             elif key is not None:
                 assert meta.queue == key_queue(key, 4)
             sent[(meta.queue, meta.offset)] = (value, key)
-    got = consume_all(cluster, "rt", 200, "m1")
+        assert producer._core.wire == wire  # the node took the batches: no fallback to JSON
+    got = consume_all(cluster, topic, 200, "m1")
     assert len(got) == 200
     for m in got:
         assert sent[(m.queue, m.offset)] == (m.value, m.key)

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.client import key_queue
-from raftmq.client._accumulator import Accumulator, Batch, encode_message, with_queue
+from raftmq.client._accumulator import RECORD_BYTES, Accumulator, Batch, encode_message, with_queue
 from raftmq.cluster.api.app import key_queue as broker_key_queue
 
 
@@ -27,28 +27,25 @@ def test_key_routing_matches_the_broker_on_known_keys() -> None:
             assert key_queue(key, queues) == broker_key_queue(key, queues)
 
 
-class _Sink:
-    def resolve(self, metadata: object) -> None: ...
-
-    def fail(self, error: object) -> None: ...
-
-
 def _acc(**kw: int) -> Accumulator:
     settings = {"max_batch_bytes": 1 << 20, "max_batch_messages": 1000, "max_buffer_bytes": 1 << 24, **kw}
     return Accumulator(linger_s=0.005, rand=random.Random(0), **settings)
 
 
-def _queue_of(acc: Accumulator, key: str | None, now: float = 0.0) -> int:
-    encoded, _ = encode_message("v", key, None)
-    added = acc.try_append("t", None if key is None else key_queue(key, 4), 4, encoded, _Sink(), now)
+def _append(acc: Accumulator, value: str, queue: int | None, queues: int = 4, now: float = 0.0) -> int:
+    """Append ``value`` as the producer does; the queue it went to."""
+    added = acc.try_append("t", queue, queues, value, None, None, len(value), None, now)
     assert added is not None
-    return added[0]
+    return added[0]._batch.queue
+
+
+def _queue_of(acc: Accumulator, key: str | None, now: float = 0.0) -> int:
+    return _append(acc, "v", None if key is None else key_queue(key, 4), now=now)
 
 
 def test_unkeyed_messages_stick_to_one_queue_for_sticky_bytes_then_move_on() -> None:
     acc = _acc(sticky_bytes=1_000)
-    encoded, _ = encode_message("v", None, None)
-    per_stick = -(-1_000 // (len(encoded) + 16))  # messages until the stick's bytes are used
+    per_stick = -(-1_000 // (len("v") + RECORD_BYTES))  # messages until the stick's bytes are used
     queues = [_queue_of(acc, None) for _ in range(4 * per_stick)]
     sticks = [queues[i : i + per_stick] for i in range(0, len(queues), per_stick)]
     assert all(len(set(stick)) == 1 for stick in sticks)
@@ -64,14 +61,10 @@ def _spread(acc: Accumulator, messages: int, slow_queue: int) -> list[int]:
     grows: with the old rule, stick until the batch is sent, 92-99% of the messages went there).
     Returns the messages per queue."""
     counts = [0, 0, 0, 0]
-    sink = _Sink()
     slow: list[Batch] = []
     now = 0.0
     for i in range(1, messages + 1):
-        encoded, _ = encode_message(str(i), None, None)
-        added = acc.try_append("t", None, 4, encoded, sink, now)
-        assert added is not None
-        counts[added[0]] += 1
+        counts[_append(acc, str(i), None, now=now)] += 1
         if i % 64 == 0:
             now += 0.001
             taken, _ = acc.ready(now)
@@ -100,15 +93,12 @@ def test_300000_unkeyed_messages_spread_within_ten_percent_of_even() -> None:
 
 def test_unkeyed_spread_follows_a_change_of_the_queue_count() -> None:
     acc = _acc(sticky_bytes=100)
-    encoded, _ = encode_message("v", None, None)
     for _ in range(400):
-        acc.try_append("t", None, 4, encoded, _Sink(), 0.0)
+        _append(acc, "v", None)
     counts = [0] * 8
     for _ in range(8_000):
-        added = acc.try_append("t", None, 8, encoded, _Sink(), 0.0)
-        assert added is not None
-        counts[added[0]] += 1
-    per_stick = -(-100 // (len(encoded) + 16))
+        counts[_append(acc, "v", None, queues=8)] += 1
+    per_stick = -(-100 // (len("v") + RECORD_BYTES))
     assert max(counts) - min(counts) <= per_stick, counts  # the new queues take an even share at once
 
 

@@ -1,0 +1,229 @@
+"""The Python ``Producer``'s own cost per message, without a cluster: what the client spends.
+
+A stub node (``--role stub``, a separate process: its CPU is not the client's) answers the
+client's requests as a node does, without storing anything: ``GET /v1/cluster``, ``GET
+/v1/topics/{topic}`` (``--queues`` queues, all led by the stub) and ``POST
+/v1/topics/{topic}/messages`` in both wires (frames of record batches: one result per frame, from
+each batch's record count; JSON: one result per message). This process then sends
+``--messages`` values of ``--value-size`` bytes with one sync ``Producer`` (default settings, one
+application thread, as ``bench_vs_nats.py`` does), once per ``--wire``, and reports
+
+- msgs/s from the first send to the end of ``flush``, and
+- the client's CPU µs per message (this process's user + system time over the same span: the
+  application thread, the producer's I/O thread, aiohttp).
+
+``--profile S`` then records one more run of the first wire with py-spy (this process, every
+thread) and prints where the client's time goes, in µs per message.
+
+    .venv/bin/python tests/bench/bench_producer_client.py
+    .venv/bin/python tests/bench/bench_producer_client.py --wire binary --messages 1000000 --profile 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    PYTHON,
+    add_quiet_argument,
+    cpu_seconds,
+    free_ports,
+    quiet_header,
+    start_py_spy,
+    summarize_raw_profile,
+    table,
+    write_result,
+)
+
+BENCH = "producer_client"
+WARMUP = 20_000
+POOL = 1024
+
+
+# -- the stub node ---------------------------------------------------------------------------------
+
+
+def stub(port: int, queues: int) -> None:
+    """A node that answers produce requests at once and stores nothing."""
+    import orjson
+    from aiohttp import web
+
+    from raftmq.batch import BATCH_MEDIA_TYPE, split_frames
+
+    high = [0] * queues
+    url = f"http://127.0.0.1:{port}"
+
+    async def cluster(request: web.Request) -> web.Response:
+        node = {"id": "n1", "http": url, "raft": ""}
+        return web.json_response({"node_id": "n1", "nodes": [node], "groups": []})
+
+    async def topic(request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        states = [
+            {"queue": q, "group_id": 0, "leader": "n1", "replicas": ["n1"], "low_offset": 0, "high_offset": 0}
+            for q in range(queues)
+        ]
+        return web.json_response(
+            {"id": 1, "name": name, "queues": states, "queue_groups": [0] * queues, "created_ms": 0}
+        )
+
+    async def produce(request: web.Request) -> web.Response:
+        body = await request.read()
+        results: list[dict[str, Any]] = []
+        if request.content_type == BATCH_MEDIA_TYPE:
+            for frame in split_frames(body):
+                q = frame.queue or 0
+                count = int.from_bytes(frame.batch[48:52], "little")  # record_count (docs/format.md)
+                results.append({"queue": q, "base_offset": high[q], "count": count})
+                high[q] += count
+        else:
+            for m in orjson.loads(body)["messages"]:
+                q = m["queue"]
+                results.append({"queue": q, "offset": high[q]})
+                high[q] += 1
+        return web.Response(body=orjson.dumps({"results": results}), content_type="application/json")
+
+    app = web.Application(client_max_size=64 << 20)
+    app.add_routes(
+        [
+            web.get("/v1/cluster", cluster),
+            web.get("/v1/topics/{topic}", topic),
+            web.post("/v1/topics/{topic}/messages", produce),
+        ]
+    )
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# -- the client ------------------------------------------------------------------------------------
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def produce(url: str, wire: str, values: list[str], messages: int) -> tuple[float, float]:
+    """(seconds from the first send to the end of flush, this process's CPU seconds meanwhile)."""
+    from raftmq.client import Producer
+
+    mask = POOL - 1
+    with Producer(url, wire=wire) as producer:  # type: ignore[arg-type]
+        for i in range(WARMUP):
+            producer.send("bench", values[i & mask])
+        producer.flush(60)
+        send = producer.send
+        cpu0, t0 = _cpu_s(), time.perf_counter()
+        for i in range(messages):
+            send("bench", values[i & mask])
+        if not producer.flush(600):
+            raise RuntimeError("flush did not finish in 600 s")
+        return time.perf_counter() - t0, _cpu_s() - cpu0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=500_000)
+    ap.add_argument("--value-size", type=int, default=100, help="bytes per value (ASCII)")
+    ap.add_argument("--queues", type=int, default=8, help="queues of the stub's topic")
+    ap.add_argument("--wire", action="append", choices=["binary", "json"], help="default: both")
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs per wire (the best is kept)")
+    ap.add_argument("--profile", type=float, default=0.0, help="then py-spy a run for this many s")
+    ap.add_argument("--tag", default="", help="free text stored in the JSON")
+    ap.add_argument("--role", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    add_quiet_argument(ap)
+    args = ap.parse_args()
+    if args.role == "stub":
+        stub(args.port, args.queues)
+        return
+    wires = args.wire or ["binary", "json"]
+    import random
+    import string
+
+    rng = random.Random(14)
+    alphabet = string.ascii_letters + string.digits
+    values = ["".join(rng.choices(alphabet, k=args.value_size)) for _ in range(POOL)]
+    (port,) = free_ports(1)
+    node = subprocess.Popen(
+        [PYTHON, __file__, "--role", "stub", "--port", str(port), "--queues", str(args.queues)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_up(url)
+        params = {k: v for k, v in vars(args).items() if k not in ("role", "port")}
+        result = quiet_header(BENCH, params, args.wait_quiet)
+        rows, runs = [], {}
+        for wire in wires:
+            best: dict[str, Any] | None = None
+            for _ in range(args.repeat):
+                stub0 = cpu_seconds(node.pid)
+                seconds, cpu = produce(url, wire, values, args.messages)
+                run = {
+                    "msgs_per_s": args.messages / seconds,
+                    "client_us_per_msg": cpu / args.messages * 1e6,
+                    "stub_us_per_msg": (cpu_seconds(node.pid) - stub0) / args.messages * 1e6,
+                    "seconds": round(seconds, 3),
+                }
+                if best is None or run["client_us_per_msg"] < best["client_us_per_msg"]:
+                    best = run
+            assert best is not None
+            runs[wire] = best
+            rows.append([wire, best["msgs_per_s"], best["client_us_per_msg"], best["stub_us_per_msg"]])
+        result["runs"] = runs
+        print(f"\n{args.messages:,} messages of {args.value_size} B, one sync Producer, {args.queues} queues")
+        print(table(rows, ["wire", "msgs/s", "client CPU µs/msg", "stub node CPU µs/msg"]))
+        if args.profile > 0:
+            result["profile"] = _profile(url, wires[0], values, args, runs[wires[0]]["client_us_per_msg"])
+        path = write_result(BENCH, result)
+        print(f"\nwrote {path}")
+    finally:
+        node.terminate()
+        node.wait(10)
+
+
+def _wait_up(url: str) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/v1/cluster", timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _profile(url: str, wire: str, values: list[str], args: argparse.Namespace, us_per_msg: float) -> Any:
+    """py-spy over a run long enough for ``args.profile`` s; each function's self share of the
+    busy samples as µs per message of the timed run."""
+    out = Path(tempfile.mkdtemp()) / "client.raw"
+    messages = max(args.messages, int(args.profile * 400_000))
+    spy = start_py_spy(os.getpid(), args.profile, out, rate=200)
+    if spy is None:
+        print("py-spy not found: no profile")
+        return None
+    time.sleep(1.0)
+    produce(url, wire, values, messages)
+    spy.wait(args.profile + 30)
+    summary = summarize_raw_profile(out, top=15)
+    print(f"\npy-spy ({wire}, {args.profile:.0f} s, every thread); top self, as µs per message:")
+    for name, pct in summary["self"]:
+        print(f"  {pct / 100 * us_per_msg:6.2f} µs  {pct:5.1f}%  {name}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
