@@ -111,6 +111,10 @@ class Fetcher:
         # (offset, count, fetch), in offset order
         inflight: deque[tuple[int, int, asyncio.Task[Any]]] = deque()
         next_request = run.window.next_offset
+        # Offsets between the fetches in flight: max_batch, or for binary answers (whole batches)
+        # the span the last one covered, so that fetches in flight start where batches do rather
+        # than several of them answering the same large batch.
+        stride = cfg.max_batch
         known_high = 0
         failures = 0
 
@@ -130,7 +134,7 @@ class Fetcher:
                     wait_ms = 0 if inflight else cfg.wait_ms
                     task = asyncio.ensure_future(self._fetch(run, next_request, wait_ms))
                     inflight.append((next_request, cfg.max_batch, task))
-                    next_request += cfg.max_batch
+                    next_request += stride
                 if not inflight:
                     # Local flow control: wait until the application finished enough messages.
                     run.paused = True
@@ -175,7 +179,10 @@ class Fetcher:
                     return
                 if isinstance(answer, Batches):
                     known_high = max(known_high, answer.high_offset)
+                    before = run.window.next_offset
                     next_request = self._take_batches(run, answer, inflight, next_request)
+                    if run.window.next_offset > before:
+                        stride = max(cfg.max_batch, answer.next_offset - before)
                     continue
                 known_high = max(known_high, answer["high_offset"])
                 messages = answer["messages"]
