@@ -245,6 +245,7 @@ class Accumulator:
         self._pressure = False  # an append found the buffer full: send what is there now
         self.buffered_bytes = 0
         self.on_space: Callable[[], None] | None = None
+        self.on_wake: Callable[[], None] | None = None  # a batch was started or filled
 
     # -- appending (any thread) ------------------------------------------------------------------
 
@@ -259,7 +260,7 @@ class Accumulator:
         size: int,
         callback: DeliveryCallback | None,
         now_s: float | None = None,
-    ) -> tuple[FutureRecord, bool] | None:
+    ) -> FutureRecord | None:
         """Add one message to its queue's open batch.
 
         Args:
@@ -271,8 +272,8 @@ class Accumulator:
             now_s: The time (monotonic s), if a new batch is opened (default: read the clock).
 
         Returns:
-            ``(handle, wake)``, ``wake`` telling the sender a batch was started or filled; None
-            when the buffer has no room (nothing was added).
+            The message's handle (``on_wake`` was called if a batch was started or filled);
+            None when the buffer has no room (nothing was added).
 
         Raises:
             MessageTooLarge: The message alone exceeds ``max_buffer_bytes``.
@@ -290,6 +291,7 @@ class Accumulator:
             memory += CALLBACK_BYTES
         if memory > self.max_buffer_bytes:
             raise MessageTooLarge(f"a message of {wire_size} bytes exceeds max_buffer_bytes")
+        wake = False
         with self._lock:
             buffered = self.buffered_bytes
             if buffered + memory > self.max_buffer_bytes and buffered > 0:
@@ -305,7 +307,6 @@ class Accumulator:
                     queue = self._sticky_queue(topic, queues, wire_size)
             qkey = (topic, queue)
             batch = self._open.get(qkey)  # an open batch holds 1 to max_batch_messages - 1 messages
-            wake = False
             if batch is None or batch.size_bytes + wire_size > self.max_batch_bytes:
                 if batch is not None:
                     batch.sealed = True
@@ -319,15 +320,17 @@ class Accumulator:
                 batch.parts.append(with_queue(parts, queue))  # type: ignore[union-attr]
             if callback is not None:
                 batch.outcome.callbacks.append((index, callback))
-            batch.count = count = index + 1
+            batch.count = index + 1
             batch.size_bytes += wire_size
             batch.memory_bytes += memory
             self.buffered_bytes = buffered + memory
-            if count >= self.max_batch_messages or batch.size_bytes >= self.max_batch_bytes:
+            if index + 1 >= self.max_batch_messages or batch.size_bytes >= self.max_batch_bytes:
                 batch.sealed = True
                 del self._open[qkey]
                 wake = True
-        return FutureRecord(batch.outcome, index), wake
+        if wake and self.on_wake is not None:
+            self.on_wake()
+        return FutureRecord(batch.outcome, index)
 
     def _new_batch(self, qkey: QueueKey, now_s: float) -> Batch:
         sequence = None

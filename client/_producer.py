@@ -138,6 +138,7 @@ class ProducerCore:
         self.wire: Wire = config.wire  # "json" once a node refused the binary format
         self.space = asyncio.Event()
         self.acc.on_space = self.space.set
+        self.acc.on_wake = self.wake
         self._wakeup = asyncio.Event()
         self._closing = False
         self._aborting = False
@@ -216,13 +217,10 @@ class ProducerCore:
                 raise QueueNotFound(f"topic {desc.name!r} has {desc.queues} queues, no queue {queue}")
         elif key is not None:
             queue = key_queue(key, desc.queues)
-        added = self.acc.try_append(desc.name, queue, desc.queues, value, key, headers, size, callback)
-        if added is None:
+        handle = self.acc.try_append(desc.name, queue, desc.queues, value, key, headers, size, callback)
+        if handle is None:
             self.wake()  # the accumulator is under pressure: send what it holds now
-            return None
-        if added[1]:
-            self.wake()
-        return added[0]
+        return handle
 
     def wake(self) -> None:
         if threading.get_ident() == self.loop_thread:

@@ -12,8 +12,9 @@ application thread, as ``bench_vs_nats.py`` does), once per ``--wire``, and repo
 - the client's CPU µs per message (this process's user + system time over the same span: the
   application thread, the producer's I/O thread, aiohttp).
 
-``--profile S`` then records one more run of the first wire with py-spy (this process, every
-thread) and prints where the client's time goes, in µs per message.
+``--profile S`` then records one more run of the first wire with py-spy (this process, the
+thread holding the GIL: the application thread and the I/O thread take turns) and prints where
+the client's time goes, in µs per message.
 
     .venv/bin/python tests/bench/bench_producer_client.py
     .venv/bin/python tests/bench/bench_producer_client.py --wire binary --messages 1000000 --profile 10
@@ -211,7 +212,7 @@ def _profile(url: str, wire: str, values: list[str], args: argparse.Namespace, u
     busy samples as µs per message of the timed run."""
     out = Path(tempfile.mkdtemp()) / "client.raw"
     messages = max(args.messages, int(args.profile * 400_000))
-    spy = start_py_spy(os.getpid(), args.profile, out, rate=200)
+    spy = start_py_spy(os.getpid(), args.profile, out, rate=200, gil=True)
     if spy is None:
         print("py-spy not found: no profile")
         return None
@@ -219,7 +220,7 @@ def _profile(url: str, wire: str, values: list[str], args: argparse.Namespace, u
     produce(url, wire, values, messages)
     spy.wait(args.profile + 30)
     summary = summarize_raw_profile(out, top=15)
-    print(f"\npy-spy ({wire}, {args.profile:.0f} s, every thread); top self, as µs per message:")
+    print(f"\npy-spy ({wire}, {args.profile:.0f} s, the GIL holder); top self, as µs per message:")
     for name, pct in summary["self"]:
         print(f"  {pct / 100 * us_per_msg:6.2f} µs  {pct:5.1f}%  {name}")
     return summary

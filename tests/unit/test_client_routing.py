@@ -36,7 +36,7 @@ def _append(acc: Accumulator, value: str, queue: int | None, queues: int = 4, no
     """Append ``value`` as the producer does; the queue it went to."""
     added = acc.try_append("t", queue, queues, value, None, None, len(value), None, now)
     assert added is not None
-    return added[0]._batch.queue
+    return added._batch.queue
 
 
 def _queue_of(acc: Accumulator, key: str | None, now: float = 0.0) -> int:
