@@ -83,9 +83,16 @@ class ApiCore:
             assert self.node.metadata is not None
             return self.node.metadata.topic(name)
         leader = await self.router.wait_leader(META, 3.0)
-        status, data, _ = await self.node.peer_request(
-            "GET", leader, f"/internal/topics/{urllib.parse.quote(name, safe='')}"
-        )
+        try:
+            status, data, _ = await self.node.peer_request(
+                "GET", leader, f"/internal/topics/{urllib.parse.quote(name, safe='')}", timeout_s=5.0
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            # The leader known here is gone (killed, or cut off): a read, so nothing was done.
+            self.node.forget_peer_status()
+            raise ApiError(
+                errors.UNAVAILABLE, f"cannot reach the metadata leader {leader.id} to look up topic {name!r}"
+            ) from None
         if status == 404:
             return None
         if status != 200:
