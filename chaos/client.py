@@ -14,7 +14,8 @@ Two ways in, both the project's client:
 - :class:`RaftmqBrokerClient`: one client ``Transport`` per node, pinned to it (one bootstrap
   address, no ``node_url``), a fresh connection per request (a pooled one to a restarted node
   would make a certain failure uncertain): every call is **one attempt at one node**, so the
-  history shows each attempt and the node that served it. Produce, fetch, receive, ack.
+  history shows each attempt and the node that served it. Produce (a one-record batch on the
+  binary path, docs/format.md), fetch (the binary answer: the stored batches), receive, ack.
 - :class:`ClientProducer`: the client's :class:`~raftmq.client.AsyncProducer` with every node as
   a bootstrap address (as a real client is configured; it starts at one of them at random, and
   the history records the nodes it addressed during each operation): idempotent, it sends to
@@ -30,13 +31,15 @@ restarts; a stopped node has none, and nothing is sent).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from raftmq.batch import BATCH_MEDIA_TYPE, BatchBuilder, join_frames
 from raftmq.client import AsyncProducer, ConnectionFailed, RaftmqError
-from raftmq.client.lowlevel import Transport, path_part
+from raftmq.client.lowlevel import Batches, Transport, get_batches, path_part
 
 __all__ = ["BrokerClient", "ClientProducer", "NodeDown", "Outcome", "RaftmqBrokerClient"]
 
@@ -137,11 +140,22 @@ class RaftmqBrokerClient:
         return Outcome("ok", body=answer if isinstance(answer, dict) else {"answer": answer})
 
     async def produce(self, node: str, topic: str, queue: int, value: str) -> Outcome:
-        body = {"messages": [{"value": value, "queue": queue}]}
-        out = await self.call(node, "POST", f"/v1/topics/{path_part(topic)}/messages", body=body)
-        if out.type == "ok":
-            out.body = {"offset": out.body["results"][0]["offset"]}
-        return out
+        """One attempt on the binary path (a one-record batch, docs/format.md), as the client's
+        producer sends; ``body["offset"]`` on ok."""
+        batch = BatchBuilder()
+        batch.append(value)
+        body = join_frames([(queue, None, batch.finish())])
+        try:
+            answer = await self._transport(node).request(
+                "POST",
+                f"/v1/topics/{path_part(topic)}/messages",
+                body=body,
+                idempotent=False,
+                content_type=BATCH_MEDIA_TYPE,
+            )
+        except RaftmqError as e:
+            return _outcome(e)
+        return Outcome("ok", body={"offset": answer["results"][0]["base_offset"]})
 
     async def fetch(
         self, node: str, topic: str, queue: int, offset: int, max_messages: int, wait_ms: int, read_from: str
@@ -150,7 +164,15 @@ class RaftmqBrokerClient:
             "offset": offset, "max": max_messages, "wait_ms": wait_ms, "read_from": read_from
         }  # fmt: skip
         path = f"/v1/topics/{path_part(topic)}/queues/{queue}/messages"
-        return await self.call(node, "GET", path, params=params, extra_timeout_ms=wait_ms)
+        try:
+            answer = await get_batches(
+                self._transport(node), path, params, node_url=None, extra_timeout_ms=wait_ms
+            )
+        except RaftmqError as e:
+            return _outcome(e)
+        if not isinstance(answer, Batches):  # a node that answered JSON
+            return Outcome("ok", body=answer)
+        return Outcome("ok", body=fetched(answer, offset, max_messages))
 
     async def receive(
         self, node: str, topic: str, group: str, max_messages: int, wait_ms: int, visibility_ms: int
@@ -175,6 +197,21 @@ class RaftmqBrokerClient:
         for t in self._transports.values():
             await t.close()
         self._transports.clear()
+
+
+def fetched(answer: Batches, offset: int, max_messages: int) -> dict[str, Any]:
+    """A binary fetch answer in the JSON answer's shape (``messages``: ``offset`` and ``value``
+    or ``value_b64``; ``next_offset``, ``high_offset``), which the history records. The records
+    below ``offset`` (the first batch may begin before it) and past ``max_messages`` are left out,
+    as the JSON answer does; so are records whose TTL ran out (the workload sets none)."""
+    messages: list[dict[str, Any]] = []
+    for view in answer.views:
+        for r in view.records(offset, max_messages - len(messages)):
+            value = (
+                {"value_b64": base64.b64encode(r.value).decode()} if r.binary else {"value": r.value.decode()}
+            )
+            messages.append({"offset": r.offset, **value})
+    return {"messages": messages, "next_offset": answer.next_offset, "high_offset": answer.high_offset}
 
 
 class ClientProducer:
