@@ -2,13 +2,15 @@
 :class:`raftmq.batch.BatchBuilder`'s for the same bytes.
 
 ``BatchBuilder.append`` packs each message into the format's sections as it comes (a
-``struct.pack``, two or three buffer appends, a clock read: about 1 µs of Python per message,
-more than the whole JSON encoding of a small message). The producer does not need the bytes
-until the batch is sent, so :class:`ColumnBatch` only keeps each message's value (and key,
-headers, time) in lists, and :meth:`ColumnBatch.finish` writes the batch at once: the values
-section is one ``str.join`` and one encode, the record table one numpy array. A batch with
-headers is written by ``BatchBuilder`` itself, record by record (headers are rare on the fast
-path, and this keeps one writer of the header table).
+``struct.pack``, two or three buffer appends, a clock read), in the producer under the
+accumulator's lock. The producer does not need the bytes until the batch is sent, so
+:class:`ColumnBatch` only keeps each message's value (and key, headers, time) in lists, and
+:meth:`ColumnBatch.finish` writes the batch at once: the values section is one ``str.join`` and
+one encode, the record table one numpy array. A batch with headers is written by
+``BatchBuilder`` itself, record by record (headers are rare on the fast path, and this keeps one
+writer of the header table). ``bench_producer_client.py`` measures both: 0.63 against 0.84 µs
+per 100-byte message, append and write included, and the writing happens on the I/O thread,
+outside the lock the application's ``send`` takes.
 
 The bytes are format v2 exactly as docs/format.md defines them and ``BatchBuilder`` writes them:
 a unit test builds the same messages both ways and compares the bytes.

@@ -12,6 +12,10 @@ application thread, as ``bench_vs_nats.py`` does), once per ``--wire``, and repo
 - the client's CPU µs per message (this process's user + system time over the same span: the
   application thread, the producer's I/O thread, aiohttp).
 
+Before the runs, the two batch writers alone (no producer, no I/O): µs per message to append
+2,000 values and write the batch, ``raftmq.batch.BatchBuilder`` against the producer's
+``ColumnBatch`` (``client/_batch_writer.py``).
+
 ``--profile S`` then records one more run of the first wire with py-spy (this process, the
 thread holding the GIL: the application thread and the I/O thread take turns) and prints where
 the client's time goes, in µs per message.
@@ -108,6 +112,31 @@ def stub(port: int, queues: int) -> None:
 # -- the client ------------------------------------------------------------------------------------
 
 
+def writers(values: list[str], rounds: int = 50) -> dict[str, float]:
+    """µs per message to append 2,000 of ``values`` and write the batch, with each writer (the
+    best of ``rounds``)."""
+    from raftmq.batch import BatchBuilder
+    from raftmq.client._batch_writer import ColumnBatch
+
+    batch = [values[i % len(values)] for i in range(2_000)]
+    best = {"BatchBuilder": float("inf"), "ColumnBatch": float("inf")}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        b = BatchBuilder("p-bench", 1)
+        for v in batch:
+            b.append(v)
+        b.finish()
+        t1 = time.perf_counter()
+        c = ColumnBatch("p-bench", 1)
+        for v in batch:
+            c.append(v, None, None)
+        c.finish()
+        t2 = time.perf_counter()
+        best["BatchBuilder"] = min(best["BatchBuilder"], (t1 - t0) / len(batch) * 1e6)
+        best["ColumnBatch"] = min(best["ColumnBatch"], (t2 - t1) / len(batch) * 1e6)
+    return best
+
+
 def _cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -164,6 +193,11 @@ def main() -> None:
         _wait_up(url)
         params = {k: v for k, v in vars(args).items() if k not in ("role", "port")}
         result = quiet_header(BENCH, params, args.wait_quiet)
+        result["writers_us_per_msg"] = w = writers(values)
+        print(
+            f"append + write a batch of 2,000: BatchBuilder {w['BatchBuilder']:.2f} µs/msg, "
+            f"ColumnBatch {w['ColumnBatch']:.2f} µs/msg"
+        )
         rows, runs = [], {}
         for wire in wires:
             best: dict[str, Any] | None = None

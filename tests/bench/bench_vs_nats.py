@@ -440,6 +440,18 @@ def stored(cluster: Any, topic: str) -> int:
     return sum(int(q["high_offset"]) for q in r.json()["queues"])
 
 
+def stored_soon(cluster: Any, topic: str, expected: int, timeout_s: float = 30) -> int:
+    """:func:`stored` once it reaches ``expected`` (or after ``timeout_s``). The node answering may
+    be a follower that has not applied the last entries yet: an acknowledgement needs a majority,
+    and the third replica can be thousands of messages behind right after a fast run."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        held = stored(cluster, topic)
+        if held >= expected or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
+
+
 def _client_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -485,7 +497,7 @@ def raftmq_once(cluster: Any, topic: str, values: list[str], args: argparse.Name
     # idempotent) means all were acknowledged
     n = args.messages
     expected = WARMUP_MESSAGES + n
-    held = stored(cluster, topic)
+    held = stored_soon(cluster, topic, expected)
     if held != expected:
         raise RuntimeError(f"raftmq: the topic holds {held} of {expected} messages")
     node_cpu = sum(nodes.values())  # includes the warm-up's, ~0.2% of a run: counted against raftmq
