@@ -16,6 +16,8 @@ from .keys import (
     APPLIED,
     DEADLINE,
     DELAYED,
+    META,
+    OFFSET,
     PENDING,
     SUB_CURSOR,
     LockState,
@@ -34,6 +36,7 @@ from .keys import (
     record_prefix,
     redrive_key,
     sub_key,
+    topic_range,
 )
 from .keys import RECORD as _RECORD_PREFIX_BYTE
 from .records import (
@@ -51,6 +54,7 @@ __all__ = [
     "applied_index",
     "batch_span",
     "committed_offset",
+    "committed_offsets",
     "first_pending",
     "lock_state",
     "message_steps",
@@ -64,6 +68,7 @@ __all__ = [
     "redrive_offset",
     "scan_prefix",
     "sub_cursor",
+    "topic_bounds",
 ]
 
 _SCAN_CHUNK = 16  # record batches fetched per scan call while reading forward
@@ -107,6 +112,36 @@ def queue_bounds(store: Store, topic_id: int, queue: int) -> tuple[int, int]:
     """``(low_offset, high_offset)`` of a queue; ``(0, 0)`` for an unknown queue."""
     meta = queue_meta(store, topic_id, queue)
     return (0, 0) if meta is None else (meta.low_offset, meta.high_offset)
+
+
+def topic_bounds(store: Store, topic_id: int) -> dict[int, tuple[int, int]]:
+    """``queue -> (low_offset, high_offset)`` of every queue of a topic with a stored meta (one
+    prefix scan, rather than a lookup per possible queue)."""
+    start, end = topic_range(META, topic_id)
+    out: dict[int, tuple[int, int]] = {}
+    for key, value in store.scan(start, end):
+        meta = QueueMeta.decode(value)
+        out[_queue_of(key)] = (meta.low_offset, meta.high_offset)
+    return out
+
+
+def committed_offsets(store: Store, group: str, topic_id: int) -> dict[int, int]:
+    """``queue -> offset`` consumer group ``group`` committed on the queues of a topic (one prefix
+    scan over the topic's committed offsets, every group's, keeping ``group``'s)."""
+    start, end = topic_range(OFFSET, topic_id)
+    name = group.encode("utf-8")
+    out: dict[int, int] = {}
+    for key, value in store.scan(start, end):
+        if key[_QUEUE_KEY_SIZE:] == name:
+            out[_queue_of(key)] = decode_u64(value)
+    return out
+
+
+_QUEUE_KEY_SIZE = 9  # prefix byte | topic_id u32 | queue u32 (keys._QUEUE)
+
+
+def _queue_of(key: bytes) -> int:
+    return int.from_bytes(key[5:_QUEUE_KEY_SIZE], "big")
 
 
 def committed_offset(store: Store, group: str, topic_id: int, queue: int) -> int | None:

@@ -22,7 +22,7 @@ from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.node.checkpoints import CheckpointBehind
 from raftmq.cluster.node.node import Node
-from raftmq.storage.queues import committed_offset, queue_bounds, queue_meta
+from raftmq.storage.queues import committed_offsets, topic_bounds
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
@@ -79,12 +79,8 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         authorize(request)
         local = local_group(request)
         topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
-        store = local.machine.store
-        out = {}
-        for q in range(4096):
-            if queue_meta(store, topic_id, q) is not None:
-                out[str(q)] = list(queue_bounds(store, topic_id, q))
-        return json_response({"queues": out})
+        bounds = topic_bounds(local.machine.store, topic_id)  # one scan, not a get per queue
+        return json_response({"queues": {str(q): list(b) for q, b in sorted(bounds.items())}})
 
     async def offsets(request: web.Request) -> web.Response:
         authorize(request)
@@ -95,14 +91,9 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         if not group:
             raise bad("query parameter 'group' is required")
         store = local.machine.store
-        out = {}
-        for q in range(4096):
-            if (
-                queue_meta(store, topic_id, q) is not None
-                or committed_offset(store, group, topic_id, q) is not None
-            ):
-                out[str(q)] = committed_offset(store, group, topic_id, q)
-        return json_response({"offsets": out})
+        committed = committed_offsets(store, group, topic_id)
+        queues = sorted(set(topic_bounds(store, topic_id)) | set(committed))
+        return json_response({"offsets": {str(q): committed.get(q) for q in queues}})
 
     async def checkpoint(request: web.Request) -> web.StreamResponse:
         authorize(request, backup=True)
