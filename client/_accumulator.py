@@ -313,9 +313,11 @@ class Accumulator:
                 batch = self._new_batch(qkey, time.monotonic() if now_s is None else now_s)
                 memory += BATCH_BYTES
                 wake = True
-            if parts is None:
-                index = batch.builder.append(value, key, headers)  # type: ignore[union-attr]
-            else:
+            if batch.builder is not None:
+                index = batch.builder.append(value, key, headers)
+            else:  # wire="json", or the producer turned to JSON since this message was sized
+                if parts is None:
+                    parts, _ = encode_message(value, key, headers)
                 index = batch.count
                 batch.parts.append(with_queue(parts, queue))  # type: ignore[union-attr]
             if callback is not None:

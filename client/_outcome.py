@@ -78,7 +78,10 @@ class BatchOutcome:
         self._waiters: list[_Waiter] = []
 
     def offset(self, index: int) -> int:
-        return self.base_offset + index if self._offsets is None else self._offsets[index]
+        if self._offsets is not None:
+            return self._offsets[index]
+        base = self.base_offset
+        return base if base is None else base + index  # None: see _producer._offset
 
     def metadata(self, index: int) -> RecordMetadata:
         return RecordMetadata(self.topic, self.queue, self.offset(index))

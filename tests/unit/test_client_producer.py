@@ -708,3 +708,38 @@ def test_over_http_a_415_to_the_batch_media_type_falls_back_to_json() -> None:
 
     assert run_node(main()) == RecordMetadata("t", 1, 7)
     assert types == [BATCH_MEDIA_TYPE, "application/json"]
+
+
+def test_a_message_sized_for_the_binary_wire_joins_a_json_batch_opened_after_the_fallback() -> None:
+    """The fallback to JSON happens on the I/O thread while an application thread appends: a
+    message read the wire as binary, then found the queue's new batch opened as JSON (it raised
+    AttributeError on the batch's missing writer)."""
+
+    class FallingBack(Accumulator):
+        def _new_batch(self, qkey: Any, now_s: float) -> Any:
+            self.wire = "json"  # the I/O thread's fallback, between the two reads
+            return super()._new_batch(qkey, now_s)
+
+    acc = FallingBack(linger_s=0.0, max_batch_bytes=1 << 20, max_batch_messages=100, max_buffer_bytes=1 << 20)
+    handle = acc.try_append("t", 1, 4, "v", "k", None, 2, None, now_s=0.0)
+    assert handle is not None
+    (batch,) = acc.unfinished()
+    assert _json_request(batch.body(None))["values"] == [("v", "k", None)]
+
+
+def test_an_answer_without_offsets_resolves_with_none() -> None:
+    """The test-only fault ack_before_replication answers before an offset exists; the messages
+    are acknowledged all the same (the chaos suite's mutation test counts them)."""
+
+    class NoOffsets(FakeCluster):
+        async def request(self, method: str, path: str, **kw: Any) -> Any:
+            answer = await super().request(method, path, **kw)
+            if method == "POST":
+                answer["results"][0]["base_offset"] = None
+            return answer
+
+    async def main() -> RecordMetadata:
+        async with await _producer(NoOffsets()) as p:
+            return await p.send_and_wait("t", "x", queue=0)
+
+    assert run(main) == RecordMetadata("t", 0, None)  # type: ignore[arg-type]
