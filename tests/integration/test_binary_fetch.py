@@ -293,3 +293,62 @@ def test_a_group_of_three_consumers_reads_everything_once_across_a_rebalance(clu
     assert set(seen) == set(values)
     assert all(n == 1 for n in seen.values()), {v: n for v, n in seen.items() if n > 1}
     assert all(got), "every member consumed"
+
+
+ADMIN = "admin-token-Bf3Kq8Lm2Xz7Wc4Rt"
+READER = "reader-token-Pv6Hs1Ny9Gd5Ej0Ua"  # consume on "bf-auth" only
+TOKENS = f"""
+[security]
+[[security.tokens]]
+name = "admin"
+token = "{ADMIN}"
+admin = ["*"]
+produce = ["*"]
+consume = ["*"]
+
+[[security.tokens]]
+name = "reader"
+token = "{READER}"
+consume = ["bf-auth"]
+"""
+
+
+def test_tokens_guard_the_binary_answer_as_the_json_one(tmp_path: Path) -> None:
+    with Cluster(tmp_path, extra_toml=TOKENS) as c:
+        c.session.headers["Authorization"] = f"Bearer {ADMIN}"
+        c.start()
+        c.wait_ready()
+        c.wait_balanced()
+        for topic in ("bf-auth", "bf-other"):
+            c.create_topic(topic, queues=1)
+            assert c.produce(topic, [{"value": f"{topic} {i}"} for i in range(5)]).status_code == 200
+        leader = describe(c, "bf-auth")["queues"][0]["leader"]
+        other = next(n for n in c.nodes if n != leader)
+
+        def get(node: str, topic: str, token: str | None, binary: bool) -> requests.Response:
+            headers = {
+                **(ACCEPT if binary else {}),
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            }
+            url = f"{c.url(node)}/v1/topics/{topic}/queues/0/messages"
+            return requests.get(url, params={"offset": 0}, headers=headers, timeout=30)
+
+        for node in (leader, other):  # the other node forwards with the peer key
+            for topic, token, status, code in (
+                ("bf-auth", None, 401, "unauthorized"),
+                ("bf-auth", "wrong-token-Xy1Zz2Ww3Vv4Uu5", 401, "unauthorized"),
+                ("bf-other", READER, 403, "forbidden"),
+            ):
+                assert assert_error(get(node, topic, token, True), status, code) == assert_error(
+                    get(node, topic, token, False), status, code
+                )
+            got = views(get(node, "bf-auth", READER, True))
+            assert [r.value for v in got for r in v.records()] == [f"bf-auth {i}".encode() for i in range(5)]
+        urls = [n.url for n in c.nodes.values()]
+        with Consumer(urls, group="bf-a", topics="bf-auth", token=READER, wait_ms=100) as consumer:
+            seen: list[Message] = []
+            deadline = time.monotonic() + 30
+            while len(seen) < 5 and time.monotonic() < deadline:
+                seen += consumer.poll(timeout_ms=200)
+            assert [m.value for m in seen] == [f"bf-auth {i}" for i in range(5)]
+            assert consumer._core.fetcher.binary

@@ -10,12 +10,18 @@ import base64
 from typing import Any
 
 import pytest
+from aiohttp import web
+from fake_node import run as run_test
+from fake_node import serve
 
 from raftmq import batch as rb
 from raftmq.client._batches import Batches, BatchRun, ack_expired, batch_runs, expired_offsets, parse_batches
 from raftmq.client._consumer_config import ConsumerConfig
 from raftmq.client._consumer_core import ConsumerCore
-from raftmq.client._fetcher import QueueRun
+from raftmq.client._fetcher import Fetcher, QueueRun
+from raftmq.client._metadata import ClusterMetadata
+from raftmq.client._retry import Backoff
+from raftmq.client._transport import Transport
 from raftmq.client._types import Message
 from raftmq.client._window import OffsetWindow
 from raftmq.client.errors import UnexpectedResponse
@@ -170,3 +176,72 @@ def test_the_core_buffer_takes_across_lazy_batches_and_a_revoke_drops_what_was_n
         await core.transport.close()
 
     asyncio.run(main())
+
+
+JSON_ANSWER = {"messages": [{"offset": 0, "value": "j"}], "next_offset": 1, "low_offset": 0, "high_offset": 1}
+
+
+def fetcher_for(address: str, wire: str = "binary") -> tuple[Fetcher, QueueRun, Transport]:
+    config = ConsumerConfig(group="g", topics=("t",), wire=wire)  # type: ignore[arg-type]
+    transport = Transport([address], request_timeout_ms=5_000)
+    fetcher = Fetcher(
+        config,
+        transport,
+        ClusterMetadata(),
+        Backoff(),
+        deliver=lambda _: None,
+        fail=lambda _: None,
+        refresh=lambda _: None,
+    )
+    return fetcher, QueueRun("t", 0, 0, None, asyncio.get_running_loop()), transport
+
+
+def test_a_node_refusing_the_binary_answer_turns_the_consumer_to_json() -> None:
+    accepts: list[str] = []
+
+    async def old_node(request: web.Request) -> web.Response:
+        accepts.append(request.headers.get("Accept", ""))
+        if rb.BATCH_MEDIA_TYPE in request.headers.get("Accept", ""):
+            return web.json_response({"error": {"code": "x", "message": "no"}}, status=415)
+        return web.json_response(JSON_ANSWER)
+
+    async def main() -> None:
+        async with serve(web.get("/v1/topics/t/queues/0/messages", old_node)) as address:
+            fetcher, run, transport = fetcher_for(address)
+            assert await fetcher._fetch(run, 0, 0) == JSON_ANSWER
+            assert not fetcher.binary  # and from now on it asks for JSON only
+            assert await fetcher._fetch(run, 0, 0) == JSON_ANSWER
+            await transport.close()
+        assert [rb.BATCH_MEDIA_TYPE in a for a in accepts] == [True, False, False]
+
+    run_test(main())
+
+
+def test_a_node_answering_json_anyway_is_read_as_json_and_batches_as_batches() -> None:
+    body = rb.join_frames([(0, None, stamped(["a", "b"], 0))])
+
+    async def ignores_accept(request: web.Request) -> web.Response:
+        return web.json_response(JSON_ANSWER)
+
+    async def current(request: web.Request) -> web.Response:
+        assert request.headers["Accept"] == rb.BATCH_MEDIA_TYPE
+        assert request.query["offset"] == "0" and request.query["max"] == "32"
+        headers = {"X-Raftmq-Next-Offset": "2", "X-Raftmq-High-Offset": "2", "X-Raftmq-Now-Ms": "5"}
+        return web.Response(body=body, content_type=rb.BATCH_MEDIA_TYPE, headers=headers)
+
+    async def main() -> None:
+        async with serve(web.get("/v1/topics/t/queues/0/messages", ignores_accept)) as address:
+            fetcher, run, transport = fetcher_for(address)
+            assert await fetcher._fetch(run, 0, 0) == JSON_ANSWER
+            await transport.close()
+        async with serve(web.get("/v1/topics/t/queues/0/messages", current)) as address:
+            fetcher, run, transport = fetcher_for(address)
+            got = await fetcher._fetch(run, 0, 0)
+            assert isinstance(got, Batches) and [v.count for v in got.views] == [2] and got.next_offset == 2
+            assert fetcher.binary
+            json_only, run, transport2 = fetcher_for(address, wire="json")
+            assert not json_only.binary
+            await transport.close()
+            await transport2.close()
+
+    run_test(main())
