@@ -201,8 +201,10 @@ class TestFaults:
     # While this file says "fail", checkpoint fetches for snapshot installs fail; while it says
     # "stall", each waits (up to 60 s) and then fails (the chaos suite's checkpoint-fetch fault).
     checkpoint_fetch_fault_file: str = ""
-    # The node with this id advertises record-batch format 1 only, as a node of the version before
-    # format 2 would (the rolling-upgrade test: its groups' leaders must propose JSON commands).
+    # The node with this id plays a node of the version before record-batch format 2: it
+    # advertises format 1 only and refuses forwarded binary appends as that version did
+    # (invalid_json). The rolling-upgrade test: its groups' leaders must propose JSON commands,
+    # and nodes forwarding to it must send JSON.
     v1_only_node: str = ""
 
 

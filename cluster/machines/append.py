@@ -70,10 +70,16 @@ def apply_append(work: Apply, cmd: AppendCommand, max_entry_messages: int) -> di
     total = sum(b.view.count for b in cmd["batches"])
     if total > max_entry_messages:
         raise Refused(errors.REQUEST_TOO_LARGE, f"{total} messages exceed the limit of {max_entry_messages}")
-    return {"results": [_append_one(work, cmd["now_ms"], b) for b in cmd["batches"]]}
+    results, first = [], 0
+    for b in cmd["batches"]:
+        # A delayed record's key holds its position in the whole command (several producers'
+        # batches for one queue share an entry: per batch, equal delays collided and one was lost).
+        results.append(_append_one(work, cmd["now_ms"], b, first))
+        first += b.view.count
+    return {"results": results}
 
 
-def _append_one(work: Apply, now_ms: int, b: AppendBatch) -> dict[str, Any]:
+def _append_one(work: Apply, now_ms: int, b: AppendBatch, first: int) -> dict[str, Any]:
     topic_id, queue, view = b.topic_id, b.queue, b.view
     if work.is_dropped(topic_id):
         return error_body(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped")
@@ -87,7 +93,7 @@ def _append_one(work: Apply, now_ms: int, b: AppendBatch) -> dict[str, Any]:
     data: bytes | memoryview | None = view.buffer
     count, delayed = view.count, 0
     if len(view.delays):
-        data, count, delayed = _hold_delayed(work, now_ms, topic_id, queue, view)
+        data, count, delayed = _hold_delayed(work, now_ms, topic_id, queue, view, first)
     if data is not None:
         value = rb.stamp(data, base_offset, now_ms, work.index)
         work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
@@ -102,10 +108,11 @@ def _append_one(work: Apply, now_ms: int, b: AppendBatch) -> dict[str, Any]:
 
 
 def _hold_delayed(
-    work: Apply, now_ms: int, topic_id: int, queue: int, view: rb.BatchView
+    work: Apply, now_ms: int, topic_id: int, queue: int, view: rb.BatchView, first: int
 ) -> tuple[bytes | None, int, int]:
-    """Move the delayed records of ``view`` to the due-time index; returns the batch of the others
-    (None if none is left), their count and the number delayed."""
+    """Move the delayed records of ``view`` (whose first record is record ``first`` of the
+    command) to the due-time index; returns the batch of the others (None if none is left), their
+    count and the number delayed."""
     rest = rb.BatchBuilder(view.producer_id, view.base_sequence, base_timestamp_ms=view.base_timestamp_ms)
     delayed = 0
     for position, r in enumerate(view.records()):
@@ -113,7 +120,7 @@ def _hold_delayed(
             due_ms = now_ms + r.delay_ms
             expires_at_ms = due_ms + r.ttl_ms if r.ttl_ms else None
             message = NewMessage(r.value, r.binary, r.key, r.headers, expires_at_ms)
-            delivery.store_delayed(work, now_ms, topic_id, queue, position, due_ms, message)
+            delivery.store_delayed(work, now_ms, topic_id, queue, first + position, due_ms, message)
             delayed += 1
         else:
             rest.append(

@@ -82,7 +82,8 @@ class Node:
         self._session: aiohttp.ClientSession | None = None  # carries the peer key: known nodes only
         self._probe_session: aiohttp.ClientSession | None = None  # no credential: addresses from requests
         self._peer_status: dict[str, dict[str, Any]] = {}
-        self._binary_groups: set[str] = set()  # groups whose voters all read binary appends
+        self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
+        self._v2_nodes: set[str] = set()  # peers that advertised record-batch format 2
         self._status_refresh: asyncio.Task[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/machines/segments.py), set by start
@@ -320,16 +321,24 @@ class Node:
         return [1] if self.config.faults.v1_only_node == self.me.id else list(BATCH_FORMATS)
 
     def reads_binary(self, name: str) -> bool:
-        """Whether every replica of group ``name`` reads binary ``append`` commands (format 2), as
-        their statuses say. True stays True (a group that went binary stays binary); while False,
-        the peers' statuses are asked again, at most once a second."""
-        if name in self._binary_groups:
+        """Whether every voter of group ``name`` reads binary ``append`` commands (format 2): the
+        Raft members this replica knows and the configured replicas, each one having advertised
+        format 2 in a status answer (a node that did is remembered, so a peer that is down for a
+        while does not send the group back to JSON). Checked per proposal; the answer for one set
+        of voters is kept, and a new voter is checked again. While False, the peers' statuses are
+        asked again, at most once a second."""
+        local = self.groups.get(name)
+        voters = {r.id for r in self.replicas(name)}
+        if local is not None:
+            voters |= {n.id for a in local.raft.members() if (n := self.node_for_addr(a)) is not None}
+        key = (name, frozenset(voters))
+        if key in self._binary_voters:
             return True
-        others = [r.id for r in self.replicas(name) if r.id != self.me.id]
-        if 2 in self.batch_formats and all(
-            2 in self._peer_status.get(i, {}).get("batch_formats", ()) for i in others
-        ):
-            self._binary_groups.add(name)
+        for node_id, status in self._peer_status.items():
+            if 2 in status.get("batch_formats", ()):
+                self._v2_nodes.add(node_id)
+        if 2 in self.batch_formats and voters - {self.me.id} <= self._v2_nodes:
+            self._binary_voters.add(key)
             return True
         if self._loop is not None and (self._status_refresh is None or self._status_refresh.done()):
 

@@ -23,8 +23,10 @@ from aiohttp import web
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.replication.upgrade import to_json_batch
 
 __all__ = ["FORWARDED", "NOT_SENT", "LeaderRouter", "LocalAction", "body_error", "raft_error"]
 
@@ -63,6 +65,14 @@ def _leader_call(leader_id: str, name: str) -> Iterator[None]:
         raise ApiError(errors.UNAVAILABLE, f"cannot reach the leader {leader_id} of group {name}") from None
     except (TimeoutError, aiohttp.ClientError):
         raise ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of the leader {leader_id}") from None
+
+
+def _unknown_to_old_leader(data: bytes) -> bool:
+    try:
+        code = orjson.loads(data)["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return False
+    return code in (errors.INVALID_JSON.code, errors.NOT_FOUND.code)
 
 
 class LeaderRouter:
@@ -195,6 +205,12 @@ class LeaderRouter:
                 raw=raw,
                 timeout_s=self.limits.request_timeout_ms / 1000 + 5,
             )
+        if raw is not None and status in (400, 404) and _unknown_to_old_leader(data):
+            # A leader of the version before binary appends (a rolling upgrade): it read the bytes
+            # as JSON (invalid_json) or knows no such action (not_found); nothing was done. The
+            # same batches as its JSON produce command.
+            batches = [to_json_batch(now_ms(), *item) for item in body["items"]]
+            return await self._group_call_once(name, "produce", {"batches": batches}, size_hint)
         if status != 200:
             raise body_error(status, data)
         result: dict[str, Any] = orjson.loads(data)

@@ -104,8 +104,13 @@ class GroupCommitter:
             taken = [self._pending.popleft()]
             size = taken[0].size
             binary = taken[0].items is not None
+            # Binary requests proposed as JSON (a rolling upgrade) go alone: the JSON command keys
+            # a delayed message by its position in its batch, so two batches for one queue in one
+            # entry could collide on replicas of the previous version.
+            alone = binary and not self._binary_ok()
             while (
-                not taken[0].solo
+                not alone
+                and not taken[0].solo
                 and self._pending
                 and not self._pending[0].solo
                 and (self._pending[0].items is not None) == binary

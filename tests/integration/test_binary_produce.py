@@ -194,6 +194,16 @@ def test_a_group_with_a_v1_only_voter_gets_json_commands_and_v1_values(tmp_path:
         wait_applied_everywhere(c, "bin-upgrade")
         group = describe(c, "bin-upgrade")["queues"][0]["group_id"]
         topic_id = describe(c, "bin-upgrade")["id"]
+        # Forwarded to the "old" node as leader: it refuses the binary append (invalid_json, as
+        # the version before did), and the forwarding node sends the JSON command's batches.
+        c.wait_balanced()
+        c.create_topic("bin-old-leader", queues=3)
+        queues = describe(c, "bin-old-leader")["queues"]
+        on_old = next(q["queue"] for q in queues if q["leader"] == "n2")
+        for n in ("n1", "n3"):
+            r = post_batches(c, "bin-old-leader", [(on_old, sample_batch())], node=n)
+            assert r.status_code == 200, r.text
+        assert high_offsets(c, "bin-old-leader")[on_old] == 8
         c.stop()
         for n in c.nodes:
             assert stored_versions(c, n, group, topic_id) == [1], n

@@ -173,3 +173,19 @@ def test_the_json_command_of_a_rolling_upgrade_stores_equal_messages() -> None:
     assert [decode_header(v).version for v in json.stored()] == [1]
     again = json.apply(commands.append(6_000, [(1, 0, sent)]))  # idempotence carries over
     assert again["results"][0]["duplicate"] is True
+
+
+def test_equal_delays_of_two_batches_for_one_queue_in_one_entry_are_both_kept() -> None:
+    """Group commit merges producers' batches for one queue into one entry: each delayed record
+    must keep a key of its own (review finding: per batch, the second overwrote the first)."""
+
+    def one(value: str) -> bytes:
+        b = rb.BatchBuilder(base_timestamp_ms=1_000)
+        b.append(value, delay_ms=5_000)
+        return b.finish()
+
+    h = Harness()
+    result = h.apply(commands.append(10_000, [(1, 0, one("first")), (1, 0, one("second"))]))
+    assert [r["delayed"] for r in result["results"]] == [1, 1]
+    held = [v for k, v in h.store.scan(keys.DELAYED) if k.startswith(keys.DELAYED)]
+    assert sorted(decode_batch(v).messages[0].value for v in held) == [b"first", b"second"]

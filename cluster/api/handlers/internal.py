@@ -51,6 +51,8 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
     async def action(request: web.Request) -> web.Response:
         authorize(request, backup=request.match_info["action"] == "barrier")
         if request.match_info["action"] == "append":  # binary batches forwarded by a peer
+            if node.config.faults.v1_only_node == node.me.id:  # TEST FAULT: as the version before
+                raise ApiError(errors.INVALID_JSON, "the body is not valid JSON (a node without appends)")
             body = {"items": append_items(await request.read())}
         else:
             body = parse_json(await request.read())
