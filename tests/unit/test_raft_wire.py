@@ -124,6 +124,26 @@ def test_a_large_backlog_arrives_intact_and_in_order() -> None:
         pair.close()
 
 
+def test_what_the_socket_did_not_take_goes_when_it_is_writable_without_another_send() -> None:
+    """A large entry sent after a quiet spell: pysyncobj asked its poller for "writable" only while
+    handling a write event, so the rest of the frame waited for the next send (a heartbeat, 50 ms
+    on): a 200 KB entry took 65 ms to commit. Now the connection asks when its buffer is left
+    non-empty, and polling alone delivers the frame."""
+    pair = Pair(sndbuf=1 << 14)
+    try:
+        pair.a.send("hello")  # a first frame (a long one would be refused before it)
+        wait_for(lambda: pair.got, "the first frame", step=pair.pump)
+        for _ in range(5):  # connected and idle: no write interest left
+            pair.pump()
+        big = os.urandom(2 << 20)
+        pair.a.send(["append_entries", big])
+        assert pair.a._TcpConnection__writeBuffer  # the socket took only part of it
+        wait_for(lambda: len(pair.got) == 2, "the frame, by polling alone", timeout=10, step=pair.pump)
+        assert pair.got == ["hello", ["append_entries", big]]
+    finally:
+        pair.close()
+
+
 def test_frames_carry_no_zlib_and_encrypt_the_pickle() -> None:
     sealer = RaftConnection(None)
     sealer.raft_key = KEY
