@@ -29,6 +29,7 @@ import os
 import pickle
 import socket
 import struct
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -105,6 +106,46 @@ def _nonce(counter: int) -> bytes:
     return b"\0\0\0\0" + counter.to_bytes(8, "big")
 
 
+class SendQueue:
+    """A connection's frames waiting for the socket, kept as they are (no concatenation).
+
+    One bytearray grown by every frame and trimmed by every send copied the whole backlog when it
+    had to grow: with a follower behind by megabytes, each 200 KB entry moved all of it again
+    (``RaftConnection.send`` was 13-21 µs of node CPU per 1 KiB message in bench_vs_nats). Here a
+    frame is queued as is, and a send takes from the first one.
+    """
+
+    __slots__ = ("_chunks", "_size")
+
+    def __init__(self, initial: bytes | bytearray = b"") -> None:
+        self._chunks: deque[memoryview] = deque()
+        self._size = 0
+        if initial:
+            self.add(bytes(initial))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, data: bytes) -> None:
+        self._chunks.append(memoryview(data))
+        self._size += len(data)
+
+    def send_to(self, sock: socket.socket) -> int:
+        """One ``sock.send`` of (the start of) the first frame; the bytes sent (0: nothing).
+
+        Raises:
+            OSError: as ``socket.send`` (EAGAIN: the socket takes nothing now).
+        """
+        first = self._chunks[0]
+        sent = sock.send(first)
+        if sent >= len(first):
+            self._chunks.popleft()
+        elif sent > 0:
+            self._chunks[0] = first[sent:]
+        self._size -= max(sent, 0)
+        return sent
+
+
 class RaftConnection(TcpConnection):  # type: ignore[misc]
     """pysyncobj's connection with cheap buffers, no zlib and AES-GCM frames.
 
@@ -121,7 +162,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     Per-connection state lives in class defaults, so a ``TcpConnection`` can be re-classed in place.
     """
 
-    _TcpConnection__writeBuffer: bytes | bytearray  # pysyncobj's private buffers (annotations only)
+    _TcpConnection__writeBuffer: bytes | SendQueue  # pysyncobj's private buffers (annotations only)
     _TcpConnection__readBuffer: bytes | bytearray
     raft_key: bytes | None = None
     _send_salt: bytes | None = None
@@ -160,9 +201,9 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     def send(self, message: Any) -> None:
         data = self.frame(message)
         buf = self._TcpConnection__writeBuffer
-        if type(buf) is not bytearray:  # pysyncobj's (dis)connect put bytes() back
-            buf = self._TcpConnection__writeBuffer = bytearray(buf)
-        buf += data  # amortised O(1)
+        if not isinstance(buf, SendQueue):  # pysyncobj's (dis)connect put bytes() back
+            buf = self._TcpConnection__writeBuffer = SendQueue(buf)
+        buf.add(data)
         self._TcpConnection__trySendBuffer()
         if buf and self.state == CONNECTION_STATE.CONNECTED:
             # What the socket did not take now must go as soon as it is writable. pysyncobj asks
@@ -177,18 +218,15 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
 
     def _TcpConnection__processSend(self) -> bool:
         buf = self._TcpConnection__writeBuffer
-        if not isinstance(buf, bytearray) or not buf:  # only send() fills it, as a bytearray
+        if not isinstance(buf, SendQueue) or not buf:  # only send() fills it, as a SendQueue
             return False
         try:
-            sent = self._TcpConnection__socket.send(buf)
+            sent = buf.send_to(self._TcpConnection__socket)
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.disconnect()
             return False
-        if sent <= 0:
-            return False
-        del buf[:sent]  # bytearray trims its front in O(1)
-        return True
+        return sent > 0
 
     def _TcpConnection__processRead(self) -> bool:
         sock = self._TcpConnection__socket
