@@ -43,6 +43,11 @@ class _Request:
     solo: bool = False  # propose alone (after a merged entry holding it was rejected)
 
     @property
+    def delayed_json(self) -> bool:
+        """A JSON request carrying a delayed message (it is proposed alone: see ``_flush``)."""
+        return any("deliver_at_ms" in m for b in self.batches for m in b["messages"])
+
+    @property
     def count(self) -> int:
         return len(self.batches) if self.items is None else len(self.items)
 
@@ -104,15 +109,18 @@ class GroupCommitter:
             taken = [self._pending.popleft()]
             size = taken[0].size
             binary = taken[0].items is not None
-            # Binary requests proposed as JSON (a rolling upgrade) go alone: the JSON command keys
-            # a delayed message by its position in its batch, so two batches for one queue in one
-            # entry could collide on replicas of the previous version.
-            alone = binary and not self._binary_ok()
+            # The JSON produce command keys a delayed message by its position in its own batch:
+            # two requests' batches for one queue in one entry, with equal due times, would share
+            # a key and one message would be lost. So a JSON request with a delayed message, and
+            # binary requests proposed as JSON (a rolling upgrade), go alone. (The binary append
+            # keys by the position in the whole command.)
+            alone = taken[0].delayed_json or (binary and not self._binary_ok())
             while (
                 not alone
                 and not taken[0].solo
                 and self._pending
                 and not self._pending[0].solo
+                and not self._pending[0].delayed_json
                 and (self._pending[0].items is not None) == binary
                 and size + self._pending[0].size <= self._max_entry_bytes
             ):

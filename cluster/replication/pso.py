@@ -216,6 +216,19 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
                 POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
             )
 
+    def _TcpConnection__processConnection(self, descr: int, eventType: int) -> None:
+        TcpConnection._TcpConnection__processConnection(self, descr, eventType)
+        if self.state == CONNECTION_STATE.CONNECTING and self.fileno() == descr:
+            # A send in pysyncobj's write handler failed (a reset), the transport reconnected from
+            # the disconnect callback, the new socket got the same fd, and the handler then
+            # subscribed that fd for reading only: the connect's completion (a write event) would
+            # never be seen, and the link would stay down until a restart. Ask for it again.
+            self._TcpConnection__poller.subscribe(
+                descr,
+                self._TcpConnection__processConnection,
+                POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
+            )
+
     def _TcpConnection__processSend(self) -> bool:
         buf = self._TcpConnection__writeBuffer
         if not isinstance(buf, SendQueue) or not buf:  # only send() fills it, as a SendQueue

@@ -9,6 +9,8 @@ connection closed without anything applied.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import pickle
 import socket
@@ -142,6 +144,54 @@ def test_what_the_socket_did_not_take_goes_when_it_is_writable_without_another_s
         assert pair.got == ["hello", ["append_entries", big]]
     finally:
         pair.close()
+
+
+def test_a_connection_reset_in_the_write_handler_and_a_reconnect_on_the_same_fd_connects() -> None:
+    """pysyncobj's write handler sends; a reset there disconnects, the transport reconnects from
+    the callback, the new socket gets the old fd number, and the handler then subscribed it for
+    reading only: the connect never completed and the link stayed down (review finding)."""
+    poller = createPoller("poll")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    host, port = listener.getsockname()
+    conn = RaftConnection(poller, timeout=60.0)
+    conn.raft_key = KEY
+    conn.setOnConnectedCallback(lambda: conn.send("hello"))
+    conn.setOnDisconnectedCallback(lambda: conn.connect(host, port))  # what TCPTransport does
+    conn.connect(host, port)
+    peers: list[socket.socket] = []
+
+    def pump() -> None:
+        poller.poll(0.01)
+        with contextlib.suppress(BlockingIOError):
+            peers.append(listener.accept()[0])
+
+    try:
+        wait_for(lambda: conn.state == CONNECTION_STATE.CONNECTED and peers, "connected", step=pump)
+        old_fd = conn.fileno()
+        for _ in range(300):  # a backlog: bytes left, write interest on
+            conn.send(b"x" * 65536)
+        real = conn._TcpConnection__socket
+
+        class Reset:  # a reset arriving between poll() and the handler's send
+            def send(self, data: Any) -> int:
+                raise ConnectionResetError(errno.ECONNRESET, "reset")
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        conn._TcpConnection__socket = Reset()
+        peers[0].setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            peers[0].recv(1 << 20)  # the socket is writable again
+        poller.poll(0.5)  # write event -> reset -> disconnect -> reconnect
+        assert conn.fileno() == old_fd  # the case: the new socket has the old fd number
+        wait_for(lambda: conn.state == CONNECTION_STATE.CONNECTED, "reconnected", timeout=5, step=pump)
+    finally:
+        conn.disconnect()
+        listener.close()
+        for peer in peers:
+            peer.close()
 
 
 def test_frames_carry_no_zlib_and_encrypt_the_pickle() -> None:
