@@ -121,39 +121,53 @@ class LeaderRouter:
         local = self.node.groups.get(name)
         return local is not None and local.raft.is_leader()
 
-    async def forward(self, request: web.Request, name: str, body: bytes | None = None) -> web.Response:
-        """Proxy ``request`` to the leader of group ``name`` and return its answer unchanged.
+    async def forward(
+        self,
+        request: web.Request,
+        name: str,
+        body: bytes | None = None,
+        *,
+        accept: str | None = None,
+        keep_headers: tuple[str, ...] = (),
+        timeout_s: float | None = None,
+    ) -> web.Response:
+        """Proxy ``request`` to the leader of group ``name`` and return its answer unchanged: its
+        body, status, content type and the ``keep_headers`` (e.g. a fetch's positions). ``accept``
+        asks for an answer other than JSON (the binary or Arrow fetch); ``timeout_s`` bounds the
+        call (default: the request timeout and a margin; a long poll needs its wait on top).
 
         A ``not_leader`` answer (leadership moved on; nothing was done) is retried against the
         newly known leader until ``leader_wait_s`` has passed, as :meth:`group_call` does for writes.
         """
         if request.headers.get(FORWARDED):
             raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
+        headers = {FORWARDED: self.node.me.id, "Content-Type": "application/json"}
+        if accept is not None:
+            headers["Accept"] = accept
+        total_s = timeout_s if timeout_s is not None else self.limits.request_timeout_ms / 1000 + 16
         deadline = time.monotonic() + self.leader_wait_s
         while True:
-            response = await self._forward_once(request, name, body)
-            if response.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
-                return response
+            leader = await self.leader_elsewhere(name)
+            session = self.node.peer_session
+            assert session is not None
+            with _leader_call(leader.id, name):
+                async with session.request(
+                    request.method,
+                    leader.http_url + request.path_qs,
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,  # the peer key goes to the leader only
+                    timeout=aiohttp.ClientTimeout(total=total_s, sock_connect=1.0),
+                ) as resp:
+                    data = await resp.read()
+                    kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
+                    answer = web.Response(
+                        body=data, status=resp.status, content_type=resp.content_type, headers=kept
+                    )
+            if answer.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
+                return answer
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()
-
-    async def _forward_once(self, request: web.Request, name: str, body: bytes | None) -> web.Response:
-        leader = await self.leader_elsewhere(name)
-        session = self.node.peer_session
-        assert session is not None
-        with _leader_call(leader.id, name):
-            async with session.request(
-                request.method,
-                leader.http_url + request.path_qs,
-                data=body,
-                headers={FORWARDED: self.node.me.id, "Content-Type": "application/json"},
-                allow_redirects=False,  # the peer key goes to the leader only
-                timeout=aiohttp.ClientTimeout(
-                    total=self.limits.request_timeout_ms / 1000 + 16, sock_connect=1.0
-                ),
-            ) as resp:
-                data = await resp.read()
-                return web.Response(body=data, status=resp.status, content_type=resp.content_type)
 
     async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
         outcome = await self.node.propose(name, command)

@@ -22,19 +22,15 @@ them out by the same rule (``client/_batches.py``).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 
 from raftmq.batch import BATCH_MEDIA_TYPE, BadBatch, frame_prefix, v1_to_v2
 from raftmq.cluster.api.handlers.fetch_common import fetch_query, long_poll, write_parts
 from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES
-from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
 from raftmq.storage.queues import queue_bounds, raw_batches
 from raftmq.storage.records import CorruptRecord
 from raftmq.storage.store import StoreClosed
@@ -44,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_HEADERS", "fetch_batches", "wants_batches"]
 
-FORWARDED = "X-Raftmq-Forwarded"
 NEXT_OFFSET = "X-Raftmq-Next-Offset"
 LOW_OFFSET = "X-Raftmq-Low-Offset"
 HIGH_OFFSET = "X-Raftmq-High-Offset"
@@ -81,7 +76,13 @@ async def fetch_batches(api: ApiCore, request: web.Request) -> web.StreamRespons
         default_bytes=DEFAULT_FETCH_BYTES,
     )
     if f.store is None:
-        return await _forward(api, request, str(f.group))
+        return await api.router.forward(
+            request,
+            str(f.group),
+            accept=BATCH_MEDIA_TYPE,
+            keep_headers=BATCH_HEADERS,
+            timeout_s=api.limits.max_wait_ms / 1000 + 30,
+        )
     store, topic, q, offset = f.store, f.topic, f.queue, f.offset
     rest: Iterator[tuple[int, int, bytes]] = iter(())
 
@@ -116,38 +117,3 @@ async def fetch_batches(api: ApiCore, request: web.Request) -> web.StreamRespons
     if topic.retention_ms is not None:
         headers[MAX_AGE_MS] = str(topic.retention_ms)
     return await write_parts(request, parts, content_type=BATCH_MEDIA_TYPE, headers=headers)
-
-
-async def _forward(api: ApiCore, request: web.Request, name: str) -> web.StreamResponse:
-    """Proxy a binary fetch to the group's leader, keeping ``Accept`` and the answer's headers."""
-    if request.headers.get(FORWARDED):
-        raise ApiError(errors.NOT_LEADER, f"this node ({api.node.me.id}) does not lead group {name}")
-    deadline = time.monotonic() + api.leader_wait_s
-    session = api.node.peer_session
-    assert session is not None
-    while True:
-        leader = await api.router.leader_elsewhere(name)
-        try:
-            async with session.get(
-                leader.http_url + request.path_qs,
-                headers={FORWARDED: api.node.me.id, "Accept": BATCH_MEDIA_TYPE},
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=api.limits.max_wait_ms / 1000 + 30, sock_connect=1.0),
-            ) as resp:
-                body = await resp.read()
-                if resp.status == errors.NOT_LEADER.status and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
-                    api.node.forget_peer_status()
-                    continue
-                return web.Response(
-                    body=body,
-                    status=resp.status,
-                    content_type=resp.content_type,
-                    headers={k: v for k, v in resp.headers.items() if k in BATCH_HEADERS},
-                )
-        except aiohttp.ClientConnectorError:
-            raise ApiError(
-                errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
-            ) from None
-        except (TimeoutError, aiohttp.ClientError):
-            raise ApiError(errors.UNAVAILABLE, f"lost the answer of the leader {leader.id}") from None

@@ -22,7 +22,6 @@ manifest part of one queue group, from its leader) and ``POST /internal/segments
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.segments import manifest
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.router import FORWARDED
 from raftmq.cluster.node.sealer import locate, segment_root
 from raftmq.storage.queues import queue_bounds
 
@@ -51,7 +51,6 @@ ARROW_FILE = "application/vnd.apache.arrow.file"
 PARQUET = "application/vnd.apache.parquet"
 ARROW_MAX_ROWS = 65_536
 ARROW_DEFAULT_BYTES = 32 * 1024 * 1024
-FORWARDED = "X-Raftmq-Forwarded"
 _OFFSET_HEADERS = ("X-Raftmq-Next-Offset", "X-Raftmq-Low-Offset", "X-Raftmq-High-Offset")
 
 
@@ -222,7 +221,13 @@ class SegmentsApi:
             default_bytes=ARROW_DEFAULT_BYTES,
         )
         if f.store is None:
-            return await self._forward(request, str(f.group))
+            return await self.api.router.forward(
+                request,
+                str(f.group),
+                accept=ARROW_STREAM,
+                keep_headers=_OFFSET_HEADERS,
+                timeout_s=self.api.limits.max_wait_ms / 1000 + 30,
+            )
         store, topic, q = f.store, f.topic, f.queue
         batch, next_offset = await long_poll(
             self.node,
@@ -241,40 +246,6 @@ class SegmentsApi:
             content_type=ARROW_STREAM,
             headers=dict(zip(_OFFSET_HEADERS, (str(next_offset), str(low), str(high)), strict=True)),
         )
-
-    async def _forward(self, request: web.Request, name: str) -> web.StreamResponse:
-        """Proxy an Arrow fetch to the group's leader, keeping ``Accept`` and the offset headers."""
-        api = self.api
-        if request.headers.get(FORWARDED):
-            raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
-        deadline = time.monotonic() + api.leader_wait_s
-        session = self.node.peer_session
-        assert session is not None
-        while True:
-            leader = await api.router.leader_elsewhere(name)
-            try:
-                async with session.get(
-                    leader.http_url + request.path_qs,
-                    headers={FORWARDED: self.node.me.id, "Accept": ARROW_STREAM},
-                    timeout=aiohttp.ClientTimeout(total=api.limits.max_wait_ms / 1000 + 30),
-                ) as resp:
-                    body = await resp.read()
-                    if resp.status == errors.NOT_LEADER.status and time.monotonic() < deadline:
-                        await asyncio.sleep(0.1)
-                        self.node.forget_peer_status()
-                        continue
-                    return web.Response(
-                        body=body,
-                        status=resp.status,
-                        content_type=resp.content_type,
-                        headers={k: v for k, v in resp.headers.items() if k in _OFFSET_HEADERS},
-                    )
-            except aiohttp.ClientConnectorError:
-                raise ApiError(
-                    errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
-                ) from None
-            except (TimeoutError, aiohttp.ClientError):
-                raise ApiError(errors.UNAVAILABLE, f"lost the answer of the leader {leader.id}") from None
 
     # -- internal -----------------------------------------------------------------------------------
 
