@@ -39,7 +39,7 @@ from raftmq.cluster.api.metrics import METRICS_KEY, Metrics, metrics_handler, me
 from raftmq.cluster.api.openapi.spec import openapi_spec
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
-from raftmq.cluster.base.groups import group_sort_key
+from raftmq.cluster.base.groups import META, group_sort_key
 from raftmq.cluster.node.node import Node
 
 __all__ = ["create_app", "key_queue"]
@@ -70,23 +70,41 @@ class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
         return json_response({"status": "ready", "node_id": self.node.me.id})
 
     async def cluster(self, request: web.Request) -> web.Response:
+        return json_response(await self.cluster_view())
+
+    async def cluster_view(self) -> dict[str, Any]:
+        """``GET /v1/cluster``'s answer: the nodes, and every group with its replicas' indexes."""
         peers = await self.node.refresh_peer_status()
         statuses = {self.node.me.id: self.node.local_status(), **peers}
         nodes = [
             {"id": n.id, "http": n.http, "raft": n.raft, "reachable": n.id in statuses}
             for n in self.node.config.nodes
         ]
-        groups: dict[str, dict[str, Any]] = {}
+        config = self.node.config
+        # Every group of the placement, with the nodes that should hold it (reachable or not): a
+        # group whose replicas all stay silent is still listed, and a dead replica is still named.
+        placement = [(META, config.metadata_voters)]
+        placement += [(str(g), config.group_replicas(g)) for g in range(config.queue_groups)]
+
+        def group(name: str, holders: list[str]) -> dict[str, Any]:
+            return {"group_id": name, "leader": None, "term": 0, "replicas": [], "placement": holders}
+
+        groups = {name: group(name, [n.id for n in of]) for name, of in placement}
         for node_id, status in statuses.items():
             for name, g in status["groups"].items():
-                entry = groups.setdefault(name, {"group_id": name, "leader": None, "term": 0, "replicas": []})
+                entry = groups.setdefault(name, group(name, []))
                 entry["replicas"].append({"node_id": node_id, **{k: g[k] for k in g if k != "replicas"}})
                 if g["is_leader"] and g["term"] >= entry["term"]:
                     entry["leader"], entry["term"] = node_id, g["term"]
         ordered = sorted(groups.values(), key=lambda g: group_sort_key(g["group_id"]))
         for g in ordered:
             g["replicas"].sort(key=lambda r: r["node_id"])
-        return json_response({"node_id": self.node.me.id, "nodes": nodes, "groups": ordered})
+        return {
+            "node_id": self.node.me.id,
+            "nodes": nodes,
+            "groups": ordered,
+            "tokens_required": config.security.enabled,
+        }
 
     async def openapi(self, request: web.Request) -> web.Response:
         return json_response(openapi_spec(self.limits))
@@ -128,5 +146,6 @@ def create_app(node: Node) -> web.Application:
     api.segments = add_segment_routes(app, node, api)
     api.changes = add_cluster_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)
-    add_console_routes(app)  # the web console: /ui (cluster/api/console.py)
+    # the web console: /ui (cluster/api/console.py), its first view written into the page
+    add_console_routes(app, api.cluster_view, tokens_required=node.config.security.enabled)
     return app

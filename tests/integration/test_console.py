@@ -219,9 +219,12 @@ def test_topics_view_shows_the_queues_offsets_and_consumer_groups_of_a_topic(pag
 
 def _chart_pixels(page: Page) -> int:
     pixels: int = page.evaluate(
-        """() => { const c = document.getElementById('lag-chart');
-                   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-                   let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; }"""
+        """() => { let n = 0;
+                   for (const c of document.querySelectorAll('#lag-charts canvas')) {
+                     const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                     for (let i = 3; i < d.length; i += 4) if (d[i]) n++;
+                   }
+                   return n; }"""
     )
     return pixels
 

@@ -244,13 +244,17 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                             "leader": _nullable(_str()),
                             "term": _int(0),
                             "replicas": _array({"type": "object", "required": ["node_id"]}),
+                            "placement": _array(
+                                _str(), description="the nodes that hold a replica, reachable or not"
+                            ),
                         },
-                        required=("group_id", "leader", "term", "replicas"),
+                        required=("group_id", "leader", "term", "replicas", "placement"),
                         closed=False,
                     )
                 ),
+                "tokens_required": {"type": "boolean"},
             },
-            required=("node_id", "nodes", "groups"),
+            required=("node_id", "nodes", "groups", "tokens_required"),
         ),
         "Status": _obj({"status": _str(), "node_id": _str()}, required=("status", "node_id")),
         "Membership": _obj(

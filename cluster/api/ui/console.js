@@ -23,6 +23,7 @@ const state = {
   highs: new Map(), // "topic/queue" -> [time_ms, high_offset] of the previous sample
   rates: new Map(), // "topic/queue" -> messages per second
   groups: new Map(), // topic -> GET /v1/topics/{topic}/groups answer
+  tokensRequired: null, // from GET /v1/cluster (or the page itself); null: not known yet
   busy: false,
   again: false,
 };
@@ -48,6 +49,28 @@ function el(tag, attrs, ...children) {
 function fmt(n) {
   if (n === null || n === undefined) return "–";
   return Number(n).toLocaleString("en-US", { maximumFractionDigits: 1 });
+}
+
+// One time format everywhere: ISO 8601 in UTC (2026-11-28T09:45:12.345Z), and its clock part
+// (09:45:12Z) where the date goes without saying (chart axes, the status line).
+function isoTime(ms) {
+  return new Date(ms).toISOString();
+}
+
+function isoClock(ms) {
+  return `${new Date(ms).toISOString().slice(11, 19)}Z`;
+}
+
+// A consumer group's generation packs the coordinator's Raft term (the high 32 bits) and a counter
+// of the group's changes in that term (the low 32 bits): 4294967312 is term 1, change 16, "1.16".
+const GENERATION_TERM = 2 ** 32;
+
+function generationText(generation) {
+  return `${Math.floor(generation / GENERATION_TERM)}.${generation % GENERATION_TERM}`;
+}
+
+function generationTitle(generation) {
+  return `generation ${generation}: the coordinator's term ${Math.floor(generation / GENERATION_TERM)}, change ${generation % GENERATION_TERM} of the group in that term`;
 }
 
 function badge(text, kind) {
@@ -165,7 +188,7 @@ async function readNodeHistory(topics) {
   const interval = answers.find((a) => a && a.interval_ms);
   if (interval) {
     document.getElementById("lag-note").textContent =
-      `The last ${fmt(interval.history_ms / 60000)} minutes as node ${interval.node} sampled them (every ${fmt(interval.interval_ms / 1000)} s), then every ${TICK_MS / 1000} s while this page is open.`;
+      `The last ${fmt(interval.history_ms / 60000)} minutes as node ${interval.node} sampled them (every ${fmt(interval.interval_ms / 1000)} s), then every ${TICK_MS / 1000} s while this page is open. Each group on its own scale.`;
   }
   answers.forEach((answer, i) => {
     for (const g of (answer && answer.groups) || []) read.set(`${g.group}\u0000${topics[i]}`, g.samples);
@@ -183,7 +206,36 @@ function lagSeries(key) {
 // -- views -------------------------------------------------------------------------------------
 
 async function renderCluster() {
-  const view = await api("/v1/cluster");
+  showCluster(await api("/v1/cluster"));
+}
+
+function learnTokens(view) {
+  if (typeof view.tokens_required !== "boolean") return;
+  state.tokensRequired = view.tokens_required;
+  // A cluster without API tokens answers anyone on this node: say so instead of asking for one.
+  document.getElementById("token").placeholder = view.tokens_required ? "API token" : "API token (none needed)";
+  const note = document.getElementById("create-note");
+  note.hidden = !view.tokens_required;
+}
+
+// How many more nodes may fail with every group still holding a majority of its replicas: per group,
+// its replicas on reachable nodes beyond a majority of all its replicas; the fewest over the groups.
+function failuresTolerated(view) {
+  const up = new Set(view.nodes.filter((n) => n.reachable).map((n) => n.id));
+  const margins = view.groups.map((g) => {
+    const holders = replicaNodes(g);
+    return holders.filter((id) => up.has(id)).length - (Math.floor(holders.length / 2) + 1);
+  });
+  return margins.length ? Math.max(0, Math.min(...margins)) : 0;
+}
+
+// A group's replica nodes: the placement (reachable or not), and any node that answered for it.
+function replicaNodes(g) {
+  return [...new Set([...(g.placement || []), ...g.replicas.map((r) => r.node_id)])].sort();
+}
+
+function showCluster(view) {
+  learnTokens(view);
   document.getElementById("node-id").textContent = `node ${view.node_id}`;
   const leads = new Map();
   for (const g of view.groups) {
@@ -218,7 +270,12 @@ async function renderCluster() {
         el(
           "td",
           {},
-          g.replicas.map((r) => {
+          replicaNodes(g).map((id) => {
+            const r = g.replicas.find((x) => x.node_id === id);
+            if (!r) {
+              // Its node did not answer: the replica is still the group's, marked down.
+              return el("span", { class: "replica down", "data-replica": id, "data-down": "" }, `${id} · `, badge("down", "bad"), " ");
+            }
             const lag = Math.max(0, commit - r.applied_index);
             return el(
               "span",
@@ -234,11 +291,13 @@ async function renderCluster() {
   );
   const reachable = view.nodes.filter((n) => n.reachable).length;
   const led = view.groups.filter((g) => g.leader).length;
-  const card = (value, label) => el("div", { class: "card" }, el("div", { class: "value", text: value }), el("div", { class: "label", text: label }));
+  const tolerated = failuresTolerated(view);
+  const card = (value, label, kind, id) =>
+    el("div", { class: `card ${kind || ""}`, id }, el("div", { class: "value", text: value }), el("div", { class: "label", text: label }));
   document.getElementById("cluster-cards").replaceChildren(
-    card(`${reachable}/${view.nodes.length}`, "nodes reachable"),
-    card(`${led}/${view.groups.length}`, "groups with a leader"),
-    card(view.nodes.length >= 3 ? `${Math.floor((view.nodes.length - 1) / 2)}` : "0", "node failures tolerated"),
+    card(`${reachable}/${view.nodes.length}`, "nodes reachable", reachable < view.nodes.length ? "bad" : ""),
+    card(`${led}/${view.groups.length}`, "groups with a leader", led < view.groups.length ? "bad" : ""),
+    card(`${tolerated}`, `more node failure${tolerated === 1 ? "" : "s"} tolerated`, tolerated === 0 ? "bad" : "", "tolerated"),
   );
 }
 
@@ -400,11 +459,7 @@ async function renderGroups() {
     const key = `${row.dataset.consumer}\u0000${row.dataset.topic}`;
     row.querySelector(".badge").style.color = colors.get(key);
   }
-  drawChart(
-    document.getElementById("lag-chart"),
-    rows.map((r) => ({ name: `${r.group} on ${r.topic}`, color: colors.get(r.key), points: lagSeries(r.key) })),
-    {},
-  );
+  drawLagCharts(rows, colors);
   // A group opened from its link may have members but no committed progress yet: it is shown too.
   const [group, topic] = state.consumer ? state.consumer.split("\u0000") : [null, null];
   document.getElementById("consumer-detail").hidden = !group;
@@ -465,9 +520,10 @@ async function renderMembers(group, topic) {
   const unassigned = answer.unassigned_queues.length
     ? `; queues held by no member: ${queueList(answer.unassigned_queues)}`
     : "";
+  note.title = answer.generation === null ? "" : generationTitle(answer.generation);
   note.textContent =
     `${fmt(answer.member_count)} member${answer.member_count === 1 ? "" : "s"}${shown}` +
-    (answer.generation === null ? "" : `, generation ${answer.generation}`) +
+    (answer.generation === null ? "" : `, generation ${generationText(answer.generation)}`) +
     `; a member is dropped after ${fmt(answer.session_timeout_ms / 1000)} s without a heartbeat${unassigned}.`;
   fill(
     "group-members-table",
@@ -478,8 +534,10 @@ async function renderMembers(group, topic) {
         el("td", {}, el("strong", { text: m.member_id })),
         el("td", { class: "queues", text: queueList(m.queues) }),
         el("td", { class: "pending", text: queueList(m.pending) }),
-        el("td", { class: "seen", title: new Date(m.last_seen_ms).toISOString(), text: ago(m.last_seen_ago_ms) }),
-        el("td", { class: "num", text: m.applied_generation === null ? "–" : m.applied_generation }),
+        el("td", { class: "seen", title: isoTime(m.last_seen_ms), text: ago(m.last_seen_ago_ms) }),
+        m.applied_generation === null
+          ? el("td", { class: "num generation", text: "–" })
+          : el("td", { class: "num generation", title: generationTitle(m.applied_generation), text: generationText(m.applied_generation) }),
       ),
     ),
     "no member consumes this topic in the group (members are clustering consumers that heartbeat)",
@@ -559,7 +617,7 @@ async function renderMessages() {
         el("td", { class: "key", text: m.key === null || m.key === undefined ? "–" : m.key }),
         el("td", { class: "payload" }, shownValue(m, format)),
         el("td", { class: "headers", text: Object.entries(m.headers || {}).map(([k, v]) => `${k}: ${v}`).join("\n") || "–" }),
-        el("td", { class: "time", text: m.timestamp_ms ? new Date(m.timestamp_ms).toISOString() : "–" }),
+        el("td", { class: "time", text: m.timestamp_ms ? isoTime(m.timestamp_ms) : "–" }),
       ),
     ),
     "no messages here",
@@ -675,7 +733,7 @@ async function renderDlq() {
         el("td", { class: "value", title: value, text: value }),
         el("td", { text: h["raftmq-dlq-reason"] || "–" }),
         el("td", { class: "num", text: h["raftmq-dlq-attempts"] || "–" }),
-        el("td", { text: m.timestamp_ms ? new Date(m.timestamp_ms).toLocaleString() : "–" }),
+        el("td", { class: "time", text: m.timestamp_ms ? isoTime(m.timestamp_ms) : "–" }),
         el(
           "td",
           {},
@@ -710,6 +768,31 @@ async function redrive(queue, max) {
 
 // -- chart ---------------------------------------------------------------------------------------
 
+// One small chart per (group, topic), each with its own Y axis and its name above it as text: a
+// group lagging by millions does not flatten one lagging by ten, and no legend is cut off.
+function drawLagCharts(rows, colors) {
+  const box = document.getElementById("lag-charts");
+  if (!rows.length) {
+    box.replaceChildren(el("p", { class: "empty", text: "no consumer groups to chart yet" }));
+    return;
+  }
+  box.replaceChildren(
+    ...rows.map((r) => {
+      const canvas = el("canvas", { class: "lag", width: 420, height: 160 });
+      const figure = el(
+        "figure",
+        { class: "lag-chart", "data-consumer": r.group, "data-topic": r.topic },
+        el("figcaption", {}, el("span", { class: "swatch", text: "●" }), " ", el("strong", { text: r.group }), ` on ${r.topic} · lag ${fmt(r.lag)}`),
+        canvas,
+      );
+      figure.querySelector(".swatch").style.color = colors.get(r.key);
+      return figure;
+    }),
+  );
+  // Drawn once in the page: the canvas takes its laid-out size.
+  rows.forEach((r, i) => drawChart(box.children[i].querySelector("canvas"), [{ color: colors.get(r.key), points: lagSeries(r.key) }], {}));
+}
+
 function niceStep(max, ticks) {
   const raw = Math.max(max, 1) / ticks;
   const power = 10 ** Math.floor(Math.log10(raw));
@@ -725,7 +808,7 @@ function drawChart(canvas, series, { spark }) {
   const ctx = canvas.getContext("2d");
   ctx.scale(ratio, ratio);
   ctx.clearRect(0, 0, width, height);
-  const pad = spark ? { l: 2, r: 2, t: 3, b: 3 } : { l: 60, r: 16, t: 16, b: 48 };
+  const pad = spark ? { l: 2, r: 2, t: 3, b: 3 } : { l: 60, r: 16, t: 12, b: 26 };
   ctx.font = "12px system-ui, sans-serif";
   const now = Date.now();
   const all = series.flatMap((s) => s.points);
@@ -760,7 +843,7 @@ function drawChart(canvas, series, { spark }) {
     for (let i = 0; i <= 4; i++) {
       const t = now - span + (span * i) / 4;
       ctx.textAlign = i === 0 ? "left" : i === 4 ? "right" : "center";
-      ctx.fillText(new Date(t).toLocaleTimeString(), x(t), height - pad.b + 6);
+      ctx.fillText(isoClock(t), x(t), height - pad.b + 6);
     }
     ctx.textAlign = "center";
     if (!series.length) {
@@ -775,18 +858,6 @@ function drawChart(canvas, series, { spark }) {
     s.points.forEach(([t, v], i) => (i ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
     ctx.stroke();
   });
-  if (!spark) {
-    let lx = pad.l;
-    ctx.textAlign = "left";
-    ctx.textBaseline = "middle";
-    for (const s of series) {
-      ctx.fillStyle = s.color;
-      ctx.fillRect(lx, height - 14, 10, 10);
-      ctx.fillStyle = "#1f2328";
-      ctx.fillText(s.name, lx + 14, height - 9);
-      lx += ctx.measureText(s.name).width + 34;
-    }
-  }
 }
 
 // -- main loop -------------------------------------------------------------------------------------
@@ -826,7 +897,32 @@ function route() {
   for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${state.view}`;
   const tab = state.view === "messages" ? "topics" : state.view;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === tab);
+  showFirstView();
   refresh();
+}
+
+// The node writes what the first view needs into the page itself (console.py): whether the cluster
+// requires API tokens and, when it does not, the cluster view. The page shows it before any request
+// of its own, so a page captured as soon as it has loaded is not an empty "loading…"; used once.
+function showFirstView() {
+  const island = document.getElementById("first-view");
+  if (!island) return;
+  island.remove();
+  let first = null;
+  try {
+    first = JSON.parse(island.textContent);
+  } catch (_) {
+    return;
+  }
+  learnTokens(first);
+  const status = document.getElementById("status");
+  if (first.tokens_required && !sessionStorage.getItem(TOKEN_KEY)) {
+    banner("This cluster requires API tokens: enter one above to see its data.");
+    status.textContent = "waiting for an API token";
+  } else if (first.cluster && state.view === "cluster") {
+    showCluster(first.cluster);
+    status.textContent = `as of ${isoClock(first.at_ms)}, when the page was served · refreshing every ${TICK_MS / 1000} s`;
+  }
 }
 
 async function refresh() {
@@ -840,12 +936,12 @@ async function refresh() {
   try {
     await RENDER[state.view]();
     const every = state.view === "messages" ? "read again on Go or a page button" : `refreshing every ${TICK_MS / 1000} s`;
-    status.textContent = `updated ${new Date().toLocaleTimeString()} · ${every}`;
+    status.textContent = `updated ${isoClock(Date.now())} · ${every}`;
     const b = document.getElementById("banner");
     if (!b.classList.contains("info")) banner("");
   } catch (error) {
     banner(explain(error));
-    status.textContent = `failed at ${new Date().toLocaleTimeString()}`;
+    status.textContent = `failed at ${isoClock(Date.now())}`;
   } finally {
     state.busy = false;
   }
