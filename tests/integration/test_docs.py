@@ -119,7 +119,7 @@ def test_every_runnable_block_is_found_and_every_skip_says_why() -> None:
     assert any("Producer(nodes)" in b.code for b in client)
     for path in DOCS:
         text = (ROOT / path).read_text()
-        markers = len(re.findall(r"<!-- docs-test: skip", text))
+        markers = len(re.findall(r"^<!-- docs-test: skip", text, re.M))
         assert markers == sum(1 for b in blocks(path) if b.skip), f"{path}: a skip marker before no block"
 
 
@@ -183,10 +183,15 @@ class PythonSession:
         self.proc.wait()
 
 
+def _tail(output: str | bytes | None) -> str:
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    return text[-2500:]
+
+
 def _run_shell(block: Block, code: str, work: Path, env: dict[str, str]) -> str | None:
     try:
         done = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", CURL + code],
+            ["bash", "-e", "-x", "-o", "pipefail", "-c", CURL + code],  # -x: the commands on stderr
             cwd=work,
             env=env,
             capture_output=True,
@@ -194,10 +199,10 @@ def _run_shell(block: Block, code: str, work: Path, env: dict[str, str]) -> str 
             timeout=BLOCK_S,
             stdin=subprocess.DEVNULL,
         )
-    except subprocess.TimeoutExpired:
-        return f"still running after {BLOCK_S:.0f} s"
+    except subprocess.TimeoutExpired as e:
+        return f"still running after {BLOCK_S:.0f} s\nstderr: {_tail(e.stderr)}"
     if done.returncode != 0:
-        return f"exit {done.returncode}\nstdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-2000:]}"
+        return f"exit {done.returncode}\nstdout: {_tail(done.stdout)}\nstderr: {_tail(done.stderr)}"
     return None
 
 
