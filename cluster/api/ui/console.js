@@ -840,9 +840,11 @@ function drawChart(canvas, series, { spark }) {
     }
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
-    for (let i = 0; i <= 4; i++) {
-      const t = now - span + (span * i) / 4;
-      ctx.textAlign = i === 0 ? "left" : i === 4 ? "right" : "center";
+    // As many time labels as fit (a label is about 60 px wide): 5 on a wide chart, 3 on a small one.
+    const ticks = Math.max(1, Math.min(4, Math.floor((width - pad.l - pad.r) / 120)));
+    for (let i = 0; i <= ticks; i++) {
+      const t = now - span + (span * i) / ticks;
+      ctx.textAlign = i === 0 ? "left" : i === ticks ? "right" : "center";
       ctx.fillText(isoClock(t), x(t), height - pad.b + 6);
     }
     ctx.textAlign = "center";
