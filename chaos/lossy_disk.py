@@ -125,9 +125,18 @@ class LossyDisk:
             undo.before.append((offset, os.pread(fd, end - offset, offset)))
         undo.unsynced_bytes += length
 
-    def _keep(self, real_path: str) -> None:
-        """Keep the inode at ``real_path`` alive in the trash before its entry goes away."""
+    def _keep(self, real_path: str, always: bool = False) -> None:
+        """Before the entry at ``real_path`` goes away: keep its inode alive in the trash if a
+        recorded directory names it (a power loss may bring it back), else remove it now."""
         st = os.lstat(real_path)
+        if not always and not any(st.st_ino in durable.values() for durable in self._dirs.values()):
+            if _is_dir(real_path):
+                os.rmdir(real_path)
+            else:
+                if st.st_nlink <= 1:
+                    self._files.pop(st.st_ino, None)
+                os.unlink(real_path)
+            return
         kept = os.path.join(self.trash, str(st.st_ino))
         if os.path.lexists(kept):
             if os.path.isdir(real_path) and not os.path.islink(real_path):
@@ -325,7 +334,7 @@ class LossyDisk:
             for name in os.listdir(dir_path):
                 p = os.path.join(dir_path, name)
                 if durable.get(name) != os.lstat(p).st_ino:
-                    self._keep(p)
+                    self._keep(p, always=True)  # what it holds may be restored elsewhere
                     if os.path.lexists(p):
                         os.unlink(p)
                     removed += 1

@@ -31,6 +31,7 @@ from .history import NEMESIS, History
 from .images import APP_IMAGE
 from .logscan import scan_logs
 from .nemesis import FAULTS, schedule
+from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
 from .receive import ReceiveConfig, Receivers
 from .report import write_report
 from .workload import Workload, WorkloadConfig
@@ -188,8 +189,9 @@ async def _run(spec: ChaosSpec) -> RunResult:
     history = History(directory / "history.jsonl")
     wl_config = _workload_config(spec)
     cluster = ChaosCluster(
-        spec.nodes, image=spec.image, env=spec.env, request_timeout_ms=spec.request_timeout_ms
-    )
+        spec.nodes, image=spec.image, env=spec.env, request_timeout_ms=spec.request_timeout_ms,
+        power_loss=any(f in POWER_LOSS_FAULTS for f in spec.faults),
+    )  # fmt: skip
     client = RaftmqBrokerClient(cluster.url, cluster.node_ids, timeout_s=spec.client_timeout_s)
     run_info: dict[str, Any] = {"directory": str(directory), "started": stamp}
     workers: list[asyncio.Task[None]] = []
@@ -248,6 +250,8 @@ async def _run(spec: ChaosSpec) -> RunResult:
         await client.close()
         await asyncio.to_thread(cluster.stop, directory / "logs")
     run_info["log_alerts"] = scan_logs(directory / "logs")
+    if cluster.power_loss_fs:
+        run_info["power_losses"] = power_loss_figures(history.ops)
     checks = check_all(history.ops)
     valid = (
         checks["valid"]

@@ -253,3 +253,11 @@ def test_a_rocksdb_like_wal_cycle_loses_only_the_unsynced_tail(disk: LossyDisk) 
     write(disk, "/000002.log", b"rec6;", offset=offset)
     disk.power_loss()
     assert tree(disk) == {"000002.log": b"rec0;rec1;rec2;rec3;rec4;rec5;", "000003.sst": b"sorted"}
+
+
+def test_an_unlinked_file_no_durable_directory_names_is_freed_at_once(disk: LossyDisk) -> None:
+    """The disk-full nemesis fills the volume with a file and removes it: the space must come back."""
+    write(disk, "/filler", b"x" * 4096)
+    disk.unlink("/filler")
+    assert os.listdir(disk.trash) == []
+    assert disk.pending()["dirty_files"] == 0
