@@ -213,8 +213,10 @@ class ChaosCluster:
             except Exception as e:
                 log.warning("removing %s: %s", nid, e)
         self.containers.clear()
-        for mount in self.mounts.values():
+        for nid, mount in self.mounts.items():
             mount.unmount()
+            if logs_to is not None and mount.log_path.exists():
+                shutil.copy(mount.log_path, logs_to / f"{nid}.powerloss.log")
         cleanup_stale(self.docker, only_owner=OWNER)
         self.network = None
 

@@ -331,13 +331,17 @@ class LossyDisk:
             dir_path = where.get(dir_ino)
             if dir_path is None:
                 continue
+            moved_a_directory = False
             for name in os.listdir(dir_path):
                 p = os.path.join(dir_path, name)
                 if durable.get(name) != os.lstat(p).st_ino:
+                    moved_a_directory |= _is_dir(p)
                     self._keep(p, always=True)  # what it holds may be restored elsewhere
                     if os.path.lexists(p):
                         os.unlink(p)
                     removed += 1
+            if moved_a_directory:  # the paths under it changed
+                where = self._index()
         # 2. Every durable entry that is missing comes back. Directories move (one place each, and
         # each at most once: two recorded directories may both name one), and moving one moves the
         # paths under it: look again after each.

@@ -160,8 +160,12 @@ def _serve_control(disk: LossyDisk, sock_path: str, mountpoint: str) -> None:
             if command == "pending":
                 conn.sendall(json.dumps(disk.pending()).encode() + b"\n")
             elif command == "power-loss":
-                report = disk.power_loss()
-                conn.sendall(json.dumps(report.as_json()).encode() + b"\n")
+                try:
+                    answer = disk.power_loss().as_json()
+                except Exception as e:  # the harness must hear why, and the log must show where
+                    log.exception("power_loss_failed")
+                    answer = {"error": f"{type(e).__name__}: {e}"}
+                conn.sendall(json.dumps(answer).encode() + b"\n")
                 break
             else:
                 conn.sendall(json.dumps({"error": f"unknown command {command!r}"}).encode() + b"\n")
@@ -246,6 +250,8 @@ class LossyMount:
         """Drop everything never fsynced and unmount; returns the drop report. Kill the node first."""
         report = self._ask("power-loss")
         self._wait_gone(timeout_s)
+        if "error" in report:
+            raise RuntimeError(f"the power loss failed: {report['error']}; see {self.log_path}")
         return report
 
     def unmount(self, timeout_s: float = 10.0) -> None:

@@ -261,3 +261,18 @@ def test_an_unlinked_file_no_durable_directory_names_is_freed_at_once(disk: Loss
     disk.unlink("/filler")
     assert os.listdir(disk.trash) == []
     assert disk.pending()["dirty_files"] == 0
+
+
+def test_a_new_directory_tree_with_recorded_directories_inside_goes_whole(disk: LossyDisk) -> None:
+    """A node's first start: its directories and a database in them, only the innermost synced."""
+    disk.mkdir("/node", 0o755)
+    disk.mkdir("/node/db", 0o755)
+    write(disk, "/node/db/CURRENT", b"x", sync=True)
+    disk.fsync_dir("/node/db")
+    write(disk, "/keep", b"k", sync=True)
+    disk.fsync_dir("/")  # /node's entry is durable, /node/db's is not
+    disk.mkdir("/later", 0o755)
+    disk.mkdir("/later/db", 0o755)
+    write(disk, "/later/db/f", b"y")
+    disk.power_loss()
+    assert tree(disk) == {"keep": b"k", "node": None}
