@@ -97,3 +97,17 @@ def test_a_power_loss_drops_exactly_the_unsynced_rocksdb_writes(mount: LossyMoun
     mount.power_loss()
     mount.mount()
     assert keys(db) == (200, 0)
+
+
+def test_a_database_created_in_new_directories_survives_a_power_loss(mount: LossyMount) -> None:
+    """A node's first start creates its directories and databases: RocksDB fsyncs its files and
+    its own directory, not the entries above it; RocksStore.open makes them durable."""
+    db = mount.mountpoint / "node" / "groups" / "g0" / "db"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None
+    assert writer.stdout.readline().strip() == "written"
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    mount.power_loss()
+    mount.mount()
+    assert keys(db) == (200, 0)
