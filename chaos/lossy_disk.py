@@ -167,8 +167,8 @@ class LossyDisk:
             else:
                 fd = os.open(real, flags | os.O_CLOEXEC, mode)
             ino = os.fstat(fd).st_ino
-            if not existed:
-                self._file_dirty(ino, 0)  # a new file: nothing of it is durable yet
+            if not existed:  # a new file: nothing of it is durable yet (whatever its inode held before)
+                self._files[ino] = _FileUndo(durable_size=0)
             self._fds[fd] = (ino, bool(flags & _SYNC_FLAGS))
             return fd
 
