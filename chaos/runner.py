@@ -75,6 +75,10 @@ class ChaosSpec:
     # The topic's retention_ms (None: none). Hours, so that nothing a run writes is due: a
     # message removed by retention during the run is then lost (clock-jump-leader checks this).
     retention_ms: int | None = None
+    # How long the replica reads wait for a replica to reach the drained high offset. A mutation
+    # run that loses data has replicas that never do: there a short wait keeps the run short.
+    replica_catch_up_s: float = 20.0
+    drain_timeout_s: float = 120.0  # the drain's limit (a run whose drain does not finish is invalid)
 
 
 @dataclass
@@ -104,6 +108,8 @@ def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
         consumers=(spec.consumers or spec.nodes) if spec.workload in ("queue", "both") else 0,
         rate=spec.rate,
         producer_client=spec.producer_client,
+        replica_catch_up_s=spec.replica_catch_up_s,
+        drain_timeout_s=spec.drain_timeout_s,
     )
 
 

@@ -29,6 +29,15 @@ GROUPS = {
     "snapshot-installs": ["checkpoint-fetch"],
     # A leader's clock days ahead, on a topic with retention (issue 12, item 5).
     "clock-jumps": ["clock-jump-leader"],
+    # Power loss: every write a node never fsynced is dropped with it (issue 22). One node, a
+    # leader, the whole cluster at once.
+    "power-losses": ["power-loss", "power-loss-leader", "power-loss-all"],
+}
+
+# Groups that mix faults of GROUPS (each nemesis is in exactly one group above).
+MIXED = {
+    # Power losses while the network is cut and nodes are frozen.
+    "power-losses-mixed": ["power-loss", "power-loss-all", "partition-halves", "pause"],
 }
 
 # Settings of a group's run beyond its faults. clock-jumps: retention of 6 hours (nothing the run
@@ -95,11 +104,12 @@ def assert_received_at_least_once(result: RunResult) -> None:
     assert rx["divergent_count"] == 0, f"one position handed out with two values: {rx['divergent']}"
 
 
-@pytest.mark.parametrize("group", sorted(GROUPS))
+@pytest.mark.parametrize("group", sorted(GROUPS) + sorted(MIXED))
 def test_at_least_once_under(group: str, chaos_images: str, store: Path) -> None:
     workload = "both" if group in WITH_RECEIVERS else "queue"
     settings = SETTINGS.get(group, {})
-    assert_at_least_once(run_chaos(f"suite-{group}", GROUPS[group], store, workload=workload, **settings))
+    faults = GROUPS.get(group) or MIXED[group]
+    assert_at_least_once(run_chaos(f"suite-{group}", faults, store, workload=workload, **settings))
 
 
 def test_at_least_once_on_five_nodes_under_partitions_and_majority_kills(
