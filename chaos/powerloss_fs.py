@@ -160,8 +160,9 @@ def _serve_control(disk: LossyDisk, sock_path: str, mountpoint: str) -> None:
             if command == "pending":
                 conn.sendall(json.dumps(disk.pending()).encode() + b"\n")
             elif command == "power-loss":
+                answer: dict[str, Any]
                 try:
-                    answer = disk.power_loss().as_json()
+                    answer = dict(disk.power_loss().as_json())
                 except Exception as e:  # the harness must hear why, and the log must show where
                     log.exception("power_loss_failed")
                     answer = {"error": f"{type(e).__name__}: {e}"}

@@ -29,6 +29,7 @@ from .client import RaftmqBrokerClient
 from .cluster import ChaosCluster
 from .history import NEMESIS, History
 from .images import APP_IMAGE
+from .load import LoadConfig, LoadProducers
 from .logscan import scan_logs
 from .nemesis import FAULTS, schedule
 from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
@@ -79,6 +80,10 @@ class ChaosSpec:
     # run that loses data has replicas that never do: there a short wait keeps the run short.
     replica_catch_up_s: float = 20.0
     drain_timeout_s: float = 120.0  # the drain's limit (a run whose drain does not finish is invalid)
+    # Production load (chaos/load.py): messages a second offered through the client's batch path
+    # by load_producers producers beside the workload's own; 0: none.
+    load_rate: float = 0.0
+    load_producers: int = 4
 
 
 @dataclass
@@ -215,6 +220,12 @@ async def _run(spec: ChaosSpec) -> RunResult:
         stop = asyncio.Event()
         workers += [asyncio.create_task(workload.producer(w, stop)) for w in range(wl_config.producers)]
         workers += [asyncio.create_task(workload.consumer(w, stop)) for w in range(wl_config.consumers)]
+        load = None
+        if spec.load_rate > 0:
+            load_config = LoadConfig(producers=spec.load_producers, rate=spec.load_rate)
+            load = LoadProducers(history, cluster.node_ids, client.address_map, wl_config.topic, load_config,
+                                 seed=spec.seed)  # fmt: skip
+            workers += [asyncio.create_task(load.producer(w, stop)) for w in range(load_config.producers)]
         if receivers is not None:
             count = receivers.config.receivers
             workers += [asyncio.create_task(receivers.receiver(w, stop)) for w in range(count)]
@@ -222,6 +233,9 @@ async def _run(spec: ChaosSpec) -> RunResult:
         run_info["faults_injected"] = dict(sorted(injected.items()))
         stop.set()
         await asyncio.gather(*workers)
+        if load is not None:
+            run_info["load"] = {"offered": load.offered, "acknowledged": load.acknowledged,
+                                "offered_per_s": round(load.offered / spec.time_limit_s)}  # fmt: skip
 
         errors: list[str] = []
         await asyncio.to_thread(cluster.heal_all, lambda n, e: errors.append(f"{n}: {e}"))
