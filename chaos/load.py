@@ -11,9 +11,10 @@ queue), the rest unkeyed (the client spreads them). Values are unique: ``"L<w>-<
 Each message is an ``enqueue`` operation of the history (``client`` = ``"load"``): its invoke when
 it is handed to the producer, its ``ok`` (with the queue and offset the producer was told) or
 ``fail``/``info`` (the error's ``definite`` flag) when its batch finishes, from the producer's
-done callback. A producer is one process; its messages are concurrent, as Jepsen's operations of
-one process are not, so the queue-order checker's per-process order holds only for the
-idempotent producer's per-queue order, which it guarantees.
+done callback. The messages of one producer are in flight together, so each is its own process (a
+Jepsen process does one operation at a time: the availability checker pairs an invoke with the
+next completion of its process); the queue-order checker's per-process order is therefore not
+asked of the load, only of the workload's one-at-a-time producers.
 
 A producer stuck behind a full buffer (its cluster down) waits in ``send``: the offered rate is
 what the cluster can take then, and the figures say what was offered and acknowledged.
@@ -80,7 +81,6 @@ class LoadProducers:
             delivery_timeout_ms=cfg.delivery_timeout_ms,
             address_map=self.address_map,
         )
-        process = self.history.new_process()
         per_tick = cfg.rate / cfg.producers * cfg.tick_ms / 1000
         seq = 0
         owed = 0.0
@@ -90,6 +90,7 @@ class LoadProducers:
                 owed += per_tick
                 while owed >= 1 and not stop.is_set():
                     owed -= 1
+                    process = self.history.new_process()
                     value = f"L{w}-{seq}"
                     seq += 1
                     key = f"k{rng.randrange(cfg.keys)}" if rng.random() < cfg.key_share else None

@@ -44,6 +44,8 @@ MIXED = {
 # writes is due by the true time; a leader 3 days ahead must not remove it) ticked every 0.5 s.
 SETTINGS: dict[str, dict[str, object]] = {
     "clock-jumps": {"retention_ms": 6 * 3600 * 1000, "env": {"RAFTMQ_RAFT_RETENTION_CHECK_MS": "500"}},
+    # Production load through the client's batch path during the power losses (chaos/load.py).
+    "power-losses": {"load_rate": 10_000},
 }
 
 
@@ -88,6 +90,8 @@ def assert_at_least_once(result: RunResult) -> None:
     assert not lagging, f"replicas still behind 20 s after the drain (queue@node: high offset): {lagging}"
     if "receive_ack" in checks:
         assert_received_at_least_once(result)
+    if "load" in run_info:
+        assert run_info["load"]["acknowledged"] > 0, f"the production load got nothing acknowledged; {where}"
     tracebacks = {n: a["traceback"] for n, a in run_info["log_alerts"].items() if a.get("traceback")}
     assert not tracebacks, f"unexplained tracebacks in the node logs (node: count): {tracebacks}; {where}"
     assert result.valid
