@@ -46,7 +46,7 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     "nemesis",
     default="all",
     show_default=True,
-    help="all, none, or a comma list of: partition, kills, or single nemesis names.",
+    help="all, none, or a comma list of: partition, kills, power-losses, or single nemesis names.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the fault schedule and targets.")
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True)

@@ -283,7 +283,7 @@ FAULTS: dict[str, Fault] = {
 
 def parse_faults(spec: str) -> list[str]:
     """``all``, ``none`` or a comma-separated list of fault names (``partition`` = every partition,
-    ``kills`` = every kill)."""
+    ``kills`` = every kill, ``power-losses`` = every power loss)."""
     if spec in ("", "none"):
         return []
     names: list[str] = []
@@ -300,7 +300,8 @@ def parse_faults(spec: str) -> list[str]:
         elif word in FAULTS:
             names.append(word)
         else:
-            raise ValueError(f"unknown nemesis {word!r} (known: all, partition, kills, {', '.join(FAULTS)})")
+            known = f"all, partition, kills, power-losses, {', '.join(FAULTS)}"
+            raise ValueError(f"unknown nemesis {word!r} (known: {known})")
     return list(dict.fromkeys(names))
 
 
