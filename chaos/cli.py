@@ -46,7 +46,7 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     "nemesis",
     default="all",
     show_default=True,
-    help="all, none, or a comma list of: partition, kills, or single nemesis names.",
+    help="all, none, or a comma list of: partition, kills, power-losses, or single nemesis names.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the fault schedule and targets.")
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True)
@@ -95,6 +95,14 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     default=None,
     help="The topic's retention_ms (default: none); hours, so that a removed message is lost.",
 )
+@click.option(
+    "--load-rate",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Production load: messages a second offered through the client's batch path (0: none).",
+)
+@click.option("--load-producers", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--name", default=None, help="Report folder name under the store (default chaos-<nemesis>).")
 @click.option(
     "--store", type=click.Path(file_okay=False, path_type=Path), default=Path("store"), show_default=True
@@ -117,7 +125,8 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 def main(
     time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
     workload: str, producer_client: str, quiet_s: tuple[float, float], fault_s: tuple[float, float],
-    env: tuple[str, ...], retention_ms: int | None, name: str | None, store: Path, build: bool,
+    env: tuple[str, ...], retention_ms: int | None, load_rate: float, load_producers: int,
+    name: str | None, store: Path, build: bool,
     build_only: bool, recheck: Path | None, verbose: bool,
 ) -> None:  # fmt: skip
     """Run a Jepsen-style chaos test against raftmq nodes in containers."""
@@ -154,6 +163,8 @@ def main(
         producer_client=producer_client,
         env=_env_pairs(env),
         retention_ms=retention_ms,
+        load_rate=load_rate,
+        load_producers=load_producers,
         store=store,
     )
     started = time.monotonic()

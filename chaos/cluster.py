@@ -53,6 +53,7 @@ from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
 
 from .client import NodeDown
 from .images import APP_IMAGE
+from .powerloss_fs import LossyMount
 
 __all__ = ["ChaosCluster", "cleanup_stale"]
 
@@ -154,6 +155,7 @@ class ChaosCluster:
         disk_mb: int = 256,
         request_timeout_ms: int = 5000,
         extra_toml: str = "",
+        power_loss: bool = False,
     ) -> None:
         self.node_ids = [f"n{i}" for i in range(1, nodes + 1)]
         self.image = image
@@ -170,6 +172,10 @@ class ChaosCluster:
         self.network: Network | None = None
         self.disk_limited = False
         self._urls: dict[str, str] = {}
+        # With power_loss, each volume is the power-loss file system (chaos/powerloss_fs.py) over a
+        # directory of <run>/<node>.disk, the tmpfs when run as root.
+        self.power_loss_fs = power_loss
+        self.mounts: dict[str, LossyMount] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -207,6 +213,10 @@ class ChaosCluster:
             except Exception as e:
                 log.warning("removing %s: %s", nid, e)
         self.containers.clear()
+        for nid, mount in self.mounts.items():
+            mount.unmount()
+            if logs_to is not None and mount.log_path.exists():
+                shutil.copy(mount.log_path, logs_to / f"{nid}.powerloss.log")
         cleanup_stale(self.docker, only_owner=OWNER)
         self.network = None
 
@@ -251,13 +261,27 @@ class ChaosCluster:
         (self.dir / "cluster.toml").write_text("\n".join(lines) + "\n")
 
     def _make_volume(self, nid: str) -> None:
-        path = self.volume(nid)
+        path = self.dir / f"{nid}.disk" if self.power_loss_fs else self.volume(nid)
         path.mkdir(parents=True, exist_ok=True)
         limited = False
         if os.geteuid() == 0:
             limited = os.system(f"mount -t tmpfs -o size={self.disk_mb}m tmpfs '{path}' 2>/dev/null") == 0
         self.disk_limited = limited and (self.disk_limited or nid == self.node_ids[0])
-        (path / "faketime").write_text("+0\n")
+        if self.power_loss_fs:
+            self.mounts[nid] = LossyMount(path, self.volume(nid))
+            self.mounts[nid].mount()
+        self._write_control(nid, "faketime", "+0\n")
+
+    def _write_control(self, nid: str, name: str, text: str) -> None:
+        """A file the harness hands a node in its volume, written durably (a power loss keeps it)."""
+        path = self.volume(nid) / name
+        path.write_text(text)
+        for target in (path, path.parent):
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def _start_container(self, nid: str) -> None:
         assert self.network is not None
@@ -410,6 +434,22 @@ class ChaosCluster:
         with ThreadPoolExecutor(max(1, len(nids))) as pool:
             list(pool.map(self.restart, nids))
 
+    def power_loss(self, nids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Cut the power of these nodes at once: SIGKILL them all, then drop everything each
+        never fsynced (and mount its file system again, empty of unsynced state). Returns each
+        node's drop report; ``restart`` brings them back."""
+        nids = list(nids)
+        if not self.power_loss_fs:
+            raise RuntimeError("this cluster runs without the power-loss file system")
+        for nid in nids:
+            self.kill(nid)
+        for nid in nids:
+            self._wrapped(nid).wait(timeout=30)  # dead: nothing more reaches its disk
+        reports = {nid: self.mounts[nid].power_loss() for nid in nids}
+        for nid in nids:
+            self.mounts[nid].mount()
+        return reports
+
     def pause(self, nid: str) -> None:
         self._wrapped(nid).pause()
 
@@ -451,7 +491,7 @@ class ChaosCluster:
     def set_clock_offset(self, nid: str, offset_s: int) -> None:
         """Move the node's wall clock by ``offset_s`` from the real one (libfaketime re-reads the file
         within a second)."""
-        (self.volume(nid) / "faketime").write_text(f"{offset_s:+d}\n")
+        self._write_control(nid, "faketime", f"{offset_s:+d}\n")
 
     def fill_disk(self, nid: str) -> int:
         """Fill the node's volume to the last byte; returns the bytes taken."""
@@ -481,7 +521,7 @@ class ChaosCluster:
         if mode is None:
             path.unlink(missing_ok=True)
         else:
-            path.write_text(mode + "\n")
+            self._write_control(nid, CHECKPOINT_FAULT_FILE, mode + "\n")
 
     def compact(self, nid: str, group: str) -> None:
         """Make the node's replica of ``group`` take a snapshot and compact its journal now."""

@@ -21,6 +21,11 @@ comes from the seeded ``rng``, except where it depends on the cluster (the curre
 | clock-jump-leader | move a queue group leader's clock 3 days ahead | reset, restart it |
 | disk-full | fill one node's volume to the last byte | free it, restart the node if it stopped |
 | checkpoint-fetch | kill a node, compact the rest, restart it: checkpoint fetches stall, then fail | heal |
+| power-loss | one node loses power: kill -9, every write it never fsynced dropped | start it again |
+| power-loss-leader | the leader of a random queue group loses power | start it again |
+| power-loss-all | every node loses power at once | start them again |
+
+The power-loss faults are in ``powerloss_nemesis`` (they need the power-loss file system).
 
 Partitions are iptables DROP rules inside the containers on traffic from peers; clients on the host
 always reach every node, as in Jepsen.
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cluster import ChaosCluster
+from .powerloss_nemesis import power_loss_all, power_loss_leader, power_loss_one, power_restore
 
 __all__ = ["FAULTS", "Fault", "Planned", "parse_faults", "schedule", "time_for_each"]
 
@@ -268,13 +274,16 @@ FAULTS: dict[str, Fault] = {
             _checkpoint_fetch_heal,
             "snapshot installs on one node while its checkpoint fetches stall, then fail",
         ),
+        Fault("power-loss", power_loss_one, power_restore, "one node loses power and its unsynced writes"),
+        Fault("power-loss-leader", power_loss_leader, power_restore, "a queue group's leader loses power"),
+        Fault("power-loss-all", power_loss_all, power_restore, "every node loses power at once"),
     ]
 }
 
 
 def parse_faults(spec: str) -> list[str]:
     """``all``, ``none`` or a comma-separated list of fault names (``partition`` = every partition,
-    ``kills`` = every kill)."""
+    ``kills`` = every kill, ``power-losses`` = every power loss)."""
     if spec in ("", "none"):
         return []
     names: list[str] = []
@@ -286,10 +295,13 @@ def parse_faults(spec: str) -> list[str]:
             names += [n for n in FAULTS if n.startswith("partition")]
         elif word == "kills":
             names += [n for n in FAULTS if "kill" in n]
+        elif word == "power-losses":
+            names += [n for n in FAULTS if n.startswith("power-loss")]
         elif word in FAULTS:
             names.append(word)
         else:
-            raise ValueError(f"unknown nemesis {word!r} (known: all, partition, kills, {', '.join(FAULTS)})")
+            known = f"all, partition, kills, power-losses, {', '.join(FAULTS)}"
+            raise ValueError(f"unknown nemesis {word!r} (known: {known})")
     return list(dict.fromkeys(names))
 
 

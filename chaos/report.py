@@ -144,6 +144,11 @@ def summary_text(name: str, results: dict[str, Any]) -> str:
         lines.append(
             f"  {fault:18} ok {b['ok']:6}  fail {b['fail']:6}  info {b['info']:5}  share {b['ok_share']}"
         )
+    for loss in results["run"].get("power_losses", []):
+        lines.append(
+            f"  power loss #{loss['fault_id']} ({loss['fault']}): "
+            f"unsynced bytes dropped {loss['dropped_bytes']}"
+        )
     lines += _receive_lines(checks.get("receive_ack"), results["run"].get("receive_drain"))
     if tq["lost"]:
         lines.append(f"lost (sample): {', '.join(tq['lost'])}")

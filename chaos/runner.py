@@ -29,8 +29,10 @@ from .client import RaftmqBrokerClient
 from .cluster import ChaosCluster
 from .history import NEMESIS, History
 from .images import APP_IMAGE
+from .load import LoadConfig, LoadProducers
 from .logscan import scan_logs
 from .nemesis import FAULTS, schedule
+from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
 from .receive import ReceiveConfig, Receivers
 from .report import write_report
 from .workload import Workload, WorkloadConfig
@@ -74,6 +76,14 @@ class ChaosSpec:
     # The topic's retention_ms (None: none). Hours, so that nothing a run writes is due: a
     # message removed by retention during the run is then lost (clock-jump-leader checks this).
     retention_ms: int | None = None
+    # How long the replica reads wait for a replica to reach the drained high offset. A mutation
+    # run that loses data has replicas that never do: there a short wait keeps the run short.
+    replica_catch_up_s: float = 20.0
+    drain_timeout_s: float = 120.0  # the drain's limit (a run whose drain does not finish is invalid)
+    # Production load (chaos/load.py): messages a second offered through the client's batch path
+    # by load_producers producers beside the workload's own; 0: none.
+    load_rate: float = 0.0
+    load_producers: int = 4
 
 
 @dataclass
@@ -103,6 +113,8 @@ def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
         consumers=(spec.consumers or spec.nodes) if spec.workload in ("queue", "both") else 0,
         rate=spec.rate,
         producer_client=spec.producer_client,
+        replica_catch_up_s=spec.replica_catch_up_s,
+        drain_timeout_s=spec.drain_timeout_s,
     )
 
 
@@ -188,8 +200,9 @@ async def _run(spec: ChaosSpec) -> RunResult:
     history = History(directory / "history.jsonl")
     wl_config = _workload_config(spec)
     cluster = ChaosCluster(
-        spec.nodes, image=spec.image, env=spec.env, request_timeout_ms=spec.request_timeout_ms
-    )
+        spec.nodes, image=spec.image, env=spec.env, request_timeout_ms=spec.request_timeout_ms,
+        power_loss=any(f in POWER_LOSS_FAULTS for f in spec.faults),
+    )  # fmt: skip
     client = RaftmqBrokerClient(cluster.url, cluster.node_ids, timeout_s=spec.client_timeout_s)
     run_info: dict[str, Any] = {"directory": str(directory), "started": stamp}
     workers: list[asyncio.Task[None]] = []
@@ -207,6 +220,12 @@ async def _run(spec: ChaosSpec) -> RunResult:
         stop = asyncio.Event()
         workers += [asyncio.create_task(workload.producer(w, stop)) for w in range(wl_config.producers)]
         workers += [asyncio.create_task(workload.consumer(w, stop)) for w in range(wl_config.consumers)]
+        load = None
+        if spec.load_rate > 0:
+            load_config = LoadConfig(producers=spec.load_producers, rate=spec.load_rate)
+            load = LoadProducers(history, cluster.node_ids, client.address_map, wl_config.topic, load_config,
+                                 seed=spec.seed)  # fmt: skip
+            workers += [asyncio.create_task(load.producer(w, stop)) for w in range(load_config.producers)]
         if receivers is not None:
             count = receivers.config.receivers
             workers += [asyncio.create_task(receivers.receiver(w, stop)) for w in range(count)]
@@ -214,6 +233,9 @@ async def _run(spec: ChaosSpec) -> RunResult:
         run_info["faults_injected"] = dict(sorted(injected.items()))
         stop.set()
         await asyncio.gather(*workers)
+        if load is not None:
+            run_info["load"] = {"offered": load.offered, "acknowledged": load.acknowledged,
+                                "offered_per_s": round(load.offered / spec.time_limit_s)}  # fmt: skip
 
         errors: list[str] = []
         await asyncio.to_thread(cluster.heal_all, lambda n, e: errors.append(f"{n}: {e}"))
@@ -248,6 +270,8 @@ async def _run(spec: ChaosSpec) -> RunResult:
         await client.close()
         await asyncio.to_thread(cluster.stop, directory / "logs")
     run_info["log_alerts"] = scan_logs(directory / "logs")
+    if cluster.power_loss_fs:
+        run_info["power_losses"] = power_loss_figures(history.ops)
     checks = check_all(history.ops)
     valid = (
         checks["valid"]

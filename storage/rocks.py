@@ -61,6 +61,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from .durable_dirs import make_dirs_durable
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
@@ -182,6 +183,8 @@ class RocksStore:
         path = os.path.abspath(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         db, _ = _open_recovering(path)
+        # RocksDB fsyncs the database's directory, not its entry in the parent (durable_dirs).
+        make_dirs_durable(os.path.dirname(path))
         return cls(path, db)
 
     @property

@@ -85,6 +85,7 @@ from raftmq.cluster.replication.snapshot_gate import (
     fsync_dir,
     read_manifest,
 )
+from raftmq.storage.durable_dirs import make_dirs_durable
 from raftmq.storage.store import Store, StoreError
 
 __all__ = [
@@ -184,7 +185,7 @@ class RaftGroup:
         # Read by metrics: submit (at this node) until applied here, and one state machine apply.
         self.commit_latency = LatencyHistogram()
         self.apply_latency = LatencyHistogram()
-        os.makedirs(os.path.dirname(snapshot_file), exist_ok=True)
+        make_dirs_durable(os.path.dirname(snapshot_file))  # its entry too: fsync_dir covers what is in it
         fresh = len(self._journal) == 0 and not os.path.exists(snapshot_file)
         # Membership: (index, voters) the journal's entries after `index` apply to; see the docstring.
         self._base_index, self._base_members, members = self._members_on_start(list(peer_addrs))

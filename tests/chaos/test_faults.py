@@ -29,12 +29,23 @@ GROUPS = {
     "snapshot-installs": ["checkpoint-fetch"],
     # A leader's clock days ahead, on a topic with retention (issue 12, item 5).
     "clock-jumps": ["clock-jump-leader"],
+    # Power loss: every write a node never fsynced is dropped with it (issue 22). One node, a
+    # leader, the whole cluster at once.
+    "power-losses": ["power-loss", "power-loss-leader", "power-loss-all"],
+}
+
+# Groups that mix faults of GROUPS (each nemesis is in exactly one group above).
+MIXED = {
+    # Power losses while the network is cut and nodes are frozen.
+    "power-losses-mixed": ["power-loss", "power-loss-all", "partition-halves", "pause"],
 }
 
 # Settings of a group's run beyond its faults. clock-jumps: retention of 6 hours (nothing the run
 # writes is due by the true time; a leader 3 days ahead must not remove it) ticked every 0.5 s.
 SETTINGS: dict[str, dict[str, object]] = {
     "clock-jumps": {"retention_ms": 6 * 3600 * 1000, "env": {"RAFTMQ_RAFT_RETENTION_CHECK_MS": "500"}},
+    # Production load through the client's batch path during the power losses (chaos/load.py).
+    "power-losses": {"load_rate": 10_000},
 }
 
 
@@ -79,6 +90,8 @@ def assert_at_least_once(result: RunResult) -> None:
     assert not lagging, f"replicas still behind 20 s after the drain (queue@node: high offset): {lagging}"
     if "receive_ack" in checks:
         assert_received_at_least_once(result)
+    if "load" in run_info:
+        assert run_info["load"]["acknowledged"] > 0, f"the production load got nothing acknowledged; {where}"
     tracebacks = {n: a["traceback"] for n, a in run_info["log_alerts"].items() if a.get("traceback")}
     assert not tracebacks, f"unexplained tracebacks in the node logs (node: count): {tracebacks}; {where}"
     assert result.valid
@@ -95,11 +108,12 @@ def assert_received_at_least_once(result: RunResult) -> None:
     assert rx["divergent_count"] == 0, f"one position handed out with two values: {rx['divergent']}"
 
 
-@pytest.mark.parametrize("group", sorted(GROUPS))
+@pytest.mark.parametrize("group", sorted(GROUPS) + sorted(MIXED))
 def test_at_least_once_under(group: str, chaos_images: str, store: Path) -> None:
     workload = "both" if group in WITH_RECEIVERS else "queue"
     settings = SETTINGS.get(group, {})
-    assert_at_least_once(run_chaos(f"suite-{group}", GROUPS[group], store, workload=workload, **settings))
+    faults = GROUPS.get(group) or MIXED[group]
+    assert_at_least_once(run_chaos(f"suite-{group}", faults, store, workload=workload, **settings))
 
 
 def test_at_least_once_on_five_nodes_under_partitions_and_majority_kills(

@@ -14,6 +14,8 @@ from pathlib import Path
 from raftmq.chaos.nemesis import time_for_each
 from raftmq.chaos.runner import ChaosSpec, run
 
+POWER_LOSS_FAULTS = ["power-loss-all"]
+
 FAULTS = ["kill-leader", "isolate-kill-leader"]
 
 
@@ -43,3 +45,34 @@ def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_an_early_
     rx = result.checks["receive_ack"]
     assert rx["lost_count"] > 0, f"the receive/ack checker missed the loss; see {result.directory}"
     assert not rx["valid"]
+
+
+def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_acking_before_fsync(
+    chaos_images: str, store: Path
+) -> None:
+    """``durability = "os"`` acknowledges what is replicated to a majority's page cache, not to its
+    disks: a whole-cluster power loss must lose acknowledged messages, or the power loss does not
+    bite (issue 22)."""
+    quiet_s, fault_s = (2.0, 3.0), (3.0, 4.0)
+    spec = ChaosSpec(
+        name="mutation-durability-os",
+        faults=tuple(POWER_LOSS_FAULTS),
+        time_limit_s=3 * time_for_each(POWER_LOSS_FAULTS, quiet_s, fault_s),  # about 3 power losses
+        seed=1,
+        quiet_s=quiet_s,
+        fault_s=fault_s,
+        producers=60,
+        rate=400,
+        env={"RAFTMQ_CLUSTER_DURABILITY": "os"},
+        # The cluster loses its topic as well as messages: the drain and the replica reads cannot
+        # finish, and need not wait long to show it.
+        replica_catch_up_s=2.0,
+        drain_timeout_s=20.0,
+        store=store,
+    )
+    result = run(spec)
+    print((result.directory / "summary.txt").read_text())
+    tq = result.checks["total_queue"]
+    assert tq["acknowledged_count"] > 0
+    assert tq["lost_count"] > 0, f"a power loss under durability os lost nothing; see {result.directory}"
+    assert not tq["valid"] and not result.valid
