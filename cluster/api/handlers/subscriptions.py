@@ -184,7 +184,7 @@ class SubscriptionsApi:
             return True, None
         return False, grant.name
 
-    async def _ensure_subscription(self, topic: Topic, group: str, request: web.Request | None) -> None:
+    async def ensure_subscription(self, topic: Topic, group: str, request: web.Request | None) -> None:
         """Store the subscription in every queue group of the topic (the cluster's defaults; an
         existing one keeps its settings) before a receive, and mark it used. It names the
         dead-letter topic only if that exists: a receive creates no topic. A new unconfigured one
@@ -310,7 +310,7 @@ class SubscriptionsApi:
             )
         coordinator = str(topic.queue_groups[queue or 0])
         if not request.headers.get(FORWARDED):  # here the token is known: caps and creator
-            await self._ensure_subscription(topic, group, request)
+            await self.ensure_subscription(topic, group, request)
         key = (topic.id, group, queue, epoch)
         deadline = time.monotonic() + wait_ms / 1000
         give_up = deadline + self.api.leader_wait_s
@@ -331,7 +331,7 @@ class SubscriptionsApi:
                     await asyncio.sleep(0.1)  # (or the leader is unreachable: do not spin)
                     self.node.forget_peer_status()
                     continue
-            await self._ensure_subscription(topic, group, request)
+            await self.ensure_subscription(topic, group, request)
             waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
             self.coordinator.enqueue(
                 key, waiter, lambda: self.coordinator.target(topic, group, queue, epoch, coordinator)
@@ -356,7 +356,7 @@ class SubscriptionsApi:
         coordinator = str(topic.queue_groups[0])
         if not self.api.router.leads(coordinator):
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not coordinate {topic.name}/{group}")
-        await self._ensure_subscription(topic, group, None)
+        await self.ensure_subscription(topic, group, None)
         deadline = time.monotonic() + wait_ms / 1000
         waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
         key = (topic.id, group, None, None)
