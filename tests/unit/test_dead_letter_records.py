@@ -11,6 +11,7 @@ from test_delivery_storage import meta_apply
 
 from raftmq.cluster import commands
 from raftmq.cluster.machines.metadata import MetadataMachine, Topic
+from raftmq.cluster.machines.views import consumer_queues
 from raftmq.storage import keys
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.queues import queue_bounds, scan_prefix
@@ -188,3 +189,18 @@ def _groups(m: Machine, prefix: bytes) -> set[str]:
         size = key[9]
         out.add(key[10 : 10 + size].decode())
     return out
+
+
+def test_the_consumer_view_counts_dead_letters_only_over_a_checked_link() -> None:
+    m = Machine()
+    m.apply(commands.subscribe(G, T, "orders", DLQ, 1, [100]))  # an older release's link, by name
+    m.produce(0, "someone else's dead letter", topic=DLQ)
+    m.produce(0, "a")
+    m.receive(now=0)
+
+    def dead_letters() -> int:
+        return sum(r.dead_letters for r in consumer_queues(m.store, T) if r.group == G)
+
+    assert dead_letters() == 0
+    m.apply(commands.subscribe(G, T, "orders", DLQ, 1, [100], checked=True))  # the record says so
+    assert dead_letters() == 1
