@@ -309,8 +309,9 @@ class SubscriptionsApi:
                 errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {queue}"
             )
         coordinator = str(topic.queue_groups[queue or 0])
-        if not request.headers.get(FORWARDED):  # here the token is known: caps and creator
-            await self.ensure_subscription(topic, group, request)
+        # Before any forwarding: here the token is known (caps and creator); a peer's forwarded
+        # request carries none, and finds the subscription stored already.
+        await self.ensure_subscription(topic, group, request)
         key = (topic.id, group, queue, epoch)
         deadline = time.monotonic() + wait_ms / 1000
         give_up = deadline + self.api.leader_wait_s
