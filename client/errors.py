@@ -26,11 +26,13 @@ Class tree::
     ├── StaleEpoch              stale_epoch          409
     ├── StaleSequence           stale_sequence       409
     ├── LockHeld                lock_held            409
+    ├── DeadLetterTopicConflict dead_letter_topic_conflict 409
     ├── ChangeInProgress        change_in_progress   409  retriable (another cluster change)
     ├── MessageTooLarge         message_too_large    413
     ├── RequestTooLarge         request_too_large    413
     ├── OffsetOutOfRange        offset_out_of_range  416  (low_offset, high_offset)
     ├── NotLeader               not_leader           421  retriable
+    ├── TooManyGroups           too_many_groups      429  (a [limits] cap on consumer groups)
     ├── TooManyRequests         too_many_requests    429  retriable
     ├── InternalError           internal             500  indefinite
     ├── Unavailable             unavailable          503  retriable
@@ -63,6 +65,7 @@ __all__ = [
     "ClientClosed",
     "ConnectionFailed",
     "ConnectionLost",
+    "DeadLetterTopicConflict",
     "DeliveryTimeout",
     "Forbidden",
     "InternalError",
@@ -80,6 +83,7 @@ __all__ = [
     "StaleReceipt",
     "StaleSequence",
     "Timeout",
+    "TooManyGroups",
     "TooManyRequests",
     "TopicExists",
     "TopicNotFound",
@@ -157,6 +161,19 @@ class MethodNotAllowed(RaftmqError):
 
 class TopicExists(RaftmqError):
     code, status = "topic_exists", 409
+
+
+class DeadLetterTopicConflict(RaftmqError):
+    """A topic with the dead-letter topic's name exists and is not the recorded dead-letter topic
+    of this topic and consumer group; nothing was done."""
+
+    code, status = "dead_letter_topic_conflict", 409
+
+
+class TooManyGroups(RaftmqError):
+    """The topic or the token has as many consumer groups as the cluster's ``[limits]`` allow."""
+
+    code, status = "too_many_groups", 429
 
 
 class StaleReceipt(RaftmqError):
@@ -297,11 +314,13 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     StaleEpoch,
     StaleSequence,
     LockHeld,
+    DeadLetterTopicConflict,
     ChangeInProgress,
     MessageTooLarge,
     RequestTooLarge,
     OffsetOutOfRange,
     NotLeader,
+    TooManyGroups,
     TooManyRequests,
     InternalError,
     Unavailable,

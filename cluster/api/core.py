@@ -141,7 +141,9 @@ class ApiCore:
                     "high_offset": b[1] if b else None,
                 }
             )
-        return {**topic.to_json(), "queues": queues}
+        described = {**topic.to_json(), "queues": queues}
+        described.pop("dead_letter_of", None)  # ids; the topic list names a dead-letter topic's source
+        return described
 
     # -- writes at this node as a group's leader ---------------------------------------------------
 

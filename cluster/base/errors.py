@@ -31,6 +31,7 @@ __all__ = [
     "BAD_REQUEST",
     "BY_CODE",
     "CHANGE_IN_PROGRESS",
+    "DEAD_LETTER_TOPIC_CONFLICT",
     "FORBIDDEN",
     "INTERNAL",
     "INVALID_JSON",
@@ -45,6 +46,7 @@ __all__ = [
     "STALE_EPOCH",
     "STALE_RECEIPT",
     "TIMEOUT",
+    "TOO_MANY_GROUPS",
     "TOO_MANY_REQUESTS",
     "TOPIC_EXISTS",
     "TOPIC_NOT_FOUND",
@@ -126,6 +128,21 @@ STALE_SEQUENCE = ErrorCode(
     "The producer's sequence is older than its newest on the queue and no longer remembered (a late "
     "retry or a reused producer_id); nothing was stored.",
 )
+DEAD_LETTER_TOPIC_CONFLICT = ErrorCode(
+    "dead_letter_topic_conflict",
+    409,
+    False,
+    True,
+    "A topic with the dead-letter topic's name exists and is not the recorded dead-letter topic of this "
+    "topic and consumer group; nothing was done.",
+)
+TOO_MANY_GROUPS = ErrorCode(
+    "too_many_groups",
+    429,
+    False,  # frees only when idle groups expire or an admin raises the limit
+    True,
+    "The topic or the token has as many consumer groups as [limits] allows; nothing was done.",
+)
 LOCK_HELD = ErrorCode(
     "lock_held",
     409,
@@ -178,8 +195,10 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             STALE_EPOCH,
             STALE_SEQUENCE,
             LOCK_HELD,
+            DEAD_LETTER_TOPIC_CONFLICT,
             CHANGE_IN_PROGRESS,
             NOT_LEADER,
+            TOO_MANY_GROUPS,
             TOO_MANY_REQUESTS,
             INTERNAL,
             UNAVAILABLE,

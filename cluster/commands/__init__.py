@@ -65,6 +65,7 @@ from raftmq.cluster.commands.delivery import (
     ack,
     commit_fenced,
     deliver_tick,
+    expire_subscriptions,
     extend,
     lock,
     nack,
@@ -92,6 +93,7 @@ from raftmq.cluster.commands.shapes import (
     CommitOffsetsCommand,
     DeliverTickCommand,
     DropTopicCommand,
+    ExpireSubscriptionsCommand,
     LockCommand,
     NoopCommand,
     ProduceBatch,
@@ -125,6 +127,7 @@ __all__ = [
     "CommitOffsetsCommand",
     "DeliverTickCommand",
     "DropTopicCommand",
+    "ExpireSubscriptionsCommand",
     "LockCommand",
     "NoopCommand",
     "ProduceBatch",
@@ -145,6 +148,7 @@ __all__ = [
     "decode_stamped",
     "deliver_tick",
     "drop_topic",
+    "expire_subscriptions",
     "extend",
     "lock",
     "nack",
@@ -179,6 +183,7 @@ OPS: tuple[str, ...] = (
     "seal_segment",  # cluster/machines/segments.py
     "expire_producers",  # cluster/machines/producers.py
     "append",  # binary, not JSON: cluster/commands/append.py
+    "expire_subscriptions",  # cluster/machines/delivery/expiry.py
 )
 
 

@@ -53,9 +53,21 @@ def subscribe(
     backoff_ms: Sequence[int],
     *,
     overwrite: bool = False,
+    checked: bool = False,
+    configured: bool = False,
+    now_ms: int | None = None,
+    creator: str | None = None,
+    max_topic_groups: int | None = None,
+    max_token_groups: int | None = None,
 ) -> bytes:
     """Store the subscription settings of ``group`` on ``topic_id``. Without ``overwrite`` an
-    existing subscription keeps its ``max_deliveries`` and ``backoff_ms``."""
+    existing subscription keeps its ``max_deliveries`` and ``backoff_ms``; ``overwrite`` (a
+    subscription ``PUT``, admin) marks it configured. ``checked``: ``dlq_topic_id`` was read from
+    the dead-letter topic's record in the metadata group and replaces the stored one (None
+    clears it). ``configured``: made by an admin's receive (as ``overwrite`` marks it).
+    ``now_ms``: the subscription is in use (idle unconfigured ones expire).
+    ``creator``, ``max_topic_groups``, ``max_token_groups``: a new subscription is refused
+    (``too_many_groups``) when the topic, or ``creator``'s token, already has that many."""
     return _command(
         "subscribe",
         group=group,
@@ -65,7 +77,19 @@ def subscribe(
         max_deliveries=max_deliveries,
         backoff_ms=list(backoff_ms),
         overwrite=overwrite,
+        checked=checked or None,
+        configured=configured or None,
+        now_ms=now_ms,
+        creator=creator,
+        max_topic_groups=max_topic_groups,
+        max_token_groups=max_token_groups,
     )
+
+
+def expire_subscriptions(now_ms: int, idle_ms: int, max_items: int) -> bytes:
+    """Drop unconfigured subscriptions not used for ``idle_ms`` with their receive/ack state
+    (``cluster/machines/delivery/expiry.py``); at most ``max_items`` subscriptions per command."""
+    return _command("expire_subscriptions", now_ms=now_ms, idle_ms=idle_ms, max=max_items)
 
 
 def receive(
@@ -193,7 +217,7 @@ def redrive(
 
 
 def _subscribe(obj: dict[str, Any]) -> SubscribeCommand:
-    _object(obj, {"group", "topic_id", "topic", "dlq_topic_id", "max_deliveries", "backoff_ms", "overwrite"})
+    _object(obj, _SUBSCRIBE_FIELDS)
     backoff = _list(obj, "backoff_ms", "")
     if len(backoff) > MAX_BACKOFF_LEVELS:
         raise _bad(f"backoff_ms: more than {MAX_BACKOFF_LEVELS} levels")
@@ -201,6 +225,9 @@ def _subscribe(obj: dict[str, Any]) -> SubscribeCommand:
     if type(overwrite) is not bool:
         raise _bad("overwrite: expected true or false")
     dlq = obj.get("dlq_topic_id")
+    checked, configured = obj.get("checked", False), obj.get("configured", False)
+    if type(checked) is not bool or type(configured) is not bool:
+        raise _bad("checked, configured: expected true or false")
     return {
         "v": VERSION,
         "op": "subscribe",
@@ -213,8 +240,31 @@ def _subscribe(obj: dict[str, Any]) -> SubscribeCommand:
             _uint({"b": b}, "b", MAX_DURATION_MS, f"backoff_ms[{i}].") for i, b in enumerate(backoff)
         ],
         "overwrite": overwrite,
+        "checked": checked,
+        "configured": configured,
+        "now_ms": None if obj.get("now_ms") is None else _time(obj, "now_ms"),
+        "creator": None if obj.get("creator") is None else _name(obj, "creator", ""),
+        "max_topic_groups": _optional_uint(obj, "max_topic_groups", ""),
+        "max_token_groups": _optional_uint(obj, "max_token_groups", ""),
     }
 
+
+_SUBSCRIBE_FIELDS = {
+    "group",
+    "topic_id",
+    "topic",
+    "dlq_topic_id",
+    "max_deliveries",
+    "backoff_ms",
+    "overwrite",
+    # Since dead-letter records and group limits (issue 19); absent in older entries.
+    "checked",
+    "configured",
+    "now_ms",
+    "creator",
+    "max_topic_groups",
+    "max_token_groups",
+}
 
 _tuple_new = tuple.__new__
 
@@ -308,6 +358,11 @@ _PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
         "max_age_ms": _duration_or_none,
     },
     "deliver_tick": {"now_ms": _time, "max": _one_to(MAX_TICK_ITEMS)},
+    "expire_subscriptions": {
+        "now_ms": _time,
+        "idle_ms": _one_to(MAX_DURATION_MS),
+        "max": _one_to(MAX_TICK_ITEMS),
+    },
     "lock": {
         "now_ms": _time,
         "group": _text,
@@ -350,4 +405,5 @@ _DELIVERY_DECODERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     "unlock": _plain,
     "commit_fenced": _commit_fenced,
     "redrive": _plain,
+    "expire_subscriptions": _plain,
 }

@@ -102,6 +102,20 @@ class SubscribeCommand(TypedDict):
     max_deliveries: int
     backoff_ms: list[int]
     overwrite: bool
+    checked: bool
+    configured: bool
+    now_ms: int | None
+    creator: str | None
+    max_topic_groups: int | None
+    max_token_groups: int | None
+
+
+class ExpireSubscriptionsCommand(TypedDict):
+    v: int
+    op: Literal["expire_subscriptions"]
+    now_ms: int
+    idle_ms: int
+    max: int
 
 
 class ReceiveCommand(TypedDict):
@@ -203,4 +217,5 @@ Command = (
     | RedriveCommand
     | SealSegmentCommand
     | ExpireProducersCommand
+    | ExpireSubscriptionsCommand
 )

@@ -139,6 +139,14 @@ class Limits:
     # Every node samples each consumer group's lag this often for the console's charts
     # (cluster/node/lag_history.py; the last 15 minutes are kept).
     lag_sample_ms: int = 10_000
+    # Consumer groups that consume rights create (docs/delivery.md, "Subscriptions and their
+    # bounds"): a subscription that receives made and no admin configured is dropped with its
+    # receive/ack state after this long unused (0: kept forever; at least max_visibility_ms).
+    subscription_idle_ms: int = 24 * 3600 * 1000
+    # The most such groups per topic, and per token (each counted in each queue group of the
+    # topic); a receive that would make one more answers 429 too_many_groups (0: no cap).
+    max_groups_per_topic: int = 1000
+    max_groups_per_token: int = 100
 
 
 @dataclass(frozen=True)
@@ -344,6 +352,20 @@ def parse_config(
         problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
     if not 100 <= limits.lag_sample_ms <= 60_000:
         problems.append("limits.lag_sample_ms must be from 100 to 60000")
+    if limits.subscription_idle_ms and not (
+        limits.max_visibility_ms <= limits.subscription_idle_ms <= MAX_DURATION_MS
+    ):
+        problems.append(
+            "limits.subscription_idle_ms must be 0 (never) or from limits.max_visibility_ms "
+            f"to {MAX_DURATION_MS}"
+        )
+    if (
+        not 0 <= limits.max_groups_per_topic <= 0xFFFF_FFFF
+        or not 0 <= limits.max_groups_per_token <= 0xFFFF_FFFF
+    ):
+        problems.append(
+            "limits.max_groups_per_topic and max_groups_per_token must be from 0 (no cap) to 2**32-1"
+        )
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
     if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:

@@ -11,10 +11,22 @@ Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then th
 ``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``) (ONLY ADD TO THE END).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
-``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic
-``<source>.<group>.dlq`` of a consumer group, creating it with the source's queue count and the
-SAME ``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
-letter queue is one apply). An existing topic of that name is accepted only with that placement.
+``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic of a consumer
+group, creating it as ``<source>.<group>.dlq`` with the source's queue count and the SAME
+``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
+letter queue is one apply).
+
+Invariant: a dead-letter topic records its source, ``dead_letter_of = (source topic id, group)``,
+and that record is the only link between them: :meth:`MetadataMachine.dead_letter_topic` finds a
+group's dead-letter topic by it, never by name. Group names may hold dots, so one name
+``<a>.<b>.<c>.dlq`` can spell the dead-letter topic of (``a``, ``b.c``) and of (``a.b``, ``c``); an
+existing topic is used only when its record names exactly this (source id, group), else
+``ensure_dlq_topic`` answers ``dead_letter_topic_conflict``. Topic ids are never reused, so a
+record whose source was deleted matches no later topic of the same name.
+
+Topics written before the record existed are given one by :func:`migrate_dead_letter_records`
+in the first entry an upgraded replica applies (the marker ``b"M"`` says it ran): a pure function of
+the topics, so every replica that applies that entry records the same sources.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -33,7 +45,14 @@ from raftmq.cluster.machines import placement as pl
 from raftmq.cluster.machines.placement import Change, Placement
 from raftmq.storage.store import Batch, Store
 
-__all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "applied_index", "validate_topic_name"]
+__all__ = [
+    "TOPIC_NAME",
+    "MetadataMachine",
+    "Topic",
+    "applied_index",
+    "migrate_dead_letter_records",
+    "validate_topic_name",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +64,7 @@ _PLACEMENT = b"P"
 _CHANGE = b"X"
 _HISTORY = b"Y"
 _NEXT_CHANGE = b"Z"
+_MIGRATED = b"M"  # present once the topics carry their dead-letter records (from this version on)
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 MAX_QUEUES = 1024
@@ -60,8 +80,17 @@ class Topic:
     retention_bytes: int | None
     max_message_bytes: int | None
     created_ms: int
+    # A dead-letter topic's source: (source topic id, consumer group); None for other topics.
+    dead_letter_of: tuple[int, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
+        out = self._fields()
+        if self.dead_letter_of is not None:
+            topic_id, group = self.dead_letter_of
+            out["dead_letter_of"] = {"topic_id": topic_id, "group": group}
+        return out
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "name": self.name,
@@ -84,7 +113,40 @@ class Topic:
             retention_bytes=d["retention_bytes"],
             max_message_bytes=d["max_message_bytes"],
             created_ms=d["created_ms"],
+            dead_letter_of=_dead_letter_of(d.get("dead_letter_of")),
         )
+
+
+def _dead_letter_of(raw: Any) -> tuple[int, str] | None:
+    if not isinstance(raw, dict):
+        return None
+    return int(raw["topic_id"]), str(raw["group"])
+
+
+def migrate_dead_letter_records(topics: dict[str, Topic]) -> dict[str, Topic]:
+    """The topics that a release before the dead-letter record made with ``ensure_dlq_topic``, each
+    given its record: a topic named ``<source>.<group>.dlq`` without one, whose source exists with
+    the same queue groups and a smaller id (it existed when the dead-letter topic was made, so a
+    topic created since cannot claim it). When dots allow several sources, the longest source name
+    wins: a token could invent the group ``eu.billing`` on ``payments``, while ``payments.eu`` needs an
+    admin to create. Pure: every replica computes the same records from the same topics."""
+    out: dict[str, Topic] = {}
+    for t in topics.values():
+        if t.dead_letter_of is not None or not t.name.endswith(".dlq"):
+            continue
+        stem = t.name[: -len(".dlq")]
+        for i in range(len(stem) - 1, 0, -1):
+            source, group = topics.get(stem[:i]), stem[i + 1 :]
+            if (
+                stem[i] == "."
+                and source is not None
+                and group
+                and source.id < t.id
+                and source.queue_groups == t.queue_groups
+            ):
+                out[t.name] = replace(t, dead_letter_of=(source.id, group))
+                break
+    return out
 
 
 def validate_topic_name(name: Any) -> str | None:
@@ -121,6 +183,8 @@ class MetadataMachine:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._topics: dict[str, Topic] = {}
+        self._dead_letters: dict[tuple[int, str], Topic] = {}  # by dead_letter_of, from _topics
+        self._migrated = False
         self._applied = 0
         self._next_id = 1
         self._placement: Placement | None = None
@@ -144,9 +208,10 @@ class MetadataMachine:
         self._applied = applied_index(self._store)
         next_id = self._store.get(_NEXT_ID)
         self._next_id = 1 if next_id is None else _U32.unpack(next_id)[0]
-        self._topics = {
-            k[1:].decode(): Topic.from_json(orjson.loads(v)) for k, v in self._store.scan(_TOPIC, b"U")
-        }
+        self._set_topics(
+            {k[1:].decode(): Topic.from_json(orjson.loads(v)) for k, v in self._store.scan(_TOPIC, b"U")}
+        )
+        self._migrated = self._store.get(_MIGRATED) is not None
         raw = self._store.get(_PLACEMENT)
         self._placement = None if raw is None else Placement.from_json(orjson.loads(raw))
         raw = self._store.get(_CHANGE)
@@ -155,6 +220,11 @@ class MetadataMachine:
         self._history = [] if raw is None else list(orjson.loads(raw))
         raw = self._store.get(_NEXT_CHANGE)
         self._next_change = 1 if raw is None else _U64.unpack(raw)[0]
+
+    def _set_topics(self, topics: dict[str, Topic]) -> None:
+        # Readers see the two dicts replaced, never mutated in place.
+        self._dead_letters = {t.dead_letter_of: t for t in topics.values() if t.dead_letter_of is not None}
+        self._topics = topics
 
     def restore(self, checkpoint_dir: str) -> None:
         self._store.restore_from(checkpoint_dir)  # type: ignore[attr-defined]
@@ -179,6 +249,10 @@ class MetadataMachine:
         """The last finished changes, oldest first."""
         return list(self._history)
 
+    def dead_letter_topic(self, source_id: int, group: str) -> Topic | None:
+        """The dead-letter topic recorded for consumer group ``group`` of topic ``source_id``."""
+        return self._dead_letters.get((source_id, group))
+
     def topic_by_id(self, topic_id: int) -> Topic | None:
         for t in self._topics.values():
             if t.id == topic_id:
@@ -191,6 +265,8 @@ class MetadataMachine:
         if index <= self._applied:
             return {"skipped": True}
         self._staged = None
+        if not self._migrated:
+            self._migrate(index)
         try:
             result, batch, topics, next_id = self._execute(command)
         except Exception as e:  # a bug must not become a poison pill; nothing was written
@@ -201,7 +277,7 @@ class MetadataMachine:
         self._store.write(batch)
         self._applied = index
         if topics is not None:
-            self._topics = topics
+            self._set_topics(topics)
         if next_id is not None:
             self._next_id = next_id
         if self._staged is not None:
@@ -210,6 +286,20 @@ class MetadataMachine:
             if self.on_placement_changed is not None:
                 self.on_placement_changed()
         return result
+
+    def _migrate(self, index: int) -> None:
+        """Give the dead-letter topics of an older release their record (one write, before the
+        entry at ``index`` is applied: every replica does it at the same entry)."""
+        migrated = migrate_dead_letter_records(self._topics)
+        batch = Batch()
+        for name, t in migrated.items():
+            batch.put(_TOPIC + name.encode(), orjson.dumps(t.to_json()))
+            log.info("dead_letter_topic_recorded", topic=name, source_id=t.dead_letter_of, index=index)
+        batch.put(_MIGRATED, b"1")
+        self._store.write(batch)
+        if migrated:
+            self._set_topics({**self._topics, **migrated})
+        self._migrated = True
 
     def _execute(self, command: bytes) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
         batch = Batch()
@@ -313,16 +403,19 @@ class MetadataMachine:
         source = self._topics.get(source_name)
         if source is None:
             return _error("topic_not_found", f"no topic {source_name!r}"), batch, None, None
+        recorded = self._dead_letters.get((source.id, group))
+        if recorded is not None:
+            return {"topic": recorded.to_json(), "created": False}, batch, None, None
         name = f"{source_name}.{group}.dlq"
         problem = validate_topic_name(name)
         if problem:
             return _error("bad_request", f"dead-letter topic {name!r}: {problem}"), batch, None, None
-        existing = self._topics.get(name)
-        if existing is not None:
-            if existing.queue_groups != source.queue_groups:
-                message = f"topic {name!r} exists with another placement; it cannot hold dead letters"
-                return _error("topic_exists", message), batch, None, None
-            return {"topic": existing.to_json(), "created": False}, batch, None, None
+        if name in self._topics:  # not this group's (its record names another source, or none)
+            message = (
+                f"topic {name!r} exists and is not the dead-letter topic of group {group!r} on "
+                f"{source_name!r}; delete it or use another group name"
+            )
+            return _error("dead_letter_topic_conflict", message), batch, None, None
         topic_id = self._next_id
         topic = Topic(
             id=topic_id,
@@ -333,6 +426,7 @@ class MetadataMachine:
             retention_bytes=None,
             max_message_bytes=None,
             created_ms=now_ms,
+            dead_letter_of=(source.id, group),
         )
         batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
         batch.put(_NEXT_ID, _U32.pack(topic_id + 1))

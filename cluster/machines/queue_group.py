@@ -249,6 +249,8 @@ class QueueGroupMachine:
             return segments.apply_seal_segment(work, cmd)
         if cmd["op"] == "expire_producers":
             return producers.apply_expire_producers(work, cmd)
+        if cmd["op"] == "expire_subscriptions":
+            return delivery.expire_subscriptions(work, cmd)
         raise AssertionError(f"op {op} has no handler")  # commands.decode knows no other op
 
     def _produce(self, work: Apply, cmd: ProduceCommand) -> dict[str, Any]:

@@ -97,8 +97,11 @@ def consumer_queues(store: Store, topic_id: int | None = None) -> list[ConsumerQ
     dlq_ids: dict[tuple[int, str], int] = {}
     for key, value in scan_prefix(store, _prefix(keys.SUBSCRIPTION, topic_id)):
         (t,) = struct.unpack_from(">I", key, 1)
-        dlq_id = orjson.loads(value).get("dlq_topic_id")
-        if dlq_id is not None:
+        stored = orjson.loads(value)
+        dlq_id = stored.get("dlq_topic_id")
+        # Only a link checked against the dead-letter topic's record counts (an older release's
+        # link, found by name, could name another topic's; the leader checks it at the next refresh).
+        if dlq_id is not None and stored.get("dlq_checked"):
             dlq_ids[(t, _group_after(key, 5)[0])] = int(dlq_id)
     groups = {(t, g) for t, _, g in (*committed, *in_flight, *retrying, *cursors)} | set(dlq_ids)
     rows = []

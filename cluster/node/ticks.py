@@ -17,9 +17,11 @@ import structlog
 from raftmq.cluster import commands
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.groups import META, port_offset
-from raftmq.cluster.commands.producers import expire_producers
+from raftmq.cluster.commands import expire_subscriptions
+from raftmq.cluster.commands.producers import EXPIRE_MAX, expire_producers
 from raftmq.cluster.machines import producers
 from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
+from raftmq.cluster.machines.delivery.expiry import expiry_due
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.view import LocalGroup, NodeView
 from raftmq.storage.queues import next_due_ms
@@ -106,6 +108,7 @@ class TickLoops:
             if queues:
                 await self._retain(name, local, queues)
             await self._expire_producers(name, local)
+            await self._expire_subscriptions(name, local)
 
     async def _retain(self, name: str, local: LocalGroup, queues: list[dict[str, Any]]) -> None:
         """Propose ``retain`` again while the last one stopped at its batch bound (at most 100 per
@@ -171,6 +174,25 @@ class TickLoops:
             expired += result["expired"]
         if expired:
             log.info("producers_expired", group=name, count=expired)
+
+    async def _expire_subscriptions(self, name: str, local: LocalGroup) -> None:
+        """Propose ``expire_subscriptions`` while this leader's store shows unconfigured
+        subscriptions unused for ``limits.subscription_idle_ms`` (0: never); at most 100 steps."""
+        idle_ms = self.node.config.limits.subscription_idle_ms
+        expired = 0
+        for _ in range(100 if idle_ms else 0):
+            if not local.raft.is_leader() or not expiry_due(local.machine.store, now_ms(), idle_ms):
+                break
+            outcome = await self.node.propose(name, expire_subscriptions(now_ms(), idle_ms, EXPIRE_MAX))
+            result = outcome.result
+            if outcome.error or not isinstance(result, dict) or "error" in result:
+                log.warning("expire_subscriptions_not_applied", group=name, error=outcome.error or result)
+                break
+            expired += result["expired"]
+            if not result["more"]:
+                break
+        if expired:
+            log.info("subscriptions_expired", group=name, count=expired)
 
     # -- delivery ticks ---------------------------------------------------------------------------
 

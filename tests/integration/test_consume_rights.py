@@ -1,6 +1,7 @@
 """Consume rights create nothing permanent, on a real 3-node cluster with API tokens: a receive or
-push stream under a new consumer group creates no topic; the first dead letter creates the
-dead-letter topic and lands in it (``docs/delivery.md``); removing a group member needs consume on
+push stream under a new consumer group creates no topic; the dead letters of a group no admin
+configured stay parked, and move to the dead-letter topic once an admin configures the group
+(``docs/delivery.md``); removing a group member needs consume on
 its topics; a join answer names no other member; the topic list (API and ``raftmq topic list``)
 shows dead-letter topics under their source."""
 
@@ -10,6 +11,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,16 +103,22 @@ def test_receives_and_push_streams_under_new_groups_create_no_topic(c: Cluster) 
         assert c.get(f"/v1/topics/orders.{group}.dlq").status_code == 404
 
 
-def test_the_first_dead_letter_creates_the_dead_letter_topic_and_lands_in_it(c: Cluster) -> None:
+def test_an_unconfigured_groups_dead_letter_is_parked_until_an_admin_configures_the_group(c: Cluster) -> None:
     ensure_topic(c, "payments", 3)
     assert c.produce("payments", [{"value": "poison", "key": "p", "queue": 2}]).status_code == 200
     r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 10_000})
     assert r.status_code == 200, r.text
     (m,) = r.json()["messages"]
-    assert "payments.workers.dlq" not in topic_names(c)
     r = as_consumer(c, "POST", sub("payments", "workers", "nack"), json={"receipts": [m["receipt"]]})
     assert r.status_code == 200, r.text
-    assert r.json()["results"] == [{"receipt": m["receipt"], "ok": True}]  # parked: no topic yet
+    assert r.json()["results"] == [{"receipt": m["receipt"], "ok": True, "parked": True}]
+    time.sleep(3)  # looked at again after 1 s and reported: consume rights create no topic
+    assert "payments.workers.dlq" not in topic_names(c)
+    r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 1500})
+    assert r.status_code == 200 and r.json()["messages"] == [], r.text  # not handed out again
+    # An admin configures the group: its dead-letter topic is created, the parked letter moves.
+    r = c.session.put(c.url() + sub("payments", "workers"), json={"max_deliveries": 1}, timeout=30)
+    assert r.status_code == 200, r.text
 
     def listed() -> list[dict[str, Any]]:
         r = as_consumer(c, "GET", sub("payments", "workers", "dlq"))
@@ -118,14 +126,12 @@ def test_the_first_dead_letter_creates_the_dead_letter_topic_and_lands_in_it(c: 
         messages: list[dict[str, Any]] = r.json()["messages"]
         return messages
 
-    (letter,) = wait_until(listed, 30, what="the dead letter in the new dead-letter topic")
+    (letter,) = wait_until(listed, 30, what="the parked dead letter in the configured dead-letter topic")
     assert (letter["queue"], letter["value"], letter["key"]) == (2, "poison", "p")
     headers = letter["headers"]
     assert (headers["raftmq-dlq-reason"], headers["raftmq-dlq-attempts"]) == ("nacked", "1")
     dlq = c.get("/v1/topics/payments.workers.dlq").json()
     assert dlq["queue_groups"] == c.get("/v1/topics/payments").json()["queue_groups"]
-    r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 1500})
-    assert r.status_code == 200 and r.json()["messages"] == [], r.text  # not handed out again
     # The next dead letter of the group goes there at once.
     assert c.produce("payments", [{"value": "second", "queue": 0}]).status_code == 200
     r = as_consumer(c, "POST", sub("payments", "workers", "receive"), json={"wait_ms": 10_000})

@@ -39,7 +39,9 @@ class Machine:
     def subscribe(
         self, max_deliveries: int = 3, backoff: list[int] | None = None, dlq: int | None = DLQ
     ) -> None:
-        result = self.apply(commands.subscribe(G, T, "orders", dlq, max_deliveries, backoff or [100, 200]))
+        result = self.apply(
+            commands.subscribe(G, T, "orders", dlq, max_deliveries, backoff or [100, 200], checked=True)
+        )
         assert "subscription" in result, result
 
     def receive(
@@ -243,7 +245,7 @@ def test_without_a_dead_letter_topic_a_spent_message_is_parked_and_never_handed_
     m = Machine()
     m.subscribe(max_deliveries=1, backoff=[100, 5000], dlq=None)
     m.produce(0, "a")
-    assert m.op("nack", 10, m.receive(now=0)) == [{"ok": True}]
+    assert m.op("nack", 10, m.receive(now=0)) == [{"ok": True, "parked": True}]
 
     def deadline_ms() -> int:
         rec = pending_record(m.store, G, T, 0, 0)
@@ -463,6 +465,7 @@ def test_subscribe_keeps_settings_unless_overwritten_and_keeps_a_known_dead_lett
             "dlq_topic_id": DLQ,
             "max_deliveries": 3,
             "backoff_ms": [100, 200],
+            "dlq_checked": True,
         },
         "changed": False,
     }

@@ -129,7 +129,7 @@ def test_the_dead_letter_topic_copies_the_source_placement_and_is_created_once()
         ({"source": "orders", "group": "bad group"}, "bad_request"),
         ({"source": "orders", "group": "g" * 200}, "bad_request"),
         ({"source": "orders", "group": 5}, "bad_request"),
-        ({"source": "orders", "group": "taken"}, "topic_exists"),
+        ({"source": "orders", "group": "taken"}, "dead_letter_topic_conflict"),
     ],
 )
 def test_a_dead_letter_topic_that_cannot_be_made_is_refused(command: dict[str, object], code: str) -> None:

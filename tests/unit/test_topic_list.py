@@ -3,6 +3,7 @@ answer) and ``cli.topics._grouped`` (``raftmq topic list``)."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from raftmq.cluster.api.handlers.topics import topic_list
@@ -10,8 +11,10 @@ from raftmq.cluster.cli.topics import _grouped
 from raftmq.cluster.machines.metadata import Topic
 
 
-def topic(name: str, groups: tuple[int, ...] = (1, 2)) -> Topic:
-    return Topic(len(name), name, len(groups), groups, None, None, None, 0)
+def topic(name: str, groups: tuple[int, ...] = (1, 2), of: Topic | None = None, group: str = "") -> Topic:
+    """A topic; with ``of``, the dead-letter topic of ``group`` on ``of`` (its record)."""
+    record = None if of is None else (of.id, group)
+    return Topic(zlib.crc32(name.encode()), name, len(groups), groups, None, None, None, 0, record)
 
 
 def listed(*topics: Topic) -> list[tuple[str, Any]]:
@@ -19,24 +22,31 @@ def listed(*topics: Topic) -> list[tuple[str, Any]]:
 
 
 def test_dead_letter_topics_follow_their_source_marked_with_it() -> None:
+    a, ab = topic("a"), topic("a.b")
     assert listed(
-        topic("a-b"), topic("a"), topic("a.w.dlq"), topic("a.b.c.dlq"), topic("a.b"), topic("z")
+        topic("a-b"),
+        a,
+        topic("a.w.dlq", of=a, group="w"),
+        topic("a.b.c.dlq", of=a, group="b.c"),
+        ab,
+        topic("z"),
     ) == [
         ("a", None),
+        ("a.b.c.dlq", {"topic": "a", "group": "b.c"}),  # its record, whatever the name suggests
         ("a.w.dlq", {"topic": "a", "group": "w"}),
         ("a-b", None),
         ("a.b", None),
-        ("a.b.c.dlq", {"topic": "a.b", "group": "c"}),  # the longest source that fits
         ("z", None),
     ]
 
 
-def test_a_topic_named_like_a_dead_letter_topic_is_one_only_with_its_sources_placement() -> None:
-    assert listed(topic("x"), topic("x.g.dlq", (3, 4)), topic("y.g.dlq"), topic(".dlq")) == [
+def test_a_topic_is_a_dead_letter_topic_only_by_its_record_never_by_its_name() -> None:
+    x = topic("x")
+    assert listed(x, topic("x.g.dlq"), topic("y.g.dlq"), topic(".dlq")) == [
         (".dlq", None),
         ("x", None),
-        ("x.g.dlq", None),  # another placement: not made by ensure_dlq_topic
-        ("y.g.dlq", None),  # no topic y
+        ("x.g.dlq", None),  # named like one, made by create_topic: no record
+        ("y.g.dlq", None),
     ]
 
 

@@ -33,7 +33,9 @@ class Machine:
         )
 
     def subscribe(self, max_deliveries: int, backoff: list[int] | None = None) -> None:
-        result = self.apply(commands.subscribe(G, T, "orders", DLQ, max_deliveries, backoff or [100]))
+        result = self.apply(
+            commands.subscribe(G, T, "orders", DLQ, max_deliveries, backoff or [100], checked=True)
+        )
         assert "subscription" in result, result
 
     def receive(self, now: int, max_messages: int = 100) -> list[dict[str, Any]]:

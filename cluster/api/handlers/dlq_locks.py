@@ -50,6 +50,8 @@ class SubscriptionsView(Protocol):
 
     def consumer_group(self, request: web.Request, topic: Topic | None = None) -> str: ...
 
+    async def dead_letter_topic(self, topic: Topic, group: str, *, fresh: bool = False) -> Topic | None: ...
+
 
 class DeadLettersAndLocks:
     """The dead-letter and queue-lock handlers; one instance per node, next to its
@@ -78,12 +80,9 @@ class DeadLettersAndLocks:
     # -- dead letters -----------------------------------------------------------------------------
 
     async def _dlq(self, topic: Topic, group: str) -> Topic | None:
-        try:
-            return await self.api.topic(dlq_topic_name(topic.name, group))
-        except ApiError as e:
-            if e.code is errors.TOPIC_NOT_FOUND:
-                return None
-            raise
+        """The group's dead-letter topic by its record of (topic id, group), never by its name
+        alone (``SubscriptionsApi.dead_letter_topic``)."""
+        return await self.subs.dead_letter_topic(topic, group)
 
     async def list_dlq(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
@@ -98,7 +97,7 @@ class DeadLettersAndLocks:
         queues = self._queues_param(topic, query.get("queue"))
         dlq = await self._dlq(topic, group)
         out: dict[str, Any] = {
-            "dead_letter_topic": dlq_topic_name(topic.name, group),
+            "dead_letter_topic": dlq_topic_name(topic.name, group) if dlq is None else dlq.name,
             "queues": [],
             "messages": [],
         }
@@ -139,7 +138,7 @@ class DeadLettersAndLocks:
         queues = self._queues_param(topic, queue)
         dlq = await self._dlq(topic, group)
         out: dict[str, Any] = {
-            "dead_letter_topic": dlq_topic_name(topic.name, group),
+            "dead_letter_topic": dlq_topic_name(topic.name, group) if dlq is None else dlq.name,
             "redriven": 0,
             "queues": [],
             "more": False,

@@ -1,13 +1,15 @@
 """Request bodies of the subscription routes (``cluster/api/handlers/subscriptions.py``,
-``cluster/api/handlers/dlq_locks.py``): a JSON object with known fields, integer fields in a range."""
+``cluster/api/handlers/dlq_locks.py``): a JSON object with known fields, integer fields in a range,
+receipts."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from raftmq.cluster.api.validation import bad, parse_json
 
-__all__ = ["int_field", "json_object"]
+__all__ = ["format_receipt", "int_field", "json_object", "parse_receipt"]
 
 
 def int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int:
@@ -29,3 +31,23 @@ def json_object(raw: bytes, allowed: set[str]) -> dict[str, Any]:
     if unknown:
         raise bad(f"body: unknown field(s) {', '.join(map(repr, unknown))}")
     return body
+
+
+def format_receipt(topic_id: int, queue: int, offset: int, token: int) -> str:
+    """A receipt: opaque to clients; ``topic_id.queue.offset.token`` (the token is the raft index
+    of the delivering ``receive``, so a receipt names one delivery)."""
+    return f"{topic_id}.{queue}.{offset}.{token}"
+
+
+_NUMBER = "(0|[1-9][0-9]{0,19})"  # no sign, no leading zero, ASCII digits only
+_RECEIPT = re.compile(r"\.".join([_NUMBER] * 4))
+
+
+def parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
+    match = _RECEIPT.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise bad(f"receipts[{i}] is not a receipt")
+    topic_id, queue, offset, token = map(int, match.groups())
+    if topic_id >= 2**32 or queue >= 2**32 or offset >= 2**64 or token >= 2**64:
+        raise bad(f"receipts[{i}] is not a receipt")
+    return topic_id, queue, offset, token

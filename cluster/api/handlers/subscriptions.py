@@ -26,16 +26,14 @@ Internal actions (``ApiCore.internal_action``) at a queue group's leader: ``subs
 ``ensure_dlq``; at a receive coordinator: ``take`` (wait in its line, as a push stream does:
 ``cluster/api/handlers/push.py``).
 
-Consume rights create nothing permanent: a receive or push stream stores the subscription with the
-dead-letter topic only if that topic exists. The dead-letter topic is created by a subscription
-``PUT`` (admin), or when the first dead letter is parked for want of it (:meth:`on_parked`, at the
-leader of a queue group of the topic; ``docs/delivery.md``).
+Consume rights create nothing lasting: a receive's subscription creates no topic, counts against
+the group caps and expires when idle; only an admin's (``PUT``, or its receive) creates the
+dead-letter topic, found by its record of (topic id, group) alone (``docs/delivery.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
@@ -45,16 +43,18 @@ import structlog
 from aiohttp import web
 
 from raftmq.cluster import commands
+from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.common import json_response, message_item
 from raftmq.cluster.api.handlers.dlq_locks import DeadLettersAndLocks, check_lock, dlq_list
-from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
+from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object, parse_receipt
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.recent_keys import RecentKeys
-from raftmq.cluster.machines.delivery import available, dlq_topic_name
+from raftmq.cluster.config.tokens import ADMIN
+from raftmq.cluster.machines.delivery import available, dlq_topic_name, read_subscription
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
@@ -67,7 +67,7 @@ from raftmq.storage.store import Store
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
 
-__all__ = ["INTERNAL_ACTIONS", "SubscriptionsApi", "add_subscription_routes", "format_receipt"]
+__all__ = ["INTERNAL_ACTIONS", "SubscriptionsApi", "add_subscription_routes"]
 
 log = structlog.get_logger(__name__)
 
@@ -88,33 +88,11 @@ INTERNAL_ACTIONS = frozenset(
         "take",
     }
 )
-_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive"})
+_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive", "subscribe"})
 _SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
 _COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
 SUBSCRIPTION_REFRESH_S = 60.0  # how long a coordinator trusts that a subscription is in place
 SUBSCRIBED_MAX = 4096  # the most (topic, group) pairs a node remembers as subscribed
-DEFAULT_REDRIVE = 1000
-MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
-
-
-def format_receipt(topic_id: int, queue: int, offset: int, token: int) -> str:
-    """A receipt: opaque to clients; ``topic_id.queue.offset.token`` (the token is the raft index
-    of the delivering ``receive``, so a receipt names one delivery)."""
-    return f"{topic_id}.{queue}.{offset}.{token}"
-
-
-_NUMBER = "(0|[1-9][0-9]{0,19})"  # no sign, no leading zero, ASCII digits only
-_RECEIPT = re.compile(r"\.".join([_NUMBER] * 4))
-
-
-def _parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
-    match = _RECEIPT.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise bad(f"receipts[{i}] is not a receipt")
-    topic_id, queue, offset, token = map(int, match.groups())
-    if topic_id >= 2**32 or queue >= 2**32 or offset >= 2**64 or token >= 2**64:
-        raise bad(f"receipts[{i}] is not a receipt")
-    return topic_id, queue, offset, token
 
 
 def _read(store: Store, topic_id: int, queue: int, offsets: list[int]) -> dict[int, Message]:
@@ -145,7 +123,8 @@ class SubscriptionsApi:
         self.node = node
         self.api = api
         self.coordinator = ReceiveCoordinator(node, api.router, self._receipts_call)
-        self._subscribed = RecentKeys(SUBSCRIBED_MAX, SUBSCRIPTION_REFRESH_S)
+        idle_s = node.config.limits.subscription_idle_ms / 1000  # a used one is refreshed well within
+        self._subscribed = RecentKeys(SUBSCRIBED_MAX, min(SUBSCRIPTION_REFRESH_S, idle_s / 4 or 1e9))
         self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
         self._creating_dlq: set[tuple[int, str]] = set()  # on_parked's tasks under way
         self._tasks: set[asyncio.Task[None]] = set()
@@ -159,7 +138,9 @@ class SubscriptionsApi:
 
     def consumer_group(self, request: web.Request, topic: Topic | None = None) -> str:
         """The consumer group of a subscription route; it must fit a topic name, since it names
-        the dead-letter topic ``<topic>.<group>.dlq``."""
+        the dead-letter topic ``<topic>.<group>.dlq``. Dots stay legal (``svc.billing``): the
+        dead-letter topic is found by its record of (topic id, group), never by its name, so a
+        group name that spells another topic's dead-letter topic reaches nothing of it."""
         group = request.match_info["group"]
         problem = validate_topic_name(group)
         if problem is None and topic is not None:
@@ -168,32 +149,53 @@ class SubscriptionsApi:
             raise bad(f"consumer group {group!r} cannot name a dead-letter topic: {problem}")
         return group
 
-    async def _existing_dlq(self, topic: Topic, group: str) -> Topic | None:
-        """The dead-letter topic of ``group`` on ``topic`` if it exists with the topic's placement."""
+    async def dead_letter_topic(self, topic: Topic, group: str, *, fresh: bool = False) -> Topic | None:
+        """The dead-letter topic of ``group`` on ``topic``: the one whose record names exactly
+        (``topic.id``, ``group``) as its source, or None. The name ``<topic>.<group>.dlq`` only says
+        where to look; a topic of that name with another record, or none, is not this group's.
+        ``fresh``: read at the metadata leader (after a barrier), not the local replica."""
         try:
-            dlq = await self.api.topic(dlq_topic_name(topic.name, group))
+            dlq = await self.api.topic(dlq_topic_name(topic.name, group), fresh=fresh)
         except ApiError as e:
             if e.code is not errors.TOPIC_NOT_FOUND:
                 raise
             return None
-        return dlq if dlq.queue_groups == topic.queue_groups else None
+        return dlq if dlq.dead_letter_of == (topic.id, group) else None
 
     async def _ensure_dlq(self, topic: Topic, group: str) -> Topic:
-        """The dead-letter topic, created by the metadata group if it does not exist."""
-        dlq = await self._existing_dlq(topic, group)
+        """The dead-letter topic, created by the metadata group if the group has none
+        (``dead_letter_topic_conflict`` when another topic holds its name)."""
+        dlq = await self.dead_letter_topic(topic, group)
         if dlq is not None:
             return dlq
         result = await self.api.router.group_call(META, "ensure_dlq", {"source": topic.name, "group": group})
         return Topic.from_json(result["topic"])
 
-    async def _ensure_subscription(self, topic: Topic, group: str) -> None:
-        """Store the subscription in every queue group of the topic (with the cluster's defaults;
-        an existing subscription keeps its settings) before a receive. It names the dead-letter
-        topic only if that exists: a receive creates no topic."""
+    def _made_by(self, request: web.Request | None, topic: Topic) -> tuple[bool, str | None]:
+        """``(configured, creator)`` of a subscription a receive or push stream makes: configured
+        without tokens or for a token with ``admin`` on the topic; else made by the token. A request
+        a peer forwarded carries no token: the entry node stored the subscription before forwarding."""
+        if not self.node.config.security.enabled:
+            return True, None
+        grant = None if request is None else request.get(PRINCIPAL)
+        if grant is None:
+            return False, None
+        if grant.allows(ADMIN, topic.name):
+            return True, None
+        return False, grant.name
+
+    async def ensure_subscription(self, topic: Topic, group: str, request: web.Request | None) -> None:
+        """Store the subscription in every queue group of the topic (the cluster's defaults; an
+        existing one keeps its settings) before a receive, and mark it used. It names the
+        dead-letter topic only if that exists: a receive creates no topic. A new unconfigured one
+        counts against ``limits.max_groups_per_topic`` / ``_per_token`` (429 ``too_many_groups``)."""
         key = (topic.id, group)
         if self._subscribed.fresh(key, time.monotonic()):
             return
-        await self._subscribe(topic, group, None, None, create_dlq=False)
+        configured, creator = self._made_by(request, topic)
+        await self._subscribe(
+            topic, group, None, None, create_dlq=False, configured=configured, creator=creator
+        )
         self._subscribed.add(key, time.monotonic())
 
     async def _subscribe(
@@ -204,17 +206,30 @@ class SubscriptionsApi:
         backoff_ms: list[int] | None,
         *,
         create_dlq: bool,
+        configured: bool = False,
+        creator: str | None = None,
+        fresh: bool = False,
     ) -> dict[str, Any]:
-        dlq = await (self._ensure_dlq if create_dlq else self._existing_dlq)(topic, group)
-        settings = self.node.config.delivery
+        if create_dlq:
+            dlq: Topic | None = await self._ensure_dlq(topic, group)
+        else:
+            dlq = await self.dead_letter_topic(topic, group, fresh=fresh)
+        settings, limits = self.node.config.delivery, self.limits
         body = {
             "group": group,
             "topic_id": topic.id,
             "topic": topic.name,
             "dlq_topic_id": None if dlq is None else dlq.id,
+            "checked": True,  # dlq_topic_id is the metadata group's record (None: there is none)
             "max_deliveries": max_deliveries or settings.max_deliveries,
             "backoff_ms": backoff_ms or list(settings.backoff_ms),
             "overwrite": max_deliveries is not None or backoff_ms is not None,
+            "configured": configured or None,
+            "creator": creator,
+            "max_topic_groups": None if configured else limits.max_groups_per_topic or None,
+            "max_token_groups": None
+            if configured or creator is None
+            else limits.max_groups_per_token or None,
         }
         results = await asyncio.gather(
             *(self.api.router.group_call(g, "subscribe", body) for g in sorted(set(topic.queue_groups)))
@@ -223,18 +238,20 @@ class SubscriptionsApi:
         return {
             "topic": topic.name,
             "group": group,
-            "dead_letter_topic": dlq_topic_name(topic.name, group),
+            "dead_letter_topic": dlq_topic_name(topic.name, group) if dlq is None else dlq.name,
             "max_deliveries": stored["max_deliveries"],
             "backoff_ms": stored["backoff_ms"],
         }
 
     def on_parked(self, parked: tuple[tuple[int, str, str], ...]) -> None:
         """Applies parked dead letters of these ``(topic_id, topic, group)`` (``Node.on_parked``,
-        on the event loop, on every replica): where this node leads the queue group, have the
-        metadata group create the dead-letter topic and record it in the subscription of every
-        queue group of the topic. The parked messages move there when their retry is due. If this
-        fails (a leader change, the topic deleted), the message is delivered again when due and
-        parked again at its next failure, which asks again."""
+        on the event loop, on every replica): where this node leads the queue group, record the
+        group's dead-letter topic in the subscription of every queue group of the topic, as the
+        metadata group's record has it; for a configured subscription (an admin's), have the
+        metadata group create it first if there is none. The parked messages move there when their
+        retry is due. An unconfigured group's dead letters stay parked (``docs/delivery.md``). If
+        this fails (a leader change, the topic deleted), the message is delivered again when due
+        and parked again at its next failure, which asks again."""
         for topic_id, topic_name, group in parked:
             key = (topic_id, group)
             if key in self._creating_dlq:
@@ -247,12 +264,16 @@ class SubscriptionsApi:
     async def _create_dlq_for(self, topic_id: int, topic_name: str, group: str) -> None:
         try:
             topic = await self.api.topic(topic_name)
-            if topic.id != topic_id or not any(
-                self.api.router.leads(str(g)) for g in set(topic.queue_groups)
-            ):
+            led = [g for g in sorted(set(topic.queue_groups)) if self.api.router.leads(str(g))]
+            if topic.id != topic_id or not led:
                 return  # deleted, or a follower's replica: the leader's does this
-            await self._subscribe(topic, group, None, None, create_dlq=True)
-            log.info("dead_letter_topic_created", topic=topic.name, group=group)
+            stored = read_subscription(self.node.groups[str(led[0])].machine.store, topic.id, group)
+            configured = stored is not None and stored.configured
+            if not configured and stored is not None and stored.dlq_checked and stored.dlq_topic_id is None:
+                return  # checked already: nothing to record, nothing may be created
+            await self._subscribe(topic, group, None, None, create_dlq=configured, fresh=True)
+            if configured:
+                log.info("dead_letter_topic_recorded", topic=topic.name, group=group)
         except ApiError as e:
             log.warning("dead_letter_topic_not_created", topic=topic_name, group=group, error=e.message)
         except Exception:
@@ -288,6 +309,9 @@ class SubscriptionsApi:
                 errors.QUEUE_NOT_FOUND, f"topic {topic.name!r} has {topic.queues} queues, no queue {queue}"
             )
         coordinator = str(topic.queue_groups[queue or 0])
+        # Before any forwarding: here the token is known (caps and creator); a peer's forwarded
+        # request carries none, and finds the subscription stored already.
+        await self.ensure_subscription(topic, group, request)
         key = (topic.id, group, queue, epoch)
         deadline = time.monotonic() + wait_ms / 1000
         give_up = deadline + self.api.leader_wait_s
@@ -308,7 +332,7 @@ class SubscriptionsApi:
                     await asyncio.sleep(0.1)  # (or the leader is unreachable: do not spin)
                     self.node.forget_peer_status()
                     continue
-            await self._ensure_subscription(topic, group)
+            await self.ensure_subscription(topic, group, request)
             waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
             self.coordinator.enqueue(
                 key, waiter, lambda: self.coordinator.target(topic, group, queue, epoch, coordinator)
@@ -333,7 +357,7 @@ class SubscriptionsApi:
         coordinator = str(topic.queue_groups[0])
         if not self.api.router.leads(coordinator):
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not coordinate {topic.name}/{group}")
-        await self._ensure_subscription(topic, group)
+        await self.ensure_subscription(topic, group, None)
         deadline = time.monotonic() + wait_ms / 1000
         waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
         key = (topic.id, group, None, None)
@@ -387,7 +411,7 @@ class SubscriptionsApi:
         # Per queue group: the receipts' positions, and the receipts as the command has them.
         by_group: dict[int, tuple[list[int], list[list[int]]]] = {}
         for i, text in enumerate(receipts):
-            topic_id, queue, offset, token = _parse_receipt(text, i)
+            topic_id, queue, offset, token = parse_receipt(text, i)
             if topic_id != topic.id or queue >= topic.queues:
                 results[i] = errors.error_body(errors.STALE_RECEIPT, "the receipt is not of this topic")
                 continue
@@ -438,7 +462,10 @@ class SubscriptionsApi:
                 )
         if max_deliveries is None and backoff is None:
             max_deliveries = self.node.config.delivery.max_deliveries  # reset to the defaults
-        return json_response(await self._subscribe(topic, group, max_deliveries, backoff, create_dlq=True))
+        subscription = await self._subscribe(
+            topic, group, max_deliveries, backoff, create_dlq=True, configured=True
+        )
+        return json_response(subscription)
 
     # -- internal actions (at the group's leader) -------------------------------------------------
 

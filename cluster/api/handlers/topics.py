@@ -26,20 +26,17 @@ log = structlog.get_logger(__name__)
 
 
 def dead_letter_sources(topics: list[Topic]) -> dict[str, tuple[str, str]]:
-    """``{dead-letter topic: (source topic, consumer group)}``: the topics named
-    ``<source>.<group>.dlq`` whose source exists with the same queue groups, as
-    ``ensure_dlq_topic`` makes them (both parts may hold dots: the longest source that fits wins)."""
-    by_name = {t.name: t for t in topics}
+    """``{dead-letter topic: (source topic, consumer group)}``: the topics whose record
+    (``Topic.dead_letter_of``) names a source that exists, never guessed from a name."""
+    by_id = {t.id: t for t in topics}
     found: dict[str, tuple[str, str]] = {}
     for t in topics:
-        if not t.name.endswith(".dlq"):
+        if t.dead_letter_of is None:
             continue
-        stem = t.name[: -len(".dlq")]
-        for i in range(len(stem) - 1, 0, -1):
-            source, group = by_name.get(stem[:i]), stem[i + 1 :]
-            if stem[i] == "." and source is not None and group and source.queue_groups == t.queue_groups:
-                found[t.name] = (source.name, group)
-                break
+        source_id, group = t.dead_letter_of
+        source = by_id.get(source_id)
+        if source is not None:
+            found[t.name] = (source.name, group)
     return found
 
 
@@ -50,6 +47,7 @@ def topic_list(topics: list[Topic]) -> list[dict[str, Any]]:
     out = []
     for t in sorted(topics, key=lambda t: (sources.get(t.name, (t.name, ""))[0], t.name in sources, t.name)):
         item = t.to_json()
+        item.pop("dead_letter_of", None)  # ids; the answer names the source
         if t.name in sources:
             source, group = sources[t.name]
             item["dead_letter_of"] = {"topic": source, "group": group}

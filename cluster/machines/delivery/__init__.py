@@ -35,6 +35,7 @@ import orjson
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused, error_body
 from raftmq.cluster.machines.delivery.dead_letters import _dead_letter, redrive
+from raftmq.cluster.machines.delivery.expiry import check_group_limits, expire_subscriptions
 from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
 from raftmq.cluster.machines.delivery.state import (
     DEFAULT_BACKOFF_MS,
@@ -75,6 +76,7 @@ __all__ = [
     "check_fence",
     "deliver_tick",
     "dlq_topic_name",
+    "expire_subscriptions",
     "lock",
     "on_commit",
     "read_subscription",
@@ -90,18 +92,35 @@ __all__ = [
 
 def subscribe(work: Apply, cmd: SubscribeCommand) -> dict[str, Any]:
     """Store the subscription settings. Without ``overwrite``, an existing subscription keeps its
-    ``max_deliveries`` and ``backoff_ms`` (a receive after a restart must not undo a PUT); a null
-    ``dlq_topic_id`` keeps the stored one, a given one replaces it (a dead-letter topic created,
-    or created again after a delete). Result: ``{"subscription": {...}, "changed": bool}``."""
-    topic_id, group = cmd["topic_id"], cmd["group"]
+    ``max_deliveries`` and ``backoff_ms`` (a receive after a restart must not undo a PUT); with it
+    (a ``PUT``, admin) or ``configured`` (an admin's receive) the subscription becomes configured.
+    The dead-letter link: a ``checked`` one (read from the metadata group's record) replaces the
+    stored one, even by none; an unchecked given one (an older leader) replaces it unchecked; none
+    keeps the stored one. ``now_ms`` marks it used. A new unconfigured subscription is refused with
+    ``too_many_groups`` when the topic or the creator's token already has ``max_topic_groups`` /
+    ``max_token_groups`` of them in this queue group.
+    Result: ``{"subscription": {...}, "changed": bool}``."""
+    topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
     _check_topic(work, topic_id)
     current = read_subscription(work.store, topic_id, group)
+    configured = cmd["overwrite"] or cmd["configured"]
+    if current is None and not configured:
+        check_group_limits(work.store, cmd)
     given = Subscription(cmd["topic"], cmd["dlq_topic_id"], cmd["max_deliveries"], tuple(cmd["backoff_ms"]))
     new = given if current is None or cmd["overwrite"] else replace(current, topic=given.topic)
-    if given.dlq_topic_id is not None:
-        new = replace(new, dlq_topic_id=given.dlq_topic_id)
+    if cmd["checked"]:
+        new = replace(new, dlq_topic_id=given.dlq_topic_id, dlq_checked=True)
+    elif given.dlq_topic_id is not None:
+        new = replace(new, dlq_topic_id=given.dlq_topic_id, dlq_checked=False)
     elif current is not None:
-        new = replace(new, dlq_topic_id=current.dlq_topic_id)
+        new = replace(new, dlq_topic_id=current.dlq_topic_id, dlq_checked=current.dlq_checked)
+    if now_ms is not None:
+        new = replace(
+            new,
+            configured=configured or (current is not None and current.configured),
+            used_ms=max(now_ms, (current.used_ms or 0) if current is not None else 0),
+            creator=current.creator if current is not None else cmd["creator"],
+        )
     if new != current:
         work.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))
     return {"subscription": new.to_json(), "changed": new != current}
@@ -252,9 +271,7 @@ def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
             settings = w.settings(topic_id, group)
             if rec.attempts >= settings.max_deliveries:
                 outcome = _dead_letter(w, topic_id, queue, group, offset, rec, "nacked")
-                results.append(
-                    {"ok": True, **({"dead_lettered": True} if outcome == "dead_lettered" else {})}
-                )
+                results.append({"ok": True, **({outcome: True} if outcome != "discarded" else {})})
             else:
                 delay = cmd["delay_ms"]
                 w.retry(

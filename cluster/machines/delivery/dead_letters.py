@@ -29,23 +29,27 @@ def _dead_letter(
     """Move a message that used up its deliveries to the dead-letter topic (same queue number,
     same queue group: one apply). Returns ``dead_lettered``; ``discarded`` when the message
     expired or retention removed it; ``parked`` when there is no dead-letter topic (none created
-    yet, or it was deleted).
+    yet, or it was deleted) or its link was not checked against the topic's record
+    (``Subscription.dlq_checked``: a link an older release stored by name).
 
     A parked message stays in flight on a deadline ``PARK_MS`` later (the last backoff level when
     it was parked already), under a token that names its reason (:data:`PARKED_TOKENS`; no
     delivery has it: tokens are raft indexes), and the apply reports it (``Applied.parked``): the
-    leader then has the metadata group create the dead-letter topic and records it in the
-    subscription (``SubscriptionsApi.on_parked``). When the deadline passes, ``deliver_tick``
-    calls this again with the kept reason: the message moves to the dead-letter topic if there is
-    one by then, else it is parked again and reported again. A parked message is never handed
-    out again and never dropped, and it needs no receiver to move."""
+    leader then records the group's dead-letter topic in the subscription as the metadata group's
+    record has it, creating the topic only for a configured subscription
+    (``SubscriptionsApi.on_parked``); the dead letters of an unconfigured group stay parked. When
+    the deadline passes, ``deliver_tick`` calls this again with the kept reason: the message moves
+    to the dead-letter topic if there is one by then, else it is parked again and reported again.
+    A parked message is never handed out again, and it needs no receiver to move; it is dropped
+    only with its subscription (an unconfigured one that expired, ``delivery/expiry.py``) or by
+    the topic's retention."""
     settings = w.settings(topic_id, group)
     message = w.message(topic_id, queue, offset)
     if message is None or message.expired(w.now_ms):
         w.finish(topic_id, queue, group, offset)
         return "discarded"
     dlq = settings.dlq_topic_id
-    if dlq is None or w.work.is_dropped(dlq):
+    if dlq is None or not settings.dlq_checked or w.work.is_dropped(dlq):
         wait_ms = settings.backoff_ms[-1] if rec.token in PARKED_REASONS else PARK_MS
         parked = PendingRecord(
             STATE_INFLIGHT, rec.attempts, w.now_ms + wait_ms, PARKED_TOKENS[reason], rec.first_ms, rec.last_ms

@@ -65,27 +65,62 @@ class Subscription:
             queue ``q`` of the topic; None until the metadata group created it.
         max_deliveries: After this many deliveries a message goes to the dead-letter topic.
         backoff_ms: Delay before retry ``n`` (``backoff_ms[n - 1]``, the last repeating).
+        dlq_checked: ``dlq_topic_id`` was read from the dead-letter topic's record of its source
+            (this topic id and group) in the metadata group. Only then do dead letters go there:
+            a link stored by a release that matched the name ``<topic>.<group>.dlq`` alone is
+            checked again first (the message is parked and the leader asks the metadata group).
+        configured: An admin set this subscription (``PUT``): it may create its dead-letter topic
+            and never expires. A subscription that receives made is not configured.
+        used_ms: When a receive last refreshed it (None: stored by an older release, never
+            expires); an unconfigured one unused for ``limits.subscription_idle_ms`` expires.
+        creator: The token whose receive made it (None: an admin's, or without tokens), counted
+            against ``limits.max_groups_per_token``.
     """
 
     topic: str
     dlq_topic_id: int | None
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS
+    dlq_checked: bool = False
+    configured: bool = True
+    used_ms: int | None = None
+    creator: str | None = None
 
     def backoff(self, attempts: int) -> int:
         return self.backoff_ms[min(max(attempts, 1), len(self.backoff_ms)) - 1]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "topic": self.topic,
             "dlq_topic_id": self.dlq_topic_id,
             "max_deliveries": self.max_deliveries,
             "backoff_ms": list(self.backoff_ms),
         }
+        # Written only when they differ from what a record of an older release means.
+        if self.dlq_checked:
+            out["dlq_checked"] = True
+        if not self.configured:
+            out["configured"] = False
+        if self.used_ms is not None:
+            out["used_ms"] = self.used_ms
+        if self.creator is not None:
+            out["creator"] = self.creator
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Subscription:
-        return cls(d["topic"], d["dlq_topic_id"], d["max_deliveries"], tuple(d["backoff_ms"]))
+        # A record of an older release has none of the last four: its link is unchecked, and it
+        # counts as configured (it may have been set by a PUT, which that release did not mark).
+        return cls(
+            d["topic"],
+            d["dlq_topic_id"],
+            d["max_deliveries"],
+            tuple(d["backoff_ms"]),
+            dlq_checked=d.get("dlq_checked", False),
+            configured=d.get("configured", True),
+            used_ms=d.get("used_ms"),
+            creator=d.get("creator"),
+        )
 
 
 def read_subscription(store: Store, topic_id: int, group: str) -> Subscription | None:

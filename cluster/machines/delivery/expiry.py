@@ -1,0 +1,104 @@
+"""Bounds on the subscriptions that consume rights make (``cluster/machines/delivery/__init__.py``).
+
+A receive or push stream under a new consumer group stores a subscription (``U``) in each queue
+group of the topic, and receive/ack state under it (``S``, ``I``, ``Y``, ``O``). A token with consume
+rights can invent group names at will, so this state is bounded twice:
+
+- **Caps**: a new subscription is refused (``too_many_groups``, nothing written) when the topic
+  already has ``max_topic_groups`` subscriptions in this queue group, or the creator's token
+  already made ``max_token_groups`` here (:func:`check_group_limits`). A subscription an admin
+  configured (``PUT``, ``overwrite``) is not refused.
+- **Expiry**: ``expire_subscriptions {"now_ms", "idle_ms", "max"}`` drops up to ``max`` subscriptions
+  that are not configured and were last used (``Subscription.used_ms``, refreshed by the receive
+  path) ``idle_ms`` or more before ``now_ms``, with the group's receive/ack state on every queue
+  of the topic in this store: cursor, pending records (in flight, retrying or parked dead
+  letters), retry index, lock and committed offset. Their deadline-index entries (``E``) are left
+  dangling and deleted when the tick meets them, as after ``drop_topic``. Result:
+  ``{"expired": n, "more": bool}``.
+
+Pure like the rest of the state machine: time only from the command, the store the only I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import Refused
+from raftmq.cluster.machines.delivery.state import Subscription
+from raftmq.storage import keys
+from raftmq.storage.queues import scan_prefix
+from raftmq.storage.store import Store
+
+if TYPE_CHECKING:
+    from raftmq.cluster.commands import ExpireSubscriptionsCommand, SubscribeCommand
+    from raftmq.cluster.machines.apply import Apply
+
+__all__ = ["check_group_limits", "expire_subscriptions", "expiry_due"]
+
+
+def _subscriptions(store: Store, prefix: bytes = keys.SUBSCRIPTION) -> Any:
+    """``(topic_id, group, Subscription)`` of the stored subscriptions under ``prefix``, in key order."""
+    for key, value in scan_prefix(store, prefix):
+        (topic_id,) = struct.unpack_from(">I", key, 1)
+        yield topic_id, key[6 : 6 + key[5]].decode("utf-8"), Subscription.from_json(orjson.loads(value))
+
+
+def check_group_limits(store: Store, cmd: SubscribeCommand) -> None:
+    """Refuse (``too_many_groups``) a new subscription over the command's caps."""
+    topic_cap, token_cap, creator = cmd["max_topic_groups"], cmd["max_token_groups"], cmd["creator"]
+    if topic_cap is not None:
+        prefix = keys.topic_range(keys.SUBSCRIPTION, cmd["topic_id"])[0]
+        count = sum(1 for _ in scan_prefix(store, prefix, limit=topic_cap + 1))
+        if count >= topic_cap:
+            raise Refused(
+                errors.TOO_MANY_GROUPS,
+                f"topic {cmd['topic']!r} has {topic_cap} consumer groups (limits.max_groups_per_topic); "
+                "an admin can configure a group or raise the limit, and idle unconfigured groups expire",
+                limit="max_groups_per_topic",
+            )
+    if token_cap is not None and creator is not None:
+        count = sum(1 for _, _, s in _subscriptions(store) if s.creator == creator and not s.configured)
+        if count >= token_cap:
+            raise Refused(
+                errors.TOO_MANY_GROUPS,
+                f"token {creator!r} made {token_cap} consumer groups (limits.max_groups_per_token); "
+                "idle ones expire after limits.subscription_idle_ms",
+                limit="max_groups_per_token",
+            )
+
+
+def _idle(s: Subscription, now_ms: int, idle_ms: int) -> bool:
+    return not s.configured and s.used_ms is not None and s.used_ms + idle_ms <= now_ms
+
+
+def expiry_due(store: Store, now_ms: int, idle_ms: int) -> bool:
+    """Whether an ``expire_subscriptions`` would drop something in this replica's ``store``."""
+    return any(_idle(s, now_ms, idle_ms) for _, _, s in _subscriptions(store))
+
+
+def expire_subscriptions(work: Apply, cmd: ExpireSubscriptionsCommand) -> dict[str, Any]:
+    """Drop idle unconfigured subscriptions with their state (module docstring)."""
+    now_ms, idle_ms, budget = cmd["now_ms"], cmd["idle_ms"], cmd["max"]
+    store, batch = work.store, work.batch
+    expired, more = 0, False
+    for topic_id, group, s in _subscriptions(store):
+        if not _idle(s, now_ms, idle_ms):
+            continue
+        if expired >= budget:
+            more = True
+            break
+        for meta_key, _ in scan_prefix(store, keys.topic_range(keys.META, topic_id)[0]):
+            (queue,) = struct.unpack_from(">I", meta_key, 5)
+            for prefix in (keys.PENDING, keys.RETRY):
+                start = keys.sub_key(prefix, topic_id, queue, group)
+                batch.delete_range(start, keys.prefix_end(start))
+            batch.delete(keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group))
+            batch.delete(keys.lock_key(topic_id, queue, group))
+            batch.delete(keys.offset_key(topic_id, queue, group))
+        batch.delete(keys.subscription_key(topic_id, group))
+        expired += 1
+    return {"expired": expired, "more": more}

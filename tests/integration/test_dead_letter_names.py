@@ -1,0 +1,231 @@
+"""Issue 19, items 1-2, as a client would probe them, on a real 3-node cluster with API tokens:
+a dotted consumer-group name reaches no other topic's dead letters (list, redrive, the CLI, the
+dead-letter write), and consume rights do not grow the cluster (no dead-letter topic for an
+invented group, idle invented groups leave /metrics, caps per topic and per token)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+ADMIN = "admin-token-Rt5Yh8Jk2Lp4Mn7Bv"
+OWNER = "owner-token-Zx3Cv6Bn9Mq2Wd5Ef"  # consume + produce on payments.eu (the victim)
+PRODUCER = "payments-rw-token-Gh7Jk3Lq9Pz2"  # consume + produce on payments only
+CONSUMER = "payments-ro-token-Tf4Yu8Io1Pa6"  # consume on payments only
+INVENTOR = "inventor-token-Sd2Fg5Hj8Kl3Zx"  # consume on invented
+CAPPER = "capper-token-Qw9Er4Ty7Ui2Op5A"  # consume on capped
+CAPPER2 = "capper2-token-Mn6Bv3Cx8Zl1Kj4"  # consume on capped
+TOKENS = [
+    ("admin", ADMIN, '["*"]', '["*"]', '["*"]'),
+    ("owner", OWNER, "[]", '["payments.eu"]', '["payments.eu"]'),
+    ("payments-rw", PRODUCER, "[]", '["payments"]', '["payments"]'),
+    ("payments-ro", CONSUMER, "[]", "[]", '["payments"]'),
+    ("inventor", INVENTOR, "[]", "[]", '["invented"]'),
+    ("capper", CAPPER, "[]", "[]", '["capped"]'),
+    ("capper2", CAPPER2, "[]", "[]", '["capped"]'),
+]
+SECURITY = "[security]\n" + "".join(
+    f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
+    for n, t, a, p, c in TOKENS
+)
+CONFIG = (
+    "[delivery]\nmax_deliveries = 2\nbackoff_ms = [100]\ntick_ms = 100\n"
+    "[limits]\nsubscription_idle_ms = 15000\nmax_visibility_ms = 15000\ndefault_visibility_ms = 1000\n"
+    "max_groups_per_topic = 30\nmax_groups_per_token = 25\n"
+    "[raft]\nretention_check_ms = 500\n" + SECURITY
+)
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # One queue group: every topic has the same placement, as in the issue's probe.
+    with Cluster(tmp_path_factory.mktemp("dead-letter-names"), queue_groups=1, extra_toml=CONFIG) as cluster:
+        cluster.session.headers["Authorization"] = f"Bearer {ADMIN}"
+        cluster.start()
+        cluster.wait_ready()
+        cluster.wait_balanced()
+        yield cluster
+        for nid in cluster.nodes:
+            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
+
+
+def call(c: Cluster, token: str, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
+    headers = {"Authorization": f"Bearer {token}"}
+    return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
+
+
+def sub(topic: str, group: str, action: str = "") -> str:
+    return f"/v1/topics/{topic}/subscriptions/{group}" + (f"/{action}" if action else "")
+
+
+def ensure_topic(c: Cluster, name: str) -> None:
+    r = c.post("/v1/topics", {"name": name, "queues": 1})
+    assert r.status_code in (201, 409), r.text
+
+
+def topic_names(c: Cluster) -> set[str]:
+    return {t["name"] for t in c.get("/v1/topics").json()["topics"]}
+
+
+def receive_one(c: Cluster, token: str, topic: str, group: str) -> dict[str, Any]:
+    r = call(c, token, "POST", sub(topic, group, "receive"), json={"wait_ms": 10_000, "max": 1})
+    assert r.status_code == 200, r.text
+    (m,) = r.json()["messages"]
+    return dict(m)
+
+
+def dlq_high(c: Cluster, name: str) -> int:
+    r = c.get(f"/v1/topics/{name}")
+    assert r.status_code == 200, r.text
+    return int(r.json()["queues"][0]["high_offset"])
+
+
+@pytest.fixture(scope="module")
+def owners_dead_letter(c: Cluster) -> str:
+    """payments.eu's group billing, configured by an admin, with one dead letter "secret"."""
+    ensure_topic(c, "payments")
+    ensure_topic(c, "payments.eu")
+    r = c.session.put(c.url() + sub("payments.eu", "billing"), json={"max_deliveries": 1}, timeout=30)
+    assert r.status_code == 200 and r.json()["dead_letter_topic"] == "payments.eu.billing.dlq", r.text
+    assert c.produce("payments.eu", [{"value": "secret"}]).status_code == 200
+    m = receive_one(c, OWNER, "payments.eu", "billing")
+    r = call(c, OWNER, "POST", sub("payments.eu", "billing", "nack"), json={"receipts": [m["receipt"]]})
+    assert r.json()["results"][0].get("dead_lettered") is True, r.text
+    return "payments.eu.billing.dlq"
+
+
+def owners_view(c: Cluster) -> list[str]:
+    r = call(c, OWNER, "GET", sub("payments.eu", "billing", "dlq"))
+    assert r.status_code == 200, r.text
+    return [m["value"] for m in r.json()["messages"]]
+
+
+def test_a_dotted_group_neither_lists_nor_redrives_another_topics_dead_letters(
+    c: Cluster, owners_dead_letter: str
+) -> None:
+    assert owners_view(c) == ["secret"]
+    for node in c.nodes:  # the entry node and forwarding nodes alike
+        r = call(c, PRODUCER, "GET", sub("payments", "eu.billing", "dlq"), node)
+        assert r.status_code == 200, r.text
+        assert r.json()["messages"] == [] and r.json()["queues"] == [], r.text
+        r = call(c, PRODUCER, "POST", sub("payments", "eu.billing", "dlq/redrive"), node, json={})
+        assert r.status_code == 200 and r.json()["redriven"] == 0, r.text
+    assert owners_view(c) == ["secret"]  # the owner's view is intact
+    r = call(c, PRODUCER, "POST", "/v1/topics/payments/messages", json={"messages": [{"value": "x"}]})
+    assert r.status_code == 200, r.text
+    r = call(c, PRODUCER, "GET", "/v1/topics/payments/queues/0/messages?offset=0&max=100")
+    assert "secret" not in [m["value"] for m in r.json()["messages"]]  # nothing moved into payments
+    # The command line goes through the same routes.
+    env = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
+    env.update(RAFTMQ_URL=" ".join(c.url(n) for n in c.nodes), RAFTMQ_TOKEN=PRODUCER)
+    for args in (
+        ["list", "payments", "--group", "eu.billing"],
+        ["redrive", "payments", "--group", "eu.billing"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "raftmq.cluster.cli.main", "dlq", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert "secret" not in proc.stdout and '"redriven":1' not in proc.stdout, proc.stdout
+    assert owners_view(c) == ["secret"]
+
+
+def test_nacks_under_a_dotted_group_never_write_into_another_topics_dead_letter_topic(
+    c: Cluster, owners_dead_letter: str
+) -> None:
+    before = dlq_high(c, owners_dead_letter)
+    assert c.produce("payments", [{"value": "forged"}]).status_code == 200
+    results: list[dict[str, Any]] = []
+    for _ in range(2):  # max_deliveries = 2: the second nack spends the messages
+        r = call(c, CONSUMER, "POST", sub("payments", "eu.billing", "receive"), json={"wait_ms": 5000})
+        receipts = [m["receipt"] for m in r.json()["messages"]]
+        assert receipts, r.text
+        r = call(
+            c,
+            CONSUMER,
+            "POST",
+            sub("payments", "eu.billing", "nack"),
+            json={"receipts": receipts, "delay_ms": 0},
+        )
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+    time.sleep(3)  # parked messages are looked at again after 1 s; the leader records no topic
+    assert dlq_high(c, owners_dead_letter) == before
+    assert all(x.get("parked") is True and "dead_lettered" not in x for x in results), results
+    r = call(c, CONSUMER, "POST", sub("payments", "eu.billing", "receive"), json={"wait_ms": 500})
+    assert r.status_code == 200 and r.json()["messages"] == [], r.text  # parked: not handed out again
+    r = call(c, OWNER, "POST", sub("payments.eu", "billing", "dlq/redrive"), json={})
+    assert r.status_code == 200, r.text
+    r = call(c, OWNER, "GET", "/v1/topics/payments.eu/queues/0/messages?offset=0&max=100")
+    assert "forged" not in [m["value"] for m in r.json()["messages"]]
+    assert [m["value"] for m in r.json()["messages"]].count("secret") == 2  # the original and its redrive
+
+
+def test_consume_rights_make_no_dead_letter_topic_and_invented_groups_expire_from_metrics(c: Cluster) -> None:
+    ensure_topic(c, "invented")
+    assert c.produce("invented", [{"value": "v"}]).status_code == 200
+    before = topic_names(c)
+    # 20 receives under 20 new group names, and receive-and-nack rounds until a dead letter.
+    for i in range(20):
+        r = call(
+            c, INVENTOR, "POST", sub("invented", f"made-up-{i}", "receive"), list(c.nodes)[i % 3], json={}
+        )
+        assert r.status_code == 200, r.text
+
+    def groups_in_metrics() -> set[str]:
+        text = "".join(c.get("/metrics", node).text for node in c.nodes)
+        return {
+            line.split('group="', 1)[1].split('"', 1)[0]
+            for line in text.splitlines()
+            if line.startswith("raftmq_consumer_lag_messages{") and 'topic="invented"' in line
+        }
+
+    assert len(groups_in_metrics()) == 20
+    for _ in range(2):
+        m = receive_one(c, INVENTOR, "invented", "spender")
+        body = {"receipts": [m["receipt"]], "delay_ms": 0}
+        r = call(c, INVENTOR, "POST", sub("invented", "spender", "nack"), json=body)
+    time.sleep(2)
+    assert topic_names(c) == before  # no dead-letter topic for an invented group
+    assert r.json()["results"][0].get("parked") is True, r.text
+    wait_until(lambda: not groups_in_metrics(), 60, interval_s=1, what="the idle invented groups to expire")
+    r = c.get("/v1/topics/invented/groups")
+    assert r.status_code == 200 and r.json()["groups"] == [], r.text
+
+
+def test_new_groups_over_the_per_token_and_per_topic_caps_are_refused_with_too_many_groups(
+    c: Cluster,
+) -> None:
+    ensure_topic(c, "capped")
+    for i in range(25):
+        r = call(c, CAPPER, "POST", sub("capped", f"c1-{i}", "receive"), json={})
+        assert r.status_code == 200, r.text
+    r = call(c, CAPPER, "POST", sub("capped", "c1-over", "receive"), json={})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert "max_groups_per_token" in r.json()["error"]["message"]
+    assert call(c, CAPPER, "POST", sub("capped", "c1-0", "receive"), json={}).status_code == 200  # known
+    for i in range(5):
+        r = call(c, CAPPER2, "POST", sub("capped", f"c2-{i}", "receive"), json={})
+        assert r.status_code == 200, r.text
+    r = call(c, CAPPER2, "POST", sub("capped", "c2-over", "receive"), json={})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert "max_groups_per_topic" in r.json()["error"]["message"]
+    # The push stream is refused the same way, before the upgrade.
+    r = call(c, CAPPER2, "GET", sub("capped", "c2-stream", "stream"))
+    assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_groups", r.text
+    # An admin configures a group whatever the caps.
+    r = c.session.put(c.url() + sub("capped", "configured"), json={}, timeout=30)
+    assert r.status_code == 200, r.text
