@@ -17,6 +17,7 @@ Class tree::
     ├── BadBatch                bad_batch            400  (reason, record, batch)
     ├── Unauthorized            unauthorized         401
     ├── Forbidden               forbidden            403
+    │   └── MemberNotOwned      member_not_owned     403  (another token's group member)
     ├── NotFound                not_found            404
     ├── TopicNotFound           topic_not_found      404
     ├── QueueNotFound           queue_not_found      404
@@ -26,6 +27,7 @@ Class tree::
     ├── StaleEpoch              stale_epoch          409
     ├── StaleSequence           stale_sequence       409
     ├── LockHeld                lock_held            409
+    ├── TooManyMembers          too_many_members     409  (a token's or topic's member cap)
     ├── ChangeInProgress        change_in_progress   409  retriable (another cluster change)
     ├── MessageTooLarge         message_too_large    413
     ├── RequestTooLarge         request_too_large    413
@@ -68,6 +70,7 @@ __all__ = [
     "InternalError",
     "InvalidJson",
     "LockHeld",
+    "MemberNotOwned",
     "MessageTooLarge",
     "MethodNotAllowed",
     "NotFound",
@@ -80,6 +83,7 @@ __all__ = [
     "StaleReceipt",
     "StaleSequence",
     "Timeout",
+    "TooManyMembers",
     "TooManyRequests",
     "TopicExists",
     "TopicNotFound",
@@ -139,6 +143,12 @@ class Forbidden(RaftmqError):
     code, status = "forbidden", 403
 
 
+class MemberNotOwned(Forbidden):
+    """The consumer-group member id belongs to a member another API token created."""
+
+    code = "member_not_owned"
+
+
 class NotFound(RaftmqError):
     code, status = "not_found", 404
 
@@ -183,6 +193,12 @@ class LockHeld(RaftmqError):
     done (not retried by the client: the caller decides whether to wait)."""
 
     code, status = "lock_held", 409
+
+
+class TooManyMembers(RaftmqError):
+    """The token or a topic already has its most consumer-group members; nothing was done."""
+
+    code, status = "too_many_members", 409
 
 
 class ChangeInProgress(RaftmqError):
@@ -288,6 +304,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     BadBatch,
     Unauthorized,
     Forbidden,
+    MemberNotOwned,
     NotFound,
     TopicNotFound,
     QueueNotFound,
@@ -297,6 +314,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     StaleEpoch,
     StaleSequence,
     LockHeld,
+    TooManyMembers,
     ChangeInProgress,
     MessageTooLarge,
     RequestTooLarge,

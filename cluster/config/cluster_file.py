@@ -62,7 +62,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from raftmq.cluster.base.limits import DEFAULT_BACKOFF_MS, MAX_DURATION_MS
+from raftmq.cluster.base.limits import (
+    DEFAULT_BACKOFF_MS,
+    DEFAULT_MAX_MEMBERS_PER_TOKEN,
+    DEFAULT_MAX_MEMBERS_PER_TOPIC,
+    MAX_DURATION_MS,
+)
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
 
 __all__ = [
@@ -139,6 +144,10 @@ class Limits:
     # Every node samples each consumer group's lag this often for the console's charts
     # (cluster/node/lag_history.py; the last 15 minutes are kept).
     lag_sample_ms: int = 10_000
+    # Consumer-group members (cluster/machines/membership.py) one API token may have, and one topic
+    # may have, at once over all groups; a join beyond either is 409 too_many_members.
+    max_members_per_token: int = DEFAULT_MAX_MEMBERS_PER_TOKEN
+    max_members_per_topic: int = DEFAULT_MAX_MEMBERS_PER_TOPIC
 
 
 @dataclass(frozen=True)
@@ -344,6 +353,8 @@ def parse_config(
         problems.append("limits.default_visibility_ms must be from 1 to limits.max_visibility_ms")
     if not 100 <= limits.lag_sample_ms <= 60_000:
         problems.append("limits.lag_sample_ms must be from 100 to 60000")
+    if limits.max_members_per_token < 1 or limits.max_members_per_topic < 1:
+        problems.append("limits.max_members_per_token and max_members_per_topic must be at least 1")
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
     if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:
