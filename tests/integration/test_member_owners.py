@@ -285,8 +285,16 @@ def test_a_consumer_with_a_token_keeps_its_member_through_a_coordinator_kill(c: 
         )
         consume(consumer, set(after), got)
         assert consumer.member_id == "ledger-settle"
-        answer = members(c, ADMIN_TOKEN, "payments.eu", "settle")
-        assert [m["member_id"] for m in answer["members"]] == ["ledger-settle"]
+        # The consumer keeps fetching its queues while it waits for the new coordinator; its
+        # next heartbeat makes it a member there again, under its own id and token.
+        wait_until(
+            lambda: (
+                [m["member_id"] for m in members(c, ADMIN_TOKEN, "payments.eu", "settle")["members"]]
+                == ["ledger-settle"]
+            ),
+            30,
+            what="the consumer's member at the new coordinator",
+        )
         # The new coordinator knows the member's owner again from its heartbeat.
         r = join(c, INTRUDER_TOKEN, "settle", "ledger-settle", ["payments"], survivor)
         assert refused(r, 403, "member_not_owned"), r.text
