@@ -107,6 +107,10 @@ def test_bad_input_is_refused_with_stable_codes_and_changes_nothing(cluster: Clu
         for node in cluster.nodes:
             r = cluster.get(path, node=node)
             assert r.status_code == status and r.json()["error"]["code"] == code, (path, node, r.text)
+        # A client's body may not name the token a member acts for (only entry nodes send it).
+        body = {"member_id": "w", "topics": ["gm-bad"], "token": "admin"}
+        r = cluster.post("/v1/groups/watched/members", body, node=node)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", (node, r.text)
     after = members(cluster, "gm-bad", "watched")
     assert holding(after) == holding(before) == {"w": [0]}
     assert after["generation"] == before["generation"]

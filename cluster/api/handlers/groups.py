@@ -43,6 +43,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
+from raftmq.cluster.config.keys import PEER_HEADER
 from raftmq.cluster.config.tokens import ADMIN, CONSUME, TokenGrant
 from raftmq.cluster.machines.membership import GroupMembership, Member
 from raftmq.cluster.node.node import Node
@@ -117,8 +118,11 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         group = group_name(request)
         body_bytes = await request.read()
         body: Any = parse_json(body_bytes)
-        # "token": the caller's token name, sent by the entry node with the peer key only.
-        fields = {"member_id", "topics", "generation"} | (set() if PRINCIPAL in request else {"token"})
+        # "token": the caller's token name, sent by an entry node (with the peer key, which the
+        # auth middleware has checked) only.
+        fields = {"member_id", "topics", "generation"} | (
+            {"token"} if PEER_HEADER in request.headers else set()
+        )
         if not isinstance(body, dict) or set(body) - fields:
             raise bad('body must be {"member_id": str, "topics": [str, ...], "generation"?: int}')
         member_id, topics = body.get("member_id"), body.get("topics")
