@@ -16,6 +16,11 @@ generation that took it away. This member does its part:
    their previous owner released them;
 4. it gives up every queue before the coordinator could have expired it: when no heartbeat sent
    less than ``session_timeout - heartbeat_interval`` ago has been answered.
+
+With API tokens a member id belongs to the token that created it. If another token holds this
+consumer's id (it claimed the id first, e.g. while a new coordinator waited for members to come
+back), the join or heartbeat is refused with ``member_not_owned``; the member then goes on under a
+new random id instead of failing (a warning says so): the id only orders the allocation.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -30,7 +36,7 @@ from ._api import ApiClient
 from ._consumer_config import ConsumerConfig, TopicQueue
 from ._metadata import ClusterMetadata
 from ._retry import Backoff
-from .errors import RaftmqError, Timeout
+from .errors import MemberNotOwned, RaftmqError, Timeout
 
 __all__ = ["ConsumerView", "GroupMember"]
 
@@ -94,25 +100,40 @@ class GroupMember:
         self.withheld: frozenset[TopicQueue] = frozenset()  # expected, not granted yet
         self.withheld_until = 0.0  # stop fast heartbeats for them then (the guess may be wrong)
 
+    async def _send(self, generation: int, retry: bool) -> dict[str, Any]:
+        """One join or heartbeat; under a new id if another token holds this one."""
+        cfg = self.core.config
+        try:
+            return await self.core.api.join_group(
+                cfg.group, self.core.member_id, cfg.topics, generation=generation, retry=retry
+            )
+        except MemberNotOwned:
+            taken, self.core.member_id = self.core.member_id, f"c-{uuid.uuid4().hex[:16]}"
+            log.warning(
+                "member id %r of group %s belongs to another API token; continuing as %r",
+                taken,
+                cfg.group,
+                self.core.member_id,
+            )
+            return await self.core.api.join_group(
+                cfg.group, self.core.member_id, cfg.topics, generation=generation, retry=retry
+            )
+
     async def join(self) -> dict[str, Any]:
         """The first heartbeat (retried like any request); applies its assignment."""
         sent = time.monotonic()
-        cfg = self.core.config
-        view = await self.core.api.join_group(cfg.group, self.core.member_id, cfg.topics, generation=0)
+        view = await self._send(0, retry=True)
         self.last_ok_sent = sent
         await self.apply(view)
         return view
 
     async def _heartbeat(self) -> dict[str, Any]:
-        cfg = self.core.config
         give_up_at = self.last_ok_sent + max(self.session_s / 2, self.session_s - self.interval_s)
         # asyncio.timeout, not wait_for: wait_for (3.11) can swallow a cancellation that comes as
         # the answer arrives, and close() would then wait for this loop forever.
         try:
             async with asyncio.timeout(max(0.05, give_up_at - time.monotonic())):
-                return await self.core.api.join_group(
-                    cfg.group, self.core.member_id, cfg.topics, generation=self.applied, retry=False
-                )
+                return await self._send(self.applied, retry=False)
         except TimeoutError:
             raise Timeout("no heartbeat answer before the session could expire") from None
 

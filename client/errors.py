@@ -17,6 +17,7 @@ Class tree::
     ├── BadBatch                bad_batch            400  (reason, record, batch)
     ├── Unauthorized            unauthorized         401
     ├── Forbidden               forbidden            403
+    │   └── MemberNotOwned      member_not_owned     403  (another token's group member)
     ├── NotFound                not_found            404
     ├── TopicNotFound           topic_not_found      404
     ├── QueueNotFound           queue_not_found      404
@@ -27,12 +28,13 @@ Class tree::
     ├── StaleSequence           stale_sequence       409
     ├── LockHeld                lock_held            409
     ├── DeadLetterTopicConflict dead_letter_topic_conflict 409
+    ├── TooManyMembers          too_many_members     409  (a token's or topic's member cap)
     ├── ChangeInProgress        change_in_progress   409  retriable (another cluster change)
     ├── MessageTooLarge         message_too_large    413
     ├── RequestTooLarge         request_too_large    413
     ├── OffsetOutOfRange        offset_out_of_range  416  (low_offset, high_offset)
     ├── NotLeader               not_leader           421  retriable
-    ├── TooManyGroups           too_many_groups      429  (a [limits] cap on consumer groups)
+    ├── TooManyGroups           too_many_groups      409  (a [limits] cap on consumer groups)
     ├── TooManyRequests         too_many_requests    429  retriable
     ├── InternalError           internal             500  indefinite
     ├── Unavailable             unavailable          503  retriable
@@ -71,6 +73,7 @@ __all__ = [
     "InternalError",
     "InvalidJson",
     "LockHeld",
+    "MemberNotOwned",
     "MessageTooLarge",
     "MethodNotAllowed",
     "NotFound",
@@ -84,6 +87,7 @@ __all__ = [
     "StaleSequence",
     "Timeout",
     "TooManyGroups",
+    "TooManyMembers",
     "TooManyRequests",
     "TopicExists",
     "TopicNotFound",
@@ -143,6 +147,12 @@ class Forbidden(RaftmqError):
     code, status = "forbidden", 403
 
 
+class MemberNotOwned(Forbidden):
+    """The consumer-group member id belongs to a member another API token created."""
+
+    code = "member_not_owned"
+
+
 class NotFound(RaftmqError):
     code, status = "not_found", 404
 
@@ -173,7 +183,7 @@ class DeadLetterTopicConflict(RaftmqError):
 class TooManyGroups(RaftmqError):
     """The topic or the token has as many consumer groups as the cluster's ``[limits]`` allow."""
 
-    code, status = "too_many_groups", 429
+    code, status = "too_many_groups", 409
 
 
 class StaleReceipt(RaftmqError):
@@ -200,6 +210,12 @@ class LockHeld(RaftmqError):
     done (not retried by the client: the caller decides whether to wait)."""
 
     code, status = "lock_held", 409
+
+
+class TooManyMembers(RaftmqError):
+    """The token or a topic already has its most consumer-group members; nothing was done."""
+
+    code, status = "too_many_members", 409
 
 
 class ChangeInProgress(RaftmqError):
@@ -305,6 +321,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     BadBatch,
     Unauthorized,
     Forbidden,
+    MemberNotOwned,
     NotFound,
     TopicNotFound,
     QueueNotFound,
@@ -315,6 +332,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     StaleSequence,
     LockHeld,
     DeadLetterTopicConflict,
+    TooManyMembers,
     ChangeInProgress,
     MessageTooLarge,
     RequestTooLarge,

@@ -36,6 +36,7 @@ __all__ = [
     "INTERNAL",
     "INVALID_JSON",
     "LOCK_HELD",
+    "MEMBER_NOT_OWNED",
     "MESSAGE_TOO_LARGE",
     "METHOD_NOT_ALLOWED",
     "NOT_FOUND",
@@ -47,6 +48,7 @@ __all__ = [
     "STALE_RECEIPT",
     "TIMEOUT",
     "TOO_MANY_GROUPS",
+    "TOO_MANY_MEMBERS",
     "TOO_MANY_REQUESTS",
     "TOPIC_EXISTS",
     "TOPIC_NOT_FOUND",
@@ -97,6 +99,14 @@ BAD_BATCH = ErrorCode(
 )
 UNAUTHORIZED = ErrorCode("unauthorized", 401, False, True, "Credentials are missing or invalid.")
 FORBIDDEN = ErrorCode("forbidden", 403, False, True, "The credentials do not allow this request.")
+MEMBER_NOT_OWNED = ErrorCode(
+    "member_not_owned",
+    403,
+    False,
+    True,
+    "The consumer-group member was created by another API token (only an admin on all its topics "
+    "may act on it); nothing was done.",
+)
 NOT_FOUND = ErrorCode("not_found", 404, False, True, "No such route.")
 TOPIC_NOT_FOUND = ErrorCode("topic_not_found", 404, False, True, "The topic does not exist.")
 QUEUE_NOT_FOUND = ErrorCode("queue_not_found", 404, False, True, "The topic has no queue with this number.")
@@ -138,10 +148,18 @@ DEAD_LETTER_TOPIC_CONFLICT = ErrorCode(
 )
 TOO_MANY_GROUPS = ErrorCode(
     "too_many_groups",
-    429,
+    409,
     False,  # frees only when idle groups expire or an admin raises the limit
     True,
     "The topic or the token has as many consumer groups as [limits] allows; nothing was done.",
+)
+TOO_MANY_MEMBERS = ErrorCode(
+    "too_many_members",
+    409,
+    False,
+    True,
+    "The token or a topic already has its most consumer-group members (limits.max_members_per_token, "
+    "limits.max_members_per_topic); nothing was done.",
 )
 LOCK_HELD = ErrorCode(
     "lock_held",
@@ -183,6 +201,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             BAD_BATCH,
             UNAUTHORIZED,
             FORBIDDEN,
+            MEMBER_NOT_OWNED,
             NOT_FOUND,
             TOPIC_NOT_FOUND,
             QUEUE_NOT_FOUND,
@@ -196,6 +215,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             STALE_SEQUENCE,
             LOCK_HELD,
             DEAD_LETTER_TOPIC_CONFLICT,
+            TOO_MANY_MEMBERS,
             CHANGE_IN_PROGRESS,
             NOT_LEADER,
             TOO_MANY_GROUPS,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 __all__ = [
     "DEFAULT_BACKOFF_MS",
+    "DEFAULT_MAX_MEMBERS_PER_TOKEN",
+    "DEFAULT_MAX_MEMBERS_PER_TOPIC",
     "MAX_BACKOFF_LEVELS",
     "MAX_DURATION_MS",
     "MAX_NAME_BYTES",
@@ -28,6 +30,12 @@ MAX_RECEIPTS = 10_000
 MAX_TICK_ITEMS = 100_000
 """Largest ``max`` of a ``deliver_tick``."""
 MAX_BACKOFF_LEVELS = 64
+DEFAULT_MAX_MEMBERS_PER_TOKEN = 256
+"""Consumer-group members one API token may have at once, over all groups (below the per-topic
+cap, so one token cannot take every member slot of a topic)."""
+DEFAULT_MAX_MEMBERS_PER_TOPIC = 1024
+"""Consumer-group members subscribed to one topic at once, over all groups (as many as a topic may
+have queues)."""
 
 DEFAULT_BACKOFF_MS: tuple[int, ...] = tuple(
     s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)

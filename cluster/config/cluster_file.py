@@ -62,7 +62,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from raftmq.cluster.base.limits import DEFAULT_BACKOFF_MS, MAX_DURATION_MS
+from raftmq.cluster.base.limits import (
+    DEFAULT_BACKOFF_MS,
+    DEFAULT_MAX_MEMBERS_PER_TOKEN,
+    DEFAULT_MAX_MEMBERS_PER_TOPIC,
+    MAX_DURATION_MS,
+)
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
 
 __all__ = [
@@ -144,9 +149,13 @@ class Limits:
     # receive/ack state after this long unused (0: kept forever; at least max_visibility_ms).
     subscription_idle_ms: int = 24 * 3600 * 1000
     # The most such groups per topic, and per token (each counted in each queue group of the
-    # topic); a receive that would make one more answers 429 too_many_groups (0: no cap).
+    # topic); a receive that would make one more answers 409 too_many_groups (0: no cap).
     max_groups_per_topic: int = 1000
     max_groups_per_token: int = 100
+    # Consumer-group members (cluster/machines/membership.py) one API token may have, and one topic
+    # may have, at once over all groups; a join beyond either is 409 too_many_members.
+    max_members_per_token: int = DEFAULT_MAX_MEMBERS_PER_TOKEN
+    max_members_per_topic: int = DEFAULT_MAX_MEMBERS_PER_TOPIC
 
 
 @dataclass(frozen=True)
@@ -366,6 +375,8 @@ def parse_config(
         problems.append(
             "limits.max_groups_per_topic and max_groups_per_token must be from 0 (no cap) to 2**32-1"
         )
+    if limits.max_members_per_token < 1 or limits.max_members_per_topic < 1:
+        problems.append("limits.max_members_per_token and max_members_per_topic must be at least 1")
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
     if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:

@@ -214,18 +214,18 @@ def test_new_groups_over_the_per_token_and_per_topic_caps_are_refused_with_too_m
         r = call(c, CAPPER, "POST", sub("capped", f"c1-{i}", "receive"), json={})
         assert r.status_code == 200, r.text
     r = call(c, CAPPER, "POST", sub("capped", "c1-over", "receive"), json={})
-    assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     assert "max_groups_per_token" in r.json()["error"]["message"]
     assert call(c, CAPPER, "POST", sub("capped", "c1-0", "receive"), json={}).status_code == 200  # known
     for i in range(5):
         r = call(c, CAPPER2, "POST", sub("capped", f"c2-{i}", "receive"), json={})
         assert r.status_code == 200, r.text
     r = call(c, CAPPER2, "POST", sub("capped", "c2-over", "receive"), json={})
-    assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     assert "max_groups_per_topic" in r.json()["error"]["message"]
     # The push stream is refused the same way, before the upgrade.
     r = call(c, CAPPER2, "GET", sub("capped", "c2-stream", "stream"))
-    assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     # An admin configures a group whatever the caps.
     r = c.session.put(c.url() + sub("capped", "configured"), json={}, timeout=30)
     assert r.status_code == 200, r.text

@@ -1,10 +1,12 @@
 """GET /v1/topics/{topic}/groups/{group}/members on a real 3-node cluster: the members of a consumer
 group (the Python client's clustering consumers) as the membership coordinator (the metadata
 leader) sees them, asked of every node; a member that leaves disappears; the list is capped; bad
-input is refused with stable codes."""
+input is refused with stable codes; consumers without tokens keep their members through a
+coordinator kill."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from raftmq.client import Admin, Consumer
@@ -105,6 +107,59 @@ def test_bad_input_is_refused_with_stable_codes_and_changes_nothing(cluster: Clu
         for node in cluster.nodes:
             r = cluster.get(path, node=node)
             assert r.status_code == status and r.json()["error"]["code"] == code, (path, node, r.text)
+        # A client's body may not name the token a member acts for (only entry nodes send it).
+        body = {"member_id": "w", "topics": ["gm-bad"], "token": "admin"}
+        r = cluster.post("/v1/groups/watched/members", body, node=node)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", (node, r.text)
     after = members(cluster, "gm-bad", "watched")
     assert holding(after) == holding(before) == {"w": [0]}
     assert after["generation"] == before["generation"]
+
+
+def test_consumers_without_tokens_keep_their_members_through_a_coordinator_kill(tmp_path: Path) -> None:
+    with Cluster(tmp_path, nodes=3) as c:
+        c.start()
+        c.wait_ready()
+        with Admin(urls(c)) as admin:
+            admin.create_topic("gm-kill", 4)
+        consumers = [
+            Consumer(urls(c), group="survivors", topics="gm-kill", member_id=f"s{i}", wait_ms=200)
+            for i in range(2)
+        ]
+        got: set[str] = set()
+
+        def drain(want: set[str]) -> bool:
+            for consumer in consumers:
+                for m in consumer.poll(timeout_ms=100):
+                    got.add(str(m.value))
+                    m.ack()
+            return want <= got
+
+        def produce(values: list[str], node: str) -> bool:
+            r = c.post("/v1/topics/gm-kill/messages", {"messages": [{"value": v} for v in values]}, node)
+            return bool(r.status_code == 200)
+
+        try:
+            coordinator = c.wait_leader("meta")
+            survivor = next(n for n in c.nodes if n != coordinator)
+            before = [f"b{i}" for i in range(40)]
+            assert produce(before, survivor)
+            wait_until(lambda: drain(set(before)), 60, what="the messages before the kill")
+            c.kill(coordinator)
+            after = [f"a{i}" for i in range(40)]
+            wait_until(lambda: produce(after, survivor), 30, what="a produce after the kill")
+            wait_until(lambda: drain(set(after)), 60, what="the messages after the kill")
+            stable = wait_until(
+                lambda: (
+                    (a := members(c, "gm-kill", "survivors", survivor))["state"] == "stable"
+                    and a["member_count"] == 2
+                    and a
+                ),
+                60,
+                what="both members at the new coordinator",
+            )
+            assert holding(stable) == {"s0": [0, 1], "s1": [2, 3]}
+            assert [consumer.member_id for consumer in consumers] == ["s0", "s1"]
+        finally:
+            for consumer in consumers:
+                consumer.close()

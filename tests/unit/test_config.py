@@ -117,3 +117,18 @@ def test_retention_bounds_default_on_may_be_off_and_are_range_checked() -> None:
         parse_config({"cluster": {"secret": SECRET}, "raft": bad, "nodes": nodes(3)})
     text = "\n".join(e.value.problems)
     assert "raft.retention_max_jump_ms" in text and "raft.retention_max_batches" in text
+
+
+def test_group_member_caps_default_below_each_other_and_must_be_positive() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
+    assert (c.limits.max_members_per_token, c.limits.max_members_per_topic) == (256, 1024)
+    env = {"RAFTMQ_LIMITS_MAX_MEMBERS_PER_TOKEN": "5"}
+    assert (
+        parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)}, env=env).limits.max_members_per_token
+        == 5
+    )
+    for key in ("max_members_per_token", "max_members_per_topic"):
+        with pytest.raises(
+            ConfigError, match="max_members_per_token and max_members_per_topic must be at least 1"
+        ):
+            parse_config({"cluster": {"secret": SECRET}, "limits": {key: 0}, "nodes": nodes(3)})

@@ -230,11 +230,11 @@ def test_describe_shows_members_of_one_topic_and_the_state_through_a_rebalance()
     m.set_term(1)
     assert m.describe("g", "t", 4, now_ms=0, limit=10)["state"] == "empty"
     m.heartbeat("g", "a", ["t", "secret"], now_ms=0, generation=0)
-    m.view("g", "a", {"t": 4, "secret": 2})
-    gen = m.describe("g", "t", 4, now_ms=0, limit=10)["generation"]
+    sent = m.view("g", "a", {"t": 4, "secret": 2})["generation"]
+    gen = m.describe("g", "t", 4, now_ms=0, limit=10)["generation"]  # the topic's generation
     d = m.describe("g", "t", 4, now_ms=0, limit=10)
     assert d["state"] == "rebalancing"  # a has not yet said it applied its assignment
-    m.heartbeat("g", "a", ["t", "secret"], now_ms=100, generation=gen)
+    m.heartbeat("g", "a", ["t", "secret"], now_ms=100, generation=sent)
     d = m.describe("g", "t", 4, now_ms=300, limit=10)
     assert d["state"] == "stable" and d["unassigned_queues"] == []
     assert d["members"] == [
@@ -290,3 +290,75 @@ def test_describe_caps_the_members_and_says_so() -> None:
         "unassigned_queues": [0, 1, 2],
         "session_timeout_ms": 10_000,
     }
+
+
+def test_a_member_keeps_the_owner_that_created_it() -> None:
+    m = GroupMembership()
+    m.heartbeat("g", "a", ["t"], now_ms=0, owner="billing")
+    m.heartbeat("g", "a", ["t"], now_ms=1, owner="intruder")  # an admin's heartbeat, say
+    member = m.member("g", "a", now_ms=1)
+    assert member is not None and member.owner == "billing"
+    m.heartbeat("g", "anon", ["t"], now_ms=1)  # created without a token (an older entry node)
+    m.heartbeat("g", "anon", ["t"], now_ms=2, owner="billing")
+    anon = m.member("g", "anon", now_ms=2)
+    assert anon is not None and anon.owner == "billing"
+    assert m.member("g", "nobody", now_ms=2) is None
+
+
+def test_members_are_capped_per_token_and_per_topic_and_freed_by_leave_and_expiry() -> None:
+    m = GroupMembership(session_timeout_ms=1_000, max_members_per_token=2, max_members_per_topic=3)
+    for i in range(2):
+        assert m.admit(f"g{i}", "a", ["t"], "tok", now_ms=0) is None
+        m.heartbeat(f"g{i}", "a", ["t"], now_ms=0, owner="tok")
+    refusal = m.admit("g2", "a", ["u"], "tok", now_ms=0)
+    assert refusal is not None and "max_members_per_token = 2" in refusal
+    assert m.admit("g0", "a", ["t", "u"], "tok", now_ms=0) is None  # an existing member: no new one
+    assert m.admit("g2", "a", ["t"], "other", now_ms=0) is None  # another token's count
+    m.heartbeat("g2", "a", ["t"], now_ms=0, owner="other")
+    refusal = m.admit("g3", "b", ["t"], "third", now_ms=0)
+    assert refusal is not None and "topic 't'" in refusal and "max_members_per_topic = 3" in refusal
+    # Adding the full topic to an existing member breaks its cap too; another topic does not.
+    m.heartbeat("g3", "b", ["u"], now_ms=0, owner="third")
+    assert m.admit("g3", "b", ["u", "t"], "third", now_ms=0) is not None
+    assert m.admit("g3", "b", ["u", "v"], "third", now_ms=0) is None
+    # Without tokens only the topic cap counts.
+    assert m.admit("g4", "c", ["u"], None, now_ms=0) is None
+    assert m.leave("g0", "a")
+    assert m.admit("g3", "b", ["u", "t"], "third", now_ms=0) is None
+    assert m.admit("g5", "a", ["u"], "tok", now_ms=0) is None
+    # Expired members count no more (g1/a, g2/a, g3/b last seen at 0).
+    m.heartbeat("g1", "a", ["t"], now_ms=900, owner="tok")
+    m.heartbeat("g1", "z", ["t"], now_ms=900, owner="tok")
+    assert m.admit("g9", "y", ["t"], "tok", now_ms=1_000) is not None
+    assert m.admit("g9", "y", ["t"], "new", now_ms=1_500) is None  # g2/a expired: 2 on t
+    assert m.admit("g9", "y", ["t"], "tok", now_ms=2_000) is None  # all expired
+
+
+def test_the_members_route_shows_nothing_of_the_other_topics_rebalances() -> None:
+    m = GroupMembership()
+    m.set_term(1)
+    m.heartbeat("g", "a", ["t", "u"], now_ms=0, generation=0)
+    m.heartbeat("g", "b", ["t"], now_ms=0, generation=0)
+    counts = {"t": 2, "u": 2}
+    for member in ("a", "b"):
+        applied = m.view("g", member, counts if member == "a" else {"t": 2})["generation"]
+        m.heartbeat("g", member, ["t", "u"] if member == "a" else ["t"], now_ms=1, generation=applied)
+    before = m.describe("g", "t", 2, now_ms=1, limit=10)
+    assert before["state"] == "stable"
+    assert [r["applied_generation"] for r in before["members"]] == [before["generation"]] * 2
+    # Members come and go on u only: the group's generation moves, t's does not, and t stays
+    # stable while a has not yet applied the assignment that changed u.
+    for i in range(5):
+        m.heartbeat("g", f"u{i}", ["u"], now_ms=2, generation=0)
+        m.view("g", f"u{i}", counts)
+    assert m.leave("g", "u0")
+    group_generation = m.view("g", "a", counts)["generation"]
+    assert group_generation > before["generation"]
+    after = m.describe("g", "t", 2, now_ms=3, limit=10)
+    assert after == {**before, "members": after["members"]}
+    assert [r["applied_generation"] for r in after["members"]] == [before["generation"]] * 2
+    assert m.describe("g", "u", 2, now_ms=3, limit=10)["state"] == "rebalancing"
+    # A member joining t moves t's generation and its state.
+    m.heartbeat("g", "c", ["t"], now_ms=4, generation=0)
+    moved = m.describe("g", "t", 2, now_ms=4, limit=10)
+    assert moved["generation"] == before["generation"] + 1 and moved["state"] == "rebalancing"

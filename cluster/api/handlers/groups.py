@@ -1,8 +1,20 @@
 """Consumer-group membership routes: join/heartbeat, leave, and the members of a group on a topic
 (all served by the metadata leader, the coordinator, which keeps membership in memory).
 
-Leaving (removing a member) needs ``consume`` on every topic the member consumes, checked at the
-coordinator, which knows them (``api/auth.py`` checks ``consume`` on some topic first).
+**Owners.** With API tokens, a member belongs to the token that created it (its name is kept with
+the member, :mod:`raftmq.cluster.machines.membership`). A heartbeat, re-join or leave under a member
+id another token created is refused with 403 ``member_not_owned``, unless the caller is ``admin`` on
+every topic the member consumes; the member keeps its owner either way. Only the coordinator knows
+a member's owner, so an entry node that forwards a join or leave sends the caller's token name with
+it (``"token"`` in the body; a forwarded request carries the peer key, so the name is trusted
+there, and a client's body may not carry the field) and the coordinator looks it up in the same
+token table (the cluster file). Without tokens, members have no owner and anyone may act on any.
+
+Leaving (removing a member) also needs ``consume`` on every topic the member consumes, checked at
+the coordinator (``api/auth.py`` checks ``consume`` on some topic first).
+
+Members count against ``limits.max_members_per_token`` and ``limits.max_members_per_topic``: a join
+beyond either is 409 ``too_many_members``.
 
 The heartbeat body is ``{"member_id", "topics", "generation"?}``; ``generation`` (optional, for
 older clients) is the generation of the last assignment the member has applied, 0 before its
@@ -10,8 +22,11 @@ first. It drives the revoke barrier of :mod:`raftmq.cluster.machines.membership`
 
 ``GET /v1/topics/{topic}/groups/{group}/members`` is the console's view of a group: its members on
 the topic (at most ``MEMBERS_MAX``, by member id, with ``member_count`` and ``truncated``), the
-queues each holds and when it was last heard from, and the group's state. It needs what reading the
-group's lag needs (``consume`` or ``admin`` on the topic).
+queues each holds and when it was last heard from, and the state and generation *of that topic*
+(its generation moves only when the topic's subscribers change, so a token that may read one topic
+sees nothing of the group's other topics, not even when they rebalance). It needs what reading the
+group's lag needs (``consume`` or ``admin`` on the topic). Member ids are listed: they are no
+credential, since acting on a member needs its owner's token.
 """
 
 from __future__ import annotations
@@ -28,8 +43,9 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
-from raftmq.cluster.config.tokens import CONSUME, TokenGrant
-from raftmq.cluster.machines.membership import GroupMembership
+from raftmq.cluster.config.keys import PEER_HEADER
+from raftmq.cluster.config.tokens import ADMIN, CONSUME, TokenGrant
+from raftmq.cluster.machines.membership import GroupMembership, Member
 from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
@@ -67,9 +83,33 @@ def _forwarded_grant(node: Node, body: bytes) -> TokenGrant | None:
     raise ApiError(errors.FORBIDDEN, f"no token {name!r} in this node's cluster file")
 
 
-def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
+def _caller(node: Node, request: web.Request, forwarded_body: bytes) -> TokenGrant | None:
+    """The token a request acts for at the coordinator: the caller's own, or the one the entry node
+    named in a forwarded body; None without tokens (or a peer's own request)."""
+    grant = request.get(PRINCIPAL)
+    if grant is None and node.config.security.enabled:
+        grant = _forwarded_grant(node, forwarded_body)
+    return grant
 
-    membership = GroupMembership()
+
+def _check_owner(grant: TokenGrant | None, member: Member | None, group: str) -> None:
+    """Refuse ``grant`` acting on another token's ``member`` unless it is admin on all its topics."""
+    if grant is None or member is None or member.owner is None or member.owner == grant.name:
+        return
+    if member.topics and all(grant.allows(ADMIN, t) for t in member.topics):
+        return
+    raise ApiError(
+        errors.MEMBER_NOT_OWNED,
+        f"member {member.member_id!r} of group {group!r} was created by another token; only that "
+        "token, or one with admin on every topic the member consumes, may act on it",
+    )
+
+
+def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
+    limits = node.config.limits
+    membership = GroupMembership(
+        max_members_per_token=limits.max_members_per_token, max_members_per_topic=limits.max_members_per_topic
+    )
 
     def coordinator_term() -> int:
         return node.groups[META].raft.status().term
@@ -78,7 +118,12 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         group = group_name(request)
         body_bytes = await request.read()
         body: Any = parse_json(body_bytes)
-        if not isinstance(body, dict) or set(body) - {"member_id", "topics", "generation"}:
+        # "token": the caller's token name, sent by an entry node (with the peer key, which the
+        # auth middleware has checked) only.
+        fields = {"member_id", "topics", "generation"} | (
+            {"token"} if PEER_HEADER in request.headers else set()
+        )
+        if not isinstance(body, dict) or set(body) - fields:
             raise bad('body must be {"member_id": str, "topics": [str, ...], "generation"?: int}')
         member_id, topics = body.get("member_id"), body.get("topics")
         generation = body.get("generation")
@@ -97,19 +142,29 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         ):
             raise bad(f"'topics' must be a list of 1 to {MAX_SUBSCRIBED_TOPICS} topic names")
         if not api.router.leads(META):
+            grant = request.get(PRINCIPAL)
+            if grant is not None:
+                body_bytes = orjson.dumps({**body, "token": grant.name})
             return await api.router.forward(request, META, body_bytes)
+        grant = _caller(node, request, body_bytes)
         counts = {}
         for name in topics:
             counts[name] = (await api.topic(name)).queues
+        # No await from here on: the owner and cap checks hold for the heartbeat they guard.
         membership.set_term(coordinator_term())
-        membership.heartbeat(group, member_id, topics, now_ms(), generation)
+        now = now_ms()
+        _check_owner(grant, membership.member(group, member_id, now), group)
+        owner = None if grant is None else grant.name
+        over = membership.admit(group, member_id, topics, owner, now)
+        if over is not None:
+            raise ApiError(errors.TOO_MANY_MEMBERS, over)
+        membership.heartbeat(group, member_id, topics, now, generation, owner)
         return json_response(membership.view(group, member_id, counts))
 
     async def leave(request: web.Request) -> web.Response:
-        """Remove a member: the caller's token needs ``consume`` on every topic the member
-        consumes. Only the coordinator knows those, so the entry node forwards the token's name
-        (a forwarded request carries the peer key, so the name is trusted there) and the
-        coordinator checks it against the same token table (the cluster file)."""
+        """Remove a member: the caller's token must own it (or be admin on all its topics) and
+        have ``consume`` on every topic it consumes. Only the coordinator knows those, so the entry
+        node forwards the token's name (see the module's docstring)."""
         group = group_name(request)
         member_id = request.match_info["member_id"]
         _check_member_id(member_id)
@@ -117,10 +172,11 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         if not api.router.leads(META):
             on_behalf = None if grant is None else orjson.dumps({"token": grant.name})
             return await api.router.forward(request, META, on_behalf)
-        if grant is None and node.config.security.enabled:
-            grant = _forwarded_grant(node, await request.read())
+        grant = _caller(node, request, await request.read())
         membership.set_term(coordinator_term())
-        topics = membership.member_topics(group, member_id) or ()
+        member = membership.member(group, member_id, now_ms())
+        _check_owner(grant, member, group)
+        topics = member.topics if member is not None else ()
         if grant is not None:
             for topic in topics:
                 if not grant.allows(CONSUME, topic):

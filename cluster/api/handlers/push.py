@@ -125,7 +125,7 @@ class PushApi:
             query, "heartbeat_ms", DEFAULT_HEARTBEAT_MS, MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS
         )
         # Here the token is known (the coordinator's takes are forwarded without it): a group over
-        # the caps is refused before the upgrade (429 too_many_groups).
+        # the caps is refused before the upgrade (409 too_many_groups).
         await self.delivery.ensure_subscription(topic, group, request)
         ws = web.WebSocketResponse(
             heartbeat=heartbeat_ms / 1000,

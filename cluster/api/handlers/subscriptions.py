@@ -188,7 +188,7 @@ class SubscriptionsApi:
         """Store the subscription in every queue group of the topic (the cluster's defaults; an
         existing one keeps its settings) before a receive, and mark it used. It names the
         dead-letter topic only if that exists: a receive creates no topic. A new unconfigured one
-        counts against ``limits.max_groups_per_topic`` / ``_per_token`` (429 ``too_many_groups``)."""
+        counts against ``limits.max_groups_per_topic`` / ``_per_token`` (409 ``too_many_groups``)."""
         key = (topic.id, group)
         if self._subscribed.fresh(key, time.monotonic()):
             return

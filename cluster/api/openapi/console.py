@@ -68,9 +68,15 @@ def _console_schemas() -> dict[str, Schema]:
                 "state": _str(
                     enum=["empty", "stable", "rebalancing"],
                     description="empty: no member consumes the topic; rebalancing: a member has not yet "
-                    "been sent or applied the group's current assignment, or waits for a queue; else stable.",
+                    "been sent or applied the topic's current assignment, or waits for a queue; else stable.",
                 ),
-                "generation": _nullable(_int(0, description="The group's generation (null: no member).")),
+                "generation": _nullable(
+                    _int(
+                        0,
+                        description="The topic's generation in the group: it moves only when the topic's "
+                        "members change, not when the group's other topics rebalance (null: no member).",
+                    )
+                ),
                 "member_count": _int(0, description="Members consuming the topic (all, listed or not)."),
                 "members": _array(
                     _obj(
@@ -88,7 +94,11 @@ def _console_schemas() -> dict[str, Schema]:
                             "last_seen_ms": _int(0, description="Its last heartbeat, Unix ms."),
                             "last_seen_ago_ms": _int(0, description="How long ago that was."),
                             "applied_generation": _nullable(
-                                _int(0, description="The generation it says it has applied (null: not sent).")
+                                _int(
+                                    0,
+                                    description="The topic generation of the last assignment it says it "
+                                    "has applied (null: it sends none, or has applied none yet).",
+                                )
                             ),
                         },
                         required=(
@@ -172,7 +182,7 @@ def _console_paths() -> dict[str, Any]:
         "/v1/topics/{topic}/groups/{group}/members": {
             "get": _op(
                 "topicGroupMembers",
-                "A consumer group's members on a topic, the queues each holds, and the group's state "
+                "A consumer group's members on a topic, the queues each holds, and the topic's state "
                 "(from the membership coordinator, the metadata leader)",
                 {"200": _json(_ref("GroupMembers"), "the members"), **_errors(400, 404, *RAFT_ERRORS)},
                 params=(TOPIC, GROUP),

@@ -402,8 +402,11 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/v1/groups/{group}/members": {
             "post": _op(
                 "joinGroup",
-                "Join a consumer group or heartbeat; answers this member's queues (clustering mode)",
-                {"200": _json(_ref("Membership"), "assignment"), **_errors(400, 404, *RAFT_ERRORS)},
+                "Join a consumer group or heartbeat; answers this member's queues (clustering mode). "
+                "With tokens a member belongs to the token that created it: another token's heartbeat "
+                "under its id is 403 member_not_owned (unless admin on all its topics); a new member "
+                "beyond limits.max_members_per_token or max_members_per_topic is 409 too_many_members",
+                {"200": _json(_ref("Membership"), "assignment"), **_errors(400, 404, 409, *RAFT_ERRORS)},
                 params=(GROUP,),
                 body=_obj(
                     {
@@ -425,7 +428,8 @@ def _paths(limits: Limits) -> dict[str, Any]:
             "delete": _op(
                 "leaveGroup",
                 "Leave a consumer group (its queues move to the other members); removing a member "
-                "needs consume on every topic it consumes",
+                "needs consume on every topic it consumes and, with tokens, to be its owner (the token "
+                "that created it) or admin on all its topics (else 403 member_not_owned)",
                 {
                     "200": _json(
                         _obj(
