@@ -170,6 +170,8 @@ class ChaosCluster:
         self.network: Network | None = None
         self.disk_limited = False
         self._urls: dict[str, str] = {}
+        # What a running nemesis keeps between its start and its stop (by fault name).
+        self.nemesis_state: dict[str, Any] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -295,6 +297,10 @@ class ChaosCluster:
         self._refresh_url(nid)
 
     # -- addresses ------------------------------------------------------------------------------------
+
+    def raft_addresses(self, nid: str) -> list[tuple[str, int]]:
+        """The node's Raft ports (the metadata group's, then each queue group's) on its IP."""
+        return [(self.ips[nid], RAFT_PORT + offset) for offset in range(self.queue_groups + 1)]
 
     def volume(self, nid: str) -> Path:
         return self.dir / nid

@@ -21,6 +21,7 @@ comes from the seeded ``rng``, except where it depends on the cluster (the curre
 | clock-jump-leader | move a queue group leader's clock 3 days ahead | reset, restart it |
 | disk-full | fill one node's volume to the last byte | free it, restart the node if it stopped |
 | checkpoint-fetch | kill a node, compact the rest, restart it: checkpoint fetches stall, then fail | heal |
+| raft-strangers | idle, partial and garbage connections to every Raft port | close them, record refusals |
 
 Partitions are iptables DROP rules inside the containers on traffic from peers; clients on the host
 always reach every node, as in Jepsen.
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cluster import ChaosCluster
+from .strangers import RaftStrangers, refused_by_node
 
 __all__ = ["FAULTS", "Fault", "Planned", "parse_faults", "schedule", "time_for_each"]
 
@@ -236,6 +238,21 @@ def _checkpoint_fetch_heal(c: ChaosCluster, v: Value) -> None:
     _restart(c, v)  # in case it was not running
 
 
+def _raft_strangers(c: ChaosCluster, rng: random.Random) -> Value:
+    targets = {n: c.raft_addresses(n) for n in c.node_ids}
+    strangers = RaftStrangers(targets, seed=rng.randrange(1 << 30))
+    c.nemesis_state["raft-strangers"] = strangers
+    strangers.start()
+    return {"nodes": list(targets), "ports_per_node": len(targets[c.node_ids[0]])}
+
+
+def _raft_strangers_stop(c: ChaosCluster, v: Value) -> None:
+    """Stop the traffic; the value records what it did and what each node counts as refused."""
+    strangers = c.nemesis_state.pop("raft-strangers")
+    v["refused"] = refused_by_node({n: c.url(n) for n in _running(c)})
+    v["strangers"] = strangers.stop()
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -267,6 +284,12 @@ FAULTS: dict[str, Fault] = {
             _checkpoint_fetch,
             _checkpoint_fetch_heal,
             "snapshot installs on one node while its checkpoint fetches stall, then fail",
+        ),
+        Fault(
+            "raft-strangers",
+            _raft_strangers,
+            _raft_strangers_stop,
+            "idle, partial-frame and garbage connections to every node's Raft ports",
         ),
     ]
 }
