@@ -198,8 +198,8 @@ class ClusterApi:
     async def internal_proof(self, request: web.Request) -> web.Response:
         """``POST /internal/proof {"nonce"}``, open (the prober sends no credential): this node's
         proof over the nonce and its own id and addresses, and nothing else. The prober knows the id
-        and addresses it asks about; a stranger learns neither this node's id nor its Raft address
-        (the proof is an HMAC under the peer key: it tells nothing of what it covers)."""
+        and addresses it asks about; a stranger learns no address of this node here (the proof is
+        an HMAC under the peer key: it tells nothing of what it covers)."""
 
         body = parse_json(await request.read())
         nonce = body.get("nonce") if isinstance(body, dict) else None
