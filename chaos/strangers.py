@@ -87,12 +87,12 @@ class RaftStrangers:
                         garbage.recv(1)  # see the peer leave before it reads the frame)
                     garbage.close()
                 while len(held) < HELD_PER_NODE and not self._stop.is_set():
-                    s = connect()
-                    if s is None:
+                    new = connect()
+                    if new is None:
                         break
                     if turn % 3 == 0:  # a frame that claims 1,000 bytes, of which 10 ever come
-                        _send(s, struct.pack("<I", 1000) + os.urandom(10))
-                    held.append(s)
+                        _send(new, struct.pack("<I", 1000) + os.urandom(10))
+                    held.append(new)
                 self._stop.wait(ROUND_S)
         finally:
             for s in held:
