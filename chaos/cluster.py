@@ -176,6 +176,8 @@ class ChaosCluster:
         # directory of <run>/<node>.disk, the tmpfs when run as root.
         self.power_loss_fs = power_loss
         self.mounts: dict[str, LossyMount] = {}
+        # What a running nemesis keeps between its start and its stop (by fault name).
+        self.nemesis_state: dict[str, Any] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -319,6 +321,10 @@ class ChaosCluster:
         self._refresh_url(nid)
 
     # -- addresses ------------------------------------------------------------------------------------
+
+    def raft_addresses(self, nid: str) -> list[tuple[str, int]]:
+        """The node's Raft ports (the metadata group's, then each queue group's) on its IP."""
+        return [(self.ips[nid], RAFT_PORT + offset) for offset in range(self.queue_groups + 1)]
 
     def volume(self, nid: str) -> Path:
         return self.dir / nid

@@ -21,6 +21,7 @@ comes from the seeded ``rng``, except where it depends on the cluster (the curre
 | clock-jump-leader | move a queue group leader's clock 3 days ahead | reset, restart it |
 | disk-full | fill one node's volume to the last byte | free it, restart the node if it stopped |
 | checkpoint-fetch | kill a node, compact the rest, restart it: checkpoint fetches stall, then fail | heal |
+| raft-strangers | idle, partial and garbage connections to every Raft port | close them, record refusals |
 | power-loss | one node loses power: kill -9, every write it never fsynced dropped | start it again |
 | power-loss-leader | the leader of a random queue group loses power | start it again |
 | power-loss-all | every node loses power at once | start them again |
@@ -41,6 +42,7 @@ from typing import Any
 
 from .cluster import ChaosCluster
 from .powerloss_nemesis import power_loss_all, power_loss_leader, power_loss_one, power_restore
+from .strangers import RaftStrangers, refused_by_node
 
 __all__ = ["FAULTS", "Fault", "Planned", "parse_faults", "schedule", "time_for_each"]
 
@@ -242,6 +244,21 @@ def _checkpoint_fetch_heal(c: ChaosCluster, v: Value) -> None:
     _restart(c, v)  # in case it was not running
 
 
+def _raft_strangers(c: ChaosCluster, rng: random.Random) -> Value:
+    targets = {n: c.raft_addresses(n) for n in c.node_ids}
+    strangers = RaftStrangers(targets, seed=rng.randrange(1 << 30))
+    c.nemesis_state["raft-strangers"] = strangers
+    strangers.start()
+    return {"nodes": list(targets), "ports_per_node": len(targets[c.node_ids[0]])}
+
+
+def _raft_strangers_stop(c: ChaosCluster, v: Value) -> None:
+    """Stop the traffic; the value records what it did and what each node counts as refused."""
+    strangers = c.nemesis_state.pop("raft-strangers")
+    v["refused"] = refused_by_node({n: c.url(n) for n in _running(c)})
+    v["strangers"] = strangers.stop()
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -277,6 +294,12 @@ FAULTS: dict[str, Fault] = {
         Fault("power-loss", power_loss_one, power_restore, "one node loses power and its unsynced writes"),
         Fault("power-loss-leader", power_loss_leader, power_restore, "a queue group's leader loses power"),
         Fault("power-loss-all", power_loss_all, power_restore, "every node loses power at once"),
+        Fault(
+            "raft-strangers",
+            _raft_strangers,
+            _raft_strangers_stop,
+            "idle, partial-frame and garbage connections to every node's Raft ports",
+        ),
     ]
 }
 

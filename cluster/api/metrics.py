@@ -125,7 +125,27 @@ class _RaftCollector(Collector):
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
         yield from (became_leader, clock_jumps, snapshot_installs, snapshot_failures)
+        yield from self._raft_connections(node_id)
         yield from (commit_s, apply_s, fsync_s)
+
+    def _raft_connections(self, node_id: str) -> Iterator[_Family]:
+        """Incoming Raft connections that have not authenticated, and those closed before they
+        did, by reason (``cluster/replication/admission.py``), over all the node's Raft ports."""
+        admission = self._node.raft_admission
+        open_now = GaugeMetricFamily(
+            "raftmq_raft_unauthenticated_connections",
+            "Incoming Raft connections open and not authenticated yet",
+            labels=["node_id"],
+        )
+        open_now.add_metric([node_id], admission.unauthenticated)
+        closed = CounterMetricFamily(
+            "raftmq_raft_connections_refused",
+            "Incoming Raft connections closed before they authenticated, by reason",
+            labels=["node_id", "reason"],
+        )
+        for reason, count in admission.closed().items():
+            closed.add_metric([node_id, reason], count)
+        yield from (open_now, closed)
 
 
 class _QueueCollector(Collector):

@@ -13,8 +13,10 @@ __all__ = [
     "MAX_NAME_BYTES",
     "MAX_RECEIPTS",
     "MAX_RECEIVE",
+    "MAX_REQUEST_BYTES_CEILING",
     "MAX_TICK_ITEMS",
     "MAX_TIME_MS",
+    "RAFT_MAX_FRAME_BYTES",
 ]
 
 MAX_NAME_BYTES = 255
@@ -36,6 +38,18 @@ cap, so one token cannot take every member slot of a topic)."""
 DEFAULT_MAX_MEMBERS_PER_TOPIC = 1024
 """Consumer-group members subscribed to one topic at once, over all groups (as many as a topic may
 have queues)."""
+
+RAFT_MAX_FRAME_BYTES = 256 << 20
+"""Longest Raft frame a node sends or accepts: a longer length prefix is garbage to the receiver,
+which drops the connection (``replication/pso.py``)."""
+MAX_REQUEST_BYTES_CEILING = 32 << 20
+"""Largest ``limits.max_request_bytes`` a node starts with, so that no Raft message it sends is
+longer than :data:`RAFT_MAX_FRAME_BYTES`. An entry is at most a request plus 64 KiB; a leader sends a
+follower that is behind entries in one message until they add up to twice that, plus one more
+entry (pysyncobj's batching), each with some 20 bytes of pickle around it. At 32 MiB that is at
+most about 96 MiB of entries, under 160 MiB with the overhead of entries as small as 32 bytes: well
+inside the frame limit. Above about 85 MiB a follower behind by a few large entries would hang up
+on every append."""
 
 DEFAULT_BACKOFF_MS: tuple[int, ...] = tuple(
     s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)

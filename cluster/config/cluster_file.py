@@ -67,6 +67,7 @@ from raftmq.cluster.base.limits import (
     DEFAULT_MAX_MEMBERS_PER_TOKEN,
     DEFAULT_MAX_MEMBERS_PER_TOPIC,
     MAX_DURATION_MS,
+    MAX_REQUEST_BYTES_CEILING,
 )
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
 
@@ -156,6 +157,12 @@ class Limits:
     # may have, at once over all groups; a join beyond either is 409 too_many_members.
     max_members_per_token: int = DEFAULT_MAX_MEMBERS_PER_TOKEN
     max_members_per_topic: int = DEFAULT_MAX_MEMBERS_PER_TOPIC
+    # Incoming Raft connections that have not authenticated (named a node of the group in frames
+    # sealed with the Raft key): closed this long after they were accepted, and at most this many
+    # per node (all its Raft ports) and per source address; over a cap a new one is closed at once.
+    raft_auth_timeout_ms: int = 5_000
+    raft_max_unauthenticated: int = 512
+    raft_max_unauthenticated_per_source: int = 64
 
 
 @dataclass(frozen=True)
@@ -377,6 +384,17 @@ def parse_config(
         )
     if limits.max_members_per_token < 1 or limits.max_members_per_topic < 1:
         problems.append("limits.max_members_per_token and max_members_per_topic must be at least 1")
+    if not 1 <= limits.max_request_bytes <= MAX_REQUEST_BYTES_CEILING:
+        problems.append(
+            f"limits.max_request_bytes must be from 1 to {MAX_REQUEST_BYTES_CEILING} (32 MiB): a larger "
+            "entry would make Raft messages longer than a follower accepts"
+        )
+    if not 100 <= limits.raft_auth_timeout_ms <= 60_000:
+        problems.append("limits.raft_auth_timeout_ms must be from 100 to 60000")
+    if limits.raft_max_unauthenticated < 1 or limits.raft_max_unauthenticated_per_source < 1:
+        problems.append(
+            "limits.raft_max_unauthenticated and raft_max_unauthenticated_per_source must be at least 1"
+        )
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
     if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:

@@ -44,6 +44,7 @@ from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
 from raftmq.cluster.node.ticks import TickLoops
 from raftmq.cluster.node.view import LocalGroup
+from raftmq.cluster.replication.admission import AdmissionLimits, RaftAdmission
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
 from raftmq.cluster.replication.upgrade import BATCH_FORMATS
@@ -67,6 +68,15 @@ class Node:
         self.reconciler: Reconciler | None = None  # set by start
         self.me = config.node(node_id)
         self.keys = derive_keys(config.secret)  # the only use of the raw secret (cluster/config/keys.py)
+        lim = config.limits
+        # Every Raft port of this node shares one bound on connections that have not authenticated.
+        self.raft_admission = RaftAdmission(
+            AdmissionLimits(
+                auth_timeout_s=lim.raft_auth_timeout_ms / 1000,
+                max_unauthenticated=lim.raft_max_unauthenticated,
+                max_per_source=lim.raft_max_unauthenticated_per_source,
+            )
+        )
         self.node_dir = self.me.node_dir()
         self.groups: dict[str, LocalGroup] = {}
         self.metadata: MetadataMachine | None = None
@@ -229,6 +239,7 @@ class Node:
             fetch_checkpoint=lambda manifest: self.checkpoints.fetch(name, manifest),
             bind_addr=self.me.raft_bind_addr(port_offset(name)),  # pysyncobj's default is 0.0.0.0
             joining=joining,
+            admission=self.raft_admission,
         )
         return LocalGroup(name, raft, machine, store, journal_store)
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.syncobj as pso_syncobj
+import structlog
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.monotonic import monotonic
@@ -44,12 +45,17 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
+from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "FAIL_REASON",
     "PINNED_PYSYNCOBJ",
     "FlushingTransport",
+    "FrameTooLarge",
     "RaftConnection",
     "SyncObj",
     "SyncObjConf",
@@ -76,7 +82,8 @@ _VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from v
 _LENGTH = struct.Struct("<I")
 _SALT_BYTES = 16
 _HEADER = struct.Struct("<16sQ")  # the sender's salt for this connection, its frame counter
-MAX_FRAME_BYTES = 256 << 20  # a longer length prefix is garbage: the connection is dropped
+MAX_FRAME_BYTES = RAFT_MAX_FRAME_BYTES  # a longer length prefix is garbage: the connection is dropped
+_SEAL_BYTES = _HEADER.size + 16  # salt, counter and the GCM tag around a sealed pickle
 # Until a frame of a connection has been authenticated, a longer one is refused as soon as its
 # length prefix arrives: pysyncobj's first frame is its handshake key (about 100 bytes), and a
 # stranger must not make a node buffer up to MAX_FRAME_BYTES per connection it opens.
@@ -146,6 +153,15 @@ class SendQueue:
         return sent
 
 
+class FrameTooLarge(ValueError):
+    """A message whose frame would be longer than the receiver accepts."""
+
+    def __init__(self, frame_bytes: int, max_frame_bytes: int) -> None:
+        super().__init__(f"a Raft frame of {frame_bytes} bytes exceeds {max_frame_bytes}")
+        self.frame_bytes = frame_bytes
+        self.max_frame_bytes = max_frame_bytes
+
+
 class RaftConnection(TcpConnection):  # type: ignore[misc]
     """pysyncobj's connection with cheap buffers, no zlib and AES-GCM frames.
 
@@ -165,6 +181,9 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     _TcpConnection__writeBuffer: bytes | SendQueue  # pysyncobj's private buffers (annotations only)
     _TcpConnection__readBuffer: bytes | bytearray
     raft_key: bytes | None = None
+    max_frame_bytes = MAX_FRAME_BYTES  # the longest frame either side sends or accepts
+    # Why this side closed the connection, for RaftAdmission's count (None: the peer closed it).
+    drop_reason: str | None = None
     _send_salt: bytes | None = None
     _send_cipher: AESGCM | None = None
     _send_counter = 0
@@ -185,10 +204,18 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         super().disconnect()
 
     def frame(self, message: Any) -> bytes:
-        """The bytes :meth:`send` queues for ``message`` (advances this connection's counter)."""
+        """The bytes :meth:`send` queues for ``message`` (advances this connection's counter).
+
+        Raises:
+            FrameTooLarge: the frame would be longer than the receiver accepts
+                (:attr:`max_frame_bytes`); nothing was sealed or counted.
+        """
         if self.sendRandKey:
             message = (self.sendRandKey, message)
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        length = len(data) + (_SEAL_BYTES if self.raft_key is not None else 0)
+        if length > self.max_frame_bytes:
+            raise FrameTooLarge(length, self.max_frame_bytes)
         if self.raft_key is not None:
             if self._send_cipher is None:
                 self._send_salt = os.urandom(_SALT_BYTES)
@@ -199,7 +226,20 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         return _LENGTH.pack(len(data)) + data
 
     def send(self, message: Any) -> None:
-        data = self.frame(message)
+        try:
+            data = self.frame(message)
+        except FrameTooLarge as e:
+            # The receiver would hang up on it, silently. The cluster file's check on
+            # limits.max_request_bytes keeps every message pysyncobj builds under the limit; if one
+            # is not, this side says so and drops the link (pysyncobj reconnects), as the peer would.
+            log.error(
+                "raft_frame_too_large",
+                frame_bytes=e.frame_bytes,
+                max_frame_bytes=e.max_frame_bytes,
+                message_type=message.get("type") if isinstance(message, dict) else type(message).__name__,
+            )
+            self.disconnect()
+            return
         buf = self._TcpConnection__writeBuffer
         if not isinstance(buf, SendQueue):  # pysyncobj's (dis)connect put bytes() back
             buf = self._TcpConnection__writeBuffer = SendQueue(buf)
@@ -259,6 +299,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if self.raft_key is not None and self._recv_cipher is None and len(buf) >= _LENGTH.size:
             (length,) = _LENGTH.unpack_from(buf)
             if length > MAX_FIRST_FRAME_BYTES:  # nobody authenticated yet: refuse before buffering it
+                self.drop_reason = BAD_FRAME
                 self.disconnect()
                 return False
         return True
@@ -268,7 +309,8 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if not isinstance(buf, bytearray) or len(buf) < _LENGTH.size:  # filled as a bytearray
             return None
         (length,) = _LENGTH.unpack_from(buf)
-        if length > MAX_FRAME_BYTES:
+        if length > self.max_frame_bytes:
+            self.drop_reason = BAD_FRAME
             self.disconnect()
             return None
         end = _LENGTH.size + length
@@ -283,6 +325,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
                 if not hmac.compare_digest(rand_key, self.recvRandKey):
                     raise ValueError("frame for another connection")
         except Exception:  # forged, replayed, reflected or garbled: the peer is not trusted any more
+            self.drop_reason = BAD_FRAME
             self.disconnect()
             return None
         return message
@@ -323,11 +366,22 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
     adopts its term, so a removed voter that never learnt of its removal (the leader stops sending
     to it when it appends the change) would campaign, and its higher term would depose the leader
     through the connections that hints keep open. Entries and heartbeats from any node still pass.
+
+    Strangers are bounded (``admission.py``): an incoming connection that has not named a node of
+    the group ``auth_timeout_s`` after it was accepted is closed on the next tick, and one accepted
+    while the node (all its groups) or its source address holds the most unauthenticated ones
+    allowed is closed at once. pysyncobj itself times a connection out only when it has an event
+    (a read or write), so an idle stranger stayed open for good.
     """
 
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         # Before TCPTransport.__init__: it adds the nodes (and makes their connections) inside.
         self.raft_key = raft_key(syncObj.conf.password)
+        admission = getattr(getattr(syncObj, "raftmq_group", None), "admission", None)
+        self.admission: RaftAdmission = admission if admission is not None else RaftAdmission()
+        # Incoming connections not authenticated yet -> (source address, deadline). Tick thread only.
+        # Invariant: exactly these are counted in self.admission for this transport.
+        self._strangers: dict[Any, tuple[str, float]] = {}
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _wire(self, conn: Any) -> None:
@@ -339,7 +393,38 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         self._wire(conn)
+        source = _source_address(conn)
+        if self.admission.admit(source) is not None:  # over a cap: closed at once (and counted)
+            conn.disconnect()
+            return
+        self._strangers[conn] = (source, monotonic() + self.admission.limits.auth_timeout_s)
         super()._onNewIncomingConnection(conn)
+
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:
+        # The handshake: the peer's random key, then its Raft address. pysyncobj hangs up on an
+        # address that is not a node of the group (counted as a bad frame).
+        conn.drop_reason = BAD_FRAME
+        super()._onIncomingMessageReceived(conn, message)
+        conn.drop_reason = None
+        if conn not in self._unknownConnections:  # it named a node of the group: authenticated
+            stranger = self._strangers.pop(conn, None)
+            if stranger is not None:
+                self.admission.release(stranger[0])
+
+    def _onDisconnected(self, conn: Any) -> None:
+        stranger = self._strangers.pop(conn, None)
+        if stranger is not None:  # closed before it authenticated: by whom and why
+            self.admission.release(stranger[0], conn.drop_reason)
+        super()._onDisconnected(conn)
+
+    def _onTick(self) -> None:
+        super()._onTick()
+        if self._strangers:
+            now = monotonic()
+            for conn, (_source, deadline) in list(self._strangers.items()):
+                if now >= deadline:
+                    conn.drop_reason = AUTH_TIMEOUT
+                    conn.disconnect()  # _onDisconnected releases it and forgets it
 
     def send(self, node: Any, message: Any) -> Any:
         self._syncObj.raftmq_journal.flush()
@@ -363,6 +448,14 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
         conn = self._connections.get(node)
         if conn is not None:
             self._wire(conn)
+
+
+def _source_address(conn: Any) -> str:
+    """The host an accepted connection comes from ("?" if the socket is gone already)."""
+    try:
+        return str(conn._TcpConnection__socket.getpeername()[0])
+    except (OSError, AttributeError, TypeError):
+        return "?"
 
 
 class _MatchingTruncationFilter(logging.Filter):

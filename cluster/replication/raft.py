@@ -54,6 +54,7 @@ import orjson
 import structlog
 
 from raftmq.cluster.base.timing import LatencyHistogram
+from raftmq.cluster.replication.admission import RaftAdmission
 from raftmq.cluster.replication.contract import (
     GroupStatus,
     Outcome,
@@ -167,12 +168,16 @@ class RaftGroup:
         fetch_checkpoint: Callable[[dict[str, Any]], tuple[str, int]] | None = None,
         bind_addr: str | None = None,
         joining: bool = False,
+        admission: RaftAdmission | None = None,
     ) -> None:
         install_journal_seam()
         install_log_filter()
         self.name = name
         self.node_id = node_id
         self.self_addr = self_addr
+        # Unauthenticated connections to the Raft port: shared by the node's groups (the transport
+        # reads it; one of its own, with the defaults, when none is given).
+        self.admission = admission if admission is not None else RaftAdmission()
         self._machine = machine
         self._settings = settings
         self._snapshot_file = snapshot_file

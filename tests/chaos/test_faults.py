@@ -8,6 +8,7 @@ message must be received and acked by the group at least once.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ GROUPS = {
     # Power loss: every write a node never fsynced is dropped with it (issue 22). One node, a
     # leader, the whole cluster at once.
     "power-losses": ["power-loss", "power-loss-leader", "power-loss-all"],
+    # Strangers' idle, partial and garbage connections to every Raft port (issue 19, item 4).
+    "raft-strangers": ["raft-strangers"],
 }
 
 # Groups that mix faults of GROUPS (each nemesis is in exactly one group above).
@@ -108,12 +111,33 @@ def assert_received_at_least_once(result: RunResult) -> None:
     assert rx["divergent_count"] == 0, f"one position handed out with two values: {rx['divergent']}"
 
 
+def assert_strangers_were_refused(result: RunResult) -> None:
+    """The raft-strangers nemesis reached the Raft ports: every node closed strangers' connections
+    (at once over the per-source cap, at the deadline, or on a garbage frame), and counted them."""
+    history = [json.loads(line) for line in (result.directory / "history.jsonl").read_text().splitlines()]
+    stops = [op for op in history if op.get("f") == "stop" and op.get("fault") == "raft-strangers"]
+    assert stops, "the raft-strangers nemesis never stopped"
+    for op in stops:
+        value = op["value"]
+        assert value["strangers"]["closed_by_node"] > 0, value
+        for node, counts in value["refused"].items():
+            assert "error" not in counts, f"{node}: {counts}"
+            for reason in ("source_limit", "auth_timeout", "bad_frame"):
+                assert counts[reason] > 0, f"{node} refused no connection for {reason}: {value}"
+
+
+EXTRA_CHECKS = {"raft-strangers": assert_strangers_were_refused}
+
+
 @pytest.mark.parametrize("group", sorted(GROUPS) + sorted(MIXED))
 def test_at_least_once_under(group: str, chaos_images: str, store: Path) -> None:
     workload = "both" if group in WITH_RECEIVERS else "queue"
     settings = SETTINGS.get(group, {})
     faults = GROUPS.get(group) or MIXED[group]
-    assert_at_least_once(run_chaos(f"suite-{group}", faults, store, workload=workload, **settings))
+    result = run_chaos(f"suite-{group}", faults, store, workload=workload, **settings)
+    assert_at_least_once(result)
+    if group in EXTRA_CHECKS:
+        EXTRA_CHECKS[group](result)
 
 
 def test_at_least_once_on_five_nodes_under_partitions_and_majority_kills(

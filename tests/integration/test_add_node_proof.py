@@ -146,15 +146,19 @@ def test_a_proof_relayed_from_a_real_node_does_not_add_the_relay(cluster: Cluste
     assert after["placement"] == before["placement"] and after["change"] is None
 
 
-def test_the_proof_route_is_open_and_answers_a_proof_over_the_nonce(cluster: Cluster) -> None:
+def test_the_proof_route_is_open_and_answers_only_a_proof_over_the_nonce(cluster: Cluster) -> None:
+    """The route answers anyone (the prober sends no credential), so it names nothing: not the
+    node's id, not its Raft address (a stranger would learn where to knock), only the proof, which
+    the prober checks against the id and addresses it asked about."""
     n4 = cluster.nodes["n4"]
     nonce = "ab" * 32
     r = requests.post(n4.url + "/internal/proof", json={"nonce": nonce}, timeout=30)
     assert r.status_code == 200, r.text
     body = r.json()
     raft = f"127.0.0.1:{n4.raft_base}"
-    assert (body["node_id"], body["http"], body["raft"]) == ("n4", n4.http, raft)
-    assert body["proof"] == node_proof(KEYS.peer, nonce, "n4", n4.http, raft)
+    assert body == {"proof": node_proof(KEYS.peer, nonce, "n4", n4.http, raft)}
+    for revealed in ("n4", raft, str(n4.raft_base)):
+        assert revealed not in r.text, revealed
     assert not {v for v in CREDENTIALS.values() if v.lower() in r.text.lower()}
     for bad_body in ({"nonce": "short"}, {"nonce": 5}, {}, [1]):
         assert_error(requests.post(n4.url + "/internal/proof", json=bad_body, timeout=30), 400, "bad_request")

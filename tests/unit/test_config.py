@@ -132,3 +132,38 @@ def test_group_member_caps_default_below_each_other_and_must_be_positive() -> No
             ConfigError, match="max_members_per_token and max_members_per_topic must be at least 1"
         ):
             parse_config({"cluster": {"secret": SECRET}, "limits": {key: 0}, "nodes": nodes(3)})
+
+
+def test_a_request_limit_beyond_what_a_raft_frame_can_carry_is_refused() -> None:
+    """A follower hangs up on a Raft frame over 256 MiB, and a leader sends a follower behind it
+    entries of up to three requests in one frame: above 32 MiB per request a node does not start."""
+    ok = parse_config(
+        {"cluster": {"secret": SECRET}, "nodes": nodes(3), "limits": {"max_request_bytes": 32 << 20}}
+    )
+    assert ok.limits.max_request_bytes == 32 << 20
+    for bad in (32 * 1024 * 1024 + 1, 200 * 1024 * 1024, 0):
+        with pytest.raises(ConfigError) as e:
+            parse_config(
+                {"cluster": {"secret": SECRET}, "nodes": nodes(3), "limits": {"max_request_bytes": bad}}
+            )
+        assert any("limits.max_request_bytes" in p and "33554432" in p for p in e.value.problems), (
+            e.value.problems
+        )
+
+
+def test_unauthenticated_raft_connection_limits_have_defaults_and_bounds() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
+    assert (
+        c.limits.raft_auth_timeout_ms,
+        c.limits.raft_max_unauthenticated,
+        c.limits.raft_max_unauthenticated_per_source,
+    ) == (5000, 512, 64)
+    limits = {
+        "raft_auth_timeout_ms": 0,
+        "raft_max_unauthenticated": 0,
+        "raft_max_unauthenticated_per_source": 0,
+    }
+    with pytest.raises(ConfigError) as e:
+        parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3), "limits": limits})
+    text = "\n".join(e.value.problems)
+    assert "limits.raft_auth_timeout_ms" in text and "limits.raft_max_unauthenticated" in text

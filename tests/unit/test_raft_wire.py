@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
@@ -192,6 +193,36 @@ def test_a_connection_reset_in_the_write_handler_and_a_reconnect_on_the_same_fd_
         listener.close()
         for peer in peers:
             peer.close()
+
+
+def test_a_message_longer_than_the_receiver_accepts_is_never_sent_and_is_logged() -> None:
+    """The sender checks a frame against the receiver's limit (``max_frame_bytes``, 256 MiB on a
+    node; small here): it drops the link and logs the error instead of sending a frame the peer
+    would hang up on without a word. A message that fits goes through afterwards."""
+    pair = Pair()
+    try:
+        pair.a.max_frame_bytes = pair.b.max_frame_bytes = 10_000
+        with structlog.testing.capture_logs() as logs:
+            pair.a.send({"type": "append_entries", "entries": [os.urandom(20_000)]})
+        assert [e["event"] for e in logs] == ["raft_frame_too_large"]
+        assert logs[0]["message_type"] == "append_entries" and logs[0]["frame_bytes"] > 20_000
+        assert pair.a.getSendBufferSize() == 0  # nothing went on the wire
+        assert pair.a.state == CONNECTION_STATE.DISCONNECTED
+        wait_for(
+            lambda: pair.b.state == CONNECTION_STATE.DISCONNECTED,
+            "the peer sees the link closed",
+            step=pair.pump,
+        )
+        assert pair.got == []
+    finally:
+        pair.close()
+    pair = Pair()
+    try:
+        pair.a.max_frame_bytes = pair.b.max_frame_bytes = 10_000
+        pair.a.send({"i": 1, "data": os.urandom(9_000)})
+        wait_for(lambda: len(pair.got) == 1, "a frame under the limit", step=pair.pump)
+    finally:
+        pair.close()
 
 
 def test_frames_carry_no_zlib_and_encrypt_the_pickle() -> None:
