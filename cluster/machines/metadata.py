@@ -8,21 +8,27 @@ Topic ids are never reused, so data a deleted topic left in a queue group can ne
 a new topic's.
 
 Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
-``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``) (ONLY ADD TO THE END).
+``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``), then
+``set_topic_attributes`` (ONLY ADD TO THE END).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
 ``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic
 ``<source>.<group>.dlq`` of a consumer group, creating it with the source's queue count and the
 SAME ``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
 letter queue is one apply). An existing topic of that name is accepted only with that placement.
+``set_topic_attributes {"name", "attributes"}`` merges string attributes into a topic's (a null
+value removes one); ``create_topic`` may carry ``attributes`` too. Attributes are the topic's own
+settings that front ends keep (the SQS API stores a queue's attributes there, ``cluster/api/sqs/``);
+the machine checks only their shape (:func:`validate_attributes`) and never reads them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -33,7 +39,16 @@ from raftmq.cluster.machines import placement as pl
 from raftmq.cluster.machines.placement import Change, Placement
 from raftmq.storage.store import Batch, Store
 
-__all__ = ["TOPIC_NAME", "MetadataMachine", "Topic", "applied_index", "validate_topic_name"]
+__all__ = [
+    "MAX_ATTRIBUTES",
+    "MAX_ATTRIBUTE_VALUE_BYTES",
+    "TOPIC_NAME",
+    "MetadataMachine",
+    "Topic",
+    "applied_index",
+    "validate_attributes",
+    "validate_topic_name",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +63,9 @@ _NEXT_CHANGE = b"Z"
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 MAX_QUEUES = 1024
+MAX_ATTRIBUTES = 64  # per topic, after a merge
+MAX_ATTRIBUTE_VALUE_BYTES = 8192  # UTF-8; an SQS RedrivePolicy or Policy fits
+ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @dataclass(frozen=True)
@@ -60,9 +78,10 @@ class Topic:
     retention_bytes: int | None
     max_message_bytes: int | None
     created_ms: int
+    attributes: dict[str, str] = field(default_factory=dict)  # never mutated: replaced by a new Topic
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "id": self.id,
             "name": self.name,
             "queues": self.queues,
@@ -72,6 +91,9 @@ class Topic:
             "max_message_bytes": self.max_message_bytes,
             "created_ms": self.created_ms,
         }
+        if self.attributes:  # absent when empty: topics stored before attributes read the same
+            d["attributes"] = dict(self.attributes)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Topic:
@@ -84,7 +106,32 @@ class Topic:
             retention_bytes=d["retention_bytes"],
             max_message_bytes=d["max_message_bytes"],
             created_ms=d["created_ms"],
+            attributes=dict(d.get("attributes") or {}),
         )
+
+
+def validate_attributes(attributes: Any, *, removals: bool) -> str | None:
+    """An error message, or None when ``attributes`` is an object of attribute names (1-128 of
+    ``A-Z a-z 0-9 . _ : -``) to strings of at most MAX_ATTRIBUTE_VALUE_BYTES UTF-8 bytes (or null,
+    to remove one, when ``removals``), at most MAX_ATTRIBUTES of them."""
+    if not isinstance(attributes, dict):
+        return "attributes must be an object of names to strings"
+    if len(attributes) > MAX_ATTRIBUTES:
+        return f"at most {MAX_ATTRIBUTES} attributes"
+    for name, value in attributes.items():
+        if not isinstance(name, str) or not ATTRIBUTE_NAME.match(name):
+            return "attribute names are 1-128 characters of A-Z a-z 0-9 . _ : -"
+        if value is None and removals:
+            continue
+        if not isinstance(value, str):
+            return f"attribute {name!r} must be a string" + (" or null" if removals else "")
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:  # a lone surrogate
+            return f"attribute {name!r} is not valid UTF-8 text"
+        if size > MAX_ATTRIBUTE_VALUE_BYTES:
+            return f"attribute {name!r} is over {MAX_ATTRIBUTE_VALUE_BYTES} bytes"
+    return None
 
 
 def validate_topic_name(name: Any) -> str | None:
@@ -228,6 +275,8 @@ class MetadataMachine:
             return self._ensure_dlq_topic(cmd, batch)
         if op in pl.OPS:
             return self._placement_op(cmd, batch), batch, None, None
+        if op == "set_topic_attributes":
+            return self._set_attributes(cmd, batch)
         if op == "delete_topic":
             name = cmd.get("name")
             if not isinstance(name, str) or name not in self._topics:
@@ -281,6 +330,10 @@ class MetadataMachine:
             opts[key], problem = _opt_int(cmd, key, minimum)
             if problem:
                 return _error("bad_request", problem), batch, None, None
+        attributes = cmd.get("attributes") or {}
+        problem = validate_attributes(attributes, removals=False)
+        if problem:
+            return _error("bad_request", problem), batch, None, None
         if name in self._topics:
             return _error("topic_exists", f"topic {name!r} exists"), batch, None, None
         assert isinstance(queues, int) and isinstance(group_count, int)
@@ -295,12 +348,34 @@ class MetadataMachine:
             retention_bytes=opts["retention_bytes"],
             max_message_bytes=opts["max_message_bytes"],
             created_ms=now_ms,
+            attributes=dict(attributes),
         )
         batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
         batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
         topics = dict(self._topics)
         topics[name] = topic
         return {"topic": topic.to_json()}, batch, topics, topic_id + 1
+
+    def _set_attributes(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        name, changes = cmd.get("name"), cmd.get("attributes")
+        topic = self._topics.get(name) if isinstance(name, str) else None
+        if topic is None:
+            return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
+        problem = validate_attributes(changes, removals=True)
+        if problem:
+            return _error("bad_request", problem), batch, None, None
+        assert isinstance(changes, dict)
+        merged = {**topic.attributes, **changes}
+        merged = {k: v for k, v in sorted(merged.items()) if v is not None}
+        if len(merged) > MAX_ATTRIBUTES:
+            return _error("bad_request", f"at most {MAX_ATTRIBUTES} attributes per topic"), batch, None, None
+        updated = dataclasses.replace(topic, attributes=merged)
+        batch.put(_TOPIC + topic.name.encode(), orjson.dumps(updated.to_json()))
+        topics = dict(self._topics)
+        topics[topic.name] = updated
+        return {"topic": updated.to_json()}, batch, topics, None
 
     def _ensure_dlq_topic(
         self, cmd: dict[str, Any], batch: Batch
