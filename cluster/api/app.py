@@ -37,6 +37,7 @@ from raftmq.cluster.api.handlers.subscriptions import add_subscription_routes
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
 from raftmq.cluster.api.openapi.spec import openapi_spec
+from raftmq.cluster.api.sqs import add_sqs_routes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import group_sort_key
@@ -130,4 +131,5 @@ def create_app(node: Node) -> web.Application:
     api.changes = add_cluster_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)
     add_console_routes(app)  # the web console: /ui (cluster/api/console.py)
+    add_sqs_routes(app, node, api, delivery)  # the Amazon SQS API: POST / (cluster/api/sqs/)
     return app
