@@ -64,10 +64,12 @@ def is_queue(topic: Topic) -> bool:
 
 
 def queue_setting(topic: Topic, name: str, cap: int | None = None) -> int:
-    """A settable attribute of the queue (its default when never set), at most ``cap``."""
+    """A settable attribute of the queue (its default when never set), at most ``cap``. A value
+    set through the REST API (admin) outside AWS's bounds counts as the nearest bound."""
     bound = SETTABLE[name]
     raw = topic.attributes.get(PREFIX + name)
-    value = int(raw) if raw is not None and raw.isdigit() else bound.default
+    value = int(raw) if raw is not None and raw.isascii() and raw.isdigit() else bound.default
+    value = min(max(value, bound.low), bound.high)
     return value if cap is None else min(value, cap)
 
 
