@@ -395,3 +395,17 @@ def test_query_protocol_through_botocore(cluster: Cluster, tmp_path: Path) -> No
     assert _code(e) == "AWS.SimpleQueueService.NonExistentQueue" and _status(e) == 400
     listed = sqs.list_queues(QueueNamePrefix="query-")["QueueUrls"]
     assert listed == [url]
+
+
+def test_the_boto3_example_of_the_docs_runs(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "sqs.md").read_text()
+    block = text.split("<!-- sqs-example:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'endpoint_url="http://localhost:8081"' in block  # what ./scripts/dev serves
+    exec(compile(block.replace("http://localhost:8081", cluster.url("n2")), "docs/sqs.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert (
+        printed.count('{"order": ') == 11
+        and "'customer'" in printed
+        and "ApproximateNumberOfMessages" in printed
+    )
+    assert cluster.get("/v1/topics/orders").status_code == 404  # the example deletes its queue
