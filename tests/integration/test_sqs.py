@@ -173,9 +173,14 @@ def test_wire_errors_without_boto3(cluster: Cluster) -> None:
     r = requests.post(cluster.url("n2") + "/", data={"Action": "GetQueueUrl", "QueueName": "nope"})
     assert r.status_code == 400 and r.headers["Content-Type"].startswith("text/xml")
     assert "<Code>AWS.SimpleQueueService.NonExistentQueue</Code>" in r.text
-    assert (
-        requests.get(cluster.url("n2") + "/", allow_redirects=False).status_code == 302
-    )  # still the console
+    r = requests.post(
+        cluster.url("n1") + "/000000000000/any",
+        data=b"--x\r\nnot a part",
+        headers={"Content-Type": "multipart/form-data; boundary=x"},
+    )
+    assert r.status_code == 400 and "<Code>MalformedQueryString</Code>" in r.text, r.text
+    still_the_console = requests.get(cluster.url("n2") + "/", allow_redirects=False)
+    assert still_the_console.status_code == 302
 
 
 def test_visibility_timeout_and_change_message_visibility(sqs: Any) -> None:

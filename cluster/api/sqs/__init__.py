@@ -84,7 +84,12 @@ class SqsHandler:
                 if not isinstance(params, dict):
                     raise SqsError("SerializationException", "The body must be a JSON object.")
             else:
-                form = await request.post()
+                try:
+                    form = await request.post()
+                except web.HTTPRequestEntityTooLarge:
+                    raise
+                except Exception:  # a body aiohttp cannot read as a form (bad multipart, encoding)
+                    raise SqsError("MalformedQueryString", "The request body is not a form.") from None
                 action, params = query_params({k: v for k, v in form.items() if isinstance(v, str)})
                 if "queue" in request.match_info:
                     params.setdefault("QueueUrl", str(request.url))
