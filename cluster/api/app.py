@@ -37,6 +37,7 @@ from raftmq.cluster.api.handlers.subscriptions import add_subscription_routes
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
 from raftmq.cluster.api.openapi.spec import openapi_spec
+from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import META, group_sort_key
@@ -132,6 +133,7 @@ def create_app(node: Node) -> web.Application:
     r.add_post("/v1/topics", api.create_topic)
     r.add_get("/v1/topics", api.list_topics)
     r.add_get("/v1/topics/{topic}", api.get_topic)
+    r.add_patch("/v1/topics/{topic}", api.set_topic_attributes)
     r.add_delete("/v1/topics/{topic}", api.delete_topic)
     r.add_post("/v1/topics/{topic}/messages", api.produce)
     r.add_get("/v1/topics/{topic}/queues/{queue}/messages", api.fetch)
@@ -148,4 +150,5 @@ def create_app(node: Node) -> web.Application:
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)
     # the web console: /ui (cluster/api/console.py), its first view written into the page
     add_console_routes(app, api.cluster_view, tokens_required=node.config.security.enabled)
+    add_sqs_routes(app, node, api, delivery)  # the Amazon SQS API: POST / (cluster/api/sqs/)
     return app

@@ -8,6 +8,9 @@ Every request is classified by its route (:func:`route_rule`):
   routes also take the backup key (``X-Raftmq-Backup-Key``); ``POST /internal/proof`` is open (a
   node being added proves it holds the peer key there; ``cluster/config/keys.py``).
 - ``/metrics``: a token, unless ``security.metrics_open``.
+- ``POST /`` and ``POST /{account}/{queue}``: the SQS API (``cluster/api/sqs/``): open without
+  tokens (any AWS credentials, as the emulators do); with tokens refused with SQS's 403
+  ``InvalidClientTokenId``, whatever the request carries (AWS signatures are not checked yet).
 - ``/v1/...``: with tokens configured, ``Authorization: Bearer <token>`` and the permission the route
   needs on its topic (the table in ``docs/security.md``); a route without a topic, and any route
   this module does not know, needs cluster admin (``admin = ["*"]``).
@@ -36,6 +39,7 @@ import orjson
 import structlog
 from aiohttp import web
 
+from raftmq.cluster.api.sqs.wire import QUEUE_ROUTE, sqs_refusal
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ErrorCode, error_body
 from raftmq.cluster.config.keys import (
@@ -80,7 +84,7 @@ class Rule:
     any_of: bool = False
 
 
-OPEN, PEER, METRICS = Rule("open"), Rule("peer"), Rule("metrics")
+OPEN, PEER, METRICS, SQS = Rule("open"), Rule("peer"), Rule("metrics"), Rule("sqs")
 TOKEN, CLUSTER_ADMIN = Rule("token"), Rule("cluster_admin")
 LIST_TOPICS = Rule("token", source="list")  # any token; the answer lists only the token's topics
 
@@ -102,6 +106,8 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/ui/"): OPEN,
     ("GET", "/ui/{file}"): OPEN,
     ("GET", "/metrics"): METRICS,
+    ("POST", "/"): SQS,  # the SQS API (cluster/api/sqs/)
+    ("POST", QUEUE_ROUTE): SQS,
     ("GET", "/v1/cluster"): TOKEN,  # clients read node addresses from it
     ("GET", "/v1/topics"): LIST_TOPICS,
     ("POST", "/v1/topics"): _on_topic(ADMIN, source="body:name"),
@@ -113,6 +119,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     # A group's members on the topic (api/handlers/groups.py): monitoring, as the lag is.
     ("GET", _T + "/groups/{group}/members"): _on_topic(CONSUME, ADMIN, any_of=True),
     ("DELETE", _T): _on_topic(ADMIN),
+    ("PATCH", _T): _on_topic(ADMIN),  # a topic's attributes
     ("POST", _T + "/messages"): _on_topic(PRODUCE),
     ("GET", _T + "/queues/{queue}/messages"): _on_topic(CONSUME),
     ("PUT", _G + "/offsets"): _on_topic(CONSUME, source="body:topic"),
@@ -158,6 +165,10 @@ def auth_middleware(keys: ClusterKeys, security: SecurityConfig) -> Any:
         resource = match.route.resource
         canonical = None if match.http_exception is not None or resource is None else resource.canonical
         rule = route_rule(request.method, canonical, request.path)
+        if rule is SQS:  # before the peer key: no key or token opens SQS on a cluster with tokens
+            if security.enabled:
+                return sqs_refusal(request)
+            return await handler(request)
         if LEGACY_HEADER in request.headers:
             return refusals.refuse(
                 request,

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError, ProduceFailed
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
@@ -99,6 +100,11 @@ class ApiCore:
             raise body_error(status, data)
         return Topic.from_json(orjson.loads(data))
 
+    async def describe(self, topic: Topic) -> dict[str, Any]:
+        """The topic and its queues (leader, replicas, low and high offsets), as ``GET
+        /v1/topics/{topic}`` answers; a queue whose leader did not answer has null offsets."""
+        return await self._describe(topic)
+
     async def _describe(self, topic: Topic) -> dict[str, Any]:
         by_group: dict[int, list[int]] = defaultdict(list)
         for q, g in enumerate(topic.queue_groups):
@@ -147,6 +153,20 @@ class ApiCore:
 
     # -- writes at this node as a group's leader ---------------------------------------------------
 
+    _TOPIC_OPS = frozenset({"create_topic", "set_topic_attributes", "delete_topic"})
+
+    def _topic_command(self, body: dict[str, Any]) -> bytes:
+        """The metadata command of the internal action ``topic_command`` (``body``: the op and its
+        fields; the leader adds the time and the group count of a ``create_topic``). The metadata
+        machine checks the fields."""
+        op = body.get("op")
+        if op not in self._TOPIC_OPS:
+            raise ApiError(errors.BAD_REQUEST, f"topic_command cannot run {op!r}")
+        command = {**body, "v": 1}
+        if op == "create_topic":
+            command.update(now_ms=now_ms(), group_count=self.node.config.queue_groups)
+        return orjson.dumps(command)
+
     async def internal_action(
         self, name: str, action: str, body: dict[str, Any], size_hint: int | None = None
     ) -> dict[str, Any]:
@@ -181,6 +201,8 @@ class ApiCore:
             )
         if action == "barrier":
             return await self.router.propose_checked(name, commands.noop())
+        if action == "topic_command" and name == META:
+            return await self.router.propose_checked(META, self._topic_command(body))
         if self.changes is not None and action in self.changes.actions:
             return await self.changes.internal_action(name, action, body)
         if self.delivery is not None and action in self.delivery.actions:

@@ -15,7 +15,7 @@ import orjson
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.cluster_file import Limits
-from raftmq.cluster.machines.metadata import validate_topic_name
+from raftmq.cluster.machines.metadata import validate_attributes, validate_topic_name
 
 __all__ = [
     "ApiError",
@@ -215,10 +215,13 @@ def _utf8_len(text: str, where: str) -> int:
 
 
 def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
-    """Validate ``{"name", "queues"=8, "retention_ms"?, "retention_bytes"?, "max_message_bytes"?}``."""
+    """Validate ``{"name", "queues"=8, "retention_ms"?, "retention_bytes"?, "max_message_bytes"?,
+    "attributes"?}``."""
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
-    _check_fields(body, {"name", "queues", "retention_ms", "retention_bytes", "max_message_bytes"}, "body")
+    _check_fields(
+        body, {"name", "queues", "retention_ms", "retention_bytes", "max_message_bytes", "attributes"}, "body"
+    )
     problem = validate_topic_name(body.get("name"))
     if problem:
         raise bad(problem)
@@ -235,7 +238,24 @@ def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
         out[key] = v
     if out.get("max_message_bytes", 0) > limits.max_message_bytes:
         raise bad(f"'max_message_bytes' may not exceed the cluster limit {limits.max_message_bytes}")
+    if body.get("attributes") is not None:
+        problem = validate_attributes(body["attributes"], removals=False)
+        if problem:
+            raise bad(problem)
+        out["attributes"] = body["attributes"]
     return out
+
+
+def parse_topic_attributes(body: Any) -> dict[str, str | None]:
+    """Validate ``{"attributes": {name: value or null}}`` (``PATCH /v1/topics/{topic}``)."""
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object")
+    _check_fields(body, {"attributes"}, "body")
+    problem = validate_attributes(body.get("attributes"), removals=True)
+    if problem:
+        raise bad(problem)
+    attributes: dict[str, str | None] = body["attributes"]
+    return attributes
 
 
 def query_int(query: Any, name: str, default: int | None, lo: int, hi: int) -> int:

@@ -8,7 +8,8 @@ Topic ids are never reused, so data a deleted topic left in a queue group can ne
 a new topic's.
 
 Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
-``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``) (ONLY ADD TO THE END).
+``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``), then
+``set_topic_attributes`` (ONLY ADD TO THE END).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
 ``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic of a consumer
@@ -27,14 +28,20 @@ record whose source was deleted matches no later topic of the same name.
 Topics written before the record existed are given one by :func:`migrate_dead_letter_records`
 in the first entry an upgraded replica applies (the marker ``b"M"`` says it ran): a pure function of
 the topics, so every replica that applies that entry records the same sources.
+
+``set_topic_attributes {"name", "attributes"}`` merges string attributes into a topic's (a null
+value removes one); ``create_topic`` may carry ``attributes`` too. Attributes are the topic's own
+settings that front ends keep (the SQS API stores a queue's attributes there, ``cluster/api/sqs/``);
+the machine checks only their shape (:func:`validate_attributes`) and never reads them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -46,11 +53,14 @@ from raftmq.cluster.machines.placement import Change, Placement
 from raftmq.storage.store import Batch, Store
 
 __all__ = [
+    "MAX_ATTRIBUTES",
+    "MAX_ATTRIBUTE_VALUE_BYTES",
     "TOPIC_NAME",
     "MetadataMachine",
     "Topic",
     "applied_index",
     "migrate_dead_letter_records",
+    "validate_attributes",
     "validate_topic_name",
 ]
 
@@ -68,6 +78,9 @@ _MIGRATED = b"M"  # present once the topics carry their dead-letter records (fro
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 MAX_QUEUES = 1024
+MAX_ATTRIBUTES = 64  # per topic, after a merge
+MAX_ATTRIBUTE_VALUE_BYTES = 8192  # UTF-8; an SQS RedrivePolicy or Policy fits
+ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,7 @@ class Topic:
     created_ms: int
     # A dead-letter topic's source: (source topic id, consumer group); None for other topics.
     dead_letter_of: tuple[int, str] | None = None
+    attributes: dict[str, str] = field(default_factory=dict)  # never mutated: replaced by a new Topic
 
     def to_json(self) -> dict[str, Any]:
         out = self._fields()
@@ -91,7 +105,7 @@ class Topic:
         return out
 
     def _fields(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "id": self.id,
             "name": self.name,
             "queues": self.queues,
@@ -101,6 +115,9 @@ class Topic:
             "max_message_bytes": self.max_message_bytes,
             "created_ms": self.created_ms,
         }
+        if self.attributes:  # absent when empty: topics stored before attributes read the same
+            d["attributes"] = dict(self.attributes)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Topic:
@@ -114,6 +131,7 @@ class Topic:
             max_message_bytes=d["max_message_bytes"],
             created_ms=d["created_ms"],
             dead_letter_of=_dead_letter_of(d.get("dead_letter_of")),
+            attributes=dict(d.get("attributes") or {}),
         )
 
 
@@ -147,6 +165,30 @@ def migrate_dead_letter_records(topics: dict[str, Topic]) -> dict[str, Topic]:
                 out[t.name] = replace(t, dead_letter_of=(source.id, group))
                 break
     return out
+
+
+def validate_attributes(attributes: Any, *, removals: bool) -> str | None:
+    """An error message, or None when ``attributes`` is an object of attribute names (1-128 of
+    ``A-Z a-z 0-9 . _ : -``) to strings of at most MAX_ATTRIBUTE_VALUE_BYTES UTF-8 bytes (or null,
+    to remove one, when ``removals``), at most MAX_ATTRIBUTES of them."""
+    if not isinstance(attributes, dict):
+        return "attributes must be an object of names to strings"
+    if len(attributes) > MAX_ATTRIBUTES:
+        return f"at most {MAX_ATTRIBUTES} attributes"
+    for name, value in attributes.items():
+        if not isinstance(name, str) or not ATTRIBUTE_NAME.match(name):
+            return "attribute names are 1-128 characters of A-Z a-z 0-9 . _ : -"
+        if value is None and removals:
+            continue
+        if not isinstance(value, str):
+            return f"attribute {name!r} must be a string" + (" or null" if removals else "")
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:  # a lone surrogate
+            return f"attribute {name!r} is not valid UTF-8 text"
+        if size > MAX_ATTRIBUTE_VALUE_BYTES:
+            return f"attribute {name!r} is over {MAX_ATTRIBUTE_VALUE_BYTES} bytes"
+    return None
 
 
 def validate_topic_name(name: Any) -> str | None:
@@ -318,6 +360,8 @@ class MetadataMachine:
             return self._ensure_dlq_topic(cmd, batch)
         if op in pl.OPS:
             return self._placement_op(cmd, batch), batch, None, None
+        if op == "set_topic_attributes":
+            return self._set_attributes(cmd, batch)
         if op == "delete_topic":
             name = cmd.get("name")
             if not isinstance(name, str) or name not in self._topics:
@@ -371,6 +415,10 @@ class MetadataMachine:
             opts[key], problem = _opt_int(cmd, key, minimum)
             if problem:
                 return _error("bad_request", problem), batch, None, None
+        attributes = cmd.get("attributes") or {}
+        problem = validate_attributes(attributes, removals=False)
+        if problem:
+            return _error("bad_request", problem), batch, None, None
         if name in self._topics:
             return _error("topic_exists", f"topic {name!r} exists"), batch, None, None
         assert isinstance(queues, int) and isinstance(group_count, int)
@@ -385,12 +433,34 @@ class MetadataMachine:
             retention_bytes=opts["retention_bytes"],
             max_message_bytes=opts["max_message_bytes"],
             created_ms=now_ms,
+            attributes=dict(attributes),
         )
         batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
         batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
         topics = dict(self._topics)
         topics[name] = topic
         return {"topic": topic.to_json()}, batch, topics, topic_id + 1
+
+    def _set_attributes(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        name, changes = cmd.get("name"), cmd.get("attributes")
+        topic = self._topics.get(name) if isinstance(name, str) else None
+        if topic is None:
+            return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
+        problem = validate_attributes(changes, removals=True)
+        if problem:
+            return _error("bad_request", problem), batch, None, None
+        assert isinstance(changes, dict)
+        merged = {**topic.attributes, **changes}
+        merged = {k: v for k, v in sorted(merged.items()) if v is not None}
+        if len(merged) > MAX_ATTRIBUTES:
+            return _error("bad_request", f"at most {MAX_ATTRIBUTES} attributes per topic"), batch, None, None
+        updated = dataclasses.replace(topic, attributes=merged)
+        batch.put(_TOPIC + topic.name.encode(), orjson.dumps(updated.to_json()))
+        topics = dict(self._topics)
+        topics[topic.name] = updated
+        return {"topic": updated.to_json()}, batch, topics, None
 
     def _ensure_dlq_topic(
         self, cmd: dict[str, Any], batch: Batch

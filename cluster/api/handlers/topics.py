@@ -1,6 +1,6 @@
-"""Topic handlers of the HTTP API v1: create, list, describe and delete (``POST/GET
-/v1/topics``, ``GET/DELETE /v1/topics/{topic}``); topics live in the metadata group. The list
-shows dead-letter topics under their source (:func:`topic_list`).
+"""Topic handlers of the HTTP API v1: create, list, describe, change attributes and delete
+(``POST/GET /v1/topics``, ``GET/PATCH/DELETE /v1/topics/{topic}``); topics live in the metadata
+group. The list shows dead-letter topics under their source (:func:`topic_list`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from aiohttp import web
 from raftmq.cluster import commands
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
-from raftmq.cluster.api.validation import parse_create_topic, parse_json
+from raftmq.cluster.api.validation import parse_create_topic, parse_json, parse_topic_attributes
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
@@ -87,13 +87,27 @@ class TopicHandlers(ApiCore):
         topic = await self.topic(request.match_info["topic"])
         return json_response(await self._describe(topic))
 
+    async def set_topic_attributes(self, request: web.Request) -> web.Response:
+        attributes = parse_topic_attributes(parse_json(await request.read()))
+        topic = await self.topic(request.match_info["topic"])
+        command = {"op": "set_topic_attributes", "name": topic.name, "attributes": attributes}
+        result = await self.router.group_call(META, "topic_command", command)
+        return json_response(await self._describe(Topic.from_json(result["topic"])))
+
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
         if not self.router.leads(META):
             return await self.router.forward(request, META)
-        result = await self.router.propose_checked(
-            META, orjson.dumps({"v": 1, "op": "delete_topic", "name": name})
-        )
+        await self.remove_topic(name)
+        return json_response({"deleted": name})
+
+    async def remove_topic(self, name: str) -> Topic:
+        """Delete topic ``name`` (at the metadata leader, wherever it is) and free its data.
+
+        Raises:
+            ApiError: ``topic_not_found``, or the metadata group's failure.
+        """
+        result = await self.router.group_call(META, "topic_command", {"op": "delete_topic", "name": name})
         topic = Topic.from_json(result["deleted"])
         # Free the data; topic ids are never reused, so a failure here only leaves garbage.
         for g in sorted(set(topic.queue_groups)):
@@ -101,4 +115,4 @@ class TopicHandlers(ApiCore):
                 await self.router.group_call(g, "drop", {"topic_id": topic.id})
             except ApiError as e:
                 log.warning("drop_topic_failed", group=g, topic_id=topic.id, error=e.message)
-        return json_response({"deleted": name})
+        return topic

@@ -48,7 +48,7 @@ from raftmq.cluster.api.validation import (
     MAX_SEQUENCE,
 )
 from raftmq.cluster.config.cluster_file import Limits
-from raftmq.cluster.machines.metadata import MAX_QUEUES
+from raftmq.cluster.machines.metadata import MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_QUEUES
 
 __all__ = ["openapi_spec"]
 
@@ -87,6 +87,18 @@ def _message_schema(limits: Limits) -> Schema:
     )
 
 
+def _attributes(removals: bool) -> Schema:
+    value = _str(**{"x-raftmq-max-utf8-bytes": MAX_ATTRIBUTE_VALUE_BYTES})
+    return {
+        "type": "object",
+        "propertyNames": {"pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+        "additionalProperties": _nullable(value) if removals else value,
+        "maxProperties": MAX_ATTRIBUTES,
+        "description": "The topic's own settings, names to strings (the SQS API keeps a queue's "
+        "attributes here, under names starting with sqs.)" + ("; null removes one" if removals else ""),
+    }
+
+
 def _topic(queues: Schema, **extra: Schema) -> Schema:
     """A topic: ``queues`` is its queue count, or (described) the list of its queues; ``extra``:
     optional fields."""
@@ -101,6 +113,7 @@ def _topic(queues: Schema, **extra: Schema) -> Schema:
             "retention_bytes": nullable_pos,
             "max_message_bytes": nullable_pos,
             "created_ms": _int(0),
+            "attributes": _attributes(False),
             **extra,
         },
         required=tuple(
@@ -137,9 +150,11 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                 "retention_ms": nullable_pos,
                 "retention_bytes": nullable_pos,
                 "max_message_bytes": _nullable(_int(1, limits.max_message_bytes)),
+                "attributes": _nullable(_attributes(False)),
             },
             required=("name",),
         ),
+        "TopicAttributes": _obj({"attributes": _attributes(True)}, required=("attributes",)),
         "Topic": _topic(
             _int(1),
             dead_letter_of=_obj(
@@ -342,6 +357,13 @@ def _paths(limits: Limits) -> dict[str, Any]:
                 "A topic and its queues",
                 {"200": _json(_ref("TopicDescription"), "the topic"), **_errors(404, *RAFT_ERRORS)},
                 params=(TOPIC,),
+            ),
+            "patch": _op(
+                "setTopicAttributes",
+                "Set or remove attributes of a topic (merged into its attributes)",
+                {"200": _json(_ref("TopicDescription"), "the topic"), **_errors(400, 404, *RAFT_ERRORS)},
+                params=(TOPIC,),
+                body=_ref("TopicAttributes"),
             ),
             "delete": _op(
                 "deleteTopic",

@@ -1,0 +1,349 @@
+"""The SQS actions of this slice, each turned into the node actions the REST API uses.
+
+What maps to what (docs/sqs.md):
+
+- a queue is a topic of the same name (marked and configured by topic attributes ``sqs.*``,
+  ``queues.py``), consumed by the receive/ack subscription of the consumer group ``sqs``, stored
+  with ``max_deliveries`` 2^32-1 and no backoff (SQS redelivers right after the visibility timeout,
+  and has no dead letters without a RedrivePolicy);
+- SendMessage(Batch): one record batch appended to one queue of the topic at its queue group's
+  leader (``append``, as the binary produce path), answered once committed on a majority; the
+  message's DelaySeconds is a raftmq delayed message, MessageRetentionPeriod its ``ttl_ms``;
+- ReceiveMessage: ``take`` at the subscription's receive coordinator (the REST receive's line of
+  waiters), long-polled in slices so that a leader change during the wait answers what there is
+  (possibly nothing) instead of an error;
+- DeleteMessage(Batch): ``ack``; ChangeMessageVisibility: ``extend`` (0 s: ``nack`` with no delay);
+- PurgeQueue: the group's committed offsets moved to each queue's end.
+
+A receipt handle is the REST receipt ``topic_id.queue.offset.token``: it names one delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import itertools
+import re
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
+from raftmq.cluster.api.handlers.topics import TopicHandlers
+from raftmq.cluster.api.sqs import queues as qs
+from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.groups import META
+from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.machines.views import consumer_queues
+from raftmq.cluster.node.node import Node
+from raftmq.storage.store import StoreError
+
+__all__ = ["GROUP", "MAX_BATCH", "MAX_BATCH_BYTES", "Action", "QueueActions", "int_param"]
+
+GROUP = "sqs"  # the consumer group of every SQS queue's subscription
+MAX_BATCH = 10
+MAX_BATCH_BYTES = 1_048_576  # the sum of a batch's bodies and attributes
+MAX_DELIVERIES = 2**32 - 1
+_QUEUE_COUNTS = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+)
+_QUEUE_ATTRIBUTES = (
+    "QueueArn",
+    "CreatedTimestamp",
+    "LastModifiedTimestamp",
+    *_QUEUE_COUNTS,
+    *qs.SETTABLE,
+    *sorted(qs.STORED),
+)
+Action = Callable[[web.Request, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def int_param(params: dict[str, Any], name: str, low: int, high: int, default: int) -> int:
+    """The integer parameter ``name`` (a number, or its digits on the query wire) in [low, high]."""
+    value = params.get(name)
+    if value is None:
+        return default
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,10}", value):
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise SqsError(
+            "InvalidParameterValue",
+            f"Value {value} for parameter {name} is invalid. Reason: Must be between {low} and {high}.",
+        )
+    return value
+
+
+class QueueActions:
+    """The queue actions and what the message actions share (``message_actions.py``)."""
+
+    def __init__(self, node: Node, api: TopicHandlers, delivery: SubscriptionsApi) -> None:
+        self.node = node
+        self.api = api
+        self.delivery = delivery
+        self.limits = node.config.limits
+        self._spread = itertools.count()
+        self._subscribed: set[int] = set()  # topic ids whose subscription this node stored
+
+    # -- queues -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def queue_url(request: web.Request, name: str) -> str:
+        """The queue's URL at the node answering, as the client addressed it."""
+        return f"{request.scheme}://{request.host}/{qs.ACCOUNT}/{name}"
+
+    async def _queue(self, params: dict[str, Any]) -> Topic:
+        url = params.get("QueueUrl")
+        if not isinstance(url, str) or not url:
+            raise SqsError("MissingParameter", "The request must contain the parameter QueueUrl.")
+        name = urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+        if not qs.QUEUE_NAME.match(name):
+            raise SqsError("InvalidAddress", "The address is not valid for this endpoint.")
+        return await self._queue_named(name)
+
+    async def _queue_named(self, name: str) -> Topic:
+        try:
+            topic = await self.api.topic(name)
+        except ApiError as e:
+            if e.code is errors.TOPIC_NOT_FOUND:
+                raise SqsError("QueueDoesNotExist", "The specified queue does not exist.") from None
+            raise
+        if not qs.is_queue(topic):
+            raise SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+        return topic
+
+    def _max_size(self, topic: Topic) -> int:
+        return qs.queue_setting(topic, "MaximumMessageSize", self.limits.max_message_bytes)
+
+    async def create_queue(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        name = params.get("QueueName")
+        if not isinstance(name, str) or not name:
+            raise SqsError("MissingParameter", "The request must contain the parameter QueueName.")
+        if name.endswith(".fifo"):
+            raise SqsError("InvalidParameterValue", "FIFO queues are not supported by raftmq yet.")
+        if not qs.QUEUE_NAME.match(name):
+            raise SqsError(
+                "InvalidParameterValue",
+                "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length",
+            )
+        if params.get("tags"):
+            raise SqsError("InvalidParameterValue", "Queue tags are not supported by raftmq yet.")
+        wanted = qs.check_attributes(params.get("Attributes"), self.limits.max_message_bytes)
+        try:
+            topic = await self.api.topic(name)
+        except ApiError as e:
+            if e.code is not errors.TOPIC_NOT_FOUND:
+                raise
+            topic = await self._create_topic(name, wanted)
+        if not qs.is_queue(topic):
+            raise SqsError("QueueNameExists", f"A raftmq topic named {name} exists and is not an SQS queue.")
+        for key, value in wanted.items():
+            bound = qs.SETTABLE.get(key[len(qs.PREFIX) :])
+            default = None if bound is None else str(bound.default)
+            if topic.attributes.get(key, default) != value:
+                raise SqsError(
+                    "QueueNameExists",
+                    f"A queue already exists with the same name and a different value for {key[4:]}.",
+                )
+        await self._ensure_subscription(topic)
+        return {"QueueUrl": self.queue_url(request, name)}
+
+    async def _create_topic(self, name: str, attributes: dict[str, str]) -> Topic:
+        now_s = str(now_ms() // 1000)
+        command = {
+            "op": "create_topic",
+            "name": name,
+            "queues": max(1, min(self.node.config.queue_groups, 16, self.limits.max_queues_per_topic)),
+            "attributes": {qs.CREATED: now_s, qs.MODIFIED: now_s, **attributes},
+        }
+        try:
+            result = await self.api.router.group_call(META, "topic_command", command)
+        except ApiError as e:
+            if e.code is not errors.TOPIC_EXISTS:
+                raise
+            return await self.api.topic(name, fresh=True)  # created meanwhile: compare with it
+        return Topic.from_json(result["topic"])
+
+    async def _ensure_subscription(self, topic: Topic) -> None:
+        """Store the ``sqs`` subscription in every queue group of the topic (SQS's redelivery:
+        no backoff, no dead letters), once per topic on this node."""
+        if topic.id in self._subscribed:
+            return
+        body = {
+            "group": GROUP,
+            "topic_id": topic.id,
+            "topic": topic.name,
+            "dlq_topic_id": None,
+            "max_deliveries": MAX_DELIVERIES,
+            "backoff_ms": [0],
+            "overwrite": True,
+        }
+        await asyncio.gather(
+            *(self.api.router.group_call(g, "subscribe", body) for g in sorted(set(topic.queue_groups)))
+        )
+        if len(self._subscribed) > 4096:
+            self._subscribed.clear()
+        self._subscribed.add(topic.id)
+
+    async def get_queue_url(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        name = params.get("QueueName")
+        if not isinstance(name, str) or not name:
+            raise SqsError("MissingParameter", "The request must contain the parameter QueueName.")
+        if not qs.QUEUE_NAME.match(name):
+            raise SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+        await self._queue_named(name)
+        return {"QueueUrl": self.queue_url(request, name)}
+
+    async def _all_topics(self) -> list[Topic]:
+        if self.node.metadata is not None:
+            return self.node.metadata.topics()
+        leader = await self.api.router.wait_leader(META, self.api.leader_wait_s)
+        status, data, _ = await self.node.peer_request("GET", leader, "/v1/topics", timeout_s=5.0)
+        if status != 200:
+            raise SqsError("ServiceUnavailable", "The metadata group did not answer; try again.")
+        return [Topic.from_json(t) for t in orjson.loads(data)["topics"]]
+
+    async def list_queues(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        prefix = params.get("QueueNamePrefix") or ""
+        if not isinstance(prefix, str):
+            raise SqsError("InvalidParameterValue", "QueueNamePrefix must be a string.")
+        paged = params.get("MaxResults") is not None or params.get("NextToken") is not None
+        max_results = int_param(params, "MaxResults", 1, 1000, 1000)
+        after = ""
+        if params.get("NextToken") is not None:
+            try:
+                after = base64.urlsafe_b64decode(str(params["NextToken"]).encode()).decode()
+            except (ValueError, UnicodeDecodeError):
+                raise SqsError("InvalidParameterValue", "Invalid NextToken value.") from None
+        names = sorted(
+            t.name
+            for t in await self._all_topics()
+            if qs.is_queue(t) and t.name.startswith(prefix) and t.name > after
+        )
+        page = names[:max_results]
+        result: dict[str, Any] = {"QueueUrls": [self.queue_url(request, n) for n in page]}
+        if paged and len(names) > max_results:
+            result["NextToken"] = base64.urlsafe_b64encode(page[-1].encode()).decode()
+        return result
+
+    async def delete_queue(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        try:
+            await self.api.remove_topic(topic.name)
+        except ApiError as e:
+            if e.code is not errors.TOPIC_NOT_FOUND:
+                raise
+        self._subscribed.discard(topic.id)
+        return {}
+
+    async def set_queue_attributes(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        if not params.get("Attributes"):
+            raise SqsError("MissingParameter", "The request must contain the parameter Attributes.")
+        changes = qs.check_attributes(params["Attributes"], self.limits.max_message_bytes)
+        command = {
+            "op": "set_topic_attributes",
+            "name": topic.name,
+            "attributes": {**changes, qs.MODIFIED: str(now_ms() // 1000)},
+        }
+        await self.api.router.group_call(META, "topic_command", command)
+        return {}
+
+    async def get_queue_attributes(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        names = params.get("AttributeNames") or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise SqsError("InvalidAttributeName", "AttributeNames must be a list of names.")
+        wanted = set(_QUEUE_ATTRIBUTES) if "All" in names else set(names)
+        unknown = wanted - set(_QUEUE_ATTRIBUTES)
+        if unknown:
+            raise SqsError("InvalidAttributeName", f"Unknown Attribute {sorted(unknown)[0]}.")
+        values: dict[str, str] = {}
+        region = _region(request)
+        values["QueueArn"] = f"arn:aws:sqs:{region}:{qs.ACCOUNT}:{topic.name}"
+        values["CreatedTimestamp"] = topic.attributes.get(qs.CREATED, "0")
+        values["LastModifiedTimestamp"] = topic.attributes.get(qs.MODIFIED, values["CreatedTimestamp"])
+        for name in qs.SETTABLE:
+            cap = self.limits.max_message_bytes if name == "MaximumMessageSize" else None
+            values[name] = str(qs.queue_setting(topic, name, cap))
+        for name in qs.STORED:
+            if qs.PREFIX + name in topic.attributes:
+                values[name] = topic.attributes[qs.PREFIX + name]
+        if wanted & set(_QUEUE_COUNTS):
+            visible, in_flight = await self._counts(topic)
+            values["ApproximateNumberOfMessages"] = str(visible)
+            values["ApproximateNumberOfMessagesNotVisible"] = str(in_flight)
+            values["ApproximateNumberOfMessagesDelayed"] = "0"
+        return {"Attributes": {k: v for k, v in values.items() if k in wanted}}
+
+    async def _counts(self, topic: Topic) -> tuple[int, int]:
+        """(visible, in flight) of the queue's subscription, summed over its queue groups' leaders
+        (a monitoring read, as AWS's approximate numbers are)."""
+        visible = in_flight = 0
+        for g in sorted(set(topic.queue_groups)):
+            name = str(g)
+            local = self.node.groups.get(name)
+            if local is not None and local.raft.is_leader():
+                loop = asyncio.get_running_loop()
+                try:  # a scan of the topic's keys: off the event loop, as the REST consumer view
+                    found = await loop.run_in_executor(None, consumer_queues, local.machine.store, topic.id)
+                except StoreError:  # the store is being swapped for a restored checkpoint
+                    raise SqsError(
+                        "ServiceUnavailable", f"queue group {name} is restoring; try again."
+                    ) from None
+                rows = [dataclasses.asdict(r) for r in found]
+            else:
+                leader = await self.api.router.wait_leader(name, self.api.leader_wait_s)
+                try:
+                    status, data, _ = await self.node.peer_request(
+                        "GET", leader, f"/internal/groups/{name}/consumers?topic_id={topic.id}", timeout_s=3.0
+                    )
+                except (TimeoutError, aiohttp.ClientError, OSError):
+                    raise SqsError(
+                        "ServiceUnavailable", f"queue group {name} did not answer; try again."
+                    ) from None
+                if status != 200:
+                    raise SqsError("ServiceUnavailable", f"queue group {name} did not answer; try again.")
+                rows = orjson.loads(data)["rows"]
+            queues = {q for q, qg in enumerate(topic.queue_groups) if qg == g}
+            for r in rows:
+                if r["group"] == GROUP and r["queue"] in queues:
+                    in_flight += r["in_flight"]
+                    visible += max(0, r["lag"] - r["in_flight"])
+        return visible, in_flight
+
+    async def purge_queue(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        described = await self.api.describe(topic)
+        by_group: dict[int, dict[str, int]] = defaultdict(dict)
+        for q in described["queues"]:
+            if q["high_offset"] is None:
+                raise SqsError("ServiceUnavailable", "A queue's leader did not answer; try again.")
+            by_group[q["group_id"]][str(q["queue"])] = q["high_offset"]
+        await asyncio.gather(
+            *(
+                self.api.router.group_call(
+                    g, "commit", {"group": GROUP, "topic_id": topic.id, "offsets": offsets}
+                )
+                for g, offsets in by_group.items()
+            )
+        )
+        return {}
+
+
+def _region(request: web.Request) -> str:
+    """The region of the request's SigV4 credential scope (``.../<date>/<region>/sqs/aws4_request``)."""
+    match = re.search(
+        r"Credential=[^/,\s]+/\d{8}/([a-z0-9-]{1,32})/", request.headers.get("Authorization", "")
+    )
+    return match.group(1) if match else "us-east-1"

@@ -1,0 +1,66 @@
+"""The SQS errors raftmq answers, as data: AWS's error code (the query protocol's ``Code``), its
+JSON-protocol shape name, HTTP status and fault side (docs/sqs.md lists them).
+
+The JSON protocol answers ``{"__type": "com.amazonaws.sqs#<shape>", "message"}`` with the header
+``x-amzn-query-error: <code>;<Sender|Receiver>``: botocore takes the exception class from the shape
+name and ``Error.Code`` from the header, as against AWS. The query protocol answers an
+``ErrorResponse`` XML document with the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SQS_ERRORS", "SqsError", "SqsErrorCode"]
+
+
+@dataclass(frozen=True)
+class SqsErrorCode:
+    code: str  # AWS's query-protocol code, what boto3's ``e.response["Error"]["Code"]`` shows
+    shape: str  # the JSON protocol's __type shape (boto3's exception class where it is modeled)
+    status: int
+    sender: bool = True  # the client's fault ("Sender") or the server's ("Receiver")
+
+
+def _e(code: str, status: int = 400, shape: str | None = None, sender: bool = True) -> SqsErrorCode:
+    return SqsErrorCode(code, shape or code.rsplit(".", 1)[-1], status, sender)
+
+
+_PREFIX = "AWS.SimpleQueueService."
+SQS_ERRORS: dict[str, SqsErrorCode] = {
+    e.shape: e
+    for e in (
+        _e(_PREFIX + "NonExistentQueue", shape="QueueDoesNotExist"),
+        _e("QueueAlreadyExists", shape="QueueNameExists"),
+        _e("ReceiptHandleIsInvalid", 404),
+        _e(_PREFIX + "MessageNotInflight", shape="MessageNotInflight"),
+        _e("InvalidParameterValue"),
+        _e("InvalidAttributeName"),
+        _e("InvalidAttributeValue"),
+        _e("InvalidMessageContents"),
+        _e("MissingParameter"),
+        _e("InvalidAddress", 404),
+        _e("InvalidAction"),
+        _e(_PREFIX + "UnsupportedOperation", shape="UnsupportedOperation"),
+        _e(_PREFIX + "TooManyEntriesInBatchRequest", shape="TooManyEntriesInBatchRequest"),
+        _e(_PREFIX + "EmptyBatchRequest", shape="EmptyBatchRequest"),
+        _e(_PREFIX + "BatchEntryIdsNotDistinct", shape="BatchEntryIdsNotDistinct"),
+        _e(_PREFIX + "InvalidBatchEntryId", shape="InvalidBatchEntryId"),
+        _e(_PREFIX + "BatchRequestTooLong", shape="BatchRequestTooLong"),
+        _e("MalformedQueryString"),
+        _e("SerializationException"),
+        _e("InvalidClientTokenId", 403),
+        _e("RequestThrottled", 403),
+        _e("ServiceUnavailable", 503, sender=False),
+        _e("InternalError", 500, sender=False),
+    )
+}
+
+
+class SqsError(Exception):
+    """An SQS refusal: ``shape`` names its :data:`SQS_ERRORS` entry."""
+
+    def __init__(self, shape: str, message: str) -> None:
+        super().__init__(message)
+        self.code = SQS_ERRORS[shape]
+        self.message = message

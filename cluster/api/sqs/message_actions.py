@@ -1,0 +1,363 @@
+"""The SQS message actions (SendMessage(Batch), ReceiveMessage, DeleteMessage(Batch),
+ChangeMessageVisibility(Batch)) on top of the queue actions (``actions.py``, which says what maps to
+what). A receipt handle is the REST receipt ``topic_id.queue.offset.token``: it names one delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from aiohttp import web
+
+from raftmq import batch as rb
+from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
+from raftmq.cluster.api.handlers.topics import TopicHandlers
+from raftmq.cluster.api.sqs import queues as qs
+from raftmq.cluster.api.sqs.actions import GROUP, MAX_BATCH, MAX_BATCH_BYTES, Action, QueueActions, int_param
+from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.messages import (
+    ATTRIBUTES_HEADER,
+    ID_HEADER,
+    attributes_from_header,
+    attributes_md5,
+    attributes_size,
+    body_md5,
+    check_body,
+    parse_message_attributes,
+    stored_attributes,
+)
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.node import Node
+
+__all__ = ["SqsActions"]
+
+RECEIVE_SLICE_S = 5.0  # one take's long poll; a longer wait takes again
+_ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+_RECEIPT = re.compile(
+    r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,19})\.(0|[1-9][0-9]{0,19})$"
+)
+
+
+def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entries of a batch action, checked as AWS checks them before any is done."""
+    entries = params.get("Entries")
+    if not entries:
+        raise SqsError("EmptyBatchRequest", "There should be at least one entry in the request.")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise SqsError("InvalidParameterValue", "Entries must be a list of structures.")
+    if len(entries) > MAX_BATCH:
+        raise SqsError(
+            "TooManyEntriesInBatchRequest", f"Maximum number of entries per request are {MAX_BATCH}."
+        )
+    ids = [e.get("Id") for e in entries]
+    for entry_id in ids:
+        if not isinstance(entry_id, str) or not _ENTRY_ID.match(entry_id):
+            raise SqsError(
+                "InvalidBatchEntryId",
+                "A batch entry id can only contain alphanumeric characters, hyphens and underscores. "
+                "It can be at most 80 letters long.",
+            )
+    if len(set(ids)) != len(ids):
+        raise SqsError("BatchEntryIdsNotDistinct", "Two or more batch entries have the same Id.")
+    return entries
+
+
+def _failed(entry_id: str, e: SqsError) -> dict[str, Any]:
+    return {"Id": entry_id, "SenderFault": e.code.sender, "Code": e.code.code, "Message": e.message}
+
+
+class SqsActions(QueueActions):
+    """Every action of this slice (``actions``: by name); one instance per node."""
+
+    def __init__(self, node: Node, api: TopicHandlers, delivery: SubscriptionsApi) -> None:
+        super().__init__(node, api, delivery)
+        self.actions: dict[str, Action] = {
+            "CreateQueue": self.create_queue,
+            "GetQueueUrl": self.get_queue_url,
+            "ListQueues": self.list_queues,
+            "DeleteQueue": self.delete_queue,
+            "GetQueueAttributes": self.get_queue_attributes,
+            "SetQueueAttributes": self.set_queue_attributes,
+            "PurgeQueue": self.purge_queue,
+            "SendMessage": self.send_message,
+            "SendMessageBatch": self.send_message_batch,
+            "ReceiveMessage": self.receive_message,
+            "DeleteMessage": self.delete_message,
+            "DeleteMessageBatch": self.delete_message_batch,
+            "ChangeMessageVisibility": self.change_message_visibility,
+            "ChangeMessageVisibilityBatch": self.change_message_visibility_batch,
+        }
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def _message(self, topic: Topic, entry: dict[str, Any], max_bytes: int) -> tuple[dict[str, Any], Any]:
+        """One message to send, checked: (its answer fields, its append arguments)."""
+        body = check_body(entry.get("MessageBody"))
+        attributes = parse_message_attributes(entry.get("MessageAttributes"))
+        size = len(body.encode()) + attributes_size(attributes)
+        if size > max_bytes:
+            raise SqsError(
+                "InvalidParameterValue",
+                "One or more parameters are invalid. "
+                f"Reason: Message must be shorter than {max_bytes} bytes.",
+            )
+        delay_s = int_param(entry, "DelaySeconds", 0, 900, qs.queue_setting(topic, "DelaySeconds"))
+        message_id = str(uuid.uuid4())
+        headers = {ID_HEADER: message_id}
+        answer = {"MessageId": message_id, "MD5OfMessageBody": body_md5(body)}
+        if attributes:
+            headers[ATTRIBUTES_HEADER] = stored_attributes(attributes)
+            answer["MD5OfMessageAttributes"] = attributes_md5(attributes)
+        retention_ms = qs.queue_setting(topic, "MessageRetentionPeriod") * 1000
+        return answer, (body, None, headers, delay_s * 1000, retention_ms)
+
+    async def _append(self, topic: Topic, messages: list[Any]) -> None:
+        """Append the messages to one queue of the topic as one batch; returns once committed on a
+        majority (raises what the queue group answered otherwise)."""
+        now = now_ms()
+        builder = rb.BatchBuilder(None, 0, base_timestamp_ms=now, timestamps=False)
+        for args in messages:
+            builder.append(*args)
+        data = builder.finish()
+        q = next(self._spread) % topic.queues
+        result = await self.api.router.group_call(
+            topic.queue_groups[q], "append", {"items": [(topic.id, q, data)]}, size_hint=len(data)
+        )
+        outcome = result["results"][0]
+        if "error" in outcome:
+            code = errors.BY_CODE.get(outcome["error"]["code"], errors.INTERNAL)
+            raise ApiError(code, outcome["error"]["message"])
+
+    async def send_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        answer, args = self._message(topic, params, self._max_size(topic))
+        await self._append(topic, [args])
+        return answer
+
+    async def send_message_batch(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        entries = _entries(params)
+        total = sum(len(str(e.get("MessageBody", "")).encode("utf-8", "replace")) for e in entries)
+        if total > MAX_BATCH_BYTES:
+            raise SqsError(
+                "BatchRequestTooLong", f"Batch requests cannot be longer than {MAX_BATCH_BYTES} bytes."
+            )
+        max_bytes = self._max_size(topic)
+        successful, failed, sending = [], [], []
+        for entry in entries:
+            try:
+                answer, args = self._message(topic, entry, max_bytes)
+            except SqsError as e:
+                failed.append(_failed(entry["Id"], e))
+                continue
+            successful.append({"Id": entry["Id"], **answer})
+            sending.append(args)
+        if sending:
+            await self._append(topic, sending)
+        return {"Successful": successful, "Failed": failed}
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    async def receive_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        max_messages = int_param(params, "MaxNumberOfMessages", 1, 10, 1)
+        visibility_s = int_param(
+            params, "VisibilityTimeout", 0, 43_200, qs.queue_setting(topic, "VisibilityTimeout")
+        )
+        wait_s = int_param(
+            params, "WaitTimeSeconds", 0, 20, qs.queue_setting(topic, "ReceiveMessageWaitTimeSeconds")
+        )
+        system = set()
+        for member in ("AttributeNames", "MessageSystemAttributeNames"):
+            names = params.get(member) or []
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise SqsError("InvalidAttributeName", f"{member} must be a list of names.")
+            system.update(names)
+        selectors = params.get("MessageAttributeNames") or []
+        if not isinstance(selectors, list) or not all(isinstance(n, str) for n in selectors):
+            raise SqsError("InvalidParameterValue", "MessageAttributeNames must be a list of names.")
+        await self._ensure_subscription(topic)
+        got = await self._take(topic, max_messages, max(1, visibility_s * 1000), wait_s)
+        return {"Messages": [_sqs_message(m, system, selectors) for m in got]} if got else {}
+
+    async def _take(self, topic: Topic, n: int, visibility_ms: int, wait_s: int) -> list[dict[str, Any]]:
+        """Up to ``n`` messages from the subscription's receive coordinator, waiting up to
+        ``wait_s``. Retriable failures (a leader change) are waited out until the deadline, then
+        the answer is empty: a receive that is up never fails only because leaders move."""
+        deadline = time.monotonic() + wait_s
+        body = {
+            "topic": topic.name,
+            "topic_id": topic.id,
+            "group": GROUP,
+            "max": n,
+            "visibility_ms": visibility_ms,
+        }
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                got: list[dict[str, Any]] = (
+                    await self.api.router.group_call(
+                        topic.queue_groups[0],
+                        "take",
+                        {**body, "wait_ms": int(min(remaining, RECEIVE_SLICE_S) * 1000)},
+                    )
+                )["messages"]
+            except ApiError as e:
+                if not e.code.retriable or time.monotonic() >= deadline:
+                    if e.code.retriable:
+                        return []
+                    raise
+                await asyncio.sleep(0.2)
+                continue
+            if got or time.monotonic() >= deadline:
+                return got
+
+    async def _settle(
+        self, topic: Topic, op: str, handles: list[str], fields: dict[str, Any]
+    ) -> list[SqsError | None]:
+        """``op`` on each receipt handle: None where done, else why not (per handle)."""
+        out: list[SqsError | None] = [None] * len(handles)
+        good: list[int] = []
+        for i, handle in enumerate(handles):
+            match = _RECEIPT.match(handle) if isinstance(handle, str) else None
+            if match is None or int(match.group(1)) != topic.id or int(match.group(2)) >= topic.queues:
+                out[i] = SqsError(
+                    "ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not valid.'
+                )
+            else:
+                good.append(i)
+        if good:
+            results = await self.delivery.settle(topic, GROUP, op, [handles[i] for i in good], fields)
+            for i, r in zip(good, results, strict=True):
+                error = r.get("error")
+                if error is None:
+                    continue
+                if error.get("code") == errors.STALE_RECEIPT.code:
+                    if op != "ack":  # an old handle: AWS deletes nothing and says nothing
+                        out[i] = SqsError("MessageNotInflight", "The message referred to is not in flight.")
+                    continue
+                code = errors.BY_CODE.get(error.get("code", ""), errors.INTERNAL)
+                raise ApiError(code, error.get("message", ""))
+        return out
+
+    async def delete_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        handle = params.get("ReceiptHandle")
+        if not isinstance(handle, str) or not handle:
+            raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
+        (failure,) = await self._settle(topic, "ack", [handle], {})
+        if failure is not None:
+            raise failure
+        return {}
+
+    async def delete_message_batch(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        entries = _entries(params)
+        handles = [str(e.get("ReceiptHandle", "")) for e in entries]
+        outcome = await self._settle(topic, "ack", handles, {})
+        return _batch_answer(entries, outcome)
+
+    async def _change(self, topic: Topic, handles: list[str], timeouts: list[int]) -> list[SqsError | None]:
+        """ChangeMessageVisibility of each handle: 0 s makes it visible now (a nack without delay),
+        more keeps it in flight that long from now (extend)."""
+        out: list[SqsError | None] = [None] * len(handles)
+        by_timeout: dict[int, list[int]] = defaultdict(list)
+        for i, t in enumerate(timeouts):
+            by_timeout[t].append(i)
+        for t, positions in by_timeout.items():
+            op, fields = ("nack", {"delay_ms": 0}) if t == 0 else ("extend", {"visibility_ms": t * 1000})
+            got = await self._settle(topic, op, [handles[i] for i in positions], fields)
+            for i, r in zip(positions, got, strict=True):
+                out[i] = r
+        return out
+
+    async def change_message_visibility(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        handle = params.get("ReceiptHandle")
+        if not isinstance(handle, str) or not handle:
+            raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
+        if params.get("VisibilityTimeout") is None:
+            raise SqsError("MissingParameter", "The request must contain the parameter VisibilityTimeout.")
+        timeout = int_param(params, "VisibilityTimeout", 0, 43_200, 0)
+        (failure,) = await self._change(topic, [handle], [timeout])
+        if failure is not None:
+            raise failure
+        return {}
+
+    async def change_message_visibility_batch(
+        self, request: web.Request, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        topic = await self._queue(params)
+        entries = _entries(params)
+        outcome: list[SqsError | None] = [None] * len(entries)
+        handles, timeouts, positions = [], [], []
+        for i, e in enumerate(entries):
+            try:
+                if e.get("VisibilityTimeout") is None:
+                    raise SqsError("MissingParameter", "The entry must contain VisibilityTimeout.")
+                timeouts.append(int_param(e, "VisibilityTimeout", 0, 43_200, 0))
+            except SqsError as err:
+                outcome[i] = err
+                continue
+            handles.append(str(e.get("ReceiptHandle", "")))
+            positions.append(i)
+        for i, r in zip(positions, await self._change(topic, handles, timeouts), strict=True):
+            outcome[i] = r
+        return _batch_answer(entries, outcome)
+
+
+def _batch_answer(entries: list[dict[str, Any]], outcome: list[SqsError | None]) -> dict[str, Any]:
+    return {
+        "Successful": [{"Id": e["Id"]} for e, r in zip(entries, outcome, strict=True) if r is None],
+        "Failed": [_failed(e["Id"], r) for e, r in zip(entries, outcome, strict=True) if r is not None],
+    }
+
+
+def _selected(name: str, selectors: list[str]) -> bool:
+    for s in selectors:
+        if s in ("All", ".*") or s == name or (s.endswith(".*") and name.startswith(s[:-1])):
+            return True
+    return False
+
+
+def _sqs_message(m: dict[str, Any], system: set[str], selectors: list[str]) -> dict[str, Any]:
+    """A message as ReceiveMessage answers it, from what ``take`` handed out."""
+    headers = m.get("headers") or {}
+    body = m["value"] if "value" in m else m["value_b64"]  # a binary raftmq message: its base64
+    out: dict[str, Any] = {
+        "MessageId": headers.get(ID_HEADER) or f"{m['queue']}-{m['offset']}",
+        "ReceiptHandle": m["receipt"],
+        "MD5OfBody": body_md5(body),
+        "Body": body,
+    }
+    everything = "All" in system
+    values = {
+        "SentTimestamp": str(m["timestamp_ms"]),
+        "ApproximateReceiveCount": str(m["attempt"]),
+        "SenderId": qs.ACCOUNT,
+    }
+    chosen = {k: v for k, v in values.items() if everything or k in system}
+    if chosen:
+        out["Attributes"] = chosen
+    attributes = attributes_from_header(headers.get(ATTRIBUTES_HEADER))
+    picked = {n: v for n, v in attributes.items() if _selected(n, selectors)}
+    if picked:
+        out["MD5OfMessageAttributes"] = attributes_md5(picked)
+        out["MessageAttributes"] = {
+            n: (
+                {"DataType": t, "BinaryValue": base64.b64encode(v).decode()}
+                if isinstance(v, bytes)
+                else {"DataType": t, "StringValue": v}
+            )
+            for n, (t, v) in picked.items()
+        }
+    return out

@@ -1,0 +1,161 @@
+"""SQS message bodies and message attributes: checks, how they are kept in a raftmq message, and
+the MD5 digests AWS computes (boto3 checks ``MD5OfMessageBody`` and ``MD5OfMessageAttributes``).
+
+A message is stored as a raftmq message whose value is the body (UTF-8) and whose headers carry
+``sqs-id`` (the MessageId, a UUID) and, when it has any, ``sqs-attributes``: the message attributes
+as JSON ``{name: [data type, value]}`` (a Binary value in base64).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+import struct
+from typing import Any
+
+import orjson
+
+from raftmq.cluster.api.sqs.errors import SqsError
+
+__all__ = [
+    "ATTRIBUTES_HEADER",
+    "ID_HEADER",
+    "MAX_MESSAGE_ATTRIBUTES",
+    "attributes_from_header",
+    "attributes_md5",
+    "attributes_size",
+    "body_md5",
+    "check_body",
+    "parse_message_attributes",
+    "stored_attributes",
+]
+
+ID_HEADER = "sqs-id"
+ATTRIBUTES_HEADER = "sqs-attributes"
+MAX_MESSAGE_ATTRIBUTES = 10
+_NAME = re.compile(r"^(?!aws\.|amazon\.)(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}$", re.IGNORECASE)
+_DATA_TYPE = re.compile(r"^(String|Number|Binary)(\.[^\s]{1,250})?$")
+# What AWS accepts in a body or a String value: #x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD |
+# #x10000-#x10FFFF (the XML 1.0 characters).
+_NOT_XML_CHAR = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_U32 = struct.Struct(">I")
+
+
+def check_body(body: Any, where: str = "MessageBody") -> str:
+    """The body if it is 1 or more characters AWS allows, else :class:`SqsError`."""
+    if not isinstance(body, str) or not body:
+        raise SqsError("MissingParameter", f"The request must contain the parameter {where}.")
+    if _NOT_XML_CHAR.search(body):
+        raise SqsError("InvalidMessageContents", "Invalid characters found in the message body.")
+    return body
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise SqsError("InvalidParameterValue", f"{where} must be a string.")
+    return value
+
+
+def parse_message_attributes(raw: Any) -> dict[str, tuple[str, str | bytes]]:
+    """``MessageAttributes`` (``{name: {"DataType", "StringValue" | "BinaryValue"}}``, a Binary
+    value in base64) checked as AWS does: ``{name: (data type, str or bytes)}``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SqsError("InvalidParameterValue", "MessageAttributes must be a map.")
+    if len(raw) > MAX_MESSAGE_ATTRIBUTES:
+        raise SqsError(
+            "InvalidParameterValue",
+            f"Number of message attributes [{len(raw)}] exceeds the allowed maximum "
+            f"[{MAX_MESSAGE_ATTRIBUTES}].",
+        )
+    out: dict[str, tuple[str, str | bytes]] = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise SqsError("InvalidParameterValue", f"Message attribute name '{name}' is invalid.")
+        if not isinstance(value, dict):
+            raise SqsError("InvalidParameterValue", f"Message attribute '{name}' must be a structure.")
+        data_type = value.get("DataType")
+        if not isinstance(data_type, str) or not _DATA_TYPE.match(data_type):
+            raise SqsError(
+                "InvalidParameterValue",
+                f"The message attribute '{name}' has an invalid message attribute type.",
+            )
+        if value.get("StringListValues") or value.get("BinaryListValues"):
+            raise SqsError(
+                "InvalidParameterValue", "StringListValues and BinaryListValues are not implemented."
+            )
+        if data_type.startswith("Binary"):
+            encoded = _text(value.get("BinaryValue"), f"Message attribute '{name}' BinaryValue")
+            try:
+                data: str | bytes = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError):
+                raise SqsError(
+                    "InvalidParameterValue", f"Message attribute '{name}' is not base64."
+                ) from None
+        else:
+            data = _text(value.get("StringValue"), f"Message attribute '{name}' StringValue")
+            if _NOT_XML_CHAR.search(data):
+                raise SqsError("InvalidParameterValue", f"Message attribute '{name}' has invalid characters.")
+            if data_type.startswith("Number") and not re.fullmatch(
+                r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", data
+            ):
+                raise SqsError("InvalidParameterValue", f"Message attribute '{name}' is not a number.")
+        if not data:
+            raise SqsError(
+                "InvalidParameterValue", f"Message attribute '{name}' must contain a non-empty value."
+            )
+        out[name] = (data_type, data)
+    return out
+
+
+def attributes_size(attributes: dict[str, tuple[str, str | bytes]]) -> int:
+    """Bytes the attributes count toward the message size, as AWS counts them (name, type, value)."""
+    total = 0
+    for name, (data_type, value) in attributes.items():
+        total += len(name.encode()) + len(data_type.encode())
+        total += len(value) if isinstance(value, bytes) else len(value.encode())
+    return total
+
+
+def stored_attributes(attributes: dict[str, tuple[str, str | bytes]]) -> str:
+    """The ``sqs-attributes`` header of these attributes."""
+    return orjson.dumps(
+        {
+            n: [t, base64.b64encode(v).decode() if isinstance(v, bytes) else v]
+            for n, (t, v) in attributes.items()
+        }
+    ).decode()
+
+
+def attributes_from_header(header: str | None) -> dict[str, tuple[str, str | bytes]]:
+    """The attributes kept in an ``sqs-attributes`` header (none when absent or not ours)."""
+    if not header:
+        return {}
+    try:
+        raw = orjson.loads(header)
+        return {n: (t, base64.b64decode(v) if t.startswith("Binary") else v) for n, (t, v) in raw.items()}
+    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, binascii.Error):
+        return {}  # a header a raftmq producer wrote: not SQS attributes
+
+
+def body_md5(body: str) -> str:
+    return hashlib.md5(body.encode(), usedforsecurity=False).hexdigest()
+
+
+def attributes_md5(attributes: dict[str, tuple[str, str | bytes]]) -> str:
+    """AWS's MD5OfMessageAttributes: for each attribute by name, the name, the data type (each a
+    4-byte big-endian length and UTF-8 bytes), a transport byte (1 String/Number, 2 Binary) and
+    the value (length-prefixed)."""
+    md5 = hashlib.md5(usedforsecurity=False)
+    for name in sorted(attributes):
+        data_type, value = attributes[name]
+        for text in (name, data_type):
+            encoded = text.encode()
+            md5.update(_U32.pack(len(encoded)) + encoded)
+        data = value if isinstance(value, bytes) else value.encode()
+        md5.update(b"\x02" if isinstance(value, bytes) else b"\x01")
+        md5.update(_U32.pack(len(data)) + data)
+    return md5.hexdigest()

@@ -1,0 +1,132 @@
+"""The SQS adapter's pure parts: AWS's MD5 of message attributes (a vector from a real AWS
+answer), the query protocol's flattened members, XML answers that escape what clients sent, and
+the checks of queue and message attributes."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.messages import (
+    attributes_from_header,
+    attributes_md5,
+    body_md5,
+    parse_message_attributes,
+    stored_attributes,
+)
+from raftmq.cluster.api.sqs.queues import check_attributes
+from raftmq.cluster.api.sqs.wire import query_answer, query_params
+
+
+def test_md5s_match_a_real_aws_answer() -> None:
+    # An SQS event as AWS delivered it: body "Sample content.", one String attribute.
+    assert body_md5("Sample content.") == "b58e1d0a86521415d25b85b89f6ad6cd"
+    assert (
+        attributes_md5({"sample-attribute": ("String", "sample-value")}) == "7c815262be77a62f56671125069ca888"
+    )
+
+
+def test_attribute_md5_depends_on_order_free_content_and_transport_type() -> None:
+    a = {"b": ("String", "1"), "a": ("Number", "2")}
+    assert attributes_md5(a) == attributes_md5(dict(reversed(list(a.items()))))
+    assert attributes_md5({"x": ("Binary", b"1")}) != attributes_md5({"x": ("Binary", "1")})
+
+
+def test_stored_attributes_come_back_the_same() -> None:
+    parsed = parse_message_attributes(
+        {"s": {"DataType": "String", "StringValue": "é"}, "b": {"DataType": "Binary", "BinaryValue": "AP8="}}
+    )
+    assert parsed == {"s": ("String", "é"), "b": ("Binary", b"\x00\xff")}
+    assert attributes_from_header(stored_attributes(parsed)) == parsed
+    assert (
+        attributes_from_header("not json") == {} and attributes_from_header(orjson.dumps([1]).decode()) == {}
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"AWS.x": {"DataType": "String", "StringValue": "v"}},
+        {".x": {"DataType": "String", "StringValue": "v"}},
+        {"a..b": {"DataType": "String", "StringValue": "v"}},
+        {"x": {"DataType": "Text", "StringValue": "v"}},
+        {"x": {"DataType": "Number", "StringValue": "twelve"}},
+        {"x": {"DataType": "String", "StringValue": ""}},
+        {"x": {"DataType": "Binary", "BinaryValue": "%%%"}},
+        {f"k{i}": {"DataType": "String", "StringValue": "v"} for i in range(11)},
+    ],
+)
+def test_bad_message_attributes_are_invalid_parameter_values(raw: object) -> None:
+    with pytest.raises(SqsError) as e:
+        parse_message_attributes(raw)
+    assert e.value.code.code == "InvalidParameterValue"
+
+
+def test_query_members_become_the_json_shape() -> None:
+    action, params = query_params(
+        {
+            "Action": "SendMessageBatch",
+            "Version": "2012-11-05",
+            "QueueUrl": "http://h/000000000000/q",
+            "SendMessageBatchRequestEntry.2.Id": "b",
+            "SendMessageBatchRequestEntry.2.MessageBody": "two",
+            "SendMessageBatchRequestEntry.1.Id": "a",
+            "SendMessageBatchRequestEntry.1.MessageBody": "one",
+            "SendMessageBatchRequestEntry.1.DelaySeconds": "5",
+            "SendMessageBatchRequestEntry.1.MessageAttribute.1.Name": "k",
+            "SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.DataType": "String",
+            "SendMessageBatchRequestEntry.1.MessageAttribute.1.Value.StringValue": "v",
+        }
+    )
+    assert action == "SendMessageBatch"
+    assert params == {
+        "QueueUrl": "http://h/000000000000/q",
+        "Entries": [
+            {
+                "Id": "a",
+                "MessageBody": "one",
+                "DelaySeconds": 5,
+                "MessageAttributes": {"k": {"DataType": "String", "StringValue": "v"}},
+            },
+            {"Id": "b", "MessageBody": "two"},
+        ],
+    }
+    _, params = query_params(
+        {
+            "Action": "CreateQueue",
+            "Attribute.1.Name": "DelaySeconds",
+            "Attribute.1.Value": "3",
+            "AttributeName.1": "All",
+        }
+    )
+    assert params == {"Attributes": {"DelaySeconds": "3"}, "AttributeNames": ["All"]}
+    with pytest.raises(SqsError):
+        query_params({"QueueName": "q"})
+
+
+def test_xml_answers_escape_what_clients_sent() -> None:
+    answer = query_answer(
+        "ReceiveMessage", {"Messages": [{"Body": "<a>&</a>", "MessageAttributes": {}}]}, "r"
+    )
+    assert answer.body is not None
+    text = bytes(answer.body).decode()  # type: ignore[arg-type]
+    assert "<Message><Body>&lt;a&gt;&amp;&lt;/a&gt;</Body></Message>" in text
+
+
+def test_queue_attributes_are_checked_against_awss_bounds() -> None:
+    assert check_attributes({"VisibilityTimeout": "0", "DelaySeconds": "900"}, 1 << 20) == {
+        "sqs.VisibilityTimeout": "0",
+        "sqs.DelaySeconds": "900",
+    }
+    for bad in ({"VisibilityTimeout": "43201"}, {"MessageRetentionPeriod": "59"}, {"DelaySeconds": "-1"}):
+        with pytest.raises(SqsError) as e:
+            check_attributes(bad, 1 << 20)
+        assert e.value.code.code == "InvalidAttributeValue"
+    with pytest.raises(SqsError) as e:
+        check_attributes({"MaximumMessageSize": "2048"}, 1024)  # above the node's own limit
+    assert e.value.code.code == "InvalidAttributeValue"
+    for name in ("RedrivePolicy", "Nope"):
+        with pytest.raises(SqsError) as e:
+            check_attributes({name: "1"}, 1 << 20)
+        assert e.value.code.code == "InvalidAttributeName"

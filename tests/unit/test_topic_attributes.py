@@ -1,0 +1,68 @@
+"""Topic attributes in the metadata machine: set at creation, merged by ``set_topic_attributes`` (null
+removes), checked for shape, durable across a reload, and refused whole when bad."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from raftmq.cluster.machines.metadata import MAX_ATTRIBUTES, MetadataMachine
+from raftmq.storage.memory import MemoryStore
+
+
+class Meta:
+    def __init__(self) -> None:
+        self.machine = MetadataMachine(MemoryStore())
+        self.index = 0
+
+    def apply(self, **cmd: Any) -> dict[str, Any]:
+        self.index += 1
+        return self.machine.apply(self.index, orjson.dumps({"v": 1, **cmd}))
+
+
+def _create(meta: Meta, name: str = "q", **extra: Any) -> dict[str, Any]:
+    return meta.apply(op="create_topic", name=name, queues=2, group_count=3, now_ms=5, **extra)
+
+
+def test_attributes_given_at_creation_are_stored_and_shown() -> None:
+    meta = Meta()
+    got = _create(meta, attributes={"sqs.VisibilityTimeout": "30"})
+    assert got["topic"]["attributes"] == {"sqs.VisibilityTimeout": "30"}
+    topic = meta.machine.topic("q")
+    assert topic is not None and topic.attributes == {"sqs.VisibilityTimeout": "30"}
+
+
+def test_a_topic_without_attributes_serialises_as_before() -> None:
+    meta = Meta()
+    assert "attributes" not in _create(meta)["topic"]
+
+
+def test_set_merges_and_null_removes_and_a_reload_sees_it() -> None:
+    meta = Meta()
+    _create(meta, attributes={"a": "1", "b": "2"})
+    got = meta.apply(op="set_topic_attributes", name="q", attributes={"b": None, "c": "3"})
+    assert got["topic"]["attributes"] == {"a": "1", "c": "3"}
+    reloaded = MetadataMachine(meta.machine.store)
+    topic = reloaded.topic("q")
+    assert topic is not None and topic.attributes == {"a": "1", "c": "3"}
+
+
+def test_bad_attributes_are_refused_and_change_nothing() -> None:
+    meta = Meta()
+    _create(meta, attributes={"a": "1"})
+    for bad in ({"a b": "x"}, {"a": 5}, {"a": "x" * 9000}, [], {"": "x"}):
+        got = meta.apply(op="set_topic_attributes", name="q", attributes=bad)
+        assert got["error"]["code"] == "bad_request", bad
+    too_many = {f"k{i}": "v" for i in range(MAX_ATTRIBUTES)}  # 64 new + "a" = 65 after the merge
+    got = meta.apply(op="set_topic_attributes", name="q", attributes=too_many)
+    assert got["error"]["code"] == "bad_request"
+    assert _create(meta, name="r", attributes={"a": None})["error"]["code"] == "bad_request"
+    topic = meta.machine.topic("q")
+    assert topic is not None and topic.attributes == {"a": "1"}
+    assert meta.machine.topic("r") is None
+
+
+def test_setting_attributes_of_a_missing_topic_is_topic_not_found() -> None:
+    got = Meta().apply(op="set_topic_attributes", name="nope", attributes={"a": "1"})
+    assert got["error"]["code"] == "topic_not_found"
