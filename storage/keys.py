@@ -62,6 +62,7 @@ from .records import CorruptRecord
 __all__ = [
     "APPLIED",
     "DEADLINE",
+    "DEFAULT_MAX_STEP_MS",
     "DELAYED",
     "DROPPED",
     "GROUP_TIME",
@@ -454,32 +455,47 @@ class QueueMeta:
         return cls(low, high, retained)
 
 
-_GROUP_TIME = struct.Struct(">QQQ")
+_GROUP_TIME_V1 = struct.Struct(">QQQ")  # last_ms, retain_stamp_ms, retain_clock_ms (before the group clock)
+_GROUP_TIME = struct.Struct(">QQQQ")
+
+DEFAULT_MAX_STEP_MS = 300_000
+"""How far the group's time may move past the stamps' own progress in one command, until a
+``retain`` carrying ``max_jump_ms`` sets it (``raft.retention_max_jump_ms``, the same default)."""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupTime:
-    """The leader-stamped time a queue group applied so far (0: none yet).
+    """The time a queue group applied so far (0: none yet): the leaders' stamps, bounded.
 
     Attributes:
-        last_ms: The greatest ``now_ms`` applied; a command stamped lower is applied at this time,
-            so the group's time never goes backwards.
-        retain_stamp_ms: The ``now_ms`` the last ``retain`` was stamped with (as stamped).
-        retain_clock_ms: The time age-based retention used at the last ``retain``. It follows the
-            stamps but moves at most ``max_jump_ms`` per ``retain`` beyond the stamps' own
-            progress, so a leader clock that jumps ahead cannot age messages early.
+        now_ms: The group's time: the ``now_ms`` every op of the last stamped command applied at
+            (receive, deadlines, retries, TTLs, locks, retention). It never goes backwards, and
+            moves with the stamps' progress, at most ``max_step_ms`` per command
+            (``cluster/machines/queue_group.py``, :func:`group_clock`), so a leader clock that
+            jumped ahead moves it by one step, not by the jump.
+        stamp_ms: The ``now_ms`` of the last stamped command, as stamped.
+        jumps: How many stamps were clamped so far (a stamp ahead of the previous one by more than
+            ``max_step_ms``); replicated, so every replica counts the same.
+        max_step_ms: The bound, from the last ``retain`` with ``max_jump_ms`` (else
+            :data:`DEFAULT_MAX_STEP_MS`).
     """
 
-    last_ms: int = 0
-    retain_stamp_ms: int = 0
-    retain_clock_ms: int = 0
+    now_ms: int = 0
+    stamp_ms: int = 0
+    jumps: int = 0
+    max_step_ms: int = DEFAULT_MAX_STEP_MS
 
     def encode(self) -> bytes:
-        return _GROUP_TIME.pack(self.last_ms, self.retain_stamp_ms, self.retain_clock_ms)
+        return _GROUP_TIME.pack(self.now_ms, self.stamp_ms, self.jumps, self.max_step_ms)
 
     @classmethod
     def decode(cls, data: bytes) -> GroupTime:
         """Raises: CorruptRecord: ``data`` is not an encoded group time."""
+        if len(data) == _GROUP_TIME_V1.size:
+            # Written before the group clock: every op applied at last_ms, so the clock goes on
+            # from there (the retention clock, lower or equal, is not needed any more).
+            last_ms, _, _ = _GROUP_TIME_V1.unpack(data)
+            return cls(last_ms, last_ms)
         if len(data) != _GROUP_TIME.size:
             raise CorruptRecord(f"group time has {len(data)} bytes, expected {_GROUP_TIME.size}")
         return cls(*_GROUP_TIME.unpack(data))

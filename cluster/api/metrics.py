@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.timing import LatencyHistogram
+from raftmq.cluster.machines.apply import group_time
 from raftmq.cluster.machines.views import consumer_queues, queue_metas
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
@@ -81,6 +82,12 @@ class _RaftCollector(Collector):
             "Retention ticks proposed here whose time ran too far ahead (age-based removal held back)",
             labels=labels,
         )
+        group_clock_jumps = CounterMetricFamily(
+            "raftmq_group_clock_jumps",
+            "Leader stamps a queue group clamped: ahead of its previous stamp by more than the bound "
+            "(replicated: every replica counts the same)",
+            labels=labels,
+        )
         snapshot_installs = CounterMetricFamily(
             "raftmq_raft_snapshot_installs",
             "Snapshots installed on this replica from a checkpoint fetched from a peer",
@@ -120,11 +127,12 @@ class _RaftCollector(Collector):
             snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
             if name != "meta":
                 clock_jumps.add_metric(key, self._node.ticks.retention_clock_jumps.get(name, 0))
+                group_clock_jumps.add_metric(key, group_time(local.state_store).jumps)
             _add_histogram(commit_s, key, local.raft.commit_latency)
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, clock_jumps, snapshot_installs, snapshot_failures)
+        yield from (became_leader, clock_jumps, group_clock_jumps, snapshot_installs, snapshot_failures)
         yield from (commit_s, apply_s, fsync_s)
 
 

@@ -21,6 +21,7 @@ only through ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 from collections import defaultdict
@@ -151,7 +152,7 @@ class Node:
             machine.on_placement_changed = self._on_placement_changed
         else:
             machine = QueueGroupMachine(store, int(name))
-            machine.on_applied = self._on_applied
+            machine.on_applied = functools.partial(self._on_applied, name)
         # The seed voters count only while the group's log holds no configuration (a new group).
         seed = [n.raft_addr(port_offset(name)) for n in self.replicas(name)]
         local = await self._loop.run_in_executor(None, self._start_group, name, seed, machine, store, joining)
@@ -442,7 +443,10 @@ class Node:
 
     # -- long polling -----------------------------------------------------------------------------
 
-    def _on_applied(self, applied: Applied) -> None:  # tick thread
+    def _on_applied(self, name: str, applied: Applied) -> None:  # tick thread
+        if applied.clock_jump_ms is not None:
+            # Counted in the group's replicated time (raftmq_group_clock_jumps_total).
+            log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
         if self._loop is None:
             return
         # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).
