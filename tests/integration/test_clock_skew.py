@@ -78,3 +78,17 @@ def test_a_leader_two_days_ahead_removes_and_hides_nothing_early(tmp_path: Path)
         wait_until(lambda: c.leader("0") == sane, 30, what="the sane node leads group 0 again")
         assert bounds(c, "young", sane) == (0, 4)
         assert [m["value"] for m in receive(c, "daily", "audit", sane)] == ["d0", "d1"]
+
+
+def test_a_led_group_without_retention_is_stamped_well_within_the_bound(tmp_path: Path) -> None:
+    # Its time takes a gap of more than the bound between stamps for a clock jump (and runs late
+    # by the excess), so its leader stamps it every third of the bound even when nothing happens.
+    toml = "[raft]\nretention_check_ms = 200\nretention_max_jump_ms = 600\n"
+    with Cluster(tmp_path, queue_groups=1, extra_toml=toml) as c:
+        c.start()
+        c.wait_ready()
+        leader = c.wait_leader("0")
+        first = c.status(leader)["groups"]["0"]["applied_index"]
+        time.sleep(3)
+        later = c.status(leader)["groups"]["0"]["applied_index"]
+        assert later - first >= 5, (first, later)  # an empty retain every 200-400 ms
