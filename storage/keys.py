@@ -62,9 +62,9 @@ from .records import CorruptRecord
 __all__ = [
     "APPLIED",
     "DEADLINE",
-    "DEFAULT_MAX_STEP_MS",
     "DELAYED",
     "DROPPED",
+    "GROUP_MAX_STEP_MS",
     "GROUP_TIME",
     "LOCK",
     "MAX_U32",
@@ -455,12 +455,13 @@ class QueueMeta:
         return cls(low, high, retained)
 
 
-_GROUP_TIME_V1 = struct.Struct(">QQQ")  # last_ms, retain_stamp_ms, retain_clock_ms (before the group clock)
-_GROUP_TIME = struct.Struct(">QQQQ")
+# now_ms, stamp_ms, now_ms again: the layout of the release before the group clock (last_ms,
+# retain_stamp_ms, retain_clock_ms), so a replica or checkpoint of either release reads the other's.
+_GROUP_TIME = struct.Struct(">QQQ")
 
-DEFAULT_MAX_STEP_MS = 300_000
-"""How far the group's time may move past the stamps' own progress in one command, until a
-``retain`` carrying ``max_jump_ms`` sets it (``raft.retention_max_jump_ms``, the same default)."""
+GROUP_MAX_STEP_MS = 300_000
+"""How far the group's time may move past the stamps' own progress in one command (a ``retain``
+carries its own bound, ``raft.retention_max_jump_ms``, for itself)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,35 +471,26 @@ class GroupTime:
     Attributes:
         now_ms: The group's time: the ``now_ms`` every op of the last stamped command applied at
             (receive, deadlines, retries, TTLs, locks, retention). It never goes backwards, and
-            moves with the stamps' progress, at most ``max_step_ms`` per command
-            (``cluster/machines/queue_group.py``, :func:`group_clock`), so a leader clock that
-            jumped ahead moves it by one step, not by the jump.
+            moves with the stamps' progress, at most :data:`GROUP_MAX_STEP_MS` per command
+            (``cluster/machines/apply.py``, ``advance``), so a leader clock that jumped ahead
+            moves it by one step, not by the jump.
         stamp_ms: The ``now_ms`` of the last stamped command, as stamped.
-        jumps: How many stamps were clamped so far (a stamp ahead of the previous one by more than
-            ``max_step_ms``); replicated, so every replica counts the same.
-        max_step_ms: The bound, from the last ``retain`` with ``max_jump_ms`` (else
-            :data:`DEFAULT_MAX_STEP_MS`).
     """
 
     now_ms: int = 0
     stamp_ms: int = 0
-    jumps: int = 0
-    max_step_ms: int = DEFAULT_MAX_STEP_MS
 
     def encode(self) -> bytes:
-        return _GROUP_TIME.pack(self.now_ms, self.stamp_ms, self.jumps, self.max_step_ms)
+        return _GROUP_TIME.pack(self.now_ms, self.stamp_ms, self.now_ms)
 
     @classmethod
     def decode(cls, data: bytes) -> GroupTime:
         """Raises: CorruptRecord: ``data`` is not an encoded group time."""
-        if len(data) == _GROUP_TIME_V1.size:
-            # Written before the group clock: every op applied at last_ms, so the clock goes on
-            # from there (the retention clock, lower or equal, is not needed any more).
-            last_ms, _, _ = _GROUP_TIME_V1.unpack(data)
-            return cls(last_ms, last_ms)
         if len(data) != _GROUP_TIME.size:
             raise CorruptRecord(f"group time has {len(data)} bytes, expected {_GROUP_TIME.size}")
-        return cls(*_GROUP_TIME.unpack(data))
+        now_ms, stamp_ms, _ = _GROUP_TIME.unpack(data)
+        # Written by the release before: stamp_ms was the last retain's (0: none), an earlier stamp.
+        return cls(now_ms, stamp_ms or now_ms)
 
 
 @dataclass(frozen=True, slots=True)

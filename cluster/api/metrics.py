@@ -18,7 +18,6 @@ from prometheus_client.registry import Collector
 
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.timing import LatencyHistogram
-from raftmq.cluster.machines.apply import group_time
 from raftmq.cluster.machines.views import consumer_queues, queue_metas
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
@@ -84,8 +83,8 @@ class _RaftCollector(Collector):
         )
         group_clock_jumps = CounterMetricFamily(
             "raftmq_group_clock_jumps",
-            "Leader stamps a queue group clamped: ahead of its previous stamp by more than the bound "
-            "(replicated: every replica counts the same)",
+            "Entries applied here whose leader stamp the queue group's time clamped (ahead of the "
+            "group's previous stamp by more than the bound)",
             labels=labels,
         )
         snapshot_installs = CounterMetricFamily(
@@ -127,7 +126,7 @@ class _RaftCollector(Collector):
             snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
             if name != "meta":
                 clock_jumps.add_metric(key, self._node.ticks.retention_clock_jumps.get(name, 0))
-                group_clock_jumps.add_metric(key, group_time(local.state_store).jumps)
+                group_clock_jumps.add_metric(key, self._node.ticks.group_clock_jumps.get(name, 0))
             _add_histogram(commit_s, key, local.raft.commit_latency)
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)

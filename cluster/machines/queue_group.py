@@ -9,10 +9,10 @@ check them):
 - The group's time (``GroupTime.now_ms``, key ``T``) never goes backwards, and every op of a
   command applies at it, not at the raw stamp: a command stamped below it (a new leader whose clock
   is behind) is applied at it, and a stamp ahead of the group's previous stamp by more than the
-  bound (``max_step_ms``, a ``retain``'s ``max_jump_ms``) moves it by the bound only
+  bound (``GROUP_MAX_STEP_MS``; a ``retain``'s ``max_jump_ms`` for itself) moves it by the bound only
   (:func:`~raftmq.cluster.machines.apply.advance`). So a leader clock that jumps ahead cannot
   expire, age out, time out or retry anything early: receive, the delivery tick, TTLs, locks and
-  retention all judge by this one time. A clamped jump is counted in ``GroupTime.jumps`` and
+  retention all judge by this one time. A clamped jump is
   reported in :class:`Applied` (``clock_jump_ms``) for the node to log and count.
 - NEVER RAISES on input. A malformed or invalid command returns an error result
   (``{"error": {...}}``, codes from ``cluster/base/errors.py``); an unexpected exception in the logic is

@@ -460,7 +460,7 @@ class Node:
 
     def _on_applied(self, name: str, applied: Applied) -> None:  # tick thread
         if applied.clock_jump_ms is not None:
-            # Counted in the group's replicated time (raftmq_group_clock_jumps_total).
+            self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
             log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
         if self._loop is None:
             return

@@ -23,6 +23,7 @@ from raftmq.cluster.machines.apply import group_now, group_time
 from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.view import LocalGroup, NodeView
+from raftmq.storage.keys import GROUP_MAX_STEP_MS
 from raftmq.storage.queues import next_due_ms
 
 __all__ = ["TickLoops"]
@@ -42,6 +43,8 @@ class TickLoops:
         self._due_cache: dict[str, tuple[int, int, int, int | None]] = {}
         # Per queue group: retain ticks this node proposed whose time jumped too far ahead.
         self.retention_clock_jumps: dict[str, int] = {}
+        # Per queue group: entries this replica applied whose stamp the group's time clamped.
+        self.group_clock_jumps: dict[str, int] = {}
 
     def scheduled(self) -> None:
         """An apply scheduled something (on the event loop): the delivery loop looks again."""
@@ -112,8 +115,8 @@ class TickLoops:
         """Whether the group's last stamp is a third of its clock bound old: an empty ``retain``
         then stamps it, so that a led group never goes a whole bound without a stamp (the group's
         time would take the gap for a clock jump and run late by the excess: ``advance``)."""
-        time = group_time(local.state_store)
-        return now_ms() - time.stamp_ms >= time.max_step_ms // 3
+        bound = min(GROUP_MAX_STEP_MS, self.node.config.raft.retention_max_jump_ms or GROUP_MAX_STEP_MS)
+        return now_ms() - group_time(local.state_store).stamp_ms >= bound // 3
 
     async def _retain(self, name: str, local: LocalGroup, queues: list[dict[str, Any]]) -> None:
         """Propose ``retain`` again while the last one stopped at its batch bound (at most 100 per

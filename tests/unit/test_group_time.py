@@ -13,7 +13,7 @@ import pytest
 
 from raftmq.cluster import commands
 from raftmq.cluster.machines.queue_group import QueueGroupMachine, advance, group_time
-from raftmq.storage.keys import DEFAULT_MAX_STEP_MS, GroupTime
+from raftmq.storage.keys import GROUP_MAX_STEP_MS, GroupTime
 from raftmq.storage.queues import queue_bounds, queue_meta, read_messages
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
@@ -121,7 +121,6 @@ def test_a_leader_clock_days_ahead_removes_nothing_within_retention(g: Group) ->
     g.produce(skewed + 20_000)
     # The produce's stamp is clamped already (the group's previous stamp is the retain's).
     assert group_time(g.store).now_ms == T0 + 10_000 + JUMP_MS
-    assert group_time(g.store).jumps == 1
     first = g.retain(skewed + 20_000)
     assert first["removed"] == []
     for step in range(1, 120):
@@ -168,7 +167,6 @@ def test_retention_clamps_a_jump_with_no_earlier_retention_run(g: Group) -> None
     g.produce(skewed)
     assert g.retain(skewed + 6_000)["removed"] == []
     assert g.low() == 0
-    assert group_time(g.store).jumps == 1
     assert group_time(g.store).now_ms == T0 + 2_000 + JUMP_MS + 6_000
 
 
@@ -178,7 +176,7 @@ def test_a_receive_stamped_days_ahead_still_hands_out_what_retention_keeps(g: Gr
     g.produce(T0)
     g.produce(T0 + 1_000)
     assert g.receive(T0 + 2 * DAY_MS, max_age_ms=DAY_MS) == [0, 1]
-    assert group_time(g.store).jumps == 1
+    assert group_time(g.store).now_ms == T0 + 1_000 + JUMP_MS
     assert g.ack(T0 + 5_000, [0, 1]) == [True, True]
 
 
@@ -204,18 +202,25 @@ def test_a_ttl_of_a_message_appended_by_a_skewed_leader_counts_from_the_group_ti
     assert message.expires_at_ms == T0 + JUMP_MS + HOUR_MS
 
 
-def test_a_group_time_written_before_the_group_clock_goes_on_from_its_last_time() -> None:
+def test_the_group_time_reads_and_writes_the_layout_of_the_release_before() -> None:
+    # That release wrote (last_ms, retain_stamp_ms, retain_clock_ms) and reads this one's bytes as
+    # such: a checkpoint or a rolled-back replica of either release reads the other's.
     old = struct.pack(">QQQ", T0 + 5_000, T0 + 4_000, T0 + 3_000)
-    assert GroupTime.decode(old) == GroupTime(T0 + 5_000, T0 + 5_000, 0, DEFAULT_MAX_STEP_MS)
+    assert GroupTime.decode(old) == GroupTime(T0 + 5_000, T0 + 4_000)
+    assert GroupTime.decode(struct.pack(">QQQ", T0 + 5_000, 0, 0)) == GroupTime(T0 + 5_000, T0 + 5_000)
+    assert GroupTime(T0 + 7_000, T0 + 6_000).encode() == struct.pack(
+        ">QQQ", T0 + 7_000, T0 + 6_000, T0 + 7_000
+    )
     after, jump = advance(GroupTime.decode(old), T0 + 2 * DAY_MS)
-    assert (after.now_ms, jump) == (T0 + 5_000 + DEFAULT_MAX_STEP_MS, 2 * DAY_MS - 5_000)
+    assert (after.now_ms, jump) == (T0 + 4_000 + GROUP_MAX_STEP_MS, 2 * DAY_MS - 4_000)
 
 
-def test_a_retain_bound_becomes_the_bound_of_every_later_command(g: Group) -> None:
+def test_a_retain_applies_its_own_bound_to_itself(g: Group) -> None:
     g.produce(T0)
-    g.apply(commands.retain(T0 + 1_000, [], max_jump_ms=30_000))
-    g.produce(T0 + DAY_MS)
-    assert group_time(g.store).now_ms == T0 + 1_000 + 30_000
+    g.apply(commands.retain(T0 + DAY_MS, [], max_jump_ms=30_000))
+    assert group_time(g.store).now_ms == T0 + 30_000
+    g.produce(T0 + 2 * DAY_MS)  # the group's bound for other commands
+    assert group_time(g.store).now_ms == T0 + 30_000 + GROUP_MAX_STEP_MS
 
 
 # -- bounded work per retain ------------------------------------------------------------------
