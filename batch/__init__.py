@@ -26,11 +26,13 @@ from ._format import (
     RECORD_DELAY,
     RECORD_KEY,
     RECORD_TTL,
+    RESERVED_HEADER_PREFIX,
     BadBatch,
+    is_reserved_header,
 )
 from ._frames import Frame, frame_prefix, join_frames, split_batches, split_frames
 from ._v1 import V1Batch, read_v1, v1_to_v2
-from ._view import BatchView, Limits, Record, read, stamp, stamp_into, validate
+from ._view import BatchView, Limits, Record, read, reserved_header_record, stamp, stamp_into, validate
 
 __all__ = [
     "ANY_QUEUE",
@@ -42,6 +44,7 @@ __all__ = [
     "RECORD_DELAY",
     "RECORD_KEY",
     "RECORD_TTL",
+    "RESERVED_HEADER_PREFIX",
     "BadBatch",
     "BatchBuilder",
     "BatchView",
@@ -52,9 +55,11 @@ __all__ = [
     "V1Batch",
     "columns",
     "frame_prefix",
+    "is_reserved_header",
     "join_frames",
     "read",
     "read_v1",
+    "reserved_header_record",
     "split_batches",
     "split_frames",
     "stamp",

@@ -32,8 +32,10 @@ __all__ = [
     "RECORD_ENTRY_SIZE",
     "RECORD_KEY",
     "RECORD_TTL",
+    "RESERVED_HEADER_PREFIX",
     "STAMP_SIZE",
     "BadBatch",
+    "is_reserved_header",
 ]
 
 MAGIC: Final = 2
@@ -42,6 +44,18 @@ MAGIC_V1: Final = 1
 
 BATCH_MEDIA_TYPE: Final = "application/vnd.raftmq.batch"
 """The HTTP ``Content-Type`` of a produce body and the ``Accept`` of a binary fetch."""
+
+RESERVED_HEADER_PREFIX: Final = "raftmq-"
+"""Header names starting with this, in any ASCII case, are the broker's own (``raftmq-dlq-*``,
+``raftmq-redrive-group``): a node refuses them in a produced message (``reserved_header``)."""
+
+
+def is_reserved_header(name: str) -> bool:
+    """Whether ``name`` starts with :data:`RESERVED_HEADER_PREFIX`, ASCII letters compared without
+    case (``Raftmq-X`` is reserved; a look-alike outside ASCII is not the broker's header)."""
+    head = name[: len(RESERVED_HEADER_PREFIX)]
+    return head.isascii() and head.lower() == RESERVED_HEADER_PREFIX
+
 
 # -- the stamped part: magic u8 | 3 reserved | batch_length u32 | base_offset u64 |
 #    append_time_ms u64 | raft_index u64 | header_crc u32 | crc u32

@@ -34,6 +34,7 @@ from ._format import (
     RECORD_KEY,
     RECORD_KNOWN,
     RECORD_TTL,
+    RESERVED_HEADER_PREFIX,
     STAMP_FIELDS,
     STAMP_FIELDS_AT,
     STAMP_SIZE,
@@ -44,7 +45,16 @@ from ._format import (
     record_dtype,
 )
 
-__all__ = ["BatchView", "Limits", "Record", "read", "stamp", "stamp_into", "validate"]
+__all__ = [
+    "BatchView",
+    "Limits",
+    "Record",
+    "read",
+    "reserved_header_record",
+    "stamp",
+    "stamp_into",
+    "validate",
+]
 
 Buffer = bytes | bytearray | memoryview
 I64 = npt.NDArray[np.int64]
@@ -55,7 +65,8 @@ class Limits:
     """What a produced batch may hold (the node fills it from its ``[limits]``).
 
     ``max_message_bytes`` counts, per message, the key, every header name and value, and the
-    value, as the JSON API does.
+    value, as the JSON API does. ``refuse_reserved_headers``: a header whose name starts with
+    ``raftmq-`` (any ASCII case) is the broker's own and refused (reason ``reserved_header``).
     """
 
     max_message_bytes: int = 1024 * 1024
@@ -65,6 +76,7 @@ class Limits:
     max_headers: int = 64
     max_delay_ms: int = 7 * 24 * 3600 * 1000
     max_ttl_ms: int = 10 * 365 * 24 * 3600 * 1000
+    refuse_reserved_headers: bool = True
 
 
 class Record(NamedTuple):
@@ -599,8 +611,12 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
             bad_record = bad if bad_record is None else min(bad_record, bad)
     if bad_record is not None:
         raise _bad("bad_utf8", "a key, header or text value is not UTF-8", bad_record)
-
     view.buffer = buf
+    view.sections = bounds
+    if limits is not None and limits.refuse_reserved_headers and header_total:
+        reserved = reserved_header_record(view)
+        if reserved is not None:
+            raise _bad("reserved_header", f"a header name starts with {RESERVED_HEADER_PREFIX!r}", reserved)
     view.base_offset = base_offset
     view.append_time_ms = append_time_ms
     view.raft_index = raft_index
@@ -613,7 +629,6 @@ def _check(buf: memoryview, limits: Limits | None) -> BatchView:
     view._ttls = ttls
     bounds["delays"] = (extras_at, extras_at + 8 * n_delays)
     bounds["ttls"] = (extras_at + 8 * n_delays, bounds["extras"][1])
-    view.sections = bounds
     del magic
     return view
 
@@ -667,6 +682,38 @@ def _check_limits(
     if candidates:
         index, reason, message = min(candidates)
         raise _bad(reason, message, index)
+
+
+def reserved_header_record(view: BatchView) -> int | None:
+    """The index of the first record of ``view`` with a header whose name starts with
+    :data:`RESERVED_HEADER_PREFIX` (any ASCII case, as :func:`is_reserved_header`), or None.
+    :func:`validate` refuses such a batch; a leader checks batches a peer forwarded with this."""
+    table = view.header_table
+    if not len(table):
+        return None
+    reserved = _first_reserved_name(view.section("header_names"), _exclusive_cumsum(table["name_len"]))
+    if reserved is None:
+        return None
+    return int(np.searchsorted(view.header_starts, reserved, side="right")) - 1
+
+
+_RESERVED = np.frombuffer(RESERVED_HEADER_PREFIX.encode(), dtype=np.uint8)
+_RESERVED_CASE = np.frombuffer(bytes(0x20 * c.isalpha() for c in RESERVED_HEADER_PREFIX), dtype=np.uint8)
+
+
+def _first_reserved_name(names: memoryview, starts: I64) -> int | None:
+    """The index of the first header name (``starts`` cuts ``names`` into them) that starts with
+    :data:`RESERVED_HEADER_PREFIX`, ASCII letters without case (``is_reserved_header``), or None.
+    One gather of the first bytes of every long enough name; OR-ing 0x20 folds exactly the two
+    cases of an ASCII letter onto one, and is applied to the letters of the prefix only."""
+    lengths = np.diff(starts)
+    long_enough = np.flatnonzero(lengths >= len(_RESERVED))
+    if not len(long_enough):
+        return None
+    data = np.frombuffer(names, dtype=np.uint8)
+    heads = data[starts[long_enough][:, None] + np.arange(len(_RESERVED))]
+    hits = ((heads | _RESERVED_CASE) == _RESERVED).all(axis=1)
+    return int(long_enough[np.argmax(hits)]) if hits.any() else None
 
 
 def _first(values: np.ndarray, reason: str, message: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast, get_args
 
-from raftmq.batch import BATCH_MEDIA_TYPE
+from raftmq.batch import BATCH_MEDIA_TYPE, RESERVED_HEADER_PREFIX, is_reserved_header
 
 from ._accumulator import Accumulator, Batch, Wire, buffer_full, message_size
 from ._api import connect
@@ -36,6 +36,7 @@ from .errors import (
     NotLeader,
     QueueNotFound,
     RaftmqError,
+    ReservedHeader,
     Timeout,
     TopicNotFound,
     Unavailable,
@@ -215,6 +216,13 @@ class ProducerCore:
             raise ClientClosed("the producer is closed")
         if type(value) is not str and not isinstance(value, str | bytes):
             raise TypeError(f"value must be str or bytes, not {type(value).__name__}")
+        if headers:
+            reserved = [name for name in headers if is_reserved_header(name)]
+            if reserved:
+                raise ReservedHeader(
+                    f"header {reserved[0]!r}: names starting with {RESERVED_HEADER_PREFIX!r} (any case) "
+                    "are the broker's own"
+                )
         size = message_size(value, key, headers)
         limit = desc.info.max_message_bytes
         if limit is not None and size > limit:
@@ -529,7 +537,8 @@ class AsyncProducer:
             topic: The topic.
             value: ``str`` (sent as ``value``) or ``bytes`` (sent as ``value_b64``).
             key: Routes the message (same key, same queue) and is stored with it.
-            headers: String headers stored with the message.
+            headers: String headers stored with the message. Names starting with ``raftmq-``
+                (any ASCII case) are the broker's own and refused.
             queue: An explicit queue (overrides the key's).
             callback: ``callback(metadata, error)`` once the message is stored or failed.
 
@@ -539,7 +548,8 @@ class AsyncProducer:
             ``done()``, ``result()``, ``exception()`` and ``add_done_callback(fn)``.
 
         Raises:
-            TopicNotFound, QueueNotFound, MessageTooLarge: Refused before buffering.
+            TopicNotFound, QueueNotFound, MessageTooLarge, ReservedHeader: Refused before
+                buffering.
             BufferFull: The buffer stayed full for ``max_block_ms``.
             ClientClosed: The producer is closed.
         """

@@ -167,7 +167,8 @@ class Producer(SyncClient):
             once it is durable (or raises the :class:`RaftmqError` it failed with).
 
         Raises:
-            TopicNotFound, QueueNotFound, MessageTooLarge: Refused before buffering.
+            TopicNotFound, QueueNotFound, MessageTooLarge, ReservedHeader: Refused before
+                buffering.
             BufferFull: The buffer stayed full for ``max_block_ms``.
             ClientClosed: The producer is closed.
         """

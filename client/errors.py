@@ -15,6 +15,7 @@ Class tree::
     ├── BadRequest              bad_request          400
     ├── InvalidJson             invalid_json         400
     ├── BadBatch                bad_batch            400  (reason, record, batch)
+    ├── ReservedHeader          reserved_header      400  (a raftmq-* header name)
     ├── Unauthorized            unauthorized         401
     ├── Forbidden               forbidden            403
     │   └── MemberNotOwned      member_not_owned     403  (another token's group member)
@@ -82,6 +83,7 @@ __all__ = [
     "QueueNotFound",
     "RaftmqError",
     "RequestTooLarge",
+    "ReservedHeader",
     "StaleEpoch",
     "StaleReceipt",
     "StaleSequence",
@@ -137,6 +139,14 @@ class BadBatch(RaftmqError):
     bad record) and ``details["batch"]`` (the frame) say what and where; nothing was stored."""
 
     code, status = "bad_batch", 400
+
+
+class ReservedHeader(RaftmqError):
+    """A message header's name starts with ``raftmq-`` (any ASCII case): those are the broker's
+    own (dead-letter provenance, redrive). The producer raises it before sending; a node answers
+    it for a request sent otherwise. Nothing was stored."""
+
+    code, status = "reserved_header", 400
 
 
 class Unauthorized(RaftmqError):
@@ -319,6 +329,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     BadRequest,
     InvalidJson,
     BadBatch,
+    ReservedHeader,
     Unauthorized,
     Forbidden,
     MemberNotOwned,

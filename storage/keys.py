@@ -64,6 +64,7 @@ __all__ = [
     "DEADLINE",
     "DELAYED",
     "DROPPED",
+    "GROUP_MAX_STEP_MS",
     "GROUP_TIME",
     "LOCK",
     "MAX_U32",
@@ -454,35 +455,42 @@ class QueueMeta:
         return cls(low, high, retained)
 
 
+# now_ms, stamp_ms, now_ms again: the layout of the release before the group clock (last_ms,
+# retain_stamp_ms, retain_clock_ms), so a replica or checkpoint of either release reads the other's.
 _GROUP_TIME = struct.Struct(">QQQ")
+
+GROUP_MAX_STEP_MS = 300_000
+"""How far the group's time may move past the stamps' own progress in one command (a ``retain``
+carries its own bound, ``raft.retention_max_jump_ms``, for itself)."""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupTime:
-    """The leader-stamped time a queue group applied so far (0: none yet).
+    """The time a queue group applied so far (0: none yet): the leaders' stamps, bounded.
 
     Attributes:
-        last_ms: The greatest ``now_ms`` applied; a command stamped lower is applied at this time,
-            so the group's time never goes backwards.
-        retain_stamp_ms: The ``now_ms`` the last ``retain`` was stamped with (as stamped).
-        retain_clock_ms: The time age-based retention used at the last ``retain``. It follows the
-            stamps but moves at most ``max_jump_ms`` per ``retain`` beyond the stamps' own
-            progress, so a leader clock that jumps ahead cannot age messages early.
+        now_ms: The group's time: the ``now_ms`` every op of the last stamped command applied at
+            (receive, deadlines, retries, TTLs, locks, retention). It never goes backwards, and
+            moves with the stamps' progress, at most :data:`GROUP_MAX_STEP_MS` per command
+            (``cluster/machines/apply.py``, ``advance``), so a leader clock that jumped ahead
+            moves it by one step, not by the jump.
+        stamp_ms: The ``now_ms`` of the last stamped command, as stamped.
     """
 
-    last_ms: int = 0
-    retain_stamp_ms: int = 0
-    retain_clock_ms: int = 0
+    now_ms: int = 0
+    stamp_ms: int = 0
 
     def encode(self) -> bytes:
-        return _GROUP_TIME.pack(self.last_ms, self.retain_stamp_ms, self.retain_clock_ms)
+        return _GROUP_TIME.pack(self.now_ms, self.stamp_ms, self.now_ms)
 
     @classmethod
     def decode(cls, data: bytes) -> GroupTime:
         """Raises: CorruptRecord: ``data`` is not an encoded group time."""
         if len(data) != _GROUP_TIME.size:
             raise CorruptRecord(f"group time has {len(data)} bytes, expected {_GROUP_TIME.size}")
-        return cls(*_GROUP_TIME.unpack(data))
+        now_ms, stamp_ms, _ = _GROUP_TIME.unpack(data)
+        # Written by the release before: stamp_ms was the last retain's (0: none), an earlier stamp.
+        return cls(now_ms, stamp_ms or now_ms)
 
 
 @dataclass(frozen=True, slots=True)

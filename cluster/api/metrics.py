@@ -81,6 +81,12 @@ class _RaftCollector(Collector):
             "Retention ticks proposed here whose time ran too far ahead (age-based removal held back)",
             labels=labels,
         )
+        group_clock_jumps = CounterMetricFamily(
+            "raftmq_group_clock_jumps",
+            "Entries applied here whose leader stamp the queue group's time clamped (ahead of the "
+            "group's previous stamp by more than the bound)",
+            labels=labels,
+        )
         snapshot_installs = CounterMetricFamily(
             "raftmq_raft_snapshot_installs",
             "Snapshots installed on this replica from a checkpoint fetched from a peer",
@@ -120,11 +126,12 @@ class _RaftCollector(Collector):
             snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
             if name != "meta":
                 clock_jumps.add_metric(key, self._node.ticks.retention_clock_jumps.get(name, 0))
+                group_clock_jumps.add_metric(key, self._node.ticks.group_clock_jumps.get(name, 0))
             _add_histogram(commit_s, key, local.raft.commit_latency)
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, clock_jumps, snapshot_installs, snapshot_failures)
+        yield from (became_leader, clock_jumps, group_clock_jumps, snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
         yield from (commit_s, apply_s, fsync_s)
 

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from raftmq.batch import RESERVED_HEADER_PREFIX, is_reserved_header
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.cluster_file import Limits
@@ -184,6 +185,14 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
         for hk, hv in headers.items():
             if not isinstance(hv, str):
                 raise bad(f"{where}.headers[{hk!r}] must be a string")
+            if is_reserved_header(hk):
+                raise ApiError(
+                    errors.RESERVED_HEADER,
+                    f"{where}.headers[{hk!r}]: names starting with {RESERVED_HEADER_PREFIX!r} (any case) "
+                    "are the broker's own",
+                    index=i,
+                    header=hk,
+                )
             size += _utf8_len(hk, f"{where}.headers") + _utf8_len(hv, f"{where}.headers")
         if headers:
             body["headers"] = headers

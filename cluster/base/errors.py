@@ -44,6 +44,7 @@ __all__ = [
     "OFFSET_OUT_OF_RANGE",
     "QUEUE_NOT_FOUND",
     "REQUEST_TOO_LARGE",
+    "RESERVED_HEADER",
     "STALE_EPOCH",
     "STALE_RECEIPT",
     "TIMEOUT",
@@ -95,6 +96,14 @@ BAD_BATCH = ErrorCode(
     False,
     True,
     "A binary record batch is malformed or breaks a limit (reason, record and batch say where); "
+    "nothing was stored.",
+)
+RESERVED_HEADER = ErrorCode(
+    "reserved_header",
+    400,
+    False,
+    True,
+    "A message header's name starts with raftmq- (any ASCII case), the broker's own headers; "
     "nothing was stored.",
 )
 UNAUTHORIZED = ErrorCode("unauthorized", 401, False, True, "Credentials are missing or invalid.")
@@ -199,6 +208,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             BAD_REQUEST,
             INVALID_JSON,
             BAD_BATCH,
+            RESERVED_HEADER,
             UNAUTHORIZED,
             FORBIDDEN,
             MEMBER_NOT_OWNED,

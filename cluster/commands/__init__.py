@@ -51,7 +51,7 @@ once; the state machine decodes again and turns a :class:`BadCommand` into an er
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -260,10 +260,11 @@ def decode(data: bytes) -> Command:
     return validate(obj)
 
 
-def decode_stamped(data: bytes, min_now_ms: int) -> tuple[Command, int | None]:
-    """:func:`decode` for the state machine: a command stamped below ``min_now_ms`` (the group's
-    applied time) is validated and returned as if stamped at ``min_now_ms``, so the group's time
-    never goes backwards (a TTL's expiry, computed from ``now_ms``, moves with it).
+def decode_stamped(data: bytes, time_at: Callable[[int], int]) -> tuple[Command, int | None]:
+    """:func:`decode` for the state machine: the command's stamp is replaced by
+    ``time_at(stamp)``, the group's time it applies at (never lower than the group's applied time,
+    bounded above: ``cluster/machines/apply.py``, ``advance``), before the command is validated,
+    so what is computed from ``now_ms`` (a TTL's expiry) follows it.
 
     Returns:
         The command and its ``now_ms`` as stamped (None: the command carries no valid stamp).
@@ -272,16 +273,17 @@ def decode_stamped(data: bytes, min_now_ms: int) -> tuple[Command, int | None]:
         BadCommand: as :func:`decode`.
     """
     if is_append(data):
-        return decode_append(data, min_now_ms)
+        command, appended = decode_append(data)
+        command["now_ms"] = time_at(appended)
+        return command, appended
     try:
         obj = orjson.loads(data)
     except (orjson.JSONDecodeError, TypeError) as e:
         raise BadCommand(errors.INVALID_JSON, f"command is not JSON: {e}") from None
     stamped = obj.get("now_ms") if type(obj) is dict else None
-    if type(stamped) is not int or stamped < 0:
-        return validate(obj), None
-    if stamped < min_now_ms:
-        obj["now_ms"] = min_now_ms
+    if type(stamped) is not int or not 0 <= stamped <= MAX_TIME_MS:
+        return validate(obj), None  # beyond any clock: each op's own range check answers
+    obj["now_ms"] = time_at(stamped)
     return validate(obj), stamped
 
 

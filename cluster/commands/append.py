@@ -62,9 +62,9 @@ def append(now_ms: int, items: Sequence[tuple[int, int, bytes | memoryview]]) ->
     return b"".join(parts)
 
 
-def decode_append(data: bytes, min_now_ms: int = 0) -> tuple[AppendCommand, int]:
-    """Parse and check an ``append`` command; ``now_ms`` below ``min_now_ms`` is raised to it (the
-    group's time never goes backwards). Returns the command and its ``now_ms`` as stamped.
+def decode_append(data: bytes) -> tuple[AppendCommand, int]:
+    """Parse and check an ``append`` command. Returns the command and its ``now_ms`` as stamped
+    (the state machine replaces the command's ``now_ms`` with the group's time).
 
     Raises:
         BadCommand: malformed (``bad_request``), or a batch fails :func:`raftmq.batch.read`
@@ -97,4 +97,4 @@ def decode_append(data: bytes, min_now_ms: int = 0) -> tuple[AppendCommand, int]
         pos += length
     if pos != len(data):
         raise BadCommand(errors.BAD_REQUEST, f"append command: {len(data) - pos} trailing bytes")
-    return {"v": _VERSION, "op": "append", "now_ms": max(now_ms, min_now_ms), "batches": batches}, now_ms
+    return {"v": _VERSION, "op": "append", "now_ms": now_ms, "batches": batches}, now_ms

@@ -179,9 +179,10 @@ class RaftTimingConfig:
     group_commit_bytes: int = 256 * 1024  # coalesce produce requests into entries up to this size
     group_commit_inflight: int = 2  # entries in flight per group before requests accumulate
     retention_check_ms: int = 10_000  # how often a queue group's leader proposes a retention tick
-    # How far a retain tick's time may run ahead of the previous tick's before age-based retention
-    # stops trusting it (a leader clock that jumped ahead); at least 3 retention_check_ms is used.
-    # 0 for either: off, retain written as by releases before it (only for a rolling upgrade).
+    # How far a retain tick's time may move past the stamps' own progress (a leader clock that
+    # jumped ahead); at least 3 retention_check_ms is used. Other commands move the group's time by
+    # at most storage.keys.GROUP_MAX_STEP_MS. 0 for either: off, retain written as by releases
+    # before it (only for a rolling upgrade).
     retention_max_jump_ms: int = 300_000
     retention_max_batches: int = 1000  # record batches one retain command removes at most
 

@@ -6,17 +6,47 @@ entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read a
 from __future__ import annotations
 
 from raftmq.storage import keys, queues
-from raftmq.storage.keys import GROUP_TIME, GroupTime, ProducerState, QueueMeta
+from raftmq.storage.keys import GROUP_MAX_STEP_MS, GROUP_TIME, GroupTime, ProducerState, QueueMeta
 from raftmq.storage.store import Batch, Store
 
-__all__ = ["Apply", "group_time"]
+__all__ = ["Apply", "advance", "group_now", "group_time"]
 
 
 def group_time(store: Store) -> GroupTime:
-    """The group's applied leader time (all zero before the first stamped command). A leader may
-    read it to stamp no lower than what the group applied."""
+    """The group's applied time (all zero before the first stamped command)."""
     data = store.get(GROUP_TIME)
     return GroupTime() if data is None else GroupTime.decode(data)
+
+
+def advance(
+    before: GroupTime, stamped_ms: int, max_step_ms: int | None = None
+) -> tuple[GroupTime, int | None]:
+    """The group's time after a command stamped ``stamped_ms``, and the jump (ms) that was
+    clamped, or None. The bound is :data:`GROUP_MAX_STEP_MS`, or ``max_step_ms`` (a ``retain``'s
+    ``max_jump_ms``, for that command).
+
+    The time moves by the stamps' progress since the previous stamp, at most ``max_step_ms`` per
+    command, never beyond the stamp itself nor beyond the previous stamp plus ``max_step_ms``, and
+    never backwards. A leader whose clock is D ahead moves it by the bound once, then at the
+    true rate; when leadership goes back to a true clock it waits (the stamps are lower) and follows
+    again. So nothing the group times (a TTL, an age limit, a visibility deadline, a retry, a
+    lease) ends more than the bound early, whatever the jump. The price: a group that applied
+    no stamped command for longer than the bound (no leader: a leader ticks well within it,
+    ``TickLoops.retention_once``) runs late by the excess from then on (late, never early). The
+    very first stamp has nothing to compare with and is taken as it is."""
+    bound = GROUP_MAX_STEP_MS if max_step_ms is None else max_step_ms
+    if not before.stamp_ms and not before.now_ms:
+        return GroupTime(stamped_ms, stamped_ms), None
+    progress = stamped_ms - before.stamp_ms
+    step = min(max(progress, 0), bound)
+    now = max(before.now_ms, min(before.now_ms + step, stamped_ms, before.stamp_ms + bound))
+    return GroupTime(now, stamped_ms), (progress if progress > bound else None)
+
+
+def group_now(store: Store, wall_ms: int) -> int:
+    """The group's time a command stamped ``wall_ms`` now would apply at: what a leader compares
+    the group's deadlines and due times with (they are on the group's time, not its clock)."""
+    return advance(group_time(store), wall_ms)[0].now_ms
 
 
 class Apply:
@@ -34,6 +64,7 @@ class Apply:
         self.changed: dict[tuple[int, int], None] = {}  # an ordered set
         self.scheduled = False
         self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
+        self.clock_jump_ms: int | None = None  # Applied.clock_jump_ms
         self._metas: dict[tuple[int, int], QueueMeta] = {}
         self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
         self._producers: dict[tuple[int, int, str], ProducerState] = {}

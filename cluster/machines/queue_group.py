@@ -6,12 +6,14 @@ check them):
 - PURE. ``apply`` reads no clock, no randomness and does no I/O except through the ``Store``; time
   enters only as the leader-stamped ``now_ms`` of a command. The same command log gives the same
   store bytes and the same results on every replica.
-- The group's time never goes backwards: a command stamped below the greatest ``now_ms`` applied
-  (``GroupTime.last_ms``, key ``T``) is applied at that time (a new leader whose clock is behind).
-- A leader clock that jumps ahead cannot age messages early: age-based retention uses the group's
-  retention clock, which moves with the stamps but at most ``max_jump_ms`` beyond their own
-  progress per ``retain`` (:func:`retention_clock`); a clamped jump is reported in the result
-  (``clock_jump_ms``) for the node to log and count.
+- The group's time (``GroupTime.now_ms``, key ``T``) never goes backwards, and every op of a
+  command applies at it, not at the raw stamp: a command stamped below it (a new leader whose clock
+  is behind) is applied at it, and a stamp ahead of the group's previous stamp by more than the
+  bound (``GROUP_MAX_STEP_MS``; a ``retain``'s ``max_jump_ms`` for itself) moves it by the bound only
+  (:func:`~raftmq.cluster.machines.apply.advance`). So a leader clock that jumps ahead cannot
+  expire, age out, time out or retry anything early: receive, the delivery tick, TTLs, locks and
+  retention all judge by this one time. A clamped jump is
+  reported in :class:`Applied` (``clock_jump_ms``) for the node to log and count.
 - NEVER RAISES on input. A malformed or invalid command returns an error result
   (``{"error": {...}}``, codes from ``cluster/base/errors.py``); an unexpected exception in the logic is
   caught and returned as an ``internal`` error. Either way nothing is written except the new
@@ -60,13 +62,13 @@ from raftmq.cluster.commands import (
 )
 from raftmq.cluster.machines import delivery, producers, segments
 from raftmq.cluster.machines.append import apply_append, check_sequence
-from raftmq.cluster.machines.apply import Apply, group_time
+from raftmq.cluster.machines.apply import Apply, advance, group_time
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import APPLIED, GroupTime, QueueMeta
 from raftmq.storage.records import decode_header, encode_batch
 from raftmq.storage.store import Batch, Store, StoreError
 
-__all__ = ["Applied", "QueueGroupMachine", "QueueHigh", "group_time", "retention_clock"]
+__all__ = ["Applied", "QueueGroupMachine", "QueueHigh", "advance", "group_time"]
 
 _log = structlog.get_logger(__name__)
 
@@ -92,6 +94,8 @@ class Applied:
             have to run earlier than it planned.
         parked: ``(topic_id, topic, consumer group)`` of dead letters parked because their
             subscription has no dead-letter topic (its leader creates it: ``docs/delivery.md``).
+        clock_jump_ms: The entry's stamp was this far ahead of the group's previous stamp, beyond
+            the bound: the group's time moved by the bound only (None: no clamp).
     """
 
     index: int
@@ -99,6 +103,7 @@ class Applied:
     changed: tuple[tuple[int, int], ...] = ()
     scheduled: bool = False
     parked: tuple[tuple[int, str, str], ...] = ()
+    clock_jump_ms: int | None = None
 
 
 class QueueGroupMachine:
@@ -171,11 +176,15 @@ class QueueGroupMachine:
         work = Apply(self._store, index)
         try:
             before = work.time()
-            cmd, stamped = commands.decode_stamped(command, before.last_ms)
-            if stamped is not None and stamped > before.last_ms:
-                work.set_time(GroupTime(stamped, before.retain_stamp_ms, before.retain_clock_ms))
+            cmd, stamped = commands.decode_stamped(command, lambda stamp: advance(before, stamp)[0].now_ms)
+            if stamped is not None:
+                bound = cmd["max_jump_ms"] if cmd["op"] == "retain" else None
+                after, work.clock_jump_ms = advance(before, stamped, bound)
+                work.set_time(after)
             if cmd["op"] == "retain":
-                result = self._retain(work, cmd, before, cmd["now_ms"] if stamped is None else stamped)
+                if stamped is not None:  # its own bound may differ from the stored one
+                    cmd["now_ms"] = work.time().now_ms
+                result = self._retain(work, cmd, before, stamped)
             else:
                 result = self._dispatch(work, cmd)
             batch = work.finish()
@@ -189,11 +198,14 @@ class QueueGroupMachine:
             work.changed.clear()
             work.scheduled = False
             work.parked.clear()
+            work.clock_jump_ms = None
         batch.put(APPLIED, keys.encode_u64(index))
         self._store.write(batch, sync=False)
         self._applied_index = index
         grown = tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())
-        self._notify(Applied(index, grown, tuple(work.changed), work.scheduled, tuple(work.parked)))
+        self._notify(
+            Applied(index, grown, tuple(work.changed), work.scheduled, tuple(work.parked), work.clock_jump_ms)
+        )
         return result
 
     def _error_result(self, index: int, exc: Exception) -> dict[str, Any]:
@@ -342,25 +354,26 @@ class QueueGroupMachine:
             work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(stored))
         return {"ok": True}
 
-    def _retain(self, work: Apply, cmd: RetainCommand, before: GroupTime, stamped: int) -> dict[str, Any]:
+    def _retain(
+        self, work: Apply, cmd: RetainCommand, before: GroupTime, stamped: int | None
+    ) -> dict[str, Any]:
         """Remove whole record batches from the low end of each queue while the batch was appended
         before ``clock - max_age_ms`` or the queue holds more than ``max_bytes``; ``clock`` is the
-        group's retention clock (:func:`retention_clock`; ``now_ms`` for a command without
-        ``max_jump_ms``). At most ``max_batches`` batches in all; the next ``retain`` goes on. A
-        queue may be emptied (``low_offset == high_offset``). Only batch headers are decoded.
+        group's time (:func:`~raftmq.cluster.machines.apply.advance`, bounded by ``max_jump_ms``;
+        for a command without ``max_jump_ms``, written before the bound, its stamp as it is). At
+        most ``max_batches`` batches in all; the next ``retain`` goes on. A queue may be emptied
+        (``low_offset == high_offset``). Only batch headers are decoded.
 
         Result: ``{"removed": [{"topic_id", "queue", "low_offset"}]}`` for the queues whose
         ``low_offset`` moved, plus ``"more": bool`` with ``max_batches`` (the bound stopped
         removal before a batch that was due), plus
         ``"clock_jump_ms": n, "retention_clock_ms": t`` when the stamp jumped ``n`` ms ahead of the
-        last ``retain``'s and retention used ``t`` instead."""
-        max_jump_ms = cmd["max_jump_ms"]
-        if max_jump_ms is None:
-            clock_ms, jump_ms = cmd["now_ms"], None
+        group's previous stamp and retention used ``t`` instead."""
+        if cmd["max_jump_ms"] is None and stamped is not None:
+            clock_ms = max(stamped, before.now_ms)
         else:
-            clock_ms, jump_ms = retention_clock(before, stamped, max_jump_ms)
-        now = work.time()
-        work.set_time(GroupTime(now.last_ms, stamped, max(clock_ms, before.retain_clock_ms)))
+            clock_ms = cmd["now_ms"]
+        jump_ms = work.clock_jump_ms if cmd["max_jump_ms"] is not None else None
         budget = cmd["max_batches"]
         removed: list[dict[str, Any]] = []
         more = False
@@ -397,31 +410,6 @@ class QueueGroupMachine:
             work.batch.delete_range(*keys.topic_range(prefix, topic_id))
         work.batch.put(keys.dropped_key(topic_id), b"")
         return {"ok": True}
-
-
-def retention_clock(before: GroupTime, stamped_ms: int, max_jump_ms: int) -> tuple[int, int | None]:
-    """The time age-based retention uses for a ``retain`` stamped ``stamped_ms``, and the jump
-    (ms) that was clamped, or None.
-
-    The clock moves by the stamps' progress since the previous ``retain`` (since the group's last
-    stamped command for the first one), at most ``max_jump_ms`` per step, never beyond the stamp
-    itself nor beyond the previous stamp plus ``max_jump_ms``, and never backwards. With ticks every
-    ``retention_check_ms`` (well below ``max_jump_ms``) it equals the stamp. A leader whose clock
-    is D ahead moves it by ``max_jump_ms`` once, then at the true rate; when leadership goes back to
-    a true clock it waits (the stamps are lower) and follows again. So a batch is removed for age
-    only after ``max_age_ms - max_jump_ms`` of the group's own applied history, whatever the jump.
-    The price: after a group had no leader for longer than ``max_jump_ms``, age-based retention
-    runs late by the excess (late, never early)."""
-    if before.retain_stamp_ms:
-        previous_stamp, previous_clock = before.retain_stamp_ms, before.retain_clock_ms
-    elif before.last_ms:
-        previous_stamp = previous_clock = before.last_ms
-    else:
-        return stamped_ms, None
-    progress = stamped_ms - previous_stamp
-    step = min(max(progress, 0), max_jump_ms)
-    clock = max(previous_clock, min(previous_clock + step, stamped_ms, previous_stamp + max_jump_ms))
-    return clock, (progress if progress > max_jump_ms else None)
 
 
 class _RetentionPoint(NamedTuple):

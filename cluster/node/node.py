@@ -21,8 +21,11 @@ only through ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
 import os
 import shutil
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +53,11 @@ from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, St
 from raftmq.cluster.replication.upgrade import BATCH_FORMATS
 from raftmq.storage.rocks import RocksStore
 
-__all__ = ["LocalGroup", "Node", "set_if_pending"]
+__all__ = ["PEER_STATUS_MAX_AGE_S", "LocalGroup", "Node", "set_if_pending"]
+
+PEER_STATUS_MAX_AGE_S = 10.0
+"""How long a fetched peer status may say who leads a group (:meth:`Node.leader_of`); statuses are
+fetched again when a forward finds no leader (``router.py``) and by the leader balancer every 3 s."""
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +99,7 @@ class Node:
         self._session: aiohttp.ClientSession | None = None  # carries the peer key: known nodes only
         self._probe_session: aiohttp.ClientSession | None = None  # no credential: addresses from requests
         self._peer_status: dict[str, dict[str, Any]] = {}
+        self._peer_status_at: dict[str, float] = {}  # when each was fetched (time.monotonic)
         self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
         self._v2_nodes: set[str] = set()  # peers that advertised record-batch format 2
         self._status_refresh: asyncio.Task[Any] | None = None
@@ -161,7 +169,7 @@ class Node:
             machine.on_placement_changed = self._on_placement_changed
         else:
             machine = QueueGroupMachine(store, int(name))
-            machine.on_applied = self._on_applied
+            machine.on_applied = functools.partial(self._on_applied, name)
         # The seed voters count only while the group's log holds no configuration (a new group).
         seed = [n.raft_addr(port_offset(name)) for n in self.replicas(name)]
         local = await self._loop.run_in_executor(None, self._start_group, name, seed, machine, store, joining)
@@ -288,17 +296,22 @@ class Node:
 
         The local replica's view first; when it knows no leader (it is not hosted here, or it is
         electing, cut off, or a removed voter that never learnt of its removal and campaigns while
-        the others go on), the peer claiming the leadership with the highest term in the last
-        peer statuses fetched (:meth:`refresh_peer_status`)."""
+        the others go on), the peer claiming the leadership with the highest term in the peer
+        statuses fetched (:meth:`refresh_peer_status`) at most :data:`PEER_STATUS_MAX_AGE_S` ago:
+        an older claim says nothing about now (the leader may have moved or died since), and
+        unknown lets the caller ask again instead of forwarding to a node that no longer leads."""
         local = self.groups.get(name)
         if local is not None:
             leader = self.node_for_addr(local.raft.leader())
             if leader is not None:
                 return leader
+        oldest = time.monotonic() - PEER_STATUS_MAX_AGE_S
         claims = [
             (int(g.get("term", 0)), str(status["node_id"]))
-            for status in self._peer_status.values()
-            if (g := status.get("groups", {}).get(name)) and g.get("is_leader")
+            for node_id, status in self._peer_status.items()
+            if self._peer_status_at.get(node_id, -math.inf) >= oldest
+            and (g := status.get("groups", {}).get(name))
+            and g.get("is_leader")
         ]
         return self.node_by_id(max(claims)[1]) if claims else None
 
@@ -363,6 +376,7 @@ class Node:
     def forget_peer_status(self) -> None:
         """Drop the cached view of other nodes (after it proved stale)."""
         self._peer_status = {}
+        self._peer_status_at = {}
 
     async def refresh_peer_status(self) -> dict[str, dict[str, Any]]:
         """Ask every other node for its local status (unreachable nodes are left out)."""
@@ -375,7 +389,9 @@ class Node:
                 return node.id, None
 
         results = await asyncio.gather(*(one(n) for n in self.config.nodes if n.id != self.me.id))
+        fetched_at = time.monotonic()
         self._peer_status = {nid: s for nid, s in results if s is not None}
+        self._peer_status_at = dict.fromkeys(self._peer_status, fetched_at)
         return self._peer_status
 
     # -- peer calls -------------------------------------------------------------------------------
@@ -453,7 +469,10 @@ class Node:
 
     # -- long polling -----------------------------------------------------------------------------
 
-    def _on_applied(self, applied: Applied) -> None:  # tick thread
+    def _on_applied(self, name: str, applied: Applied) -> None:  # tick thread
+        if applied.clock_jump_ms is not None:
+            self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
+            log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
         if self._loop is None:
             return
         # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).

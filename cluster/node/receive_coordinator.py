@@ -24,6 +24,7 @@ from raftmq.cluster import commands
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.delivery import available
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
@@ -254,12 +255,14 @@ class ReceiveCoordinator:
         deadline = time.monotonic() + timeout_s
         store = self.node.groups[name].machine.store
         while True:
-            ok, wake_ms = available(store, group, topic_id, queues, now_ms(), epoch)
+            # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
+            now = group_now(store, now_ms())
+            ok, wake_ms = available(store, group, topic_id, queues, now, epoch)
             remaining = deadline - time.monotonic()
             if ok or remaining <= 0:
                 return ok
             if wake_ms is not None:
-                remaining = min(remaining, max(0.001, (wake_ms - now_ms()) / 1000))
+                remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
             waits = [asyncio.create_task(self.node.wait_for_messages(topic_id, q, remaining)) for q in queues]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

@@ -20,10 +20,12 @@ from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.commands import expire_subscriptions
 from raftmq.cluster.commands.producers import EXPIRE_MAX, expire_producers
 from raftmq.cluster.machines import producers
+from raftmq.cluster.machines.apply import group_now, group_time
 from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
 from raftmq.cluster.machines.delivery.expiry import expiry_due
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.view import LocalGroup, NodeView
+from raftmq.storage.keys import GROUP_MAX_STEP_MS
 from raftmq.storage.queues import next_due_ms
 
 __all__ = ["TickLoops"]
@@ -43,6 +45,8 @@ class TickLoops:
         self._due_cache: dict[str, tuple[int, int, int, int | None]] = {}
         # Per queue group: retain ticks this node proposed whose time jumped too far ahead.
         self.retention_clock_jumps: dict[str, int] = {}
+        # Per queue group: entries this replica applied whose stamp the group's time clamped.
+        self.group_clock_jumps: dict[str, int] = {}
 
     def scheduled(self) -> None:
         """An apply scheduled something (on the event loop): the delivery loop looks again."""
@@ -105,10 +109,17 @@ class TickLoops:
                 for q, g in enumerate(t.queue_groups)
                 if str(g) == name
             ]
-            if queues:
+            if queues or self._time_goes_stale(local):
                 await self._retain(name, local, queues)
             await self._expire_producers(name, local)
             await self._expire_subscriptions(name, local)
+
+    def _time_goes_stale(self, local: LocalGroup) -> bool:
+        """Whether the group's last stamp is a third of its clock bound old: an empty ``retain``
+        then stamps it, so that a led group never goes a whole bound without a stamp (the group's
+        time would take the gap for a clock jump and run late by the excess: ``advance``)."""
+        bound = min(GROUP_MAX_STEP_MS, self.node.config.raft.retention_max_jump_ms or GROUP_MAX_STEP_MS)
+        return now_ms() - group_time(local.state_store).stamp_ms >= bound // 3
 
     async def _retain(self, name: str, local: LocalGroup, queues: list[dict[str, Any]]) -> None:
         """Propose ``retain`` again while the last one stopped at its batch bound (at most 100 per
@@ -164,7 +175,8 @@ class TickLoops:
         idle_ms = self.node.config.limits.producer_idle_ms
         expired = 0
         for _ in range(100 if idle_ms else 0):
-            if not local.raft.is_leader() or not producers.expiry_due(local.machine.store, now_ms(), idle_ms):
+            now = group_now(local.state_store, now_ms())  # producer states are timed on the group's time
+            if not local.raft.is_leader() or not producers.expiry_due(local.machine.store, now, idle_ms):
                 break
             outcome = await self.node.propose(name, expire_producers(now_ms(), idle_ms))
             result = outcome.result
@@ -216,13 +228,16 @@ class TickLoops:
     async def deliver_once(self) -> float:
         """Propose the ticks that are due; returns the seconds until the next known due time."""
         settings = self.node.config.delivery
-        next_due: int | None = None
+        next_wait_ms: int | None = None
         for name, local in self.node.groups.items():
             if name == META or not local.raft.is_leader():
                 self._due_cache.pop(name, None)  # a leader looks at the schedule once first
                 continue
             for _ in range(100):  # bounded: the loop comes back at once if more is due
-                now = now_ms()
+                # Due times are on the group's time (a leader clock ahead does not move it further
+                # than its bound); the tick is stamped with this node's clock, as every command.
+                wall = now_ms()
+                now = group_now(local.state_store, wall)
                 known, due = self._known_due(name, local, now)
                 if not known:
                     index, seq = local.machine.applied_index, self.scheduled_seq
@@ -230,16 +245,17 @@ class TickLoops:
                     self._due_cache[name] = (index, seq, now, due)
                 if due is None or due > now:
                     break
-                outcome = await self.node.propose(name, commands.deliver_tick(now, settings.tick_max_items))
+                outcome = await self.node.propose(name, commands.deliver_tick(wall, settings.tick_max_items))
                 if outcome.error or not isinstance(outcome.result, dict) or "error" in outcome.result:
                     log.warning("deliver_tick_not_applied", group=name, error=outcome.error or outcome.result)
                     due = None
                     break
             if due is not None:
-                next_due = due if next_due is None else min(next_due, due)
-        if next_due is None:
+                wait_ms = due - group_now(local.state_store, now_ms())
+                next_wait_ms = wait_ms if next_wait_ms is None else min(next_wait_ms, wait_ms)
+        if next_wait_ms is None:
             return settings.tick_ms / 1000
-        return max(0.0, (next_due - now_ms()) / 1000)
+        return max(0.0, next_wait_ms / 1000)
 
     def _known_due(self, name: str, local: LocalGroup, now: int) -> tuple[bool, int | None]:
         """``(True, due)`` when group ``name``'s next due time is known without a look at the store

@@ -436,10 +436,24 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
             isinstance(message, dict)
             and message.get("type") in _VOTE_MESSAGES
             and node not in self._syncObj.otherNodes
+            and not self._log_ahead_of_ours(message)
         ):
             self._syncObj.raftmq_group._vote_ignored(node, message)
             return
         super()._onMessageReceived(node, message)
+
+    def _log_ahead_of_ours(self, message: dict[str, Any]) -> bool:
+        """Whether a vote request's candidate has a log strictly ahead of this replica's (by last
+        term, then last index): it holds entries this replica lacks, so it may be a voter added in
+        one of them (this replica missed the change). Such a candidate is heard; a removed voter
+        never is by a replica holding its removal (the candidate lacks that entry)."""
+        if message.get("type") != "request_vote":
+            return False
+        term, index = message.get("last_log_term"), message.get("last_log_index")
+        if type(term) is not int or type(index) is not int:
+            return False
+        _, last_index, last_term = self._syncObj._SyncObj__raftLog[-1]  # pysyncobj's own log view
+        return (term, index) > (last_term, last_index)
 
     def addNode(self, node: Any) -> None:
         if node in self._nodes:  # a hinted peer became a voter: keep its connection

@@ -4,6 +4,7 @@ MemoryStore and on a RocksStore."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ import orjson
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster.machines.queue_group import QueueGroupMachine, group_time
+from raftmq.cluster.machines.queue_group import QueueGroupMachine, advance, group_time
+from raftmq.storage.keys import GROUP_MAX_STEP_MS, GroupTime
 from raftmq.storage.queues import queue_bounds, queue_meta, read_messages
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
@@ -48,6 +50,17 @@ class Group:
     def low(self, queue: int = 0) -> int:
         return queue_bounds(self.store, 1, queue)[0]
 
+    def receive(self, now_ms: int, max_age_ms: int | None = None, visibility_ms: int = 30_000) -> list[int]:
+        command = commands.receive(now_ms, "g", 1, [0], 100, visibility_ms, max_age_ms=max_age_ms)
+        result = self.apply(command)
+        assert "messages" in result, result
+        self.token = result["token"]
+        return [m["offset"] for m in result["messages"]]
+
+    def ack(self, now_ms: int, offsets: list[int]) -> list[Any]:
+        result = self.apply(commands.ack(now_ms, "g", 1, [(0, o, self.token) for o in offsets]))
+        return [r.get("ok") or r["error"]["code"] for r in result["results"]]
+
 
 @pytest.fixture
 def g(store: Store) -> Group:
@@ -65,7 +78,7 @@ def test_a_command_stamped_below_the_applied_time_is_applied_at_that_time(g: Gro
     messages = read_messages(g.store, 1, 0, 0, 10)
     assert [m.timestamp_ms for m in messages] == [T0 + 10_000, T0 + 10_000]
     assert messages[1].expires_at_ms == T0 + 11_000
-    assert group_time(g.store).last_ms == T0 + 10_000
+    assert group_time(g.store).now_ms == T0 + 10_000
     g.produce(T0 + 12_000)  # a later stamp moves it on
     assert read_messages(g.store, 1, 0, 2, 1)[0].timestamp_ms == T0 + 12_000
 
@@ -106,10 +119,10 @@ def test_a_leader_clock_days_ahead_removes_nothing_within_retention(g: Group) ->
     # also appends, so the group's last stamp is days ahead too.
     skewed = T0 + 3 * DAY_MS
     g.produce(skewed + 20_000)
+    # The produce's stamp is clamped already (the group's previous stamp is the retain's).
+    assert group_time(g.store).now_ms == T0 + 10_000 + JUMP_MS
     first = g.retain(skewed + 20_000)
     assert first["removed"] == []
-    assert first["clock_jump_ms"] == 3 * DAY_MS + 10_000
-    assert first["retention_clock_ms"] == T0 + 10_000 + JUMP_MS
     for step in range(1, 120):
         assert g.retain(skewed + 20_000 + step * 10_000)["removed"] == []
     assert g.low() == 0
@@ -133,7 +146,7 @@ def test_flapping_between_a_skewed_and_a_true_leader_does_not_push_the_clock_ahe
         true_now = T0 + minute * 60_000
         g.retain(true_now)
         g.retain(true_now + 3 * DAY_MS)  # the skewed node wins an election, ticks once, loses
-        assert group_time(g.store).retain_clock_ms <= true_now + JUMP_MS
+        assert group_time(g.store).now_ms <= true_now + JUMP_MS
     assert g.low() == 0
 
 
@@ -143,6 +156,71 @@ def test_a_retain_without_max_jump_ms_trusts_its_stamp(g: Group) -> None:
     spec = [{"topic_id": 1, "queue": 0, "max_age_ms": HOUR_MS, "max_bytes": None}]
     result = g.apply(commands.retain(T0 + 3 * DAY_MS, spec))
     assert result == {"removed": [{"topic_id": 1, "queue": 0, "low_offset": 1}]}
+
+
+def test_retention_clamps_a_jump_with_no_earlier_retention_run(g: Group) -> None:
+    # Issue 19: a young topic (1 h retention, three messages) never retained before; a node
+    # restarted 48 h ahead leads, produces once and ticks retention 6 s later.
+    for i in range(3):
+        g.produce(T0 + i * 1_000)
+    skewed = T0 + 10_000 + 2 * DAY_MS
+    g.produce(skewed)
+    assert g.retain(skewed + 6_000)["removed"] == []
+    assert g.low() == 0
+    assert group_time(g.store).now_ms == T0 + 2_000 + JUMP_MS + 6_000
+
+
+def test_a_receive_stamped_days_ahead_still_hands_out_what_retention_keeps(g: Group) -> None:
+    # Issue 19: two messages in a topic with one day's retention; a receive stamped two days ahead
+    # judged both older than the retention and finished them, and later receives found nothing.
+    g.produce(T0)
+    g.produce(T0 + 1_000)
+    assert g.receive(T0 + 2 * DAY_MS, max_age_ms=DAY_MS) == [0, 1]
+    assert group_time(g.store).now_ms == T0 + 1_000 + JUMP_MS
+    assert g.ack(T0 + 5_000, [0, 1]) == [True, True]
+
+
+def test_a_message_judged_expired_by_a_bad_stamp_is_delivered_once_the_clock_is_sane(g: Group) -> None:
+    g.produce(T0, ttl_ms=HOUR_MS)
+    g.produce(T0 + 2 * DAY_MS, queue=1)  # a leader two days ahead appends elsewhere
+    assert g.receive(T0 + 60_000) == [0]  # the true leader is back a minute later
+
+
+def test_a_delivery_tick_stamped_ahead_expires_no_deadline_early(g: Group) -> None:
+    g.produce(T0)
+    assert g.receive(T0 + 1_000, visibility_ms=HOUR_MS) == [0]
+    result = g.apply(commands.deliver_tick(T0 + 2 * DAY_MS, 100))
+    assert result["expired"] == 0, result
+    assert g.ack(T0 + 2_000, [0]) == [True]  # the receipt is still valid
+
+
+def test_a_ttl_of_a_message_appended_by_a_skewed_leader_counts_from_the_group_time(g: Group) -> None:
+    g.produce(T0)
+    g.produce(T0 + 2 * DAY_MS, ttl_ms=HOUR_MS)
+    message = read_messages(g.store, 1, 0, 1, 1)[0]
+    assert message.timestamp_ms == T0 + JUMP_MS
+    assert message.expires_at_ms == T0 + JUMP_MS + HOUR_MS
+
+
+def test_the_group_time_reads_and_writes_the_layout_of_the_release_before() -> None:
+    # That release wrote (last_ms, retain_stamp_ms, retain_clock_ms) and reads this one's bytes as
+    # such: a checkpoint or a rolled-back replica of either release reads the other's.
+    old = struct.pack(">QQQ", T0 + 5_000, T0 + 4_000, T0 + 3_000)
+    assert GroupTime.decode(old) == GroupTime(T0 + 5_000, T0 + 4_000)
+    assert GroupTime.decode(struct.pack(">QQQ", T0 + 5_000, 0, 0)) == GroupTime(T0 + 5_000, T0 + 5_000)
+    assert GroupTime(T0 + 7_000, T0 + 6_000).encode() == struct.pack(
+        ">QQQ", T0 + 7_000, T0 + 6_000, T0 + 7_000
+    )
+    after, jump = advance(GroupTime.decode(old), T0 + 2 * DAY_MS)
+    assert (after.now_ms, jump) == (T0 + 4_000 + GROUP_MAX_STEP_MS, 2 * DAY_MS - 4_000)
+
+
+def test_a_retain_applies_its_own_bound_to_itself(g: Group) -> None:
+    g.produce(T0)
+    g.apply(commands.retain(T0 + DAY_MS, [], max_jump_ms=30_000))
+    assert group_time(g.store).now_ms == T0 + 30_000
+    g.produce(T0 + 2 * DAY_MS)  # the group's bound for other commands
+    assert group_time(g.store).now_ms == T0 + 30_000 + GROUP_MAX_STEP_MS
 
 
 # -- bounded work per retain ------------------------------------------------------------------

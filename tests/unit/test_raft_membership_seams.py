@@ -310,16 +310,35 @@ def test_votes_from_non_voters_are_dropped_and_a_voter_added_later_is_heard(repl
     a higher term cannot depose the leader; once a node is added, its campaign counts."""
     r = replica
     r.elect(term=2)
-    campaign = {"type": "request_vote", "term": 9, "last_log_index": 99, "last_log_term": 8}
-    r.receive(NEWCOMER, campaign)
+    # A removed voter's log ends where its removal began: never ahead of the leader's.
+    removed = {"type": "request_vote", "term": 9, "last_log_index": r.last_index(), "last_log_term": 2}
+    r.receive(NEWCOMER, removed)
     assert r.sync._isLeader() and r.sync.raftCurrentTerm == 2
     assert r.group.votes_ignored == 1
+    campaign = {"type": "request_vote", "term": 9, "last_log_index": 99, "last_log_term": 8}
     assert r.change("add", NEWCOMER) == []
     r.ack_all()  # committed: NEWCOMER is a voter now
     r.receive(NEWCOMER, campaign)
     assert not r.sync._isLeader() and r.sync.raftCurrentTerm == 9
     assert (NEWCOMER, {"type": "response_vote", "term": 9}) in r.sync._SyncObj__transport.sent
     assert r.group.votes_ignored == 1
+
+
+def test_a_replica_that_missed_a_voter_change_votes_for_the_voter_added_since(replica: Replica) -> None:
+    """Issue 19 (liveness): a follower that was down while NEWCOMER was added does not know it as a
+    voter; when the leader is gone, NEWCOMER's campaign (its log holds the entry adding it, so it
+    is ahead of this follower's) must get this follower's vote, or no majority may be left."""
+    r = replica
+    assert NEWCOMER not in r.members()
+    ahead = {"type": "request_vote", "term": 3, "last_log_index": r.last_index() + 1, "last_log_term": 1}
+    r.receive(NEWCOMER, ahead)
+    assert (NEWCOMER, {"type": "response_vote", "term": 3}) in r.sync._SyncObj__transport.sent
+    assert r.sync.raftCurrentTerm == 3 and r.group.votes_ignored == 0
+    # A candidate whose log is not ahead (a removed voter) is still not heard.
+    last_term = r.journal[-1][2]
+    behind = {"type": "request_vote", "term": 7, "last_log_index": r.last_index(), "last_log_term": last_term}
+    r.receive("127.0.0.1:5", behind)
+    assert r.sync.raftCurrentTerm == 3 and r.group.votes_ignored == 1
 
 
 def test_a_candidate_counts_votes_from_voters_only(replica: Replica) -> None:

@@ -24,6 +24,7 @@ from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.delivery import dlq_topic_name
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.receive_coordinator import queues_by_group
@@ -238,9 +239,10 @@ def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) 
 def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
     """``stale_epoch`` unless each queue is locked with ``epoch`` by a live lease (as the state
     machine's receive would refuse it)."""
+    now = group_now(store, now_ms())  # leases are on the group's time
     for q in queues:
         state = lock_state(store, group, topic_id, q)
-        if state is None or state.epoch != epoch or not state.live(now_ms()):
+        if state is None or state.epoch != epoch or not state.live(now):
             raise ApiError(
                 errors.STALE_EPOCH,
                 f"queue {q} is not locked with epoch {epoch} now",

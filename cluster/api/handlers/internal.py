@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from raftmq.cluster.api.common import json_response
-from raftmq.cluster.api.handlers.produce import append_items
+from raftmq.cluster.api.handlers.produce import append_items, refuse_reserved_headers
 from raftmq.cluster.api.validation import bad, parse_json, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -56,6 +56,8 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
             body = {"items": append_items(await request.read())}
         else:
             body = parse_json(await request.read())
+            if request.match_info["action"] == "produce" and isinstance(body, dict):
+                refuse_reserved_headers(body.get("batches"))
         return json_response(
             await api.internal_action(request.match_info["group"], request.match_info["action"], body)
         )

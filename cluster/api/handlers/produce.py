@@ -21,14 +21,23 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError, error_body
 
-__all__ = ["ProduceHandlers", "append_items", "bad_batch", "key_queue", "split_frames_or_400"]
+__all__ = [
+    "ProduceHandlers",
+    "append_items",
+    "bad_batch",
+    "key_queue",
+    "refuse_reserved_headers",
+    "split_frames_or_400",
+]
 
 
 def bad_batch(e: rb.BadBatch, batch: int | None = None) -> ApiError:
     """The 400 ``bad_batch`` answer of a malformed binary batch: ``reason``, ``record`` (the first
-    bad record's index, or null) and ``batch`` (the frame's index) say where."""
+    bad record's index, or null) and ``batch`` (the frame's index) say where. A reserved header
+    name is ``reserved_header``, as on the JSON wire, with the same ``record`` and ``batch``."""
     where = e.batch if batch is None else batch
-    return ApiError(errors.BAD_BATCH, e.message, reason=e.reason, record=e.record, batch=where)
+    code = errors.RESERVED_HEADER if e.reason == "reserved_header" else errors.BAD_BATCH
+    return ApiError(code, e.message, reason=e.reason, record=e.record, batch=where)
 
 
 def split_frames_or_400(body: bytes, max_frames: int) -> list[rb.Frame]:
@@ -47,7 +56,30 @@ def append_items(data: bytes) -> list[tuple[int, int, memoryview]]:
         raise ApiError(e.code, e.message) from None
     if command["op"] != "append":
         raise ApiError(errors.BAD_REQUEST, "expected an append command")
+    for i, b in enumerate(command["batches"]):
+        # The forwarding node refused these already; a node of a release before the check did not.
+        record = rb.reserved_header_record(b.view)
+        if record is not None:
+            message = f"a header name starts with {rb.RESERVED_HEADER_PREFIX!r}"
+            raise bad_batch(rb.BadBatch("reserved_header", message, record), i)
     return [(b.topic_id, b.queue, b.view.buffer) for b in command["batches"]]
+
+
+def refuse_reserved_headers(batches: Any) -> None:
+    """400 ``reserved_header`` when a message of JSON produce batches a peer forwarded (the
+    ``produce`` action) carries a header of the broker's own; the forwarding node of this
+    release refused it already."""
+    for i, b in enumerate(batches if isinstance(batches, list) else []):
+        for j, m in enumerate(b.get("messages") or [] if isinstance(b, dict) else []):
+            headers = m.get("headers") if isinstance(m, dict) else None
+            for name in headers if isinstance(headers, dict) else {}:
+                if isinstance(name, str) and rb.is_reserved_header(name):
+                    raise ApiError(
+                        errors.RESERVED_HEADER,
+                        f"batch {i} message {j}: header {name!r} is the broker's own",
+                        index=j,
+                        header=name,
+                    )
 
 
 def key_queue(key: str, queues: int) -> int:

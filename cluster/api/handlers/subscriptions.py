@@ -54,6 +54,7 @@ from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.recent_keys import RecentKeys
 from raftmq.cluster.config.tokens import ADMIN
+from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.delivery import available, dlq_topic_name, read_subscription
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.node import Node
@@ -496,7 +497,12 @@ class SubscriptionsApi:
             if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
                 check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
             ok, _ = available(
-                store, body["group"], body["topic_id"], body["queues"], now_ms(), body.get("epoch")
+                store,
+                body["group"],
+                body["topic_id"],
+                body["queues"],
+                group_now(store, now_ms()),
+                body.get("epoch"),
             )
             if not ok:
                 return {"messages": []}
