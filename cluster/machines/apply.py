@@ -18,6 +18,11 @@ def group_time(store: Store) -> GroupTime:
     return GroupTime() if data is None else GroupTime.decode(data)
 
 
+CATCH_UP_DIVISOR = 10
+"""A group's time that runs behind its stamps (after a spell without a leader longer than the
+bound) moves ``1 + 1/CATCH_UP_DIVISOR`` times as fast as the stamps until it has caught up."""
+
+
 def advance(
     before: GroupTime, stamped_ms: int, max_step_ms: int | None = None
 ) -> tuple[GroupTime, int | None]:
@@ -30,16 +35,26 @@ def advance(
     never backwards. A leader whose clock is D ahead moves it by the bound once, then at the
     true rate; when leadership goes back to a true clock it waits (the stamps are lower) and follows
     again. So nothing the group times (a TTL, an age limit, a visibility deadline, a retry, a
-    lease) ends more than the bound early, whatever the jump. The price: a group that applied
-    no stamped command for longer than the bound (no leader: a leader ticks well within it,
-    ``TickLoops.retention_once``) runs late by the excess from then on (late, never early). The
-    very first stamp has nothing to compare with and is taken as it is."""
+    lease) ends more than the bound early, whatever the jump. A group that applied no stamped
+    command for longer than the bound (no leader: a leader ticks well within it,
+    ``TickLoops.retention_once``) runs late by the excess (late, never early), and catches up at
+    :data:`CATCH_UP_DIVISOR`'s rate: each command within the bound may move it a tenth of its step
+    more, while it is behind the stamp (a clamped command moves it by the bound exactly). An hour without a leader is made up in about nine hours;
+    the price is that a leader clock that jumped ahead pulls the group's time ahead of the true
+    time by at most the bound plus a tenth of the time it leads. The very first stamp has nothing
+    to compare with and is taken as it is."""
     bound = GROUP_MAX_STEP_MS if max_step_ms is None else max_step_ms
     if not before.stamp_ms and not before.now_ms:
         return GroupTime(stamped_ms, stamped_ms), None
     progress = stamped_ms - before.stamp_ms
     step = min(max(progress, 0), bound)
-    now = max(before.now_ms, min(before.now_ms + step, stamped_ms, before.stamp_ms + bound))
+    behind = stamped_ms - before.now_ms - step  # what the stamp is still ahead after the step
+    # Only a command within the bound catches up: a clamped one moves by the bound exactly.
+    catch_up = min(max(behind, 0), step // CATCH_UP_DIVISOR) if progress <= bound else 0
+    now = max(
+        before.now_ms,
+        min(before.now_ms + step + catch_up, stamped_ms, before.stamp_ms + bound + catch_up),
+    )
     return GroupTime(now, stamped_ms), (progress if progress > bound else None)
 
 

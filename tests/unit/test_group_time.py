@@ -167,7 +167,8 @@ def test_retention_clamps_a_jump_with_no_earlier_retention_run(g: Group) -> None
     g.produce(skewed)
     assert g.retain(skewed + 6_000)["removed"] == []
     assert g.low() == 0
-    assert group_time(g.store).now_ms == T0 + 2_000 + JUMP_MS + 6_000
+    # one step for the jump, then the 6 s of progress and a tenth of it (the time is behind)
+    assert group_time(g.store).now_ms == T0 + 2_000 + JUMP_MS + 6_000 + 600
 
 
 def test_a_receive_stamped_days_ahead_still_hands_out_what_retention_keeps(g: Group) -> None:
@@ -262,3 +263,33 @@ def test_a_retain_with_a_bad_bound_is_refused_and_changes_nothing(g: Group, bad:
     result = g.apply(orjson.dumps(body))
     assert result["error"]["code"] == "bad_request"
     assert [(k, v) for k, v in g.store.scan(b"") if k != b"A"] == before
+
+
+def test_a_group_that_had_no_leader_for_an_hour_catches_up_with_the_true_time() -> None:
+    # A whole-cluster outage of an hour: the first stamp after it moves the time by the bound (the
+    # group cannot tell an outage from a jumped clock), then the time gains a tenth of each step
+    # until it meets the stamps again, instead of running an hour late for good.
+    before, _ = advance(GroupTime(), T0)
+    after, jump = advance(before, T0 + HOUR_MS)
+    assert jump == HOUR_MS and after.now_ms < T0 + HOUR_MS
+    behind = [T0 + HOUR_MS - after.now_ms]
+    now = T0 + HOUR_MS
+    for _ in range(12 * 3600):  # a stamp a second for 12 hours
+        now += 1_000
+        after, _ = advance(after, now)
+        assert after.now_ms <= now
+        behind.append(now - after.now_ms)
+    assert behind[0] > 50 * 60_000
+    assert behind[3600] < behind[0] - 5 * 60_000  # an hour later: six minutes made up
+    assert behind[-1] == 0  # caught up well within 12 hours
+
+
+def test_a_skewed_leader_pulls_the_group_time_ahead_by_at_most_a_tenth_of_its_reign(g: Group) -> None:
+    g.produce(T0)
+    now = T0
+    for _ in range(3600):  # an hour of stamps from a leader three days ahead
+        now += 1_000
+        g.retain(now + 3 * DAY_MS, max_age_ms=2 * HOUR_MS)
+    ahead = group_time(g.store).now_ms - now
+    assert 0 < ahead <= JUMP_MS + HOUR_MS // 10
+    assert g.low() == 0
