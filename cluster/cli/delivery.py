@@ -95,7 +95,7 @@ def report_failed_acks(done: Received) -> None:
         codes = ", ".join(f"{code}: {n:,}" for code, n in sorted(done.failed.items()))
         print(
             f"{done.failed.total():,} ack{'' if done.failed.total() == 1 else 's'} failed ({codes}); "
-            "those messages are delivered again after "
+            "those messages are delivered again at "
             "their deadline",
             file=sys.stderr,
         )

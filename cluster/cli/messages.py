@@ -350,7 +350,10 @@ def _ctrl_c_between_batches() -> Iterator[_Deferred]:
     "--ack/--no-ack",
     default=True,
     show_default=True,
-    help="Ack each message once written. --no-ack leaves it in flight: it comes back after its deadline.",
+    help=(
+        "Ack each message once written. --no-ack leaves it in flight: it comes back when its"
+        " visibility timeout ends (its deadline; no backoff on top: that is for nacks)."
+    ),
 )
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for messages (until Ctrl-C or --max).")
 @click.option(
