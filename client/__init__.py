@@ -33,6 +33,7 @@ from ._types import (
     QueueState,
     RecordMetadata,
     ReplicaStatus,
+    SubscriptionSettings,
     TopicDescription,
     TopicInfo,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "Subscriber",
     "SubscriberOptions",
     "SubscriberStats",
+    "SubscriptionSettings",
     "Timeout",
     "TooManyRequests",
     "TopicDescription",
