@@ -17,6 +17,7 @@ from typing import IO, Any
 import orjson
 
 from raftmq.cluster.cli.common import write_all
+from raftmq.cluster.cli.progress import value_bytes
 
 __all__ = [
     "ReceiveOptions",
@@ -26,6 +27,7 @@ __all__ = [
     "dlq_redrive",
     "receive",
     "received_line",
+    "received_value_bytes",
     "report_failed_acks",
 ]
 
@@ -61,6 +63,15 @@ def _path(topic: str, group: str) -> str:
     from raftmq.client.lowlevel import path_part
 
     return f"/v1/topics/{path_part(topic)}/subscriptions/{path_part(group)}"
+
+
+def received_value_bytes(m: Mapping[str, Any]) -> int:
+    """The bytes of a received message's value as stored (the summary counts these, as produce
+    and consume do: cli/progress.py)."""
+    if "value_b64" in m:
+        encoded: str = m["value_b64"]
+        return len(encoded) * 3 // 4 - encoded.count("=", -2)
+    return value_bytes(m["value"])
 
 
 def received_line(m: Mapping[str, Any]) -> bytes:
@@ -142,11 +153,12 @@ async def _receive(
                                 done.stale += 1
                             else:
                                 done.failed[code] += 1
+                size = sum(received_value_bytes(m) for m in messages)
                 done.count += len(messages)
-                done.size += sum(len(line) for line in lines)
+                done.size += size
                 done.seconds = time.monotonic() - started
                 if on_batch is not None:
-                    on_batch(len(messages), sum(len(line) for line in lines))
+                    on_batch(len(messages), size)
     finally:
         await api.transport.close()
     return done

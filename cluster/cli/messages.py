@@ -20,7 +20,15 @@ from typing import Any
 import click
 
 from raftmq.cluster.cli.common import client_command, client_security, write_all
-from raftmq.cluster.cli.progress import Tally, output_options, plural, progress, summary, wants_progress
+from raftmq.cluster.cli.progress import (
+    Tally,
+    output_options,
+    plural,
+    progress,
+    summary,
+    value_bytes,
+    wants_progress,
+)
 
 
 def _parse_input_line(
@@ -111,7 +119,9 @@ def produce(
             for number, raw in enumerate(stream, 1):
                 read_bytes += len(raw)
                 value, key = _parse_input_line(raw, fmt, key_field, number)
-                producer.send(topic, value, key=key, callback=_Stored(outcome, len(raw)))
+                # The value's bytes: the line without its line break (as _parse_input_line has it).
+                size = len(raw) - raw.endswith(b"\n") - raw.endswith(b"\r\n")
+                producer.send(topic, value, key=key, callback=_Stored(outcome, size))
                 sent += 1
         except KeyboardInterrupt:
             interrupted = True
@@ -280,7 +290,7 @@ def consume(
                     out.flush()
                     for m in batch:
                         m.ack()
-                    tally.add(len(batch), sum(len(line) for line in lines))
+                    tally.add(len(batch), sum(value_bytes(m.value) for m in batch))
                     last_at = time.monotonic()
         except KeyboardInterrupt:
             interrupted = True
