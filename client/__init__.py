@@ -33,6 +33,7 @@ from ._types import (
     QueueState,
     RecordMetadata,
     ReplicaStatus,
+    SubscriptionSettings,
     TopicDescription,
     TopicInfo,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "Subscriber",
     "SubscriberOptions",
     "SubscriberStats",
+    "SubscriptionSettings",
     "Timeout",
     "TooManyGroups",
     "TooManyMembers",

@@ -9,7 +9,7 @@ from typing import Any
 from ._api import ApiClient
 from ._retry import Backoff
 from ._transport import Transport
-from ._types import ClusterStatus, TopicDescription, TopicInfo
+from ._types import ClusterStatus, SubscriptionSettings, TopicDescription, TopicInfo
 
 __all__ = ["AsyncAdmin"]
 
@@ -111,6 +111,35 @@ class AsyncAdmin:
             OffsetOutOfRange: An offset is above its queue's ``high_offset``.
         """
         await self._api.commit_offsets(group, topic, offsets)
+
+    async def set_subscription(
+        self,
+        topic: str,
+        group: str,
+        *,
+        max_deliveries: int | None = None,
+        backoff_ms: Sequence[int] | None = None,
+    ) -> SubscriptionSettings:
+        """Set a receive/ack group's settings on ``topic`` (creating its dead-letter topic
+        ``<topic>.<group>.dlq`` if needed). A setting left None is set to the cluster's default
+        (``[delivery]`` in the cluster file), as the route does with an omitted field. Applies to
+        deliveries from now on; returns what is stored.
+
+        Args:
+            max_deliveries: Deliveries of a message before it becomes a dead letter (1 or more).
+            backoff_ms: Delay before the retry of a nacked message, per attempt (the last
+                repeating); an expired one comes back at its deadline regardless.
+
+        Raises:
+            TopicNotFound: No such topic.
+            BadRequest: A setting out of range (see docs/delivery.md).
+        """
+        settings: dict[str, Any] = {}
+        if max_deliveries is not None:
+            settings["max_deliveries"] = max_deliveries
+        if backoff_ms is not None:
+            settings["backoff_ms"] = list(backoff_ms)
+        return await self._api.set_subscription(topic, group, settings)
 
     async def close(self) -> None:
         await self._transport.close()

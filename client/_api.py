@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from ._metadata import ClusterMetadata
 from ._retry import Backoff, retrying
 from ._transport import AddressMap, Transport, path_part
-from ._types import ClusterStatus, TopicDescription, TopicInfo
+from ._types import ClusterStatus, SubscriptionSettings, TopicDescription, TopicInfo
 
 __all__ = ["ApiClient", "ConnectionSettings", "connect"]
 
@@ -118,6 +118,18 @@ class ApiClient:
         return desc
 
     # -- consumer groups -------------------------------------------------------------------------
+
+    async def set_subscription(
+        self, topic: str, group: str, settings: Mapping[str, Any]
+    ) -> SubscriptionSettings:
+        # Setting is idempotent: a resent PUT stores the same settings.
+        answer = await self.call(
+            "PUT",
+            f"/v1/topics/{path_part(topic)}/subscriptions/{path_part(group)}",
+            body=settings,
+            idempotent=True,
+        )
+        return SubscriptionSettings.from_wire(answer)
 
     async def committed_offsets(self, group: str, topic: str) -> dict[int, int | None]:
         answer = await self.call(

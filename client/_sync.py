@@ -18,7 +18,7 @@ from ._io_thread import LoopThread, SyncClient
 from ._limits import check_concurrency
 from ._outcome import DeliveryCallback, FutureRecord
 from ._producer import AsyncProducer
-from ._types import ClusterStatus, Message, TopicDescription, TopicInfo
+from ._types import ClusterStatus, Message, SubscriptionSettings, TopicDescription, TopicInfo
 
 __all__ = ["Admin", "Consumer", "LoopThread", "Producer"]
 
@@ -87,6 +87,18 @@ class Admin(SyncClient):
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
         self._io.run(self._async.commit_offsets(group, topic, offsets))
+
+    def set_subscription(
+        self,
+        topic: str,
+        group: str,
+        *,
+        max_deliveries: int | None = None,
+        backoff_ms: Sequence[int] | None = None,
+    ) -> SubscriptionSettings:
+        return self._io.run(
+            self._async.set_subscription(topic, group, max_deliveries=max_deliveries, backoff_ms=backoff_ms)
+        )
 
     def close(self) -> None:
         self._shut_down(self._async.close())

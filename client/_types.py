@@ -18,6 +18,7 @@ __all__ = [
     "QueueState",
     "RecordMetadata",
     "ReplicaStatus",
+    "SubscriptionSettings",
     "TopicDescription",
     "TopicInfo",
 ]
@@ -94,6 +95,29 @@ class Message:
         )
         message._window = window
         return message
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSettings:
+    """A receive/ack group's settings on a topic (``PUT …/subscriptions/{group}``,
+    docs/delivery.md): deliveries before a message becomes a dead letter in
+    ``dead_letter_topic``, and the delays before the retries of nacked messages."""
+
+    topic: str
+    group: str
+    dead_letter_topic: str
+    max_deliveries: int
+    backoff_ms: tuple[int, ...]
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> SubscriptionSettings:
+        return cls(
+            topic=d["topic"],
+            group=d["group"],
+            dead_letter_topic=d["dead_letter_topic"],
+            max_deliveries=d["max_deliveries"],
+            backoff_ms=tuple(d["backoff_ms"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import orjson
 import structlog
 from aiohttp import web
@@ -18,6 +19,7 @@ from raftmq.cluster import commands
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError, error_body
+from raftmq.cluster.node.router import peer_error
 from raftmq.storage.records import Message
 
 __all__ = [
@@ -83,6 +85,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(ApiError(errors.BAD_REQUEST, e.reason))
     except asyncio.CancelledError:
         raise
+    except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+        # A call to another node that its handler did not map (router.peer_call does): the peer is
+        # gone or slow, which is the cluster's state, not a bug; never a 500 ``internal``, which
+        # clients rightly do not retry.
+        log.warning("peer_call_failed", method=request.method, path=request.path, error=repr(e))
+        return error_response(peer_error(e, request.method, "another node"))
     except Exception:
         log.exception("request_failed", method=request.method, path=request.path)
         return error_response(ApiError(errors.INTERNAL, "internal error; see the node's log"))

@@ -17,6 +17,7 @@ from typing import IO, Any
 import orjson
 
 from raftmq.cluster.cli.common import write_all
+from raftmq.cluster.cli.progress import value_bytes
 
 __all__ = [
     "ReceiveOptions",
@@ -26,6 +27,7 @@ __all__ = [
     "dlq_redrive",
     "receive",
     "received_line",
+    "received_value_bytes",
     "report_failed_acks",
 ]
 
@@ -63,6 +65,15 @@ def _path(topic: str, group: str) -> str:
     return f"/v1/topics/{path_part(topic)}/subscriptions/{path_part(group)}"
 
 
+def received_value_bytes(m: Mapping[str, Any]) -> int:
+    """The bytes of a received message's value as stored (the summary counts these, as produce
+    and consume do: cli/progress.py)."""
+    if "value_b64" in m:
+        encoded: str = m["value_b64"]
+        return len(encoded) * 3 // 4 - encoded.count("=", -2)
+    return value_bytes(m["value"])
+
+
 def received_line(m: Mapping[str, Any]) -> bytes:
     """One received message as a JSON line (the API's fields; binary values as ``value_b64``)."""
     keys = ("receipt", "attempt", "queue", "offset", "deadline_ms", "key", "value", "value_b64")
@@ -95,7 +106,7 @@ def report_failed_acks(done: Received) -> None:
         codes = ", ".join(f"{code}: {n:,}" for code, n in sorted(done.failed.items()))
         print(
             f"{done.failed.total():,} ack{'' if done.failed.total() == 1 else 's'} failed ({codes}); "
-            "those messages are delivered again after "
+            "those messages are delivered again at "
             "their deadline",
             file=sys.stderr,
         )
@@ -142,11 +153,12 @@ async def _receive(
                                 done.stale += 1
                             else:
                                 done.failed[code] += 1
+                size = sum(received_value_bytes(m) for m in messages)
                 done.count += len(messages)
-                done.size += sum(len(line) for line in lines)
+                done.size += size
                 done.seconds = time.monotonic() - started
                 if on_batch is not None:
-                    on_batch(len(messages), sum(len(line) for line in lines))
+                    on_batch(len(messages), size)
     finally:
         await api.transport.close()
     return done

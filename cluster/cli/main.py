@@ -7,7 +7,7 @@ import click
 from raftmq.cluster.cli import cluster as _cli_cluster
 from raftmq.cluster.cli.backup import backup_command, restore_command
 from raftmq.cluster.cli.common import admin_command, json_option
-from raftmq.cluster.cli.messages import consume, dlq, produce, receive
+from raftmq.cluster.cli.messages import consume, dlq, produce, receive, subscription
 from raftmq.cluster.cli.repair import repair_journal_command
 from raftmq.cluster.cli.serve import dev, serve
 from raftmq.cluster.cli.topics import status, topic
@@ -22,8 +22,8 @@ def main() -> None:
 
 
 # serve/dev in cli/serve.py, status/topic in cli/topics.py, produce/consume/receive/dlq in
-# cli/messages.py; the shared options in cli/common.py.
-for _command in (serve, dev, status, topic, produce, consume, receive, dlq):
+# cli/messages.py (and subscription); the shared options in cli/common.py.
+for _command in (serve, dev, status, topic, produce, consume, receive, dlq, subscription):
     main.add_command(_command)
 
 

@@ -1,10 +1,12 @@
-"""``raftmq produce|consume`` (the Python client, raftmq.client) and ``raftmq receive`` and
-``raftmq dlq list|redrive`` (receive/ack and dead letters; the work is in cli/delivery.py).
+"""``raftmq produce|consume`` (the Python client, raftmq.client) and ``raftmq receive``,
+``raftmq dlq list|redrive`` and ``raftmq subscription set`` (receive/ack, dead letters and their
+settings; the work is in cli/delivery.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -18,7 +20,15 @@ from typing import Any
 import click
 
 from raftmq.cluster.cli.common import client_command, client_security, write_all
-from raftmq.cluster.cli.progress import Tally, output_options, plural, progress, summary, wants_progress
+from raftmq.cluster.cli.progress import (
+    Tally,
+    output_options,
+    plural,
+    progress,
+    summary,
+    value_bytes,
+    wants_progress,
+)
 
 
 def _parse_input_line(
@@ -109,7 +119,9 @@ def produce(
             for number, raw in enumerate(stream, 1):
                 read_bytes += len(raw)
                 value, key = _parse_input_line(raw, fmt, key_field, number)
-                producer.send(topic, value, key=key, callback=_Stored(outcome, len(raw)))
+                # The value's bytes: the line without its line break (as _parse_input_line has it).
+                size = len(raw) - raw.endswith(b"\n") - raw.endswith(b"\r\n")
+                producer.send(topic, value, key=key, callback=_Stored(outcome, size))
                 sent += 1
         except KeyboardInterrupt:
             interrupted = True
@@ -278,7 +290,7 @@ def consume(
                     out.flush()
                     for m in batch:
                         m.ack()
-                    tally.add(len(batch), sum(len(line) for line in lines))
+                    tally.add(len(batch), sum(value_bytes(m.value) for m in batch))
                     last_at = time.monotonic()
         except KeyboardInterrupt:
             interrupted = True
@@ -350,7 +362,10 @@ def _ctrl_c_between_batches() -> Iterator[_Deferred]:
     "--ack/--no-ack",
     default=True,
     show_default=True,
-    help="Ack each message once written. --no-ack leaves it in flight: it comes back after its deadline.",
+    help=(
+        "Ack each message once written. --no-ack leaves it in flight: it comes back when its"
+        " visibility timeout ends (its deadline; no backoff on top: that is for nacks)."
+    ),
 )
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for messages (until Ctrl-C or --max).")
 @click.option(
@@ -475,3 +490,53 @@ def dlq_redrive(
     total = sum(a["redriven"] for a in answers)
     more = " (more left: run again or use --all)" if answers[-1]["more"] else ""
     click.echo(f"redrove {plural(total, 'dead letter')} to {topic}{more}", err=True)
+
+
+def _delays(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    """``10000,30000,60000`` -> [10000, 30000, 60000] (the route checks the range)."""
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.split(",")]
+    except ValueError:
+        raise click.BadParameter("comma-separated delays in milliseconds, e.g. 1000,5000,30000") from None
+
+
+@click.group()
+def subscription() -> None:
+    """Settings of a consumer group's receive/ack subscription to a topic."""
+
+
+@subscription.command("set")
+@click.argument("topic")
+@click.option("--group", required=True, help="The consumer group whose settings to set.")
+@click.option(
+    "--max-deliveries",
+    type=click.IntRange(min=1),
+    help="Deliveries of a message before it moves to the dead-letter topic TOPIC.GROUP.dlq.",
+)
+@click.option(
+    "--backoff-ms",
+    callback=_delays,
+    metavar="MS[,MS...]",
+    help=(
+        "Delay before the retry of a nacked message, per attempt (the last repeating), e.g."
+        " 1000,5000,30000. An expired message comes back at its deadline regardless."
+    ),
+)
+@client_command
+def subscription_set(
+    urls: list[str], topic: str, group: str, max_deliveries: int | None, backoff_ms: list[int] | None
+) -> None:
+    """Set GROUP's max deliveries and retry backoff on TOPIC (creating its dead-letter topic).
+    An option not given is set to the cluster's default ([delivery] in the cluster file); with
+    neither, both are reset. Prints the stored settings as a JSON line."""
+    from raftmq.client import Admin
+
+    with Admin(urls, **client_security()) as admin:
+        stored = admin.set_subscription(topic, group, max_deliveries=max_deliveries, backoff_ms=backoff_ms)
+    click.echo(
+        json.dumps(
+            dataclasses.asdict(stored) | {"backoff_ms": list(stored.backoff_ms)}, separators=(",", ":")
+        )
+    )

@@ -9,6 +9,10 @@ The three commands behave alike:
   start, as ``time`` counts it: the interpreter's start and imports take 0.5-1 s) and the rate
   over it; ``--json`` prints it as one JSON object instead, ``--quiet``
   leaves it out. Errors are printed in every case.
+
+The bytes counted (MB, MB/s, ``bytes``) are the messages' values, as produced and as stored
+(binary values decoded, text values as UTF-8): the same figure for the same messages whichever
+command counts them, not the input lines nor the JSON lines printed (keys, headers, offsets).
 """
 
 from __future__ import annotations
@@ -26,12 +30,22 @@ from typing import IO, Any
 
 import click
 
-__all__ = ["Tally", "output_options", "plural", "progress", "summary"]
+__all__ = ["Tally", "output_options", "per_second", "plural", "progress", "summary", "value_bytes"]
 
 
 def plural(count: int, word: str = "message") -> str:
     """``1 message``, ``2 messages``, ``1,000 messages``."""
     return f"{count:,} {word}" + ("" if count == 1 else "s")
+
+
+def per_second(rate: float, word: str = "message") -> str:
+    """``1 message/s``, ``2,400 messages/s`` (rounded to a whole number first)."""
+    return f"{rate:,.0f} {word}{'' if round(rate) == 1 else 's'}/s"
+
+
+def value_bytes(value: str | bytes) -> int:
+    """The size of a message's value as stored: text as UTF-8."""
+    return len(value) if isinstance(value, bytes) else len(value.encode())
 
 
 def process_started() -> float:
@@ -127,7 +141,7 @@ def progress(tally: Tally, what: str, enabled: bool, extra: Any = None) -> Itera
             count = tally.count
             more = f" {extra()}" if extra is not None else ""
             return Text(
-                f"{what}: {plural(count)} {tally.verb}{more}, {rate(now, count):,.0f} messages/s, "
+                f"{what}: {plural(count)} {tally.verb}{more}, {per_second(rate(now, count))}, "
                 f"{now - tally.started:,.1f} s",
                 no_wrap=True,
                 overflow="ellipsis",
@@ -156,6 +170,6 @@ def summary(tally: Tally, *, quiet: bool, as_json: bool, **more: Any) -> None:
         return
     click.echo(
         f"{tally.verb} {plural(tally.count)} ({tally.size / 1e6:,.2f} MB) in {seconds:,.2f} s: "
-        f"{tally.count / seconds:,.0f} messages/s, {tally.size / 1e6 / seconds:,.2f} MB/s",
+        f"{per_second(tally.count / seconds)}, {tally.size / 1e6 / seconds:,.2f} MB/s",
         err=True,
     )

@@ -169,9 +169,15 @@ def extend(
     return _with_receipts("extend", now_ms, group, topic_id, receipts, epoch, visibility_ms=visibility_ms)
 
 
-def deliver_tick(now_ms: int, max_items: int) -> bytes:
-    """Release due delayed messages and expire in-flight deadlines, at most ``max_items`` each."""
-    return _command("deliver_tick", now_ms=now_ms, max=max_items)
+def deliver_tick(now_ms: int, max_items: int, *, expiry_backoff: bool = False) -> bytes:
+    """Release due delayed messages and expire in-flight deadlines, at most ``max_items`` each.
+
+    An expired delivery is available again at once; ``expiry_backoff`` makes it wait its group's
+    backoff first, as releases before issue 21 did. That older rule is the command without the
+    field (which older replicas refuse), so a replayed old entry applies as it did."""
+    if expiry_backoff:
+        return _command("deliver_tick", now_ms=now_ms, max=max_items)
+    return _command("deliver_tick", now_ms=now_ms, max=max_items, expiry_backoff=False)
 
 
 def lock(now_ms: int, group: str, topic_id: int, queue: int, consumer: str, lease_ms: int) -> bytes:
@@ -342,6 +348,14 @@ _u64_or_none = partial(_optional_uint, where="")
 _duration_or_none = partial(_optional_duration, where="")
 
 
+def _flag_or_true(obj: dict[str, Any], name: str) -> bool:
+    """An optional boolean, true when absent (the command as written before the field existed)."""
+    value = obj.get(name, True)
+    if type(value) is not bool:
+        raise _bad(f"{name}: expected true or false, got {value!r}")
+    return value
+
+
 def _one_to(max_value: int) -> _Reader:
     return partial(_positive, max_value=max_value)
 
@@ -357,7 +371,7 @@ _PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
         "epoch": _u64_or_none,
         "max_age_ms": _duration_or_none,
     },
-    "deliver_tick": {"now_ms": _time, "max": _one_to(MAX_TICK_ITEMS)},
+    "deliver_tick": {"now_ms": _time, "max": _one_to(MAX_TICK_ITEMS), "expiry_backoff": _flag_or_true},
     "expire_subscriptions": {
         "now_ms": _time,
         "idle_ms": _one_to(MAX_DURATION_MS),

@@ -157,6 +157,7 @@ class DeliverTickCommand(TypedDict):
     op: Literal["deliver_tick"]
     now_ms: int
     max: int
+    expiry_backoff: bool  # an expired delivery waits its backoff first (absent on the wire: true)
 
 
 class LockCommand(TypedDict):

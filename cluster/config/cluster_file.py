@@ -196,6 +196,9 @@ class DeliveryConfig:
     backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS  # RocketMQ's levels from 10 s to 2 h
     tick_ms: int = 200  # the leader checks for due delayed messages and deadlines at least this often
     tick_max_items: int = 1000  # delayed messages and deadlines one deliver_tick handles (each)
+    # An expired delivery waits its group's backoff before it is available again (the rule before
+    # issue 21; for a rolling upgrade from it). False: it is available at its deadline.
+    expiry_backoff: bool = False
 
 
 @dataclass(frozen=True)

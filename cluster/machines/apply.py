@@ -38,10 +38,11 @@ def advance(
     lease) ends more than the bound early, whatever the jump. A group that applied no stamped
     command for longer than the bound (no leader: a leader ticks well within it,
     ``TickLoops.retention_once``) runs late by the excess (late, never early), and catches up at
-    :data:`CATCH_UP_DIVISOR`'s rate: each command within the bound may move it a tenth of its step
-    more, while it is behind the stamp (a clamped command moves it by the bound exactly). An hour without a leader is made up in about nine hours;
-    the price is that a leader clock that jumped ahead pulls the group's time ahead of the true
-    time by at most the bound plus a tenth of the time it leads. The very first stamp has nothing
+    :data:`CATCH_UP_DIVISOR`'s rate: each command within the bound may move it a tenth of its
+    step more while it is behind the stamp (a clamped command moves it by the bound exactly). An
+    hour without a leader is made up in about nine hours; the price is that a leader clock that
+    jumped ahead pulls the group's time ahead of the true time by at most the bound plus a tenth
+    of the time it leads. The very first stamp has nothing
     to compare with and is taken as it is."""
     bound = GROUP_MAX_STEP_MS if max_step_ms is None else max_step_ms
     if not before.stamp_ms and not before.now_ms:

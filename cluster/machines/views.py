@@ -76,7 +76,9 @@ def consumer_queues(store: Store, topic_id: int | None = None) -> list[ConsumerQ
     """Every (topic, queue, consumer group) with a committed offset or receive/ack state, sorted.
 
     A group known on some queue of a topic gets a row for every queue of that topic in this
-    store, so a queue it has not reached yet shows its whole backlog as lag.
+    store, so a queue it has not reached yet shows its whole backlog as lag. A receive/ack group is
+    known by its subscription, stored in every queue group of the topic at its first receive, with
+    or without a dead-letter topic: before it received from this queue group, all is lag here.
     """
     metas = queue_metas(store, topic_id)
     committed: dict[tuple[int, int, str], int] = {}
@@ -94,16 +96,19 @@ def consumer_queues(store: Store, topic_id: int | None = None) -> list[ConsumerQ
     for key, _ in scan_prefix(store, _prefix(keys.SUB_CURSOR, topic_id)):
         t, q = _QUEUE.unpack_from(key, 1)
         cursors.add((t, q, _group_after(key, 9)[0]))
+    subscribed: set[tuple[int, str]] = set()
     dlq_ids: dict[tuple[int, str], int] = {}
     for key, value in scan_prefix(store, _prefix(keys.SUBSCRIPTION, topic_id)):
         (t,) = struct.unpack_from(">I", key, 1)
+        sub_key = (t, _group_after(key, 5)[0])
+        subscribed.add(sub_key)
         stored = orjson.loads(value)
         dlq_id = stored.get("dlq_topic_id")
         # Only a link checked against the dead-letter topic's record counts (an older release's
         # link, found by name, could name another topic's; the leader checks it at the next refresh).
         if dlq_id is not None and stored.get("dlq_checked"):
-            dlq_ids[(t, _group_after(key, 5)[0])] = int(dlq_id)
-    groups = {(t, g) for t, _, g in (*committed, *in_flight, *retrying, *cursors)} | set(dlq_ids)
+            dlq_ids[sub_key] = int(dlq_id)
+    groups = {(t, g) for t, _, g in (*committed, *in_flight, *retrying, *cursors)} | subscribed
     rows = []
     for t, g in sorted(groups):
         queues = {q for (mt, q) in metas if mt == t} | {q for (ct, q, cg) in committed if (ct, cg) == (t, g)}

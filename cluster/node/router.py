@@ -28,12 +28,27 @@ from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.replication.upgrade import to_json_batch
 
-__all__ = ["FORWARDED", "NOT_SENT", "LeaderRouter", "LocalAction", "body_error", "raft_error"]
+__all__ = [
+    "FORWARDED",
+    "NOT_SENT",
+    "PEER_FAILURES",
+    "LeaderRouter",
+    "LocalAction",
+    "body_error",
+    "peer_call",
+    "peer_error",
+    "raft_error",
+]
 
 FORWARDED = "X-Raftmq-Forwarded"
 # Peer-call failures where the request certainly never left this node (no connection was made):
 # definite, so safe to retry at the next leader.
 NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+# Everything a call to another node can fail with: no connection, a reset, a timeout, a broken or
+# undecodable answer (orjson's error is a ValueError).
+PEER_FAILURES = (TimeoutError, aiohttp.ClientError, OSError, ValueError)
+# Methods that change nothing: whatever happened to the call, nothing was done.
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 LocalAction = Callable[[str, str, dict[str, Any], "int | None"], Awaitable[dict[str, Any]]]
 """A write at this node as leader of a group: ``(group, action, body, size_hint) -> result``."""
@@ -55,16 +70,27 @@ def body_error(status: int, data: bytes) -> ApiError:
         return ApiError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
 
 
+def peer_error(e: BaseException, method: str, peer: str) -> ApiError:
+    """The error a client gets for a call to ``peer`` that failed with ``e`` (one of
+    :data:`PEER_FAILURES`): always a retriable 503. ``unavailable`` (definite) when nothing can
+    have been done: no connection was made, or the call only read; else ``unknown_outcome`` (the
+    peer may have done it)."""
+    if isinstance(e, NOT_SENT):
+        return ApiError(errors.UNAVAILABLE, f"cannot reach {peer}")
+    if method.upper() in _READS:
+        return ApiError(errors.UNAVAILABLE, f"no answer from {peer} ({type(e).__name__})")
+    return ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of {peer} ({type(e).__name__})")
+
+
 @contextlib.contextmanager
-def _leader_call(leader_id: str, name: str) -> Iterator[None]:
-    """A call to the leader of group ``name``: not connected is ``unavailable`` (definite: nothing
-    was sent), any later failure ``unknown_outcome`` (the leader may have done it)."""
+def peer_call(method: str, peer: str) -> Iterator[None]:
+    """Around a call to another node (``peer`` names it in the message): any of
+    :data:`PEER_FAILURES` becomes :func:`peer_error`, never a 500. The error middleware applies
+    the same rule to a peer failure a handler left unmapped."""
     try:
         yield
-    except NOT_SENT:
-        raise ApiError(errors.UNAVAILABLE, f"cannot reach the leader {leader_id} of group {name}") from None
-    except (TimeoutError, aiohttp.ClientError):
-        raise ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of the leader {leader_id}") from None
+    except PEER_FAILURES as e:
+        raise peer_error(e, method, peer) from None
 
 
 def _unknown_to_old_leader(data: bytes) -> bool:
@@ -136,8 +162,11 @@ class LeaderRouter:
         asks for an answer other than JSON (the binary or Arrow fetch); ``timeout_s`` bounds the
         call (default: the request timeout and a margin; a long poll needs its wait on top).
 
-        A ``not_leader`` answer (leadership moved on; nothing was done) is retried against the
-        newly known leader until ``leader_wait_s`` has passed, as :meth:`group_call` does for writes.
+        A ``not_leader`` answer (leadership moved on; nothing was done), and a failed call that did
+        nothing (the leader was unreachable, e.g. just killed; or a read whose answer was lost),
+        are retried against the newly known leader until ``leader_wait_s`` has passed, as
+        :meth:`group_call` does for writes. Any other failure of the call is a 503
+        (:func:`peer_error`), never a 500.
         """
         if request.headers.get(FORWARDED):
             raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
@@ -150,22 +179,30 @@ class LeaderRouter:
             leader = await self.leader_elsewhere(name)
             session = self.node.peer_session
             assert session is not None
-            with _leader_call(leader.id, name):
-                async with session.request(
-                    request.method,
-                    leader.http_url + request.path_qs,
-                    data=body,
-                    headers=headers,
-                    allow_redirects=False,  # the peer key goes to the leader only
-                    timeout=aiohttp.ClientTimeout(total=total_s, sock_connect=1.0),
-                ) as resp:
-                    data = await resp.read()
-                    kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
-                    answer = web.Response(
-                        body=data, status=resp.status, content_type=resp.content_type, headers=kept
-                    )
-            if answer.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
-                return answer
+            try:
+                with peer_call(request.method, f"the leader {leader.id} of group {name}"):
+                    async with session.request(
+                        request.method,
+                        leader.http_url + request.path_qs,
+                        data=body,
+                        headers=headers,
+                        allow_redirects=False,  # the peer key goes to the leader only
+                        timeout=aiohttp.ClientTimeout(total=total_s, sock_connect=1.0),
+                    ) as resp:
+                        data = await resp.read()
+                        if resp.status >= 500 and resp.content_type != "application/json":
+                            # Not a node's error body (every one is JSON): a broken answer.
+                            raise ValueError(f"HTTP {resp.status} without an error body")
+                        kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
+                        answer = web.Response(
+                            body=data, status=resp.status, content_type=resp.content_type, headers=kept
+                        )
+            except ApiError as e:
+                if not e.code.definite or time.monotonic() >= deadline:
+                    raise
+            else:
+                if answer.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
+                    return answer
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()
 
@@ -210,7 +247,7 @@ class LeaderRouter:
         leader = await self.leader_elsewhere(name)
         # Binary batches travel as an append command's bytes (its now_ms is the leader's to set).
         raw = commands.append(0, body["items"]) if action == "append" else None
-        with _leader_call(leader.id, name):
+        with peer_call("POST", f"the leader {leader.id} of group {name}"):
             status, data, _ = await self.node.peer_request(
                 "POST",
                 leader,

@@ -245,7 +245,12 @@ class TickLoops:
                     self._due_cache[name] = (index, seq, now, due)
                 if due is None or due > now:
                     break
-                outcome = await self.node.propose(name, commands.deliver_tick(wall, settings.tick_max_items))
+                outcome = await self.node.propose(
+                    name,
+                    commands.deliver_tick(
+                        wall, settings.tick_max_items, expiry_backoff=settings.expiry_backoff
+                    ),
+                )
                 if outcome.error or not isinstance(outcome.result, dict) or "error" in outcome.result:
                     log.warning("deliver_tick_not_applied", group=name, error=outcome.error or outcome.result)
                     due = None

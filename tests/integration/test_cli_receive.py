@@ -204,3 +204,82 @@ def test_ctrl_c_takes_effect_once_the_batch_written_is_acked(c: Cluster) -> None
         rest += [m["value"] for m in batch]
     assert not set(written) & set(rest), "messages written before the Ctrl-C came back: not acked"
     assert sorted(written + rest) == sorted(sent)
+
+
+# -- subscription settings from Python and the command line (issue 21, item 5) ----------------
+
+
+def _nack_once(c: Cluster, topic: str, group: str) -> dict[str, Any]:
+    (m,) = receive_http(c, topic, group, max=1, wait_ms=5000)
+    r = c.post(f"/v1/topics/{topic}/subscriptions/{group}/nack", {"receipts": [m["receipt"]]})
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()["results"][0]
+    return result
+
+
+def test_the_admin_client_sets_a_groups_max_deliveries_and_backoff_sync_and_asyncio(c: Cluster) -> None:
+    import asyncio
+
+    from raftmq.client import Admin, AsyncAdmin, BadRequest, SubscriptionSettings, TopicNotFound
+
+    c.create_topic("settings", queues=2)
+    produce(c, "settings", ["x"])
+    urls = [c.url(n) for n in c.nodes]
+    with Admin(urls) as admin:
+        stored = admin.set_subscription("settings", "one", max_deliveries=1, backoff_ms=[50, 100])
+        assert stored == SubscriptionSettings("settings", "one", "settings.one.dlq", 1, (50, 100))
+        with pytest.raises(BadRequest):
+            admin.set_subscription("settings", "one", max_deliveries=0)
+        with pytest.raises(BadRequest):
+            admin.set_subscription("settings", "one", backoff_ms=[])
+        with pytest.raises(TopicNotFound):
+            admin.set_subscription("nowhere", "one", max_deliveries=3)
+    # One delivery allowed (the cluster's default is 2): the first nack makes it a dead letter,
+    # so the refused settings above changed nothing.
+    assert _nack_once(c, "settings", "one").get("dead_lettered") is True
+
+    async def set_async() -> SubscriptionSettings:
+        async with AsyncAdmin(urls) as admin:
+            return await admin.set_subscription("settings", "three", max_deliveries=3)
+
+    # An option left out is the cluster's default ([delivery] backoff_ms = [100] here).
+    assert asyncio.run(set_async()) == SubscriptionSettings(
+        "settings", "three", "settings.three.dlq", 3, (100,)
+    )
+    for _ in range(2):
+        assert _nack_once(c, "settings", "three").get("dead_lettered") is None
+    assert _nack_once(c, "settings", "three").get("dead_lettered") is True
+
+
+def test_raftmq_subscription_set_sets_the_settings_and_refuses_bad_ones(c: Cluster) -> None:
+    c.create_topic("cli-settings", queues=2)
+    produce(c, "cli-settings", ["x"])
+    done = raftmq(
+        c,
+        "subscription",
+        "set",
+        "cli-settings",
+        "--group",
+        "g",
+        "--max-deliveries",
+        "1",
+        "--backoff-ms",
+        "50,100",
+    )
+    assert done.returncode == 0, done.stderr
+    assert lines(done.stdout) == [
+        {
+            "topic": "cli-settings",
+            "group": "g",
+            "dead_letter_topic": "cli-settings.g.dlq",
+            "max_deliveries": 1,
+            "backoff_ms": [50, 100],
+        }
+    ]
+    assert _nack_once(c, "cli-settings", "g").get("dead_lettered") is True
+    bad = raftmq(c, "subscription", "set", "cli-settings", "--group", "g", "--backoff-ms", "1s,2s")
+    assert bad.returncode == 2 and "comma-separated delays" in bad.stderr, bad.stderr
+    bad = raftmq(c, "subscription", "set", "cli-settings", "--group", "g", "--backoff-ms", "-5")
+    assert bad.returncode == 1 and "error bad_request" in bad.stderr, bad.stderr
+    missing = raftmq(c, "subscription", "set", "nowhere", "--group", "g", "--max-deliveries", "2")
+    assert missing.returncode == 1 and "error topic_not_found" in missing.stderr, missing.stderr

@@ -102,9 +102,10 @@ def test_an_unacked_message_is_redelivered_after_its_visibility_with_attempt_plu
     (again,) = receive(c, "expiry", "g", wait_ms=MAX_WAIT_MS)
     elapsed = time.monotonic() - start
     assert (again["offset"], again["attempt"], again["value"]) == (first["offset"], 2, "slow")
-    # Never early (correctness); the upper bound only shows it came back by itself (latency
-    # figures belong to the benchmarks, and a slow CI machine must pass).
-    assert 0.5 + BACKOFF_MS / 1000 - CLOCK_SLACK_S <= elapsed < 10.0, elapsed
+    # Never early (correctness): at its deadline, the backoff is for nacks (test_visibility_timeout
+    # shows that it does not wait a 10 s backoff). The upper bound only shows it came back by itself
+    # (latency figures belong to the benchmarks, and a slow CI machine must pass).
+    assert 0.5 - CLOCK_SLACK_S <= elapsed < 10.0, elapsed
     assert outcome(settle(c, "expiry", "g", "ack", [first["receipt"]])) == ["stale_receipt"]
     assert outcome(settle(c, "expiry", "g", "ack", [again["receipt"]])) == ["ok"]
 

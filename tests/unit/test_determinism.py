@@ -131,7 +131,7 @@ delivery_commands = st.one_of(
         st.integers(1, 5000),
         epochs,
     ),
-    st.builds(commands.deliver_tick, now_ms, st.integers(1, 5)),
+    st.builds(commands.deliver_tick, now_ms, st.integers(1, 5), expiry_backoff=st.booleans()),
     st.builds(
         commands.lock, now_ms, groups, topic_ids, queues, st.sampled_from(["c1", "c2"]), st.integers(1, 5000)
     ),
@@ -383,7 +383,7 @@ def seeded_delivery_command(
     if op == "extend":
         return commands.extend(now, group, topic_id, receipts, rng.randint(1, 3000))
     if op == "tick":
-        return commands.deliver_tick(now, rng.randint(1, 10))
+        return commands.deliver_tick(now, rng.randint(1, 10), expiry_backoff=rng.random() < 0.5)
     if op == "lock":
         return commands.lock(now, group, topic_id, queue, rng.choice(["c1", "c2"]), rng.randint(1, 3000))
     if op == "fenced":

@@ -74,6 +74,24 @@ def test_an_offset_consumer_has_a_row_per_queue_of_the_topic_with_its_lag() -> N
     assert consumer_queues(m.store, OTHER) == []
 
 
+def test_a_receive_ack_group_without_a_dead_letter_topic_lags_by_everything_it_has_not_received() -> None:
+    # Issue 21: a group that had received 6 of 101,500 messages, all from one queue group, showed
+    # the lag of that group's queue only: the other queue groups hold its subscription (stored
+    # there at its first receive, with no dead-letter topic yet) but no cursor.
+    m = Machine()
+    assert "subscription" in m.apply(commands.subscribe(G, T, "orders", None, 16, [100]))
+    m.produce(0, *"abcde")
+    m.produce(1, *"xyz")
+    assert consumer_queues(m.store, T) == [
+        ConsumerQueue(T, 0, G, committed_offset=None, high_offset=5, lag=5),
+        ConsumerQueue(T, 1, G, committed_offset=None, high_offset=3, lag=3),
+    ]
+    got = m.apply(commands.receive(0, G, T, [0], 2, 1000))["messages"]
+    assert [g["offset"] for g in got] == [0, 1]
+    rows = {r.queue: r for r in consumer_queues(m.store, T)}
+    assert (rows[0].lag, rows[0].in_flight, rows[1].lag) == (5, 2, 3)  # in flight is not done
+
+
 def test_in_flight_retrying_and_dead_letters_follow_receive_nack_expiry_and_redrive() -> None:
     m = Machine()
     m.subscribe(max_deliveries=2, backoff=[100])

@@ -30,7 +30,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.node.router import body_error
+from raftmq.cluster.node.router import body_error, peer_call
 from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
 from raftmq.storage.records import Message
 
@@ -148,12 +148,13 @@ class FetchHandlers(ApiCore):
             else:
                 leader = await self.router.wait_leader(name, 3.0)
                 query = urllib.parse.urlencode({"group": group, "topic_id": topic.id})
-                status, data, _ = await self.node.peer_request(
-                    "GET", leader, f"/internal/groups/{name}/offsets?{query}"
-                )
-                if status != 200:
-                    raise body_error(status, data)
-                got = orjson.loads(data)["offsets"]
+                with peer_call("GET", f"the leader {leader.id} of group {name}"):
+                    status, data, _ = await self.node.peer_request(
+                        "GET", leader, f"/internal/groups/{name}/offsets?{query}"
+                    )
+                    if status != 200:
+                        raise body_error(status, data)
+                    got = orjson.loads(data)["offsets"]
                 for q in queues:
                     result[str(q)] = got.get(str(q))
         return json_response({"group": group, "topic": topic.name, "offsets": result})

@@ -23,9 +23,11 @@ if TYPE_CHECKING:
 
 def deliver_tick(work: Apply, cmd: DeliverTickCommand) -> dict[str, Any]:
     """Release delayed messages due at ``now_ms`` (due order; appended to their queues now, so
-    they get their offsets now), then expire in-flight deliveries whose deadline passed: a retry
-    after the backoff, or a dead letter after ``max_deliveries``. At most ``max`` of each; ``more``
-    says the leader should tick again at once.
+    they get their offsets now), then expire in-flight deliveries whose deadline passed: a retry,
+    available at once (after the group's backoff only when the command says ``expiry_backoff``, as
+    every entry written before that field existed does; the backoff is for nacks), or a dead
+    letter after ``max_deliveries``. At most ``max`` of each; ``more`` says the leader should tick
+    again at once.
 
     Result: ``{"released", "expired", "dead_lettered", "more"}``.
     """
@@ -69,7 +71,8 @@ def deliver_tick(work: Apply, cmd: DeliverTickCommand) -> dict[str, Any]:
                 _dead_letter(w, topic_id, queue, group, offset, rec, expiry_reason(rec)) == "dead_lettered"
             )
         else:
-            w.retry(topic_id, queue, group, offset, rec, now_ms + settings.backoff(rec.attempts))
+            wait_ms = settings.backoff(rec.attempts) if cmd["expiry_backoff"] else 0
+            w.retry(topic_id, queue, group, offset, rec, now_ms + wait_ms)
     w.finish_op()
     return {"released": released, "expired": expired, "dead_lettered": dead_lettered, "more": more}
 

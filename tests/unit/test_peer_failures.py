@@ -1,0 +1,76 @@
+"""A call to another node that fails is a retriable 503, never a 500 ``internal`` (issue 21, item
+1): ``router.peer_call`` around a call, and the error middleware for a failure a handler left
+unmapped. Nothing sent, or a read: ``unavailable``; a write whose answer was lost:
+``unknown_outcome``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.client_reqrep import ConnectionKey
+from aiohttp.test_utils import make_mocked_request
+
+from raftmq.cluster.api.common import error_middleware
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.node.router import peer_call
+
+_KEY = ConnectionKey("127.0.0.1", 8083, False, True, None, None, None)
+
+
+def _refused() -> BaseException:
+    return aiohttp.ClientConnectorError(_KEY, ConnectionRefusedError(111, "Connect call failed"))
+
+
+FAILURES: dict[str, Callable[[], BaseException]] = {
+    "refused": _refused,
+    "disconnected": lambda: aiohttp.ServerDisconnectedError(),
+    "reset": lambda: aiohttp.ClientOSError(104, "Connection reset by peer"),
+    "timeout": lambda: TimeoutError(),
+    "payload": lambda: aiohttp.ClientPayloadError("truncated"),
+}
+
+
+def _expected(method: str, failure: str) -> str:
+    return "unavailable" if failure == "refused" or method == "GET" else "unknown_outcome"
+
+
+def _answer(
+    method: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> dict[str, object]:
+    async def run() -> web.StreamResponse:
+        return await error_middleware(make_mocked_request(method, "/v1/groups/duo/offsets"), handler)
+
+    response = asyncio.run(run())
+    assert isinstance(response, web.Response) and response.body is not None
+    assert response.status == 503, response.body
+    error: dict[str, object] = orjson.loads(response.body)["error"]
+    assert error["retriable"] is True
+    return error
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_a_peer_failure_a_handler_left_unmapped_is_a_retriable_503(method: str, failure: str) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        raise FAILURES[failure]()
+
+    error = _answer(method, handler)
+    assert error["code"] == _expected(method, failure)
+    assert error["definite"] is (error["code"] == "unavailable")
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("failure", [*sorted(FAILURES), "undecodable"])
+def test_peer_call_maps_every_failure_of_a_call_to_a_retriable_503(method: str, failure: str) -> None:
+    with pytest.raises(ApiError) as caught, peer_call(method, "the leader n3 of group 1"):
+        if failure == "undecodable":
+            orjson.loads(b"<html>bad gateway</html>")
+        raise FAILURES[failure]()
+    code = caught.value.code
+    assert code.status == 503 and code.retriable
+    assert code.code == _expected(method, "timeout" if failure == "undecodable" else failure)
