@@ -46,7 +46,12 @@ from raftmq.cluster import commands
 from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.common import json_response, message_item
 from raftmq.cluster.api.handlers.dlq_locks import DeadLettersAndLocks, check_lock, dlq_list
-from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object, parse_receipt
+from raftmq.cluster.api.handlers.subscription_bodies import (
+    int_field,
+    json_object,
+    parse_receipt,
+    read_offsets,
+)
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -61,8 +66,6 @@ from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
 from raftmq.cluster.node.router import FORWARDED
 from raftmq.cluster.replication.settle_commit import SettleCommitter
-from raftmq.storage.queues import OffsetOutOfRange, read_messages
-from raftmq.storage.records import Message
 from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
@@ -94,25 +97,6 @@ _SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
 _COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
 SUBSCRIPTION_REFRESH_S = 60.0  # how long a coordinator trusts that a subscription is in place
 SUBSCRIBED_MAX = 4096  # the most (topic, group) pairs a node remembers as subscribed
-
-
-def _read(store: Store, topic_id: int, queue: int, offsets: list[int]) -> dict[int, Message]:
-    """The messages at ``offsets`` of one queue, reading runs of consecutive offsets together."""
-    found: dict[int, Message] = {}
-    ordered = sorted(set(offsets))
-    start = 0
-    while start < len(ordered):
-        end = start
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        try:
-            count = end - start + 1
-            for m in read_messages(store, topic_id, queue, ordered[start], count, first_chunk=1):
-                found[m.offset] = m
-        except OffsetOutOfRange:
-            pass  # retention removed it after it was handed out; it will expire and be finished
-        start = end + 1
-    return found
 
 
 class SubscriptionsApi:
@@ -567,7 +551,7 @@ class SubscriptionsApi:
         by_queue: dict[int, list[int]] = defaultdict(list)
         for d in delivered:
             by_queue[d["queue"]].append(d["offset"])
-        found = {q: _read(store, topic_id, q, offsets) for q, offsets in by_queue.items()}
+        found = {q: read_offsets(store, topic_id, q, offsets) for q, offsets in by_queue.items()}
         out = []
         for d in delivered:
             queue, offset = d["queue"], d["offset"]
