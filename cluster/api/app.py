@@ -114,15 +114,15 @@ class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
 def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
 
+    api = Api(node)
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
         middlewares=[
             metrics_middleware,
             error_middleware,
-            auth_middleware(node.keys, node.config.security),
+            auth_middleware(node.keys, node.config.security, api.permission_names),
         ],
     )
-    api = Api(node)
     app[METRICS_KEY] = api.metrics = Metrics(node)
     app[NODE_KEY] = node
     app[API_KEY] = api

@@ -22,6 +22,11 @@ a key header never falls back to a token, so without the key the header is worth
 backup key passes only ``BACKUP_ROUTES``. ``X-Raftmq-Secret`` (the raw secret, sent by raftmq before
 the derived keys) is refused whatever it holds. Keys are compared with ``keys.same_credential``.
 
+Dead-letter topics: a topic that records its source (``Topic.dead_letter_of``) is checked against
+its source's name on every route (``TopicNames``, ``ApiCore.permission_names``), never against its
+own ``<source>.<group>.dlq``; creating a topic needs admin on each existing topic it could be the
+dead-letter topic of, too. The topic list shows a dead-letter topic to the tokens that see its source.
+
 Refusals: 401 ``unauthorized`` (no, malformed or unknown credentials; with ``WWW-Authenticate``),
 403 ``forbidden`` (a valid token without the permission). Nothing here logs or returns a header's
 value; refusals are logged with the reason and the token's name, at most ``LOG_BURST`` lines per
@@ -61,13 +66,16 @@ from raftmq.cluster.config.tokens import (
     bearer_token,
 )
 
-__all__ = ["PRINCIPAL", "Rule", "auth_middleware", "route_rule"]
+__all__ = ["PRINCIPAL", "Rule", "TopicNames", "auth_middleware", "route_rule"]
 
 log = structlog.get_logger(__name__)
 
 LOG_BURST = 20
 LOG_WINDOW_S = 10.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The names a topic's permissions are checked against: (topic, creating it) -> names, each of which
+# the token needs the permission on (ApiCore.permission_names).
+TopicNames = Callable[[str, bool], Awaitable[list[str]]]
 PRINCIPAL: web.RequestKey[TokenGrant] = web.RequestKey("raftmq_principal", TokenGrant)
 
 
@@ -155,8 +163,9 @@ def route_rule(method: str, canonical: str | None, path: str) -> Rule:
     return CLUSTER_ADMIN
 
 
-def auth_middleware(keys: ClusterKeys, security: SecurityConfig) -> Any:
-    """The middleware for a node with the cluster's keys ``keys`` and tokens ``security``."""
+def auth_middleware(keys: ClusterKeys, security: SecurityConfig, names: TopicNames) -> Any:
+    """The middleware for a node with the cluster's keys ``keys`` and tokens ``security``;
+    ``names`` maps a topic to the names its permissions are checked against."""
     refusals = _RefusalLog()
 
     @web.middleware
@@ -201,7 +210,7 @@ def auth_middleware(keys: ClusterKeys, security: SecurityConfig) -> Any:
             return refusals.refuse(request, errors.UNAUTHORIZED, "bad_credentials", str(e))
         if grant is None:
             return refusals.refuse(request, errors.UNAUTHORIZED, "unknown_token", "invalid token")
-        missing = await _missing_permission(rule, grant, request)
+        missing = await _missing_permission(rule, grant, request, names)
         if missing is not None:
             return refusals.refuse(request, errors.FORBIDDEN, "forbidden", missing, token=grant.name)
         request[PRINCIPAL] = grant
@@ -213,7 +222,9 @@ def auth_middleware(keys: ClusterKeys, security: SecurityConfig) -> Any:
     return middleware
 
 
-async def _missing_permission(rule: Rule, grant: TokenGrant, request: web.Request) -> str | None:
+async def _missing_permission(
+    rule: Rule, grant: TokenGrant, request: web.Request, names: TopicNames
+) -> str | None:
     """None when ``grant`` may make the request, else why not (without any secret)."""
     if rule.kind in ("token", "metrics"):
         return None
@@ -221,7 +232,11 @@ async def _missing_permission(rule: Rule, grant: TokenGrant, request: web.Reques
         if grant.cluster_admin:
             return None
         return f'token {grant.name!r} lacks cluster admin (admin = ["*"]) for {request.method} {request.path}'
+    creating = (request.method, rule.source) == ("POST", "body:name")
+    checked: list[str | None] = []
     for topic in await _topics(rule.source, request):
+        checked.extend([None] if topic is None else await names(topic, creating))
+    for topic in checked:
         granted = [p for p in rule.needs if grant.allows(p, topic)]
         if (rule.any_of and not granted) or (not rule.any_of and len(granted) < len(rule.needs)):
             what = " or ".join(rule.needs) if rule.any_of else " and ".join(rule.needs)
@@ -258,10 +273,18 @@ def _only_visible_topics(response: web.StreamResponse, grant: TokenGrant) -> web
     if not isinstance(response.body, bytes):
         return response
     data = orjson.loads(response.body)
-    data["topics"] = [t for t in data.get("topics", []) if grant.allows_any(str(t.get("name")))]
+    data["topics"] = [t for t in data.get("topics", []) if grant.allows_any(_permission_name(t))]
     return web.Response(
         body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE), status=200, content_type="application/json"
     )
+
+
+def _permission_name(item: dict[str, Any]) -> str:
+    """The name a listed topic's permissions go by: a dead-letter topic's source (the list names it)."""
+    source = item.get("dead_letter_of")
+    if isinstance(source, dict) and isinstance(source.get("topic"), str):
+        return str(source["topic"])
+    return str(item.get("name"))
 
 
 class _RefusalLog:

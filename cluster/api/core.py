@@ -76,6 +76,31 @@ class ApiCore:
             raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         return t
 
+    async def permission_names(self, name: str, creating: bool = False) -> list[str]:
+        """The topic names a token's permissions on topic ``name`` are checked against
+        (``cluster/api/auth.py``): a recorded dead-letter topic answers for its source, so the name
+        it was built from (``<source>.<group>.dlq``, which a pattern such as ``payments.*`` matches)
+        grants nothing on ``payments``'s dead letters. A dead-letter topic whose source was deleted
+        is a topic of its own. ``creating``: the name of a topic to create, which must also be
+        allowed on every existing topic it could be the dead-letter topic of (a topic made first
+        under that name would make the source's dead letters answer ``dead_letter_topic_conflict``).
+        """
+        if not name.endswith(".dlq") or validate_topic_name(name):
+            return [name]  # only ensure_dlq_topic records sources, and its names end in .dlq
+        machine = self.node.metadata
+        topics = {} if machine is None else {t.name: t for t in machine.topics()}
+        if creating:
+            stem = name[: -len(".dlq")]
+            sources = [stem[:i] for i in range(1, len(stem) - 1) if stem[i] == "." and stem[:i] in topics]
+            return [name, *sources]
+        t = topics.get(name)
+        if t is None:  # not seen here yet (a lagging replica): ask the metadata leader
+            t = await self.topic_linearizable(name)
+        if t is None or t.dead_letter_of is None:
+            return [name]
+        source = next((s for s in topics.values() if s.id == t.dead_letter_of[0]), None)
+        return [name if source is None else source.name]
+
     async def topic_linearizable(self, name: str) -> Topic | None:
         if self.router.leads(META):
             outcome = await self.node.propose(META, commands.noop())  # barrier: see all earlier writes

@@ -1,7 +1,8 @@
 """Issue 19, items 1-2, as a client would probe them, on a real 3-node cluster with API tokens:
 a dotted consumer-group name reaches no other topic's dead letters (list, redrive, the CLI, the
 dead-letter write), and consume rights do not grow the cluster (no dead-letter topic for an
-invented group, idle invented groups leave /metrics, caps per topic and per token)."""
+invented group, idle invented groups leave /metrics, caps per topic and per token). A dead-letter
+topic's permissions go by its source's name, on every route (``ledger.*`` gets nothing of ledger's)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ CONSUMER = "payments-ro-token-Tf4Yu8Io1Pa6"  # consume on payments only
 INVENTOR = "inventor-token-Sd2Fg5Hj8Kl3Zx"  # consume on invented
 CAPPER = "capper-token-Qw9Er4Ty7Ui2Op5A"  # consume on capped
 CAPPER2 = "capper2-token-Mn6Bv3Cx8Zl1Kj4"  # consume on capped
+GLOB = "ledger-glob-token-Vb8Nm2Qa5Ws7"  # everything on ledger.* (ledger.eu, ...), nothing on ledger
 TOKENS = [
     ("admin", ADMIN, '["*"]', '["*"]', '["*"]'),
     ("owner", OWNER, "[]", '["payments.eu"]', '["payments.eu"]'),
@@ -33,6 +35,7 @@ TOKENS = [
     ("inventor", INVENTOR, "[]", "[]", '["invented"]'),
     ("capper", CAPPER, "[]", "[]", '["capped"]'),
     ("capper2", CAPPER2, "[]", "[]", '["capped"]'),
+    ("ledger-glob", GLOB, '["ledger.*"]', '["ledger.*"]', '["ledger.*"]'),
 ]
 SECURITY = "[security]\n" + "".join(
     f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
@@ -60,7 +63,7 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def call(c: Cluster, token: str, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
     return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
 
 
@@ -229,3 +232,87 @@ def test_new_groups_over_the_per_token_and_per_topic_caps_are_refused_with_too_m
     # An admin configures a group whatever the caps.
     r = c.session.put(c.url() + sub("capped", "configured"), json={}, timeout=30)
     assert r.status_code == 200, r.text
+
+
+def dead_letter_one(c: Cluster, topic: str, value: str) -> None:
+    """``value`` into ``topic``'s dead-letter topic of group billing (configured by the admin)."""
+    ensure_topic(c, topic)
+    r = c.session.put(c.url() + sub(topic, "billing"), json={"max_deliveries": 1}, timeout=30)
+    assert r.status_code == 200 and r.json()["dead_letter_topic"] == f"{topic}.billing.dlq", r.text
+    assert c.produce(topic, [{"value": value}]).status_code == 200
+    m = receive_one(c, ADMIN, topic, "billing")
+    r = call(c, ADMIN, "POST", sub(topic, "billing", "nack"), json={"receipts": [m["receipt"]]})
+    assert r.json()["results"][0].get("dead_lettered") is True, r.text
+
+
+def test_a_dead_letter_topic_is_guarded_by_its_sources_name_not_its_own(c: Cluster) -> None:
+    dead_letter_one(c, "ledger", "ledger-secret")  # ledger.billing.dlq: ledger.* matches its name
+    dead_letter_one(c, "ledger.eu", "eu-secret")  # ledger.eu.billing.dlq: ledger.* matches its source
+    dlq = "/v1/topics/ledger.billing.dlq"
+    for node in c.nodes:  # the entry node and forwarding nodes alike
+        refused = [
+            call(c, GLOB, "GET", dlq, node),
+            call(c, GLOB, "GET", dlq + "/queues/0/messages?offset=0&max=100", node),
+            call(
+                c,
+                GLOB,
+                "GET",
+                dlq + "/queues/0/messages?offset=0",
+                node,
+                headers={"Accept": "application/vnd.raftmq.batch"},
+            ),
+            call(c, GLOB, "GET", dlq + "/segments", node),
+            call(c, GLOB, "POST", dlq + "/messages", node, json={"messages": [{"value": "injected"}]}),
+            call(
+                c,
+                GLOB,
+                "POST",
+                dlq + "/messages",
+                node,
+                data=b"\x00" * 16,
+                headers={"Content-Type": "application/vnd.raftmq.batch"},
+            ),
+            call(c, GLOB, "POST", dlq + "/subscriptions/g/receive", node, json={"wait_ms": 0}),
+            call(c, GLOB, "GET", dlq + "/subscriptions/g/stream", node),
+            call(c, GLOB, "GET", dlq + "/groups", node),
+            call(c, GLOB, "GET", "/v1/groups/g/offsets?topic=ledger.billing.dlq", node),
+            call(
+                c,
+                GLOB,
+                "PUT",
+                "/v1/groups/g/offsets",
+                node,
+                json={"topic": "ledger.billing.dlq", "offsets": {"0": 0}},
+            ),
+            call(c, GLOB, "PATCH", dlq, node, json={"attributes": {"a": "b"}}),
+            call(c, GLOB, "DELETE", dlq, node),
+        ]
+        for r in refused:
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (r.request.url, r.text)
+    assert dlq_high(c, "ledger.billing.dlq") == 1  # nothing injected, the topic still there
+    names = {t["name"] for t in call(c, GLOB, "GET", "/v1/topics").json()["topics"]}
+    assert "ledger.billing.dlq" not in names and {"ledger.eu", "ledger.eu.billing.dlq"} <= names, names
+    # The common case keeps working: ledger.* reads ledger.eu's dead letters.
+    r = call(c, GLOB, "GET", "/v1/topics/ledger.eu.billing.dlq/queues/0/messages?offset=0&max=100")
+    assert r.status_code == 200 and [m["value"] for m in r.json()["messages"]] == ["eu-secret"], r.text
+    # The source's own grant reaches its dead-letter topic: payments.eu's owner reads payments.eu.billing.dlq.
+    ensure_topic(c, "payments.eu")
+    r = c.session.put(c.url() + sub("payments.eu", "billing"), json={"max_deliveries": 1}, timeout=30)
+    assert r.status_code == 200, r.text
+    r = call(c, OWNER, "GET", "/v1/topics/payments.eu.billing.dlq")
+    assert r.status_code == 200, r.text
+
+
+def test_a_token_cannot_create_a_topic_that_would_take_a_dead_letter_name_of_a_topic_it_does_not_administer(
+    c: Cluster,
+) -> None:
+    ensure_topic(c, "ledger")
+    ensure_topic(c, "ledger.eu")
+    for name in ("ledger.audit.dlq", "ledger.eu.audit.dlq"):  # ledger could own both (groups audit, eu.audit)
+        r = call(c, GLOB, "POST", "/v1/topics", json={"name": name, "queues": 1})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
+    assert not {"ledger.audit.dlq", "ledger.eu.audit.dlq"} & topic_names(c)
+    r = call(c, GLOB, "POST", "/v1/topics", json={"name": "ledger.eu.audit", "queues": 1})
+    assert r.status_code in (201, 409), r.text  # an ordinary name under its pattern
+    r = c.session.put(c.url() + sub("ledger", "audit"), json={"max_deliveries": 1}, timeout=30)
+    assert r.status_code == 200 and r.json()["dead_letter_topic"] == "ledger.audit.dlq", r.text
