@@ -70,6 +70,7 @@ from .errors import (
     Unavailable,
     UnexpectedResponse,
     UnknownOutcome,
+    UpgradeInProgress,
 )
 
 __all__ = [
@@ -132,5 +133,6 @@ __all__ = [
     "Unavailable",
     "UnexpectedResponse",
     "UnknownOutcome",
+    "UpgradeInProgress",
     "key_queue",
 ]

@@ -25,8 +25,11 @@ existing topic is used only when its record names exactly this (source id, group
 record whose source was deleted matches no later topic of the same name.
 
 Topics written before the record existed are given one by :func:`migrate_dead_letter_records`
-in the first entry an upgraded replica applies (the marker ``b"M"`` says it ran): a pure function of
-the topics, so every replica that applies that entry records the same sources.
+when the entry ``record_dead_letters`` is applied (the marker ``b"M"`` says it ran): a pure function
+of the topics, so every replica records the same sources at the same entry. The metadata leader
+proposes it once every voter advertises the op (``cluster/replication/upgrade.py``): a replica of
+the release before would refuse it, and a migration each replica ran at its own first entry after
+its upgrade would read different topics on different replicas.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from raftmq.cluster.machines.placement import Change, Placement
 from raftmq.storage.store import Batch, Store
 
 __all__ = [
+    "FIELD_LEVELS",
+    "OPS",
     "TOPIC_NAME",
     "MetadataMachine",
     "Topic",
@@ -55,6 +60,21 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+
+# ONLY ADD TO THE END: op names are part of the metadata group's log.
+OPS: tuple[str, ...] = (
+    "noop",
+    "create_topic",
+    "delete_topic",
+    "ensure_dlq_topic",
+    *pl.OPS,
+    "record_dead_letters",
+)
+# Meanings added to an op after it shipped (as cluster/commands FIELD_LEVELS; ONLY ADD TO THE END).
+FIELD_LEVELS: tuple[str, ...] = (
+    # ensure_dlq_topic finds and records a dead-letter topic by its source record, not its name
+    "ensure_dlq_topic.records",
+)
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _APPLIED = b"A"
@@ -265,8 +285,6 @@ class MetadataMachine:
         if index <= self._applied:
             return {"skipped": True}
         self._staged = None
-        if not self._migrated:
-            self._migrate(index)
         try:
             result, batch, topics, next_id = self._execute(command)
         except Exception as e:  # a bug must not become a poison pill; nothing was written
@@ -278,6 +296,8 @@ class MetadataMachine:
         self._applied = index
         if topics is not None:
             self._set_topics(topics)
+        if not self._migrated and result.get("recorded") is not None:
+            self._migrated = True
         if next_id is not None:
             self._next_id = next_id
         if self._staged is not None:
@@ -287,19 +307,21 @@ class MetadataMachine:
                 self.on_placement_changed()
         return result
 
-    def _migrate(self, index: int) -> None:
-        """Give the dead-letter topics of an older release their record (one write, before the
-        entry at ``index`` is applied: every replica does it at the same entry)."""
+    @property
+    def needs_dead_letter_records(self) -> bool:
+        """Whether ``record_dead_letters`` has not been applied yet (the leader proposes it)."""
+        return not self._migrated
+
+    def _record_dead_letters(self, batch: Batch) -> tuple[dict[str, Any], dict[str, Topic] | None]:
+        """Give the dead-letter topics of an older release their record, once (the marker)."""
+        if self._migrated:
+            return {"recorded": 0}, None
         migrated = migrate_dead_letter_records(self._topics)
-        batch = Batch()
         for name, t in migrated.items():
             batch.put(_TOPIC + name.encode(), orjson.dumps(t.to_json()))
-            log.info("dead_letter_topic_recorded", topic=name, source_id=t.dead_letter_of, index=index)
+            log.info("dead_letter_topic_recorded", topic=name, source_id=t.dead_letter_of)
         batch.put(_MIGRATED, b"1")
-        self._store.write(batch)
-        if migrated:
-            self._set_topics({**self._topics, **migrated})
-        self._migrated = True
+        return {"recorded": len(migrated)}, {**self._topics, **migrated}
 
     def _execute(self, command: bytes) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
         batch = Batch()
@@ -316,6 +338,9 @@ class MetadataMachine:
             return self._create_topic(cmd, batch)
         if op == "ensure_dlq_topic":
             return self._ensure_dlq_topic(cmd, batch)
+        if op == "record_dead_letters":
+            result, topics = self._record_dead_letters(batch)
+            return result, batch, topics, None
         if op in pl.OPS:
             return self._placement_op(cmd, batch), batch, None, None
         if op == "delete_topic":

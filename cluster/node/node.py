@@ -46,7 +46,13 @@ from raftmq.cluster.node.ticks import TickLoops
 from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
-from raftmq.cluster.replication.upgrade import BATCH_FORMATS
+from raftmq.cluster.replication.upgrade import (
+    BATCH_FORMATS,
+    BEFORE_CAPABILITIES,
+    CAPABILITIES,
+    advertised,
+    previous_release_refuses,
+)
 from raftmq.storage.rocks import RocksStore
 
 __all__ = ["LocalGroup", "Node", "set_if_pending"]
@@ -84,6 +90,8 @@ class Node:
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
         self._v2_nodes: set[str] = set()  # peers that advertised record-batch format 2
+        self._capable: dict[str, frozenset[str]] = {}  # what each peer advertised last (upgrade.py)
+        self._capable_voters: set[tuple[str, str, frozenset[str]]] = set()  # (group, capability, voters)
         self._status_refresh: asyncio.Task[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/machines/segments.py), set by start
@@ -152,6 +160,8 @@ class Node:
         else:
             machine = QueueGroupMachine(store, int(name))
             machine.on_applied = self._on_applied
+            if self.config.faults.previous_release_node == self.me.id:  # TEST FAULT: as that release
+                machine.refuses = previous_release_refuses
         # The seed voters count only while the group's log holds no configuration (a new group).
         seed = [n.raft_addr(port_offset(name)) for n in self.replicas(name)]
         local = await self._loop.run_in_executor(None, self._start_group, name, seed, machine, store, joining)
@@ -313,12 +323,28 @@ class Node:
             "raft": self.me.raft,
             "groups": groups,
             "batch_formats": self.batch_formats,
+            "capabilities": sorted(self.capabilities),
         }
 
     @property
     def batch_formats(self) -> list[int]:
         """The record-batch formats this node reads (docs/format.md, rolling upgrades)."""
         return [1] if self.config.faults.v1_only_node == self.me.id else list(BATCH_FORMATS)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The ops and field levels this node applies (``cluster/replication/upgrade.py``)."""
+        previous = self.config.faults.previous_release_node == self.me.id
+        return BEFORE_CAPABILITIES if previous else CAPABILITIES
+
+    def _voters(self, name: str) -> set[str]:
+        """The voters of group ``name``: the configured replicas and the Raft members this replica
+        knows (during a change both count)."""
+        local = self.groups.get(name)
+        voters = {r.id for r in self.replicas(name)}
+        if local is not None:
+            voters |= {n.id for a in local.raft.members() if (n := self.node_for_addr(a)) is not None}
+        return voters
 
     def reads_binary(self, name: str) -> bool:
         """Whether every voter of group ``name`` reads binary ``append`` commands (format 2): the
@@ -327,10 +353,7 @@ class Node:
         while does not send the group back to JSON). Checked per proposal; the answer for one set
         of voters is kept, and a new voter is checked again. While False, the peers' statuses are
         asked again, at most once a second."""
-        local = self.groups.get(name)
-        voters = {r.id for r in self.replicas(name)}
-        if local is not None:
-            voters |= {n.id for a in local.raft.members() if (n := self.node_for_addr(a)) is not None}
+        voters = self._voters(name)
         key = (name, frozenset(voters))
         if key in self._binary_voters:
             return True
@@ -340,6 +363,34 @@ class Node:
         if 2 in self.batch_formats and voters - {self.me.id} <= self._v2_nodes:
             self._binary_voters.add(key)
             return True
+        self._refresh_peer_status_soon()
+        return False
+
+    def group_supports(self, name: str, capability: str) -> bool:
+        """Whether every voter of group ``name`` applies ``capability`` (an op or field level of
+        ``cluster/replication/upgrade.py``), so this leader may write it. As :meth:`reads_binary`:
+        each voter must have advertised it in a status answer (what a peer advertised last is
+        kept, so a peer down for a while keeps it); the answer for one set of voters is kept, a
+        new voter is checked again, and while False the peers are asked again at most once a
+        second. What every release applies needs no check."""
+        if capability in BEFORE_CAPABILITIES:
+            return True
+        voters = self._voters(name)
+        key = (name, capability, frozenset(voters))
+        if key in self._capable_voters:
+            return True
+        for node_id, status in self._peer_status.items():
+            self._capable[node_id] = advertised(status)
+        if capability in self.capabilities and all(
+            capability in self._capable.get(v, ()) for v in voters - {self.me.id}
+        ):
+            self._capable_voters.add(key)
+            return True
+        self._refresh_peer_status_soon()
+        return False
+
+    def _refresh_peer_status_soon(self) -> None:
+        """Ask the peers for their status in the background, at most once a second."""
         if self._loop is not None and (self._status_refresh is None or self._status_refresh.done()):
 
             async def refresh() -> None:
@@ -347,7 +398,6 @@ class Node:
                 await asyncio.sleep(1.0)
 
             self._status_refresh = self._loop.create_task(refresh())
-        return False
 
     def forget_peer_status(self) -> None:
         """Drop the cached view of other nodes (after it proved stale)."""

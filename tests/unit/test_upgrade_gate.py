@@ -1,0 +1,141 @@
+"""Rolling upgrades: a group whose voters run different releases applies every entry alike.
+
+Pure: queue-group and metadata machines over MemoryStores. A replica of the release before
+capabilities is played as ``faults.previous_release_node`` plays it on a real node (its machine
+refuses what that release refused, ``upgrade.previous_release_refuses``); the metadata group's
+previous release is played by writing its entries' keys as it wrote them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from test_dead_letter_records import old_release_store
+from test_delivery_storage import meta_apply
+
+from raftmq.cluster import commands
+from raftmq.cluster.machines import metadata
+from raftmq.cluster.machines.metadata import MetadataMachine
+from raftmq.cluster.machines.queue_group import QueueGroupMachine
+from raftmq.cluster.replication.upgrade import (
+    BEFORE_CAPABILITIES,
+    CAPABILITIES,
+    advertised,
+    old_subscribe,
+    previous_release_refuses,
+)
+from raftmq.storage.memory import MemoryStore
+from raftmq.storage.store import Batch, Store
+
+T = 1  # topic id
+
+
+def state(store: Store) -> list[tuple[bytes, bytes]]:
+    return list(store.scan(b""))
+
+
+class Replicas:
+    """One queue group, replicated on a replica of this release and one of the release before."""
+
+    def __init__(self) -> None:
+        self.new = QueueGroupMachine(MemoryStore(), 0)
+        self.previous = QueueGroupMachine(MemoryStore(), 0)
+        self.previous.refuses = previous_release_refuses
+        self.index = 0
+
+    def apply(self, command: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.index += 1
+        return self.new.apply(self.index, command), self.previous.apply(self.index, command)
+
+
+def subscribe_fields(**kw: Any) -> dict[str, Any]:
+    """The fields a leader builds for ``subscribe`` (handlers/subscriptions.py, None dropped)."""
+    fields = {
+        "group": "g",
+        "topic_id": T,
+        "topic": "orders",
+        "dlq_topic_id": None,
+        "checked": True,
+        "max_deliveries": 3,
+        "backoff_ms": [100],
+        "overwrite": False,
+        "now_ms": 50,
+        **kw,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def command(op: str, fields: dict[str, Any]) -> bytes:
+    return orjson.dumps({"v": commands.VERSION, "op": op, **fields})
+
+
+def test_a_previous_release_replica_refuses_the_new_forms_and_applies_the_gated_ones_as_an_upgraded_one() -> (
+    None
+):
+    r = Replicas()
+    # What a leader wrote without the gate: the new replica applies it, the previous one refuses.
+    new_form, expire = (
+        command("subscribe", subscribe_fields(creator="tok", max_topic_groups=10)),
+        commands.expire_subscriptions(60, 10, 100),
+    )
+    for cmd in (new_form, expire):
+        assert previous_release_refuses(cmd)
+    applied, refused = r.apply(new_form)
+    assert "subscription" in applied and refused["error"]["code"] == "bad_request"
+    assert state(r.new.store) != state(r.previous.store)  # the divergence the gate prevents
+
+    # What a gated leader writes instead: both replicas apply each entry alike.
+    r = Replicas()
+    unconfigured_new = subscribe_fields(creator="tok", max_topic_groups=10)
+    assert old_subscribe(unconfigured_new, exists=False) is None  # no safe old form: 503
+    put = old_subscribe(subscribe_fields(overwrite=True, configured=True), exists=False)
+    old_fields = {"group", "topic_id", "topic", "max_deliveries", "backoff_ms", "overwrite"}
+    assert put is not None and set(put) <= old_fields
+    steps = [
+        commands.produce(10, [{"topic_id": T, "queue": 0, "messages": [{"value": "a"}, {"value": "b"}]}]),
+        command("subscribe", put),
+        commands.receive(20, "g", T, [0], 10, 1000),
+        command("subscribe", old_subscribe(subscribe_fields(dlq_topic_id=7), exists=True) or {}),
+        commands.ack(30, "g", T, [(0, 0, 3)]),
+        command("subscribe", old_subscribe(subscribe_fields(configured=True, group="h"), exists=False) or {}),
+    ]
+    for step in steps:
+        assert not previous_release_refuses(step)
+        a, b = r.apply(step)
+        assert a == b and "error" not in a, (a, b)
+    assert state(r.new.store) == state(r.previous.store)
+
+
+def test_capabilities_come_from_the_op_tables_and_a_silent_node_is_the_previous_release() -> None:
+    assert set(commands.OPS) | set(commands.FIELD_LEVELS) <= CAPABILITIES
+    assert {f"meta.{op}" for op in (*metadata.OPS, *metadata.FIELD_LEVELS)} <= CAPABILITIES
+    # Every op added after the release before capabilities is gated without more code.
+    after = commands.OPS[commands.OPS.index("append") + 1 :]
+    assert after and not set(after) & BEFORE_CAPABILITIES
+    assert "meta.record_dead_letters" not in BEFORE_CAPABILITIES
+    assert advertised({"node_id": "n2", "batch_formats": [1, 2]}) == BEFORE_CAPABILITIES
+    listed = advertised({"capabilities": ["noop", "subscribe.records", "an.op.of.a.newer.release", 7]})
+    assert listed == {"noop", "subscribe.records"}
+
+
+def test_the_dead_letter_migration_is_one_proposed_entry_so_replicas_upgraded_apart_agree() -> None:
+    specs = (("payments.eu", 2, (0,)), ("payments.eu.billing.dlq", 3, (0,)))
+    upgraded, previous = MetadataMachine(old_release_store(*specs)), old_release_store(*specs)
+    # Entry 11 deletes the source. The upgraded replica applies it; the previous release wrote
+    # exactly these keys for delete_topic.
+    assert "deleted" in meta_apply(upgraded, 11, op="delete_topic", name="payments.eu")
+    batch = Batch()
+    batch.delete(b"Tpayments.eu")
+    batch.put(b"A", (11).to_bytes(8, "big"))
+    previous.write(batch)
+    # The second replica is upgraded before entry 12; then both apply the same entries.
+    later = MetadataMachine(previous)
+    for m in (upgraded, later):
+        m.apply(12, commands.noop())
+        assert m.needs_dead_letter_records
+        assert meta_apply(m, 13, op="record_dead_letters") == {"recorded": 0}
+        assert not m.needs_dead_letter_records
+        assert meta_apply(m, 14, op="record_dead_letters") == {"recorded": 0}  # once
+    assert [t.to_json() for t in upgraded.topics()] == [t.to_json() for t in later.topics()]
+    assert upgraded.topic("payments.eu.billing.dlq").dead_letter_of is None  # type: ignore[union-attr]
