@@ -318,13 +318,15 @@ class Node:
                 "replicas": [r.id for r in self.replicas(name)],
                 "members": list(s.members),  # the Raft voters (addresses) this replica uses
             }
-        return {
+        status: dict[str, Any] = {
             "node_id": self.me.id,
             "raft": self.me.raft,
             "groups": groups,
             "batch_formats": self.batch_formats,
-            "capabilities": sorted(self.capabilities),
         }
+        if self.config.faults.previous_release_node != self.me.id:  # TEST FAULT: that release had none
+            status["capabilities"] = sorted(self.capabilities)
+        return status
 
     @property
     def batch_formats(self) -> list[int]:
