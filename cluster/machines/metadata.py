@@ -11,7 +11,7 @@ Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then th
 ``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``) (ONLY ADD TO THE END).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
-``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic of a consumer
+``ensure_dlq_topic {"source", "group", "now_ms", "by_record"?}`` returns the dead-letter topic of a consumer
 group, creating it as ``<source>.<group>.dlq`` with the source's queue count and the SAME
 ``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
 letter queue is one apply).
@@ -428,14 +428,24 @@ class MetadataMachine:
         source = self._topics.get(source_name)
         if source is None:
             return _error("topic_not_found", f"no topic {source_name!r}"), batch, None, None
+        # Without by_record, an older leader wrote the entry: applied as its release applied it
+        # (found by name, made without a record), as that release's replicas do; the topic gets
+        # its record from record_dead_letters later, on every replica alike.
+        by_record = cmd.get("by_record") is True
         recorded = self._dead_letters.get((source.id, group))
-        if recorded is not None:
+        if recorded is not None and by_record:
             return {"topic": recorded.to_json(), "created": False}, batch, None, None
         name = f"{source_name}.{group}.dlq"
         problem = validate_topic_name(name)
         if problem:
             return _error("bad_request", f"dead-letter topic {name!r}: {problem}"), batch, None, None
-        if name in self._topics:  # not this group's (its record names another source, or none)
+        existing = self._topics.get(name)
+        if existing is not None and not by_record:
+            if existing.queue_groups != source.queue_groups:
+                message = f"topic {name!r} exists with another placement; it cannot hold dead letters"
+                return _error("topic_exists", message), batch, None, None
+            return {"topic": existing.to_json(), "created": False}, batch, None, None
+        if existing is not None:  # not this group's (its record names another source, or none)
             message = (
                 f"topic {name!r} exists and is not the dead-letter topic of group {group!r} on "
                 f"{source_name!r}; delete it or use another group name"
@@ -451,7 +461,7 @@ class MetadataMachine:
             retention_bytes=None,
             max_message_bytes=None,
             created_ms=now_ms,
-            dead_letter_of=(source.id, group),
+            dead_letter_of=(source.id, group) if by_record else None,
         )
         batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
         batch.put(_NEXT_ID, _U32.pack(topic_id + 1))

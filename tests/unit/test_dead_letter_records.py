@@ -36,7 +36,13 @@ def topics(machine: MetadataMachine, *names: str, queues: int = 1) -> None:
 
 def ensure(machine: MetadataMachine, source: str, group: str) -> dict[str, object]:
     return meta_apply(
-        machine, machine.applied_index + 1, op="ensure_dlq_topic", source=source, group=group, now_ms=9
+        machine,
+        machine.applied_index + 1,
+        op="ensure_dlq_topic",
+        source=source,
+        group=group,
+        now_ms=9,
+        by_record=True,
     )
 
 

@@ -139,3 +139,22 @@ def test_the_dead_letter_migration_is_one_proposed_entry_so_replicas_upgraded_ap
         assert meta_apply(m, 14, op="record_dead_letters") == {"recorded": 0}  # once
     assert [t.to_json() for t in upgraded.topics()] == [t.to_json() for t in later.topics()]
     assert upgraded.topic("payments.eu.billing.dlq").dead_letter_of is None  # type: ignore[union-attr]
+
+
+def test_an_older_leaders_ensure_dlq_topic_is_applied_as_its_release_did_until_the_records_entry() -> None:
+    """While an older release leads the metadata group, its ensure_dlq_topic (without by_record)
+    finds the topic by name and makes it without a record, on upgraded replicas as on its own; the
+    record comes from record_dead_letters, on every replica at that entry."""
+    specs = (("payments", 1, (0,)), ("payments.eu", 2, (0,)), ("payments.eu.billing.dlq", 3, (0,)))
+    upgraded = MetadataMachine(old_release_store(*specs))
+    found = meta_apply(upgraded, 11, op="ensure_dlq_topic", source="payments", group="eu.billing", now_ms=5)
+    assert found["created"] is False and found["topic"]["name"] == "payments.eu.billing.dlq"  # type: ignore[index]
+    made = meta_apply(upgraded, 12, op="ensure_dlq_topic", source="payments", group="ops", now_ms=5)
+    assert made["created"] is True and upgraded.topic("payments.ops.dlq").dead_letter_of is None  # type: ignore[index,union-attr]
+    assert meta_apply(upgraded, 13, op="record_dead_letters") == {"recorded": 2}
+    assert upgraded.topic("payments.ops.dlq").dead_letter_of == (1, "ops")  # type: ignore[union-attr]
+    # This release's leader writes by_record: the dotted group is refused.
+    refused = meta_apply(
+        upgraded, 14, op="ensure_dlq_topic", source="payments", group="eu.billing", now_ms=5, by_record=True
+    )
+    assert refused["error"]["code"] == "dead_letter_topic_conflict"  # type: ignore[index]

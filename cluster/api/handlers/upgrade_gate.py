@@ -52,7 +52,8 @@ def ensure_dlq_command(node: Node, source: str, group: str, at_ms: int) -> bytes
             "a metadata replica runs an older release: dead-letter topics are created once every "
             "node is upgraded",
         )
-    return orjson.dumps({"v": 1, "op": "ensure_dlq_topic", "source": source, "group": group, "now_ms": at_ms})
+    ensure = {"v": 1, "op": "ensure_dlq_topic", "source": source, "group": group, "now_ms": at_ms}
+    return orjson.dumps({**ensure, "by_record": True})
 
 
 def gated_fields(node: Node, name: str, store: Store, op: str, fields: dict[str, Any]) -> dict[str, Any]:
