@@ -81,6 +81,17 @@ def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_t
             return bool(receive(c, READER, "invented").status_code == 200)
 
         wait_until(admitted, 30, interval_s=0.5, what="the reader's new group admitted after the upgrade")
+
+        def dead_letter_topic_made() -> bool:
+            put = c.session.put(
+                c.url() + "/v1/topics/orders/subscriptions/billing", json={"max_deliveries": 2}, timeout=30
+            )
+            assert put.status_code == 200, put.text
+            return "orders.billing.dlq" in {t["name"] for t in c.get("/v1/topics").json()["topics"]}
+
+        wait_until(
+            dead_letter_topic_made, 30, interval_s=0.5, what="the PUT's dead-letter topic after the upgrade"
+        )
         c.wait_replicas_equal(group)
         # The idle unconfigured group expires (expire_subscriptions, proposed now that every voter
         # applies it), on every replica alike.
