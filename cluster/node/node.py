@@ -31,7 +31,9 @@ import aiohttp
 import orjson
 import structlog
 
+from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import META, group_sort_key, port_offset
 from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
 from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
@@ -51,6 +53,7 @@ from raftmq.cluster.replication.upgrade import (
     BEFORE_CAPABILITIES,
     CAPABILITIES,
     advertised,
+    capability_of,
     previous_release_refuses,
 )
 from raftmq.storage.rocks import RocksStore
@@ -476,7 +479,18 @@ class Node:
     # -- Raft proposals ---------------------------------------------------------------------------
 
     async def propose(self, name: str, command: bytes, timeout_s: float | None = None) -> Outcome:
-        """Submit ``command`` to the local replica of group ``name`` and wait for its outcome."""
+        """Submit ``command`` to the local replica of group ``name`` and wait for its outcome.
+
+        A backstop of the rolling-upgrade gate: an op that a voter of the group has not advertised
+        is not proposed (``upgrade_in_progress``, nothing done), so an op added to the op tables
+        is never written to a voter that would refuse it, even where its leader code does not ask
+        :meth:`group_supports` first. Field levels are gated where the command is built."""
+        capability = capability_of(name, command, META) or ""
+        # An op missing from the op tables is not gated here (add it there: cluster/commands OPS,
+        # cluster/machines/metadata.py OPS).
+        if capability in CAPABILITIES and not self.group_supports(name, capability):
+            message = f"a voter of group {name} does not apply {capability} yet (a rolling upgrade)"
+            return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
         local = self.groups[name]
         assert self._loop is not None
         loop = self._loop

@@ -36,6 +36,7 @@ __all__ = [
     "BEFORE_CAPABILITIES",
     "CAPABILITIES",
     "advertised",
+    "capability_of",
     "old_subscribe",
     "previous_release_refuses",
     "to_json_batch",
@@ -72,6 +73,23 @@ def advertised(status: dict[str, Any]) -> frozenset[str]:
     if not isinstance(listed, list):
         return BEFORE_CAPABILITIES
     return CAPABILITIES.intersection(c for c in listed if isinstance(c, str))
+
+
+_OP_PREFIX = b'{"v":1,"op":"'  # how every builder starts a JSON command (v, then op)
+
+
+def capability_of(group: str, command: bytes, meta: str = "meta") -> str | None:
+    """The op a proposal of ``command`` to ``group`` writes, as a capability (``meta.<op>`` in the
+    metadata group ``meta``); None for a binary ``append`` or a command not built as the builders
+    build them (its op is then checked where it is built). Reads only the command's first bytes:
+    ``Node.propose`` calls it for every proposal."""
+    if not command.startswith(_OP_PREFIX):
+        return None
+    end = command.find(b'"', len(_OP_PREFIX), len(_OP_PREFIX) + 64)
+    if end < 0:
+        return None
+    op = command[len(_OP_PREFIX) : end].decode("ascii", "replace")
+    return f"meta.{op}" if group == meta else op
 
 
 def previous_release_refuses(command: bytes) -> bool:

@@ -22,6 +22,7 @@ from raftmq.cluster.replication.upgrade import (
     BEFORE_CAPABILITIES,
     CAPABILITIES,
     advertised,
+    capability_of,
     old_subscribe,
     previous_release_refuses,
 )
@@ -158,3 +159,16 @@ def test_an_older_leaders_ensure_dlq_topic_is_applied_as_its_release_did_until_t
         upgraded, 14, op="ensure_dlq_topic", source="payments", group="eu.billing", now_ms=5, by_record=True
     )
     assert refused["error"]["code"] == "dead_letter_topic_conflict"  # type: ignore[index]
+
+
+def test_the_op_a_proposal_writes_is_read_from_its_first_bytes_for_the_propose_backstop() -> None:
+    assert capability_of("0", commands.expire_subscriptions(1, 2, 3)) == "expire_subscriptions"
+    assert capability_of("0", commands.noop()) == "noop"
+    assert (
+        capability_of("meta", orjson.dumps({"v": 1, "op": "record_dead_letters"}))
+        == "meta.record_dead_letters"
+    )
+    built = commands.subscribe("g", 1, "orders", None, 3, [100], checked=True)
+    assert capability_of("0", built) == "subscribe"
+    assert capability_of("0", commands.append(5, [])) is None  # binary: gated by batch_formats
+    assert capability_of("0", b'{"op":"expire_subscriptions","v":1}') is None  # not a builder's
