@@ -74,6 +74,7 @@ from .errors import (
     Unavailable,
     UnexpectedResponse,
     UnknownOutcome,
+    UpgradeInProgress,
 )
 
 __all__ = [
@@ -140,5 +141,6 @@ __all__ = [
     "Unavailable",
     "UnexpectedResponse",
     "UnknownOutcome",
+    "UpgradeInProgress",
     "key_queue",
 ]

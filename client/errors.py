@@ -39,6 +39,7 @@ Class tree::
     ├── TooManyRequests         too_many_requests    429  retriable
     ├── InternalError           internal             500  indefinite
     ├── Unavailable             unavailable          503  retriable
+    ├── UpgradeInProgress       upgrade_in_progress  503  retriable
     ├── UnknownOutcome          unknown_outcome      503  retriable, indefinite
     ├── Timeout                 timeout              504  retriable, indefinite
     ├── UnexpectedResponse      unexpected_response    -  indefinite (not a raftmq error body)
@@ -97,6 +98,7 @@ __all__ = [
     "Unavailable",
     "UnexpectedResponse",
     "UnknownOutcome",
+    "UpgradeInProgress",
     "error_from_body",
 ]
 
@@ -276,6 +278,13 @@ class Unavailable(RaftmqError):
     code, status, retriable = "unavailable", 503, True
 
 
+class UpgradeInProgress(RaftmqError):
+    """A replica of the group runs an older release that cannot apply this write (a rolling
+    upgrade is under way); nothing was done."""
+
+    code, status, retriable = "upgrade_in_progress", 503, True
+
+
 class UnknownOutcome(RaftmqError):
     code, status, retriable, definite = "unknown_outcome", 503, True, False
 
@@ -353,6 +362,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     TooManyRequests,
     InternalError,
     Unavailable,
+    UpgradeInProgress,
     UnknownOutcome,
     Timeout,
 )

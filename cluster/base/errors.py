@@ -56,6 +56,7 @@ __all__ = [
     "UNAUTHORIZED",
     "UNAVAILABLE",
     "UNKNOWN_OUTCOME",
+    "UPGRADE_IN_PROGRESS",
     "ApiError",
     "BadCommand",
     "ErrorCode",
@@ -196,6 +197,14 @@ INTERNAL = ErrorCode(
 UNAVAILABLE = ErrorCode(
     "unavailable", 503, True, True, "The group has no leader or quorum; nothing was done."
 )
+UPGRADE_IN_PROGRESS = ErrorCode(
+    "upgrade_in_progress",
+    503,
+    True,
+    True,
+    "A replica of the group runs an older release that cannot apply this write; nothing was done"
+    " (retry once every node is upgraded).",
+)
 UNKNOWN_OUTCOME = ErrorCode(
     "unknown_outcome", 503, True, False, "The write may or may not have happened (e.g. the leader changed)."
 )
@@ -232,6 +241,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             TOO_MANY_REQUESTS,
             INTERNAL,
             UNAVAILABLE,
+            UPGRADE_IN_PROGRESS,
             UNKNOWN_OUTCOME,
             TIMEOUT,
         )

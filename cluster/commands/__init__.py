@@ -110,6 +110,7 @@ from raftmq.cluster.commands.shapes import (
 from raftmq.storage.keys import MAX_U32
 
 __all__ = [
+    "FIELD_LEVELS",
     "MAX_BACKOFF_LEVELS",
     "MAX_DURATION_MS",
     "MAX_NAME_BYTES",
@@ -184,6 +185,19 @@ OPS: tuple[str, ...] = (
     "expire_producers",  # cluster/machines/producers.py
     "append",  # binary, not JSON: cluster/commands/append.py
     "expire_subscriptions",  # cluster/machines/delivery/expiry.py
+)
+
+# Fields added to an op after it shipped, named ``<op>.<level>`` (ONLY ADD TO THE END). A leader
+# writes an op of OPS, or a level's fields, only when every voter of the group advertises it
+# (cluster/replication/upgrade.py, docs/operations.md "rolling upgrades"): a replica of an older
+# release refuses what it does not know, and the group's replicas would apply different things.
+FIELD_LEVELS: tuple[str, ...] = (
+    # checked, configured, now_ms, creator, max_topic_groups, max_token_groups (dead-letter records
+    # and group limits)
+    "subscribe.records",
+    # deliver_tick's expiry_backoff: false (an expired delivery comes back at its deadline, issue
+    # 21); an older replica refused the field
+    "deliver_tick.expiry",
 )
 
 

@@ -234,6 +234,11 @@ class TestFaults:
     # (invalid_json). The rolling-upgrade test: its groups' leaders must propose JSON commands,
     # and nodes forwarding to it must send JSON.
     v1_only_node: str = ""
+    # The node with this id plays a node of the release before capabilities (docs/operations.md,
+    # "Rolling upgrades"): its status advertises none, so its groups' leaders must not write the
+    # ops and fields that release lacked (expire_subscriptions, subscribe's newer fields, the
+    # metadata group's record_dead_letters), and its own queue-group replicas refuse those ops.
+    previous_release_node: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ a new topic's.
 
 Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
 ``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``), then
-``set_topic_attributes`` (ONLY ADD TO THE END).
+``record_dead_letters`` and ``set_topic_attributes`` (ONLY ADD TO THE END: ``OPS`` below, which
+the rolling-upgrade gate reads).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
-``ensure_dlq_topic {"source", "group", "now_ms"}`` returns the dead-letter topic of a consumer
+``ensure_dlq_topic {"source", "group", "now_ms", "by_record"?}`` returns the dead-letter topic of a consumer
 group, creating it as ``<source>.<group>.dlq`` with the source's queue count and the SAME
 ``queue_groups`` (queue q of both topics in one queue group, so moving a message to its dead
 letter queue is one apply).
@@ -26,8 +27,11 @@ existing topic is used only when its record names exactly this (source id, group
 record whose source was deleted matches no later topic of the same name.
 
 Topics written before the record existed are given one by :func:`migrate_dead_letter_records`
-in the first entry an upgraded replica applies (the marker ``b"M"`` says it ran): a pure function of
-the topics, so every replica that applies that entry records the same sources.
+when the entry ``record_dead_letters`` is applied (the marker ``b"M"`` says it ran): a pure function
+of the topics, so every replica records the same sources at the same entry. The metadata leader
+proposes it once every voter advertises the op (``cluster/replication/upgrade.py``): a replica of
+the release before would refuse it, and a migration each replica ran at its own first entry after
+its upgrade would read different topics on different replicas.
 
 ``set_topic_attributes {"name", "attributes"}`` merges string attributes into a topic's (a null
 value removes one); ``create_topic`` may carry ``attributes`` too. Attributes are the topic's own
@@ -53,8 +57,10 @@ from raftmq.cluster.machines.placement import Change, Placement
 from raftmq.storage.store import Batch, Store
 
 __all__ = [
+    "FIELD_LEVELS",
     "MAX_ATTRIBUTES",
     "MAX_ATTRIBUTE_VALUE_BYTES",
+    "OPS",
     "TOPIC_NAME",
     "MetadataMachine",
     "Topic",
@@ -65,6 +71,24 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+
+# ONLY ADD TO THE END: op names are part of the metadata group's log.
+OPS: tuple[str, ...] = (
+    "noop",
+    "create_topic",
+    "delete_topic",
+    "ensure_dlq_topic",
+    *pl.OPS,
+    "record_dead_letters",
+    "set_topic_attributes",
+)
+# Meanings added to an op after it shipped (as cluster/commands FIELD_LEVELS; ONLY ADD TO THE END).
+FIELD_LEVELS: tuple[str, ...] = (
+    # ensure_dlq_topic finds and records a dead-letter topic by its source record, not its name
+    "ensure_dlq_topic.records",
+    # create_topic may carry the topic's attributes (an older replica refused the field)
+    "create_topic.attributes",
+)
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _APPLIED = b"A"
@@ -307,8 +331,6 @@ class MetadataMachine:
         if index <= self._applied:
             return {"skipped": True}
         self._staged = None
-        if not self._migrated:
-            self._migrate(index)
         try:
             result, batch, topics, next_id = self._execute(command)
         except Exception as e:  # a bug must not become a poison pill; nothing was written
@@ -320,6 +342,8 @@ class MetadataMachine:
         self._applied = index
         if topics is not None:
             self._set_topics(topics)
+        if not self._migrated and result.get("recorded") is not None:
+            self._migrated = True
         if next_id is not None:
             self._next_id = next_id
         if self._staged is not None:
@@ -329,19 +353,21 @@ class MetadataMachine:
                 self.on_placement_changed()
         return result
 
-    def _migrate(self, index: int) -> None:
-        """Give the dead-letter topics of an older release their record (one write, before the
-        entry at ``index`` is applied: every replica does it at the same entry)."""
+    @property
+    def needs_dead_letter_records(self) -> bool:
+        """Whether ``record_dead_letters`` has not been applied yet (the leader proposes it)."""
+        return not self._migrated
+
+    def _record_dead_letters(self, batch: Batch) -> tuple[dict[str, Any], dict[str, Topic] | None]:
+        """Give the dead-letter topics of an older release their record, once (the marker)."""
+        if self._migrated:
+            return {"recorded": 0}, None
         migrated = migrate_dead_letter_records(self._topics)
-        batch = Batch()
         for name, t in migrated.items():
             batch.put(_TOPIC + name.encode(), orjson.dumps(t.to_json()))
-            log.info("dead_letter_topic_recorded", topic=name, source_id=t.dead_letter_of, index=index)
+            log.info("dead_letter_topic_recorded", topic=name, source_id=t.dead_letter_of)
         batch.put(_MIGRATED, b"1")
-        self._store.write(batch)
-        if migrated:
-            self._set_topics({**self._topics, **migrated})
-        self._migrated = True
+        return {"recorded": len(migrated)}, {**self._topics, **migrated}
 
     def _execute(self, command: bytes) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
         batch = Batch()
@@ -358,6 +384,9 @@ class MetadataMachine:
             return self._create_topic(cmd, batch)
         if op == "ensure_dlq_topic":
             return self._ensure_dlq_topic(cmd, batch)
+        if op == "record_dead_letters":
+            result, topics = self._record_dead_letters(batch)
+            return result, batch, topics, None
         if op in pl.OPS:
             return self._placement_op(cmd, batch), batch, None, None
         if op == "set_topic_attributes":
@@ -473,14 +502,24 @@ class MetadataMachine:
         source = self._topics.get(source_name)
         if source is None:
             return _error("topic_not_found", f"no topic {source_name!r}"), batch, None, None
+        # Without by_record, an older leader wrote the entry: applied as its release applied it
+        # (found by name, made without a record), as that release's replicas do; the topic gets
+        # its record from record_dead_letters later, on every replica alike.
+        by_record = cmd.get("by_record") is True
         recorded = self._dead_letters.get((source.id, group))
-        if recorded is not None:
+        if recorded is not None and by_record:
             return {"topic": recorded.to_json(), "created": False}, batch, None, None
         name = f"{source_name}.{group}.dlq"
         problem = validate_topic_name(name)
         if problem:
             return _error("bad_request", f"dead-letter topic {name!r}: {problem}"), batch, None, None
-        if name in self._topics:  # not this group's (its record names another source, or none)
+        existing = self._topics.get(name)
+        if existing is not None and not by_record:
+            if existing.queue_groups != source.queue_groups:
+                message = f"topic {name!r} exists with another placement; it cannot hold dead letters"
+                return _error("topic_exists", message), batch, None, None
+            return {"topic": existing.to_json(), "created": False}, batch, None, None
+        if existing is not None:  # not this group's (its record names another source, or none)
             message = (
                 f"topic {name!r} exists and is not the dead-letter topic of group {group!r} on "
                 f"{source_name!r}; delete it or use another group name"
@@ -496,7 +535,7 @@ class MetadataMachine:
             retention_bytes=None,
             max_message_bytes=None,
             created_ms=now_ms,
-            dead_letter_of=(source.id, group),
+            dead_letter_of=(source.id, group) if by_record else None,
         )
         batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
         batch.put(_NEXT_ID, _U32.pack(topic_id + 1))

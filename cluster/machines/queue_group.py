@@ -119,6 +119,9 @@ class QueueGroupMachine:
         on_applied: Optional hook called after every applied (written) entry with an
             :class:`Applied`; set by the node. It runs on the apply thread, so it must be quick;
             its exceptions are logged and swallowed.
+        refuses: TEST FAULT (``faults.previous_release_node``): an entry for which it answers
+            True is refused (``bad_request``, nothing written), as a replica of an older release
+            refuses an op or field it does not know. None in production.
     """
 
     def __init__(self, store: Store, group_id: int, *, max_entry_messages: int = 100_000) -> None:
@@ -129,6 +132,7 @@ class QueueGroupMachine:
         self._max_entry_messages = max_entry_messages
         self._applied_index = queues.applied_index(store)
         self.on_applied: Callable[[Applied], None] | None = None
+        self.refuses: Callable[[bytes], bool] | None = None
 
     @property
     def applied_index(self) -> int:
@@ -175,6 +179,8 @@ class QueueGroupMachine:
             return {"skipped": True}
         work = Apply(self._store, index)
         try:
+            if self.refuses is not None and self.refuses(command):
+                raise BadCommand(errors.BAD_REQUEST, "unknown op or field (an older release)")
             before = work.time()
             cmd, stamped = commands.decode_stamped(command, lambda stamp: advance(before, stamp)[0].now_ms)
             if stamped is not None:

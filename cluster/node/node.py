@@ -34,7 +34,9 @@ import aiohttp
 import orjson
 import structlog
 
+from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import META, group_sort_key, port_offset
 from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
 from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
@@ -50,7 +52,14 @@ from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.replication.admission import AdmissionLimits, RaftAdmission
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
-from raftmq.cluster.replication.upgrade import BATCH_FORMATS
+from raftmq.cluster.replication.upgrade import (
+    BATCH_FORMATS,
+    BEFORE_CAPABILITIES,
+    CAPABILITIES,
+    advertised,
+    capability_of,
+    previous_release_refuses,
+)
 from raftmq.storage.rocks import RocksStore
 
 __all__ = ["PEER_STATUS_MAX_AGE_S", "LocalGroup", "Node", "set_if_pending"]
@@ -102,6 +111,8 @@ class Node:
         self._peer_status_at: dict[str, float] = {}  # when each was fetched (time.monotonic)
         self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
         self._v2_nodes: set[str] = set()  # peers that advertised record-batch format 2
+        self._capable: dict[str, frozenset[str]] = {}  # what each peer advertised last (upgrade.py)
+        self._capable_voters: set[tuple[str, str, frozenset[str]]] = set()  # (group, capability, voters)
         self._status_refresh: asyncio.Task[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/machines/segments.py), set by start
@@ -170,6 +181,8 @@ class Node:
         else:
             machine = QueueGroupMachine(store, int(name))
             machine.on_applied = functools.partial(self._on_applied, name)
+            if self.config.faults.previous_release_node == self.me.id:  # TEST FAULT: as that release
+                machine.refuses = previous_release_refuses
         # The seed voters count only while the group's log holds no configuration (a new group).
         seed = [n.raft_addr(port_offset(name)) for n in self.replicas(name)]
         local = await self._loop.run_in_executor(None, self._start_group, name, seed, machine, store, joining)
@@ -332,17 +345,35 @@ class Node:
                 "replicas": [r.id for r in self.replicas(name)],
                 "members": list(s.members),  # the Raft voters (addresses) this replica uses
             }
-        return {
+        status: dict[str, Any] = {
             "node_id": self.me.id,
             "raft": self.me.raft,
             "groups": groups,
             "batch_formats": self.batch_formats,
         }
+        if self.config.faults.previous_release_node != self.me.id:  # TEST FAULT: that release had none
+            status["capabilities"] = sorted(self.capabilities)
+        return status
 
     @property
     def batch_formats(self) -> list[int]:
         """The record-batch formats this node reads (docs/format.md, rolling upgrades)."""
         return [1] if self.config.faults.v1_only_node == self.me.id else list(BATCH_FORMATS)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The ops and field levels this node applies (``cluster/replication/upgrade.py``)."""
+        previous = self.config.faults.previous_release_node == self.me.id
+        return BEFORE_CAPABILITIES if previous else CAPABILITIES
+
+    def _voters(self, name: str) -> set[str]:
+        """The voters of group ``name``: the configured replicas and the Raft members this replica
+        knows (during a change both count)."""
+        local = self.groups.get(name)
+        voters = {r.id for r in self.replicas(name)}
+        if local is not None:
+            voters |= {n.id for a in local.raft.members() if (n := self.node_for_addr(a)) is not None}
+        return voters
 
     def reads_binary(self, name: str) -> bool:
         """Whether every voter of group ``name`` reads binary ``append`` commands (format 2): the
@@ -351,10 +382,7 @@ class Node:
         while does not send the group back to JSON). Checked per proposal; the answer for one set
         of voters is kept, and a new voter is checked again. While False, the peers' statuses are
         asked again, at most once a second."""
-        local = self.groups.get(name)
-        voters = {r.id for r in self.replicas(name)}
-        if local is not None:
-            voters |= {n.id for a in local.raft.members() if (n := self.node_for_addr(a)) is not None}
+        voters = self._voters(name)
         key = (name, frozenset(voters))
         if key in self._binary_voters:
             return True
@@ -364,6 +392,34 @@ class Node:
         if 2 in self.batch_formats and voters - {self.me.id} <= self._v2_nodes:
             self._binary_voters.add(key)
             return True
+        self._refresh_peer_status_soon()
+        return False
+
+    def group_supports(self, name: str, capability: str) -> bool:
+        """Whether every voter of group ``name`` applies ``capability`` (an op or field level of
+        ``cluster/replication/upgrade.py``), so this leader may write it. As :meth:`reads_binary`:
+        each voter must have advertised it in a status answer (what a peer advertised last is
+        kept, so a peer down for a while keeps it); the answer for one set of voters is kept, a
+        new voter is checked again, and while False the peers are asked again at most once a
+        second. What every release applies needs no check."""
+        if capability in BEFORE_CAPABILITIES:
+            return True
+        voters = self._voters(name)
+        key = (name, capability, frozenset(voters))
+        if key in self._capable_voters:
+            return True
+        for node_id, status in self._peer_status.items():
+            self._capable[node_id] = advertised(status)
+        if capability in self.capabilities and all(
+            capability in self._capable.get(v, ()) for v in voters - {self.me.id}
+        ):
+            self._capable_voters.add(key)
+            return True
+        self._refresh_peer_status_soon()
+        return False
+
+    def _refresh_peer_status_soon(self) -> None:
+        """Ask the peers for their status in the background, at most once a second."""
         if self._loop is not None and (self._status_refresh is None or self._status_refresh.done()):
 
             async def refresh() -> None:
@@ -371,7 +427,6 @@ class Node:
                 await asyncio.sleep(1.0)
 
             self._status_refresh = self._loop.create_task(refresh())
-        return False
 
     def forget_peer_status(self) -> None:
         """Drop the cached view of other nodes (after it proved stale)."""
@@ -451,7 +506,27 @@ class Node:
     # -- Raft proposals ---------------------------------------------------------------------------
 
     async def propose(self, name: str, command: bytes, timeout_s: float | None = None) -> Outcome:
-        """Submit ``command`` to the local replica of group ``name`` and wait for its outcome."""
+        """Submit ``command`` to the local replica of group ``name`` and wait for its outcome.
+
+        A backstop of the rolling-upgrade gate: an op that a voter of the group has not advertised
+        is not proposed (``upgrade_in_progress``, nothing done), so an op added to the op tables
+        is never written to a voter that would refuse it, even where its leader code does not ask
+        :meth:`group_supports` first. Field levels are gated where the command is built."""
+        capability = capability_of(name, command, META) or ""
+        # An op missing from the op tables is not gated here (add it there: cluster/commands OPS,
+        # cluster/machines/metadata.py OPS).
+        if capability in CAPABILITIES and not self.group_supports(name, capability):
+            message = f"a voter of group {name} does not apply {capability} yet (a rolling upgrade)"
+            return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
+        # The one field level every road builds into a command of its own: a topic's attributes
+        # at creation (the REST API and the SQS API both make topics).
+        if (
+            capability == "meta.create_topic"
+            and b'"attributes"' in command
+            and not self.group_supports(name, "meta.create_topic.attributes")
+        ):
+            message = "a metadata voter does not keep topic attributes yet (a rolling upgrade)"
+            return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
         local = self.groups[name]
         assert self._loop is not None
         loop = self._loop

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import aiohttp
+import orjson
 import structlog
 
 from raftmq.cluster import commands
@@ -30,6 +32,13 @@ from raftmq.storage.queues import next_due_ms
 
 __all__ = ["TickLoops"]
 
+# How long a leader waits, once every voter of a group applies expire_subscriptions, before it
+# proposes one (at most; half of limits.subscription_idle_ms if shorter): receives refresh their
+# subscription's use at least once a minute and four times per idle time
+# (handlers/subscriptions.py), which they could not while a voter ran a release whose subscribe
+# has no now_ms.
+EXPIRY_GRACE_S = 120.0
+
 log = structlog.get_logger(__name__)
 
 
@@ -47,6 +56,9 @@ class TickLoops:
         self.retention_clock_jumps: dict[str, int] = {}
         # Per queue group: entries this replica applied whose stamp the group's time clamped.
         self.group_clock_jumps: dict[str, int] = {}
+        # Per queue group: when this node first saw every voter apply expire_subscriptions
+        # (monotonic seconds; see _expire_subscriptions).
+        self._expiry_open_s: dict[str, float] = {}
 
     def scheduled(self) -> None:
         """An apply scheduled something (on the event loop): the delivery loop looks again."""
@@ -97,6 +109,7 @@ class TickLoops:
                 log.exception("retention_tick_failed")
 
     async def retention_once(self) -> None:
+        await self._record_dead_letters()
         led = [name for name, local in self.node.groups.items() if name != META and local.raft.is_leader()]
         topics = await self._topics_for_retention() if led else []
         topics = [t for t in topics if t.retention_ms or t.retention_bytes]
@@ -187,10 +200,36 @@ class TickLoops:
         if expired:
             log.info("producers_expired", group=name, count=expired)
 
+    async def _record_dead_letters(self) -> None:
+        """As the metadata leader, propose ``record_dead_letters`` once every metadata voter
+        applies it (``cluster/machines/metadata.py``: the dead-letter topics of an older release
+        get their record at one entry on every replica)."""
+        local, machine = self.node.groups.get(META), self.node.metadata
+        if local is None or machine is None or not machine.needs_dead_letter_records:
+            return
+        if not local.raft.is_leader() or not self.node.group_supports(META, "meta.record_dead_letters"):
+            return
+        outcome = await self.node.propose(META, orjson.dumps({"v": 1, "op": "record_dead_letters"}))
+        result = outcome.result
+        if outcome.error or not isinstance(result, dict) or "error" in result:
+            log.warning("record_dead_letters_not_applied", error=outcome.error or result)
+        else:
+            log.info("dead_letters_recorded", count=result.get("recorded"))
+
     async def _expire_subscriptions(self, name: str, local: LocalGroup) -> None:
         """Propose ``expire_subscriptions`` while this leader's store shows unconfigured
         subscriptions unused for ``limits.subscription_idle_ms`` (0: never); at most 100 steps."""
         idle_ms = self.node.config.limits.subscription_idle_ms
+        if not idle_ms:
+            return
+        if not self.node.group_supports(name, "expire_subscriptions"):
+            self._expiry_open_s.pop(name, None)
+            return  # a voter of an older release would refuse it: it waits for the upgrade's end
+        # Until then receives could not mark their subscription used (the older subscribe has no
+        # now_ms): they get EXPIRY_GRACE_S to mark it again before idle ones are looked for.
+        opened_s = self._expiry_open_s.setdefault(name, time.monotonic())
+        if time.monotonic() - opened_s < min(EXPIRY_GRACE_S, idle_ms / 2000):
+            return
         expired = 0
         for _ in range(100 if idle_ms else 0):
             if not local.raft.is_leader() or not expiry_due(local.machine.store, now_ms(), idle_ms):
@@ -248,7 +287,11 @@ class TickLoops:
                 outcome = await self.node.propose(
                     name,
                     commands.deliver_tick(
-                        wall, settings.tick_max_items, expiry_backoff=settings.expiry_backoff
+                        wall,
+                        settings.tick_max_items,
+                        # the rule before issue 21 while a voter would refuse the new field
+                        expiry_backoff=settings.expiry_backoff
+                        or not self.node.group_supports(name, "deliver_tick.expiry"),
                     ),
                 )
                 if outcome.error or not isinstance(outcome.result, dict) or "error" in outcome.result:

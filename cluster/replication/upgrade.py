@@ -1,4 +1,15 @@
-"""Rolling upgrades of the produce path: a binary batch proposed as a JSON ``produce`` command.
+"""Rolling upgrades: what a group's leader may write while its voters run different releases.
+
+Every replica must apply every entry to the same state, so a leader writes an op, or an op with
+fields added later, only when every voter of the group advertises it: each node lists
+:data:`CAPABILITIES` in its status (``capabilities``), derived from the op tables themselves
+(``cluster/commands`` ``OPS`` and ``FIELD_LEVELS``, the metadata group's as ``meta.<op>``), so an
+op added there is gated without more code. A node whose status lists none runs the release before
+capabilities and applies :data:`BEFORE_CAPABILITIES`. Until a capability is everywhere, the
+leader writes the previous form, defers periodic work, or answers 503 ``upgrade_in_progress``
+(docs/operations.md, "Rolling upgrades").
+
+The produce path: a binary batch proposed as a JSON ``produce`` command.
 
 A queue group's log must be readable by every voter. Until each voter of a group advertises that
 it reads format v2 (``batch_formats`` in its status, docs/format.md), the leader turns accepted
@@ -13,9 +24,111 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from raftmq import batch as rb
+import orjson
 
-__all__ = ["BATCH_FORMATS", "to_json_batch"]
+from raftmq import batch as rb
+from raftmq.cluster import commands
+from raftmq.cluster.commands.append import is_append
+from raftmq.cluster.machines import metadata
+
+__all__ = [
+    "BATCH_FORMATS",
+    "BEFORE_CAPABILITIES",
+    "CAPABILITIES",
+    "advertised",
+    "capability_of",
+    "old_subscribe",
+    "previous_release_refuses",
+    "to_json_batch",
+]
+
+CAPABILITIES: frozenset[str] = frozenset(
+    (
+        *commands.OPS,
+        *commands.FIELD_LEVELS,
+        *(f"meta.{op}" for op in (*metadata.OPS, *metadata.FIELD_LEVELS)),
+    )
+)
+"""The ops and field levels this release applies (its status advertises them to peers)."""
+
+BEFORE_CAPABILITIES: frozenset[str] = frozenset(
+    (
+        *commands.OPS[: commands.OPS.index("append") + 1],
+        *(f"meta.{op}" for op in metadata.OPS[: metadata.OPS.index("record_dead_letters")]),
+    )
+)
+"""What a node that advertises no capabilities applies: the release before them knew the queue-group
+ops up to ``append`` and the metadata ops before ``record_dead_letters``, and no field level."""
+
+# The subscribe fields of the release before "subscribe.records".
+_OLD_SUBSCRIBE = frozenset(
+    {"group", "topic_id", "topic", "dlq_topic_id", "max_deliveries", "backoff_ms", "overwrite"}
+)
+
+
+def advertised(status: dict[str, Any]) -> frozenset[str]:
+    """The capabilities a node's status answer advertises (of those this release knows: a newer
+    node's others cannot be gated on here, and a peer cannot grow what is remembered of it)."""
+    listed = status.get("capabilities")
+    if not isinstance(listed, list):
+        return BEFORE_CAPABILITIES
+    return CAPABILITIES.intersection(c for c in listed if isinstance(c, str))
+
+
+_OP_PREFIX = b'{"v":1,"op":"'  # how every builder starts a JSON command (v, then op)
+
+
+def capability_of(group: str, command: bytes, meta: str = "meta") -> str | None:
+    """The op a proposal of ``command`` to ``group`` writes, as a capability (``meta.<op>`` in the
+    metadata group ``meta``); None for a binary ``append`` or a command not built as the builders
+    build them (its op is then checked where it is built). Reads only the command's first bytes:
+    ``Node.propose`` calls it for every proposal."""
+    if not command.startswith(_OP_PREFIX):
+        return None
+    end = command.find(b'"', len(_OP_PREFIX), len(_OP_PREFIX) + 64)
+    if end < 0:
+        return None
+    op = command[len(_OP_PREFIX) : end].decode("ascii", "replace")
+    return f"meta.{op}" if group == meta else op
+
+
+def previous_release_refuses(command: bytes) -> bool:
+    """Whether a queue-group replica of the release before capabilities refuses ``command``: an op
+    it did not know, or ``subscribe`` or ``deliver_tick`` with a field it did not know (its decoder rejected unknown
+    fields). The test fault ``previous_release_node`` plays that replica with it."""
+    if is_append(command):
+        return False
+    try:
+        obj = orjson.loads(command)
+    except orjson.JSONDecodeError:
+        return False  # refused by every release alike
+    if type(obj) is not dict:
+        return False
+    op = obj.get("op")
+    if op == "subscribe":
+        return not set(obj) <= _OLD_SUBSCRIBE | {"v", "op"}
+    if op == "deliver_tick":
+        return "expiry_backoff" in obj  # written only as false, the rule after issue 21
+    return isinstance(op, str) and op in CAPABILITIES and op not in BEFORE_CAPABILITIES
+
+
+def old_subscribe(fields: dict[str, Any], exists: bool) -> dict[str, Any] | None:
+    """The ``subscribe`` fields a group with a voter of the release before ``subscribe.records``
+    applies the same way on every replica, or None when there is no safe old form.
+
+    The old form has no ``configured`` mark, use time or caps, and a subscription it creates is
+    configured (never expires, counts against no cap; records of that release read so). So it may
+    create one only where the new form would make a configured one too (a ``PUT``, or a receive
+    without tokens or by a topic admin); a receive that would create an unconfigured one is
+    refused (``upgrade_in_progress``): it would escape the caps and the expiry. On an existing
+    subscription it changes what the old release did: the settings (``overwrite``) and a given
+    dead-letter link, stored as unchecked (a dead letter then waits parked until a checked link is
+    written after the upgrade); its use is not recorded (expiry waits for the upgrade too).
+    """
+    if not exists and not (fields.get("overwrite") or fields.get("configured")):
+        return None
+    return {k: v for k, v in fields.items() if k in _OLD_SUBSCRIBE}
+
 
 BATCH_FORMATS = (1, 2)
 """The record-batch formats this version reads (its status advertises them to peers)."""

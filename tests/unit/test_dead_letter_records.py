@@ -36,7 +36,13 @@ def topics(machine: MetadataMachine, *names: str, queues: int = 1) -> None:
 
 def ensure(machine: MetadataMachine, source: str, group: str) -> dict[str, object]:
     return meta_apply(
-        machine, machine.applied_index + 1, op="ensure_dlq_topic", source=source, group=group, now_ms=9
+        machine,
+        machine.applied_index + 1,
+        op="ensure_dlq_topic",
+        source=source,
+        group=group,
+        now_ms=9,
+        by_record=True,
     )
 
 
@@ -91,7 +97,7 @@ def old_release_store(*specs: tuple[str, int, tuple[int, ...]]) -> MemoryStore:
     return store
 
 
-def test_an_upgrade_records_the_sources_of_old_dead_letter_topics_at_the_first_entry_on_every_replica() -> (
+def test_an_upgrade_records_the_sources_of_old_dead_letter_topics_at_the_record_entry_on_every_replica() -> (
     None
 ):
     specs = (
@@ -106,8 +112,9 @@ def test_an_upgrade_records_the_sources_of_old_dead_letter_topics_at_the_first_e
     )
     replicas = [MetadataMachine(old_release_store(*specs)) for _ in range(2)]
     for m in replicas:
-        assert m.dead_letter_topic(2, "billing") is None  # nothing before the first entry
         m.apply(11, commands.noop())
+        assert m.dead_letter_topic(2, "billing") is None  # nothing before the record entry
+        assert meta_apply(m, 12, op="record_dead_letters") == {"recorded": 2}
     records = [{t.name: t.dead_letter_of for t in m.topics() if t.dead_letter_of} for m in replicas]
     assert (
         records[0]

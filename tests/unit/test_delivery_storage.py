@@ -114,11 +114,15 @@ def test_the_dead_letter_topic_copies_the_source_placement_and_is_created_once()
     machine = MetadataMachine(MemoryStore())
     meta_apply(machine, 1, op="create_topic", name="orders", queues=5, group_count=3, now_ms=1)
     meta_apply(machine, 2, op="create_topic", name="other", queues=2, group_count=3, now_ms=1)
-    created = meta_apply(machine, 3, op="ensure_dlq_topic", source="orders", group="billing", now_ms=9)
+    created = meta_apply(
+        machine, 3, op="ensure_dlq_topic", source="orders", group="billing", now_ms=9, by_record=True
+    )
     source, dlq = machine.topic("orders"), machine.topic("orders.billing.dlq")
     assert source is not None and dlq is not None and created == {"topic": dlq.to_json(), "created": True}
     assert (dlq.queues, dlq.queue_groups, dlq.retention_ms) == (5, source.queue_groups, None)
-    again = meta_apply(machine, 4, op="ensure_dlq_topic", source="orders", group="billing", now_ms=10)
+    again = meta_apply(
+        machine, 4, op="ensure_dlq_topic", source="orders", group="billing", now_ms=10, by_record=True
+    )
     assert again == {"topic": dlq.to_json(), "created": False}
 
 
@@ -136,7 +140,7 @@ def test_a_dead_letter_topic_that_cannot_be_made_is_refused(command: dict[str, o
     machine = MetadataMachine(MemoryStore())
     meta_apply(machine, 1, op="create_topic", name="orders", queues=2, group_count=3, now_ms=1)
     meta_apply(machine, 2, op="create_topic", name="orders.taken.dlq", queues=1, group_count=3, now_ms=1)
-    result = meta_apply(machine, 3, op="ensure_dlq_topic", now_ms=5, **command)
+    result = meta_apply(machine, 3, op="ensure_dlq_topic", now_ms=5, by_record=True, **command)
     assert result["error"]["code"] == code  # type: ignore[index]
     assert machine.topic("orders.g.dlq") is None
 

@@ -52,6 +52,7 @@ from raftmq.cluster.api.handlers.subscription_bodies import (
     parse_receipt,
     read_offsets,
 )
+from raftmq.cluster.api.handlers.upgrade_gate import after_upgrade, ensure_dlq_command, gated_fields
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -147,14 +148,16 @@ class SubscriptionsApi:
             return None
         return dlq if dlq.dead_letter_of == (topic.id, group) else None
 
-    async def _ensure_dlq(self, topic: Topic, group: str) -> Topic:
+    async def _ensure_dlq(self, topic: Topic, group: str) -> Topic | None:
         """The dead-letter topic, created by the metadata group if the group has none
-        (``dead_letter_topic_conflict`` when another topic holds its name)."""
+        (``dead_letter_topic_conflict`` when another topic holds its name; None during an upgrade)."""
         dlq = await self.dead_letter_topic(topic, group)
         if dlq is not None:
             return dlq
-        result = await self.api.router.group_call(META, "ensure_dlq", {"source": topic.name, "group": group})
-        return Topic.from_json(result["topic"])
+        result = await after_upgrade(
+            self.api.router.group_call(META, "ensure_dlq", {"source": topic.name, "group": group})
+        )
+        return None if result is None else Topic.from_json(result["topic"])
 
     def _made_by(self, request: web.Request | None, topic: Topic) -> tuple[bool, str | None]:
         """``(configured, creator)`` of a subscription a receive or push stream makes: configured
@@ -460,14 +463,7 @@ class SubscriptionsApi:
         if action == "ensure_dlq":
             if name != META:
                 raise ApiError(errors.BAD_REQUEST, "ensure_dlq runs at the metadata leader")
-            ensure = {
-                "v": 1,
-                "op": "ensure_dlq_topic",
-                "source": body["source"],
-                "group": body["group"],
-                "now_ms": now_ms(),
-            }
-            return await propose(META, orjson.dumps(ensure))
+            return await propose(META, ensure_dlq_command(self.node, body["source"], body["group"], now_ms()))
         if name == META:
             raise ApiError(errors.BAD_REQUEST, f"{action} runs at a queue group's leader")
         if action == "take":
@@ -519,6 +515,7 @@ class SubscriptionsApi:
             fields = {k: v for k, v in body.items() if v is not None}
             if action in _STAMPED_ACTIONS:
                 fields["now_ms"] = now_ms()
+            fields = gated_fields(self.node, name, store, action, fields)
             command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
             try:
                 commands.decode(command)

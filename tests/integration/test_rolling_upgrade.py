@@ -1,0 +1,108 @@
+"""A rolling upgrade on a real 3-node cluster with API tokens: while n2 plays a node of the release
+before capabilities (``faults.previous_release_node``: it advertises none and its queue-group
+replicas refuse what that release refused), every replica of a group applies every entry alike;
+a write with no safe older form answers 503 ``upgrade_in_progress``; once n2 is upgraded
+(restarted without the fault) the newer forms are written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+ADMIN = "admin-token-Up7Gr4De9Qw2Er5Ty"
+READER = "reader-token-Up3Lk8Mn1Bv6Cx4Z"  # consume on orders
+CONFIG = (
+    "[limits]\nsubscription_idle_ms = 15000\nmax_visibility_ms = 15000\ndefault_visibility_ms = 1000\n"
+    "[raft]\nretention_check_ms = 500\n"
+    "[security]\n"
+    f'[[security.tokens]]\nname = "admin"\ntoken = "{ADMIN}"\n'
+    'admin = ["*"]\nproduce = ["*"]\nconsume = ["*"]\n'
+    f'[[security.tokens]]\nname = "reader"\ntoken = "{READER}"\n'
+    'admin = []\nproduce = []\nconsume = ["orders"]\n'
+    '[faults]\nprevious_release_node = "n2"\n'
+)
+
+
+def receive(c: Cluster, token: str, group: str, node: str | None = None) -> Any:
+    return c.session.post(
+        c.url(node) + f"/v1/topics/orders/subscriptions/{group}/receive",
+        json={"max": 1},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    with Cluster(tmp_path, nodes=3, queue_groups=1, extra_toml=CONFIG) as c:
+        c.session.headers["Authorization"] = f"Bearer {ADMIN}"
+        c.start()
+        c.wait_ready()
+        c.wait_balanced()
+        assert "capabilities" not in c.status("n2")
+        assert "expire_subscriptions" in c.status("n1")["capabilities"]
+        assert c.post("/v1/topics", {"name": "orders", "queues": 1}).status_code == 201
+        assert c.produce("orders", [{"value": "a"}, {"value": "b"}]).status_code == 200
+        group = str(c.get("/v1/topics/orders").json()["queues"][0]["group_id"])
+
+        # A reader's receive would make an unconfigured group: no older form keeps its caps and
+        # expiry, so it is refused, on every node, and nothing is stored.
+        for node in c.nodes:
+            r = receive(c, READER, "invented", node)
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert error["code"] == "upgrade_in_progress" and error["retriable"] is True, r.text
+        # An admin's PUT is stored in its older form; its dead-letter topic waits for the upgrade.
+        r = c.session.put(
+            c.url() + "/v1/topics/orders/subscriptions/billing", json={"max_deliveries": 2}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        assert "orders.billing.dlq" not in {t["name"] for t in c.get("/v1/topics").json()["topics"]}
+        # The reader receives on the configured group (the older subscribe marks nothing new).
+        r = receive(c, READER, "billing")
+        assert r.status_code == 200 and len(r.json()["messages"]) == 1, r.text
+        c.wait_replicas_equal(group)  # every replica, n2's included, applied every entry alike
+
+        # The upgrade: n2 restarts without the fault; the gate opens and the newer forms are written.
+        c.config_path.write_text(c.config_path.read_text().replace('previous_release_node = "n2"', ""))
+        c.terminate("n2")
+        c.start("n2")
+        c.wait_ready()
+        assert "subscribe.records" in c.status("n2")["capabilities"]
+
+        def admitted() -> bool:
+            return bool(receive(c, READER, "invented").status_code == 200)
+
+        wait_until(admitted, 30, interval_s=0.5, what="the reader's new group admitted after the upgrade")
+
+        def dead_letter_topic_made() -> bool:
+            put = c.session.put(
+                c.url() + "/v1/topics/orders/subscriptions/billing", json={"max_deliveries": 2}, timeout=30
+            )
+            assert put.status_code == 200, put.text
+            return "orders.billing.dlq" in {t["name"] for t in c.get("/v1/topics").json()["topics"]}
+
+        wait_until(
+            dead_letter_topic_made, 30, interval_s=0.5, what="the PUT's dead-letter topic after the upgrade"
+        )
+        c.wait_replicas_equal(group)
+        # The idle unconfigured group expires (expire_subscriptions, proposed now that every voter
+        # applies it), on every replica alike.
+        wait_until(
+            lambda: (
+                "invented" not in {g["group"] for g in c.get("/v1/topics/orders/groups").json()["groups"]}
+            ),
+            60,
+            interval_s=1,
+            what="the idle unconfigured group to expire",
+        )
+        c.wait_replicas_equal(group)
+        for nid in c.nodes:
+            assert c.alive(nid), f"{nid} died:\n{c.log(nid)[-3000:]}"
