@@ -94,8 +94,8 @@ def capability_of(group: str, command: bytes, meta: str = "meta") -> str | None:
 
 def previous_release_refuses(command: bytes) -> bool:
     """Whether a queue-group replica of the release before capabilities refuses ``command``: an op
-    it did not know, or ``subscribe`` or ``deliver_tick`` with a field it did not know (its decoder rejected unknown
-    fields). The test fault ``previous_release_node`` plays that replica with it."""
+    it did not know, or ``subscribe`` or ``deliver_tick`` with a field it did not know (its decoder
+    rejected unknown fields). The test fault ``previous_release_node`` plays that replica with it."""
     if is_append(command):
         return False
     try:
