@@ -223,6 +223,8 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
             ]
             w.put_fresh(topic_id, queue, group, fresh, first)  # above the cursor: no record yet
             out += [{"queue": queue, "offset": o, "attempt": 1, "deadline_ms": deadline_ms} for o in fresh]
+    if out:  # in use while what it handed out is in flight
+        w.touch(topic_id, group, deadline_ms)
     w.finish_op()
     return {"token": index, "messages": out}
 
@@ -254,6 +256,9 @@ def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
         by_queue.setdefault(r.queue, []).append(r.offset)
     for queue, offsets in by_queue.items():
         w.load_pending(topic_id, queue, group, offsets)
+    # Settling is using: an extend keeps it in use until the new deadline (expiry must never
+    # remove a delivery a consumer still holds), an ack or nack until now.
+    w.touch(topic_id, group, now_ms + cmd["visibility_ms"] if op == "extend" else now_ms)
     if op == "ack":
         return {"results": _ack(w, topic_id, group, cmd["receipts"])}
     results: list[dict[str, Any]] = []

@@ -9,12 +9,18 @@ rights can invent group names at will, so this state is bounded twice:
   already made ``max_token_groups`` here (:func:`check_group_limits`). A subscription an admin
   configured (``PUT``, ``overwrite``) is not refused.
 - **Expiry**: ``expire_subscriptions {"now_ms", "idle_ms", "max"}`` drops up to ``max`` subscriptions
-  that are not configured and were last used (``Subscription.used_ms``, refreshed by the receive
-  path) ``idle_ms`` or more before ``now_ms``, with the group's receive/ack state on every queue
-  of the topic in this store: cursor, pending records (in flight, retrying or parked dead
-  letters), retry index, lock and committed offset. Their deadline-index entries (``E``) are left
-  dangling and deleted when the tick meets them, as after ``drop_topic``. Result:
-  ``{"expired": n, "more": bool}``.
+  that are not configured and were in use (``Subscription.used_ms``: refreshed by subscribe, and
+  in the machine by receive, ack, nack, extend and lock up to the deadline or lease they hand out,
+  ``_Work.touch``) until ``idle_ms`` or more before ``now_ms``, with the group's receive/ack state
+  on every queue of the topic in this store: cursor, pending records (in flight, retrying or parked
+  dead letters), retry index and lock. So no delivery or lease a consumer holds is removed. Their
+  deadline-index entries (``E``) are left dangling and deleted when the tick meets them, as after
+  ``drop_topic``. Result: ``{"expired": n, "more": bool}``.
+
+  The committed offset (``O``) stays: it is shared with the offset API (``PUT
+  /v1/groups/{group}/offsets``, an ordered consumer's fenced commits), and removing it would rewind
+  an offset consumer of the same group name to the oldest message. A group received again resumes
+  from it. It is one key per (group, queue), the offset API's own growth (docs/security.md).
 
 Pure like the rest of the state machine: time only from the command, the store the only I/O.
 """
@@ -98,7 +104,7 @@ def expire_subscriptions(work: Apply, cmd: ExpireSubscriptionsCommand) -> dict[s
                 batch.delete_range(start, keys.prefix_end(start))
             batch.delete(keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group))
             batch.delete(keys.lock_key(topic_id, queue, group))
-            batch.delete(keys.offset_key(topic_id, queue, group))
+            # The committed offset stays (module docstring).
         batch.delete(keys.subscription_key(topic_id, group))
         expired += 1
     return {"expired": expired, "more": more}

@@ -46,6 +46,9 @@ SCAN_BUDGET = 4096
 messages count), so one command does bounded work; the next one continues."""
 REDRIVE_MAX_PER_COMMAND = 10_000
 PARK_MS = 1000
+USED_STEP_MS = 1000
+"""An unconfigured subscription's ``used_ms`` is written again only when it moves by this much:
+at most one write a second per group, however many receipts come (``_Work.touch``)."""
 """How long a dead letter without a dead-letter topic waits before it is looked at again: time
 for the leader to have the topic created (``delivery.dead_letters._dead_letter``)."""
 
@@ -71,8 +74,10 @@ class Subscription:
             checked again first (the message is parked and the leader asks the metadata group).
         configured: An admin set this subscription (``PUT``): it may create its dead-letter topic
             and never expires. A subscription that receives made is not configured.
-        used_ms: When a receive last refreshed it (None: stored by an older release, never
-            expires); an unconfigured one unused for ``limits.subscription_idle_ms`` expires.
+        used_ms: Until when it is in use, on the group's time: the latest receive (subscribe),
+            ack, nack or lock, or the latest visibility deadline or lease it handed out, whichever
+            is later (None: stored by an older release, never expires); an unconfigured one
+            unused for ``limits.subscription_idle_ms`` after that expires.
         creator: The token whose receive made it (None: an admin's, or without tokens), counted
             against ``limits.max_groups_per_token``.
     """
@@ -239,6 +244,19 @@ class _Work:
         return found[0] if found else None
 
     # writes
+
+    def touch(self, topic_id: int, group: str, until_ms: int) -> None:
+        """Mark an unconfigured subscription in use until ``until_ms`` (a deadline or lease it
+        handed out, or the command's time), so that its expiry never removes state a consumer
+        still holds. Written only when ``used_ms`` moves by :data:`USED_STEP_MS` or more."""
+        current = self.subscription(topic_id, group)
+        if current is None or current.configured or current.used_ms is None:
+            return
+        if until_ms < current.used_ms + USED_STEP_MS:
+            return
+        new = replace(current, used_ms=until_ms)
+        self._subscriptions[(topic_id, group)] = new
+        self.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))
 
     def set_pending(
         self,
