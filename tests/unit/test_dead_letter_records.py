@@ -205,15 +205,20 @@ def test_expiry_never_removes_a_delivery_or_lease_a_consumer_holds() -> None:
     assert not list(scan_prefix(m.store, keys.SUBSCRIPTION))
 
 
-def test_expiry_leaves_the_committed_offset_an_offset_consumer_shares() -> None:
+def test_expiry_leaves_a_committed_offset_the_offset_api_wrote_and_removes_a_receivers() -> None:
     m = Machine()
     m.produce(0, "a", "b", "c")
-    sub(m, "shared", 0, creator="t")
+    sub(m, "shared", 0, creator="t")  # a receive group, then an offset consumer of the same name
     assert "error" not in m.apply(commands.commit_offsets("shared", T, {0: 2}))
-    assert m.floor(group="shared") == 2
-    assert m.apply(commands.expire_subscriptions(5000, 1000, 100)) == {"expired": 1, "more": False}
-    assert m.floor(group="shared") == 2  # the offset API's commit survives the receive side's expiry
-    # Received again, the group resumes from it, not from the oldest message.
+    assert "error" not in m.apply(commands.commit_offsets("early", T, {0: 1}))
+    sub(m, "early", 0, creator="t")  # an offset consumer first, then a receive group
+    sub(m, "receiver", 0, creator="t")
+    assert m.op("ack", 0, m.receive(now=0, group="receiver"), group="receiver") == [{"ok": True}] * 3
+    assert m.floor(group="receiver") == 3
+    assert m.apply(commands.expire_subscriptions(5000, 1000, 100)) == {"expired": 3, "more": False}
+    # The offset API's commits survive the receive side's expiry; a receiver's own goes with it.
+    assert (m.floor(group="shared"), m.floor(group="early"), m.floor(group="receiver")) == (2, 1, None)
+    # Received again, a group resumes from a kept offset, not from the oldest message.
     assert [d["offset"] for d in m.receive(now=5000, group="shared")] == [2]
 
 

@@ -175,7 +175,7 @@ class DeadLettersAndLocks:
 
     async def lock(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
-        group = self._group(request, topic)
+        group = group_name(request)  # as the offset API's: an ordered consumer commits there
         queue = self._queue(request, topic)
         body = json_object(await request.read(), {"consumer", "lease_ms"})
         consumer = body.get("consumer")

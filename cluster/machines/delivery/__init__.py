@@ -35,7 +35,12 @@ import orjson
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused, error_body
 from raftmq.cluster.machines.delivery.dead_letters import _dead_letter, redrive
-from raftmq.cluster.machines.delivery.expiry import check_group_limits, expire_subscriptions
+from raftmq.cluster.machines.delivery.expiry import (
+    check_group_limits,
+    expire_subscriptions,
+    has_committed_offsets,
+    mark_offsets_shared,
+)
 from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
 from raftmq.cluster.machines.delivery.state import (
     DEFAULT_BACKOFF_MS,
@@ -78,6 +83,7 @@ __all__ = [
     "dlq_topic_name",
     "expire_subscriptions",
     "lock",
+    "mark_offsets_shared",
     "on_commit",
     "read_subscription",
     "receive",
@@ -108,6 +114,8 @@ def subscribe(work: Apply, cmd: SubscribeCommand) -> dict[str, Any]:
         check_group_limits(work.store, cmd)
     given = Subscription(cmd["topic"], cmd["dlq_topic_id"], cmd["max_deliveries"], tuple(cmd["backoff_ms"]))
     new = given if current is None or cmd["overwrite"] else replace(current, topic=given.topic)
+    if current is None and has_committed_offsets(work.store, topic_id, group):
+        new = replace(new, offsets_shared=True)  # an offset consumer's, or left by an expired one
     if cmd["checked"]:
         new = replace(new, dlq_topic_id=given.dlq_topic_id, dlq_checked=True)
     elif given.dlq_topic_id is not None:

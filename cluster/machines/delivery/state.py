@@ -80,6 +80,8 @@ class Subscription:
             unused for ``limits.subscription_idle_ms`` after that expires.
         creator: The token whose receive made it (None: an admin's, or without tokens), counted
             against ``limits.max_groups_per_token``.
+        offsets_shared: The offset API (``commit``, ``commit_fenced``) wrote the group's
+            committed offset on this topic: its expiry leaves that offset alone.
     """
 
     topic: str
@@ -90,6 +92,7 @@ class Subscription:
     configured: bool = True
     used_ms: int | None = None
     creator: str | None = None
+    offsets_shared: bool = False
 
     def backoff(self, attempts: int) -> int:
         return self.backoff_ms[min(max(attempts, 1), len(self.backoff_ms)) - 1]
@@ -110,6 +113,8 @@ class Subscription:
             out["used_ms"] = self.used_ms
         if self.creator is not None:
             out["creator"] = self.creator
+        if self.offsets_shared:
+            out["offsets_shared"] = True
         return out
 
     @classmethod
@@ -125,6 +130,7 @@ class Subscription:
             configured=d.get("configured", True),
             used_ms=d.get("used_ms"),
             creator=d.get("creator"),
+            offsets_shared=d.get("offsets_shared", False),
         )
 
 
