@@ -7,8 +7,8 @@ built) and keeps the :class:`~raftmq.batch.BatchView` in its buffer as a :class:
 :class:`~raftmq.client.Message` objects are made only as the application takes them, a slice at a
 time (:meth:`BatchRun.take`), so what is never read is never decoded.
 
-Expiry is the JSON fetch's rule, applied here from the answer's ``X-Raftmq-Now-Ms`` (the node's
-clock) and ``X-Raftmq-Max-Age-Ms`` (the topic's retention): a record whose TTL ran out
+Expiry is the JSON fetch's rule, applied here from the answer's ``X-Raftmq-Now-Ms`` (the queue
+group's time) and ``X-Raftmq-Max-Age-Ms`` (the topic's retention): a record whose TTL ran out
 (``append_time + delay + ttl <= now``) or whose batch is older than the retention is not
 delivered, as the JSON answer leaves it out; its offset counts as finished.
 """

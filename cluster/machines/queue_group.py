@@ -358,6 +358,7 @@ class QueueGroupMachine:
         for queue, offset in cmd["offsets"].items():
             stored = delivery.on_commit(work, cmd["group"], topic_id, queue, offset)
             work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(stored))
+        delivery.mark_offsets_shared(work, topic_id, cmd["group"])
         return {"ok": True}
 
     def _retain(

@@ -34,6 +34,11 @@ def receive(c: Cluster, topic: str, group: str, node: str) -> list[dict[str, Any
     return messages
 
 
+def fetch_local(c: Cluster, topic: str, node: str, **kw: Any) -> Any:
+    path = f"/v1/topics/{topic}/queues/0/messages?offset=0&wait_ms=0&read_from=local"
+    return c.get(path, node, **kw)
+
+
 def clock_jumps(c: Cluster, node: str) -> int:
     text = c.get("/metrics", node).text
     found = re.search(r'^raftmq_group_clock_jumps_total\{[^}]*group_id="0"[^}]*\} (\S+)$', text, re.M)
@@ -61,6 +66,19 @@ def test_a_leader_two_days_ahead_removes_and_hides_nothing_early(tmp_path: Path)
             env={"RAFTMQ_TEST_CLOCK_OFFSET_MS": str(2 * DAY_MS), "RAFTMQ_RAFT_RETENTION_CHECK_MS": "2000"},
         )
         c.wait_ready()
+
+        # A fetch from the skewed replica judges expiry on the group's time, not its clock: it
+        # hides nothing and skips nothing (JSON), and tells a binary reader the same time.
+        wait_until(
+            lambda: fetch_local(c, "daily", skewed).json()["high_offset"] == 2, 30, what="replica caught up"
+        )
+        answer = fetch_local(c, "daily", skewed).json()
+        assert [m["value"] for m in answer["messages"]] == ["d0", "d1"]
+        assert answer["next_offset"] == 2
+        binary = fetch_local(c, "daily", skewed, headers={"Accept": "application/vnd.raftmq.batch"})
+        assert binary.status_code == 200
+        assert int(binary.headers["X-Raftmq-Now-Ms"]) < time.time() * 1000 + HOUR_MS
+
         run_change(c, "POST", "/v1/cluster/groups/0/leader", {"node": skewed})
         wait_until(lambda: c.leader("0") == skewed, 30, what="the skewed node leads group 0")
 

@@ -197,6 +197,11 @@ def test_consume_rights_make_no_dead_letter_topic_and_invented_groups_expire_fro
         }
 
     assert len(groups_in_metrics()) == 20
+    # A queue lock under an invented group: its record goes with the group's subscription.
+    locks = "/v1/topics/invented/queues/0/locks/locker"
+    r = call(c, INVENTOR, "POST", locks, json={"consumer": "a", "lease_ms": 1000})
+    assert r.status_code == 200 and r.json()["epoch"] == 1, r.text
+    assert call(c, INVENTOR, "DELETE", locks + "?consumer=a&epoch=1").json() == {"released": True}
     for _ in range(2):
         m = receive_one(c, INVENTOR, "invented", "spender")
         body = {"receipts": [m["receipt"]], "delay_ms": 0}
@@ -207,6 +212,8 @@ def test_consume_rights_make_no_dead_letter_topic_and_invented_groups_expire_fro
     wait_until(lambda: not groups_in_metrics(), 60, interval_s=1, what="the idle invented groups to expire")
     r = c.get("/v1/topics/invented/groups")
     assert r.status_code == 200 and r.json()["groups"] == [], r.text
+    r = call(c, INVENTOR, "POST", locks, json={"consumer": "b", "lease_ms": 1000})
+    assert r.status_code == 200 and r.json()["epoch"] == 1, r.text  # a new record, not the kept one's 2
 
 
 def test_new_groups_over_the_per_token_and_per_topic_caps_are_refused_with_too_many_groups(
@@ -229,6 +236,11 @@ def test_new_groups_over_the_per_token_and_per_topic_caps_are_refused_with_too_m
     # The push stream is refused the same way, before the upgrade.
     r = call(c, CAPPER2, "GET", sub("capped", "c2-stream", "stream"))
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
+    # So is a queue lock under a new group: a lock is kept under its group's subscription.
+    lock = {"consumer": "c", "lease_ms": 1000}
+    r = call(c, CAPPER2, "POST", "/v1/topics/capped/queues/0/locks/c2-lock", json=lock)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert call(c, CAPPER2, "POST", "/v1/topics/capped/queues/0/locks/c2-0", json=lock).status_code == 200
     # An admin configures a group whatever the caps.
     r = c.session.put(c.url() + sub("capped", "configured"), json={}, timeout=30)
     assert r.status_code == 200, r.text

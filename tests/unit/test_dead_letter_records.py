@@ -177,9 +177,10 @@ def test_idle_unconfigured_subscriptions_expire_with_their_state_and_used_or_con
     for group in ("idle", "used", "admins"):
         sub(m, group, 0, configured=group == "admins", creator=None if group == "admins" else "t")
         assert len(m.receive(now=0, group=group)) == 2
-    sub(m, "used", 900)  # refreshed by its receiver
-    assert m.apply(commands.expire_subscriptions(999, 1000, 100)) == {"expired": 0, "more": False}
-    assert m.apply(commands.expire_subscriptions(1500, 1000, 100)) == {"expired": 1, "more": False}
+    sub(m, "used", 1900)  # refreshed by its receiver
+    # In use until the deadline of what it handed out (1000): idle from 2000 on.
+    assert m.apply(commands.expire_subscriptions(1999, 1000, 100)) == {"expired": 0, "more": False}
+    assert m.apply(commands.expire_subscriptions(2500, 1000, 100)) == {"expired": 1, "more": False}
     left = {k[6:].decode() for k, _ in scan_prefix(m.store, keys.SUBSCRIPTION)}
     assert left == {"used", "admins"}
     groups = {g for p in (keys.PENDING, keys.SUB_CURSOR) for g in _groups(m, p)}
@@ -188,6 +189,44 @@ def test_idle_unconfigured_subscriptions_expire_with_their_state_and_used_or_con
     assert m.tick(now=5000)["expired"] == 4
     # Received again, the group starts over as a new one: first deliveries from the oldest.
     assert [(d["offset"], d["attempt"]) for d in m.receive(now=5000, group="idle")] == [(0, 1), (1, 1)]
+
+
+def test_expiry_never_removes_a_delivery_or_lease_a_consumer_holds() -> None:
+    m = Machine()
+    m.produce(0, "a", "b")
+    for group in ("extender", "nacker", "locker"):
+        sub(m, group, 0, creator="t")
+    locked = m.apply(commands.lock(0, "locker", T, 0, "c", 4000))
+    assert locked["lease_until_ms"] == 4000, locked
+    held = m.receive(now=0, group="extender", max_messages=1)  # in flight until 1000
+    nacked = m.receive(now=0, group="nacker", max_messages=1)
+    extended = m.op("extend", 900, held, group="extender", visibility_ms=5000)
+    assert extended == [{"ok": True, "deadline_ms": 5900}]
+    assert m.op("nack", 2100, nacked, group="nacker", delay_ms=0) == [{"ok": True}]
+    # Idle for 1000 by their subscribe and first receive, not by what they did since.
+    assert m.apply(commands.expire_subscriptions(2500, 1000, 100)) == {"expired": 0, "more": False}
+    assert m.op("ack", 2500, held, group="extender") == [{"ok": True}]  # not stale: still held
+    assert m.apply(commands.expire_subscriptions(4999, 1000, 100)) == {"expired": 1, "more": False}  # nacker
+    assert m.apply(commands.expire_subscriptions(5000, 1000, 100)) == {"expired": 1, "more": False}  # locker
+    assert m.apply(commands.expire_subscriptions(6900, 1000, 100)) == {"expired": 1, "more": False}
+    assert not list(scan_prefix(m.store, keys.SUBSCRIPTION))
+
+
+def test_expiry_leaves_a_committed_offset_the_offset_api_wrote_and_removes_a_receivers() -> None:
+    m = Machine()
+    m.produce(0, "a", "b", "c")
+    sub(m, "shared", 0, creator="t")  # a receive group, then an offset consumer of the same name
+    assert "error" not in m.apply(commands.commit_offsets("shared", T, {0: 2}))
+    assert "error" not in m.apply(commands.commit_offsets("early", T, {0: 1}))
+    sub(m, "early", 0, creator="t")  # an offset consumer first, then a receive group
+    sub(m, "receiver", 0, creator="t")
+    assert m.op("ack", 0, m.receive(now=0, group="receiver"), group="receiver") == [{"ok": True}] * 3
+    assert m.floor(group="receiver") == 3
+    assert m.apply(commands.expire_subscriptions(5000, 1000, 100)) == {"expired": 3, "more": False}
+    # The offset API's commits survive the receive side's expiry; a receiver's own goes with it.
+    assert (m.floor(group="shared"), m.floor(group="early"), m.floor(group="receiver")) == (2, 1, None)
+    # Received again, a group resumes from a kept offset, not from the oldest message.
+    assert [d["offset"] for d in m.receive(now=5000, group="shared")] == [2]
 
 
 def _groups(m: Machine, prefix: bytes) -> set[str]:

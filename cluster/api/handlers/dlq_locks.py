@@ -53,6 +53,8 @@ class SubscriptionsView(Protocol):
 
     async def dead_letter_topic(self, topic: Topic, group: str, *, fresh: bool = False) -> Topic | None: ...
 
+    async def ensure_subscription(self, topic: Topic, group: str, request: web.Request | None) -> None: ...
+
 
 class DeadLettersAndLocks:
     """The dead-letter and queue-lock handlers; one instance per node, next to its
@@ -173,7 +175,7 @@ class DeadLettersAndLocks:
 
     async def lock(self, request: web.Request) -> web.Response:
         topic = await self.api.topic(request.match_info["topic"])
-        group = group_name(request)
+        group = group_name(request)  # as the offset API's: an ordered consumer commits there
         queue = self._queue(request, topic)
         body = json_object(await request.read(), {"consumer", "lease_ms"})
         consumer = body.get("consumer")
@@ -184,6 +186,10 @@ class DeadLettersAndLocks:
             raise bad(f"'consumer' must be a string of 1 to {MAX_CONSUMER_BYTES} UTF-8 bytes")
         _utf8(consumer, "consumer")
         lease_ms = int_field(body, "lease_ms", None, 1, self.limits.max_visibility_ms)
+        # A lock is kept under its group's subscription, as a receive's state is: a new group
+        # counts against the group caps (409 too_many_groups), and an unconfigured one expires
+        # with its lock after limits.subscription_idle_ms unused (a renewal uses it).
+        await self.subs.ensure_subscription(topic, group, request)
         result = await self.api.router.group_call(
             topic.queue_groups[queue],
             "lock",

@@ -29,6 +29,7 @@ from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES, bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.router import body_error, peer_call
 from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
@@ -68,8 +69,11 @@ class FetchHandlers(ApiCore):
         self.metrics.fetched.inc(len(messages))
         next_offset = messages[-1].offset + 1 if messages else offset
         # Expired messages (TTL, or older than retention_ms) are skipped; next_offset moves past them.
+        # Expired on the group's time, as receive and retention judge it, never on this node's
+        # clock: a replica whose clock runs days ahead must not hide (and skip) what is kept.
         tail = {"next_offset": next_offset, "low_offset": low, "high_offset": high}
-        return await write_parts(request, await encode_fetch(messages, now_ms(), topic.retention_ms, tail))
+        now = group_now(store, now_ms())
+        return await write_parts(request, await encode_fetch(messages, now, topic.retention_ms, tail))
 
     # -- consumer group offsets -------------------------------------------------------------------
 

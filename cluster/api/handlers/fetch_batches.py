@@ -13,7 +13,8 @@ Everything else is the JSON fetch's: the same query parameters and checks in the
 (``fetch_query``), the same errors (JSON bodies), long polling, ``read_from=local`` and
 forwarding to the queue group's leader. The positions travel in headers (:data:`BATCH_HEADERS`):
 ``X-Raftmq-Next-Offset``, ``X-Raftmq-Low-Offset``, ``X-Raftmq-High-Offset``, and for expiry
-``X-Raftmq-Now-Ms`` (the node's clock) and ``X-Raftmq-Max-Age-Ms`` (the topic's
+``X-Raftmq-Now-Ms`` (the queue group's time at the replica read, ``group_now``: the bounded time
+receive and retention use, not the node's clock, which may run ahead) and ``X-Raftmq-Max-Age-Ms`` (the topic's
 ``retention_ms``, absent without one): the JSON answer leaves out messages expired at the node's
 ``now`` (TTL, or older than ``retention_ms``); a binary answer carries them, and the client leaves
 them out by the same rule (``client/_batches.py``).
@@ -31,6 +32,7 @@ from raftmq.batch import BATCH_MEDIA_TYPE, BadBatch, frame_prefix, v1_to_v2
 from raftmq.cluster.api.handlers.fetch_common import fetch_query, long_poll, write_parts
 from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES
 from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.machines.apply import group_now
 from raftmq.storage.queues import queue_bounds, raw_batches
 from raftmq.storage.records import CorruptRecord
 from raftmq.storage.store import StoreClosed
@@ -112,7 +114,7 @@ async def fetch_batches(api: ApiCore, request: web.Request) -> web.StreamRespons
         NEXT_OFFSET: str(next_offset),
         LOW_OFFSET: str(low),
         HIGH_OFFSET: str(high),
-        NOW_MS: str(now_ms()),
+        NOW_MS: str(group_now(store, now_ms())),
     }
     if topic.retention_ms is not None:
         headers[MAX_AGE_MS] = str(topic.retention_ms)

@@ -35,7 +35,12 @@ import orjson
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused, error_body
 from raftmq.cluster.machines.delivery.dead_letters import _dead_letter, redrive
-from raftmq.cluster.machines.delivery.expiry import check_group_limits, expire_subscriptions
+from raftmq.cluster.machines.delivery.expiry import (
+    check_group_limits,
+    expire_subscriptions,
+    has_committed_offsets,
+    mark_offsets_shared,
+)
 from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
 from raftmq.cluster.machines.delivery.state import (
     DEFAULT_BACKOFF_MS,
@@ -78,6 +83,7 @@ __all__ = [
     "dlq_topic_name",
     "expire_subscriptions",
     "lock",
+    "mark_offsets_shared",
     "on_commit",
     "read_subscription",
     "receive",
@@ -108,6 +114,8 @@ def subscribe(work: Apply, cmd: SubscribeCommand) -> dict[str, Any]:
         check_group_limits(work.store, cmd)
     given = Subscription(cmd["topic"], cmd["dlq_topic_id"], cmd["max_deliveries"], tuple(cmd["backoff_ms"]))
     new = given if current is None or cmd["overwrite"] else replace(current, topic=given.topic)
+    if current is None and has_committed_offsets(work.store, topic_id, group):
+        new = replace(new, offsets_shared=True)  # an offset consumer's, or left by an expired one
     if cmd["checked"]:
         new = replace(new, dlq_topic_id=given.dlq_topic_id, dlq_checked=True)
     elif given.dlq_topic_id is not None:
@@ -223,6 +231,8 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
             ]
             w.put_fresh(topic_id, queue, group, fresh, first)  # above the cursor: no record yet
             out += [{"queue": queue, "offset": o, "attempt": 1, "deadline_ms": deadline_ms} for o in fresh]
+    if out:  # in use while what it handed out is in flight
+        w.touch(topic_id, group, deadline_ms)
     w.finish_op()
     return {"token": index, "messages": out}
 
@@ -254,6 +264,9 @@ def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
         by_queue.setdefault(r.queue, []).append(r.offset)
     for queue, offsets in by_queue.items():
         w.load_pending(topic_id, queue, group, offsets)
+    # Settling is using: an extend keeps it in use until the new deadline (expiry must never
+    # remove a delivery a consumer still holds), an ack or nack until now.
+    w.touch(topic_id, group, now_ms + cmd["visibility_ms"] if op == "extend" else now_ms)
     if op == "ack":
         return {"results": _ack(w, topic_id, group, cmd["receipts"])}
     results: list[dict[str, Any]] = []

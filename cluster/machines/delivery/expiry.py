@@ -9,12 +9,19 @@ rights can invent group names at will, so this state is bounded twice:
   already made ``max_token_groups`` here (:func:`check_group_limits`). A subscription an admin
   configured (``PUT``, ``overwrite``) is not refused.
 - **Expiry**: ``expire_subscriptions {"now_ms", "idle_ms", "max"}`` drops up to ``max`` subscriptions
-  that are not configured and were last used (``Subscription.used_ms``, refreshed by the receive
-  path) ``idle_ms`` or more before ``now_ms``, with the group's receive/ack state on every queue
-  of the topic in this store: cursor, pending records (in flight, retrying or parked dead
-  letters), retry index, lock and committed offset. Their deadline-index entries (``E``) are left
-  dangling and deleted when the tick meets them, as after ``drop_topic``. Result:
-  ``{"expired": n, "more": bool}``.
+  that are not configured and were in use (``Subscription.used_ms``: refreshed by subscribe, and
+  in the machine by receive, ack, nack, extend and lock up to the deadline or lease they hand out,
+  ``_Work.touch``) until ``idle_ms`` or more before ``now_ms``, with the group's receive/ack state
+  on every queue of the topic in this store: cursor, pending records (in flight, retrying or parked
+  dead letters), retry index and lock. So no delivery or lease a consumer holds is removed. Their
+  deadline-index entries (``E``) are left dangling and deleted when the tick meets them, as after
+  ``drop_topic``. Result: ``{"expired": n, "more": bool}``.
+
+  The committed offset (``O``) goes too, unless the offset API (``commit``, ``commit_fenced``:
+  ``PUT /v1/groups/{group}/offsets``, an ordered consumer's fenced commits) wrote it
+  (``Subscription.offsets_shared``, set by :func:`mark_offsets_shared` and by ``subscribe`` when
+  it finds one): removing it would rewind an offset consumer of the same group name to the oldest
+  message. A group received again resumes from a kept offset.
 
 Pure like the rest of the state machine: time only from the command, the store the only I/O.
 """
@@ -22,13 +29,14 @@ Pure like the rest of the state machine: time only from the command, the store t
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused
-from raftmq.cluster.machines.delivery.state import Subscription
+from raftmq.cluster.machines.delivery.state import Subscription, read_subscription
 from raftmq.storage import keys
 from raftmq.storage.queues import scan_prefix
 from raftmq.storage.store import Store
@@ -37,7 +45,13 @@ if TYPE_CHECKING:
     from raftmq.cluster.commands import ExpireSubscriptionsCommand, SubscribeCommand
     from raftmq.cluster.machines.apply import Apply
 
-__all__ = ["check_group_limits", "expire_subscriptions", "expiry_due"]
+__all__ = [
+    "check_group_limits",
+    "expire_subscriptions",
+    "expiry_due",
+    "has_committed_offsets",
+    "mark_offsets_shared",
+]
 
 
 def _subscriptions(store: Store, prefix: bytes = keys.SUBSCRIPTION) -> Any:
@@ -71,6 +85,24 @@ def check_group_limits(store: Store, cmd: SubscribeCommand) -> None:
             )
 
 
+def has_committed_offsets(store: Store, topic_id: int, group: str) -> bool:
+    """Whether ``group`` has a committed offset on a queue of ``topic_id`` in this store."""
+    for meta_key, _ in scan_prefix(store, keys.topic_range(keys.META, topic_id)[0]):
+        (queue,) = struct.unpack_from(">I", meta_key, 5)
+        if store.get(keys.offset_key(topic_id, queue, group)) is not None:
+            return True
+    return False
+
+
+def mark_offsets_shared(work: Apply, topic_id: int, group: str) -> None:
+    """The offset API committed ``group``'s offsets on ``topic_id``: an unconfigured subscription
+    of it keeps them when it expires (one write, the first time)."""
+    current = read_subscription(work.store, topic_id, group)
+    if current is not None and not current.configured and not current.offsets_shared:
+        new = replace(current, offsets_shared=True)
+        work.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))
+
+
 def _idle(s: Subscription, now_ms: int, idle_ms: int) -> bool:
     return not s.configured and s.used_ms is not None and s.used_ms + idle_ms <= now_ms
 
@@ -98,7 +130,8 @@ def expire_subscriptions(work: Apply, cmd: ExpireSubscriptionsCommand) -> dict[s
                 batch.delete_range(start, keys.prefix_end(start))
             batch.delete(keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group))
             batch.delete(keys.lock_key(topic_id, queue, group))
-            batch.delete(keys.offset_key(topic_id, queue, group))
+            if not s.offsets_shared:  # the offset API's stays (module docstring)
+                batch.delete(keys.offset_key(topic_id, queue, group))
         batch.delete(keys.subscription_key(topic_id, group))
         expired += 1
     return {"expired": expired, "more": more}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused
-from raftmq.cluster.machines.delivery.state import _check_topic
+from raftmq.cluster.machines.delivery.state import _check_topic, _Work
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import LockState
 
@@ -65,6 +65,7 @@ def lock(work: Apply, cmd: LockCommand) -> dict[str, Any]:
     epoch = current.epoch if renew and current is not None else (0 if current is None else current.epoch) + 1
     new = LockState(epoch, now_ms + cmd["lease_ms"], consumer)
     work.batch.put(keys.lock_key(topic_id, queue, group), new.encode())
+    _Work(work, now_ms).touch(topic_id, group, new.lease_until_ms)  # in use while the lease lasts
     return {
         "consumer": consumer,
         "epoch": epoch,

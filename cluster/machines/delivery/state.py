@@ -46,6 +46,9 @@ SCAN_BUDGET = 4096
 messages count), so one command does bounded work; the next one continues."""
 REDRIVE_MAX_PER_COMMAND = 10_000
 PARK_MS = 1000
+USED_STEP_MS = 1000
+"""An unconfigured subscription's ``used_ms`` is written again only when it moves by this much:
+at most one write a second per group, however many receipts come (``_Work.touch``)."""
 """How long a dead letter without a dead-letter topic waits before it is looked at again: time
 for the leader to have the topic created (``delivery.dead_letters._dead_letter``)."""
 
@@ -71,10 +74,14 @@ class Subscription:
             checked again first (the message is parked and the leader asks the metadata group).
         configured: An admin set this subscription (``PUT``): it may create its dead-letter topic
             and never expires. A subscription that receives made is not configured.
-        used_ms: When a receive last refreshed it (None: stored by an older release, never
-            expires); an unconfigured one unused for ``limits.subscription_idle_ms`` expires.
+        used_ms: Until when it is in use, on the group's time: the latest receive (subscribe),
+            ack, nack or lock, or the latest visibility deadline or lease it handed out, whichever
+            is later (None: stored by an older release, never expires); an unconfigured one
+            unused for ``limits.subscription_idle_ms`` after that expires.
         creator: The token whose receive made it (None: an admin's, or without tokens), counted
             against ``limits.max_groups_per_token``.
+        offsets_shared: The offset API (``commit``, ``commit_fenced``) wrote the group's
+            committed offset on this topic: its expiry leaves that offset alone.
     """
 
     topic: str
@@ -85,6 +92,7 @@ class Subscription:
     configured: bool = True
     used_ms: int | None = None
     creator: str | None = None
+    offsets_shared: bool = False
 
     def backoff(self, attempts: int) -> int:
         return self.backoff_ms[min(max(attempts, 1), len(self.backoff_ms)) - 1]
@@ -105,6 +113,8 @@ class Subscription:
             out["used_ms"] = self.used_ms
         if self.creator is not None:
             out["creator"] = self.creator
+        if self.offsets_shared:
+            out["offsets_shared"] = True
         return out
 
     @classmethod
@@ -120,6 +130,7 @@ class Subscription:
             configured=d.get("configured", True),
             used_ms=d.get("used_ms"),
             creator=d.get("creator"),
+            offsets_shared=d.get("offsets_shared", False),
         )
 
 
@@ -239,6 +250,19 @@ class _Work:
         return found[0] if found else None
 
     # writes
+
+    def touch(self, topic_id: int, group: str, until_ms: int) -> None:
+        """Mark an unconfigured subscription in use until ``until_ms`` (a deadline or lease it
+        handed out, or the command's time), so that its expiry never removes state a consumer
+        still holds. Written only when ``used_ms`` moves by :data:`USED_STEP_MS` or more."""
+        current = self.subscription(topic_id, group)
+        if current is None or current.configured or current.used_ms is None:
+            return
+        if until_ms < current.used_ms + USED_STEP_MS:
+            return
+        new = replace(current, used_ms=until_ms)
+        self._subscriptions[(topic_id, group)] = new
+        self.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))
 
     def set_pending(
         self,
