@@ -418,6 +418,16 @@ class Node:
         self._refresh_peer_status_soon()
         return False
 
+    async def await_group_supports(self, name: str, capability: str) -> bool:
+        """As :meth:`group_supports`, but a voter whose status this node has never had is asked
+        first: on a new cluster, the first requests after start are not a rolling upgrade."""
+        if self.group_supports(name, capability):
+            return True
+        if self._voters(name) - {self.me.id} - set(self._capable):
+            await self.refresh_peer_status()
+            return self.group_supports(name, capability)
+        return False
+
     def _refresh_peer_status_soon(self) -> None:
         """Ask the peers for their status in the background, at most once a second."""
         if self._loop is not None and (self._status_refresh is None or self._status_refresh.done()):
@@ -515,7 +525,7 @@ class Node:
         capability = capability_of(name, command, META) or ""
         # An op missing from the op tables is not gated here (add it there: cluster/commands OPS,
         # cluster/machines/metadata.py OPS).
-        if capability in CAPABILITIES and not self.group_supports(name, capability):
+        if capability in CAPABILITIES and not await self.await_group_supports(name, capability):
             message = f"a voter of group {name} does not apply {capability} yet (a rolling upgrade)"
             return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
         # The one field level every road builds into a command of its own: a topic's attributes
@@ -523,7 +533,7 @@ class Node:
         if (
             capability == "meta.create_topic"
             and b'"attributes"' in command
-            and not self.group_supports(name, "meta.create_topic.attributes")
+            and not await self.await_group_supports(name, "meta.create_topic.attributes")
         ):
             message = "a metadata voter does not keep topic attributes yet (a rolling upgrade)"
             return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))

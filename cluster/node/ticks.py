@@ -291,7 +291,7 @@ class TickLoops:
                         settings.tick_max_items,
                         # the rule before issue 21 while a voter would refuse the new field
                         expiry_backoff=settings.expiry_backoff
-                        or not self.node.group_supports(name, "deliver_tick.expiry"),
+                        or not await self.node.await_group_supports(name, "deliver_tick.expiry"),
                     ),
                 )
                 if outcome.error or not isinstance(outcome.result, dict) or "error" in outcome.result:

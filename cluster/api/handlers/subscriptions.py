@@ -463,6 +463,7 @@ class SubscriptionsApi:
         if action == "ensure_dlq":
             if name != META:
                 raise ApiError(errors.BAD_REQUEST, "ensure_dlq runs at the metadata leader")
+            await self.node.await_group_supports(META, "meta.ensure_dlq_topic.records")
             return await propose(META, ensure_dlq_command(self.node, body["source"], body["group"], now_ms()))
         if name == META:
             raise ApiError(errors.BAD_REQUEST, f"{action} runs at a queue group's leader")
@@ -515,6 +516,7 @@ class SubscriptionsApi:
             fields = {k: v for k, v in body.items() if v is not None}
             if action in _STAMPED_ACTIONS:
                 fields["now_ms"] = now_ms()
+            await self.node.await_group_supports(name, "subscribe.records")  # primes gated_fields
             fields = gated_fields(self.node, name, store, action, fields)
             command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
             try:
