@@ -355,8 +355,10 @@ class MetadataMachine:
 
     @property
     def needs_dead_letter_records(self) -> bool:
-        """Whether ``record_dead_letters`` has not been applied yet (the leader proposes it)."""
-        return not self._migrated
+        """Whether ``record_dead_letters`` has not been applied yet and would record something (the
+        leader proposes it): a new cluster, or one whose dead-letter topics all have their record,
+        needs no such entry before it makes dead-letter topics. Read by leaders only."""
+        return not self._migrated and bool(migrate_dead_letter_records(self._topics))
 
     def _record_dead_letters(self, batch: Batch) -> tuple[dict[str, Any], dict[str, Topic] | None]:
         """Give the dead-letter topics of an older release their record, once (the marker)."""

@@ -413,4 +413,4 @@ def test_the_boto3_example_of_the_docs_runs(cluster: Cluster, capsys: pytest.Cap
         and "'customer'" in printed
         and "ApproximateNumberOfMessages" in printed
     )
-    assert cluster.get("/v1/topics/orders").status_code == 404  # the example deletes its queue
+    assert cluster.get("/v1/topics/emails").status_code == 404  # the example deletes its queue

@@ -134,7 +134,10 @@ def test_the_dead_letter_migration_is_one_proposed_entry_so_replicas_upgraded_ap
     later = MetadataMachine(previous)
     for m in (upgraded, later):
         m.apply(12, commands.noop())
-        assert m.needs_dead_letter_records
+        # Its source deleted, the topic has nothing to record: the leader need not wait for the
+        # entry before it makes dead-letter topics (a new cluster neither), but the entry applies
+        # alike everywhere.
+        assert not m.needs_dead_letter_records
         assert meta_apply(m, 13, op="record_dead_letters") == {"recorded": 0}
         assert not m.needs_dead_letter_records
         assert meta_apply(m, 14, op="record_dead_letters") == {"recorded": 0}  # once
@@ -181,3 +184,13 @@ def test_the_newer_delivery_tick_and_topic_attributes_are_gated_as_the_previous_
         assert capability in CAPABILITIES and capability not in BEFORE_CAPABILITIES, capability
     assert previous_release_refuses(commands.deliver_tick(1, 10))  # the new rule names its field
     assert not previous_release_refuses(commands.deliver_tick(1, 10, expiry_backoff=True))
+
+
+def test_a_new_cluster_needs_no_dead_letter_records_entry_and_an_old_one_with_unrecorded_ones_does() -> None:
+    # A new cluster's first dead letters must not wait for record_dead_letters (proposed on the
+    # retention tick): they were parked, and the console's tests met it.
+    assert not MetadataMachine(MemoryStore()).needs_dead_letter_records
+    old = MetadataMachine(old_release_store(("payments", 2, (0,)), ("payments.billing.dlq", 3, (0,))))
+    assert old.needs_dead_letter_records
+    assert meta_apply(old, 11, op="record_dead_letters") == {"recorded": 1}
+    assert not old.needs_dead_letter_records
