@@ -42,8 +42,7 @@ def advance(
     step more while it is behind the stamp (a clamped command moves it by the bound exactly). An
     hour without a leader is made up in about nine hours; the price is that a leader clock that
     jumped ahead pulls the group's time ahead of the true time by at most the bound plus a tenth
-    of the time it leads. The very first stamp has nothing
-    to compare with and is taken as it is."""
+    of the time it leads. The very first stamp has nothing to compare with and is taken as it is."""
     bound = GROUP_MAX_STEP_MS if max_step_ms is None else max_step_ms
     if not before.stamp_ms and not before.now_ms:
         return GroupTime(stamped_ms, stamped_ms), None
