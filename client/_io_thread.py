@@ -23,6 +23,9 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._calls: set[concurrent.futures.Future[Any]] = set()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -31,10 +34,19 @@ class LoopThread:
         try:
             self.loop.run_forever()
         finally:
-            pending = asyncio.all_tasks(self.loop)
-            for task in pending:
-                task.cancel()
-            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            with self._lock:  # no call is accepted from here on
+                self._closing = True
+            # Run the callbacks still queued (a call made just before: its task is made there),
+            # then cancel every task until none is left.
+            self.loop.run_until_complete(asyncio.sleep(0))
+            while pending := asyncio.all_tasks(self.loop):
+                for task in pending:
+                    task.cancel()
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            with self._lock:
+                calls, self._calls = self._calls, set()
+            for call in calls:  # (a backstop) a waiter gets CancelledError, never waits forever
+                call.cancel()
             self.loop.close()
 
     @property
@@ -48,15 +60,22 @@ class LoopThread:
             raise RuntimeError(
                 "a blocking raftmq call from the client's own I/O thread (e.g. in a delivery callback)"
             )
-        if not self._thread.is_alive() or self.loop.is_closed():
-            coro.close()
-            raise ClientClosed("the client is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._lock:
+            if self._closing or not self._thread.is_alive():
+                coro.close()
+                raise ClientClosed("the client is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._calls.add(future)
+        future.add_done_callback(self._finished)
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TimeoutError(f"no result within {timeout_s} s") from None
+
+    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._calls.discard(future)
 
     def stop(self) -> None:
         if self._thread.is_alive():

@@ -1,0 +1,46 @@
+"""The sync clients' I/O thread: a call racing the client's close from another thread ends (the
+client is closed) instead of waiting forever on a coroutine the stopped loop never ran."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+import pytest
+
+from client._io_thread import LoopThread
+from client.errors import ClientClosed
+
+
+def _call_until_closed(io: LoopThread, started: threading.Event, ended: list[str]) -> None:
+    started.set()
+    while True:
+        try:
+            io.run(asyncio.sleep(0))
+        except ClientClosed:
+            ended.append("closed")
+            return
+        except concurrent.futures.CancelledError:
+            ended.append("cancelled")
+            return
+
+
+def test_calls_racing_stop_return() -> None:
+    for attempt in range(300):
+        io = LoopThread(f"race-{attempt}")
+        started = threading.Event()
+        ended: list[str] = []
+        caller = threading.Thread(target=_call_until_closed, args=(io, started, ended), daemon=True)
+        caller.start()
+        started.wait()
+        io.stop()
+        caller.join(5)
+        assert ended, f"attempt {attempt}: a call racing stop() never returned"
+
+
+def test_a_call_after_stop_is_refused() -> None:
+    io = LoopThread("after-stop")
+    io.stop()
+    with pytest.raises(ClientClosed):
+        io.run(asyncio.sleep(0))
