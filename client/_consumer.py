@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from ._consumer_config import ConsumerConfig, FetchWire, Mode, Reset, TopicQueue
 from ._consumer_core import ConsumerCore
 from ._limits import check_concurrency
+from ._transport import AddressMap
 from ._types import Message
 from .errors import ClientClosed
 
@@ -79,6 +80,10 @@ class AsyncConsumer:
             application/vnd.raftmq.batch``) and build each message only when it is taken;
             ``"json"``: the JSON answer. A node that refuses the binary answer (415, 406) or
             answers JSON anyway turns this consumer to JSON by itself.
+        address_map: ``address_map(url)``: where to connect for a node's advertised address (or
+            None: the node is unreachable now), read on every request; for clients that cannot
+            reach the addresses the cluster advertises (NAT, port mappings). Default: connect to
+            the advertised address.
         token: API token (``Authorization: Bearer``), for clusters with tokens.
         ca_file: CA certificates (PEM) that ``https://`` nodes are verified against (default: the
             system's CAs); ``ssl``: an SSL context instead.
@@ -104,6 +109,7 @@ class AsyncConsumer:
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
         wire: FetchWire = "binary",
+        address_map: AddressMap | None = None,
         token: str | None = None,
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
@@ -126,6 +132,7 @@ class AsyncConsumer:
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
             wire=wire,
+            address_map=address_map,
             token=token,
             ca_file=ca_file,
             ssl=ssl,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ._limits import MAX_MESSAGES, MAX_NAME_BYTES, MAX_WAIT_MS
+from ._transport import AddressMap
 
 __all__ = ["MAX_NAME_BYTES", "ConsumerConfig", "FetchWire", "Mode", "Reset", "TopicQueue"]
 
@@ -43,6 +44,7 @@ class ConsumerConfig:
     retry_backoff_max_ms: int = 2_000
     metadata_max_age_ms: int = 30_000
     wire: FetchWire = "binary"  # fetch stored batches (docs/format.md); "json": the JSON answer
+    address_map: AddressMap | None = None  # where to connect for a node's advertised address
     token: str | None = field(default=None, repr=False)  # API token (never in a repr)
     ca_file: str | None = None
     ssl: _ssl.SSLContext | None = None

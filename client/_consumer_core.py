@@ -44,7 +44,9 @@ class ConsumerCore:
         self.config = config
         self.member_id = config.member_id or f"c-{uuid.uuid4().hex[:16]}"
         self.loop = asyncio.get_running_loop()
-        self.api = connect(bootstrap, config, retry_timeout_ms=config.request_timeout_ms)
+        self.api = connect(
+            bootstrap, config, retry_timeout_ms=config.request_timeout_ms, address_map=config.address_map
+        )
         self.transport, self.backoff = self.api.transport, self.api.backoff
         self.metadata = ClusterMetadata()
         self.fetcher = Fetcher(

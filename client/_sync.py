@@ -18,6 +18,7 @@ from ._io_thread import LoopThread, SyncClient
 from ._limits import check_concurrency
 from ._outcome import DeliveryCallback, FutureRecord
 from ._producer import AsyncProducer
+from ._transport import AddressMap
 from ._types import ClusterStatus, Message, SubscriptionSettings, TopicDescription, TopicInfo
 
 __all__ = ["Admin", "Consumer", "LoopThread", "Producer"]
@@ -242,6 +243,7 @@ class Consumer(SyncClient):
         retry_backoff_max_ms: int = 2_000,
         metadata_max_age_ms: int = 30_000,
         wire: FetchWire = "binary",
+        address_map: AddressMap | None = None,
         token: str | None = None,
         ca_file: str | None = None,
         ssl: _ssl.SSLContext | None = None,
@@ -264,6 +266,7 @@ class Consumer(SyncClient):
             retry_backoff_max_ms=retry_backoff_max_ms,
             metadata_max_age_ms=metadata_max_age_ms,
             wire=wire,
+            address_map=address_map,
             token=token,
             ca_file=ca_file,
             ssl=ssl,
