@@ -14,6 +14,8 @@ Each returns a JSON-ready dict with ``valid`` (bool) and the evidence. None does
   Informational: it is always valid.
 - ``receive_ack`` (``receive_checker``, when the history has receives): at-least-once delivery
   through receive/ack to one consumer group.
+- ``group_consume`` (``group_checker``, when the history has group consumers): at-least-once for
+  the prefix a consumer group committed, and committed offsets that never go backwards.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
+from .group_checker import group_consume, has_group_consumers
 from .history import FAIL, INFO, INVOKE, NEMESIS, OK, Op, completions, fault_windows
 from .receive_checker import RECEIVES, has_receives, receive_ack
 
@@ -279,4 +282,6 @@ def check_all(history: Sequence[Op]) -> dict[str, Any]:
     }
     if has_receives(history):
         results["receive_ack"] = receive_ack(history)
+    if has_group_consumers(history):
+        results["group_consume"] = group_consume(history)
     return {"valid": all(r["valid"] for r in results.values()), **results}

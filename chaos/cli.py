@@ -103,6 +103,13 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Production load: messages a second offered through the client's batch path (0: none).",
 )
 @click.option("--load-producers", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--load-consumers",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Members of the consumer group chaos-load reading the topic during the load (0: none).",
+)
 @click.option("--name", default=None, help="Report folder name under the store (default chaos-<nemesis>).")
 @click.option(
     "--store", type=click.Path(file_okay=False, path_type=Path), default=Path("store"), show_default=True
@@ -126,6 +133,7 @@ def main(
     time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
     workload: str, producer_client: str, quiet_s: tuple[float, float], fault_s: tuple[float, float],
     env: tuple[str, ...], retention_ms: int | None, load_rate: float, load_producers: int,
+    load_consumers: int,
     name: str | None, store: Path, build: bool,
     build_only: bool, recheck: Path | None, verbose: bool,
 ) -> None:  # fmt: skip
@@ -165,6 +173,7 @@ def main(
         retention_ms=retention_ms,
         load_rate=load_rate,
         load_producers=load_producers,
+        load_consumers=load_consumers,
         store=store,
     )
     started = time.monotonic()

@@ -402,6 +402,17 @@ class ChaosCluster:
                 best = (g["term"], nid)
         return best[1] if best else None
 
+    def pid(self, nid: str) -> int | None:
+        """The node's main process as the host sees it, or None while its container is stopped."""
+        wrapped = self.containers[nid].get_wrapped_container()
+        wrapped.reload()
+        return int(wrapped.attrs["State"]["Pid"]) or None
+
+    def data_dir(self, nid: str) -> Path:
+        """The node's data as stored: its volume, or under the power-loss file system the directory
+        that holds it (read without going through FUSE)."""
+        return self.mounts[nid].disk / "data" if self.power_loss_fs else self.volume(nid)
+
     def groups(self) -> list[str]:
         return ["meta", *(str(g) for g in range(self.queue_groups))]
 

@@ -6,6 +6,8 @@
 - ``latency.png``: every enqueue, fetch, receive and ack as a point (time, latency), coloured by
   outcome, with the fault windows shaded (Jepsen's perf plots).
 - ``throughput.png``: completions per second by outcome, same shading.
+- ``resources.png``: each node's RSS, open files and data-directory size over the run
+  (``chaos/resources.py``).
 - ``summary.txt``: the verdict and the numbers a person looks at first.
 - ``logs/``: each node's container log.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .history import Op, completions, fault_windows
+from .resources import plot_resources
 
 __all__ = ["plot_latency", "plot_throughput", "summary_text", "write_report"]
 
@@ -149,12 +152,50 @@ def summary_text(name: str, results: dict[str, Any]) -> str:
             f"  power loss #{loss['fault_id']} ({loss['fault']}): "
             f"unsynced bytes dropped {loss['dropped_bytes']}"
         )
+    lines += _load_lines(results["run"].get("load"), checks.get("group_consume"))
+    lines += _resource_lines(results["run"].get("resources"))
     lines += _receive_lines(checks.get("receive_ack"), results["run"].get("receive_drain"))
     if tq["lost"]:
         lines.append(f"lost (sample): {', '.join(tq['lost'])}")
     if lc["divergent"]:
         lines.append(f"divergent (first): {json.dumps(lc['divergent'][0])}")
     return "\n".join(lines) + "\n"
+
+
+def _load_lines(load: dict[str, Any] | None, group: dict[str, Any] | None) -> list[str]:
+    lines = []
+    if load is not None:
+        lines.append(
+            f"production load  offered {load['offered']} ({load['offered_per_s']}/s), acknowledged "
+            f"{load['acknowledged']} ({load.get('acknowledged_per_s')}/s)"
+        )
+    if group is not None:
+        lines += [
+            f"group consumers  {'ok' if group['valid'] else 'INVALID'}: consumed {group['consumed_count']} "
+            f"({group['delivery_count']} deliveries, {group['redelivered_count']} redelivered), final "
+            f"committed {group['committed_total']} (covering {group['acknowledged_below_committed']} "
+            f"acknowledged), {group['committed_reads']} committed reads",
+            f"  skipped {group['skipped_count']}, backwards {group['backwards_count']}, divergent "
+            f"{group['divergent_count']}, unexpected {group['unexpected_count']}",
+        ]
+    return lines
+
+
+def _resource_lines(resources: dict[str, Any] | None) -> list[str]:
+    if not resources or not resources["summary"]["nodes"]:
+        return []
+    summary = resources["summary"]
+    lines = [f"node resources  {'bounded' if summary['bounded'] else 'GROWING'} ({summary['rule']}; "
+             "resources.png)"]  # fmt: skip
+    for node, metrics in summary["nodes"].items():
+        parts = []
+        for metric, m in metrics.items():
+            unit = 1 << 20 if metric.endswith("bytes") else 1
+            figures = "/".join(f"{m[k] / unit:.0f}" for k in ("first", "peak", "last"))
+            parts.append(f"{metric.removesuffix('_bytes')} {figures}{' MiB' if unit > 1 else ''}"
+                         f"{'' if m['bounded'] else ' GROWING'}")  # fmt: skip
+        lines.append(f"  {node} (first/peak/last): {', '.join(parts)}")
+    return lines
 
 
 def _receive_lines(rx: dict[str, Any] | None, drain: dict[str, Any] | None) -> list[str]:
@@ -182,3 +223,9 @@ def write_report(directory: Path, name: str, history: Sequence[Op], results: dic
     (directory / "summary.txt").write_text(summary_text(name, results))
     plot_latency(history, directory / "latency.png", name)
     plot_throughput(history, directory / "throughput.png", name)
+    resources = results.get("run", {}).get("resources")
+    if resources:
+        end = max((op["time"] for op in history), default=0)
+        windows = [(f, start / 1e9, (stop if stop is not None else end) / 1e9)
+                   for f, start, stop in fault_windows(history)]  # fmt: skip
+        plot_resources(resources["samples"], windows, directory / "resources.png", name)

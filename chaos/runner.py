@@ -27,6 +27,7 @@ from typing import Any
 from .checkers import check_all
 from .client import RaftmqBrokerClient
 from .cluster import ChaosCluster
+from .group_load import GroupConsumers, GroupLoadConfig
 from .history import NEMESIS, History
 from .images import APP_IMAGE
 from .load import LoadConfig, LoadProducers
@@ -35,6 +36,7 @@ from .nemesis import FAULTS, schedule
 from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
 from .receive import ReceiveConfig, Receivers
 from .report import write_report
+from .resources import ResourceSampler, resource_summary
 from .workload import Workload, WorkloadConfig
 
 __all__ = ["WORKLOADS", "ChaosSpec", "RunResult", "run"]
@@ -84,6 +86,11 @@ class ChaosSpec:
     # by load_producers producers beside the workload's own; 0: none.
     load_rate: float = 0.0
     load_producers: int = 4
+    # Members of the consumer group chaos-load (chaos/group_load.py) reading the topic with the
+    # client's AsyncConsumer during the load; 0: none. Only with a load.
+    load_consumers: int = 3
+    # How often each node's RSS, open files and data-directory size are sampled (chaos/resources.py).
+    sample_interval_s: float = 5.0
 
 
 @dataclass
@@ -189,6 +196,16 @@ async def _nemesis(cluster: ChaosCluster, history: History, spec: ChaosSpec, t0:
     return injected
 
 
+async def _final_committed(group: GroupConsumers, tries: int = 20) -> dict[str, int | None] | None:
+    """The group's committed offsets after the drain (the checker's final read), a few tries."""
+    for _ in range(tries):
+        offsets = await group.read_committed(final=True)
+        if offsets is not None:
+            return offsets
+        await asyncio.sleep(1)
+    return None
+
+
 async def _run(spec: ChaosSpec) -> RunResult:
     unknown = [f for f in spec.faults if f not in FAULTS]
     if unknown:
@@ -206,6 +223,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
     client = RaftmqBrokerClient(cluster.url, cluster.node_ids, timeout_s=spec.client_timeout_s)
     run_info: dict[str, Any] = {"directory": str(directory), "started": stamp}
     workers: list[asyncio.Task[None]] = []
+    group: GroupConsumers | None = None
     try:
         t = time.monotonic()
         await asyncio.to_thread(cluster.start)
@@ -226,16 +244,34 @@ async def _run(spec: ChaosSpec) -> RunResult:
             load = LoadProducers(history, cluster.node_ids, client.address_map, wl_config.topic, load_config,
                                  seed=spec.seed)  # fmt: skip
             workers += [asyncio.create_task(load.producer(w, stop)) for w in range(load_config.producers)]
+        if spec.load_rate > 0 and spec.load_consumers > 0:
+            group = GroupConsumers(history, cluster.node_ids, client.address_map, wl_config.topic,
+                                   GroupLoadConfig(members=spec.load_consumers))  # fmt: skip
+            workers += [asyncio.create_task(group.member(w, stop)) for w in range(spec.load_consumers)]
+            workers.append(asyncio.create_task(group.observe(stop)))
         if receivers is not None:
             count = receivers.config.receivers
             workers += [asyncio.create_task(receivers.receiver(w, stop)) for w in range(count)]
+        sampler = ResourceSampler(
+            cluster.node_ids,
+            cluster.pid,
+            cluster.data_dir,
+            lambda: history.now_ns() / 1e9,
+            spec.sample_interval_s,
+        )
+        workers.append(asyncio.create_task(sampler.run(stop)))
         injected = await _nemesis(cluster, history, spec, time.monotonic())
         run_info["faults_injected"] = dict(sorted(injected.items()))
         stop.set()
         await asyncio.gather(*workers)
         if load is not None:
+            seconds = spec.time_limit_s
             run_info["load"] = {"offered": load.offered, "acknowledged": load.acknowledged,
-                                "offered_per_s": round(load.offered / spec.time_limit_s)}  # fmt: skip
+                                "offered_per_s": round(load.offered / seconds),
+                                "acknowledged_per_s": round(load.acknowledged / seconds)}  # fmt: skip
+        if group is not None:
+            run_info["load"]["group"] = {"members": spec.load_consumers, "consumed": group.consumed,
+                                         "consumer_restarts": group.restarts}  # fmt: skip
 
         errors: list[str] = []
         await asyncio.to_thread(cluster.heal_all, lambda n, e: errors.append(f"{n}: {e}"))
@@ -255,6 +291,12 @@ async def _run(spec: ChaosSpec) -> RunResult:
             t = time.monotonic()
             run_info["receive_drain"] = await receivers.drain(workload.high_offsets)
             run_info["receive_drain"]["seconds"] = round(time.monotonic() - t, 1)
+        await asyncio.to_thread(sampler.sample)  # after the heal and the drain
+        summary = resource_summary(sampler.samples)
+        run_info["resources"] = {"interval_s": spec.sample_interval_s, "summary": summary,
+                                 "samples": sampler.samples}  # fmt: skip
+        if group is not None:
+            run_info["load"]["group"]["final_committed"] = await _final_committed(group)
     except BaseException as e:
         # Keep what is known: the history is on disk already; say why there is no verdict.
         run_info["harness_error"] = f"{type(e).__name__}: {e}"
@@ -268,6 +310,8 @@ async def _run(spec: ChaosSpec) -> RunResult:
         await asyncio.gather(*workers, return_exceptions=True)
         history.close()
         await client.close()
+        if group is not None:
+            await group.close()
         await asyncio.to_thread(cluster.stop, directory / "logs")
     run_info["log_alerts"] = scan_logs(directory / "logs")
     if cluster.power_loss_fs:
