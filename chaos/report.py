@@ -185,15 +185,15 @@ def _resource_lines(resources: dict[str, Any] | None) -> list[str]:
     if not resources or not resources["summary"]["nodes"]:
         return []
     summary = resources["summary"]
-    lines = [f"node resources  {'bounded' if summary['bounded'] else 'GROWING'} ({summary['rule']}; "
-             "resources.png)"]  # fmt: skip
+    verdict = {True: "bounded", False: "GROWING", None: "not judged (under 5 minutes)"}[summary["bounded"]]
+    lines = [f"node resources  {verdict} ({summary['rule']}; resources.png)"]
     for node, metrics in summary["nodes"].items():
         parts = []
         for metric, m in metrics.items():
             unit = 1 << 20 if metric.endswith("bytes") else 1
             figures = "/".join(f"{m[k] / unit:.0f}" for k in ("first", "peak", "last"))
             parts.append(f"{metric.removesuffix('_bytes')} {figures}{' MiB' if unit > 1 else ''}"
-                         f"{'' if m['bounded'] else ' GROWING'}")  # fmt: skip
+                         f"{' GROWING' if m['bounded'] is False else ''}")  # fmt: skip
         lines.append(f"  {node} (first/peak/last): {', '.join(parts)}")
     return lines
 

@@ -13,7 +13,8 @@ A node that is down (killed, powered off) has ``None`` for the first two. The sa
 ``results.json`` (``run.resources``), a plot (``resources.png``) and a verdict per node and metric
 (:func:`resource_summary`): **bounded** when the peak of the run's last quarter is at most the
 peak of its second quarter times 1.25 plus a slack (32 MiB of RSS, 32 files, 32 MiB of disk: a
-checkpoint, a compaction's new files, a burst of connections); otherwise **growing**. Reading
+checkpoint, a compaction's new files, a burst of connections); otherwise **growing**. A run
+shorter than 5 minutes is mostly start-up (caches, connections): it is not judged (``None``). Reading
 ``/proc`` of another process needs root (the harness runs as root for docker and FUSE anyway).
 """
 
@@ -39,6 +40,7 @@ METRICS: dict[str, tuple[float, str, float]] = {
     "disk_bytes": (MiB, "data directory (MiB)", 32 * MiB),
 }
 GROWTH = 1.25
+MIN_SPAN_S = 300.0  # a shorter run is mostly start-up: its samples are kept, not judged
 
 
 def _rss_bytes(pid: int) -> int | None:
@@ -115,6 +117,7 @@ def resource_summary(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not samples:
         return {"bounded": None, "nodes": {}}
     end = max(s["t"] for s in samples)
+    judged = end - min(s["t"] for s in samples) >= MIN_SPAN_S
     nodes: dict[str, dict[str, Any]] = {}
     for node in sorted({s["node"] for s in samples}):
         mine = [s for s in samples if s["node"] == node]
@@ -131,9 +134,9 @@ def resource_summary(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "last": points[-1][1],
                 "peak_second_quarter": max(second),
                 "peak_last_quarter": max(last),
-                "bounded": max(last) <= max(second) * GROWTH + slack,
+                "bounded": max(last) <= max(second) * GROWTH + slack if judged else None,
             }
-    bounded = all(m["bounded"] for per in nodes.values() for m in per.values())
+    bounded = all(m["bounded"] for per in nodes.values() for m in per.values()) if judged else None
     return {
         "bounded": bounded,
         "rule": f"last quarter's peak <= second quarter's * {GROWTH} + slack",

@@ -14,7 +14,7 @@ MiB = 1 << 20
 
 def series(values: list[float], metric: str = "rss_bytes") -> list[dict[str, Any]]:
     return [
-        {"t": float(i), "node": "n1", "rss_bytes": 100 * MiB, "open_files": 40, "disk_bytes": 10 * MiB,
+        {"t": 10.0 * i, "node": "n1", "rss_bytes": 100 * MiB, "open_files": 40, "disk_bytes": 10 * MiB,
          metric: v}
         for i, v in enumerate(values)
     ]  # fmt: skip
@@ -57,3 +57,11 @@ def test_a_metric_that_keeps_growing_is_caught() -> None:
 def test_the_plot_is_written(tmp_path: Path) -> None:
     plot_resources(series([100 * MiB] * 10), [("pause", 2.0, 4.0)], tmp_path / "r.png", "t")
     assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_a_run_under_five_minutes_is_not_judged() -> None:
+    short = [{**s, "t": s["t"] / 10} for s in series([100 * MiB + i * 8 * MiB for i in range(40)])]
+    result = resource_summary(short)
+    assert result["bounded"] is None
+    assert result["nodes"]["n1"]["rss_bytes"]["bounded"] is None
+    assert result["nodes"]["n1"]["rss_bytes"]["peak"] == 100 * MiB + 39 * 8 * MiB
