@@ -104,6 +104,13 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--load-producers", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option(
+    "--load-processes",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Processes the load's producers run in (the harness's own event loop is one core at most).",
+)
+@click.option(
     "--load-consumers",
     type=click.IntRange(min=0),
     default=3,
@@ -133,7 +140,7 @@ def main(
     time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
     workload: str, producer_client: str, quiet_s: tuple[float, float], fault_s: tuple[float, float],
     env: tuple[str, ...], retention_ms: int | None, load_rate: float, load_producers: int,
-    load_consumers: int,
+    load_processes: int, load_consumers: int,
     name: str | None, store: Path, build: bool,
     build_only: bool, recheck: Path | None, verbose: bool,
 ) -> None:  # fmt: skip
@@ -173,6 +180,7 @@ def main(
         retention_ms=retention_ms,
         load_rate=load_rate,
         load_producers=load_producers,
+        load_processes=load_processes,
         load_consumers=load_consumers,
         store=store,
     )

@@ -23,12 +23,13 @@ One operation is one JSON object (one line of ``history.jsonl``)::
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 __all__ = ["INVOKE", "NEMESIS", "History", "Op", "load_history"]
 
@@ -40,15 +41,27 @@ NEMESIS = "nemesis"
 class History:
     """An append-only history, written through to ``path`` (JSON lines) as it grows.
 
-    Safe to append to from several threads (the nemesis runs docker calls in threads).
+    Safe to append to from several threads (the nemesis runs docker calls in threads). Another
+    process (the production load's, ``load``) keeps its own history on the same clock (``t0_ns``:
+    the monotonic clock is the machine's) with its own process ids (from ``first_process``), and
+    without ``keep`` only in its file; :meth:`merge` takes its operations in by time.
     """
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(
+        self, path: Path | None = None, *, t0_ns: int | None = None, first_process: int = 0, keep: bool = True
+    ) -> None:
         self.ops: list[Op] = []
+        self.path = path
+        self._keep = keep
         self._lock = threading.Lock()
-        self._t0 = time.monotonic_ns()
-        self._file: IO[str] | None = open(path, "w") if path else None  # noqa: SIM115
-        self._next_process = 0
+        self._t0 = time.monotonic_ns() if t0_ns is None else t0_ns
+        self._file: IO[bytes] | None = open(path, "wb") if path else None  # noqa: SIM115
+        self._next_process = first_process
+        self._count = 0
+
+    @property
+    def t0_ns(self) -> int:
+        return self._t0
 
     def now_ns(self) -> int:
         return time.monotonic_ns() - self._t0
@@ -60,11 +73,31 @@ class History:
 
     def append(self, **fields: Any) -> Op:
         with self._lock:
-            op: Op = {"index": len(self.ops), "time": self.now_ns(), **fields}
-            self.ops.append(op)
+            op: Op = {"index": self._count, "time": self.now_ns(), **fields}
+            self._count += 1
+            if self._keep:
+                self.ops.append(op)
             if self._file is not None:
-                self._file.write(json.dumps(op, separators=(",", ":")) + "\n")
+                self._file.write(orjson.dumps(op, option=orjson.OPT_APPEND_NEWLINE))
             return op
+
+    def merge(self, ops: Iterable[Op]) -> int:
+        """Take in another history's operations: every operation in time order (a stable sort, so
+        each history keeps its own order), indexes renumbered, the file written again. Returns
+        how many were added."""
+        with self._lock:
+            added = list(ops)
+            merged = sorted([*self.ops, *added], key=lambda op: op["time"])
+            for i, op in enumerate(merged):
+                op["index"] = i
+            self.ops = merged
+            self._count = len(merged)
+            if self._file is not None and self.path is not None:
+                self._file.close()
+                self._file = open(self.path, "wb")  # noqa: SIM115
+                for op in merged:
+                    self._file.write(orjson.dumps(op, option=orjson.OPT_APPEND_NEWLINE))
+            return len(added)
 
     def flush(self) -> None:
         with self._lock:
@@ -85,8 +118,8 @@ class History:
 
 
 def load_history(path: Path) -> list[Op]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    with open(path, "rb") as f:
+        return [orjson.loads(line) for line in f if line.strip()]
 
 
 def completions(history: Iterable[Op]) -> Iterator[tuple[Op, Op | None]]:

@@ -30,7 +30,7 @@ from .cluster import ChaosCluster
 from .group_load import GroupConsumers, GroupLoadConfig
 from .history import NEMESIS, History
 from .images import APP_IMAGE
-from .load import LoadConfig, LoadProducers
+from .load import LoadConfig, LoadProcesses
 from .logscan import scan_logs
 from .nemesis import FAULTS, schedule
 from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
@@ -86,6 +86,7 @@ class ChaosSpec:
     # by load_producers producers beside the workload's own; 0: none.
     load_rate: float = 0.0
     load_producers: int = 4
+    load_processes: int = 2  # the load's producers run in this many processes of their own
     # Members of the consumer group chaos-load (chaos/group_load.py) reading the topic with the
     # client's AsyncConsumer during the load; 0: none. Only with a load.
     load_consumers: int = 3
@@ -240,10 +241,12 @@ async def _run(spec: ChaosSpec) -> RunResult:
         workers += [asyncio.create_task(workload.consumer(w, stop)) for w in range(wl_config.consumers)]
         load = None
         if spec.load_rate > 0:
-            load_config = LoadConfig(producers=spec.load_producers, rate=spec.load_rate)
-            load = LoadProducers(history, cluster.node_ids, client.address_map, wl_config.topic, load_config,
-                                 seed=spec.seed)  # fmt: skip
-            workers += [asyncio.create_task(load.producer(w, stop)) for w in range(load_config.producers)]
+            load_config = LoadConfig(producers=spec.load_producers, rate=spec.load_rate,
+                                     processes=spec.load_processes)  # fmt: skip
+            load = LoadProcesses(history, cluster.node_ids, client.address_map, wl_config.topic, load_config,
+                                 directory, seed=spec.seed)  # fmt: skip
+            await load.start()
+            workers.append(asyncio.create_task(load.run(stop)))
         if spec.load_rate > 0 and spec.load_consumers > 0:
             group = GroupConsumers(history, cluster.node_ids, client.address_map, wl_config.topic,
                                    GroupLoadConfig(members=spec.load_consumers))  # fmt: skip

@@ -95,6 +95,8 @@ def assert_at_least_once(result: RunResult) -> None:
         assert_received_at_least_once(result)
     if "load" in run_info:
         assert run_info["load"]["acknowledged"] > 0, f"the production load got nothing acknowledged; {where}"
+    if "group_consume" in checks:
+        assert_group_committed_prefix(result)
     tracebacks = {n: a["traceback"] for n, a in run_info["log_alerts"].items() if a.get("traceback")}
     assert not tracebacks, f"unexplained tracebacks in the node logs (node: count): {tracebacks}; {where}"
     assert result.valid
@@ -109,6 +111,18 @@ def assert_received_at_least_once(result: RunResult) -> None:
     )
     assert rx["never_acked_count"] == 0, f"finished without an ack: {rx['never_acked']}"
     assert rx["divergent_count"] == 0, f"one position handed out with two values: {rx['divergent']}"
+
+
+def assert_group_committed_prefix(result: RunResult) -> None:
+    """The load's consumer group: something consumed and committed, no acknowledged message below
+    the final committed offset unconsumed, no committed offset read going back."""
+    group = result.checks["group_consume"]
+    assert group["consumed_count"] > 0 and group["committed_total"] > 0, (
+        f"the group consumed nothing: {group}"
+    )
+    assert group["skipped_count"] == 0, f"committed past unconsumed messages: {group['skipped']}"
+    assert group["backwards_count"] == 0, f"committed offsets went back: {group['backwards']}"
+    assert (group["divergent_count"], group["unexpected_count"]) == (0, 0), group
 
 
 def assert_strangers_were_refused(result: RunResult) -> None:
