@@ -319,6 +319,7 @@ class LoadProcesses:
         for spec, _ in self._children:
             if spec.history_path.exists():
                 ops += load_history(spec.history_path)
+                spec.history_path.unlink()  # merged into the run's history: not kept twice
         for op in ops:
             if op["type"] == INVOKE:
                 self.offered += 1
