@@ -95,7 +95,9 @@ class GroupConsumers:
                 commit = False
                 self.restarts += 1
             finally:
-                with contextlib.suppress(RaftmqError):
+                # A close that fails or hangs (its cluster down) leaves the member's queues to the
+                # group's session expiry, as a crashed application would.
+                with contextlib.suppress(RaftmqError, TimeoutError):
                     await asyncio.wait_for(consumer.close(commit=commit), 15)
             if not stop.is_set():
                 with contextlib.suppress(TimeoutError):
