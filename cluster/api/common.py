@@ -21,6 +21,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError, error_body
 from raftmq.cluster.node.router import peer_error
 from raftmq.storage.records import Message
+from raftmq.storage.store import StoreClosed
 
 __all__ = [
     "Handler",
@@ -85,6 +86,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(ApiError(errors.BAD_REQUEST, e.reason))
     except asyncio.CancelledError:
         raise
+    except StoreClosed as e:
+        # A group's store closed under the request: a snapshot install replaced it, or a storage
+        # failure stopped the group. The node's state, not a bug: retriable, never a 500. A read
+        # did nothing; a write may have been proposed before the close, so its outcome is unknown.
+        log.warning("store_closed_under_request", method=request.method, path=request.path, error=str(e))
+        code = errors.UNAVAILABLE if request.method in ("GET", "HEAD") else errors.UNKNOWN_OUTCOME
+        return error_response(ApiError(code, "the queue group's store was closed under the request; retry"))
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
         # A call to another node that its handler did not map (router.peer_call does): the peer is
         # gone or slow, which is the cluster's state, not a bug; never a 500 ``internal``, which
