@@ -45,6 +45,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from raftmq import batch as rb
+from raftmq.errors import RaftmqError
 
 from .keys import RECORD, queue_range, record_key, record_prefix
 from .queues import OffsetOutOfRange, queue_bounds
@@ -478,7 +479,7 @@ class WrittenSegment:
 _REL = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
 
 
-class UnsafePath(ValueError):
+class UnsafePath(RaftmqError, ValueError):
     """A segment path that could leave the segment store's root (``..``, absolute, odd characters)."""
 
 

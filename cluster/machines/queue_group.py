@@ -216,9 +216,9 @@ class QueueGroupMachine:
 
     def _error_result(self, index: int, exc: Exception) -> dict[str, Any]:
         if isinstance(exc, BadCommand):
-            return error_body(exc.code, exc.message)
+            return error_body(exc.error, exc.message)
         if isinstance(exc, _Rejected):
-            return error_body(exc.code, exc.message, **exc.extra)
+            return exc.body()
         _log.exception("apply_failed", group_id=self._group_id, index=index)
         return error_body(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
 

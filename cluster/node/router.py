@@ -198,7 +198,7 @@ class LeaderRouter:
                             body=data, status=resp.status, content_type=resp.content_type, headers=kept
                         )
             except ApiError as e:
-                if not e.code.definite or time.monotonic() >= deadline:
+                if not e.definite or time.monotonic() >= deadline:
                     raise
             else:
                 if answer.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
@@ -232,7 +232,7 @@ class LeaderRouter:
             try:
                 return await self._group_call_once(name, action, body, size_hint)
             except ApiError as e:
-                if not (e.code.retriable and e.code.definite) or time.monotonic() >= deadline:
+                if not (e.retriable and e.definite) or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()

@@ -28,15 +28,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# What each top-level package may import (besides itself). client speaks HTTP and depends on no
-# other package; the CLI (cluster/cli/) is the one part of cluster/ that uses the client.
+# What each top-level package may import (besides itself). errors (the one error root and its
+# catalogue) is at the bottom, shared by all; client speaks HTTP and depends on no other package but
+# batch and errors; the CLI (cluster/cli/) is the one part of cluster/ that uses the client.
 TOP_LEVEL: dict[str, set[str]] = {
-    "batch": set(),
-    "storage": {"batch"},
-    "client": {"batch"},
-    "cluster": {"storage", "batch"},
-    "spark": {"client", "storage", "batch"},
-    "chaos": {"client", "cluster", "batch"},
+    "errors": set(),
+    "batch": {"errors"},
+    "storage": {"batch", "errors"},
+    "client": {"batch", "errors"},
+    "cluster": {"storage", "batch", "errors"},
+    "spark": {"client", "storage", "batch", "errors"},
+    "chaos": {"client", "cluster", "batch", "errors"},
 }
 # Extra packages one room of cluster/ may import.
 ROOM_EXTRA: dict[str, set[str]] = {"cli": {"client"}}

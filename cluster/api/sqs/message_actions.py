@@ -72,7 +72,7 @@ def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _failed(entry_id: str, e: SqsError) -> dict[str, Any]:
-    return {"Id": entry_id, "SenderFault": e.code.sender, "Code": e.code.code, "Message": e.message}
+    return {"Id": entry_id, "SenderFault": e.aws.sender, "Code": e.aws.code, "Message": e.message}
 
 
 class SqsActions(QueueActions):
@@ -212,8 +212,8 @@ class SqsActions(QueueActions):
                     )
                 )["messages"]
             except ApiError as e:
-                if not e.code.retriable or time.monotonic() >= deadline:
-                    if e.code.retriable:
+                if not e.retriable or time.monotonic() >= deadline:
+                    if e.retriable:
                         return []
                     raise
                 await asyncio.sleep(0.2)

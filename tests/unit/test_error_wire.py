@@ -1,0 +1,88 @@
+"""One converter each way between an error and a wire answer (issue 20): the API's error middleware
+answers any catalogued error with its body and status, and the client's ``error_from_body`` turns
+that answer back into the class of its code, with the same code, status, flags, message and fields.
+Each error goes through the real middleware and the client's real answer parser."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from raftmq import errors as shared
+from raftmq.client import errors as client
+from raftmq.client._transport import _parse
+from raftmq.cluster.api.common import error_middleware
+from raftmq.cluster.base import errors as server
+from raftmq.cluster.config.cluster_file import ConfigError
+from raftmq.storage.store import StoreError
+
+
+def _answer(error: BaseException) -> web.Response:
+    """The answer of the error middleware to a handler that raises ``error``."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        raise error
+
+    async def run() -> web.StreamResponse:
+        return await error_middleware(make_mocked_request("POST", "/v1/topics/t/messages"), handler)
+
+    response = asyncio.run(run())
+    assert isinstance(response, web.Response) and isinstance(response.body, bytes)
+    return response
+
+
+def _round_trip(error: BaseException) -> shared.RaftmqError:
+    response = _answer(error)
+    with pytest.raises(shared.RaftmqError) as caught:
+        _parse(response.status, response.body)  # type: ignore[arg-type]
+    assert caught.value.status == response.status
+    return caught.value
+
+
+@pytest.mark.parametrize("code", sorted(server.BY_CODE))
+@pytest.mark.parametrize("kind", [server.ApiError, server.Refused, server.ProduceFailed, server.BadCommand])
+def test_every_catalogued_code_round_trips_with_its_fields(
+    code: str, kind: type[server.CatalogError]
+) -> None:
+    entry = server.BY_CODE[code]
+    sent = kind(entry, f"{code} happened", queue=3, leader="n2")
+    got = _round_trip(sent)
+    assert type(got) is client.BY_CODE[code]
+    assert (got.code, got.status, got.retriable, got.definite) == (
+        entry.code,
+        entry.status,
+        entry.retriable,
+        entry.definite,
+    )
+    assert got.message == sent.message == f"{code} happened"
+    assert dict(got.details) == dict(sent.details) == {"queue": 3, "leader": "n2"}
+    assert got.body() == sent.body()
+
+
+def test_storage_offset_out_of_range_is_answered_and_read_back_with_its_bounds() -> None:
+    got = _round_trip(shared.OffsetOutOfRange(12, 5, 9))
+    assert isinstance(got, client.OffsetOutOfRange)
+    assert (got.status, got.low_offset, got.high_offset) == (416, 5, 9)
+    assert got.message == "offset 12 is outside [5, 9]"
+
+
+def test_a_bad_batch_is_answered_and_read_back_with_where_it_is_bad() -> None:
+    got = _round_trip(shared.BadBatch("crc_mismatch", "the batch's CRC does not match", 4, 1))
+    assert isinstance(got, client.BadBatch)
+    assert (got.status, got.reason, got.record, got.batch) == (400, "crc_mismatch", 4, 1)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConfigError(["secret=hunter2 is too short"]), StoreError("/var/lib/raftmq/n1 is corrupt")],
+)
+def test_an_error_that_is_no_answer_is_a_500_internal_without_its_message(error: Exception) -> None:
+    assert isinstance(error, shared.RaftmqError) and error.status == 0
+    response = _answer(error)
+    assert response.status == 500
+    assert b"hunter2" not in response.body and b"corrupt" not in response.body  # type: ignore[operator]
+    got = _round_trip(error)
+    assert isinstance(got, client.InternalError)
