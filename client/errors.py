@@ -94,6 +94,7 @@ from raftmq.errors import (
     ErrorCode,
     OffsetOutOfRange,
     RaftmqError,
+    body_parts,
 )
 
 __all__ = [
@@ -377,8 +378,6 @@ CLIENT_CODES: Mapping[str, type[RaftmqError]] = MappingProxyType(
 )
 """The codes the client raises on its own (never sent by a server)."""
 
-_STANDARD_FIELDS = frozenset({"code", "message", "retriable", "definite"})
-
 
 def error_from_body(status: int, body: Any) -> RaftmqError:
     """The exception for an API error answer.
@@ -395,11 +394,9 @@ def error_from_body(status: int, body: Any) -> RaftmqError:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict) or not isinstance(error.get("code"), str):
         return UnexpectedResponse(f"HTTP {status} without a raftmq error body", {"status": status})
-    message = error.get("message")
-    message = message if isinstance(message, str) else ""
-    details = {k: v for k, v in error.items() if k not in _STANDARD_FIELDS}
-    cls = BY_CODE.get(error["code"])
+    code, message, details = body_parts(error)
+    cls = BY_CODE.get(code)
     if cls is None:
-        details.update(code=error["code"], status=status)
-        return UnexpectedResponse(f"unknown error code {error['code']!r}: {message}", details)
+        details.update(code=code, status=status)
+        return UnexpectedResponse(f"unknown error code {code!r}: {message}", details)
     return cls.from_wire(message, details)

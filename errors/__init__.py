@@ -21,8 +21,9 @@ for people and the ``details`` of its error body::
                                 answer's body (status 0, :data:`UNANSWERED`; builtins as second base)
 
 One converter each way: :meth:`RaftmqError.body` turns an error into its wire body (the API's error
-middleware answers any error with a status with it); ``client.errors.error_from_body`` turns a wire
-answer back into the error class of its code (:meth:`RaftmqError.from_wire`).
+middleware answers any error with a status with it); back from the wire, ``client.errors.error_from_body``
+gives the client's class of the code (:meth:`RaftmqError.from_wire`), and :meth:`CatalogError.from_body`
+the server's error of a state machine's error result or another node's answer.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ __all__ = [
     "STALE_EPOCH",
     "STALE_RECEIPT",
     "STALE_SEQUENCE",
+    "STANDARD_FIELDS",
     "TIMEOUT",
     "TOO_MANY_GROUPS",
     "TOO_MANY_MEMBERS",
@@ -70,6 +72,7 @@ __all__ = [
     "ErrorCode",
     "OffsetOutOfRange",
     "RaftmqError",
+    "body_parts",
     "error_body",
     "outcome_code",
 ]
@@ -284,6 +287,18 @@ def error_body(code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": body}
 
 
+STANDARD_FIELDS = frozenset({"code", "message", "retriable", "definite"})
+"""The fields every error body has; the others are the error's ``details``."""
+
+
+def body_parts(error: Mapping[str, Any]) -> tuple[Any, str, dict[str, Any]]:
+    """The ``code`` (as sent: anything), ``message`` ("" when it is not a string) and other fields of
+    an error body's ``error`` object: what both converters from the wire read."""
+    message = error.get("message")
+    details = {k: v for k, v in error.items() if k not in STANDARD_FIELDS}
+    return error.get("code"), message if isinstance(message, str) else "", details
+
+
 def outcome_code(code: str, definite: bool) -> ErrorCode:
     """The catalogue entry of a Raft outcome's error ``code``: an unknown code, or a definite one
     whose write may have happened after all (``definite`` False), is ``unknown_outcome``."""
@@ -353,6 +368,13 @@ class CatalogError(RaftmqError):
 
     def __str__(self) -> str:
         return self.message
+
+    @classmethod
+    def from_body(cls, error: Mapping[str, Any], unknown: ErrorCode = INTERNAL) -> Self:
+        """The error of an error body's ``error`` object (a state machine's result, another node's
+        answer): its code's entry (``unknown`` for a code not in the catalogue), message and fields."""
+        code, message, details = body_parts(error)
+        return cls(BY_CODE.get(code, unknown) if isinstance(code, str) else unknown, message, **details)
 
 
 class BadBatch(RaftmqError):

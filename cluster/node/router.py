@@ -62,12 +62,12 @@ def raft_error(code: str, message: str, definite: bool) -> ApiError:
 def body_error(status: int, data: bytes) -> ApiError:
     """An ApiError from a peer's error response."""
     try:
-        e = orjson.loads(data)["error"]
-        code = errors.BY_CODE.get(e["code"], errors.INTERNAL)
-        extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
-        return ApiError(code, e.get("message", ""), **extra)
+        error = orjson.loads(data)["error"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
+        error = None
+    if not isinstance(error, dict) or "code" not in error:
         return ApiError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
+    return ApiError.from_body(error)
 
 
 def peer_error(e: BaseException, method: str, peer: str) -> ApiError:
@@ -212,9 +212,7 @@ class LeaderRouter:
             raise raft_error(outcome.error, f"group {name}: {outcome.error}", outcome.definite)
         result: dict[str, Any] = outcome.result
         if "error" in result:
-            e = result["error"]
-            extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
-            raise ApiError(errors.BY_CODE.get(e["code"], errors.INTERNAL), e["message"], **extra)
+            raise ApiError.from_body(result["error"])
         return result
 
     async def group_call(

@@ -86,3 +86,20 @@ def test_an_error_that_is_no_answer_is_a_500_internal_without_its_message(error:
     assert b"hunter2" not in response.body and b"corrupt" not in response.body  # type: ignore[operator]
     got = _round_trip(error)
     assert isinstance(got, client.InternalError)
+
+
+@pytest.mark.parametrize("code", sorted(server.BY_CODE))
+def test_an_error_result_converts_back_to_the_same_error(code: str) -> None:
+    # What a state machine's result or another node's answer carries, back into a server error
+    # (router.propose_checked, router.body_error, the SQS API): entry, message and fields kept.
+    result = server.error_body(server.BY_CODE[code], "refused", lease_until_ms=7)["error"]
+    e = server.ApiError.from_body(result)
+    assert e.error is server.BY_CODE[code]
+    assert (e.message, dict(e.details)) == ("refused", {"lease_until_ms": 7})
+    assert e.body() == {"error": result}
+
+
+def test_an_error_result_of_an_unknown_code_is_the_fallback_entry() -> None:
+    e = server.ApiError.from_body({"code": "teapot", "message": "short and stout", "spout": 1})
+    assert (e.error, e.message, dict(e.details)) == (server.INTERNAL, "short and stout", {"spout": 1})
+    assert server.ApiError.from_body({"code": 5}, server.UNKNOWN_OUTCOME).error is server.UNKNOWN_OUTCOME

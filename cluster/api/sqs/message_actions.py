@@ -134,8 +134,7 @@ class SqsActions(QueueActions):
         )
         outcome = result["results"][0]
         if "error" in outcome:
-            code = errors.BY_CODE.get(outcome["error"]["code"], errors.INTERNAL)
-            raise ApiError(code, outcome["error"]["message"])
+            raise ApiError.from_body(outcome["error"])
 
     async def send_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
         topic = await self._queue(params)
@@ -245,8 +244,7 @@ class SqsActions(QueueActions):
                     if op != "ack":  # an old handle: AWS deletes nothing and says nothing
                         out[i] = SqsError("MessageNotInflight", "The message referred to is not in flight.")
                     continue
-                code = errors.BY_CODE.get(error.get("code", ""), errors.INTERNAL)
-                raise ApiError(code, error.get("message", ""))
+                raise ApiError.from_body(error)
         return out
 
     async def delete_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
