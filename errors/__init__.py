@@ -342,6 +342,15 @@ class RaftmqError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its class, args and attributes: the constructors differ (CatalogError takes
+        # its entry, BadBatch its reason), so the default (the class called with args) would fail.
+        return _restore, (type(self), self.args), {**self.__dict__, "details": dict(self.details)}
+
+    def __setstate__(self, state: dict[str, Any] | None) -> None:
+        self.__dict__.update(state or {})
+        self.details = MappingProxyType(dict(self.details))
+
     def body(self) -> dict[str, Any]:
         """The wire body of this error (:func:`error_body`): the one way from an error to an answer."""
         return error_body(self.error, self.message, **self.details)
@@ -350,6 +359,13 @@ class RaftmqError(Exception):
     def from_wire(cls, message: str, details: Mapping[str, Any]) -> Self:
         """The error of a wire body's ``message`` and extra fields (``client.errors.error_from_body``)."""
         return cls(message, details)
+
+
+def _restore(cls: type[RaftmqError], args: tuple[Any, ...]) -> RaftmqError:
+    """An unpickled error: made without its constructor; pickle then sets its attributes."""
+    error = cls.__new__(cls)
+    error.args = args
+    return error
 
 
 class CatalogError(RaftmqError):

@@ -6,6 +6,7 @@ Each error goes through the real middleware and the client's real answer parser.
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import pytest
 from aiohttp import web
@@ -103,3 +104,29 @@ def test_an_error_result_of_an_unknown_code_is_the_fallback_entry() -> None:
     e = server.ApiError.from_body({"code": "teapot", "message": "short and stout", "spout": 1})
     assert (e.error, e.message, dict(e.details)) == (server.INTERNAL, "short and stout", {"spout": 1})
     assert server.ApiError.from_body({"code": 5}, server.UNKNOWN_OUTCOME).error is server.UNKNOWN_OUTCOME
+
+
+def _every_error() -> list[shared.RaftmqError]:
+    made: list[shared.RaftmqError] = [
+        server.ApiError(server.LOCK_HELD, "held", lease_until_ms=9),
+        shared.BadBatch("truncated", "short", 2, 0),
+        shared.OffsetOutOfRange(7, 1, 3),
+        StoreError("gone"),
+    ]
+    made += [
+        cls.from_wire("m", {"field": 1}) for cls in [*client.BY_CODE.values(), *client.CLIENT_CODES.values()]
+    ]
+    return made
+
+
+@pytest.mark.parametrize("error", _every_error(), ids=repr)
+def test_an_error_pickles_with_its_class_message_and_fields(error: shared.RaftmqError) -> None:
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error)
+    assert (back.message, dict(back.details), back.code, back.status) == (
+        error.message,
+        dict(error.details),
+        error.code,
+        error.status,
+    )
+    assert back.body() == error.body() and str(back) == str(error)
