@@ -32,7 +32,8 @@ from ._format import (
 )
 from ._frames import Frame, frame_prefix, join_frames, split_batches, split_frames
 from ._v1 import V1Batch, read_v1, v1_to_v2
-from ._view import BatchView, Limits, Record, read, reserved_header_record, stamp, stamp_into, validate
+from ._validate import Limits, read, reserved_header_record, validate
+from ._view import BatchView, Record, stamp, stamp_into
 
 __all__ = [
     "ANY_QUEUE",

@@ -13,7 +13,8 @@ import numpy.typing as npt
 
 from ._format import MAGIC_V1, RECORD_BINARY, RECORD_KEY
 from ._v1 import v1_to_v2
-from ._view import BatchView, read
+from ._validate import read
+from ._view import BatchView
 
 if TYPE_CHECKING:
     import pyarrow

@@ -19,6 +19,8 @@ from typing import Final
 
 import numpy as np
 
+from raftmq.errors import BadBatch
+
 __all__ = [
     "ANY_QUEUE",
     "BATCH_MEDIA_TYPE",
@@ -114,35 +116,3 @@ def header_dtype(stride: int) -> np.dtype[np.void]:
     return np.dtype(
         {"names": ["name_len", "value_len"], "formats": ["<u4", "<u4"], "offsets": [0, 4], "itemsize": stride}
     )
-
-
-class BadBatch(Exception):
-    """A batch or frame is malformed, or breaks a limit. Nothing of it may be applied.
-
-    Attributes:
-        code: Always ``"bad_batch"`` (the catalogue code the node answers with, HTTP 400).
-        reason: A stable short name of the check that failed (``crc_mismatch``, ``truncated``,
-            ``message_too_large``, ``bad_utf8``, ...): docs/format.md lists them.
-        message: What is wrong, for people.
-        record: Index (0-based, within the batch) of the first bad record, or None when the batch
-            as a whole is bad (its CRC, its header, its length).
-        batch: Index of the batch within a frame sequence, or None for a single batch.
-    """
-
-    code: Final = "bad_batch"
-
-    def __init__(
-        self, reason: str, message: str, record: int | None = None, batch: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.record = record
-        self.batch = batch
-
-    def in_batch(self, batch: int) -> BadBatch:
-        """The same error, naming the batch ``batch`` of a frame sequence."""
-        return BadBatch(self.reason, f"batch {batch}: {self.message}", self.record, batch)
-
-    def __str__(self) -> str:
-        return self.message

@@ -35,6 +35,7 @@ from raftmq.batch import (
     read,
     split_frames,
 )
+from raftmq.errors import RaftmqError
 
 from ._transport import _NOT_SENT, Transport, _describe
 from ._types import _EMPTY, Message
@@ -48,7 +49,7 @@ log = logging.getLogger("raftmq.client.consumer")
 _MAX_FRAMES = 1 << 30  # an answer's batches are bounded by its size, not by a count
 
 
-class NotAccepted(Exception):
+class NotAccepted(RaftmqError):
     """The node does not offer the binary answer (415 or 406): fetch JSON from now on."""
 
 

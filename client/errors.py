@@ -1,7 +1,9 @@
 """The client's errors: one root class, one subclass per API error code, plus the client's own.
 
-Clients match on classes (or on ``code``), never on message text. Every class carries the same
-flags as the API's error catalogue:
+The root, :class:`RaftmqError`, and the catalogue are ``raftmq.errors``', shared with the server:
+each class below names its catalogue entry (``error``), and :class:`BadBatch` and
+:class:`OffsetOutOfRange` are the very classes the batch reader and storage raise. Clients match on
+classes (or on ``code``), never on message text. Every class carries the catalogue's flags:
 
 - ``code``: the stable snake_case code (the API's, or a client-only one below);
 - ``status``: the HTTP status the API answers with (0 for errors raised by the client itself);
@@ -57,7 +59,43 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any
+
+from raftmq.errors import (
+    BAD_REQUEST,
+    CHANGE_IN_PROGRESS,
+    DEAD_LETTER_TOPIC_CONFLICT,
+    FORBIDDEN,
+    INTERNAL,
+    INVALID_JSON,
+    LOCK_HELD,
+    MEMBER_NOT_OWNED,
+    MESSAGE_TOO_LARGE,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_LEADER,
+    QUEUE_NOT_FOUND,
+    REQUEST_TOO_LARGE,
+    RESERVED_HEADER,
+    STALE_EPOCH,
+    STALE_RECEIPT,
+    STALE_SEQUENCE,
+    TIMEOUT,
+    TOO_MANY_GROUPS,
+    TOO_MANY_MEMBERS,
+    TOO_MANY_REQUESTS,
+    TOPIC_EXISTS,
+    TOPIC_NOT_FOUND,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    UNKNOWN_OUTCOME,
+    UPGRADE_IN_PROGRESS,
+    BadBatch,
+    ErrorCode,
+    OffsetOutOfRange,
+    RaftmqError,
+    body_parts,
+)
 
 __all__ = [
     "BY_CODE",
@@ -103,44 +141,16 @@ __all__ = [
 ]
 
 
-class RaftmqError(Exception):
-    """The root of every error the client raises.
-
-    Attributes:
-        message: Human-readable detail (do not parse it).
-        details: Extra fields of the API's error body (e.g. ``results`` of a partly stored produce).
-    """
-
-    code: ClassVar[str] = "raftmq_error"
-    status: ClassVar[int] = 0
-    retriable: ClassVar[bool] = False
-    definite: ClassVar[bool] = True  # False: the write may have happened
-
-    def __init__(self, message: str = "", details: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message or self.code)
-        self.message = message or self.code
-        self.details: Mapping[str, Any] = MappingProxyType(dict(details or {}))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.message!r})"
-
-
-# -- the API's codes (cluster/base/errors.py; a unit test keeps the two tables equal) ------------------
+# -- the API's codes: each class names its entry of the catalogue (raftmq.errors) -------------------
+# BadBatch and OffsetOutOfRange are raftmq.errors' own (the batch reader and storage raise them too).
 
 
 class BadRequest(RaftmqError):
-    code, status = "bad_request", 400
+    error = BAD_REQUEST
 
 
 class InvalidJson(RaftmqError):
-    code, status = "invalid_json", 400
-
-
-class BadBatch(RaftmqError):
-    """A binary record batch was refused: ``details["reason"]``, ``details["record"]`` (the first
-    bad record) and ``details["batch"]`` (the frame) say what and where; nothing was stored."""
-
-    code, status = "bad_batch", 400
+    error = INVALID_JSON
 
 
 class ReservedHeader(RaftmqError):
@@ -148,149 +158,132 @@ class ReservedHeader(RaftmqError):
     own (dead-letter provenance, redrive). The producer raises it before sending; a node answers
     it for a request sent otherwise. Nothing was stored."""
 
-    code, status = "reserved_header", 400
+    error = RESERVED_HEADER
 
 
 class Unauthorized(RaftmqError):
-    code, status = "unauthorized", 401
+    error = UNAUTHORIZED
 
 
 class Forbidden(RaftmqError):
-    code, status = "forbidden", 403
+    error = FORBIDDEN
 
 
 class MemberNotOwned(Forbidden):
     """The consumer-group member id belongs to a member another API token created."""
 
-    code = "member_not_owned"
+    error = MEMBER_NOT_OWNED
 
 
 class NotFound(RaftmqError):
-    code, status = "not_found", 404
+    error = NOT_FOUND
 
 
 class TopicNotFound(RaftmqError):
-    code, status = "topic_not_found", 404
+    error = TOPIC_NOT_FOUND
 
 
 class QueueNotFound(RaftmqError):
-    code, status = "queue_not_found", 404
+    error = QUEUE_NOT_FOUND
 
 
 class MethodNotAllowed(RaftmqError):
-    code, status = "method_not_allowed", 405
+    error = METHOD_NOT_ALLOWED
 
 
 class TopicExists(RaftmqError):
-    code, status = "topic_exists", 409
+    error = TOPIC_EXISTS
 
 
 class DeadLetterTopicConflict(RaftmqError):
     """A topic with the dead-letter topic's name exists and is not the recorded dead-letter topic
     of this topic and consumer group; nothing was done."""
 
-    code, status = "dead_letter_topic_conflict", 409
+    error = DEAD_LETTER_TOPIC_CONFLICT
 
 
 class TooManyGroups(RaftmqError):
     """The topic or the token has as many consumer groups as the cluster's ``[limits]`` allow."""
 
-    code, status = "too_many_groups", 409
+    error = TOO_MANY_GROUPS
 
 
 class StaleReceipt(RaftmqError):
     """The receipt is no longer valid (the message was acked, redelivered since, or is unknown)."""
 
-    code, status = "stale_receipt", 409
+    error = STALE_RECEIPT
 
 
 class StaleEpoch(RaftmqError):
     """The queue's lock has another epoch (a newer holder); nothing was done."""
 
-    code, status = "stale_epoch", 409
+    error = STALE_EPOCH
 
 
 class StaleSequence(RaftmqError):
     """The producer's sequence is older than its newest on the queue and no longer remembered (a
     late retry, or a ``producer_id`` reused from 0); nothing was stored."""
 
-    code, status = "stale_sequence", 409
+    error = STALE_SEQUENCE
 
 
 class LockHeld(RaftmqError):
     """Another consumer holds the queue's lock until ``details["lease_until_ms"]``; nothing was
     done (not retried by the client: the caller decides whether to wait)."""
 
-    code, status = "lock_held", 409
+    error = LOCK_HELD
 
 
 class TooManyMembers(RaftmqError):
     """The token or a topic already has its most consumer-group members; nothing was done."""
 
-    code, status = "too_many_members", 409
+    error = TOO_MANY_MEMBERS
 
 
 class ChangeInProgress(RaftmqError):
     """Another cluster change (node, replica or leadership move) is in progress; retry when it
     ends (``details["change"]`` describes it)."""
 
-    code, status, retriable = "change_in_progress", 409, True
+    error = CHANGE_IN_PROGRESS
 
 
 class MessageTooLarge(RaftmqError):
-    code, status = "message_too_large", 413
+    error = MESSAGE_TOO_LARGE
 
 
 class RequestTooLarge(RaftmqError):
-    code, status = "request_too_large", 413
-
-
-class OffsetOutOfRange(RaftmqError):
-    """The offset is outside ``[low_offset, high_offset]`` of the queue.
-
-    Attributes:
-        low_offset: The first retained offset (None if the body did not say).
-        high_offset: The next offset to be written (None if the body did not say).
-    """
-
-    code, status = "offset_out_of_range", 416
-
-    def __init__(self, message: str = "", details: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message, details)
-        low, high = self.details.get("low_offset"), self.details.get("high_offset")
-        self.low_offset: int | None = low if isinstance(low, int) else None
-        self.high_offset: int | None = high if isinstance(high, int) else None
+    error = REQUEST_TOO_LARGE
 
 
 class NotLeader(RaftmqError):
-    code, status, retriable = "not_leader", 421, True
+    error = NOT_LEADER
 
 
 class TooManyRequests(RaftmqError):
-    code, status, retriable = "too_many_requests", 429, True
+    error = TOO_MANY_REQUESTS
 
 
 class InternalError(RaftmqError):
-    code, status, definite = "internal", 500, False
+    error = INTERNAL
 
 
 class Unavailable(RaftmqError):
-    code, status, retriable = "unavailable", 503, True
+    error = UNAVAILABLE
 
 
 class UpgradeInProgress(RaftmqError):
     """A replica of the group runs an older release that cannot apply this write (a rolling
     upgrade is under way); nothing was done."""
 
-    code, status, retriable = "upgrade_in_progress", 503, True
+    error = UPGRADE_IN_PROGRESS
 
 
 class UnknownOutcome(RaftmqError):
-    code, status, retriable, definite = "unknown_outcome", 503, True, False
+    error = UNKNOWN_OUTCOME
 
 
 class Timeout(RaftmqError):
-    code, status, retriable, definite = "timeout", 504, True, False
+    error = TIMEOUT
 
 
 # -- the client's own ------------------------------------------------------------------------------
@@ -300,38 +293,38 @@ class UnexpectedResponse(RaftmqError):
     """The server answered something that is not a raftmq answer (or an error code this client does
     not know; ``details["code"]`` then holds it)."""
 
-    code, definite = "unexpected_response", False
+    error = ErrorCode("unexpected_response", 0, False, False, "Not a raftmq answer, or an unknown code.")
 
 
 class ConnectionFailed(RaftmqError):
     """No node could be reached; the request was never sent."""
 
-    code, retriable = "connection_failed", True
+    error = ErrorCode("connection_failed", 0, True, True, "No node could be reached; nothing was sent.")
 
 
 class ConnectionLost(ConnectionFailed):
     """The connection broke after the request was sent: a write may or may not have happened."""
 
-    code, definite = "connection_lost", False
+    error = ErrorCode("connection_lost", 0, True, False, "The connection broke after the request was sent.")
 
 
 class BufferFull(RaftmqError):
     """The producer's buffer (``max_buffer_bytes``) stayed full for ``max_block_ms``; nothing was
     sent."""
 
-    code, retriable = "buffer_full", True
+    error = ErrorCode("buffer_full", 0, True, True, "The producer's buffer stayed full; nothing was sent.")
 
 
 class DeliveryTimeout(RaftmqError):
     """A batch waited ``delivery_timeout_ms`` without being sent; nothing was written."""
 
-    code, retriable = "delivery_timeout", True
+    error = ErrorCode("delivery_timeout", 0, True, True, "A batch was never sent before its deadline.")
 
 
 class ClientClosed(RaftmqError):
     """The client was closed (by you); it takes no more requests."""
 
-    code = "client_closed"
+    error = ErrorCode("client_closed", 0, False, True, "The client was closed; it takes no more requests.")
 
 
 _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
@@ -385,8 +378,6 @@ CLIENT_CODES: Mapping[str, type[RaftmqError]] = MappingProxyType(
 )
 """The codes the client raises on its own (never sent by a server)."""
 
-_STANDARD_FIELDS = frozenset({"code", "message", "retriable", "definite"})
-
 
 def error_from_body(status: int, body: Any) -> RaftmqError:
     """The exception for an API error answer.
@@ -403,11 +394,9 @@ def error_from_body(status: int, body: Any) -> RaftmqError:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict) or not isinstance(error.get("code"), str):
         return UnexpectedResponse(f"HTTP {status} without a raftmq error body", {"status": status})
-    message = error.get("message")
-    message = message if isinstance(message, str) else ""
-    details = {k: v for k, v in error.items() if k not in _STANDARD_FIELDS}
-    cls = BY_CODE.get(error["code"])
+    code, message, details = body_parts(error)
+    cls = BY_CODE.get(code)
     if cls is None:
-        details.update(code=error["code"], status=status)
-        return UnexpectedResponse(f"unknown error code {error['code']!r}: {message}", details)
-    return cls(message, details)
+        details.update(code=code, status=status)
+        return UnexpectedResponse(f"unknown error code {code!r}: {message}", details)
+    return cls.from_wire(message, details)

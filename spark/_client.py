@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from raftmq.storage.segments import BATCH_ROWS, read_segment
+from raftmq.storage.columns import BATCH_ROWS
+from raftmq.storage.segments import read_segment
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 

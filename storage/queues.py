@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 
+from raftmq.errors import OffsetOutOfRange
+
 from .keys import (
     APPLIED,
     DEADLINE,
@@ -78,22 +80,6 @@ _SCAN_CHUNK = 16  # record batches fetched per scan call while reading forward
 _V2_BASE = struct.Struct("<Q")
 _V2_COUNT = struct.Struct("<I")
 _V2_MIN = 52
-
-
-class OffsetOutOfRange(Exception):
-    """A read asked for an offset outside ``[low_offset, high_offset]``.
-
-    Attributes:
-        offset: The offset asked for.
-        low_offset: The queue's first retained offset at the time of the read.
-        high_offset: The queue's next offset to be written at the time of the read.
-    """
-
-    def __init__(self, offset: int, low_offset: int, high_offset: int) -> None:
-        super().__init__(f"offset {offset} is outside [{low_offset}, {high_offset}]")
-        self.offset = offset
-        self.low_offset = low_offset
-        self.high_offset = high_offset
 
 
 def applied_index(store: Store) -> int:

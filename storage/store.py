@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from raftmq.errors import RaftmqError
+
 __all__ = ["OP_DELETE", "OP_DELETE_RANGE", "OP_PUT", "Batch", "Store", "StoreClosed", "StoreError"]
 
 OP_PUT = 0
@@ -26,7 +28,7 @@ OP_DELETE = 1
 OP_DELETE_RANGE = 2
 
 
-class StoreError(Exception):
+class StoreError(RaftmqError):
     """The store failed to read or write (I/O error, corruption, closed store)."""
 
 

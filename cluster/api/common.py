@@ -18,7 +18,7 @@ from aiohttp import web
 from raftmq.cluster import commands
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ApiError, error_body
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.node.router import peer_error
 from raftmq.storage.records import Message
 from raftmq.storage.store import StoreClosed
@@ -62,15 +62,23 @@ def message_item(item: dict[str, Any], m: Message) -> dict[str, Any]:
     return item
 
 
-def error_response(e: ApiError) -> web.Response:
-    return json_response(error_body(e.code, e.message, **e.extra), status=e.code.status)
+def error_response(e: RaftmqError) -> web.Response:
+    """The answer of a catalogued error: its body (:meth:`RaftmqError.body`) and its status."""
+    return json_response(e.body(), status=e.status)
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one way from an error to an answer: any catalogued error a handler raises (an
+    ``ApiError``, a state machine's ``Refused``, storage's ``OffsetOutOfRange``, a ``BadBatch``)
+    is answered with its own body and status; an error that is no answer (status 0) or any other
+    exception is a 500 ``internal`` whose detail stays in the node's log."""
     try:
         return await handler(request)
-    except ApiError as e:
+    except RaftmqError as e:
+        if not e.status:
+            log.exception("request_failed", method=request.method, path=request.path)
+            return error_response(ApiError(errors.INTERNAL, "internal error; see the node's log"))
         return error_response(e)
     except web.HTTPRequestEntityTooLarge as e:
         return error_response(ApiError(errors.REQUEST_TOO_LARGE, str(e.text or "request body too large")))

@@ -213,7 +213,7 @@ class ApiCore:
             except TimeoutError:
                 raise ApiError(errors.TIMEOUT, f"queue group {name} did not commit in time") from None
             except ProduceFailed as e:
-                raise ApiError(e.code, f"queue group {name}: {e}") from None
+                raise ApiError(e.error, f"queue group {name}: {e}") from None
             return {"results": results}
         if action == "drop":
             return await self.router.propose_checked(name, commands.drop_topic(int(body["topic_id"])))

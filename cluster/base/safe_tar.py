@@ -19,10 +19,12 @@ from __future__ import annotations
 import os
 import tarfile
 
+from raftmq.errors import RaftmqError
+
 __all__ = ["UnsafeArchive", "safe_extract"]
 
 
-class UnsafeArchive(ValueError):
+class UnsafeArchive(RaftmqError, ValueError):
     """A member of the archive would be written outside the destination, or is not a plain file
     or directory."""
 

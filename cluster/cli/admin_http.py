@@ -23,13 +23,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from raftmq.cluster.config.keys import NO_REDIRECTS
+from raftmq.errors import RaftmqError
 
 __all__ = ["DEFAULT_URL", "AdminError", "AdminHttp", "NoAnswer", "ServerError", "normalize_url"]
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 
 
-class AdminError(Exception):
+class AdminError(RaftmqError):
     """A failed admin request; ``str(e)`` is one line for the user."""
 
 

@@ -51,6 +51,7 @@ from raftmq.cluster.config.tls import TlsError, client_context
 from raftmq.cluster.machines.metadata import MetadataMachine
 from raftmq.cluster.machines.placement import Placement, static_placement
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
+from raftmq.errors import RaftmqError
 from raftmq.storage.rocks import RocksStore
 
 __all__ = [
@@ -71,7 +72,7 @@ _NO_OP = b"\x01"
 Progress = Callable[[str], None]
 
 
-class BackupError(Exception):
+class BackupError(RaftmqError):
     """A backup or restore that cannot go on; ``str(e)`` says why, in one or a few lines."""
 
 

@@ -25,6 +25,7 @@ import structlog
 
 from raftmq.cluster.config.cluster_file import ClusterConfig, ConfigError, load_config
 from raftmq.cluster.replication.journal import JournalCorruptError
+from raftmq.errors import RaftmqError
 
 DEV_DIR = ".raftmq"
 
@@ -98,7 +99,7 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
         ) from None
 
 
-class CannotListen(Exception):
+class CannotListen(RaftmqError):
     """A node's address was taken between the check and the bind."""
 
 

@@ -70,6 +70,7 @@ from raftmq.cluster.base.limits import (
     MAX_REQUEST_BYTES_CEILING,
 )
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
+from raftmq.errors import RaftmqError
 
 __all__ = [
     "ClusterConfig",
@@ -89,7 +90,7 @@ _NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 MAX_METADATA_VOTERS = 5
 
 
-class ConfigError(Exception):
+class ConfigError(RaftmqError):
     """The cluster file is invalid; ``problems`` lists every problem found."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import ssl
 
 from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
+from raftmq.errors import RaftmqError
 
 __all__ = ["TlsError", "client_context", "server_context"]
 
 
-class TlsError(Exception):
+class TlsError(RaftmqError):
     """A certificate, key or CA file cannot be used; ``str(e)`` names the file and the reason."""
 
 

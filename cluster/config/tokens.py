@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from raftmq.errors import RaftmqError
+
 __all__ = [
     "ADMIN",
     "CONSUME",
@@ -115,7 +117,7 @@ class SecurityConfig:
         return found
 
 
-class BadCredentials(Exception):
+class BadCredentials(RaftmqError):
     """The Authorization header is missing or malformed; ``str(e)`` is a fixed phrase that never
     contains the header's value."""
 

@@ -409,7 +409,7 @@ class MetadataMachine:
                 self._placement, self._change, self._next_change, cmd
             )
         except Refused as e:
-            return {"error": {"code": e.code.code, "message": e.message, **e.extra}}
+            return e.body()
         history, next_change = self._history, self._next_change
         if placement is not None and placement is not self._placement:
             batch.put(_PLACEMENT, orjson.dumps(placement.to_json()))

@@ -215,10 +215,8 @@ class QueueGroupMachine:
         return result
 
     def _error_result(self, index: int, exc: Exception) -> dict[str, Any]:
-        if isinstance(exc, BadCommand):
-            return error_body(exc.code, exc.message)
-        if isinstance(exc, _Rejected):
-            return error_body(exc.code, exc.message, **exc.extra)
+        if isinstance(exc, BadCommand | _Rejected):
+            return exc.body()
         _log.exception("apply_failed", group_id=self._group_id, index=index)
         return error_body(errors.INTERNAL, f"{type(exc).__name__}: {exc}")
 

@@ -46,6 +46,7 @@ from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.placement import Change, Placement, command, pick_target, static_placement
 from raftmq.cluster.machines.rebalance import next_leader_change, next_move
+from raftmq.errors import RaftmqError
 
 if TYPE_CHECKING:
     from raftmq.cluster.node.node import Node
@@ -60,7 +61,7 @@ CATCH_UP_WAIT_S = 10.0  # per round; the round repeats until the target caught u
 TRANSFER_ATTEMPTS = 30  # rounds of a transfer_leader change before it ends as failed
 
 
-class StepFailed(Exception):
+class StepFailed(RaftmqError):
     """A step could not run now; the next round tries again."""
 
 

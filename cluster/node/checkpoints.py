@@ -25,6 +25,7 @@ from raftmq.cluster.base.safe_tar import safe_extract
 from raftmq.cluster.config.keys import NO_REDIRECTS, PEER_HEADER
 from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
 from raftmq.cluster.node.view import NodeView
+from raftmq.errors import RaftmqError
 from raftmq.storage.queues import applied_index as queues_applied_index
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
@@ -34,7 +35,7 @@ __all__ = ["CheckpointBehind", "Checkpoints"]
 log = structlog.get_logger(__name__)
 
 
-class CheckpointBehind(Exception):
+class CheckpointBehind(RaftmqError):
     """This replica's state is behind the index a checkpoint was asked for."""
 
 

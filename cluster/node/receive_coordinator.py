@@ -206,10 +206,10 @@ class ReceiveCoordinator:
             try:
                 got += (await self.router.group_call(g, "receive", body))["messages"]
             except ApiError as e:
-                if not e.code.retriable:
+                if not e.retriable:
                     raise
                 failures += 1
-                log.info("receive_group_unavailable", group_id=g, code=e.code.code)
+                log.info("receive_group_unavailable", group_id=g, code=e.code)
         if failures == len(groups):
             await asyncio.sleep(0.2)  # every group is electing: do not spin
         return got

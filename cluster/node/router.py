@@ -62,12 +62,12 @@ def raft_error(code: str, message: str, definite: bool) -> ApiError:
 def body_error(status: int, data: bytes) -> ApiError:
     """An ApiError from a peer's error response."""
     try:
-        e = orjson.loads(data)["error"]
-        code = errors.BY_CODE.get(e["code"], errors.INTERNAL)
-        extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
-        return ApiError(code, e.get("message", ""), **extra)
+        error = orjson.loads(data)["error"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
+        error = None
+    if not isinstance(error, dict) or "code" not in error:
         return ApiError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
+    return ApiError.from_body(error)
 
 
 def peer_error(e: BaseException, method: str, peer: str) -> ApiError:
@@ -198,7 +198,7 @@ class LeaderRouter:
                             body=data, status=resp.status, content_type=resp.content_type, headers=kept
                         )
             except ApiError as e:
-                if not e.code.definite or time.monotonic() >= deadline:
+                if not e.definite or time.monotonic() >= deadline:
                     raise
             else:
                 if answer.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
@@ -212,9 +212,7 @@ class LeaderRouter:
             raise raft_error(outcome.error, f"group {name}: {outcome.error}", outcome.definite)
         result: dict[str, Any] = outcome.result
         if "error" in result:
-            e = result["error"]
-            extra = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
-            raise ApiError(errors.BY_CODE.get(e["code"], errors.INTERNAL), e["message"], **extra)
+            raise ApiError.from_body(result["error"])
         return result
 
     async def group_call(
@@ -232,7 +230,7 @@ class LeaderRouter:
             try:
                 return await self._group_call_once(name, action, body, size_hint)
             except ApiError as e:
-                if not (e.code.retriable and e.code.definite) or time.monotonic() >= deadline:
+                if not (e.retriable and e.definite) or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()

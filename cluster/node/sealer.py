@@ -237,7 +237,8 @@ class Sealer:
 
     def _write(self, store: Store, topic: Topic, queue: int, base: int, end: int) -> WrittenSegment:
         """Read ``[base, end)`` and write the segment files (executor thread)."""
-        from raftmq.storage.segments import BATCH_ROWS, read_columns, segment_name
+        from raftmq.storage.columns import BATCH_ROWS, read_columns
+        from raftmq.storage.segments import segment_name
 
         batches = []
         offset = base

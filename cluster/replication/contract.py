@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from raftmq.errors import RaftmqError
 from raftmq.storage.store import Store
 
 __all__ = ["GroupStatus", "Outcome", "RaftBindError", "RaftSettings", "StateMachine"]
@@ -30,7 +31,7 @@ class StateMachine(Protocol):
         ...
 
 
-class RaftBindError(Exception):
+class RaftBindError(RaftmqError):
     """A Raft group could not listen on its address (the port is taken or not local)."""
 
 

@@ -41,6 +41,7 @@ import crc32c
 import structlog
 
 from raftmq.cluster.base.timing import LatencyHistogram
+from raftmq.errors import RaftmqError
 from raftmq.storage.store import Batch, Store, StoreError
 
 __all__ = [
@@ -192,7 +193,7 @@ def truncate_journal(store: Store, from_index: int, *, dry_run: bool = False) ->
     return removed
 
 
-class JournalCorruptError(Exception):
+class JournalCorruptError(RaftmqError):
     """A journal holds a damaged or missing entry with good entries after it (not a torn tail).
 
     Raised on load, before anything is changed. Cutting there would drop entries this node may have

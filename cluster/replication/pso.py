@@ -48,6 +48,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.errors import RaftmqError
 
 log = structlog.get_logger(__name__)
 
@@ -153,7 +154,7 @@ class SendQueue:
         return sent
 
 
-class FrameTooLarge(ValueError):
+class FrameTooLarge(RaftmqError, ValueError):
     """A message whose frame would be longer than the receiver accepts."""
 
     def __init__(self, frame_bytes: int, max_frame_bytes: int) -> None:

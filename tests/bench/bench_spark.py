@@ -34,7 +34,8 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from raftmq.storage.segments import SCHEMA, SegmentStore, segment_name  # noqa: E402
+from raftmq.storage.columns import SCHEMA  # noqa: E402
+from raftmq.storage.segments import SegmentStore, segment_name  # noqa: E402
 from tests.bench._common import header, loadavg, table, write_result  # noqa: E402
 
 TOPIC = "bench"

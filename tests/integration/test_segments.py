@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from crc32c import crc32c
 
-from raftmq.storage.segments import SCHEMA
+from raftmq.storage.columns import SCHEMA
 
 from .conftest import assert_error
 from .harness import Cluster, wait_until

@@ -12,7 +12,7 @@ import pytest
 
 from raftmq.client import AsyncConsumer, AsyncProducer, Consumer, Producer
 from raftmq.client._consumer_config import ConsumerConfig
-from raftmq.client._producer import ProducerConfig
+from raftmq.client._producer_config import ProducerConfig
 
 
 def _field_defaults(config: type) -> dict[str, Any]:

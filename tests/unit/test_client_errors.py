@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from raftmq import errors as shared
 from raftmq.client import errors
 from raftmq.client._retry import Backoff, may_retry, outcome_error
 from raftmq.client._transport import _parse
@@ -29,11 +30,16 @@ def test_client_only_codes_never_collide_with_server_codes() -> None:
 
 
 def test_every_error_class_is_under_the_root_and_listed() -> None:
+    # The client's own classes, and those it shares with the server (raftmq.errors: the root,
+    # BadBatch, OffsetOutOfRange), which it exports as its own.
     classes = {
         obj
         for obj in vars(errors).values()
-        if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__
+        if isinstance(obj, type)
+        and issubclass(obj, BaseException)
+        and obj.__module__ in (errors.__name__, shared.__name__)
     }
+    assert {shared.RaftmqError, shared.BadBatch, shared.OffsetOutOfRange} <= classes
     assert all(issubclass(c, errors.RaftmqError) for c in classes)
     mapped = set(errors.BY_CODE.values()) | set(errors.CLIENT_CODES.values())
     assert classes - mapped == {errors.RaftmqError}

@@ -118,4 +118,4 @@ def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() ->
     router = LeaderRouter(fake_node)  # type: ignore[arg-type]
     with pytest.raises(ApiError) as e:
         asyncio.run(router._group_call_once("0", "produce", {"batches": []}, None))
-    assert e.value.code is errors.UNAVAILABLE and e.value.code.definite
+    assert e.value.error is errors.UNAVAILABLE and e.value.definite

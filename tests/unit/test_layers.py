@@ -11,7 +11,10 @@ The rules:
 - inside ``cluster/``, a module imports only from its own room or rooms above it in ``ROOMS``;
 - no circle anywhere (a strongly connected set of modules), reported with one concrete loop;
 - imports of ``_private`` names (or ``_private`` modules) across packages are counted: a name that
-  another package needs is public there.
+  another package needs is public there;
+- no module over 600 lines (the pysyncobj adapter excepted), no ``aiohttp.web`` below the API
+  (an explicit, shrinking allow-list), and every exception class of errors/, batch/, storage/,
+  cluster/ and client/ derives from the one root, ``raftmq.errors.RaftmqError``.
 
 Each test prints what it finds, so a failure shows the imports to change.
 """
@@ -19,6 +22,8 @@ Each test prints what it finds, so a failure shows the imports to change.
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import itertools
 import tomllib
 from collections import defaultdict
@@ -28,15 +33,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# What each top-level package may import (besides itself). client speaks HTTP and depends on no
-# other package; the CLI (cluster/cli/) is the one part of cluster/ that uses the client.
+# What each top-level package may import (besides itself). errors (the one error root and its
+# catalogue) is at the bottom, shared by all; client speaks HTTP and depends on no other package but
+# batch and errors; the CLI (cluster/cli/) is the one part of cluster/ that uses the client.
 TOP_LEVEL: dict[str, set[str]] = {
-    "batch": set(),
-    "storage": {"batch"},
-    "client": {"batch"},
-    "cluster": {"storage", "batch"},
-    "spark": {"client", "storage", "batch"},
-    "chaos": {"client", "cluster", "batch"},
+    "errors": set(),
+    "batch": {"errors"},
+    "storage": {"batch", "errors"},
+    "client": {"batch", "errors"},
+    "cluster": {"storage", "batch", "errors"},
+    "spark": {"client", "storage", "batch", "errors"},
+    "chaos": {"client", "cluster", "batch", "errors"},
 }
 # Extra packages one room of cluster/ may import.
 ROOM_EXTRA: dict[str, set[str]] = {"cli": {"client"}}
@@ -367,22 +374,83 @@ def test_private_names_stay_in_their_package() -> None:
     assert len(found) <= MAX_PRIVATE_IMPORTS
 
 
-# Issue 13 asked for no module of cluster/ over 600 lines; no exception is left (the Raft adapter
-# went under it once pysyncobj's imports and patches moved to replication/pso.py).
+# No module of any package over 600 lines (issue 13 asked it of cluster/, issue 20 of every
+# package). The pysyncobj adapter alone may grow past it: it mirrors the library's seams, one
+# place for all of them (it is under the limit today).
 MAX_MODULE_LINES = 600
-LONGER_MODULES: dict[str, int] = {}
+LONGER_MODULES: dict[str, int] = {"cluster/replication/pso.py": 1000}
 
 
-def test_no_module_of_cluster_is_over_600_lines() -> None:
+def test_no_module_of_any_package_is_over_600_lines() -> None:
     long = {}
-    for module, path in _modules().items():
-        if _top(module) == "cluster":
-            lines = path.read_text(encoding="utf-8").count("\n")
-            rel = str(path.relative_to(ROOT))
-            if lines > LONGER_MODULES.get(rel, MAX_MODULE_LINES):
-                long[rel] = lines
-    print(long or "no module of cluster/ over its line limit")
+    for path in _modules().values():
+        lines = path.read_text(encoding="utf-8").count("\n")
+        rel = str(path.relative_to(ROOT))
+        if lines > LONGER_MODULES.get(rel, MAX_MODULE_LINES):
+            long[rel] = lines
+    print(long or "no module over its line limit")
     assert not long
+
+
+# The HTTP server (aiohttp.web) belongs to the API: the rooms of cluster/ below it and the packages
+# below cluster/ turn nothing into HTTP. The modules that still do, to be emptied (issue 20: the
+# node layer free of HTTP); a module leaving the list must not come back.
+WEB_BELOW_THE_API: set[str] = {"cluster/node/router.py"}
+
+
+def _below_the_api(module: str) -> bool:
+    if _top(module) in {"errors", "batch", "storage"}:
+        return True
+    room = _room(module)
+    return _top(module) == "cluster" and room is not None and ROOMS.index(room) < ROOMS.index("api")
+
+
+def _imports_aiohttp_web(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(a.name.startswith("aiohttp.web") for a in node.names):
+            return True
+        if (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and node.module
+            and (
+                node.module.startswith("aiohttp.web")
+                or (node.module == "aiohttp" and any(a.name.startswith("web") for a in node.names))
+            )
+        ):
+            return True
+    return False
+
+
+def test_nothing_below_the_api_imports_aiohttp_web() -> None:
+    found = {
+        str(path.relative_to(ROOT))
+        for module, path in _modules().items()
+        if _below_the_api(module) and _imports_aiohttp_web(path)
+    }
+    print("aiohttp.web below the API:", sorted(found) or "none")
+    assert found <= WEB_BELOW_THE_API, f"new: {sorted(found - WEB_BELOW_THE_API)}"
+    gone = WEB_BELOW_THE_API - found
+    assert not gone, f"no longer import aiohttp.web: remove {sorted(gone)} from WEB_BELOW_THE_API"
+
+
+# One exception root (raftmq.errors.RaftmqError) for the packages of the server and the client.
+ROOTED_PACKAGES = ("errors", "batch", "storage", "cluster", "client")
+
+
+def test_every_exception_class_derives_from_the_one_root() -> None:
+    root = importlib.import_module("raftmq.errors").RaftmqError
+    outside, checked = [], 0
+    for module in sorted(_modules()):
+        if _top(module) not in ROOTED_PACKAGES:
+            continue
+        for name, obj in vars(importlib.import_module(module)).items():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module:
+                checked += 1
+                if not issubclass(obj, root):
+                    outside.append(f"{_path(module)}: {name}{tuple(b.__name__ for b in obj.__bases__)}")
+    print(f"{checked} exception classes; outside the root:", "\n".join(outside) or "none")
+    assert checked > 50 and not outside
 
 
 def _vendor_importers(vendor: str) -> list[str]:

@@ -71,6 +71,6 @@ def test_peer_call_maps_every_failure_of_a_call_to_a_retriable_503(method: str, 
         if failure == "undecodable":
             orjson.loads(b"<html>bad gateway</html>")
         raise FAILURES[failure]()
-    code = caught.value.code
+    code = caught.value.error
     assert code.status == 503 and code.retriable
     assert code.code == _expected(method, "timeout" if failure == "undecodable" else failure)

@@ -55,8 +55,8 @@ def test_a_leader_refuses_forwarded_binary_batches_with_a_reserved_header() -> N
     assert len(append_items(commands.append(0, [(1, 0, good)]))) == 1
     with pytest.raises(ApiError) as info:
         append_items(commands.append(0, [(1, 0, good), (1, 1, forged)]))
-    assert info.value.code.code == "reserved_header"
-    assert (info.value.extra["record"], info.value.extra["batch"]) == (1, 1)
+    assert info.value.code == "reserved_header"
+    assert (info.value.details["record"], info.value.details["batch"]) == (1, 1)
 
 
 def test_a_leader_refuses_forwarded_json_batches_with_a_reserved_header() -> None:
@@ -66,4 +66,4 @@ def test_a_leader_refuses_forwarded_json_batches_with_a_reserved_header() -> Non
     forged = [*ok, {"topic_id": 1, "queue": 0, "messages": [message]}]
     with pytest.raises(ApiError) as info:
         refuse_reserved_headers(forged)
-    assert info.value.code.code == "reserved_header"
+    assert info.value.code == "reserved_header"

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from raftmq.cluster.node.sealer import locate
-from raftmq.storage.segments import SegmentStore, UnsafePath, checked_rel, empty_batch
+from raftmq.storage.columns import empty_batch
+from raftmq.storage.segments import SegmentStore, UnsafePath, checked_rel
 
 BAD = [
     "../outside.arrow",

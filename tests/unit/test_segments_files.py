@@ -16,20 +16,12 @@ import pytest
 from raftmq import batch as rb
 from raftmq.spark._client import DataLossError, Piece, check_start, plan_queue, rate_limit, split_further
 from raftmq.storage import keys
+from raftmq.storage.columns import SCHEMA, batch_to_ipc_stream, ipc_stream_to_batches, read_columns
 from raftmq.storage.keys import QueueMeta
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.queues import OffsetOutOfRange, read_messages
 from raftmq.storage.records import CorruptRecord, NewMessage, encode_batch
-from raftmq.storage.segments import (
-    SCHEMA,
-    SegmentFile,
-    SegmentStore,
-    batch_to_ipc_stream,
-    ipc_stream_to_batches,
-    read_columns,
-    read_segment,
-    segment_name,
-)
+from raftmq.storage.segments import SegmentFile, SegmentStore, read_segment, segment_name
 from raftmq.storage.store import Batch
 
 

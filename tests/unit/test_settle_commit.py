@@ -132,7 +132,7 @@ def test_a_refused_entry_fails_every_request_it_carried_and_the_next_entry_still
         for task in doomed:
             with pytest.raises(ApiError) as e:
                 await task
-            assert e.value.code is errors.TOPIC_NOT_FOUND
+            assert e.value.error is errors.TOPIC_NOT_FOUND
         assert len(group.entries) == 2
         assert outcome(await committer.settle("ack", T, G, [receipts[1]], {})) == ["ok"]
 

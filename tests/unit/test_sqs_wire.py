@@ -60,7 +60,7 @@ def test_stored_attributes_come_back_the_same() -> None:
 def test_bad_message_attributes_are_invalid_parameter_values(raw: object) -> None:
     with pytest.raises(SqsError) as e:
         parse_message_attributes(raw)
-    assert e.value.code.code == "InvalidParameterValue"
+    assert e.value.aws.code == "InvalidParameterValue"
 
 
 def test_query_members_become_the_json_shape() -> None:
@@ -122,11 +122,11 @@ def test_queue_attributes_are_checked_against_awss_bounds() -> None:
     for bad in ({"VisibilityTimeout": "43201"}, {"MessageRetentionPeriod": "59"}, {"DelaySeconds": "-1"}):
         with pytest.raises(SqsError) as e:
             check_attributes(bad, 1 << 20)
-        assert e.value.code.code == "InvalidAttributeValue"
+        assert e.value.aws.code == "InvalidAttributeValue"
     with pytest.raises(SqsError) as e:
         check_attributes({"MaximumMessageSize": "2048"}, 1024)  # above the node's own limit
-    assert e.value.code.code == "InvalidAttributeValue"
+    assert e.value.aws.code == "InvalidAttributeValue"
     for name in ("RedrivePolicy", "Nope"):
         with pytest.raises(SqsError) as e:
             check_attributes({name: "1"}, 1 << 20)
-        assert e.value.code.code == "InvalidAttributeName"
+        assert e.value.aws.code == "InvalidAttributeName"

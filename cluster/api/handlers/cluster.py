@@ -234,9 +234,7 @@ class ClusterApi:
         except TimeoutError:
             raise ApiError(errors.TIMEOUT, f"group {name}: the voter change did not commit in time") from None
         if outcome.error:
-            code = errors.BY_CODE.get(outcome.error, errors.UNKNOWN_OUTCOME)
-            if not outcome.definite:
-                code = errors.UNKNOWN_OUTCOME
+            code = errors.outcome_code(outcome.error, outcome.definite)
             raise ApiError(code, f"group {name}: {what} {addr}: {outcome.error}")
         result: dict[str, Any] = outcome.result
         return result

@@ -29,7 +29,6 @@ from raftmq.cluster.api.common import message_item
 from raftmq.cluster.api.validation import MAX_FETCH_BYTES, MAX_OFFSET, MAX_QUEUE_NUMBER, bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
-from raftmq.storage.queues import OffsetOutOfRange
 from raftmq.storage.records import Message
 from raftmq.storage.store import Store, StoreClosed
 
@@ -132,12 +131,9 @@ async def long_poll(
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + f.wait_ms / 1000
     while True:
-        try:
-            got = await loop.run_in_executor(None, read) if in_executor else read()
-        except OffsetOutOfRange as e:
-            raise ApiError(
-                errors.OFFSET_OUT_OF_RANGE, str(e), low_offset=e.low_offset, high_offset=e.high_offset
-            ) from None
+        # An offset outside the queue raises storage's OffsetOutOfRange, which the error
+        # middleware answers as it is: 416 offset_out_of_range with low_offset and high_offset.
+        got = await loop.run_in_executor(None, read) if in_executor else read()
         remaining = deadline - time.monotonic()
         if has_data(got) or remaining <= 0:
             return got

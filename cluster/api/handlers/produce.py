@@ -53,7 +53,7 @@ def append_items(data: bytes) -> list[tuple[int, int, memoryview]]:
     try:
         command = commands.decode(data)
     except commands.BadCommand as e:
-        raise ApiError(e.code, e.message) from None
+        raise ApiError(e.error, e.message) from None
     if command["op"] != "append":
         raise ApiError(errors.BAD_REQUEST, "expected an append command")
     for i, b in enumerate(command["batches"]):
@@ -182,8 +182,8 @@ class ProduceHandlers(ApiCore):
         if failures:
             first = failures[0]
             # Other queue groups may have stored their part: report what was stored.
-            body = error_body(first.code, first.message, results=results, **first.extra)
-            return json_response(body, status=first.code.status)
+            body = error_body(first.error, first.message, results=results, **first.details)
+            return json_response(body, status=first.status)
         self.metrics.produced.inc(len(results))
         return json_response({"results": results})
 
@@ -254,8 +254,8 @@ class ProduceHandlers(ApiCore):
         if failures:
             first = failures[0]
             return json_response(
-                error_body(first.code, first.message, results=results, **first.extra),
-                status=first.code.status,
+                error_body(first.error, first.message, results=results, **first.details),
+                status=first.status,
             )
         self.metrics.produced.inc(total)
         return json_response({"results": results})

@@ -84,7 +84,7 @@ def _error_frame(
         frame["op"] = op
     if frame_id is not None:
         frame["id"] = frame_id
-    frame.update(errors.error_body(e.code, e.message, **e.extra))
+    frame.update(e.body())
     if fatal:
         frame["fatal"] = True
     return frame
@@ -397,17 +397,17 @@ class _Stream:
                 got = await self.owner.take(self.topic, self.group, room, self.visibility_ms)
                 failures = 0
             except ApiError as e:
-                if not (e.code.retriable or e.code is errors.INTERNAL):
+                if not (e.retriable or e.error is errors.INTERNAL):
                     await self.send(_error_frame(e, fatal=True))
-                    await self.ws.close(code=CLOSE_FATAL, message=e.code.code.encode())
+                    await self.ws.close(code=CLOSE_FATAL, message=e.code.encode())
                     return
                 failures += 1
-                if e.code is errors.INTERNAL:  # a take that fails hands nothing out: try again
+                if e.error is errors.INTERNAL:  # a take that fails hands nothing out: try again
                     log.warning("push_take_failed", topic=self.topic.name, group=self.group, error=e.message)
                     if failures == 1:  # the client hears of it (once a streak); the stream goes on
                         await self.send(_error_frame(e))
                 else:
-                    log.info("push_take_failed", topic=self.topic.name, group=self.group, code=e.code.code)
+                    log.info("push_take_failed", topic=self.topic.name, group=self.group, code=e.code)
                 await asyncio.sleep(min(RETRY_MAX_S, 0.05 * 2**failures))
                 continue
             except Exception:

@@ -211,7 +211,7 @@ class SegmentsApi:
     # -- Arrow fetch --------------------------------------------------------------------------------
 
     async def fetch_arrow(self, request: web.Request) -> web.StreamResponse:
-        from raftmq.storage.segments import batch_to_ipc_stream, read_columns
+        from raftmq.storage.columns import batch_to_ipc_stream, read_columns
 
         f = await fetch_query(
             self.api,

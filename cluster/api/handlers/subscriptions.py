@@ -143,7 +143,7 @@ class SubscriptionsApi:
         try:
             dlq = await self.api.topic(dlq_topic_name(topic.name, group), fresh=fresh)
         except ApiError as e:
-            if e.code is not errors.TOPIC_NOT_FOUND:
+            if e.error is not errors.TOPIC_NOT_FOUND:
                 raise
             return None
         return dlq if dlq.dead_letter_of == (topic.id, group) else None
@@ -315,7 +315,7 @@ class SubscriptionsApi:
                     )
                 except ApiError as e:
                     # "electing": the leadership came here while forwarding; look again.
-                    if e.code is not errors.UNAVAILABLE or time.monotonic() > give_up:
+                    if e.error is not errors.UNAVAILABLE or time.monotonic() > give_up:
                         raise
                     await asyncio.sleep(0.1)  # (or the leader is unreachable: do not spin)
                     self.node.forget_peer_status()
@@ -328,7 +328,7 @@ class SubscriptionsApi:
             try:
                 return json_response({"messages": await waiter.future})
             except ApiError as e:
-                if e.code is not errors.NOT_LEADER or request.headers.get(FORWARDED):
+                if e.error is not errors.NOT_LEADER or request.headers.get(FORWARDED):
                     raise  # a forwarding node retries a not_leader answer at the new leader itself
             await self.coordinator.new_leader_known(coordinator)
 
@@ -417,7 +417,7 @@ class SubscriptionsApi:
                 got = (await self.api.router.group_call(g, op, body))["results"]
             except ApiError as e:
                 for i in positions:
-                    results[i] = errors.error_body(e.code, e.message, **e.extra)
+                    results[i] = e.body()
                 return e
             for i, r in zip(positions, got, strict=True):
                 results[i] = r
@@ -522,7 +522,7 @@ class SubscriptionsApi:
             try:
                 commands.decode(command)
             except commands.BadCommand as e:
-                raise ApiError(e.code, e.message) from None
+                raise ApiError(e.error, e.message) from None
             return await propose(name, command)
         if action == "dlq_list":
             return dlq_list(store, body["topic_id"], body["queues"], body["max"])
@@ -536,7 +536,7 @@ class SubscriptionsApi:
         try:
             commands.validate({"v": commands.VERSION, "op": action, "now_ms": 0, **fields})
         except commands.BadCommand as e:
-            raise ApiError(e.code, e.message) from None
+            raise ApiError(e.error, e.message) from None
         settler = self._settlers.get(name)
         if settler is None:
             propose = self.api.router.propose_checked

@@ -27,7 +27,7 @@ async def after_upgrade(call: Awaitable[dict[str, Any]]) -> dict[str, Any] | Non
     try:
         return await call
     except ApiError as e:
-        if e.code != errors.UPGRADE_IN_PROGRESS:
+        if e.error is not errors.UPGRADE_IN_PROGRESS:
             raise
         return None
 

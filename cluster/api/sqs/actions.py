@@ -115,7 +115,7 @@ class QueueActions:
         try:
             topic = await self.api.topic(name)
         except ApiError as e:
-            if e.code is errors.TOPIC_NOT_FOUND:
+            if e.error is errors.TOPIC_NOT_FOUND:
                 raise SqsError("QueueDoesNotExist", "The specified queue does not exist.") from None
             raise
         if not qs.is_queue(topic):
@@ -142,7 +142,7 @@ class QueueActions:
         try:
             topic = await self.api.topic(name)
         except ApiError as e:
-            if e.code is not errors.TOPIC_NOT_FOUND:
+            if e.error is not errors.TOPIC_NOT_FOUND:
                 raise
             topic = await self._create_topic(name, wanted)
         if not qs.is_queue(topic):
@@ -169,7 +169,7 @@ class QueueActions:
         try:
             result = await self.api.router.group_call(META, "topic_command", command)
         except ApiError as e:
-            if e.code is not errors.TOPIC_EXISTS:
+            if e.error is not errors.TOPIC_EXISTS:
                 raise
             return await self.api.topic(name, fresh=True)  # created meanwhile: compare with it
         return Topic.from_json(result["topic"])
@@ -241,7 +241,7 @@ class QueueActions:
         try:
             await self.api.remove_topic(topic.name)
         except ApiError as e:
-            if e.code is not errors.TOPIC_NOT_FOUND:
+            if e.error is not errors.TOPIC_NOT_FOUND:
                 raise
         self._subscribed.discard(topic.id)
         return {}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raftmq.errors import RaftmqError
+
 __all__ = ["SQS_ERRORS", "SqsError", "SqsErrorCode"]
 
 
@@ -57,10 +59,11 @@ SQS_ERRORS: dict[str, SqsErrorCode] = {
 }
 
 
-class SqsError(Exception):
-    """An SQS refusal: ``shape`` names its :data:`SQS_ERRORS` entry."""
+class SqsError(RaftmqError):
+    """An SQS refusal: ``shape`` names its :data:`SQS_ERRORS` entry (``aws``), which its own wire
+    renders (``wire.json_error``, ``wire.query_error``), not raftmq's error body."""
 
     def __init__(self, shape: str, message: str) -> None:
         super().__init__(message)
-        self.code = SQS_ERRORS[shape]
+        self.aws = SQS_ERRORS[shape]
         self.message = message

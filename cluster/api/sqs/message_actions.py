@@ -72,7 +72,7 @@ def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _failed(entry_id: str, e: SqsError) -> dict[str, Any]:
-    return {"Id": entry_id, "SenderFault": e.code.sender, "Code": e.code.code, "Message": e.message}
+    return {"Id": entry_id, "SenderFault": e.aws.sender, "Code": e.aws.code, "Message": e.message}
 
 
 class SqsActions(QueueActions):
@@ -134,8 +134,7 @@ class SqsActions(QueueActions):
         )
         outcome = result["results"][0]
         if "error" in outcome:
-            code = errors.BY_CODE.get(outcome["error"]["code"], errors.INTERNAL)
-            raise ApiError(code, outcome["error"]["message"])
+            raise ApiError.from_body(outcome["error"])
 
     async def send_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
         topic = await self._queue(params)
@@ -212,8 +211,8 @@ class SqsActions(QueueActions):
                     )
                 )["messages"]
             except ApiError as e:
-                if not e.code.retriable or time.monotonic() >= deadline:
-                    if e.code.retriable:
+                if not e.retriable or time.monotonic() >= deadline:
+                    if e.retriable:
                         return []
                     raise
                 await asyncio.sleep(0.2)
@@ -245,8 +244,7 @@ class SqsActions(QueueActions):
                     if op != "ack":  # an old handle: AWS deletes nothing and says nothing
                         out[i] = SqsError("MessageNotInflight", "The message referred to is not in flight.")
                     continue
-                code = errors.BY_CODE.get(error.get("code", ""), errors.INTERNAL)
-                raise ApiError(code, error.get("message", ""))
+                raise ApiError.from_body(error)
         return out
 
     async def delete_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:

@@ -35,13 +35,13 @@ _TARGET = "AmazonSQS."
 
 def _from_api_error(e: ApiError) -> SqsError:
     """A raftmq error met while running an action, in SQS's terms."""
-    if e.code is errors.TOPIC_NOT_FOUND:
+    if e.error is errors.TOPIC_NOT_FOUND:
         return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
-    if e.code in (errors.MESSAGE_TOO_LARGE, errors.REQUEST_TOO_LARGE, errors.BAD_REQUEST, errors.BAD_BATCH):
+    if e.error in (errors.MESSAGE_TOO_LARGE, errors.REQUEST_TOO_LARGE, errors.BAD_REQUEST, errors.BAD_BATCH):
         return SqsError("InvalidParameterValue", e.message)
-    if e.code is errors.TOO_MANY_REQUESTS:
+    if e.error is errors.TOO_MANY_REQUESTS:
         return SqsError("RequestThrottled", e.message)
-    if e.code.retriable and e.code.definite:
+    if e.retriable and e.definite:
         return SqsError("ServiceUnavailable", e.message)
     # internal, unknown_outcome, timeout: the write may have happened; a retry may duplicate it
     # (at least once, as SQS).

@@ -147,12 +147,12 @@ def json_answer(result: dict[str, Any], request_id: str) -> web.Response:
 
 
 def json_error(e: SqsError, request_id: str) -> web.Response:
-    side = "Sender" if e.code.sender else "Receiver"
+    side = "Sender" if e.aws.sender else "Receiver"
     return web.Response(
-        body=orjson.dumps({"__type": f"com.amazonaws.sqs#{e.code.shape}", "message": e.message}),
-        status=e.code.status,
+        body=orjson.dumps({"__type": f"com.amazonaws.sqs#{e.aws.shape}", "message": e.message}),
+        status=e.aws.status,
         content_type=JSON_TYPE,
-        headers={"x-amzn-query-error": f"{e.code.code};{side}", "x-amzn-RequestId": request_id},
+        headers={"x-amzn-query-error": f"{e.aws.code};{side}", "x-amzn-RequestId": request_id},
     )
 
 
@@ -207,10 +207,10 @@ def sqs_refusal(request: web.Request) -> web.Response:
 
 
 def query_error(e: SqsError, request_id: str) -> web.Response:
-    side = "Sender" if e.code.sender else "Receiver"
+    side = "Sender" if e.aws.sender else "Receiver"
     xml = (
         f'<?xml version="1.0"?><ErrorResponse xmlns="{XMLNS}"><Error><Type>{side}</Type>'
-        f"<Code>{escape(e.code.code)}</Code><Message>{escape(e.message)}</Message><Detail/></Error>"
+        f"<Code>{escape(e.aws.code)}</Code><Message>{escape(e.message)}</Message><Detail/></Error>"
         f"<RequestId>{request_id}</RequestId></ErrorResponse>"
     )
-    return web.Response(body=xml.encode(), status=e.code.status, content_type="text/xml")
+    return web.Response(body=xml.encode(), status=e.aws.status, content_type="text/xml")
