@@ -57,7 +57,15 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.base import errors
-from raftmq.cluster.commands.append import AppendBatch, AppendCommand, append, decode_append, is_append
+from raftmq.cluster.commands.append import (
+    AppendBatch,
+    AppendCommand,
+    AppendItem,
+    append,
+    decode_append,
+    is_append,
+    split_append,
+)
 
 # Each op family lives in a module of cluster/commands/; its public names are importable from here.
 from raftmq.cluster.commands.delivery import (
@@ -122,6 +130,7 @@ __all__ = [
     "VERSION",
     "AppendBatch",
     "AppendCommand",
+    "AppendItem",
     "BadCommand",
     "Command",
     "CommitFencedCommand",
@@ -158,6 +167,7 @@ __all__ = [
     "receive",
     "redrive",
     "retain",
+    "split_append",
     "subscribe",
     "unlock",
     "validate",
