@@ -6,7 +6,6 @@ name of a path.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,9 +17,9 @@ from aiohttp import web
 from raftmq.cluster import commands
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ApiError, error_body
+from raftmq.cluster.base.errors import ApiError, RaftmqError, error_body
+from raftmq.cluster.node.messages import message_item
 from raftmq.cluster.node.router import peer_error
-from raftmq.storage.records import Message
 
 __all__ = [
     "Handler",
@@ -46,22 +45,7 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def message_item(item: dict[str, Any], m: Message) -> dict[str, Any]:
-    """``item`` (the route's own fields first) with the message as fetch, receive and the
-    dead-letter list hand it out: offset, key, timestamp_ms, headers, then value (UTF-8 text) or
-    value_b64 (binary). Returns ``item``."""
-    item["offset"] = m.offset
-    item["key"] = m.key
-    item["timestamp_ms"] = m.timestamp_ms
-    item["headers"] = m.headers or {}
-    if m.binary:
-        item["value_b64"] = base64.b64encode(m.value).decode()
-    else:
-        item["value"] = m.value.decode()
-    return item
-
-
-def error_response(e: ApiError) -> web.Response:
+def error_response(e: RaftmqError) -> web.Response:
     return json_response(error_body(e.code, e.message, **e.extra), status=e.code.status)
 
 
@@ -69,7 +53,7 @@ def error_response(e: ApiError) -> web.Response:
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ApiError as e:
+    except RaftmqError as e:
         return error_response(e)
     except web.HTTPRequestEntityTooLarge as e:
         return error_response(ApiError(errors.REQUEST_TOO_LARGE, str(e.text or "request body too large")))

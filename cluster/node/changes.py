@@ -41,7 +41,7 @@ import orjson
 import structlog
 
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.placement import Change, Placement, command, pick_target, static_placement
@@ -82,7 +82,7 @@ class Coordinator:
             self._wake.clear()
             try:
                 await self.once()
-            except (StepFailed, ApiError) as e:
+            except (StepFailed, RaftmqError) as e:
                 log.info("change_step_waiting", reason=str(e) or type(e).__name__)
                 await asyncio.sleep(0.5)
             except Exception:

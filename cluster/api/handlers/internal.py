@@ -27,11 +27,12 @@ from raftmq.storage.queues import committed_offsets, topic_bounds
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
+    from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 
 __all__ = ["add_internal_routes"]
 
 
-def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
+def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery: SubscriptionsApi) -> None:
 
     def authorize(request: web.Request, *, backup: bool = False) -> None:
         """The peer key, or (``backup``: a route of ``raftmq backup``) the backup key."""
@@ -65,9 +66,10 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
             body = parse_json(await request.read())
             if request.match_info["action"] == "produce" and isinstance(body, dict):
                 refuse_reserved_headers(body.get("batches"))
-        return json_response(
-            await api.internal_action(request.match_info["group"], request.match_info["action"], body)
-        )
+        name, action = request.match_info["group"], request.match_info["action"]
+        if action == "take":  # the API's own action (a receive coordinator's line)
+            return json_response(await delivery.take_action(name, body))
+        return json_response(await api.router.actions.run(name, action, body))
 
     async def topic(request: web.Request) -> web.Response:
         authorize(request)
@@ -97,7 +99,7 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         authorize(request)
         local = local_group(request)
         name = request.match_info["group"]
-        await api.internal_action(name, "barrier", {})
+        await api.router.actions.run(name, "barrier", {})
         group, topic_id = request.query.get("group"), query_int(request.query, "topic_id", None, 0, 2**32 - 1)
         if not group:
             raise bad("query parameter 'group' is required")

@@ -19,7 +19,7 @@ from raftmq.cluster.api.core import ApiCore
 from raftmq.cluster.api.validation import MAX_HEADERS, MAX_KEY_BYTES, parse_json, parse_produce
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError, error_body
+from raftmq.cluster.base.errors import ApiError, RaftmqError, error_body
 from raftmq.cluster.machines.metadata import Topic
 
 __all__ = [
@@ -183,7 +183,7 @@ class ProduceHandlers(ApiCore):
 
     async def _append(
         self, topic: Topic, items: Sequence[tuple[int, int, bytes | memoryview]]
-    ) -> list[dict[str, Any] | ApiError | None]:
+    ) -> list[dict[str, Any] | RaftmqError | None]:
         """The tail of both wires: checked record batches ``(topic_id, queue, batch)`` sent to
         the leaders of their queue groups (here or forwarded as bytes, ``LeaderRouter``), one
         ``append`` per group, all groups at once. One outcome per item, in order: the apply's
@@ -192,17 +192,17 @@ class ProduceHandlers(ApiCore):
         for i, (_, q, _) in enumerate(items):
             by_group[topic.queue_groups[q]].append(i)
 
-        async def to_group(g: int, which: list[int]) -> list[tuple[int, dict[str, Any] | ApiError]]:
+        async def to_group(g: int, which: list[int]) -> list[tuple[int, dict[str, Any] | RaftmqError]]:
             part = [items[i] for i in which]
             try:
                 result = await self.router.group_call(
                     g, "append", {"items": part}, size_hint=sum(len(b) for _, _, b in part)
                 )
-            except ApiError as e:
+            except RaftmqError as e:
                 return [(i, e) for i in which]
             return list(zip(which, result["results"], strict=True))
 
-        outcome: list[dict[str, Any] | ApiError | None] = [None] * len(items)
+        outcome: list[dict[str, Any] | RaftmqError | None] = [None] * len(items)
         for pairs in await asyncio.gather(*(to_group(g, which) for g, which in by_group.items())):
             for i, r in pairs:
                 if isinstance(r, dict) and "error" in r:
@@ -213,13 +213,13 @@ class ProduceHandlers(ApiCore):
 
     def _answer(
         self,
-        outcome: list[dict[str, Any] | ApiError | None],
+        outcome: list[dict[str, Any] | RaftmqError | None],
         results: list[dict[str, Any] | None],
         count: int,
     ) -> web.Response:
         """The answer of a produce: ``results``, or the first failure with what was stored
         (other queue groups may have stored their part)."""
-        failures = [r for r in outcome if isinstance(r, ApiError)]
+        failures = [r for r in outcome if isinstance(r, RaftmqError)]
         if failures:
             first = failures[0]
             body = error_body(first.code, first.message, results=results, **first.extra)
