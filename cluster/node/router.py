@@ -69,7 +69,7 @@ class Forwarded(NamedTuple):
 
 
 def body_error(status: int, data: bytes) -> RaftmqError:
-    """An RaftmqError from a peer's error response."""
+    """The error of a peer's error answer (its catalogue code, message and fields)."""
     try:
         e = orjson.loads(data)["error"]
         code = errors.BY_CODE.get(e["code"], errors.INTERNAL)

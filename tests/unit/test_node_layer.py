@@ -9,10 +9,20 @@ Parsed with :mod:`ast`, like ``test_layers.py``: an import inside a function cou
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
+
+from raftmq.cluster import commands
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import RaftmqError
+from raftmq.cluster.config.cluster_file import Limits, RaftTimingConfig
 from raftmq.cluster.node.actions import LeaderActions
 from raftmq.cluster.node.router import LeaderRouter
+from raftmq.cluster.replication.contract import Outcome
 
 CLUSTER = Path(__file__).resolve().parents[2] / "cluster"
 BELOW_API = ["base", "config", "commands", "machines", "replication", "node"]
@@ -77,3 +87,41 @@ def test_the_writes_at_a_leader_are_the_routers_own_from_its_construction() -> N
                         assigned.append(f"{path}:{n.lineno}")
     assert assigned == [], "the API sets router attributes:\n" + "\n".join(assigned)
     assert not hasattr(LeaderRouter, "local_action")
+
+
+def _leading_node(proposed: list[tuple[str, bytes]], result: dict[str, Any]) -> Any:
+    """A node that leads queue group 0 and whose proposals end with ``result``."""
+
+    async def propose(name: str, command: bytes) -> Outcome:
+        proposed.append((name, command))
+        return Outcome(result=result)
+
+    return SimpleNamespace(
+        config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig(), queue_groups=1),
+        groups={"0": SimpleNamespace(raft=SimpleNamespace(is_leader=lambda: True), committer=None)},
+        me=SimpleNamespace(id="n1"),
+        propose=propose,
+    )
+
+
+def test_a_router_runs_a_write_it_leads_with_no_api_around_it() -> None:
+    proposed: list[tuple[str, bytes]] = []
+    router = LeaderRouter(_leading_node(proposed, {"ok": True}))
+    assert asyncio.run(router.group_call(0, "barrier", {})) == {"ok": True}
+    assert proposed == [("0", commands.noop())]
+    # A commit: the command built at the leader, from the body a peer would send.
+    body = {"group": "g", "topic_id": 3, "offsets": {"1": 7}}
+    asyncio.run(router.group_call(0, "commit", body))
+    assert proposed[-1] == ("0", commands.commit_offsets("g", 3, {1: 7}))
+
+
+def test_a_refused_write_is_a_plain_error_with_its_catalogue_code() -> None:
+    proposed: list[tuple[str, bytes]] = []
+    refused = errors.error_body(errors.TOPIC_NOT_FOUND, "topic 3 was dropped")
+    router = LeaderRouter(_leading_node(proposed, refused))
+    with pytest.raises(RaftmqError) as info:
+        asyncio.run(router.group_call(0, "drop", {"topic_id": 3}))
+    assert type(info.value) is RaftmqError and info.value.code is errors.TOPIC_NOT_FOUND
+    with pytest.raises(RaftmqError) as info:
+        asyncio.run(router.group_call(0, "no_such_action", {}))
+    assert info.value.code is errors.NOT_FOUND
