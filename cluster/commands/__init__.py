@@ -5,6 +5,11 @@ batches (format v2), first byte 0xA2 (``cluster/commands/append.py``). Commands 
 format: every replica, today and after an upgrade, must read old entries the same way. So op names
 are never renamed or reused (see :data:`OPS`) and fields are never reinterpreted.
 
+Produced messages are written as ``append``. ``produce`` is the JSON form of releases before
+binary appends: a leader writes it only while a voter of its group cannot read record-batch format
+2, or for a peer of such a release (``cluster/replication/upgrade.py``); both apply through the
+same steps (``cluster/machines/append.py``), and logs holding it replay as before.
+
 Wire shapes (``v`` is always 1; every listed field is required unless marked ``?``)::
 
     {"op": "noop"}
