@@ -187,7 +187,7 @@ class ProduceHandlers(ApiCore):
         """The tail of both wires: checked record batches ``(topic_id, queue, batch)`` sent to
         the leaders of their queue groups (here or forwarded as bytes, ``LeaderRouter``), one
         ``append`` per group, all groups at once. One outcome per item, in order: the apply's
-        result, its error (the group failed, or refused the batch) as an :class:`ApiError`."""
+        result, or its error (the group failed, or refused the batch) as a :class:`RaftmqError`."""
         by_group: dict[int, list[int]] = defaultdict(list)
         for i, (_, q, _) in enumerate(items):
             by_group[topic.queue_groups[q]].append(i)
@@ -207,7 +207,7 @@ class ProduceHandlers(ApiCore):
             for i, r in pairs:
                 if isinstance(r, dict) and "error" in r:
                     e = r["error"]
-                    r = ApiError(errors.BY_CODE.get(e["code"], errors.INTERNAL), e["message"])
+                    r = RaftmqError(errors.BY_CODE.get(e["code"], errors.INTERNAL), e["message"])
                 outcome[i] = r
         return outcome
 
