@@ -7,8 +7,8 @@ the stable body ``{"error": {"code", "message", "retriable", "definite", ...}}``
 This module builds the application (:func:`create_app`) and its handler object :class:`Api`,
 which mixes in the handlers by concern:
 
-- ``api/core.py``: ``ApiCore``, the routing they share (leaders, forwarding, topic lookup, writes
-  at a group's leader, ``internal_action``);
+- ``api/core.py``: ``ApiCore``, what they share (topic lookup, forwarding to a leader through the
+  node's ``LeaderRouter``, whose ``LeaderActions`` are the writes at a group's leader);
 - ``api/handlers/topics.py``: topics; ``api/handlers/produce.py``: produce and :func:`key_queue`;
   ``api/handlers/fetch.py``: fetch (JSON) and consumer-group offsets;
 - ``api/common.py``: JSON answers, the error middleware, peer and Raft errors.
@@ -32,10 +32,10 @@ from raftmq.cluster.api.handlers.groups import add_group_routes
 from raftmq.cluster.api.handlers.internal import add_internal_routes
 from raftmq.cluster.api.handlers.produce import ProduceHandlers, key_queue
 from raftmq.cluster.api.handlers.push import add_push_routes
-from raftmq.cluster.api.handlers.segments import add_segment_routes
+from raftmq.cluster.api.handlers.segments import SegmentsApi, add_segment_routes
 from raftmq.cluster.api.handlers.subscriptions import add_subscription_routes
 from raftmq.cluster.api.handlers.topics import TopicHandlers
-from raftmq.cluster.api.metrics import METRICS_KEY, Metrics, metrics_handler, metrics_middleware
+from raftmq.cluster.api.metrics import METRICS_KEY, metrics_handler, metrics_middleware
 from raftmq.cluster.api.openapi.spec import openapi_spec
 from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
@@ -51,6 +51,10 @@ API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
 
 class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
     """Request handlers. One instance per node."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self.segments: SegmentsApi = SegmentsApi(node, self)
 
     # -- health and cluster -----------------------------------------------------------------------
 
@@ -123,7 +127,7 @@ def create_app(node: Node) -> web.Application:
             auth_middleware(node.keys, node.config.security, api.permission_names),
         ],
     )
-    app[METRICS_KEY] = api.metrics = Metrics(node)
+    app[METRICS_KEY] = api.metrics
     app[NODE_KEY] = node
     app[API_KEY] = api
     r = app.router
@@ -141,12 +145,12 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/v1/groups/{group}/offsets", api.get_offsets)
     r.add_get("/openapi.json", api.openapi)
     r.add_get("/metrics", metrics_handler)
-    add_internal_routes(app, node, api)
+    delivery = add_subscription_routes(app, node, api)
+    add_internal_routes(app, node, api, delivery)
     add_group_routes(app, node, api)
-    api.delivery = delivery = add_subscription_routes(app, node, api)
     add_push_routes(app, node, api, delivery)
-    api.segments = add_segment_routes(app, node, api)
-    api.changes = add_cluster_routes(app, node, api)
+    add_segment_routes(app, api.segments)
+    add_cluster_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)
     # the web console: /ui (cluster/api/console.py), its first view written into the page
     add_console_routes(app, api.cluster_view, tokens_required=node.config.security.enabled)

@@ -6,7 +6,6 @@ name of a path.
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,8 +18,8 @@ from raftmq.cluster import commands
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError, RaftmqError
+from raftmq.cluster.node.messages import message_item
 from raftmq.cluster.node.router import peer_error
-from raftmq.storage.records import Message
 from raftmq.storage.store import StoreClosed
 
 __all__ = [
@@ -47,21 +46,6 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def message_item(item: dict[str, Any], m: Message) -> dict[str, Any]:
-    """``item`` (the route's own fields first) with the message as fetch, receive and the
-    dead-letter list hand it out: offset, key, timestamp_ms, headers, then value (UTF-8 text) or
-    value_b64 (binary). Returns ``item``."""
-    item["offset"] = m.offset
-    item["key"] = m.key
-    item["timestamp_ms"] = m.timestamp_ms
-    item["headers"] = m.headers or {}
-    if m.binary:
-        item["value_b64"] = base64.b64encode(m.value).decode()
-    else:
-        item["value"] = m.value.decode()
-    return item
-
-
 def error_response(e: RaftmqError) -> web.Response:
     """The answer of a catalogued error: its body (:meth:`RaftmqError.body`) and its status."""
     return json_response(e.body(), status=e.status)
@@ -75,6 +59,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     exception is a 500 ``internal`` whose detail stays in the node's log."""
     try:
         return await handler(request)
+    except StoreClosed as e:
+        # A group's store closed under the request: a snapshot install replaced it, or a storage
+        # failure stopped the group. The node's state, not a bug: retriable, never a 500. A read
+        # did nothing; a write may have been proposed before the close, so its outcome is unknown.
+        log.warning("store_closed_under_request", method=request.method, path=request.path, error=str(e))
+        code = errors.UNAVAILABLE if request.method in ("GET", "HEAD") else errors.UNKNOWN_OUTCOME
+        return error_response(ApiError(code, "the queue group's store was closed under the request; retry"))
     except RaftmqError as e:
         if not e.status:
             log.exception("request_failed", method=request.method, path=request.path)
@@ -94,13 +85,6 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(ApiError(errors.BAD_REQUEST, e.reason))
     except asyncio.CancelledError:
         raise
-    except StoreClosed as e:
-        # A group's store closed under the request: a snapshot install replaced it, or a storage
-        # failure stopped the group. The node's state, not a bug: retriable, never a 500. A read
-        # did nothing; a write may have been proposed before the close, so its outcome is unknown.
-        log.warning("store_closed_under_request", method=request.method, path=request.path, error=str(e))
-        code = errors.UNAVAILABLE if request.method in ("GET", "HEAD") else errors.UNKNOWN_OUTCOME
-        return error_response(ApiError(code, "the queue group's store was closed under the request; retry"))
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
         # A call to another node that its handler did not map (router.peer_call does): the peer is
         # gone or slow, which is the cluster's state, not a bug; never a 500 ``internal``, which

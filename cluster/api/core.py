@@ -1,6 +1,8 @@
-"""What every HTTP handler builds on (``cluster/api/app.py``): reading a topic, and the writes this
-node runs as a group's leader (``internal_action``). Routing to leaders is the node's
-:class:`~raftmq.cluster.node.router.LeaderRouter` (``api.router``).
+"""What every HTTP handler builds on (``cluster/api/app.py``): reading a topic, and forwarding a
+request to a group's leader. Routing to leaders, and the writes this node runs as one, are the
+node's (:class:`~raftmq.cluster.node.router.LeaderRouter`, ``api.router``;
+``cluster/node/actions.py``): the API turns HTTP into calls on them and their results and errors
+into answers.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ import asyncio
 import itertools
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Collection
 from typing import Any, Protocol
 
 import aiohttp
@@ -17,23 +18,15 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster import commands
+from raftmq.cluster.api.metrics import Metrics
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError, ProduceFailed
+from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
+from raftmq.cluster.node.actions import raft_error
 from raftmq.cluster.node.node import Node
-from raftmq.cluster.node.router import LeaderRouter, body_error, raft_error
+from raftmq.cluster.node.router import FORWARDED, LeaderRouter, body_error
 from raftmq.storage.queues import queue_bounds
-
-
-class ActionHandlers(Protocol):
-    """Route handlers that run internal writes at this node as a group's leader."""
-
-    @property
-    def actions(self) -> Collection[str]: ...
-
-    async def internal_action(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class ArrowFetch(Protocol):
@@ -42,23 +35,49 @@ class ArrowFetch(Protocol):
     async def fetch_arrow(self, request: web.Request) -> web.StreamResponse: ...
 
 
-__all__ = ["ActionHandlers", "ApiCore", "ArrowFetch"]
+__all__ = ["ApiCore", "ArrowFetch"]
 
 
 class ApiCore:
     """What the request handlers share (``Api`` mixes the handlers in). One instance per node."""
+
+    segments: ArrowFetch  # the Arrow fetch, which Api makes in its constructor
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.limits = node.config.limits
         self._sticky = itertools.count()
         self.router = LeaderRouter(node)
-        self.router.local_action = self.internal_action
         self.leader_wait_s = self.router.leader_wait_s
-        self.metrics: Any = None  # set by create_app
-        self.delivery: ActionHandlers | None = None  # set by create_app (handlers/subscriptions.py)
-        self.segments: ArrowFetch | None = None  # set by create_app (handlers/segments.py)
-        self.changes: ActionHandlers | None = None  # set by create_app (handlers/cluster.py)
+        self.metrics = Metrics(node)
+
+    # -- forwarding -------------------------------------------------------------------------------
+
+    async def forward(
+        self,
+        request: web.Request,
+        name: str,
+        body: bytes | None = None,
+        *,
+        accept: str | None = None,
+        keep_headers: tuple[str, ...] = (),
+        timeout_s: float | None = None,
+    ) -> web.Response:
+        """Proxy ``request`` to the leader of group ``name`` (:meth:`LeaderRouter.forward`) and
+        answer with the leader's answer unchanged."""
+        answer = await self.router.forward(
+            request.method,
+            request.path_qs,
+            name,
+            body,
+            forwarded=bool(request.headers.get(FORWARDED)),
+            accept=accept,
+            keep_headers=keep_headers,
+            timeout_s=timeout_s,
+        )
+        return web.Response(
+            body=answer.body, status=answer.status, content_type=answer.content_type, headers=answer.headers
+        )
 
     # -- topics -----------------------------------------------------------------------------------
 
@@ -175,61 +194,3 @@ class ApiCore:
         described = {**topic.to_json(), "queues": queues}
         described.pop("dead_letter_of", None)  # ids; the topic list names a dead-letter topic's source
         return described
-
-    # -- writes at this node as a group's leader ---------------------------------------------------
-
-    _TOPIC_OPS = frozenset({"create_topic", "set_topic_attributes", "delete_topic"})
-
-    def _topic_command(self, body: dict[str, Any]) -> bytes:
-        """The metadata command of the internal action ``topic_command`` (``body``: the op and its
-        fields; the leader adds the time and the group count of a ``create_topic``). The metadata
-        machine checks the fields."""
-        op = body.get("op")
-        if op not in self._TOPIC_OPS:
-            raise ApiError(errors.BAD_REQUEST, f"topic_command cannot run {op!r}")
-        command = {**body, "v": 1}
-        if op == "create_topic":
-            command.update(now_ms=now_ms(), group_count=self.node.config.queue_groups)
-        return orjson.dumps(command)
-
-    async def internal_action(
-        self, name: str, action: str, body: dict[str, Any], size_hint: int | None = None
-    ) -> dict[str, Any]:
-        """A write at this node as leader of queue group ``name``."""
-        local = self.node.groups.get(name)
-        if local is None or not local.raft.is_leader():
-            raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
-        if action == "produce" or action == "append":
-            if local.committer is None:
-                raise ApiError(errors.BAD_REQUEST, "not a queue group")
-            if action == "append":  # binary batches: body {"items": [(topic_id, queue, batch), ...]}
-                size = size_hint if size_hint is not None else sum(len(item[2]) for item in body["items"])
-                proposal = local.committer.append(body["items"], size)
-            else:
-                size = size_hint if size_hint is not None else len(orjson.dumps(body["batches"]))
-                proposal = local.committer.produce(body["batches"], size)
-            try:
-                results = await asyncio.wait_for(proposal, self.limits.request_timeout_ms / 1000)
-            except TimeoutError:
-                raise ApiError(errors.TIMEOUT, f"queue group {name} did not commit in time") from None
-            except ProduceFailed as e:
-                raise ApiError(e.error, f"queue group {name}: {e}") from None
-            return {"results": results}
-        if action == "drop":
-            return await self.router.propose_checked(name, commands.drop_topic(int(body["topic_id"])))
-        if action == "commit":
-            return await self.router.propose_checked(
-                name,
-                commands.commit_offsets(
-                    body["group"], int(body["topic_id"]), {int(k): v for k, v in body["offsets"].items()}
-                ),
-            )
-        if action == "barrier":
-            return await self.router.propose_checked(name, commands.noop())
-        if action == "topic_command" and name == META:
-            return await self.router.propose_checked(META, self._topic_command(body))
-        if self.changes is not None and action in self.changes.actions:
-            return await self.changes.internal_action(name, action, body)
-        if self.delivery is not None and action in self.delivery.actions:
-            return await self.delivery.internal_action(name, action, body)
-        raise ApiError(errors.NOT_FOUND, f"unknown action {action}")

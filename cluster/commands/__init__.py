@@ -5,6 +5,11 @@ batches (format v2), first byte 0xA2 (``cluster/commands/append.py``). Commands 
 format: every replica, today and after an upgrade, must read old entries the same way. So op names
 are never renamed or reused (see :data:`OPS`) and fields are never reinterpreted.
 
+Produced messages are written as ``append``. ``produce`` is the JSON form of releases before
+binary appends: a leader writes it only while a voter of its group cannot read record-batch format
+2, or for a peer of such a release (``cluster/replication/upgrade.py``); both apply through the
+same steps (``cluster/machines/append.py``), and logs holding it replay as before.
+
 Wire shapes (``v`` is always 1; every listed field is required unless marked ``?``)::
 
     {"op": "noop"}
@@ -57,7 +62,15 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.base import errors
-from raftmq.cluster.commands.append import AppendBatch, AppendCommand, append, decode_append, is_append
+from raftmq.cluster.commands.append import (
+    AppendBatch,
+    AppendCommand,
+    AppendItem,
+    append,
+    decode_append,
+    is_append,
+    split_append,
+)
 
 # Each op family lives in a module of cluster/commands/; its public names are importable from here.
 from raftmq.cluster.commands.delivery import (
@@ -122,6 +135,7 @@ __all__ = [
     "VERSION",
     "AppendBatch",
     "AppendCommand",
+    "AppendItem",
     "BadCommand",
     "Command",
     "CommitFencedCommand",
@@ -158,6 +172,7 @@ __all__ = [
     "receive",
     "redrive",
     "retain",
+    "split_append",
     "subscribe",
     "unlock",
     "validate",

@@ -22,7 +22,16 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import BadCommand
 from raftmq.storage.keys import MAX_U64
 
-__all__ = ["APPEND_OP", "AppendBatch", "AppendCommand", "append", "decode_append", "is_append"]
+__all__ = [
+    "APPEND_OP",
+    "AppendBatch",
+    "AppendCommand",
+    "AppendItem",
+    "append",
+    "decode_append",
+    "is_append",
+    "split_append",
+]
 
 APPEND_OP = 0xA2
 _VERSION = 1
@@ -62,13 +71,17 @@ def append(now_ms: int, items: Sequence[tuple[int, int, bytes | memoryview]]) ->
     return b"".join(parts)
 
 
-def decode_append(data: bytes) -> tuple[AppendCommand, int]:
-    """Parse and check an ``append`` command. Returns the command and its ``now_ms`` as stamped
-    (the state machine replaces the command's ``now_ms`` with the group's time).
+AppendItem = tuple[int, int, memoryview]
+"""One batch of an ``append`` as bytes: ``(topic_id, queue, batch)``."""
+
+
+def split_append(data: bytes) -> tuple[int, list[AppendItem]]:
+    """The ``now_ms`` and the items of an ``append`` command, its framing checked (header, item
+    bounds, no trailing bytes) but not its batches: what a leader takes from a peer that checked
+    them (``raftmq.batch.validate`` at the node the client sent them to).
 
     Raises:
-        BadCommand: malformed (``bad_request``), or a batch fails :func:`raftmq.batch.read`
-            (``bad_batch``).
+        BadCommand: the framing is broken (``bad_request``).
     """
     view = memoryview(data)
     if len(data) < _HEAD.size:
@@ -80,7 +93,7 @@ def decode_append(data: bytes) -> tuple[AppendCommand, int]:
         raise BadCommand(errors.BAD_REQUEST, "append command: now_ms out of range")
     if count == 0:
         raise BadCommand(errors.BAD_REQUEST, "append command without batches")
-    pos, batches = _HEAD.size, []
+    pos, items = _HEAD.size, []
     for i in range(count):
         if pos + _ITEM.size + 8 > len(data):
             raise BadCommand(errors.BAD_REQUEST, f"append command: batches[{i}] is cut short")
@@ -89,12 +102,28 @@ def decode_append(data: bytes) -> tuple[AppendCommand, int]:
         (length,) = _LENGTH.unpack_from(data, pos + 4)
         if pos + length > len(data) or length < rb.HEADER_SIZE:
             raise BadCommand(errors.BAD_REQUEST, f"append command: batches[{i}] is cut short")
-        try:
-            batch = rb.read(view[pos : pos + length])
-        except rb.BadBatch as e:
-            raise BadCommand(errors.BAD_BATCH, f"batches[{i}]: {e.reason}: {e.message}") from None
-        batches.append(AppendBatch(topic_id, queue, batch))
+        items.append((topic_id, queue, view[pos : pos + length]))
         pos += length
     if pos != len(data):
         raise BadCommand(errors.BAD_REQUEST, f"append command: {len(data) - pos} trailing bytes")
+    return now_ms, items
+
+
+def decode_append(data: bytes) -> tuple[AppendCommand, int]:
+    """Parse and check an ``append`` command: its framing (:func:`split_append`) and each batch
+    whole (:func:`raftmq.batch.read`: the CRCs, the structure, UTF-8). Returns the command and its
+    ``now_ms`` as stamped (the state machine replaces the command's ``now_ms`` with the group's
+    time).
+
+    Raises:
+        BadCommand: malformed (``bad_request``), or a batch fails :func:`raftmq.batch.read`
+            (``bad_batch``).
+    """
+    now_ms, items = split_append(data)
+    batches = []
+    for i, (topic_id, queue, batch) in enumerate(items):
+        try:
+            batches.append(AppendBatch(topic_id, queue, rb.read(batch)))
+        except rb.BadBatch as e:
+            raise BadCommand(errors.BAD_BATCH, f"batches[{i}]: {e.reason}: {e.message}") from None
     return {"v": _VERSION, "op": "append", "now_ms": now_ms, "batches": batches}, now_ms

@@ -1,5 +1,6 @@
-"""Applying the binary ``append`` command (``cluster/commands/append.py``): producers' v2 record
-batches stored as they came, with the leader's fields stamped in.
+"""Applying produced messages: the binary ``append`` command (``cluster/commands/append.py``),
+producers' v2 record batches stored as they came with the leader's fields stamped in, and the
+JSON ``produce`` command of earlier releases' logs, through the same steps (:func:`apply_append`).
 
 Per batch the work is a constant number of Python steps: the producer's sequence check, one
 :func:`raftmq.batch.stamp` (32 bytes and their CRC; the records and the batch CRC are untouched),
@@ -12,17 +13,18 @@ same bytes). A TTL needs no work: it stays in the batch and readers count it fro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from raftmq import batch as rb
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused, error_body
-from raftmq.cluster.commands import AppendBatch, AppendCommand
+from raftmq.cluster.commands import AppendBatch, AppendCommand, ProduceBatch, ProduceCommand
 from raftmq.cluster.machines import delivery
 from raftmq.cluster.machines.apply import Apply
 from raftmq.storage import keys
 from raftmq.storage.keys import ProducerState, QueueMeta
-from raftmq.storage.records import NewMessage
+from raftmq.storage.records import NewMessage, encode_batch
 
 __all__ = ["apply_append", "check_sequence", "stale_message"]
 
@@ -62,40 +64,53 @@ def stale_message(producer_id: str, sequence: int, state: ProducerState) -> str:
     )
 
 
-def apply_append(work: Apply, cmd: AppendCommand, max_entry_messages: int) -> dict[str, Any]:
-    """Append each batch at its queue's ``high_offset``. The result has the shape of produce's
-    (``cluster/machines/queue_group.py``): ``{"results": [r, ...]}`` one per batch, ``r`` being
-    ``{"topic_id", "queue", "base_offset", "count"}`` (+ ``"duplicate": true``, + ``"delayed": n``:
-    ``base_offset``/``count`` then cover the undelayed records, in order) or an error body."""
-    total = sum(b.view.count for b in cmd["batches"])
+def apply_append(work: Apply, cmd: AppendCommand | ProduceCommand, max_entry_messages: int) -> dict[str, Any]:
+    """Append each batch at its queue's ``high_offset``: the one apply of produced messages, for
+    the binary ``append`` and the JSON ``produce`` a log of an earlier release (or a leader during
+    a rolling upgrade, ``cluster/replication/upgrade.py``) holds.
+
+    Returns ``{"results": [r, ...]}``, one per batch, ``r`` being ``{"topic_id", "queue",
+    "base_offset", "count"}`` (+ ``"duplicate": true`` with the original offsets for a remembered
+    ``(producer_id, sequence)``, nothing stored; + ``"delayed": n``: ``base_offset``/``count`` then
+    cover the undelayed records, in order) or an error body (``topic_not_found`` for a dropped
+    topic, ``stale_sequence``).
+
+    Raises:
+        Refused: more than ``max_entry_messages`` messages in the entry (nothing is applied).
+    """
+    batches: Sequence[AppendBatch | ProduceBatch] = cmd["batches"]
+    total = sum(_count(b) for b in batches)
     if total > max_entry_messages:
         raise Refused(errors.REQUEST_TOO_LARGE, f"{total} messages exceed the limit of {max_entry_messages}")
     results, first = [], 0
-    for b in cmd["batches"]:
-        # A delayed record's key holds its position in the whole command (several producers'
-        # batches for one queue share an entry: per batch, equal delays collided and one was lost).
+    for b in batches:
         results.append(_append_one(work, cmd["now_ms"], b, first))
-        first += b.view.count
+        first += _count(b)
     return {"results": results}
 
 
-def _append_one(work: Apply, now_ms: int, b: AppendBatch, first: int) -> dict[str, Any]:
-    topic_id, queue, view = b.topic_id, b.queue, b.view
+def _count(b: AppendBatch | ProduceBatch) -> int:
+    return b.view.count if isinstance(b, AppendBatch) else len(b["messages"])
+
+
+def _append_one(work: Apply, now_ms: int, b: AppendBatch | ProduceBatch, first: int) -> dict[str, Any]:
+    """The steps of one batch; only :func:`_stored` (what bytes the batch becomes) depends on the
+    wire the batch came in."""
+    if isinstance(b, AppendBatch):
+        topic_id, queue = b.topic_id, b.queue
+        producer_id = b.view.producer_id
+        sequence = b.view.base_sequence if producer_id is not None else None
+    else:
+        topic_id, queue, producer_id, sequence = b["topic_id"], b["queue"], b["producer_id"], b["sequence"]
     if work.is_dropped(topic_id):
         return error_body(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped")
-    producer_id = view.producer_id
-    sequence = view.base_sequence if producer_id is not None else None
     state, answer = check_sequence(work, topic_id, queue, producer_id, sequence)
     if answer is not None:
         return answer
     meta = work.meta(topic_id, queue)
     base_offset = meta.high_offset
-    data: bytes | memoryview | None = view.buffer
-    count, delayed = view.count, 0
-    if len(view.delays):
-        data, count, delayed = _hold_delayed(work, now_ms, topic_id, queue, view, first)
-    if data is not None:
-        value = rb.stamp(data, base_offset, now_ms, work.index)
+    value, count, delayed = _stored(work, now_ms, b, first, base_offset)
+    if value is not None:
         work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
         high = base_offset + count
         work.set_meta(topic_id, queue, QueueMeta(meta.low_offset, high, meta.retained_bytes + len(value)))
@@ -105,6 +120,37 @@ def _append_one(work: Apply, now_ms: int, b: AppendBatch, first: int) -> dict[st
         work.set_producer(topic_id, queue, producer_id, state.add(sequence, base_offset, count, timed_ms))
     result = {"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count}
     return {**result, "delayed": delayed} if delayed else result
+
+
+def _stored(
+    work: Apply, now_ms: int, b: AppendBatch | ProduceBatch, first: int, base_offset: int
+) -> tuple[bytes | None, int, int]:
+    """The record batch stored at ``base_offset`` (None when every record is delayed), its record
+    count and the number of delayed records, which go to the due-time index.
+
+    A v2 batch is stored as it came with the leader's fields stamped in; a delayed record's key
+    holds its position in the whole command (several producers' batches for one queue share an
+    entry: per batch, equal delays collided and one was lost). A JSON ``produce`` batch is stored
+    as the release that wrote it stored it: a format-1 batch, a delayed message keyed by its
+    position in its own batch (its leader proposed a batch with delays alone in its entry)."""
+    if isinstance(b, AppendBatch):
+        view = b.view
+        data: bytes | memoryview | None = view.buffer
+        count, delayed = view.count, 0
+        if len(view.delays):
+            data, count, delayed = _hold_delayed(work, now_ms, b.topic_id, b.queue, view, first)
+        return (None if data is None else rb.stamp(data, base_offset, now_ms, work.index)), count, delayed
+    messages, delayed = b["messages"], 0
+    if b["deliver_at_ms"] is not None:
+        messages = []
+        for position, (message, due_ms) in enumerate(zip(b["messages"], b["deliver_at_ms"], strict=True)):
+            if due_ms is None:
+                messages.append(message)
+            else:
+                delivery.store_delayed(work, now_ms, b["topic_id"], b["queue"], position, due_ms, message)
+                delayed += 1
+    value = encode_batch(work.index, now_ms, base_offset, messages) if messages else None
+    return value, len(messages), delayed
 
 
 def _hold_delayed(

@@ -57,15 +57,14 @@ from raftmq.cluster.commands import (
     CommitFencedCommand,
     CommitOffsetsCommand,
     DropTopicCommand,
-    ProduceCommand,
     RetainCommand,
 )
 from raftmq.cluster.machines import delivery, producers, segments
-from raftmq.cluster.machines.append import apply_append, check_sequence
+from raftmq.cluster.machines.append import apply_append
 from raftmq.cluster.machines.apply import Apply, advance, group_time
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import APPLIED, GroupTime, QueueMeta
-from raftmq.storage.records import decode_header, encode_batch
+from raftmq.storage.records import decode_header
 from raftmq.storage.store import Batch, Store, StoreError
 
 __all__ = ["Applied", "QueueGroupMachine", "QueueHigh", "advance", "group_time"]
@@ -230,10 +229,8 @@ class QueueGroupMachine:
             _log.exception("on_applied_failed", group_id=self._group_id, index=applied.index)
 
     def _dispatch(self, work: Apply, cmd: Command) -> dict[str, Any]:
-        if cmd["op"] == "append":
+        if cmd["op"] == "append" or cmd["op"] == "produce":
             return apply_append(work, cmd, self._max_entry_messages)
-        if cmd["op"] == "produce":
-            return self._produce(work, cmd)
         if cmd["op"] == "commit_offsets":
             return self._commit_offsets(work, cmd)
         if cmd["op"] == "drop_topic":
@@ -268,71 +265,6 @@ class QueueGroupMachine:
         if cmd["op"] == "expire_subscriptions":
             return delivery.expire_subscriptions(work, cmd)
         raise AssertionError(f"op {op} has no handler")  # commands.decode knows no other op
-
-    def _produce(self, work: Apply, cmd: ProduceCommand) -> dict[str, Any]:
-        """Append each batch at its queue's ``high_offset``.
-
-        Result: ``{"results": [r, ...]}``, one per batch, ``r`` being ``{"topic_id", "queue",
-        "base_offset", "count"}`` (plus ``"duplicate": true`` for a remembered
-        ``(producer_id, sequence)``, with the original offsets and nothing stored) or an error
-        body (``topic_not_found`` for a dropped topic).
-
-        Messages with a ``deliver_at_ms`` (delayed) are not appended but kept until the leader's
-        tick releases them; ``base_offset``/``count`` then cover only the other messages, in
-        order, and ``r`` has ``"delayed": n``. Which messages are delayed depends only on the
-        command (a due time in the past is released by the next tick), so the leader can map
-        offsets to messages.
-        """
-        total = sum(len(b["messages"]) for b in cmd["batches"])
-        if total > self._max_entry_messages:
-            raise _Rejected(
-                errors.REQUEST_TOO_LARGE, f"{total} messages exceed the limit of {self._max_entry_messages}"
-            )
-        results: list[dict[str, Any]] = []
-        for b in cmd["batches"]:
-            topic_id, queue, producer_id, sequence = (
-                b["topic_id"],
-                b["queue"],
-                b["producer_id"],
-                b["sequence"],
-            )
-            if work.is_dropped(topic_id):
-                results.append(error_body(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped"))
-                continue
-            state, answer = check_sequence(work, topic_id, queue, producer_id, sequence)
-            if answer is not None:
-                results.append(answer)
-                continue
-            messages, delayed = b["messages"], 0
-            if b["deliver_at_ms"] is not None:
-                messages = []
-                for position, (message, due_ms) in enumerate(
-                    zip(b["messages"], b["deliver_at_ms"], strict=True)
-                ):
-                    if due_ms is None:
-                        messages.append(message)
-                    else:
-                        delivery.store_delayed(
-                            work, cmd["now_ms"], topic_id, queue, position, due_ms, message
-                        )
-                        delayed += 1
-            meta = work.meta(topic_id, queue)
-            base_offset, count = meta.high_offset, len(messages)
-            if messages:
-                value = encode_batch(work.index, cmd["now_ms"], base_offset, messages)
-                work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
-                high = base_offset + count
-                work.set_meta(
-                    topic_id, queue, QueueMeta(meta.low_offset, high, meta.retained_bytes + len(value))
-                )
-                work.grown[(topic_id, queue)] = high
-            if producer_id is not None and sequence is not None:
-                now_ms = cmd["now_ms"] if work.producers_timed() else None
-                state = state.add(sequence, base_offset, count, now_ms)
-                work.set_producer(topic_id, queue, producer_id, state)
-            result = {"topic_id": topic_id, "queue": queue, "base_offset": base_offset, "count": count}
-            results.append({**result, "delayed": delayed} if delayed else result)
-        return {"results": results}
 
     def _commit_offsets(self, work: Apply, cmd: CommitOffsetsCommand | CommitFencedCommand) -> dict[str, Any]:
         """Store the consumer group's offsets. Each must be in ``[0, high_offset]`` of its queue

@@ -41,12 +41,11 @@ import orjson
 import structlog
 
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.placement import Change, Placement, command, pick_target, static_placement
 from raftmq.cluster.machines.rebalance import next_leader_change, next_move
-from raftmq.errors import RaftmqError
 
 if TYPE_CHECKING:
     from raftmq.cluster.node.node import Node
@@ -83,7 +82,7 @@ class Coordinator:
             self._wake.clear()
             try:
                 await self.once()
-            except (StepFailed, ApiError) as e:
+            except (StepFailed, RaftmqError) as e:
                 log.info("change_step_waiting", reason=str(e) or type(e).__name__)
                 await asyncio.sleep(0.5)
             except Exception:

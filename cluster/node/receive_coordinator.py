@@ -7,6 +7,8 @@ order and serves them from the queue groups' leaders (internal action ``receive`
 a ``receive`` command only when something is available), the head of the line first: waiting
 receivers are served round robin. HTTP receives (``cluster/api/handlers/subscriptions.py``) and push
 streams (``cluster/api/handlers/push.py``, through ``SubscriptionsApi.take``) wait in the same line.
+The ``receive`` and ``await`` it calls at the queue groups' leaders are the node's
+(``delivery_actions.py``), here or at a peer, through the ``LeaderRouter``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,9 @@ import structlog
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
-from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available
+from raftmq.cluster.base.errors import CatalogError, RaftmqError
 from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.delivery_actions import await_available
 from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class ReceiveCoordinator:
                     # Leadership moved: the new leader coordinates, and the waiters move there
                     # (serving them here too would break the line).
                     self._targets.pop(key, None)
-                    self._fail(target, ApiError(errors.NOT_LEADER, "the receive coordinator moved"))
+                    self._fail(target, CatalogError(errors.NOT_LEADER, "the receive coordinator moved"))
                     return
                 target.arrived.clear()
                 head = target.waiters[0]
@@ -142,11 +142,11 @@ class ReceiveCoordinator:
                 if got or not target.waiters:
                     continue
                 await self._wait(target, min(w.deadline for w in target.waiters))
-        except ApiError as e:
+        except RaftmqError as e:
             self._fail(target, e)
         except Exception:
             log.exception("receive_dispatch_failed", topic=target.topic.name, group=target.group)
-            self._fail(target, ApiError(errors.INTERNAL, "internal error; see the node's log"))
+            self._fail(target, CatalogError(errors.INTERNAL, "internal error; see the node's log"))
         finally:
             if self._targets.get(key) is target and not target.waiters:
                 self._targets.pop(key, None)
@@ -157,7 +157,7 @@ class ReceiveCoordinator:
             target.waiters.remove(w)
 
     @staticmethod
-    def _fail(target: _Target, e: ApiError) -> None:
+    def _fail(target: _Target, e: RaftmqError) -> None:
         while target.waiters:
             w = target.waiters.popleft()
             if not w.future.done():
@@ -205,7 +205,7 @@ class ReceiveCoordinator:
             }
             try:
                 got += (await self.router.group_call(g, "receive", body))["messages"]
-            except ApiError as e:
+            except RaftmqError as e:
                 if not e.retriable:
                     raise
                 failures += 1
@@ -233,7 +233,9 @@ class ReceiveCoordinator:
     async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> None:
         name = str(g)
         if self.router.leads(name):
-            await self.await_available(name, target.topic.id, target.group, queues, target.epoch, timeout)
+            await await_available(
+                self.node, name, target.topic.id, target.group, queues, target.epoch, timeout
+            )
             return
         body = {
             "group": target.group,
@@ -244,31 +246,7 @@ class ReceiveCoordinator:
         }
         try:
             await self.router.group_call(g, "await", body)
-        except ApiError:
+        except RaftmqError:
             await asyncio.sleep(0.2)  # the group is electing; try again a little later
-
-    async def await_available(
-        self, name: str, topic_id: int, group: str, queues: list[int], epoch: int | None, timeout_s: float
-    ) -> bool:
-        """Wait (at most ``timeout_s``) until a receive from this replica's queues could hand out
-        something: the queue grew, a retry is due, a lock was released or ran out."""
-        deadline = time.monotonic() + timeout_s
-        store = self.node.groups[name].machine.store
-        while True:
-            # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
-            now = group_now(store, now_ms())
-            ok, wake_ms = available(store, group, topic_id, queues, now, epoch)
-            remaining = deadline - time.monotonic()
-            if ok or remaining <= 0:
-                return ok
-            if wake_ms is not None:
-                remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
-            waits = [asyncio.create_task(self.node.wait_for_messages(topic_id, q, remaining)) for q in queues]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in waits:
-                    task.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
 
     # -- ack, nack, extend ------------------------------------------------------------------------

@@ -6,7 +6,11 @@ certainly did nothing are retried at the next leader until ``leader_wait_s`` has
 
 One :class:`LeaderRouter` per node; the HTTP handlers (``cluster/api/``), the change coordinator
 (``changes.py``) and the receive coordinator (``receive_coordinator.py``) route through it. A write
-this node leads runs its ``local_action``, which the API sets (``ApiCore.internal_action``).
+this node leads runs here, in the node layer (:class:`~raftmq.cluster.node.actions.LeaderActions`);
+one it does not lead goes to the leader's ``/internal/groups/{g}/{action}``, which runs the same.
+
+Nothing here speaks HTTP to clients: a failure is a :class:`RaftmqError` with its catalogue code
+(the API renders it), a forwarded request's answer a :class:`Forwarded` (the API returns it).
 """
 
 from __future__ import annotations
@@ -15,16 +19,16 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import CatalogError, RaftmqError
+from raftmq.cluster.node.actions import LeaderActions
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.replication.upgrade import to_json_batch
 
@@ -32,12 +36,12 @@ __all__ = [
     "FORWARDED",
     "NOT_SENT",
     "PEER_FAILURES",
+    "Forwarded",
+    "Here",
     "LeaderRouter",
-    "LocalAction",
     "body_error",
     "peer_call",
     "peer_error",
-    "raft_error",
 ]
 
 FORWARDED = "X-Raftmq-Forwarded"
@@ -50,36 +54,38 @@ PEER_FAILURES = (TimeoutError, aiohttp.ClientError, OSError, ValueError)
 # Methods that change nothing: whatever happened to the call, nothing was done.
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-LocalAction = Callable[[str, str, dict[str, Any], "int | None"], Awaitable[dict[str, Any]]]
-"""A write at this node as leader of a group: ``(group, action, body, size_hint) -> result``."""
+Here = Callable[[], Awaitable[dict[str, Any]]]
+"""What a caller runs itself when this node leads the group (an action of the API's own, such as
+a push stream's ``take``), instead of the node's :class:`LeaderActions`."""
 
 
-def raft_error(code: str, message: str, definite: bool) -> ApiError:
-    """The error of a failed Raft proposal (``Outcome.error``)."""
-    return ApiError(errors.outcome_code(code, definite), message)
+class Forwarded(NamedTuple):
+    """The leader's answer to a forwarded request, as it came: the API returns it unchanged."""
+
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str]
 
 
-def body_error(status: int, data: bytes) -> ApiError:
-    """An ApiError from a peer's error response."""
+def body_error(status: int, data: bytes) -> RaftmqError:
+    """The error of a peer's error answer (its catalogue code, message and fields)."""
     try:
-        error = orjson.loads(data)["error"]
+        return CatalogError.from_body(orjson.loads(data)["error"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        error = None
-    if not isinstance(error, dict) or "code" not in error:
-        return ApiError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
-    return ApiError.from_body(error)
+        return CatalogError(errors.UNKNOWN_OUTCOME, f"peer answered HTTP {status}")
 
 
-def peer_error(e: BaseException, method: str, peer: str) -> ApiError:
+def peer_error(e: BaseException, method: str, peer: str) -> RaftmqError:
     """The error a client gets for a call to ``peer`` that failed with ``e`` (one of
     :data:`PEER_FAILURES`): always a retriable 503. ``unavailable`` (definite) when nothing can
     have been done: no connection was made, or the call only read; else ``unknown_outcome`` (the
     peer may have done it)."""
     if isinstance(e, NOT_SENT):
-        return ApiError(errors.UNAVAILABLE, f"cannot reach {peer}")
+        return CatalogError(errors.UNAVAILABLE, f"cannot reach {peer}")
     if method.upper() in _READS:
-        return ApiError(errors.UNAVAILABLE, f"no answer from {peer} ({type(e).__name__})")
-    return ApiError(errors.UNKNOWN_OUTCOME, f"lost the answer of {peer} ({type(e).__name__})")
+        return CatalogError(errors.UNAVAILABLE, f"no answer from {peer} ({type(e).__name__})")
+    return CatalogError(errors.UNKNOWN_OUTCOME, f"lost the answer of {peer} ({type(e).__name__})")
 
 
 @contextlib.contextmanager
@@ -107,11 +113,11 @@ class LeaderRouter:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.limits = node.config.limits
-        self.local_action: LocalAction | None = None  # set by the API (create_app)
         # How long a request may wait for a group to elect a leader: two election timeouts, and at
         # least 3 s (a split vote can take a second round).
         self.election_max_s = node.config.raft.election_max_ms / 1000
         self.leader_wait_s = max(3.0, 2 * self.election_max_s)
+        self.actions = LeaderActions(node)
 
     async def wait_leader(self, name: str, timeout_s: float) -> Any:
         """The leader of group ``name``, waiting up to ``timeout_s`` for one to be known.
@@ -129,7 +135,7 @@ class LeaderRouter:
                 return leader
             now = time.monotonic()
             if now >= deadline:
-                raise ApiError(errors.UNAVAILABLE, f"group {name} has no leader right now")
+                raise CatalogError(errors.UNAVAILABLE, f"group {name} has no leader right now")
             if now >= ask_peers_at:
                 await self.node.refresh_peer_status()
                 ask_peers_at = time.monotonic() + (0.5 if name in self.node.groups else 0.0)
@@ -140,7 +146,7 @@ class LeaderRouter:
         a call to it goes over the network."""
         leader = await self.wait_leader(name, self.leader_wait_s)
         if leader.id == self.node.me.id:
-            raise ApiError(errors.UNAVAILABLE, f"group {name} is electing a leader")
+            raise CatalogError(errors.UNAVAILABLE, f"group {name} is electing a leader")
         return leader
 
     def leads(self, name: str) -> bool:
@@ -149,16 +155,20 @@ class LeaderRouter:
 
     async def forward(
         self,
-        request: web.Request,
+        method: str,
+        path_qs: str,
         name: str,
         body: bytes | None = None,
         *,
+        forwarded: bool = False,
         accept: str | None = None,
         keep_headers: tuple[str, ...] = (),
         timeout_s: float | None = None,
-    ) -> web.Response:
-        """Proxy ``request`` to the leader of group ``name`` and return its answer unchanged: its
-        body, status, content type and the ``keep_headers`` (e.g. a fetch's positions). ``accept``
+    ) -> Forwarded:
+        """Send a request (``method`` and ``path_qs`` with ``body``) to the leader of group ``name``
+        and return its answer unchanged: its body, status, content type and the ``keep_headers``
+        (e.g. a fetch's positions). ``forwarded``: the request came from a peer, which took this
+        node for the leader (refused with ``not_leader``: never forwarded twice). ``accept``
         asks for an answer other than JSON (the binary or Arrow fetch); ``timeout_s`` bounds the
         call (default: the request timeout and a margin; a long poll needs its wait on top).
 
@@ -168,8 +178,8 @@ class LeaderRouter:
         :meth:`group_call` does for writes. Any other failure of the call is a 503
         (:func:`peer_error`), never a 500.
         """
-        if request.headers.get(FORWARDED):
-            raise ApiError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
+        if forwarded:
+            raise CatalogError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
         headers = {FORWARDED: self.node.me.id, "Content-Type": "application/json"}
         if accept is not None:
             headers["Accept"] = accept
@@ -180,10 +190,10 @@ class LeaderRouter:
             session = self.node.peer_session
             assert session is not None
             try:
-                with peer_call(request.method, f"the leader {leader.id} of group {name}"):
+                with peer_call(method, f"the leader {leader.id} of group {name}"):
                     async with session.request(
-                        request.method,
-                        leader.http_url + request.path_qs,
+                        method,
+                        leader.http_url + path_qs,
                         data=body,
                         headers=headers,
                         allow_redirects=False,  # the peer key goes to the leader only
@@ -194,10 +204,8 @@ class LeaderRouter:
                             # Not a node's error body (every one is JSON): a broken answer.
                             raise ValueError(f"HTTP {resp.status} without an error body")
                         kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
-                        answer = web.Response(
-                            body=data, status=resp.status, content_type=resp.content_type, headers=kept
-                        )
-            except ApiError as e:
+                        answer = Forwarded(resp.status, data, resp.content_type, kept)
+            except RaftmqError as e:
                 if not e.definite or time.monotonic() >= deadline:
                     raise
             else:
@@ -207,18 +215,21 @@ class LeaderRouter:
             self.node.forget_peer_status()
 
     async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
-        outcome = await self.node.propose(name, command)
-        if outcome.error:
-            raise raft_error(outcome.error, f"group {name}: {outcome.error}", outcome.definite)
-        result: dict[str, Any] = outcome.result
-        if "error" in result:
-            raise ApiError.from_body(result["error"])
-        return result
+        """Propose ``command`` to group ``name``, which this node leads (:class:`LeaderActions`)."""
+        return await self.actions.propose_checked(name, command)
 
     async def group_call(
-        self, g: int | str, action: str, body: dict[str, Any], size_hint: int | None = None
+        self,
+        g: int | str,
+        action: str,
+        body: dict[str, Any],
+        size_hint: int | None = None,
+        *,
+        here: Here | None = None,
     ) -> dict[str, Any]:
-        """Run an internal write ``action`` at the leader of queue group ``g`` (here or remote).
+        """Run an internal write ``action`` at the leader of group ``g``: here (:class:`LeaderActions`,
+        or ``here`` when the caller runs the action itself) or at the leader's
+        ``/internal/groups/{g}/{action}``.
 
         Failures that certainly did nothing (the leader was unreachable, or is no longer the
         leader) are retried against the newly known leader until ``leader_wait_s`` has passed, so
@@ -228,20 +239,20 @@ class LeaderRouter:
         deadline = time.monotonic() + self.leader_wait_s
         while True:
             try:
-                return await self._group_call_once(name, action, body, size_hint)
-            except ApiError as e:
+                return await self._group_call_once(name, action, body, size_hint, here)
+            except RaftmqError as e:
                 if not (e.retriable and e.definite) or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()
 
     async def _group_call_once(
-        self, name: str, action: str, body: dict[str, Any], size_hint: int | None
+        self, name: str, action: str, body: dict[str, Any], size_hint: int | None, here: Here | None = None
     ) -> dict[str, Any]:
         if self.leads(name):
-            if self.local_action is None:
-                raise ApiError(errors.UNAVAILABLE, "this node is not serving yet")
-            return await self.local_action(name, action, body, size_hint)
+            if here is not None:
+                return await here()
+            return await self.actions.run(name, action, body, size_hint)
         leader = await self.leader_elsewhere(name)
         # Binary batches travel as an append command's bytes (its now_ms is the leader's to set).
         raw = commands.append(0, body["items"]) if action == "append" else None

@@ -60,7 +60,7 @@ class SettleCommitter:
         ``fields``: ``delay_ms`` (nack) or ``visibility_ms`` (extend). One result per receipt.
 
         Raises:
-            ApiError: the entry failed or the command was refused (for every merged request).
+            RaftmqError: the entry failed or the command was refused (for every merged request).
         """
         key: _Key = (op, topic_id, group, fields.get("delay_ms"), fields.get("visibility_ms"))
         future: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()

@@ -189,3 +189,36 @@ def test_equal_delays_of_two_batches_for_one_queue_in_one_entry_are_both_kept() 
     assert [r["delayed"] for r in result["results"]] == [1, 1]
     held = [v for k, v in h.store.scan(keys.DELAYED) if k.startswith(keys.DELAYED)]
     assert sorted(decode_batch(v).messages[0].value for v in held) == [b"first", b"second"]
+
+
+def test_a_leader_takes_forwarded_batches_as_the_bytes_the_entry_node_checked() -> None:
+    """A forwarded ``append`` is split by its framing only (the entry node ran
+    ``raftmq.batch.validate``): the leader gets the very bytes, without reading the records."""
+    first, second = sample("p", 3), sample(ttl_ms=5)
+    now_ms, items = commands.split_append(commands.append(77, [(1, 0, first), (2, 5, second)]))
+    assert now_ms == 77
+    assert [(t, q, bytes(b)) for t, q, b in items] == [(1, 0, first), (2, 5, second)]
+    # What it does not read: a record's bytes damaged after the batch CRC was computed still split
+    # (the apply's raftmq.batch.read refuses them: nothing is stored unchecked).
+    damaged = bytearray(first)
+    damaged[-1] ^= 0xFF
+    _, items = commands.split_append(commands.append(0, [(1, 0, bytes(damaged))]))
+    assert bytes(items[0][2]) == bytes(damaged)
+    h = Harness()
+    assert h.apply(commands.append(0, [(1, 0, bytes(damaged))]))["error"]["code"] == "bad_batch"
+    assert h.messages() == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        commands.append(0, [(1, 0, sample())]) + b"\0",  # trailing bytes
+        commands.append(0, [(1, 0, sample())])[:-3],  # a batch cut short
+        commands.append(0, [(1, 0, sample())])[:10],  # shorter than the header
+        b"\xa2\x02" + commands.append(0, [(1, 0, sample())])[2:],  # another version
+    ],
+)
+def test_a_forwarded_append_with_broken_framing_is_refused(command: bytes) -> None:
+    with pytest.raises(commands.BadCommand) as info:
+        commands.split_append(command)
+    assert info.value.code == "bad_request"

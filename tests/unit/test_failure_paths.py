@@ -99,7 +99,7 @@ def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() ->
     import aiohttp
 
     from raftmq.cluster.base import errors
-    from raftmq.cluster.base.errors import ApiError
+    from raftmq.cluster.base.errors import RaftmqError
     from raftmq.cluster.config.cluster_file import Limits, RaftTimingConfig
     from raftmq.cluster.node.router import LeaderRouter
 
@@ -116,6 +116,6 @@ def test_a_peer_that_cannot_be_connected_to_is_a_definite_retriable_failure() ->
         peer_request=peer_request,
     )
     router = LeaderRouter(fake_node)  # type: ignore[arg-type]
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(RaftmqError) as e:
         asyncio.run(router._group_call_once("0", "produce", {"batches": []}, None))
     assert e.value.error is errors.UNAVAILABLE and e.value.definite

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from client._io_thread import LoopThread
-from client.errors import ClientClosed
+from raftmq.client._io_thread import LoopThread
+from raftmq.client.errors import ClientClosed
 
 
 def _call_until_closed(io: LoopThread, started: threading.Event, ended: list[str]) -> None:

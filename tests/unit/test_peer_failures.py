@@ -16,7 +16,7 @@ from aiohttp.client_reqrep import ConnectionKey
 from aiohttp.test_utils import make_mocked_request
 
 from raftmq.cluster.api.common import error_middleware
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.node.router import peer_call
 
 _KEY = ConnectionKey("127.0.0.1", 8083, False, True, None, None, None)
@@ -67,7 +67,7 @@ def test_a_peer_failure_a_handler_left_unmapped_is_a_retriable_503(method: str, 
 @pytest.mark.parametrize("method", ["GET", "POST"])
 @pytest.mark.parametrize("failure", [*sorted(FAILURES), "undecodable"])
 def test_peer_call_maps_every_failure_of_a_call_to_a_retriable_503(method: str, failure: str) -> None:
-    with pytest.raises(ApiError) as caught, peer_call(method, "the leader n3 of group 1"):
+    with pytest.raises(RaftmqError) as caught, peer_call(method, "the leader n3 of group 1"):
         if failure == "undecodable":
             orjson.loads(b"<html>bad gateway</html>")
         raise FAILURES[failure]()

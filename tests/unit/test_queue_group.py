@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from raftmq.cluster import commands
-from raftmq.cluster.machines import queue_group as queue_group_module
+from raftmq.cluster.machines import append as append_module
 from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine, QueueHigh
 from raftmq.storage import keys
 from raftmq.storage.memory import MemoryStore
@@ -256,7 +256,7 @@ def test_unexpected_exception_returns_internal_error_and_next_command_applies(
     def broken(*args: Any) -> bytes:
         raise RuntimeError("encoder broke")
 
-    monkeypatch.setattr(queue_group_module, "encode_batch", broken)
+    monkeypatch.setattr(append_module, "encode_batch", broken)
     result = h.produce(batch(1, 0, "b"), batch(2, 0, "c"))
     assert result["error"]["code"] == "internal"
     assert h.pairs_without_applied() == before

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from raftmq import batch as rb
-from raftmq.cluster import commands
-from raftmq.cluster.api.handlers.produce import append_items, refuse_reserved_headers
+from raftmq.cluster.api.handlers.produce import refuse_reserved_headers
 from raftmq.cluster.base.errors import ApiError
 
 
@@ -48,15 +47,6 @@ def test_validate_names_the_first_record_with_a_reserved_header() -> None:
     # The same batch as stored or fetched reads (the broker writes such headers itself).
     assert rb.read(data).count == 5
     assert rb.validate(data, rb.Limits(refuse_reserved_headers=False)).count == 5
-
-
-def test_a_leader_refuses_forwarded_binary_batches_with_a_reserved_header() -> None:
-    good, forged = batch_of({"a": "1"}), batch_of(None, {"raftmq-dlq-topic": "t"})
-    assert len(append_items(commands.append(0, [(1, 0, good)]))) == 1
-    with pytest.raises(ApiError) as info:
-        append_items(commands.append(0, [(1, 0, good), (1, 1, forged)]))
-    assert info.value.code == "reserved_header"
-    assert (info.value.details["record"], info.value.details["batch"]) == (1, 1)
 
 
 def test_a_leader_refuses_forwarded_json_batches_with_a_reserved_header() -> None:

@@ -43,21 +43,16 @@ from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_
 from raftmq.cluster.machines.placement import command
 from raftmq.cluster.machines.rebalance import plan
 from raftmq.cluster.node.changes import Coordinator
-from raftmq.cluster.node.node import Node, set_if_pending
-from raftmq.cluster.replication.raft import Outcome
+from raftmq.cluster.node.node import Node
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
 
 __all__ = ["ClusterApi", "add_cluster_routes"]
 
-MEMBERSHIP_TIMEOUT_S = 10.0
-
 
 class ClusterApi:
     """Handlers of the routes above; ``actions`` are the internal actions of a group's leader."""
-
-    actions = ("membership", "transfer")
 
     def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
@@ -69,7 +64,7 @@ class ClusterApi:
     async def placement(self, request: web.Request) -> web.Response:
 
         if not self.api.router.leads(META):
-            return await self.api.router.forward(request, META)
+            return await self.api.forward(request, META)
         machine = self.node.metadata
         assert machine is not None
         placement, change = machine.placement(), machine.change()
@@ -84,19 +79,19 @@ class ClusterApi:
     async def add_node(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"id", "http", "raft"}, {"id", "http", "raft"})
         if not self.api.router.leads(META):
-            return await self.api.router.forward(request, META, orjson.dumps(body))
+            return await self.api.forward(request, META, orjson.dumps(body))
         await self._check_answers(body)
         return await self._begin({"kind": "add_node", "node": body})
 
     async def remove_node(self, request: web.Request) -> web.Response:
         if not self.api.router.leads(META):
-            return await self.api.router.forward(request, META)
+            return await self.api.forward(request, META)
         return await self._begin({"kind": "remove_node", "node": request.match_info["node"]})
 
     async def move(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"from", "to"}, {"from", "to"})
         if not self.api.router.leads(META):
-            return await self.api.router.forward(request, META, orjson.dumps(body))
+            return await self.api.forward(request, META, orjson.dumps(body))
         group = request.match_info["group"]
         return await self._begin(
             {"kind": "move", "group": group, "source": body["from"], "target": body["to"]}
@@ -105,7 +100,7 @@ class ClusterApi:
     async def leader(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"node"}, {"node"})
         if not self.api.router.leads(META):
-            return await self.api.router.forward(request, META, orjson.dumps(body))
+            return await self.api.forward(request, META, orjson.dumps(body))
         group = request.match_info["group"]
         return await self._begin({"kind": "transfer_leader", "group": group, "target": body["node"]})
 
@@ -122,7 +117,7 @@ class ClusterApi:
         ):
             raise bad('body must be empty or {"dry_run": true | false}')
         if not self.api.router.leads(META):
-            return await self.api.router.forward(request, META, raw or None)
+            return await self.api.forward(request, META, raw or None)
         machine = self.node.metadata
         placement = None if machine is None else machine.placement()
         if placement is None:
@@ -138,7 +133,7 @@ class ClusterApi:
     async def cancel(self, request: web.Request) -> web.Response:
 
         if not self.api.router.leads(META):
-            return await self.api.router.forward(request, META)
+            return await self.api.forward(request, META)
         machine = self.node.metadata
         change = None if machine is None else machine.change()
         if change is None:
@@ -207,37 +202,6 @@ class ClusterApi:
             raise bad('body must be {"nonce": "<32 to 128 characters>"}')
         me = self.node.me
         return json_response({"proof": node_proof(self.node.keys.peer, nonce, me.id, me.http, me.raft)})
-
-    # -- internal ---------------------------------------------------------------------------------
-
-    async def internal_action(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
-        """At the leader of group ``name``: change its voters, or hand its leadership over."""
-        local = self.node.groups[name]
-        if action == "transfer":
-            to = body.get("to")
-            if to is not None and not isinstance(to, str):
-                raise bad("'to' must be a Raft address or null")
-            local.raft.transfer_leadership(to)
-            return {"ok": True}
-        what, addr = body.get("action"), body.get("addr")
-        if what not in ("add", "remove") or not isinstance(addr, str):
-            raise bad('body must be {"action": "add" | "remove", "addr": "<host:port>"}')
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
-
-        def done(outcome: Outcome) -> None:  # tick thread
-            loop.call_soon_threadsafe(set_if_pending, future, outcome)
-
-        local.raft.change_membership(what, addr, done)
-        try:
-            outcome = await asyncio.wait_for(future, MEMBERSHIP_TIMEOUT_S)
-        except TimeoutError:
-            raise ApiError(errors.TIMEOUT, f"group {name}: the voter change did not commit in time") from None
-        if outcome.error:
-            code = errors.outcome_code(outcome.error, outcome.definite)
-            raise ApiError(code, f"group {name}: {what} {addr}: {outcome.error}")
-        result: dict[str, Any] = outcome.result
-        return result
 
     async def internal_placement(self, request: web.Request) -> web.Response:
 

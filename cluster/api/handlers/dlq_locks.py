@@ -6,8 +6,8 @@
     POST   /v1/topics/{topic}/queues/{queue}/locks/{group}    {"consumer", "lease_ms"}
     DELETE /v1/topics/{topic}/queues/{queue}/locks/{group}    ?consumer=&epoch=
 
-Also the parts of the internal actions ``dlq_list`` and (a locked) ``receive`` at a queue
-group's leader: :func:`dlq_list`, :func:`check_lock`.
+Their internal actions at a queue group's leader (``dlq_list``, ``lock``, ``unlock``, ``redrive``)
+are the node's (``cluster/node/delivery_actions.py``).
 """
 
 from __future__ import annotations
@@ -18,23 +18,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.common import group_name, json_response, message_item
+from raftmq.cluster.api.common import group_name, json_response
 from raftmq.cluster.api.handlers.subscription_bodies import int_field, json_object
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
-from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.delivery import dlq_topic_name
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.receive_coordinator import queues_by_group
-from raftmq.storage.queues import lock_state, read_messages
-from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
 
-__all__ = ["DeadLettersAndLocks", "SubscriptionsView", "check_lock", "dlq_list"]
+__all__ = ["DeadLettersAndLocks", "SubscriptionsView"]
 
 DEFAULT_REDRIVE = 1000
 MAX_CONSUMER_BYTES = commands.MAX_NAME_BYTES
@@ -221,40 +217,6 @@ class DeadLettersAndLocks:
             {"group": group, "topic_id": topic.id, "queue": queue, "consumer": consumer, "epoch": epoch},
         )
         return json_response(result)
-
-
-def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) -> dict[str, Any]:
-    """The internal action ``dlq_list`` at a queue group's leader: per queue the redrive offset
-    and high offset, and up to ``max_messages`` messages from the redrive offsets on."""
-    from raftmq.storage.queues import queue_bounds, redrive_offset
-
-    out_queues: list[dict[str, Any]] = []
-    messages: list[dict[str, Any]] = []
-    for q in queues:
-        low, high = queue_bounds(store, topic_id, q)
-        start = max(low, redrive_offset(store, topic_id, q) or 0)
-        out_queues.append({"queue": q, "redrive_offset": start, "high_offset": high})
-        room = max_messages - len(messages)
-        if room > 0 and start < high:
-            messages += [
-                message_item({"queue": q}, m) for m in read_messages(store, topic_id, q, start, room)
-            ]
-    return {"queues": out_queues, "messages": messages}
-
-
-def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
-    """``stale_epoch`` unless each queue is locked with ``epoch`` by a live lease (as the state
-    machine's receive would refuse it)."""
-    now = group_now(store, now_ms())  # leases are on the group's time
-    for q in queues:
-        state = lock_state(store, group, topic_id, q)
-        if state is None or state.epoch != epoch or not state.live(now):
-            raise ApiError(
-                errors.STALE_EPOCH,
-                f"queue {q} is not locked with epoch {epoch} now",
-                queue=q,
-                epoch=None if state is None else state.epoch,
-            )
 
 
 def _utf8(text: str, name: str) -> bytes:

@@ -42,7 +42,7 @@ class FetchHandlers(ApiCore):
     """Fetch and offsets handlers, mixed into ``Api`` (``cluster/api/app.py``)."""
 
     async def fetch(self, request: web.Request) -> web.StreamResponse:
-        if self.segments is not None and wants_arrow(request):  # Arrow IPC: cluster/api/handlers/segments.py
+        if wants_arrow(request):  # Arrow IPC: cluster/api/handlers/segments.py
             return await self.segments.fetch_arrow(request)
         if wants_batches(request):  # stored batches as frames: cluster/api/handlers/fetch_batches.py
             return await fetch_batches(self, request)
@@ -54,7 +54,7 @@ class FetchHandlers(ApiCore):
             default_bytes=DEFAULT_FETCH_BYTES,
         )
         if f.store is None:
-            return await self.router.forward(request, str(f.group))
+            return await self.forward(request, str(f.group))
         store, topic, q, offset = f.store, f.topic, f.queue, f.offset
         steps: Iterator[list[Message]] = iter(())
 

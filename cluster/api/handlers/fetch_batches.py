@@ -78,7 +78,7 @@ async def fetch_batches(api: ApiCore, request: web.Request) -> web.StreamRespons
         default_bytes=DEFAULT_FETCH_BYTES,
     )
     if f.store is None:
-        return await api.router.forward(
+        return await api.forward(
             request,
             str(f.group),
             accept=BATCH_MEDIA_TYPE,

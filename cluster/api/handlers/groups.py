@@ -145,7 +145,7 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
             grant = request.get(PRINCIPAL)
             if grant is not None:
                 body_bytes = orjson.dumps({**body, "token": grant.name})
-            return await api.router.forward(request, META, body_bytes)
+            return await api.forward(request, META, body_bytes)
         grant = _caller(node, request, body_bytes)
         counts = {}
         for name in topics:
@@ -171,7 +171,7 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         grant = request.get(PRINCIPAL)  # None: no tokens, or a request a peer forwarded
         if not api.router.leads(META):
             on_behalf = None if grant is None else orjson.dumps({"token": grant.name})
-            return await api.router.forward(request, META, on_behalf)
+            return await api.forward(request, META, on_behalf)
         grant = _caller(node, request, await request.read())
         membership.set_term(coordinator_term())
         member = membership.member(group, member_id, now_ms())
@@ -194,7 +194,7 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         group = group_name(request)
         topic = await api.topic(request.match_info["topic"])
         if not api.router.leads(META):
-            return await api.router.forward(request, META)
+            return await api.forward(request, META)
         membership.set_term(coordinator_term())
         now = now_ms()
         membership.expire(now)  # what the next heartbeat would drop anyway

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from raftmq.cluster import commands
 from raftmq.cluster.api.common import json_response
-from raftmq.cluster.api.handlers.produce import append_items, refuse_reserved_headers
+from raftmq.cluster.api.handlers.produce import refuse_reserved_headers
 from raftmq.cluster.api.validation import bad, parse_json, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -26,11 +27,12 @@ from raftmq.storage.queues import committed_offsets, topic_bounds
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
+    from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 
 __all__ = ["add_internal_routes"]
 
 
-def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
+def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery: SubscriptionsApi) -> None:
 
     def authorize(request: web.Request, *, backup: bool = False) -> None:
         """The peer key, or (``backup``: a route of ``raftmq backup``) the backup key."""
@@ -53,14 +55,21 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         if request.match_info["action"] == "append":  # binary batches forwarded by a peer
             if node.config.faults.v1_only_node == node.me.id:  # TEST FAULT: as the version before
                 raise ApiError(errors.INVALID_JSON, "the body is not valid JSON (a node without appends)")
-            body = {"items": append_items(await request.read())}
+            # Checked whole by the node the client sent them to (raftmq.batch.validate); this
+            # node takes them from the authenticated peer as they are, framing checked only.
+            try:
+                _, items = commands.split_append(await request.read())
+            except commands.BadCommand as e:
+                raise ApiError(e.error, e.message) from None
+            body = {"items": items}
         else:
             body = parse_json(await request.read())
             if request.match_info["action"] == "produce" and isinstance(body, dict):
                 refuse_reserved_headers(body.get("batches"))
-        return json_response(
-            await api.internal_action(request.match_info["group"], request.match_info["action"], body)
-        )
+        name, action = request.match_info["group"], request.match_info["action"]
+        if action == "take":  # the API's own action (a receive coordinator's line)
+            return json_response(await delivery.take_action(name, body))
+        return json_response(await api.router.actions.run(name, action, body))
 
     async def topic(request: web.Request) -> web.Response:
         authorize(request)
@@ -90,7 +99,7 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         authorize(request)
         local = local_group(request)
         name = request.match_info["group"]
-        await api.internal_action(name, "barrier", {})
+        await api.router.actions.run(name, "barrier", {})
         group, topic_id = request.query.get("group"), query_int(request.query, "topic_id", None, 0, 2**32 - 1)
         if not group:
             raise bad("query parameter 'group' is required")

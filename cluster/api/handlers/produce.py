@@ -7,23 +7,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import crc32c
 from aiohttp import web
 
 from raftmq import batch as rb
-from raftmq.cluster import commands
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
 from raftmq.cluster.api.validation import MAX_HEADERS, MAX_KEY_BYTES, parse_json, parse_produce
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError, error_body
+from raftmq.cluster.base.errors import ApiError, RaftmqError, error_body
+from raftmq.cluster.machines.metadata import Topic
 
 __all__ = [
     "ProduceHandlers",
-    "append_items",
     "bad_batch",
     "key_queue",
     "refuse_reserved_headers",
@@ -45,24 +45,6 @@ def split_frames_or_400(body: bytes, max_frames: int) -> list[rb.Frame]:
         return rb.split_frames(body, max_frames=max_frames)
     except rb.BadBatch as e:
         raise bad_batch(e) from None
-
-
-def append_items(data: bytes) -> list[tuple[int, int, memoryview]]:
-    """The ``(topic_id, queue, batch)`` items of binary batches a peer forwarded (as the bytes of
-    an ``append`` command, ``cluster/commands/append.py``); 400 when they do not decode."""
-    try:
-        command = commands.decode(data)
-    except commands.BadCommand as e:
-        raise ApiError(e.error, e.message) from None
-    if command["op"] != "append":
-        raise ApiError(errors.BAD_REQUEST, "expected an append command")
-    for i, b in enumerate(command["batches"]):
-        # The forwarding node refused these already; a node of a release before the check did not.
-        record = rb.reserved_header_record(b.view)
-        if record is not None:
-            message = f"a header name starts with {rb.RESERVED_HEADER_PREFIX!r}"
-            raise bad_batch(rb.BadBatch("reserved_header", message, record), i)
-    return [(b.topic_id, b.queue, b.view.buffer) for b in command["batches"]]
 
 
 def refuse_reserved_headers(batches: Any) -> None:
@@ -145,47 +127,20 @@ class ProduceHandlers(ApiCore):
                 delay_ms=0 if m.deliver_at_ms is None else m.deliver_at_ms - now,
                 ttl_ms=body.get("ttl_ms", 0),
             )
-        items = {q: (topic.id, q, b.finish()) for q, b in batches.items()}
-        by_group: dict[int, list[int]] = defaultdict(list)
-        for q in batches:
-            by_group[topic.queue_groups[q]].append(q)
-
-        async def to_group(g: int, queues: list[int]) -> dict[int, dict[str, Any] | ApiError]:
-            try:
-                part = [items[q] for q in queues]
-                result = await self.router.group_call(
-                    g, "append", {"items": part}, size_hint=sum(len(b) for _, _, b in part)
-                )
-                return dict(zip(queues, result["results"], strict=True))
-            except ApiError as e:
-                return dict.fromkeys(queues, e)
-
-        outcome: dict[int, dict[str, Any] | ApiError] = {}
-        for part in await asyncio.gather(*(to_group(g, qs) for g, qs in by_group.items())):
-            outcome.update(part)
-        failures = [e for e in outcome.values() if isinstance(e, ApiError)]
-        failures += [
-            ApiError(errors.BY_CODE.get(r["error"]["code"], errors.INTERNAL), r["error"]["message"])
-            for r in outcome.values()
-            if isinstance(r, dict) and "error" in r
-        ]
+        queues = list(batches)
+        outcome = await self._append(topic, [(topic.id, q, batches[q].finish()) for q in queues])
+        by_queue = dict(zip(queues, outcome, strict=True))
         results: list[dict[str, Any] | None] = []
         for q, pos, deliver_at_ms in placed:
-            r = outcome[q]
-            if isinstance(r, dict) and "base_offset" in r and pos is None:
+            r = by_queue[q]
+            if not isinstance(r, dict):
+                results.append(None)
+            elif pos is None:
                 results.append({"queue": q, "offset": None, "deliver_at_ms": deliver_at_ms})
-            elif isinstance(r, dict) and "base_offset" in r:
+            else:
                 base = r["base_offset"]  # None only under the ack_before_replication test fault
                 results.append({"queue": q, "offset": None if base is None else base + pos})
-            else:
-                results.append(None)
-        if failures:
-            first = failures[0]
-            # Other queue groups may have stored their part: report what was stored.
-            body = error_body(first.error, first.message, results=results, **first.details)
-            return json_response(body, status=first.status)
-        self.metrics.produced.inc(len(results))
-        return json_response({"results": results})
+        return self._answer(outcome, results, len(results))
 
     async def _produce_batches(self, request: web.Request) -> web.Response:
         """Binary produce: frames of v2 record batches (docs/format.md), each checked whole
@@ -220,44 +175,55 @@ class ProduceHandlers(ApiCore):
                     errors.QUEUE_NOT_FOUND, f"batch {i}: queue {q}: topic has {topic.queues} queues"
                 )
             items.append((topic.id, q, frame.batch))
+        outcome = await self._append(topic, items)
+        results = [
+            {k: v for k, v in r.items() if k != "topic_id"} if isinstance(r, dict) else None for r in outcome
+        ]
+        return self._answer(outcome, results, total)
+
+    async def _append(
+        self, topic: Topic, items: Sequence[tuple[int, int, bytes | memoryview]]
+    ) -> list[dict[str, Any] | RaftmqError | None]:
+        """The tail of both wires: checked record batches ``(topic_id, queue, batch)`` sent to
+        the leaders of their queue groups (here or forwarded as bytes, ``LeaderRouter``), one
+        ``append`` per group, all groups at once. One outcome per item, in order: the apply's
+        result, or its error (the group failed, or refused the batch) as a :class:`RaftmqError`."""
         by_group: dict[int, list[int]] = defaultdict(list)
         for i, (_, q, _) in enumerate(items):
             by_group[topic.queue_groups[q]].append(i)
 
-        async def to_group(g: int, which: list[int]) -> list[tuple[int, dict[str, Any] | ApiError]]:
+        async def to_group(g: int, which: list[int]) -> list[tuple[int, dict[str, Any] | RaftmqError]]:
             part = [items[i] for i in which]
             try:
                 result = await self.router.group_call(
                     g, "append", {"items": part}, size_hint=sum(len(b) for _, _, b in part)
                 )
-                return list(zip(which, result["results"], strict=True))
-            except ApiError as e:
+            except RaftmqError as e:
                 return [(i, e) for i in which]
+            return list(zip(which, result["results"], strict=True))
 
-        outcome: dict[int, dict[str, Any] | ApiError] = {}
+        outcome: list[dict[str, Any] | RaftmqError | None] = [None] * len(items)
         for pairs in await asyncio.gather(*(to_group(g, which) for g, which in by_group.items())):
-            outcome.update(pairs)
-        results: list[dict[str, Any] | None] = []
-        failures: list[ApiError] = []
-        for i in range(len(items)):
-            r = outcome[i]
-            if isinstance(r, ApiError):
-                failures.append(r)
-                results.append(None)
-            elif "error" in r:
-                failures.append(
-                    ApiError(errors.BY_CODE.get(r["error"]["code"], errors.INTERNAL), r["error"]["message"])
-                )
-                results.append(None)
-            else:
-                results.append({k: v for k, v in r.items() if k != "topic_id"})
+            for i, r in pairs:
+                if isinstance(r, dict) and "error" in r:
+                    r = ApiError.from_body(r["error"])
+                outcome[i] = r
+        return outcome
+
+    def _answer(
+        self,
+        outcome: list[dict[str, Any] | RaftmqError | None],
+        results: list[dict[str, Any] | None],
+        count: int,
+    ) -> web.Response:
+        """The answer of a produce: ``results``, or the first failure with what was stored
+        (other queue groups may have stored their part)."""
+        failures = [r for r in outcome if isinstance(r, RaftmqError)]
         if failures:
             first = failures[0]
-            return json_response(
-                error_body(first.error, first.message, results=results, **first.details),
-                status=first.status,
-            )
-        self.metrics.produced.inc(total)
+            body = error_body(first.error, first.message, results=results, **first.details)
+            return json_response(body, status=first.status)
+        self.metrics.produced.inc(count)
         return json_response({"results": results})
 
     def _batch_limits(self, topic_max_message_bytes: int | None) -> rb.Limits:

@@ -39,7 +39,7 @@ from raftmq.cluster import commands
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
@@ -77,7 +77,7 @@ SETTLE_OPS = {"fin": "ack", "req": "nack", "touch": "extend"}
 
 
 def _error_frame(
-    e: ApiError, op: str | None = None, frame_id: Any = None, fatal: bool = False
+    e: RaftmqError, op: str | None = None, frame_id: Any = None, fatal: bool = False
 ) -> dict[str, Any]:
     frame: dict[str, Any] = {"type": "error"}
     if op is not None:
@@ -156,10 +156,7 @@ class PushApi:
             "visibility_ms": visibility_ms,
             "wait_ms": PULL_WAIT_MS,
         }
-        messages: list[dict[str, Any]] = (
-            await self.api.router.group_call(topic.queue_groups[0], "take", body)
-        )["messages"]
-        return messages
+        return await self.delivery.take_call(topic.queue_groups[0], body)
 
     async def close_all(self, app: web.Application) -> None:
         """On shutdown: close every stream (1001, going away); clients reconnect elsewhere."""
@@ -300,7 +297,7 @@ class _Stream:
                 await self.send({"type": "pong", **({} if frame_id is None else {"id": frame_id})})
                 return
             receipts, fields = self._settle_args(op, frame)
-        except ApiError as e:
+        except RaftmqError as e:
             await self.send(_error_frame(e, op, frame_id))
             return
         if op != "touch":  # the credit frees up when the frame is read (as NSQ does)
@@ -337,7 +334,7 @@ class _Stream:
             results = await self.owner.delivery.settle(
                 self.topic, self.group, SETTLE_OPS[op], receipts, fields
             )
-        except ApiError as e:
+        except RaftmqError as e:
             await self.send(_error_frame(e, op, frame_id))
             return
         except Exception:
@@ -396,7 +393,7 @@ class _Stream:
             try:
                 got = await self.owner.take(self.topic, self.group, room, self.visibility_ms)
                 failures = 0
-            except ApiError as e:
+            except RaftmqError as e:
                 if not (e.retriable or e.error is errors.INTERNAL):
                     await self.send(_error_frame(e, fatal=True))
                     await self.ws.close(code=CLOSE_FATAL, message=e.code.encode())

@@ -221,7 +221,7 @@ class SegmentsApi:
             default_bytes=ARROW_DEFAULT_BYTES,
         )
         if f.store is None:
-            return await self.api.router.forward(
+            return await self.api.forward(
                 request,
                 str(f.group),
                 accept=ARROW_STREAM,
@@ -287,13 +287,12 @@ class SegmentsApi:
         return json_response({"deleted": deleted})
 
 
-def add_segment_routes(app: web.Application, node: Node, api: ApiCore) -> SegmentsApi:
-    """Register the segment routes; returns the handlers (the fetch route uses ``fetch_arrow``)."""
-    s = SegmentsApi(node, api)
+def add_segment_routes(app: web.Application, s: SegmentsApi) -> None:
+    """Register the segment routes of ``s`` (``Api.segments``: the fetch route uses its
+    ``fetch_arrow``)."""
     r = app.router
     r.add_get("/v1/topics/{topic}/segments", s.get_manifest)
     r.add_get("/v1/topics/{topic}/segments/{queue}/{base}", s.get_segment)
     r.add_get("/internal/groups/{group}/segments", s.internal_manifest)
     r.add_post("/internal/segments/seal", s.internal_seal)
     r.add_post("/internal/segments/gc", s.internal_gc)
-    return s

@@ -1,6 +1,6 @@
 """Request bodies of the subscription routes (``cluster/api/handlers/subscriptions.py``,
 ``cluster/api/handlers/dlq_locks.py``): a JSON object with known fields, integer fields in a range,
-receipts; the messages a receive handed out, read by offset."""
+receipts."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ import re
 from typing import Any
 
 from raftmq.cluster.api.validation import bad, parse_json
-from raftmq.storage.queues import OffsetOutOfRange, read_messages
-from raftmq.storage.records import Message
-from raftmq.storage.store import Store
 
-__all__ = ["format_receipt", "int_field", "json_object", "parse_receipt", "read_offsets"]
+__all__ = ["format_receipt", "int_field", "json_object", "parse_receipt"]
 
 
 def int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int:
@@ -54,22 +51,3 @@ def parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
     if topic_id >= 2**32 or queue >= 2**32 or offset >= 2**64 or token >= 2**64:
         raise bad(f"receipts[{i}] is not a receipt")
     return topic_id, queue, offset, token
-
-
-def read_offsets(store: Store, topic_id: int, queue: int, offsets: list[int]) -> dict[int, Message]:
-    """The messages at ``offsets`` of one queue, reading runs of consecutive offsets together."""
-    found: dict[int, Message] = {}
-    ordered = sorted(set(offsets))
-    start = 0
-    while start < len(ordered):
-        end = start
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        try:
-            count = end - start + 1
-            for m in read_messages(store, topic_id, queue, ordered[start], count, first_chunk=1):
-                found[m.offset] = m
-        except OffsetOutOfRange:
-            pass  # retention removed it after it was handed out; it will expire and be finished
-        start = end + 1
-    return found

@@ -20,11 +20,10 @@ forward to it. The coordinator's line of waiting receivers, served round robin, 
 ``cluster/node/receive_coordinator.py``. Acks, nacks and extends go straight to the queue groups of
 their receipts. The dead-letter and lock handlers are in ``cluster/api/handlers/dlq_locks.py``.
 
-Internal actions (``ApiCore.internal_action``) at a queue group's leader: ``subscribe``, ``receive``,
-``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``, ``extend``,
-``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``dlq_list``; at the metadata leader:
-``ensure_dlq``; at a receive coordinator: ``take`` (wait in its line, as a push stream does:
-``cluster/api/handlers/push.py``).
+The writes at a queue group's leader (``subscribe``, ``receive``, ``ack``, ...) are the node's
+(``cluster/node/delivery_actions.py``), reached through the node's ``LeaderRouter``. One action is
+the API's own: ``take`` at a receive coordinator (wait in its line, as a push stream does:
+``cluster/api/handlers/push.py``), run by :meth:`SubscriptionsApi.take_call`.
 
 Consume rights create nothing lasting: a receive's subscription creates no topic, counts against
 the group caps and expires when idle; only an admin's (``PUT``, or its receive) creates the
@@ -35,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -44,66 +42,39 @@ from aiohttp import web
 
 from raftmq.cluster import commands
 from raftmq.cluster.api.auth import PRINCIPAL
-from raftmq.cluster.api.common import json_response, message_item
-from raftmq.cluster.api.handlers.dlq_locks import DeadLettersAndLocks, check_lock, dlq_list
+from raftmq.cluster.api.common import json_response
+from raftmq.cluster.api.handlers.dlq_locks import DeadLettersAndLocks
 from raftmq.cluster.api.handlers.subscription_bodies import (
     int_field,
     json_object,
     parse_receipt,
-    read_offsets,
 )
-from raftmq.cluster.api.handlers.upgrade_gate import after_upgrade, ensure_dlq_command, gated_fields
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.recent_keys import RecentKeys
 from raftmq.cluster.config.tokens import ADMIN
-from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available, dlq_topic_name, read_subscription
+from raftmq.cluster.machines.delivery import dlq_topic_name, read_subscription
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
 from raftmq.cluster.node.router import FORWARDED
-from raftmq.cluster.replication.settle_commit import SettleCommitter
-from raftmq.storage.store import Store
+from raftmq.cluster.node.upgrade_gate import after_upgrade
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
 
-__all__ = ["INTERNAL_ACTIONS", "SubscriptionsApi", "add_subscription_routes"]
+__all__ = ["SubscriptionsApi", "add_subscription_routes"]
 
 log = structlog.get_logger(__name__)
 
-INTERNAL_ACTIONS = frozenset(
-    {
-        "subscribe",
-        "receive",
-        "await",
-        "ack",
-        "nack",
-        "extend",
-        "lock",
-        "unlock",
-        "commit_fenced",
-        "redrive",
-        "dlq_list",
-        "ensure_dlq",
-        "take",
-    }
-)
-_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive", "subscribe"})
-_SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
-_COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
 SUBSCRIPTION_REFRESH_S = 60.0  # how long a coordinator trusts that a subscription is in place
 SUBSCRIBED_MAX = 4096  # the most (topic, group) pairs a node remembers as subscribed
 
 
 class SubscriptionsApi:
-    """Handlers and internal actions; one instance per node (``ApiCore.delivery``)."""
-
-    actions = INTERNAL_ACTIONS
+    """The delivery handlers and the ``take`` action; one instance per node."""
 
     def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
@@ -111,7 +82,6 @@ class SubscriptionsApi:
         self.coordinator = ReceiveCoordinator(node, api.router, self._receipts_call)
         idle_s = node.config.limits.subscription_idle_ms / 1000  # a used one is refreshed well within
         self._subscribed = RecentKeys(SUBSCRIBED_MAX, min(SUBSCRIPTION_REFRESH_S, idle_s / 4 or 1e9))
-        self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
         self._creating_dlq: set[tuple[int, str]] = set()  # on_parked's tasks under way
         self._tasks: set[asyncio.Task[None]] = set()
         node.on_parked = self.on_parked
@@ -142,7 +112,7 @@ class SubscriptionsApi:
         ``fresh``: read at the metadata leader (after a barrier), not the local replica."""
         try:
             dlq = await self.api.topic(dlq_topic_name(topic.name, group), fresh=fresh)
-        except ApiError as e:
+        except RaftmqError as e:
             if e.error is not errors.TOPIC_NOT_FOUND:
                 raise
             return None
@@ -262,7 +232,7 @@ class SubscriptionsApi:
             await self._subscribe(topic, group, None, None, create_dlq=configured, fresh=True)
             if configured:
                 log.info("dead_letter_topic_recorded", topic=topic.name, group=group)
-        except ApiError as e:
+        except RaftmqError as e:
             log.warning("dead_letter_topic_not_created", topic=topic_name, group=group, error=e.message)
         except Exception:
             log.exception("dead_letter_topic_not_created", topic=topic_name, group=group)
@@ -310,10 +280,10 @@ class SubscriptionsApi:
                     continue
                 remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
                 try:
-                    return await self.api.router.forward(
+                    return await self.api.forward(
                         request, coordinator, orjson.dumps({**body, "wait_ms": remaining_ms})
                     )
-                except ApiError as e:
+                except RaftmqError as e:
                     # "electing": the leadership came here while forwarding; look again.
                     if e.error is not errors.UNAVAILABLE or time.monotonic() > give_up:
                         raise
@@ -327,7 +297,7 @@ class SubscriptionsApi:
             )
             try:
                 return json_response({"messages": await waiter.future})
-            except ApiError as e:
+            except RaftmqError as e:
                 if e.error is not errors.NOT_LEADER or request.headers.get(FORWARDED):
                     raise  # a forwarding node retries a not_leader answer at the new leader itself
             await self.coordinator.new_leader_known(coordinator)
@@ -410,12 +380,12 @@ class SubscriptionsApi:
             positions.append(i)
             wire.append([queue, offset, token])
 
-        async def call(g: int, items: tuple[list[int], list[list[int]]]) -> ApiError | None:
+        async def call(g: int, items: tuple[list[int], list[list[int]]]) -> RaftmqError | None:
             positions, wire = items
             body = {"group": group, "topic_id": topic.id, "receipts": wire, **fields}
             try:
                 got = (await self.api.router.group_call(g, op, body))["results"]
-            except ApiError as e:
+            except RaftmqError as e:
                 for i in positions:
                     results[i] = e.body()
                 return e
@@ -455,120 +425,29 @@ class SubscriptionsApi:
         )
         return json_response(subscription)
 
-    # -- internal actions (at the group's leader) -------------------------------------------------
+    # -- the take action (at the receive coordinator) ---------------------------------------------
 
-    async def internal_action(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
-        """An internal action at this node, which leads group ``name`` (checked by the caller)."""
-        propose = self.api.router.propose_checked
-        if action == "ensure_dlq":
-            if name != META:
-                raise ApiError(errors.BAD_REQUEST, "ensure_dlq runs at the metadata leader")
-            await self.node.await_group_supports(META, "meta.ensure_dlq_topic.records")
-            return await propose(META, ensure_dlq_command(self.node, body["source"], body["group"], now_ms()))
-        if name == META:
-            raise ApiError(errors.BAD_REQUEST, f"{action} runs at a queue group's leader")
-        if action == "take":
-            topic = await self.api.topic(body["topic"])
-            if topic.id != body["topic_id"] or str(topic.queue_groups[0]) != name:
-                raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {body['topic']!r} was deleted")
-            got = await self.take(topic, body["group"], body["max"], body["visibility_ms"], body["wait_ms"])
-            return {"messages": got}
-        store = self.node.groups[name].machine.store
-        if action == "receive":
-            if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
-                check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
-            ok, _ = available(
-                store,
-                body["group"],
-                body["topic_id"],
-                body["queues"],
-                group_now(store, now_ms()),
-                body.get("epoch"),
-            )
-            if not ok:
-                return {"messages": []}
-            command = commands.receive(
-                now_ms(),
-                body["group"],
-                body["topic_id"],
-                body["queues"],
-                body["max"],
-                body["visibility_ms"],
-                epoch=body.get("epoch"),
-                max_age_ms=body.get("max_age_ms"),
-            )
-            return {"messages": self._render(store, body["topic_id"], await propose(name, command))}
-        if action == "await":
-            ok = await self.coordinator.await_available(
-                name,
-                body["topic_id"],
-                body["group"],
-                body["queues"],
-                body.get("epoch"),
-                body["wait_ms"] / 1000,
-            )
-            return {"available": ok}
-        if action in _SETTLE_ACTIONS and body.get("epoch") is None:
-            return {"results": await self._settle_here(name, action, body)}
-        if action in _COMMAND_ACTIONS:
-            # The body holds the command's fields; the leader stamps the time (for the ops that
-            # take one) and checks the command before proposing it, so bad input costs no entry.
-            fields = {k: v for k, v in body.items() if v is not None}
-            if action in _STAMPED_ACTIONS:
-                fields["now_ms"] = now_ms()
-            await self.node.await_group_supports(name, "subscribe.records")  # primes gated_fields
-            fields = gated_fields(self.node, name, store, action, fields)
-            command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
-            try:
-                commands.decode(command)
-            except commands.BadCommand as e:
-                raise ApiError(e.error, e.message) from None
-            return await propose(name, command)
-        if action == "dlq_list":
-            return dlq_list(store, body["topic_id"], body["queues"], body["max"])
-        raise ApiError(errors.NOT_FOUND, f"unknown action {action}")
+    async def take_call(self, g: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """``take`` (``body``: topic, topic_id, group, max, visibility_ms, wait_ms) at the receive
+        coordinator of a topic, the leader of its queue 0's group ``g``: here, or at that leader's
+        ``/internal/groups/{g}/take``. The messages handed out."""
+        here = lambda: self.take_action(str(g), body)  # noqa: E731
+        result = await self.api.router.group_call(g, "take", body, here=here)
+        messages: list[dict[str, Any]] = result["messages"]
+        return messages
 
-    async def _settle_here(self, name: str, action: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """An ack, nack or extend through the group's :class:`SettleCommitter` (concurrent
-        requests share entries). Checked first, so bad input costs no entry and fails no other
-        request it would have been merged with."""
-        fields = {k: v for k, v in body.items() if v is not None}
-        try:
-            commands.validate({"v": commands.VERSION, "op": action, "now_ms": 0, **fields})
-        except commands.BadCommand as e:
-            raise ApiError(e.error, e.message) from None
-        settler = self._settlers.get(name)
-        if settler is None:
-            propose = self.api.router.propose_checked
-            settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms)
-        return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
-
-    @staticmethod
-    def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:
-        token = result["token"]
-        delivered = result["messages"]
-        by_queue: dict[int, list[int]] = defaultdict(list)
-        for d in delivered:
-            by_queue[d["queue"]].append(d["offset"])
-        found = {q: read_offsets(store, topic_id, q, offsets) for q, offsets in by_queue.items()}
-        out = []
-        for d in delivered:
-            queue, offset = d["queue"], d["offset"]
-            m = found[queue].get(offset)
-            if m is None:
-                continue
-            head = {
-                "receipt": f"{topic_id}.{queue}.{offset}.{token}",  # format_receipt
-                "attempt": d["attempt"],
-                "queue": queue,
-                "deadline_ms": d["deadline_ms"],
-            }
-            out.append(message_item(head, m))
-        return out
+    async def take_action(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The ``take`` action at this node, the leader of group ``name``: wait in the line of
+        the topic's receive coordinator (:meth:`take`)."""
+        topic = await self.api.topic(body["topic"])
+        if topic.id != body["topic_id"] or str(topic.queue_groups[0]) != name:
+            raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {body['topic']!r} was deleted")
+        got = await self.take(topic, body["group"], body["max"], body["visibility_ms"], body["wait_ms"])
+        return {"messages": got}
 
 
 def add_subscription_routes(app: web.Application, node: Node, api: ApiCore) -> SubscriptionsApi:
-    """Register the routes; returns the handler object (``ApiCore.delivery`` refers to it)."""
+    """Register the routes; returns the handler object (push streams and the SQS API use it)."""
     handlers = SubscriptionsApi(node, api)
     r = app.router
     sub = "/v1/topics/{topic}/subscriptions/{group}"

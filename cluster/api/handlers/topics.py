@@ -16,7 +16,7 @@ from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
 from raftmq.cluster.api.validation import parse_create_topic, parse_json, parse_topic_attributes
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic
 
@@ -62,7 +62,7 @@ class TopicHandlers(ApiCore):
         body = await request.read()
         spec = parse_create_topic(parse_json(body), self.limits)
         if not self.router.leads(META):
-            return await self.router.forward(request, META, body)
+            return await self.forward(request, META, body)
         command = orjson.dumps(
             {
                 "v": 1,
@@ -81,7 +81,7 @@ class TopicHandlers(ApiCore):
             await self.router.propose_checked(META, commands.noop())
             assert self.node.metadata is not None
             return json_response({"topics": topic_list(self.node.metadata.topics())})
-        return await self.router.forward(request, META)
+        return await self.forward(request, META)
 
     async def get_topic(self, request: web.Request) -> web.Response:
         topic = await self.topic(request.match_info["topic"])
@@ -97,7 +97,7 @@ class TopicHandlers(ApiCore):
     async def delete_topic(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
         if not self.router.leads(META):
-            return await self.router.forward(request, META)
+            return await self.forward(request, META)
         await self.remove_topic(name)
         return json_response({"deleted": name})
 
@@ -113,6 +113,6 @@ class TopicHandlers(ApiCore):
         for g in sorted(set(topic.queue_groups)):
             try:
                 await self.router.group_call(g, "drop", {"topic_id": topic.id})
-            except ApiError as e:
+            except RaftmqError as e:
                 log.warning("drop_topic_failed", group=g, topic_id=topic.id, error=e.message)
         return topic

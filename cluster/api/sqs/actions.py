@@ -40,7 +40,7 @@ from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.machines.views import consumer_queues
@@ -114,7 +114,7 @@ class QueueActions:
     async def _queue_named(self, name: str) -> Topic:
         try:
             topic = await self.api.topic(name)
-        except ApiError as e:
+        except RaftmqError as e:
             if e.error is errors.TOPIC_NOT_FOUND:
                 raise SqsError("QueueDoesNotExist", "The specified queue does not exist.") from None
             raise
@@ -141,7 +141,7 @@ class QueueActions:
         wanted = qs.check_attributes(params.get("Attributes"), self.limits.max_message_bytes)
         try:
             topic = await self.api.topic(name)
-        except ApiError as e:
+        except RaftmqError as e:
             if e.error is not errors.TOPIC_NOT_FOUND:
                 raise
             topic = await self._create_topic(name, wanted)
@@ -168,7 +168,7 @@ class QueueActions:
         }
         try:
             result = await self.api.router.group_call(META, "topic_command", command)
-        except ApiError as e:
+        except RaftmqError as e:
             if e.error is not errors.TOPIC_EXISTS:
                 raise
             return await self.api.topic(name, fresh=True)  # created meanwhile: compare with it
@@ -240,7 +240,7 @@ class QueueActions:
         topic = await self._queue(params)
         try:
             await self.api.remove_topic(topic.name)
-        except ApiError as e:
+        except RaftmqError as e:
             if e.error is not errors.TOPIC_NOT_FOUND:
                 raise
         self._subscribed.discard(topic.id)

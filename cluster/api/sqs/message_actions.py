@@ -34,7 +34,7 @@ from raftmq.cluster.api.sqs.messages import (
 )
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
@@ -203,14 +203,10 @@ class SqsActions(QueueActions):
         while True:
             remaining = max(0.0, deadline - time.monotonic())
             try:
-                got: list[dict[str, Any]] = (
-                    await self.api.router.group_call(
-                        topic.queue_groups[0],
-                        "take",
-                        {**body, "wait_ms": int(min(remaining, RECEIVE_SLICE_S) * 1000)},
-                    )
-                )["messages"]
-            except ApiError as e:
+                got = await self.delivery.take_call(
+                    topic.queue_groups[0], {**body, "wait_ms": int(min(remaining, RECEIVE_SLICE_S) * 1000)}
+                )
+            except RaftmqError as e:
                 if not e.retriable or time.monotonic() >= deadline:
                     if e.retriable:
                         return []

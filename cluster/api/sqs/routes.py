@@ -23,7 +23,7 @@ from raftmq.cluster.api.sqs.wire import (
     sqs_refusal,
 )
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.node.node import Node
 
 __all__ = ["add_sqs_routes"]
@@ -33,7 +33,7 @@ log = structlog.get_logger(__name__)
 _TARGET = "AmazonSQS."
 
 
-def _from_api_error(e: ApiError) -> SqsError:
+def _from_api_error(e: RaftmqError) -> SqsError:
     """A raftmq error met while running an action, in SQS's terms."""
     if e.error is errors.TOPIC_NOT_FOUND:
         return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
@@ -88,7 +88,7 @@ class SqsHandler:
             result = await run(request, params)
         except SqsError as e:
             return json_error(e, request_id) if json_wire else query_error(e, request_id)
-        except ApiError as e:
+        except RaftmqError as e:
             mapped = _from_api_error(e)
             return json_error(mapped, request_id) if json_wire else query_error(mapped, request_id)
         except web.HTTPRequestEntityTooLarge:

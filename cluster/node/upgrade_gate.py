@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import CatalogError, RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.delivery import read_subscription
 from raftmq.cluster.node.node import Node
@@ -26,7 +26,7 @@ async def after_upgrade(call: Awaitable[dict[str, Any]]) -> dict[str, Any] | Non
     until then and the first one parked after it asks for the topic)."""
     try:
         return await call
-    except ApiError as e:
+    except RaftmqError as e:
         if e.error is not errors.UPGRADE_IN_PROGRESS:
             raise
         return None
@@ -39,7 +39,7 @@ def ensure_dlq_command(node: Node, source: str, group: str, at_ms: int) -> bytes
     name.
 
     Raises:
-        ApiError: ``upgrade_in_progress`` until then.
+        RaftmqError: ``upgrade_in_progress`` until then.
     """
     metadata = node.metadata
     if (
@@ -47,7 +47,7 @@ def ensure_dlq_command(node: Node, source: str, group: str, at_ms: int) -> bytes
         or metadata is None
         or metadata.needs_dead_letter_records
     ):
-        raise ApiError(
+        raise CatalogError(
             errors.UPGRADE_IN_PROGRESS,
             "a metadata replica runs an older release: dead-letter topics are created once every "
             "node is upgraded",
@@ -62,14 +62,14 @@ def gated_fields(node: Node, name: str, store: Store, op: str, fields: dict[str,
     ``subscribe.records``.
 
     Raises:
-        ApiError: ``upgrade_in_progress`` when there is no safe older form (a receive that would
+        RaftmqError: ``upgrade_in_progress`` when there is no safe older form (a receive that would
             make a new unconfigured consumer group).
     """
     if op != "subscribe" or node.group_supports(name, "subscribe.records"):
         return fields
     old = old_subscribe(fields, read_subscription(store, fields["topic_id"], fields["group"]) is not None)
     if old is None:
-        raise ApiError(
+        raise CatalogError(
             errors.UPGRADE_IN_PROGRESS,
             f"a replica of group {name} runs an older release: a receive makes a new consumer group "
             "once every node is upgraded (an admin's PUT makes one now)",

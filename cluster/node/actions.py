@@ -1,0 +1,161 @@
+"""The writes this node runs as a group's leader, by name: what the node's ``LeaderRouter`` runs
+when this node leads the group, and what ``/internal/groups/{g}/{action}`` runs for a peer that
+does not (``cluster/api/handlers/internal.py``). No HTTP here: a failure is a
+:class:`RaftmqError` with its catalogue code, which the API renders.
+
+=================  ==========================================================================
+action             what the leader does
+=================  ==========================================================================
+``append``         checked record batches ``{"items": [(topic_id, queue, batch), ...]}`` into
+                   the group committer: one binary ``append`` entry (``docs/format.md``)
+``produce``        JSON batches a peer of a release before binary appends forwarded: the JSON
+                   ``produce`` entry that release wrote (``cluster/replication/upgrade.py``)
+``drop``           ``drop_topic`` of a deleted topic's queues
+``commit``         a consumer group's offsets (``commit_offsets``)
+``barrier``        a ``noop``: every earlier write is applied here once it returns
+``topic_command``  at the metadata leader: ``create_topic``, ``set_topic_attributes``,
+                   ``delete_topic`` (the leader adds the time and the group count)
+``membership``     add or remove a voter of the group (the change coordinator, ``changes.py``)
+``transfer``       hand the group's leadership over
+delivery           ``delivery_actions.py``
+=================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from raftmq.cluster import commands
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import CatalogError, ProduceFailed, RaftmqError
+from raftmq.cluster.base.groups import META
+from raftmq.cluster.node.delivery_actions import DELIVERY_ACTIONS, DeliveryActions
+from raftmq.cluster.node.node import Node, set_if_pending
+from raftmq.cluster.replication.raft import Outcome
+
+__all__ = ["MEMBERSHIP_TIMEOUT_S", "LeaderActions", "raft_error"]
+
+MEMBERSHIP_TIMEOUT_S = 10.0
+_TOPIC_OPS = frozenset({"create_topic", "set_topic_attributes", "delete_topic"})
+
+
+def raft_error(code: str, message: str, definite: bool) -> RaftmqError:
+    """The error of a failed Raft proposal (``Outcome.error``)."""
+    return CatalogError(errors.outcome_code(code, definite), message)
+
+
+class LeaderActions:
+    """The actions of one node as a group's leader (one instance per node, the router's)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.limits = node.config.limits
+        self.delivery = DeliveryActions(node, self.propose_checked)
+
+    async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
+        """Propose ``command`` to group ``name`` (led here) and return its applied result; a
+        failed proposal, or a result that is an error body, raises its :class:`RaftmqError`."""
+        outcome = await self.node.propose(name, command)
+        if outcome.error:
+            raise raft_error(outcome.error, f"group {name}: {outcome.error}", outcome.definite)
+        result: dict[str, Any] = outcome.result
+        if "error" in result:
+            raise CatalogError.from_body(result["error"])
+        return result
+
+    async def run(
+        self, name: str, action: str, body: dict[str, Any], size_hint: int | None = None
+    ) -> dict[str, Any]:
+        """``action`` at this node as leader of group ``name`` (``not_leader`` when it is not)."""
+        local = self.node.groups.get(name)
+        if local is None or not local.raft.is_leader():
+            raise CatalogError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
+        if action == "append" or action == "produce":
+            return await self._produce(name, action, body, size_hint)
+        if action == "drop":
+            return await self.propose_checked(name, commands.drop_topic(int(body["topic_id"])))
+        if action == "commit":
+            offsets = {int(k): v for k, v in body["offsets"].items()}
+            return await self.propose_checked(
+                name, commands.commit_offsets(body["group"], int(body["topic_id"]), offsets)
+            )
+        if action == "barrier":
+            return await self.propose_checked(name, commands.noop())
+        if action == "topic_command" and name == META:
+            return await self.propose_checked(META, self._topic_command(body))
+        if action == "transfer" or action == "membership":
+            return await self._voters(name, action, body)
+        if action in DELIVERY_ACTIONS:
+            return await self.delivery.run(name, action, body)
+        raise CatalogError(errors.NOT_FOUND, f"unknown action {action}")
+
+    async def _produce(
+        self, name: str, action: str, body: dict[str, Any], size_hint: int | None
+    ) -> dict[str, Any]:
+        committer = self.node.groups[name].committer
+        if committer is None:
+            raise CatalogError(errors.BAD_REQUEST, "not a queue group")
+        if action == "append":  # binary batches: body {"items": [(topic_id, queue, batch), ...]}
+            size = size_hint if size_hint is not None else sum(len(item[2]) for item in body["items"])
+            proposal = committer.append(body["items"], size)
+        else:
+            size = size_hint if size_hint is not None else len(orjson.dumps(body["batches"]))
+            proposal = committer.produce(body["batches"], size)
+        try:
+            results = await asyncio.wait_for(proposal, self.limits.request_timeout_ms / 1000)
+        except TimeoutError:
+            raise CatalogError(errors.TIMEOUT, f"queue group {name} did not commit in time") from None
+        except ProduceFailed as e:
+            raise CatalogError(e.error, f"queue group {name}: {e}") from None
+        return {"results": results}
+
+    def _topic_command(self, body: dict[str, Any]) -> bytes:
+        """The metadata command of ``topic_command`` (``body``: the op and its fields; the leader
+        adds the time and the group count of a ``create_topic``). The metadata machine checks the
+        fields."""
+        op = body.get("op")
+        if op not in _TOPIC_OPS:
+            raise CatalogError(errors.BAD_REQUEST, f"topic_command cannot run {op!r}")
+        command = {**body, "v": 1}
+        if op == "create_topic":
+            command.update(now_ms=now_ms(), group_count=self.node.config.queue_groups)
+        return orjson.dumps(command)
+
+    async def _voters(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Change the group's voters (``membership``: ``{"action": "add" | "remove", "addr"}``),
+        or hand its leadership over (``transfer``: ``{"to": raft address or null}``)."""
+        local = self.node.groups[name]
+        if action == "transfer":
+            to = body.get("to")
+            if to is not None and not isinstance(to, str):
+                raise CatalogError(errors.BAD_REQUEST, "'to' must be a Raft address or null")
+            local.raft.transfer_leadership(to)
+            return {"ok": True}
+        what, addr = body.get("action"), body.get("addr")
+        if what not in ("add", "remove") or not isinstance(addr, str):
+            raise CatalogError(
+                errors.BAD_REQUEST, 'body must be {"action": "add" | "remove", "addr": "<host:port>"}'
+            )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+
+        def done(outcome: Outcome) -> None:  # tick thread
+            loop.call_soon_threadsafe(set_if_pending, future, outcome)
+
+        local.raft.change_membership(what, addr, done)
+        try:
+            outcome = await asyncio.wait_for(future, MEMBERSHIP_TIMEOUT_S)
+        except TimeoutError:
+            message = f"group {name}: the voter change did not commit in time"
+            raise CatalogError(errors.TIMEOUT, message) from None
+        if outcome.error:
+            code = errors.BY_CODE.get(outcome.error, errors.UNKNOWN_OUTCOME)
+            if not outcome.definite:
+                code = errors.UNKNOWN_OUTCOME
+            raise CatalogError(code, f"group {name}: {what} {addr}: {outcome.error}")
+        result: dict[str, Any] = outcome.result
+        return result

@@ -1,0 +1,216 @@
+"""The delivery writes this node runs as a group's leader (``docs/delivery.md``): ``subscribe``,
+``receive``, ``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``,
+``extend``, ``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``dlq_list`` at a queue group's
+leader, ``ensure_dlq`` at the metadata leader.
+
+The HTTP routes (``cluster/api/handlers/subscriptions.py``, ``dlq_locks.py``, ``push.py``), the
+receive coordinator and the SQS API reach them through the node's ``LeaderRouter``: here when this
+node leads the group, else at the leader's ``/internal/groups/{g}/{action}``. Each checks its
+command before proposing it, so bad input costs no entry; failures are :class:`RaftmqError`s with
+their catalogue code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from raftmq.cluster import commands
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.base.errors import CatalogError
+from raftmq.cluster.base.groups import META
+from raftmq.cluster.machines.apply import group_now
+from raftmq.cluster.machines.delivery import available
+from raftmq.cluster.node.messages import message_item, read_offsets
+from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
+from raftmq.cluster.replication.settle_commit import SettleCommitter
+from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
+from raftmq.storage.store import Store
+
+__all__ = ["DELIVERY_ACTIONS", "DeliveryActions", "await_available", "check_lock", "dlq_list"]
+
+Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
+"""Propose a command to a group led here; its result, or a :class:`RaftmqError`."""
+
+_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive", "subscribe"})
+_SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
+_COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
+DELIVERY_ACTIONS = _COMMAND_ACTIONS | {"receive", "await", "dlq_list", "ensure_dlq"}
+"""The actions :class:`DeliveryActions` runs."""
+
+
+class DeliveryActions:
+    """The delivery actions of one node; :class:`~raftmq.cluster.node.actions.LeaderActions`
+    hands them over."""
+
+    def __init__(self, node: Node, propose: Propose) -> None:
+        self.node = node
+        self._propose = propose
+        self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
+
+    async def run(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``action`` at this node, which leads group ``name`` (checked by the caller)."""
+        propose = self._propose
+        if action == "ensure_dlq":
+            if name != META:
+                raise CatalogError(errors.BAD_REQUEST, "ensure_dlq runs at the metadata leader")
+            await self.node.await_group_supports(META, "meta.ensure_dlq_topic.records")
+            return await propose(META, ensure_dlq_command(self.node, body["source"], body["group"], now_ms()))
+        if name == META:
+            raise CatalogError(errors.BAD_REQUEST, f"{action} runs at a queue group's leader")
+        store = self.node.groups[name].machine.store
+        if action == "receive":
+            return {"messages": await self._receive(name, store, body)}
+        if action == "await":
+            ok = await await_available(
+                self.node,
+                name,
+                body["topic_id"],
+                body["group"],
+                body["queues"],
+                body.get("epoch"),
+                body["wait_ms"] / 1000,
+            )
+            return {"available": ok}
+        if action in _SETTLE_ACTIONS and body.get("epoch") is None:
+            return {"results": await self._settle_here(name, action, body)}
+        if action in _COMMAND_ACTIONS:
+            # The body holds the command's fields; the leader stamps the time (for the ops that
+            # take one) and checks the command before proposing it, so bad input costs no entry.
+            fields = {k: v for k, v in body.items() if v is not None}
+            if action in _STAMPED_ACTIONS:
+                fields["now_ms"] = now_ms()
+            await self.node.await_group_supports(name, "subscribe.records")  # primes gated_fields
+            fields = gated_fields(self.node, name, store, action, fields)
+            command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
+            commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
+            return await propose(name, command)
+        if action == "dlq_list":
+            return dlq_list(store, body["topic_id"], body["queues"], body["max"])
+        raise CatalogError(errors.NOT_FOUND, f"unknown action {action}")
+
+    async def _receive(self, name: str, store: Store, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """A ``receive`` command, proposed only when something is available; the messages it
+        handed out, with their receipts."""
+        if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
+            check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
+        ok, _ = available(
+            store,
+            body["group"],
+            body["topic_id"],
+            body["queues"],
+            group_now(store, now_ms()),
+            body.get("epoch"),
+        )
+        if not ok:
+            return []
+        command = commands.receive(
+            now_ms(),
+            body["group"],
+            body["topic_id"],
+            body["queues"],
+            body["max"],
+            body["visibility_ms"],
+            epoch=body.get("epoch"),
+            max_age_ms=body.get("max_age_ms"),
+        )
+        return _render(store, body["topic_id"], await self._propose(name, command))
+
+    async def _settle_here(self, name: str, action: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """An ack, nack or extend through the group's :class:`SettleCommitter` (concurrent
+        requests share entries). Checked first, so bad input costs no entry and fails no other
+        request it would have been merged with."""
+        fields = {k: v for k, v in body.items() if v is not None}
+        commands.validate({"v": commands.VERSION, "op": action, "now_ms": 0, **fields})
+        settler = self._settlers.get(name)
+        if settler is None:
+            propose = self._propose
+            settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms)
+        return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
+
+
+def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:
+    token = result["token"]
+    delivered = result["messages"]
+    by_queue: dict[int, list[int]] = defaultdict(list)
+    for d in delivered:
+        by_queue[d["queue"]].append(d["offset"])
+    found = {q: read_offsets(store, topic_id, q, offsets) for q, offsets in by_queue.items()}
+    out = []
+    for d in delivered:
+        queue, offset = d["queue"], d["offset"]
+        m = found[queue].get(offset)
+        if m is None:
+            continue
+        head = {
+            "receipt": f"{topic_id}.{queue}.{offset}.{token}",  # format_receipt
+            "attempt": d["attempt"],
+            "queue": queue,
+            "deadline_ms": d["deadline_ms"],
+        }
+        out.append(message_item(head, m))
+    return out
+
+
+def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) -> dict[str, Any]:
+    """The action ``dlq_list`` at a queue group's leader: per queue the redrive offset and high
+    offset, and up to ``max_messages`` messages from the redrive offsets on."""
+    out_queues: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    for q in queues:
+        low, high = queue_bounds(store, topic_id, q)
+        start = max(low, redrive_offset(store, topic_id, q) or 0)
+        out_queues.append({"queue": q, "redrive_offset": start, "high_offset": high})
+        room = max_messages - len(messages)
+        if room > 0 and start < high:
+            messages += [
+                message_item({"queue": q}, m) for m in read_messages(store, topic_id, q, start, room)
+            ]
+    return {"queues": out_queues, "messages": messages}
+
+
+def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
+    """``stale_epoch`` unless each queue is locked with ``epoch`` by a live lease (as the state
+    machine's receive would refuse it)."""
+    now = group_now(store, now_ms())  # leases are on the group's time
+    for q in queues:
+        state = lock_state(store, group, topic_id, q)
+        if state is None or state.epoch != epoch or not state.live(now):
+            raise CatalogError(
+                errors.STALE_EPOCH,
+                f"queue {q} is not locked with epoch {epoch} now",
+                queue=q,
+                epoch=None if state is None else state.epoch,
+            )
+
+
+async def await_available(
+    node: Node, name: str, topic_id: int, group: str, queues: list[int], epoch: int | None, timeout_s: float
+) -> bool:
+    """Wait (at most ``timeout_s``) until a receive from this replica's queues of group ``name``
+    could hand out something: the queue grew, a retry is due, a lock was released or ran out."""
+    deadline = time.monotonic() + timeout_s
+    store = node.groups[name].machine.store
+    while True:
+        # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
+        now = group_now(store, now_ms())
+        ok, wake_ms = available(store, group, topic_id, queues, now, epoch)
+        remaining = deadline - time.monotonic()
+        if ok or remaining <= 0:
+            return ok
+        if wake_ms is not None:
+            remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
+        waits = [asyncio.create_task(node.wait_for_messages(topic_id, q, remaining)) for q in queues]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
