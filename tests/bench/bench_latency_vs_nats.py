@@ -163,7 +163,8 @@ def offer(
         return callback
 
     late_ms = 0.0
-    with Producer(urls) as producer:
+    settings = {} if args.linger_ms is None else {"linger_ms": args.linger_ms}
+    with Producer(urls, **settings) as producer:
         start = time.perf_counter() + 0.2
         cpu0 = 0.0
         for i in range(total):
@@ -269,6 +270,7 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=3.0, help="seconds to wait after leaders settled")
     ap.add_argument("--queues", type=int, default=6, help="the raftmq topic's queues")
     ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument("--linger-ms", type=int, default=None, help="the Producer's linger_ms (default: its own)")
     ap.add_argument("--rows-out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--system-name", default="raftmq", help=argparse.SUPPRESS)
     add_run_arguments(ap, keep="keep the clusters' folders")
