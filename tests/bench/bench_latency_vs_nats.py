@@ -134,9 +134,15 @@ def _keys(queues: int) -> list[str]:
 
 
 def offer(
-    urls: list[str], topic: str, rate: float, keys: list[str] | None, args: argparse.Namespace
+    urls: list[str],
+    topic: str,
+    rate: float,
+    keys: list[str] | None,
+    linger_ms: int | None,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """Offer ``rate`` msgs/s for warm-up + duration through one sync Producer (defaults)."""
+    """Offer ``rate`` msgs/s for warm-up + duration through one sync Producer (its defaults, but
+    ``linger_ms`` when given)."""
     from raftmq.client import Producer
 
     value = "x" * args.value_size
@@ -163,7 +169,7 @@ def offer(
         return callback
 
     late_ms = 0.0
-    settings = {} if args.linger_ms is None else {"linger_ms": args.linger_ms}
+    settings = {} if linger_ms is None else {"linger_ms": linger_ms}
     with Producer(urls, **settings) as producer:
         start = time.perf_counter() + 0.2
         cpu0 = 0.0
@@ -197,40 +203,59 @@ def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[s
         settle_leaders(cluster)
         time.sleep(args.settle)  # the balancer's last moves land a moment after the leaders do
         urls = [n.url for n in cluster.nodes.values()]
-        for mode in args.modes:
-            for rate in args.rates:
-                topic = f"lat-{mode}-{int(rate)}"
-                r = cluster.post("/v1/topics", {"name": topic, "queues": args.queues})
-                if r.status_code != 201:
-                    raise RuntimeError(f"cannot create {topic}: {r.status_code} {r.text}")
-                keys = _keys(args.queues) if mode == "keyed" else None
-                pids = node_pids(cluster)
-                before = _leaders(cluster)
-                nodes0 = {k: cpu_seconds(p) for k, p in pids.items()}
-                got = offer(urls, topic, rate, keys, args)
-                node_cpu = sum(cpu_seconds(p) - nodes0[k] for k, p in pids.items())
-                after = _leaders(cluster)
-                n = len(got["latencies"])
-                row = {
-                    "system": system,
-                    "mode": mode,
-                    "rate": rate,
-                    "messages": n,
-                    **_stats(got["latencies"]),
-                    # the nodes' CPU covers the warm-up too (counted against raftmq)
-                    "cpu_us_per_msg": round((node_cpu + got["client_cpu_s"]) / max(n, 1) * 1e6, 1),
-                    "max_send_late_ms": round(got["late_ms"], 2),
-                    "failures": len(got["failures"]),
-                    "leader_changes": sorted(g for g in after if after[g] != before.get(g)),
-                }
-                print(
-                    f"  {system} {mode} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
-                    f" max {row['max_ms']}"
-                    + (f"  LEADERS CHANGED {row['leader_changes']}" if row["leader_changes"] else ""),
-                    flush=True,
-                )
-                out.append(row)
+        lingers: list[int | None] = list(args.linger_ms) if args.linger_ms else [None]
+        for rep in range(args.repeat):
+            for mode in args.modes:
+                for rate in args.rates:
+                    for linger_ms in lingers:  # interleaved: one cluster, the same minutes
+                        row = _measure(cluster, urls, mode, rate, linger_ms, system, args, rep)
+                        out.append(row)
     return out
+
+
+def _measure(
+    cluster: Any,
+    urls: list[str],
+    mode: str,
+    rate: float,
+    linger_ms: int | None,
+    system: str,
+    args: Any,
+    rep: int,
+) -> dict[str, Any]:
+    topic = f"lat-{mode}-{int(rate)}-{'default' if linger_ms is None else linger_ms}-{rep}"
+    r = cluster.post("/v1/topics", {"name": topic, "queues": args.queues})
+    if r.status_code != 201:
+        raise RuntimeError(f"cannot create {topic}: {r.status_code} {r.text}")
+    keys = _keys(args.queues) if mode == "keyed" else None
+    pids = node_pids(cluster)
+    before = _leaders(cluster)
+    nodes0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    got = offer(urls, topic, rate, keys, linger_ms, args)
+    node_cpu = sum(cpu_seconds(p) - nodes0[k] for k, p in pids.items())
+    after = _leaders(cluster)
+    n = len(got["latencies"])
+    row = {
+        "system": system,
+        "mode": mode,
+        "rate": rate,
+        "linger_ms": linger_ms,
+        "messages": n,
+        **_stats(got["latencies"]),
+        # the nodes' CPU covers the warm-up too (counted against raftmq)
+        "cpu_us_per_msg": round((node_cpu + got["client_cpu_s"]) / max(n, 1) * 1e6, 1),
+        "max_send_late_ms": round(got["late_ms"], 2),
+        "failures": len(got["failures"]),
+        "leader_changes": sorted(g for g in after if after[g] != before.get(g)),
+    }
+    linger = "" if linger_ms is None else f" linger {linger_ms}"
+    print(
+        f"  {system} {mode}{linger} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
+        f" max {row['max_ms']}"
+        + (f"  LEADERS CHANGED {row['leader_changes']}" if row["leader_changes"] else ""),
+        flush=True,
+    )
+    return row
 
 
 def run_anchor(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -244,7 +269,7 @@ def run_anchor(args: argparse.Namespace) -> list[dict[str, Any]]:
         *("--systems", "raftmq", "--rates", *map(str, args.rates), "--modes", *args.modes),
         *("--duration", str(args.duration), "--warmup", str(args.warmup), "--queues", str(args.queues)),
         *("--value-size", str(args.value_size), "--wait-quiet", "0", "--rows-out", rows_file),
-        *("--system-name", "anchor"),
+        *("--system-name", "anchor", "--repeat", str(args.repeat)),
     ]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
@@ -267,10 +292,17 @@ def main() -> None:
     ap.add_argument("--anchor-tree", default="", help="also run raftmq from this checkout (its .venv)")
     ap.add_argument("--duration", type=float, default=10.0, help="timed seconds per rate and mode")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds offered before the timed part")
+    ap.add_argument("--repeat", type=int, default=1, help="measure every raftmq row this many times")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds to wait after leaders settled")
     ap.add_argument("--queues", type=int, default=6, help="the raftmq topic's queues")
     ap.add_argument("--value-size", type=int, default=100)
-    ap.add_argument("--linger-ms", type=int, default=None, help="the Producer's linger_ms (default: its own)")
+    ap.add_argument(
+        "--linger-ms",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the Producer's linger_ms (default: its own); several: each in turn",
+    )
     ap.add_argument("--rows-out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--system-name", default="raftmq", help=argparse.SUPPRESS)
     add_run_arguments(ap, keep="keep the clusters' folders")
@@ -297,7 +329,7 @@ def main() -> None:
         rows = [
             [
                 r["system"],
-                r["mode"],
+                r["mode"] + ("" if r.get("linger_ms") is None else f" linger {r['linger_ms']}"),
                 f"{r['rate']:,.0f}",
                 *(f"{r[k]:.2f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")),
                 f"{r['cpu_us_per_msg']:.0f}",
