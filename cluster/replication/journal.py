@@ -14,8 +14,9 @@ Keys (big-endian, so a scan is in index order):
 Invariants:
 - An entry is on stable storage before this node acknowledges it to a leader or counts itself in a
   commit quorum: ``add`` writes without sync and marks the journal dirty; ``flush`` syncs, and the
-  Raft adapter calls it before every message it sends and at the end of every tick
-  (``durability="os"`` skips the sync, not the write).
+  Raft adapter calls it before every message it sends but a leader's entries, before it reads a
+  follower's acknowledgement, and at the end of every tick (``durability="os"`` skips the sync,
+  not the write).
 - Truncating entries that match what follows is a no-op: a suffix written in the current term is
   kept (it is this leader's own log, so it matches), and an older suffix is hidden from pysyncobj but
   stays on disk until an entry that really conflicts replaces it. The disk therefore never holds
@@ -281,7 +282,8 @@ class DurableJournal:
     # -- durability --------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Make every entry added so far durable. Called before any message leaves this node."""
+        """Make every entry added so far durable. Called before a message that vouches for this log
+        leaves the node, before a follower's acknowledgement is read, and after every tick."""
         if self._dirty:
             if self._fsync:
                 started = time.perf_counter()

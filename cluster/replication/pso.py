@@ -6,7 +6,8 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
 - ``syncobj.createJournal`` (module attribute): a :class:`DurableJournal` passed as ``journalFile``
   is used as is (:func:`install_journal_seam`);
 - ``transportClass=`` (constructor argument): :class:`FlushingTransport`, which flushes the journal
-  before any message leaves, filters votes from non-voters and connects to hinted peers;
+  before any message but a leader's entries leaves and before a follower's acknowledgement is read,
+  filters votes from non-voters and connects to hinted peers;
 - the transport's two connection factories, ``TCPTransport.addNode`` (outgoing) and
   ``TCPTransport._onNewIncomingConnection`` (incoming, from ``TcpServer``): each connection is
   turned into a :class:`RaftConnection` before it sends or reads a byte.
@@ -77,6 +78,9 @@ if PYSYNCOBJ_VERSION != PINNED_PYSYNCOBJ:  # the seams below are written against
 
 _MEMBERSHIP = bytes([pso_syncobj._COMMAND_TYPE.MEMBERSHIP])
 _VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from voters only
+# A leader's messages that vouch for nothing on its disk: its entries (their commit waits for its
+# own flush, see FlushingTransport) and the index it gave a command forwarded through pysyncobj.
+_LEADER_SENDS_UNFLUSHED = frozenset({"append_entries", "apply_command_response"})
 
 # -- the Raft wire ---------------------------------------------------------------------------------
 
@@ -353,7 +357,13 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
 
 
 class FlushingTransport(TCPTransport):  # type: ignore[misc]
-    """TCP transport that makes the journal durable before any message leaves the node.
+    """TCP transport that makes the journal durable before the node vouches for it.
+
+    Every message but ``append_entries`` leaves after a flush (an acknowledgement says "durable
+    here", a vote carries the term). A leader's ``append_entries`` leave at once: its own fsync
+    overlaps the followers' receive and fsync (Raft lets a leader write its log in parallel with
+    replicating it), and a follower's acknowledgement is read only after a flush, so the leader
+    never counts itself in a quorum before its own copy is durable.
 
     Its connections are :class:`RaftConnection` s under the Raft key (``conf.password``).
 
@@ -428,11 +438,26 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
                     conn.disconnect()  # _onDisconnected releases it and forgets it
 
     def send(self, node: Any, message: Any) -> Any:
-        self._syncObj.raftmq_journal.flush()
+        # Whatever this node tells a peer about its log (an acknowledgement, a vote) is on disk
+        # first. A leader's entries are the exception: they go to the followers before its own
+        # fsync, which then runs while they travel and are fsynced there (RaftGroup._after_tick
+        # flushes at the end of the tick that added them). The leader counts itself only once
+        # durable: an acknowledgement is read after a flush (_onMessageReceived).
+        if not (isinstance(message, dict) and message.get("type") in _LEADER_SENDS_UNFLUSHED):
+            self._syncObj.raftmq_journal.flush()
         return super().send(node, message)
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         # Every connection delivers through this method (tick thread). Only votes are checked.
+        if isinstance(message, dict) and message.get("type") == "next_node_idx":
+            # A follower's acknowledgement may complete a quorum in which pysyncobj counts this
+            # leader (count = 1 in its commit loop): its own entries become durable first. The
+            # tick's end flushed them already, except entries added while polling (the no-op of
+            # a leadership won on a vote), so this is nearly always a no-op. (A bare SyncObj, as
+            # seam tests build, has no durable journal to flush.)
+            journal = getattr(self._syncObj, "raftmq_journal", None)
+            if journal is not None:
+                journal.flush()
         if (
             isinstance(message, dict)
             and message.get("type") in _VOTE_MESSAGES

@@ -5,8 +5,10 @@ safe to embed (each hazard, as docs/architecture.md lists them under "The hazard
 neutralises each", and what neutralises it):
 
 1. No fsync → :class:`~raftmq.cluster.replication.journal.DurableJournal` replaces the journal through the
-   ``createJournal`` seam; the transport flushes it before every message and a tick callback after
-   every tick, so an entry is synced before it is acknowledged or counted.
+   ``createJournal`` seam; the transport flushes it before every message but a leader's entries,
+   and before it hands a follower's acknowledgement to pysyncobj, and a tick callback after every
+   tick, so an entry is synced before it is acknowledged or counted (a leader's own fsync overlaps
+   the followers').
 2. Snapshot/compaction crash window → the deserializer aligns the journal to the snapshot before
    pysyncobj compares them, and compaction fsyncs the snapshot's directory first.
 3. ``journalFile`` without ``fullDumpFile`` → both are always set here.

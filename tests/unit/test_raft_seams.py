@@ -202,8 +202,33 @@ def test_flushing_transport_flushes_before_sending(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(TCPTransport, "send", lambda self, node, message: events.append(("send", message)))
     transport = FlushingTransport.__new__(FlushingTransport)
     transport._syncObj = SimpleNamespace(raftmq_journal=SimpleNamespace(flush=lambda: events.append("flush")))
-    transport.send("node", {"type": "next_node_idx"})
-    assert events == ["flush", ("send", {"type": "next_node_idx"})]
+    for kind in ("next_node_idx", "response_vote", "request_vote", "apply_command"):
+        events.clear()
+        transport.send("node", {"type": kind})
+        assert events == ["flush", ("send", {"type": kind})], kind
+
+
+def test_a_leaders_entries_leave_before_its_flush_and_acks_are_read_after_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The leader's fsync overlaps replication: its append_entries go unflushed (the tick's end
+    # flushes), and a follower's acknowledgement, which may complete a quorum counting the leader,
+    # is handed to pysyncobj only after a flush.
+    events: list[Any] = []
+    monkeypatch.setattr(TCPTransport, "send", lambda self, node, message: events.append(("send", message)))
+    monkeypatch.setattr(
+        TCPTransport, "_onMessageReceived", lambda self, node, message: events.append(("handled", message))
+    )
+    transport = FlushingTransport.__new__(FlushingTransport)
+    journal = SimpleNamespace(flush=lambda: events.append("flush"))
+    transport._syncObj = SimpleNamespace(raftmq_journal=journal, otherNodes={"node"})
+    entries = {"type": "append_entries", "entries": [(b"x", 7, 1)]}
+    transport.send("node", entries)
+    assert events == [("send", entries)]
+    events.clear()
+    ack = {"type": "next_node_idx", "next_node_idx": 8, "success": True, "reset": False}
+    transport._onMessageReceived("node", ack)
+    assert events == ["flush", ("handled", ack)]
 
 
 class _Stop(Exception):
@@ -792,3 +817,73 @@ def test_crash_between_snapshot_and_compaction_keeps_every_entry(
     after = list(group2._journal[:])
     assert after[0] == prev
     assert after[: len(before) - (prev[1] - 1)] == before[prev[1] - 1 :]  # everything after prev kept
+
+
+# -- 6. three RaftGroups on localhost: the leader's fsync overlaps replication ---------------------
+
+
+@pytest.fixture
+def three_groups(tmp_path: Path) -> Iterator[Callable[..., list[RaftGroup]]]:
+    groups: list[RaftGroup] = []
+
+    def start(stores: list[Store], machines: list[Machine]) -> list[RaftGroup]:
+        addrs = [f"127.0.0.1:{free_port()}" for _ in stores]
+        for i, (store, machine) in enumerate(zip(stores, machines, strict=True)):
+            groups.append(
+                RaftGroup(
+                    name="g",
+                    node_id=f"n{i + 1}",
+                    self_addr=addrs[i],
+                    peer_addrs=[a for a in addrs if a != addrs[i]],
+                    journal_store=store,
+                    machine=machine,
+                    snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
+                    settings=fast_settings(),
+                )
+            )
+        wait_for(lambda: any(g.is_leader() for g in groups), "a leader")
+        return list(groups)
+
+    yield start
+    for group in groups:
+        group.destroy()
+
+
+def test_three_replicas_commit_only_entries_durable_on_a_majority_and_the_leader_sends_before_its_fsync(
+    three_groups: Callable[..., list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stores = [SyncTrackingStore() for _ in range(3)]
+    store_of: dict[int, SyncTrackingStore] = {}
+    not_durable: list[tuple[int, int]] = []  # (index, replicas holding it synced) at an apply
+    sent_unsynced: list[int] = []  # entries a leader sent before its own journal had synced them
+    lock = threading.Lock()
+
+    def check(index: int) -> None:
+        synced = sum(1 for st in stores if index in st.synced)
+        if synced < 2:
+            not_durable.append((index, synced))
+
+    original_send = TCPTransport.send
+
+    def recording_send(self: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            own = store_of.get(id(self._syncObj.raftmq_journal))
+            with lock:
+                for entry in message.get("entries", ()):
+                    if own is not None and entry[1] not in own.synced:
+                        sent_unsynced.append(entry[1])
+        return original_send(self, node, message)
+
+    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    machines = [Machine(check) for _ in range(3)]
+    groups = three_groups(stores, machines)
+    for group, store in zip(groups, stores, strict=True):
+        store_of[id(group._journal)] = store
+    leader = next(g for g in groups if g.is_leader())
+    outcomes = _submit_all(leader, [f"command-{i}".encode() for i in range(40)])
+    assert all(o.error is None for o in outcomes), outcomes
+    wait_for(lambda: all(m.applied_index >= outcomes[-1].result["index"] for m in machines), "every replica")
+    # safety: every replica applied an entry only once a majority held it synced
+    assert not_durable == []
+    # latency: the leader sent entries before its own fsync of them (it overlapped)
+    assert sent_unsynced, "the leader synced every entry before sending it"

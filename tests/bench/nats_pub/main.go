@@ -7,6 +7,11 @@
 // and prints one JSON line: messages, acknowledgement errors, seconds, its own CPU seconds over
 // that window, and the messages the stream took in it; then it deletes the stream.
 //
+// With -rate R > 0 (bench_latency_vs_nats.py) the timed part is an open loop instead: message i is
+// published at t0 + i/R (the loop sleeps until then, never waits for an acknowledgement), and a
+// goroutine per message takes the time from that scheduled instant to its acknowledgement; the JSON
+// line then also carries "latencies_ms" (sorted) and the publisher's lateness.
+//
 // Built by bench_vs_nats.py with Debian's golang-go and golang-github-nats-io-go-nats-dev:
 // GOPATH=/usr/share/gocode GO111MODULE=off CGO_ENABLED=0 go build
 package main
@@ -19,7 +24,9 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -86,6 +93,49 @@ func publish(js nats.JetStreamContext, subject string, n int, pool [][]byte) int
 	return stalls
 }
 
+// publishAt publishes n messages open loop at rate per second and returns each one's latency
+// (ms, from its scheduled time to its acknowledgement, sorted), the stall retries and how late the
+// loop ran at worst (ms).
+func publishAt(js nats.JetStreamContext, subject string, n int, rate float64, pool [][]byte) ([]float64, int64, float64) {
+	latencies := make([]float64, n)
+	var stalls int64
+	var wg sync.WaitGroup
+	late := 0.0
+	t0 := time.Now().Add(100 * time.Millisecond)
+	for i := 0; i < n; i++ {
+		scheduled := t0.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+		if wait := time.Until(scheduled); wait > 0 {
+			time.Sleep(wait)
+		} else if ms := float64(-wait) / 1e6; ms > late {
+			late = ms
+		}
+		var future nats.PubAckFuture
+		for {
+			f, err := js.PublishAsync(subject, pool[i&1023])
+			if err == nil {
+				future = f
+				break
+			}
+			if !strings.Contains(err.Error(), "stalled") {
+				fail("publish: %v", err)
+			}
+			stalls++
+		}
+		wg.Add(1)
+		go func(i int, scheduled time.Time, future nats.PubAckFuture) {
+			defer wg.Done()
+			select {
+			case <-future.Ok():
+			case <-future.Err():
+			}
+			latencies[i] = float64(time.Since(scheduled)) / 1e6
+		}(i, scheduled, future)
+	}
+	wg.Wait()
+	sort.Float64s(latencies)
+	return latencies, stalls, late
+}
+
 func waitComplete(js nats.JetStreamContext, timeout time.Duration) {
 	select {
 	case <-js.PublishAsyncComplete():
@@ -103,6 +153,7 @@ func main() {
 	size := flag.Int("size", 100, "payload bytes")
 	kind := flag.String("values", "random", "random or x")
 	maxPending := flag.Int("max-pending", 4096, "PublishAsyncMaxPending")
+	rate := flag.Float64("rate", 0, "open loop at this many messages a second (0: as fast as acknowledged)")
 	flag.Parse()
 
 	nc, err := nats.Connect(*urls, nats.Timeout(10*time.Second))
@@ -170,7 +221,14 @@ func main() {
 	}
 
 	cpu0, t0 := cpuSeconds(), time.Now()
-	stalls := publish(js, subject, *n, pool)
+	var latencies []float64
+	var stalls int64
+	lateMs := 0.0
+	if *rate > 0 {
+		latencies, stalls, lateMs = publishAt(js, subject, *n, *rate, pool)
+	} else {
+		stalls = publish(js, subject, *n, pool)
+	}
 	waitComplete(js, 300*time.Second)
 	seconds, cpu := time.Since(t0).Seconds(), cpuSeconds()-cpu0
 
@@ -182,11 +240,13 @@ func main() {
 	}
 	_ = js.DeleteStream(*stream) // its disk space; the next run makes its own
 	_ = out.Encode(map[string]interface{}{
-		"messages":        *n,
-		"ack_errors":      atomic.LoadInt64(&ackErrors),
-		"stalled_retries": stalls,
-		"seconds":         seconds,
-		"client_cpu_s":    cpu,
-		"stream_msgs":     stored,
+		"messages":         *n,
+		"ack_errors":       atomic.LoadInt64(&ackErrors),
+		"stalled_retries":  stalls,
+		"seconds":          seconds,
+		"client_cpu_s":     cpu,
+		"stream_msgs":      stored,
+		"latencies_ms":     latencies,
+		"max_send_late_ms": lateMs,
 	})
 }

@@ -1,0 +1,362 @@
+"""Produce latency at ordinary load, raftmq against NATS JetStream ``sync_interval: always``, in one
+run (issue 23: p50 <= 2 ms at 1,000 and 10,000 msgs/s, p99 <= 5 / 10 ms, ahead of NATS).
+
+One system after another, never at the same time, on 127.0.0.1:
+
+- ``nats-always``  3 ``nats-server`` 2.15.1 (as ``bench_vs_nats.py`` runs and installs them), a file
+                   stream with 3 replicas and an fsync per write; the Go publisher (``nats_pub
+                   -rate``) calls ``PublishAsync`` at each message's scheduled time and a goroutine
+                   per message waits on its acknowledgement.
+- ``raftmq``       3 ``raftmq serve`` nodes (3 queue groups, replication 3, ``durability =
+                   "fsync"``), a topic of ``--queues`` queues, one sync ``Producer`` with default
+                   settings; ``send`` at each scheduled time from one application thread, a delivery
+                   callback per message. ``keyed``: keys spread evenly over the queues; ``unkeyed``:
+                   no key (the producer's sticky spreading).
+- ``anchor``       (``--anchor-tree DIR``) the ``raftmq`` runs again with another checkout's code
+                   (nodes and client): this script run by ``DIR/.venv/bin/python``.
+
+Open loop at each ``--rates`` value: message i is offered at ``t0 + i / rate``, and its latency runs
+from that instant to its acknowledgement, so a send that ran late counts its lateness (no
+coordinated omission). ``--warmup`` seconds are offered first and not counted. raftmq's leaders are
+left to settle on their preferred nodes before anything is measured (the balancer moves them in the
+first seconds of a cluster), and the run records whether a leader changed during the measurement.
+Prints p50 / p90 / p99 / max per system, mode and rate, and writes JSON to bench-results/.
+
+    .venv/bin/python tests/bench/bench_latency_vs_nats.py
+    .venv/bin/python tests/bench/bench_latency_vs_nats.py --anchor-tree /work/main --duration 5
+    .venv/bin/python tests/bench/bench_latency_vs_nats.py --systems raftmq --modes keyed --rates 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+from _common import (  # noqa: E402
+    add_run_arguments,
+    cpu_seconds,
+    data_folder,
+    node_pids,
+    percentile,
+    recorded_run,
+    settle_leaders,
+    table,
+    three_node_cluster,
+)
+
+NATS_WARMUP_MESSAGES = 2_000
+
+
+def _stats(latencies: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(percentile(latencies, 50), 3),
+        "p90_ms": round(percentile(latencies, 90), 3),
+        "p99_ms": round(percentile(latencies, 99), 3),
+        "max_ms": round(max(latencies), 3) if latencies else float("nan"),
+    }
+
+
+# -- NATS ------------------------------------------------------------------------------------------
+
+
+def run_nats(base: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench_vs_nats import _lines, _next_json, nats_cluster, set_up
+
+    tools = set_up()
+    out = []
+    with nats_cluster(tools.nats_server, base, True, args.keep) as cluster:
+        for i, rate in enumerate(args.rates):
+            n = int(rate * args.duration)
+            cmd = [
+                str(tools.publisher),
+                *("-urls", ",".join(cluster.urls), "-stream", f"LAT{i}", "-n", str(n)),
+                *("-warmup", str(NATS_WARMUP_MESSAGES), "-size", str(args.value_size), "-values", "x"),
+                *("-rate", str(rate), "-max-pending", "65536"),
+            ]
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            try:
+                lines = _lines(proc)
+                _next_json(proc, lines, 90)
+                servers0 = {k: cpu_seconds(p) for k, p in cluster.pids.items()}
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                done = _next_json(proc, lines, 600)
+                server_cpu = sum(cpu_seconds(p) - servers0[k] for k, p in cluster.pids.items())
+                proc.wait(30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+            if done["ack_errors"] or done["stream_msgs"] != n:
+                raise RuntimeError(f"NATS: {done['ack_errors']} errors, {done['stream_msgs']} of {n} stored")
+            row = {
+                "system": "nats-always",
+                "mode": "-",
+                "rate": rate,
+                "messages": n,
+                **_stats(done["latencies_ms"]),
+                "cpu_us_per_msg": round((server_cpu + done["client_cpu_s"]) / n * 1e6, 1),
+                "max_send_late_ms": round(done["max_send_late_ms"], 2),
+            }
+            print(f"  nats-always {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms", flush=True)
+            out.append(row)
+    return out
+
+
+# -- raftmq ----------------------------------------------------------------------------------------
+
+
+def _keys(queues: int) -> list[str]:
+    """One key per queue (by the client's partitioner), so keyed traffic covers every queue evenly."""
+    from raftmq.client._metadata import key_queue
+
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < queues:
+        keys.setdefault(key_queue(f"key-{i}", queues), f"key-{i}")
+        i += 1
+    return [keys[q] for q in range(queues)]
+
+
+def offer(
+    urls: list[str],
+    topic: str,
+    rate: float,
+    keys: list[str] | None,
+    linger_ms: int | None,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Offer ``rate`` msgs/s for warm-up + duration through one sync Producer (its defaults, but
+    ``linger_ms`` when given)."""
+    from raftmq.client import Producer
+
+    value = "x" * args.value_size
+    total = int(rate * (args.warmup + args.duration))
+    first_timed = int(rate * args.warmup)
+    latencies: list[float] = []
+    failures: list[str] = []
+    done = threading.Event()
+    remaining = [total]
+    lock = threading.Lock()
+
+    def callback_for(scheduled: float, timed: bool) -> Any:
+        def callback(_metadata: Any, error: Any) -> None:
+            now = time.perf_counter()
+            with lock:
+                if error is not None:
+                    failures.append(str(error))
+                elif timed:
+                    latencies.append((now - scheduled) * 1000)
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+
+        return callback
+
+    late_ms = 0.0
+    settings = {} if linger_ms is None else {"linger_ms": linger_ms}
+    with Producer(urls, **settings) as producer:
+        start = time.perf_counter() + 0.2
+        cpu0 = 0.0
+        for i in range(total):
+            scheduled = start + i / rate
+            if i == first_timed:
+                ru = resource.getrusage(resource.RUSAGE_SELF)
+                cpu0 = ru.ru_utime + ru.ru_stime
+            wait = scheduled - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            elif i >= first_timed:
+                late_ms = max(late_ms, -wait * 1000)
+            key = keys[i % len(keys)] if keys else None
+            producer.send(topic, value, key=key, callback=callback_for(scheduled, i >= first_timed))
+        if not done.wait(120):
+            raise RuntimeError(f"{remaining[0]} messages still unacknowledged after 120 s")
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        client_cpu = ru.ru_utime + ru.ru_stime - cpu0
+    return {"latencies": latencies, "failures": failures, "client_cpu_s": client_cpu, "late_ms": late_ms}
+
+
+def _leaders(cluster: Any) -> dict[str, tuple[str | None, int]]:
+    groups = cluster.get("/v1/cluster").json().get("groups", [])
+    return {str(g.get("name")): (g.get("leader"), int(g.get("term") or 0)) for g in groups}
+
+
+def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[str, Any]]:
+    out = []
+    with three_node_cluster(base, "latvsnats-", 'durability = "fsync"', keep=args.keep) as cluster:
+        settle_leaders(cluster)
+        time.sleep(args.settle)  # the balancer's last moves land a moment after the leaders do
+        urls = [n.url for n in cluster.nodes.values()]
+        lingers: list[int | None] = list(args.linger_ms) if args.linger_ms else [None]
+        for rep in range(args.repeat):
+            for mode in args.modes:
+                for rate in args.rates:
+                    for linger_ms in lingers:  # interleaved: one cluster, the same minutes
+                        row = _measure(cluster, urls, mode, rate, linger_ms, system, args, rep)
+                        out.append(row)
+    return out
+
+
+def _measure(
+    cluster: Any,
+    urls: list[str],
+    mode: str,
+    rate: float,
+    linger_ms: int | None,
+    system: str,
+    args: Any,
+    rep: int,
+) -> dict[str, Any]:
+    topic = f"lat-{mode}-{int(rate)}-{'default' if linger_ms is None else linger_ms}-{rep}"
+    r = cluster.post("/v1/topics", {"name": topic, "queues": args.queues})
+    if r.status_code != 201:
+        raise RuntimeError(f"cannot create {topic}: {r.status_code} {r.text}")
+    keys = _keys(args.queues) if mode == "keyed" else None
+    pids = node_pids(cluster)
+    before = _leaders(cluster)
+    nodes0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    got = offer(urls, topic, rate, keys, linger_ms, args)
+    node_cpu = sum(cpu_seconds(p) - nodes0[k] for k, p in pids.items())
+    after = _leaders(cluster)
+    n = len(got["latencies"])
+    row = {
+        "system": system,
+        "mode": mode,
+        "rate": rate,
+        "linger_ms": linger_ms,
+        "messages": n,
+        **_stats(got["latencies"]),
+        # the nodes' CPU covers the warm-up too (counted against raftmq)
+        "cpu_us_per_msg": round((node_cpu + got["client_cpu_s"]) / max(n, 1) * 1e6, 1),
+        "max_send_late_ms": round(got["late_ms"], 2),
+        "failures": len(got["failures"]),
+        "leader_changes": sorted(g for g in after if after[g] != before.get(g)),
+    }
+    linger = "" if linger_ms is None else f" linger {linger_ms}"
+    print(
+        f"  {system} {mode}{linger} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
+        f" max {row['max_ms']}"
+        + (f"  LEADERS CHANGED {row['leader_changes']}" if row["leader_changes"] else ""),
+        flush=True,
+    )
+    return row
+
+
+def run_anchor(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The raftmq runs with another checkout's code: this script under that tree's interpreter."""
+    python = Path(args.anchor_tree) / ".venv/bin/python"
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        rows_file = f.name
+    cmd = [
+        str(python),
+        __file__,
+        *("--systems", "raftmq", "--rates", *map(str, args.rates), "--modes", *args.modes),
+        *("--duration", str(args.duration), "--warmup", str(args.warmup), "--queues", str(args.queues)),
+        *("--value-size", str(args.value_size), "--wait-quiet", "0", "--rows-out", rows_file),
+        *("--system-name", "anchor", "--repeat", str(args.repeat)),
+    ]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    subprocess.run(cmd, check=True)
+    rows: list[dict[str, Any]] = json.loads(Path(rows_file).read_text())
+    os.unlink(rows_file)
+    anchor_commit = subprocess.run(
+        ["git", "-C", args.anchor_tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    for row in rows:
+        row["tree"] = f"{args.anchor_tree}@{anchor_commit}"
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", type=float, nargs="+", default=[1_000, 10_000], help="offered msgs/s")
+    ap.add_argument("--modes", nargs="+", choices=("keyed", "unkeyed"), default=["keyed", "unkeyed"])
+    ap.add_argument("--systems", nargs="+", choices=("nats", "raftmq"), default=["nats", "raftmq"])
+    ap.add_argument("--anchor-tree", default="", help="also run raftmq from this checkout (its .venv)")
+    ap.add_argument("--duration", type=float, default=10.0, help="timed seconds per rate and mode")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds offered before the timed part")
+    ap.add_argument("--repeat", type=int, default=1, help="measure every raftmq row this many times")
+    ap.add_argument("--settle", type=float, default=3.0, help="seconds to wait after leaders settled")
+    ap.add_argument("--queues", type=int, default=6, help="the raftmq topic's queues")
+    ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument(
+        "--linger-ms",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the Producer's linger_ms (default: its own); several: each in turn",
+    )
+    ap.add_argument("--rows-out", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--system-name", default="raftmq", help=argparse.SUPPRESS)
+    add_run_arguments(ap, keep="keep the clusters' folders")
+    args = ap.parse_args()
+    base, fs = data_folder(args)
+
+    if args.rows_out:  # the anchor's child: measure, hand the rows back, print nothing more
+        rows = run_raftmq(base, args, args.system_name)
+        Path(args.rows_out).write_text(json.dumps(rows))
+        return
+
+    def report(result: dict[str, Any]) -> None:
+        heads = [
+            "system",
+            "mode",
+            "offered/s",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "CPU µs/msg",
+            "leaders moved",
+        ]
+        rows = [
+            [
+                r["system"],
+                r["mode"] + ("" if r.get("linger_ms") is None else f" linger {r['linger_ms']}"),
+                f"{r['rate']:,.0f}",
+                *(f"{r[k]:.2f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")),
+                f"{r['cpu_us_per_msg']:.0f}",
+                ",".join(r.get("leader_changes", [])) or "-",
+            ]
+            for r in result["results"]
+        ]
+        print(f"\nbench_latency_vs_nats  commit {result['commit']}  {args.value_size} B  data on {fs}")
+        print(table(rows, heads))
+
+    with recorded_run(
+        "latency_vs_nats",
+        args,
+        notes="open loop; latency from each message's scheduled send to its acknowledgement",
+        data_fs=fs,
+        report=report,
+        internal=("keep", "data_dir", "wait_quiet", "rows_out", "system_name"),
+    ) as result:
+        rows: list[dict[str, Any]] = []
+        if "nats" in args.systems:
+            rows += run_nats(base, args)
+        if "raftmq" in args.systems:
+            rows += run_raftmq(base, args, "raftmq")
+        if args.anchor_tree:
+            rows += run_anchor(args)
+        result["results"] = rows
+
+
+if __name__ == "__main__":
+    main()
