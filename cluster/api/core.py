@@ -218,10 +218,18 @@ class ApiCore:
         if action == "drop":
             return await self.router.propose_checked(name, commands.drop_topic(int(body["topic_id"])))
         if action == "commit":
+            # advance only once every voter applies it (docs/operations.md, rolling upgrades): until
+            # then the commit is written as a set, as before the field.
+            advance = body.get("advance") is True and await self.node.await_group_supports(
+                name, "commit_offsets.advance"
+            )
             return await self.router.propose_checked(
                 name,
                 commands.commit_offsets(
-                    body["group"], int(body["topic_id"]), {int(k): v for k, v in body["offsets"].items()}
+                    body["group"],
+                    int(body["topic_id"]),
+                    {int(k): v for k, v in body["offsets"].items()},
+                    advance=advance,
                 ),
             )
         if action == "barrier":
