@@ -138,10 +138,22 @@ class ApiClient:
         return {int(q): o for q, o in answer["offsets"].items()}
 
     async def commit_offsets(
-        self, group: str, topic: str, offsets: Mapping[int, int], *, retry_timeout_ms: int | None = None
+        self,
+        group: str,
+        topic: str,
+        offsets: Mapping[int, int],
+        *,
+        advance: bool = False,
+        retry_timeout_ms: int | None = None,
     ) -> None:
-        # Setting an offset is idempotent: a resent commit stores the same value.
-        body = {"topic": topic, "offsets": {str(q): o for q, o in offsets.items()}}
+        """Commit ``offsets``; ``advance`` (a consumer's commit): a queue's offset only moves
+        forward, and an offset the cluster kept (it had a newer one) is success too.
+
+        Idempotent either way: a resent commit stores the same value. A set (no ``advance``) that
+        is resent may land after a newer commit and move it back; an advance-only one may not."""
+        body: dict[str, object] = {"topic": topic, "offsets": {str(q): o for q, o in offsets.items()}}
+        if advance:
+            body["advance"] = True
         await self.call(
             "PUT",
             f"/v1/groups/{path_part(group)}/offsets",

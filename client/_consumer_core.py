@@ -333,6 +333,8 @@ class ConsumerCore:
                         self.config.commit_group,
                         topic,
                         {r.queue: edge for r, edge in edges.items()},
+                        # only forward: a late copy of this commit cannot undo a later one
+                        advance=True,
                         retry_timeout_ms=retry_timeout_ms,
                     )
                 except TopicNotFound as e:

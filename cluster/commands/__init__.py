@@ -17,7 +17,8 @@ Wire shapes (``v`` is always 1; every listed field is required unless marked ``?
         {"topic_id": u32, "queue": u32, "producer_id"?: str, "sequence"?: u64,
          "messages": [{"value": str} | {"value_b64": str}, "key"?: str, "headers"?: {str: str},
                       "deliver_at_ms"?: time, "ttl_ms"?: duration]}]}
-    {"op": "commit_offsets", "group": str, "topic_id": u32, "offsets": {"<queue>": u64}}
+    {"op": "commit_offsets", "group": str, "topic_id": u32, "offsets": {"<queue>": u64},
+     "advance"?: bool}
     {"op": "retain", "now_ms": u64, "queues": [
         {"topic_id": u32, "queue": u32, "max_age_ms"?: u64 | null, "max_bytes"?: u64 | null}],
      "max_jump_ms"?: duration, "max_batches"?: u32 >= 1}
@@ -213,6 +214,10 @@ FIELD_LEVELS: tuple[str, ...] = (
     # deliver_tick's expiry_backoff: false (an expired delivery comes back at its deadline, issue
     # 21); an older replica refused the field
     "deliver_tick.expiry",
+    # commit_offsets' and commit_fenced's advance: true (a queue's offset is stored only if it moves
+    # forward, so a delayed copy of an older commit cannot undo a newer one); an older replica
+    # refused the field
+    "commit_offsets.advance",
 )
 
 
@@ -224,12 +229,21 @@ def produce(now_ms: int, batches: Sequence[Mapping[str, Any]]) -> bytes:
     return orjson.dumps({"v": VERSION, "op": "produce", "now_ms": now_ms, "batches": list(batches)})
 
 
-def commit_offsets(group: str, topic_id: int, offsets: Mapping[int, int]) -> bytes:
-    """A command committing consumer group ``group``'s ``{queue: offset}`` on ``topic_id``."""
+def commit_offsets(group: str, topic_id: int, offsets: Mapping[int, int], *, advance: bool = False) -> bytes:
+    """A command committing consumer group ``group``'s ``{queue: offset}`` on ``topic_id``;
+    ``advance``: a queue's offset is stored only if it is above the stored one (a consumer's commit,
+    written only once every voter applies ``commit_offsets.advance``), else as given (a rewind)."""
     wire_offsets = {str(queue): offset for queue, offset in offsets.items()}
-    return orjson.dumps(
-        {"v": VERSION, "op": "commit_offsets", "group": group, "topic_id": topic_id, "offsets": wire_offsets}
-    )
+    body: dict[str, Any] = {
+        "v": VERSION,
+        "op": "commit_offsets",
+        "group": group,
+        "topic_id": topic_id,
+        "offsets": wire_offsets,
+    }
+    if advance:
+        body["advance"] = True
+    return orjson.dumps(body)
 
 
 def retain(

@@ -198,10 +198,13 @@ def unlock(group: str, topic_id: int, queue: int, consumer: str, epoch: int) -> 
     return _command("unlock", group=group, topic_id=topic_id, queue=queue, consumer=consumer, epoch=epoch)
 
 
-def commit_fenced(group: str, topic_id: int, offsets: Mapping[int, int], epoch: int) -> bytes:
+def commit_fenced(
+    group: str, topic_id: int, offsets: Mapping[int, int], epoch: int, *, advance: bool = False
+) -> bytes:
     """Like :func:`commit_offsets`, refused unless every queue's lock has ``epoch``."""
     wire_offsets = {str(queue): offset for queue, offset in offsets.items()}
-    return _command("commit_fenced", group=group, topic_id=topic_id, offsets=wire_offsets, epoch=epoch)
+    fields = {"group": group, "topic_id": topic_id, "offsets": wire_offsets, "epoch": epoch}
+    return _command("commit_fenced", **fields, advance=advance or None)
 
 
 def redrive(
@@ -322,7 +325,7 @@ def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
 
 
 def _commit_fenced(obj: dict[str, Any]) -> CommitFencedCommand:
-    _object(obj, {"group", "topic_id", "offsets", "epoch"})
+    _object(obj, {"group", "topic_id", "offsets", "epoch", "advance"})
     epoch = _uint(obj, "epoch", MAX_U64, "")
     plain = _commit_offsets({k: v for k, v in obj.items() if k != "epoch"})
     return {
@@ -332,6 +335,7 @@ def _commit_fenced(obj: dict[str, Any]) -> CommitFencedCommand:
         "topic_id": plain["topic_id"],
         "offsets": plain["offsets"],
         "epoch": epoch,
+        "advance": plain["advance"],
     }
 
 

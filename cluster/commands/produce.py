@@ -111,7 +111,10 @@ def _b64(text: Any, where: str) -> bytes:
 
 
 def _commit_offsets(obj: dict[str, Any]) -> CommitOffsetsCommand:
-    _fields(obj, "command", {"v", "op", "group", "topic_id", "offsets"})
+    _fields(obj, "command", {"v", "op", "group", "topic_id", "offsets", "advance"})
+    advance = obj.get("advance")
+    if advance is not None and type(advance) is not bool:
+        raise _bad("advance: expected true or false")
     raw = obj.get("offsets")
     if type(raw) is not dict or not raw:
         raise _bad("offsets: expected a non-empty object")
@@ -134,6 +137,7 @@ def _commit_offsets(obj: dict[str, Any]) -> CommitOffsetsCommand:
         "group": _name(obj, "group", ""),
         "topic_id": _uint(obj, "topic_id", MAX_U32, ""),
         "offsets": offsets,
+        "advance": bool(advance),
     }
 
 

@@ -63,6 +63,7 @@ class CommitOffsetsCommand(TypedDict):
     group: str
     topic_id: int
     offsets: dict[int, int]
+    advance: bool  # only offsets moving forward apply (absent in entries before the field: False)
 
 
 class RetainQueue(TypedDict):
@@ -188,6 +189,7 @@ class CommitFencedCommand(TypedDict):
     topic_id: int
     offsets: dict[int, int]
     epoch: int
+    advance: bool
 
 
 class RedriveCommand(TypedDict):

@@ -270,7 +270,16 @@ class QueueGroupMachine:
         """Store the consumer group's offsets. Each must be in ``[0, high_offset]`` of its queue
         (below ``low_offset`` is allowed: a lagging consumer). Receive/ack state of the group is
         kept consistent (``delivery.on_commit``: pending records below the offset are finished; a
-        commit below the floor rewinds). Result: ``{"ok": true}``."""
+        commit below the floor rewinds).
+
+        With ``advance`` (a consumer's commit) a queue's offset is applied only if it is above the
+        stored one; otherwise the stored offset is kept and nothing of that queue changes: a copy of
+        an older commit that arrives late (held up at a paused node, or a retry racing the
+        original) cannot move a newer one back. Without it (an explicit set, and every entry
+        written before the field) the offset is stored as given, so a rewind moves it back.
+
+        Result: ``{"ok": true, "offsets": {"<queue>": {"offset": stored, "applied": bool}}}``,
+        ``applied`` false for a kept (stale) offset."""
         topic_id = cmd["topic_id"]
         if work.is_dropped(topic_id):
             raise _Rejected(errors.TOPIC_NOT_FOUND, f"topic {topic_id} was dropped")
@@ -285,11 +294,17 @@ class QueueGroupMachine:
                     low_offset=meta.low_offset,
                     high_offset=meta.high_offset,
                 )
+        answer: dict[str, dict[str, Any]] = {}
         for queue, offset in cmd["offsets"].items():
+            current = queues.committed_offset(work.store, cmd["group"], topic_id, queue)
+            if cmd["advance"] and current is not None and offset <= current:
+                answer[str(queue)] = {"offset": current, "applied": False}
+                continue
             stored = delivery.on_commit(work, cmd["group"], topic_id, queue, offset)
             work.batch.put(keys.offset_key(topic_id, queue, cmd["group"]), keys.encode_u64(stored))
+            answer[str(queue)] = {"offset": stored, "applied": True}
         delivery.mark_offsets_shared(work, topic_id, cmd["group"])
-        return {"ok": True}
+        return {"ok": True, "offsets": answer}
 
     def _retain(
         self, work: Apply, cmd: RetainCommand, before: GroupTime, stamped: int | None

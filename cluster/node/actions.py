@@ -80,8 +80,13 @@ class LeaderActions:
             return await self.propose_checked(name, commands.drop_topic(int(body["topic_id"])))
         if action == "commit":
             offsets = {int(k): v for k, v in body["offsets"].items()}
+            # advance only once every voter applies it (docs/operations.md, rolling upgrades): until
+            # then the commit is written as a set, as before the field.
+            advance = body.get("advance") is True and await self.node.await_group_supports(
+                name, "commit_offsets.advance"
+            )
             return await self.propose_checked(
-                name, commands.commit_offsets(body["group"], int(body["topic_id"]), offsets)
+                name, commands.commit_offsets(body["group"], int(body["topic_id"]), offsets, advance=advance)
             )
         if action == "barrier":
             return await self.propose_checked(name, commands.noop())

@@ -88,6 +88,7 @@ class DeliveryActions:
             if action in _STAMPED_ACTIONS:
                 fields["now_ms"] = now_ms()
             await self.node.await_group_supports(name, "subscribe.records")  # primes gated_fields
+            await self.node.await_group_supports(name, "commit_offsets.advance")
             fields = gated_fields(self.node, name, store, action, fields)
             command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
             commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed

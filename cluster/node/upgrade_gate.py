@@ -59,12 +59,15 @@ def ensure_dlq_command(node: Node, source: str, group: str, at_ms: int) -> bytes
 def gated_fields(node: Node, name: str, store: Store, op: str, fields: dict[str, Any]) -> dict[str, Any]:
     """The fields of ``op`` the leader of queue group ``name`` proposes: ``fields``, but for
     ``subscribe`` their older form (``upgrade.old_subscribe``) until every voter applies
-    ``subscribe.records``.
+    ``subscribe.records``, and for ``commit_fenced`` no ``advance`` (a set) until every voter applies
+    ``commit_offsets.advance``.
 
     Raises:
         RaftmqError: ``upgrade_in_progress`` when there is no safe older form (a receive that would
             make a new unconfigured consumer group).
     """
+    if op == "commit_fenced" and not node.group_supports(name, "commit_offsets.advance"):
+        return {k: v for k, v in fields.items() if k != "advance"}  # a set, as before the field
     if op != "subscribe" or node.group_supports(name, "subscribe.records"):
         return fields
     old = old_subscribe(fields, read_subscription(store, fields["topic_id"], fields["group"]) is not None)

@@ -94,7 +94,8 @@ def capability_of(group: str, command: bytes, meta: str = "meta") -> str | None:
 
 def previous_release_refuses(command: bytes) -> bool:
     """Whether a queue-group replica of the release before capabilities refuses ``command``: an op
-    it did not know, or ``subscribe`` or ``deliver_tick`` with a field it did not know (its decoder
+    it did not know, or ``subscribe``, ``deliver_tick``, ``commit_offsets`` or ``commit_fenced`` with a
+    field it did not know (its decoder
     rejected unknown fields). The test fault ``previous_release_node`` plays that replica with it."""
     if is_append(command):
         return False
@@ -109,6 +110,8 @@ def previous_release_refuses(command: bytes) -> bool:
         return not set(obj) <= _OLD_SUBSCRIBE | {"v", "op"}
     if op == "deliver_tick":
         return "expiry_backoff" in obj  # written only as false, the rule after issue 21
+    if op == "commit_offsets" or op == "commit_fenced":
+        return "advance" in obj
     return isinstance(op, str) and op in CAPABILITIES and op not in BEFORE_CAPABILITIES
 
 

@@ -206,8 +206,11 @@ def test_consumer_group_offsets_are_replicated_per_group_and_range_checked(clust
         offsets: dict[str, Any] = r.json()["offsets"]
         return offsets
 
-    assert put("g1", {"0": 2, "1": 5}, "n1").json() == {"ok": True}
-    assert put("g2", {"2": 1}, "n2").json() == {"ok": True}
+    assert put("g1", {"0": 2, "1": 5}, "n1").json() == {
+        "ok": True,
+        "offsets": {"0": {"offset": 2, "applied": True}, "1": {"offset": 5, "applied": True}},
+    }
+    assert put("g2", {"2": 1}, "n2").json() == {"ok": True, "offsets": {"2": {"offset": 1, "applied": True}}}
     for nid in c.nodes:  # linearizable: every node sees the commits at once
         assert get("g1", nid) == {"0": 2, "1": 5, "2": None}
         assert get("g2", nid) == {"0": None, "1": None, "2": 1}

@@ -38,6 +38,12 @@ def receive(c: Cluster, token: str, group: str, node: str | None = None) -> Any:
     )
 
 
+def commit(c: Cluster, offset: int) -> Any:
+    """A consumer's commit (advance-only) of the group "offsets" on queue 0 of orders."""
+    body = {"topic": "orders", "offsets": {"0": offset}, "advance": True}
+    return c.session.put(c.url() + "/v1/groups/offsets/offsets", json=body, timeout=30)
+
+
 def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_the_upgrade(
     tmp_path: Path,
 ) -> None:
@@ -68,6 +74,10 @@ def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_t
         # The reader receives on the configured group (the older subscribe marks nothing new).
         r = receive(c, READER, "billing")
         assert r.status_code == 200 and len(r.json()["messages"]) == 1, r.text
+        # A consumer's advance-only commit is written as a set (the older form): an older one
+        # after a newer one still lands, on every replica alike.
+        assert commit(c, 2).json()["offsets"] == {"0": {"offset": 2, "applied": True}}
+        assert commit(c, 1).json()["offsets"] == {"0": {"offset": 1, "applied": True}}
         c.wait_replicas_equal(group)  # every replica, n2's included, applied every entry alike
 
         # The upgrade: n2 restarts without the fault; the gate opens and the newer forms are written.
@@ -91,6 +101,14 @@ def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_t
 
         wait_until(
             dead_letter_topic_made, 30, interval_s=0.5, what="the PUT's dead-letter topic after the upgrade"
+        )
+        # Commits are advance-only now: an older one after a newer one is kept.
+        assert commit(c, 2).status_code == 200
+        wait_until(
+            lambda: commit(c, 1).json()["offsets"] == {"0": {"offset": 2, "applied": False}},
+            30,
+            interval_s=0.5,
+            what="advance-only commits after the upgrade",
         )
         c.wait_replicas_equal(group)
         # The idle unconfigured group expires (expire_subscriptions, proposed now that every voter

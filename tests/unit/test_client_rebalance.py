@@ -34,8 +34,15 @@ class FakeApi:
         self.events: list[str] = []
 
     async def commit_offsets(
-        self, group: str, topic: str, offsets: Mapping[int, int], *, retry_timeout_ms: int | None = None
+        self,
+        group: str,
+        topic: str,
+        offsets: Mapping[int, int],
+        *,
+        advance: bool = False,
+        retry_timeout_ms: int | None = None,
     ) -> None:
+        assert advance, "a consumer's commit only moves offsets forward"
         self.events.append(f"commit {dict(offsets)}")
         self.commits.append((topic, dict(offsets)))
 

@@ -381,7 +381,7 @@ def test_a_receive_does_bounded_work_on_expired_messages(m: Machine) -> None:
 def test_a_commit_above_the_floor_finishes_what_is_below_it(m: Machine) -> None:
     m.produce(0, "a", "b", "c", "d")
     got = m.receive(now=0, max_messages=3)
-    assert m.apply(commands.commit_offsets(G, T, {0: 2})) == {"ok": True}
+    assert m.apply(commands.commit_offsets(G, T, {0: 2}))["offsets"] == {"0": {"offset": 2, "applied": True}}
     assert codes(m.op("ack", 1, got)) == ["stale_receipt", "stale_receipt", "ok"]
     assert m.floor() == 3
     assert m.tick(now=5000)["expired"] == 0  # the index entries of the finished ones were dangling
@@ -432,7 +432,7 @@ def test_a_lock_is_exclusive_until_its_lease_ends_and_each_new_holder_gets_the_n
 def test_commits_and_acks_from_a_stale_holder_are_refused(m: Machine) -> None:
     m.produce(0, "a", "b")
     lock(m, 0, "a")
-    assert m.apply(commands.commit_fenced(G, T, {0: 1}, 1)) == {"ok": True}
+    assert m.apply(commands.commit_fenced(G, T, {0: 1}, 1))["ok"] is True
     lock(m, 200, "b")
     assert lock(m, 200, "b")["committed_offset"] == 1
     before = m.pairs()
@@ -525,3 +525,12 @@ def test_malformed_delivery_commands_are_refused_and_change_nothing(m: Machine, 
     before = m.pairs()
     assert m.apply(command)["error"]["code"] == "bad_request"
     assert m.pairs() == before
+
+
+def test_an_advance_only_fenced_commit_older_than_the_stored_one_is_kept(m: Machine) -> None:
+    m.produce(0, "a", "b", "c")
+    lock(m, 0, "a")
+    assert m.apply(commands.commit_fenced(G, T, {0: 3}, 1, advance=True))["offsets"]["0"]["applied"] is True
+    late = m.apply(commands.commit_fenced(G, T, {0: 1}, 1, advance=True))
+    assert late["offsets"] == {"0": {"offset": 3, "applied": False}}
+    assert m.floor() == 3

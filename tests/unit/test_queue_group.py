@@ -305,7 +305,10 @@ def test_on_applied_hook_sees_grown_queues_and_its_errors_are_swallowed(h: Harne
 
 def test_commit_offsets_accepts_zero_to_high_and_is_all_or_nothing(h: Harness) -> None:
     h.produce(batch(1, 0, "a", "b"), batch(1, 1, "c"))
-    assert h.apply(commands.commit_offsets("g", 1, {0: 2, 1: 0})) == {"ok": True}
+    assert h.apply(commands.commit_offsets("g", 1, {0: 2, 1: 0})) == {
+        "ok": True,
+        "offsets": {"0": {"offset": 2, "applied": True}, "1": {"offset": 0, "applied": True}},
+    }
     assert committed_offset(h.store, "g", 1, 0) == 2
     assert committed_offset(h.store, "g", 1, 1) == 0
     assert committed_offset(h.store, "other", 1, 0) is None
@@ -321,8 +324,64 @@ def test_commit_offsets_accepts_zero_to_high_and_is_all_or_nothing(h: Harness) -
 
 
 def test_commit_on_unknown_queue_accepts_only_zero(h: Harness) -> None:
-    assert h.apply(commands.commit_offsets("g", 9, {4: 0})) == {"ok": True}
+    assert h.apply(commands.commit_offsets("g", 9, {4: 0}))["ok"] is True
     assert h.apply(commands.commit_offsets("g", 9, {4: 1}))["error"]["code"] == "offset_out_of_range"
+
+
+def test_an_advance_only_commit_older_than_the_stored_one_is_kept(h: Harness) -> None:
+    """A late copy of an older commit (held up at a paused node, or a retry racing the original)
+    must not move the group back: the chaos soak's committed offsets that went backwards."""
+    h.produce(batch(1, 0, *"abcdef"), batch(1, 1, *"xyz"))
+    assert h.apply(commands.commit_offsets("g", 1, {0: 2}, advance=True))["offsets"] == {
+        "0": {"offset": 2, "applied": True}  # none stored yet: applied
+    }
+    assert h.apply(commands.commit_offsets("g", 1, {0: 5, 1: 1}, advance=True))["ok"] is True
+    before = h.pairs_without_applied()
+    # The older commit lands after the newer one: queue 0 keeps 5; queue 1's 2 moves it forward.
+    result = h.apply(commands.commit_offsets("g", 1, {0: 2, 1: 2}, advance=True))
+    assert result == {
+        "ok": True,
+        "offsets": {"0": {"offset": 5, "applied": False}, "1": {"offset": 2, "applied": True}},
+    }
+    assert (committed_offset(h.store, "g", 1, 0), committed_offset(h.store, "g", 1, 1)) == (5, 2)
+    # The same offset again (a resent commit) is kept too and changes no key of the group.
+    again = h.apply(commands.commit_offsets("g", 1, {0: 5}, advance=True))
+    assert again["offsets"] == {"0": {"offset": 5, "applied": False}}
+    assert committed_offset(h.store, "g", 1, 0) == 5
+    assert [k for k, _ in before if k not in dict(h.pairs_without_applied())] == []
+
+
+def test_an_explicit_set_still_moves_the_offset_back(h: Harness) -> None:
+    h.produce(batch(1, 0, *"abcdef"))
+    h.apply(commands.commit_offsets("g", 1, {0: 5}, advance=True))
+    assert h.apply(commands.commit_offsets("g", 1, {0: 1}))["offsets"] == {
+        "0": {"offset": 1, "applied": True}
+    }
+    assert committed_offset(h.store, "g", 1, 0) == 1
+
+
+def test_commit_entries_written_before_advance_replay_as_sets() -> None:
+    """An entry of the release before the field (no ``advance``) applies as it did: a later, lower
+    offset overwrites. Two replicas replaying the same log end with the same bytes."""
+    log = [
+        commands.produce(1000, [batch(1, 0, *"abcdef")]),
+        b'{"v":1,"op":"commit_offsets","group":"g","topic_id":1,"offsets":{"0":5}}',
+        b'{"v":1,"op":"commit_offsets","group":"g","topic_id":1,"offsets":{"0":2}}',
+    ]
+    replicas = [Harness(), Harness()]
+    for r in replicas:
+        for entry in log:
+            assert "error" not in r.apply(entry)
+    assert committed_offset(replicas[0].store, "g", 1, 0) == 2
+    assert replicas[0].pairs() == replicas[1].pairs()
+
+
+@pytest.mark.parametrize("advance", ["yes", 1, [], {}])
+def test_advance_must_be_a_bool(h: Harness, advance: Any) -> None:
+    h.produce(batch(1, 0, "a"))
+    bad_cmd = _cmd(op="commit_offsets", group="g", topic_id=1, offsets={"0": 1}, advance=advance)
+    assert h.apply(bad_cmd)["error"]["code"] == "bad_request"
+    assert committed_offset(h.store, "g", 1, 0) is None
 
 
 # -- retention --------------------------------------------------------------------------------

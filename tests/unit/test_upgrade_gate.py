@@ -194,3 +194,25 @@ def test_a_new_cluster_needs_no_dead_letter_records_entry_and_an_old_one_with_un
     assert old.needs_dead_letter_records
     assert meta_apply(old, 11, op="record_dead_letters") == {"recorded": 1}
     assert not old.needs_dead_letter_records
+
+
+def test_an_advance_only_commit_is_gated_and_its_older_form_applies_alike_on_both_releases() -> None:
+    # A previous release refused the field: until every voter advertises commit_offsets.advance
+    # the leader writes the commit without it (a set), which both releases apply alike.
+    assert "commit_offsets.advance" in CAPABILITIES and "commit_offsets.advance" not in BEFORE_CAPABILITIES
+    advance = commands.commit_offsets("g", T, {0: 1}, advance=True)
+    fenced = commands.commit_fenced("g", T, {0: 1}, 1, advance=True)
+    assert previous_release_refuses(advance) and previous_release_refuses(fenced)
+    r = Replicas()
+    r.apply(commands.produce(10, [{"topic_id": T, "queue": 0, "messages": [{"value": "a"}, {"value": "b"}]}]))
+    applied, refused = r.apply(advance)
+    assert applied["ok"] is True and refused["error"]["code"] == "bad_request"  # the divergence gated
+
+    r = Replicas()
+    r.apply(commands.produce(10, [{"topic_id": T, "queue": 0, "messages": [{"value": "a"}, {"value": "b"}]}]))
+    for offset in (2, 1):
+        step = commands.commit_offsets("g", T, {0: offset})
+        assert not previous_release_refuses(step)
+        a, b = r.apply(step)
+        assert "error" not in a and "error" not in b, (a, b)
+    assert state(r.new.store) == state(r.previous.store)

@@ -80,8 +80,15 @@ class FetchHandlers(ApiCore):
     async def put_offsets(self, request: web.Request) -> web.Response:
         group = group_name(request)
         body = parse_json(await request.read())
-        if not isinstance(body, dict) or set(body) - {"topic", "offsets", "epoch"}:
-            raise bad('body must be {"topic": str, "offsets": {"<queue>": offset}, "epoch"?: int}')
+        if not isinstance(body, dict) or set(body) - {"topic", "offsets", "epoch", "advance"}:
+            raise bad(
+                'body must be {"topic": str, "offsets": {"<queue>": offset}, "epoch"?: int, "advance"?: bool}'
+            )
+        # advance: a consumer's commit, applied per queue only where it moves the offset forward
+        # (a late copy of an older commit is kept out); without it, an explicit set (a rewind).
+        advance = body.get("advance", False)
+        if not isinstance(advance, bool):
+            raise bad("'advance' must be true or false")
         epoch = body.get("epoch")  # an ordered consumer's lock epoch: the commit is fenced
         if "epoch" in body and (
             not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**63
@@ -110,13 +117,19 @@ class FetchHandlers(ApiCore):
             await self._check_offsets(
                 topic, {int(q): o for offs in by_group.values() for q, o in offs.items()}
             )
+        answer: dict[str, dict[str, int | bool]] = {}
         for g, offs in by_group.items():
-            commit = {"group": group, "topic_id": topic.id, "offsets": offs}
+            commit: dict[str, object] = {"group": group, "topic_id": topic.id, "offsets": offs}
+            if advance:
+                commit["advance"] = True
             if epoch is None:
-                await self.router.group_call(g, "commit", commit)
+                result = await self.router.group_call(g, "commit", commit)
             else:
-                await self.router.group_call(g, "commit_fenced", {**commit, "epoch": epoch})
-        return json_response({"ok": True})
+                result = await self.router.group_call(g, "commit_fenced", {**commit, "epoch": epoch})
+            applied = result.get("offsets") or {}  # a leader of an older release answers {"ok": true}
+            for q, o in offs.items():
+                answer[q] = applied.get(q) or {"offset": o, "applied": True}
+        return json_response({"ok": True, "offsets": answer})
 
     async def _check_offsets(self, topic: Topic, offsets: dict[int, int]) -> None:
         described = await self._describe(topic)

@@ -232,8 +232,37 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                     MAX_OFFSET,
                     description="Fenced commit: refused (409 stale_epoch) unless each queue's lock has it.",
                 ),
+                "advance": {
+                    "type": "boolean",
+                    "description": (
+                        "A consumer's commit: a queue's offset is stored only if it is above the committed "
+                        "one, else kept (applied: false, still 200), so a late copy of an older commit "
+                        "cannot move the group back. Without it (false) the offsets are set as given: "
+                        "a rewind."
+                    ),
+                },
             },
             required=("topic", "offsets"),
+        ),
+        "Committed": _obj(
+            {
+                "ok": {"const": True},
+                "offsets": {
+                    "type": "object",
+                    "additionalProperties": _obj(
+                        {
+                            "offset": _int(0, description="the queue's committed offset now"),
+                            "applied": {
+                                "type": "boolean",
+                                "description": "false: kept, the committed offset was not below it (advance)",
+                            },
+                        },
+                        required=("offset", "applied"),
+                    ),
+                    "description": "per queue of the request (as a string)",
+                },
+            },
+            required=("ok", "offsets"),
         ),
         "Offsets": _obj(
             {
@@ -403,9 +432,9 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/v1/groups/{group}/offsets": {
             "put": _op(
                 "commitOffsets",
-                "Commit a consumer group's offsets (replicated; fenced with an epoch)",
+                "Commit a consumer group's offsets (replicated; forward only with advance; fenced by epoch)",
                 {
-                    "200": _json(_obj({"ok": {"const": True}}, required=("ok",)), "committed"),
+                    "200": _json(_ref("Committed"), "committed"),
                     **_errors(400, 404, 409),
                     **too_large,
                     "416": out_of_range,
