@@ -23,7 +23,7 @@ first seconds of a cluster), and the run records whether a leader changed during
 Prints p50 / p90 / p99 / max per system, mode and rate, and writes JSON to bench-results/.
 
     .venv/bin/python tests/bench/bench_latency_vs_nats.py
-    .venv/bin/python tests/bench/bench_latency_vs_nats.py --anchor-tree /work/main --duration 5
+    .venv/bin/python tests/bench/bench_latency_vs_nats.py --anchor-tree ../raftmq-base --duration 5
     .venv/bin/python tests/bench/bench_latency_vs_nats.py --systems raftmq --modes keyed --rates 1000
 """
 
