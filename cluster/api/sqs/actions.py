@@ -34,6 +34,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
@@ -101,6 +102,10 @@ class QueueActions:
     def queue_url(request: web.Request, name: str) -> str:
         """The queue's URL at the node answering, as the client addressed it."""
         return f"{request.scheme}://{request.host}/{qs.ACCOUNT}/{name}"
+
+    def queue_arn(self, name: str) -> str:
+        """The queue's ARN, in the cluster's region (``[sqs] region``)."""
+        return f"arn:aws:sqs:{self.node.config.sqs.region}:{qs.ACCOUNT}:{name}"
 
     async def _queue(self, params: dict[str, Any]) -> Topic:
         url = params.get("QueueUrl")
@@ -225,10 +230,14 @@ class QueueActions:
                 after = base64.urlsafe_b64decode(str(params["NextToken"]).encode()).decode()
             except (ValueError, UnicodeDecodeError):
                 raise SqsError("InvalidParameterValue", "Invalid NextToken value.") from None
+        grant = request.get(PRINCIPAL)  # on a cluster with tokens: only the queues it has a right on
         names = sorted(
             t.name
             for t in await self._all_topics()
-            if qs.is_queue(t) and t.name.startswith(prefix) and t.name > after
+            if qs.is_queue(t)
+            and t.name.startswith(prefix)
+            and t.name > after
+            and (grant is None or grant.allows_any(t.name))
         )
         page = names[:max_results]
         result: dict[str, Any] = {"QueueUrls": [self.queue_url(request, n) for n in page]}
@@ -269,8 +278,7 @@ class QueueActions:
         if unknown:
             raise SqsError("InvalidAttributeName", f"Unknown Attribute {sorted(unknown)[0]}.")
         values: dict[str, str] = {}
-        region = _region(request)
-        values["QueueArn"] = f"arn:aws:sqs:{region}:{qs.ACCOUNT}:{topic.name}"
+        values["QueueArn"] = self.queue_arn(topic.name)
         values["CreatedTimestamp"] = topic.attributes.get(qs.CREATED, "0")
         values["LastModifiedTimestamp"] = topic.attributes.get(qs.MODIFIED, values["CreatedTimestamp"])
         for name in qs.SETTABLE:
@@ -339,11 +347,3 @@ class QueueActions:
             )
         )
         return {}
-
-
-def _region(request: web.Request) -> str:
-    """The region of the request's SigV4 credential scope (``.../<date>/<region>/sqs/aws4_request``)."""
-    match = re.search(
-        r"Credential=[^/,\s]+/\d{8}/([a-z0-9-]{1,32})/", request.headers.get("Authorization", "")
-    )
-    return match.group(1) if match else "us-east-1"
