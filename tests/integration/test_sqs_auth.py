@@ -8,6 +8,9 @@ REST API's routes do."""
 from __future__ import annotations
 
 import datetime
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -243,4 +246,22 @@ def test_each_action_needs_the_tokens_permission_on_its_queue(secure: Cluster) -
     assert "orders-new" not in _topics(secure) and "orders-rights" in _topics(secure)
     assert admin.get_queue_attributes(QueueUrl=url, AttributeNames=["DelaySeconds"])["Attributes"] == {
         "DelaySeconds": "0"
+    }
+
+
+def test_the_cli_prints_the_tokens_credentials_for_boto3(secure: Cluster) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "sqs-credentials", "--url", secure.url("n2")],
+        env={**os.environ, "RAFTMQ_TOKEN": TOKENS["producer"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    key_id, secret = _credentials(secure, "producer")
+    assert env == {
+        "AWS_ACCESS_KEY_ID": key_id,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "eu-west-1",
     }
