@@ -265,3 +265,32 @@ def test_the_cli_prints_the_tokens_credentials_for_boto3(secure: Cluster) -> Non
         "AWS_SECRET_ACCESS_KEY": secret,
         "AWS_DEFAULT_REGION": "eu-west-1",
     }
+
+
+def test_a_redrive_policy_needs_produce_on_its_dead_letter_queue(secure: Cluster) -> None:
+    admin, auditor = _client(secure, "admin"), _client(secure, "auditor", "n3")
+    admin.create_queue(QueueName="orders-dead")
+    source = admin.create_queue(QueueName="audit-source")["QueueUrl"]
+    admin.create_queue(QueueName="audit-dead")
+
+    def policy(target: str) -> dict[str, str]:
+        arn = f"arn:aws:sqs:eu-west-1:000000000000:{target}"
+        return {"RedrivePolicy": f'{{"deadLetterTargetArn": "{arn}", "maxReceiveCount": 3}}'}
+
+    # admin on audit-* only: its dead letters may not be sent into orders-dead
+    assert _code(lambda: auditor.set_queue_attributes(QueueUrl=source, Attributes=policy("orders-dead"))) == (
+        "AccessDenied",
+        403,
+    )
+    assert _code(lambda: auditor.create_queue(QueueName="audit-other", Attributes=policy("orders-dead"))) == (
+        "AccessDenied",
+        403,
+    )
+    assert (
+        "RedrivePolicy"
+        not in admin.get_queue_attributes(QueueUrl=source, AttributeNames=["All"])["Attributes"]
+    )
+    assert "audit-other" not in _topics(secure)
+    auditor.set_queue_attributes(QueueUrl=source, Attributes=policy("audit-dead"))  # admin on it is enough
+    stored = admin.get_queue_attributes(QueueUrl=source, AttributeNames=["RedrivePolicy"])["Attributes"]
+    assert "audit-dead" in stored["RedrivePolicy"]

@@ -13,8 +13,9 @@ refused as ``InvalidAction``.
 
 from __future__ import annotations
 
+import json
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,9 @@ def queue_name_of(value: Any, source: str) -> str | None:
 
 
 async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, names: TopicNames) -> None:
-    """Raise AccessDenied unless ``grant`` may run ``action`` with ``params``."""
+    """Raise AccessDenied unless ``grant`` may run ``action`` with ``params``. A RedrivePolicy
+    set by CreateQueue or SetQueueAttributes also needs ``produce`` or ``admin`` on its dead-letter
+    queue (the source's dead letters are sent there)."""
     right = RIGHTS.get(action)
     if right is None or right.source is None:
         return
@@ -92,6 +95,25 @@ async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, name
     # A request without its queue: refused by the action (MissingParameter) if the token has the
     # permission on some queue, as the REST API does with a malformed request.
     checked = [None] if queue is None else await names(queue, right.creating)
+    await _check(action, grant, right, checked)
+    attributes = params.get("Attributes")
+    if action in ("CreateQueue", "SetQueueAttributes") and isinstance(attributes, dict):
+        target = _redrive_target(attributes.get("RedrivePolicy"))
+        if target is not None:
+            await _check(action, grant, Right((PRODUCE, ADMIN), any_of=True), await names(target, False))
+
+
+def _redrive_target(raw: Any) -> str | None:
+    """The dead-letter queue a RedrivePolicy names (None: none readable; the action checks it)."""
+    try:
+        policy = json.loads(raw) if isinstance(raw, str) and raw else None
+    except ValueError:
+        return None
+    arn = policy.get("deadLetterTargetArn") if isinstance(policy, dict) else None
+    return queue_name_of(arn, "SourceArn") if isinstance(arn, str) else None
+
+
+async def _check(action: str, grant: TokenGrant, right: Right, checked: Sequence[str | None]) -> None:
     for topic in checked:
         granted = [p for p in right.needs if grant.allows(p, topic)]
         if (right.any_of and not granted) or (not right.any_of and len(granted) < len(right.needs)):
