@@ -79,7 +79,7 @@ def queue_name_of(value: Any, source: str) -> str | None:
         return urllib.parse.urlsplit(value).path.rstrip("/").rsplit("/", 1)[-1] or None
     if source == "SourceArn":
         return value.rsplit(":", 1)[-1] or None
-    if source == "TaskHandle":  # <queue>:<task id> (message_actions' move tasks)
+    if source == "TaskHandle":  # <queue>:<task id>, the handle the move tasks are to hand out
         return value.split(":", 1)[0] or None
     return value
 
