@@ -294,3 +294,35 @@ def test_a_redrive_policy_needs_produce_on_its_dead_letter_queue(secure: Cluster
     auditor.set_queue_attributes(QueueUrl=source, Attributes=policy("audit-dead"))  # admin on it is enough
     stored = admin.get_queue_attributes(QueueUrl=source, AttributeNames=["RedrivePolicy"])["Attributes"]
     assert "audit-dead" in stored["RedrivePolicy"]
+
+
+def test_the_aws_cli_signs_with_the_credentials_the_cli_printed(secure: Cluster) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "sqs-credentials", "--url", secure.url("n1")],
+        env={**os.environ, "RAFTMQ_TOKEN": TOKENS["admin"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    env = {**os.environ, "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    env.update(line.split("=", 1) for line in out.splitlines())
+    aws = [
+        str(Path(sys.executable).parent / "aws"),
+        "sqs",
+        "--endpoint-url",
+        secure.url("n2"),
+        "--output",
+        "json",
+    ]
+    created = subprocess.run(
+        [*aws, "create-queue", "--queue-name", "orders-cli"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    env["AWS_SECRET_ACCESS_KEY"] += "x"
+    refused = subprocess.run([*aws, "list-queues"], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "SignatureDoesNotMatch" in refused.stderr
