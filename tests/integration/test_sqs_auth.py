@@ -95,6 +95,8 @@ def test_each_tokens_credentials_are_its_own_and_the_same_on_every_node(secure: 
     assert len({secret for _, secret in creds.values()}) == len(TOKENS)
     assert all(_credentials(secure, name, "n3") == creds[name] for name in TOKENS)
     assert secure.get("/v1/sqs/credentials").status_code == 401  # a token is needed to read them
+    by_peer = secure.get("/v1/sqs/credentials", headers={"X-Raftmq-Peer-Key": PEER_KEY}).json()
+    assert by_peer == {"region": "eu-west-1", "signature_checked": True}  # no token, no secret
     for name, (_, secret) in creds.items():
         assert secret not in (TOKENS[name], *TOKENS.values())
         for node in secure.nodes:

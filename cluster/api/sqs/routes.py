@@ -89,7 +89,8 @@ class SqsHandler:
         authentication middleware checked it). The secret goes to its own token's holder only."""
         region = self.node.config.sqs.region
         grant = request.get(PRINCIPAL)
-        answer: dict[str, object] = {"region": region, "signature_checked": grant is not None}
+        # A peer's request (the peer key, no token) gets no secret: only a token has one.
+        answer: dict[str, object] = {"region": region, "signature_checked": self.node.config.security.enabled}
         if grant is not None:
             found = self.credentials(grant.name)
             assert found is not None  # every grant of the config has its secret
