@@ -8,9 +8,11 @@ Every request is classified by its route (:func:`route_rule`):
   routes also take the backup key (``X-Raftmq-Backup-Key``); ``POST /internal/proof`` is open (a
   node being added proves it holds the peer key there; ``cluster/config/keys.py``).
 - ``/metrics``: a token, unless ``security.metrics_open``.
-- ``POST /`` and ``POST /{account}/{queue}``: the SQS API (``cluster/api/sqs/``): open without
-  tokens (any AWS credentials, as the emulators do); with tokens refused with SQS's 403
-  ``InvalidClientTokenId``, whatever the request carries (AWS signatures are not checked yet).
+- ``POST /`` and ``POST /{account}/{queue}``: the SQS API (``cluster/api/sqs/``), which authenticates
+  its requests itself: open without tokens (any AWS credentials, as the emulators do); with tokens
+  an AWS SigV4 signature by a token's SQS credentials, then the token's permissions on the queue
+  (``cluster/api/sqs/access.py``). Neither a bearer token nor the peer key opens it: this
+  middleware hands SQS requests to their handler before reading either.
 - ``/v1/...``: with tokens configured, ``Authorization: Bearer <token>`` and the permission the route
   needs on its topic (the table in ``docs/security.md``); a route without a topic, and any route
   this module does not know, needs cluster admin (``admin = ["*"]``).
@@ -44,7 +46,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from raftmq.cluster.api.sqs.wire import QUEUE_ROUTE, sqs_refusal
+from raftmq.cluster.api.sqs.wire import CREDENTIALS_PATH, QUEUE_ROUTE
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ErrorCode, error_body
 from raftmq.cluster.config.keys import (
@@ -116,6 +118,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/metrics"): METRICS,
     ("POST", "/"): SQS,  # the SQS API (cluster/api/sqs/)
     ("POST", QUEUE_ROUTE): SQS,
+    ("GET", CREDENTIALS_PATH): TOKEN,  # the calling token's own SQS credentials
     ("GET", "/v1/cluster"): TOKEN,  # clients read node addresses from it
     ("GET", "/v1/topics"): LIST_TOPICS,
     ("POST", "/v1/topics"): _on_topic(ADMIN, source="body:name"),
@@ -174,9 +177,7 @@ def auth_middleware(keys: ClusterKeys, security: SecurityConfig, names: TopicNam
         resource = match.route.resource
         canonical = None if match.http_exception is not None or resource is None else resource.canonical
         rule = route_rule(request.method, canonical, request.path)
-        if rule is SQS:  # before the peer key: no key or token opens SQS on a cluster with tokens
-            if security.enabled:
-                return sqs_refusal(request)
+        if rule is SQS:  # before the peer key: only a SigV4 signature opens SQS (checked by its handler)
             return await handler(request)
         if LEGACY_HEADER in request.headers:
             return refusals.refuse(

@@ -10,6 +10,7 @@ from raftmq.cluster.cli.common import admin_command, json_option
 from raftmq.cluster.cli.messages import consume, dlq, produce, receive, subscription
 from raftmq.cluster.cli.repair import repair_journal_command
 from raftmq.cluster.cli.serve import dev, serve
+from raftmq.cluster.cli.sqs import sqs_credentials
 from raftmq.cluster.cli.topics import status, topic
 
 __all__ = ["main"]
@@ -30,6 +31,7 @@ for _command in (serve, dev, status, topic, produce, consume, receive, dlq, subs
 main.add_command(backup_command)  # cluster/cli/backup.py
 main.add_command(restore_command)
 main.add_command(repair_journal_command)  # cluster/cli/repair.py
+main.add_command(sqs_credentials)  # cluster/cli/sqs.py
 _cli_cluster.register(main, admin_command, json_option)  # raftmq cluster ... (cluster/cli/cluster.py)
 
 if __name__ == "__main__":

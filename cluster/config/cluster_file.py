@@ -29,6 +29,9 @@ A cluster file is TOML::
     sha256 = "<64 hex digits>"           # or token = "..."; env: RAFTMQ_TOKEN_ORDERS_SERVICE
     produce = ["orders.*"]
 
+    [sqs]                                # optional; the SQS API (docs/sqs.md)
+    region = "us-east-1"                 # the region of queue ARNs and of SigV4 credential scopes
+
     [tls]                                # optional HTTPS for the API and node-to-node calls
     cert_file = "/etc/raftmq/node.pem"   # default for every node (per node: tls_cert_file)
     key_file = "/etc/raftmq/node.key"    # (per node: tls_key_file)
@@ -80,6 +83,7 @@ __all__ = [
     "NodeConfig",
     "RaftTimingConfig",
     "SegmentsConfig",
+    "SqsConfig",
     "TestFaults",
     "TlsConfig",
     "load_config",
@@ -243,6 +247,14 @@ class TestFaults:
 
 
 @dataclass(frozen=True)
+class SqsConfig:
+    """The SQS API (``cluster/api/sqs/``, ``docs/sqs.md``): ``region`` is the region of the queue
+    ARNs it answers and, on a cluster with tokens, the only region a SigV4 signature may be scoped to."""
+
+    region: str = "us-east-1"
+
+
+@dataclass(frozen=True)
 class TlsConfig:
     """HTTPS settings shared by the nodes (``docs/security.md``). ``cert_file``/``key_file`` are the
     default of every node's ``tls_cert_file``/``tls_key_file``; ``ca_file`` is what peers'
@@ -270,6 +282,7 @@ class ClusterConfig:
     segments: SegmentsConfig = field(default_factory=SegmentsConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    sqs: SqsConfig = field(default_factory=SqsConfig)
     # The metadata group's placement once known (cluster/machines/placement.py): group name ("meta", "0",
     # ...) -> node ids, preferred leader first. None: the first placement, computed from the file.
     replica_map: Mapping[str, tuple[str, ...]] | None = None
@@ -337,7 +350,7 @@ def parse_config(
         problems,
     )
     unknown = set(raw) - {
-        *("cluster", "limits", "raft", "nodes", "faults", "delivery", "segments", "security", "tls")
+        *("cluster", "limits", "raft", "nodes", "faults", "delivery", "segments", "security", "tls", "sqs")
     }
     problems += [f"unknown section [{k}]" for k in sorted(unknown)]
 
@@ -367,6 +380,9 @@ def parse_config(
     segments = _parse_section(SegmentsConfig, raw.get("segments", {}), "segments", env, problems)
     security = parse_security(raw.get("security"), env, problems)
     tls = _parse_section(TlsConfig, raw.get("tls", {}), "tls", env, problems)
+    sqs = _parse_section(SqsConfig, raw.get("sqs", {}), "sqs", env, problems)
+    if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", sqs.region) or len(sqs.region) > 32:
+        problems.append('sqs.region must be an AWS-style region name such as "us-east-1"')
     nodes = _with_tls(nodes, tls, problems)
     if segments.max_messages < 1 or segments.max_bytes < 1 or segments.check_ms < 1:
         problems.append("segments.max_messages, max_bytes and check_ms must be at least 1")
@@ -431,6 +447,7 @@ def parse_config(
         segments=segments,
         security=security,
         tls=tls,
+        sqs=sqs,
     )
 
 

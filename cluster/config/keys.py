@@ -10,6 +10,10 @@ secret)::
     raft     every Raft connection: AES-256-GCM frames (replication/pso.py; the wire format is
              pickle, so this key is worth code execution on any node whose Raft port is reachable)
     backup   raftmq backup: X-Raftmq-Backup-Key, accepted only by the routes in BACKUP_ROUTES
+    sqs      the AWS secret access key of each API token for the SQS API (:func:`sqs_secret_key`):
+             HMAC(sqs key, the token's name and digest), so it is never stored anywhere, changes
+             with the token and with the cluster secret, and cannot be computed from the cluster
+             file's digests without the cluster secret
 
 No key ever goes to an address that arrived in a request. A node being added proves it holds the
 peer key instead (:func:`node_proof`): the prober sends a fresh random nonce to the open route
@@ -24,6 +28,7 @@ content nor the length of the expected value leaks through timing.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import secrets
@@ -47,6 +52,7 @@ __all__ = [
     "node_proof",
     "proof_matches",
     "same_credential",
+    "sqs_secret_key",
 ]
 
 PEER_HEADER = "X-Raftmq-Peer-Key"
@@ -67,6 +73,8 @@ BACKUP_ROUTES = frozenset(
 _PEER_INFO = b"raftmq/v1/peer-http"
 _RAFT_INFO = b"raftmq/v1/raft-password"
 _BACKUP_INFO = b"raftmq/v1/backup"
+_SQS_INFO = b"raftmq/v1/sqs-signing"
+SQS_SECRET_CONTEXT = b"raftmq/v1/sqs-secret-access-key"
 _SALT = b"raftmq cluster secret"
 PROOF_CONTEXT = b"raftmq/v1/node-proof"
 NONCE_BYTES = 32
@@ -79,6 +87,7 @@ class ClusterKeys:
     peer: str = field(repr=False)
     raft: str = field(repr=False)
     backup: str = field(repr=False)
+    sqs: str = field(repr=False)
 
     def authorizes(self, headers: Mapping[str, str], *, backup: bool = False) -> bool:
         """The request carries the peer key, or (``backup``: the route takes it) the backup key."""
@@ -89,8 +98,10 @@ class ClusterKeys:
 
 def derive_keys(secret: str) -> ClusterKeys:
     """The keys of cluster secret ``secret``."""
-    peer, raft, backup = (_derive(secret, info) for info in (_PEER_INFO, _RAFT_INFO, _BACKUP_INFO))
-    return ClusterKeys(peer=peer, raft=raft, backup=backup)
+    peer, raft, backup, sqs = (
+        _derive(secret, info) for info in (_PEER_INFO, _RAFT_INFO, _BACKUP_INFO, _SQS_INFO)
+    )
+    return ClusterKeys(peer=peer, raft=raft, backup=backup, sqs=sqs)
 
 
 def _derive(secret: str, info: bytes) -> str:
@@ -109,6 +120,16 @@ def same_credential(given: str | None, expected: str) -> bool:
 def _digest(text: str) -> bytes:
     # surrogatepass: a header that is not valid text still hashes (and then does not match).
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def sqs_secret_key(sqs_key: str, token_name: str, token_digest: bytes) -> str:
+    """The AWS secret access key of the API token ``token_name`` (whose SHA-256 is
+    ``token_digest``) for SigV4 on the SQS API: 40 characters of URL-safe base64, as long as AWS's.
+    Its access key id is the token's name. Fields are length-prefixed, as in :func:`node_proof`."""
+    mac = hmac.new(bytes.fromhex(sqs_key), SQS_SECRET_CONTEXT, hashlib.sha256)
+    for part in (token_name.encode(), token_digest):
+        mac.update(len(part).to_bytes(4, "big") + part)
+    return base64.urlsafe_b64encode(mac.digest()[:30]).decode()
 
 
 def new_nonce() -> str:

@@ -27,14 +27,20 @@ _QUERY_NAMES = {
 }
 
 
-def sqs_client(url: str, **config: Any) -> Any:
-    """A boto3 SQS client against ``url`` (any credentials: a cluster without tokens takes them)."""
+ANY_KEY = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+
+
+def sqs_client(
+    url: str, credentials: tuple[str, str] = ANY_KEY, region: str = "eu-west-1", **config: Any
+) -> Any:
+    """A boto3 SQS client against ``url``; by default with credentials a cluster without tokens
+    takes (any), else ``credentials`` (access key id, secret access key)."""
     return boto3.client(
         "sqs",
         endpoint_url=url,
-        region_name="eu-west-1",
-        aws_access_key_id="AKIDEXAMPLE",
-        aws_secret_access_key="wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+        region_name=region,
+        aws_access_key_id=credentials[0],
+        aws_secret_access_key=credentials[1],
         config=Config(**config),
     )
 
@@ -64,7 +70,9 @@ def _query_model() -> dict[str, Any]:
     return model
 
 
-def query_sqs_client(url: str, tmp: Path) -> Any:
+def query_sqs_client(
+    url: str, tmp: Path, credentials: tuple[str, str] = ANY_KEY, region: str = "eu-west-1"
+) -> Any:
     """A botocore SQS client that speaks the query protocol (form posts, XML answers)."""
     folder = tmp / "models" / "sqs" / "2012-11-05"
     folder.mkdir(parents=True, exist_ok=True)
@@ -74,7 +82,7 @@ def query_sqs_client(url: str, tmp: Path) -> Any:
     return session.create_client(
         "sqs",
         endpoint_url=url,
-        region_name="eu-west-1",
-        aws_access_key_id="AKIDEXAMPLE",
-        aws_secret_access_key="wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+        region_name=region,
+        aws_access_key_id=credentials[0],
+        aws_secret_access_key=credentials[1],
     )

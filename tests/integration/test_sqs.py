@@ -317,7 +317,7 @@ def test_queue_attributes_list_purge_and_delete(sqs: Any, cluster: Cluster) -> N
     assert defaults["VisibilityTimeout"] == "30" and defaults["DelaySeconds"] == "0"
     assert defaults["MessageRetentionPeriod"] == "345600" and defaults["ReceiveMessageWaitTimeSeconds"] == "0"
     assert defaults["MaximumMessageSize"] == "1048576"
-    assert defaults["QueueArn"] == "arn:aws:sqs:eu-west-1:000000000000:settings"
+    assert defaults["QueueArn"] == "arn:aws:sqs:us-east-1:000000000000:settings"  # [sqs] region
     sqs.set_queue_attributes(
         QueueUrl=url,
         Attributes={"VisibilityTimeout": "5", "MaximumMessageSize": "1024", "MessageRetentionPeriod": "60"},

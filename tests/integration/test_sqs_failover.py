@@ -1,21 +1,16 @@
-"""The SQS API on clusters of their own: a queue group's leader killed while boto3 sends loses no
-acknowledged send, and a cluster with API tokens refuses every SQS request (no SigV4 check yet)."""
+"""The SQS API on a cluster of its own: a queue group's leader killed while boto3 sends loses no
+acknowledged send (SigV4 on a cluster with tokens: test_sqs_auth.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-import pytest
-import requests
 from botocore.exceptions import ClientError
 
-from .harness import PEER_KEY, Cluster
+from .harness import Cluster
 from .sqs_clients import sqs_client
-
-ADMIN_TOKEN = "sqs-admin-token-0123456789abcdef"
 
 
 def test_a_leader_killed_while_sending_loses_no_acknowledged_send(tmp_path: Path) -> None:
@@ -74,51 +69,3 @@ def test_a_leader_killed_while_sending_loses_no_acknowledged_send(tmp_path: Path
             f"received {len(received)}"
         )
         assert not missing, f"{len(missing)} acknowledged sends lost of {len(acked)}: {sorted(missing)[:10]}"
-
-
-SECURITY_TOML = f"""
-[security]
-[[security.tokens]]
-name = "admin"
-token = "{ADMIN_TOKEN}"
-admin = ["*"]
-produce = ["*"]
-consume = ["*"]
-"""
-
-
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    with Cluster(tmp_path_factory.mktemp("secure"), nodes=3, extra_toml=SECURITY_TOML) as c:
-        c.start()
-        c.wait_ready()
-        yield c
-
-
-def test_a_cluster_with_tokens_refuses_every_sqs_request(secure: Cluster) -> None:
-    sqs = sqs_client(secure.url("n1"), retries={"max_attempts": 1})
-    for call in (
-        lambda: sqs.create_queue(QueueName="locked-out"),
-        lambda: sqs.list_queues(),
-        lambda: sqs.send_message(QueueUrl=f"{secure.url('n1')}/000000000000/locked-out", MessageBody="x"),
-    ):
-        with pytest.raises(ClientError) as e:
-            call()
-        assert e.value.response["Error"]["Code"] == "InvalidClientTokenId"
-        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
-    json_headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueue"}
-    body = b'{"QueueName": "locked-out"}'
-    # Neither a raftmq token nor the peer key opens it: SQS requests are refused before either is read.
-    for extra in ({"Authorization": f"Bearer {ADMIN_TOKEN}"}, {"X-Raftmq-Peer-Key": PEER_KEY}, {}):
-        r = requests.post(secure.url("n2") + "/", data=body, headers={**json_headers, **extra}, timeout=10)
-        assert r.status_code == 403 and r.headers["x-amzn-query-error"] == "InvalidClientTokenId;Sender"
-        assert ADMIN_TOKEN not in r.text and PEER_KEY not in r.text
-    r = requests.post(
-        secure.url("n3") + "/000000000000/locked-out",
-        data={"Action": "SendMessage", "MessageBody": "x"},
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        timeout=10,
-    )
-    assert r.status_code == 403 and "<Code>InvalidClientTokenId</Code>" in r.text
-    topics = secure.get("/v1/topics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()["topics"]
-    assert "locked-out" not in [t["name"] for t in topics]

@@ -4,6 +4,8 @@ the checks of queue and message attributes."""
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 
@@ -126,7 +128,51 @@ def test_queue_attributes_are_checked_against_awss_bounds() -> None:
     with pytest.raises(SqsError) as e:
         check_attributes({"MaximumMessageSize": "2048"}, 1024)  # above the node's own limit
     assert e.value.aws.code == "InvalidAttributeValue"
-    for name in ("RedrivePolicy", "Nope"):
+    for name in ("FifoQueue", "Nope"):
         with pytest.raises(SqsError) as e:
             check_attributes({name: "1"}, 1 << 20)
         assert e.value.aws.code == "InvalidAttributeName"
+
+
+ARN = "arn:aws:sqs:eu-west-1:000000000000:"
+
+
+def test_redrive_policies_are_checked_and_kept_normalized() -> None:
+    given = f'{{ "maxReceiveCount": "5", "deadLetterTargetArn": "{ARN}dlq" }}'
+    assert check_attributes({"RedrivePolicy": given}, 1 << 20, "eu-west-1") == {
+        "sqs.RedrivePolicy": f'{{"deadLetterTargetArn":"{ARN}dlq","maxReceiveCount":5}}'
+    }
+    assert check_attributes({"RedrivePolicy": ""}, 1 << 20, "eu-west-1") == {"sqs.RedrivePolicy": ""}
+    allow = f'{{"redrivePermission": "byQueue", "sourceQueueArns": ["{ARN}a"]}}'
+    assert check_attributes({"RedriveAllowPolicy": allow}, 1 << 20, "eu-west-1") == {
+        "sqs.RedriveAllowPolicy": f'{{"redrivePermission":"byQueue","sourceQueueArns":["{ARN}a"]}}'
+    }
+    bad_policies = [
+        "1",
+        "{",
+        "[]",
+        f'{{"deadLetterTargetArn": "{ARN}dlq"}}',
+        f'{{"deadLetterTargetArn": "{ARN}dlq", "maxReceiveCount": 0}}',
+        f'{{"deadLetterTargetArn": "{ARN}dlq", "maxReceiveCount": 1001}}',
+        f'{{"deadLetterTargetArn": "{ARN}dlq", "maxReceiveCount": true}}',
+        f'{{"deadLetterTargetArn": "{ARN}dlq", "maxReceiveCount": 5, "x": 1}}',
+        '{"deadLetterTargetArn": "arn:aws:sqs:us-east-1:000000000000:dlq", "maxReceiveCount": 5}',
+        '{"deadLetterTargetArn": "arn:aws:sqs:eu-west-1:123456789012:dlq", "maxReceiveCount": 5}',
+        f'{{"deadLetterTargetArn": "{ARN}bad.name", "maxReceiveCount": 5}}',
+    ]
+    for bad in bad_policies:
+        with pytest.raises(SqsError) as e:
+            check_attributes({"RedrivePolicy": bad}, 1 << 20, "eu-west-1")
+        assert e.value.aws.code == "InvalidParameterValue", bad
+    bad_allows = [
+        '{"redrivePermission": "some"}',
+        f'{{"redrivePermission": "allowAll", "sourceQueueArns": ["{ARN}a"]}}',
+        '{"redrivePermission": "byQueue"}',
+        '{"redrivePermission": "byQueue", "sourceQueueArns": []}',
+        '{"redrivePermission": "byQueue", "sourceQueueArns": ["arn:nope"]}',
+        json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [f"{ARN}q{i}" for i in range(11)]}),
+    ]
+    for bad in bad_allows:
+        with pytest.raises(SqsError) as e:
+            check_attributes({"RedriveAllowPolicy": bad}, 1 << 20, "eu-west-1")
+        assert e.value.aws.code == "InvalidParameterValue", bad

@@ -37,6 +37,7 @@ from raftmq.cluster.api.openapi.delivery import _delivery_paths, _delivery_schem
 from raftmq.cluster.api.openapi.messages import VALUE_OR_B64, _handed_out, _max_messages_param
 from raftmq.cluster.api.openapi.security import add_security
 from raftmq.cluster.api.openapi.segments import _fetch_ok, _segment_paths, _segment_schemas
+from raftmq.cluster.api.openapi.sqs import sqs_paths, sqs_schemas
 from raftmq.cluster.api.validation import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
@@ -538,6 +539,7 @@ def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
             **_segment_paths(),
             **_console_paths(),
             **_cluster_paths(),
+            **sqs_paths(),
         },
         "components": {
             "schemas": {
@@ -546,6 +548,7 @@ def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
                 **_segment_schemas(),
                 **_console_schemas(),
                 **_cluster_schemas(),
+                **sqs_schemas(),
             }
         },
     }

@@ -34,6 +34,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
@@ -64,6 +65,7 @@ _QUEUE_ATTRIBUTES = (
     "LastModifiedTimestamp",
     *_QUEUE_COUNTS,
     *qs.SETTABLE,
+    *qs.REDRIVE,
     *sorted(qs.STORED),
 )
 Action = Callable[[web.Request, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -102,6 +104,39 @@ class QueueActions:
         """The queue's URL at the node answering, as the client addressed it."""
         return f"{request.scheme}://{request.host}/{qs.ACCOUNT}/{name}"
 
+    @property
+    def region(self) -> str:
+        return self.node.config.sqs.region
+
+    def queue_arn(self, name: str) -> str:
+        """The queue's ARN, in the cluster's region (``[sqs] region``)."""
+        return f"arn:aws:sqs:{self.region}:{qs.ACCOUNT}:{name}"
+
+    async def _check_redrive_target(self, source: str, attributes: dict[str, str]) -> None:
+        """A RedrivePolicy being set names an existing standard queue other than ``source`` whose
+        RedriveAllowPolicy lets ``source`` send it dead letters (as AWS checks it)."""
+        raw = attributes.get(qs.PREFIX + "RedrivePolicy")
+        if not raw:
+            return
+        policy = orjson.loads(raw)
+        target = str(policy["deadLetterTargetArn"]).rsplit(":", 1)[-1]
+        reason = None
+        if target == source:
+            reason = "a queue cannot be its own dead-letter queue"
+        else:
+            try:
+                found = await self._queue_named(target)
+            except SqsError:
+                reason = "Dead letter target does not exist"
+            else:
+                if not qs.allows_redrive_from(found, self.queue_arn(source)):
+                    reason = "the dead-letter queue's RedriveAllowPolicy does not allow this source queue"
+        if reason is not None:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {raw} for parameter RedrivePolicy is invalid. Reason: {reason}.",
+            )
+
     async def _queue(self, params: dict[str, Any]) -> Topic:
         url = params.get("QueueUrl")
         if not isinstance(url, str) or not url:
@@ -138,7 +173,8 @@ class QueueActions:
             )
         if params.get("tags"):
             raise SqsError("InvalidParameterValue", "Queue tags are not supported by raftmq yet.")
-        wanted = qs.check_attributes(params.get("Attributes"), self.limits.max_message_bytes)
+        wanted = qs.check_attributes(params.get("Attributes"), self.limits.max_message_bytes, self.region)
+        await self._check_redrive_target(name, wanted)
         try:
             topic = await self.api.topic(name)
         except RaftmqError as e:
@@ -217,6 +253,28 @@ class QueueActions:
         prefix = params.get("QueueNamePrefix") or ""
         if not isinstance(prefix, str):
             raise SqsError("InvalidParameterValue", "QueueNamePrefix must be a string.")
+        return await self._queue_page(
+            request, params, "QueueUrls", lambda t: qs.is_queue(t) and t.name.startswith(prefix)
+        )
+
+    async def list_dead_letter_source_queues(
+        self, request: web.Request, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The queues whose RedrivePolicy names this queue as their dead-letter queue."""
+        target = await self._queue(params)
+
+        def is_source(t: Topic) -> bool:
+            policy = qs.redrive_policy(t) if qs.is_queue(t) else None
+            return policy is not None and policy.target == target.name
+
+        return await self._queue_page(request, params, "queueUrls", is_source)
+
+    async def _queue_page(
+        self, request: web.Request, params: dict[str, Any], member: str, wanted: Callable[[Topic], bool]
+    ) -> dict[str, Any]:
+        """One page of the queue URLs ``wanted`` picks (ListQueues, ListDeadLetterSourceQueues):
+        ``MaxResults`` (1-1,000) and ``NextToken`` (by name); without ``MaxResults`` up to 1,000
+        and no token, as AWS. On a cluster with tokens only the queues the token has a right on."""
         paged = params.get("MaxResults") is not None or params.get("NextToken") is not None
         max_results = int_param(params, "MaxResults", 1, 1000, 1000)
         after = ""
@@ -225,13 +283,14 @@ class QueueActions:
                 after = base64.urlsafe_b64decode(str(params["NextToken"]).encode()).decode()
             except (ValueError, UnicodeDecodeError):
                 raise SqsError("InvalidParameterValue", "Invalid NextToken value.") from None
+        grant = request.get(PRINCIPAL)
         names = sorted(
             t.name
             for t in await self._all_topics()
-            if qs.is_queue(t) and t.name.startswith(prefix) and t.name > after
+            if wanted(t) and t.name > after and (grant is None or grant.allows_any(t.name))
         )
         page = names[:max_results]
-        result: dict[str, Any] = {"QueueUrls": [self.queue_url(request, n) for n in page]}
+        result: dict[str, Any] = {member: [self.queue_url(request, n) for n in page]}
         if paged and len(names) > max_results:
             result["NextToken"] = base64.urlsafe_b64encode(page[-1].encode()).decode()
         return result
@@ -250,7 +309,8 @@ class QueueActions:
         topic = await self._queue(params)
         if not params.get("Attributes"):
             raise SqsError("MissingParameter", "The request must contain the parameter Attributes.")
-        changes = qs.check_attributes(params["Attributes"], self.limits.max_message_bytes)
+        changes = qs.check_attributes(params["Attributes"], self.limits.max_message_bytes, self.region)
+        await self._check_redrive_target(topic.name, changes)
         command = {
             "op": "set_topic_attributes",
             "name": topic.name,
@@ -269,15 +329,14 @@ class QueueActions:
         if unknown:
             raise SqsError("InvalidAttributeName", f"Unknown Attribute {sorted(unknown)[0]}.")
         values: dict[str, str] = {}
-        region = _region(request)
-        values["QueueArn"] = f"arn:aws:sqs:{region}:{qs.ACCOUNT}:{topic.name}"
+        values["QueueArn"] = self.queue_arn(topic.name)
         values["CreatedTimestamp"] = topic.attributes.get(qs.CREATED, "0")
         values["LastModifiedTimestamp"] = topic.attributes.get(qs.MODIFIED, values["CreatedTimestamp"])
         for name in qs.SETTABLE:
             cap = self.limits.max_message_bytes if name == "MaximumMessageSize" else None
             values[name] = str(qs.queue_setting(topic, name, cap))
-        for name in qs.STORED:
-            if qs.PREFIX + name in topic.attributes:
+        for name in (*qs.REDRIVE, *qs.STORED):
+            if topic.attributes.get(qs.PREFIX + name):  # "" : removed
                 values[name] = topic.attributes[qs.PREFIX + name]
         if wanted & set(_QUEUE_COUNTS):
             visible, in_flight = await self._counts(topic)
@@ -339,11 +398,3 @@ class QueueActions:
             )
         )
         return {}
-
-
-def _region(request: web.Request) -> str:
-    """The region of the request's SigV4 credential scope (``.../<date>/<region>/sqs/aws4_request``)."""
-    match = re.search(
-        r"Credential=[^/,\s]+/\d{8}/([a-z0-9-]{1,32})/", request.headers.get("Authorization", "")
-    )
-    return match.group(1) if match else "us-east-1"

@@ -13,6 +13,7 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from raftmq import batch as rb
@@ -38,9 +39,12 @@ from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
-__all__ = ["SqsActions"]
+__all__ = ["SOURCE_HEADER", "SqsActions"]
+
+log = structlog.get_logger(__name__)
 
 RECEIVE_SLICE_S = 5.0  # one take's long poll; a longer wait takes again
+SOURCE_HEADER = "sqs-dead-letter-source"  # on a message a RedrivePolicy moved: its source queue
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _RECEIPT = re.compile(
     r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,19})\.(0|[1-9][0-9]{0,19})$"
@@ -95,6 +99,7 @@ class SqsActions(QueueActions):
             "DeleteMessageBatch": self.delete_message_batch,
             "ChangeMessageVisibility": self.change_message_visibility,
             "ChangeMessageVisibilityBatch": self.change_message_visibility_batch,
+            "ListDeadLetterSourceQueues": self.list_dead_letter_source_queues,
         }
 
     # -- sending ----------------------------------------------------------------------------------
@@ -185,10 +190,53 @@ class SqsActions(QueueActions):
         if not isinstance(selectors, list) or not all(isinstance(n, str) for n in selectors):
             raise SqsError("InvalidParameterValue", "MessageAttributeNames must be a list of names.")
         await self._ensure_subscription(topic)
-        got = await self._take(topic, max_messages, max(1, visibility_s * 1000), wait_s)
+        policy = qs.redrive_policy(topic)
+        deadline = time.monotonic() + wait_s
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            got = await self._take(topic, max_messages, max(1, visibility_s * 1000), remaining)
+            if policy is not None:
+                got = await self._move_dead_letters(topic, policy, got)
+            if got or time.monotonic() >= deadline:
+                break
         return {"Messages": [_sqs_message(m, system, selectors) for m in got]} if got else {}
 
-    async def _take(self, topic: Topic, n: int, visibility_ms: int, wait_s: int) -> list[dict[str, Any]]:
+    async def _move_dead_letters(
+        self, topic: Topic, policy: qs.RedrivePolicy, got: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The messages of ``got`` to hand out: those received more than the RedrivePolicy's
+        maxReceiveCount times are moved instead (as AWS moves them, at the receive that would
+        exceed it): sent to the dead-letter queue with their MessageId and attributes, then
+        deleted here. A move that fails leaves them in flight (moved at a later receive); a delete
+        that fails after the send may move one twice (at least once). A dead-letter queue deleted
+        since, or whose RedriveAllowPolicy no longer allows this queue: delivered as usual."""
+        over = [m for m in got if m["attempt"] > policy.max_receive_count]
+        if not over:
+            return got
+        rest = [m for m in got if m["attempt"] <= policy.max_receive_count]
+        try:
+            target = await self._queue_named(policy.target)
+        except SqsError:
+            return got
+        if not qs.allows_redrive_from(target, self.queue_arn(topic.name)):
+            return got
+        retention_ms = qs.queue_setting(target, "MessageRetentionPeriod") * 1000
+        moving = []
+        for m in over:
+            headers = {
+                k: v for k, v in (m.get("headers") or {}).items() if k in (ID_HEADER, ATTRIBUTES_HEADER)
+            }
+            headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
+            headers[SOURCE_HEADER] = topic.name
+            moving.append((m["value"] if "value" in m else m["value_b64"], None, headers, 0, retention_ms))
+        try:
+            await self._append(target, moving)
+            await self._settle(topic, "ack", [m["receipt"] for m in over], {})
+        except RaftmqError as e:
+            log.warning("sqs_dead_letter_move_failed", queue=topic.name, target=target.name, code=e.code)
+        return rest
+
+    async def _take(self, topic: Topic, n: int, visibility_ms: int, wait_s: float) -> list[dict[str, Any]]:
         """Up to ``n`` messages from the subscription's receive coordinator, waiting up to
         ``wait_s``. Retriable failures (a leader change) are waited out until the deadline, then
         the answer is empty: a receive that is up never fails only because leaders move."""

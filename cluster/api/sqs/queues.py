@@ -7,6 +7,7 @@ A queue is a topic of the same name created by CreateQueue, which marks it with 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,13 +19,18 @@ __all__ = [
     "ACCOUNT",
     "CREATED",
     "QUEUE_NAME",
+    "REDRIVE",
     "SETTABLE",
     "STORED",
     "UNSUPPORTED",
     "Bound",
+    "RedrivePolicy",
+    "allows_redrive_from",
+    "arn_queue",
     "check_attributes",
     "is_queue",
     "queue_setting",
+    "redrive_policy",
 ]
 
 ACCOUNT = "000000000000"
@@ -50,13 +56,118 @@ SETTABLE: dict[str, Bound] = {
     "MaximumMessageSize": Bound(1024, 1_048_576, 1_048_576),
 }
 # Kept and answered as given, not acted on (docs/sqs.md says so).
-STORED = frozenset(
-    {"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds", "SqsManagedSseEnabled", "RedriveAllowPolicy"}
-)
+STORED = frozenset({"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds", "SqsManagedSseEnabled"})
+# Dead-letter queues: checked here, kept normalized (compact JSON), acted on by the actions.
+REDRIVE = ("RedrivePolicy", "RedriveAllowPolicy")
+MAX_RECEIVE_COUNT = 1000
+MAX_SOURCE_ARNS = 10
 # AWS attributes this slice refuses rather than keep without their effect.
 UNSUPPORTED = frozenset(
-    {"RedrivePolicy", "FifoQueue", "ContentBasedDeduplication", "DeduplicationScope", "FifoThroughputLimit"}
+    {"FifoQueue", "ContentBasedDeduplication", "DeduplicationScope", "FifoThroughputLimit"}
 )
+
+
+@dataclass(frozen=True)
+class RedrivePolicy:
+    target: str  # the dead-letter queue's name
+    max_receive_count: int
+
+
+def _bad(name: str, value: str, reason: str) -> SqsError:
+    return SqsError(
+        "InvalidParameterValue", f"Value {value[:200]} for parameter {name} is invalid. Reason: {reason}."
+    )
+
+
+def arn_queue(arn: Any, region: str) -> str | None:
+    """The queue an SQS ARN of this cluster names (``arn:aws:sqs:<region>:000000000000:<name>``)."""
+    if not isinstance(arn, str):
+        return None
+    parts = arn.split(":")
+    if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or parts[3] != region or parts[4] != ACCOUNT:
+        return None
+    return parts[5] if QUEUE_NAME.match(parts[5]) else None
+
+
+def _json_map(name: str, value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _bad(name, value, f"{name} is not a valid JSON map")
+    return parsed
+
+
+def check_redrive_policy(value: str, region: str) -> str:
+    """A RedrivePolicy as given, checked and normalized ("" removes it)."""
+    if value == "":
+        return ""
+    policy = _json_map("RedrivePolicy", value)
+    if set(policy) != {"deadLetterTargetArn", "maxReceiveCount"}:
+        raise _bad("RedrivePolicy", value, "it must have deadLetterTargetArn and maxReceiveCount, only")
+    target = arn_queue(policy["deadLetterTargetArn"], region)
+    if target is None:
+        raise _bad("RedrivePolicy", value, f"deadLetterTargetArn must be the ARN of a queue in {region}")
+    count = policy["maxReceiveCount"]
+    if isinstance(count, str) and re.fullmatch(r"\d{1,4}", count):
+        count = int(count)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RECEIVE_COUNT:
+        raise _bad("RedrivePolicy", value, f"maxReceiveCount must be from 1 to {MAX_RECEIVE_COUNT}")
+    return json.dumps(
+        {"deadLetterTargetArn": policy["deadLetterTargetArn"], "maxReceiveCount": count},
+        separators=(",", ":"),
+    )
+
+
+def check_redrive_allow_policy(value: str, region: str) -> str:
+    """A RedriveAllowPolicy as given, checked and normalized ("" removes it: allowAll)."""
+    if value == "":
+        return ""
+    policy = _json_map("RedriveAllowPolicy", value)
+    permission = policy.get("redrivePermission")
+    arns = policy.get("sourceQueueArns")
+    if set(policy) - {"redrivePermission", "sourceQueueArns"} or permission not in (
+        "allowAll",
+        "denyAll",
+        "byQueue",
+    ):
+        raise _bad("RedriveAllowPolicy", value, "redrivePermission must be allowAll, denyAll or byQueue")
+    if permission != "byQueue":
+        if arns is not None:
+            raise _bad("RedriveAllowPolicy", value, "sourceQueueArns is only for redrivePermission byQueue")
+        return json.dumps({"redrivePermission": permission}, separators=(",", ":"))
+    if (
+        not isinstance(arns, list)
+        or not 1 <= len(arns) <= MAX_SOURCE_ARNS
+        or any(arn_queue(a, region) is None for a in arns)
+    ):
+        raise _bad(
+            "RedriveAllowPolicy",
+            value,
+            f"byQueue needs 1 to {MAX_SOURCE_ARNS} sourceQueueArns of queues in {region}",
+        )
+    return json.dumps({"redrivePermission": permission, "sourceQueueArns": arns}, separators=(",", ":"))
+
+
+def redrive_policy(topic: Topic) -> RedrivePolicy | None:
+    """The queue's RedrivePolicy (stored checked: see :func:`check_redrive_policy`), or None."""
+    raw = topic.attributes.get(PREFIX + "RedrivePolicy")
+    if not raw:
+        return None
+    policy = json.loads(raw)
+    return RedrivePolicy(policy["deadLetterTargetArn"].rsplit(":", 1)[-1], int(policy["maxReceiveCount"]))
+
+
+def allows_redrive_from(target: Topic, source_arn: str) -> bool:
+    """The dead-letter queue ``target``'s RedriveAllowPolicy lets ``source_arn`` send it dead letters."""
+    raw = target.attributes.get(PREFIX + "RedriveAllowPolicy")
+    if not raw:
+        return True
+    policy = json.loads(raw)
+    if policy["redrivePermission"] == "byQueue":
+        return source_arn in policy["sourceQueueArns"]
+    return bool(policy["redrivePermission"] == "allowAll")
 
 
 def is_queue(topic: Topic) -> bool:
@@ -73,7 +184,7 @@ def queue_setting(topic: Topic, name: str, cap: int | None = None) -> int:
     return value if cap is None else min(value, cap)
 
 
-def check_attributes(raw: Any, max_message_bytes: int) -> dict[str, str]:
+def check_attributes(raw: Any, max_message_bytes: int, region: str = "us-east-1") -> dict[str, str]:
     """Queue attributes a client sets, checked: ``{"sqs.<Name>": value}`` for the topic."""
     if raw is None:
         return {}
@@ -97,6 +208,10 @@ def check_attributes(raw: Any, max_message_bytes: int) -> dict[str, str]:
                     f"it must be an integer from {bound.low} to {high}.",
                 )
             out[PREFIX + name] = str(int(value))
+        elif name == "RedrivePolicy":
+            out[PREFIX + name] = check_redrive_policy(value, region)
+        elif name == "RedriveAllowPolicy":
+            out[PREFIX + name] = check_redrive_allow_policy(value, region)
         elif name in STORED:
             if len(value.encode("utf-8", "replace")) > 8192:
                 raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")

@@ -1,18 +1,24 @@
-"""The routes of the Amazon SQS API (the package docstring): ``POST /`` and ``POST /{account}/{queue}``."""
+"""The routes of the Amazon SQS API (the package docstring): ``POST /`` and ``POST /{account}/{queue}``,
+and ``GET /v1/sqs/credentials`` (a token's SigV4 credentials)."""
 
 from __future__ import annotations
 
+import datetime
 import uuid
 
 import orjson
 import structlog
 from aiohttp import web
 
+from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
+from raftmq.cluster.api.sqs import sigv4
+from raftmq.cluster.api.sqs.access import authorize
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.api.sqs.message_actions import SqsActions
 from raftmq.cluster.api.sqs.wire import (
+    CREDENTIALS_PATH,
     QUEUE_PATH,
     is_json_request,
     json_answer,
@@ -20,10 +26,11 @@ from raftmq.cluster.api.sqs.wire import (
     query_answer,
     query_error,
     query_params,
-    sqs_refusal,
 )
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import RaftmqError
+from raftmq.cluster.config.keys import sqs_secret_key
+from raftmq.cluster.config.tokens import TokenGrant
 from raftmq.cluster.node.node import Node
 
 __all__ = ["add_sqs_routes"]
@@ -52,14 +59,54 @@ class SqsHandler:
     def __init__(self, node: Node, actions: SqsActions) -> None:
         self.node = node
         self.actions = actions
+        self._secrets: dict[str, tuple[str, TokenGrant]] | None = None  # built at first use
+
+    def credentials(self, access_key_id: str) -> tuple[str, TokenGrant] | None:
+        """The secret access key and grant of an access key id (a token's name)."""
+        if self._secrets is None:
+            key, grants = self.node.keys.sqs, self.node.config.security.tokens
+            self._secrets = {g.name: (sqs_secret_key(key, g.name, g.digest), g) for g in grants}
+        return self._secrets.get(access_key_id)
+
+    async def _authenticate(self, request: web.Request) -> TokenGrant:
+        """The token whose SigV4 signature the request carries (a cluster with tokens only)."""
+        body = await request.read()  # aiohttp keeps the bytes for the form or JSON reading
+        verified = sigv4.verify(
+            request.method,
+            request.rel_url.raw_path,
+            request.rel_url.raw_query_string,
+            request.headers,
+            lambda name: request.headers.getall(name, []),
+            body,
+            datetime.datetime.now(datetime.UTC),
+            self.node.config.sqs.region,
+            self.credentials,
+        )
+        return verified.principal
+
+    async def credentials_route(self, request: web.Request) -> web.Response:
+        """``GET /v1/sqs/credentials``: the calling token's SigV4 credentials (any valid token; the
+        authentication middleware checked it). The secret goes to its own token's holder only."""
+        region = self.node.config.sqs.region
+        grant = request.get(PRINCIPAL)
+        # A peer's request (the peer key, no token) gets no secret: only a token has one.
+        answer: dict[str, object] = {"region": region, "signature_checked": self.node.config.security.enabled}
+        if grant is not None:
+            found = self.credentials(grant.name)
+            assert found is not None  # every grant of the config has its secret
+            answer.update(access_key_id=grant.name, secret_access_key=found[0])
+        return web.Response(
+            body=orjson.dumps(answer, option=orjson.OPT_APPEND_NEWLINE),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def handle(self, request: web.Request) -> web.Response:
         request_id = str(uuid.uuid4())
         json_wire = is_json_request(request)
         action = ""
         try:
-            if self.node.config.security.enabled:  # also refused by the auth middleware
-                return sqs_refusal(request)
+            grant = await self._authenticate(request) if self.node.config.security.enabled else None
             if json_wire:
                 target = request.headers.get("X-Amz-Target", "")
                 if not target.startswith(_TARGET):
@@ -79,9 +126,14 @@ class SqsHandler:
                     raise
                 except Exception:  # a body aiohttp cannot read as a form (bad multipart, encoding)
                     raise SqsError("MalformedQueryString", "The request body is not a form.") from None
-                action, params = query_params({k: v for k, v in form.items() if isinstance(v, str)})
+                fields = {k: v for k, v in request.query.items() if not k.startswith("X-Amz-")}
+                fields.update({k: v for k, v in form.items() if isinstance(v, str)})
+                action, params = query_params(fields)
                 if "queue" in request.match_info:
-                    params.setdefault("QueueUrl", str(request.url))
+                    params.setdefault("QueueUrl", str(request.url.with_query(None)))
+            if grant is not None:
+                await authorize(action, params, grant, self.actions.api.permission_names)
+                request[PRINCIPAL] = grant
             run = self.actions.actions.get(action)
             if run is None:
                 raise SqsError("InvalidAction", f"The action {action} is not valid for this endpoint.")
@@ -105,3 +157,4 @@ def add_sqs_routes(app: web.Application, node: Node, api: TopicHandlers, deliver
     handler = SqsHandler(node, SqsActions(node, api, delivery))
     app.router.add_post("/", handler.handle)
     app.router.add_post(QUEUE_PATH, handler.handle)
+    app.router.add_get(CREDENTIALS_PATH, handler.credentials_route)

@@ -12,7 +12,6 @@ shape), and writing a result or an error back.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any
 from xml.sax.saxutils import escape
@@ -23,6 +22,7 @@ from aiohttp import web
 from raftmq.cluster.api.sqs.errors import SqsError
 
 __all__ = [
+    "CREDENTIALS_PATH",
     "JSON_TYPE",
     "QUEUE_PATH",
     "QUEUE_ROUTE",
@@ -32,16 +32,12 @@ __all__ = [
     "query_answer",
     "query_error",
     "query_params",
-    "sqs_refusal",
 ]
 
 JSON_TYPE = "application/x-amz-json-1.0"
 QUEUE_PATH = "/{account:[0-9]{12}}/{queue}"  # a queue URL's path: the query protocol posts there
 QUEUE_ROUTE = "/{account}/{queue}"  # its canonical form (aiohttp's, what auth.ROUTES is keyed by)
-_NO_SIGV4 = (
-    "The security token included in the request is invalid: this cluster has API tokens, and raftmq "
-    "does not check AWS signatures yet, so it refuses SQS requests (docs/sqs.md)."
-)
+CREDENTIALS_PATH = "/v1/sqs/credentials"  # a token's SigV4 credentials (routes.SqsHandler)
 XMLNS = "http://queue.amazonaws.com/doc/2012-11-05/"
 
 # Query names of the list and map members (flattened: Name.N, Name.N.Key ...) -> JSON member.
@@ -197,13 +193,6 @@ def query_answer(action: str, result: dict[str, Any], request_id: str) -> web.Re
         f"<ResponseMetadata><RequestId>{request_id}</RequestId></ResponseMetadata></{action}Response>"
     )
     return web.Response(body=xml.encode(), content_type="text/xml")
-
-
-def sqs_refusal(request: web.Request) -> web.Response:
-    """The answer to every SQS request on a cluster with API tokens: AWS signatures (SigV4) are
-    not checked yet, so no credentials are good there (403 ``InvalidClientTokenId``)."""
-    e, request_id = SqsError("InvalidClientTokenId", _NO_SIGV4), str(uuid.uuid4())
-    return json_error(e, request_id) if is_json_request(request) else query_error(e, request_id)
 
 
 def query_error(e: SqsError, request_id: str) -> web.Response:

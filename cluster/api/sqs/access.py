@@ -1,0 +1,125 @@
+"""Who may call which SQS action on a cluster with API tokens (docs/sqs.md, docs/security.md).
+
+Authentication: a SigV4 signature (``sigv4.py``) whose access key id is an API token's name and
+whose secret access key is that token's, derived from the cluster secret
+(``keys.sqs_secret_key``; a token holder reads it from ``GET /v1/sqs/credentials``).
+
+Authorization: the token's per-topic permissions, as on the REST API, on the queue the action names
+(a queue is the topic of the same name), through the same names as every REST route
+(``ApiCore.permission_names``: a dead-letter topic answers for its source). :data:`RIGHTS` maps every
+action; an action missing there (one raftmq does not have) needs only a valid signature, and is then
+refused as ``InvalidAction``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.config.tokens import ADMIN, CONSUME, PERMISSIONS, PRODUCE, TokenGrant
+
+__all__ = ["RIGHTS", "Right", "authorize", "queue_name_of"]
+
+TopicNames = Callable[[str, bool], Awaitable[list[str]]]
+
+
+@dataclass(frozen=True)
+class Right:
+    """What an action needs: every permission of ``needs`` (any one with ``any_of``) on the queue
+    named by the parameter ``source`` (a queue URL, a queue name or an ARN); ``source`` None: any
+    valid token (the answer is then filtered to the token's queues)."""
+
+    needs: tuple[str, ...] = ()
+    source: str | None = "QueueUrl"
+    any_of: bool = False
+    creating: bool = False
+
+
+_ANY = Right(PERMISSIONS, any_of=True)
+_ADMIN, _PRODUCE, _CONSUME = Right((ADMIN,)), Right((PRODUCE,)), Right((CONSUME,))
+RIGHTS: dict[str, Right] = {
+    "CreateQueue": Right((ADMIN,), source="QueueName", creating=True),
+    "GetQueueUrl": Right(PERMISSIONS, source="QueueName", any_of=True),
+    "ListQueues": Right(source=None),
+    "DeleteQueue": _ADMIN,
+    "GetQueueAttributes": _ANY,
+    "SetQueueAttributes": _ADMIN,
+    # As the REST API's PUT /v1/groups/{group}/offsets, which PurgeQueue is: consume.
+    "PurgeQueue": _CONSUME,
+    "SendMessage": _PRODUCE,
+    "SendMessageBatch": _PRODUCE,
+    "ReceiveMessage": _CONSUME,
+    "DeleteMessage": _CONSUME,
+    "DeleteMessageBatch": _CONSUME,
+    "ChangeMessageVisibility": _CONSUME,
+    "ChangeMessageVisibilityBatch": _CONSUME,
+    "TagQueue": _ADMIN,
+    "UntagQueue": _ADMIN,
+    "ListQueueTags": _ANY,
+    "ListDeadLetterSourceQueues": _ANY,
+    "AddPermission": _ADMIN,
+    "RemovePermission": _ADMIN,
+    # As the REST API's redrive (POST .../dlq/redrive): consume and produce, on the source queue.
+    "StartMessageMoveTask": Right((CONSUME, PRODUCE), source="SourceArn"),
+    "CancelMessageMoveTask": Right((CONSUME, PRODUCE), source="TaskHandle"),
+    "ListMessageMoveTasks": Right((CONSUME,), source="SourceArn"),
+}
+
+
+def queue_name_of(value: Any, source: str) -> str | None:
+    """The queue a parameter names: the last path segment of a queue URL, the last field of an
+    ARN (``arn:aws:sqs:<region>:<account>:<name>``), a task handle's queue, or the name itself."""
+    if not isinstance(value, str) or not value:
+        return None
+    if source == "QueueUrl":
+        return urllib.parse.urlsplit(value).path.rstrip("/").rsplit("/", 1)[-1] or None
+    if source == "SourceArn":
+        return value.rsplit(":", 1)[-1] or None
+    if source == "TaskHandle":  # <queue>:<task id>, the handle the move tasks are to hand out
+        return value.split(":", 1)[0] or None
+    return value
+
+
+async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, names: TopicNames) -> None:
+    """Raise AccessDenied unless ``grant`` may run ``action`` with ``params``. A RedrivePolicy
+    set by CreateQueue or SetQueueAttributes also needs ``produce`` or ``admin`` on its dead-letter
+    queue (the source's dead letters are sent there)."""
+    right = RIGHTS.get(action)
+    if right is None or right.source is None:
+        return
+    queue = queue_name_of(params.get(right.source), right.source)
+    # A request without its queue: refused by the action (MissingParameter) if the token has the
+    # permission on some queue, as the REST API does with a malformed request.
+    checked = [None] if queue is None else await names(queue, right.creating)
+    await _check(action, grant, right, checked)
+    attributes = params.get("Attributes")
+    if action in ("CreateQueue", "SetQueueAttributes") and isinstance(attributes, dict):
+        target = _redrive_target(attributes.get("RedrivePolicy"))
+        if target is not None:
+            await _check(action, grant, Right((PRODUCE, ADMIN), any_of=True), await names(target, False))
+
+
+def _redrive_target(raw: Any) -> str | None:
+    """The dead-letter queue a RedrivePolicy names (None: none readable; the action checks it)."""
+    try:
+        policy = json.loads(raw) if isinstance(raw, str) and raw else None
+    except ValueError:
+        return None
+    arn = policy.get("deadLetterTargetArn") if isinstance(policy, dict) else None
+    return queue_name_of(arn, "SourceArn") if isinstance(arn, str) else None
+
+
+async def _check(action: str, grant: TokenGrant, right: Right, checked: Sequence[str | None]) -> None:
+    for topic in checked:
+        granted = [p for p in right.needs if grant.allows(p, topic)]
+        if (right.any_of and not granted) or (not right.any_of and len(granted) < len(right.needs)):
+            what = " or ".join(right.needs) if right.any_of else " and ".join(right.needs)
+            raise SqsError(
+                "AccessDenied",
+                f"Access to the resource is denied: token {grant.name!r} lacks {what} permission "
+                f"on {'any queue' if topic is None else repr(topic)} for {action}.",
+            )

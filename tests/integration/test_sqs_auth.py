@@ -1,0 +1,330 @@
+"""SigV4 on the SQS API of a cluster with API tokens, with real boto3 and botocore clients against a
+real 3-node cluster (docs/sqs.md "Authentication", docs/security.md): a token's SQS credentials
+come from GET /v1/sqs/credentials; the right key works on both wires; a wrong secret, an unknown
+key, a wrong region, an old (replayed) request, a bearer token or the peer key are refused with
+AWS's codes and change nothing; each action needs the token's permission on its queue, as the
+REST API's routes do."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import botocore.auth
+import pytest
+import requests
+from botocore.exceptions import ClientError
+
+from .harness import PEER_KEY, Cluster
+from .sqs_clients import query_sqs_client, sqs_client
+
+TOKENS = {
+    "admin": "sqs-admin-token-0123456789abcdef",
+    "producer": "sqs-producer-token-0123456789ab",
+    "consumer": "sqs-consumer-token-0123456789ab",
+    "auditor": "sqs-auditor-token-0123456789abc",  # admin on audit-* only: nothing on orders
+}
+SECURITY_TOML = f"""
+[sqs]
+region = "eu-west-1"
+
+[security]
+[[security.tokens]]
+name = "admin"
+token = "{TOKENS["admin"]}"
+admin = ["*"]
+produce = ["*"]
+consume = ["*"]
+
+[[security.tokens]]
+name = "producer"
+token = "{TOKENS["producer"]}"
+produce = ["orders*"]
+
+[[security.tokens]]
+name = "consumer"
+token = "{TOKENS["consumer"]}"
+consume = ["orders*"]
+
+[[security.tokens]]
+name = "auditor"
+token = "{TOKENS["auditor"]}"
+admin = ["audit-*"]
+"""
+NO_RETRY = {"retries": {"max_attempts": 1}}
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("sqs-auth"), nodes=3, extra_toml=SECURITY_TOML) as c:
+        c.start()
+        c.wait_ready()
+        yield c
+
+
+def _credentials(c: Cluster, name: str, node: str = "n1") -> tuple[str, str]:
+    r = c.get("/v1/sqs/credentials", node, headers={"Authorization": f"Bearer {TOKENS[name]}"})
+    assert r.status_code == 200 and r.headers["Cache-Control"] == "no-store", r.text
+    body = r.json()
+    assert body["access_key_id"] == name and body["region"] == "eu-west-1" and body["signature_checked"]
+    return body["access_key_id"], body["secret_access_key"]
+
+
+def _client(c: Cluster, name: str, node: str = "n1") -> Any:
+    return sqs_client(c.url(node), _credentials(c, name), **NO_RETRY)
+
+
+def _code(call: Callable[[], Any]) -> tuple[str, int]:
+    with pytest.raises(ClientError) as e:
+        call()
+    return e.value.response["Error"]["Code"], e.value.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def _topics(c: Cluster) -> list[str]:
+    r = c.get("/v1/topics", headers={"Authorization": f"Bearer {TOKENS['admin']}"})
+    return [t["name"] for t in r.json()["topics"]]
+
+
+def test_each_tokens_credentials_are_its_own_and_the_same_on_every_node(secure: Cluster) -> None:
+    creds = {name: _credentials(secure, name) for name in TOKENS}
+    assert len({secret for _, secret in creds.values()}) == len(TOKENS)
+    assert all(_credentials(secure, name, "n3") == creds[name] for name in TOKENS)
+    assert secure.get("/v1/sqs/credentials").status_code == 401  # a token is needed to read them
+    by_peer = secure.get("/v1/sqs/credentials", headers={"X-Raftmq-Peer-Key": PEER_KEY}).json()
+    assert by_peer == {"region": "eu-west-1", "signature_checked": True}  # no token, no secret
+    for name, (_, secret) in creds.items():
+        assert secret not in (TOKENS[name], *TOKENS.values())
+        for node in secure.nodes:
+            assert secret not in secure.log(node)
+
+
+def test_the_right_key_works_on_both_wires(secure: Cluster, tmp_path: Path) -> None:
+    sqs = _client(secure, "admin", "n2")
+    url = sqs.create_queue(QueueName="orders-signed")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="json wire")
+    query = query_sqs_client(secure.url("n3"), tmp_path, _credentials(secure, "admin"), region="eu-west-1")
+    query.send_message(QueueUrl=url, MessageBody="query wire")
+    got: list[str] = []
+    for _ in range(20):
+        for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
+            "Messages", []
+        ):
+            got.append(m["Body"])
+            query.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        if len(got) == 2:
+            break
+    assert sorted(got) == ["json wire", "query wire"]
+    assert query.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"] == {
+        "QueueArn": "arn:aws:sqs:eu-west-1:000000000000:orders-signed"
+    }
+
+
+def test_bad_credentials_are_refused_and_change_nothing(secure: Cluster) -> None:
+    key_id, secret = _credentials(secure, "admin")
+    cases = [
+        (sqs_client(secure.url("n1"), (key_id, secret[:-1] + "x"), **NO_RETRY), "SignatureDoesNotMatch"),
+        (sqs_client(secure.url("n1"), ("nobody", secret), **NO_RETRY), "InvalidClientTokenId"),
+        (sqs_client(secure.url("n1"), (key_id, TOKENS["admin"]), **NO_RETRY), "SignatureDoesNotMatch"),
+        (
+            sqs_client(secure.url("n1"), (key_id, secret), region="us-east-1", **NO_RETRY),
+            "SignatureDoesNotMatch",
+        ),
+    ]
+    for client, code in cases:
+        assert _code(lambda client=client: client.create_queue(QueueName="orders-never")) == (code, 403)
+        assert _code(lambda client=client: client.list_queues()) == (code, 403)
+    assert "orders-never" not in _topics(secure)
+
+
+def test_a_bearer_token_or_the_peer_key_does_not_open_sqs(secure: Cluster) -> None:
+    json_headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueue"}
+    body = b'{"QueueName": "orders-locked-out"}'
+    for extra in ({"Authorization": f"Bearer {TOKENS['admin']}"}, {"X-Raftmq-Peer-Key": PEER_KEY}, {}):
+        r = requests.post(secure.url("n2") + "/", data=body, headers={**json_headers, **extra}, timeout=10)
+        assert r.status_code in (400, 403), r.text
+        assert r.headers["x-amzn-query-error"].split(";")[0] in (
+            "MissingAuthenticationToken",
+            "IncompleteSignature",
+        )
+        assert TOKENS["admin"] not in r.text and PEER_KEY not in r.text
+    r = requests.post(
+        secure.url("n3") + "/000000000000/orders-locked-out",
+        data={"Action": "CreateQueue", "QueueName": "orders-locked-out"},
+        timeout=10,
+    )
+    assert r.status_code == 403 and "<Code>MissingAuthenticationToken</Code>" in r.text
+    assert "orders-locked-out" not in _topics(secure)
+
+
+def test_an_old_request_replayed_is_expired(secure: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request signed and captured 6 minutes ago, sent again now: RequestExpired, nothing done. The
+    same request replayed within the window is accepted, as AWS does."""
+    sqs = _client(secure, "admin")
+    url = sqs.create_queue(QueueName="orders-replay")["QueueUrl"]
+    captured: list[Any] = []
+    sqs.meta.events.register("before-send.sqs.SendMessage", lambda request, **_: captured.append(request))
+    real_now = botocore.auth.get_current_datetime
+    monkeypatch.setattr(
+        botocore.auth, "get_current_datetime", lambda: real_now() - datetime.timedelta(minutes=6)
+    )
+    assert _code(lambda: sqs.send_message(QueueUrl=url, MessageBody="late")) == ("RequestExpired", 400)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", real_now)
+    sqs.send_message(QueueUrl=url, MessageBody="on time")
+    old, fresh = captured[0], captured[1]
+    for request, status in ((old, 400), (fresh, 200)):
+        r = requests.post(request.url, data=request.body, headers=dict(request.headers.items()), timeout=10)
+        assert r.status_code == status, r.text
+    bodies = [
+        m["Body"]
+        for _ in range(5)
+        for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
+            "Messages", []
+        )
+    ]
+    assert sorted(bodies) == ["on time", "on time"]
+
+
+def test_each_action_needs_the_tokens_permission_on_its_queue(secure: Cluster) -> None:
+    admin = _client(secure, "admin")
+    url = admin.create_queue(QueueName="orders-rights")["QueueUrl"]
+    admin.create_queue(QueueName="audit-log")
+    producer, consumer, auditor = (_client(secure, n, "n2") for n in ("producer", "consumer", "auditor"))
+    denied = ("AccessDenied", 403)
+
+    # produce: send, and read the queue's URL and attributes; nothing a consumer or admin does.
+    producer.send_message(QueueUrl=url, MessageBody="one")
+    producer.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "two"}])
+    assert producer.get_queue_url(QueueName="orders-rights")["QueueUrl"].endswith("/orders-rights")
+    producer.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])
+    for call in (
+        lambda: producer.receive_message(QueueUrl=url),
+        lambda: producer.delete_message(QueueUrl=url, ReceiptHandle="1.0.0.1"),
+        lambda: producer.change_message_visibility(
+            QueueUrl=url, ReceiptHandle="1.0.0.1", VisibilityTimeout=5
+        ),
+        lambda: producer.purge_queue(QueueUrl=url),
+        lambda: producer.create_queue(QueueName="orders-new"),
+        lambda: producer.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "1"}),
+        lambda: producer.delete_queue(QueueUrl=url),
+    ):
+        assert _code(call) == denied
+
+    # consume: receive, delete, change visibility, purge; no send, no admin.
+    got = consumer.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=5)["Messages"]
+    consumer.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=got[0]["ReceiptHandle"], VisibilityTimeout=60
+    )
+    consumer.delete_message_batch(
+        QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)]
+    )
+    consumer.purge_queue(QueueUrl=url)
+    for call in (
+        lambda: consumer.send_message(QueueUrl=url, MessageBody="x"),
+        lambda: consumer.send_message_batch(QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "x"}]),
+        lambda: consumer.create_queue(QueueName="orders-new"),
+        lambda: consumer.delete_queue(QueueUrl=url),
+    ):
+        assert _code(call) == denied
+
+    # No permission on the queue at all: not even its URL or attributes; the list leaves it out.
+    for call in (
+        lambda: auditor.get_queue_url(QueueName="orders-rights"),
+        lambda: auditor.get_queue_attributes(QueueUrl=url),
+        lambda: auditor.send_message(QueueUrl=url, MessageBody="x"),
+        lambda: auditor.receive_message(QueueUrl=url),
+        lambda: auditor.delete_queue(QueueUrl=url),
+    ):
+        assert _code(call) == denied
+    assert [u.rsplit("/", 1)[-1] for u in auditor.list_queues().get("QueueUrls", [])] == ["audit-log"]
+    assert "orders-rights" in [u.rsplit("/", 1)[-1] for u in producer.list_queues()["QueueUrls"]]
+    auditor.set_queue_attributes(
+        QueueUrl=url.replace("orders-rights", "audit-log"), Attributes={"DelaySeconds": "0"}
+    )
+    assert "orders-new" not in _topics(secure) and "orders-rights" in _topics(secure)
+    assert admin.get_queue_attributes(QueueUrl=url, AttributeNames=["DelaySeconds"])["Attributes"] == {
+        "DelaySeconds": "0"
+    }
+
+
+def test_the_cli_prints_the_tokens_credentials_for_boto3(secure: Cluster) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "sqs-credentials", "--url", secure.url("n2")],
+        env={**os.environ, "RAFTMQ_TOKEN": TOKENS["producer"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    key_id, secret = _credentials(secure, "producer")
+    assert env == {
+        "AWS_ACCESS_KEY_ID": key_id,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "eu-west-1",
+    }
+
+
+def test_a_redrive_policy_needs_produce_on_its_dead_letter_queue(secure: Cluster) -> None:
+    admin, auditor = _client(secure, "admin"), _client(secure, "auditor", "n3")
+    admin.create_queue(QueueName="orders-dead")
+    source = admin.create_queue(QueueName="audit-source")["QueueUrl"]
+    admin.create_queue(QueueName="audit-dead")
+
+    def policy(target: str) -> dict[str, str]:
+        arn = f"arn:aws:sqs:eu-west-1:000000000000:{target}"
+        return {"RedrivePolicy": f'{{"deadLetterTargetArn": "{arn}", "maxReceiveCount": 3}}'}
+
+    # admin on audit-* only: its dead letters may not be sent into orders-dead
+    assert _code(lambda: auditor.set_queue_attributes(QueueUrl=source, Attributes=policy("orders-dead"))) == (
+        "AccessDenied",
+        403,
+    )
+    assert _code(lambda: auditor.create_queue(QueueName="audit-other", Attributes=policy("orders-dead"))) == (
+        "AccessDenied",
+        403,
+    )
+    assert (
+        "RedrivePolicy"
+        not in admin.get_queue_attributes(QueueUrl=source, AttributeNames=["All"])["Attributes"]
+    )
+    assert "audit-other" not in _topics(secure)
+    auditor.set_queue_attributes(QueueUrl=source, Attributes=policy("audit-dead"))  # admin on it is enough
+    stored = admin.get_queue_attributes(QueueUrl=source, AttributeNames=["RedrivePolicy"])["Attributes"]
+    assert "audit-dead" in stored["RedrivePolicy"]
+
+
+def test_the_aws_cli_signs_with_the_credentials_the_cli_printed(secure: Cluster) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "raftmq.cluster.cli.main", "sqs-credentials", "--url", secure.url("n1")],
+        env={**os.environ, "RAFTMQ_TOKEN": TOKENS["admin"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    env = {**os.environ, "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    env.update(line.split("=", 1) for line in out.splitlines())
+    aws = [
+        str(Path(sys.executable).parent / "aws"),
+        "sqs",
+        "--endpoint-url",
+        secure.url("n2"),
+        "--output",
+        "json",
+    ]
+    created = subprocess.run(
+        [*aws, "create-queue", "--queue-name", "orders-cli"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    env["AWS_SECRET_ACCESS_KEY"] += "x"
+    refused = subprocess.run([*aws, "list-queues"], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "SignatureDoesNotMatch" in refused.stderr
