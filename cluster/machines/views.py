@@ -113,9 +113,14 @@ def consumer_queues(store: Store, topic_id: int | None = None) -> list[ConsumerQ
     metas: dict[tuple[int, int], QueueMeta] = {}
     for t in {t for t, _ in groups}:
         metas.update(queue_metas(store, t))
+    queues_of: dict[tuple[int, str | None], set[int]] = {}  # (topic, None): its queues here
+    for mt, q in metas:
+        queues_of.setdefault((mt, None), set()).add(q)
+    for ct, q, cg in committed:
+        queues_of.setdefault((ct, cg), set()).add(q)
     rows = []
     for t, g in sorted(groups):
-        queues = {q for (mt, q) in metas if mt == t} | {q for (ct, q, cg) in committed if (ct, cg) == (t, g)}
+        queues = queues_of.get((t, None), set()) | queues_of.get((t, g), set())
         for q in sorted(queues):
             meta = metas.get((t, q), QueueMeta())
             done = committed.get((t, q, g))

@@ -45,6 +45,10 @@ class LagHistory:
 
     def record(self, topic_id: int, lags: Iterable[tuple[str, int]], now_ms: int) -> None:
         """One sample of each group's lag on a topic."""
+        self._append(topic_id, lags, now_ms)
+        self.expire(now_ms)
+
+    def _append(self, topic_id: int, lags: Iterable[tuple[str, int]], now_ms: int) -> None:
         for group, lag in lags:
             key = (topic_id, group)
             ring = self._series.get(key)
@@ -55,6 +59,12 @@ class LagHistory:
             ring.append((now_ms, lag))
             while len(self._series) > self.max_series:
                 self._series.popitem(last=False)
+
+    def record_round(self, lags: Lags, now_ms: int) -> None:
+        """One sample of each group's lag on each topic (``{topic id: [(group, lag), ...]}``),
+        then one expiry pass: a round costs the series, not the series times the topics."""
+        for topic_id, of_topic in sorted(lags.items()):
+            self._append(topic_id, of_topic, now_ms)
         self.expire(now_ms)
 
     def expire(self, now_ms: int) -> None:
@@ -90,7 +100,4 @@ async def sample_forever(
         except Exception:  # no metadata yet, a node going away: next round (the loop never dies)
             log.debug("lag sample failed", exc_info=True)
             lags = {}
-        now = now_ms()
-        for topic_id, of_topic in sorted(lags.items()):
-            history.record(topic_id, of_topic, now)
-        history.expire(now)
+        history.record_round(lags, now_ms())
