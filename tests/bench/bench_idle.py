@@ -2,8 +2,8 @@
 and of consumer groups and subscriptions (issue 25; figures in docs/benchmarks.md).
 
 For each ``--queues`` figure (topics of ``--queues-per-topic`` queues), a fresh cluster
-(tests/integration/harness.Cluster: 3 nodes, 3 queue groups, replication 3) gets its topics (in
-bulk when the cluster offers it, else one request each over ``--workers`` connections), then
+(tests/integration/harness.Cluster: 3 nodes, 3 queue groups, replication 3) gets its topics (one
+request each, ``--workers`` at a time, as ``raftmq topic create`` with many names), then
 ``--groups`` consumer groups commit an offset on one queue each and ``--subscriptions``
 subscriptions receive once (both on the first topics, at most one per topic). After ``--settle``
 seconds each node's CPU (utime + stime from /proc, every thread) is measured over ``--seconds`` of
@@ -44,8 +44,6 @@ from _common import (  # noqa: E402
 
 from tests.integration.harness import Cluster  # noqa: E402
 
-BULK_CHUNK = 500  # topics per bulk request
-
 
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
@@ -64,19 +62,11 @@ def _post(url: str, body: Any, ok: tuple[int, ...] = (200, 201)) -> requests.Res
     return r
 
 
-def create_topics(c: Cluster, names: list[str], queues: int, workers: int) -> tuple[float, str]:
-    """Create ``names``; returns (seconds, "bulk" or "one by one")."""
+def create_topics(c: Cluster, names: list[str], queues: int, workers: int) -> float:
+    """Create ``names``, ``workers`` requests at a time (as ``raftmq topic create`` does with
+    several names); returns the seconds taken."""
     url = c.url("n1")
     started = time.monotonic()
-    if not names:
-        return 0.0, "-"
-    probe = _post(f"{url}/v1/topics/bulk", {"topics": [{"name": names[0], "queues": queues}]})
-    if probe.status_code in (200, 201):
-        chunks = [names[i : i + BULK_CHUNK] for i in range(1, len(names), BULK_CHUNK)]
-        for chunk in chunks:
-            r = _post(f"{url}/v1/topics/bulk", {"topics": [{"name": n, "queues": queues} for n in chunk]})
-            assert r.status_code in (200, 201), r.text[:500]
-        return time.monotonic() - started, "bulk"
 
     def one(name: str) -> None:
         r = _post(f"{url}/v1/topics", {"name": name, "queues": queues}, ok=(201, 409))
@@ -84,7 +74,7 @@ def create_topics(c: Cluster, names: list[str], queues: int, workers: int) -> tu
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(one, names))
-    return time.monotonic() - started, "one by one"
+    return time.monotonic() - started
 
 
 def make_groups(c: Cluster, topics: list[str], groups: int, subscriptions: int, workers: int) -> float:
@@ -117,7 +107,7 @@ def run_one(tmp: Path, queues: int, args: argparse.Namespace, profile_dir: Path 
     with Cluster(tmp, nodes=3) as c:
         c.start()
         c.wait_ready(timeout_s=60)
-        create_s, how = create_topics(c, names, per_topic, args.workers)
+        create_s = create_topics(c, names, per_topic, args.workers)
         groups, subs = (
             (min(args.groups, len(names)), min(args.subscriptions, len(names))) if names else (0, 0)
         )
@@ -146,7 +136,6 @@ def run_one(tmp: Path, queues: int, args: argparse.Namespace, profile_dir: Path 
         "groups": groups,
         "subscriptions": subs,
         "create_seconds": round(create_s, 1),
-        "create": how,
         "groups_seconds": round(groups_s, 1),
         "cpu_percent_per_node": per_node,
         "cpu_percent_max": max(per_node.values()),
@@ -190,7 +179,6 @@ def main() -> None:
                 run["groups"],
                 run["subscriptions"],
                 run["create_seconds"],
-                run["create"],
                 n.get("n1", float("nan")),
                 n.get("n2", float("nan")),
                 n.get("n3", float("nan")),
@@ -209,7 +197,6 @@ HEADERS = [
     "groups",
     "subs",
     "create s",
-    "create",
     "n1 CPU %",
     "n2 CPU %",
     "n3 CPU %",
