@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -27,7 +27,7 @@ from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
-from raftmq.cluster.machines.views import consumer_queues
+from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues
 from raftmq.cluster.node.lag_history import LagHistory, Lags, sample_forever
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
@@ -45,6 +45,8 @@ class _ConsumersApi:
         self.node = node
         self.api = api
         self.history = LagHistory(node.config.limits.lag_sample_ms)
+        # Per queue group led here: every topic's consumer rows at an applied index.
+        self._all_rows: dict[str, tuple[int, list[dict[str, Any]]]] = {}
 
     async def topic_groups(self, request: web.Request) -> web.Response:
 
@@ -134,7 +136,7 @@ class _ConsumersApi:
         name = str(group_id)
         local = self.node.groups.get(name)
         if local is not None and local.raft.is_leader():
-            return await _local_rows(local.machine.store, topic_id)
+            return await self._local_rows(name, local, topic_id)
         leader = self.node.leader_of(name)
         if leader is None:
             await self.node.refresh_peer_status()
@@ -154,6 +156,24 @@ class _ConsumersApi:
         rows: list[dict[str, Any]] = orjson.loads(data)["rows"]
         return rows
 
+    async def _local_rows(self, name: str, local: Any, topic_id: int | None) -> list[dict[str, Any]] | None:
+        """The consumer rows of group ``name`` from this node's store (None: it is being swapped
+        for a restored checkpoint). Every topic's rows (each node's lag round asks for them) are
+        kept until the group applies another entry: an idle group is read once, not once per
+        node and round."""
+        index = local.machine.applied_index
+        cached = self._all_rows.get(name)
+        if topic_id is None and cached is not None and cached[0] == index:
+            return cached[1]
+        loop = asyncio.get_running_loop()
+        try:
+            rows = await loop.run_in_executor(None, _rows_of, local.machine.store, topic_id)
+        except StoreError:  # the store is being swapped for a restored checkpoint
+            return None
+        if topic_id is None:
+            self._all_rows[name] = (index, rows)
+        return rows
+
     async def internal_consumers(self, request: web.Request) -> web.Response:
 
         if not self.node.keys.authorizes(request.headers):
@@ -166,19 +186,17 @@ class _ConsumersApi:
         topic_id = (
             query_int(request.query, "topic_id", None, 0, 2**32 - 1) if "topic_id" in request.query else None
         )
-        rows = await _local_rows(local.machine.store, topic_id)
+        rows = await self._local_rows(name, local, topic_id)
         if rows is None:
             raise ApiError(errors.UNAVAILABLE, f"group {name} is restoring a checkpoint")
         return json_response({"rows": rows})
 
 
-async def _local_rows(store: Any, topic_id: int | None) -> list[dict[str, Any]] | None:
-    loop = asyncio.get_running_loop()
-    try:
-        rows = await loop.run_in_executor(None, consumer_queues, store, topic_id)
-    except StoreError:  # the store is being swapped for a restored checkpoint
-        return None
-    return [asdict(r) for r in rows]
+_FIELDS = tuple(f.name for f in fields(ConsumerQueue))
+
+
+def _rows_of(store: Any, topic_id: int | None) -> list[dict[str, Any]]:
+    return [{f: getattr(r, f) for f in _FIELDS} for r in consumer_queues(store, topic_id)]
 
 
 def add_consumer_routes(app: web.Application, node: Node, api: ApiCore) -> None:
