@@ -167,7 +167,8 @@ class Sealer:
         time (the others become due only by growing)."""
         if not self.settings.max_age_ms:
             return set()
-        return {(topic_id, queue) for g, topic_id, queue in self._progress if g == name}
+        # A copy first: a forced round (the seal API) may run _due in an executor thread meanwhile.
+        return {(topic_id, queue) for g, topic_id, queue in list(self._progress) if g == name}
 
     async def _seal_group(
         self,
