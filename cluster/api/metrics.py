@@ -87,6 +87,13 @@ class _RaftCollector(Collector):
             "group's previous stamp by more than the bound)",
             labels=labels,
         )
+        seal_checks = CounterMetricFamily(
+            "raftmq_segment_queue_checks",
+            "Queues this node's sealer looked at for a range to seal, as the group's leader (those "
+            "that received messages or age towards segments.max_age_ms, and every queue once per "
+            "leadership: an idle queue is not looked at)",
+            labels=labels,
+        )
         snapshot_installs = CounterMetricFamily(
             "raftmq_raft_snapshot_installs",
             "Snapshots installed on this replica from a checkpoint fetched from a peer",
@@ -127,11 +134,14 @@ class _RaftCollector(Collector):
             if name != "meta":
                 clock_jumps.add_metric(key, self._node.ticks.retention_clock_jumps.get(name, 0))
                 group_clock_jumps.add_metric(key, self._node.ticks.group_clock_jumps.get(name, 0))
+                sealer = self._node.sealer
+                seal_checks.add_metric(key, sealer.queue_checks.get(name, 0) if sealer is not None else 0)
             _add_histogram(commit_s, key, local.raft.commit_latency)
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, clock_jumps, group_clock_jumps, snapshot_installs, snapshot_failures)
+        yield from (became_leader, clock_jumps, group_clock_jumps, seal_checks)
+        yield from (snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
         yield from (commit_s, apply_s, fsync_s)
 

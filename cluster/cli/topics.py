@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from raftmq.cluster.cli.admin_http import AdminHttp
+from raftmq.cluster.cli.admin_http import AdminError, AdminHttp, ServerError
 from raftmq.cluster.cli.common import _none, _print_json, admin_command, json_option, stdout_console
+from raftmq.cluster.machines.metadata import validate_topic_name
 
 
 @click.command()
@@ -97,24 +101,54 @@ def topic() -> None:
 
 
 @topic.command("create")
-@click.argument("name")
+@click.argument("names", metavar="NAME...", nargs=-1)
+@click.option(
+    "--from-file",
+    type=click.File("r"),
+    help="Also create the topics named in this file, one a line ('-': stdin; blank lines and "
+    "lines starting with # are skipped).",
+)
 @click.option("--queues", type=click.IntRange(min=1), default=8, show_default=True, help="Queue count.")
 @click.option("--retention-ms", type=click.IntRange(min=1), help="Remove messages older than this.")
 @click.option("--retention-bytes", type=click.IntRange(min=1), help="Keep at most this much per queue.")
 @click.option("--max-message-bytes", type=click.IntRange(min=1), help="Per-topic message size limit.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="Topics created at once when there are several.",
+)
 @json_option
 @admin_command
 def topic_create(
     admin: AdminHttp,
-    name: str,
+    names: tuple[str, ...],
+    from_file: TextIO | None,
     queues: int,
     retention_ms: int | None,
     retention_bytes: int | None,
     max_message_bytes: int | None,
+    concurrency: int,
     as_json: bool,
 ) -> None:
-    """Create topic NAME."""
-    body: dict[str, Any] = {"name": name, "queues": queues}
+    """Create topic NAME, or many topics with the same settings (NAME... and --from-file).
+
+    Of several names every one is checked first: one that is not a topic name, or given twice,
+    is a usage error and nothing is created. They are created --concurrency at a time; a
+    topic that fails (topic_exists, ...) is reported on stderr, the others are created, and
+    the exit status is 1."""
+    wanted = list(names)
+    if from_file is not None:
+        wanted += [line.strip() for line in from_file if line.strip() and not line.lstrip().startswith("#")]
+    if not wanted:
+        raise click.UsageError("name at least one topic (NAME... or --from-file)")
+    # One name goes to the node as it is (its bad_request); of several, none is sent while one is bad.
+    problems = [f"{name!r}: {problem}" for name in wanted if (problem := validate_topic_name(name))]
+    problems += [f"{name!r} is given twice" for name, n in Counter(wanted).items() if n > 1]
+    if problems and len(wanted) > 1:
+        raise click.UsageError("nothing created: " + "; ".join(problems[:10]))
+    body: dict[str, Any] = {"queues": queues}
     for key, value in (
         ("retention_ms", retention_ms),
         ("retention_bytes", retention_bytes),
@@ -122,13 +156,66 @@ def topic_create(
     ):
         if value is not None:
             body[key] = value
-    data = admin.post("/v1/topics", body)
-    if as_json:
-        _print_json(data)
+    if len(wanted) == 1:
+        data = admin.post("/v1/topics", {"name": wanted[0], **body})
+        if as_json:
+            _print_json(data)
+            return
+        queues = len(data["queues"])
+        stdout_console().print(
+            f"created topic {data['name']!r} with {queues} queue{'' if queues == 1 else 's'}"
+        )
+        _print_topic(data)
         return
-    queues = len(data["queues"])
-    stdout_console().print(f"created topic {data['name']!r} with {queues} queue{'' if queues == 1 else 's'}")
-    _print_topic(data)
+    _create_many(admin, wanted, body, concurrency, as_json)
+
+
+def _create_many(
+    admin: AdminHttp, names: list[str], body: dict[str, Any], concurrency: int, as_json: bool
+) -> None:
+    """Create ``names`` (``concurrency`` requests at once); failures on stderr, exit status 1."""
+
+    def create(name: str) -> tuple[str, AdminError | None]:
+        try:
+            admin.post("/v1/topics", {"name": name, **body})
+        except AdminError as e:
+            return name, e
+        return name, None
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        outcomes = list(pool.map(create, names))
+    created = [name for name, error in outcomes if error is None]
+    failed = [(name, error) for name, error in outcomes if error is not None]
+    if as_json:
+        _print_json(
+            {
+                "created": created,
+                "failed": [
+                    {
+                        "name": name,
+                        "code": getattr(e, "code", "no_answer"),
+                        "message": getattr(e, "message", str(e)),
+                    }
+                    for name, e in failed
+                ],
+            }
+        )
+    else:
+        stdout_console().print(f"created {len(created)} of {len(names)} topics")
+        for name, e in failed:
+            click.echo(
+                f"error {getattr(e, 'code', 'no_answer')}: {name}: {getattr(e, 'message', e)}", err=True
+            )
+    if failed:
+        sys.exit(1)
+
+
+def _error_fields(e: AdminError) -> dict[str, str]:
+    """The error code and message of a failed request (``no_answer``: no node answered, or the
+    answer was lost and the topic may exist)."""
+    if isinstance(e, ServerError):
+        return {"code": e.code, "message": e.message}
+    return {"code": "no_answer", "message": str(e)}
 
 
 def _grouped(topics: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -67,7 +67,7 @@ from raftmq.storage.keys import APPLIED, GroupTime, QueueMeta
 from raftmq.storage.records import decode_header
 from raftmq.storage.store import Batch, Store, StoreError
 
-__all__ = ["Applied", "QueueGroupMachine", "QueueHigh", "advance", "group_time"]
+__all__ = ["Applied", "QueueGroupMachine", "QueueHigh", "advance", "group_time", "retention_due"]
 
 _log = structlog.get_logger(__name__)
 
@@ -362,6 +362,41 @@ class QueueGroupMachine:
             work.batch.delete_range(*keys.topic_range(prefix, topic_id))
         work.batch.put(keys.dropped_key(topic_id), b"")
         return {"ok": True}
+
+
+def retention_due(
+    store: Store, entries: list[dict[str, Any]], now_ms: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Which ``retain`` entries (``{"topic_id", "queue", "max_age_ms", "max_bytes"}``) would remove
+    something at the group's time ``now_ms`` in this replica's ``store``, and the earliest time one
+    of the others falls due by age (None: none will unless it grows). The leader asks before it
+    proposes, so that a retain lists only the queues with work, and none is proposed when none has
+    any: an empty queue, or one within its bounds, costs a key read, not an entry. Same rule as
+    the apply (``_retention_point``): a batch appended before ``now_ms - max_age_ms``, or more
+    than ``max_bytes`` retained."""
+    due: list[dict[str, Any]] = []
+    next_ms: int | None = None
+    for entry in entries:
+        topic_id, queue = entry["topic_id"], entry["queue"]
+        max_age_ms, max_bytes = entry["max_age_ms"], entry["max_bytes"]
+        meta = queues.queue_meta(store, topic_id, queue)
+        if meta is None or meta.low_offset == meta.high_offset:
+            continue
+        if max_bytes is not None and meta.retained_bytes > max_bytes:
+            due.append(entry)
+            continue
+        if max_age_ms is None:
+            continue
+        start, end = keys.queue_range(keys.RECORD, topic_id, queue)
+        first = next(iter(store.scan(start, end, limit=1)), None)
+        if first is None:
+            continue
+        expires_ms = decode_header(first[1]).append_time_ms + max_age_ms + 1  # due once older
+        if expires_ms <= now_ms:
+            due.append(entry)
+        elif next_ms is None or expires_ms < next_ms:
+            next_ms = expires_ms
+    return due, next_ms
 
 
 class _RetentionPoint(NamedTuple):

@@ -73,14 +73,14 @@ def _group_after(key: bytes, at: int) -> tuple[str, int]:
 
 
 def consumer_queues(store: Store, topic_id: int | None = None) -> list[ConsumerQueue]:
-    """Every (topic, queue, consumer group) with a committed offset or receive/ack state, sorted.
+    """Every (topic, queue, consumer group) with a committed offset or receive/ack state, sorted
+    (of one topic, or of every topic: then the cost grows with the groups, not the queues).
 
     A group known on some queue of a topic gets a row for every queue of that topic in this
     store, so a queue it has not reached yet shows its whole backlog as lag. A receive/ack group is
     known by its subscription, stored in every queue group of the topic at its first receive, with
     or without a dead-letter topic: before it received from this queue group, all is lag here.
     """
-    metas = queue_metas(store, topic_id)
     committed: dict[tuple[int, int, str], int] = {}
     for key, value in scan_prefix(store, _prefix(keys.OFFSET, topic_id)):
         t, q = _QUEUE.unpack_from(key, 1)
@@ -109,9 +109,18 @@ def consumer_queues(store: Store, topic_id: int | None = None) -> list[ConsumerQ
         if dlq_id is not None and stored.get("dlq_checked"):
             dlq_ids[sub_key] = int(dlq_id)
     groups = {(t, g) for t, _, g in (*committed, *in_flight, *retrying, *cursors)} | subscribed
+    # The queues of the topics with a group only: a store's other queues cost nothing here.
+    metas: dict[tuple[int, int], QueueMeta] = {}
+    for t in {t for t, _ in groups}:
+        metas.update(queue_metas(store, t))
+    queues_of: dict[tuple[int, str | None], set[int]] = {}  # (topic, None): its queues here
+    for mt, q in metas:
+        queues_of.setdefault((mt, None), set()).add(q)
+    for ct, q, cg in committed:
+        queues_of.setdefault((ct, cg), set()).add(q)
     rows = []
     for t, g in sorted(groups):
-        queues = {q for (mt, q) in metas if mt == t} | {q for (ct, q, cg) in committed if (ct, cg) == (t, g)}
+        queues = queues_of.get((t, None), set()) | queues_of.get((t, g), set())
         for q in sorted(queues):
             meta = metas.get((t, q), QueueMeta())
             done = committed.get((t, q, g))

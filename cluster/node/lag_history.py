@@ -1,8 +1,9 @@
 """Consumer lag over the last minutes, kept by every node for the web console's charts.
 
-Every ``limits.lag_sample_ms`` (default 10 s) a node reads the lag of every consumer group on up to
-``MAX_TOPICS`` topics (the figures of ``GET /v1/topics/{topic}/groups``) and appends it to a ring per
-(topic, group): ``HISTORY_MS`` (15 minutes) of samples at most. Memory is bounded in both
+Every ``limits.lag_sample_ms`` (default 10 s) a node reads the lag of every consumer group (the
+figures of ``GET /v1/topics/{topic}/groups``, all topics at once: one read per queue group, whose
+cost grows with the groups, not the topics or queues) and appends it to a ring per (topic, group):
+``HISTORY_MS`` (15 minutes) of samples at most. Memory is bounded in both
 directions a client could push it: samples per series by the ring, series by ``MAX_SERIES`` (group
 names are chosen by clients; past the bound the series updated longest ago is dropped first), and
 a series nobody has seen for ``HISTORY_MS`` is dropped. A topic whose figures are incomplete (a
@@ -19,11 +20,12 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 
-__all__ = ["HISTORY_MS", "MAX_SERIES", "MAX_TOPICS", "LagHistory", "sample_forever"]
+__all__ = ["HISTORY_MS", "MAX_SERIES", "LagHistory", "Lags", "sample_forever"]
 
 HISTORY_MS = 15 * 60 * 1000
 MAX_SERIES = 1000  # (topic, group) series kept on a node
-MAX_TOPICS = 200  # topics sampled per round (in name order)
+
+Lags = dict[int, list[tuple[str, int]]]  # topic id -> [(consumer group, lag), ...]
 
 log = logging.getLogger("raftmq.lag_history")
 
@@ -43,6 +45,10 @@ class LagHistory:
 
     def record(self, topic_id: int, lags: Iterable[tuple[str, int]], now_ms: int) -> None:
         """One sample of each group's lag on a topic."""
+        self._append(topic_id, lags, now_ms)
+        self.expire(now_ms)
+
+    def _append(self, topic_id: int, lags: Iterable[tuple[str, int]], now_ms: int) -> None:
         for group, lag in lags:
             key = (topic_id, group)
             ring = self._series.get(key)
@@ -53,6 +59,12 @@ class LagHistory:
             ring.append((now_ms, lag))
             while len(self._series) > self.max_series:
                 self._series.popitem(last=False)
+
+    def record_round(self, lags: Lags, now_ms: int) -> None:
+        """One sample of each group's lag on each topic (``{topic id: [(group, lag), ...]}``),
+        then one expiry pass: a round costs the series, not the series times the topics."""
+        for topic_id, of_topic in sorted(lags.items()):
+            self._append(topic_id, of_topic, now_ms)
         self.expire(now_ms)
 
     def expire(self, now_ms: int) -> None:
@@ -74,27 +86,18 @@ class LagHistory:
 
 async def sample_forever(
     history: LagHistory,
-    topics: Callable[[], list[tuple[int, str]]],
-    lags_of: Callable[[str], Awaitable[list[tuple[str, int]] | None]],
+    sample: Callable[[], Awaitable[Lags]],
     now_ms: Callable[[], int],
 ) -> None:
-    """Samples every ``history.interval_ms``: ``topics()`` gives ``(topic id, name)`` pairs,
-    ``lags_of(name)`` each group's lag on a topic (None: incomplete, skipped this round)."""
+    """Samples every ``history.interval_ms``: ``sample()`` gives each group's lag per topic id, for
+    the topics with a consumer group whose figures are complete (the others are left out)."""
     while True:
         await asyncio.sleep(history.interval_ms / 1000)
         try:
-            listed = topics()[:MAX_TOPICS]
-        except Exception:  # the metadata not there yet: next round (the loop never dies)
-            log.debug("lag sample: no topic list", exc_info=True)
-            listed = []
-        for topic_id, name in listed:
-            try:
-                lags = await lags_of(name)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a topic deleted meanwhile, a node going away: next round
-                log.debug("lag sample of %s failed", name, exc_info=True)
-                continue
-            if lags is not None:
-                history.record(topic_id, lags, now_ms())
-        history.expire(now_ms())
+            lags = await sample()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # no metadata yet, a node going away: next round (the loop never dies)
+            log.debug("lag sample failed", exc_info=True)
+            lags = {}
+        history.record_round(lags, now_ms())

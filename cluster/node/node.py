@@ -564,6 +564,9 @@ class Node:
         queues = [(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed)
         if queues:
             self._loop.call_soon_threadsafe(self._wake, queues)
+        if applied.grown and self.sealer is not None:
+            grown = [(q.topic_id, q.queue) for q in applied.grown]
+            self._loop.call_soon_threadsafe(self.sealer.grown, name, grown)
         if applied.scheduled:
             self._loop.call_soon_threadsafe(self._scheduled_applied)
         if applied.parked and self.on_parked is not None:

@@ -7,6 +7,11 @@ segment into Arrow IPC and Parquet files (``storage/segments.py``) once there ar
 ``segments.max_age_ms``. It reads and writes off the Raft tick thread (an executor thread), writes
 each file to a hidden temporary name and renames it, and only then proposes a ``seal_segment``
 command. The node that wrote files deletes them once no entry needs them (:meth:`Sealer.collect_garbage`).
+
+A round costs what changed, not what exists: the leader looks at the queues that grew since its
+last look (the applies report them: :meth:`Sealer.grown`), those holding an unsealed range that
+only age can make due (``max_age_ms``), and every queue of a group once when it becomes leader of
+it (what grew under the previous leader). Pruning looks again only once the group applied something.
 """
 
 from __future__ import annotations
@@ -92,6 +97,18 @@ class Sealer:
         self.store: SegmentStore = SegmentStore(segment_root(self.settings.store, node.me))
         self._progress: dict[tuple[str, int, int], _Progress] = {}
         self._last_gc = 0.0
+        # Per queue group: the queues that grew since the sealer last looked at them (on the loop).
+        self._grown: dict[str, set[tuple[int, int]]] = {}
+        # The groups this node led at its last round and has looked at in full since it leads them.
+        self._walked: set[str] = set()
+        # Per queue group: the applied index at its last prune (nothing applied: nothing to prune).
+        self._pruned_at: dict[str, int] = {}
+        # Per queue group: queues looked at for a range to seal (raftmq_segment_queue_checks).
+        self.queue_checks: dict[str, int] = {}
+
+    def grown(self, name: str, queues: list[tuple[int, int]]) -> None:
+        """Queues of group ``name`` received messages (on the event loop): the next round looks."""
+        self._grown.setdefault(name, set()).update(queues)
 
     async def run_forever(self) -> None:
         interval_s = self.settings.check_ms / 1000
@@ -121,52 +138,101 @@ class Sealer:
             return []
         results: list[dict[str, Any]] = []
         leading = [n for n, g in self.node.groups.items() if n != META and g.raft.is_leader()]
-        if leading:
-            topics = await self._topics()
-            for name in leading:
-                results += await self._seal_group(name, topics, force)
+        for name in set(self._grown) - set(leading):
+            del self._grown[name]  # a follower's growth: the full look on becoming leader sees it
+        self._walked &= set(leading)
+        topics: dict[int, Topic] | None = None
+        for name in leading:
+            full = force or name not in self._walked
+            queues = None if full else self._grown.pop(name, set()) | self._aging(name)
+            index = self.node.groups[name].machine.applied_index
+            prune = full or self._pruned_at.get(name) != index
+            if queues is not None and not queues and not prune:
+                continue  # nothing grew, nothing ages, nothing applied: an idle group costs nothing
+            if topics is None:
+                topics = {t.id: t for t in await self._topics()}
+            if full:
+                self._walked.add(name)
+                self._grown.pop(name, None)
+            self._pruned_at[name] = index
+            results += await self._seal_group(name, topics, queues, prune, force)
         if time.monotonic() - self._last_gc >= self.settings.gc_interval_ms / 1000:
             self._last_gc = time.monotonic()
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self.collect_garbage)
         return results
 
-    async def _seal_group(self, name: str, topics: list[Topic], force: bool) -> list[dict[str, Any]]:
+    def _aging(self, name: str) -> set[tuple[int, int]]:
+        """The queues of group ``name`` holding an unsealed range that ``max_age_ms`` makes due in
+        time (the others become due only by growing)."""
+        if not self.settings.max_age_ms:
+            return set()
+        # A copy first: a forced round (the seal API) may run _due in an executor thread meanwhile.
+        return {(topic_id, queue) for g, topic_id, queue in list(self._progress) if g == name}
+
+    async def _seal_group(
+        self,
+        name: str,
+        topics: dict[int, Topic],
+        queues: set[tuple[int, int]] | None,
+        prune_due: bool,
+        force: bool,
+    ) -> list[dict[str, Any]]:
+        """Seal what is due among ``queues`` of group ``name`` (None: all of them)."""
         local = self.node.groups[name]
         store = local.machine.store
         loop = asyncio.get_running_loop()
         results = []
-        prune = await loop.run_in_executor(None, self._prune_targets, store)
-        for topic in topics:
-            for q, g in enumerate(topic.queue_groups):
-                if str(g) != name or not local.raft.is_leader():
-                    continue
-                span = await loop.run_in_executor(None, self._due, name, store, topic.id, q, now_ms(), force)
-                if span is None:
-                    continue
-                base, end = span
-                try:
-                    written = await loop.run_in_executor(None, self._write, store, topic, q, base, end)
-                except Exception:
-                    log.exception("segment_write_failed", topic=topic.name, queue=q, base=base, end=end)
-                    continue
-                entry = self._entry(topic.id, q, base, end, written)
-                outcome = await self.node.propose(name, seal_segment(now_ms(), [entry], prune))
-                prune = []
-                result = outcome.result if isinstance(outcome.result, dict) else {}
-                if outcome.error or "error" in result or not result.get("sealed"):
-                    log.warning("segment_not_sealed", group=name, error=outcome.error or result)
-                    if not outcome.error or outcome.definite:  # surely not recorded: drop the files
-                        await loop.run_in_executor(None, self._delete_files, written)
-                    continue
-                self._progress.pop((name, topic.id, q), None)
-                log.info("segment_sealed", topic=topic.name, queue=q, base=base, end=end, rows=written.rows)
-                results.append(result)
+        prune = await loop.run_in_executor(None, self._prune_targets, store) if prune_due else []
+        if queues is None:
+            queues = {
+                (t.id, q) for t in topics.values() for q, g in enumerate(t.queue_groups) if str(g) == name
+            }
+        candidates = sorted((topic_id, q) for topic_id, q in queues if topic_id in topics)
+        for topic_id, q in queues:
+            if topic_id not in topics:
+                self._progress.pop((name, topic_id, q), None)  # its topic was deleted
+        spans = await loop.run_in_executor(None, self._due_many, name, store, candidates, now_ms(), force)
+        for (topic_id, q), span in zip(candidates, spans, strict=True):
+            topic = topics[topic_id]
+            if span is None:
+                continue
+            if not local.raft.is_leader():
+                break
+            base, end = span
+            try:
+                written = await loop.run_in_executor(None, self._write, store, topic, q, base, end)
+            except Exception:
+                log.exception("segment_write_failed", topic=topic.name, queue=q, base=base, end=end)
+                self._grown.setdefault(name, set()).add((topic_id, q))  # the next round tries again
+                continue
+            entry = self._entry(topic.id, q, base, end, written)
+            outcome = await self.node.propose(name, seal_segment(now_ms(), [entry], prune))
+            prune = []
+            result = outcome.result if isinstance(outcome.result, dict) else {}
+            if outcome.error or "error" in result or not result.get("sealed"):
+                log.warning("segment_not_sealed", group=name, error=outcome.error or result)
+                if not outcome.error or outcome.definite:  # surely not recorded: drop the files
+                    await loop.run_in_executor(None, self._delete_files, written)
+                self._grown.setdefault(name, set()).add((topic_id, q))
+                continue
+            self._progress.pop((name, topic.id, q), None)
+            # More may be due at once (a backlog of several segments): the next round looks.
+            self._grown.setdefault(name, set()).add((topic_id, q))
+            log.info("segment_sealed", topic=topic.name, queue=q, base=base, end=end, rows=written.rows)
+            results.append(result)
         if prune:
             outcome = await self.node.propose(name, seal_segment(now_ms(), [], prune))
             if not outcome.error and isinstance(outcome.result, dict):
                 results.append(outcome.result)
         return results
+
+    def _due_many(
+        self, name: str, store: Store, queues: list[tuple[int, int]], now: int, force: bool
+    ) -> list[tuple[int, int] | None]:
+        """:meth:`_due` of each queue, in one executor job (executor thread)."""
+        self.queue_checks[name] = self.queue_checks.get(name, 0) + len(queues)
+        return [self._due(name, store, topic_id, q, now, force) for topic_id, q in queues]
 
     def _prune_targets(self, store: Store) -> list[tuple[int, int]]:
         """Queues whose first segment lies below ``low_offset``, and topics dropped with segments
@@ -199,19 +265,21 @@ class Sealer:
         self, name: str, store: Store, topic_id: int, queue: int, now: int, force: bool
     ) -> tuple[int, int] | None:
         """The range to seal now, or None (executor thread)."""
+        key = (name, topic_id, queue)
         meta = queues.queue_meta(store, topic_id, queue)
         if meta is None:
+            self._progress.pop(key, None)
             return None
         s = self.settings
         base = next_base(store, topic_id, queue, meta)
         high = meta.high_offset
         if high <= base:
+            self._progress.pop(key, None)  # nothing unsealed: only growth makes it due again
             return None
         if high - base >= s.max_messages:
             return base, base + s.max_messages
         if force:
             return base, high
-        key = (name, topic_id, queue)
         progress = self._progress.get(key)
         if progress is None or progress.base != base:
             progress = self._progress[key] = _Progress(base, base, 0, None)

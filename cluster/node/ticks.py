@@ -24,8 +24,9 @@ from raftmq.cluster.commands.producers import EXPIRE_MAX, expire_producers
 from raftmq.cluster.machines import producers
 from raftmq.cluster.machines.apply import group_now, group_time
 from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
-from raftmq.cluster.machines.delivery.expiry import expiry_due
+from raftmq.cluster.machines.delivery.expiry import next_expiry_ms
 from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.machines.queue_group import retention_due
 from raftmq.cluster.node.view import LocalGroup, NodeView
 from raftmq.storage.keys import GROUP_MAX_STEP_MS
 from raftmq.storage.queues import next_due_ms
@@ -59,6 +60,12 @@ class TickLoops:
         # Per queue group: when this node first saw every voter apply expire_subscriptions
         # (monotonic seconds; see _expire_subscriptions).
         self._expiry_open_s: dict[str, float] = {}
+        # Per led queue group: (applied index, metadata applied index, next due time on the
+        # group's time) at its last look for retention work, and (applied index, next due time)
+        # at its last look for idle subscriptions. Until the group (or the metadata) applies
+        # something, nothing falls due before that time: the tick skips the look.
+        self._retention_next: dict[str, tuple[int, int, int | None]] = {}
+        self._expiry_next: dict[str, tuple[int, int | None]] = {}
 
     def scheduled(self) -> None:
         """An apply scheduled something (on the event loop): the delivery loop looks again."""
@@ -109,23 +116,62 @@ class TickLoops:
                 log.exception("retention_tick_failed")
 
     async def retention_once(self) -> None:
+        """One round: as leader of each queue group, ``retain`` the queues with something to
+        remove (none: no entry, unless the group's time needs a stamp), then expire idle producer
+        states and subscriptions. A group that applied nothing since a look that found nothing due
+        by now is not looked at again: an idle queue costs nothing."""
         await self._record_dead_letters()
-        led = [name for name, local in self.node.groups.items() if name != META and local.raft.is_leader()]
-        topics = await self._topics_for_retention() if led else []
-        topics = [t for t in topics if t.retention_ms or t.retention_bytes]
-        for name, local in self.node.groups.items():
-            if name == META or not local.raft.is_leader():
-                continue
-            queues = [
-                {"topic_id": t.id, "queue": q, "max_age_ms": t.retention_ms, "max_bytes": t.retention_bytes}
-                for t in topics
-                for q, g in enumerate(t.queue_groups)
-                if str(g) == name
-            ]
-            if queues or self._time_goes_stale(local):
-                await self._retain(name, local, queues)
+        led = {
+            name: local for name, local in self.node.groups.items() if name != META and local.raft.is_leader()
+        }
+        for name in set(self._retention_next) - set(led):
+            del self._retention_next[name]  # a new leadership looks first
+        for name in set(self._expiry_next) - set(led):
+            del self._expiry_next[name]
+        topics: list[Topic] | None = None
+        for name, local in led.items():
+            if not self._retention_quiet(name, local):
+                if topics is None:
+                    topics = [
+                        t for t in await self._topics_for_retention() if t.retention_ms or t.retention_bytes
+                    ]
+                await self._retention_look(name, local, topics)
+            elif self._time_goes_stale(local):
+                await self._retain(name, local, [])
             await self._expire_producers(name, local)
             await self._expire_subscriptions(name, local)
+
+    def _metadata_index(self) -> int | None:
+        """The applied index of this node's metadata replica (the topics' retention settings),
+        None on a node without one (it asks a peer for the topics each time)."""
+        return None if self.node.metadata is None else self.node.metadata.applied_index
+
+    def _retention_quiet(self, name: str, local: LocalGroup) -> bool:
+        cached = self._retention_next.get(name)
+        meta_index = self._metadata_index()
+        if cached is None or meta_index is None:
+            return False
+        index, looked_meta_index, next_ms = cached
+        if index != local.machine.applied_index or looked_meta_index != meta_index:
+            return False
+        return next_ms is None or group_now(local.state_store, now_ms()) < next_ms
+
+    async def _retention_look(self, name: str, local: LocalGroup, topics: list[Topic]) -> None:
+        """Propose ``retain`` for the queues of group ``name`` with something to remove now."""
+        entries = [
+            {"topic_id": t.id, "queue": q, "max_age_ms": t.retention_ms, "max_bytes": t.retention_bytes}
+            for t in topics
+            for q, g in enumerate(t.queue_groups)
+            if str(g) == name
+        ]
+        index, meta_index = local.machine.applied_index, self._metadata_index()
+        now = group_now(local.state_store, now_ms())
+        loop = asyncio.get_running_loop()
+        due, next_ms = await loop.run_in_executor(None, retention_due, local.machine.store, entries, now)
+        if meta_index is not None:
+            self._retention_next[name] = (index, meta_index, next_ms)
+        if due or self._time_goes_stale(local):
+            await self._retain(name, local, due)
 
     def _time_goes_stale(self, local: LocalGroup) -> bool:
         """Whether the group's last stamp is a third of its clock bound old: an empty ``retain``
@@ -231,8 +277,8 @@ class TickLoops:
         if time.monotonic() - opened_s < min(EXPIRY_GRACE_S, idle_ms / 2000):
             return
         expired = 0
-        for _ in range(100 if idle_ms else 0):
-            if not local.raft.is_leader() or not expiry_due(local.machine.store, now_ms(), idle_ms):
+        for _ in range(100):
+            if not local.raft.is_leader() or not self._subscriptions_due(name, local, idle_ms):
                 break
             outcome = await self.node.propose(name, expire_subscriptions(now_ms(), idle_ms, EXPIRE_MAX))
             result = outcome.result
@@ -244,6 +290,15 @@ class TickLoops:
                 break
         if expired:
             log.info("subscriptions_expired", group=name, count=expired)
+
+    def _subscriptions_due(self, name: str, local: LocalGroup, idle_ms: int) -> bool:
+        """Whether an unconfigured subscription of group ``name`` is idle now (its store is read
+        again only once the group applied something since the last read)."""
+        cached = self._expiry_next.get(name)
+        index = local.machine.applied_index
+        if cached is None or cached[0] != index:
+            cached = self._expiry_next[name] = (index, next_expiry_ms(local.machine.store, idle_ms))
+        return cached[1] is not None and cached[1] <= now_ms()
 
     # -- delivery ticks ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from raftmq.cluster.config.cluster_file import ConfigError, parse_config
-from raftmq.cluster.node.lag_history import LagHistory, sample_forever
+from raftmq.cluster.node.lag_history import LagHistory, Lags, sample_forever
 
 
 def test_a_series_keeps_the_last_minutes_oldest_first() -> None:
@@ -45,55 +45,28 @@ def test_series_no_longer_seen_expire() -> None:
     assert len(h) == 1
 
 
-def test_the_sampler_records_each_topic_and_skips_incomplete_or_failing_ones() -> None:
+def test_the_sampler_records_each_topic_it_is_given_and_survives_a_failing_round() -> None:
     h = LagHistory(interval_ms=1)
-    answers = {"orders": [("billing", 7)], "partial": None}
     rounds = 0
 
-    async def lags_of(name: str) -> list[tuple[str, int]] | None:
+    async def sample() -> Lags:
         nonlocal rounds
-        if name == "broken":
-            raise OSError("peer went away")
-        rounds += name == "orders"
-        return answers[name]
+        rounds += 1
+        if rounds < 3:
+            raise AttributeError("no metadata yet")  # the loop goes on
+        return {1: [("billing", 7), ("audit", 2)], 2: [("billing", rounds)]}
 
     async def run() -> None:
-        task = asyncio.create_task(
-            sample_forever(
-                h, lambda: [(1, "orders"), (2, "partial"), (3, "broken")], lags_of, lambda: 1000 + rounds
-            )
-        )
-        while rounds < 3:
-            await asyncio.sleep(0.01)
-        task.cancel()
-
-    asyncio.run(run())
-    assert [lag for _, lag in h.of_topic(1)["billing"]][:3] == [7, 7, 7]
-    assert h.of_topic(2) == {} and h.of_topic(3) == {}
-
-
-def test_the_sampler_survives_a_failing_topic_list() -> None:
-    h = LagHistory(interval_ms=1)
-    calls = 0
-
-    def topics() -> list[tuple[int, str]]:
-        nonlocal calls
-        calls += 1
-        if calls < 3:
-            raise AttributeError("no metadata yet")
-        return [(1, "orders")]
-
-    async def lags_of(name: str) -> list[tuple[str, int]] | None:
-        return [("billing", 1)]
-
-    async def run() -> None:
-        task = asyncio.create_task(sample_forever(h, topics, lags_of, lambda: 1000))
-        while not h.of_topic(1):
+        task = asyncio.create_task(sample_forever(h, sample, lambda: 1000 + rounds))
+        while rounds < 5:
             await asyncio.sleep(0.01)
         task.cancel()
 
     asyncio.run(asyncio.wait_for(run(), 10))
-    assert calls >= 3 and h.of_topic(1)["billing"][0] == (1000, 1)
+    assert [lag for _, lag in h.of_topic(1)["billing"]][:2] == [7, 7]
+    assert h.of_topic(1)["audit"][0] == (1003, 2)
+    assert h.of_topic(2)["billing"][0] == (1003, 3)
+    assert h.of_topic(3) == {}
 
 
 def test_lag_sample_ms_is_checked() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -27,8 +27,8 @@ from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
-from raftmq.cluster.machines.views import consumer_queues
-from raftmq.cluster.node.lag_history import LagHistory, sample_forever
+from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues
+from raftmq.cluster.node.lag_history import LagHistory, Lags, sample_forever
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
 
@@ -45,6 +45,8 @@ class _ConsumersApi:
         self.node = node
         self.api = api
         self.history = LagHistory(node.config.limits.lag_sample_ms)
+        # Per queue group led here: every topic's consumer rows at an applied index.
+        self._all_rows: dict[str, tuple[int, list[dict[str, Any]]]] = {}
 
     async def topic_groups(self, request: web.Request) -> web.Response:
 
@@ -74,18 +76,35 @@ class _ConsumersApi:
             }
         )
 
-    async def sampled_lags(self, name: str) -> list[tuple[str, int]] | None:
-        """Each group's lag on a topic for the history, or None if a queue could not be asked."""
+    async def sampled_lags(self) -> Lags:
+        """Each consumer group's lag per topic id, for the history: the consumer rows of every
+        queue group at once (from its leader), so a round costs the groups that exist, not the
+        topics; a topic is left out when one of its queue groups did not answer (a gap, not a false
+        dip) or this node has no metadata replica to know it."""
         machine = self.node.metadata
-        topic = machine.topic(name) if machine is not None else None
-        if topic is None:
-            return None
-        groups, unavailable = await self._groups(topic.id, topic.queue_groups)
-        return None if unavailable else [(g, entry["lag"]) for g, entry in groups.items()]
-
-    def sampled_topics(self) -> list[tuple[int, str]]:
-        machine = self.node.metadata
-        return [] if machine is None else [(t.id, t.name) for t in machine.topics()]
+        if machine is None:
+            return {}
+        names = list(range(self.node.config.queue_groups))
+        parts = await asyncio.gather(*(self._rows(g, None) for g in names))
+        answered = {g for g, part in zip(names, parts, strict=True) if part is not None}
+        by_id = {t.id: t for t in machine.topics()}
+        lags: dict[int, dict[str, int]] = {}
+        for g, part in zip(names, parts, strict=True):
+            for r in part or ():
+                topic = by_id.get(r["topic_id"])
+                if (
+                    topic is None
+                    or r["queue"] >= len(topic.queue_groups)
+                    or topic.queue_groups[r["queue"]] != g
+                ):
+                    continue  # a topic deleted meanwhile, or a row of a queue another group holds
+                of_topic = lags.setdefault(topic.id, {})
+                of_topic[r["group"]] = of_topic.get(r["group"], 0) + r["lag"]
+        return {
+            topic_id: sorted(groups.items())
+            for topic_id, groups in lags.items()
+            if answered.issuperset(by_id[topic_id].queue_groups)
+        }
 
     async def _groups(
         self, topic_id: int, queue_groups: tuple[int, ...]
@@ -111,21 +130,23 @@ class _ConsumersApi:
             entry["queues"].append({k: r[k] for k in r if k not in ("group", "topic_id")})
         return groups, unavailable
 
-    async def _rows(self, group_id: int, topic_id: int) -> list[dict[str, Any]] | None:
-        """The consumer rows of one queue group at its leader, or None if it cannot be asked."""
+    async def _rows(self, group_id: int, topic_id: int | None) -> list[dict[str, Any]] | None:
+        """The consumer rows of one queue group at its leader (of one topic, or of all), or None
+        if it cannot be asked."""
         name = str(group_id)
         local = self.node.groups.get(name)
         if local is not None and local.raft.is_leader():
-            return await _local_rows(local.machine.store, topic_id)
+            return await self._local_rows(name, local, topic_id)
         leader = self.node.leader_of(name)
         if leader is None:
             await self.node.refresh_peer_status()
             leader = self.node.leader_of(name)
         if leader is None or leader.id == self.node.me.id:
             return None
+        query = "" if topic_id is None else f"?topic_id={topic_id}"
         try:
             status, data, _ = await self.node.peer_request(
-                "GET", leader, f"/internal/groups/{name}/consumers?topic_id={topic_id}", timeout_s=3.0
+                "GET", leader, f"/internal/groups/{name}/consumers{query}", timeout_s=3.0
             )
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None
@@ -133,6 +154,24 @@ class _ConsumersApi:
             self.node.forget_peer_status()  # leadership moved: ask afresh next time
             return None
         rows: list[dict[str, Any]] = orjson.loads(data)["rows"]
+        return rows
+
+    async def _local_rows(self, name: str, local: Any, topic_id: int | None) -> list[dict[str, Any]] | None:
+        """The consumer rows of group ``name`` from this node's store (None: it is being swapped
+        for a restored checkpoint). Every topic's rows (each node's lag round asks for them) are
+        kept until the group applies another entry: an idle group is read once, not once per
+        node and round."""
+        index = local.machine.applied_index
+        cached = self._all_rows.get(name)
+        if topic_id is None and cached is not None and cached[0] == index:
+            return cached[1]
+        loop = asyncio.get_running_loop()
+        try:
+            rows = await loop.run_in_executor(None, _rows_of, local.machine.store, topic_id)
+        except StoreError:  # the store is being swapped for a restored checkpoint
+            return None
+        if topic_id is None:
+            self._all_rows[name] = (index, rows)
         return rows
 
     async def internal_consumers(self, request: web.Request) -> web.Response:
@@ -143,20 +182,21 @@ class _ConsumersApi:
         local = self.node.groups.get(name)
         if local is None or not local.raft.is_leader():
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
-        topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
-        rows = await _local_rows(local.machine.store, topic_id)
+        # Without topic_id: every topic's rows (the lag sampler's one read of the group).
+        topic_id = (
+            query_int(request.query, "topic_id", None, 0, 2**32 - 1) if "topic_id" in request.query else None
+        )
+        rows = await self._local_rows(name, local, topic_id)
         if rows is None:
             raise ApiError(errors.UNAVAILABLE, f"group {name} is restoring a checkpoint")
         return json_response({"rows": rows})
 
 
-async def _local_rows(store: Any, topic_id: int) -> list[dict[str, Any]] | None:
-    loop = asyncio.get_running_loop()
-    try:
-        rows = await loop.run_in_executor(None, consumer_queues, store, topic_id)
-    except StoreError:  # the store is being swapped for a restored checkpoint
-        return None
-    return [asdict(r) for r in rows]
+_FIELDS = tuple(f.name for f in fields(ConsumerQueue))
+
+
+def _rows_of(store: Any, topic_id: int | None) -> list[dict[str, Any]]:
+    return [{f: getattr(r, f) for f in _FIELDS} for r in consumer_queues(store, topic_id)]
 
 
 def add_consumer_routes(app: web.Application, node: Node, api: ApiCore) -> None:
@@ -168,7 +208,6 @@ def add_consumer_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         task = asyncio.create_task(
             sample_forever(
                 handlers.history,
-                handlers.sampled_topics,
                 handlers.sampled_lags,
                 lambda: int(time.time() * 1000),
             )

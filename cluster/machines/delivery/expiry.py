@@ -51,6 +51,7 @@ __all__ = [
     "expiry_due",
     "has_committed_offsets",
     "mark_offsets_shared",
+    "next_expiry_ms",
 ]
 
 
@@ -110,6 +111,16 @@ def _idle(s: Subscription, now_ms: int, idle_ms: int) -> bool:
 def expiry_due(store: Store, now_ms: int, idle_ms: int) -> bool:
     """Whether an ``expire_subscriptions`` would drop something in this replica's ``store``."""
     return any(_idle(s, now_ms, idle_ms) for _, _, s in _subscriptions(store))
+
+
+def next_expiry_ms(store: Store, idle_ms: int) -> int | None:
+    """The earliest time at which an unconfigured subscription of this replica's ``store`` is idle
+    for ``idle_ms`` (None: none can be). It holds until the store applies another entry: the
+    leader asks once, not at every tick, and proposes ``expire_subscriptions`` only from then."""
+    times = [
+        s.used_ms + idle_ms for _, _, s in _subscriptions(store) if not s.configured and s.used_ms is not None
+    ]
+    return min(times, default=None)
 
 
 def expire_subscriptions(work: Apply, cmd: ExpireSubscriptionsCommand) -> dict[str, Any]:
