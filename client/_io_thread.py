@@ -25,6 +25,7 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self._lock = threading.Lock()
         self._closing = False
+        self._stopping = False
         self._calls: set[concurrent.futures.Future[Any]] = set()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -79,7 +80,10 @@ class LoopThread:
 
     def stop(self) -> None:
         if self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            with self._lock:  # one stop only: a second, run by the clean-up's loop, would break it
+                stop, self._stopping = not self._stopping, True
+            if stop:
+                self.loop.call_soon_threadsafe(self.loop.stop)
             if not self.in_loop:
                 self._thread.join()
 
@@ -112,7 +116,7 @@ class SyncClient:
     def _shut_down(self, close: Coroutine[Any, Any, None]) -> None:
         """Run ``close`` (the twin's) in the I/O thread, then stop the thread (a client closed
         before has no thread left to run it: it is only stopped again)."""
-        with contextlib.suppress(ClientClosed):
+        with contextlib.suppress(ClientClosed, concurrent.futures.CancelledError):  # closed meanwhile
             self._io.run(close)
         self._io.stop()
 

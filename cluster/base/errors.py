@@ -15,6 +15,8 @@ middleware answers any of them with :meth:`RaftmqError.body`::
 
 from __future__ import annotations
 
+import structlog
+
 from raftmq.errors import (
     BAD_BATCH,
     BAD_REQUEST,
@@ -53,6 +55,7 @@ from raftmq.errors import (
     error_body,
     outcome_code,
 )
+from raftmq.storage.store import StoreClosed
 
 __all__ = [
     "BAD_BATCH",
@@ -93,6 +96,7 @@ __all__ = [
     "ProduceFailed",
     "RaftmqError",
     "Refused",
+    "answerable",
     "error_body",
     "outcome_code",
 ]
@@ -114,3 +118,24 @@ class ProduceFailed(CatalogError):
 
 class ApiError(CatalogError):
     """A request failed with a catalogued error; its ``details`` go into the error body."""
+
+
+log = structlog.get_logger(__name__)
+
+
+def answerable(e: RaftmqError, *, write: bool) -> RaftmqError:
+    """``e`` when it is an answer (a catalogued status); else what a client is told of it: a store
+    closed under the request (a snapshot install replaced it, a storage failure stopped the group)
+    is a retriable 503, ``unavailable`` for a read and ``unknown_outcome`` for a write; any other
+    error that is no answer (status 0) is a 500 ``internal``, its detail only in the node's log.
+    For the places that catch a call's :class:`RaftmqError` and pass it on (a receive's waiters,
+    a push stream, per-item results): never an answer of status 0, never ``definite`` for a write
+    whose outcome is unknown."""
+    if e.status:
+        return e
+    if isinstance(e, StoreClosed):
+        log.warning("store_closed_under_request", error=str(e))
+        code = UNKNOWN_OUTCOME if write else UNAVAILABLE
+        return CatalogError(code, "the queue group's store was closed under the request; retry")
+    log.error("uncatalogued_error", error=repr(e))
+    return CatalogError(INTERNAL, "internal error; see the node's log")

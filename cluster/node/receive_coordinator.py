@@ -24,7 +24,7 @@ import structlog
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import CatalogError, RaftmqError
+from raftmq.cluster.base.errors import CatalogError, RaftmqError, answerable
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.delivery_actions import await_available
 from raftmq.cluster.node.node import Node
@@ -143,7 +143,7 @@ class ReceiveCoordinator:
                     continue
                 await self._wait(target, min(w.deadline for w in target.waiters))
         except RaftmqError as e:
-            self._fail(target, e)
+            self._fail(target, answerable(e, write=True))
         except Exception:
             log.exception("receive_dispatch_failed", topic=target.topic.name, group=target.group)
             self._fail(target, CatalogError(errors.INTERNAL, "internal error; see the node's log"))

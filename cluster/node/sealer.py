@@ -119,8 +119,9 @@ class Sealer:
             except Exception:
                 log.exception("segment_seal_failed")
 
-    async def _topics(self) -> list[Topic]:
-
+    async def _topics(self) -> list[Topic] | None:
+        """Every topic (this node's metadata replica, or a metadata voter's); None when no voter
+        answered (the round is skipped: nothing it would have looked at is forgotten)."""
         if self.node.metadata is not None:
             return list(self.node.metadata.topics())
         for voter in self.node.config.metadata_voters:
@@ -129,7 +130,7 @@ class Sealer:
                 return [Topic.from_json(t) for t in body["topics"]]
             except Exception:
                 continue
-        return []
+        return None
 
     async def once(self, force: bool = False) -> list[dict[str, Any]]:
         """One round: seal what is due in every group this node leads (``force``: seal every
@@ -150,12 +151,27 @@ class Sealer:
             if queues is not None and not queues and not prune:
                 continue  # nothing grew, nothing ages, nothing applied: an idle group costs nothing
             if topics is None:
-                topics = {t.id: t for t in await self._topics()}
+                known = await self._topics()
+                if known is None:  # no metadata voter answered: the next round looks again
+                    log.warning("segment_round_skipped", reason="no metadata voter answered")
+                    if queues:
+                        self._grown.setdefault(name, set()).update(queues)
+                    break
+                topics = {t.id: t for t in known}
             if full:
                 self._walked.add(name)
                 self._grown.pop(name, None)
             self._pruned_at[name] = index
-            results += await self._seal_group(name, topics, queues, prune, force)
+            try:
+                results += await self._seal_group(name, topics, queues, prune, force)
+            except Exception:
+                # Nothing this round took on is forgotten: the next round looks at it again.
+                self._pruned_at.pop(name, None)
+                if full:
+                    self._walked.discard(name)
+                elif queues:
+                    self._grown.setdefault(name, set()).update(queues)
+                raise
         if time.monotonic() - self._last_gc >= self.settings.gc_interval_ms / 1000:
             self._last_gc = time.monotonic()
             loop = asyncio.get_running_loop()
@@ -191,7 +207,10 @@ class Sealer:
         candidates = sorted((topic_id, q) for topic_id, q in queues if topic_id in topics)
         for topic_id, q in queues:
             if topic_id not in topics:
-                self._progress.pop((name, topic_id, q), None)  # its topic was deleted
+                if store.get(keys.dropped_key(topic_id)) is not None:
+                    self._progress.pop((name, topic_id, q), None)  # its topic was deleted
+                else:  # a topic the metadata read does not list yet (it lags): look again later
+                    self._grown.setdefault(name, set()).add((topic_id, q))
         spans = await loop.run_in_executor(None, self._due_many, name, store, candidates, now_ms(), force)
         for (topic_id, q), span in zip(candidates, spans, strict=True):
             topic = topics[topic_id]

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from raftmq.client._io_thread import LoopThread
+from raftmq.client._io_thread import LoopThread, SyncClient
 from raftmq.client.errors import ClientClosed
 
 
@@ -44,3 +44,25 @@ def test_a_call_after_stop_is_refused() -> None:
     io.stop()
     with pytest.raises(ClientClosed):
         io.run(asyncio.sleep(0))
+
+
+def test_two_threads_closing_a_client_at_once_both_return() -> None:
+    for attempt in range(100):
+        io = LoopThread(f"close-{attempt}")
+        client = SyncClient.__new__(SyncClient)
+        client._io = io
+        failures: list[BaseException] = []
+
+        def close(client: SyncClient = client, failures: list[BaseException] = failures) -> None:
+            try:
+                client._shut_down(asyncio.sleep(0.001))
+            except BaseException as e:
+                failures.append(e)
+
+        closers = [threading.Thread(target=close, daemon=True) for _ in range(2)]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(5)
+        assert not any(t.is_alive() for t in closers), f"attempt {attempt}: a close never returned"
+        assert failures == [], f"attempt {attempt}: {failures!r}"

@@ -18,6 +18,7 @@ from raftmq.cluster.api.handlers.push import CLOSE_FATAL, PushApi, _Stream
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.machines.metadata import Topic
+from raftmq.storage.store import StoreClosed, StoreError
 
 TOPIC = Topic(7, "t", 1, (1,), None, None, None, 0)
 LIMITS = SimpleNamespace(max_fetch_messages=1_000, max_delay_ms=60_000, max_visibility_ms=60_000)
@@ -89,3 +90,13 @@ def test_an_error_for_good_still_ends_the_stream() -> None:
     frames, code = asyncio.run(asyncio.wait_for(frames_until_push_or_close([gone]), 30))
     assert [f["type"] for f in frames] == ["hello", "error"] and frames[1]["fatal"] is True, frames
     assert code == CLOSE_FATAL
+
+
+def test_a_store_error_of_a_take_is_no_fatal_close_and_the_stream_goes_on() -> None:
+    # Storage's errors are RaftmqErrors of status 0 (no answer): a take failing with one is the
+    # node's trouble, retried like a cluster condition, never the end of the consumer's stream.
+    failures: list[Any] = [StoreClosed("store is closed"), StoreError("EIO")]
+    frames, code = asyncio.run(asyncio.wait_for(frames_until_push_or_close(failures), 30))
+    assert [f["type"] for f in frames][-1] == "messages", frames
+    assert not any(f.get("fatal") for f in frames) and code != CLOSE_FATAL, frames
+    assert {f["error"]["code"] for f in frames if f["type"] == "error"} <= {"internal", "unknown_outcome"}

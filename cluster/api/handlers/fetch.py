@@ -125,6 +125,11 @@ class FetchHandlers(ApiCore):
             if epoch is None:
                 result = await self.router.group_call(g, "commit", commit)
             else:
+                # The fenced commit's body becomes its command's fields at the leader: a leader of a
+                # release before advance refuses the field, so it goes only once every voter has it
+                # (until then the commit is a set, as the unfenced commit's leader decides itself).
+                if advance and not await self.node.await_group_supports(str(g), "commit_offsets.advance"):
+                    commit.pop("advance")
                 result = await self.router.group_call(g, "commit_fenced", {**commit, "epoch": epoch})
             applied = result.get("offsets") or {}  # a leader of an older release answers {"ok": true}
             for q, o in offs.items():

@@ -19,7 +19,7 @@ from raftmq.cluster.api.core import ApiCore
 from raftmq.cluster.api.validation import MAX_HEADERS, MAX_KEY_BYTES, parse_json, parse_produce
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError, RaftmqError, error_body
+from raftmq.cluster.base.errors import ApiError, RaftmqError, answerable, error_body
 from raftmq.cluster.machines.metadata import Topic
 
 __all__ = [
@@ -199,7 +199,8 @@ class ProduceHandlers(ApiCore):
                     g, "append", {"items": part}, size_hint=sum(len(b) for _, _, b in part)
                 )
             except RaftmqError as e:
-                return [(i, e) for i in which]
+                failed = answerable(e, write=True)
+                return [(i, failed) for i in which]
             return list(zip(which, result["results"], strict=True))
 
         outcome: list[dict[str, Any] | RaftmqError | None] = [None] * len(items)

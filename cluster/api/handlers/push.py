@@ -39,7 +39,7 @@ from raftmq.cluster import commands
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError, RaftmqError
+from raftmq.cluster.base.errors import ApiError, RaftmqError, answerable
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
@@ -393,7 +393,8 @@ class _Stream:
             try:
                 got = await self.owner.take(self.topic, self.group, room, self.visibility_ms)
                 failures = 0
-            except RaftmqError as e:
+            except RaftmqError as caught:
+                e = answerable(caught, write=True)
                 if not (e.retriable or e.error is errors.INTERNAL):
                     await self.send(_error_frame(e, fatal=True))
                     await self.ws.close(code=CLOSE_FATAL, message=e.code.encode())

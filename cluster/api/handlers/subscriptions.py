@@ -51,7 +51,7 @@ from raftmq.cluster.api.handlers.subscription_bodies import (
 )
 from raftmq.cluster.api.validation import bad
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ApiError, RaftmqError
+from raftmq.cluster.base.errors import ApiError, RaftmqError, answerable
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.recent_keys import RecentKeys
 from raftmq.cluster.config.tokens import ADMIN
@@ -385,7 +385,8 @@ class SubscriptionsApi:
             body = {"group": group, "topic_id": topic.id, "receipts": wire, **fields}
             try:
                 got = (await self.api.router.group_call(g, op, body))["results"]
-            except RaftmqError as e:
+            except RaftmqError as caught:
+                e = answerable(caught, write=True)
                 for i in positions:
                     results[i] = e.body()
                 return e
