@@ -158,9 +158,7 @@ class LeaderActions:
             message = f"group {name}: the voter change did not commit in time"
             raise CatalogError(errors.TIMEOUT, message) from None
         if outcome.error:
-            code = errors.BY_CODE.get(outcome.error, errors.UNKNOWN_OUTCOME)
-            if not outcome.definite:
-                code = errors.UNKNOWN_OUTCOME
+            code = errors.outcome_code(outcome.error, outcome.definite)
             raise CatalogError(code, f"group {name}: {what} {addr}: {outcome.error}")
         result: dict[str, Any] = outcome.result
         return result
