@@ -41,7 +41,9 @@ from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import META, group_sort_key
+from raftmq.cluster.node.actions import METADATA_INDEX_HEADER
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.router import FORWARDED
 
 __all__ = ["create_app", "key_queue"]
 
@@ -128,6 +130,14 @@ def create_app(node: Node) -> web.Application:
         ],
     )
     app[METRICS_KEY] = api.metrics
+
+    async def metadata_index(request: web.Request, response: web.StreamResponse) -> None:
+        # A write a peer passed on: the metadata applied here after it, for the peer to wait for
+        # before it answers (LeaderRouter.forward), so its reads follow the write.
+        if request.headers.get(FORWARDED) and request.method not in ("GET", "HEAD") and node.metadata:
+            response.headers[METADATA_INDEX_HEADER] = str(node.metadata.applied_index)
+
+    app.on_response_prepare.append(metadata_index)
     app[NODE_KEY] = node
     app[API_KEY] = api
     r = app.router

@@ -37,9 +37,13 @@ from raftmq.cluster.node.delivery_actions import DELIVERY_ACTIONS, DeliveryActio
 from raftmq.cluster.node.node import Node, set_if_pending
 from raftmq.cluster.replication.raft import Outcome
 
-__all__ = ["MEMBERSHIP_TIMEOUT_S", "LeaderActions", "raft_error"]
+__all__ = ["MEMBERSHIP_TIMEOUT_S", "METADATA_INDEX", "METADATA_INDEX_HEADER", "LeaderActions", "raft_error"]
 
 MEMBERSHIP_TIMEOUT_S = 10.0
+# The leader's metadata applied index after a metadata write: in a result, and the header of a
+# forwarded request's answer (cluster/api/app.py).
+METADATA_INDEX = "metadata_index"
+METADATA_INDEX_HEADER = "X-Raftmq-Metadata-Index"
 _TOPIC_OPS = frozenset({"create_topic", "set_topic_attributes", "delete_topic"})
 
 
@@ -70,10 +74,22 @@ class LeaderActions:
     async def run(
         self, name: str, action: str, body: dict[str, Any], size_hint: int | None = None
     ) -> dict[str, Any]:
-        """``action`` at this node as leader of group ``name`` (``not_leader`` when it is not)."""
+        """``action`` at this node as leader of group ``name`` (``not_leader`` when it is not).
+
+        The result of a metadata action carries ``metadata_index``, the leader's applied index
+        after it: the node that passed the call on waits for its own replica to reach it
+        (:meth:`LeaderRouter.group_call`)."""
         local = self.node.groups.get(name)
         if local is None or not local.raft.is_leader():
             raise CatalogError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
+        result = await self._run(name, action, body, size_hint)
+        if name == META and self.node.metadata is not None:
+            result = {**result, METADATA_INDEX: self.node.metadata.applied_index}
+        return result
+
+    async def _run(
+        self, name: str, action: str, body: dict[str, Any], size_hint: int | None
+    ) -> dict[str, Any]:
         if action == "append" or action == "produce":
             return await self._produce(name, action, body, size_hint)
         if action == "drop":

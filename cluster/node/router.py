@@ -28,7 +28,8 @@ from raftmq.cluster import commands
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError, RaftmqError
-from raftmq.cluster.node.actions import LeaderActions
+from raftmq.cluster.base.groups import META
+from raftmq.cluster.node.actions import METADATA_INDEX, METADATA_INDEX_HEADER, LeaderActions
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.replication.upgrade import to_json_batch
 
@@ -205,11 +206,14 @@ class LeaderRouter:
                             raise ValueError(f"HTTP {resp.status} without an error body")
                         kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
                         answer = Forwarded(resp.status, data, resp.content_type, kept)
+                        index = resp.headers.get(METADATA_INDEX_HEADER, "")
             except RaftmqError as e:
                 if not e.definite or time.monotonic() >= deadline:
                     raise
             else:
                 if answer.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
+                    if name == META and method not in _READS and answer.status < 300:
+                        await self.node.metadata_applied(int(index) if index.isdigit() else None)
                     return answer
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()
@@ -274,4 +278,6 @@ class LeaderRouter:
         if status != 200:
             raise body_error(status, data)
         result: dict[str, Any] = orjson.loads(data)
+        if name == META:  # read back here what was written there
+            await self.node.metadata_applied(result.get(METADATA_INDEX))
         return result

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from .conftest import assert_error
-from .harness import Cluster
+from .harness import Cluster, wait_until
 
 
 def test_attributes_are_set_merged_and_removed_through_any_node(cluster: Cluster) -> None:
@@ -17,9 +17,19 @@ def test_attributes_are_set_merged_and_removed_through_any_node(cluster: Cluster
     )
     assert r.status_code == 200, r.text
     assert r.json()["attributes"] == {"owner": "ana", "team": "billing"}
-    for node in cluster.nodes:
-        got = cluster.get("/v1/topics/with-attributes", node).json()
-        assert got["attributes"] == {"owner": "ana", "team": "billing"}, node
+    assert cluster.get("/v1/topics/with-attributes", "n2").json()["attributes"] == {
+        "owner": "ana",
+        "team": "billing",
+    }
+    for node in cluster.nodes:  # the other replicas follow within a heartbeat
+        wait_until(
+            lambda node=node: (
+                cluster.get("/v1/topics/with-attributes", node).json()["attributes"]
+                == {"owner": "ana", "team": "billing"}
+            ),
+            10,
+            what=f"the change on {node}",
+        )
 
 
 def test_bad_attributes_are_refused_and_change_nothing(cluster: Cluster) -> None:
@@ -36,3 +46,27 @@ def test_bad_attributes_are_refused_and_change_nothing(cluster: Cluster) -> None
         cluster.post("/v1/topics", {"name": "attributes-bad", "attributes": {"a": None}}), 400, "bad_request"
     )
     assert cluster.get("/v1/topics/attributes-bad").status_code == 404
+
+
+def test_a_node_reads_back_the_topic_changes_it_passed_on(cluster: Cluster) -> None:
+    """A write to the metadata group made through a node that does not lead it returns once that
+    node's own replica has applied it: a client that reads back through the same node sees its
+    change at once, never the topic as it was (the SQS API's SetQueueAttributes then
+    GetQueueAttributes rely on it)."""
+    leader = cluster.wait_leader("meta")
+    for node in (n for n in cluster.nodes if n != leader):
+        url = cluster.url(node) + "/v1/topics/read-back"
+        for i in range(15):
+            r = cluster.session.post(cluster.url(node) + "/v1/topics", json={"name": "read-back"}, timeout=30)
+            assert r.status_code == 201, r.text
+            assert [t["name"] for t in cluster.get("/v1/topics", node).json()["topics"]].count(
+                "read-back"
+            ) == 1
+            r = cluster.session.patch(url, json={"attributes": {"round": str(i)}}, timeout=30)
+            assert r.status_code == 200, r.text
+            assert cluster.get("/v1/topics/read-back", node).json()["attributes"] == {"round": str(i)}, (
+                node,
+                i,
+            )
+            assert cluster.session.delete(url, timeout=30).status_code == 200
+            assert_error(cluster.get("/v1/topics/read-back", node), 404, "topic_not_found")
