@@ -513,17 +513,6 @@ class Node:
         ) as resp:
             return resp.status, await resp.read(), resp.content_type
 
-    async def metadata_applied(self, index: Any, timeout_s: float = 2.0) -> None:
-        """Return once the local metadata replica has applied ``index`` (a metadata write made at
-        the leader elsewhere: the leader's applied index after it), or after ``timeout_s`` (a
-        lagging replica: its reads stay behind). A node's reads of topics then follow the writes it
-        passed on, so a client that changed a topic through it reads the change back."""
-        if self.metadata is None or not isinstance(index, int) or isinstance(index, bool):
-            return
-        deadline = time.monotonic() + timeout_s
-        while self.metadata.applied_index < index and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-
     # -- Raft proposals ---------------------------------------------------------------------------
 
     async def propose(self, name: str, command: bytes, timeout_s: float | None = None) -> Outcome:

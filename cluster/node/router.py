@@ -213,10 +213,21 @@ class LeaderRouter:
             else:
                 if answer.status != errors.NOT_LEADER.status or time.monotonic() >= deadline:
                     if name == META and method not in _READS and answer.status < 300:
-                        await self.node.metadata_applied(int(index) if index.isdigit() else None)
+                        await self._metadata_applied(int(index) if index.isdigit() else None)
                     return answer
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()
+
+    async def _metadata_applied(self, index: Any, timeout_s: float = 2.0) -> None:
+        """Return once the local metadata replica has applied ``index`` (a metadata write made at
+        the leader elsewhere: the leader's applied index after it), or after ``timeout_s`` (a
+        lagging replica: its reads stay behind). A node's reads of topics then follow the writes it
+        passed on, so a client that changed a topic through it reads the change back."""
+        if self.node.metadata is None or not isinstance(index, int) or isinstance(index, bool):
+            return
+        deadline = time.monotonic() + timeout_s
+        while self.node.metadata.applied_index < index and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
         """Propose ``command`` to group ``name``, which this node leads (:class:`LeaderActions`)."""
@@ -279,5 +290,5 @@ class LeaderRouter:
             raise body_error(status, data)
         result: dict[str, Any] = orjson.loads(data)
         if name == META:  # read back here what was written there
-            await self.node.metadata_applied(result.get(METADATA_INDEX))
+            await self._metadata_applied(result.get(METADATA_INDEX))
         return result
