@@ -2,8 +2,8 @@
 protocol) and botocore forced to the query protocol against a real 3-node cluster (docs/sqs.md):
 TagQueue, UntagQueue, ListQueueTags and CreateQueue's tags with AWS's semantics and limits,
 replicated with the queue and kept apart from its attributes; AddPermission and RemovePermission
-refused with UnsupportedOperation; an unknown action refused with InvalidAction; a query request
-posted to a queue's URL acts on that queue only. Every refusal changes nothing."""
+refused with UnsupportedOperation; an unknown action refused with InvalidAction; a request posted
+to a queue's URL acts on that queue only. Every refusal changes nothing."""
 
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ def test_an_unknown_action_is_invalid_action_and_touches_nothing(cluster: Cluste
     assert "unknown-action" not in _topic_names(cluster)
 
 
-def test_a_query_request_posted_to_a_queue_url_acts_on_that_queue_only(sqs: Any, cluster: Cluster) -> None:
+def test_a_request_posted_to_a_queue_url_acts_on_that_queue_only(sqs: Any, cluster: Cluster) -> None:
     posted = sqs.create_queue(QueueName="path-queue")["QueueUrl"]
     other = sqs.create_queue(QueueName="path-other")["QueueUrl"]
     path = cluster.url("n1") + "/000000000000/path-queue"
@@ -207,6 +207,13 @@ def test_a_query_request_posted_to_a_queue_url_acts_on_that_queue_only(sqs: Any,
     ):
         r = requests.post(path, data=form, timeout=10)
         assert r.status_code == 404 and "<Code>InvalidAddress</Code>" in r.text, (form, r.text)
+    r = requests.post(  # the JSON wire posted there too
+        path,
+        data=b'{"QueueUrl": "%s", "MessageBody": "x"}' % other.encode(),
+        headers={**JSON_HEADERS, "X-Amz-Target": "AmazonSQS.SendMessage"},
+        timeout=10,
+    )
+    assert r.status_code == 404 and r.headers["x-amzn-query-error"] == "InvalidAddress;Sender", r.text
     # The path's queue, named by the path alone or again by the form, is the one acted on.
     for form in (
         {"Action": "TagQueue", "Tag.1.Key": "k", "Tag.1.Value": "v"},

@@ -12,7 +12,7 @@ with or without tokens (``routes.py``), and :func:`authorize` refuses it too.
 
 Invariant: the queue an action acts on is the one its :class:`Right` checked. Every action reads
 its queue from the parameter ``Right.source`` names, through :func:`queue_name_of` (the actions'
-``_queue`` too); a query-protocol request posted to a queue's URL acts on that queue only
+``_queue`` too); a request posted to a queue's URL acts on that queue only
 (:func:`bind_path_queue`). A batch's entries name no queue: their receipt handles carry the
 queue's topic id, which the action checks against the queue the request names.
 """
@@ -99,10 +99,11 @@ def refuse_unknown(action: str) -> Right:
 
 
 def bind_path_queue(action: str, params: dict[str, Any], url: str, queue: str) -> None:
-    """A query-protocol request posted to a queue's URL (``url``, naming ``queue``) acts on that
-    queue: its QueueUrl is the path's unless it gives one, which must name the same queue, as must
-    a QueueName (InvalidAddress otherwise, so that a proxy that lets a path through lets through
-    no other queue). Actions naming no queue by URL or name (ListQueues) are left alone."""
+    """A request posted to a queue's URL (``url``, naming ``queue``: the query protocol's way,
+    either wire is held to it) acts on that queue: its QueueUrl is the path's unless it gives one,
+    which must name the same queue, as must a QueueName (InvalidAddress otherwise, so that a proxy
+    that lets a path through lets through no other queue). Actions naming no queue by URL or name
+    (ListQueues) are left alone."""
     source = refuse_unknown(action).source
     if source not in ("QueueUrl", "QueueName"):
         return

@@ -129,9 +129,9 @@ class SqsHandler:
                 fields = {k: v for k, v in request.query.items() if not k.startswith("X-Amz-")}
                 fields.update({k: v for k, v in form.items() if isinstance(v, str)})
                 action, params = query_params(fields)
-                if "queue" in request.match_info:
-                    url = str(request.url.with_query(None))
-                    bind_path_queue(action, params, url, request.match_info["queue"])
+            if "queue" in request.match_info:  # posted to a queue's URL (either wire): that queue only
+                url = str(request.url.with_query(None))
+                bind_path_queue(action, params, url, request.match_info["queue"])
             refuse_unknown(action)  # deny by default, with or without tokens
             if grant is not None:
                 await authorize(action, params, grant, self.actions.api.permission_names)
