@@ -162,10 +162,10 @@ def test_add_and_remove_permission_are_refused_on_both_wires(
     url = sqs.create_queue(QueueName="permissions")["QueueUrl"]
     query = query_sqs_client(cluster.url("n3"), tmp_path)
     unsupported = ("AWS.SimpleQueueService.UnsupportedOperation", 400)
+    add = {"QueueUrl": url, "Label": "l", "AWSAccountIds": ["111122223333"], "Actions": ["SendMessage"]}
+    with pytest.raises(sqs.exceptions.UnsupportedOperation):  # boto3's modeled exception
+        sqs.add_permission(**add)
     for client in (sqs, query):
-        add = {"QueueUrl": url, "Label": "l", "AWSAccountIds": ["111122223333"], "Actions": ["SendMessage"]}
-        with pytest.raises(client.exceptions.UnsupportedOperation):
-            client.add_permission(**add)
         assert _code(lambda client=client, add=add: client.add_permission(**add)) == unsupported
         assert _code(lambda client=client: client.remove_permission(QueueUrl=url, Label="l")) == unsupported
         missing = url.replace("permissions", "permissions-missing")
