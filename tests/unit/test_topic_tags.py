@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.machines.metadata import MAX_TAGS, MetadataMachine
-from raftmq.cluster.replication.upgrade import BEFORE_CAPABILITIES, CAPABILITIES
+from raftmq.cluster.replication.upgrade import BEFORE_CAPABILITIES, CAPABILITIES, gated_fields_of
 from raftmq.storage.memory import MemoryStore
 
 
@@ -83,3 +83,16 @@ def test_tags_are_gated_for_a_rolling_upgrade() -> None:
     # A voter of a release before tags would refuse the op, or create the topic without them.
     for capability in ("meta.set_topic_tags", "meta.create_topic.tags"):
         assert capability in CAPABILITIES and capability not in BEFORE_CAPABILITIES, capability
+
+
+def test_a_create_topic_with_tags_waits_for_every_voter_to_keep_them_and_one_without_does_not() -> None:
+    def create(**fields: Any) -> bytes:
+        return orjson.dumps({"v": 1, "op": "create_topic", "name": "q", **fields})
+
+    assert gated_fields_of("meta.create_topic", create()) == []
+    assert gated_fields_of("meta.create_topic", create(tags={"a": "b"})) == ["meta.create_topic.tags"]
+    assert gated_fields_of("meta.create_topic", create(attributes={"x": "1"}, tags={"a": ""})) == [
+        "meta.create_topic.attributes",
+        "meta.create_topic.tags",
+    ]
+    assert gated_fields_of("meta.set_topic_tags", orjson.dumps({"v": 1, "op": "set_topic_tags"})) == []
