@@ -13,7 +13,9 @@ What maps to what (docs/sqs.md):
   waiters), long-polled in slices so that a leader change during the wait answers what there is
   (possibly nothing) instead of an error;
 - DeleteMessage(Batch): ``ack``; ChangeMessageVisibility: ``extend`` (0 s: ``nack`` with no delay);
-- PurgeQueue: the group's committed offsets moved to each queue's end.
+- PurgeQueue: the group's committed offsets moved to each queue's end;
+- TagQueue, UntagQueue: ``set_topic_tags`` in the metadata group (the topic's tags, a map apart
+  from its attributes); AddPermission, RemovePermission: refused (``UnsupportedOperation``).
 
 A receipt handle is the REST receipt ``topic_id.queue.offset.token``: it names one delivery.
 """
