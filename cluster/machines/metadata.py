@@ -9,8 +9,8 @@ a new topic's.
 
 Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
 ``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``), then
-``record_dead_letters`` and ``set_topic_attributes`` (ONLY ADD TO THE END: ``OPS`` below, which
-the rolling-upgrade gate reads).
+``record_dead_letters``, ``set_topic_attributes`` and ``set_topic_tags`` (ONLY ADD TO THE END:
+``OPS`` below, which the rolling-upgrade gate reads).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
 ``ensure_dlq_topic {"source", "group", "now_ms", "by_record"?}`` returns the dead-letter topic of a consumer
@@ -37,6 +37,9 @@ its upgrade would read different topics on different replicas.
 value removes one); ``create_topic`` may carry ``attributes`` too. Attributes are the topic's own
 settings that front ends keep (the SQS API stores a queue's attributes there, ``cluster/api/sqs/``);
 the machine checks only their shape (:func:`validate_attributes`) and never reads them.
+
+``set_topic_tags {"name", "tags"}`` and ``create_topic``'s ``tags`` do the same with the topic's
+tags (the SQS API's queue tags), a map apart from its attributes: no tag key can name an attribute.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ __all__ = [
     "FIELD_LEVELS",
     "MAX_ATTRIBUTES",
     "MAX_ATTRIBUTE_VALUE_BYTES",
+    "MAX_TAGS",
+    "MAX_TAG_KEY_CHARS",
+    "MAX_TAG_VALUE_CHARS",
     "OPS",
     "TOPIC_NAME",
     "MetadataMachine",
@@ -67,6 +73,7 @@ __all__ = [
     "applied_index",
     "migrate_dead_letter_records",
     "validate_attributes",
+    "validate_tags",
     "validate_topic_name",
 ]
 
@@ -81,6 +88,7 @@ OPS: tuple[str, ...] = (
     *pl.OPS,
     "record_dead_letters",
     "set_topic_attributes",
+    "set_topic_tags",
 )
 # Meanings added to an op after it shipped (as cluster/commands FIELD_LEVELS; ONLY ADD TO THE END).
 FIELD_LEVELS: tuple[str, ...] = (
@@ -88,6 +96,8 @@ FIELD_LEVELS: tuple[str, ...] = (
     "ensure_dlq_topic.records",
     # create_topic may carry the topic's attributes (an older replica refused the field)
     "create_topic.attributes",
+    # create_topic may carry the topic's tags (an older replica would create the topic without them)
+    "create_topic.tags",
 )
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -105,6 +115,9 @@ MAX_QUEUES = 1024
 MAX_ATTRIBUTES = 64  # per topic, after a merge
 MAX_ATTRIBUTE_VALUE_BYTES = 8192  # UTF-8; an SQS RedrivePolicy or Policy fits
 ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MAX_TAGS = 50  # per topic, after a merge, and per command (AWS's limit for a queue's tags)
+MAX_TAG_KEY_CHARS = 128  # Unicode code points, as AWS counts them
+MAX_TAG_VALUE_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,7 @@ class Topic:
     # A dead-letter topic's source: (source topic id, consumer group); None for other topics.
     dead_letter_of: tuple[int, str] | None = None
     attributes: dict[str, str] = field(default_factory=dict)  # never mutated: replaced by a new Topic
+    tags: dict[str, str] = field(default_factory=dict)  # as attributes
 
     def to_json(self) -> dict[str, Any]:
         out = self._fields()
@@ -141,6 +155,8 @@ class Topic:
         }
         if self.attributes:  # absent when empty: topics stored before attributes read the same
             d["attributes"] = dict(self.attributes)
+        if self.tags:  # absent when empty, as attributes
+            d["tags"] = dict(self.tags)
         return d
 
     @classmethod
@@ -156,6 +172,7 @@ class Topic:
             created_ms=d["created_ms"],
             dead_letter_of=_dead_letter_of(d.get("dead_letter_of")),
             attributes=dict(d.get("attributes") or {}),
+            tags=dict(d.get("tags") or {}),
         )
 
 
@@ -213,6 +230,32 @@ def validate_attributes(attributes: Any, *, removals: bool) -> str | None:
         if size > MAX_ATTRIBUTE_VALUE_BYTES:
             return f"attribute {name!r} is over {MAX_ATTRIBUTE_VALUE_BYTES} bytes"
     return None
+
+
+def validate_tags(tags: Any, *, removals: bool) -> str | None:
+    """An error message, or None when ``tags`` is an object of at most MAX_TAGS tag keys (strings
+    of 1-MAX_TAG_KEY_CHARS characters) to values (strings of at most MAX_TAG_VALUE_CHARS, or null
+    to remove one when ``removals``). Lengths only: which characters a tag may hold is the front
+    end's rule (a Unicode category test here would depend on the replica's Python version)."""
+    if not isinstance(tags, dict):
+        return "tags must be an object of keys to strings"
+    if len(tags) > MAX_TAGS:
+        return f"at most {MAX_TAGS} tags"
+    for key, value in tags.items():
+        if not isinstance(key, str) or not 1 <= len(key) <= MAX_TAG_KEY_CHARS:
+            return f"tag keys are 1-{MAX_TAG_KEY_CHARS} characters"
+        if value is None and removals:
+            continue
+        if not isinstance(value, str) or len(value) > MAX_TAG_VALUE_CHARS:
+            return f"tag values are strings of at most {MAX_TAG_VALUE_CHARS} characters ({key!r})"
+    return None
+
+
+# The ops that merge into a topic's map: (its field, its check, its cap per topic).
+_MAPS: dict[str, tuple[str, Callable[..., str | None], int]] = {
+    "set_topic_attributes": ("attributes", validate_attributes, MAX_ATTRIBUTES),
+    "set_topic_tags": ("tags", validate_tags, MAX_TAGS),
+}
 
 
 def validate_topic_name(name: Any) -> str | None:
@@ -391,8 +434,8 @@ class MetadataMachine:
             return result, batch, topics, None
         if op in pl.OPS:
             return self._placement_op(cmd, batch), batch, None, None
-        if op == "set_topic_attributes":
-            return self._set_attributes(cmd, batch)
+        if op in _MAPS:
+            return self._set_map(cmd, batch)
         if op == "delete_topic":
             name = cmd.get("name")
             if not isinstance(name, str) or name not in self._topics:
@@ -450,6 +493,10 @@ class MetadataMachine:
         problem = validate_attributes(attributes, removals=False)
         if problem:
             return _error("bad_request", problem), batch, None, None
+        tags = cmd.get("tags") or {}
+        problem = validate_tags(tags, removals=False)
+        if problem:
+            return _error("bad_request", problem), batch, None, None
         if name in self._topics:
             return _error("topic_exists", f"topic {name!r} exists"), batch, None, None
         assert isinstance(queues, int) and isinstance(group_count, int)
@@ -465,6 +512,7 @@ class MetadataMachine:
             max_message_bytes=opts["max_message_bytes"],
             created_ms=now_ms,
             attributes=dict(attributes),
+            tags=dict(tags),
         )
         batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
         batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
@@ -472,22 +520,25 @@ class MetadataMachine:
         topics[name] = topic
         return {"topic": topic.to_json()}, batch, topics, topic_id + 1
 
-    def _set_attributes(
+    def _set_map(
         self, cmd: dict[str, Any], batch: Batch
     ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
-        name, changes = cmd.get("name"), cmd.get("attributes")
+        """``set_topic_attributes`` / ``set_topic_tags``: merge the changes into the topic's map
+        (a null removes), refused whole when bad or over the map's cap after the merge."""
+        field, validate, cap = _MAPS[cmd["op"]]
+        name, changes = cmd.get("name"), cmd.get(field)
         topic = self._topics.get(name) if isinstance(name, str) else None
         if topic is None:
             return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
-        problem = validate_attributes(changes, removals=True)
+        problem = validate(changes, removals=True)
         if problem:
             return _error("bad_request", problem), batch, None, None
         assert isinstance(changes, dict)
-        merged = {**topic.attributes, **changes}
-        merged = {k: v for k, v in sorted(merged.items()) if v is not None}
-        if len(merged) > MAX_ATTRIBUTES:
-            return _error("bad_request", f"at most {MAX_ATTRIBUTES} attributes per topic"), batch, None, None
-        updated = dataclasses.replace(topic, attributes=merged)
+        merged = {k: v for k, v in sorted({**getattr(topic, field), **changes}.items()) if v is not None}
+        if len(merged) > cap:
+            return _error("bad_request", f"at most {cap} {field} per topic"), batch, None, None
+        maps = {"attributes": topic.attributes, "tags": topic.tags, field: merged}
+        updated = dataclasses.replace(topic, attributes=maps["attributes"], tags=maps["tags"])
         batch.put(_TOPIC + topic.name.encode(), orjson.dumps(updated.to_json()))
         topics = dict(self._topics)
         topics[topic.name] = updated

@@ -58,6 +58,7 @@ from raftmq.cluster.replication.upgrade import (
     CAPABILITIES,
     advertised,
     capability_of,
+    gated_fields_of,
     previous_release_refuses,
 )
 from raftmq.storage.rocks import RocksStore
@@ -528,15 +529,10 @@ class Node:
         if capability in CAPABILITIES and not await self.await_group_supports(name, capability):
             message = f"a voter of group {name} does not apply {capability} yet (a rolling upgrade)"
             return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
-        # The one field level every road builds into a command of its own: a topic's attributes
-        # at creation (the REST API and the SQS API both make topics).
-        if (
-            capability == "meta.create_topic"
-            and b'"attributes"' in command
-            and not await self.await_group_supports(name, "meta.create_topic.attributes")
-        ):
-            message = "a metadata voter does not keep topic attributes yet (a rolling upgrade)"
-            return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
+        for level in gated_fields_of(capability, command):  # a topic's attributes, tags at creation
+            if not await self.await_group_supports(name, level):
+                message = f"a metadata voter does not apply {level} yet (a rolling upgrade)"
+                return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
         local = self.groups[name]
         assert self._loop is not None
         loop = self._loop

@@ -37,6 +37,7 @@ __all__ = [
     "CAPABILITIES",
     "advertised",
     "capability_of",
+    "gated_fields_of",
     "old_subscribe",
     "previous_release_refuses",
     "to_json_batch",
@@ -90,6 +91,23 @@ def capability_of(group: str, command: bytes, meta: str = "meta") -> str | None:
         return None
     op = command[len(_OP_PREFIX) : end].decode("ascii", "replace")
     return f"meta.{op}" if group == meta else op
+
+
+# The field levels every road builds into a command of its own, by the op's capability: a topic's
+# attributes and tags at creation (the REST API and the SQS API both make topics). Found by the
+# field's name as a JSON key (a value that holds one only gates more than needed).
+_PROPOSAL_FIELDS: dict[str, tuple[tuple[bytes, str], ...]] = {
+    "meta.create_topic": (
+        (b'"attributes"', "meta.create_topic.attributes"),
+        (b'"tags"', "meta.create_topic.tags"),
+    ),
+}
+
+
+def gated_fields_of(capability: str, command: bytes) -> list[str]:
+    """The field levels a proposal of ``command`` (its op's ``capability``) writes, of those
+    ``Node.propose`` gates itself: the leader may propose it once every voter applies them."""
+    return [level for field, level in _PROPOSAL_FIELDS.get(capability, ()) if field in command]
 
 
 def previous_release_refuses(command: bytes) -> bool:

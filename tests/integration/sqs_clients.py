@@ -24,6 +24,11 @@ _QUERY_NAMES = {
     "Messages": "Message",
     "QueueUrls": "QueueUrl",
     "Failed": "BatchResultErrorEntry",
+    "tags": "Tag",  # CreateQueue's Tag.N.Key / Tag.N.Value
+    "Tags": "Tag",  # TagQueue's, and ListQueueTags' <Tag><Key/><Value/></Tag>
+    "TagKeys": "TagKey",
+    "AWSAccountIds": "AWSAccountId",
+    "Actions": "ActionName",
 }
 
 

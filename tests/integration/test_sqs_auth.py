@@ -18,6 +18,9 @@ from typing import Any
 import botocore.auth
 import pytest
 import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from .harness import PEER_KEY, Cluster
@@ -328,3 +331,70 @@ def test_the_aws_cli_signs_with_the_credentials_the_cli_printed(secure: Cluster)
     env["AWS_SECRET_ACCESS_KEY"] += "x"
     refused = subprocess.run([*aws, "list-queues"], env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "SignatureDoesNotMatch" in refused.stderr
+
+
+def test_tags_need_admin_on_the_queue_and_listing_them_any_right(secure: Cluster, tmp_path: Path) -> None:
+    admin = _client(secure, "admin")
+    url = admin.create_queue(QueueName="orders-tagged", tags={"team": "a"})["QueueUrl"]
+    producer, consumer, auditor = (_client(secure, n, "n3") for n in ("producer", "consumer", "auditor"))
+    denied = ("AccessDenied", 403)
+    for client in (producer, consumer, auditor):
+        for call in (
+            lambda client=client: client.tag_queue(QueueUrl=url, Tags={"team": "b"}),
+            lambda client=client: client.untag_queue(QueueUrl=url, TagKeys=["team"]),
+            lambda client=client: client.create_queue(QueueName="orders-tags-new", tags={"a": "b"}),
+            lambda client=client: client.add_permission(
+                QueueUrl=url, Label="l", AWSAccountIds=["111122223333"], Actions=["SendMessage"]
+            ),
+            lambda client=client: client.remove_permission(QueueUrl=url, Label="l"),
+        ):
+            assert _code(call) == denied
+    assert producer.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "a"}
+    assert consumer.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "a"}
+    assert _code(lambda: auditor.list_queue_tags(QueueUrl=url)) == denied  # no right on it at all
+    query = query_sqs_client(secure.url("n2"), tmp_path, _credentials(secure, "producer"), region="eu-west-1")
+    assert _code(lambda: query.tag_queue(QueueUrl=url, Tags={"team": "b"})) == denied
+    assert query.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "a"}
+    assert "orders-tags-new" not in _topics(secure)
+
+    # An admin of the queue tags it, on both wires; the permission actions stay refused for it.
+    admin.tag_queue(QueueUrl=url, Tags={"team": "b", "tier": "1"})
+    admin_query = query_sqs_client(
+        secure.url("n2"), tmp_path, _credentials(secure, "admin"), region="eu-west-1"
+    )
+    admin_query.untag_queue(QueueUrl=url, TagKeys=["tier"])
+    assert admin.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "b"}
+    assert _code(lambda: admin.remove_permission(QueueUrl=url, Label="l")) == (
+        "AWS.SimpleQueueService.UnsupportedOperation",
+        400,
+    )
+
+
+def _signed(c: Cluster, name: str, path: str, body: bytes, headers: dict[str, str]) -> requests.Response:
+    """A POST signed with the token ``name``'s SQS credentials by botocore's own signer."""
+    key_id, secret = _credentials(c, name)
+    request = AWSRequest(method="POST", url=c.url("n1") + path, data=body, headers=headers)
+    SigV4Auth(Credentials(key_id, secret), "sqs", "eu-west-1").add_auth(request)
+    prepared = request.prepare()
+    return requests.post(prepared.url, data=prepared.body, headers=dict(prepared.headers), timeout=10)
+
+
+def test_an_unknown_action_signed_by_any_token_is_invalid_action_and_touches_nothing(secure: Cluster) -> None:
+    for name in ("admin", "auditor"):  # admin of every queue; no right on the queue named
+        r = _signed(
+            secure,
+            name,
+            "/",
+            b'{"QueueName": "orders-unknown", "QueueUrl": "orders-unknown"}',
+            {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueues"},
+        )
+        assert r.status_code == 400 and r.headers["x-amzn-query-error"] == "InvalidAction;Sender", r.text
+        r = _signed(
+            secure,
+            name,
+            "/000000000000/orders-unknown",
+            b"Action=DeleteQueues&QueueName=orders-unknown",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert r.status_code == 400 and "<Code>InvalidAction</Code>" in r.text, r.text
+    assert "orders-unknown" not in _topics(secure)

@@ -176,3 +176,15 @@ def test_redrive_policies_are_checked_and_kept_normalized() -> None:
         with pytest.raises(SqsError) as e:
             check_attributes({"RedriveAllowPolicy": bad}, 1 << 20, "eu-west-1")
         assert e.value.aws.code == "InvalidParameterValue", bad
+
+
+def test_query_tags_read_as_the_json_protocols_members() -> None:
+    form = {"Tag.1.Key": "team", "Tag.1.Value": "a", "Tag.2.Key": "../x", "Tag.2.Value": ""}
+    assert query_params({"Action": "TagQueue", **form}) == ("TagQueue", {"Tags": {"team": "a", "../x": ""}})
+    assert query_params({"Action": "CreateQueue", "QueueName": "q", **form})[1] == {
+        "QueueName": "q",
+        "tags": {"team": "a", "../x": ""},
+    }
+    assert query_params({"Action": "UntagQueue", "TagKey.2": "b", "TagKey.1": "a"})[1] == {
+        "TagKeys": ["a", "b"]
+    }

@@ -49,7 +49,14 @@ from raftmq.cluster.api.validation import (
     MAX_SEQUENCE,
 )
 from raftmq.cluster.config.cluster_file import Limits
-from raftmq.cluster.machines.metadata import MAX_ATTRIBUTE_VALUE_BYTES, MAX_ATTRIBUTES, MAX_QUEUES
+from raftmq.cluster.machines.metadata import (
+    MAX_ATTRIBUTE_VALUE_BYTES,
+    MAX_ATTRIBUTES,
+    MAX_QUEUES,
+    MAX_TAG_KEY_CHARS,
+    MAX_TAG_VALUE_CHARS,
+    MAX_TAGS,
+)
 
 __all__ = ["openapi_spec"]
 
@@ -100,6 +107,17 @@ def _attributes(removals: bool) -> Schema:
     }
 
 
+def _tags() -> Schema:
+    return {
+        "type": "object",
+        "propertyNames": {"minLength": 1, "maxLength": MAX_TAG_KEY_CHARS},
+        "additionalProperties": _str(maxLength=MAX_TAG_VALUE_CHARS),
+        "maxProperties": MAX_TAGS,
+        "description": "The topic's tags, keys to strings (the SQS API's queue tags: TagQueue, "
+        "UntagQueue, ListQueueTags); absent when there are none",
+    }
+
+
 def _topic(queues: Schema, **extra: Schema) -> Schema:
     """A topic: ``queues`` is its queue count, or (described) the list of its queues; ``extra``:
     optional fields."""
@@ -115,6 +133,7 @@ def _topic(queues: Schema, **extra: Schema) -> Schema:
             "max_message_bytes": nullable_pos,
             "created_ms": _int(0),
             "attributes": _attributes(False),
+            "tags": _tags(),
             **extra,
         },
         required=tuple(

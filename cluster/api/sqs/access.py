@@ -7,8 +7,14 @@ whose secret access key is that token's, derived from the cluster secret
 Authorization: the token's per-topic permissions, as on the REST API, on the queue the action names
 (a queue is the topic of the same name), through the same names as every REST route
 (``ApiCore.permission_names``: a dead-letter topic answers for its source). :data:`RIGHTS` maps every
-action; an action missing there (one raftmq does not have) needs only a valid signature, and is then
-refused as ``InvalidAction``.
+action; deny by default: an action missing there is refused as ``InvalidAction`` before it runs,
+with or without tokens (``routes.py``), and :func:`authorize` refuses it too.
+
+Invariant: the queue an action acts on is the one its :class:`Right` checked. Every action reads
+its queue from the parameter ``Right.source`` names, through :func:`queue_name_of` (the actions'
+``_queue`` too); a request posted to a queue's URL acts on that queue only
+(:func:`bind_path_queue`). A batch's entries name no queue: their receipt handles carry the
+queue's topic id, which the action checks against the queue the request names.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.config.tokens import ADMIN, CONSUME, PERMISSIONS, PRODUCE, TokenGrant
 
-__all__ = ["RIGHTS", "Right", "authorize", "queue_name_of"]
+__all__ = ["RIGHTS", "Right", "authorize", "bind_path_queue", "queue_name_of", "refuse_unknown"]
 
 TopicNames = Callable[[str, bool], Awaitable[list[str]]]
 
@@ -84,12 +90,39 @@ def queue_name_of(value: Any, source: str) -> str | None:
     return value
 
 
-async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, names: TopicNames) -> None:
-    """Raise AccessDenied unless ``grant`` may run ``action`` with ``params``. A RedrivePolicy
-    set by CreateQueue or SetQueueAttributes also needs ``produce`` or ``admin`` on its dead-letter
-    queue (the source's dead letters are sent there)."""
+def refuse_unknown(action: str) -> Right:
+    """The right ``action`` needs; an action not in :data:`RIGHTS` is refused (InvalidAction)."""
     right = RIGHTS.get(action)
-    if right is None or right.source is None:
+    if right is None:
+        raise SqsError("InvalidAction", f"The action {action[:64]} is not valid for this endpoint.")
+    return right
+
+
+def bind_path_queue(action: str, params: dict[str, Any], url: str, queue: str) -> None:
+    """A request posted to a queue's URL (``url``, naming ``queue``: the query protocol's way,
+    either wire is held to it) acts on that queue: its QueueUrl is the path's unless it gives one,
+    which must name the same queue, as must a QueueName (InvalidAddress otherwise, so that a proxy
+    that lets a path through lets through no other queue). Actions naming no queue by URL or name
+    (ListQueues) are left alone."""
+    source = refuse_unknown(action).source
+    if source not in ("QueueUrl", "QueueName"):
+        return
+    given = params.get(source)
+    if given is not None and queue_name_of(given, source) != queue:
+        raise SqsError(
+            "InvalidAddress", f"The {source} names another queue than the URL the request was posted to."
+        )
+    if source == "QueueUrl":
+        params.setdefault("QueueUrl", url)
+
+
+async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, names: TopicNames) -> None:
+    """Raise AccessDenied unless ``grant`` may run ``action`` with ``params`` (InvalidAction for an
+    action not in :data:`RIGHTS`). A RedrivePolicy set by CreateQueue or SetQueueAttributes also
+    needs ``produce`` or ``admin`` on its dead-letter queue (the source's dead letters are sent
+    there)."""
+    right = refuse_unknown(action)
+    if right.source is None:
         return
     queue = queue_name_of(params.get(right.source), right.source)
     # A request without its queue: refused by the action (MissingParameter) if the token has the

@@ -13,7 +13,9 @@ What maps to what (docs/sqs.md):
   waiters), long-polled in slices so that a leader change during the wait answers what there is
   (possibly nothing) instead of an error;
 - DeleteMessage(Batch): ``ack``; ChangeMessageVisibility: ``extend`` (0 s: ``nack`` with no delay);
-- PurgeQueue: the group's committed offsets moved to each queue's end.
+- PurgeQueue: the group's committed offsets moved to each queue's end;
+- TagQueue, UntagQueue: ``set_topic_tags`` in the metadata group (the topic's tags, a map apart
+  from its attributes); AddPermission, RemovePermission: refused (``UnsupportedOperation``).
 
 A receipt handle is the REST receipt ``topic_id.queue.offset.token``: it names one delivery.
 """
@@ -25,9 +27,8 @@ import base64
 import dataclasses
 import itertools
 import re
-import urllib.parse
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -38,6 +39,7 @@ from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
+from raftmq.cluster.api.sqs.access import queue_name_of
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -141,8 +143,8 @@ class QueueActions:
         url = params.get("QueueUrl")
         if not isinstance(url, str) or not url:
             raise SqsError("MissingParameter", "The request must contain the parameter QueueUrl.")
-        name = urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
-        if not qs.QUEUE_NAME.match(name):
+        name = queue_name_of(url, "QueueUrl")  # as access.authorize read it: the queue it checked
+        if name is None or not qs.QUEUE_NAME.match(name):
             raise SqsError("InvalidAddress", "The address is not valid for this endpoint.")
         return await self._queue_named(name)
 
@@ -171,16 +173,15 @@ class QueueActions:
                 "InvalidParameterValue",
                 "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length",
             )
-        if params.get("tags"):
-            raise SqsError("InvalidParameterValue", "Queue tags are not supported by raftmq yet.")
         wanted = qs.check_attributes(params.get("Attributes"), self.limits.max_message_bytes, self.region)
+        tags = qs.check_tags(params["tags"], name) if params.get("tags") is not None else {}
         await self._check_redrive_target(name, wanted)
         try:
             topic = await self.api.topic(name)
         except RaftmqError as e:
             if e.error is not errors.TOPIC_NOT_FOUND:
                 raise
-            topic = await self._create_topic(name, wanted)
+            topic = await self._create_topic(name, wanted, tags)
         if not qs.is_queue(topic):
             raise SqsError("QueueNameExists", f"A raftmq topic named {name} exists and is not an SQS queue.")
         for key, value in wanted.items():
@@ -191,17 +192,23 @@ class QueueActions:
                     "QueueNameExists",
                     f"A queue already exists with the same name and a different value for {key[4:]}.",
                 )
+        # Tags given for an existing queue must be its tags, as AWS answers (it does not re-tag it:
+        # TagQueue and UntagQueue do).
+        if tags and tags != topic.tags:
+            raise SqsError("QueueNameExists", "A queue already exists with the same name and different tags.")
         await self._ensure_subscription(topic)
         return {"QueueUrl": self.queue_url(request, name)}
 
-    async def _create_topic(self, name: str, attributes: dict[str, str]) -> Topic:
+    async def _create_topic(self, name: str, attributes: dict[str, str], tags: dict[str, str]) -> Topic:
         now_s = str(now_ms() // 1000)
-        command = {
+        command: dict[str, Any] = {
             "op": "create_topic",
             "name": name,
             "queues": max(1, min(self.node.config.queue_groups, 16, self.limits.max_queues_per_topic)),
             "attributes": {qs.CREATED: now_s, qs.MODIFIED: now_s, **attributes},
         }
+        if tags:  # a field of its own level: without tags, no wait for it in a rolling upgrade
+            command["tags"] = tags
         try:
             result = await self.api.router.group_call(META, "topic_command", command)
         except RaftmqError as e:
@@ -380,6 +387,48 @@ class QueueActions:
                     in_flight += r["in_flight"]
                     visible += max(0, r["lag"] - r["in_flight"])
         return visible, in_flight
+
+    # -- tags and permissions ---------------------------------------------------------------------
+
+    async def tag_queue(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        if not params.get("Tags"):
+            raise SqsError("MissingParameter", "The request must contain the parameter Tags.")
+        await self._set_tags(topic, qs.check_tags(params["Tags"], topic.name))
+        return {}
+
+    async def untag_queue(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        keys = qs.check_tag_keys(params.get("TagKeys"))
+        await self._set_tags(topic, dict.fromkeys(keys))  # null: removed (a missing key: nothing)
+        return {}
+
+    async def list_queue_tags(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        topic = await self._queue(params)
+        return {"Tags": dict(topic.tags)} if topic.tags else {}  # AWS leaves Tags out when none
+
+    async def _set_tags(self, topic: Topic, changes: Mapping[str, str | None]) -> None:
+        """Merge ``changes`` into the queue's tags in the metadata group (the machine merges, so
+        two TagQueue calls at once both land); more than 50 after the merge changes nothing."""
+        command = {"op": "set_topic_tags", "name": topic.name, "tags": dict(changes)}
+        try:
+            await self.api.router.group_call(META, "topic_command", command)
+        except RaftmqError as e:
+            if e.error is not errors.BAD_REQUEST:
+                raise
+            raise SqsError(
+                "InvalidParameterValue", f"Too many tags added for queue {topic.name}: {e.message}."
+            ) from None
+
+    async def refuse_permission(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
+        """AddPermission and RemovePermission: refused, as AWS policies do not map to raftmq's
+        token rights (docs/sqs.md). The queue must exist, as AWS checks it first."""
+        await self._queue(params)
+        raise SqsError(
+            "UnsupportedOperation",
+            "raftmq does not keep SQS permission policies: access to a queue is given by the "
+            "permissions of API tokens (admin, produce, consume; see docs/security.md).",
+        )
 
     async def purge_queue(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
         topic = await self._queue(params)

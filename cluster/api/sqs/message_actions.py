@@ -100,6 +100,11 @@ class SqsActions(QueueActions):
             "ChangeMessageVisibility": self.change_message_visibility,
             "ChangeMessageVisibilityBatch": self.change_message_visibility_batch,
             "ListDeadLetterSourceQueues": self.list_dead_letter_source_queues,
+            "TagQueue": self.tag_queue,
+            "UntagQueue": self.untag_queue,
+            "ListQueueTags": self.list_queue_tags,
+            "AddPermission": self.refuse_permission,
+            "RemovePermission": self.refuse_permission,
         }
 
     # -- sending ----------------------------------------------------------------------------------

@@ -2,18 +2,21 @@
 
 A queue is a topic of the same name created by CreateQueue, which marks it with the topic attribute
 ``sqs.CreatedTimestamp``; its settable attributes are kept as topic attributes ``sqs.<Name>``
-(``cluster/machines/metadata.py``: the metadata group replicates them with the topic).
+(``cluster/machines/metadata.py``: the metadata group replicates them with the topic). Its tags
+are the topic's tags, a map of their own (no tag key can name an attribute), checked here as AWS
+checks them (:func:`check_tags`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from raftmq.cluster.api.sqs.errors import SqsError
-from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.machines.metadata import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CHARS, MAX_TAGS, Topic
 
 __all__ = [
     "ACCOUNT",
@@ -28,6 +31,8 @@ __all__ = [
     "allows_redrive_from",
     "arn_queue",
     "check_attributes",
+    "check_tag_keys",
+    "check_tags",
     "is_queue",
     "queue_setting",
     "redrive_policy",
@@ -219,3 +224,65 @@ def check_attributes(raw: Any, max_message_bytes: int, region: str = "us-east-1"
         else:
             raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
     return out
+
+
+# What a tag key or value may hold, as AWS says: Unicode letters, digits and white space, and these.
+_TAG_PUNCTUATION = frozenset("_.:/=+-@")
+_RESERVED_TAG_PREFIX = "aws:"  # AWS's own tags; in any case
+
+
+def _tag_text_problem(what: str, text: str) -> str | None:
+    if text[: len(_RESERVED_TAG_PREFIX)].lower() == _RESERVED_TAG_PREFIX:
+        return f"the tag {what} {text[:128]!r} starts with the reserved prefix aws:"
+    for c in text:
+        if c not in _TAG_PUNCTUATION and unicodedata.category(c)[0] not in "LNZ":
+            return (
+                f"the tag {what} {text[:128]!r} holds {c!r}: tags hold Unicode letters, digits, "
+                "white space and _ . : / = + - @"
+            )
+    return None
+
+
+def check_tags(raw: Any, queue: str) -> dict[str, str]:
+    """Tags a client sets (CreateQueue's ``tags``, TagQueue's ``Tags``), checked as AWS checks
+    them: at most MAX_TAGS, keys of 1-MAX_TAG_KEY_CHARS characters and values of at most
+    MAX_TAG_VALUE_CHARS (case-sensitive), of the characters AWS allows, without the prefix aws:."""
+    if not isinstance(raw, dict):
+        raise SqsError("InvalidParameterValue", "Tags must be a map of tag keys to values.")
+    if len(raw) > MAX_TAGS:
+        raise SqsError(
+            "InvalidParameterValue", f"Too many tags added for queue {queue} (at most {MAX_TAGS})."
+        )
+    for key, value in raw.items():
+        if not isinstance(key, str) or not 1 <= len(key) <= MAX_TAG_KEY_CHARS:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Tag keys must be between 1 and {MAX_TAG_KEY_CHARS} characters in length.",
+            )
+        if not isinstance(value, str) or len(value) > MAX_TAG_VALUE_CHARS:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Tag values must be strings of at most {MAX_TAG_VALUE_CHARS} characters in length.",
+            )
+        problem = _tag_text_problem("key", key) or _tag_text_problem("value", value)
+        if problem is not None:
+            raise SqsError("InvalidParameterValue", f"Invalid tag: {problem}.")
+    return dict(raw)
+
+
+def check_tag_keys(raw: Any) -> list[str]:
+    """UntagQueue's ``TagKeys``: 1 to MAX_TAGS distinct keys (a queue has no more), each of
+    1-MAX_TAG_KEY_CHARS characters. A key the queue does not have is removed without a word."""
+    if raw is None:
+        raise SqsError("MissingParameter", "The request must contain the parameter TagKeys.")
+    if not isinstance(raw, list) or not all(isinstance(k, str) for k in raw):
+        raise SqsError("InvalidParameterValue", "TagKeys must be a list of tag keys.")
+    keys = list(dict.fromkeys(raw))
+    if not keys or any(not 1 <= len(k) <= MAX_TAG_KEY_CHARS for k in keys):
+        raise SqsError(
+            "InvalidParameterValue",
+            f"Tag keys must be between 1 and {MAX_TAG_KEY_CHARS} characters in length.",
+        )
+    if len(keys) > MAX_TAGS:
+        raise SqsError("InvalidParameterValue", f"At most {MAX_TAGS} tag keys can be removed at once.")
+    return keys

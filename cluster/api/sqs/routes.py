@@ -14,7 +14,7 @@ from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import sigv4
-from raftmq.cluster.api.sqs.access import authorize
+from raftmq.cluster.api.sqs.access import authorize, bind_path_queue, refuse_unknown
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.api.sqs.message_actions import SqsActions
 from raftmq.cluster.api.sqs.wire import (
@@ -129,8 +129,10 @@ class SqsHandler:
                 fields = {k: v for k, v in request.query.items() if not k.startswith("X-Amz-")}
                 fields.update({k: v for k, v in form.items() if isinstance(v, str)})
                 action, params = query_params(fields)
-                if "queue" in request.match_info:
-                    params.setdefault("QueueUrl", str(request.url.with_query(None)))
+            if "queue" in request.match_info:  # posted to a queue's URL (either wire): that queue only
+                url = str(request.url.with_query(None))
+                bind_path_queue(action, params, url, request.match_info["queue"])
+            refuse_unknown(action)  # deny by default, with or without tokens
             if grant is not None:
                 await authorize(action, params, grant, self.actions.api.permission_names)
                 request[PRINCIPAL] = grant

@@ -131,7 +131,11 @@ def query_params(form: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
     if not action:
         raise SqsError("MissingParameter", "The request must contain the parameter Action.")
     fields = {k: v for k, v in form.items() if k not in ("Action", "Version")}
-    return action, _members(fields)
+    params = _members(fields)
+    # Tag.N.Key / Tag.N.Value: CreateQueue's member is "tags" on the JSON protocol, TagQueue's "Tags".
+    if action == "TagQueue" and "tags" in params:
+        params["Tags"] = params.pop("tags")
+    return action, params
 
 
 def json_answer(result: dict[str, Any], request_id: str) -> web.Response:
