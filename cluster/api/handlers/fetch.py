@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 import orjson
+import structlog
 from aiohttp import web
 
 from raftmq.cluster import commands
@@ -28,7 +29,7 @@ from raftmq.cluster.api.handlers.segments import wants_arrow
 from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES, bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.router import body_error, peer_call
@@ -36,6 +37,8 @@ from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
 from raftmq.storage.records import Message
 
 __all__ = ["FetchHandlers"]
+
+log = structlog.get_logger(__name__)
 
 
 class FetchHandlers(ApiCore):
@@ -110,13 +113,20 @@ class FetchHandlers(ApiCore):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63:
                 raise bad(f"offset for queue {k} must be a non-negative integer")
             by_group[topic.queue_groups[int(k)]][str(int(k))] = v
-        if len(by_group) > 1:
+        known = self.group_records.known(topic, group)
+        if len(by_group) > 1 or not known:
             # One commit per queue group: check every offset first, so that a request is not
-            # half-applied when a later group refuses its part. high_offset only grows, so an
-            # offset accepted here is still in range when its commit applies.
+            # half-applied when a later group refuses its part, and leaves no group record behind.
+            # high_offset only grows, so an offset accepted here is still in range when its commit
+            # applies.
             await self._check_offsets(
                 topic, {int(q): o for offs in by_group.values() for q, o in offs.items()}
             )
+        if not known:
+            # The group is kept as a receive's is (docs/delivery.md, "Consumer groups and their
+            # bounds"): a new one counts against the caps (409 too_many_groups, nothing stored),
+            # made by this token; an unconfigured group's offsets expire once unused.
+            await self.group_records.ensure_subscription(topic, group, request)
         answer: dict[str, dict[str, int | bool]] = {}
         for g, offs in by_group.items():
             commit: dict[str, object] = {"group": group, "topic_id": topic.id, "offsets": offs}
@@ -179,4 +189,18 @@ class FetchHandlers(ApiCore):
                     got = orjson.loads(data)["offsets"]
                 for q in queues:
                     result[str(q)] = got.get(str(q))
+        if any(o is not None for o in result.values()):
+            await self._offsets_read(topic, group)
         return json_response({"group": group, "topic": topic.name, "offsets": result})
+
+    async def _offsets_read(self, topic: Topic, group: str) -> None:
+        """A read of ``group``'s committed offsets is a use: its record is refreshed (at most once
+        a minute per node), so the offsets of a consumer that reads them do not expire
+        (``limits.offset_retention_ms``). Offsets committed before groups were recorded get their
+        record here, made by no token (only the topic's cap counts it). The read is answered even
+        when the refresh fails (over the topic's cap, during an upgrade, a leader change): the
+        next read tries again."""
+        try:
+            await self.group_records.ensure_subscription(topic, group, None)
+        except RaftmqError as e:
+            log.info("offsets_read_not_recorded", topic=topic.name, group=group, error=e.error.code)
