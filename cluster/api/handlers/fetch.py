@@ -123,10 +123,7 @@ class FetchHandlers(ApiCore):
                 topic, {int(q): o for offs in by_group.values() for q, o in offs.items()}
             )
         if not known:
-            # The group is kept as a receive's is (docs/delivery.md, "Consumer groups and their
-            # bounds"): a new one counts against the caps (409 too_many_groups, nothing stored),
-            # made by this token; an unconfigured group's offsets expire once unused.
-            await self.group_records.ensure_subscription(topic, group, request)
+            await self._record_group(topic, group, request)
         answer: dict[str, dict[str, int | bool]] = {}
         for g, offs in by_group.items():
             commit: dict[str, object] = {"group": group, "topic_id": topic.id, "offsets": offs}
@@ -145,6 +142,21 @@ class FetchHandlers(ApiCore):
             for q, o in offs.items():
                 answer[q] = applied.get(q) or {"offset": o, "applied": True}
         return json_response({"ok": True, "offsets": answer})
+
+    async def _record_group(self, topic: Topic, group: str, request: web.Request) -> None:
+        """Keep the committing group as a receive's is (docs/delivery.md, "Subscriptions and their
+        bounds"): a new one counts against the caps (409 ``too_many_groups``, nothing stored), made
+        by the request's token; an unconfigured group's offsets expire once unused. While a voter
+        runs a release that cannot record a new unconfigured group (503 ``upgrade_in_progress``), a
+        group that has committed offsets on the topic already commits on as it did there; a new
+        one is refused."""
+        try:
+            await self.group_records.ensure_subscription(topic, group, request)
+        except RaftmqError as e:
+            if e.error is not errors.UPGRADE_IN_PROGRESS:
+                raise
+            if all(o is None for o in (await self._committed(topic, group)).values()):
+                raise
 
     async def _check_offsets(self, topic: Topic, offsets: dict[int, int]) -> None:
         described = await self._describe(topic)
@@ -168,6 +180,14 @@ class FetchHandlers(ApiCore):
         if not request.query.get("topic"):
             raise bad("query parameter 'topic' is required")
         topic = await self.topic(request.query["topic"])
+        result = await self._committed(topic, group)
+        if any(o is not None for o in result.values()):
+            await self._offsets_read(topic, group)
+        return json_response({"group": group, "topic": topic.name, "offsets": result})
+
+    async def _committed(self, topic: Topic, group: str) -> dict[str, int | None]:
+        """``group``'s committed offset of each queue of ``topic`` (None: none), read at each
+        queue group's leader after a barrier (linearizable)."""
         result: dict[str, int | None] = {}
         for g in sorted(set(topic.queue_groups)):
             name = str(g)
@@ -189,9 +209,7 @@ class FetchHandlers(ApiCore):
                     got = orjson.loads(data)["offsets"]
                 for q in queues:
                     result[str(q)] = got.get(str(q))
-        if any(o is not None for o in result.values()):
-            await self._offsets_read(topic, group)
-        return json_response({"group": group, "topic": topic.name, "offsets": result})
+        return result
 
     async def _offsets_read(self, topic: Topic, group: str) -> None:
         """A read of ``group``'s committed offsets is a use: its record is refreshed (at most once
