@@ -15,13 +15,21 @@ rights can invent group names at will, so this state is bounded twice:
   on every queue of the topic in this store: cursor, pending records (in flight, retrying or parked
   dead letters), retry index and lock. So no delivery or lease a consumer holds is removed. Their
   deadline-index entries (``E``) are left dangling and deleted when the tick meets them, as after
-  ``drop_topic``. Result: ``{"expired": n, "more": bool}``.
+  ``drop_topic``.
 
   The committed offset (``O``) goes too, unless the offset API (``commit``, ``commit_fenced``:
   ``PUT /v1/groups/{group}/offsets``, an ordered consumer's fenced commits) wrote it
   (``Subscription.offsets_shared``, set by :func:`mark_offsets_shared` and by ``subscribe`` when
   it finds one): removing it would rewind an offset consumer of the same group name to the oldest
   message. A group received again resumes from a kept offset.
+
+  With ``offset_retention_ms`` (the field level ``expire_subscriptions.offsets``) such a group's
+  record is not dropped but left **dormant** (its receive/ack state gone, ``Subscription.dormant``),
+  so it still counts against the caps; once unused for ``offset_retention_ms`` the record goes
+  with the offsets. A use (subscribe, which an offset commit or read makes too, or a receive, ack,
+  lock) wakes it. Without the field (entries before it, or while a voter lacks it) the rule is
+  the one before: ``dormant`` is ignored and the offset API's offsets stay. Result:
+  ``{"expired": n, "more": bool}``, with the field also ``"dormant": m``.
 
 Pure like the rest of the state machine: time only from the command, the store the only I/O.
 """
