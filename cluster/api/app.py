@@ -156,6 +156,7 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/openapi.json", api.openapi)
     r.add_get("/metrics", metrics_handler)
     delivery = add_subscription_routes(app, node, api)
+    api.group_records = delivery  # the offset API keeps consumer groups as receives do
     add_internal_routes(app, node, api, delivery)
     add_group_routes(app, node, api)
     add_push_routes(app, node, api, delivery)

@@ -35,13 +35,23 @@ class ArrowFetch(Protocol):
     async def fetch_arrow(self, request: web.Request) -> web.StreamResponse: ...
 
 
-__all__ = ["ApiCore", "ArrowFetch"]
+class GroupRecords(Protocol):
+    """The subscription records of consumer groups (``handlers/subscriptions.py``), which the
+    offset API keeps as receives do: a commit under a new group counts against the same caps."""
+
+    def known(self, topic: Topic, group: str) -> bool: ...
+
+    async def ensure_subscription(self, topic: Topic, group: str, request: web.Request | None) -> None: ...
+
+
+__all__ = ["ApiCore", "ArrowFetch", "GroupRecords"]
 
 
 class ApiCore:
     """What the request handlers share (``Api`` mixes the handlers in). One instance per node."""
 
     segments: ArrowFetch  # the Arrow fetch, which Api makes in its constructor
+    group_records: GroupRecords  # the subscription records, which create_app sets
 
     def __init__(self, node: Node) -> None:
         self.node = node

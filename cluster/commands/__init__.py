@@ -218,6 +218,10 @@ FIELD_LEVELS: tuple[str, ...] = (
     # forward, so a delayed copy of an older commit cannot undo a newer one); an older replica
     # refused the field
     "commit_offsets.advance",
+    # expire_subscriptions' offset_retention_ms (the offset API's offsets of an unconfigured group
+    # expire with it, and its receive/ack state first leaves the record dormant); an older replica
+    # refused the field
+    "expire_subscriptions.offsets",
 )
 
 

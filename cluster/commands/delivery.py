@@ -86,10 +86,21 @@ def subscribe(
     )
 
 
-def expire_subscriptions(now_ms: int, idle_ms: int, max_items: int) -> bytes:
+def expire_subscriptions(
+    now_ms: int, idle_ms: int, max_items: int, *, offset_retention_ms: int | None = None
+) -> bytes:
     """Drop unconfigured subscriptions not used for ``idle_ms`` with their receive/ack state
-    (``cluster/machines/delivery/expiry.py``); at most ``max_items`` subscriptions per command."""
-    return _command("expire_subscriptions", now_ms=now_ms, idle_ms=idle_ms, max=max_items)
+    (``cluster/machines/delivery/expiry.py``); at most ``max_items`` subscriptions per command.
+    ``offset_retention_ms``: the offsets the offset API wrote go too, with their group, once it is
+    unused this long (written only once every voter applies ``expire_subscriptions.offsets``);
+    None: they stay, as before the field."""
+    return _command(
+        "expire_subscriptions",
+        now_ms=now_ms,
+        idle_ms=idle_ms,
+        max=max_items,
+        offset_retention_ms=offset_retention_ms,
+    )
 
 
 def receive(
@@ -364,6 +375,11 @@ def _one_to(max_value: int) -> _Reader:
     return partial(_positive, max_value=max_value)
 
 
+def _positive_or_none(obj: dict[str, Any], name: str) -> int | None:
+    """An optional duration of at least 1 ms (absent or null: None)."""
+    return None if obj.get(name) is None else _positive(obj, name, MAX_DURATION_MS)
+
+
 _PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
     "receive": {
         "now_ms": _time,
@@ -380,6 +396,7 @@ _PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
         "now_ms": _time,
         "idle_ms": _one_to(MAX_DURATION_MS),
         "max": _one_to(MAX_TICK_ITEMS),
+        "offset_retention_ms": _positive_or_none,
     },
     "lock": {
         "now_ms": _time,

@@ -117,6 +117,7 @@ class ExpireSubscriptionsCommand(TypedDict):
     now_ms: int
     idle_ms: int
     max: int
+    offset_retention_ms: int | None  # None: the offset API's offsets stay (entries before the field)
 
 
 class ReceiveCommand(TypedDict):

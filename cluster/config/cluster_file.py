@@ -154,6 +154,10 @@ class Limits:
     # bounds"): a subscription that receives made and no admin configured is dropped with its
     # receive/ack state after this long unused (0: kept forever; at least max_visibility_ms).
     subscription_idle_ms: int = 24 * 3600 * 1000
+    # The committed offsets of such a group (an offset commit makes one too, as a receive does) are
+    # dropped, with the group, after this long unused: not committed, not read, not received
+    # under (0: kept forever; at least subscription_idle_ms). Kafka's offsets.retention.minutes.
+    offset_retention_ms: int = 7 * 24 * 3600 * 1000
     # The most such groups per topic, and per token (each counted in each queue group of the
     # topic); a receive that would make one more answers 409 too_many_groups (0: no cap).
     max_groups_per_topic: int = 1000
@@ -400,6 +404,15 @@ def parse_config(
         problems.append(
             "limits.subscription_idle_ms must be 0 (never) or from limits.max_visibility_ms "
             f"to {MAX_DURATION_MS}"
+        )
+    if limits.offset_retention_ms and not (
+        max(limits.max_visibility_ms, limits.subscription_idle_ms)
+        <= limits.offset_retention_ms
+        <= MAX_DURATION_MS
+    ):
+        problems.append(
+            "limits.offset_retention_ms must be 0 (never) or from limits.subscription_idle_ms "
+            f"(and limits.max_visibility_ms) to {MAX_DURATION_MS}"
         )
     if (
         not 0 <= limits.max_groups_per_topic <= 0xFFFF_FFFF

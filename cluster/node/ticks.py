@@ -19,6 +19,7 @@ import structlog
 from raftmq.cluster import commands
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.groups import META, port_offset
+from raftmq.cluster.base.limits import MAX_DURATION_MS
 from raftmq.cluster.commands import expire_subscriptions
 from raftmq.cluster.commands.producers import EXPIRE_MAX, expire_producers
 from raftmq.cluster.machines import producers
@@ -65,7 +66,7 @@ class TickLoops:
         # at its last look for idle subscriptions. Until the group (or the metadata) applies
         # something, nothing falls due before that time: the tick skips the look.
         self._retention_next: dict[str, tuple[int, int, int | None]] = {}
-        self._expiry_next: dict[str, tuple[int, int | None]] = {}
+        self._expiry_next: dict[str, tuple[int, int | None, int | None]] = {}
 
     def scheduled(self) -> None:
         """An apply scheduled something (on the event loop): the delivery loop looks again."""
@@ -264,41 +265,56 @@ class TickLoops:
 
     async def _expire_subscriptions(self, name: str, local: LocalGroup) -> None:
         """Propose ``expire_subscriptions`` while this leader's store shows unconfigured
-        subscriptions unused for ``limits.subscription_idle_ms`` (0: never); at most 100 steps."""
-        idle_ms = self.node.config.limits.subscription_idle_ms
-        if not idle_ms:
+        subscriptions unused for ``limits.subscription_idle_ms`` (0: never), or the offset API's
+        offsets of one unused for ``limits.offset_retention_ms`` (0: never); at most 100 steps."""
+        limits = self.node.config.limits
+        idle_ms = limits.subscription_idle_ms or MAX_DURATION_MS  # 0: never (as good as)
+        if not limits.subscription_idle_ms and not limits.offset_retention_ms:
             return
         if not self.node.group_supports(name, "expire_subscriptions"):
             self._expiry_open_s.pop(name, None)
             return  # a voter of an older release would refuse it: it waits for the upgrade's end
+        # Offsets expire only once every voter applies the field; until then the command is
+        # written as before it (the offset API's offsets stay), and never with nothing to do.
+        retention_ms = limits.offset_retention_ms or None
+        if not self.node.group_supports(name, "expire_subscriptions.offsets"):
+            if not limits.subscription_idle_ms:
+                return
+            retention_ms = None
         # Until then receives could not mark their subscription used (the older subscribe has no
         # now_ms): they get EXPIRY_GRACE_S to mark it again before idle ones are looked for.
         opened_s = self._expiry_open_s.setdefault(name, time.monotonic())
         if time.monotonic() - opened_s < min(EXPIRY_GRACE_S, idle_ms / 2000):
             return
-        expired = 0
+        expired = dormant = 0
         for _ in range(100):
-            if not local.raft.is_leader() or not self._subscriptions_due(name, local, idle_ms):
+            if not local.raft.is_leader() or not self._subscriptions_due(name, local, idle_ms, retention_ms):
                 break
-            outcome = await self.node.propose(name, expire_subscriptions(now_ms(), idle_ms, EXPIRE_MAX))
+            command = expire_subscriptions(now_ms(), idle_ms, EXPIRE_MAX, offset_retention_ms=retention_ms)
+            outcome = await self.node.propose(name, command)
             result = outcome.result
             if outcome.error or not isinstance(result, dict) or "error" in result:
                 log.warning("expire_subscriptions_not_applied", group=name, error=outcome.error or result)
                 break
             expired += result["expired"]
+            dormant += result.get("dormant", 0)
             if not result["more"]:
                 break
-        if expired:
-            log.info("subscriptions_expired", group=name, count=expired)
+        if expired or dormant:
+            log.info("subscriptions_expired", group=name, count=expired, dormant=dormant)
 
-    def _subscriptions_due(self, name: str, local: LocalGroup, idle_ms: int) -> bool:
-        """Whether an unconfigured subscription of group ``name`` is idle now (its store is read
-        again only once the group applied something since the last read)."""
+    def _subscriptions_due(
+        self, name: str, local: LocalGroup, idle_ms: int, retention_ms: int | None
+    ) -> bool:
+        """Whether something of an unconfigured subscription of group ``name`` expires now (its
+        store is read again only once the group applied something since the last read, or the
+        rule changed: the upgrade's end)."""
         cached = self._expiry_next.get(name)
         index = local.machine.applied_index
-        if cached is None or cached[0] != index:
-            cached = self._expiry_next[name] = (index, next_expiry_ms(local.machine.store, idle_ms))
-        return cached[1] is not None and cached[1] <= now_ms()
+        if cached is None or cached[:2] != (index, retention_ms):
+            due = next_expiry_ms(local.machine.store, idle_ms, retention_ms)
+            cached = self._expiry_next[name] = (index, retention_ms, due)
+        return cached[2] is not None and cached[2] <= now_ms()
 
     # -- delivery ticks ---------------------------------------------------------------------------
 

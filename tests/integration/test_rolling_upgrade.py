@@ -44,6 +44,15 @@ def commit(c: Cluster, offset: int) -> Any:
     return c.session.put(c.url() + "/v1/groups/offsets/offsets", json=body, timeout=30)
 
 
+def reader_commit(c: Cluster, group: str) -> Any:
+    return c.session.put(
+        c.url() + f"/v1/groups/{group}/offsets",
+        json={"topic": "orders", "offsets": {"0": 1}},
+        headers={"Authorization": f"Bearer {READER}"},
+        timeout=30,
+    )
+
+
 def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_the_upgrade(
     tmp_path: Path,
 ) -> None:
@@ -65,6 +74,11 @@ def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_t
             assert r.status_code == 503, r.text
             error = r.json()["error"]
             assert error["code"] == "upgrade_in_progress" and error["retriable"] is True, r.text
+        # So is the reader's offset commit under a new group (it would be one more unconfigured
+        # group, as a receive's), and nothing is stored.
+        r = reader_commit(c, "reader-made")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "upgrade_in_progress", r.text
+        assert c.get("/v1/groups/reader-made/offsets?topic=orders").json()["offsets"] == {"0": None}
         # An admin's PUT is stored in its older form; its dead-letter topic waits for the upgrade.
         r = c.session.put(
             c.url() + "/v1/topics/orders/subscriptions/billing", json={"max_deliveries": 2}, timeout=30
@@ -91,6 +105,8 @@ def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_t
             return bool(receive(c, READER, "invented").status_code == 200)
 
         wait_until(admitted, 30, interval_s=0.5, what="the reader's new group admitted after the upgrade")
+        r = reader_commit(c, "reader-made")
+        assert r.status_code == 200, r.text
 
         def dead_letter_topic_made() -> bool:
             put = c.session.put(

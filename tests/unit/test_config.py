@@ -167,3 +167,22 @@ def test_unauthenticated_raft_connection_limits_have_defaults_and_bounds() -> No
         parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3), "limits": limits})
     text = "\n".join(e.value.problems)
     assert "limits.raft_auth_timeout_ms" in text and "limits.raft_max_unauthenticated" in text
+
+
+def test_offset_retention_defaults_to_a_week_may_be_off_and_is_not_below_the_idle_time() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
+    assert c.limits.offset_retention_ms == 7 * 24 * 3600 * 1000
+    off = parse_config(
+        {"cluster": {"secret": SECRET}, "limits": {"offset_retention_ms": 0}, "nodes": nodes(3)}
+    )
+    assert off.limits.offset_retention_ms == 0  # kept forever
+    env = {"RAFTMQ_LIMITS_OFFSET_RETENTION_MS": "172800000"}
+    assert (
+        parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)}, env=env).limits.offset_retention_ms
+        == 172_800_000
+    )
+    for bad in (3600 * 1000, 2**41):  # below subscription_idle_ms (24 h), beyond any duration
+        with pytest.raises(ConfigError, match=r"limits\.offset_retention_ms must be 0"):
+            parse_config(
+                {"cluster": {"secret": SECRET}, "limits": {"offset_retention_ms": bad}, "nodes": nodes(3)}
+            )

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 import orjson
+import structlog
 from aiohttp import web
 
 from raftmq.cluster import commands
@@ -28,7 +29,7 @@ from raftmq.cluster.api.handlers.segments import wants_arrow
 from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES, bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.router import body_error, peer_call
@@ -36,6 +37,8 @@ from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
 from raftmq.storage.records import Message
 
 __all__ = ["FetchHandlers"]
+
+log = structlog.get_logger(__name__)
 
 
 class FetchHandlers(ApiCore):
@@ -110,13 +113,17 @@ class FetchHandlers(ApiCore):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63:
                 raise bad(f"offset for queue {k} must be a non-negative integer")
             by_group[topic.queue_groups[int(k)]][str(int(k))] = v
-        if len(by_group) > 1:
+        known = self.group_records.known(topic, group)
+        if len(by_group) > 1 or not known:
             # One commit per queue group: check every offset first, so that a request is not
-            # half-applied when a later group refuses its part. high_offset only grows, so an
-            # offset accepted here is still in range when its commit applies.
+            # half-applied when a later group refuses its part, and leaves no group record behind.
+            # high_offset only grows, so an offset accepted here is still in range when its commit
+            # applies.
             await self._check_offsets(
                 topic, {int(q): o for offs in by_group.values() for q, o in offs.items()}
             )
+        if not known:
+            await self._record_group(topic, group, request)
         answer: dict[str, dict[str, int | bool]] = {}
         for g, offs in by_group.items():
             commit: dict[str, object] = {"group": group, "topic_id": topic.id, "offsets": offs}
@@ -135,6 +142,21 @@ class FetchHandlers(ApiCore):
             for q, o in offs.items():
                 answer[q] = applied.get(q) or {"offset": o, "applied": True}
         return json_response({"ok": True, "offsets": answer})
+
+    async def _record_group(self, topic: Topic, group: str, request: web.Request) -> None:
+        """Keep the committing group as a receive's is (docs/delivery.md, "Subscriptions and their
+        bounds"): a new one counts against the caps (409 ``too_many_groups``, nothing stored), made
+        by the request's token; an unconfigured group's offsets expire once unused. While a voter
+        runs a release that cannot record a new unconfigured group (503 ``upgrade_in_progress``), a
+        group that has committed offsets on the topic already commits on as it did there; a new
+        one is refused."""
+        try:
+            await self.group_records.ensure_subscription(topic, group, request)
+        except RaftmqError as e:
+            if e.error is not errors.UPGRADE_IN_PROGRESS:
+                raise
+            if all(o is None for o in (await self._committed(topic, group)).values()):
+                raise
 
     async def _check_offsets(self, topic: Topic, offsets: dict[int, int]) -> None:
         described = await self._describe(topic)
@@ -158,6 +180,14 @@ class FetchHandlers(ApiCore):
         if not request.query.get("topic"):
             raise bad("query parameter 'topic' is required")
         topic = await self.topic(request.query["topic"])
+        result = await self._committed(topic, group)
+        if any(o is not None for o in result.values()):
+            await self._offsets_read(topic, group)
+        return json_response({"group": group, "topic": topic.name, "offsets": result})
+
+    async def _committed(self, topic: Topic, group: str) -> dict[str, int | None]:
+        """``group``'s committed offset of each queue of ``topic`` (None: none), read at each
+        queue group's leader after a barrier (linearizable)."""
         result: dict[str, int | None] = {}
         for g in sorted(set(topic.queue_groups)):
             name = str(g)
@@ -179,4 +209,16 @@ class FetchHandlers(ApiCore):
                     got = orjson.loads(data)["offsets"]
                 for q in queues:
                     result[str(q)] = got.get(str(q))
-        return json_response({"group": group, "topic": topic.name, "offsets": result})
+        return result
+
+    async def _offsets_read(self, topic: Topic, group: str) -> None:
+        """A read of ``group``'s committed offsets is a use: its record is refreshed (at most once
+        a minute per node), so the offsets of a consumer that reads them do not expire
+        (``limits.offset_retention_ms``). Offsets committed before groups were recorded get their
+        record here, made by no token (only the topic's cap counts it). The read is answered even
+        when the refresh fails (over the topic's cap, during an upgrade, a leader change): the
+        next read tries again."""
+        try:
+            await self.group_records.ensure_subscription(topic, group, None)
+        except RaftmqError as e:
+            log.info("offsets_read_not_recorded", topic=topic.name, group=group, error=e.error.code)

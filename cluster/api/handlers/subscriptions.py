@@ -142,11 +142,18 @@ class SubscriptionsApi:
             return True, None
         return False, grant.name
 
+    def known(self, topic: Topic, group: str) -> bool:
+        """Whether this node stored or refreshed the subscription of ``group`` on ``topic`` lately
+        (:meth:`ensure_subscription` would write nothing)."""
+        return self._subscribed.fresh((topic.id, group), time.monotonic())
+
     async def ensure_subscription(self, topic: Topic, group: str, request: web.Request | None) -> None:
         """Store the subscription in every queue group of the topic (the cluster's defaults; an
-        existing one keeps its settings) before a receive, and mark it used. It names the
-        dead-letter topic only if that exists: a receive creates no topic. A new unconfigured one
-        counts against ``limits.max_groups_per_topic`` / ``_per_token`` (409 ``too_many_groups``)."""
+        existing one keeps its settings) before a receive or an offset commit, and mark it used.
+        It names the dead-letter topic only if that exists: a receive creates no topic. A new
+        unconfigured one counts against ``limits.max_groups_per_topic`` / ``_per_token`` (409
+        ``too_many_groups``). ``request`` None: the caller's token is not known here (a push
+        stream's later takes, an offset read): an existing record keeps its creator and mark."""
         key = (topic.id, group)
         if self._subscribed.fresh(key, time.monotonic()):
             return

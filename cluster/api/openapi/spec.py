@@ -452,7 +452,10 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/v1/groups/{group}/offsets": {
             "put": _op(
                 "commitOffsets",
-                "Commit a consumer group's offsets (replicated; forward only with advance; fenced by epoch)",
+                "Commit a consumer group's offsets (replicated; forward only with advance; fenced by epoch). "
+                "A new group of a token without admin on the topic counts against "
+                "limits.max_groups_per_topic and max_groups_per_token (409 too_many_groups, nothing "
+                "stored); its offsets expire after limits.offset_retention_ms unused",
                 {
                     "200": _json(_ref("Committed"), "committed"),
                     **_errors(400, 404, 409),

@@ -128,6 +128,7 @@ def subscribe(work: Apply, cmd: SubscribeCommand) -> dict[str, Any]:
             configured=configured or (current is not None and current.configured),
             used_ms=max(now_ms, (current.used_ms or 0) if current is not None else 0),
             creator=current.creator if current is not None else cmd["creator"],
+            dormant=False,  # used again
         )
     if new != current:
         work.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))

@@ -15,13 +15,21 @@ rights can invent group names at will, so this state is bounded twice:
   on every queue of the topic in this store: cursor, pending records (in flight, retrying or parked
   dead letters), retry index and lock. So no delivery or lease a consumer holds is removed. Their
   deadline-index entries (``E``) are left dangling and deleted when the tick meets them, as after
-  ``drop_topic``. Result: ``{"expired": n, "more": bool}``.
+  ``drop_topic``.
 
   The committed offset (``O``) goes too, unless the offset API (``commit``, ``commit_fenced``:
   ``PUT /v1/groups/{group}/offsets``, an ordered consumer's fenced commits) wrote it
   (``Subscription.offsets_shared``, set by :func:`mark_offsets_shared` and by ``subscribe`` when
   it finds one): removing it would rewind an offset consumer of the same group name to the oldest
   message. A group received again resumes from a kept offset.
+
+  With ``offset_retention_ms`` (the field level ``expire_subscriptions.offsets``) such a group's
+  record is not dropped but left **dormant** (its receive/ack state gone, ``Subscription.dormant``),
+  so it still counts against the caps; once unused for ``offset_retention_ms`` the record goes
+  with the offsets. A use (subscribe, which an offset commit or read makes too, or a receive, ack,
+  lock) wakes it. Without the field (entries before it, or while a voter lacks it) the rule is
+  the one before: ``dormant`` is ignored and the offset API's offsets stay. Result:
+  ``{"expired": n, "more": bool}``, with the field also ``"dormant": m``.
 
 Pure like the rest of the state machine: time only from the command, the store the only I/O.
 """
@@ -108,32 +116,68 @@ def _idle(s: Subscription, now_ms: int, idle_ms: int) -> bool:
     return not s.configured and s.used_ms is not None and s.used_ms + idle_ms <= now_ms
 
 
-def expiry_due(store: Store, now_ms: int, idle_ms: int) -> bool:
+_ALL, _RECEIVE = "all", "receive"
+
+
+def _due(s: Subscription, now_ms: int, idle_ms: int, retention_ms: int | None) -> str | None:
+    """What of ``s`` expires at ``now_ms``: ``"all"`` (the record with its state and offsets),
+    ``"receive"`` (its receive/ack state: the record stays dormant for the offset API's offsets)
+    or None. ``retention_ms`` None: the rule before offset retention (a command without
+    ``offset_retention_ms``), which ignores ``dormant`` as the releases before it do."""
+    if retention_ms is None:
+        return _ALL if _idle(s, now_ms, idle_ms) else None
+    if s.configured or s.used_ms is None:
+        return None
+    if not s.offsets_shared:
+        return _ALL if s.used_ms + idle_ms <= now_ms else None
+    if s.used_ms + retention_ms <= now_ms:
+        return _ALL
+    return _RECEIVE if not s.dormant and s.used_ms + idle_ms <= now_ms else None
+
+
+def _due_at(s: Subscription, idle_ms: int, retention_ms: int | None) -> int | None:
+    """When :func:`_due` first answers something for ``s`` (None: never, until it changes)."""
+    if s.configured or s.used_ms is None:
+        return None
+    if retention_ms is None or not s.offsets_shared:
+        return s.used_ms + idle_ms
+    at = s.used_ms + retention_ms
+    return at if s.dormant else min(at, s.used_ms + idle_ms)
+
+
+def expiry_due(store: Store, now_ms: int, idle_ms: int, retention_ms: int | None = None) -> bool:
     """Whether an ``expire_subscriptions`` would drop something in this replica's ``store``."""
-    return any(_idle(s, now_ms, idle_ms) for _, _, s in _subscriptions(store))
+    return any(_due(s, now_ms, idle_ms, retention_ms) for _, _, s in _subscriptions(store))
 
 
-def next_expiry_ms(store: Store, idle_ms: int) -> int | None:
-    """The earliest time at which an unconfigured subscription of this replica's ``store`` is idle
-    for ``idle_ms`` (None: none can be). It holds until the store applies another entry: the
-    leader asks once, not at every tick, and proposes ``expire_subscriptions`` only from then."""
-    times = [
-        s.used_ms + idle_ms for _, _, s in _subscriptions(store) if not s.configured and s.used_ms is not None
-    ]
+def next_expiry_ms(store: Store, idle_ms: int, retention_ms: int | None = None) -> int | None:
+    """The earliest time at which an ``expire_subscriptions`` with ``idle_ms`` and
+    ``retention_ms`` drops something of this replica's ``store`` (None: nothing can be). It holds
+    until the store applies another entry: the leader asks once, not at every tick, and proposes
+    ``expire_subscriptions`` only from then."""
+    times = [t for _, _, s in _subscriptions(store) if (t := _due_at(s, idle_ms, retention_ms)) is not None]
     return min(times, default=None)
 
 
 def expire_subscriptions(work: Apply, cmd: ExpireSubscriptionsCommand) -> dict[str, Any]:
-    """Drop idle unconfigured subscriptions with their state (module docstring)."""
+    """Drop idle unconfigured subscriptions with their state (module docstring).
+
+    Result: ``{"expired": n, "more": bool}``, and with ``offset_retention_ms`` ``"dormant": m``,
+    the records whose receive/ack state went while they stay for the offset API's offsets."""
     now_ms, idle_ms, budget = cmd["now_ms"], cmd["idle_ms"], cmd["max"]
+    retention_ms = cmd["offset_retention_ms"]
     store, batch = work.store, work.batch
-    expired, more = 0, False
+    expired, dormant, more = 0, 0, False
     for topic_id, group, s in _subscriptions(store):
-        if not _idle(s, now_ms, idle_ms):
+        due = _due(s, now_ms, idle_ms, retention_ms)
+        if due is None:
             continue
-        if expired >= budget:
+        if expired + dormant >= budget:
             more = True
             break
+        # Without offset retention the offset API's offsets stay (the rule before it); with it
+        # they go once the whole record is due.
+        keep_offsets = due == _RECEIVE or (retention_ms is None and s.offsets_shared)
         for meta_key, _ in scan_prefix(store, keys.topic_range(keys.META, topic_id)[0]):
             (queue,) = struct.unpack_from(">I", meta_key, 5)
             for prefix in (keys.PENDING, keys.RETRY):
@@ -141,8 +185,17 @@ def expire_subscriptions(work: Apply, cmd: ExpireSubscriptionsCommand) -> dict[s
                 batch.delete_range(start, keys.prefix_end(start))
             batch.delete(keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group))
             batch.delete(keys.lock_key(topic_id, queue, group))
-            if not s.offsets_shared:  # the offset API's stays (module docstring)
+            if not keep_offsets:
                 batch.delete(keys.offset_key(topic_id, queue, group))
-        batch.delete(keys.subscription_key(topic_id, group))
-        expired += 1
-    return {"expired": expired, "more": more}
+        if due == _RECEIVE:
+            batch.put(
+                keys.subscription_key(topic_id, group), orjson.dumps(replace(s, dormant=True).to_json())
+            )
+            dormant += 1
+        else:
+            batch.delete(keys.subscription_key(topic_id, group))
+            expired += 1
+    result: dict[str, Any] = {"expired": expired, "more": more}
+    if retention_ms is not None:
+        result["dormant"] = dormant
+    return result

@@ -81,7 +81,10 @@ class Subscription:
         creator: The token whose receive made it (None: an admin's, or without tokens), counted
             against ``limits.max_groups_per_token``.
         offsets_shared: The offset API (``commit``, ``commit_fenced``) wrote the group's
-            committed offset on this topic: its expiry leaves that offset alone.
+            committed offset on this topic: its expiry leaves that offset alone until
+            ``limits.offset_retention_ms`` unused (``delivery/expiry.py``).
+        dormant: Its receive/ack state expired (``subscription_idle_ms``) and the record stays
+            only for the offset API's offsets, until they expire too; a use wakes it.
     """
 
     topic: str
@@ -93,6 +96,7 @@ class Subscription:
     used_ms: int | None = None
     creator: str | None = None
     offsets_shared: bool = False
+    dormant: bool = False
 
     def backoff(self, attempts: int) -> int:
         return self.backoff_ms[min(max(attempts, 1), len(self.backoff_ms)) - 1]
@@ -115,6 +119,8 @@ class Subscription:
             out["creator"] = self.creator
         if self.offsets_shared:
             out["offsets_shared"] = True
+        if self.dormant:
+            out["dormant"] = True
         return out
 
     @classmethod
@@ -131,6 +137,7 @@ class Subscription:
             used_ms=d.get("used_ms"),
             creator=d.get("creator"),
             offsets_shared=d.get("offsets_shared", False),
+            dormant=d.get("dormant", False),
         )
 
 
@@ -258,9 +265,9 @@ class _Work:
         current = self.subscription(topic_id, group)
         if current is None or current.configured or current.used_ms is None:
             return
-        if until_ms < current.used_ms + USED_STEP_MS:
+        if until_ms < current.used_ms + USED_STEP_MS and not current.dormant:
             return
-        new = replace(current, used_ms=until_ms)
+        new = replace(current, used_ms=max(until_ms, current.used_ms), dormant=False)
         self._subscriptions[(topic_id, group)] = new
         self.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))
 

@@ -1,0 +1,131 @@
+"""The offset API's consumer groups are bounded as a receive's are, on a real 3-node cluster with
+API tokens (issue 19, "consume rights bounded"): a commit under a new group name counts against
+``limits.max_groups_per_token`` / ``max_groups_per_topic`` (409 ``too_many_groups``, nothing
+stored) while an admin's group is not capped; the offsets of an invented group that nobody commits
+or reads expire after ``limits.offset_retention_ms``, those of a configured group stay
+(``docs/delivery.md``, "Consumer groups and their bounds")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+ADMIN = "admin-token-Pq8Wm3Zt6Yc1Ld4Rf"
+COMMITTER = "committer-token-Hs5Kx2Nv9Bj7Tg"  # consume on counted
+OTHER = "other-token-Ue3Ra8Wq1Mz6Xp4Jo"  # consume on counted
+FORGETTER = "forgetter-token-Lw7Dn4Qs1Vh8Ck"  # consume on forgetful
+TOKENS = [
+    ("admin", ADMIN, '["*"]', '["*"]', '["*"]'),
+    ("committer", COMMITTER, "[]", "[]", '["counted"]'),
+    ("other", OTHER, "[]", "[]", '["counted"]'),
+    ("forgetter", FORGETTER, "[]", "[]", '["forgetful"]'),
+]
+SECURITY = "[security]\n" + "".join(
+    f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
+    for n, t, a, p, c in TOKENS
+)
+CONFIG = (
+    "[limits]\nsubscription_idle_ms = 10000\noffset_retention_ms = 45000\nmax_visibility_ms = 8000\n"
+    "default_visibility_ms = 1000\nmax_groups_per_topic = 6\nmax_groups_per_token = 4\n"
+    "[raft]\nretention_check_ms = 500\n" + SECURITY
+)
+
+
+@pytest.fixture(scope="module")
+def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("offset-groups"), extra_toml=CONFIG) as cluster:
+        cluster.session.headers["Authorization"] = f"Bearer {ADMIN}"
+        cluster.start()
+        cluster.wait_ready()
+        cluster.wait_balanced()
+        yield cluster
+        for nid in cluster.nodes:
+            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
+
+
+def call(c: Cluster, token: str, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
+    headers = {"Authorization": f"Bearer {token}"}
+    return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
+
+
+def topic_with_messages(c: Cluster, name: str) -> None:
+    r = c.post("/v1/topics", {"name": name, "queues": 2})
+    assert r.status_code == 201, r.text
+    assert c.produce(name, [{"value": f"m{i}", "queue": i % 2} for i in range(4)]).status_code == 200
+
+
+def commit(c: Cluster, token: str, topic: str, group: str, node: str | None = None) -> Any:
+    body = {"topic": topic, "offsets": {"0": 1, "1": 2}}
+    return call(c, token, "PUT", f"/v1/groups/{group}/offsets", node, json=body)
+
+
+def committed(c: Cluster, topic: str, group: str) -> dict[str, int | None]:
+    r = c.get(f"/v1/groups/{group}/offsets?topic={topic}")
+    assert r.status_code == 200, r.text
+    offsets: dict[str, int | None] = r.json()["offsets"]
+    return offsets
+
+
+def groups_of(c: Cluster, topic: str) -> set[str]:
+    r = c.get(f"/v1/topics/{topic}/groups")
+    assert r.status_code == 200, r.text
+    return {g["group"] for g in r.json()["groups"]}
+
+
+def test_commits_under_more_invented_groups_than_the_caps_are_refused_and_store_nothing(c: Cluster) -> None:
+    topic_with_messages(c, "counted")
+    nodes = list(c.nodes)
+    for i in range(4):  # through every node: the caps hold wherever the commit comes in
+        r = commit(c, COMMITTER, "counted", f"made-up-{i}", nodes[i % 3])
+        assert r.status_code == 200, r.text
+    r = commit(c, COMMITTER, "counted", "made-up-over", nodes[1])
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert "max_groups_per_token" in r.json()["error"]["message"]
+    assert committed(c, "counted", "made-up-over") == {"0": None, "1": None}  # nothing stored
+    # The same caps as a receive's groups: a receive under a fifth name is refused too.
+    r = call(c, COMMITTER, "POST", "/v1/topics/counted/subscriptions/received/receive", json={})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
+    # A known group commits on; its offsets move.
+    body = {"topic": "counted", "offsets": {"0": 2}}
+    r = call(c, COMMITTER, "PUT", "/v1/groups/made-up-0/offsets", nodes[2], json=body)
+    assert r.status_code == 200, r.text
+    assert committed(c, "counted", "made-up-0") == {"0": 2, "1": 2}
+    # The topic's cap: another token's third new group is over the 6 the topic may have.
+    for i in range(2):
+        assert commit(c, OTHER, "counted", f"other-{i}").status_code == 200
+    r = commit(c, OTHER, "counted", "other-over")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
+    assert "max_groups_per_topic" in r.json()["error"]["message"]
+    assert committed(c, "counted", "other-over") == {"0": None, "1": None}
+    # An admin's groups are configured: not capped.
+    for i in range(3):
+        r = commit(c, ADMIN, "counted", f"admins-{i}", nodes[i])
+        assert r.status_code == 200, r.text
+        assert committed(c, "counted", f"admins-{i}") == {"0": 1, "1": 2}
+
+
+def test_an_unused_invented_groups_offsets_expire_and_read_or_configured_ones_stay(c: Cluster) -> None:
+    topic_with_messages(c, "forgetful")
+    for token, group in ((FORGETTER, "forgotten"), (FORGETTER, "reader"), (ADMIN, "kept")):
+        r = commit(c, token, "forgetful", group)
+        assert r.status_code == 200, r.text
+    assert groups_of(c, "forgetful") >= {"forgotten", "reader", "kept"}
+
+    def forgotten_gone() -> bool:
+        assert committed(c, "forgetful", "reader") == {"0": 1, "1": 2}  # a read is a use
+        return "forgotten" not in groups_of(c, "forgetful")
+
+    # Nobody commits or reads "forgotten": after offset_retention_ms (45 s) its offsets go.
+    wait_until(forgotten_gone, 180, interval_s=1, what="the unused invented group's offsets to expire")
+    assert committed(c, "forgetful", "forgotten") == {"0": None, "1": None}
+    assert committed(c, "forgetful", "kept") == {"0": 1, "1": 2}  # configured: never expires
+    assert groups_of(c, "forgetful") >= {"reader", "kept"}
+    # The expired group no longer counts against the committer's cap, and starts over if used.
+    r = commit(c, FORGETTER, "forgetful", "forgotten")
+    assert r.status_code == 200, r.text
