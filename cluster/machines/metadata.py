@@ -9,8 +9,8 @@ a new topic's.
 
 Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
 ``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``), then
-``record_dead_letters`` and ``set_topic_attributes`` (ONLY ADD TO THE END: ``OPS`` below, which
-the rolling-upgrade gate reads).
+``record_dead_letters``, ``set_topic_attributes`` and ``create_topics`` (ONLY ADD TO THE END: ``OPS``
+below, which the rolling-upgrade gate reads).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
 ``ensure_dlq_topic {"source", "group", "now_ms", "by_record"?}`` returns the dead-letter topic of a consumer
@@ -37,6 +37,10 @@ its upgrade would read different topics on different replicas.
 value removes one); ``create_topic`` may carry ``attributes`` too. Attributes are the topic's own
 settings that front ends keep (the SQS API stores a queue's attributes there, ``cluster/api/sqs/``);
 the machine checks only their shape (:func:`validate_attributes`) and never reads them.
+
+``create_topics {"now_ms", "group_count", "topics": [spec, ...]}`` creates many topics in one entry,
+each spec exactly as ``create_topic`` would (the same function, :func:`_new_topic`), one result per
+spec; ``raftmq topic create`` with many names writes it (``POST /v1/topics`` with ``topics``).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import orjson
 import structlog
 
 from raftmq.cluster.base.errors import Refused
+from raftmq.cluster.base.limits import MAX_TOPICS_PER_ENTRY
 from raftmq.cluster.machines import placement as pl
 from raftmq.cluster.machines.placement import Change, Placement
 from raftmq.storage.store import Batch, Store
@@ -81,6 +86,7 @@ OPS: tuple[str, ...] = (
     *pl.OPS,
     "record_dead_letters",
     "set_topic_attributes",
+    "create_topics",
 )
 # Meanings added to an op after it shipped (as cluster/commands FIELD_LEVELS; ONLY ADD TO THE END).
 FIELD_LEVELS: tuple[str, ...] = (
@@ -243,6 +249,52 @@ def applied_index(store: Store) -> int:
     return 0 if applied is None else int(_U64.unpack(applied)[0])
 
 
+def _new_topic(cmd: dict[str, Any], topics: dict[str, Topic], topic_id: int) -> Topic | dict[str, Any]:
+    """The topic ``create_topic`` command ``cmd`` makes with id ``topic_id`` next to ``topics``,
+    or the error body when it makes none (``bad_request``, ``topic_exists``). Pure."""
+    name = cmd.get("name")
+    problem = validate_topic_name(name)
+    if problem:
+        return _error("bad_request", problem)
+    assert isinstance(name, str)
+    queues, group_count, now_ms = cmd.get("queues"), cmd.get("group_count"), cmd.get("now_ms")
+    for key, v, lo, hi in (("queues", queues, 1, MAX_QUEUES), ("group_count", group_count, 1, 256)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            return _error("bad_request", f"{key} must be an integer from {lo} to {hi}")
+    if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
+        return _error("bad_request", "now_ms must be a non-negative integer")
+    opts: dict[str, int | None] = {}
+    for key, minimum in (("retention_ms", 1), ("retention_bytes", 1), ("max_message_bytes", 1)):
+        opts[key], problem = _opt_int(cmd, key, minimum)
+        if problem:
+            return _error("bad_request", problem)
+    attributes = cmd.get("attributes") or {}
+    problem = validate_attributes(attributes, removals=False)
+    if problem:
+        return _error("bad_request", problem)
+    if name in topics:
+        return _error("topic_exists", f"topic {name!r} exists")
+    assert isinstance(queues, int) and isinstance(group_count, int)
+    return Topic(
+        id=topic_id,
+        name=name,
+        queues=queues,
+        # Start each topic at a different group so that small topics spread over the groups.
+        queue_groups=tuple((topic_id + q) % group_count for q in range(queues)),
+        retention_ms=opts["retention_ms"],
+        retention_bytes=opts["retention_bytes"],
+        max_message_bytes=opts["max_message_bytes"],
+        created_ms=now_ms,
+        attributes=dict(attributes),
+    )
+
+
+def _put_new_topic(batch: Batch, topic: Topic) -> None:
+    """Write a topic made with the next id, and move the next id past it."""
+    batch.put(_TOPIC + topic.name.encode(), orjson.dumps(topic.to_json()))
+    batch.put(_NEXT_ID, _U32.pack(topic.id + 1))
+
+
 class MetadataMachine:
     """Topics in memory, persisted through the Store on every apply."""
 
@@ -384,6 +436,8 @@ class MetadataMachine:
             return {"ok": True}, batch, None, None
         if op == "create_topic":
             return self._create_topic(cmd, batch)
+        if op == "create_topics":
+            return self._create_topics(cmd, batch)
         if op == "ensure_dlq_topic":
             return self._ensure_dlq_topic(cmd, batch)
         if op == "record_dead_letters":
@@ -430,47 +484,42 @@ class MetadataMachine:
     def _create_topic(
         self, cmd: dict[str, Any], batch: Batch
     ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
-        name = cmd.get("name")
-        problem = validate_topic_name(name)
-        if problem:
-            return _error("bad_request", problem), batch, None, None
-        assert isinstance(name, str)
-        queues, group_count, now_ms = cmd.get("queues"), cmd.get("group_count"), cmd.get("now_ms")
-        for key, v, lo, hi in (("queues", queues, 1, MAX_QUEUES), ("group_count", group_count, 1, 256)):
-            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-                return _error("bad_request", f"{key} must be an integer from {lo} to {hi}"), batch, None, None
-        if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
-            return _error("bad_request", "now_ms must be a non-negative integer"), batch, None, None
-        opts: dict[str, int | None] = {}
-        for key, minimum in (("retention_ms", 1), ("retention_bytes", 1), ("max_message_bytes", 1)):
-            opts[key], problem = _opt_int(cmd, key, minimum)
-            if problem:
-                return _error("bad_request", problem), batch, None, None
-        attributes = cmd.get("attributes") or {}
-        problem = validate_attributes(attributes, removals=False)
-        if problem:
-            return _error("bad_request", problem), batch, None, None
-        if name in self._topics:
-            return _error("topic_exists", f"topic {name!r} exists"), batch, None, None
-        assert isinstance(queues, int) and isinstance(group_count, int)
-        topic_id = self._next_id
-        topic = Topic(
-            id=topic_id,
-            name=name,
-            queues=queues,
-            # Start each topic at a different group so that small topics spread over the groups.
-            queue_groups=tuple((topic_id + q) % group_count for q in range(queues)),
-            retention_ms=opts["retention_ms"],
-            retention_bytes=opts["retention_bytes"],
-            max_message_bytes=opts["max_message_bytes"],
-            created_ms=now_ms,
-            attributes=dict(attributes),
-        )
-        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
-        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
-        topics = dict(self._topics)
-        topics[name] = topic
-        return {"topic": topic.to_json()}, batch, topics, topic_id + 1
+        made = _new_topic(cmd, self._topics, self._next_id)
+        if not isinstance(made, Topic):
+            return made, batch, None, None
+        _put_new_topic(batch, made)
+        return {"topic": made.to_json()}, batch, {**self._topics, made.name: made}, made.id + 1
+
+    def _create_topics(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        """``create_topics {"now_ms", "group_count", "topics": [spec, ...]}``: each spec (the fields
+        of ``create_topic`` but ``now_ms`` and ``group_count``, which the entry gives all of them)
+        created as ``create_topic`` creates it, in order, in this one entry; a spec that fails
+        (``topic_exists``, also for a name given earlier in the entry; ``bad_request``) fails
+        alone. Answers ``{"results": [{"topic"} or {"error"}, ...]}`` in the specs' order."""
+        specs = cmd.get("topics")
+        if not isinstance(specs, list) or not 1 <= len(specs) <= MAX_TOPICS_PER_ENTRY:
+            message = f"topics must be a list of 1 to {MAX_TOPICS_PER_ENTRY} topic specs"
+            return _error("bad_request", message), batch, None, None
+        shared = {"now_ms": cmd.get("now_ms"), "group_count": cmd.get("group_count")}
+        topics, next_id = dict(self._topics), self._next_id
+        results: list[dict[str, Any]] = []
+        for spec in specs:
+            if not isinstance(spec, dict):
+                results.append(_error("bad_request", "a topic spec must be an object"))
+                continue
+            made = _new_topic({**spec, **shared}, topics, next_id)
+            if not isinstance(made, Topic):
+                results.append(made)
+                continue
+            _put_new_topic(batch, made)
+            topics[made.name] = made
+            next_id = made.id + 1
+            results.append({"topic": made.to_json()})
+        if next_id == self._next_id:  # nothing created
+            return {"results": results}, batch, None, None
+        return {"results": results}, batch, topics, next_id
 
     def _set_attributes(
         self, cmd: dict[str, Any], batch: Batch
@@ -539,8 +588,7 @@ class MetadataMachine:
             created_ms=now_ms,
             dead_letter_of=(source.id, group) if by_record else None,
         )
-        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
-        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
+        _put_new_topic(batch, topic)
         topics = dict(self._topics)
         topics[name] = topic
         return {"topic": topic.to_json(), "created": True}, batch, topics, topic_id + 1
