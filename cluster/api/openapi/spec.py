@@ -155,6 +155,36 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             },
             required=("name",),
         ),
+        "CreateTopics": _obj(
+            {
+                "topics": _array(
+                    _ref("CreateTopic"),
+                    minItems=1,
+                    maxItems=limits.max_topics_per_request,
+                    description="Topics created in one metadata entry (limits.max_topics_per_request; "
+                    "more: 413 request_too_large); no name twice.",
+                )
+            },
+            required=("topics",),
+        ),
+        "CreateTopicsResults": _obj(
+            {
+                "results": _array(
+                    _obj(
+                        {
+                            "name": _str(),
+                            "topic": _ref("Topic"),
+                            "error": _error_schema()["properties"]["error"],
+                        },
+                        required=("name",),
+                        oneOf=[{"required": ["topic"]}, {"required": ["error"]}],
+                    ),
+                    description="One per topic asked for, in order: the topic created, or why that "
+                    "topic alone was not (e.g. topic_exists).",
+                )
+            },
+            required=("results",),
+        ),
         "TopicAttributes": _obj({"attributes": _attributes(True)}, required=("attributes",)),
         "Topic": _topic(
             _int(1),
@@ -363,14 +393,15 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/v1/topics": {
             "post": _op(
                 "createTopic",
-                "Create a topic",
+                "Create a topic ({name, ...}), or many in one metadata entry ({topics: [{name, ...}]})",
                 {
-                    "201": _json(_ref("TopicDescription"), "created"),
+                    "200": _json(_ref("CreateTopicsResults"), "many: one result per topic"),
+                    "201": _json(_ref("TopicDescription"), "one: created"),
                     **_errors(400, 409),
                     **too_large,
                     **_errors(*RAFT_ERRORS),
                 },
-                body=_ref("CreateTopic"),
+                body={"oneOf": [_ref("CreateTopic"), _ref("CreateTopics")]},
             ),
             "get": _op(
                 "listTopics",
