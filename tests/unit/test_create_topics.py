@@ -8,8 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
+from raftmq.cluster.api.validation import ApiError, parse_create_topic, parse_create_topics
 from raftmq.cluster.base.limits import MAX_TOPICS_PER_ENTRY
+from raftmq.cluster.config.cluster_file import Limits
 from raftmq.cluster.machines.metadata import MetadataMachine
 from raftmq.cluster.replication.upgrade import BEFORE_CAPABILITIES, CAPABILITIES, capability_of
 from raftmq.storage.memory import MemoryStore
@@ -106,3 +109,28 @@ def test_create_topics_is_gated_for_a_rolling_upgrade() -> None:
     # A previous release does not know the op: a leader proposes it only once every voter does.
     assert capability_of("meta", bulk({"name": "a", "queues": 1})) == "meta.create_topics"
     assert "meta.create_topics" in CAPABILITIES and "meta.create_topics" not in BEFORE_CAPABILITIES
+
+
+def test_the_request_is_checked_spec_by_spec_as_a_single_create_is() -> None:
+    limits = Limits(max_topics_per_request=3)
+    specs = parse_create_topics({"topics": [{"name": "a"}, {"name": "b", "queues": 2}]}, limits)
+    assert specs == [
+        parse_create_topic({"name": "a"}, limits),
+        parse_create_topic({"name": "b", "queues": 2}, limits),
+    ]
+    with pytest.raises(ApiError) as over:
+        parse_create_topics({"topics": [{"name": f"t{i}"} for i in range(4)]}, limits)
+    assert (over.value.code, over.value.details) == ("request_too_large", {"limit": 3})
+    for body, index in (
+        ({"topics": [{"name": "a"}, {"name": "a"}]}, 1),
+        ({"topics": [{"name": "a"}, {"name": "b", "queues": 2000}]}, 1),
+        ({"topics": [{"name": ".."}]}, 0),
+    ):
+        with pytest.raises(ApiError) as e:
+            parse_create_topics(body, limits)
+        assert (e.value.code, e.value.details) == ("bad_request", {"index": index}), body
+        assert e.value.message.startswith(f"topics[{index}]: ")
+    for body in ({"topics": []}, {"topics": {}}, {"topics": [{"name": "a"}], "queues": 2}, []):
+        with pytest.raises(ApiError) as e:
+            parse_create_topics(body, limits)
+        assert e.value.code == "bad_request" and "index" not in e.value.details, body
