@@ -10,8 +10,11 @@ from ._api import ApiClient
 from ._retry import Backoff
 from ._transport import Transport
 from ._types import ClusterStatus, SubscriptionSettings, TopicDescription, TopicInfo
+from .errors import RaftmqError, RequestTooLarge
 
 __all__ = ["AsyncAdmin"]
+
+BULK_CHUNK = 1000  # topics per request: a node's limits.max_topics_per_request, by default
 
 
 class AsyncAdmin:
@@ -75,6 +78,52 @@ class AsyncAdmin:
             if value is not None:
                 spec[key] = value
         return await self._api.create_topic(spec)
+
+    async def create_topics(
+        self,
+        names: Sequence[str],
+        queues: int = 8,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        max_message_bytes: int | None = None,
+    ) -> dict[str, TopicInfo | RaftmqError]:
+        """Create many topics with the same settings: one request and one Raft entry per 1,000
+        (fewer when the cluster's ``limits.max_topics_per_request`` is lower).
+
+        Returns:
+            Per name, its topic, or the error that topic alone failed with (e.g.
+            :class:`TopicExists`); the other topics are created.
+
+        Raises:
+            BadRequest: An invalid name or setting, or a name given twice (nothing created).
+            Forbidden: The token lacks admin on one of the names (nothing of that request created).
+            UpgradeInProgress: A metadata voter runs a release that cannot create topics in bulk
+                (create them with :meth:`create_topic`).
+        """
+        settings: dict[str, Any] = {"queues": queues}
+        for key, value in (
+            ("retention_ms", retention_ms),
+            ("retention_bytes", retention_bytes),
+            ("max_message_bytes", max_message_bytes),
+        ):
+            if value is not None:
+                settings[key] = value
+        out: dict[str, TopicInfo | RaftmqError] = {}
+        chunk, done = BULK_CHUNK, 0
+        while done < len(names):
+            part = names[done : done + chunk]
+            try:
+                results = await self._api.create_topics([{"name": name, **settings} for name in part])
+            except RequestTooLarge as e:
+                limit = e.details.get("limit")
+                if not isinstance(limit, int) or not 1 <= limit < chunk:
+                    raise
+                chunk = limit
+                continue
+            out.update(zip(part, results, strict=True))
+            done += len(part)
+        return out
 
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic (linearizable)."""

@@ -11,6 +11,7 @@ from ._metadata import ClusterMetadata
 from ._retry import Backoff, retrying
 from ._transport import AddressMap, Transport, path_part
 from ._types import ClusterStatus, SubscriptionSettings, TopicDescription, TopicInfo
+from .errors import RaftmqError, error_from_body
 
 __all__ = ["ApiClient", "ConnectionSettings", "connect"]
 
@@ -92,6 +93,14 @@ class ApiClient:
 
     async def create_topic(self, spec: Mapping[str, Any]) -> TopicDescription:
         return TopicDescription.from_wire(await self.call("POST", "/v1/topics", body=spec, idempotent=False))
+
+    async def create_topics(self, specs: Sequence[Mapping[str, Any]]) -> list[TopicInfo | RaftmqError]:
+        """One ``POST /v1/topics {"topics": specs}``: per spec, its topic or why it was not created."""
+        answer = await self.call("POST", "/v1/topics", body={"topics": list(specs)}, idempotent=False)
+        return [
+            TopicInfo.from_wire(r["topic"]) if "topic" in r else error_from_body(200, r)
+            for r in answer["results"]
+        ]
 
     async def list_topics(self) -> list[TopicInfo]:
         answer = await self.call("GET", "/v1/topics", idempotent=True)

@@ -20,6 +20,7 @@ from ._outcome import DeliveryCallback, FutureRecord
 from ._producer import AsyncProducer
 from ._transport import AddressMap
 from ._types import ClusterStatus, Message, SubscriptionSettings, TopicDescription, TopicInfo
+from .errors import RaftmqError
 
 __all__ = ["Admin", "Consumer", "LoopThread", "Producer"]
 
@@ -64,6 +65,25 @@ class Admin(SyncClient):
         return self._io.run(
             self._async.create_topic(
                 name,
+                queues,
+                retention_ms=retention_ms,
+                retention_bytes=retention_bytes,
+                max_message_bytes=max_message_bytes,
+            )
+        )
+
+    def create_topics(
+        self,
+        names: Sequence[str],
+        queues: int = 8,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        max_message_bytes: int | None = None,
+    ) -> dict[str, TopicInfo | RaftmqError]:
+        return self._io.run(
+            self._async.create_topics(
+                names,
                 queues,
                 retention_ms=retention_ms,
                 retention_bytes=retention_bytes,

@@ -126,7 +126,12 @@ def create_app(node: Node) -> web.Application:
         middlewares=[
             metrics_middleware,
             error_middleware,
-            auth_middleware(node.keys, node.config.security, api.permission_names),
+            auth_middleware(
+                node.keys,
+                node.config.security,
+                api.permission_names,
+                max_topics=node.config.limits.max_topics_per_request,
+            ),
         ],
     )
     app[METRICS_KEY] = api.metrics

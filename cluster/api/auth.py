@@ -68,7 +68,7 @@ from raftmq.cluster.config.tokens import (
     bearer_token,
 )
 
-__all__ = ["PRINCIPAL", "Rule", "TopicNames", "auth_middleware", "route_rule"]
+__all__ = ["CREATE_SOURCE", "PRINCIPAL", "Rule", "TopicNames", "auth_middleware", "route_rule"]
 
 log = structlog.get_logger(__name__)
 
@@ -86,7 +86,8 @@ class Rule:
     """What a route needs. ``kind``: ``open``, ``peer``, ``metrics``, ``token`` (any valid token),
     ``cluster_admin`` or ``topic``; for ``topic``, every permission in ``needs`` (any one of them
     with ``any_of``) on each topic named by ``source``: ``path``, ``query:<field>``,
-    ``body:<field>`` (a name or a list of names), or ``none`` (the permission on some topic)."""
+    ``body:<field>`` (a name or a list of names), :data:`CREATE_SOURCE` (a create's ``name``, or
+    the ``name`` of each object of its ``topics``), or ``none`` (the permission on some topic)."""
 
     kind: str
     needs: tuple[str, ...] = ()
@@ -94,6 +95,7 @@ class Rule:
     any_of: bool = False
 
 
+CREATE_SOURCE = "body:name|topics"  # the topic a create names, or each of the topics it names
 OPEN, PEER, METRICS, SQS = Rule("open"), Rule("peer"), Rule("metrics"), Rule("sqs")
 TOKEN, CLUSTER_ADMIN = Rule("token"), Rule("cluster_admin")
 LIST_TOPICS = Rule("token", source="list")  # any token; the answer lists only the token's topics
@@ -121,7 +123,8 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", CREDENTIALS_PATH): TOKEN,  # the calling token's own SQS credentials
     ("GET", "/v1/cluster"): TOKEN,  # clients read node addresses from it
     ("GET", "/v1/topics"): LIST_TOPICS,
-    ("POST", "/v1/topics"): _on_topic(ADMIN, source="body:name"),
+    # One topic ({"name"}) or many ({"topics": [{"name"}, ...]}): admin on each name created.
+    ("POST", "/v1/topics"): _on_topic(ADMIN, source=CREATE_SOURCE),
     ("GET", _T): _on_topic(*PERMISSIONS, any_of=True),
     ("GET", _T + "/groups"): _on_topic(
         CONSUME, ADMIN, any_of=True
@@ -166,9 +169,13 @@ def route_rule(method: str, canonical: str | None, path: str) -> Rule:
     return CLUSTER_ADMIN
 
 
-def auth_middleware(keys: ClusterKeys, security: SecurityConfig, names: TopicNames) -> Any:
+def auth_middleware(
+    keys: ClusterKeys, security: SecurityConfig, names: TopicNames, max_topics: int = 1000
+) -> Any:
     """The middleware for a node with the cluster's keys ``keys`` and tokens ``security``;
-    ``names`` maps a topic to the names its permissions are checked against."""
+    ``names`` maps a topic to the names its permissions are checked against. A request naming more
+    than ``max_topics`` topics (``limits.max_topics_per_request``, which its handler refuses) has
+    none of them looked up: the token needs the permission on some topic to be told so."""
     refusals = _RefusalLog()
 
     @web.middleware
@@ -211,7 +218,7 @@ def auth_middleware(keys: ClusterKeys, security: SecurityConfig, names: TopicNam
             return refusals.refuse(request, errors.UNAUTHORIZED, "bad_credentials", str(e))
         if grant is None:
             return refusals.refuse(request, errors.UNAUTHORIZED, "unknown_token", "invalid token")
-        missing = await _missing_permission(rule, grant, request, names)
+        missing = await _missing_permission(rule, grant, request, names, max_topics)
         if missing is not None:
             return refusals.refuse(request, errors.FORBIDDEN, "forbidden", missing, token=grant.name)
         request[PRINCIPAL] = grant
@@ -224,7 +231,7 @@ def auth_middleware(keys: ClusterKeys, security: SecurityConfig, names: TopicNam
 
 
 async def _missing_permission(
-    rule: Rule, grant: TokenGrant, request: web.Request, names: TopicNames
+    rule: Rule, grant: TokenGrant, request: web.Request, names: TopicNames, max_topics: int
 ) -> str | None:
     """None when ``grant`` may make the request, else why not (without any secret)."""
     if rule.kind in ("token", "metrics"):
@@ -233,9 +240,12 @@ async def _missing_permission(
         if grant.cluster_admin:
             return None
         return f'token {grant.name!r} lacks cluster admin (admin = ["*"]) for {request.method} {request.path}'
-    creating = (request.method, rule.source) == ("POST", "body:name")
+    creating = rule.source == CREATE_SOURCE
+    topics = await _topics(rule.source, request)
+    if len(topics) > max_topics:
+        topics = [None]
     checked: list[str | None] = []
-    for topic in await _topics(rule.source, request):
+    for topic in topics:
         checked.extend([None] if topic is None else await names(topic, creating))
     for topic in checked:
         granted = [p for p in rule.needs if grant.allows(p, topic)]
@@ -249,6 +259,8 @@ async def _missing_permission(
 async def _topics(source: str, request: web.Request) -> list[str | None]:
     """The topics a request acts on; [None] when they cannot be read (the handler then refuses the
     malformed request, if the token has the permission on some topic)."""
+    if source == CREATE_SOURCE:
+        return _created_topics(await _body(request))
     kind, _, name = source.partition(":")
     value: Any = None
     if kind == "path":
@@ -256,16 +268,36 @@ async def _topics(source: str, request: web.Request) -> list[str | None]:
     elif kind == "query":
         value = request.query.get(name)
     elif kind == "body":
-        try:
-            body = orjson.loads(await request.read())  # aiohttp keeps the bytes for the handler
-        except orjson.JSONDecodeError:
-            body = None
+        body = await _body(request)
         value = body.get(name) if isinstance(body, dict) else None
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return list(value)
     return [None]
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return orjson.loads(await request.read())  # aiohttp keeps the bytes for the handler
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _created_topics(body: Any) -> list[str | None]:
+    """The topics a create names: its ``name``, or the ``name`` of each object in its ``topics``
+    (None for one that names none: the handler refuses the request)."""
+    if not isinstance(body, dict):
+        return [None]
+    specs = body.get("topics")
+    if "name" in body or not isinstance(specs, list) or not specs:
+        name = body.get("name")
+        return [name if isinstance(name, str) else None]
+    found: list[str | None] = []
+    for spec in specs:
+        name = spec.get("name") if isinstance(spec, dict) else None
+        found.append(name if isinstance(name, str) else None)
+    return found
 
 
 def _only_visible_topics(response: web.StreamResponse, grant: TokenGrant) -> web.StreamResponse:

@@ -117,11 +117,15 @@ class ApiCore:
         if not name.endswith(".dlq") or validate_topic_name(name):
             return [name]  # only ensure_dlq_topic records sources, and its names end in .dlq
         machine = self.node.metadata
-        topics = {} if machine is None else {t.name: t for t in machine.topics()}
-        if creating:
+        if creating:  # a lookup per dot, not a pass over every topic: a bulk create asks per name
             stem = name[: -len(".dlq")]
-            sources = [stem[:i] for i in range(1, len(stem) - 1) if stem[i] == "." and stem[:i] in topics]
+            sources = [
+                stem[:i]
+                for i in range(1, len(stem) - 1)
+                if stem[i] == "." and machine is not None and machine.topic(stem[:i]) is not None
+            ]
             return [name, *sources]
+        topics = {} if machine is None else {t.name: t for t in machine.topics()}
         t = topics.get(name)
         if t is None:  # not seen here yet (a lagging replica): ask the metadata leader
             t = await self.topic_linearizable(name)

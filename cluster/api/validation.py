@@ -23,6 +23,7 @@ __all__ = [
     "ProduceMessage",
     "ProduceRequest",
     "parse_create_topic",
+    "parse_create_topics",
     "parse_json",
     "parse_produce",
     "query_int",
@@ -253,6 +254,38 @@ def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
             raise bad(problem)
         out["attributes"] = body["attributes"]
     return out
+
+
+def parse_create_topics(body: Any, limits: Limits) -> list[dict[str, Any]]:
+    """Validate ``{"topics": [spec, ...]}``: 1 to ``limits.max_topics_per_request`` specs (more:
+    ``request_too_large``), each checked as :func:`parse_create_topic` checks one (its error names
+    the spec: ``topics[3]: ...``, with ``index``), no name twice."""
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object")
+    _check_fields(body, {"topics"}, "body")
+    raw = body.get("topics")
+    if not isinstance(raw, list) or not raw:
+        raise bad("'topics' must be a non-empty list of topic specs")
+    if len(raw) > limits.max_topics_per_request:
+        raise ApiError(
+            errors.REQUEST_TOO_LARGE,
+            f"{len(raw)} topics in one request; the limit is {limits.max_topics_per_request}",
+            limit=limits.max_topics_per_request,
+        )
+    specs: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(raw):
+        try:
+            spec = parse_create_topic(item, limits)
+        except ApiError as e:
+            raise ApiError(e.error, f"topics[{i}]: {e.message}", index=i) from None
+        first = seen.setdefault(spec["name"], i)
+        if first != i:
+            raise ApiError(
+                errors.BAD_REQUEST, f"topics[{i}]: {spec['name']!r} is topics[{first}] too", index=i
+            )
+        specs.append(spec)
+    return specs
 
 
 def parse_topic_attributes(body: Any) -> dict[str, str | None]:

@@ -16,6 +16,7 @@ __all__ = [
     "MAX_REQUEST_BYTES_CEILING",
     "MAX_TICK_ITEMS",
     "MAX_TIME_MS",
+    "MAX_TOPICS_PER_ENTRY",
     "RAFT_MAX_FRAME_BYTES",
 ]
 
@@ -32,6 +33,9 @@ MAX_RECEIPTS = 10_000
 MAX_TICK_ITEMS = 100_000
 """Largest ``max`` of a ``deliver_tick``."""
 MAX_BACKOFF_LEVELS = 64
+MAX_TOPICS_PER_ENTRY = 10_000
+"""Most topics one ``create_topics`` entry creates (``limits.max_topics_per_request`` is at most
+this)."""
 DEFAULT_MAX_MEMBERS_PER_TOKEN = 256
 """Consumer-group members one API token may have at once, over all groups (below the per-topic
 cap, so one token cannot take every member slot of a topic)."""

@@ -37,11 +37,12 @@ class AdminError(RaftmqError):
 class ServerError(AdminError):
     """A node answered with an error: ``code`` is the API's stable error code."""
 
-    def __init__(self, code: str, message: str, status: int) -> None:
+    def __init__(self, code: str, message: str, status: int, details: dict[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.status = status
+        self.details = details or {}  # the error body's other fields (e.g. index, limit)
 
 
 class NoAnswer(AdminError):
@@ -73,7 +74,8 @@ def _reason(e: BaseException) -> str:
 def _server_error(status: int, data: bytes) -> ServerError:
     try:
         e = json.loads(data)["error"]
-        return ServerError(str(e["code"]), str(e.get("message", "")), status)
+        details = {k: v for k, v in e.items() if k not in ("code", "message", "retriable", "definite")}
+        return ServerError(str(e["code"]), str(e.get("message", "")), status, details)
     except (ValueError, KeyError, TypeError):
         text = data.decode(errors="replace").strip().splitlines()
         return ServerError(f"http_{status}", text[0][:200] if text else "no error body", status)

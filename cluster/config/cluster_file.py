@@ -71,6 +71,7 @@ from raftmq.cluster.base.limits import (
     DEFAULT_MAX_MEMBERS_PER_TOPIC,
     MAX_DURATION_MS,
     MAX_REQUEST_BYTES_CEILING,
+    MAX_TOPICS_PER_ENTRY,
 )
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
 from raftmq.errors import RaftmqError
@@ -139,6 +140,9 @@ class Limits:
     default_fetch_messages: int = 32
     max_wait_ms: int = 15_000
     max_queues_per_topic: int = 1024
+    # Topics one POST /v1/topics with a "topics" list creates (one metadata entry); more is 413
+    # request_too_large.
+    max_topics_per_request: int = 1000
     request_timeout_ms: int = 10_000
     max_delay_ms: int = 7 * 24 * 3600 * 1000  # delay_ms / deliver_at_ms of a produced message
     max_ttl_ms: int = 10 * 365 * 24 * 3600 * 1000  # ttl_ms of a produced message
@@ -428,6 +432,8 @@ def parse_config(
             f"limits.max_request_bytes must be from 1 to {MAX_REQUEST_BYTES_CEILING} (32 MiB): a larger "
             "entry would make Raft messages longer than a follower accepts"
         )
+    if not 1 <= limits.max_topics_per_request <= MAX_TOPICS_PER_ENTRY:
+        problems.append(f"limits.max_topics_per_request must be from 1 to {MAX_TOPICS_PER_ENTRY}")
     if not 100 <= limits.raft_auth_timeout_ms <= 60_000:
         problems.append("limits.raft_auth_timeout_ms must be from 100 to 60000")
     if limits.raft_max_unauthenticated < 1 or limits.raft_max_unauthenticated_per_source < 1:

@@ -9,8 +9,8 @@ a new topic's.
 
 Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
 ``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``), then
-``record_dead_letters``, ``set_topic_attributes`` and ``set_topic_tags`` (ONLY ADD TO THE END:
-``OPS`` below, which the rolling-upgrade gate reads).
+``record_dead_letters``, ``set_topic_attributes``, ``set_topic_tags`` and ``create_topics`` (ONLY
+ADD TO THE END: ``OPS`` below, which the rolling-upgrade gate reads).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
 ``ensure_dlq_topic {"source", "group", "now_ms", "by_record"?}`` returns the dead-letter topic of a consumer
@@ -40,29 +40,49 @@ the machine checks only their shape (:func:`validate_attributes`) and never read
 
 ``set_topic_tags {"name", "tags"}`` and ``create_topic``'s ``tags`` do the same with the topic's
 tags (the SQS API's queue tags), a map apart from its attributes: no tag key can name an attribute.
+
+``create_topics {"now_ms", "group_count", "topics": [spec, ...]}`` creates many topics in one entry,
+each spec exactly as ``create_topic`` would (the same function, :func:`_new_topic`), one result per
+spec; ``raftmq topic create`` with many names writes it (``POST /v1/topics`` with ``topics``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 import structlog
 
 from raftmq.cluster.base.errors import Refused
+from raftmq.cluster.base.limits import MAX_TOPICS_PER_ENTRY
 from raftmq.cluster.machines import placement as pl
 from raftmq.cluster.machines.placement import Change, Placement
+from raftmq.cluster.machines.topics import (
+    MAX_ATTRIBUTE_VALUE_BYTES,
+    MAX_ATTRIBUTES,
+    MAX_QUEUES,
+    MAX_TAG_KEY_CHARS,
+    MAX_TAG_VALUE_CHARS,
+    MAX_TAGS,
+    TOPIC_NAME,
+    Topic,
+    error_result,
+    migrate_dead_letter_records,
+    new_topic,
+    validate_attributes,
+    validate_tags,
+    validate_topic_name,
+)
 from raftmq.storage.store import Batch, Store
 
 __all__ = [
     "FIELD_LEVELS",
     "MAX_ATTRIBUTES",
     "MAX_ATTRIBUTE_VALUE_BYTES",
+    "MAX_QUEUES",
     "MAX_TAGS",
     "MAX_TAG_KEY_CHARS",
     "MAX_TAG_VALUE_CHARS",
@@ -89,6 +109,7 @@ OPS: tuple[str, ...] = (
     "record_dead_letters",
     "set_topic_attributes",
     "set_topic_tags",
+    "create_topics",
 )
 # Meanings added to an op after it shipped (as cluster/commands FIELD_LEVELS; ONLY ADD TO THE END).
 FIELD_LEVELS: tuple[str, ...] = (
@@ -100,7 +121,6 @@ FIELD_LEVELS: tuple[str, ...] = (
     "create_topic.tags",
 )
 
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _APPLIED = b"A"
 _NEXT_ID = b"N"
 _TOPIC = b"T"
@@ -111,144 +131,6 @@ _NEXT_CHANGE = b"Z"
 _MIGRATED = b"M"  # present once the topics carry their dead-letter records (from this version on)
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
-MAX_QUEUES = 1024
-MAX_ATTRIBUTES = 64  # per topic, after a merge
-MAX_ATTRIBUTE_VALUE_BYTES = 8192  # UTF-8; an SQS RedrivePolicy or Policy fits
-ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-MAX_TAGS = 50  # per topic, after a merge, and per command (AWS's limit for a queue's tags)
-MAX_TAG_KEY_CHARS = 128  # Unicode code points, as AWS counts them
-MAX_TAG_VALUE_CHARS = 256
-
-
-@dataclass(frozen=True)
-class Topic:
-    id: int
-    name: str
-    queues: int
-    queue_groups: tuple[int, ...]  # queue q lives in queue group queue_groups[q]
-    retention_ms: int | None
-    retention_bytes: int | None
-    max_message_bytes: int | None
-    created_ms: int
-    # A dead-letter topic's source: (source topic id, consumer group); None for other topics.
-    dead_letter_of: tuple[int, str] | None = None
-    attributes: dict[str, str] = field(default_factory=dict)  # never mutated: replaced by a new Topic
-    tags: dict[str, str] = field(default_factory=dict)  # as attributes
-
-    def to_json(self) -> dict[str, Any]:
-        out = self._fields()
-        if self.dead_letter_of is not None:
-            topic_id, group = self.dead_letter_of
-            out["dead_letter_of"] = {"topic_id": topic_id, "group": group}
-        return out
-
-    def _fields(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "id": self.id,
-            "name": self.name,
-            "queues": self.queues,
-            "queue_groups": list(self.queue_groups),
-            "retention_ms": self.retention_ms,
-            "retention_bytes": self.retention_bytes,
-            "max_message_bytes": self.max_message_bytes,
-            "created_ms": self.created_ms,
-        }
-        if self.attributes:  # absent when empty: topics stored before attributes read the same
-            d["attributes"] = dict(self.attributes)
-        if self.tags:  # absent when empty, as attributes
-            d["tags"] = dict(self.tags)
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Topic:
-        return cls(
-            id=d["id"],
-            name=d["name"],
-            queues=d["queues"],
-            queue_groups=tuple(d["queue_groups"]),
-            retention_ms=d["retention_ms"],
-            retention_bytes=d["retention_bytes"],
-            max_message_bytes=d["max_message_bytes"],
-            created_ms=d["created_ms"],
-            dead_letter_of=_dead_letter_of(d.get("dead_letter_of")),
-            attributes=dict(d.get("attributes") or {}),
-            tags=dict(d.get("tags") or {}),
-        )
-
-
-def _dead_letter_of(raw: Any) -> tuple[int, str] | None:
-    if not isinstance(raw, dict):
-        return None
-    return int(raw["topic_id"]), str(raw["group"])
-
-
-def migrate_dead_letter_records(topics: dict[str, Topic]) -> dict[str, Topic]:
-    """The topics that a release before the dead-letter record made with ``ensure_dlq_topic``, each
-    given its record: a topic named ``<source>.<group>.dlq`` without one, whose source exists with
-    the same queue groups and a smaller id (it existed when the dead-letter topic was made, so a
-    topic created since cannot claim it). When dots allow several sources, the longest source name
-    wins: a token could invent the group ``eu.billing`` on ``payments``, while ``payments.eu`` needs an
-    admin to create. Pure: every replica computes the same records from the same topics."""
-    out: dict[str, Topic] = {}
-    for t in topics.values():
-        if t.dead_letter_of is not None or not t.name.endswith(".dlq"):
-            continue
-        stem = t.name[: -len(".dlq")]
-        for i in range(len(stem) - 1, 0, -1):
-            source, group = topics.get(stem[:i]), stem[i + 1 :]
-            if (
-                stem[i] == "."
-                and source is not None
-                and group
-                and source.id < t.id
-                and source.queue_groups == t.queue_groups
-            ):
-                out[t.name] = replace(t, dead_letter_of=(source.id, group))
-                break
-    return out
-
-
-def validate_attributes(attributes: Any, *, removals: bool) -> str | None:
-    """An error message, or None when ``attributes`` is an object of attribute names (1-128 of
-    ``A-Z a-z 0-9 . _ : -``) to strings of at most MAX_ATTRIBUTE_VALUE_BYTES UTF-8 bytes (or null,
-    to remove one, when ``removals``), at most MAX_ATTRIBUTES of them."""
-    if not isinstance(attributes, dict):
-        return "attributes must be an object of names to strings"
-    if len(attributes) > MAX_ATTRIBUTES:
-        return f"at most {MAX_ATTRIBUTES} attributes"
-    for name, value in attributes.items():
-        if not isinstance(name, str) or not ATTRIBUTE_NAME.match(name):
-            return "attribute names are 1-128 characters of A-Z a-z 0-9 . _ : -"
-        if value is None and removals:
-            continue
-        if not isinstance(value, str):
-            return f"attribute {name!r} must be a string" + (" or null" if removals else "")
-        try:
-            size = len(value.encode())
-        except UnicodeEncodeError:  # a lone surrogate
-            return f"attribute {name!r} is not valid UTF-8 text"
-        if size > MAX_ATTRIBUTE_VALUE_BYTES:
-            return f"attribute {name!r} is over {MAX_ATTRIBUTE_VALUE_BYTES} bytes"
-    return None
-
-
-def validate_tags(tags: Any, *, removals: bool) -> str | None:
-    """An error message, or None when ``tags`` is an object of at most MAX_TAGS tag keys (strings
-    of 1-MAX_TAG_KEY_CHARS characters) to values (strings of at most MAX_TAG_VALUE_CHARS, or null
-    to remove one when ``removals``). Lengths only: which characters a tag may hold is the front
-    end's rule (a Unicode category test here would depend on the replica's Python version)."""
-    if not isinstance(tags, dict):
-        return "tags must be an object of keys to strings"
-    if len(tags) > MAX_TAGS:
-        return f"at most {MAX_TAGS} tags"
-    for key, value in tags.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= MAX_TAG_KEY_CHARS:
-            return f"tag keys are 1-{MAX_TAG_KEY_CHARS} characters"
-        if value is None and removals:
-            continue
-        if not isinstance(value, str) or len(value) > MAX_TAG_VALUE_CHARS:
-            return f"tag values are strings of at most {MAX_TAG_VALUE_CHARS} characters ({key!r})"
-    return None
 
 
 # The ops that merge into a topic's map: (its field, its check, its cap per topic).
@@ -258,32 +140,16 @@ _MAPS: dict[str, tuple[str, Callable[..., str | None], int]] = {
 }
 
 
-def validate_topic_name(name: Any) -> str | None:
-    """An error message, or None when ``name`` is a valid topic name."""
-    if not isinstance(name, str) or not TOPIC_NAME.match(name):
-        return "topic names are 1-200 characters of A-Z a-z 0-9 . _ -"
-    if name in (".", ".."):
-        return "topic name may not be '.' or '..'"
-    return None
-
-
-def _opt_int(d: dict[str, Any], key: str, minimum: int) -> tuple[int | None, str | None]:
-    v = d.get(key)
-    if v is None:
-        return None, None
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        return None, f"{key} must be an integer >= {minimum}"
-    return v, None
-
-
-def _error(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
-
-
 def applied_index(store: Store) -> int:
     """The raft index of the last command applied to a metadata store (0 if none)."""
     applied = store.get(_APPLIED)
     return 0 if applied is None else int(_U64.unpack(applied)[0])
+
+
+def _putnew_topic(batch: Batch, topic: Topic) -> None:
+    """Write a topic made with the next id, and move the next id past it."""
+    batch.put(_TOPIC + topic.name.encode(), orjson.dumps(topic.to_json()))
+    batch.put(_NEXT_ID, _U32.pack(topic.id + 1))
 
 
 class MetadataMachine:
@@ -378,7 +244,12 @@ class MetadataMachine:
             result, batch, topics, next_id = self._execute(command)
         except Exception as e:  # a bug must not become a poison pill; nothing was written
             log.exception("metadata_apply_failed", index=index)
-            result, batch, topics, next_id = _error("internal", f"{type(e).__name__}"), Batch(), None, None
+            result, batch, topics, next_id = (
+                error_result("internal", f"{type(e).__name__}"),
+                Batch(),
+                None,
+                None,
+            )
             self._staged = None
         batch.put(_APPLIED, _U64.pack(index))
         self._store.write(batch)
@@ -419,14 +290,16 @@ class MetadataMachine:
         try:
             cmd = orjson.loads(command)
         except orjson.JSONDecodeError:
-            return _error("bad_request", "command is not JSON"), batch, None, None
+            return error_result("bad_request", "command is not JSON"), batch, None, None
         if not isinstance(cmd, dict) or cmd.get("v") != 1:
-            return _error("bad_request", "command must be an object with v=1"), batch, None, None
+            return error_result("bad_request", "command must be an object with v=1"), batch, None, None
         op = cmd.get("op")
         if op == "noop":
             return {"ok": True}, batch, None, None
         if op == "create_topic":
             return self._create_topic(cmd, batch)
+        if op == "create_topics":
+            return self._create_topics(cmd, batch)
         if op == "ensure_dlq_topic":
             return self._ensure_dlq_topic(cmd, batch)
         if op == "record_dead_letters":
@@ -439,12 +312,12 @@ class MetadataMachine:
         if op == "delete_topic":
             name = cmd.get("name")
             if not isinstance(name, str) or name not in self._topics:
-                return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
+                return error_result("topic_not_found", f"no topic {name!r}"), batch, None, None
             topics = dict(self._topics)
             deleted = topics.pop(name)
             batch.delete(_TOPIC + name.encode())
             return {"deleted": deleted.to_json()}, batch, topics, None
-        return _error("bad_request", f"unknown op {op!r}"), batch, None, None
+        return error_result("bad_request", f"unknown op {op!r}"), batch, None, None
 
     def _placement_op(self, cmd: dict[str, Any], batch: Batch) -> dict[str, Any]:
         try:
@@ -473,52 +346,42 @@ class MetadataMachine:
     def _create_topic(
         self, cmd: dict[str, Any], batch: Batch
     ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
-        name = cmd.get("name")
-        problem = validate_topic_name(name)
-        if problem:
-            return _error("bad_request", problem), batch, None, None
-        assert isinstance(name, str)
-        queues, group_count, now_ms = cmd.get("queues"), cmd.get("group_count"), cmd.get("now_ms")
-        for key, v, lo, hi in (("queues", queues, 1, MAX_QUEUES), ("group_count", group_count, 1, 256)):
-            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-                return _error("bad_request", f"{key} must be an integer from {lo} to {hi}"), batch, None, None
-        if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
-            return _error("bad_request", "now_ms must be a non-negative integer"), batch, None, None
-        opts: dict[str, int | None] = {}
-        for key, minimum in (("retention_ms", 1), ("retention_bytes", 1), ("max_message_bytes", 1)):
-            opts[key], problem = _opt_int(cmd, key, minimum)
-            if problem:
-                return _error("bad_request", problem), batch, None, None
-        attributes = cmd.get("attributes") or {}
-        problem = validate_attributes(attributes, removals=False)
-        if problem:
-            return _error("bad_request", problem), batch, None, None
-        tags = cmd.get("tags") or {}
-        problem = validate_tags(tags, removals=False)
-        if problem:
-            return _error("bad_request", problem), batch, None, None
-        if name in self._topics:
-            return _error("topic_exists", f"topic {name!r} exists"), batch, None, None
-        assert isinstance(queues, int) and isinstance(group_count, int)
-        topic_id = self._next_id
-        topic = Topic(
-            id=topic_id,
-            name=name,
-            queues=queues,
-            # Start each topic at a different group so that small topics spread over the groups.
-            queue_groups=tuple((topic_id + q) % group_count for q in range(queues)),
-            retention_ms=opts["retention_ms"],
-            retention_bytes=opts["retention_bytes"],
-            max_message_bytes=opts["max_message_bytes"],
-            created_ms=now_ms,
-            attributes=dict(attributes),
-            tags=dict(tags),
-        )
-        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
-        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
-        topics = dict(self._topics)
-        topics[name] = topic
-        return {"topic": topic.to_json()}, batch, topics, topic_id + 1
+        made = new_topic(cmd, self._topics, self._next_id)
+        if not isinstance(made, Topic):
+            return made, batch, None, None
+        _putnew_topic(batch, made)
+        return {"topic": made.to_json()}, batch, {**self._topics, made.name: made}, made.id + 1
+
+    def _create_topics(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        """``create_topics {"now_ms", "group_count", "topics": [spec, ...]}``: each spec (the fields
+        of ``create_topic`` but ``now_ms`` and ``group_count``, which the entry gives all of them)
+        created as ``create_topic`` creates it, in order, in this one entry; a spec that fails
+        (``topic_exists``, also for a name given earlier in the entry; ``bad_request``) fails
+        alone. Answers ``{"results": [{"topic"} or {"error"}, ...]}`` in the specs' order."""
+        specs = cmd.get("topics")
+        if not isinstance(specs, list) or not 1 <= len(specs) <= MAX_TOPICS_PER_ENTRY:
+            message = f"topics must be a list of 1 to {MAX_TOPICS_PER_ENTRY} topic specs"
+            return error_result("bad_request", message), batch, None, None
+        shared = {"now_ms": cmd.get("now_ms"), "group_count": cmd.get("group_count")}
+        topics, next_id = dict(self._topics), self._next_id
+        results: list[dict[str, Any]] = []
+        for spec in specs:
+            if not isinstance(spec, dict):
+                results.append(error_result("bad_request", "a topic spec must be an object"))
+                continue
+            made = new_topic({**spec, **shared}, topics, next_id)
+            if not isinstance(made, Topic):
+                results.append(made)
+                continue
+            _putnew_topic(batch, made)
+            topics[made.name] = made
+            next_id = made.id + 1
+            results.append({"topic": made.to_json()})
+        if next_id == self._next_id:  # nothing created
+            return {"results": results}, batch, None, None
+        return {"results": results}, batch, topics, next_id
 
     def _set_map(
         self, cmd: dict[str, Any], batch: Batch
@@ -529,14 +392,14 @@ class MetadataMachine:
         name, changes = cmd.get("name"), cmd.get(field)
         topic = self._topics.get(name) if isinstance(name, str) else None
         if topic is None:
-            return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
+            return error_result("topic_not_found", f"no topic {name!r}"), batch, None, None
         problem = validate(changes, removals=True)
         if problem:
-            return _error("bad_request", problem), batch, None, None
+            return error_result("bad_request", problem), batch, None, None
         assert isinstance(changes, dict)
         merged = {k: v for k, v in sorted({**getattr(topic, field), **changes}.items()) if v is not None}
         if len(merged) > cap:
-            return _error("bad_request", f"at most {cap} {field} per topic"), batch, None, None
+            return error_result("bad_request", f"at most {cap} {field} per topic"), batch, None, None
         maps = {"attributes": topic.attributes, "tags": topic.tags, field: merged}
         updated = dataclasses.replace(topic, attributes=maps["attributes"], tags=maps["tags"])
         batch.put(_TOPIC + topic.name.encode(), orjson.dumps(updated.to_json()))
@@ -549,12 +412,12 @@ class MetadataMachine:
     ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
         source_name, group, now_ms = cmd.get("source"), cmd.get("group"), cmd.get("now_ms")
         if not isinstance(source_name, str) or not isinstance(group, str):
-            return _error("bad_request", "source and group must be strings"), batch, None, None
+            return error_result("bad_request", "source and group must be strings"), batch, None, None
         if not isinstance(now_ms, int) or isinstance(now_ms, bool) or now_ms < 0:
-            return _error("bad_request", "now_ms must be a non-negative integer"), batch, None, None
+            return error_result("bad_request", "now_ms must be a non-negative integer"), batch, None, None
         source = self._topics.get(source_name)
         if source is None:
-            return _error("topic_not_found", f"no topic {source_name!r}"), batch, None, None
+            return error_result("topic_not_found", f"no topic {source_name!r}"), batch, None, None
         # Without by_record, an older leader wrote the entry: applied as its release applied it
         # (found by name, made without a record), as that release's replicas do; the topic gets
         # its record from record_dead_letters later, on every replica alike.
@@ -565,19 +428,19 @@ class MetadataMachine:
         name = f"{source_name}.{group}.dlq"
         problem = validate_topic_name(name)
         if problem:
-            return _error("bad_request", f"dead-letter topic {name!r}: {problem}"), batch, None, None
+            return error_result("bad_request", f"dead-letter topic {name!r}: {problem}"), batch, None, None
         existing = self._topics.get(name)
         if existing is not None and not by_record:
             if existing.queue_groups != source.queue_groups:
                 message = f"topic {name!r} exists with another placement; it cannot hold dead letters"
-                return _error("topic_exists", message), batch, None, None
+                return error_result("topic_exists", message), batch, None, None
             return {"topic": existing.to_json(), "created": False}, batch, None, None
         if existing is not None:  # not this group's (its record names another source, or none)
             message = (
                 f"topic {name!r} exists and is not the dead-letter topic of group {group!r} on "
                 f"{source_name!r}; delete it or use another group name"
             )
-            return _error("dead_letter_topic_conflict", message), batch, None, None
+            return error_result("dead_letter_topic_conflict", message), batch, None, None
         topic_id = self._next_id
         topic = Topic(
             id=topic_id,
@@ -590,8 +453,7 @@ class MetadataMachine:
             created_ms=now_ms,
             dead_letter_of=(source.id, group) if by_record else None,
         )
-        batch.put(_TOPIC + name.encode(), orjson.dumps(topic.to_json()))
-        batch.put(_NEXT_ID, _U32.pack(topic_id + 1))
+        _putnew_topic(batch, topic)
         topics = dict(self._topics)
         topics[name] = topic
         return {"topic": topic.to_json(), "created": True}, batch, topics, topic_id + 1

@@ -2,8 +2,9 @@
 and of consumer groups and subscriptions (issue 25; figures in docs/benchmarks.md).
 
 For each ``--queues`` figure (topics of ``--queues-per-topic`` queues), a fresh cluster
-(tests/integration/harness.Cluster: 3 nodes, 3 queue groups, replication 3) gets its topics (one
-request each, ``--workers`` at a time, as ``raftmq topic create`` with many names), then
+(tests/integration/harness.Cluster: 3 nodes, 3 queue groups, replication 3) gets its topics (in
+bulk, 1,000 a request, as ``raftmq topic create`` with many names; ``--create one``: one request
+each, ``--workers`` at a time, as before bulk creation), then
 ``--groups`` consumer groups commit an offset on one queue each and ``--subscriptions``
 subscriptions receive once (both on the first topics, at most one per topic). After ``--settle``
 seconds each node's CPU (utime + stime from /proc, every thread) is measured over ``--seconds`` of
@@ -77,6 +78,23 @@ def create_topics(c: Cluster, names: list[str], queues: int, workers: int) -> fl
     return time.monotonic() - started
 
 
+BULK_CHUNK = 1000  # topics per request (limits.max_topics_per_request's default)
+
+
+def create_in_bulk(c: Cluster, names: list[str], queues: int) -> float:
+    """Create ``names`` with ``POST /v1/topics {"topics": [...]}``, ``BULK_CHUNK`` a request;
+    returns the seconds taken."""
+    url = c.url("n1")
+    started = time.monotonic()
+    for i in range(0, len(names), BULK_CHUNK):
+        specs = [{"name": name, "queues": queues} for name in names[i : i + BULK_CHUNK]]
+        r = _post(f"{url}/v1/topics", {"topics": specs})
+        assert r.status_code == 200, r.text[:500]
+        failed = [x for x in r.json()["results"] if "topic" not in x]
+        assert all(x["error"]["code"] == "topic_exists" for x in failed), failed[:3]
+    return time.monotonic() - started
+
+
 def make_groups(c: Cluster, topics: list[str], groups: int, subscriptions: int, workers: int) -> float:
     """``groups`` offset commits (group ``g<i>`` on topic i's queue 0) and ``subscriptions``
     receives (group ``s<i>`` on topic i); returns the seconds taken."""
@@ -107,7 +125,10 @@ def run_one(tmp: Path, queues: int, args: argparse.Namespace, profile_dir: Path 
     with Cluster(tmp, nodes=3) as c:
         c.start()
         c.wait_ready(timeout_s=60)
-        create_s = create_topics(c, names, per_topic, args.workers)
+        if args.create == "bulk":
+            create_s = create_in_bulk(c, names, per_topic)
+        else:
+            create_s = create_topics(c, names, per_topic, args.workers)
         groups, subs = (
             (min(args.groups, len(names)), min(args.subscriptions, len(names))) if names else (0, 0)
         )
@@ -155,6 +176,9 @@ def main() -> None:
     parser.add_argument("--subscriptions", type=int, default=1000, help="subscriptions (one receive each)")
     parser.add_argument("--seconds", type=float, default=20.0, help="idle time measured")
     parser.add_argument("--settle", type=float, default=12.0, help="idle time before measuring")
+    parser.add_argument(
+        "--create", choices=("bulk", "one"), default="bulk", help="topics in bulk or one by one"
+    )
     parser.add_argument("--workers", type=int, default=8, help="connections creating topics one by one")
     parser.add_argument("--profile", default="", help="py-spy this node (e.g. n1) while measuring")
     args = parser.parse_args()

@@ -8,7 +8,17 @@ from typing import Any
 
 import pytest
 
-from raftmq.cluster.api.auth import CLUSTER_ADMIN, LIST_TOPICS, METRICS, OPEN, PEER, ROUTES, TOKEN, route_rule
+from raftmq.cluster.api.auth import (
+    CLUSTER_ADMIN,
+    CREATE_SOURCE,
+    LIST_TOPICS,
+    METRICS,
+    OPEN,
+    PEER,
+    ROUTES,
+    TOKEN,
+    route_rule,
+)
 from raftmq.cluster.config.cluster_file import ConfigError, parse_config
 from raftmq.cluster.config.tokens import (
     ADMIN,
@@ -321,7 +331,7 @@ def test_route_rules(method: str, canonical: str | None, path: str, rule: Any) -
 @pytest.mark.parametrize(
     ("method", "canonical", "needs", "source"),
     [
-        ("POST", "/v1/topics", (ADMIN,), "body:name"),
+        ("POST", "/v1/topics", (ADMIN,), CREATE_SOURCE),
         ("DELETE", "/v1/topics/{topic}", (ADMIN,), "path"),
         ("POST", "/v1/topics/{topic}/messages", (PRODUCE,), "path"),
         ("GET", "/v1/topics/{topic}/queues/{queue}/messages", (CONSUME,), "path"),

@@ -1,6 +1,9 @@
 """Topic handlers of the HTTP API v1: create, list, describe, change attributes and delete
 (``POST/GET /v1/topics``, ``GET/PATCH/DELETE /v1/topics/{topic}``); topics live in the metadata
 group. The list shows dead-letter topics under their source (:func:`topic_list`).
+
+``POST /v1/topics`` creates one topic (``{"name", ...}``) or many (``{"topics": [{"name", ...},
+...]}``: one ``create_topics`` entry, one result per topic; ``raftmq topic create`` with many names).
 """
 
 from __future__ import annotations
@@ -14,9 +17,14 @@ from aiohttp import web
 from raftmq.cluster import commands
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
-from raftmq.cluster.api.validation import parse_create_topic, parse_json, parse_topic_attributes
+from raftmq.cluster.api.validation import (
+    parse_create_topic,
+    parse_create_topics,
+    parse_json,
+    parse_topic_attributes,
+)
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import RaftmqError
+from raftmq.cluster.base.errors import CatalogError, RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic
 
@@ -60,7 +68,10 @@ class TopicHandlers(ApiCore):
 
     async def create_topic(self, request: web.Request) -> web.Response:
         body = await request.read()
-        spec = parse_create_topic(parse_json(body), self.limits)
+        parsed = parse_json(body)
+        if isinstance(parsed, dict) and "topics" in parsed:
+            return await self._create_topics(request, body, parse_create_topics(parsed, self.limits))
+        spec = parse_create_topic(parsed, self.limits)
         if not self.router.leads(META):
             return await self.forward(request, META, body)
         command = orjson.dumps(
@@ -75,6 +86,34 @@ class TopicHandlers(ApiCore):
         result = await self.router.propose_checked(META, command)
         topic = Topic.from_json(result["topic"])
         return json_response(await self._describe(topic), status=201)
+
+    async def _create_topics(
+        self, request: web.Request, body: bytes, specs: list[dict[str, Any]]
+    ) -> web.Response:
+        """Create the topics ``specs`` in one metadata entry: ``200 {"results": [...]}`` in their
+        order, ``{"name", "topic"}`` (the topic as the list shows it) or ``{"name", "error"}`` (e.g.
+        ``topic_exists``: that topic alone is not created). A voter that does not apply
+        ``create_topics`` yet makes it 503 ``upgrade_in_progress``, nothing created (the CLI then
+        creates them one by one)."""
+        if not self.router.leads(META):
+            return await self.forward(request, META, body)
+        command = orjson.dumps(
+            {
+                "v": 1,
+                "op": "create_topics",
+                "now_ms": now_ms(),
+                "group_count": self.node.config.queue_groups,
+                "topics": specs,
+            }
+        )
+        result = await self.router.propose_checked(META, command)
+        results: list[dict[str, Any]] = []
+        for spec, item in zip(specs, result["results"], strict=True):
+            if "topic" in item:
+                results.append({"name": spec["name"], "topic": item["topic"]})
+            else:
+                results.append({"name": spec["name"], **CatalogError.from_body(item["error"]).body()})
+        return json_response({"results": results})
 
     async def list_topics(self, request: web.Request) -> web.Response:
         if self.router.leads(META):

@@ -38,6 +38,7 @@ from raftmq.cluster.api.openapi.messages import VALUE_OR_B64, _handed_out, _max_
 from raftmq.cluster.api.openapi.security import add_security
 from raftmq.cluster.api.openapi.segments import _fetch_ok, _segment_paths, _segment_schemas
 from raftmq.cluster.api.openapi.sqs import sqs_paths, sqs_schemas
+from raftmq.cluster.api.openapi.topics import _attributes, _topic
 from raftmq.cluster.api.validation import (
     DEFAULT_FETCH_BYTES,
     MAX_FETCH_BYTES,
@@ -49,14 +50,7 @@ from raftmq.cluster.api.validation import (
     MAX_SEQUENCE,
 )
 from raftmq.cluster.config.cluster_file import Limits
-from raftmq.cluster.machines.metadata import (
-    MAX_ATTRIBUTE_VALUE_BYTES,
-    MAX_ATTRIBUTES,
-    MAX_QUEUES,
-    MAX_TAG_KEY_CHARS,
-    MAX_TAG_VALUE_CHARS,
-    MAX_TAGS,
-)
+from raftmq.cluster.machines.metadata import MAX_QUEUES
 
 __all__ = ["openapi_spec"]
 
@@ -95,62 +89,6 @@ def _message_schema(limits: Limits) -> Schema:
     )
 
 
-def _attributes(removals: bool) -> Schema:
-    value = _str(**{"x-raftmq-max-utf8-bytes": MAX_ATTRIBUTE_VALUE_BYTES})
-    return {
-        "type": "object",
-        "propertyNames": {"pattern": "^[A-Za-z0-9._:-]{1,128}$"},
-        "additionalProperties": _nullable(value) if removals else value,
-        "maxProperties": MAX_ATTRIBUTES,
-        "description": "The topic's own settings, names to strings (the SQS API keeps a queue's "
-        "attributes here, under names starting with sqs.)" + ("; null removes one" if removals else ""),
-    }
-
-
-def _tags() -> Schema:
-    return {
-        "type": "object",
-        "propertyNames": {"minLength": 1, "maxLength": MAX_TAG_KEY_CHARS},
-        "additionalProperties": _str(maxLength=MAX_TAG_VALUE_CHARS),
-        "maxProperties": MAX_TAGS,
-        "description": "The topic's tags, keys to strings (the SQS API's queue tags: TagQueue, "
-        "UntagQueue, ListQueueTags); absent when there are none",
-    }
-
-
-def _topic(queues: Schema, **extra: Schema) -> Schema:
-    """A topic: ``queues`` is its queue count, or (described) the list of its queues; ``extra``:
-    optional fields."""
-    nullable_pos = _nullable(_int(1, U64))
-    return _obj(
-        {
-            "id": _int(1),
-            "name": _str(),
-            "queues": queues,
-            "queue_groups": _array(_int(0), description="queue q lives in queue_groups[q]"),
-            "retention_ms": nullable_pos,
-            "retention_bytes": nullable_pos,
-            "max_message_bytes": nullable_pos,
-            "created_ms": _int(0),
-            "attributes": _attributes(False),
-            "tags": _tags(),
-            **extra,
-        },
-        required=tuple(
-            (
-                "id",
-                "name",
-                "queues",
-                "queue_groups",
-                "retention_ms",
-                "retention_bytes",
-                "max_message_bytes",
-                "created_ms",
-            )
-        ),
-    )
-
-
 def _together(given: str, kind: str, other: str) -> Schema:
     """When ``given`` is set (not null), ``other`` must be set too."""
     return {
@@ -173,6 +111,36 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                 "attributes": _nullable(_attributes(False)),
             },
             required=("name",),
+        ),
+        "CreateTopics": _obj(
+            {
+                "topics": _array(
+                    _ref("CreateTopic"),
+                    minItems=1,
+                    maxItems=limits.max_topics_per_request,
+                    description="Topics created in one metadata entry (limits.max_topics_per_request; "
+                    "more: 413 request_too_large); no name twice.",
+                )
+            },
+            required=("topics",),
+        ),
+        "CreateTopicsResults": _obj(
+            {
+                "results": _array(
+                    _obj(
+                        {
+                            "name": _str(),
+                            "topic": _ref("Topic"),
+                            "error": _error_schema()["properties"]["error"],
+                        },
+                        required=("name",),
+                        oneOf=[{"required": ["topic"]}, {"required": ["error"]}],
+                    ),
+                    description="One per topic asked for, in order: the topic created, or why that "
+                    "topic alone was not (e.g. topic_exists).",
+                )
+            },
+            required=("results",),
         ),
         "TopicAttributes": _obj({"attributes": _attributes(True)}, required=("attributes",)),
         "Topic": _topic(
@@ -382,14 +350,15 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/v1/topics": {
             "post": _op(
                 "createTopic",
-                "Create a topic",
+                "Create a topic ({name, ...}), or many in one metadata entry ({topics: [{name, ...}]})",
                 {
-                    "201": _json(_ref("TopicDescription"), "created"),
+                    "200": _json(_ref("CreateTopicsResults"), "many: one result per topic"),
+                    "201": _json(_ref("TopicDescription"), "one: created"),
                     **_errors(400, 409),
                     **too_large,
                     **_errors(*RAFT_ERRORS),
                 },
-                body=_ref("CreateTopic"),
+                body={"oneOf": [_ref("CreateTopic"), _ref("CreateTopics")]},
             ),
             "get": _op(
                 "listTopics",
