@@ -33,8 +33,12 @@ proposes it once every voter advertises the op (``cluster/replication/upgrade.py
 the release before would refuse it, and a migration each replica ran at its own first entry after
 its upgrade would read different topics on different replicas.
 
-``set_topic_attributes {"name", "attributes"}`` merges string attributes into a topic's (a null
-value removes one); ``create_topic`` may carry ``attributes`` too. Attributes are the topic's own
+``set_topic_attributes {"name", "attributes", "expect"?}`` merges string attributes into a topic's (a
+null value removes one); ``create_topic`` may carry ``attributes`` too. With ``expect`` (names to the
+values they must have now, null: absent) the merge is a compare-and-set: when any differs nothing is
+written and the result is ``{"topic": <as it is>, "changed": false}``, so a front end that keeps a
+record in an attribute (the SQS API's message move tasks) reads, changes and writes it back without
+losing a change made meanwhile elsewhere. Attributes are the topic's own
 settings that front ends keep (the SQS API stores a queue's attributes there, ``cluster/api/sqs/``);
 the machine checks only their shape (:func:`validate_attributes`) and never reads them.
 """
@@ -88,6 +92,8 @@ FIELD_LEVELS: tuple[str, ...] = (
     "ensure_dlq_topic.records",
     # create_topic may carry the topic's attributes (an older replica refused the field)
     "create_topic.attributes",
+    # set_topic_attributes may carry expect, a compare-and-set (an older replica would ignore it)
+    "set_topic_attributes.expect",
 )
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -480,9 +486,15 @@ class MetadataMachine:
         if topic is None:
             return _error("topic_not_found", f"no topic {name!r}"), batch, None, None
         problem = validate_attributes(changes, removals=True)
+        expect = cmd.get("expect")
+        if problem is None and expect is not None:
+            problem = validate_attributes(expect, removals=True)
+            problem = problem and f"expect: {problem}"
         if problem:
             return _error("bad_request", problem), batch, None, None
         assert isinstance(changes, dict)
+        if expect is not None and any(topic.attributes.get(k) != v for k, v in expect.items()):
+            return {"topic": topic.to_json(), "changed": False}, batch, None, None
         merged = {**topic.attributes, **changes}
         merged = {k: v for k, v in sorted(merged.items()) if v is not None}
         if len(merged) > MAX_ATTRIBUTES:
@@ -491,7 +503,7 @@ class MetadataMachine:
         batch.put(_TOPIC + topic.name.encode(), orjson.dumps(updated.to_json()))
         topics = dict(self._topics)
         topics[topic.name] = updated
-        return {"topic": updated.to_json()}, batch, topics, None
+        return {"topic": updated.to_json(), "changed": True}, batch, topics, None
 
     def _ensure_dlq_topic(
         self, cmd: dict[str, Any], batch: Batch
