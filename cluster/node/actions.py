@@ -112,8 +112,8 @@ class LeaderActions:
             if body.get("expect") is not None and not await self.node.await_group_supports(
                 META, "meta.set_topic_attributes.expect"
             ):
-                message = "a metadata voter does not apply set_topic_attributes.expect yet (a rolling upgrade)"
-                raise CatalogError(errors.UPGRADE_IN_PROGRESS, message)
+                message = "a metadata voter does not apply set_topic_attributes.expect yet"
+                raise CatalogError(errors.UPGRADE_IN_PROGRESS, message + " (a rolling upgrade)")
             return await self.propose_checked(META, self._topic_command(body))
         if action == "transfer" or action == "membership":
             return await self._voters(name, action, body)

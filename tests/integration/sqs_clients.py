@@ -24,6 +24,7 @@ _QUERY_NAMES = {
     "Messages": "Message",
     "QueueUrls": "QueueUrl",
     "Failed": "BatchResultErrorEntry",
+    "Results": "ListMessageMoveTasksResultEntry",
 }
 
 

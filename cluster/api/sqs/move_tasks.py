@@ -105,11 +105,20 @@ class MoveTasks:
     ) -> None:
         """Write ``change`` of the source queue's records back by a compare-and-set, again on the
         records as they are when another write came first. ``change`` returns None: nothing to
-        write; it may raise to refuse."""
-        topic = source
+        write; it may raise to refuse, which counts only on the records as the metadata leader has
+        them (``source`` may come from a replica a moment behind: a task started elsewhere)."""
+        topic, fresh = self._local(source), False
         for _ in range(_CAS_ROUNDS):
             raw = topic.attributes.get(records.ATTRIBUTE)
-            changed = change(records.load(raw))
+            try:
+                changed = change(records.load(raw))
+            except (SqsError, _Gone):
+                if fresh:
+                    raise
+                topic, fresh = await self.sqs.api.topic(source.name, fresh=True), True
+                if topic.id != source.id:
+                    raise SqsError("QueueDoesNotExist", "The specified queue does not exist.") from None
+                continue
             if changed is None:
                 return
             command = {
@@ -121,19 +130,26 @@ class MoveTasks:
             result = await self.sqs.api.router.group_call(META, "topic_command", command)
             if result.get("changed", True):
                 return
-            topic = Topic.from_json(result["topic"])
+            topic, fresh = Topic.from_json(result["topic"]), True
             if topic.id != source.id:  # deleted and made again meanwhile
                 raise SqsError("QueueDoesNotExist", "The specified queue does not exist.")
         raise SqsError("ServiceUnavailable", "The queue's move tasks changed too often; try again.")
+
+    def _local(self, source: Topic) -> Topic:
+        """The source queue as this node's replica of the metadata group has it now."""
+        machine = self.node.metadata
+        topic = None if machine is None else machine.topic(source.name)
+        return topic if topic is not None and topic.id == source.id else source
 
     # -- the actions ------------------------------------------------------------------------------
 
     async def _queue_of_arn(self, params: dict[str, Any], name: str) -> Topic:
         arn = params.get(name)
-        if not isinstance(arn, str) or not arn:
+        if arn is None or arn == "":
             raise SqsError("MissingParameter", f"The request must contain the parameter {name}.")
-        parts = arn.split(":")
+        parts = arn.split(":") if isinstance(arn, str) else []
         if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"]:
+            arn = str(arn)
             raise SqsError("InvalidParameterValue", f"Value {arn[:200]} for parameter {name} is invalid.")
         queue = qs.arn_queue(arn, self.sqs.region)
         missing = SqsError(
@@ -282,7 +298,7 @@ class MoveTasks:
         def finished(tasks: list[records.MoveTask]) -> list[records.MoveTask] | None:
             found = next((t for t in tasks if t.id == task_id), None)
             if found is None or found.status not in records.ACTIVE:
-                return None
+                raise _Gone()
             final = "CANCELLED" if found.status == "CANCELLING" and status != "FAILED" else status
             end = dataclasses.replace(found, status=final, reason=reason, moved=moved, heartbeat_ms=now_ms())
             return [end if t.id == task_id else t for t in tasks]
@@ -290,6 +306,8 @@ class MoveTasks:
         for _ in range(5):
             try:
                 await self._change(source, finished)
+                return
+            except _Gone:
                 return
             except SqsError as e:
                 if e.aws.code == _NO_QUEUE:
@@ -304,19 +322,20 @@ class MoveTasks:
     async def _progress(self, source: Topic, task_id: str, moved: int) -> bool:
         """Write the progress and heartbeat; whether the task was cancelled meanwhile. Raises
         _Gone when the record is gone or no longer active (another node declared it FAILED)."""
-        state = {"cancelling": False, "gone": False}
+        state = {"cancelling": False}
 
         def progressed(tasks: list[records.MoveTask]) -> list[records.MoveTask] | None:
             found = next((t for t in tasks if t.id == task_id), None)
             if found is None or found.status not in records.ACTIVE:
-                state["gone"] = True
-                return None
+                raise _Gone()
             state["cancelling"] = found.status == "CANCELLING"
             now = dataclasses.replace(found, moved=moved, heartbeat_ms=now_ms())
             return [now if t.id == task_id else t for t in tasks]
 
         try:
             await self._change(source, progressed)
+        except _Gone:
+            raise
         except SqsError as e:
             if e.aws.code == _NO_QUEUE:
                 raise _Gone() from None
@@ -325,8 +344,6 @@ class MoveTasks:
             if e.error is errors.TOPIC_NOT_FOUND:
                 raise _Gone() from None
             log.warning("sqs_move_task_progress_not_written", task=task_id, code=e.code)
-        if state["gone"]:
-            raise _Gone()
         return state["cancelling"]
 
     def _cancelled_here(self, source: Topic, task_id: str) -> bool:
