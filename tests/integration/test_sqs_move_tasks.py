@@ -174,7 +174,7 @@ def test_the_rate_paces_the_moves(clients: dict[str, Any]) -> None:
 def test_one_task_per_source_and_a_cancel_stops_it_with_nothing_lost(clients: dict[str, Any]) -> None:
     sqs = clients["n1"]
     urls = _queues(sqs, "stop-dlq", ["stop-src"], "stop-dest")
-    bodies = [f"m{i}" for i in range(8)]
+    bodies = [f"m{i:02}" for i in range(12)]
     _dead_letter(sqs, urls, "stop-dlq", {"stop-src": bodies})
     handle = sqs.start_message_move_task(
         SourceArn=ARN + "stop-dlq", DestinationArn=ARN + "stop-dest", MaxNumberOfMessagesPerSecond=1
@@ -184,17 +184,17 @@ def test_one_task_per_source_and_a_cancel_stops_it_with_nothing_lost(clients: di
         "InvalidParameterValue"
     )
     running = _task(clients["n3"], "stop-dlq", "RUNNING")
-    assert running["TaskHandle"] == handle and running["ApproximateNumberOfMessagesToMove"] == 8
+    assert running["TaskHandle"] == handle and running["ApproximateNumberOfMessagesToMove"] == 12
     moved = _drain(sqs, urls["stop-dest"], 1)  # the first moved message arrived: cancel
     cancelled = clients["n2"].cancel_message_move_task(TaskHandle=handle)
-    assert 0 <= cancelled["ApproximateNumberOfMessagesMoved"] < 8
+    assert 0 <= cancelled["ApproximateNumberOfMessagesMoved"] < 12
     final = _task(clients["n3"], "stop-dlq", "CANCELLED")
-    assert final["ApproximateNumberOfMessagesMoved"] < 8
+    assert final["ApproximateNumberOfMessagesMoved"] < 12
     assert "TaskHandle" not in final
     # Nothing lost, the rest still dead letters; a cancelled task cannot be cancelled again.
     assert _code(lambda: sqs.cancel_message_move_task(TaskHandle=handle)) == "InvalidParameterValue"
     moved += _drain(sqs, urls["stop-dest"])
-    left = _drain(sqs, urls["stop-dlq"], 8 - len(moved))
+    left = _drain(sqs, urls["stop-dlq"], 12 - len(moved))
     assert len(left) > 0
     assert sorted({m["Body"] for m in moved + left}) == bodies
     # The task is over: a new one on the same source may start.
