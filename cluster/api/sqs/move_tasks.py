@@ -422,9 +422,13 @@ class MoveTasks:
                     return moved
                 raise _Failed(from_raftmq_error(e).aws.code) from None
             pending = [m for m in pending if m not in messages]
-            try:
-                await self.sqs._settle(source, "ack", [m["receipt"] for m in messages], {})
-            except RaftmqError as e:  # appended: delivered from both queues (at least once)
+            try:  # a receipt not acked (an error, or stale): delivered from both queues (at least once)
+                receipts = [m["receipt"] for m in messages]
+                acked = await self.sqs.delivery.settle(source, GROUP, "ack", receipts, {})
+                not_acked = [r["error"]["code"] for r in acked if "error" in r]
+                if not_acked:
+                    log.warning("sqs_move_task_ack_failed", queue=source.name, task=task.id, codes=not_acked)
+            except RaftmqError as e:
                 log.warning("sqs_move_task_ack_failed", queue=source.name, task=task.id, code=e.code)
             moved += len(messages)
         return moved
