@@ -58,14 +58,17 @@ def _count(sqs: Any, url: str) -> int:
     return int(got["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def _dead_letter(sqs: Any, urls: dict[str, str], dlq: str, bodies: dict[str, list[str]]) -> dict[str, str]:
-    """Send ``bodies`` to their source queues and receive each until its RedrivePolicy
-    (maxReceiveCount 1) moves it to ``dlq``; the MessageIds by body."""
+def _dead_letter(
+    sqs: Any, urls: dict[str, str], dlq: str, bodies: dict[str, list[str]], sent: int = 0
+) -> dict[str, str]:
+    """Send ``bodies`` to their source queues and receive each (and ``sent`` messages sent
+    before) until its RedrivePolicy (maxReceiveCount 1) moves it to ``dlq``; the MessageIds by
+    body."""
     ids = {}
     for source, texts in bodies.items():
         for text in texts:
             ids[text] = sqs.send_message(QueueUrl=urls[source], MessageBody=text)["MessageId"]
-    total = sum(len(t) for t in bodies.values())
+    total = sent + sum(len(t) for t in bodies.values())
 
     def moved() -> bool:
         for source in bodies:  # a message received once, visible again at once, moved at the next
@@ -137,7 +140,7 @@ def test_with_a_destination_every_message_goes_there(
     urls = _queues(sqs, "to-dlq", ["to-a", "to-b"], "to-dest")
     attributes = {"kind": {"DataType": "String", "StringValue": "poison"}}
     sqs.send_message(QueueUrl=urls["to-a"], MessageBody="with attributes", MessageAttributes=attributes)
-    _dead_letter(sqs, urls, "to-dlq", {"to-a": ["a0"], "to-b": ["b0", "b1"]})
+    _dead_letter(sqs, urls, "to-dlq", {"to-a": ["a0"], "to-b": ["b0", "b1"]}, sent=1)
     sqs.start_message_move_task(SourceArn=ARN + "to-dlq", DestinationArn=ARN + "to-dest")
     done = _task(clients["n1"], "to-dlq", "COMPLETED")
     assert done["DestinationArn"] == ARN + "to-dest"
@@ -186,8 +189,13 @@ def test_one_task_per_source_and_a_cancel_stops_it_with_nothing_lost(clients: di
     )
     running = _task(clients["n3"], "stop-dlq", "RUNNING")
     assert running["TaskHandle"] == handle and running["ApproximateNumberOfMessagesToMove"] == 12
-    moved = _drain(sqs, urls["stop-dest"], 1)  # the first moved message arrived: cancel
+    moved: list[dict[str, Any]] = _until(  # the first moved message arrived: cancel
+        "a moved message",
+        lambda: sqs.receive_message(QueueUrl=urls["stop-dest"], WaitTimeSeconds=1).get("Messages"),
+    )
     cancelled = clients["n2"].cancel_message_move_task(TaskHandle=handle)
+    for m in moved:
+        sqs.delete_message(QueueUrl=urls["stop-dest"], ReceiptHandle=m["ReceiptHandle"])
     assert 0 <= cancelled["ApproximateNumberOfMessagesMoved"] < 12
     final = _task(clients["n3"], "stop-dlq", "CANCELLED")
     assert final["ApproximateNumberOfMessagesMoved"] < 12
