@@ -195,6 +195,7 @@ class MoveTasks:
                         f"Access to the resource is denied: token {grant.name!r} lacks produce "
                         f"permission on {name!r}, a source queue the messages would go back to.",
                     )
+        await self.sqs._ensure_subscription(source)  # the takes' (SQS's redelivery, no dead letters)
         visible, _ = await self.sqs._counts(source)
         now = now_ms()
         task = records.MoveTask(
