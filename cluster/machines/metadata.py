@@ -33,8 +33,12 @@ proposes it once every voter advertises the op (``cluster/replication/upgrade.py
 the release before would refuse it, and a migration each replica ran at its own first entry after
 its upgrade would read different topics on different replicas.
 
-``set_topic_attributes {"name", "attributes"}`` merges string attributes into a topic's (a null
-value removes one); ``create_topic`` may carry ``attributes`` too. Attributes are the topic's own
+``set_topic_attributes {"name", "attributes", "expect"?}`` merges string attributes into a topic's (a
+null value removes one); ``create_topic`` may carry ``attributes`` too. With ``expect`` (names to the
+values they must have now, null: absent) the merge is a compare-and-set: when any differs nothing is
+written and the result is ``{"topic": <as it is>, "changed": false}``, so a front end that keeps a
+record in an attribute (the SQS API's message move tasks) reads, changes and writes it back without
+losing a change made meanwhile elsewhere. Attributes are the topic's own
 settings that front ends keep (the SQS API stores a queue's attributes there, ``cluster/api/sqs/``);
 the machine checks only their shape (:func:`validate_attributes`) and never reads them.
 
@@ -119,6 +123,8 @@ FIELD_LEVELS: tuple[str, ...] = (
     "create_topic.attributes",
     # create_topic may carry the topic's tags (an older replica would create the topic without them)
     "create_topic.tags",
+    # set_topic_attributes may carry expect, a compare-and-set (an older replica would ignore it)
+    "set_topic_attributes.expect",
 )
 
 _APPLIED = b"A"
@@ -394,10 +400,17 @@ class MetadataMachine:
         if topic is None:
             return error_result("topic_not_found", f"no topic {name!r}"), batch, None, None
         problem = validate(changes, removals=True)
+        expect = cmd.get("expect") if field == "attributes" else None  # set_topic_attributes only
+        if problem is None and expect is not None:
+            problem = validate(expect, removals=True)
+            problem = problem and f"expect: {problem}"
         if problem:
             return error_result("bad_request", problem), batch, None, None
         assert isinstance(changes, dict)
-        merged = {k: v for k, v in sorted({**getattr(topic, field), **changes}.items()) if v is not None}
+        current = getattr(topic, field)
+        if expect is not None and any(current.get(k) != v for k, v in expect.items()):
+            return {"topic": topic.to_json(), "changed": False}, batch, None, None
+        merged = {k: v for k, v in sorted({**current, **changes}.items()) if v is not None}
         if len(merged) > cap:
             return error_result("bad_request", f"at most {cap} {field} per topic"), batch, None, None
         maps = {"attributes": topic.attributes, "tags": topic.tags, field: merged}
@@ -405,7 +418,7 @@ class MetadataMachine:
         batch.put(_TOPIC + topic.name.encode(), orjson.dumps(updated.to_json()))
         topics = dict(self._topics)
         topics[topic.name] = updated
-        return {"topic": updated.to_json()}, batch, topics, None
+        return {"topic": updated.to_json(), "changed": True}, batch, topics, None
 
     def _ensure_dlq_topic(
         self, cmd: dict[str, Any], batch: Batch

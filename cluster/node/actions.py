@@ -108,6 +108,13 @@ class LeaderActions:
         if action == "barrier":
             return await self.propose_checked(name, commands.noop())
         if action == "topic_command" and name == META:
+            # A compare-and-set only once every metadata voter applies it: an older replica would
+            # ignore expect and merge where the others refuse (docs/operations.md, rolling upgrades).
+            if body.get("expect") is not None and not await self.node.await_group_supports(
+                META, "meta.set_topic_attributes.expect"
+            ):
+                message = "a metadata voter does not apply set_topic_attributes.expect yet"
+                raise CatalogError(errors.UPGRADE_IN_PROGRESS, message + " (a rolling upgrade)")
             return await self.propose_checked(META, self._topic_command(body))
         if action == "transfer" or action == "membership":
             return await self._voters(name, action, body)

@@ -29,6 +29,7 @@ _QUERY_NAMES = {
     "TagKeys": "TagKey",
     "AWSAccountIds": "AWSAccountId",
     "Actions": "ActionName",
+    "Results": "ListMessageMoveTasksResultEntry",
 }
 
 

@@ -98,6 +98,25 @@ def test_a_message_received_too_often_moves_to_the_dead_letter_queue(sqs: Any) -
     assert counts[:4] == ["1", "2", "3", "4"]
 
 
+def test_a_receive_with_visibility_timeout_0_moves_a_dead_letter_once(sqs: Any) -> None:
+    # The move acks the message after its append to the dead-letter queue: taken for 1 ms, its ack
+    # came too late, the message stayed, and every later receive moved it once more.
+    dlq = sqs.create_queue(QueueName="zero-dlq")["QueueUrl"]
+    url = sqs.create_queue(QueueName="zero", Attributes={"RedrivePolicy": _policy("zero-dlq", 1)})["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="poison")
+    handed = [
+        m["Attributes"]["ApproximateReceiveCount"]
+        for _ in range(6)
+        for m in _receive(sqs, url, VisibilityTimeout=0, WaitTimeSeconds=1, AttributeNames=["All"])
+    ]
+    assert handed == ["1"]  # handed out once (visible again at once), then moved
+    moved = _receive(sqs, dlq, WaitTimeSeconds=5)
+    for m in moved:
+        sqs.delete_message(QueueUrl=dlq, ReceiptHandle=m["ReceiptHandle"])
+    later = _receive(sqs, dlq, WaitTimeSeconds=2)
+    assert [m["Body"] for m in moved + later] == ["poison"]
+
+
 def test_bad_redrive_policies_are_refused_and_change_nothing(sqs: Any, cluster: Cluster) -> None:
     url = sqs.create_queue(QueueName="tasks")["QueueUrl"]
     sqs.create_queue(QueueName="tasks-dlq")

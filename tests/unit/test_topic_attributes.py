@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.machines.metadata import MAX_ATTRIBUTES, MetadataMachine
+from raftmq.cluster.replication.upgrade import BEFORE_CAPABILITIES, CAPABILITIES
 from raftmq.storage.memory import MemoryStore
 
 
@@ -66,3 +67,27 @@ def test_bad_attributes_are_refused_and_change_nothing() -> None:
 def test_setting_attributes_of_a_missing_topic_is_topic_not_found() -> None:
     got = Meta().apply(op="set_topic_attributes", name="nope", attributes={"a": "1"})
     assert got["error"]["code"] == "topic_not_found"
+
+
+def test_expect_makes_the_merge_a_compare_and_set_that_changes_nothing_when_a_value_moved() -> None:
+    meta = Meta()
+    _create(meta, attributes={"tasks": "v1"})
+    got = meta.apply(op="set_topic_attributes", name="q", attributes={"tasks": "v2"}, expect={"tasks": "v1"})
+    assert got["changed"] is True and got["topic"]["attributes"] == {"tasks": "v2"}
+    # A writer that read v1 before that change loses: nothing is written, the answer shows v2.
+    got = meta.apply(op="set_topic_attributes", name="q", attributes={"tasks": "v3"}, expect={"tasks": "v1"})
+    assert got["changed"] is False and got["topic"]["attributes"] == {"tasks": "v2"}
+    # null expects the attribute to be absent.
+    got = meta.apply(op="set_topic_attributes", name="q", attributes={"x": "1"}, expect={"x": None})
+    assert got["changed"] is True
+    got = meta.apply(op="set_topic_attributes", name="q", attributes={"x": "2"}, expect={"x": None})
+    assert got["changed"] is False
+    topic = MetadataMachine(meta.machine.store).topic("q")
+    assert topic is not None and topic.attributes == {"tasks": "v2", "x": "1"}
+    got = meta.apply(op="set_topic_attributes", name="q", attributes={"x": "3"}, expect={"x y": "1"})
+    assert got["error"]["code"] == "bad_request"
+
+
+def test_the_compare_and_set_is_a_field_level_the_rolling_upgrade_gate_knows() -> None:
+    assert "meta.set_topic_attributes.expect" in CAPABILITIES
+    assert "meta.set_topic_attributes.expect" not in BEFORE_CAPABILITIES

@@ -69,9 +69,10 @@ RIGHTS: dict[str, Right] = {
     "ListDeadLetterSourceQueues": _ANY,
     "AddPermission": _ADMIN,
     "RemovePermission": _ADMIN,
-    # As the REST API's redrive (POST .../dlq/redrive): consume and produce, on the source queue.
-    "StartMessageMoveTask": Right((CONSUME, PRODUCE), source="SourceArn"),
-    "CancelMessageMoveTask": Right((CONSUME, PRODUCE), source="TaskHandle"),
+    # A move task receives from the dead-letter queue (consume there) and sends to its destination
+    # (produce there: checked below, or per source queue by the action without a DestinationArn).
+    "StartMessageMoveTask": Right((CONSUME,), source="SourceArn"),
+    "CancelMessageMoveTask": Right((CONSUME,), source="TaskHandle"),
     "ListMessageMoveTasks": Right((CONSUME,), source="SourceArn"),
 }
 
@@ -120,7 +121,7 @@ async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, name
     """Raise AccessDenied unless ``grant`` may run ``action`` with ``params`` (InvalidAction for an
     action not in :data:`RIGHTS`). A RedrivePolicy set by CreateQueue or SetQueueAttributes also
     needs ``produce`` or ``admin`` on its dead-letter queue (the source's dead letters are sent
-    there)."""
+    there); a StartMessageMoveTask with a DestinationArn ``produce`` on that queue."""
     right = refuse_unknown(action)
     if right.source is None:
         return
@@ -134,6 +135,10 @@ async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, name
         target = _redrive_target(attributes.get("RedrivePolicy"))
         if target is not None:
             await _check(action, grant, Right((PRODUCE, ADMIN), any_of=True), await names(target, False))
+    destination = params.get("DestinationArn")
+    if action == "StartMessageMoveTask" and destination is not None:
+        target = queue_name_of(destination, "SourceArn")
+        await _check(action, grant, _PRODUCE, [None] if target is None else await names(target, False))
 
 
 def _redrive_target(raw: Any) -> str | None:

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raftmq.errors import RaftmqError
+from raftmq.errors import (
+    BAD_BATCH,
+    BAD_REQUEST,
+    MESSAGE_TOO_LARGE,
+    REQUEST_TOO_LARGE,
+    TOO_MANY_REQUESTS,
+    TOPIC_NOT_FOUND,
+    RaftmqError,
+)
 
-__all__ = ["SQS_ERRORS", "SqsError", "SqsErrorCode"]
+__all__ = ["SQS_ERRORS", "SqsError", "SqsErrorCode", "from_raftmq_error"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ SQS_ERRORS: dict[str, SqsErrorCode] = {
         _e("InvalidMessageContents"),
         _e("MissingParameter"),
         _e("InvalidAddress", 404),
+        _e("ResourceNotFoundException", 404),
         _e("InvalidAction"),
         _e(_PREFIX + "UnsupportedOperation", shape="UnsupportedOperation"),
         _e(_PREFIX + "TooManyEntriesInBatchRequest", shape="TooManyEntriesInBatchRequest"),
@@ -72,3 +81,18 @@ class SqsError(RaftmqError):
         super().__init__(message)
         self.aws = SQS_ERRORS[shape]
         self.message = message
+
+
+def from_raftmq_error(e: RaftmqError) -> SqsError:
+    """A raftmq error met while running an action, in SQS's terms."""
+    if e.error is TOPIC_NOT_FOUND:
+        return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+    if e.error in (MESSAGE_TOO_LARGE, REQUEST_TOO_LARGE, BAD_REQUEST, BAD_BATCH):
+        return SqsError("InvalidParameterValue", e.message)
+    if e.error is TOO_MANY_REQUESTS:
+        return SqsError("RequestThrottled", e.message)
+    if e.retriable and e.definite:
+        return SqsError("ServiceUnavailable", e.message)
+    # internal, unknown_outcome, timeout: the write may have happened; a retry may duplicate it
+    # (at least once, as SQS).
+    return SqsError("InternalError", e.message)

@@ -44,6 +44,7 @@ __all__ = ["SOURCE_HEADER", "SqsActions"]
 log = structlog.get_logger(__name__)
 
 RECEIVE_SLICE_S = 5.0  # one take's long poll; a longer wait takes again
+DEAD_LETTER_HOLD_MS = 30_000  # a receive on a queue with a RedrivePolicy takes for at least this
 SOURCE_HEADER = "sqs-dead-letter-source"  # on a message a RedrivePolicy moved: its source queue
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 _RECEIPT = re.compile(
@@ -196,15 +197,31 @@ class SqsActions(QueueActions):
             raise SqsError("InvalidParameterValue", "MessageAttributeNames must be a list of names.")
         await self._ensure_subscription(topic)
         policy = qs.redrive_policy(topic)
+        held_ms = max(1, visibility_s * 1000)
+        if policy is not None:
+            # A message the RedrivePolicy moves is acked here after its append to the dead-letter
+            # queue: it is taken in flight long enough for that, whatever visibility was asked (with
+            # 0 s the ack came too late, the message stayed, and each receive moved it once more).
+            held_ms = max(held_ms, DEAD_LETTER_HOLD_MS)
         deadline = time.monotonic() + wait_s
         while True:
             remaining = max(0.0, deadline - time.monotonic())
-            got = await self._take(topic, max_messages, max(1, visibility_s * 1000), remaining)
+            got = await self._take(topic, max_messages, held_ms, remaining)
             if policy is not None:
                 got = await self._move_dead_letters(topic, policy, got)
+                if got and held_ms != visibility_s * 1000:  # handed out with the visibility asked
+                    await self._hand_out(topic, got, visibility_s)
             if got or time.monotonic() >= deadline:
                 break
         return {"Messages": [_sqs_message(m, system, selectors) for m in got]} if got else {}
+
+    async def _hand_out(self, topic: Topic, got: list[dict[str, Any]], visibility_s: int) -> None:
+        """Set the visibility of messages taken for longer than asked to ``visibility_s`` from now
+        (0: visible again at once). If that fails they stay in flight as taken (at least once)."""
+        try:
+            await self._change(topic, [m["receipt"] for m in got], [visibility_s] * len(got))
+        except RaftmqError as e:
+            log.warning("sqs_visibility_not_set", queue=topic.name, code=e.code)
 
     async def _move_dead_letters(
         self, topic: Topic, policy: qs.RedrivePolicy, got: list[dict[str, Any]]

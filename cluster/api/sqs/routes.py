@@ -15,8 +15,9 @@ from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import sigv4
 from raftmq.cluster.api.sqs.access import authorize, bind_path_queue, refuse_unknown
-from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.errors import SqsError, from_raftmq_error
 from raftmq.cluster.api.sqs.message_actions import SqsActions
+from raftmq.cluster.api.sqs.move_tasks import MoveTasks
 from raftmq.cluster.api.sqs.wire import (
     CREDENTIALS_PATH,
     QUEUE_PATH,
@@ -27,7 +28,6 @@ from raftmq.cluster.api.sqs.wire import (
     query_error,
     query_params,
 )
-from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.config.keys import sqs_secret_key
 from raftmq.cluster.config.tokens import TokenGrant
@@ -38,21 +38,6 @@ __all__ = ["add_sqs_routes"]
 log = structlog.get_logger(__name__)
 
 _TARGET = "AmazonSQS."
-
-
-def _from_api_error(e: RaftmqError) -> SqsError:
-    """A raftmq error met while running an action, in SQS's terms."""
-    if e.error is errors.TOPIC_NOT_FOUND:
-        return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
-    if e.error in (errors.MESSAGE_TOO_LARGE, errors.REQUEST_TOO_LARGE, errors.BAD_REQUEST, errors.BAD_BATCH):
-        return SqsError("InvalidParameterValue", e.message)
-    if e.error is errors.TOO_MANY_REQUESTS:
-        return SqsError("RequestThrottled", e.message)
-    if e.retriable and e.definite:
-        return SqsError("ServiceUnavailable", e.message)
-    # internal, unknown_outcome, timeout: the write may have happened; a retry may duplicate it
-    # (at least once, as SQS).
-    return SqsError("InternalError", e.message)
 
 
 class SqsHandler:
@@ -143,7 +128,7 @@ class SqsHandler:
         except SqsError as e:
             return json_error(e, request_id) if json_wire else query_error(e, request_id)
         except RaftmqError as e:
-            mapped = _from_api_error(e)
+            mapped = from_raftmq_error(e)
             return json_error(mapped, request_id) if json_wire else query_error(mapped, request_id)
         except web.HTTPRequestEntityTooLarge:
             e2 = SqsError("InvalidParameterValue", "The request is larger than the node's limit.")
@@ -156,7 +141,9 @@ class SqsHandler:
 
 
 def add_sqs_routes(app: web.Application, node: Node, api: TopicHandlers, delivery: SubscriptionsApi) -> None:
-    handler = SqsHandler(node, SqsActions(node, api, delivery))
+    actions = SqsActions(node, api, delivery)
+    MoveTasks(actions).register(actions.actions)
+    handler = SqsHandler(node, actions)
     app.router.add_post("/", handler.handle)
     app.router.add_post(QUEUE_PATH, handler.handle)
     app.router.add_get(CREDENTIALS_PATH, handler.credentials_route)

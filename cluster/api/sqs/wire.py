@@ -54,7 +54,14 @@ _ENTRIES = {
     "DeleteMessageBatchRequestEntry": "Entries",
     "ChangeMessageVisibilityBatchRequestEntry": "Entries",
 }
-_INTS = {"DelaySeconds", "MaxNumberOfMessages", "VisibilityTimeout", "WaitTimeSeconds", "MaxResults"}
+_INTS = {
+    "DelaySeconds",
+    "MaxNumberOfMessages",
+    "VisibilityTimeout",
+    "WaitTimeSeconds",
+    "MaxResults",
+    "MaxNumberOfMessagesPerSecond",
+}
 _INDEXED = re.compile(r"^([A-Za-z]+)\.(\d{1,3})(?:\.(.+))?$")
 # XML element names of list members in answers (flattened, as AWS writes them).
 _XML_LISTS = {
@@ -62,6 +69,7 @@ _XML_LISTS = {
     "Messages": "Message",
     "Failed": "BatchResultErrorEntry",
     "queueUrls": "QueueUrl",
+    "Results": "ListMessageMoveTasksResultEntry",
 }
 
 
