@@ -200,9 +200,14 @@ class ProducerCore:
     async def _send_loop(self) -> None:
         while True:
             self._wakeup.clear()
-            batches, next_s = self.acc.ready(time.monotonic(), all_now=self._flushing > 0 or self._closing)
-            for b in batches:
-                self._spawn(self._send_batch(b))
+            together = self.producer_id is not None and self.wire == "binary"
+            batches, next_s = self.acc.ready(
+                time.monotonic(),
+                all_now=self._flushing > 0 or self._closing,
+                node_of=self._leader_of if together else None,
+            )
+            for request in self._requests(batches) if together else [[b] for b in batches]:
+                self._spawn(self._send_batches(request))
             if self._closing and self.acc.empty():
                 return
             timeout = None if next_s is None else max(0.0, next_s - time.monotonic())
@@ -210,24 +215,102 @@ class ProducerCore:
                 async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancellation
                     await self._wakeup.wait()
 
-    async def _send_batch(self, b: Batch) -> None:
-        try:
-            await self._deliver(b)
-        except asyncio.CancelledError:  # close() gave up waiting
-            if b.maybe_stored:
-                self._fail(b, UnknownOutcome("the producer was closed while this batch was in flight"))
+    def _leader_of(self, key: tuple[str, int]) -> str | None:
+        return self.metadata.leader_url(*key)
+
+    def _requests(self, batches: list[Batch]) -> list[list[Batch]]:
+        """The batches taken, in requests: those of one topic whose queues have the same leader
+        share a request (one frame each), up to ``max_batch_bytes`` and ``max_batch_messages`` in
+        all, so the node takes one request, and proposes one Raft entry per group, for them."""
+        by_node: dict[tuple[str, str | None], list[list[Batch]]] = {}
+        for b in batches:
+            requests = by_node.setdefault((b.topic, self._leader_of(b.key)), [])
+            last = requests[-1] if requests else None
+            if (
+                last is not None
+                and sum(x.size_bytes for x in last) + b.size_bytes <= self.config.max_batch_bytes
+                and sum(x.count for x in last) + b.count <= self.config.max_batch_messages
+            ):
+                last.append(b)
             else:
-                self._fail(b, ClientClosed("the producer was closed before this batch was stored"))
+                requests.append([b])
+        return [request for requests in by_node.values() for request in requests]
+
+    async def _send_batches(self, batches: list[Batch]) -> None:
+        try:
+            if len(batches) == 1:
+                await self._deliver(batches[0])
+            else:
+                await self._deliver_together(batches)
+        except asyncio.CancelledError:  # close() gave up waiting
+            for b in batches:
+                if b.maybe_stored:
+                    self._fail(b, UnknownOutcome("the producer was closed while this batch was in flight"))
+                else:
+                    self._fail(b, ClientClosed("the producer was closed before this batch was stored"))
             raise
         except Exception as e:  # a bug here must not leave the handles hanging
             log.exception("sending a batch failed")
             error = e if isinstance(e, RaftmqError) else UnknownOutcome(f"client error: {e!r}")
-            b.outcome.fail(error)
+            for b in batches:
+                b.outcome.fail(error)
         finally:
-            self.acc.complete(b)
+            for b in batches:
+                self.acc.complete(b)
             self.wake()
 
-    async def _deliver(self, b: Batch) -> None:
+    async def _deliver_together(self, batches: list[Batch]) -> None:
+        """Send the batches (binary, idempotent, one leader) as one request's frames; a batch
+        the answer does not acknowledge goes on alone, as :meth:`_deliver` sends it: with the
+        request's error as its first attempt's when that error is surely its own (it was the only
+        one left, or the outcome is unknown for all), else at once (an idempotent resend)."""
+        b0 = batches[0]
+        deadline = b0.created_s + self.config.delivery_timeout_ms / 1000
+        if self._aborting or time.monotonic() > deadline:
+            await asyncio.gather(*(self._deliver(b) for b in batches))
+            return
+        for b in batches:
+            b.maybe_stored = True
+        try:
+            answer = await self.transport.request(
+                "POST",
+                f"/v1/topics/{path_part(b0.topic)}/messages",
+                body=b"".join(b.body(self.producer_id) for b in batches),
+                content_type=BATCH_MEDIA_TYPE,
+                node_url=self.metadata.leader_url(b0.topic, b0.queue),
+                idempotent=True,
+            )
+        except RaftmqError as e:
+            results = e.details.get("results")
+            error: RaftmqError | None = e
+        else:
+            results = answer.get("results") if isinstance(answer, dict) else None
+            error = None
+        if not isinstance(results, list) or len(results) != len(batches):
+            results = [None] * len(batches)
+            if error is None:
+                error = UnexpectedResponse(
+                    f"produce answer {answer!r:.200} does not fit {len(batches)} frames"
+                )
+        left: list[Batch] = []
+        for b, r in zip(batches, results, strict=True):
+            if r is None:
+                left.append(b)
+            else:
+                self._resolve(b, {"results": [r]}, True)
+        if not left:
+            return
+        assert error is not None
+        if isinstance(error, _REFRESH_ON):
+            self._refresh_soon(b0.topic)
+        # A definite error stored none of the batches left, and may be one frame's (a 400 names
+        # one batch; an answer's error is its first failure): each learns its own at once.
+        own = error if len(left) == 1 or not error.definite else None
+        await asyncio.gather(*(self._deliver(b, own) for b in left))
+
+    async def _deliver(self, b: Batch, failed: RaftmqError | None = None) -> None:
+        """Send one batch until it is stored, fails for good or times out; ``failed``: the error
+        of an attempt already made (the first, in a request of several batches)."""
         deadline = b.created_s + self.config.delivery_timeout_ms / 1000
         if self._aborting:
             self._fail(b, ClientClosed("the producer was closed before this batch was sent"))
@@ -243,6 +326,9 @@ class ProducerCore:
             b.maybe_stored = True
             binary = b.wire == "binary" and self.wire == "binary"
             try:
+                if failed is not None:
+                    e, failed = failed, None
+                    raise e
                 answer = await self.transport.request(
                     "POST",
                     path,
@@ -369,9 +455,10 @@ class AsyncProducer:
     batches as Kafka's KIP-794). Messages wait in
     their queue's batch up to ``linger_ms`` (or until ``max_batch_bytes``/``max_batch_messages``),
     and each batch is sent straight to the leader of its queue's group, one batch in flight per
-    queue (order per queue is kept across retries). A batch travels in the binary record-batch
-    format (docs/format.md): each ``send`` appends the message to its queue's batch in that
-    format, and returns a :class:`FutureRecord` that shares the batch's one outcome.
+    queue (order per queue is kept across retries); ready batches of one topic whose queues have
+    the same leader share a request (idempotent binary producers). A batch travels in the binary
+    record-batch format (docs/format.md): each ``send`` appends the message to its queue's batch
+    in that format, and returns a :class:`FutureRecord` that shares the batch's one outcome.
 
     Idempotence is on by default: the producer has a random ``producer_id`` and numbers its batches
     per queue, so the broker stores a retried batch once; failures that are retriable, including
