@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from raftmq.batch import BATCH_MEDIA_TYPE, RESERVED_HEADER_PREFIX, is_reserved_header
 
@@ -24,6 +24,7 @@ from ._api import connect
 from ._metadata import ClusterMetadata, key_queue
 from ._outcome import DeliveryCallback, FutureRecord
 from ._producer_config import ProducerConfig
+from ._requests import frame_results, in_requests, offset_of, refuses_binary
 from ._retry import may_retry, outcome_error
 from ._transport import AddressMap, path_part
 from ._types import RecordMetadata, TopicDescription
@@ -51,19 +52,6 @@ JSON_MEDIA_TYPE = "application/json"
 
 # Errors after which the cached leader of a queue may be stale.
 _REFRESH_ON = (NotLeader, Unavailable, ConnectionFailed, UnknownOutcome, Timeout, TopicNotFound)
-
-
-def _offset(value: Any) -> int:
-    """An offset of a produce answer. None is passed on: only the test-only fault
-    ``ack_before_replication`` answers before an offset exists (the chaos suite's mutation test
-    must still see those messages acknowledged)."""
-    return cast(int, value) if value is None else int(value)
-
-
-def _refuses_binary(e: RaftmqError) -> bool:
-    """A node that does not know the binary format: 415, or (older nodes) a JSON parse error of
-    the batch. Either certainly stored nothing."""
-    return e.code == "invalid_json" or 415 in (e.status, e.details.get("status"))
 
 
 class ProducerCore:
@@ -200,13 +188,13 @@ class ProducerCore:
     async def _send_loop(self) -> None:
         while True:
             self._wakeup.clear()
-            together = self.producer_id is not None and self.wire == "binary"
+            # Batches share requests when the node can tell a resent frame from a new one.
+            node_of = self._leader_of if self.producer_id is not None and self.wire == "binary" else None
+            now_s, cfg = time.monotonic(), self.config
             batches, next_s = self.acc.ready(
-                time.monotonic(),
-                all_now=self._flushing > 0 or self._closing,
-                node_of=self._leader_of if together else None,
+                now_s, all_now=self._flushing > 0 or self._closing, node_of=node_of
             )
-            for request in self._requests(batches) if together else [[b] for b in batches]:
+            for request in in_requests(batches, node_of, cfg.max_batch_bytes, cfg.max_batch_messages):
                 self._spawn(self._send_batches(request))
             if self._closing and self.acc.empty():
                 return
@@ -217,24 +205,6 @@ class ProducerCore:
 
     def _leader_of(self, key: tuple[str, int]) -> str | None:
         return self.metadata.leader_url(*key)
-
-    def _requests(self, batches: list[Batch]) -> list[list[Batch]]:
-        """The batches taken, in requests: those of one topic whose queues have the same leader
-        share a request (one frame each), up to ``max_batch_bytes`` and ``max_batch_messages`` in
-        all, so the node takes one request, and proposes one Raft entry per group, for them."""
-        by_node: dict[tuple[str, str | None], list[list[Batch]]] = {}
-        for b in batches:
-            requests = by_node.setdefault((b.topic, self._leader_of(b.key)), [])
-            last = requests[-1] if requests else None
-            if (
-                last is not None
-                and sum(x.size_bytes for x in last) + b.size_bytes <= self.config.max_batch_bytes
-                and sum(x.count for x in last) + b.count <= self.config.max_batch_messages
-            ):
-                last.append(b)
-            else:
-                requests.append([b])
-        return [request for requests in by_node.values() for request in requests]
 
     async def _send_batches(self, batches: list[Batch]) -> None:
         try:
@@ -272,35 +242,26 @@ class ProducerCore:
         for b in batches:
             b.maybe_stored = True
         try:
-            answer = await self.transport.request(
-                "POST",
-                f"/v1/topics/{path_part(b0.topic)}/messages",
-                body=b"".join(b.body(self.producer_id) for b in batches),
-                content_type=BATCH_MEDIA_TYPE,
-                node_url=self.metadata.leader_url(b0.topic, b0.queue),
-                idempotent=True,
+            answer, error = (
+                await self.transport.request(
+                    "POST",
+                    f"/v1/topics/{path_part(b0.topic)}/messages",
+                    body=b"".join(b.body(self.producer_id) for b in batches),
+                    content_type=BATCH_MEDIA_TYPE,
+                    node_url=self.metadata.leader_url(b0.topic, b0.queue),
+                    idempotent=True,
+                ),
+                None,
             )
         except RaftmqError as e:
-            results = e.details.get("results")
-            error: RaftmqError | None = e
-        else:
-            results = answer.get("results") if isinstance(answer, dict) else None
-            error = None
-        if not isinstance(results, list) or len(results) != len(batches):
-            results = [None] * len(batches)
-            if error is None:
-                error = UnexpectedResponse(
-                    f"produce answer {answer!r:.200} does not fit {len(batches)} frames"
-                )
-        left: list[Batch] = []
+            answer, error = None, e
+        results, error = frame_results(answer, error, len(batches))
         for b, r in zip(batches, results, strict=True):
-            if r is None:
-                left.append(b)
-            else:
+            if r is not None:
                 self._resolve(b, {"results": [r]}, True)
-        if not left:
+        left = [b for b, r in zip(batches, results, strict=True) if r is None]
+        if not left or error is None:
             return
-        assert error is not None
         if isinstance(error, _REFRESH_ON):
             self._refresh_soon(b0.topic)
         # A definite error stored none of the batches left, and may be one frame's (a 400 names
@@ -338,7 +299,7 @@ class ProducerCore:
                     idempotent=idempotent,
                 )
             except RaftmqError as e:
-                if binary and _refuses_binary(e):
+                if binary and refuses_binary(e):
                     self._fall_back_to_json(e)
                     b.maybe_stored = indefinite is not None
                     continue  # nothing was stored: the same batch as JSON at once
@@ -375,11 +336,11 @@ class ProducerCore:
                 (r,) = results  # type: ignore[misc]
                 if r["count"] != b.count or "delayed" in r:
                     raise ValueError(f"count {r['count']}")
-                b.outcome.resolve(int(r["queue"]), _offset(r["base_offset"]))
+                b.outcome.resolve(int(r["queue"]), offset_of(r["base_offset"]))
                 return
             if not isinstance(results, list) or len(results) != b.count:
                 raise ValueError(f"{b.count} messages")
-            offsets = [_offset(r["offset"]) for r in results]
+            offsets = [offset_of(r["offset"]) for r in results]
             b.outcome.resolve(int(results[0]["queue"]), offsets[0], offsets)
         except (TypeError, ValueError, KeyError):
             error = f"produce answer {answer!r:.200} does not fit a batch of {b.count}"
