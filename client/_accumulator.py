@@ -243,9 +243,10 @@ class Accumulator:
         self._sticky: dict[str, _Sticky] = {}
         self._rand = rand or random.Random()
         self._pressure = False  # an append found the buffer full: send what is there now
+        self._next_s: float | None = None  # when the sender wakes next by itself (ready()'s answer)
         self.buffered_bytes = 0
         self.on_space: Callable[[], None] | None = None
-        self.on_wake: Callable[[], None] | None = None  # a batch was started or filled
+        self.on_wake: Callable[[], None] | None = None  # a batch filled, or opened due before _next_s
 
     # -- appending (any thread) ------------------------------------------------------------------
 
@@ -272,7 +273,8 @@ class Accumulator:
             now_s: The time (monotonic s), if a new batch is opened (default: read the clock).
 
         Returns:
-            The message's handle (``on_wake`` was called if a batch was started or filled);
+            The message's handle (``on_wake`` was called if a batch filled, or opened due before
+            the sender's next wake-up);
             None when the buffer has no room (nothing was added).
 
         Raises:
@@ -312,7 +314,8 @@ class Accumulator:
                     batch.sealed = True
                 batch = self._new_batch(qkey, time.monotonic() if now_s is None else now_s)
                 memory += BATCH_BYTES
-                wake = True
+                # The sender needs waking only if it would wake later than this batch is due.
+                wake = self._next_s is None or self._next_s > batch.created_s + self.linger_s
             if batch.builder is not None:
                 index = batch.builder.append(value, key, headers)
             else:  # wire="json", or the producer turned to JSON since this message was sized
@@ -391,7 +394,9 @@ class Accumulator:
         request of its own.
 
         Returns:
-            The batches (now in flight) and the earliest time another batch becomes ready.
+            The batches (now in flight) and the earliest time another batch becomes ready: the
+            caller wakes then (or when ``on_wake`` is called: a batch opened that is due
+            earlier, a batch filled, a batch completed).
         """
         taken: list[Batch] = []
         waiting: list[tuple[QueueKey, float]] = []
@@ -415,7 +420,7 @@ class Accumulator:
                 waiting = [(k, d) for k, d in waiting if k not in self._in_flight]
             for key in [k for k, dq in self._queues.items() if not dq and k not in self._in_flight]:
                 del self._queues[key]
-        next_s = min((due for _, due in waiting), default=None)
+            self._next_s = next_s = min((due for _, due in waiting), default=None)
         return taken, next_s
 
     def _take(self, key: QueueKey, dq: deque[Batch]) -> Batch:

@@ -376,6 +376,25 @@ def test_a_ready_batch_takes_the_waiting_batches_of_queues_with_its_leader_along
     assert sorted(b.queue for b in taken) == [0, 2, 4] and next_s is None
 
 
+def test_a_new_batch_wakes_the_sender_only_when_it_is_due_before_the_sender_wakes_anyway() -> None:
+    acc = Accumulator(linger_s=1.0, max_batch_bytes=1 << 20, max_batch_messages=3, max_buffer_bytes=1 << 20)
+    wakes: list[int] = []
+    acc.on_wake = lambda: wakes.append(1)
+    acc.try_append("t", 0, 6, "x", None, None, 1, None, now_s=0.0)
+    assert len(wakes) == 1  # the sender had no wake-up of its own
+    assert acc.ready(0.0) == ([], 1.0)
+    for q in (1, 2):  # due at 1.1 and 1.2: the sender wakes at 1.0 and sees them then
+        acc.try_append("t", q, 6, "x", None, None, 1, None, now_s=0.1 * q)
+    assert len(wakes) == 1
+    for _ in range(2):  # a batch that fills wakes it at once
+        acc.try_append("t", 1, 6, "x", None, None, 1, None)
+    assert len(wakes) == 2
+    taken, next_s = acc.ready(1.0)
+    assert sorted(b.queue for b in taken) == [0, 1] and next_s == 1.2
+    acc.try_append("t", 3, 6, "x", None, None, 1, None, now_s=0.15)  # due at 1.15, before 1.2
+    assert len(wakes) == 3
+
+
 def test_batches_ready_together_for_one_leader_share_a_request() -> None:
     fake = FakeCluster()
 
