@@ -243,9 +243,10 @@ class Accumulator:
         self._sticky: dict[str, _Sticky] = {}
         self._rand = rand or random.Random()
         self._pressure = False  # an append found the buffer full: send what is there now
+        self._next_s: float | None = None  # when the sender wakes next by itself (ready()'s answer)
         self.buffered_bytes = 0
         self.on_space: Callable[[], None] | None = None
-        self.on_wake: Callable[[], None] | None = None  # a batch was started or filled
+        self.on_wake: Callable[[], None] | None = None  # a batch filled, or opened due before _next_s
 
     # -- appending (any thread) ------------------------------------------------------------------
 
@@ -272,7 +273,8 @@ class Accumulator:
             now_s: The time (monotonic s), if a new batch is opened (default: read the clock).
 
         Returns:
-            The message's handle (``on_wake`` was called if a batch was started or filled);
+            The message's handle (``on_wake`` was called if a batch filled, or opened due before
+            the sender's next wake-up);
             None when the buffer has no room (nothing was added).
 
         Raises:
@@ -312,7 +314,8 @@ class Accumulator:
                     batch.sealed = True
                 batch = self._new_batch(qkey, time.monotonic() if now_s is None else now_s)
                 memory += BATCH_BYTES
-                wake = True
+                # The sender needs waking only if it would wake later than this batch is due.
+                wake = self._next_s is None or self._next_s > batch.created_s + self.linger_s
             if batch.builder is not None:
                 index = batch.builder.append(value, key, headers)
             else:  # wire="json", or the producer turned to JSON since this message was sized
@@ -375,15 +378,28 @@ class Accumulator:
 
     # -- sending (the event loop's thread) -------------------------------------------------------
 
-    def ready(self, now_s: float, *, all_now: bool = False) -> tuple[list[Batch], float | None]:
+    def ready(
+        self,
+        now_s: float,
+        *,
+        all_now: bool = False,
+        node_of: Callable[[QueueKey], object] | None = None,
+    ) -> tuple[list[Batch], float | None]:
         """Take the batches to send now: the head of each queue not in flight, if it is sealed,
         has lingered ``linger_s``, or ``all_now`` (flush, close) or the buffer is under pressure.
 
+        With ``node_of`` (a queue's leader), the head of every other queue not in flight whose
+        leader is the leader of a batch taken is taken too, lingered or not (as Kafka drains every
+        partition of a ready broker): it rides in the same request instead of waiting for a
+        request of its own.
+
         Returns:
-            The batches (now in flight) and the earliest time another batch becomes ready.
+            The batches (now in flight) and the earliest time another batch becomes ready: the
+            caller wakes then (or when ``on_wake`` is called: a batch opened that is due
+            earlier, a batch filled, a batch completed).
         """
         taken: list[Batch] = []
-        next_s: float | None = None
+        waiting: list[tuple[QueueKey, float]] = []
         with self._lock:
             urgent = all_now or self._pressure
             for key, dq in self._queues.items():
@@ -392,17 +408,29 @@ class Accumulator:
                 head = dq[0]
                 due = head.created_s + self.linger_s
                 if urgent or head.sealed or len(dq) > 1 or now_s >= due:
-                    dq.popleft()
-                    if not head.sealed:
-                        head.sealed = True
-                        del self._open[key]
-                    self._in_flight[key] = head
+                    self._take(key, dq)
                     taken.append(head)
-                elif next_s is None or due < next_s:
-                    next_s = due
+                else:
+                    waiting.append((key, due))
+            if node_of is not None and taken and waiting:
+                nodes = {node_of(b.key) for b in taken}
+                for key, _ in waiting:
+                    if node_of(key) in nodes:
+                        taken.append(self._take(key, self._queues[key]))
+                waiting = [(k, d) for k, d in waiting if k not in self._in_flight]
             for key in [k for k, dq in self._queues.items() if not dq and k not in self._in_flight]:
                 del self._queues[key]
+            self._next_s = next_s = min((due for _, due in waiting), default=None)
         return taken, next_s
+
+    def _take(self, key: QueueKey, dq: deque[Batch]) -> Batch:
+        """Seal the head of ``key``'s queue and put it in flight (under the lock)."""
+        head = dq.popleft()
+        if not head.sealed:
+            head.sealed = True
+            del self._open[key]
+        self._in_flight[key] = head
+        return head
 
     def complete(self, batch: Batch) -> None:
         """The batch succeeded or failed for good: free its bytes and its queue."""

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from raftmq.batch import BATCH_MEDIA_TYPE, RESERVED_HEADER_PREFIX, is_reserved_header
 
@@ -24,6 +24,7 @@ from ._api import connect
 from ._metadata import ClusterMetadata, key_queue
 from ._outcome import DeliveryCallback, FutureRecord
 from ._producer_config import ProducerConfig
+from ._requests import frame_results, in_requests, offset_of, refuses_binary
 from ._retry import may_retry, outcome_error
 from ._transport import AddressMap, path_part
 from ._types import RecordMetadata, TopicDescription
@@ -51,19 +52,6 @@ JSON_MEDIA_TYPE = "application/json"
 
 # Errors after which the cached leader of a queue may be stale.
 _REFRESH_ON = (NotLeader, Unavailable, ConnectionFailed, UnknownOutcome, Timeout, TopicNotFound)
-
-
-def _offset(value: Any) -> int:
-    """An offset of a produce answer. None is passed on: only the test-only fault
-    ``ack_before_replication`` answers before an offset exists (the chaos suite's mutation test
-    must still see those messages acknowledged)."""
-    return cast(int, value) if value is None else int(value)
-
-
-def _refuses_binary(e: RaftmqError) -> bool:
-    """A node that does not know the binary format: 415, or (older nodes) a JSON parse error of
-    the batch. Either certainly stored nothing."""
-    return e.code == "invalid_json" or 415 in (e.status, e.details.get("status"))
 
 
 class ProducerCore:
@@ -200,9 +188,14 @@ class ProducerCore:
     async def _send_loop(self) -> None:
         while True:
             self._wakeup.clear()
-            batches, next_s = self.acc.ready(time.monotonic(), all_now=self._flushing > 0 or self._closing)
-            for b in batches:
-                self._spawn(self._send_batch(b))
+            # Batches share requests when the node can tell a resent frame from a new one.
+            node_of = self._leader_of if self.producer_id is not None and self.wire == "binary" else None
+            now_s, cfg = time.monotonic(), self.config
+            batches, next_s = self.acc.ready(
+                now_s, all_now=self._flushing > 0 or self._closing, node_of=node_of
+            )
+            for request in in_requests(batches, node_of, cfg.max_batch_bytes, cfg.max_batch_messages):
+                self._spawn(self._send_batches(request))
             if self._closing and self.acc.empty():
                 return
             timeout = None if next_s is None else max(0.0, next_s - time.monotonic())
@@ -210,24 +203,75 @@ class ProducerCore:
                 async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancellation
                     await self._wakeup.wait()
 
-    async def _send_batch(self, b: Batch) -> None:
+    def _leader_of(self, key: tuple[str, int]) -> str | None:
+        return self.metadata.leader_url(*key)
+
+    async def _send_batches(self, batches: list[Batch]) -> None:
         try:
-            await self._deliver(b)
-        except asyncio.CancelledError:  # close() gave up waiting
-            if b.maybe_stored:
-                self._fail(b, UnknownOutcome("the producer was closed while this batch was in flight"))
+            if len(batches) == 1:
+                await self._deliver(batches[0])
             else:
-                self._fail(b, ClientClosed("the producer was closed before this batch was stored"))
+                await self._deliver_together(batches)
+        except asyncio.CancelledError:  # close() gave up waiting
+            for b in batches:
+                if b.maybe_stored:
+                    self._fail(b, UnknownOutcome("the producer was closed while this batch was in flight"))
+                else:
+                    self._fail(b, ClientClosed("the producer was closed before this batch was stored"))
             raise
         except Exception as e:  # a bug here must not leave the handles hanging
             log.exception("sending a batch failed")
             error = e if isinstance(e, RaftmqError) else UnknownOutcome(f"client error: {e!r}")
-            b.outcome.fail(error)
+            for b in batches:
+                b.outcome.fail(error)
         finally:
-            self.acc.complete(b)
+            for b in batches:
+                self.acc.complete(b)
             self.wake()
 
-    async def _deliver(self, b: Batch) -> None:
+    async def _deliver_together(self, batches: list[Batch]) -> None:
+        """Send the batches (binary, idempotent, one leader) as one request's frames; a batch
+        the answer does not acknowledge goes on alone, as :meth:`_deliver` sends it: with the
+        request's error as its first attempt's when that error is surely its own (it was the only
+        one left, or the outcome is unknown for all), else at once (an idempotent resend)."""
+        b0 = batches[0]
+        deadline = b0.created_s + self.config.delivery_timeout_ms / 1000
+        if self._aborting or time.monotonic() > deadline:
+            await asyncio.gather(*(self._deliver(b) for b in batches))
+            return
+        for b in batches:
+            b.maybe_stored = True
+        try:
+            answer, error = (
+                await self.transport.request(
+                    "POST",
+                    f"/v1/topics/{path_part(b0.topic)}/messages",
+                    body=b"".join(b.body(self.producer_id) for b in batches),
+                    content_type=BATCH_MEDIA_TYPE,
+                    node_url=self.metadata.leader_url(b0.topic, b0.queue),
+                    idempotent=True,
+                ),
+                None,
+            )
+        except RaftmqError as e:
+            answer, error = None, e
+        results, error = frame_results(answer, error, len(batches))
+        for b, r in zip(batches, results, strict=True):
+            if r is not None:
+                self._resolve(b, {"results": [r]}, True)
+        left = [b for b, r in zip(batches, results, strict=True) if r is None]
+        if not left or error is None:
+            return
+        if isinstance(error, _REFRESH_ON):
+            self._refresh_soon(b0.topic)
+        # A definite error stored none of the batches left, and may be one frame's (a 400 names
+        # one batch; an answer's error is its first failure): each learns its own at once.
+        own = error if len(left) == 1 or not error.definite else None
+        await asyncio.gather(*(self._deliver(b, own) for b in left))
+
+    async def _deliver(self, b: Batch, failed: RaftmqError | None = None) -> None:
+        """Send one batch until it is stored, fails for good or times out; ``failed``: the error
+        of an attempt already made (the first, in a request of several batches)."""
         deadline = b.created_s + self.config.delivery_timeout_ms / 1000
         if self._aborting:
             self._fail(b, ClientClosed("the producer was closed before this batch was sent"))
@@ -243,6 +287,9 @@ class ProducerCore:
             b.maybe_stored = True
             binary = b.wire == "binary" and self.wire == "binary"
             try:
+                if failed is not None:
+                    e, failed = failed, None
+                    raise e
                 answer = await self.transport.request(
                     "POST",
                     path,
@@ -252,7 +299,7 @@ class ProducerCore:
                     idempotent=idempotent,
                 )
             except RaftmqError as e:
-                if binary and _refuses_binary(e):
+                if binary and refuses_binary(e):
                     self._fall_back_to_json(e)
                     b.maybe_stored = indefinite is not None
                     continue  # nothing was stored: the same batch as JSON at once
@@ -289,11 +336,11 @@ class ProducerCore:
                 (r,) = results  # type: ignore[misc]
                 if r["count"] != b.count or "delayed" in r:
                     raise ValueError(f"count {r['count']}")
-                b.outcome.resolve(int(r["queue"]), _offset(r["base_offset"]))
+                b.outcome.resolve(int(r["queue"]), offset_of(r["base_offset"]))
                 return
             if not isinstance(results, list) or len(results) != b.count:
                 raise ValueError(f"{b.count} messages")
-            offsets = [_offset(r["offset"]) for r in results]
+            offsets = [offset_of(r["offset"]) for r in results]
             b.outcome.resolve(int(results[0]["queue"]), offsets[0], offsets)
         except (TypeError, ValueError, KeyError):
             error = f"produce answer {answer!r:.200} does not fit a batch of {b.count}"
@@ -369,9 +416,10 @@ class AsyncProducer:
     batches as Kafka's KIP-794). Messages wait in
     their queue's batch up to ``linger_ms`` (or until ``max_batch_bytes``/``max_batch_messages``),
     and each batch is sent straight to the leader of its queue's group, one batch in flight per
-    queue (order per queue is kept across retries). A batch travels in the binary record-batch
-    format (docs/format.md): each ``send`` appends the message to its queue's batch in that
-    format, and returns a :class:`FutureRecord` that shares the batch's one outcome.
+    queue (order per queue is kept across retries); ready batches of one topic whose queues have
+    the same leader share a request (idempotent binary producers). A batch travels in the binary
+    record-batch format (docs/format.md): each ``send`` appends the message to its queue's batch
+    in that format, and returns a :class:`FutureRecord` that shares the batch's one outcome.
 
     Idempotence is on by default: the producer has a random ``producer_id`` and numbers its batches
     per queue, so the broker stores a retried batch once; failures that are retriable, including

@@ -15,7 +15,7 @@ the cluster file as loaded. The groups hosted here follow the placement (``clust
 Raft ports: the metadata group listens on the node's ``raft`` port, queue group ``g`` on port+1+g.
 
 Threads: the asyncio loop (HTTP) and one tick thread per Raft group. Tick threads reach the loop
-only through ``loop.call_soon_threadsafe``.
+only through ``loop_calls`` (``cluster/base/loop_calls.py``: one wake-up for the calls waiting).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import META, group_sort_key, port_offset
+from raftmq.cluster.base.loop_calls import LoopCalls
 from raftmq.cluster.config.cluster_file import ClusterConfig, NodeConfig
 from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
 from raftmq.cluster.config.tls import client_context
@@ -106,6 +107,7 @@ class Node:
         self.ticks = TickLoops(self)  # leader balancing, retention, delivery ticks (ticks.py)
         self.checkpoints = Checkpoints(self)  # snapshot install transfers (checkpoints.py)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop_calls: LoopCalls | None = None  # how tick threads reach the loop (one wake-up for many)
         self._session: aiohttp.ClientSession | None = None  # carries the peer key: known nodes only
         self._probe_session: aiohttp.ClientSession | None = None  # no credential: addresses from requests
         self._peer_status: dict[str, dict[str, Any]] = {}
@@ -128,6 +130,7 @@ class Node:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.loop_calls = LoopCalls(self._loop)
         os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
         shutil.rmtree(os.path.join(self.node_dir, "tmp"), ignore_errors=True)
         os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
@@ -198,6 +201,7 @@ class Node:
                 max_inflight=self.config.raft.group_commit_inflight,
                 ack_before_replication=self.config.faults.ack_before_replication,
                 binary_ok=lambda: self.reads_binary(name),
+                call_soon=self.loop_calls.call if self.loop_calls else None,
             )
         self.groups = {**self.groups, name: local}
         local.raft.hint_peers(seed)
@@ -534,14 +538,10 @@ class Node:
                 message = f"a metadata voter does not apply {level} yet (a rolling upgrade)"
                 return Outcome(result=error_body(errors.UPGRADE_IN_PROGRESS, message))
         local = self.groups[name]
-        assert self._loop is not None
-        loop = self._loop
-        future: asyncio.Future[Outcome] = loop.create_future()
-
-        def done(outcome: Outcome) -> None:  # tick thread
-            loop.call_soon_threadsafe(set_if_pending, future, outcome)
-
-        local.raft.submit(command, done)
+        calls = self.loop_calls
+        assert self._loop is not None and calls is not None
+        future: asyncio.Future[Outcome] = self._loop.create_future()
+        local.raft.submit(command, lambda outcome: calls.call(set_if_pending, future, outcome))
         timeout_s = timeout_s or self.config.limits.request_timeout_ms / 1000
         try:
             return await asyncio.wait_for(future, timeout_s)
@@ -554,22 +554,20 @@ class Node:
         if applied.clock_jump_ms is not None:
             self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
             log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
-        if self._loop is None:
-            return
-        # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).
-        queues = [(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed)
-        if queues:
-            self._loop.call_soon_threadsafe(self._wake, queues)
-        if applied.grown and self.sealer is not None:
-            grown = [(q.topic_id, q.queue) for q in applied.grown]
-            self._loop.call_soon_threadsafe(self.sealer.grown, name, grown)
-        if applied.scheduled:
-            self._loop.call_soon_threadsafe(self._scheduled_applied)
-        if applied.parked and self.on_parked is not None:
-            self._loop.call_soon_threadsafe(self.on_parked, applied.parked)
+        if self.loop_calls is not None and (
+            applied.grown or applied.changed or applied.scheduled or applied.parked
+        ):
+            self.loop_calls.call(self._applied, name, applied)
 
-    def _scheduled_applied(self) -> None:
-        self.ticks.scheduled()
+    def _applied(self, name: str, applied: Applied) -> None:  # the loop (one wake-up for many: LoopCalls)
+        # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).
+        self._wake([(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed))
+        if applied.grown and self.sealer is not None:
+            self.sealer.grown(name, [(q.topic_id, q.queue) for q in applied.grown])
+        if applied.scheduled:
+            self.ticks.scheduled()
+        if applied.parked and self.on_parked is not None:
+            self.on_parked(applied.parked)
 
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:

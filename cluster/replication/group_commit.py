@@ -5,7 +5,8 @@ then proposed together as one entry (up to ``max_entry_bytes``). Under light loa
 at once (no linger); under heavy load entries grow, so the per-entry costs (fsync, pickling,
 encryption, one RocksDB write per replica) are shared by many requests.
 
-Runs on the asyncio loop; Raft outcomes come back from the tick thread via ``call_soon_threadsafe``.
+Runs on the asyncio loop; Raft outcomes come back from the tick thread via ``call_soon`` (the
+loop's ``call_soon_threadsafe``, or the node's ``LoopCalls``).
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ class GroupCommitter:
         max_inflight: int,
         ack_before_replication: bool = False,
         binary_ok: BinaryGate = lambda: True,
+        call_soon: Callable[..., None] | None = None,
     ) -> None:
         self._group = group
         self._loop = loop
+        # How an outcome reaches the loop from the tick thread (the node's LoopCalls).
+        self._call_soon = call_soon or loop.call_soon_threadsafe
         self._now_ms = now_ms
         self._max_entry_bytes = max_entry_bytes
         self._max_inflight = max(1, max_inflight)
@@ -144,7 +148,7 @@ class GroupCommitter:
         self._inflight += 1
 
         def on_done(outcome: Outcome) -> None:  # tick thread
-            self._loop.call_soon_threadsafe(self._complete, requests, outcome)
+            self._call_soon(self._complete, requests, outcome)
 
         self._group.submit(command, on_done)
 

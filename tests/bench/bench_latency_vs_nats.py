@@ -20,7 +20,9 @@ from that instant to its acknowledgement, so a send that ran late counts its lat
 coordinated omission). ``--warmup`` seconds are offered first and not counted. raftmq's leaders are
 left to settle on their preferred nodes before anything is measured (the balancer moves them in the
 first seconds of a cluster), and the run records whether a leader changed during the measurement.
-Prints p50 / p90 / p99 / max per system, mode and rate, and writes JSON to bench-results/.
+Prints p50 / p90 / p99 / max per system, mode and rate, the CPU per message and the produce
+requests per message, and writes JSON to bench-results/. ``--profile``: py-spy each node and the
+client during every raftmq row (top self frames printed, the summaries in the JSON).
 
     .venv/bin/python tests/bench/bench_latency_vs_nats.py
     .venv/bin/python tests/bench/bench_latency_vs_nats.py --anchor-tree ../raftmq-base --duration 5
@@ -45,18 +47,26 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from _common import (  # noqa: E402
+    CLIENT_THREADS,
+    RESULTS,
+    Spy,
     add_run_arguments,
+    collect_profiles,
     cpu_seconds,
     data_folder,
     node_pids,
     percentile,
+    profile_nodes,
     recorded_run,
     settle_leaders,
+    start_py_spy,
     table,
     three_node_cluster,
 )
 
 NATS_WARMUP_MESSAGES = 2_000
+# A process's threads, by a frame on their stack (first match wins): nodes and the client.
+THREADS = {"_autoTickThread": "tick", "offer": "application", **CLIENT_THREADS}
 
 
 def _stats(latencies: list[float]) -> dict[str, float]:
@@ -197,6 +207,24 @@ def _leaders(cluster: Any) -> dict[str, tuple[str | None, int]]:
     return {str(g.get("name")): (g.get("leader"), int(g.get("term") or 0)) for g in groups}
 
 
+def _produce_requests(cluster: Any) -> float:
+    """Produce requests (POST to a topic's messages) the nodes answered so far."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for nid in cluster.nodes:
+        for family in text_string_to_metric_families(cluster.get("/metrics", nid).text):
+            for sample in family.samples:
+                labels = sample.labels
+                if (
+                    sample.name == "raftmq_http_requests_total"
+                    and labels.get("method") == "POST"
+                    and labels.get("route", "").endswith("/messages")
+                ):
+                    total += sample.value
+    return total
+
+
 def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[str, Any]]:
     out = []
     with three_node_cluster(base, "latvsnats-", 'durability = "fsync"', keep=args.keep) as cluster:
@@ -230,9 +258,17 @@ def _measure(
     keys = _keys(args.queues) if mode == "keyed" else None
     pids = node_pids(cluster)
     before = _leaders(cluster)
+    requests0 = _produce_requests(cluster)
+    spies: list[Spy] = []
+    if args.profile:  # py-spy every node and this process (the client) over warm-up and timed part
+        seconds = args.warmup + args.duration
+        spies = profile_nodes(cluster, topic, seconds, gil=args.profile_gil)
+        out = RESULTS / f"profile-{topic}-client.raw.txt"
+        spies.append(("client", out, start_py_spy(os.getpid(), seconds, out, gil=args.profile_gil)))
     nodes0 = {k: cpu_seconds(p) for k, p in pids.items()}
     got = offer(urls, topic, rate, keys, linger_ms, args)
     node_cpu = sum(cpu_seconds(p) - nodes0[k] for k, p in pids.items())
+    requests = _produce_requests(cluster) - requests0
     after = _leaders(cluster)
     n = len(got["latencies"])
     row = {
@@ -247,7 +283,17 @@ def _measure(
         "max_send_late_ms": round(got["late_ms"], 2),
         "failures": len(got["failures"]),
         "leader_changes": sorted(g for g in after if after[g] != before.get(g)),
+        # produce requests the nodes answered per message offered (warm-up included on both sides)
+        "requests_per_msg": round(requests / max(int(rate * (args.warmup + args.duration)), 1), 3),
     }
+    if spies:
+        row["profiles"] = collect_profiles(spies, THREADS, args.warmup + args.duration, 60)
+        for name, prof in row["profiles"].items():
+            print(
+                f"    {name}: busy cores {prof['busy_cores']}, fsync share {prof['fsync_wait_share_of_busy']}"
+            )
+            for frame, pct in prof["self"][:8]:
+                print(f"      {pct:5.1f}%  {frame}")
     linger = "" if linger_ms is None else f" linger {linger_ms}"
     print(
         f"  {system} {mode}{linger} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
@@ -303,6 +349,8 @@ def main() -> None:
         default=None,
         help="the Producer's linger_ms (default: its own); several: each in turn",
     )
+    ap.add_argument("--profile", action="store_true", help="py-spy the nodes and the client per raftmq row")
+    ap.add_argument("--profile-gil", action="store_true", help="... sampling only the thread holding the GIL")
     ap.add_argument("--rows-out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--system-name", default="raftmq", help=argparse.SUPPRESS)
     add_run_arguments(ap, keep="keep the clusters' folders")

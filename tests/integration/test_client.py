@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from raftmq.client import (
     Admin,
@@ -106,6 +107,49 @@ def test_messages_round_trip_with_keys_headers_binary_values_and_explicit_queues
         assert sent[(m.queue, m.offset)] == (m.value, m.key)
         assert m.headers["i"] and m.timestamp_ms > 0
     assert len({(m.queue, m.offset) for m in got}) == 200
+
+
+def produce_requests(c: Cluster) -> float:
+    """Produce requests (POST to a topic's messages) answered by all nodes so far."""
+    total = 0.0
+    for node in c.nodes:
+        for family in text_string_to_metric_families(c.get("/metrics", node).text):
+            for s in family.samples:
+                labels = s.labels
+                if (
+                    s.name == "raftmq_http_requests_total"
+                    and labels.get("method") == "POST"
+                    and labels.get("route", "").endswith("/messages")
+                ):
+                    total += s.value
+    return total
+
+
+def test_batches_of_queues_with_one_leader_share_a_request(cluster: Cluster) -> None:
+    """Batches ready together whose queues have the same leader go as one request of several
+    frames (one per queue): one request per leader node, each message stored once, in order."""
+    topic = "together"
+    with Admin(urls(cluster)) as admin:
+        admin.create_topic(topic, 6)
+    with Producer(urls(cluster), linger_ms=60_000) as producer:
+        assert producer._core is not None
+        core = producer._core
+        first = producer.send(topic, "first", queue=0)  # loads the topic's leaders
+        assert producer.flush(10)
+        first.result()
+        before = produce_requests(cluster)
+        futures = [producer.send(topic, f"v{q}-{i}", queue=q) for i in range(3) for q in range(6)]
+        assert producer.flush(10)
+        metas = [f.result() for f in futures]
+        after = produce_requests(cluster)
+        leaders = {core.metadata.leader_url(topic, q) for q in range(6)}
+    assert after - before == len(leaders) < 6, (after - before, leaders)
+    assert [(m.queue, m.offset) for m in metas[:6]] == [(0, 1)] + [(q, 0) for q in range(1, 6)]
+    got = consume_all(cluster, topic, 19, "m1")
+    stored = {(m.queue, m.offset): m.value for m in got}
+    assert len(stored) == 19
+    for (q, i), m in zip([(q, i) for i in range(3) for q in range(6)], metas, strict=True):
+        assert stored[(m.queue, m.offset)] == f"v{q}-{i}" and m.queue == q
 
 
 def test_the_client_and_the_broker_route_a_key_to_the_same_queue(cluster: Cluster) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from raftmq.batch import BATCH_MEDIA_TYPE, Limits, split_frames, validate
+from raftmq.batch import BATCH_MEDIA_TYPE, Limits, join_frames, split_frames, validate
 from raftmq.client import (
     AsyncProducer,
     BufferFull,
@@ -63,6 +63,7 @@ class FakeCluster:
         self.stored: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # (pid, q) -> (seq, base, n)
         self.high: dict[int, int] = {}
         self.gate: asyncio.Event | None = None
+        self.requests: list[list[int | None]] = []  # the queues of each request of several frames
 
     async def request(self, method: str, path: str, **kw: Any) -> Any:
         if path == "/v1/topics/t" and method == "GET":
@@ -74,6 +75,8 @@ class FakeCluster:
         if binary and not self.binary:
             self.refused += 1
             raise InvalidJson("the body is not valid JSON")
+        if binary and len(frames := split_frames(kw["body"])) > 1:
+            return await self._frames(frames, kw)
         got = _binary_request(kw["body"]) if binary else _json_request(kw["body"])
         self.produced.append(got)
         if self.gate is not None:
@@ -102,6 +105,24 @@ class FakeCluster:
             }
             return {"results": [r]}
         return {"results": [{"queue": queue, "offset": base + i} for i in range(n)]}
+
+    async def _frames(self, frames: list[Any], kw: dict[str, Any]) -> Any:
+        """A request of several frames, as a node answers it: one result per frame (None where
+        it failed), and the first failure as the error, with the results in its details. Each
+        frame takes the script's next outcome, in order."""
+        self.requests.append([f.queue for f in frames])
+        results: list[Any] = []
+        failure: RaftmqError | None = None
+        for frame in frames:
+            single = {**kw, "body": join_frames([(frame.queue, None, frame.batch)])}
+            try:
+                results.append((await self.request("POST", "/v1/topics/t/messages", **single))["results"][0])
+            except RaftmqError as e:
+                results.append(None)
+                failure = failure or e
+        if failure is not None:
+            raise type(failure)(failure.message, {"results": results})
+        return {"results": results}
 
 
 def _binary_request(body: bytes) -> dict[str, Any]:
@@ -334,6 +355,110 @@ def test_batches_are_sealed_by_count_and_sent_one_at_a_time_per_queue() -> None:
     assert taken == [] and next_s == 1.0  # the last two linger
     taken, _ = acc.ready(1.0)
     assert taken[0].count == 2
+
+
+def test_a_ready_batch_takes_the_waiting_batches_of_queues_with_its_leader_along() -> None:
+    acc = Accumulator(linger_s=1.0, max_batch_bytes=1 << 20, max_batch_messages=100, max_buffer_bytes=1 << 20)
+    for q, now_s in [(0, -1.0), (1, 0.0), (2, 0.5), (3, 0.6), (4, 0.7)]:
+        acc.try_append("t", q, 6, "x", None, None, 1, None, now_s=now_s)
+
+    def leader(key: tuple[str, int]) -> str:
+        return "a" if key[1] % 2 == 0 else "b"
+
+    (first,), _ = acc.ready(0.0)  # queue 0 lingered; without node_of nothing goes along
+    acc.try_append("t", 0, 6, "x", None, None, 1, None, now_s=0.7)
+    taken, next_s = acc.ready(1.0, node_of=leader)
+    # Queue 1 lingered (leader b): queue 3 (b) goes along, queue 0 is in flight, 2 and 4 (a) wait.
+    assert sorted(b.queue for b in taken) == [1, 3] and all(b.sealed for b in taken)
+    assert next_s == 1.5 and first.queue == 0
+    acc.complete(first)
+    taken, next_s = acc.ready(1.5, node_of=leader)
+    assert sorted(b.queue for b in taken) == [0, 2, 4] and next_s is None
+
+
+def test_a_new_batch_wakes_the_sender_only_when_it_is_due_before_the_sender_wakes_anyway() -> None:
+    acc = Accumulator(linger_s=1.0, max_batch_bytes=1 << 20, max_batch_messages=3, max_buffer_bytes=1 << 20)
+    wakes: list[int] = []
+    acc.on_wake = lambda: wakes.append(1)
+    acc.try_append("t", 0, 6, "x", None, None, 1, None, now_s=0.0)
+    assert len(wakes) == 1  # the sender had no wake-up of its own
+    assert acc.ready(0.0) == ([], 1.0)
+    for q in (1, 2):  # due at 1.1 and 1.2: the sender wakes at 1.0 and sees them then
+        acc.try_append("t", q, 6, "x", None, None, 1, None, now_s=0.1 * q)
+    assert len(wakes) == 1
+    for _ in range(2):  # a batch that fills wakes it at once
+        acc.try_append("t", 1, 6, "x", None, None, 1, None)
+    assert len(wakes) == 2
+    taken, next_s = acc.ready(1.0)
+    assert sorted(b.queue for b in taken) == [0, 1] and next_s == 1.2
+    acc.try_append("t", 3, 6, "x", None, None, 1, None, now_s=0.15)  # due at 1.15, before 1.2
+    assert len(wakes) == 3
+
+
+def test_batches_ready_together_for_one_leader_share_a_request() -> None:
+    fake = FakeCluster()
+
+    async def main() -> list[RecordMetadata]:
+        async with await _producer(fake, linger_ms=60_000) as p:
+            futures = [await p.send("t", f"{q}{i}", queue=q) for i in range(2) for q in range(4)]
+            await p.flush()
+            return list(await asyncio.gather(*futures))
+
+    got = run(main)
+    assert fake.requests == [[0, 1, 2, 3]]  # one request of four frames, not four requests
+    assert [(m.queue, m.offset) for m in got] == [(q, i) for i in range(2) for q in range(4)]
+    assert sorted((b["queue"], [v for v, _, _ in b["values"]]) for b in fake.produced) == [
+        (q, [f"{q}0", f"{q}1"]) for q in range(4)
+    ]
+
+
+def test_not_idempotent_or_json_producers_send_one_batch_per_request() -> None:
+    for settings in ({"idempotent": False}, {"wire": "json"}):
+        fake = FakeCluster()
+
+        async def main(fake: FakeCluster = fake, settings: dict[str, Any] = settings) -> None:
+            async with await _producer(fake, linger_ms=60_000, **settings) as p:
+                futures = [await p.send("t", "x", queue=q) for q in range(4)]
+                await p.flush()
+                await asyncio.gather(*futures)
+
+        run(main)
+        assert fake.requests == [] and sorted(b["queue"] for b in fake.produced) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("failing", [[1], [0, 2]])
+def test_a_request_s_failed_frames_are_sent_again_alone_and_stored_once(failing: list[int]) -> None:
+    """One failed frame takes the request's error as its own (a retry after backoff); several
+    are each sent again at once, to learn their own outcome."""
+    fake = FakeCluster([NotLeader("moved") if q in failing else None for q in range(4)])
+
+    async def main() -> list[RecordMetadata]:
+        async with await _producer(fake, linger_ms=60_000) as p:
+            futures = [await p.send("t", f"{q}", queue=q) for q in range(4)]
+            await p.flush()
+            return list(await asyncio.gather(*futures))
+
+    got = run(main)
+    assert [(m.queue, m.offset) for m in got] == [(q, 0) for q in range(4)]
+    assert fake.requests == [[0, 1, 2, 3]]
+    assert sorted(b["queue"] for b in fake.produced) == sorted([0, 1, 2, 3, *failing])
+    assert fake.high == dict.fromkeys(range(4), 1)  # each stored once
+
+
+def test_a_request_s_unknown_outcome_is_each_batch_s_and_retried_without_duplicates() -> None:
+    fake = FakeCluster([None, ConnectionLost("reset after send"), None, None])
+
+    async def main() -> list[RecordMetadata]:
+        async with await _producer(fake, linger_ms=60_000) as p:
+            futures = [await p.send("t", f"{q}", queue=q) for q in range(4)]
+            await p.flush()
+            return list(await asyncio.gather(*futures))
+
+    got = run(main)
+    assert [(m.queue, m.offset) for m in got] == [(q, 0) for q in range(4)]
+    assert fake.requests == [[0, 1, 2, 3]]
+    assert sorted(b["queue"] for b in fake.produced) == [0, 1, 1, 2, 3]  # queue 1 sent again
+    assert fake.high == dict.fromkeys(range(4), 1)  # and stored once
 
 
 @pytest.mark.parametrize("wire", ["binary", "json"])
