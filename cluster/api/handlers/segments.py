@@ -249,13 +249,7 @@ class SegmentsApi:
 
     # -- internal -----------------------------------------------------------------------------------
 
-    def _authorize(self, request: web.Request) -> None:
-        if not self.node.keys.authorizes(request.headers):
-            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
-
     async def internal_manifest(self, request: web.Request) -> web.Response:
-
-        self._authorize(request)
         name = request.match_info["group"]
         local = self.node.groups.get(name)
         if local is None or name == "meta":
@@ -270,16 +264,12 @@ class SegmentsApi:
         return json_response({"queues": {str(q): v for q, v in got.items()}})
 
     async def internal_seal(self, request: web.Request) -> web.Response:
-
-        self._authorize(request)
         if self.node.sealer is None:
             raise ApiError(errors.UNAVAILABLE, "segment sealing is not running")
         results = await self.node.sealer.once(force=True)
         return json_response({"results": results})
 
     async def internal_gc(self, request: web.Request) -> web.Response:
-
-        self._authorize(request)
         if self.node.sealer is None:
             raise ApiError(errors.UNAVAILABLE, "segment sealing is not running")
         loop = asyncio.get_running_loop()
