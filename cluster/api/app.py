@@ -10,7 +10,8 @@ which mixes in the handlers by concern:
 - ``api/core.py``: ``ApiCore``, what they share (topic lookup, forwarding to a leader through the
   node's ``LeaderRouter``, whose ``LeaderActions`` are the writes at a group's leader);
 - ``api/handlers/topics.py``: topics; ``api/handlers/produce.py``: produce and :func:`key_queue`;
-  ``api/handlers/fetch.py``: fetch (JSON) and consumer-group offsets;
+  ``api/handlers/fetch.py``: fetch (through the fetch core, ``fetch_core.py``, and its three
+  encoders) and consumer-group offsets;
 - ``api/common.py``: JSON answers, the error middleware, peer and Raft errors.
 
 The other route families register themselves from their own modules (``add_*_routes``).
@@ -53,10 +54,6 @@ API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
 
 class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
     """Request handlers. One instance per node."""
-
-    def __init__(self, node: Node) -> None:
-        super().__init__(node)
-        self.segments: SegmentsApi = SegmentsApi(node, self)
 
     # -- health and cluster -----------------------------------------------------------------------
 
@@ -159,7 +156,7 @@ def create_app(node: Node) -> web.Application:
     add_internal_routes(app, node, api, delivery)
     add_group_routes(app, node, api)
     add_push_routes(app, node, api, delivery)
-    add_segment_routes(app, api.segments)
+    add_segment_routes(app, SegmentsApi(node, api))
     add_cluster_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)
     # the web console: /ui (cluster/api/console.py), its first view written into the page
