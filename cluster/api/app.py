@@ -10,7 +10,8 @@ which mixes in the handlers by concern:
 - ``api/core.py``: ``ApiCore``, what they share (topic lookup, forwarding to a leader through the
   node's ``LeaderRouter``, whose ``LeaderActions`` are the writes at a group's leader);
 - ``api/handlers/topics.py``: topics; ``api/handlers/produce.py``: produce and :func:`key_queue`;
-  ``api/handlers/fetch.py``: fetch (JSON) and consumer-group offsets;
+  ``api/handlers/fetch.py``: fetch (through the fetch core, ``fetch_core.py``, and its three
+  encoders) and consumer-group offsets;
 - ``api/common.py``: JSON answers, the error middleware, peer and Raft errors.
 
 The other route families register themselves from their own modules (``add_*_routes``).
@@ -33,7 +34,7 @@ from raftmq.cluster.api.handlers.internal import add_internal_routes
 from raftmq.cluster.api.handlers.produce import ProduceHandlers, key_queue
 from raftmq.cluster.api.handlers.push import add_push_routes
 from raftmq.cluster.api.handlers.segments import SegmentsApi, add_segment_routes
-from raftmq.cluster.api.handlers.subscriptions import add_subscription_routes
+from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi, add_subscription_routes
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.metrics import METRICS_KEY, metrics_handler, metrics_middleware
 from raftmq.cluster.api.openapi.spec import openapi_spec
@@ -56,7 +57,10 @@ class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
-        self.segments: SegmentsApi = SegmentsApi(node, self)
+        # Receive/ack and subscriptions (their routes, push streams and the SQS API use it); the
+        # offset API keeps consumer groups through its records as receives do.
+        self.subscriptions = SubscriptionsApi(node, self)
+        self.group_records = self.subscriptions
 
     # -- health and cluster -----------------------------------------------------------------------
 
@@ -160,12 +164,12 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/v1/groups/{group}/offsets", api.get_offsets)
     r.add_get("/openapi.json", api.openapi)
     r.add_get("/metrics", metrics_handler)
-    delivery = add_subscription_routes(app, node, api)
-    api.group_records = delivery  # the offset API keeps consumer groups as receives do
+    delivery = api.subscriptions
+    add_subscription_routes(app, delivery)
     add_internal_routes(app, node, api, delivery)
     add_group_routes(app, node, api)
     add_push_routes(app, node, api, delivery)
-    add_segment_routes(app, api.segments)
+    add_segment_routes(app, SegmentsApi(node, api))
     add_cluster_routes(app, node, api)
     add_consumer_routes(app, node, api)  # GET /v1/topics/{topic}/groups (cluster/api/handlers/consumers.py)
     # the web console: /ui (cluster/api/console.py), its first view written into the page

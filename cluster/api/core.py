@@ -22,17 +22,12 @@ from raftmq.cluster.api.metrics import Metrics
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
+from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.actions import raft_error
 from raftmq.cluster.node.node import Node
-from raftmq.cluster.node.router import FORWARDED, LeaderRouter, body_error
+from raftmq.cluster.node.router import FORWARDED, Forwarded, LeaderRouter, body_error
 from raftmq.storage.queues import queue_bounds
-
-
-class ArrowFetch(Protocol):
-    """The Arrow IPC fetch (``handlers/segments.py``), which the JSON fetch hands over to."""
-
-    async def fetch_arrow(self, request: web.Request) -> web.StreamResponse: ...
 
 
 class GroupRecords(Protocol):
@@ -44,14 +39,11 @@ class GroupRecords(Protocol):
     async def ensure_subscription(self, topic: Topic, group: str, request: web.Request | None) -> None: ...
 
 
-__all__ = ["ApiCore", "ArrowFetch", "GroupRecords"]
+__all__ = ["ApiCore", "GroupRecords"]
 
 
 class ApiCore:
     """What the request handlers share (``Api`` mixes the handlers in). One instance per node."""
-
-    segments: ArrowFetch  # the Arrow fetch, which Api makes in its constructor
-    group_records: GroupRecords  # the subscription records, which create_app sets
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -85,9 +77,22 @@ class ApiCore:
             keep_headers=keep_headers,
             timeout_s=timeout_s,
         )
-        return web.Response(
-            body=answer.body, status=answer.status, content_type=answer.content_type, headers=answer.headers
+        return _response(answer)
+
+    async def forward_to(
+        self,
+        request: web.Request,
+        peer: NodeConfig,
+        what: str,
+        keep_headers: tuple[str, ...],
+        timeout_s: float,
+    ) -> web.Response:
+        """Proxy ``request`` (a read) to node ``peer`` itself (:meth:`LeaderRouter.forward_to`) and
+        answer with its answer unchanged."""
+        answer = await self.router.forward_to(
+            peer, what, request.method, request.path_qs, keep_headers=keep_headers, timeout_s=timeout_s
         )
+        return _response(answer)
 
     # -- topics -----------------------------------------------------------------------------------
 
@@ -208,3 +213,10 @@ class ApiCore:
         described = {**topic.to_json(), "queues": queues}
         described.pop("dead_letter_of", None)  # ids; the topic list names a dead-letter topic's source
         return described
+
+
+def _response(answer: Forwarded) -> web.Response:
+    """A forwarded request's answer, as it came."""
+    return web.Response(
+        body=answer.body, status=answer.status, content_type=answer.content_type, headers=answer.headers
+    )

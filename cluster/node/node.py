@@ -27,7 +27,6 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -46,6 +45,7 @@ from raftmq.cluster.machines.metadata import MetadataMachine
 from raftmq.cluster.machines.placement import Placement, overlay
 from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine
 from raftmq.cluster.node.checkpoints import Checkpoints
+from raftmq.cluster.node.parked import ParkedReports
 from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
 from raftmq.cluster.node.ticks import TickLoops
@@ -101,9 +101,9 @@ class Node:
         self._addr_to_node: dict[str, NodeConfig] = {}
         self._set_config(config)
         self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
-        # Dead letters parked for want of a dead-letter topic, (topic_id, topic, consumer group),
-        # on the event loop (SubscriptionsApi.on_parked creates the topic where this node leads).
-        self.on_parked: Callable[[tuple[tuple[int, str, str], ...]], None] | None = None
+        # Dead letters parked for want of a dead-letter topic, as applies report them (parked.py);
+        # SubscriptionsApi takes the reports and creates the topic where this node leads.
+        self.parked = ParkedReports()
         self.ticks = TickLoops(self)  # leader balancing, retention, delivery ticks (ticks.py)
         self.checkpoints = Checkpoints(self)  # snapshot install transfers (checkpoints.py)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -566,8 +566,8 @@ class Node:
             self.sealer.grown(name, [(q.topic_id, q.queue) for q in applied.grown])
         if applied.scheduled:
             self.ticks.scheduled()
-        if applied.parked and self.on_parked is not None:
-            self.on_parked(applied.parked)
+        if applied.parked:
+            self.parked.put(applied.parked)
 
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:

@@ -29,6 +29,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError, RaftmqError
 from raftmq.cluster.base.groups import META
+from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.node.actions import METADATA_INDEX, METADATA_INDEX_HEADER, LeaderActions
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.replication.upgrade import to_json_batch
@@ -181,32 +182,20 @@ class LeaderRouter:
         """
         if forwarded:
             raise CatalogError(errors.NOT_LEADER, f"this node ({self.node.me.id}) does not lead group {name}")
-        headers = {FORWARDED: self.node.me.id, "Content-Type": "application/json"}
-        if accept is not None:
-            headers["Accept"] = accept
-        total_s = timeout_s if timeout_s is not None else self.limits.request_timeout_ms / 1000 + 16
         deadline = time.monotonic() + self.leader_wait_s
         while True:
             leader = await self.leader_elsewhere(name)
-            session = self.node.peer_session
-            assert session is not None
             try:
-                with peer_call(method, f"the leader {leader.id} of group {name}"):
-                    async with session.request(
-                        method,
-                        leader.http_url + path_qs,
-                        data=body,
-                        headers=headers,
-                        allow_redirects=False,  # the peer key goes to the leader only
-                        timeout=aiohttp.ClientTimeout(total=total_s, sock_connect=1.0),
-                    ) as resp:
-                        data = await resp.read()
-                        if resp.status >= 500 and resp.content_type != "application/json":
-                            # Not a node's error body (every one is JSON): a broken answer.
-                            raise ValueError(f"HTTP {resp.status} without an error body")
-                        kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
-                        answer = Forwarded(resp.status, data, resp.content_type, kept)
-                        index = resp.headers.get(METADATA_INDEX_HEADER, "")
+                answer, index = await self._pass_on(
+                    leader,
+                    f"the leader {leader.id} of group {name}",
+                    method,
+                    path_qs,
+                    body,
+                    accept=accept,
+                    keep_headers=keep_headers,
+                    timeout_s=timeout_s,
+                )
             except RaftmqError as e:
                 if not e.definite or time.monotonic() >= deadline:
                     raise
@@ -228,6 +217,61 @@ class LeaderRouter:
         deadline = time.monotonic() + timeout_s
         while self.node.metadata.applied_index < index and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+
+    async def forward_to(
+        self,
+        peer: NodeConfig,
+        what: str,
+        method: str,
+        path_qs: str,
+        *,
+        keep_headers: tuple[str, ...] = (),
+        timeout_s: float | None = None,
+    ) -> Forwarded:
+        """Send a request to node ``peer`` itself (not a group's leader: e.g. the node holding a
+        file) and return its answer unchanged, as :meth:`forward` does, once (no leader to look
+        for again). ``what`` names the peer in an error's message."""
+        answer, _ = await self._pass_on(
+            peer, what, method, path_qs, None, keep_headers=keep_headers, timeout_s=timeout_s
+        )
+        return answer
+
+    async def _pass_on(
+        self,
+        peer: NodeConfig,
+        what: str,
+        method: str,
+        path_qs: str,
+        body: bytes | None,
+        *,
+        accept: str | None = None,
+        keep_headers: tuple[str, ...] = (),
+        timeout_s: float | None = None,
+    ) -> tuple[Forwarded, str]:
+        """The one call that passes a request on to another node: its answer and the metadata
+        index it reported (``""`` when none). A failed call is :func:`peer_error`."""
+        headers = {FORWARDED: self.node.me.id, "Content-Type": "application/json"}
+        if accept is not None:
+            headers["Accept"] = accept
+        total_s = timeout_s if timeout_s is not None else self.limits.request_timeout_ms / 1000 + 16
+        session = self.node.peer_session
+        assert session is not None
+        with peer_call(method, what):
+            async with session.request(
+                method,
+                peer.http_url + path_qs,
+                data=body,
+                headers=headers,
+                allow_redirects=False,  # the peer key goes to that node only
+                timeout=aiohttp.ClientTimeout(total=total_s, sock_connect=1.0),
+            ) as resp:
+                data = await resp.read()
+                if resp.status >= 500 and resp.content_type != "application/json":
+                    # Not a node's error body (every one is JSON): a broken answer.
+                    raise ValueError(f"HTTP {resp.status} without an error body")
+                kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
+                index = resp.headers.get(METADATA_INDEX_HEADER, "")
+                return Forwarded(resp.status, data, resp.content_type, kept), index
 
     async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
         """Propose ``command`` to group ``name``, which this node leads (:class:`LeaderActions`)."""

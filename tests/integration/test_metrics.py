@@ -115,6 +115,38 @@ def test_metrics_expose_raft_state_latencies_fsyncs_and_message_counts(c: Cluste
         assert values(c, "raftmq_journal_fsync_seconds_sum", group_id="meta", node_id=n)[0] > 0
 
 
+def test_each_fetch_wire_counts_what_it_read_once_at_the_node_that_read_it(c: Cluster) -> None:
+    """raftmq_fetched_messages_total, through the fetch core: the JSON, binary and Arrow answers
+    each add the messages they read, at the queue group's leader only (the node that forwarded
+    the request adds nothing)."""
+    c.create_topic("counted", queues=1)
+    assert c.produce("counted", [{"value": f"c{i}"} for i in range(10)], node="n1").status_code == 200
+    leader = c.get("/v1/topics/counted").json()["queues"][0]["leader"]
+    entry = next(n for n in c.nodes if n != leader)  # every fetch below is forwarded once
+
+    def counted() -> dict[str, float]:
+        return {
+            n: sum(v for s, _, v in scrape(c, n) if s == "raftmq_fetched_messages_total") for n in c.nodes
+        }
+
+    path = "/v1/topics/counted/queues/0/messages"
+    before = counted()
+    r = c.get(path, entry, params={"offset": 2, "max": 4})
+    assert r.status_code == 200 and len(r.json()["messages"]) == 4
+    binary = c.get(
+        path, entry, params={"offset": 0, "max": 3}, headers={"Accept": "application/vnd.raftmq.batch"}
+    )
+    # Whole batches: every record at or above the offset in the batches sent counts.
+    assert binary.status_code == 200 and int(binary.headers["X-Raftmq-Next-Offset"]) >= 3
+    arrow = c.get(
+        path, entry, params={"offset": 5, "max": 2}, headers={"Accept": "application/vnd.apache.arrow.stream"}
+    )
+    assert arrow.status_code == 200 and arrow.headers["X-Raftmq-Next-Offset"] == "7"
+    after = counted()
+    assert after[entry] == before[entry]
+    assert after[leader] - before[leader] == 4 + int(binary.headers["X-Raftmq-Next-Offset"]) + 2
+
+
 def test_queue_depth_and_consumer_lag_follow_produce_and_commit(c: Cluster) -> None:
     c.create_topic("lagging", queues=2)
     assert c.produce("lagging", [{"value": f"a{i}", "queue": 0} for i in range(10)]).status_code == 200

@@ -1,5 +1,5 @@
 """A large JSON fetch in bounded steps: read a record batch at a time (``queues.message_steps``,
-the same messages as one ``read_messages``), encoded in slices (``fetch_common.encode_fetch``) byte
+the same messages as one ``read_messages``), encoded in slices (``fetch_json.encode_fetch``) byte
 for byte what encoding it whole gives, with the event loop given a turn between slices."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from raftmq.cluster import commands
 from raftmq.cluster.api.common import message_item
-from raftmq.cluster.api.handlers.fetch_common import ENCODE_SLICE_BYTES, encode_fetch
+from raftmq.cluster.api.handlers.fetch_json import ENCODE_SLICE_BYTES, encode_fetch
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage.queues import OffsetOutOfRange, message_steps, queue_bounds, read_messages
 from raftmq.storage.records import Message

@@ -1,14 +1,13 @@
-"""Reading over the HTTP API v1: fetch (``GET /v1/topics/{topic}/queues/{queue}/messages``, JSON;
-the Arrow answer is in ``cluster/api/handlers/segments.py``, the binary one of stored batches in
-``cluster/api/handlers/fetch_batches.py``) and a consumer group's committed offsets
-(``PUT/GET /v1/groups/{group}/offsets``).
+"""Reading over the HTTP API v1: fetch (``GET /v1/topics/{topic}/queues/{queue}/messages``: the
+fetch core, ``fetch_core.py``, with the encoder ``Accept`` asks for: JSON by default,
+``fetch_json.py``; stored record batches, ``fetch_batches.py``; Arrow IPC, ``fetch_arrow.py``) and
+a consumer group's committed offsets (``PUT/GET /v1/groups/{group}/offsets``).
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Iterator
 
 import orjson
 import structlog
@@ -16,27 +15,22 @@ from aiohttp import web
 
 from raftmq.cluster import commands
 from raftmq.cluster.api.common import group_name, json_response
-from raftmq.cluster.api.core import ApiCore
-from raftmq.cluster.api.handlers.fetch_batches import fetch_batches, wants_batches
-from raftmq.cluster.api.handlers.fetch_common import (
-    encode_fetch,
-    fetch_query,
-    long_poll,
-    read_steps,
-    write_parts,
-)
-from raftmq.cluster.api.handlers.segments import wants_arrow
-from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES, bad, parse_json
+from raftmq.cluster.api.core import ApiCore, GroupRecords
+from raftmq.cluster.api.handlers.fetch_arrow import ARROW
+from raftmq.cluster.api.handlers.fetch_batches import BATCHES
+from raftmq.cluster.api.handlers.fetch_core import Encoder, encoder_for, serve_fetch
+from raftmq.cluster.api.handlers.fetch_json import JSON
+from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError, RaftmqError
-from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.router import body_error, peer_call
-from raftmq.storage.queues import committed_offset, message_steps, queue_bounds
-from raftmq.storage.records import Message
+from raftmq.storage.queues import committed_offset
 
-__all__ = ["FetchHandlers"]
+__all__ = ["ENCODERS", "FetchHandlers"]
+
+# The fetch answers a request may ask for by its Accept header, in this order; otherwise JSON.
+ENCODERS: tuple[Encoder, ...] = (ARROW, BATCHES)
 
 log = structlog.get_logger(__name__)
 
@@ -44,39 +38,12 @@ log = structlog.get_logger(__name__)
 class FetchHandlers(ApiCore):
     """Fetch and offsets handlers, mixed into ``Api`` (``cluster/api/app.py``)."""
 
+    # The consumer groups' subscription records, which the offset API keeps as receives do (a
+    # commit under a new group counts against the same caps): Api's constructor sets it.
+    group_records: GroupRecords
+
     async def fetch(self, request: web.Request) -> web.StreamResponse:
-        if wants_arrow(request):  # Arrow IPC: cluster/api/handlers/segments.py
-            return await self.segments.fetch_arrow(request)
-        if wants_batches(request):  # stored batches as frames: cluster/api/handlers/fetch_batches.py
-            return await fetch_batches(self, request)
-        f = await fetch_query(
-            self,
-            request,
-            default_max=self.limits.default_fetch_messages,
-            max_max=self.limits.max_fetch_messages,
-            default_bytes=DEFAULT_FETCH_BYTES,
-        )
-        if f.store is None:
-            return await self.forward(request, str(f.group))
-        store, topic, q, offset = f.store, f.topic, f.queue, f.offset
-        steps: Iterator[list[Message]] = iter(())
-
-        def first_step() -> list[Message]:
-            nonlocal steps
-            steps = message_steps(store, topic.id, q, offset, f.max_messages, f.max_bytes)
-            return next(steps, [])
-
-        # Up to 64 MiB: read a record batch at a time with the event loop free in between.
-        messages = await read_steps(await long_poll(self.node, f, first_step, bool), steps)
-        low, high = queue_bounds(store, topic.id, q)
-        self.metrics.fetched.inc(len(messages))
-        next_offset = messages[-1].offset + 1 if messages else offset
-        # Expired messages (TTL, or older than retention_ms) are skipped; next_offset moves past them.
-        # Expired on the group's time, as receive and retention judge it, never on this node's
-        # clock: a replica whose clock runs days ahead must not hide (and skip) what is kept.
-        tail = {"next_offset": next_offset, "low_offset": low, "high_offset": high}
-        now = group_now(store, now_ms())
-        return await write_parts(request, await encode_fetch(messages, now, topic.retention_ms, tail))
+        return await serve_fetch(self, request, encoder_for(request, ENCODERS, JSON))
 
     # -- consumer group offsets -------------------------------------------------------------------
 

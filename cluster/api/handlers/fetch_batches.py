@@ -9,53 +9,45 @@ skips the records below it) and always comes; later ones come while the records 
 offset stay within ``max`` and the batches' bytes within ``max_bytes``
 (``storage/queues.raw_batches``).
 
-Everything else is the JSON fetch's: the same query parameters and checks in the same order
-(``fetch_query``), the same errors (JSON bodies), long polling, ``read_from=local`` and
-forwarding to the queue group's leader. The positions travel in headers (:data:`BATCH_HEADERS`):
-``X-Raftmq-Next-Offset``, ``X-Raftmq-Low-Offset``, ``X-Raftmq-High-Offset``, and for expiry
-``X-Raftmq-Now-Ms`` (the queue group's time at the replica read, ``group_now``: the bounded time
-receive and retention use, not the node's clock, which may run ahead) and ``X-Raftmq-Max-Age-Ms`` (the topic's
-``retention_ms``, absent without one): the JSON answer leaves out messages expired at the node's
-``now`` (TTL, or older than ``retention_ms``); a binary answer carries them, and the client leaves
-them out by the same rule (``client/_batches.py``).
+An encoder of the fetch core (``fetch_core.py``): everything else is the JSON fetch's, the same
+query parameters and checks in the same order, the same errors (JSON bodies), long polling,
+``read_from=local`` and forwarding to the queue group's leader. The positions travel in headers
+(:data:`BATCH_HEADERS`): ``X-Raftmq-Next-Offset``, ``X-Raftmq-Low-Offset``,
+``X-Raftmq-High-Offset``, and for expiry ``X-Raftmq-Now-Ms`` (the queue group's time at the replica
+read, ``group_now``: the bounded time receive and retention use, not the node's clock, which may run
+ahead) and ``X-Raftmq-Max-Age-Ms`` (the topic's ``retention_ms``, absent without one): the JSON
+answer leaves out messages expired at the node's ``now`` (TTL, or older than ``retention_ms``); a
+binary answer carries them, and the client leaves them out by the same rule
+(``client/_batches.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-from aiohttp import web
 
 from raftmq.batch import BATCH_MEDIA_TYPE, BadBatch, frame_prefix, v1_to_v2
-from raftmq.cluster.api.handlers.fetch_common import fetch_query, long_poll, write_parts
+from raftmq.cluster.api.handlers.fetch_core import (
+    POSITION_HEADERS,
+    Answer,
+    FetchBounds,
+    FetchQuery,
+    position_headers,
+)
 from raftmq.cluster.api.validation import DEFAULT_FETCH_BYTES
 from raftmq.cluster.base.clock import now_ms
+from raftmq.cluster.config.cluster_file import Limits
 from raftmq.cluster.machines.apply import group_now
-from raftmq.storage.queues import queue_bounds, raw_batches
+from raftmq.storage.queues import raw_batches
 from raftmq.storage.records import CorruptRecord
-from raftmq.storage.store import StoreClosed
+from raftmq.storage.store import Store, StoreClosed
 
-if TYPE_CHECKING:
-    from raftmq.cluster.api.core import ApiCore
+__all__ = ["BATCHES", "BATCH_HEADERS", "BatchEncoder", "as_v2"]
 
-__all__ = ["BATCH_HEADERS", "fetch_batches", "wants_batches"]
-
-NEXT_OFFSET = "X-Raftmq-Next-Offset"
-LOW_OFFSET = "X-Raftmq-Low-Offset"
-HIGH_OFFSET = "X-Raftmq-High-Offset"
 NOW_MS = "X-Raftmq-Now-Ms"
 MAX_AGE_MS = "X-Raftmq-Max-Age-Ms"
-BATCH_HEADERS = (NEXT_OFFSET, LOW_OFFSET, HIGH_OFFSET, NOW_MS, MAX_AGE_MS)
+BATCH_HEADERS = (*POSITION_HEADERS, NOW_MS, MAX_AGE_MS)
 """The headers of a binary fetch answer (a forwarding node passes them on)."""
-
-_V2 = 2
-
-
-def wants_batches(request: web.Request) -> bool:
-    """The request asks for the binary answer (``Accept`` names the batch media type)."""
-    return BATCH_MEDIA_TYPE in request.headers.get("Accept", "")
 
 
 def as_v2(value: bytes) -> bytes:
@@ -68,54 +60,53 @@ def as_v2(value: bytes) -> bytes:
         raise CorruptRecord(f"a stored v1 batch cannot be read: {e}") from None
 
 
-async def fetch_batches(api: ApiCore, request: web.Request) -> web.StreamResponse:
-    """The binary fetch (see the module docstring)."""
-    f = await fetch_query(
-        api,
-        request,
-        default_max=api.limits.default_fetch_messages,
-        max_max=api.limits.max_fetch_messages,
-        default_bytes=DEFAULT_FETCH_BYTES,
-    )
-    if f.store is None:
-        return await api.forward(
-            request,
-            str(f.group),
-            accept=BATCH_MEDIA_TYPE,
-            keep_headers=BATCH_HEADERS,
-            timeout_s=api.limits.max_wait_ms / 1000 + 30,
-        )
-    store, topic, q, offset = f.store, f.topic, f.queue, f.offset
-    rest: Iterator[tuple[int, int, bytes]] = iter(())
+class BatchEncoder:
+    """The binary answer (see the module docstring)."""
 
-    def first() -> tuple[int, int, bytes] | None:
-        nonlocal rest
-        rest = raw_batches(store, topic.id, q, offset, f.max_messages, f.max_bytes)
-        return next(rest, None)
+    media_type = BATCH_MEDIA_TYPE
+    headers = BATCH_HEADERS
+    in_executor = False
 
-    got = await long_poll(api.node, f, first, lambda x: x is not None)
-    prefix = frame_prefix(q)
-    parts: list[bytes] = []
-    next_offset, records = offset, 0
-    if got is not None:
+    def bounds(self, limits: Limits) -> FetchBounds:
+        return FetchBounds(limits.default_fetch_messages, limits.max_fetch_messages, DEFAULT_FETCH_BYTES)
+
+    def reading(self, f: FetchQuery, store: Store) -> _BatchReading:
+        return _BatchReading(f, store)
+
+
+BATCHES = BatchEncoder()
+
+
+class _BatchReading:
+    def __init__(self, f: FetchQuery, store: Store) -> None:
+        self.f, self.store = f, store
+        self.first: tuple[int, int, bytes] | None = None
+        self.batches: Iterator[tuple[int, int, bytes]] = iter(())
+        self.parts: list[bytes] = []
+        self.next_offset, self.records = f.offset, 0
+
+    def read(self) -> bool:
+        f = self.f
+        self.batches = raw_batches(self.store, f.topic.id, f.queue, f.offset, f.max_messages, f.max_bytes)
+        self.first = next(self.batches, None)
+        return self.first is not None
+
+    async def rest(self) -> None:
+        prefix, offset, got = frame_prefix(self.f.queue), self.f.offset, self.first
         try:
             while got is not None:  # a batch a step: the loop is free between steps
                 base, end, value = got
-                parts += (prefix, as_v2(value))
-                records += end - max(base, offset)
-                next_offset = end
+                self.parts += (prefix, as_v2(value))
+                self.records += end - max(base, offset)
+                self.next_offset = end
                 await asyncio.sleep(0)
-                got = next(rest, None)
+                got = next(self.batches, None)
         except StoreClosed:
             pass  # a snapshot install replaced the store meanwhile: what was read is still right
-    low, high = queue_bounds(store, topic.id, q)
-    api.metrics.fetched.inc(records)
-    headers = {
-        NEXT_OFFSET: str(next_offset),
-        LOW_OFFSET: str(low),
-        HIGH_OFFSET: str(high),
-        NOW_MS: str(group_now(store, now_ms())),
-    }
-    if topic.retention_ms is not None:
-        headers[MAX_AGE_MS] = str(topic.retention_ms)
-    return await write_parts(request, parts, content_type=BATCH_MEDIA_TYPE, headers=headers)
+
+    async def answer(self, low: int, high: int) -> Answer:
+        headers = position_headers(self.next_offset, low, high)
+        headers[NOW_MS] = str(group_now(self.store, now_ms()))
+        if self.f.topic.retention_ms is not None:
+            headers[MAX_AGE_MS] = str(self.f.topic.retention_ms)
+        return Answer(self.parts, self.records, headers)

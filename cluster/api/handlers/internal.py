@@ -1,6 +1,7 @@
 """Node-to-node HTTP endpoints under ``/internal/``, authenticated by the peer key
 (``cluster/config/keys.py``; ``raftmq backup`` calls status, the barrier action and checkpoint
-with the backup key).
+with the backup key). The authentication middleware (``cluster/api/auth.py``) checks the key for
+every internal route before a handler runs; the handlers here do not check it again.
 
 They carry forwarded writes, checkpoint transfers for snapshot installs, status for the cluster
 view, and store digests that tests use to compare replicas.
@@ -33,12 +34,6 @@ __all__ = ["add_internal_routes"]
 
 
 def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery: SubscriptionsApi) -> None:
-
-    def authorize(request: web.Request, *, backup: bool = False) -> None:
-        """The peer key, or (``backup``: a route of ``raftmq backup``) the backup key."""
-        if not node.keys.authorizes(request.headers, backup=backup):
-            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
-
     def local_group(request: web.Request) -> Any:
         name = request.match_info["group"]
         local = node.groups.get(name)
@@ -47,11 +42,9 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
         return local
 
     async def status(request: web.Request) -> web.Response:
-        authorize(request, backup=True)
         return json_response(node.local_status())
 
     async def action(request: web.Request) -> web.Response:
-        authorize(request, backup=request.match_info["action"] == "barrier")
         if request.match_info["action"] == "append":  # binary batches forwarded by a peer
             if node.config.faults.v1_only_node == node.me.id:  # TEST FAULT: as the version before
                 raise ApiError(errors.INVALID_JSON, "the body is not valid JSON (a node without appends)")
@@ -72,7 +65,6 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
         return json_response(await api.router.actions.run(name, action, body))
 
     async def topic(request: web.Request) -> web.Response:
-        authorize(request)
         name = request.match_info["topic"]
         if not api.router.leads(META):
             raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead the metadata group")
@@ -83,20 +75,17 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
 
     async def topics(request: web.Request) -> web.Response:
         """Every topic in this node's metadata replica (not linearizable: for retention ticks)."""
-        authorize(request)
         if node.metadata is None:
             raise ApiError(errors.NOT_LEADER, f"{node.me.id} holds no metadata replica")
         return json_response({"topics": [t.to_json() for t in node.metadata.topics()]})
 
     async def bounds(request: web.Request) -> web.Response:
-        authorize(request)
         local = local_group(request)
         topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
         bounds = topic_bounds(local.machine.store, topic_id)  # one scan, not a get per queue
         return json_response({"queues": {str(q): list(b) for q, b in sorted(bounds.items())}})
 
     async def offsets(request: web.Request) -> web.Response:
-        authorize(request)
         local = local_group(request)
         name = request.match_info["group"]
         await api.router.actions.run(name, "barrier", {})
@@ -109,7 +98,6 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
         return json_response({"offsets": {str(q): committed.get(q) for q in queues}})
 
     async def checkpoint(request: web.Request) -> web.StreamResponse:
-        authorize(request, backup=True)
         name = request.match_info["group"]
         local_group(request)
         # A replica installing a snapshot asks for a state covering it: a lagging one refuses.
@@ -132,7 +120,6 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
             os.remove(tar_path)
 
     async def digest(request: web.Request) -> web.Response:
-        authorize(request)
         local_group(request)
         loop = asyncio.get_running_loop()
         return json_response(
@@ -141,7 +128,6 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
 
     async def propose_raw(request: web.Request) -> web.Response:
         """Propose raw command bytes (operators and tests: the state machine must cope with any)."""
-        authorize(request)
         local_group(request)
         name = request.match_info["group"]
         if not api.router.leads(name):
@@ -150,7 +136,6 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
         return json_response({"error": outcome.error, "definite": outcome.definite, "result": outcome.result})
 
     async def compact(request: web.Request) -> web.Response:
-        authorize(request)
         local_group(request).raft.force_compaction()
         return json_response({"ok": True})
 

@@ -8,11 +8,9 @@ Public:
   that wrote them, or a URI of a shared store) and ``url``, which serves the bytes over HTTP.
 - ``GET /v1/topics/{topic}/segments/{queue}/{base}?format=arrow|parquet``: one sealed segment's
   file. Any node answers: it reads the file (its own, or a shared store) or proxies the writer.
-- ``GET /v1/topics/{topic}/queues/{queue}/messages`` with ``Accept:
-  application/vnd.apache.arrow.stream``: the fetch route answers an Arrow IPC stream (Kafka's
-  columns, up to 65,536 rows, ``X-Raftmq-Next-Offset``/``Low-Offset``/``High-Offset`` headers).
-  Same offsets as the JSON answer; it also returns messages a per-message TTL expired (replay sees
-  every retained message).
+
+The Arrow fetch (``Accept: application/vnd.apache.arrow.stream`` on the fetch route) is an encoder of
+the fetch core: ``cluster/api/handlers/fetch_arrow.py``.
 
 Internal (peer key): ``GET /internal/groups/{group}/segments?topic_id=&queues=`` (the
 manifest part of one queue group, from its leader) and ``POST /internal/segments/seal``
@@ -30,7 +28,7 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster.api.common import json_response
-from raftmq.cluster.api.handlers.fetch_common import fetch_query, long_poll, only_params, queue_number
+from raftmq.cluster.api.handlers.fetch_core import only_params, queue_number
 from raftmq.cluster.api.validation import MAX_OFFSET, bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -38,25 +36,18 @@ from raftmq.cluster.machines.segments import manifest
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.router import FORWARDED
 from raftmq.cluster.node.sealer import locate, segment_root
-from raftmq.storage.queues import queue_bounds
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
     from raftmq.cluster.machines.metadata import Topic
 
-__all__ = ["ARROW_FILE", "ARROW_STREAM", "PARQUET", "SegmentsApi", "add_segment_routes", "wants_arrow"]
+__all__ = ["ARROW_FILE", "CRC32C", "PARQUET", "SegmentsApi", "add_segment_routes"]
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 ARROW_FILE = "application/vnd.apache.arrow.file"
 PARQUET = "application/vnd.apache.parquet"
-ARROW_MAX_ROWS = 65_536
-ARROW_DEFAULT_BYTES = 32 * 1024 * 1024
-_OFFSET_HEADERS = ("X-Raftmq-Next-Offset", "X-Raftmq-Low-Offset", "X-Raftmq-High-Offset")
-
-
-def wants_arrow(request: web.Request) -> bool:
-    """The request asks for an Arrow IPC stream (``Accept``)."""
-    return ARROW_STREAM in request.headers.get("Accept", "")
+CRC32C = "X-Raftmq-Crc32c"  # a segment file's checksum, as the manifest has it
+# Reading a segment from the node that wrote it: up to the whole file, over the network.
+SEGMENT_PROXY_TIMEOUT_S = 120.0
 
 
 class SegmentsApi:
@@ -169,7 +160,7 @@ class SegmentsApi:
             raise ApiError(errors.NOT_FOUND, f"the segment at {base} has no {fmt} file")
         content_type = ARROW_FILE if fmt == "arrow" else PARQUET
         crc = entry["crc32c"] if fmt == "arrow" else entry["parquet_crc32c"]
-        headers = {"X-Raftmq-Crc32c": str(crc)}
+        headers = {CRC32C: str(crc)}
         writer = self._node_config(entry["node"])
         settings = self.node.config.segments
         if entry["node"] == self.node.me.id or settings.store:
@@ -190,72 +181,13 @@ class SegmentsApi:
             return web.Response(body=data, content_type=content_type, headers=headers)
         if writer is None or request.headers.get(FORWARDED):
             raise ApiError(errors.UNAVAILABLE, f"segment at {base} was written by {entry['node']}, not here")
-        session = self.node.peer_session
-        assert session is not None
-        try:
-            async with session.get(
-                writer.http_url + request.path_qs,
-                headers={FORWARDED: self.node.me.id},
-                timeout=aiohttp.ClientTimeout(total=120),
-            ) as resp:
-                body = await resp.read()
-                return web.Response(
-                    body=body,
-                    status=resp.status,
-                    content_type=resp.content_type,
-                    headers={k: v for k, v in resp.headers.items() if k.startswith("X-Raftmq-")},
-                )
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            raise ApiError(errors.UNAVAILABLE, f"cannot reach {writer.id}, which holds the segment") from None
-
-    # -- Arrow fetch --------------------------------------------------------------------------------
-
-    async def fetch_arrow(self, request: web.Request) -> web.StreamResponse:
-        from raftmq.storage.columns import batch_to_ipc_stream, read_columns
-
-        f = await fetch_query(
-            self.api,
-            request,
-            default_max=ARROW_MAX_ROWS,
-            max_max=ARROW_MAX_ROWS,
-            default_bytes=ARROW_DEFAULT_BYTES,
-        )
-        if f.store is None:
-            return await self.api.forward(
-                request,
-                str(f.group),
-                accept=ARROW_STREAM,
-                keep_headers=_OFFSET_HEADERS,
-                timeout_s=self.api.limits.max_wait_ms / 1000 + 30,
-            )
-        store, topic, q = f.store, f.topic, f.queue
-        batch, next_offset = await long_poll(
-            self.node,
-            f,
-            lambda: read_columns(store, topic.id, topic.name, q, f.offset, None, f.max_messages, f.max_bytes),
-            lambda got: bool(got[0].num_rows),
-            in_executor=True,
-        )
-        low, high = queue_bounds(store, topic.id, q)
-        loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(None, lambda: batch_to_ipc_stream([batch]).to_pybytes())
-        if self.api.metrics is not None:
-            self.api.metrics.fetched.inc(batch.num_rows)
-        return web.Response(
-            body=body,
-            content_type=ARROW_STREAM,
-            headers=dict(zip(_OFFSET_HEADERS, (str(next_offset), str(low), str(high)), strict=True)),
+        return await self.api.forward_to(
+            request, writer, f"{writer.id}, which holds the segment", (CRC32C,), SEGMENT_PROXY_TIMEOUT_S
         )
 
     # -- internal -----------------------------------------------------------------------------------
 
-    def _authorize(self, request: web.Request) -> None:
-        if not self.node.keys.authorizes(request.headers):
-            raise ApiError(errors.UNAUTHORIZED, "internal endpoints need the peer key")
-
     async def internal_manifest(self, request: web.Request) -> web.Response:
-
-        self._authorize(request)
         name = request.match_info["group"]
         local = self.node.groups.get(name)
         if local is None or name == "meta":
@@ -270,16 +202,12 @@ class SegmentsApi:
         return json_response({"queues": {str(q): v for q, v in got.items()}})
 
     async def internal_seal(self, request: web.Request) -> web.Response:
-
-        self._authorize(request)
         if self.node.sealer is None:
             raise ApiError(errors.UNAVAILABLE, "segment sealing is not running")
         results = await self.node.sealer.once(force=True)
         return json_response({"results": results})
 
     async def internal_gc(self, request: web.Request) -> web.Response:
-
-        self._authorize(request)
         if self.node.sealer is None:
             raise ApiError(errors.UNAVAILABLE, "segment sealing is not running")
         loop = asyncio.get_running_loop()
@@ -288,8 +216,7 @@ class SegmentsApi:
 
 
 def add_segment_routes(app: web.Application, s: SegmentsApi) -> None:
-    """Register the segment routes of ``s`` (``Api.segments``: the fetch route uses its
-    ``fetch_arrow``)."""
+    """Register the segment routes of ``s``."""
     r = app.router
     r.add_get("/v1/topics/{topic}/segments", s.get_manifest)
     r.add_get("/v1/topics/{topic}/segments/{queue}/{base}", s.get_segment)

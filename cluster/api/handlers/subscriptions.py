@@ -58,6 +58,7 @@ from raftmq.cluster.config.tokens import ADMIN
 from raftmq.cluster.machines.delivery import dlq_topic_name, read_subscription
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.parked import Parked
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
 from raftmq.cluster.node.router import FORWARDED
 from raftmq.cluster.node.upgrade_gate import after_upgrade
@@ -84,7 +85,6 @@ class SubscriptionsApi:
         self._subscribed = RecentKeys(SUBSCRIBED_MAX, min(SUBSCRIPTION_REFRESH_S, idle_s / 4 or 1e9))
         self._creating_dlq: set[tuple[int, str]] = set()  # on_parked's tasks under way
         self._tasks: set[asyncio.Task[None]] = set()
-        node.on_parked = self.on_parked
 
     @property
     def limits(self) -> Any:
@@ -208,8 +208,14 @@ class SubscriptionsApi:
             "backoff_ms": stored["backoff_ms"],
         }
 
-    def on_parked(self, parked: tuple[tuple[int, str, str], ...]) -> None:
-        """Applies parked dead letters of these ``(topic_id, topic, group)`` (``Node.on_parked``,
+    async def take_parked(self) -> None:
+        """Take the node's reports of parked dead letters (``Node.parked``) as they come, for as
+        long as the application runs."""
+        while True:
+            self.on_parked(await self.node.parked.get())
+
+    def on_parked(self, parked: Parked) -> None:
+        """Applies parked dead letters of these ``(topic_id, topic, group)`` (``Node.parked``,
         on the event loop, on every replica): where this node leads the queue group, record the
         group's dead-letter topic in the subscription of every queue group of the topic, as the
         metadata group's record has it; for a configured subscription (an admin's), have the
@@ -454,9 +460,9 @@ class SubscriptionsApi:
         return {"messages": got}
 
 
-def add_subscription_routes(app: web.Application, node: Node, api: ApiCore) -> SubscriptionsApi:
-    """Register the routes; returns the handler object (push streams and the SQS API use it)."""
-    handlers = SubscriptionsApi(node, api)
+def add_subscription_routes(app: web.Application, handlers: SubscriptionsApi) -> None:
+    """Register the routes of ``handlers`` (the node's one :class:`SubscriptionsApi`, which push
+    streams, the offset API and the SQS API use too)."""
     r = app.router
     sub = "/v1/topics/{topic}/subscriptions/{group}"
     r.add_post(sub + "/receive", handlers.receive)
@@ -470,4 +476,13 @@ def add_subscription_routes(app: web.Application, node: Node, api: ApiCore) -> S
     lock = "/v1/topics/{topic}/queues/{queue}/locks/{group}"
     r.add_post(lock, dlq_locks.lock)
     r.add_delete(lock, dlq_locks.unlock)
-    return handlers
+
+    async def take_parked(app: web.Application) -> None:
+        task = asyncio.create_task(handlers.take_parked())
+
+        async def stop(app: web.Application) -> None:
+            task.cancel()
+
+        app.on_cleanup.append(stop)
+
+    app.on_startup.append(take_parked)
