@@ -99,7 +99,9 @@ class AsyncAdmin:
             BadRequest: An invalid name or setting, or a name given twice (nothing created).
             Forbidden: The token lacks admin on one of the names (nothing of that request created).
             UpgradeInProgress: A metadata voter runs a release that cannot create topics in bulk
-                (create them with :meth:`create_topic`).
+                (create them with :meth:`create_topic`). When the node asked or the metadata
+                leader runs that release itself, the request is a :class:`BadRequest` whose
+                details name no ``index`` (the CLI then creates the topics one by one).
         """
         settings: dict[str, Any] = {"queues": queues}
         for key, value in (

@@ -305,9 +305,29 @@ class LeaderRouter:
             await asyncio.sleep(0.1)
             self.node.forget_peer_status()
 
+    async def _gate_topic_command(self, body: dict[str, Any]) -> None:
+        """Refuse (``upgrade_in_progress``) a topic command carrying an op or field level that a
+        metadata voter does not apply yet. Checked here, at the node that builds the command, not
+        only at the leader: a leader of the release before would write the field without knowing
+        it, and its replicas would ignore what the upgraded ones apply (docs/operations.md)."""
+        op = body.get("op")
+        levels = []
+        if op == "set_topic_tags":
+            levels.append("meta.set_topic_tags")
+        if op == "create_topic" and body.get("tags"):
+            levels.append("meta.create_topic.tags")
+        if op == "set_topic_attributes" and body.get("expect") is not None:
+            levels.append("meta.set_topic_attributes.expect")
+        for level in levels:
+            if not await self.node.await_group_supports(META, level):
+                message = f"a metadata voter does not apply {level} yet (a rolling upgrade)"
+                raise CatalogError(errors.UPGRADE_IN_PROGRESS, message)
+
     async def _group_call_once(
         self, name: str, action: str, body: dict[str, Any], size_hint: int | None, here: Here | None = None
     ) -> dict[str, Any]:
+        if name == META and action == "topic_command":
+            await self._gate_topic_command(body)
         if self.leads(name):
             if here is not None:
                 return await here()

@@ -125,3 +125,44 @@ def test_a_refused_write_is_a_plain_error_with_its_catalogue_code() -> None:
     with pytest.raises(RaftmqError) as info:
         asyncio.run(router.group_call(0, "no_such_action", {}))
     assert info.value.error is errors.NOT_FOUND
+
+
+def test_a_topic_command_with_a_level_a_metadata_voter_lacks_is_refused_before_it_leaves_the_node() -> None:
+    """The node that builds a topic command checks its op and field levels, not only the leader: a
+    metadata leader of the release before would write ``tags`` or ``expect`` without knowing them,
+    and its replicas would ignore what upgraded ones apply (the replicas diverge)."""
+    asked: list[str] = []
+
+    async def await_group_supports(name: str, capability: str) -> bool:
+        asked.append(capability)
+        return False  # a voter runs the release before
+
+    async def wait_leader(*_: Any) -> Any:
+        raise AssertionError("the command left the node")
+
+    node = SimpleNamespace(
+        config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig(), queue_groups=1),
+        groups={"meta": SimpleNamespace(raft=SimpleNamespace(is_leader=lambda: False))},
+        me=SimpleNamespace(id="n2"),
+        await_group_supports=await_group_supports,
+        forget_peer_status=lambda: None,
+    )
+    router = LeaderRouter(node)
+    router.leader_wait_s = 0.3
+    router.wait_leader = wait_leader  # type: ignore[method-assign]
+    bodies = {
+        "meta.create_topic.tags": {"op": "create_topic", "name": "q", "tags": {"team": "a"}},
+        "meta.set_topic_tags": {"op": "set_topic_tags", "name": "q", "tags": {"team": "a"}},
+        "meta.set_topic_attributes.expect": {
+            "op": "set_topic_attributes",
+            "name": "q",
+            "attributes": {"a": "2"},
+            "expect": {"a": "1"},
+        },
+    }
+    for level, body in bodies.items():
+        asked.clear()
+        with pytest.raises(RaftmqError) as refused:
+            asyncio.run(router.group_call("meta", "topic_command", body))
+        assert refused.value.error is errors.UPGRADE_IN_PROGRESS, (level, refused.value)
+        assert level in asked

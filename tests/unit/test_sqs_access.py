@@ -61,9 +61,15 @@ def test_a_request_posted_to_a_queue_url_names_no_other_queue() -> None:
         ("TagQueue", {"QueueUrl": "payments"}),
         ("GetQueueUrl", {"QueueName": "payments"}),
         ("CreateQueue", {"QueueName": "payments"}),
+        ("StartMessageMoveTask", {"SourceArn": "arn:aws:sqs:us-east-1:000000000000:payments"}),
+        ("ListMessageMoveTasks", {"SourceArn": "arn:aws:sqs:us-east-1:000000000000:payments"}),
+        ("CancelMessageMoveTask", {"TaskHandle": "payments:3"}),
     ):
         assert _code(lambda a=action, p=params: bind_path_queue(a, p, URL, "orders")) == "InvalidAddress"
     assert _code(lambda: bind_path_queue("NoSuchAction", {}, URL, "orders")) == "InvalidAction"
+    own = {"SourceArn": "arn:aws:sqs:us-east-1:000000000000:orders"}  # the path's queue: fine
+    bind_path_queue("StartMessageMoveTask", own, URL, "orders")
+    assert own == {"SourceArn": "arn:aws:sqs:us-east-1:000000000000:orders"}
     listed: dict[str, Any] = {"QueueNamePrefix": "x"}
     bind_path_queue("ListQueues", listed, URL, "orders")  # names no queue: left alone
     assert listed == {"QueueNamePrefix": "x"}

@@ -103,10 +103,10 @@ def bind_path_queue(action: str, params: dict[str, Any], url: str, queue: str) -
     """A request posted to a queue's URL (``url``, naming ``queue``: the query protocol's way,
     either wire is held to it) acts on that queue: its QueueUrl is the path's unless it gives one,
     which must name the same queue, as must a QueueName (InvalidAddress otherwise, so that a proxy
-    that lets a path through lets through no other queue). Actions naming no queue by URL or name
-    (ListQueues) are left alone."""
+    that lets a path through lets through no other queue); so must a move task's SourceArn or
+    TaskHandle. Actions naming no queue (ListQueues) are left alone."""
     source = refuse_unknown(action).source
-    if source not in ("QueueUrl", "QueueName"):
+    if source is None:
         return
     given = params.get(source)
     if given is not None and queue_name_of(given, source) != queue:

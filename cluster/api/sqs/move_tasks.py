@@ -128,7 +128,9 @@ class MoveTasks:
                 "expect": {records.ATTRIBUTE: raw},
             }
             result = await self.sqs.api.router.group_call(META, "topic_command", command)
-            if result.get("changed", True):
+            if "changed" not in result:  # a leader that knows no compare-and-set merged blindly
+                raise SqsError("ServiceUnavailable", "The cluster is being upgraded; try again.")
+            if result["changed"]:
                 return
             topic, fresh = Topic.from_json(result["topic"]), True
             if topic.id != source.id:  # deleted and made again meanwhile
