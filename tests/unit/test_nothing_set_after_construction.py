@@ -10,6 +10,7 @@ import asyncio
 from raftmq.cluster.api.app import API_KEY, create_app
 from raftmq.cluster.api.core import ApiCore
 from raftmq.cluster.config.cluster_file import parse_config
+from raftmq.cluster.node.changes import Coordinator
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.parked import ParkedReports
 
@@ -53,3 +54,16 @@ def test_parked_reports_are_taken_oldest_first_and_bounded() -> None:
     got, dropped = asyncio.run(run())
     assert got == [((0, "orders", "billing"),), ((1, "orders", "billing"),)]
     assert dropped == 1  # the third found the queue full (it is asked again at the next failure)
+
+
+def test_the_cluster_handlers_have_their_change_coordinator_from_construction() -> None:
+    """The cluster routes' handler object has its change coordinator once built (the app's
+    startup only runs it): no attribute of it is filled in later."""
+    app = create_app(node())
+    handlers = {
+        getattr(route.handler, "__self__", None)
+        for route in app.router.routes()
+        if route.resource is not None and route.resource.canonical == "/v1/cluster/rebalance"
+    }
+    (cluster,) = handlers
+    assert isinstance(cluster.coordinator, Coordinator)

@@ -57,7 +57,8 @@ class ClusterApi:
     def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
         self.api = api
-        self.coordinator: Coordinator | None = None
+        # The change coordinator: made here, run from the app's startup (add_cluster_routes).
+        self.coordinator = Coordinator(node, api.router)
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -122,9 +123,7 @@ class ClusterApi:
         placement = None if machine is None else machine.placement()
         if placement is None:
             raise ApiError(errors.UNAVAILABLE, "the cluster placement is not initialised yet")
-        unavailable: frozenset[str] = frozenset()
-        if self.coordinator is not None:  # set at startup
-            unavailable = await self.coordinator.unanswering(placement)
+        unavailable = await self.coordinator.unanswering(placement)
         steps = plan(placement, unavailable).to_json()
         if body.get("dry_run", False):
             return json_response({"plan": steps})
@@ -141,8 +140,7 @@ class ClusterApi:
         result = await self.api.router.propose_checked(
             META, orjson.dumps(command("cancel_change", change_id=change.id))
         )
-        if self.coordinator is not None:
-            self.coordinator.wake()
+        self.coordinator.wake()
         return json_response(result, status=202)
 
     async def _body(self, request: web.Request, required: set[str], allowed: set[str]) -> dict[str, Any]:
@@ -160,8 +158,7 @@ class ClusterApi:
         result = await self.api.router.propose_checked(
             META, orjson.dumps(command("begin_change", now_ms=now_ms(), change=change))
         )
-        if self.coordinator is not None:
-            self.coordinator.wake()
+        self.coordinator.wake()
         return json_response({**result, **extra}, status=202)
 
     async def _check_answers(self, body: dict[str, Any]) -> None:
@@ -230,9 +227,7 @@ def add_cluster_routes(app: web.Application, node: Node, api: ApiCore) -> Cluste
     r.add_post(PROOF_PATH, cluster.internal_proof)
 
     async def start_coordinator(app: web.Application) -> None:
-
-        cluster.coordinator = coordinator = Coordinator(node, api.router)
-        task = asyncio.create_task(coordinator.run_forever())
+        task = asyncio.create_task(cluster.coordinator.run_forever())
 
         async def stop(app: web.Application) -> None:
             task.cancel()
