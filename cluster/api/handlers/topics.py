@@ -74,16 +74,7 @@ class TopicHandlers(ApiCore):
         spec = parse_create_topic(parsed, self.limits)
         if not self.router.leads(META):
             return await self.forward(request, META, body)
-        command = orjson.dumps(
-            {
-                "v": 1,
-                "op": "create_topic",
-                "now_ms": now_ms(),
-                "group_count": self.node.config.queue_groups,
-                **spec,
-            }
-        )
-        result = await self.router.propose_checked(META, command)
+        result = await self._propose_create("create_topic", spec)
         topic = Topic.from_json(result["topic"])
         return json_response(await self._describe(topic), status=201)
 
@@ -97,16 +88,7 @@ class TopicHandlers(ApiCore):
         creates them one by one)."""
         if not self.router.leads(META):
             return await self.forward(request, META, body)
-        command = orjson.dumps(
-            {
-                "v": 1,
-                "op": "create_topics",
-                "now_ms": now_ms(),
-                "group_count": self.node.config.queue_groups,
-                "topics": specs,
-            }
-        )
-        result = await self.router.propose_checked(META, command)
+        result = await self._propose_create("create_topics", {"topics": specs})
         results: list[dict[str, Any]] = []
         for spec, item in zip(specs, result["results"], strict=True):
             if "topic" in item:
@@ -114,6 +96,12 @@ class TopicHandlers(ApiCore):
             else:
                 results.append({"name": spec["name"], **CatalogError.from_body(item["error"]).body()})
         return json_response({"results": results})
+
+    async def _propose_create(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Propose ``create_topic`` or ``create_topics`` (this node leads the metadata group), with
+        the time and the group count the leader gives every topic it makes."""
+        command = {"v": 1, "op": op, "now_ms": now_ms(), "group_count": self.node.config.queue_groups}
+        return await self.router.propose_checked(META, orjson.dumps({**command, **fields}))
 
     async def list_topics(self, request: web.Request) -> web.Response:
         if self.router.leads(META):
