@@ -169,6 +169,7 @@ class Node:
         self._tasks.append(asyncio.create_task(self.ticks.balance_leaders_forever()))
         self._tasks.append(asyncio.create_task(self.ticks.retention_forever()))
         self._tasks.append(asyncio.create_task(self.ticks.deliver_forever()))
+        self._tasks.append(asyncio.create_task(self.ticks.learn_peer_releases()))
         self.sealer = Sealer(self)
         self._tasks.append(asyncio.create_task(self.sealer.run_forever()))
         log.info("node_started", node_id=self.me.id, groups=sorted(self.groups))
@@ -391,9 +392,6 @@ class Node:
         key = (name, frozenset(voters))
         if key in self._binary_voters:
             return True
-        for node_id, status in self._peer_status.items():
-            if 2 in status.get("batch_formats", ()):
-                self._v2_nodes.add(node_id)
         if 2 in self.batch_formats and voters - {self.me.id} <= self._v2_nodes:
             self._binary_voters.add(key)
             return True
@@ -413,8 +411,6 @@ class Node:
         key = (name, capability, frozenset(voters))
         if key in self._capable_voters:
             return True
-        for node_id, status in self._peer_status.items():
-            self._capable[node_id] = advertised(status)
         if capability in self.capabilities and all(
             capability in self._capable.get(v, ()) for v in voters - {self.me.id}
         ):
@@ -462,7 +458,15 @@ class Node:
         fetched_at = time.monotonic()
         self._peer_status = {nid: s for nid, s in results if s is not None}
         self._peer_status_at = dict.fromkeys(self._peer_status, fetched_at)
+        for node_id, status in self._peer_status.items():  # kept while the peer is down (upgrade.py)
+            self._capable[node_id] = advertised(status)
+            if 2 in status.get("batch_formats", ()):
+                self._v2_nodes.add(node_id)
         return self._peer_status
+
+    def heard_from(self) -> set[str]:
+        """The peers whose release this node knows (each answered a status call once at least)."""
+        return set(self._capable)
 
     # -- peer calls -------------------------------------------------------------------------------
 

@@ -85,6 +85,22 @@ class TickLoops:
             except Exception:
                 log.exception("leader_balance_failed")
 
+    async def learn_peer_releases(self) -> None:
+        """Ask every peer for its status until each has answered once (new peers too, as the
+        configuration grows): the release a voter advertised is kept while it is down, so a node
+        that becomes leader after a peer died still knows what that peer applies
+        (``Node.group_supports``) instead of refusing gated writes until it comes back."""
+        while True:
+            peers = {n.id for n in self.node.config.nodes} - {self.node.me.id}
+            if peers - self.node.heard_from():
+                try:
+                    await self.node.refresh_peer_status()
+                except Exception:
+                    log.exception("peer_status_failed")
+                await asyncio.sleep(1.0)
+            else:
+                await asyncio.sleep(10.0)
+
     async def _balance_once(self) -> None:
         if self.node.change_in_progress is not None:
             return  # the change's coordinator moves leaders itself
