@@ -1,6 +1,9 @@
 """Checkers: pure functions from a history (see ``history``) to a verdict.
 
 Each returns a JSON-ready dict with ``valid`` (bool) and the evidence. None does I/O or reads a clock.
+Each takes a history it may walk more than once: a list, or a ``history.HistoryFile`` (read again on
+each walk, never held whole; ``streaming`` checks a file so, and streams the two checks that need
+every message over buckets on disk).
 
 - ``total_queue``: at-least-once over multisets of values (Jepsen's total-queue). Valid iff nothing
   acknowledged went missing (``lost``) and nothing was delivered that nobody sent (``unexpected``).
@@ -21,12 +24,12 @@ Each returns a JSON-ready dict with ``valid`` (bool) and the evidence. None does
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import pairwise
 from typing import Any
 
 from .group_checker import group_consume, has_group_consumers
-from .history import FAIL, INFO, INVOKE, NEMESIS, OK, Op, completions, fault_windows
+from .history import FAIL, INFO, INVOKE, NEMESIS, OK, Op, completed, fault_windows
 from .receive_checker import RECEIVES, has_receives, receive_ack
 
 __all__ = [
@@ -45,8 +48,8 @@ READS = ("fetch", "drain", "read")
 SAMPLE = 20  # how many examples a result lists of each kind of problem
 
 
-def _client_ops(history: Iterable[Op]) -> list[Op]:
-    return [op for op in history if op.get("process") != NEMESIS]
+def _client_ops(history: Iterable[Op]) -> Iterator[Op]:
+    return (op for op in history if op.get("process") != NEMESIS)
 
 
 def _messages(op: Op) -> list[tuple[int, str]]:
@@ -57,7 +60,7 @@ def _sample(values: Iterable[Any]) -> list[Any]:
     return sorted(values, key=str)[:SAMPLE]
 
 
-def total_queue(history: Sequence[Op]) -> dict[str, Any]:
+def total_queue(history: Iterable[Op]) -> dict[str, Any]:
     """attempts = enqueue invokes, enqueues = enqueue oks, dequeues = values in ok fetches and
     drains; lost = enqueues - dequeues, unexpected = dequeued but never attempted, duplicated =
     dequeued more than once, recovered = dequeued although its enqueue ended fail or info."""
@@ -116,7 +119,7 @@ def total_queue(history: Sequence[Op]) -> dict[str, Any]:
     }
 
 
-def _observations(history: Sequence[Op]) -> dict[tuple[int, int], dict[str, list[str]]]:
+def _observations(history: Iterable[Op]) -> dict[tuple[int, int], dict[str, list[str]]]:
     """(queue, offset) -> value -> where it was seen ("ack p3", "fetch n1", "read n2", ...)."""
     seen: dict[tuple[int, int], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for op in _client_ops(history):
@@ -133,7 +136,7 @@ def _observations(history: Sequence[Op]) -> dict[tuple[int, int], dict[str, list
     return seen
 
 
-def log_consistency(history: Sequence[Op]) -> dict[str, Any]:
+def log_consistency(history: Iterable[Op]) -> dict[str, Any]:
     """Two different values at one (queue, offset) anywhere in the history is a divergence (never
     allowed). One value at several offsets of a queue is a duplicate (allowed, counted)."""
     seen = _observations(history)
@@ -164,16 +167,15 @@ def log_consistency(history: Sequence[Op]) -> dict[str, Any]:
     }
 
 
-def queue_order(history: Sequence[Op]) -> dict[str, Any]:
+def queue_order(history: Iterable[Op]) -> dict[str, Any]:
     """Offsets are dense: every answer to a read starts at the offset asked for and counts up by one,
     and the offsets seen of a queue are 0..max with no hole. Per producer process and queue, the
     acknowledged messages sit at increasing offsets in the order they were sent (a process has one
     request in flight at a time, so message i was committed before message i+1 was sent)."""
-    ops = _client_ops(history)
     problems: list[dict[str, Any]] = []
     offsets: dict[int, set[int]] = defaultdict(set)
     where: dict[tuple[int, str], int] = {}
-    for op in ops:
+    for op in _client_ops(history):
         if op["f"] not in READS or op["type"] != OK:
             continue
         msgs = _messages(op)
@@ -192,7 +194,7 @@ def queue_order(history: Sequence[Op]) -> dict[str, Any]:
         if holes:
             problems.append({"kind": "hole", "queue": queue, "offsets": holes[:SAMPLE], "count": len(holes)})
     sent: dict[tuple[Any, int], list[tuple[str, int]]] = defaultdict(list)
-    for op in ops:
+    for op in _client_ops(history):
         if op["f"] == "enqueue" and op["type"] == OK:
             found = where.get((op["queue"], op["value"]), op.get("offset"))
             if found is not None:
@@ -213,20 +215,19 @@ def queue_order(history: Sequence[Op]) -> dict[str, Any]:
     }
 
 
-def lost_write(history: Sequence[Op]) -> dict[str, Any]:
+def lost_write(history: Iterable[Op]) -> dict[str, Any]:
     """For each queue, b = the highest offset anyone read; every message acknowledged at an offset
     below b must have been read by someone (anywhere in the queue)."""
-    ops = _client_ops(history)
     high: dict[int, int] = {}
     read: dict[int, set[str]] = defaultdict(set)
-    for op in ops:
+    for op in _client_ops(history):
         if op["f"] in READS and op["type"] == OK:
             for offset, value in _messages(op):
                 high[op["queue"]] = max(high.get(op["queue"], -1), offset)
                 read[op["queue"]].add(value)
     lost = []
     checked = 0
-    for op in ops:
+    for op in _client_ops(history):
         if op["f"] == "enqueue" and op["type"] == OK and op.get("offset") is not None:
             q = op["queue"]
             if op["offset"] < high.get(q, -1):
@@ -237,7 +238,7 @@ def lost_write(history: Sequence[Op]) -> dict[str, Any]:
 
 
 def availability(
-    history: Sequence[Op], functions: tuple[str, ...] = ("enqueue", "fetch", "receive", "ack")
+    history: Iterable[Op], functions: tuple[str, ...] = ("enqueue", "fetch", "receive", "ack")
 ) -> dict[str, Any]:
     """Share of ``ok`` completions among operations invoked inside any fault window vs outside
     (the final drain and reads, after the heal, are not counted)."""
@@ -250,7 +251,7 @@ def availability(
 
     during, outside = bucket(), bucket()
     by_fault: dict[str, dict[str, int]] = defaultdict(bucket)
-    for invoke, done in completions(history):
+    for invoke, done in completed(history):
         if invoke["f"] not in functions:
             continue
         kind = done["type"] if done is not None else "pending"

@@ -200,17 +200,18 @@ def _prefix(workload: str) -> str:
 
 
 def _recheck(directory: Path) -> int:
-    from .checkers import check_all
-    from .history import load_history
-    from .report import write_report
+    import resource
 
-    history = load_history(directory / "history.jsonl")
+    from .history import HistoryFile
+    from .logscan import scan_logs
+    from .report import write_report
+    from .streaming import check_file
+
     old = (
         json.loads((directory / "results.json").read_text()) if (directory / "results.json").exists() else {}
     )
-    checks = check_all(history)
-    from .logscan import scan_logs
-
+    started = time.monotonic()
+    checks, figures = check_file(directory / "history.jsonl")
     run_info = old.get("run", {"faults_injected": {}, "recovery_s": None, "drain": {}})
     if (directory / "logs").is_dir():
         run_info["log_alerts"] = scan_logs(directory / "logs")
@@ -223,8 +224,15 @@ def _recheck(directory: Path) -> int:
     results = {**old, "valid": bool(valid), "run": run_info, "checks": checks}
     results.setdefault("spec", {"nodes": "?", "seed": "?", "time_limit_s": "?", "faults": []})
     name = str(old.get("test", directory.parent.name))
-    write_report(directory, name, history, results)
+    write_report(directory, name, HistoryFile(directory / "history.jsonl"), results)
     click.echo((directory / "summary.txt").read_text())
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    seconds = time.monotonic() - started
+    click.echo(
+        f"checked {figures['history_bytes'] / 2**20:.0f} MiB of history in {seconds:.0f} s "
+        f"({figures['buckets']} buckets, at most {figures['largest_bucket_records']} records in one); "
+        f"peak RSS {peak_mib} MiB"
+    )
     return 0 if valid else 1
 
 

@@ -19,23 +19,37 @@ One operation is one JSON object (one line of ``history.jsonl``)::
   ``value`` (what it did: nodes, grudges, offsets).
 - ``error``: the broker's error code (``not_leader``, ``timeout``, ...) or a transport one
   (``connect_failed``, ``connection_reset``, ``client_timeout``, ``node_down``).
+
+A run's history lives on disk, not in memory (``History(keep=False)``): a soak at production load
+records tens of millions of operations. :class:`HistoryFile` reads it back one operation at a time
+(each iteration reads the file again), and the checkers that need every message stream over it
+(``streaming``).
+
+Invariant: a history file is in time order. ``time`` is taken under the history's lock as each
+operation is written, so each file is; :meth:`History.merge_files` keeps it so.
 """
 
 from __future__ import annotations
 
+import heapq
+import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
-__all__ = ["INVOKE", "NEMESIS", "History", "Op", "load_history"]
+__all__ = ["INVOKE", "NEMESIS", "History", "HistoryFile", "Op", "completed", "load_history"]
 
 Op = dict[str, Any]
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 NEMESIS = "nemesis"
+# The file is written through a buffer of this size and flushed at least every FLUSH_NS: a harness
+# that dies keeps all but its last second, and the event loop makes no system call per operation.
+WRITE_BUFFER_BYTES = 1 << 20
+FLUSH_NS = 1_000_000_000
 
 
 class History:
@@ -43,8 +57,9 @@ class History:
 
     Safe to append to from several threads (the nemesis runs docker calls in threads). Another
     process (the production load's, ``load``) keeps its own history on the same clock (``t0_ns``:
-    the monotonic clock is the machine's) with its own process ids (from ``first_process``), and
-    without ``keep`` only in its file; :meth:`merge` takes its operations in by time.
+    the monotonic clock is the machine's) with its own process ids (from ``first_process``);
+    :meth:`merge_files` takes its operations in by time. Without ``keep`` the operations are only
+    in the file (``ops`` stays empty): read them back with :class:`HistoryFile`.
     """
 
     def __init__(
@@ -55,9 +70,10 @@ class History:
         self._keep = keep
         self._lock = threading.Lock()
         self._t0 = time.monotonic_ns() if t0_ns is None else t0_ns
-        self._file: IO[bytes] | None = open(path, "wb") if path else None  # noqa: SIM115
+        self._file: IO[bytes] | None = open(path, "wb", buffering=WRITE_BUFFER_BYTES) if path else None  # noqa: SIM115
         self._next_process = first_process
         self._count = 0
+        self._flushed_ns = 0
 
     @property
     def t0_ns(self) -> int:
@@ -79,25 +95,37 @@ class History:
                 self.ops.append(op)
             if self._file is not None:
                 self._file.write(orjson.dumps(op, option=orjson.OPT_APPEND_NEWLINE))
+                if op["time"] - self._flushed_ns >= FLUSH_NS:
+                    self._file.flush()
+                    self._flushed_ns = op["time"]
             return op
 
-    def merge(self, ops: Iterable[Op]) -> int:
-        """Take in another history's operations: every operation in time order (a stable sort, so
-        each history keeps its own order), indexes renumbered, the file written again. Returns
-        how many were added."""
+    def merge_files(self, paths: Sequence[Path]) -> int:
+        """Take in other histories' files (each in time order): the file is rewritten with every
+        operation in time order (ties keep this history's operations first, then the files' in the
+        order given, each file's in its own order), indexes renumbered; one operation at a time in
+        memory. Returns how many were added. Needs a file; later appends go on after the merge."""
+        if self.path is None or self._file is None:
+            raise ValueError("merge_files needs a history with a file")
         with self._lock:
-            added = list(ops)
-            merged = sorted([*self.ops, *added], key=lambda op: op["time"])
-            for i, op in enumerate(merged):
-                op["index"] = i
-            self.ops = merged
-            self._count = len(merged)
-            if self._file is not None and self.path is not None:
-                self._file.close()
-                self._file = open(self.path, "wb")  # noqa: SIM115
-                for op in merged:
-                    self._file.write(orjson.dumps(op, option=orjson.OPT_APPEND_NEWLINE))
-            return len(added)
+            self._file.close()
+            merged_path = self.path.with_name(self.path.name + ".merging")
+            added = 0
+            with open(merged_path, "wb", buffering=WRITE_BUFFER_BYTES) as out:
+                sources = [HistoryFile(self.path), *(HistoryFile(p) for p in paths)]
+                tagged = [_tagged(n, src) for n, src in enumerate(sources)]
+                index = 0
+                for _, source, op in heapq.merge(*tagged, key=lambda t: (t[0], t[1])):
+                    added += source > 0
+                    op["index"] = index
+                    index += 1
+                    out.write(orjson.dumps(op, option=orjson.OPT_APPEND_NEWLINE))
+            os.replace(merged_path, self.path)
+            self._count = index
+            self._file = open(self.path, "ab", buffering=WRITE_BUFFER_BYTES)  # noqa: SIM115
+            if self._keep:
+                self.ops = load_history(self.path)
+            return added
 
     def flush(self) -> None:
         with self._lock:
@@ -117,9 +145,31 @@ class History:
         return len(self.ops)
 
 
+def _tagged(source: int, ops: Iterable[Op]) -> Iterator[tuple[int, int, Op]]:
+    for op in ops:
+        yield op["time"], source, op
+
+
+class HistoryFile:
+    """A history on disk, read one operation at a time: each iteration reads the file again, so a
+    checker may walk it several times and hold only what it keeps itself."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __iter__(self) -> Iterator[Op]:
+        with open(self.path, "rb", buffering=WRITE_BUFFER_BYTES) as f:
+            for line in f:
+                if line.strip():
+                    yield orjson.loads(line)
+
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+
 def load_history(path: Path) -> list[Op]:
-    with open(path, "rb") as f:
-        return [orjson.loads(line) for line in f if line.strip()]
+    """The whole history in memory (small histories: tests, one look at a short run)."""
+    return list(HistoryFile(path))
 
 
 def completions(history: Iterable[Op]) -> Iterator[tuple[Op, Op | None]]:
@@ -140,6 +190,26 @@ def completions(history: Iterable[Op]) -> Iterator[tuple[Op, Op | None]]:
             if inv is not None:
                 pairs[slots[inv["index"]]] = (inv, op)
     return iter(pairs)
+
+
+def completed(history: Iterable[Op]) -> Iterator[tuple[Op, Op | None]]:
+    """The pairs of :func:`completions` as each completes (then those that never did), holding only
+    the operations in flight: for counting and plotting, where the order does not matter."""
+    pending: dict[Any, Op] = {}
+    for op in history:
+        if op.get("process") == NEMESIS:
+            continue
+        if op["type"] == INVOKE:
+            earlier = pending.pop(op["process"], None)
+            if earlier is not None:  # invoked again without completing: never will
+                yield earlier, None
+            pending[op["process"]] = op
+        else:
+            inv = pending.pop(op["process"], None)
+            if inv is not None:
+                yield inv, op
+    for inv in pending.values():
+        yield inv, None
 
 
 def fault_windows(history: Iterable[Op]) -> list[tuple[str, int, int | None]]:

@@ -44,7 +44,7 @@ import orjson
 from raftmq.client import AsyncProducer, FutureRecord, RaftmqError
 
 from .client import advertised_url
-from .history import INVOKE, History, Op, load_history
+from .history import INVOKE, History, HistoryFile
 
 __all__ = ["AddressFile", "LoadConfig", "LoadProcesses", "LoadProducers"]
 
@@ -315,14 +315,15 @@ class LoadProcesses:
         await asyncio.to_thread(self._merge)
 
     def _merge(self) -> None:
-        ops: list[Op] = []
-        for spec, _ in self._children:
-            if spec.history_path.exists():
-                ops += load_history(spec.history_path)
-                spec.history_path.unlink()  # merged into the run's history: not kept twice
-        for op in ops:
-            if op["type"] == INVOKE:
-                self.offered += 1
-            elif op["type"] == "ok":
-                self.acknowledged += 1
-        self.history.merge(ops)
+        """Count the children's outcomes and merge their files into the run's history, one
+        operation at a time (a soak's load writes tens of millions)."""
+        paths = [spec.history_path for spec, _ in self._children if spec.history_path.exists()]
+        for path in paths:
+            for op in HistoryFile(path):
+                if op["type"] == INVOKE:
+                    self.offered += 1
+                elif op["type"] == "ok":
+                    self.acknowledged += 1
+        self.history.merge_files(paths)
+        for path in paths:
+            path.unlink()  # merged into the run's history: not kept twice

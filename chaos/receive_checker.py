@@ -27,7 +27,7 @@ it had answered ``ok``: legal for at-least-once, but it should not happen).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from raftmq.client.errors import BY_CODE
@@ -48,7 +48,7 @@ def _sample(values: Iterable[Any]) -> list[Any]:
     return sorted(values, key=str)[:SAMPLE]
 
 
-def receive_ack(history: Sequence[Op]) -> dict[str, Any]:
+def receive_ack(history: Iterable[Op]) -> dict[str, Any]:
     attempts: set[str] = set()
     acknowledged: set[str] = set()
     produced_unsure: set[str] = set()

@@ -1,6 +1,7 @@
 """The report of one run: ``store/<test>/<timestamp>/``.
 
-- ``history.jsonl``: written by ``History`` as the run goes.
+- ``history.jsonl``: written by ``History`` as the run goes. The plots walk it (a list or a
+  ``HistoryFile``, read again on each walk) and hold only what they draw.
 - ``results.json``: the test's settings, what happened at the end (recovery, drain) and every
   checker's result.
 - ``latency.png``: every enqueue, fetch, receive and ack as a point (time, latency), coloured by
@@ -15,16 +16,20 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Sequence
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .history import Op, completions, fault_windows
+from .history import Op, completed, fault_windows
 from .resources import plot_resources
 
 __all__ = ["plot_latency", "plot_throughput", "summary_text", "write_report"]
 
+# Points of one series (function, outcome) the latency plot draws at most; a soak's millions are
+# sampled down evenly (the plot would hold them all in memory and show a blot).
+MAX_POINTS = 200_000
 PLOTTED = {"enqueue": ("o", "-"), "fetch": ("^", ":"), "receive": ("s", "--"), "ack": ("D", "-.")}
 
 COLORS = {"ok": "#2a9d3f", "fail": "#d62728", "info": "#ff9f1c", "pending": "#7f7f7f"}
@@ -41,7 +46,7 @@ def _plt() -> Any:
     return plt
 
 
-def _shade(ax: Any, history: Sequence[Op]) -> None:
+def _shade(ax: Any, history: Iterable[Op]) -> None:
     """Shade each fault window, one colour (and one legend entry) per kind of fault."""
     end = max((op["time"] for op in history), default=0) / 1e9
     colors: dict[str, str] = {}
@@ -66,17 +71,28 @@ def _legend(ax: Any, **kw: Any) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, ncol=7, frameon=False, **kw)
 
 
-def plot_latency(history: Sequence[Op], path: Path, title: str) -> None:
+def plot_latency(history: Iterable[Op], path: Path, title: str) -> None:
     plt = _plt()
     fig, ax = _new_axes(plt, f"{title}: latency", "latency (ms)")
     _shade(ax, history)
     points: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for invoke, done in completions(history):
+    seen: Counter[tuple[str, str]] = Counter()
+    rng = random.Random(0)
+    for invoke, done in completed(history):
         if invoke["f"] not in PLOTTED or done is None:
             continue
-        xs, ys = points[(invoke["f"], done["type"])]
-        xs.append(invoke["time"] / 1e9)
-        ys.append(max((done["time"] - invoke["time"]) / 1e6, 0.01))
+        series = (invoke["f"], done["type"])
+        xs, ys = points[series]
+        seen[series] += 1
+        # Reservoir sampling: past MAX_POINTS a series keeps an even sample of its points.
+        slot = len(xs) if len(xs) < MAX_POINTS else rng.randrange(seen[series])
+        if slot < MAX_POINTS:
+            point = (invoke["time"] / 1e9, max((done["time"] - invoke["time"]) / 1e6, 0.01))
+            if slot == len(xs):
+                xs.append(point[0])
+                ys.append(point[1])
+            else:
+                xs[slot], ys[slot] = point
     for (f, kind), (xs, ys) in sorted(points.items()):
         marker = PLOTTED[f][0]
         ax.scatter(xs, ys, s=6, marker=marker, color=COLORS[kind], alpha=0.6, label=f"{f} {kind}", lw=0)
@@ -87,7 +103,7 @@ def plot_latency(history: Sequence[Op], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def plot_throughput(history: Sequence[Op], path: Path, title: str, bucket_s: float | None = None) -> None:
+def plot_throughput(history: Iterable[Op], path: Path, title: str, bucket_s: float | None = None) -> None:
     """Completions per second in buckets of ``bucket_s`` (default: 1 s, or 1/300 of a long run)."""
     plt = _plt()
     if bucket_s is None:
@@ -97,7 +113,7 @@ def plot_throughput(history: Sequence[Op], path: Path, title: str, bucket_s: flo
     _shade(ax, history)
     counts: dict[tuple[str, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
     end = 0
-    for invoke, done in completions(history):
+    for invoke, done in completed(history):
         if invoke["f"] not in PLOTTED or done is None:
             continue
         b = int(done["time"] / 1e9 / bucket_s)
@@ -217,7 +233,7 @@ def _receive_lines(rx: dict[str, Any] | None, drain: dict[str, Any] | None) -> l
     return lines
 
 
-def write_report(directory: Path, name: str, history: Sequence[Op], results: dict[str, Any]) -> None:
+def write_report(directory: Path, name: str, history: Iterable[Op], results: dict[str, Any]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "results.json").write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
     (directory / "summary.txt").write_text(summary_text(name, results))

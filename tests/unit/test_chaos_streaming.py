@@ -1,0 +1,260 @@
+"""The streamed checkers (``chaos/streaming.py``) against the in-memory ones: on histories with known
+faults (lost, duplicated, unexpected, divergent, skipped, committed offsets going back) the streamed
+check, over many buckets or one, gives exactly the in-memory verdict and evidence; and its memory
+is bounded by a bucket, not by the history's length."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from raftmq.chaos import streaming
+from raftmq.chaos.checkers import check_all, total_queue
+from raftmq.chaos.group_checker import group_consume
+from raftmq.chaos.history import Op, load_history
+from raftmq.chaos.streaming import check_file, stream_group_consume, stream_total_queue
+
+
+class Run:
+    """A random history the way a run writes one: workload producers (one op at a time, some
+    failing or unknown), the load (a process per message), offset consumers and the drain, group
+    consumers with committed reads, and nemesis windows; with faults put in on purpose."""
+
+    def __init__(self, seed: int, messages: int, queues: int = 4) -> None:
+        self.rng = random.Random(seed)
+        self.ops: list[Op] = []
+        self.logs: list[list[str]] = [[] for _ in range(queues)]
+        self.process = 0
+        self.committed = [0] * queues
+        self.messages = messages
+
+    def op(self, **fields: Any) -> None:
+        self.ops.append({"index": len(self.ops), "time": len(self.ops) * 1000, **fields})
+
+    def new_process(self) -> int:
+        self.process += 1
+        return self.process
+
+    def produce(self, n: int) -> None:
+        rng = self.rng
+        load = n % 3 != 0
+        value = f"L{n % 4}-{n}" if load else f"{n % 5}-{n}"
+        client = "load" if load else rng.choice(["attempt", "producer"])
+        p = self.new_process()
+        queue = rng.randrange(len(self.logs))
+        self.op(
+            type="invoke", process=p, f="enqueue", value=value, client=client, queue=None if load else queue
+        )
+        outcome = rng.choices(["ok", "fail", "info", "stored-unknown"], [90, 4, 3, 3])[0]
+        if outcome in ("ok", "stored-unknown"):
+            self.logs[queue].append(value)
+        if outcome == "ok":
+            self.op(type="ok", process=p, f="enqueue", value=value, client=client, queue=queue,
+                    offset=len(self.logs[queue]) - 1)  # fmt: skip
+        elif outcome != "stored-unknown" or rng.random() < 0.5:  # some unknown ones never complete
+            kind = "fail" if outcome == "fail" else "info"
+            self.op(
+                type=kind, process=p, f="enqueue", value=value, client=client, queue=None, error="timeout"
+            )
+
+    def read(self, f: str, queue: int, start: int, end: int, node: str = "n1") -> None:
+        """Reads of 100 messages at most, as the workload's (the drain's: 1,000)."""
+        for first in range(start, max(end, start + 1), 100):
+            p = self.new_process()
+            self.op(type="invoke", process=p, f=f, node=node, queue=queue, offset=first)
+            messages: list[list[Any]] = [
+                [o, self.logs[queue][o]] for o in range(first, min(first + 100, end))
+            ]
+            self.op(type="ok", process=p, f=f, node=node, queue=queue, offset=first, messages=messages)
+
+    def consume(self, queue: int, start: int, end: int) -> None:
+        for first in range(start, end, 100):
+            p = self.new_process()
+            messages = [[queue, o, self.logs[queue][o]] for o in range(first, min(first + 100, end))]
+            self.op(type="invoke", process=p, f="consume", client="group", member="load-0")
+            self.op(type="ok", process=p, f="consume", client="group", member="load-0", messages=messages)
+
+    def read_committed(self, final: bool = False) -> None:
+        p = self.new_process()
+        offsets = {str(q): o for q, o in enumerate(self.committed)}
+        self.op(type="invoke", process=p, f="committed", client="group")
+        self.op(
+            type="ok",
+            process=p,
+            f="committed",
+            client="group",
+            offsets=offsets,
+            **({"final": True} if final else {}),
+        )
+
+    def build(self) -> list[Op]:
+        rng = self.rng
+        read_to = [0] * len(self.logs)
+        consumed_to = [0] * len(self.logs)
+        for n in range(self.messages):
+            if n % 97 == 0:
+                self.op(
+                    type="info",
+                    process="nemesis",
+                    f="start" if n % 2 else "stop",
+                    fault="kill",
+                    fault_id=n // 194,
+                )
+            self.produce(n)
+            if rng.random() < 0.2:
+                q = rng.randrange(len(self.logs))
+                end = rng.randint(read_to[q], len(self.logs[q]))
+                self.read("fetch", q, read_to[q], end)
+                read_to[q] = end
+            if rng.random() < 0.2:
+                q = rng.randrange(len(self.logs))
+                end = rng.randint(consumed_to[q], len(self.logs[q]))
+                self.consume(q, consumed_to[q], end)
+                consumed_to[q] = end
+                self.committed[q] = end
+            if rng.random() < 0.02:
+                self.read_committed()
+        for q, log in enumerate(self.logs):
+            self.read("drain", q, read_to[q], len(log))
+            for node in ("n1", "n2", "n3"):
+                self.read("read", q, 0, len(log), node=node)
+        self.read_committed(final=True)
+        return self.ops
+
+
+def faulty(seed: int, messages: int) -> list[Op]:
+    """A run with 30 of each fault, more than a verdict's examples (20), so that the streamed check
+    must pick the same first examples across buckets."""
+    run = Run(seed, messages)
+    ops = run.build()
+    rng = random.Random(seed + 1)
+    delivered = [op for op in ops if op["f"] in ("fetch", "drain") and op["type"] == "ok" and op["messages"]]
+    consumed = [op for op in ops if op["f"] == "consume" and op["type"] == "ok" and op["messages"]]
+    for _ in range(30):
+        rng.choice([op for op in delivered if len(op["messages"]) > 1])[
+            "messages"
+        ].pop()  # lost (unless read again)
+        rng.choice([op for op in consumed if len(op["messages"]) > 1])["messages"].pop(
+            0
+        )  # skipped (the same)
+    for _ in range(30):
+        rng.choice(delivered)["messages"].append([10**6, f"stranger-{rng.randrange(10**6)}"])  # unexpected
+        op = rng.choice(delivered)
+        op["messages"].append(list(op["messages"][0]))  # duplicated
+        op = rng.choice(consumed)
+        op["messages"][0][2] = f"other-{rng.randrange(10**6)}"  # divergent (and unexpected)
+    committed = [op for op in ops if op["f"] == "committed" and op["type"] == "ok" and not op.get("final")]
+    for op in rng.sample(committed, min(5, len(committed))):
+        op["offsets"]["0"] = 0 if op["offsets"]["0"] else None  # went back (or vanished)
+    return ops
+
+
+def write(tmp_path: Path, ops: list[Op], name: str = "history.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_bytes(b"".join(orjson.dumps(op, option=orjson.OPT_APPEND_NEWLINE) for op in ops))
+    return path
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("bucket_bytes", [4_096, 1 << 30])  # many buckets, and one
+def test_the_streamed_checks_find_what_the_in_memory_ones_find(
+    tmp_path: Path, seed: int, bucket_bytes: int
+) -> None:
+    ops = faulty(seed, 3_000)
+    path = write(tmp_path, ops)
+    expected_queue, expected_group = total_queue(ops), group_consume(ops)
+    assert not expected_queue["valid"] and expected_queue["lost_count"] > 0  # the faults are there
+    assert expected_queue["unexpected_count"] >= 30 and expected_queue["duplicated_count"] >= 20
+    assert not expected_group["valid"] and expected_group["divergent_count"] >= 20
+    assert expected_group["skipped_count"] > 0 and expected_group["backwards_count"] > 0
+    assert stream_total_queue(path, bucket_bytes=bucket_bytes) == expected_queue
+    assert stream_group_consume(path, bucket_bytes=bucket_bytes) == expected_group
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_a_clean_run_passes_streamed_as_in_memory(tmp_path: Path, seed: int) -> None:
+    ops = Run(seed, 2_000).build()
+    path = write(tmp_path, ops)
+    streamed, figures = check_file(path, bucket_bytes=8_192)
+    assert streamed == check_all(load_history(path))
+    assert streamed["valid"] and streamed["group_consume"]["valid"]
+    assert figures["buckets"] == -(-path.stat().st_size // 8_192)
+    assert not list(tmp_path.glob("check-*"))  # the buckets are removed
+
+
+def test_every_checker_of_a_file_agrees_with_check_all_on_a_faulty_run(tmp_path: Path) -> None:
+    ops = faulty(6, 3_000)
+    path = write(tmp_path, ops)
+    streamed, _ = check_file(path, bucket_bytes=4_096)
+    assert not streamed["valid"]
+    assert streamed == check_all(load_history(path))
+
+
+def test_the_hand_built_faults_of_the_checker_tests_stream_to_the_same_verdicts(tmp_path: Path) -> None:
+    from tests.unit import test_chaos_checkers as tq_tests
+    from tests.unit import test_chaos_group_checker as group_tests
+
+    histories: list[list[Op]] = [tq_tests.clean().ops, group_tests.clean().ops]
+    h = tq_tests.clean()
+    h.enqueue(2, "2-1", 0, offset=3)  # lost
+    h.read(9, 1, 2, [(2, "never-sent")], f="drain")  # unexpected
+    h.read(9, 0, 3, [(3, "1-0")], f="drain")  # duplicated
+    h.enqueue(4, "4-0", 1, outcome="fail", error="unavailable")
+    h.read(9, 1, 2, [(2, "4-0")], f="drain")  # delivered after a definite fail
+    histories.append(h.ops)
+    for change in (
+        lambda b: b.committed({"0": 4, "1": 1}, final=True),  # skipped
+        lambda b: b.committed({"0": 2, "1": 1}, final=True),  # backwards
+        lambda b: b.committed({"0": None, "1": None}, final=True),  # vanished
+        lambda b: b.consume((0, 3, "v9")),  # divergent
+    ):
+        b = group_tests.clean()
+        change(b)
+        histories.append(b.ops)
+    for n, ops in enumerate(histories):
+        path = write(tmp_path, ops, f"h{n}.jsonl")
+        for bucket_bytes in (64, 1 << 20):
+            assert stream_total_queue(path, bucket_bytes=bucket_bytes) == total_queue(ops), n
+            assert stream_group_consume(path, bucket_bytes=bucket_bytes) == group_consume(ops), n
+
+
+def _peak_bytes(check: Callable[[], object]) -> int:
+    tracemalloc.start()
+    try:
+        check()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_streamed_checks_memory_does_not_grow_with_the_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket_bytes = 256 << 10
+    monkeypatch.setattr(streaming, "HELD_BYTES", 64 << 10)  # the records written out at most so late
+    short = write(tmp_path, Run(7, 5_000).build(), "short.jsonl")
+    long = write(tmp_path, Run(7, 20_000).build(), "long.jsonl")
+    assert long.stat().st_size > 3.5 * short.stat().st_size
+
+    def streamed(path: Path) -> int:
+        return _peak_bytes(lambda: (stream_total_queue(path, bucket_bytes=bucket_bytes),
+                                    stream_group_consume(path, bucket_bytes=bucket_bytes)))  # fmt: skip
+
+    def in_memory(path: Path) -> int:
+        def check() -> None:
+            ops = load_history(path)
+            total_queue(ops), group_consume(ops)
+
+        return _peak_bytes(check)
+
+    # Four times the history: the in-memory check holds about four times as much, the streamed one
+    # one bucket's worth either way.
+    assert in_memory(long) > 3 * in_memory(short)
+    assert streamed(long) < 1.5 * streamed(short)
+    assert streamed(long) < in_memory(long) / 4
