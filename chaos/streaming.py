@@ -1,102 +1,49 @@
-"""The checkers over a history file, for runs too long to hold in memory (a soak at production load
-records tens of millions of operations): the total-queue and group-consume checks stream the file
-with memory bounded by one bucket, whatever the run's length.
+"""Every checker over a history file, for runs too long to hold in memory (a soak at production
+load records tens of millions of operations), with memory bounded by one bucket whatever the run's
+length.
 
 Two passes, each reading the file one operation at a time:
 
 1. Every record a check needs goes to one of ``buckets`` files on disk (beside the history), chosen
-   by a hash of its key: a message's value, or a (queue, offset). The number of buckets grows with
-   the file (one per ``bucket_bytes`` of history), so a bucket holds about the same whatever the
-   run's length. Only what is small by design stays in memory: each queue's last committed offset,
-   the ``SAMPLE`` first examples of each kind of problem.
+   by a hash of its key: a message's value, a (queue, offset), a (queue, value) (``buckets``). The
+   number of buckets grows with the file (one per ``bucket_bytes`` of history), so a bucket holds
+   about the same whatever the run's length. Only what is small by design stays in memory: each
+   queue's last committed offset and highest offset read, each replica's high offset, the
+   ``SAMPLE`` first examples of each kind of problem, a bit per offset of each queue (holes).
 2. One bucket at a time is read back and judged.
 
-Every part of both checks depends on one key only, so the buckets' verdicts add up to the in-memory
-checkers' (``checkers.total_queue``, ``group_checker.group_consume``) exactly: counts add, and each
-list of examples is the first ``SAMPLE`` of the buckets' first ``SAMPLE`` in the same order. The
-total-queue check runs the in-memory checker itself on each bucket. The group check joins in two
-steps: the (queue, offset) buckets decide which value each acknowledged position holds (the last
+Every part of each check depends on one key only, so the buckets' verdicts add up to the in-memory
+checkers' (``checkers``, ``group_checker``) exactly: counts add, and each list of examples is the
+first ``SAMPLE`` of the buckets' first ``SAMPLE`` in the same order. Here: total queue (the
+in-memory checker itself run on each value bucket) and group consume, which joins in two steps:
+the (queue, offset) buckets decide which value each acknowledged position holds (the last
 acknowledgement there, as in memory) and which positions the final committed offsets cover; those
-go to value buckets beside the deliveries, which decide what was skipped.
+go to value buckets beside the deliveries, which decide what was skipped. The log checks (log
+consistency, queue order, lost write) are in ``streaming_log``. Availability walks the file holding
+only the operations in flight; receive/ack (runs with receivers only) walks it with its own state,
+which grows with the messages received.
 
-The other checkers (``log_consistency``, ``queue_order``, ``lost_write``, ``availability``,
-``receive_ack``) read the file through :class:`~raftmq.chaos.history.HistoryFile`: the history is
-never held, but their own state grows with the messages of the run.
+Memory: one bucket's records (``BUCKET_BYTES`` of history: some tens of MiB), the records waiting to
+be written (``buckets.HELD_BYTES``, 8 MiB) and the small state above. Disk: the buckets, about the
+size of the history, in a temporary directory beside it, removed at the end.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import tempfile
-import zlib
 from collections import Counter
-from collections.abc import Iterable
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from .checkers import DELIVERIES, availability, log_consistency, lost_write, queue_order, total_queue
+from .buckets import BUCKET_BYTES, SAMPLE, Buckets, bucket_count, first_examples
+from .checkers import DELIVERIES, availability, total_queue
 from .history import INVOKE, NEMESIS, OK, HistoryFile, Op
 from .receive_checker import has_receives, receive_ack
+from .streaming_log import LogChecks
 
 __all__ = ["BUCKET_BYTES", "check_file", "stream_group_consume", "stream_total_queue"]
-
-SAMPLE = 20
-# History bytes per bucket: a bucket's records then take some tens of MiB in memory.
-BUCKET_BYTES = 64 << 20
-# Records held before they are written to their buckets, all buckets together.
-HELD_BYTES = 8 << 20
-_LINE = orjson.OPT_APPEND_NEWLINE
-
-
-class _Buckets:
-    """Records (JSON arrays) spread over ``count`` files by a hash of a key, read back one file at
-    a time. What is written waits in memory until ``held_bytes`` of it are held in all, then goes to
-    the files (each opened to append, then closed): the write buffers stay bounded however many
-    buckets there are. The files are the caller's to remove (they live in its temporary directory)."""
-
-    def __init__(self, directory: Path, name: str, count: int) -> None:
-        self.paths = [directory / f"{name}-{i}.jsonl" for i in range(count)]
-        self._pending = [bytearray() for _ in range(count)]
-        self._held = 0
-        self._limit = HELD_BYTES
-        self.largest = 0  # the most records one bucket held, once read
-
-    def add(self, key: str, record: list[Any]) -> None:
-        line = orjson.dumps(record, option=_LINE)
-        self._pending[zlib.crc32(key.encode()) % len(self._pending)] += line
-        self._held += len(line)
-        if self._held >= self._limit:
-            self.close()
-
-    def close(self) -> None:
-        """Write out what is held (the buckets may be read once it is)."""
-        for path, pending in zip(self.paths, self._pending, strict=True):
-            if pending:
-                with open(path, "ab") as f:
-                    f.write(pending)
-                pending.clear()
-        self._held = 0
-
-    def read(self, i: int) -> list[list[Any]]:
-        if not self.paths[i].exists():
-            return []
-        with open(self.paths[i], "rb") as f:
-            records = [orjson.loads(line) for line in f]
-        self.largest = max(self.largest, len(records))
-        return records
-
-
-def _bucket_count(path: Path, bucket_bytes: int) -> int:
-    return max(1, math.ceil(path.stat().st_size / bucket_bytes))
-
-
-def _first(values: Iterable[Any], key: Any = str) -> list[Any]:
-    return heapq.nsmallest(SAMPLE, values, key=key)
-
 
 # -- total queue ---------------------------------------------------------------------------------
 
@@ -108,7 +55,7 @@ _TQ_COUNTS = (
 )  # fmt: skip
 
 
-def _total_queue_records(op: Op, buckets: _Buckets) -> None:
+def _total_queue_records(op: Op, buckets: Buckets) -> None:
     """Pass 1: an enqueue (any outcome) and each delivered message, by value."""
     if op.get("process") == NEMESIS:
         return
@@ -137,14 +84,14 @@ def _merge_total_queue(parts: list[dict[str, Any]]) -> dict[str, Any]:
         elif key in _TQ_COUNTS:
             merged[key] = sum(p[key] for p in parts)
         else:  # an example list: each part's is its first SAMPLE, ordered by str
-            merged[key] = _first(chain.from_iterable(p[key] for p in parts))
+            merged[key] = first_examples(chain.from_iterable(p[key] for p in parts))
     return merged
 
 
 def stream_total_queue(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> dict[str, Any]:
     """``checkers.total_queue`` of the history in ``path``, in memory one bucket at a time."""
     with tempfile.TemporaryDirectory(prefix="check-", dir=path.parent) as tmp:
-        buckets = _Buckets(Path(tmp), "total-queue", _bucket_count(path, bucket_bytes))
+        buckets = Buckets(Path(tmp), "total-queue", bucket_count(path, bucket_bytes))
         for op in HistoryFile(path):
             _total_queue_records(op, buckets)
         buckets.close()
@@ -189,7 +136,7 @@ def _place(q: Any, offset: Any) -> str:
     return f"{int(q)}:{int(offset)}"
 
 
-def _group_records(op: Op, position: int, values: _Buckets, places: _Buckets, committed: _Committed) -> bool:
+def _group_records(op: Op, position: int, values: Buckets, places: Buckets, committed: _Committed) -> bool:
     """Pass 1 for the group check; True if ``op`` is a consume (the check applies)."""
     f = op.get("f")
     if f == "enqueue":
@@ -212,7 +159,7 @@ def _group_records(op: Op, position: int, values: _Buckets, places: _Buckets, co
 
 
 def _group_places(
-    records: list[list[Any]], final: dict[int, int | None], covered: _Buckets
+    records: list[list[Any]], final: dict[int, int | None], covered: Buckets
 ) -> tuple[list[tuple[int, int, dict[str, Any]]], int, int]:
     """One (queue, offset) bucket: the consumed values other than the one acknowledged there (with
     their place in the history, for the order of the examples), and the acknowledged positions the
@@ -257,9 +204,9 @@ def _group_values(records: list[list[Any]], covered: list[list[Any]]) -> dict[st
         "consumed": len(deliveries),
         "deliveries": sum(deliveries.values()),
         "skipped_count": len(skipped),
-        "skipped": _first(skipped),
+        "skipped": first_examples(skipped),
         "unexpected_count": len(unexpected),
-        "unexpected": _first(unexpected),
+        "unexpected": first_examples(unexpected),
     }
 
 
@@ -287,13 +234,13 @@ def _group_result(
         "redelivered_count": deliveries - total("consumed"),
         "committed_reads": committed.reads,
         "skipped_count": skipped,
-        "skipped": _first(chain.from_iterable(p["skipped"] for p in parts)),
+        "skipped": first_examples(chain.from_iterable(p["skipped"] for p in parts)),
         "backwards_count": committed.backwards_count,
         "backwards": committed.backwards,
         "divergent_count": divergent_count,
         "divergent": [d for _, _, d in heapq.nsmallest(SAMPLE, divergent, key=lambda d: (d[0], d[1]))],
         "unexpected_count": unexpected,
-        "unexpected": _first(chain.from_iterable(p["unexpected"] for p in parts)),
+        "unexpected": first_examples(chain.from_iterable(p["unexpected"] for p in parts)),
     }
 
 
@@ -302,8 +249,8 @@ class _GroupCheck:
 
     def __init__(self, directory: Path, count: int) -> None:
         self.directory = directory
-        self.values = _Buckets(directory, "group-values", count)
-        self.places = _Buckets(directory, "group-places", count)
+        self.values = Buckets(directory, "group-values", count)
+        self.places = Buckets(directory, "group-places", count)
         self.committed = _Committed()
         self.present = False
 
@@ -316,7 +263,7 @@ class _GroupCheck:
         last = self.committed.final()
         final = {int(q): o for q, o in last["offsets"].items()} if last is not None else {}
         count = len(self.values.paths)
-        covered = _Buckets(self.directory, "group-covered", count)
+        covered = Buckets(self.directory, "group-covered", count)
         divergent: list[tuple[int, int, dict[str, Any]]] = []
         divergent_count = below = 0
         for i in range(count):
@@ -336,7 +283,7 @@ class _GroupCheck:
 def stream_group_consume(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> dict[str, Any]:
     """``group_checker.group_consume`` of the history in ``path``, in memory one bucket at a time."""
     with tempfile.TemporaryDirectory(prefix="check-", dir=path.parent) as tmp:
-        check = _GroupCheck(Path(tmp), _bucket_count(path, bucket_bytes))
+        check = _GroupCheck(Path(tmp), bucket_count(path, bucket_bytes))
         for position, op in enumerate(HistoryFile(path)):
             check.add(op, position)
         return check.result()
@@ -346,31 +293,35 @@ def stream_group_consume(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> dic
 
 
 def check_file(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``checkers.check_all`` of the history in ``path``, the total-queue and group checks streamed
-    (one pass for both); returns the verdicts and the streaming figures (buckets, the most records
-    one held)."""
+    """``checkers.check_all`` of the history in ``path``: one pass feeds the buckets of the
+    total-queue, group and log checks, then each is judged one bucket at a time; availability and
+    receive/ack walk the file again. Returns the verdicts and the streaming figures (buckets, the
+    most records one held)."""
     history = HistoryFile(path)
-    count = _bucket_count(path, bucket_bytes)
+    count = bucket_count(path, bucket_bytes)
     with tempfile.TemporaryDirectory(prefix="check-", dir=path.parent) as tmp:
-        queue_buckets = _Buckets(Path(tmp), "total-queue", count)
+        queue_buckets = Buckets(Path(tmp), "total-queue", count)
         group = _GroupCheck(Path(tmp), count)
+        logs = LogChecks(Path(tmp), count)
         for position, op in enumerate(history):
             _total_queue_records(op, queue_buckets)
             group.add(op, position)
+            logs.add(op, position)
         queue_buckets.close()
         tq = _merge_total_queue([_total_queue_bucket(queue_buckets.read(i)) for i in range(count)])
         gc = group.result() if group.present else None
+        log_results = logs.results()
         figures = {
             "history_bytes": history.size_bytes(),
             "buckets": count,
             "bucket_bytes": bucket_bytes,
-            "largest_bucket_records": max(queue_buckets.largest, group.largest_bucket),
+            "largest_bucket_records": max(queue_buckets.largest, group.largest_bucket, logs.largest),
         }
     results: dict[str, Any] = {
         "total_queue": tq,
-        "log_consistency": log_consistency(history),
-        "queue_order": queue_order(history),
-        "lost_write": lost_write(history),
+        "log_consistency": log_results["log_consistency"],
+        "queue_order": log_results["queue_order"],
+        "lost_write": log_results["lost_write"],
         "availability": availability(history),
     }
     if has_receives(history):
