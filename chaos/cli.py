@@ -117,6 +117,13 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     help="Members of the consumer group chaos-load reading the topic during the load (0: none).",
 )
+@click.option(
+    "--disk-mb",
+    type=click.IntRange(min=64),
+    default=256,
+    show_default=True,
+    help="Each node's volume in MiB (a tmpfs when run as root); a soak at production load needs more.",
+)
 @click.option("--name", default=None, help="Report folder name under the store (default chaos-<nemesis>).")
 @click.option(
     "--store", type=click.Path(file_okay=False, path_type=Path), default=Path("store"), show_default=True
@@ -140,7 +147,7 @@ def main(
     time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
     workload: str, producer_client: str, quiet_s: tuple[float, float], fault_s: tuple[float, float],
     env: tuple[str, ...], retention_ms: int | None, load_rate: float, load_producers: int,
-    load_processes: int, load_consumers: int,
+    load_processes: int, load_consumers: int, disk_mb: int,
     name: str | None, store: Path, build: bool,
     build_only: bool, recheck: Path | None, verbose: bool,
 ) -> None:  # fmt: skip
@@ -182,6 +189,7 @@ def main(
         load_producers=load_producers,
         load_processes=load_processes,
         load_consumers=load_consumers,
+        disk_mb=disk_mb,
         store=store,
     )
     started = time.monotonic()

@@ -93,6 +93,9 @@ class ChaosSpec:
     load_consumers: int = 3
     # How often each node's RSS, open files and data-directory size are sampled (chaos/resources.py).
     sample_interval_s: float = 5.0
+    # Each node's volume (a tmpfs when run as root). A soak at production load keeps tens of millions
+    # of messages (no retention: a removed message would be lost): about 35 bytes each on a node.
+    disk_mb: int = 256
 
 
 @dataclass
@@ -221,7 +224,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
     wl_config = _workload_config(spec)
     cluster = ChaosCluster(
         spec.nodes, image=spec.image, env=spec.env, request_timeout_ms=spec.request_timeout_ms,
-        power_loss=any(f in POWER_LOSS_FAULTS for f in spec.faults),
+        power_loss=any(f in POWER_LOSS_FAULTS for f in spec.faults), disk_mb=spec.disk_mb,
     )  # fmt: skip
     client = RaftmqBrokerClient(cluster.url, cluster.node_ids, timeout_s=spec.client_timeout_s)
     run_info: dict[str, Any] = {"directory": str(directory), "started": stamp}
