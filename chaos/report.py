@@ -25,7 +25,7 @@ from typing import Any
 from .history import Op, completed, fault_windows
 from .resources import plot_resources
 
-__all__ = ["plot_latency", "plot_throughput", "summary_text", "write_report"]
+__all__ = ["latency_points", "plot_latency", "plot_throughput", "summary_text", "write_report"]
 
 # Points of one series (function, outcome) the latency plot draws at most; a soak's millions are
 # sampled down evenly (the plot would hold them all in memory and show a blot).
@@ -71,10 +71,11 @@ def _legend(ax: Any, **kw: Any) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, ncol=7, frameon=False, **kw)
 
 
-def plot_latency(history: Iterable[Op], path: Path, title: str) -> None:
-    plt = _plt()
-    fig, ax = _new_axes(plt, f"{title}: latency", "latency (ms)")
-    _shade(ax, history)
+def latency_points(
+    history: Iterable[Op], max_points: int = MAX_POINTS
+) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
+    """(function, outcome) -> (invoke times in s, latencies in ms) of the plotted operations; past
+    ``max_points`` a series keeps an even sample of its points (reservoir sampling, seeded)."""
     points: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     seen: Counter[tuple[str, str]] = Counter()
     rng = random.Random(0)
@@ -84,16 +85,22 @@ def plot_latency(history: Iterable[Op], path: Path, title: str) -> None:
         series = (invoke["f"], done["type"])
         xs, ys = points[series]
         seen[series] += 1
-        # Reservoir sampling: past MAX_POINTS a series keeps an even sample of its points.
-        slot = len(xs) if len(xs) < MAX_POINTS else rng.randrange(seen[series])
-        if slot < MAX_POINTS:
-            point = (invoke["time"] / 1e9, max((done["time"] - invoke["time"]) / 1e6, 0.01))
+        slot = len(xs) if len(xs) < max_points else rng.randrange(seen[series])
+        if slot < max_points:
+            x, y = invoke["time"] / 1e9, max((done["time"] - invoke["time"]) / 1e6, 0.01)
             if slot == len(xs):
-                xs.append(point[0])
-                ys.append(point[1])
+                xs.append(x)
+                ys.append(y)
             else:
-                xs[slot], ys[slot] = point
-    for (f, kind), (xs, ys) in sorted(points.items()):
+                xs[slot], ys[slot] = x, y
+    return points
+
+
+def plot_latency(history: Iterable[Op], path: Path, title: str) -> None:
+    plt = _plt()
+    fig, ax = _new_axes(plt, f"{title}: latency", "latency (ms)")
+    _shade(ax, history)
+    for (f, kind), (xs, ys) in sorted(latency_points(history).items()):
         marker = PLOTTED[f][0]
         ax.scatter(xs, ys, s=6, marker=marker, color=COLORS[kind], alpha=0.6, label=f"{f} {kind}", lw=0)
     ax.set_yscale("log")

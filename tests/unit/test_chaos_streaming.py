@@ -19,6 +19,7 @@ from raftmq.chaos import buckets
 from raftmq.chaos.checkers import check_all, total_queue
 from raftmq.chaos.group_checker import group_consume
 from raftmq.chaos.history import Op, load_history
+from raftmq.chaos.report import latency_points
 from raftmq.chaos.streaming import check_file, stream_group_consume, stream_total_queue
 
 
@@ -310,3 +311,18 @@ def test_the_streamed_checks_memory_does_not_grow_with_the_history(
     assert in_memory(long) > 3 * in_memory(short)
     assert streamed(long) < 1.3 * streamed(short)
     assert streamed(long) < in_memory(long) / 10
+
+
+def test_the_latency_plot_keeps_an_even_sample_of_a_long_series() -> None:
+    ops: list[Op] = []
+    for n in range(5_000):
+        common = {"process": n, "f": "enqueue", "value": f"0-{n}"}
+        ops += [{"time": n * 10, "type": "invoke", **common}, {"time": n * 10 + 3, "type": "ok", **common}]
+    ops += [{"time": 60_000, "type": "invoke", "process": -1, "f": "fetch"},
+            {"time": 60_001, "type": "fail", "process": -1, "f": "fetch"}]  # fmt: skip
+    points = latency_points(ops, max_points=500)
+    xs, ys = points[("enqueue", "ok")]
+    assert len(xs) == len(ys) == 500  # at most max_points of a series
+    assert points[("fetch", "fail")] == ([60_000 / 1e9], [0.01])  # a short series keeps every point
+    halves = sum(x < 25_000 / 1e9 for x in xs)
+    assert 200 < halves < 300  # spread over the whole run, not its first 500
