@@ -19,9 +19,8 @@ in-memory checker itself run on each value bucket) and group consume, which join
 the (queue, offset) buckets decide which value each acknowledged position holds (the last
 acknowledgement there, as in memory) and which positions the final committed offsets cover; those
 go to value buckets beside the deliveries, which decide what was skipped. The log checks (log
-consistency, queue order, lost write) are in ``streaming_log``. Availability walks the file holding
-only the operations in flight; receive/ack (runs with receivers only) walks it with its own state,
-which grows with the messages received.
+consistency, queue order, lost write) are in ``streaming_log``, receive/ack in
+``streaming_receive``. Availability walks the file again, holding only the operations in flight.
 
 Memory: one bucket's records (``BUCKET_BYTES`` of history: some tens of MiB), the records waiting to
 be written (``buckets.HELD_BYTES``, 8 MiB) and the small state above. Disk: the buckets, about the
@@ -40,8 +39,8 @@ from typing import Any
 from .buckets import BUCKET_BYTES, SAMPLE, Buckets, bucket_count, first_examples
 from .checkers import DELIVERIES, availability, total_queue
 from .history import INVOKE, NEMESIS, OK, HistoryFile, Op
-from .receive_checker import has_receives, receive_ack
 from .streaming_log import LogChecks
+from .streaming_receive import ReceiveCheck
 
 __all__ = ["BUCKET_BYTES", "check_file", "stream_group_consume", "stream_total_queue"]
 
@@ -303,19 +302,24 @@ def check_file(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> tuple[dict[st
         queue_buckets = Buckets(Path(tmp), "total-queue", count)
         group = _GroupCheck(Path(tmp), count)
         logs = LogChecks(Path(tmp), count)
+        receives = ReceiveCheck(Path(tmp), count)
         for position, op in enumerate(history):
             _total_queue_records(op, queue_buckets)
             group.add(op, position)
             logs.add(op, position)
+            receives.add(op)
         queue_buckets.close()
         tq = _merge_total_queue([_total_queue_bucket(queue_buckets.read(i)) for i in range(count)])
         gc = group.result() if group.present else None
         log_results = logs.results()
+        rx = receives.result() if receives.present else None
         figures = {
             "history_bytes": history.size_bytes(),
             "buckets": count,
             "bucket_bytes": bucket_bytes,
-            "largest_bucket_records": max(queue_buckets.largest, group.largest_bucket, logs.largest),
+            "largest_bucket_records": max(
+                queue_buckets.largest, group.largest_bucket, logs.largest, receives.largest
+            ),
         }
     results: dict[str, Any] = {
         "total_queue": tq,
@@ -324,8 +328,8 @@ def check_file(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> tuple[dict[st
         "lost_write": log_results["lost_write"],
         "availability": availability(history),
     }
-    if has_receives(history):
-        results["receive_ack"] = receive_ack(history)
+    if rx is not None:
+        results["receive_ack"] = rx
     if gc is not None:
         results["group_consume"] = gc
     return {"valid": all(r["valid"] for r in results.values()), **results}, figures

@@ -95,10 +95,39 @@ class Run:
             **({"final": True} if final else {}),
         )
 
-    def build(self) -> list[Op]:
+    def receive(self, queue: int, start: int, end: int) -> None:
+        """A receive of [start, end) of a queue, then its ack, with what goes wrong in a run: an
+        answer lost, an ack whose outcome is unknown, a stale or indefinite or missing result,
+        a message received again (after its ack, or as a redelivery), one acked never."""
+        rng = self.rng
+        p = self.new_process()
+        common = {"process": p, "f": "receive", "node": "n2", "group": "chaos-rx"}
+        self.op(type="invoke", **common)
+        if rng.random() < 0.05:
+            self.op(type="info", error="timeout", **common)
+            return
+        attempt = 2 if rng.random() < 0.1 else 1
+        messages = [[queue, o, self.logs[queue][o], attempt] for o in range(start, end)]
+        self.op(type="ok", messages=messages, **common)
+        if rng.random() < 0.03:
+            return  # never acked
+        receipts = [[q, o, v, f"t.{q}.{o}.{p}"] for q, o, v, _ in messages]
+        a = self.new_process()
+        common = {"process": a, "f": "ack", "node": "n2", "group": "chaos-rx", "messages": receipts}
+        self.op(type="invoke", **common)
+        if rng.random() < 0.05:
+            self.op(type="info", error="connection_lost", **common)
+            return
+        results = [
+            rng.choices(["ok", "stale_receipt", "timeout", "not_found"], [90, 4, 3, 3])[0] for _ in receipts
+        ]
+        self.op(type="ok", results=results[: len(results) - (rng.random() < 0.05)], **common)
+
+    def build(self, receivers: bool = False) -> list[Op]:
         rng = self.rng
         read_to = [0] * len(self.logs)
         consumed_to = [0] * len(self.logs)
+        received_to = [0] * len(self.logs)
         for n in range(self.messages):
             if n % 97 == 0:
                 self.op(
@@ -122,6 +151,11 @@ class Run:
                 self.committed[q] = end
             if rng.random() < 0.02:
                 self.read_committed()
+            if receivers and rng.random() < 0.2:
+                q = rng.randrange(len(self.logs))
+                end = min(rng.randint(received_to[q], len(self.logs[q])), received_to[q] + 20)
+                self.receive(q, max(0, received_to[q] - (rng.random() < 0.1)), end)  # sometimes one again
+                received_to[q] = end
         for q, log in enumerate(self.logs):
             self.read("drain", q, read_to[q], len(log))
             for node in ("n1", "n2", "n3"):
@@ -173,6 +207,24 @@ def faulty(seed: int, messages: int) -> list[Op]:
     return ops
 
 
+def faulty_receives(seed: int, messages: int) -> list[Op]:
+    """A run with receivers and 25 of each fault of theirs: a receive of a value nobody sent, one
+    position handed out with two values, an acknowledged message never received."""
+    run = Run(seed, messages)
+    ops = run.build(receivers=True)
+    rng = random.Random(seed + 2)
+    receives = [op for op in ops if op["f"] == "receive" and op["type"] == "ok" and op["messages"]]
+    for n in range(25):
+        rng.choice(receives)["messages"].append([0, 10**6 + n, f"stranger-{n}", 1])  # unexpected
+        op = rng.choice(receives)
+        q, o, _, attempt = op["messages"][0]
+        op["messages"].append([q, o, f"other-{n}", attempt])  # divergent (and unexpected)
+        op = rng.choice(receives)
+        if len(op["messages"]) > 1:
+            op["messages"].pop()  # lost, never acked: unless received again
+    return ops
+
+
 def write(tmp_path: Path, ops: list[Op], name: str = "history.jsonl") -> Path:
     path = tmp_path / name
     path.write_bytes(b"".join(orjson.dumps(op, option=orjson.OPT_APPEND_NEWLINE) for op in ops))
@@ -221,6 +273,50 @@ def test_every_checker_of_a_file_agrees_with_check_all_on_a_faulty_run(tmp_path:
     for bucket_bytes in (4_096, 1 << 30):
         streamed, _ = check_file(path, bucket_bytes=bucket_bytes)
         assert streamed == expected
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_the_streamed_receive_check_finds_what_the_in_memory_one_finds(tmp_path: Path, seed: int) -> None:
+    path = write(tmp_path, faulty_receives(seed, 3_000))
+    expected = check_all(load_history(path))
+    rx = expected["receive_ack"]
+    assert not rx["valid"]
+    for key in ("lost_count", "unexpected_count", "never_acked_count", "divergent_count", "duplicated_count",
+                "delivered_after_ack_count", "ack_unknown_count"):  # fmt: skip
+        assert rx[key] > 20, (key, rx)
+    assert rx["stale_ack_count"] > 0 and rx["redelivered_count"] > 0 and rx["recovered_count"] > 0
+    for bucket_bytes in (4_096, 1 << 30):
+        assert check_file(path, bucket_bytes=bucket_bytes)[0] == expected
+
+
+def test_the_hand_built_receive_faults_stream_to_the_same_verdicts(tmp_path: Path) -> None:
+    from tests.unit import test_chaos_receive_checker as rx_tests
+
+    tests = [
+        getattr(rx_tests, name)
+        for name in dir(rx_tests)
+        if name.startswith("test_") and "traceback" not in name
+    ]
+    histories: list[list[Op]] = []
+    original = rx_tests.receive_ack
+
+    def recording(history: list[Op]) -> dict[str, Any]:
+        histories.append(list(history))
+        return original(history)
+
+    rx_tests.receive_ack = recording  # type: ignore[assignment]
+    try:
+        for test in tests:
+            test()
+    finally:
+        rx_tests.receive_ack = original
+    assert len(histories) >= 10
+    for n, ops in enumerate(histories):
+        path = write(tmp_path, ops, f"rx{n}.jsonl")
+        expected = check_all(ops)
+        assert "receive_ack" in expected
+        for bucket_bytes in (64, 1 << 20):
+            assert check_file(path, bucket_bytes=bucket_bytes)[0] == expected, n
 
 
 def test_every_checker_of_a_file_agrees_with_check_all_on_the_hand_built_faults(tmp_path: Path) -> None:
