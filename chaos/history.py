@@ -41,7 +41,7 @@ from typing import IO, Any
 
 import orjson
 
-__all__ = ["INVOKE", "NEMESIS", "History", "HistoryFile", "Op", "completed", "load_history"]
+__all__ = ["INVOKE", "NEMESIS", "History", "HistoryFile", "Op", "completed", "load_history", "nemesis_ops"]
 
 Op = dict[str, Any]
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
@@ -210,6 +210,18 @@ def completed(history: Iterable[Op]) -> Iterator[tuple[Op, Op | None]]:
                 yield inv, op
     for inv in pending.values():
         yield inv, None
+
+
+def nemesis_ops(history: Iterable[Op]) -> tuple[list[Op], int]:
+    """The nemesis' operations (a few hundred in a long run) and the last operation's time, in one
+    walk."""
+    end = 0
+    ops: list[Op] = []
+    for op in history:
+        end = max(end, op["time"])
+        if op.get("process") == NEMESIS:
+            ops.append(op)
+    return ops, end
 
 
 def fault_windows(history: Iterable[Op]) -> list[tuple[str, int, int | None]]:

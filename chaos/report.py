@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .history import Op, completed, fault_windows
+from .history import Op, completed, fault_windows, nemesis_ops
 from .resources import plot_resources
 
-__all__ = ["latency_points", "plot_latency", "plot_throughput", "summary_text", "write_report"]
+__all__ = ["latency_points", "outline", "plot_latency", "plot_throughput", "summary_text", "write_report"]
 
 # Points of one series (function, outcome) the latency plot draws at most; a soak's millions are
 # sampled down evenly (the plot would hold them all in memory and show a blot).
@@ -46,11 +46,21 @@ def _plt() -> Any:
     return plt
 
 
-def _shade(ax: Any, history: Iterable[Op]) -> None:
+Windows = list[tuple[str, int, int | None]]
+
+
+def outline(history: Iterable[Op]) -> tuple[Windows, int]:
+    """The fault windows and the last operation's time, in one walk (each plot needs both)."""
+    nemesis, end = nemesis_ops(history)
+    return fault_windows(nemesis), end
+
+
+def _shade(ax: Any, shape: tuple[Windows, int]) -> None:
     """Shade each fault window, one colour (and one legend entry) per kind of fault."""
-    end = max((op["time"] for op in history), default=0) / 1e9
+    windows, end_ns = shape
+    end = end_ns / 1e9
     colors: dict[str, str] = {}
-    for fault, start, stop in fault_windows(history):
+    for fault, start, stop in windows:
         first = fault not in colors
         color = colors.setdefault(fault, FAULT_COLORS[len(colors) % len(FAULT_COLORS)])
         stop_s = stop / 1e9 if stop is not None else end
@@ -96,10 +106,13 @@ def latency_points(
     return points
 
 
-def plot_latency(history: Iterable[Op], path: Path, title: str) -> None:
+def plot_latency(
+    history: Iterable[Op], path: Path, title: str, shape: tuple[Windows, int] | None = None
+) -> None:
+    """``shape``: the history's :func:`outline`, if known (a walk less)."""
     plt = _plt()
     fig, ax = _new_axes(plt, f"{title}: latency", "latency (ms)")
-    _shade(ax, history)
+    _shade(ax, shape or outline(history))
     for (f, kind), (xs, ys) in sorted(latency_points(history).items()):
         marker = PLOTTED[f][0]
         ax.scatter(xs, ys, s=6, marker=marker, color=COLORS[kind], alpha=0.6, label=f"{f} {kind}", lw=0)
@@ -110,14 +123,21 @@ def plot_latency(history: Iterable[Op], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def plot_throughput(history: Iterable[Op], path: Path, title: str, bucket_s: float | None = None) -> None:
-    """Completions per second in buckets of ``bucket_s`` (default: 1 s, or 1/300 of a long run)."""
+def plot_throughput(
+    history: Iterable[Op],
+    path: Path,
+    title: str,
+    bucket_s: float | None = None,
+    shape: tuple[Windows, int] | None = None,
+) -> None:
+    """Completions per second in buckets of ``bucket_s`` (default: 1 s, or 1/300 of a long run);
+    ``shape``: the history's :func:`outline`, if known."""
     plt = _plt()
+    shape = shape or outline(history)
     if bucket_s is None:
-        span_s = max((op["time"] for op in history), default=0) / 1e9
-        bucket_s = max(1.0, round(span_s / 300))
+        bucket_s = max(1.0, round(shape[1] / 1e9 / 300))
     fig, ax = _new_axes(plt, f"{title}: throughput", "completions / s")
-    _shade(ax, history)
+    _shade(ax, shape)
     counts: dict[tuple[str, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
     end = 0
     for invoke, done in completed(history):
@@ -240,15 +260,23 @@ def _receive_lines(rx: dict[str, Any] | None, drain: dict[str, Any] | None) -> l
     return lines
 
 
-def write_report(directory: Path, name: str, history: Iterable[Op], results: dict[str, Any]) -> None:
+def write_report(
+    directory: Path,
+    name: str,
+    history: Iterable[Op],
+    results: dict[str, Any],
+    shape: tuple[Windows, int] | None = None,
+) -> None:
+    """``history``: a list or a ``HistoryFile`` (walked once per plot and once for ``shape``, the
+    history's :func:`outline`, unless given)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "results.json").write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
     (directory / "summary.txt").write_text(summary_text(name, results))
-    plot_latency(history, directory / "latency.png", name)
-    plot_throughput(history, directory / "throughput.png", name)
+    shape = shape or outline(history)
+    plot_latency(history, directory / "latency.png", name, shape)
+    plot_throughput(history, directory / "throughput.png", name, shape=shape)
     resources = results.get("run", {}).get("resources")
     if resources:
-        end = max((op["time"] for op in history), default=0)
-        windows = [(f, start / 1e9, (stop if stop is not None else end) / 1e9)
-                   for f, start, stop in fault_windows(history)]  # fmt: skip
-        plot_resources(resources["samples"], windows, directory / "resources.png", name)
+        windows, end = shape
+        spans = [(f, start / 1e9, (stop if stop is not None else end) / 1e9) for f, start, stop in windows]
+        plot_resources(resources["samples"], spans, directory / "resources.png", name)

@@ -28,7 +28,7 @@ from typing import Any
 from .client import RaftmqBrokerClient
 from .cluster import ChaosCluster
 from .group_load import GroupConsumers, GroupLoadConfig
-from .history import NEMESIS, History, HistoryFile
+from .history import NEMESIS, History, HistoryFile, fault_windows, nemesis_ops
 from .images import APP_IMAGE
 from .load import LoadConfig, LoadProcesses
 from .logscan import scan_logs
@@ -323,8 +323,9 @@ async def _run(spec: ChaosSpec) -> RunResult:
         await asyncio.to_thread(cluster.stop, directory / "logs")
     run_info["log_alerts"] = scan_logs(directory / "logs")
     recorded = HistoryFile(history.path or directory / "history.jsonl")
+    nemesis, end = nemesis_ops(recorded)  # one walk: the fault windows and the end, for figures and plots
     if cluster.power_loss_fs:
-        run_info["power_losses"] = power_loss_figures([op for op in recorded if op.get("process") == NEMESIS])
+        run_info["power_losses"] = power_loss_figures(nemesis)
     t = time.monotonic()
     checks, run_info["checker"] = check_file(recorded.path)
     run_info["checker"] |= {"seconds": round(time.monotonic() - t, 1), **_peak_rss()}
@@ -336,7 +337,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
     )
     spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}
     results = {"test": spec.name, "valid": valid, "spec": spec_json, "run": run_info, "checks": checks}
-    write_report(directory, spec.name, recorded, results)
+    write_report(directory, spec.name, recorded, results, (fault_windows(nemesis), end))
     return RunResult(directory, results)
 
 
