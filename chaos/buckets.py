@@ -17,8 +17,9 @@ import orjson
 __all__ = ["BUCKET_BYTES", "HELD_BYTES", "SAMPLE", "Buckets", "bucket_count", "first_examples"]
 
 SAMPLE = 20  # how many examples a verdict lists of each kind of problem (as the checkers)
-# History bytes per bucket: a bucket's records then take some tens of MiB in memory.
-BUCKET_BYTES = 64 << 20
+# History bytes per bucket: a bucket's records then take about 100 MiB in memory (a proof run:
+# 64 MiB of history took some 300 MiB).
+BUCKET_BYTES = 16 << 20
 # Records held before they are written to their buckets, all buckets together.
 HELD_BYTES = 8 << 20
 _LINE = orjson.OPT_APPEND_NEWLINE
