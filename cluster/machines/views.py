@@ -4,7 +4,8 @@ The metrics collector (``cluster/api/metrics.py``) and the consumer-group API
 (``cluster/api/handlers/consumers.py``) read them from the replica that leads the group. They
 cost a few small range scans: one key per queue (``Q``), per committed offset (``O``), per
 subscription (``U``) and per pending delivery (``I``, ``Y``); record batches are never read, so the
-cost does not grow with the messages stored.
+cost does not grow with the messages stored. :func:`delayed_messages` (the SQS API's
+ApproximateNumberOfMessagesDelayed) is the exception: it reads the group's due-time index, bounded.
 
 Any thread may call them (the store takes one writer and many readers); a store being swapped for
 a restored checkpoint raises ``StoreError``, which callers treat as "no figures this time".
@@ -22,7 +23,11 @@ from raftmq.storage.keys import QueueMeta
 from raftmq.storage.queues import redrive_offset, scan_prefix
 from raftmq.storage.store import Store
 
-__all__ = ["ConsumerQueue", "consumer_queues", "queue_metas"]
+__all__ = ["DELAYED_SCAN_MAX", "ConsumerQueue", "consumer_queues", "delayed_messages", "queue_metas"]
+
+DELAYED_SCAN_MAX = 50_000
+"""Delayed messages :func:`delayed_messages` reads at most (of every topic of the group): about a
+quarter of a second of one core; the figure is then a lower bound."""
 
 _QUEUE = struct.Struct(">II")  # topic_id, queue after the prefix byte
 
@@ -152,3 +157,23 @@ def _dead_letters(store: Store, dlq_topic_id: int | None, queue: int) -> int:
     meta = QueueMeta.decode(data)
     start = max(meta.low_offset, redrive_offset(store, dlq_topic_id, queue) or 0)
     return max(0, meta.high_offset - start)
+
+
+def delayed_messages(
+    store: Store, topic_id: int, max_keys: int = DELAYED_SCAN_MAX
+) -> tuple[dict[int, int], bool]:
+    """``({queue: n}, complete)``: the delayed messages of ``topic_id`` in this store (produced
+    with a delay, not released yet: they have no offset, so no lag counts them), per queue.
+
+    The due-time index is ordered by due time, not by topic, so this reads the whole group's
+    index: at most ``max_keys`` entries, those due first; ``complete`` is False when there were
+    more (the counts are then those due first). Unlike the views above, its cost grows with the
+    delayed messages stored (every topic's), which is why it is a function of its own."""
+    counts: dict[int, int] = {}
+    for seen, (key, _) in enumerate(scan_prefix(store, keys.DELAYED, limit=max_keys + 1)):
+        if seen == max_keys:
+            return counts, False
+        _, t, q = keys.decode_delayed_key(key)
+        if t == topic_id:
+            counts[q] = counts.get(q, 0) + 1
+    return counts, True

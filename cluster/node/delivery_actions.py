@@ -156,6 +156,8 @@ def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[st
             "queue": queue,
             "deadline_ms": d["deadline_ms"],
         }
+        if "first_ms" in d:  # absent from a leader of the release before it
+            head["first_delivery_ms"] = d["first_ms"]
         out.append(message_item(head, m))
     return out
 

@@ -92,11 +92,29 @@ def test_receive_hands_out_new_offsets_in_order_with_attempt_one_and_a_deadline(
     m.produce(0, "a", "b", "c")
     got = m.receive(now=5000, max_messages=2)
     assert got == [
-        {"queue": 0, "offset": 0, "attempt": 1, "deadline_ms": 6000, "token": m.index},
-        {"queue": 0, "offset": 1, "attempt": 1, "deadline_ms": 6000, "token": m.index},
+        {"queue": 0, "offset": 0, "attempt": 1, "deadline_ms": 6000, "first_ms": 5000, "token": m.index},
+        {"queue": 0, "offset": 1, "attempt": 1, "deadline_ms": 6000, "first_ms": 5000, "token": m.index},
     ]
     assert offsets(m.receive(now=5000)) == [2]
     assert m.receive(now=5000) == []  # nothing new, nothing due
+
+
+def test_a_redelivery_keeps_the_time_of_the_first_delivery(m: Machine) -> None:
+    """``first_ms`` (the SQS API's ApproximateFirstReceiveTimestamp) is the first delivery's time,
+    through an expiry and a nack, while ``deadline_ms`` moves with each delivery."""
+    m.produce(0, "a", "b")
+    first = m.receive(now=1000)
+    assert [(g["attempt"], g["first_ms"]) for g in first] == [(1, 1000), (1, 1000)]
+    m.tick(now=2000)  # both expire: due again at once
+    again = m.receive(now=2500, max_messages=1)
+    assert [(g["offset"], g["attempt"], g["first_ms"], g["deadline_ms"]) for g in again] == [
+        (0, 2, 1000, 3500)
+    ]
+    m.op("nack", 2600, again, delay_ms=0)
+    third = m.receive(now=2700)
+    assert sorted((g["offset"], g["attempt"], g["first_ms"]) for g in third) == [(0, 3, 1000), (1, 2, 1000)]
+    m.produce(0, "c")
+    assert [(g["offset"], g["first_ms"]) for g in m.receive(now=4000)] == [(2, 4000)]
 
 
 def test_the_floor_is_the_committed_offset_and_stays_below_the_first_unfinished(m: Machine) -> None:

@@ -1,6 +1,6 @@
 """The SQS adapter's pure parts: AWS's MD5 of message attributes (a vector from a real AWS
 answer), the query protocol's flattened members, XML answers that escape what clients sent, and
-the checks of queue and message attributes."""
+the checks of queue and message attributes, a received message's system attributes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.message_actions import sqs_message
 from raftmq.cluster.api.sqs.messages import (
     attributes_from_header,
     attributes_md5,
@@ -188,3 +189,30 @@ def test_query_tags_read_as_the_json_protocols_members() -> None:
     assert query_params({"Action": "UntagQueue", "TagKey.2": "b", "TagKey.1": "a"})[1] == {
         "TagKeys": ["a", "b"]
     }
+
+
+def test_the_first_receive_timestamp_is_the_first_delivery_or_else_this_receive_when_first() -> None:
+    first = "ApproximateFirstReceiveTimestamp"
+    taken = {"receipt": "1.0.5.9", "queue": 0, "offset": 5, "timestamp_ms": 500, "headers": {}, "value": "b"}
+    # The leader says when the message was first handed out (kept through redeliveries).
+    m = sqs_message(
+        {**taken, "attempt": 3, "deadline_ms": 61_000, "first_delivery_ms": 700}, {first}, [], 30_000
+    )
+    assert m["Attributes"] == {first: "700"}
+    everything = sqs_message(
+        {**taken, "attempt": 1, "deadline_ms": 31_000, "first_delivery_ms": 1_000}, {"All"}, [], 30_000
+    )
+    assert everything["Attributes"] == {
+        "SentTimestamp": "500",
+        "ApproximateReceiveCount": "1",
+        "SenderId": "000000000000",
+        first: "1000",
+    }
+    # A leader of the release before the field: a first delivery is this receive (its deadline
+    # less the visibility it was taken for); a redelivery's first time is not known, not invented.
+    old_first = sqs_message({**taken, "attempt": 1, "deadline_ms": 31_000}, {first}, [], 30_000)
+    assert old_first["Attributes"] == {first: "1000"}
+    assert "Attributes" not in sqs_message(
+        {**taken, "attempt": 2, "deadline_ms": 61_000}, {first}, [], 30_000
+    )
+    assert "Attributes" not in sqs_message({**taken, "attempt": 1, "deadline_ms": 31_000}, set(), [], 30_000)

@@ -1,5 +1,6 @@
 """The read-only views behind the metrics and the consumer-group API (cluster/machines/views.py), over the
-pure queue-group machine: queue bounds, lag, in flight, retrying and dead letters per group."""
+pure queue-group machine: queue bounds, lag, in flight, retrying and dead letters per group, and
+delayed messages per queue."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from raftmq.cluster import commands
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
-from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues, queue_metas
+from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues, delayed_messages, queue_metas
 from raftmq.storage.memory import MemoryStore
 
 T, DLQ, OTHER = 1, 2, 3  # topic ids
@@ -124,3 +125,26 @@ def test_the_dead_letter_topic_is_a_queue_too() -> None:
     assert (meta.low_offset, meta.high_offset) == (0, 1)
     (r,) = consumer_queues(m.store, T)
     assert (r.dead_letters, r.committed_offset, r.lag) == (1, 1, 0)
+
+
+def test_delayed_messages_counts_a_topics_unreleased_messages_per_queue_until_released() -> None:
+    m = Machine()
+
+    def delayed(queue: int, due_ms: int, n: int, topic: int = T) -> None:
+        msgs = [{"value": f"d{i}", "deliver_at_ms": due_ms} for i in range(n)]
+        assert "results" in m.apply(
+            commands.produce(0, [{"topic_id": topic, "queue": queue, "messages": msgs}])
+        )
+
+    m.produce(0, "now")  # not delayed: not counted
+    delayed(0, 1000, 2)
+    delayed(1, 5000, 3)
+    delayed(0, 3000, 4, topic=OTHER)
+    assert delayed_messages(m.store, T) == ({0: 2, 1: 3}, True)
+    assert delayed_messages(m.store, OTHER) == ({0: 4}, True)
+    assert delayed_messages(m.store, DLQ) == ({}, True)
+    m.apply(commands.deliver_tick(1000, 1000))  # T's queue 0 released: appended, no longer delayed
+    assert delayed_messages(m.store, T) == ({1: 3}, True)
+    # Bounded: the entries due first only (OTHER's 4 due at 3000, then T's 3 at 5000).
+    assert delayed_messages(m.store, T, max_keys=5) == ({1: 1}, False)
+    assert delayed_messages(m.store, T, max_keys=7) == ({1: 3}, True)

@@ -27,7 +27,7 @@ from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
-from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues
+from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues, delayed_messages
 from raftmq.cluster.node.lag_history import LagHistory, Lags, sample_forever
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
@@ -186,7 +186,25 @@ class _ConsumersApi:
         rows = await self._local_rows(name, local, topic_id)
         if rows is None:
             raise ApiError(errors.UNAVAILABLE, f"group {name} is restoring a checkpoint")
-        return json_response({"rows": rows})
+        answer: dict[str, Any] = {"rows": rows}
+        if topic_id is not None and request.query.get("delayed") == "1":
+            # The topic's delayed messages per queue (the SQS API's ApproximateNumberOfMessagesDelayed).
+            delayed = await self._delayed(name, local, topic_id)
+            if delayed is None:
+                raise ApiError(errors.UNAVAILABLE, f"group {name} is restoring a checkpoint")
+            answer["delayed"] = {str(q): n for q, n in delayed.items()}
+        return json_response(answer)
+
+    @staticmethod
+    async def _delayed(name: str, local: Any, topic_id: int) -> dict[int, int] | None:
+        """:func:`delayed_messages` of ``topic_id`` in this node's replica of group ``name``, off
+        the event loop (None: the store is being swapped for a restored checkpoint)."""
+        loop = asyncio.get_running_loop()
+        try:
+            counts, _ = await loop.run_in_executor(None, delayed_messages, local.machine.store, topic_id)
+        except StoreError:
+            return None
+        return counts
 
 
 _FIELDS = tuple(f.name for f in fields(ConsumerQueue))

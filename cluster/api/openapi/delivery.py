@@ -76,7 +76,16 @@ def _delivery_schemas(limits: Limits) -> dict[str, Schema]:
                 "queue": _int(0),
                 "offset": _int(0),
                 "deadline_ms": _int(0, description="In flight until then; redelivered after it."),
-            }
+            },
+            {
+                "first_delivery_ms": _int(
+                    0,
+                    description=(
+                        "When the message was first handed out to this group (the leader's clock, "
+                        "ms); kept through redeliveries. Absent from a leader of an older release."
+                    ),
+                ),
+            },
         ),
         "ReceiveResponse": _obj({"messages": _array(_ref("ReceivedMessage"))}, required=("messages",)),
         "AckRequest": _obj({"receipts": receipts, "epoch": epoch}, required=("receipts",)),

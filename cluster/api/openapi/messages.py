@@ -10,12 +10,13 @@ from raftmq.cluster.config.cluster_file import Limits
 VALUE_OR_B64 = [{"required": ["value"]}, {"required": ["value_b64"]}]
 
 
-def _handed_out(leading: dict[str, Schema]) -> Schema:
-    """A message as an answer carries it: the ``leading`` fields (all present), then key, value or
-    value_b64, headers and timestamp_ms."""
+def _handed_out(leading: dict[str, Schema], optional: dict[str, Schema] | None = None) -> Schema:
+    """A message as an answer carries it: the ``leading`` fields (all present), the ``optional``
+    ones, then key, value or value_b64, headers and timestamp_ms."""
     return _obj(
         {
             **leading,
+            **(optional or {}),
             "key": _nullable(_str()),
             "value": _str(),
             "value_b64": _str(contentEncoding="base64"),

@@ -46,7 +46,7 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.machines.views import consumer_queues
+from raftmq.cluster.machines.views import consumer_queues, delayed_messages
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
 
@@ -346,47 +346,61 @@ class QueueActions:
             if topic.attributes.get(qs.PREFIX + name):  # "" : removed
                 values[name] = topic.attributes[qs.PREFIX + name]
         if wanted & set(_QUEUE_COUNTS):
-            visible, in_flight = await self._counts(topic)
+            with_delayed = "ApproximateNumberOfMessagesDelayed" in wanted
+            visible, in_flight, delayed = await self._counts(topic, with_delayed)
             values["ApproximateNumberOfMessages"] = str(visible)
             values["ApproximateNumberOfMessagesNotVisible"] = str(in_flight)
-            values["ApproximateNumberOfMessagesDelayed"] = "0"
+            values["ApproximateNumberOfMessagesDelayed"] = str(delayed)
         return {"Attributes": {k: v for k, v in values.items() if k in wanted}}
 
-    async def _counts(self, topic: Topic) -> tuple[int, int]:
-        """(visible, in flight) of the queue's subscription, summed over its queue groups' leaders
-        (a monitoring read, as AWS's approximate numbers are)."""
-        visible = in_flight = 0
+    async def _counts(self, topic: Topic, with_delayed: bool) -> tuple[int, int, int]:
+        """(visible, in flight, delayed) of the queue, summed over its queue groups' leaders (a
+        monitoring read, as AWS's approximate numbers are): the ``sqs`` subscription's lag less
+        what is in flight, what is in flight, and (only ``with_delayed``: it reads the group's
+        due-time index) the messages sent with a delay and not released yet."""
+        visible = in_flight = delayed = 0
         for g in sorted(set(topic.queue_groups)):
-            name = str(g)
-            local = self.node.groups.get(name)
-            if local is not None and local.raft.is_leader():
-                loop = asyncio.get_running_loop()
-                try:  # a scan of the topic's keys: off the event loop, as the REST consumer view
-                    found = await loop.run_in_executor(None, consumer_queues, local.machine.store, topic.id)
-                except StoreError:  # the store is being swapped for a restored checkpoint
-                    raise SqsError(
-                        "ServiceUnavailable", f"queue group {name} is restoring; try again."
-                    ) from None
-                rows = [dataclasses.asdict(r) for r in found]
-            else:
-                leader = await self.api.router.wait_leader(name, self.api.leader_wait_s)
-                try:
-                    status, data, _ = await self.node.peer_request(
-                        "GET", leader, f"/internal/groups/{name}/consumers?topic_id={topic.id}", timeout_s=3.0
-                    )
-                except (TimeoutError, aiohttp.ClientError, OSError):
-                    raise SqsError(
-                        "ServiceUnavailable", f"queue group {name} did not answer; try again."
-                    ) from None
-                if status != 200:
-                    raise SqsError("ServiceUnavailable", f"queue group {name} did not answer; try again.")
-                rows = orjson.loads(data)["rows"]
+            rows, delayed_by_queue = await self._group_counts(str(g), topic, with_delayed)
             queues = {q for q, qg in enumerate(topic.queue_groups) if qg == g}
             for r in rows:
                 if r["group"] == GROUP and r["queue"] in queues:
                     in_flight += r["in_flight"]
                     visible += max(0, r["lag"] - r["in_flight"])
-        return visible, in_flight
+            delayed += sum(n for q, n in delayed_by_queue.items() if q in queues)
+        return visible, in_flight, delayed
+
+    async def _group_counts(
+        self, name: str, topic: Topic, with_delayed: bool
+    ) -> tuple[list[dict[str, Any]], dict[int, int]]:
+        """The consumer rows of the topic in queue group ``name`` and its delayed messages per
+        queue (empty unless ``with_delayed``), read at the group's leader: here, or at its
+        ``/internal/groups/{name}/consumers`` (a leader of the release before the delayed figure
+        answers without it: none counted)."""
+        local = self.node.groups.get(name)
+        if local is not None and local.raft.is_leader():
+            loop = asyncio.get_running_loop()
+            store = local.machine.store
+            try:  # scans of the group's keys: off the event loop, as the REST consumer view
+                found = await loop.run_in_executor(None, consumer_queues, store, topic.id)
+                counted = (
+                    (await loop.run_in_executor(None, delayed_messages, store, topic.id))[0]
+                    if with_delayed
+                    else {}
+                )
+            except StoreError:  # the store is being swapped for a restored checkpoint
+                raise SqsError("ServiceUnavailable", f"queue group {name} is restoring; try again.") from None
+            return [dataclasses.asdict(r) for r in found], counted
+        leader = await self.api.router.wait_leader(name, self.api.leader_wait_s)
+        path = f"/internal/groups/{name}/consumers?topic_id={topic.id}"
+        path += "&delayed=1" if with_delayed else ""
+        try:
+            status, data, _ = await self.node.peer_request("GET", leader, path, timeout_s=3.0)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            raise SqsError("ServiceUnavailable", f"queue group {name} did not answer; try again.") from None
+        if status != 200:
+            raise SqsError("ServiceUnavailable", f"queue group {name} did not answer; try again.")
+        answer = orjson.loads(data)
+        return answer["rows"], {int(q): int(n) for q, n in answer.get("delayed", {}).items()}
 
     # -- tags and permissions ---------------------------------------------------------------------
 

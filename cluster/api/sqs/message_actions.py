@@ -39,7 +39,7 @@ from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
-__all__ = ["SOURCE_HEADER", "SqsActions"]
+__all__ = ["SOURCE_HEADER", "SqsActions", "sqs_message"]
 
 log = structlog.get_logger(__name__)
 
@@ -213,7 +213,7 @@ class SqsActions(QueueActions):
                     await self._hand_out(topic, got, visibility_s)
             if got or time.monotonic() >= deadline:
                 break
-        return {"Messages": [_sqs_message(m, system, selectors) for m in got]} if got else {}
+        return {"Messages": [sqs_message(m, system, selectors, held_ms) for m in got]} if got else {}
 
     async def _hand_out(self, topic: Topic, got: list[dict[str, Any]], visibility_s: int) -> None:
         """Set the visibility of messages taken for longer than asked to ``visibility_s`` from now
@@ -393,8 +393,20 @@ def _selected(name: str, selectors: list[str]) -> bool:
     return False
 
 
-def _sqs_message(m: dict[str, Any], system: set[str], selectors: list[str]) -> dict[str, Any]:
-    """A message as ReceiveMessage answers it, from what ``take`` handed out."""
+def _first_receive_ms(m: dict[str, Any], held_ms: int) -> int | None:
+    """When the message was first received: the first delivery time its pending record keeps
+    (replicated with it, so the same after a failover), or, from a queue group leader of the
+    release before that answer field, this receive's time when this is the first (the take's
+    deadline less what it was taken for). None: a redelivery of such a leader (not known here)."""
+    first = m.get("first_delivery_ms")
+    if isinstance(first, int):
+        return first
+    return int(m["deadline_ms"]) - held_ms if m["attempt"] == 1 else None
+
+
+def sqs_message(m: dict[str, Any], system: set[str], selectors: list[str], held_ms: int) -> dict[str, Any]:
+    """A message as ReceiveMessage answers it, from what ``take`` handed out (taken in flight for
+    ``held_ms``)."""
     headers = m.get("headers") or {}
     body = m["value"] if "value" in m else m["value_b64"]  # a binary raftmq message: its base64
     out: dict[str, Any] = {
@@ -409,6 +421,9 @@ def _sqs_message(m: dict[str, Any], system: set[str], selectors: list[str]) -> d
         "ApproximateReceiveCount": str(m["attempt"]),
         "SenderId": qs.ACCOUNT,
     }
+    first_ms = _first_receive_ms(m, held_ms)
+    if first_ms is not None:
+        values["ApproximateFirstReceiveTimestamp"] = str(first_ms)
     chosen = {k: v for k, v in values.items() if everything or k in system}
     if chosen:
         out["Attributes"] = chosen

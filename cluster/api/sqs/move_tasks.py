@@ -198,7 +198,7 @@ class MoveTasks:
                         f"permission on {name!r}, a source queue the messages would go back to.",
                     )
         await self.sqs._ensure_subscription(source)  # the takes' (SQS's redelivery, no dead letters)
-        visible, _ = await self.sqs._counts(source)
+        visible, _, _ = await self.sqs._counts(source, with_delayed=False)
         now = now_ms()
         task = records.MoveTask(
             id=uuid.uuid4().hex,

@@ -184,7 +184,9 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
     messages (TTL, or older than ``max_age_ms``) and messages redriven for another group are
     finished on the way, never handed out.
 
-    Result: ``{"token": index, "messages": [{"queue", "offset", "attempt", "deadline_ms"}]}``.
+    Result: ``{"token": index, "messages": [{"queue", "offset", "attempt", "deadline_ms",
+    "first_ms"}]}``; ``first_ms`` is when the message was first handed out (its pending record's,
+    kept through retries: ``now_ms`` for a first delivery).
     """
     topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
     _check_topic(work, topic_id)
@@ -197,7 +199,15 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
     def hand_out(queue: int, offset: int, attempts: int, first_ms: int) -> None:
         rec = PendingRecord(STATE_INFLIGHT, attempts, deadline_ms, index, first_ms, now_ms)
         w.set_pending(topic_id, queue, group, offset, rec)
-        out.append({"queue": queue, "offset": offset, "attempt": attempts, "deadline_ms": deadline_ms})
+        out.append(
+            {
+                "queue": queue,
+                "offset": offset,
+                "attempt": attempts,
+                "deadline_ms": deadline_ms,
+                "first_ms": first_ms,
+            }
+        )
 
     for due_ms, queue, offset in _due_retries(w, cmd, open_queues, min(limit, budget)):
         budget -= 1
@@ -231,7 +241,10 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
                 if _deliverable_fields(ts, exp, headers, group, now_ms, max_age_ms)
             ]
             w.put_fresh(topic_id, queue, group, fresh, first)  # above the cursor: no record yet
-            out += [{"queue": queue, "offset": o, "attempt": 1, "deadline_ms": deadline_ms} for o in fresh]
+            out += [
+                {"queue": queue, "offset": o, "attempt": 1, "deadline_ms": deadline_ms, "first_ms": now_ms}
+                for o in fresh
+            ]
     if out:  # in use while what it handed out is in flight
         w.touch(topic_id, group, deadline_ms)
     w.finish_op()
