@@ -135,7 +135,9 @@ class LeaderActions:
             size = size_hint if size_hint is not None else len(orjson.dumps(body["batches"]))
             proposal = committer.produce(body["batches"], size)
         try:
-            results = await asyncio.wait_for(proposal, self.limits.request_timeout_ms / 1000)
+            # A timeout scope, not wait_for: the proposal runs in this task (no task per request).
+            async with asyncio.timeout(self.limits.request_timeout_ms / 1000):
+                results = await proposal
         except TimeoutError:
             raise CatalogError(errors.TIMEOUT, f"queue group {name} did not commit in time") from None
         except ProduceFailed as e:

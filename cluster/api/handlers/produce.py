@@ -204,7 +204,11 @@ class ProduceHandlers(ApiCore):
             return list(zip(which, result["results"], strict=True))
 
         outcome: list[dict[str, Any] | RaftmqError | None] = [None] * len(items)
-        for pairs in await asyncio.gather(*(to_group(g, which) for g, which in by_group.items())):
+        if len(by_group) == 1:  # the common case: in this task (gather would make one per group)
+            answers = [await to_group(*next(iter(by_group.items())))]
+        else:
+            answers = await asyncio.gather(*(to_group(g, which) for g, which in by_group.items()))
+        for pairs in answers:
             for i, r in pairs:
                 if isinstance(r, dict) and "error" in r:
                     r = ApiError.from_body(r["error"])
