@@ -360,6 +360,46 @@ def _time(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def _bound(value: str | None) -> int | str | None:
+    """A retention option's value: an integer >= 1, ``off`` (None: no bound), or not given."""
+    if value is None:
+        return "keep"
+    if value == "off":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise click.BadParameter(f"{value!r} is neither a positive integer nor 'off'")
+    return int(value)
+
+
+@topic.command("retention")
+@click.argument("name")
+@click.option(
+    "--retention-ms", metavar="MS|off", help="Remove messages older than this ('off': no age bound)."
+)
+@click.option(
+    "--retention-bytes", metavar="BYTES|off", help="Keep at most this much per queue ('off': no size bound)."
+)
+@json_option
+@admin_command
+def topic_retention(
+    admin: AdminHttp, name: str, retention_ms: str | None, retention_bytes: str | None, as_json: bool
+) -> None:
+    """Change topic NAME's retention; an option left out keeps its bound. Messages past a bound
+    turned on or tightened are removed at the queue groups' next retention look (10 s)."""
+    change = {
+        k: v
+        for k, v in (("retention_ms", _bound(retention_ms)), ("retention_bytes", _bound(retention_bytes)))
+        if v != "keep"
+    }
+    if not change:
+        raise click.UsageError("give --retention-ms or --retention-bytes (a number, or off)")
+    data = admin.request("PATCH", f"/v1/topics/{AdminHttp.quote(name)}", change)
+    if as_json:
+        _print_json(data)
+        return
+    _print_topic(data)
+
+
 @topic.command("delete")
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")

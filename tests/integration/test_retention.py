@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,46 @@ def test_retention_by_age_and_by_size_removes_whole_batches_and_moves_low_offset
         # Without retention nothing is removed, and every replica agrees on all of it.
         assert queue_bounds(c, "kept", 0) == (0, 100)
         c.wait_replicas_equal("0")
+
+
+def test_retention_turned_on_later_frees_the_backlog_on_every_replica_and_off_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    with Cluster(tmp_path, queue_groups=1, extra_toml="[raft]\nretention_check_ms = 200\n") as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("backlog", queues=1)
+        for i in range(10):
+            r = c.produce("backlog", [{"value": f"{i}-{j}-" + "v" * 100} for j in range(10)])
+            assert r.status_code == 200, r.text
+        r = c.session.patch(c.url("n2") + "/v1/topics/backlog", json={"retention_bytes": 5_000}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert (r.json()["retention_bytes"], r.json()["retention_ms"]) == (5_000, None)
+        # Turned on through another node than the metadata leader's: the queue group's leader
+        # removes the oldest whole batches at its next look, and keeps the newest.
+        wait_until(lambda: queue_bounds(c, "backlog", 0)[0] > 0, 20, what="retention turned on")
+        low, high = queue_bounds(c, "backlog", 0)
+        assert high == 100 and low % 10 == 0 and low < high
+        for nid in c.nodes:  # every node's metadata replica shows the change
+            assert c.get("/v1/topics/backlog", nid).json()["retention_bytes"] == 5_000
+
+        # Off again (null): what is left stays, and so does what comes next.
+        r = c.session.patch(c.url() + "/v1/topics/backlog", json={"retention_bytes": None}, timeout=30)
+        assert r.status_code == 200 and r.json()["retention_bytes"] is None, r.text
+        for nid in c.nodes:
+            wait_until(lambda nid=nid: c.get("/v1/topics/backlog", nid).json()["retention_bytes"] is None, 10)
+        time.sleep(0.5)  # a retention look that read the bound before it went has applied by now
+        low_after_off = queue_bounds(c, "backlog", 0)[0]
+        for _ in range(10):
+            assert c.produce("backlog", [{"value": "w" * 100}] * 10).status_code == 200
+        time.sleep(1.0)  # five looks: with the bound still on, about half of this would go
+        assert queue_bounds(c, "backlog", 0) == (low_after_off, 200)
+        c.wait_replicas_equal("0")
+
+        # A bad change is 400 and changes nothing; an unknown topic 404.
+        for body in ({"retention_bytes": 0}, {"retention_ms": 5, "attributes": {"a": "1"}}, {}):
+            r = c.session.patch(c.url() + "/v1/topics/backlog", json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", (body, r.text)
+        assert c.get("/v1/topics/backlog").json()["retention_bytes"] is None
+        r = c.session.patch(c.url() + "/v1/topics/nope", json={"retention_ms": 5}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "topic_not_found", r.text
