@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import click
+from click.core import ParameterSource
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -360,39 +361,42 @@ def _time(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _bound(value: str | None) -> int | str | None:
-    """A retention option's value: an integer >= 1, ``off`` (None: no bound), or not given."""
-    if value is None:
-        return "keep"
-    if value == "off":
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise click.BadParameter(f"{value!r} is neither a positive integer nor 'off'")
-    return int(value)
+class _Bound(click.ParamType[int | None]):
+    """A retention bound: a positive integer, or ``off`` (None: no bound)."""
+
+    name = "bound"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or value == "off" or isinstance(value, int):
+            return None if value == "off" else value
+        if not str(value).isdigit() or int(value) < 1:
+            self.fail(f"{value!r} is neither a positive integer nor 'off'", param, ctx)
+        return int(value)
 
 
 @topic.command("retention")
 @click.argument("name")
+@click.option("--retention-ms", type=_Bound(), metavar="MS|off", help="Remove messages older than this.")
 @click.option(
-    "--retention-ms", metavar="MS|off", help="Remove messages older than this ('off': no age bound)."
-)
-@click.option(
-    "--retention-bytes", metavar="BYTES|off", help="Keep at most this much per queue ('off': no size bound)."
+    "--retention-bytes", type=_Bound(), metavar="BYTES|off", help="Keep at most this much per queue."
 )
 @json_option
 @admin_command
 def topic_retention(
-    admin: AdminHttp, name: str, retention_ms: str | None, retention_bytes: str | None, as_json: bool
+    admin: AdminHttp, name: str, retention_ms: Any, retention_bytes: Any, as_json: bool
 ) -> None:
-    """Change topic NAME's retention; an option left out keeps its bound. Messages past a bound
-    turned on or tightened are removed at the queue groups' next retention look (10 s)."""
-    change = {
-        k: v
-        for k, v in (("retention_ms", _bound(retention_ms)), ("retention_bytes", _bound(retention_bytes)))
-        if v != "keep"
-    }
-    if not change:
+    """Change topic NAME's retention ('off': no bound; an option left out keeps its bound).
+    Messages past a bound turned on or tightened are removed at the queue groups' next retention
+    look (raft.retention_check_ms, 10 s), and their disk freed."""
+    ctx = click.get_current_context()
+    given = [
+        k
+        for k in ("retention_ms", "retention_bytes")
+        if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
+    ]
+    if not given:
         raise click.UsageError("give --retention-ms or --retention-bytes (a number, or off)")
+    change = {k: {"retention_ms": retention_ms, "retention_bytes": retention_bytes}[k] for k in given}
     data = admin.request("PATCH", f"/v1/topics/{AdminHttp.quote(name)}", change)
     if as_json:
         _print_json(data)

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from raftmq.client import Admin
+
 from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)
+
+CLI = [sys.executable, "-m", "raftmq.cluster.cli.main"]
 
 
 def queue_bounds(c: Cluster, topic: str, queue: int) -> tuple[int, int]:
@@ -63,20 +70,25 @@ def test_retention_turned_on_later_frees_the_backlog_on_every_replica_and_off_ke
         for i in range(10):
             r = c.produce("backlog", [{"value": f"{i}-{j}-" + "v" * 100} for j in range(10)])
             assert r.status_code == 200, r.text
-        r = c.session.patch(c.url("n2") + "/v1/topics/backlog", json={"retention_bytes": 5_000}, timeout=30)
-        assert r.status_code == 200, r.text
-        assert (r.json()["retention_bytes"], r.json()["retention_ms"]) == (5_000, None)
-        # Turned on through another node than the metadata leader's: the queue group's leader
-        # removes the oldest whole batches at its next look, and keeps the newest.
+        # Turned on with the CLI, through each node in turn (the metadata leader's and others'):
+        # the queue group's leader removes the oldest whole batches at its next look, keeps the newest.
+        for nid in c.nodes:
+            command = [*CLI, "topic", "retention", "backlog", "--retention-bytes", "5000", "--json"]
+            done = subprocess.run([*command, "--url", c.url(nid)], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            topic = json.loads(done.stdout)
+            assert (topic["retention_bytes"], topic["retention_ms"]) == (5_000, None)
         wait_until(lambda: queue_bounds(c, "backlog", 0)[0] > 0, 20, what="retention turned on")
         low, high = queue_bounds(c, "backlog", 0)
         assert high == 100 and low % 10 == 0 and low < high
         for nid in c.nodes:  # every node's metadata replica shows the change
             assert c.get("/v1/topics/backlog", nid).json()["retention_bytes"] == 5_000
 
-        # Off again (null): what is left stays, and so does what comes next.
-        r = c.session.patch(c.url() + "/v1/topics/backlog", json={"retention_bytes": None}, timeout=30)
-        assert r.status_code == 200 and r.json()["retention_bytes"] is None, r.text
+        # Off again (None: no bound) with the Python client: what is left stays, and so does what
+        # comes next.
+        with Admin([c.url()]) as admin:
+            desc = admin.set_topic_retention("backlog", retention_ms=None, retention_bytes=None)
+        assert (desc.info.retention_bytes, desc.info.retention_ms) == (None, None)
         for nid in c.nodes:
             wait_until(lambda nid=nid: c.get("/v1/topics/backlog", nid).json()["retention_bytes"] is None, 10)
         time.sleep(0.5)  # a retention look that read the bound before it went has applied by now

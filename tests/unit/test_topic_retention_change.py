@@ -8,9 +8,11 @@ from typing import Any
 
 import orjson
 import pytest
+from click.testing import CliRunner
 
 from raftmq.cluster.api.validation import parse_topic_patch
 from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.cli.main import main
 from raftmq.cluster.machines.metadata import MetadataMachine
 from raftmq.cluster.replication.upgrade import BEFORE_CAPABILITIES, CAPABILITIES
 from raftmq.storage.memory import MemoryStore
@@ -101,3 +103,17 @@ def test_set_topic_retention_is_gated_for_a_rolling_upgrade() -> None:
     # A voter of a release before would refuse the op: proposed once every voter advertises it.
     assert "meta.set_topic_retention" in CAPABILITIES
     assert "meta.set_topic_retention" not in BEFORE_CAPABILITIES
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--retention-ms", "soon"], "neither a positive integer nor 'off'"),
+        (["--retention-bytes", "0"], "neither a positive integer nor 'off'"),
+    ],
+)
+def test_the_cli_refuses_a_bound_it_cannot_send_before_any_request(args: list[str], complaint: str) -> None:
+    # An unreachable --url: a refusal that sent a request would fail differently (exit 1).
+    command = ["topic", "retention", "t", *args, "--url", "http://127.0.0.1:9"]
+    done = CliRunner().invoke(main, command, prog_name="raftmq")
+    assert done.exit_code == 2 and complaint in done.output, done.output
