@@ -10,7 +10,8 @@ Invariant: at most one compaction job runs on a node at a time (an executor job 
 every pending range), and ranges freed meanwhile wait for the next job, ``COMPACT_DELAY_S`` after
 the first of them, so that a run of ``retain`` entries (each removing at most
 ``raft.retention_max_batches`` batches) becomes one compaction per queue. Per queue only the
-greatest end is kept: retention always removes from the queue's start.
+greatest end is kept: retention always removes from the queue's start. A compaction holds the
+store open while it runs (``RocksStore``'s gate): a checkpoint restore of that replica waits for it.
 """
 
 from __future__ import annotations
