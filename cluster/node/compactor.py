@@ -41,6 +41,11 @@ class Compactor:
         self._task: asyncio.Task[None] | None = None
         self.compacted_ranges = 0  # ranges compacted since the start (the log and tests read it)
 
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The task waiting to compact, if any (the node cancels it when it stops; a compaction
+        already running finishes first, as the store's close waits for it)."""
+        return [self._task] if self._task is not None and not self._task.done() else []
+
     def freed(self, name: str, ranges: tuple[tuple[bytes, bytes], ...]) -> None:
         """Group ``name`` removed the keys of ``ranges`` (on the event loop): compact them soon."""
         if not ranges:

@@ -273,7 +273,7 @@ class Node:
         return LocalGroup(name, raft, machine, store, journal_store)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self.compactor.tasks()]:
             task.cancel()
         loop = asyncio.get_running_loop()
         for local in list(self.groups.values()):
