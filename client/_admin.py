@@ -127,6 +127,22 @@ class AsyncAdmin:
             done += len(part)
         return out
 
+    async def set_topic_retention(
+        self, name: str, *, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicDescription:
+        """Set a topic's retention bounds; None removes that bound (the topic keeps its messages
+        for as long, or as many bytes, as the other allows, or forever). Turning retention on or
+        tightening it frees the messages past it at the queue groups' next retention look
+        (the nodes' ``raft.retention_check_ms``, 10 s by default), without a restart.
+
+        Raises:
+            TopicNotFound: No such topic.
+            BadRequest: A bound below 1.
+            UpgradeInProgress: A metadata voter runs a release that cannot change retention.
+        """
+        change = {"retention_ms": retention_ms, "retention_bytes": retention_bytes}
+        return await self._api.change_topic(name, change)
+
     async def list_topics(self) -> list[TopicInfo]:
         """Every topic (linearizable)."""
         return await self._api.list_topics()

@@ -110,6 +110,11 @@ class ApiClient:
         answer = await self.call("GET", f"/v1/topics/{path_part(name)}", idempotent=True)
         return TopicDescription.from_wire(answer)
 
+    async def change_topic(self, name: str, change: Mapping[str, Any]) -> TopicDescription:
+        # Setting is idempotent: a resent PATCH sets the same values.
+        answer = await self.call("PATCH", f"/v1/topics/{path_part(name)}", idempotent=True, body=change)
+        return TopicDescription.from_wire(answer)
+
     async def delete_topic(self, name: str) -> None:
         await self.call("DELETE", f"/v1/topics/{path_part(name)}", idempotent=False)
 

@@ -91,6 +91,13 @@ class Admin(SyncClient):
             )
         )
 
+    def set_topic_retention(
+        self, name: str, *, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicDescription:
+        return self._io.run(
+            self._async.set_topic_retention(name, retention_ms=retention_ms, retention_bytes=retention_bytes)
+        )
+
     def list_topics(self) -> list[TopicInfo]:
         return self._io.run(self._async.list_topics())
 

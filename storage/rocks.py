@@ -51,6 +51,7 @@ from collections.abc import Iterator
 
 from rocksdict import (
     Checkpoint,
+    CompactOptions,
     DbClosedError,
     DBRecoveryMode,
     Options,
@@ -327,6 +328,15 @@ class RocksStore:
         """Make every write made so far durable (fsync of the write-ahead log)."""
         with self._using() as db:
             db.flush_wal(sync=True)
+
+    def compact_range(self, start: bytes, end: bytes) -> None:
+        """Compact ``[start, end)`` through every level now (memtable first), dropping what range
+        deletions cover: RocksDB compacts a level only once it outgrows its target, so on a store
+        that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on)."""
+        opts = CompactOptions()
+        opts.set_exclusive_manual_compaction(False)
+        with self._using() as db:
+            db.compact_range(start, end, opts)
 
     def checkpoint(self, path: str) -> None:
         """Write an openable copy of the store into the new directory ``path`` (hard links where possible).

@@ -94,6 +94,13 @@ class Store(Protocol):
         """Make every write made so far durable (an fsync of the write-ahead log)."""
         ...
 
+    def compact_range(self, start: bytes, end: bytes) -> None:
+        """Rewrite what the store keeps on disk for the keys in ``[start, end)`` now, so that the
+        space of keys a ``delete_range`` removed there is freed (RocksDB keeps them in its files
+        until a compaction rewrites them, which a store that stops growing may never run).
+        Nothing readable changes. Blocking: for a background thread, never a state machine."""
+        ...
+
     def checkpoint(self, path: str) -> None:
         """Write a consistent, openable copy of the whole store into the new directory ``path``
         (its parents are created; ``StoreError`` if ``path`` exists)."""

@@ -156,7 +156,7 @@ def create_app(node: Node) -> web.Application:
     r.add_post("/v1/topics", api.create_topic)
     r.add_get("/v1/topics", api.list_topics)
     r.add_get("/v1/topics/{topic}", api.get_topic)
-    r.add_patch("/v1/topics/{topic}", api.set_topic_attributes)
+    r.add_patch("/v1/topics/{topic}", api.patch_topic)
     r.add_delete("/v1/topics/{topic}", api.delete_topic)
     r.add_post("/v1/topics/{topic}/messages", api.produce)
     r.add_get("/v1/topics/{topic}/queues/{queue}/messages", api.fetch)

@@ -133,7 +133,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     # A group's members on the topic (api/handlers/groups.py): monitoring, as the lag is.
     ("GET", _T + "/groups/{group}/members"): _on_topic(CONSUME, ADMIN, any_of=True),
     ("DELETE", _T): _on_topic(ADMIN),
-    ("PATCH", _T): _on_topic(ADMIN),  # a topic's attributes
+    ("PATCH", _T): _on_topic(ADMIN),  # a topic's attributes or retention
     ("POST", _T + "/messages"): _on_topic(PRODUCE),
     ("GET", _T + "/queues/{queue}/messages"): _on_topic(CONSUME),
     ("PUT", _G + "/offsets"): _on_topic(CONSUME, source="body:topic"),

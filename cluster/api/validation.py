@@ -288,16 +288,26 @@ def parse_create_topics(body: Any, limits: Limits) -> list[dict[str, Any]]:
     return specs
 
 
-def parse_topic_attributes(body: Any) -> dict[str, str | None]:
-    """Validate ``{"attributes": {name: value or null}}`` (``PATCH /v1/topics/{topic}``)."""
+def parse_topic_patch(body: Any) -> dict[str, Any]:
+    """Validate ``PATCH /v1/topics/{topic}``: ``{"attributes": {name: value or null}}`` or
+    ``{"retention_ms"?: int or null, "retention_bytes"?: int or null}`` (at least one; null
+    removes the bound). Returns the metadata command's op and fields (without the topic's name).
+    The two kinds go in separate requests: each is one metadata entry, applied whole or not at all."""
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
-    _check_fields(body, {"attributes"}, "body")
-    problem = validate_attributes(body.get("attributes"), removals=True)
-    if problem:
-        raise bad(problem)
-    attributes: dict[str, str | None] = body["attributes"]
-    return attributes
+    _check_fields(body, {"attributes", "retention_ms", "retention_bytes"}, "body")
+    retention = {k: body[k] for k in ("retention_ms", "retention_bytes") if k in body}
+    if retention and "attributes" in body:
+        raise bad("change the attributes and the retention in separate requests")
+    if not retention:
+        problem = validate_attributes(body.get("attributes"), removals=True)
+        if problem:
+            raise bad(problem)
+        return {"op": "set_topic_attributes", "attributes": body["attributes"]}
+    for key, v in retention.items():
+        if v is not None and (not _is_int(v) or v < 1):
+            raise bad(f"'{key}' must be a positive integer or null (no bound)")
+    return {"op": "set_topic_retention", **retention}
 
 
 def query_int(query: Any, name: str, default: int | None, lo: int, hi: int) -> int:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import click
+from click.core import ParameterSource
 from rich import box
 from rich.table import Table
 from rich.text import Text
@@ -358,6 +359,49 @@ def _time(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+class _Bound(click.ParamType[int | None]):
+    """A retention bound: a positive integer, or ``off`` (None: no bound)."""
+
+    name = "bound"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or value == "off" or isinstance(value, int):
+            return None if value == "off" else value
+        if not str(value).isdigit() or int(value) < 1:
+            self.fail(f"{value!r} is neither a positive integer nor 'off'", param, ctx)
+        return int(value)
+
+
+@topic.command("retention")
+@click.argument("name")
+@click.option("--retention-ms", type=_Bound(), metavar="MS|off", help="Remove messages older than this.")
+@click.option(
+    "--retention-bytes", type=_Bound(), metavar="BYTES|off", help="Keep at most this much per queue."
+)
+@json_option
+@admin_command
+def topic_retention(
+    admin: AdminHttp, name: str, retention_ms: Any, retention_bytes: Any, as_json: bool
+) -> None:
+    """Change topic NAME's retention ('off': no bound; an option left out keeps its bound).
+    Messages past a bound turned on or tightened are removed at the queue groups' next retention
+    look (raft.retention_check_ms, 10 s), and their disk freed."""
+    ctx = click.get_current_context()
+    given = [
+        k
+        for k in ("retention_ms", "retention_bytes")
+        if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE
+    ]
+    if not given:
+        raise click.UsageError("give --retention-ms or --retention-bytes (a number, or off)")
+    change = {k: {"retention_ms": retention_ms, "retention_bytes": retention_bytes}[k] for k in given}
+    data = admin.request("PATCH", f"/v1/topics/{AdminHttp.quote(name)}", change)
+    if as_json:
+        _print_json(data)
+        return
+    _print_topic(data)
 
 
 @topic.command("delete")

@@ -80,6 +80,7 @@ class Apply:
         self.scheduled = False
         self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
         self.clock_jump_ms: int | None = None  # Applied.clock_jump_ms
+        self.freed: list[tuple[bytes, bytes]] = []  # Applied.freed
         self._metas: dict[tuple[int, int], QueueMeta] = {}
         self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
         self._producers: dict[tuple[int, int, str], ProducerState] = {}

@@ -9,8 +9,8 @@ a new topic's.
 
 Ops: ``noop``, ``create_topic``, ``delete_topic``, ``ensure_dlq_topic``, then the placement ops of
 ``cluster/machines/placement.py`` (``init_placement`` ... ``end_change``), then
-``record_dead_letters``, ``set_topic_attributes``, ``set_topic_tags`` and ``create_topics`` (ONLY
-ADD TO THE END: ``OPS`` below, which the rolling-upgrade gate reads).
+``record_dead_letters``, ``set_topic_attributes``, ``set_topic_tags``, ``create_topics`` and
+``set_topic_retention`` (ONLY ADD TO THE END: ``OPS`` below, which the rolling-upgrade gate reads).
 Placement keys: ``b"P"`` placement, ``b"X"`` the change in progress, ``b"Y"`` the last finished
 changes, ``b"Z"`` next change id (u64).
 ``ensure_dlq_topic {"source", "group", "now_ms", "by_record"?}`` returns the dead-letter topic of a consumer
@@ -48,6 +48,12 @@ tags (the SQS API's queue tags), a map apart from its attributes: no tag key can
 ``create_topics {"now_ms", "group_count", "topics": [spec, ...]}`` creates many topics in one entry,
 each spec exactly as ``create_topic`` would (the same function, :func:`_new_topic`), one result per
 spec; ``raftmq topic create`` with many names writes it (``POST /v1/topics`` with ``topics``).
+
+``set_topic_retention {"name", "retention_ms"?, "retention_bytes"?}`` changes an existing topic's
+retention bounds: each field given is set (an integer >= 1) or removed (null), a field left out is
+kept; at least one must be given, and a bad one refuses the whole command. The queue groups'
+leaders read the bounds from their metadata replica at their next retention look
+(``raft.retention_check_ms``), so turning retention on frees a backlog without a restart.
 """
 
 from __future__ import annotations
@@ -71,11 +77,13 @@ from raftmq.cluster.machines.topics import (
     MAX_TAG_KEY_CHARS,
     MAX_TAG_VALUE_CHARS,
     MAX_TAGS,
+    RETENTION_FIELDS,
     TOPIC_NAME,
     Topic,
     error_result,
     migrate_dead_letter_records,
     new_topic,
+    opt_int,
     validate_attributes,
     validate_tags,
     validate_topic_name,
@@ -114,6 +122,7 @@ OPS: tuple[str, ...] = (
     "set_topic_attributes",
     "set_topic_tags",
     "create_topics",
+    "set_topic_retention",
 )
 # Meanings added to an op after it shipped (as cluster/commands FIELD_LEVELS; ONLY ADD TO THE END).
 FIELD_LEVELS: tuple[str, ...] = (
@@ -315,6 +324,8 @@ class MetadataMachine:
             return self._placement_op(cmd, batch), batch, None, None
         if op in _MAPS:
             return self._set_map(cmd, batch)
+        if op == "set_topic_retention":
+            return self._set_retention(cmd, batch)
         if op == "delete_topic":
             name = cmd.get("name")
             if not isinstance(name, str) or name not in self._topics:
@@ -419,6 +430,30 @@ class MetadataMachine:
         topics = dict(self._topics)
         topics[topic.name] = updated
         return {"topic": updated.to_json(), "changed": True}, batch, topics, None
+
+    def _set_retention(
+        self, cmd: dict[str, Any], batch: Batch
+    ) -> tuple[dict[str, Any], Batch, dict[str, Topic] | None, int | None]:
+        """``set_topic_retention``: set (an integer >= 1) or remove (null) each bound given;
+        refused whole when one is bad or none is given."""
+        name = cmd.get("name")
+        topic = self._topics.get(name) if isinstance(name, str) else None
+        if topic is None:
+            return error_result("topic_not_found", f"no topic {name!r}"), batch, None, None
+        given = [key for key in RETENTION_FIELDS if key in cmd]
+        if not given:
+            message = f"set_topic_retention needs one of {', '.join(RETENTION_FIELDS)}"
+            return error_result("bad_request", message), batch, None, None
+        bounds = {"retention_ms": topic.retention_ms, "retention_bytes": topic.retention_bytes}
+        for key in given:
+            bounds[key], problem = opt_int(cmd, key, 1)
+            if problem:
+                return error_result("bad_request", problem), batch, None, None
+        updated = dataclasses.replace(
+            topic, retention_ms=bounds["retention_ms"], retention_bytes=bounds["retention_bytes"]
+        )
+        batch.put(_TOPIC + topic.name.encode(), orjson.dumps(updated.to_json()))
+        return {"topic": updated.to_json()}, batch, {**self._topics, topic.name: updated}, None
 
     def _ensure_dlq_topic(
         self, cmd: dict[str, Any], batch: Batch

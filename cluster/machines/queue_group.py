@@ -95,6 +95,8 @@ class Applied:
             subscription has no dead-letter topic (its leader creates it: ``docs/delivery.md``).
         clock_jump_ms: The entry's stamp was this far ahead of the group's previous stamp, beyond
             the bound: the group's time moved by the bound only (None: no clamp).
+        freed: Key ranges ``[start, end)`` whose messages the entry removed (retention, a dropped
+            topic): the node compacts them so that the disk is freed (``Store.compact_range``).
     """
 
     index: int
@@ -103,6 +105,12 @@ class Applied:
     scheduled: bool = False
     parked: tuple[tuple[int, str, str], ...] = ()
     clock_jump_ms: int | None = None
+    freed: tuple[tuple[bytes, bytes], ...] = ()
+
+    def news(self) -> bool:
+        """Whether the node has something to do about this apply: wake, seal, schedule, park or
+        compact (an apply that only moved the applied index has nothing)."""
+        return bool(self.grown or self.changed or self.scheduled or self.parked or self.freed)
 
 
 class QueueGroupMachine:
@@ -204,12 +212,21 @@ class QueueGroupMachine:
             work.scheduled = False
             work.parked.clear()
             work.clock_jump_ms = None
+            work.freed.clear()
         batch.put(APPLIED, keys.encode_u64(index))
         self._store.write(batch, sync=False)
         self._applied_index = index
         grown = tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())
         self._notify(
-            Applied(index, grown, tuple(work.changed), work.scheduled, tuple(work.parked), work.clock_jump_ms)
+            Applied(
+                index,
+                grown,
+                tuple(work.changed),
+                work.scheduled,
+                tuple(work.parked),
+                work.clock_jump_ms,
+                tuple(work.freed),
+            )
         )
         return result
 
@@ -343,7 +360,9 @@ class QueueGroupMachine:
             if point.low == meta.low_offset:
                 continue
             start, _ = keys.queue_range(keys.RECORD, topic_id, queue)
-            work.batch.delete_range(start, keys.record_key(topic_id, queue, point.low))
+            end = keys.record_key(topic_id, queue, point.low)
+            work.batch.delete_range(start, end)
+            work.freed.append((start, end))
             work.set_meta(topic_id, queue, QueueMeta(point.low, meta.high_offset, point.retained))
             removed.append({"topic_id": topic_id, "queue": queue, "low_offset": point.low})
         result: dict[str, Any] = {"removed": removed}
@@ -359,7 +378,9 @@ class QueueGroupMachine:
         never reused. Result: ``{"ok": true}``."""
         topic_id = cmd["topic_id"]
         for prefix in keys.TOPIC_PREFIXES:
-            work.batch.delete_range(*keys.topic_range(prefix, topic_id))
+            start, end = keys.topic_range(prefix, topic_id)
+            work.batch.delete_range(start, end)
+            work.freed.append((start, end))
         work.batch.put(keys.dropped_key(topic_id), b"")
         return {"ok": True}
 

@@ -16,11 +16,13 @@ __all__ = [
     "MAX_TAGS",
     "MAX_TAG_KEY_CHARS",
     "MAX_TAG_VALUE_CHARS",
+    "RETENTION_FIELDS",
     "TOPIC_NAME",
     "Topic",
     "error_result",
     "migrate_dead_letter_records",
     "new_topic",
+    "opt_int",
     "validate_attributes",
     "validate_tags",
     "validate_topic_name",
@@ -34,6 +36,7 @@ ATTRIBUTE_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_TAGS = 50  # per topic, after a merge, and per command (AWS's limit for a queue's tags)
 MAX_TAG_KEY_CHARS = 128  # Unicode code points, as AWS counts them
 MAX_TAG_VALUE_CHARS = 256
+RETENTION_FIELDS = ("retention_ms", "retention_bytes")  # what set_topic_retention may change
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,8 @@ def validate_topic_name(name: Any) -> str | None:
     return None
 
 
-def _opt_int(d: dict[str, Any], key: str, minimum: int) -> tuple[int | None, str | None]:
+def opt_int(d: dict[str, Any], key: str, minimum: int) -> tuple[int | None, str | None]:
+    """``d[key]``: None when absent or null, else an integer >= ``minimum`` or the problem."""
     v = d.get(key)
     if v is None:
         return None, None
@@ -205,7 +209,7 @@ def new_topic(cmd: dict[str, Any], topics: dict[str, Topic], topic_id: int) -> T
         return error_result("bad_request", "now_ms must be a non-negative integer")
     opts: dict[str, int | None] = {}
     for key, minimum in (("retention_ms", 1), ("retention_bytes", 1), ("max_message_bytes", 1)):
-        opts[key], problem = _opt_int(cmd, key, minimum)
+        opts[key], problem = opt_int(cmd, key, minimum)
         if problem:
             return error_result("bad_request", problem)
     attributes = cmd.get("attributes") or {}

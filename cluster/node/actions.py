@@ -14,8 +14,8 @@ action             what the leader does
 ``commit``         a consumer group's offsets (``commit_offsets``)
 ``barrier``        a ``noop``: every earlier write is applied here once it returns
 ``topic_command``  at the metadata leader: ``create_topic``, ``set_topic_attributes``,
-                   ``set_topic_tags``, ``delete_topic`` (the leader adds the time and the
-                   group count)
+                   ``set_topic_tags``, ``set_topic_retention``, ``delete_topic`` (the leader
+                   adds the time and the group count)
 ``membership``     add or remove a voter of the group (the change coordinator, ``changes.py``)
 ``transfer``       hand the group's leadership over
 delivery           ``delivery_actions.py``
@@ -45,7 +45,9 @@ MEMBERSHIP_TIMEOUT_S = 10.0
 # forwarded request's answer (cluster/api/app.py).
 METADATA_INDEX = "metadata_index"
 METADATA_INDEX_HEADER = "X-Raftmq-Metadata-Index"
-_TOPIC_OPS = frozenset({"create_topic", "set_topic_attributes", "set_topic_tags", "delete_topic"})
+_TOPIC_OPS = frozenset(
+    {"create_topic", "set_topic_attributes", "set_topic_tags", "set_topic_retention", "delete_topic"}
+)
 
 
 def raft_error(code: str, message: str, definite: bool) -> RaftmqError:

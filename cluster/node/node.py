@@ -45,6 +45,7 @@ from raftmq.cluster.machines.metadata import MetadataMachine
 from raftmq.cluster.machines.placement import Placement, overlay
 from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine
 from raftmq.cluster.node.checkpoints import Checkpoints
+from raftmq.cluster.node.compactor import Compactor
 from raftmq.cluster.node.parked import ParkedReports
 from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
@@ -119,6 +120,7 @@ class Node:
         self._status_refresh: asyncio.Task[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/machines/segments.py), set by start
+        self.compactor = Compactor(self)  # frees the disk of removed messages (compactor.py)
         self.ssl_context = client_context(config)  # peer calls over HTTPS (None: plain HTTP)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -271,7 +273,7 @@ class Node:
         return LocalGroup(name, raft, machine, store, journal_store)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self.compactor.tasks()]:
             task.cancel()
         loop = asyncio.get_running_loop()
         for local in list(self.groups.values()):
@@ -558,9 +560,7 @@ class Node:
         if applied.clock_jump_ms is not None:
             self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
             log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
-        if self.loop_calls is not None and (
-            applied.grown or applied.changed or applied.scheduled or applied.parked
-        ):
+        if self.loop_calls is not None and applied.news():
             self.loop_calls.call(self._applied, name, applied)
 
     def _applied(self, name: str, applied: Applied) -> None:  # the loop (one wake-up for many: LoopCalls)
@@ -572,6 +572,7 @@ class Node:
             self.ticks.scheduled()
         if applied.parked:
             self.parked.put(applied.parked)
+        self.compactor.freed(name, applied.freed)  # nothing when none
 
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:

@@ -312,8 +312,8 @@ class LeaderRouter:
         it, and its replicas would ignore what the upgraded ones apply (docs/operations.md)."""
         op = body.get("op")
         levels = []
-        if op == "set_topic_tags":
-            levels.append("meta.set_topic_tags")
+        if op in ("set_topic_tags", "set_topic_retention"):
+            levels.append(f"meta.{op}")
         if op == "create_topic" and body.get("tags"):
             levels.append("meta.create_topic.tags")
         if op == "set_topic_attributes" and body.get("expect") is not None:

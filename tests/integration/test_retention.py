@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from raftmq.client import Admin
+
 from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)
+
+CLI = [sys.executable, "-m", "raftmq.cluster.cli.main"]
 
 
 def queue_bounds(c: Cluster, topic: str, queue: int) -> tuple[int, int]:
@@ -47,4 +57,86 @@ def test_retention_by_age_and_by_size_removes_whole_batches_and_moves_low_offset
 
         # Without retention nothing is removed, and every replica agrees on all of it.
         assert queue_bounds(c, "kept", 0) == (0, 100)
+        c.wait_replicas_equal("0")
+
+
+def test_retention_turned_on_later_frees_the_backlog_on_every_replica_and_off_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    with Cluster(tmp_path, queue_groups=1, extra_toml="[raft]\nretention_check_ms = 200\n") as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("backlog", queues=1)
+        for i in range(10):
+            r = c.produce("backlog", [{"value": f"{i}-{j}-" + "v" * 100} for j in range(10)])
+            assert r.status_code == 200, r.text
+        # Turned on with the CLI, through each node in turn (the metadata leader's and others'):
+        # the queue group's leader removes the oldest whole batches at its next look, keeps the newest.
+        for nid in c.nodes:
+            command = [*CLI, "topic", "retention", "backlog", "--retention-bytes", "5000", "--json"]
+            done = subprocess.run([*command, "--url", c.url(nid)], capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            topic = json.loads(done.stdout)
+            assert (topic["retention_bytes"], topic["retention_ms"]) == (5_000, None)
+        wait_until(lambda: queue_bounds(c, "backlog", 0)[0] > 0, 20, what="retention turned on")
+        low, high = queue_bounds(c, "backlog", 0)
+        assert high == 100 and low % 10 == 0 and low < high
+        for nid in c.nodes:  # every node's metadata replica shows the change
+            assert c.get("/v1/topics/backlog", nid).json()["retention_bytes"] == 5_000
+
+        # Off again (None: no bound) with the Python client: what is left stays, and so does what
+        # comes next.
+        with Admin([c.url()]) as admin:
+            desc = admin.set_topic_retention("backlog", retention_ms=None, retention_bytes=None)
+        assert (desc.info.retention_bytes, desc.info.retention_ms) == (None, None)
+        for nid in c.nodes:
+            wait_until(lambda nid=nid: c.get("/v1/topics/backlog", nid).json()["retention_bytes"] is None, 10)
+        time.sleep(0.5)  # a retention look that read the bound before it went has applied by now
+        low_after_off = queue_bounds(c, "backlog", 0)[0]
+        for _ in range(10):
+            assert c.produce("backlog", [{"value": "w" * 100}] * 10).status_code == 200
+        time.sleep(1.0)  # five looks: with the bound still on, about half of this would go
+        assert queue_bounds(c, "backlog", 0) == (low_after_off, 200)
+        c.wait_replicas_equal("0")
+
+        # A bad change is 400 and changes nothing; an unknown topic 404.
+        for body in ({"retention_bytes": 0}, {"retention_ms": 5, "attributes": {"a": "1"}}, {}):
+            r = c.session.patch(c.url() + "/v1/topics/backlog", json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", (body, r.text)
+        assert c.get("/v1/topics/backlog").json()["retention_bytes"] is None
+        r = c.session.patch(c.url() + "/v1/topics/nope", json={"retention_ms": 5}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "topic_not_found", r.text
+
+
+def _state_bytes(c: Cluster, nid: str, group: str) -> int:
+    """Bytes the state store of ``nid``'s replica of ``group`` takes on disk (``du``)."""
+    root = c.data_dir / nid / "groups" / group / "state"
+    return sum(os.lstat(os.path.join(d, f)).st_blocks * 512 for d, _, files in os.walk(root) for f in files)
+
+
+def test_retention_frees_the_disk_of_every_replica_not_only_the_messages(tmp_path: Path) -> None:
+    # RocksDB keeps what a range deletion covers in its files until a compaction rewrites them,
+    # and a store that stops growing never runs one by itself: the node compacts what retention
+    # removed (cluster/node/compactor.py).
+    with Cluster(tmp_path, queue_groups=1, extra_toml="[raft]\nretention_check_ms = 200\n") as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("backlog", queues=1)
+        for _ in range(60):  # 30 MB of incompressible values: past a memtable (16 MiB), into files
+            values = [{"value": base64.b64encode(os.urandom(768)).decode()} for _ in range(500)]
+            assert c.produce("backlog", values).status_code == 200
+        c.wait_replicas_equal("0")
+        filled = {nid: _state_bytes(c, nid, "0") for nid in c.nodes}
+        assert all(size > 24_000_000 for size in filled.values()), filled
+        r = c.session.patch(c.url() + "/v1/topics/backlog", json={"retention_bytes": 1_000_000}, timeout=30)
+        assert r.status_code == 200, r.text
+        wait_until(lambda: queue_bounds(c, "backlog", 0)[0] > 0, 20, what="retention turned on")
+
+        def freed() -> dict[str, int] | None:
+            sizes = {nid: _state_bytes(c, nid, "0") for nid in c.nodes}
+            return sizes if all(size < filled[nid] // 4 for nid, size in sizes.items()) else None
+
+        wait_until(freed, 30, interval_s=0.5, what=f"the state stores freed from {filled}")
+        low, high = queue_bounds(c, "backlog", 0)
+        assert high == 30_000 and 0 < low < high
         c.wait_replicas_equal("0")

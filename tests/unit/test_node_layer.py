@@ -153,6 +153,7 @@ def test_a_topic_command_with_a_level_a_metadata_voter_lacks_is_refused_before_i
     bodies = {
         "meta.create_topic.tags": {"op": "create_topic", "name": "q", "tags": {"team": "a"}},
         "meta.set_topic_tags": {"op": "set_topic_tags", "name": "q", "tags": {"team": "a"}},
+        "meta.set_topic_retention": {"op": "set_topic_retention", "name": "q", "retention_bytes": 1024},
         "meta.set_topic_attributes.expect": {
             "op": "set_topic_attributes",
             "name": "q",

@@ -427,6 +427,26 @@ def test_retention_by_age_may_empty_a_queue_and_produce_continues_at_high(h: Har
     assert h.produce(batch(1, 0, "c")) == {"results": [ok(1, 0, 2, 1)]}
 
 
+def test_retention_and_a_dropped_topic_report_the_key_ranges_they_freed_and_nothing_else_does(
+    h: Harness,
+) -> None:
+    seen: list[Applied] = []
+    h.machine.on_applied = seen.append
+    h.produce(batch(1, 0, "a"), batch(1, 0, "b"), batch(1, 1, "c"), now_ms=1000)
+    retained = h.apply(commands.retain(1000, [{"topic_id": 1, "queue": 0, "max_bytes": 1}]))
+    assert retained["removed"] == [{"topic_id": 1, "queue": 0, "low_offset": 2}]
+    h.apply(commands.retain(1000, [{"topic_id": 1, "queue": 1, "max_age_ms": 60_000}]))  # nothing due
+    h.apply(commands.drop_topic(1))
+    start, _ = keys.queue_range(keys.RECORD, 1, 0)
+    assert [a.freed for a in seen] == [
+        (),
+        ((start, keys.record_key(1, 0, 2)),),
+        (),
+        tuple(keys.topic_range(prefix, 1) for prefix in keys.TOPIC_PREFIXES),
+    ]
+    assert h.values(1, 0) == [] and queue_bounds(h.store, 1, 0) == (0, 0)  # dropped: all gone
+
+
 def test_retention_by_size_removes_oldest_batches_until_within_max_bytes(h: Harness) -> None:
     for value in ("a" * 100, "b" * 100, "c" * 100):
         h.produce(batch(1, 0, value))

@@ -134,6 +134,29 @@ def test_approximate_size_grows_with_the_data(tmp_path: Path) -> None:
         store.approximate_size()
 
 
+def test_compact_range_frees_the_disk_a_delete_range_left_and_keeps_the_rest(tmp_path: Path) -> None:
+    store = RocksStore.open(str(tmp_path / "db"))
+    value = os.urandom(1024)
+    for start in range(0, 24_000, 1000):  # 24 MiB and more: past a memtable, into SST files
+        batch = Batch()
+        for n in range(start, start + 1000):
+            batch.put(_key(n), value + n.to_bytes(4, "big") + os.urandom(60))
+        store.write(batch)
+    _put(store, b"z-kept", b"still here", sync=True)
+    filled = store.approximate_size()
+    batch = Batch()
+    batch.delete_range(_key(0), _key(24_000))
+    store.write(batch, sync=True)
+    # A range deletion alone frees nothing: RocksDB keeps the files until a compaction.
+    assert store.approximate_size() >= filled // 2
+    store.compact_range(_key(0), _key(24_000))
+    assert store.approximate_size() < filled // 8, (filled, store.approximate_size())
+    assert store.get(b"z-kept") == b"still here" and store.get(_key(5)) is None
+    store.close()
+    with pytest.raises(StoreClosed):
+        store.compact_range(_key(0), _key(1))
+
+
 def test_destroy_store_removes_the_directory_and_restore_leftovers(tmp_path: Path) -> None:
     path = str(tmp_path / "db")
     _make_db(path, {b"k": b"v"})

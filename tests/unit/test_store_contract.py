@@ -277,6 +277,15 @@ def test_empty_batch_changes_nothing(abc_store: Store, sync: bool) -> None:
     assert len(_all(abc_store)) == 5
 
 
+def test_compact_range_changes_nothing_readable(abc_store: Store) -> None:
+    before = _all(abc_store)
+    batch = Batch()
+    batch.delete_range(b"a", b"b")
+    abc_store.write(batch)
+    abc_store.compact_range(b"", b"\xff")
+    assert _all(abc_store) == [pair for pair in before if not pair[0].startswith(b"a")]
+
+
 def test_synced_writes_and_sync_succeed(store: Store) -> None:
     _put(store, (b"k", b"v"), sync=True)
     store.sync()

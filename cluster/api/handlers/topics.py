@@ -1,4 +1,4 @@
-"""Topic handlers of the HTTP API v1: create, list, describe, change attributes and delete
+"""Topic handlers of the HTTP API v1: create, list, describe, change attributes or retention and delete
 (``POST/GET /v1/topics``, ``GET/PATCH/DELETE /v1/topics/{topic}``); topics live in the metadata
 group. The list shows dead-letter topics under their source (:func:`topic_list`).
 
@@ -21,7 +21,7 @@ from raftmq.cluster.api.validation import (
     parse_create_topic,
     parse_create_topics,
     parse_json,
-    parse_topic_attributes,
+    parse_topic_patch,
 )
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError, RaftmqError
@@ -114,10 +114,12 @@ class TopicHandlers(ApiCore):
         topic = await self.topic(request.match_info["topic"])
         return json_response(await self._describe(topic))
 
-    async def set_topic_attributes(self, request: web.Request) -> web.Response:
-        attributes = parse_topic_attributes(parse_json(await request.read()))
+    async def patch_topic(self, request: web.Request) -> web.Response:
+        """``PATCH /v1/topics/{topic}``: its attributes (``set_topic_attributes``) or its retention
+        bounds (``set_topic_retention``), one metadata entry."""
+        change = parse_topic_patch(parse_json(await request.read()))
         topic = await self.topic(request.match_info["topic"])
-        command = {"op": "set_topic_attributes", "name": topic.name, "attributes": attributes}
+        command = {**change, "name": topic.name}
         result = await self.router.group_call(META, "topic_command", command)
         return json_response(await self._describe(Topic.from_json(result["topic"])))
 

@@ -142,7 +142,18 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
             },
             required=("results",),
         ),
-        "TopicAttributes": _obj({"attributes": _attributes(True)}, required=("attributes",)),
+        "TopicChange": _obj(
+            {
+                "attributes": _attributes(True),
+                "retention_ms": _nullable(_int(1, U64)),
+                "retention_bytes": _nullable(_int(1, U64)),
+            },
+            minProperties=1,
+            description="Either attributes (merged into the topic's) or retention_ms and/or "
+            "retention_bytes (each set, or removed with null; a field left out is kept): not both "
+            "in one request. Retention turned on or tightened frees the messages past it at the "
+            "queue groups' next retention look (raft.retention_check_ms).",
+        ),
         "Topic": _topic(
             _int(1),
             dead_letter_of=_obj(
@@ -377,11 +388,11 @@ def _paths(limits: Limits) -> dict[str, Any]:
                 params=(TOPIC,),
             ),
             "patch": _op(
-                "setTopicAttributes",
-                "Set or remove attributes of a topic (merged into its attributes)",
+                "changeTopic",
+                "Set or remove attributes of a topic (merged into its attributes), or change its retention",
                 {"200": _json(_ref("TopicDescription"), "the topic"), **_errors(400, 404, *RAFT_ERRORS)},
                 params=(TOPIC,),
-                body=_ref("TopicAttributes"),
+                body=_ref("TopicChange"),
             ),
             "delete": _op(
                 "deleteTopic",

@@ -1,0 +1,84 @@
+"""Frees the disk of removed messages: compacts, on this node's replica of a queue group, the key
+ranges that applied entries removed (retention, a dropped topic: ``Applied.freed``).
+
+RocksDB keeps what a range deletion covers in its files until a compaction rewrites them, and it
+compacts a level only when the level outgrows its target: a backlog that retention removed from a
+store that no longer grows would stay on disk for good (measured: ``tests/bench/bench_backlog.py``).
+Every replica applies the removal and compacts its own store; nothing here is replicated.
+
+Invariant: at most one compaction job runs on a node at a time (an executor job that goes through
+every pending range), and ranges freed meanwhile wait for the next job, ``COMPACT_DELAY_S`` after
+the first of them, so that a run of ``retain`` entries (each removing at most
+``raft.retention_max_batches`` batches) becomes one compaction per queue. Per queue only the
+greatest end is kept: retention always removes from the queue's start. A compaction holds the
+store open while it runs (``RocksStore``'s gate): a checkpoint restore of that replica waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from raftmq.cluster.node.view import NodeView
+from raftmq.storage.store import StoreError
+
+__all__ = ["COMPACT_DELAY_S", "Compactor"]
+
+log = structlog.get_logger(__name__)
+
+COMPACT_DELAY_S = 2.0
+
+
+class Compactor:
+    """The ranges this node's queue group replicas freed, compacted in the background."""
+
+    def __init__(self, node: NodeView) -> None:
+        self.node = node
+        # Per group: range start -> the greatest end freed from it since the last job (on the loop).
+        self._pending: dict[str, dict[bytes, bytes]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.compacted_ranges = 0  # ranges compacted since the start (the log and tests read it)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The task waiting to compact, if any (the node cancels it when it stops; a compaction
+        already running finishes first, as the store's close waits for it)."""
+        return [self._task] if self._task is not None and not self._task.done() else []
+
+    def freed(self, name: str, ranges: tuple[tuple[bytes, bytes], ...]) -> None:
+        """Group ``name`` removed the keys of ``ranges`` (on the event loop): compact them soon."""
+        if not ranges:
+            return
+        pending = self._pending.setdefault(name, {})
+        for start, end in ranges:
+            pending[start] = max(end, pending.get(start, end))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await asyncio.sleep(COMPACT_DELAY_S)
+            pending, self._pending = self._pending, {}
+            await loop.run_in_executor(None, self._compact, pending)
+
+    def _compact(self, pending: dict[str, dict[bytes, bytes]]) -> None:  # an executor thread
+        for name, ranges in pending.items():
+            local = self.node.groups.get(name)
+            if local is None:  # the replica was removed meanwhile, and its files with it
+                continue
+            started = time.monotonic()
+            try:
+                for start, end in sorted(ranges.items()):
+                    local.state_store.compact_range(start, end)
+                    self.compacted_ranges += 1
+            except StoreError as e:  # closed (stopping, or a checkpoint restored): nothing to free
+                log.warning("freed_range_compaction_failed", group=name, error=str(e))
+                continue
+            log.info(
+                "freed_ranges_compacted",
+                group=name,
+                ranges=len(ranges),
+                seconds=round(time.monotonic() - started, 2),
+            )
