@@ -7,10 +7,13 @@ or reads expire after ``limits.offset_retention_ms``, those of a configured grou
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from raftmq.client import Consumer, Message
 
 from .harness import Cluster, wait_until
 
@@ -20,11 +23,13 @@ ADMIN = "admin-token-Pq8Wm3Zt6Yc1Ld4Rf"
 COMMITTER = "committer-token-Hs5Kx2Nv9Bj7Tg"  # consume on counted
 OTHER = "other-token-Ue3Ra8Wq1Mz6Xp4Jo"  # consume on counted
 FORGETTER = "forgetter-token-Lw7Dn4Qs1Vh8Ck"  # consume on forgetful
+MEMBER = "member-token-Gk2Yt9Ce5Rn3Wf"  # consume on membered
 TOKENS = [
     ("admin", ADMIN, '["*"]', '["*"]', '["*"]'),
     ("committer", COMMITTER, "[]", "[]", '["counted"]'),
     ("other", OTHER, "[]", "[]", '["counted"]'),
     ("forgetter", FORGETTER, "[]", "[]", '["forgetful"]'),
+    ("member", MEMBER, "[]", "[]", '["membered"]'),
 ]
 SECURITY = "[security]\n" + "".join(
     f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
@@ -129,3 +134,42 @@ def test_an_unused_invented_groups_offsets_expire_and_read_or_configured_ones_st
     # The expired group no longer counts against the committer's cap, and starts over if used.
     r = commit(c, FORGETTER, "forgetful", "forgotten")
     assert r.status_code == 200, r.text
+
+
+def test_an_idle_consumer_groups_offsets_stay_while_it_has_a_live_member(c: Cluster) -> None:
+    """Kafka's rule: a group's offsets expire only once it has had no member for the retention.
+    A member that stays connected but gets no new message commits nothing; its heartbeats keep
+    the group's offsets, while a group nobody uses, committed after the member's last commit,
+    loses them."""
+    topic_with_messages(c, "membered")
+    consumer = Consumer(
+        [n.url for n in c.nodes.values()], group="members", topics="membered", token=MEMBER, wait_ms=200
+    )
+    got: list[Message] = []
+
+    def consume() -> None:
+        for m in consumer:
+            m.ack()
+            got.append(m)
+
+    runner = threading.Thread(target=consume, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: committed(c, "membered", "members") == {"0": 2, "1": 2}, 60, what="the commit")
+        assert len(got) == 4
+        assert commit(c, MEMBER, "membered", "unused").status_code == 200  # the control group
+        # Idle from here: no message comes, so the member commits nothing and nobody reads its
+        # offsets. The control group goes after offset_retention_ms (45 s) ...
+        wait_until(
+            lambda: "unused" not in groups_of(c, "membered"),
+            180,
+            interval_s=1,
+            what="the unused group's offsets to expire",
+        )
+        assert committed(c, "membered", "unused") == {"0": None, "1": None}
+        # ... and the group with a live member keeps its record and offsets.
+        assert "members" in groups_of(c, "membered")
+        assert committed(c, "membered", "members") == {"0": 2, "1": 2}
+    finally:
+        consumer.close()
+        runner.join(30)
