@@ -15,7 +15,7 @@ import pytest
 
 from raftmq.client import Consumer, Message
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, running, tokens_toml, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,10 +31,7 @@ TOKENS = [
     ("forgetter", FORGETTER, "[]", "[]", '["forgetful"]'),
     ("member", MEMBER, "[]", "[]", '["membered"]'),
 ]
-SECURITY = "[security]\n" + "".join(
-    f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
-    for n, t, a, p, c in TOKENS
-)
+SECURITY = tokens_toml(TOKENS)
 CONFIG = (
     "[limits]\nsubscription_idle_ms = 10000\noffset_retention_ms = 45000\nmax_visibility_ms = 8000\n"
     "default_visibility_ms = 1000\nmax_groups_per_topic = 6\nmax_groups_per_token = 4\n"
@@ -44,19 +41,8 @@ CONFIG = (
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("offset-groups"), extra_toml=CONFIG) as cluster:
-        cluster.session.headers["Authorization"] = f"Bearer {ADMIN}"
-        cluster.start()
-        cluster.wait_ready()
-        cluster.wait_balanced()
+    with running(Cluster(tmp_path_factory.mktemp("offset-groups"), extra_toml=CONFIG), ADMIN) as cluster:
         yield cluster
-        for nid in cluster.nodes:
-            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
-
-
-def call(c: Cluster, token: str, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
-    headers = {"Authorization": f"Bearer {token}"}
-    return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
 
 
 def topic_with_messages(c: Cluster, name: str) -> None:
@@ -67,7 +53,7 @@ def topic_with_messages(c: Cluster, name: str) -> None:
 
 def commit(c: Cluster, token: str, topic: str, group: str, node: str | None = None) -> Any:
     body = {"topic": topic, "offsets": {"0": 1, "1": 2}}
-    return call(c, token, "PUT", f"/v1/groups/{group}/offsets", node, json=body)
+    return c.call_as(token, "PUT", f"/v1/groups/{group}/offsets", node, json=body)
 
 
 def committed(c: Cluster, topic: str, group: str) -> dict[str, int | None]:
@@ -94,11 +80,11 @@ def test_commits_under_more_invented_groups_than_the_caps_are_refused_and_store_
     assert "max_groups_per_token" in r.json()["error"]["message"]
     assert committed(c, "counted", "made-up-over") == {"0": None, "1": None}  # nothing stored
     # The same caps as a receive's groups: a receive under a fifth name is refused too.
-    r = call(c, COMMITTER, "POST", "/v1/topics/counted/subscriptions/received/receive", json={})
+    r = c.call_as(COMMITTER, "POST", "/v1/topics/counted/subscriptions/received/receive", json={})
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     # A known group commits on; its offsets move.
     body = {"topic": "counted", "offsets": {"0": 2}}
-    r = call(c, COMMITTER, "PUT", "/v1/groups/made-up-0/offsets", nodes[2], json=body)
+    r = c.call_as(COMMITTER, "PUT", "/v1/groups/made-up-0/offsets", nodes[2], json=body)
     assert r.status_code == 200, r.text
     assert committed(c, "counted", "made-up-0") == {"0": 2, "1": 2}
     # The topic's cap: another token's third new group is over the 6 the topic may have.
