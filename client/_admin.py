@@ -17,6 +17,18 @@ __all__ = ["AsyncAdmin"]
 BULK_CHUNK = 1000  # topics per request: a node's limits.max_topics_per_request, by default
 
 
+def _topic_settings(
+    queues: int, retention_ms: int | None, retention_bytes: int | None, max_message_bytes: int | None
+) -> dict[str, Any]:
+    """A topic spec's settings: ``queues`` and those given (None: the cluster's default)."""
+    given = {
+        "retention_ms": retention_ms,
+        "retention_bytes": retention_bytes,
+        "max_message_bytes": max_message_bytes,
+    }
+    return {"queues": queues, **{k: v for k, v in given.items() if v is not None}}
+
+
 class AsyncAdmin:
     """Topics, consumer-group offsets and cluster status (asyncio).
 
@@ -69,15 +81,8 @@ class AsyncAdmin:
             TopicExists: A topic with this name exists.
             BadRequest: An invalid name or setting.
         """
-        spec: dict[str, Any] = {"name": name, "queues": queues}
-        for key, value in (
-            ("retention_ms", retention_ms),
-            ("retention_bytes", retention_bytes),
-            ("max_message_bytes", max_message_bytes),
-        ):
-            if value is not None:
-                spec[key] = value
-        return await self._api.create_topic(spec)
+        settings = _topic_settings(queues, retention_ms, retention_bytes, max_message_bytes)
+        return await self._api.create_topic({"name": name, **settings})
 
     async def create_topics(
         self,
@@ -103,14 +108,7 @@ class AsyncAdmin:
                 leader runs that release itself, the request is a :class:`BadRequest` whose
                 details name no ``index`` (the CLI then creates the topics one by one).
         """
-        settings: dict[str, Any] = {"queues": queues}
-        for key, value in (
-            ("retention_ms", retention_ms),
-            ("retention_bytes", retention_bytes),
-            ("max_message_bytes", max_message_bytes),
-        ):
-            if value is not None:
-                settings[key] = value
+        settings = _topic_settings(queues, retention_ms, retention_bytes, max_message_bytes)
         out: dict[str, TopicInfo | RaftmqError] = {}
         chunk, done = BULK_CHUNK, 0
         while done < len(names):

@@ -43,6 +43,8 @@ to 2**40::
     {"op": "commit_fenced", ... as commit_offsets ..., "epoch": u64}
     {"op": "redrive", "now_ms": time, "group": str, "topic_id": u32, "dlq_topic_id": u32,
      "queues": [u32, ...] (distinct), "max": 1..10000}
+    {"op": "touch_subscriptions", "now_ms": time, "groups": [[u32 topic_id, str group], ...]
+     (distinct, 1..1000)}
 
 Validation is strict, because a command that one replica accepts and another rejects would fork
 the queue group: unknown fields are rejected, ``true`` is not an integer, integers must be in range,
@@ -76,6 +78,7 @@ from raftmq.cluster.commands.append import (
 # Each op family lives in a module of cluster/commands/; its public names are importable from here.
 from raftmq.cluster.commands.delivery import (
     _DELIVERY_DECODERS,
+    MAX_TOUCH_GROUPS,
     ack,
     commit_fenced,
     deliver_tick,
@@ -86,6 +89,7 @@ from raftmq.cluster.commands.delivery import (
     receive,
     redrive,
     subscribe,
+    touch_subscriptions,
     unlock,
 )
 from raftmq.cluster.commands.fields import _fields, _uint
@@ -119,6 +123,7 @@ from raftmq.cluster.commands.shapes import (
     RetainCommand,
     RetainQueue,
     SubscribeCommand,
+    TouchSubscriptionsCommand,
     UnlockCommand,
 )
 from raftmq.storage.keys import MAX_U32
@@ -132,6 +137,7 @@ __all__ = [
     "MAX_RECEIVE",
     "MAX_TICK_ITEMS",
     "MAX_TIME_MS",
+    "MAX_TOUCH_GROUPS",
     "OPS",
     "VERSION",
     "AppendBatch",
@@ -155,6 +161,7 @@ __all__ = [
     "RetainCommand",
     "RetainQueue",
     "SubscribeCommand",
+    "TouchSubscriptionsCommand",
     "UnlockCommand",
     "ack",
     "append",
@@ -175,6 +182,7 @@ __all__ = [
     "retain",
     "split_append",
     "subscribe",
+    "touch_subscriptions",
     "unlock",
     "validate",
 ]
@@ -201,6 +209,7 @@ OPS: tuple[str, ...] = (
     "expire_producers",  # cluster/machines/producers.py
     "append",  # binary, not JSON: cluster/commands/append.py
     "expire_subscriptions",  # cluster/machines/delivery/expiry.py
+    "touch_subscriptions",  # cluster/machines/delivery/expiry.py
 )
 
 # Fields added to an op after it shipped, named ``<op>.<level>`` (ONLY ADD TO THE END). A leader

@@ -35,6 +35,7 @@ from raftmq.cluster.commands.shapes import (
     Receipt,
     ReceiptsCommand,
     SubscribeCommand,
+    TouchSubscriptionsCommand,
 )
 from raftmq.storage.keys import MAX_U32, MAX_U64
 
@@ -101,6 +102,18 @@ def expire_subscriptions(
         max=max_items,
         offset_retention_ms=offset_retention_ms,
     )
+
+
+MAX_TOUCH_GROUPS = 1000
+"""Most groups one ``touch_subscriptions`` names (a leader with more sends several)."""
+
+
+def touch_subscriptions(now_ms: int, groups: Sequence[tuple[int, str]]) -> bytes:
+    """Mark the stored unconfigured subscriptions of ``groups`` (``(topic_id, group)``, each once,
+    1 to :data:`MAX_TOUCH_GROUPS`) used at ``now_ms``: consumer groups with a live member, whose
+    offsets must not expire while it is idle (``cluster/machines/delivery/expiry.py``). Creates
+    nothing."""
+    return _command("touch_subscriptions", now_ms=now_ms, groups=[[t, g] for t, g in groups])
 
 
 def receive(
@@ -286,6 +299,25 @@ _SUBSCRIBE_FIELDS = {
     "max_token_groups",
 }
 
+
+def _touch_subscriptions(obj: dict[str, Any]) -> TouchSubscriptionsCommand:
+    _object(obj, {"now_ms", "groups"})
+    raw = _list(obj, "groups", "")
+    if len(raw) > MAX_TOUCH_GROUPS:
+        raise _bad(f"groups: more than {MAX_TOUCH_GROUPS}")
+    groups: list[tuple[int, str]] = []
+    for i, item in enumerate(raw):
+        if type(item) is not list or len(item) != 2:
+            raise _bad(f"groups[{i}]: expected [topic_id, group]")
+        pair = {"topic_id": item[0], "group": item[1]}
+        groups.append(
+            (_uint(pair, "topic_id", MAX_U32, f"groups[{i}]."), _name(pair, "group", f"groups[{i}]."))
+        )
+    if len(set(groups)) != len(groups):
+        raise _bad("groups: a group is named twice")
+    return {"v": VERSION, "op": "touch_subscriptions", "now_ms": _time(obj, "now_ms"), "groups": groups}
+
+
 _tuple_new = tuple.__new__
 
 
@@ -441,4 +473,5 @@ _DELIVERY_DECODERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     "commit_fenced": _commit_fenced,
     "redrive": _plain,
     "expire_subscriptions": _plain,
+    "touch_subscriptions": _touch_subscriptions,
 }

@@ -120,6 +120,13 @@ class ExpireSubscriptionsCommand(TypedDict):
     offset_retention_ms: int | None  # None: the offset API's offsets stay (entries before the field)
 
 
+class TouchSubscriptionsCommand(TypedDict):
+    v: int
+    op: Literal["touch_subscriptions"]
+    now_ms: int
+    groups: list[tuple[int, str]]  # (topic_id, group), each once
+
+
 class ReceiveCommand(TypedDict):
     v: int
     op: Literal["receive"]
@@ -222,4 +229,5 @@ Command = (
     | SealSegmentCommand
     | ExpireProducersCommand
     | ExpireSubscriptionsCommand
+    | TouchSubscriptionsCommand
 )

@@ -208,6 +208,14 @@ class GroupMembership:
         for group, g in touched.items():
             self._prune(group, g)
 
+    def subscribed(self, now_ms: int) -> list[tuple[str, str]]:
+        """``(group, topic)`` of every topic a live member subscribes to (after dropping the
+        expired), sorted: the groups whose offsets stay while they have members."""
+        self.expire(now_ms)
+        return sorted(
+            {(name, t) for name, g in self._groups.items() for m in g.members.values() for t in m.topics}
+        )
+
     def member(self, group: str, member_id: str, now_ms: int) -> Member | None:
         """The live member ``member_id`` of ``group`` (after dropping the expired), or None. The
         caller reads it only (its owner and topics)."""

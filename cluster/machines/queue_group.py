@@ -281,6 +281,8 @@ class QueueGroupMachine:
             return producers.apply_expire_producers(work, cmd)
         if cmd["op"] == "expire_subscriptions":
             return delivery.expire_subscriptions(work, cmd)
+        if cmd["op"] == "touch_subscriptions":
+            return delivery.touch_subscriptions(work, cmd)
         raise AssertionError(f"op {op} has no handler")  # commands.decode knows no other op
 
     def _commit_offsets(self, work: Apply, cmd: CommitOffsetsCommand | CommitFencedCommand) -> dict[str, Any]:

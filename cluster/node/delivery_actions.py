@@ -1,7 +1,7 @@
 """The delivery writes this node runs as a group's leader (``docs/delivery.md``): ``subscribe``,
 ``receive``, ``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``,
-``extend``, ``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``dlq_list`` at a queue group's
-leader, ``ensure_dlq`` at the metadata leader.
+``extend``, ``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``touch_subscriptions``,
+``dlq_list`` at a queue group's leader, ``ensure_dlq`` at the metadata leader.
 
 The HTTP routes (``cluster/api/handlers/subscriptions.py``, ``dlq_locks.py``, ``push.py``), the
 receive coordinator and the SQS API reach them through the node's ``LeaderRouter``: here when this
@@ -39,7 +39,7 @@ __all__ = ["DELIVERY_ACTIONS", "DeliveryActions", "await_available", "check_lock
 Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
 """Propose a command to a group led here; its result, or a :class:`RaftmqError`."""
 
-_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive", "subscribe"})
+_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive", "subscribe", "touch_subscriptions"})
 _SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
 _COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
 DELIVERY_ACTIONS = _COMMAND_ACTIONS | {"receive", "await", "dlq_list", "ensure_dlq"}

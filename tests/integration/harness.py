@@ -14,7 +14,8 @@ import sys
 import termios
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,6 +285,13 @@ class Cluster:
     def post(self, path: str, json: Any = None, node: str | None = None, **kw: Any) -> requests.Response:
         return self.session.post(self.url(node) + path, json=json, timeout=kw.pop("timeout", 30), **kw)
 
+    def call_as(
+        self, token: str, method: str, path: str, node: str | None = None, **kw: Any
+    ) -> requests.Response:
+        """A request made with API token ``token`` instead of the session's."""
+        headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
+        return self.session.request(method, self.url(node) + path, headers=headers, timeout=30, **kw)
+
     def internal(self, method: str, path: str, node: str, **kw: Any) -> requests.Response:
         headers = {PEER_HEADER: PEER_KEY, **kw.pop("headers", {})}
         return self.session.request(method, self.url(node) + path, headers=headers, timeout=30, **kw)
@@ -395,3 +403,32 @@ class Cluster:
             if not body["messages"] or body["next_offset"] >= body["high_offset"]:
                 return out
             offset = body["next_offset"]
+
+
+Token = tuple[str, str, str, str, str]
+"""An API token of :func:`tokens_toml`: name, token, then the ``admin``, ``produce`` and
+``consume`` topic patterns, each a TOML array (``'["*"]'``, ``"[]"``)."""
+
+
+def tokens_toml(tokens: Iterable[Token]) -> str:
+    """The cluster file's ``[security]`` table with these API tokens."""
+    return "[security]\n" + "".join(
+        f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
+        for n, t, a, p, c in tokens
+    )
+
+
+@contextmanager
+def running(cluster: Cluster, token: str | None = None) -> Iterator[Cluster]:
+    """``cluster`` started, ready and its leaders balanced, the harness's own calls made with API
+    token ``token``; stopped on the way out, where every node must still be alive (a node that died
+    under the tests fails them)."""
+    with cluster:
+        if token is not None:
+            cluster.session.headers["Authorization"] = f"Bearer {token}"
+        cluster.start()
+        cluster.wait_ready()
+        cluster.wait_balanced()
+        yield cluster
+        for nid in cluster.nodes:
+            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"

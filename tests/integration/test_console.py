@@ -18,7 +18,7 @@ import requests
 
 from raftmq.client import Consumer
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, running, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -63,15 +63,11 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: 
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("console"), nodes=3, extra_toml=SECURITY) as cluster:
-        cluster.session.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-        cluster.start()
-        cluster.wait_ready()
-        cluster.wait_balanced()
+    with running(
+        Cluster(tmp_path_factory.mktemp("console"), nodes=3, extra_toml=SECURITY), ADMIN_TOKEN
+    ) as cluster:
         _fill(cluster)
         yield cluster
-        for nid in cluster.nodes:
-            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
 
 
 def _ok(r: requests.Response) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, running, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,14 +49,9 @@ DELIVERY = "[delivery]\nmax_deliveries = 1\nbackoff_ms = [100]\ntick_ms = 100\n"
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("consume-rights"), extra_toml=DELIVERY + SECURITY_TOML) as cluster:
-        cluster.session.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"  # the harness's own calls
-        cluster.start()
-        cluster.wait_ready()
-        cluster.wait_balanced()
+    cluster = Cluster(tmp_path_factory.mktemp("consume-rights"), extra_toml=DELIVERY + SECURITY_TOML)
+    with running(cluster, ADMIN_TOKEN):  # the harness's own calls as admin
         yield cluster
-        for nid in cluster.nodes:
-            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
 
 
 def as_consumer(

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, running, tokens_toml, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,10 +37,7 @@ TOKENS = [
     ("capper2", CAPPER2, "[]", "[]", '["capped"]'),
     ("ledger-glob", GLOB, '["ledger.*"]', '["ledger.*"]', '["ledger.*"]'),
 ]
-SECURITY = "[security]\n" + "".join(
-    f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
-    for n, t, a, p, c in TOKENS
-)
+SECURITY = tokens_toml(TOKENS)
 CONFIG = (
     "[delivery]\nmax_deliveries = 2\nbackoff_ms = [100]\ntick_ms = 100\n"
     "[limits]\nsubscription_idle_ms = 15000\nmax_visibility_ms = 15000\ndefault_visibility_ms = 1000\n"
@@ -52,19 +49,10 @@ CONFIG = (
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # One queue group: every topic has the same placement, as in the probe.
-    with Cluster(tmp_path_factory.mktemp("dead-letter-names"), queue_groups=1, extra_toml=CONFIG) as cluster:
-        cluster.session.headers["Authorization"] = f"Bearer {ADMIN}"
-        cluster.start()
-        cluster.wait_ready()
-        cluster.wait_balanced()
+    with running(
+        Cluster(tmp_path_factory.mktemp("dead-letter-names"), queue_groups=1, extra_toml=CONFIG), ADMIN
+    ) as cluster:
         yield cluster
-        for nid in cluster.nodes:
-            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
-
-
-def call(c: Cluster, token: str, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
-    headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
-    return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
 
 
 def sub(topic: str, group: str, action: str = "") -> str:
@@ -81,7 +69,7 @@ def topic_names(c: Cluster) -> set[str]:
 
 
 def receive_one(c: Cluster, token: str, topic: str, group: str) -> dict[str, Any]:
-    r = call(c, token, "POST", sub(topic, group, "receive"), json={"wait_ms": 10_000, "max": 1})
+    r = c.call_as(token, "POST", sub(topic, group, "receive"), json={"wait_ms": 10_000, "max": 1})
     assert r.status_code == 200, r.text
     (m,) = r.json()["messages"]
     return dict(m)
@@ -102,13 +90,13 @@ def owners_dead_letter(c: Cluster) -> str:
     assert r.status_code == 200 and r.json()["dead_letter_topic"] == "payments.eu.billing.dlq", r.text
     assert c.produce("payments.eu", [{"value": "secret"}]).status_code == 200
     m = receive_one(c, OWNER, "payments.eu", "billing")
-    r = call(c, OWNER, "POST", sub("payments.eu", "billing", "nack"), json={"receipts": [m["receipt"]]})
+    r = c.call_as(OWNER, "POST", sub("payments.eu", "billing", "nack"), json={"receipts": [m["receipt"]]})
     assert r.json()["results"][0].get("dead_lettered") is True, r.text
     return "payments.eu.billing.dlq"
 
 
 def owners_view(c: Cluster) -> list[str]:
-    r = call(c, OWNER, "GET", sub("payments.eu", "billing", "dlq"))
+    r = c.call_as(OWNER, "GET", sub("payments.eu", "billing", "dlq"))
     assert r.status_code == 200, r.text
     return [m["value"] for m in r.json()["messages"]]
 
@@ -118,15 +106,15 @@ def test_a_dotted_group_neither_lists_nor_redrives_another_topics_dead_letters(
 ) -> None:
     assert owners_view(c) == ["secret"]
     for node in c.nodes:  # the entry node and forwarding nodes alike
-        r = call(c, PRODUCER, "GET", sub("payments", "eu.billing", "dlq"), node)
+        r = c.call_as(PRODUCER, "GET", sub("payments", "eu.billing", "dlq"), node)
         assert r.status_code == 200, r.text
         assert r.json()["messages"] == [] and r.json()["queues"] == [], r.text
-        r = call(c, PRODUCER, "POST", sub("payments", "eu.billing", "dlq/redrive"), node, json={})
+        r = c.call_as(PRODUCER, "POST", sub("payments", "eu.billing", "dlq/redrive"), node, json={})
         assert r.status_code == 200 and r.json()["redriven"] == 0, r.text
     assert owners_view(c) == ["secret"]  # the owner's view is intact
-    r = call(c, PRODUCER, "POST", "/v1/topics/payments/messages", json={"messages": [{"value": "x"}]})
+    r = c.call_as(PRODUCER, "POST", "/v1/topics/payments/messages", json={"messages": [{"value": "x"}]})
     assert r.status_code == 200, r.text
-    r = call(c, PRODUCER, "GET", "/v1/topics/payments/queues/0/messages?offset=0&max=100")
+    r = c.call_as(PRODUCER, "GET", "/v1/topics/payments/queues/0/messages?offset=0&max=100")
     assert "secret" not in [m["value"] for m in r.json()["messages"]]  # nothing moved into payments
     # The command line goes through the same routes.
     env = {k: v for k, v in os.environ.items() if k != "RAFTMQ_URL"}
@@ -153,11 +141,10 @@ def test_nacks_under_a_dotted_group_never_write_into_another_topics_dead_letter_
     assert c.produce("payments", [{"value": "forged"}]).status_code == 200
     results: list[dict[str, Any]] = []
     for _ in range(2):  # max_deliveries = 2: the second nack spends the messages
-        r = call(c, CONSUMER, "POST", sub("payments", "eu.billing", "receive"), json={"wait_ms": 5000})
+        r = c.call_as(CONSUMER, "POST", sub("payments", "eu.billing", "receive"), json={"wait_ms": 5000})
         receipts = [m["receipt"] for m in r.json()["messages"]]
         assert receipts, r.text
-        r = call(
-            c,
+        r = c.call_as(
             CONSUMER,
             "POST",
             sub("payments", "eu.billing", "nack"),
@@ -168,11 +155,11 @@ def test_nacks_under_a_dotted_group_never_write_into_another_topics_dead_letter_
     time.sleep(3)  # parked messages are looked at again after 1 s; the leader records no topic
     assert dlq_high(c, owners_dead_letter) == before
     assert all(x.get("parked") is True and "dead_lettered" not in x for x in results), results
-    r = call(c, CONSUMER, "POST", sub("payments", "eu.billing", "receive"), json={"wait_ms": 500})
+    r = c.call_as(CONSUMER, "POST", sub("payments", "eu.billing", "receive"), json={"wait_ms": 500})
     assert r.status_code == 200 and r.json()["messages"] == [], r.text  # parked: not handed out again
-    r = call(c, OWNER, "POST", sub("payments.eu", "billing", "dlq/redrive"), json={})
+    r = c.call_as(OWNER, "POST", sub("payments.eu", "billing", "dlq/redrive"), json={})
     assert r.status_code == 200, r.text
-    r = call(c, OWNER, "GET", "/v1/topics/payments.eu/queues/0/messages?offset=0&max=100")
+    r = c.call_as(OWNER, "GET", "/v1/topics/payments.eu/queues/0/messages?offset=0&max=100")
     assert "forged" not in [m["value"] for m in r.json()["messages"]]
     assert [m["value"] for m in r.json()["messages"]].count("secret") == 2  # the original and its redrive
 
@@ -183,8 +170,8 @@ def test_consume_rights_make_no_dead_letter_topic_and_invented_groups_expire_fro
     before = topic_names(c)
     # 20 receives under 20 new group names, and receive-and-nack rounds until a dead letter.
     for i in range(20):
-        r = call(
-            c, INVENTOR, "POST", sub("invented", f"made-up-{i}", "receive"), list(c.nodes)[i % 3], json={}
+        r = c.call_as(
+            INVENTOR, "POST", sub("invented", f"made-up-{i}", "receive"), list(c.nodes)[i % 3], json={}
         )
         assert r.status_code == 200, r.text
 
@@ -199,20 +186,20 @@ def test_consume_rights_make_no_dead_letter_topic_and_invented_groups_expire_fro
     assert len(groups_in_metrics()) == 20
     # A queue lock under an invented group: its record goes with the group's subscription.
     locks = "/v1/topics/invented/queues/0/locks/locker"
-    r = call(c, INVENTOR, "POST", locks, json={"consumer": "a", "lease_ms": 1000})
+    r = c.call_as(INVENTOR, "POST", locks, json={"consumer": "a", "lease_ms": 1000})
     assert r.status_code == 200 and r.json()["epoch"] == 1, r.text
-    assert call(c, INVENTOR, "DELETE", locks + "?consumer=a&epoch=1").json() == {"released": True}
+    assert c.call_as(INVENTOR, "DELETE", locks + "?consumer=a&epoch=1").json() == {"released": True}
     for _ in range(2):
         m = receive_one(c, INVENTOR, "invented", "spender")
         body = {"receipts": [m["receipt"]], "delay_ms": 0}
-        r = call(c, INVENTOR, "POST", sub("invented", "spender", "nack"), json=body)
+        r = c.call_as(INVENTOR, "POST", sub("invented", "spender", "nack"), json=body)
     time.sleep(2)
     assert topic_names(c) == before  # no dead-letter topic for an invented group
     assert r.json()["results"][0].get("parked") is True, r.text
     wait_until(lambda: not groups_in_metrics(), 60, interval_s=1, what="the idle invented groups to expire")
     r = c.get("/v1/topics/invented/groups")
     assert r.status_code == 200 and r.json()["groups"] == [], r.text
-    r = call(c, INVENTOR, "POST", locks, json={"consumer": "b", "lease_ms": 1000})
+    r = c.call_as(INVENTOR, "POST", locks, json={"consumer": "b", "lease_ms": 1000})
     assert r.status_code == 200 and r.json()["epoch"] == 1, r.text  # a new record, not the kept one's 2
 
 
@@ -221,26 +208,26 @@ def test_new_groups_over_the_per_token_and_per_topic_caps_are_refused_with_too_m
 ) -> None:
     ensure_topic(c, "capped")
     for i in range(25):
-        r = call(c, CAPPER, "POST", sub("capped", f"c1-{i}", "receive"), json={})
+        r = c.call_as(CAPPER, "POST", sub("capped", f"c1-{i}", "receive"), json={})
         assert r.status_code == 200, r.text
-    r = call(c, CAPPER, "POST", sub("capped", "c1-over", "receive"), json={})
+    r = c.call_as(CAPPER, "POST", sub("capped", "c1-over", "receive"), json={})
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     assert "max_groups_per_token" in r.json()["error"]["message"]
-    assert call(c, CAPPER, "POST", sub("capped", "c1-0", "receive"), json={}).status_code == 200  # known
+    assert c.call_as(CAPPER, "POST", sub("capped", "c1-0", "receive"), json={}).status_code == 200  # known
     for i in range(5):
-        r = call(c, CAPPER2, "POST", sub("capped", f"c2-{i}", "receive"), json={})
+        r = c.call_as(CAPPER2, "POST", sub("capped", f"c2-{i}", "receive"), json={})
         assert r.status_code == 200, r.text
-    r = call(c, CAPPER2, "POST", sub("capped", "c2-over", "receive"), json={})
+    r = c.call_as(CAPPER2, "POST", sub("capped", "c2-over", "receive"), json={})
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     assert "max_groups_per_topic" in r.json()["error"]["message"]
     # The push stream is refused the same way, before the upgrade.
-    r = call(c, CAPPER2, "GET", sub("capped", "c2-stream", "stream"))
+    r = c.call_as(CAPPER2, "GET", sub("capped", "c2-stream", "stream"))
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     # So is a queue lock under a new group: a lock is kept under its group's subscription.
     lock = {"consumer": "c", "lease_ms": 1000}
-    r = call(c, CAPPER2, "POST", "/v1/topics/capped/queues/0/locks/c2-lock", json=lock)
+    r = c.call_as(CAPPER2, "POST", "/v1/topics/capped/queues/0/locks/c2-lock", json=lock)
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
-    assert call(c, CAPPER2, "POST", "/v1/topics/capped/queues/0/locks/c2-0", json=lock).status_code == 200
+    assert c.call_as(CAPPER2, "POST", "/v1/topics/capped/queues/0/locks/c2-0", json=lock).status_code == 200
     # An admin configures a group whatever the caps.
     r = c.session.put(c.url() + sub("capped", "configured"), json={}, timeout=30)
     assert r.status_code == 200, r.text
@@ -253,7 +240,7 @@ def dead_letter_one(c: Cluster, topic: str, value: str) -> None:
     assert r.status_code == 200 and r.json()["dead_letter_topic"] == f"{topic}.billing.dlq", r.text
     assert c.produce(topic, [{"value": value}]).status_code == 200
     m = receive_one(c, ADMIN, topic, "billing")
-    r = call(c, ADMIN, "POST", sub(topic, "billing", "nack"), json={"receipts": [m["receipt"]]})
+    r = c.call_as(ADMIN, "POST", sub(topic, "billing", "nack"), json={"receipts": [m["receipt"]]})
     assert r.json()["results"][0].get("dead_lettered") is True, r.text
 
 
@@ -263,20 +250,18 @@ def test_a_dead_letter_topic_is_guarded_by_its_sources_name_not_its_own(c: Clust
     dlq = "/v1/topics/ledger.billing.dlq"
     for node in c.nodes:  # the entry node and forwarding nodes alike
         refused = [
-            call(c, GLOB, "GET", dlq, node),
-            call(c, GLOB, "GET", dlq + "/queues/0/messages?offset=0&max=100", node),
-            call(
-                c,
+            c.call_as(GLOB, "GET", dlq, node),
+            c.call_as(GLOB, "GET", dlq + "/queues/0/messages?offset=0&max=100", node),
+            c.call_as(
                 GLOB,
                 "GET",
                 dlq + "/queues/0/messages?offset=0",
                 node,
                 headers={"Accept": "application/vnd.raftmq.batch"},
             ),
-            call(c, GLOB, "GET", dlq + "/segments", node),
-            call(c, GLOB, "POST", dlq + "/messages", node, json={"messages": [{"value": "injected"}]}),
-            call(
-                c,
+            c.call_as(GLOB, "GET", dlq + "/segments", node),
+            c.call_as(GLOB, "POST", dlq + "/messages", node, json={"messages": [{"value": "injected"}]}),
+            c.call_as(
                 GLOB,
                 "POST",
                 dlq + "/messages",
@@ -284,34 +269,33 @@ def test_a_dead_letter_topic_is_guarded_by_its_sources_name_not_its_own(c: Clust
                 data=b"\x00" * 16,
                 headers={"Content-Type": "application/vnd.raftmq.batch"},
             ),
-            call(c, GLOB, "POST", dlq + "/subscriptions/g/receive", node, json={"wait_ms": 0}),
-            call(c, GLOB, "GET", dlq + "/subscriptions/g/stream", node),
-            call(c, GLOB, "GET", dlq + "/groups", node),
-            call(c, GLOB, "GET", "/v1/groups/g/offsets?topic=ledger.billing.dlq", node),
-            call(
-                c,
+            c.call_as(GLOB, "POST", dlq + "/subscriptions/g/receive", node, json={"wait_ms": 0}),
+            c.call_as(GLOB, "GET", dlq + "/subscriptions/g/stream", node),
+            c.call_as(GLOB, "GET", dlq + "/groups", node),
+            c.call_as(GLOB, "GET", "/v1/groups/g/offsets?topic=ledger.billing.dlq", node),
+            c.call_as(
                 GLOB,
                 "PUT",
                 "/v1/groups/g/offsets",
                 node,
                 json={"topic": "ledger.billing.dlq", "offsets": {"0": 0}},
             ),
-            call(c, GLOB, "PATCH", dlq, node, json={"attributes": {"a": "b"}}),
-            call(c, GLOB, "DELETE", dlq, node),
+            c.call_as(GLOB, "PATCH", dlq, node, json={"attributes": {"a": "b"}}),
+            c.call_as(GLOB, "DELETE", dlq, node),
         ]
         for r in refused:
             assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (r.request.url, r.text)
     assert dlq_high(c, "ledger.billing.dlq") == 1  # nothing injected, the topic still there
-    names = {t["name"] for t in call(c, GLOB, "GET", "/v1/topics").json()["topics"]}
+    names = {t["name"] for t in c.call_as(GLOB, "GET", "/v1/topics").json()["topics"]}
     assert "ledger.billing.dlq" not in names and {"ledger.eu", "ledger.eu.billing.dlq"} <= names, names
     # The common case keeps working: ledger.* reads ledger.eu's dead letters.
-    r = call(c, GLOB, "GET", "/v1/topics/ledger.eu.billing.dlq/queues/0/messages?offset=0&max=100")
+    r = c.call_as(GLOB, "GET", "/v1/topics/ledger.eu.billing.dlq/queues/0/messages?offset=0&max=100")
     assert r.status_code == 200 and [m["value"] for m in r.json()["messages"]] == ["eu-secret"], r.text
     # The source's own grant reaches its dead-letter topic: payments.eu's owner reads payments.eu.billing.dlq.
     ensure_topic(c, "payments.eu")
     r = c.session.put(c.url() + sub("payments.eu", "billing"), json={"max_deliveries": 1}, timeout=30)
     assert r.status_code == 200, r.text
-    r = call(c, OWNER, "GET", "/v1/topics/payments.eu.billing.dlq")
+    r = c.call_as(OWNER, "GET", "/v1/topics/payments.eu.billing.dlq")
     assert r.status_code == 200, r.text
 
 
@@ -321,10 +305,10 @@ def test_a_token_cannot_create_a_topic_that_would_take_a_dead_letter_name_of_a_t
     ensure_topic(c, "ledger")
     ensure_topic(c, "ledger.eu")
     for name in ("ledger.audit.dlq", "ledger.eu.audit.dlq"):  # ledger could own both (groups audit, eu.audit)
-        r = call(c, GLOB, "POST", "/v1/topics", json={"name": name, "queues": 1})
+        r = c.call_as(GLOB, "POST", "/v1/topics", json={"name": name, "queues": 1})
         assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", r.text
     assert not {"ledger.audit.dlq", "ledger.eu.audit.dlq"} & topic_names(c)
-    r = call(c, GLOB, "POST", "/v1/topics", json={"name": "ledger.eu.audit", "queues": 1})
+    r = c.call_as(GLOB, "POST", "/v1/topics", json={"name": "ledger.eu.audit", "queues": 1})
     assert r.status_code in (201, 409), r.text  # an ordinary name under its pattern
     r = c.session.put(c.url() + sub("ledger", "audit"), json={"max_deliveries": 1}, timeout=30)
     assert r.status_code == 200 and r.json()["dead_letter_topic"] == "ledger.audit.dlq", r.text

@@ -74,11 +74,6 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-def call(c: Cluster, token: str, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
-    headers = {"Authorization": f"Bearer {token}"}
-    return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
-
-
 def join(
     c: Cluster,
     token: str,
@@ -88,8 +83,7 @@ def join(
     node: str | None = None,
     **body: Any,
 ) -> Any:
-    return call(
-        c,
+    return c.call_as(
         token,
         "POST",
         f"/v1/groups/{group}/members",
@@ -99,11 +93,11 @@ def join(
 
 
 def leave(c: Cluster, token: str, group: str, member_id: str, node: str | None = None) -> Any:
-    return call(c, token, "DELETE", f"/v1/groups/{group}/members/{member_id}", node)
+    return c.call_as(token, "DELETE", f"/v1/groups/{group}/members/{member_id}", node)
 
 
 def members(c: Cluster, token: str, topic: str, group: str) -> dict[str, Any]:
-    r = call(c, token, "GET", f"/v1/topics/{topic}/groups/{group}/members")
+    r = c.call_as(token, "GET", f"/v1/topics/{topic}/groups/{group}/members")
     assert r.status_code == 200, r.text
     answer: dict[str, Any] = r.json()
     return answer
@@ -158,7 +152,7 @@ def test_a_client_body_cannot_name_the_token_a_member_acts_for(c: Cluster) -> No
     assert join(c, LEDGER_TOKEN, "named", "ledger-2", ["payments"]).status_code == 200
     for node in c.nodes:
         body = {"member_id": "ledger-2", "topics": ["payments"], "token": "ledger"}
-        r = call(c, INTRUDER_TOKEN, "POST", "/v1/groups/named/members", node, json=body)
+        r = c.call_as(INTRUDER_TOKEN, "POST", "/v1/groups/named/members", node, json=body)
         assert refused(r, 400, "bad_request"), (node, r.text)
     assert leave(c, LEDGER_TOKEN, "named", "ledger-2").json()["left"] is True
 

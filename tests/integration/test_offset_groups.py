@@ -7,12 +7,15 @@ or reads expire after ``limits.offset_retention_ms``, those of a configured grou
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .harness import Cluster, wait_until
+from raftmq.client import Consumer, Message
+
+from .harness import Cluster, running, tokens_toml, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,16 +23,15 @@ ADMIN = "admin-token-Pq8Wm3Zt6Yc1Ld4Rf"
 COMMITTER = "committer-token-Hs5Kx2Nv9Bj7Tg"  # consume on counted
 OTHER = "other-token-Ue3Ra8Wq1Mz6Xp4Jo"  # consume on counted
 FORGETTER = "forgetter-token-Lw7Dn4Qs1Vh8Ck"  # consume on forgetful
+MEMBER = "member-token-Gk2Yt9Ce5Rn3Wf"  # consume on membered
 TOKENS = [
     ("admin", ADMIN, '["*"]', '["*"]', '["*"]'),
     ("committer", COMMITTER, "[]", "[]", '["counted"]'),
     ("other", OTHER, "[]", "[]", '["counted"]'),
     ("forgetter", FORGETTER, "[]", "[]", '["forgetful"]'),
+    ("member", MEMBER, "[]", "[]", '["membered"]'),
 ]
-SECURITY = "[security]\n" + "".join(
-    f'[[security.tokens]]\nname = "{n}"\ntoken = "{t}"\nadmin = {a}\nproduce = {p}\nconsume = {c}\n'
-    for n, t, a, p, c in TOKENS
-)
+SECURITY = tokens_toml(TOKENS)
 CONFIG = (
     "[limits]\nsubscription_idle_ms = 10000\noffset_retention_ms = 45000\nmax_visibility_ms = 8000\n"
     "default_visibility_ms = 1000\nmax_groups_per_topic = 6\nmax_groups_per_token = 4\n"
@@ -39,19 +41,8 @@ CONFIG = (
 
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("offset-groups"), extra_toml=CONFIG) as cluster:
-        cluster.session.headers["Authorization"] = f"Bearer {ADMIN}"
-        cluster.start()
-        cluster.wait_ready()
-        cluster.wait_balanced()
+    with running(Cluster(tmp_path_factory.mktemp("offset-groups"), extra_toml=CONFIG), ADMIN) as cluster:
         yield cluster
-        for nid in cluster.nodes:
-            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
-
-
-def call(c: Cluster, token: str, method: str, path: str, node: str | None = None, **kw: Any) -> Any:
-    headers = {"Authorization": f"Bearer {token}"}
-    return c.session.request(method, c.url(node) + path, headers=headers, timeout=30, **kw)
 
 
 def topic_with_messages(c: Cluster, name: str) -> None:
@@ -62,7 +53,7 @@ def topic_with_messages(c: Cluster, name: str) -> None:
 
 def commit(c: Cluster, token: str, topic: str, group: str, node: str | None = None) -> Any:
     body = {"topic": topic, "offsets": {"0": 1, "1": 2}}
-    return call(c, token, "PUT", f"/v1/groups/{group}/offsets", node, json=body)
+    return c.call_as(token, "PUT", f"/v1/groups/{group}/offsets", node, json=body)
 
 
 def committed(c: Cluster, topic: str, group: str) -> dict[str, int | None]:
@@ -89,11 +80,11 @@ def test_commits_under_more_invented_groups_than_the_caps_are_refused_and_store_
     assert "max_groups_per_token" in r.json()["error"]["message"]
     assert committed(c, "counted", "made-up-over") == {"0": None, "1": None}  # nothing stored
     # The same caps as a receive's groups: a receive under a fifth name is refused too.
-    r = call(c, COMMITTER, "POST", "/v1/topics/counted/subscriptions/received/receive", json={})
+    r = c.call_as(COMMITTER, "POST", "/v1/topics/counted/subscriptions/received/receive", json={})
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_groups", r.text
     # A known group commits on; its offsets move.
     body = {"topic": "counted", "offsets": {"0": 2}}
-    r = call(c, COMMITTER, "PUT", "/v1/groups/made-up-0/offsets", nodes[2], json=body)
+    r = c.call_as(COMMITTER, "PUT", "/v1/groups/made-up-0/offsets", nodes[2], json=body)
     assert r.status_code == 200, r.text
     assert committed(c, "counted", "made-up-0") == {"0": 2, "1": 2}
     # The topic's cap: another token's third new group is over the 6 the topic may have.
@@ -129,3 +120,42 @@ def test_an_unused_invented_groups_offsets_expire_and_read_or_configured_ones_st
     # The expired group no longer counts against the committer's cap, and starts over if used.
     r = commit(c, FORGETTER, "forgetful", "forgotten")
     assert r.status_code == 200, r.text
+
+
+def test_an_idle_consumer_groups_offsets_stay_while_it_has_a_live_member(c: Cluster) -> None:
+    """Kafka's rule: a group's offsets expire only once it has had no member for the retention.
+    A member that stays connected but gets no new message commits nothing; its heartbeats keep
+    the group's offsets, while a group nobody uses, committed after the member's last commit,
+    loses them."""
+    topic_with_messages(c, "membered")
+    consumer = Consumer(
+        [n.url for n in c.nodes.values()], group="members", topics="membered", token=MEMBER, wait_ms=200
+    )
+    got: list[Message] = []
+
+    def consume() -> None:
+        for m in consumer:
+            m.ack()
+            got.append(m)
+
+    runner = threading.Thread(target=consume, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: committed(c, "membered", "members") == {"0": 2, "1": 2}, 60, what="the commit")
+        assert len(got) == 4
+        assert commit(c, MEMBER, "membered", "unused").status_code == 200  # the control group
+        # Idle from here: no message comes, so the member commits nothing and nobody reads its
+        # offsets. The control group goes after offset_retention_ms (45 s) ...
+        wait_until(
+            lambda: "unused" not in groups_of(c, "membered"),
+            180,
+            interval_s=1,
+            what="the unused group's offsets to expire",
+        )
+        assert committed(c, "membered", "unused") == {"0": None, "1": None}
+        # ... and the group with a live member keeps its record and offsets.
+        assert "members" in groups_of(c, "membered")
+        assert committed(c, "membered", "members") == {"0": 2, "1": 2}
+    finally:
+        consumer.close()
+        runner.join(30)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import orjson
 import pytest
+from metadata_log import Meta
 from test_placement import config
 
 from raftmq.cluster.base.groups import META
-from raftmq.cluster.machines.metadata import MetadataMachine
 from raftmq.cluster.machines.placement import NodeAddr, Placement, static_placement
 from raftmq.cluster.machines.rebalance import (
     LeaderChange,
@@ -22,26 +21,6 @@ from raftmq.cluster.machines.rebalance import (
     plan,
     replica_counts,
 )
-from raftmq.storage.memory import MemoryStore
-
-
-class Meta:
-    """A MetadataMachine fed commands at increasing indexes."""
-
-    def __init__(self) -> None:
-        self.machine = MetadataMachine(MemoryStore())
-        self.index = 0
-
-    def __call__(self, op: str, **fields: Any) -> dict[str, Any]:
-        self.index += 1
-        result: dict[str, Any] = self.machine.apply(self.index, orjson.dumps({"v": 1, "op": op, **fields}))
-        return result
-
-    @property
-    def placement(self) -> Placement:
-        p = self.machine.placement()
-        assert p is not None
-        return p
 
 
 def placement(groups: dict[str, tuple[str, ...]], nodes: tuple[str, ...] | None = None) -> Placement:

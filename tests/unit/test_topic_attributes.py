@@ -3,32 +3,15 @@ removes), checked for shape, durable across a reload, and refused whole when bad
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
+from metadata_log import Meta, create_topic
 
 from raftmq.cluster.machines.metadata import MAX_ATTRIBUTES, MetadataMachine
 from raftmq.cluster.replication.upgrade import BEFORE_CAPABILITIES, CAPABILITIES
-from raftmq.storage.memory import MemoryStore
-
-
-class Meta:
-    def __init__(self) -> None:
-        self.machine = MetadataMachine(MemoryStore())
-        self.index = 0
-
-    def apply(self, **cmd: Any) -> dict[str, Any]:
-        self.index += 1
-        return self.machine.apply(self.index, orjson.dumps({"v": 1, **cmd}))
-
-
-def _create(meta: Meta, name: str = "q", **extra: Any) -> dict[str, Any]:
-    return meta.apply(op="create_topic", name=name, queues=2, group_count=3, now_ms=5, **extra)
 
 
 def test_attributes_given_at_creation_are_stored_and_shown() -> None:
     meta = Meta()
-    got = _create(meta, attributes={"sqs.VisibilityTimeout": "30"})
+    got = create_topic(meta, attributes={"sqs.VisibilityTimeout": "30"})
     assert got["topic"]["attributes"] == {"sqs.VisibilityTimeout": "30"}
     topic = meta.machine.topic("q")
     assert topic is not None and topic.attributes == {"sqs.VisibilityTimeout": "30"}
@@ -36,12 +19,12 @@ def test_attributes_given_at_creation_are_stored_and_shown() -> None:
 
 def test_a_topic_without_attributes_serialises_as_before() -> None:
     meta = Meta()
-    assert "attributes" not in _create(meta)["topic"]
+    assert "attributes" not in create_topic(meta)["topic"]
 
 
 def test_set_merges_and_null_removes_and_a_reload_sees_it() -> None:
     meta = Meta()
-    _create(meta, attributes={"a": "1", "b": "2"})
+    create_topic(meta, attributes={"a": "1", "b": "2"})
     got = meta.apply(op="set_topic_attributes", name="q", attributes={"b": None, "c": "3"})
     assert got["topic"]["attributes"] == {"a": "1", "c": "3"}
     reloaded = MetadataMachine(meta.machine.store)
@@ -51,14 +34,14 @@ def test_set_merges_and_null_removes_and_a_reload_sees_it() -> None:
 
 def test_bad_attributes_are_refused_and_change_nothing() -> None:
     meta = Meta()
-    _create(meta, attributes={"a": "1"})
+    create_topic(meta, attributes={"a": "1"})
     for bad in ({"a b": "x"}, {"a": 5}, {"a": "x" * 9000}, [], {"": "x"}):
         got = meta.apply(op="set_topic_attributes", name="q", attributes=bad)
         assert got["error"]["code"] == "bad_request", bad
     too_many = {f"k{i}": "v" for i in range(MAX_ATTRIBUTES)}  # 64 new + "a" = 65 after the merge
     got = meta.apply(op="set_topic_attributes", name="q", attributes=too_many)
     assert got["error"]["code"] == "bad_request"
-    assert _create(meta, name="r", attributes={"a": None})["error"]["code"] == "bad_request"
+    assert create_topic(meta, name="r", attributes={"a": None})["error"]["code"] == "bad_request"
     topic = meta.machine.topic("q")
     assert topic is not None and topic.attributes == {"a": "1"}
     assert meta.machine.topic("r") is None
@@ -71,7 +54,7 @@ def test_setting_attributes_of_a_missing_topic_is_topic_not_found() -> None:
 
 def test_expect_makes_the_merge_a_compare_and_set_that_changes_nothing_when_a_value_moved() -> None:
     meta = Meta()
-    _create(meta, attributes={"tasks": "v1"})
+    create_topic(meta, attributes={"tasks": "v1"})
     got = meta.apply(op="set_topic_attributes", name="q", attributes={"tasks": "v2"}, expect={"tasks": "v1"})
     assert got["changed"] is True and got["topic"]["attributes"] == {"tasks": "v2"}
     # A writer that read v1 before that change loses: nothing is written, the answer shows v2.

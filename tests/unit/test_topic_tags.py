@@ -7,29 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from metadata_log import Meta, create_topic
 
 from raftmq.cluster.machines.metadata import MAX_TAGS, MetadataMachine
 from raftmq.cluster.replication.upgrade import BEFORE_CAPABILITIES, CAPABILITIES, gated_fields_of
-from raftmq.storage.memory import MemoryStore
-
-
-class Meta:
-    def __init__(self) -> None:
-        self.machine = MetadataMachine(MemoryStore())
-        self.index = 0
-
-    def apply(self, **cmd: Any) -> dict[str, Any]:
-        self.index += 1
-        return self.machine.apply(self.index, orjson.dumps({"v": 1, **cmd}))
-
-
-def _create(meta: Meta, name: str = "q", **extra: Any) -> dict[str, Any]:
-    return meta.apply(op="create_topic", name=name, queues=2, group_count=3, now_ms=5, **extra)
 
 
 def test_tags_given_at_creation_are_stored_apart_from_the_attributes() -> None:
     meta = Meta()
-    got = _create(meta, attributes={"sqs.VisibilityTimeout": "30"}, tags={"sqs.VisibilityTimeout": "0"})
+    got = create_topic(meta, attributes={"sqs.VisibilityTimeout": "30"}, tags={"sqs.VisibilityTimeout": "0"})
     assert got["topic"]["attributes"] == {"sqs.VisibilityTimeout": "30"}
     assert got["topic"]["tags"] == {"sqs.VisibilityTimeout": "0"}
     topic = meta.machine.topic("q")
@@ -38,12 +24,12 @@ def test_tags_given_at_creation_are_stored_apart_from_the_attributes() -> None:
 
 
 def test_a_topic_without_tags_serialises_as_before() -> None:
-    assert "tags" not in _create(Meta())["topic"]
+    assert "tags" not in create_topic(Meta())["topic"]
 
 
 def test_set_merges_overwrites_and_null_removes_and_a_reload_sees_it() -> None:
     meta = Meta()
-    _create(meta, tags={"team": "a", "Team": "b", "../x": "y"})
+    create_topic(meta, tags={"team": "a", "Team": "b", "../x": "y"})
     got = meta.apply(
         op="set_topic_tags", name="q", tags={"team": "c", "Team": None, "gone": None, "é /=+-@": ""}
     )
@@ -56,14 +42,14 @@ def test_set_merges_overwrites_and_null_removes_and_a_reload_sees_it() -> None:
 
 def test_bad_tags_are_refused_and_change_nothing() -> None:
     meta = Meta()
-    _create(meta, tags={"a": "1"})
+    create_topic(meta, tags={"a": "1"})
     for bad in ({"": "x"}, {"k" * 129: "x"}, {"a": "v" * 257}, {"a": 5}, [], {"a": ["x"]}):
         got = meta.apply(op="set_topic_tags", name="q", tags=bad)
         assert got["error"]["code"] == "bad_request", bad
     got = meta.apply(op="set_topic_tags", name="q", tags={f"k{i}": "v" for i in range(MAX_TAGS)})
     assert got["error"]["code"] == "bad_request"  # 50 new + "a" = 51 after the merge
-    assert _create(meta, name="r", tags={"a": None})["error"]["code"] == "bad_request"
-    assert _create(meta, name="r", tags={f"k{i}": "" for i in range(MAX_TAGS + 1)})["error"]["code"] == (
+    assert create_topic(meta, name="r", tags={"a": None})["error"]["code"] == "bad_request"
+    assert create_topic(meta, name="r", tags={f"k{i}": "" for i in range(MAX_TAGS + 1)})["error"]["code"] == (
         "bad_request"
     )
     topic = meta.machine.topic("q")

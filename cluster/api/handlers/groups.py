@@ -20,6 +20,14 @@ The heartbeat body is ``{"member_id", "topics", "generation"?}``; ``generation``
 older clients) is the generation of the last assignment the member has applied, 0 before its
 first. It drives the revoke barrier of :mod:`raftmq.cluster.machines.membership`.
 
+**Members keep their group's offsets.** A member that is connected but gets no new message
+commits nothing; as in Kafka, its group's offsets must not expire while it has members. The
+coordinator names the groups with a live member on each topic to the topic's queue groups every
+quarter of ``limits.offset_retention_ms`` (or of ``subscription_idle_ms`` when shorter; at most a
+minute): one ``touch_subscriptions`` entry per queue group, not one per heartbeat or fetch
+(``cluster/machines/delivery/expiry.py``). Until every voter of a queue group applies the op (a
+rolling upgrade) it is not written there, and idle members' offsets expire as before.
+
 ``GET /v1/topics/{topic}/groups/{group}/members`` is the console's view of a group: its members on
 the topic (at most ``MEMBERS_MAX``, by member id, with ``member_count`` and ``truncated``), the
 queues each holds and when it was last heard from, and the state and generation *of that topic*
@@ -31,9 +39,14 @@ credential, since acting on a member needs its owner's token.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import structlog
 from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL
@@ -41,8 +54,10 @@ from raftmq.cluster.api.common import group_name, json_response
 from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.base.groups import META
+from raftmq.cluster.commands import MAX_TOUCH_GROUPS
+from raftmq.cluster.config.cluster_file import Limits
 from raftmq.cluster.config.keys import PEER_HEADER
 from raftmq.cluster.config.tokens import ADMIN, CONSUME, TokenGrant
 from raftmq.cluster.machines.membership import GroupMembership, Member
@@ -57,6 +72,44 @@ MAX_MEMBER_ID_BYTES = 255
 MAX_SUBSCRIBED_TOPICS = 100
 U64 = 2**64 - 1  # the largest integer a request body can carry
 MEMBERS_MAX = 100  # members listed by GET .../groups/{group}/members (the count says how many more)
+TOUCH_MAX_INTERVAL_MS = 60_000
+
+log = structlog.get_logger(__name__)
+
+
+def touch_interval_ms(limits: Limits) -> int | None:
+    """How often the coordinator marks its live members' groups used: a quarter of the shorter of
+    ``offset_retention_ms`` and ``subscription_idle_ms`` (0: never), at most a minute, at least a
+    second; None when neither expires anything."""
+    bounds = [ms for ms in (limits.offset_retention_ms, limits.subscription_idle_ms) if ms]
+    if not bounds:
+        return None
+    return max(1000, min(TOUCH_MAX_INTERVAL_MS, min(bounds) // 4))
+
+
+async def touch_live_groups(api: ApiCore, membership: GroupMembership) -> int:
+    """Propose ``touch_subscriptions`` for the groups with a live member, in every queue group of
+    their topics (a topic that is gone is passed over); how many entries were written. A queue
+    group that refuses (a leader change, a voter of an older release) is logged and asked again
+    at the next round."""
+    by_queue_group: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for group, name in membership.subscribed(now_ms()):
+        try:
+            topic = await api.topic(name)
+        except RaftmqError:
+            continue
+        for g in sorted(set(topic.queue_groups)):
+            by_queue_group[g].append((topic.id, group))
+    written = 0
+    for g, pairs in sorted(by_queue_group.items()):
+        for start in range(0, len(pairs), MAX_TOUCH_GROUPS):
+            chunk = pairs[start : start + MAX_TOUCH_GROUPS]
+            try:
+                await api.router.group_call(g, "touch_subscriptions", {"groups": [list(p) for p in chunk]})
+                written += 1
+            except RaftmqError as e:
+                log.info("live_groups_not_touched", queue_group=g, error=e.error.code)
+    return written
 
 
 def _check_member_id(member_id: str) -> None:
@@ -200,6 +253,27 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         membership.expire(now)  # what the next heartbeat would drop anyway
         return json_response(membership.describe(group, topic.name, topic.queues, now, MEMBERS_MAX))
 
+    async def touch_loop(interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            if not api.router.leads(META):
+                continue
+            membership.set_term(coordinator_term())
+            try:
+                await touch_live_groups(api, membership)
+            except Exception:
+                log.exception("live_groups_not_touched")
+
+    async def touching(app: web.Application) -> AsyncIterator[None]:
+        interval_ms = touch_interval_ms(limits)
+        task = None if interval_ms is None else asyncio.create_task(touch_loop(interval_ms / 1000))
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app.cleanup_ctx.append(touching)
     app.router.add_post("/v1/groups/{group}/members", join)
     app.router.add_get("/v1/topics/{topic}/groups/{group}/members", members)
     app.router.add_delete("/v1/groups/{group}/members/{member_id}", leave)

@@ -40,6 +40,7 @@ from raftmq.cluster.machines.delivery.expiry import (
     expire_subscriptions,
     has_committed_offsets,
     mark_offsets_shared,
+    touch_subscriptions,
 )
 from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
 from raftmq.cluster.machines.delivery.state import (
@@ -90,6 +91,7 @@ __all__ = [
     "redrive",
     "store_delayed",
     "subscribe",
+    "touch_subscriptions",
     "unlock",
 ]
 

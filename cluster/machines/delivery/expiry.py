@@ -30,6 +30,15 @@ rights can invent group names at will, so this state is bounded twice:
   lock) wakes it. Without the field (entries before it, or while a voter lacks it) the rule is
   the one before: ``dormant`` is ignored and the offset API's offsets stay. Result:
   ``{"expired": n, "more": bool}``, with the field also ``"dormant": m``.
+- **Members**: a consumer group member that stays connected while no message comes commits
+  nothing, so no entry marks its group used. As Kafka keeps a group's offsets while it has
+  members, the membership coordinator (the metadata leader) names the groups with a live member
+  to each queue group of their topics every quarter of the shorter of ``offset_retention_ms`` and
+  ``subscription_idle_ms`` (at most a minute, ``cluster/api/handlers/groups.py``):
+  ``touch_subscriptions {"now_ms", "groups"}`` moves ``used_ms`` of each stored unconfigured
+  subscription it names to ``now_ms`` (:func:`touch_subscriptions`). It creates nothing and does
+  not wake a dormant record (a member reads by offset: it holds no receive/ack state). One entry
+  per queue group and period, not one per fetch or heartbeat.
 
 Pure like the rest of the state machine: time only from the command, the store the only I/O.
 """
@@ -44,13 +53,17 @@ import orjson
 
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused
-from raftmq.cluster.machines.delivery.state import Subscription, read_subscription
+from raftmq.cluster.machines.delivery.state import USED_STEP_MS, Subscription, read_subscription
 from raftmq.storage import keys
 from raftmq.storage.queues import scan_prefix
 from raftmq.storage.store import Store
 
 if TYPE_CHECKING:
-    from raftmq.cluster.commands import ExpireSubscriptionsCommand, SubscribeCommand
+    from raftmq.cluster.commands import (
+        ExpireSubscriptionsCommand,
+        SubscribeCommand,
+        TouchSubscriptionsCommand,
+    )
     from raftmq.cluster.machines.apply import Apply
 
 __all__ = [
@@ -60,6 +73,7 @@ __all__ = [
     "has_committed_offsets",
     "mark_offsets_shared",
     "next_expiry_ms",
+    "touch_subscriptions",
 ]
 
 
@@ -199,3 +213,20 @@ def expire_subscriptions(work: Apply, cmd: ExpireSubscriptionsCommand) -> dict[s
     if retention_ms is not None:
         result["dormant"] = dormant
     return result
+
+
+def touch_subscriptions(work: Apply, cmd: TouchSubscriptionsCommand) -> dict[str, Any]:
+    """Mark the stored unconfigured subscriptions the command names used at its ``now_ms`` (groups
+    with a live member: module docstring). A subscription that is configured, not stored, or used
+    less than ``USED_STEP_MS`` before is left as it is. Result: ``{"touched": n}``."""
+    now_ms, touched = cmd["now_ms"], 0
+    for topic_id, group in cmd["groups"]:
+        current = read_subscription(work.store, topic_id, group)
+        if current is None or current.configured or current.used_ms is None:
+            continue
+        if now_ms < current.used_ms + USED_STEP_MS:
+            continue
+        new = replace(current, used_ms=now_ms)
+        work.batch.put(keys.subscription_key(topic_id, group), orjson.dumps(new.to_json()))
+        touched += 1
+    return {"touched": touched}
