@@ -71,6 +71,8 @@ class Compactor:
             started = time.monotonic()
             try:
                 for start, end in sorted(ranges.items()):
+                    if self.node.groups.get(name) is not local:  # removed or restarted meanwhile
+                        break
                     local.state_store.compact_range(start, end)
                     self.compacted_ranges += 1
             except StoreError as e:  # closed (stopping, or a checkpoint restored): nothing to free

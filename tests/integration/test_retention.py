@@ -91,12 +91,15 @@ def test_retention_turned_on_later_frees_the_backlog_on_every_replica_and_off_ke
         assert (desc.info.retention_bytes, desc.info.retention_ms) == (None, None)
         for nid in c.nodes:
             wait_until(lambda nid=nid: c.get("/v1/topics/backlog", nid).json()["retention_bytes"] is None, 10)
-        time.sleep(0.5)  # a retention look that read the bound before it went has applied by now
+        # A retention look of the leader that read the bound before it went was proposed before
+        # this produce (the leader's metadata replica has applied the change), so it has applied
+        # once the produce is answered.
+        assert c.produce("backlog", [{"value": "m" * 100}] * 10).status_code == 200
         low_after_off = queue_bounds(c, "backlog", 0)[0]
         for _ in range(10):
             assert c.produce("backlog", [{"value": "w" * 100}] * 10).status_code == 200
         time.sleep(1.0)  # five looks: with the bound still on, about half of this would go
-        assert queue_bounds(c, "backlog", 0) == (low_after_off, 200)
+        assert queue_bounds(c, "backlog", 0) == (low_after_off, 210)
         c.wait_replicas_equal("0")
 
         # A bad change is 400 and changes nothing; an unknown topic 404.

@@ -155,10 +155,20 @@ def test_a_celery_worker_runs_every_task_when_a_queue_leader_is_killed(tmp_path:
         worker = _worker(tmp_path, env, "--pool=threads", "--concurrency=8")
         sender: subprocess.Popen[str] | None = None
         try:
-            topic = wait_until(
-                lambda: c.get("/v1/topics/celery-tasks", "n2").json()["queues"], 60, 0.5, "the worker's queue"
+            # A queue's leader other than n1 (the worker's node); none while leaders are moving.
+            victim = wait_until(
+                lambda: next(
+                    (
+                        q["leader"]
+                        for q in c.get("/v1/topics/celery-tasks", "n2").json()["queues"]
+                        if q["leader"] not in (None, "n1")
+                    ),
+                    None,
+                ),
+                60,
+                0.5,
+                "the worker's queue, led by a node other than n1",
             )
-            victim = next(q["leader"] for q in topic if q["leader"] not in (None, "n1"))
             started = time.monotonic()
             sender = subprocess.Popen(
                 [sys.executable, "-c", _SENDER],
