@@ -10,26 +10,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from .harness import Cluster, wait_until
+from .harness import Cluster, tokens_toml, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 ADMIN_TOKEN = "admin-token-Rk4Lm8Np2Qs6Tv1Wx"
 READER_TOKEN = "reader-token-Hb7Jc3Kd9Lf5Mg2Nh"  # consume on orders only: its new groups are gated
-SECURITY_TOML = f"""
-[security]
-[[security.tokens]]
-name = "admin"
-token = "{ADMIN_TOKEN}"
-admin = ["*"]
-produce = ["*"]
-consume = ["*"]
-
-[[security.tokens]]
-name = "reader"
-token = "{READER_TOKEN}"
-consume = ["orders"]
-"""
+SECURITY_TOML = tokens_toml(
+    [
+        ("admin", ADMIN_TOKEN, ["*"], ["*"], ["*"]),
+        ("reader", READER_TOKEN, [], [], ["orders"]),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
