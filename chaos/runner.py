@@ -82,7 +82,7 @@ class ChaosSpec:
     # How long the replica reads wait for a replica to reach the drained high offset. A mutation
     # run that loses data has replicas that never do: there a short wait keeps the run short.
     replica_catch_up_s: float = 20.0
-    drain_timeout_s: float = 120.0  # the drain's limit (a run whose drain does not finish is invalid)
+    drain_timeout_s: float = 120.0  # the drain's limit without progress (a drain that stalls is invalid)
     # Production load (chaos/load.py): messages a second offered through the client's batch path
     # by load_producers producers beside the workload's own; 0: none.
     load_rate: float = 0.0
