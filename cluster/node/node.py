@@ -5,6 +5,7 @@ Layout on disk (``<data_dir>/<node_id>/``)::
     groups/meta/{state,raft,snapshot/}   the metadata group's replica (if this node is a voter)
     groups/<g>/{state,raft,snapshot/}    queue group g's replica (if placed here)
     placement.json                       the last placement this node saw (cluster/node/reconcile.py)
+    peers.json                           what each peer advertised last (cluster/node/peer_releases.py)
     tmp/                                 checkpoint transfers (cluster/node/checkpoints.py)
 
 Placement: ``config`` is the cluster file overlaid with the metadata group's placement (nodes and
@@ -47,6 +48,7 @@ from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine
 from raftmq.cluster.node.checkpoints import Checkpoints
 from raftmq.cluster.node.compactor import Compactor
 from raftmq.cluster.node.parked import ParkedReports
+from raftmq.cluster.node.peer_releases import PeerReleases
 from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
 from raftmq.cluster.node.ticks import TickLoops
@@ -114,8 +116,8 @@ class Node:
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._peer_status_at: dict[str, float] = {}  # when each was fetched (time.monotonic)
         self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
-        self._v2_nodes: set[str] = set()  # peers that advertised record-batch format 2
-        self._capable: dict[str, frozenset[str]] = {}  # what each peer advertised last (upgrade.py)
+        self.peer_releases = PeerReleases(os.path.join(self.node_dir, "peers.json"))  # kept on disk
+        self._v2_nodes, self._capable = self.peer_releases.v2_nodes, self.peer_releases.capable
         self._capable_voters: set[tuple[str, str, frozenset[str]]] = set()  # (group, capability, voters)
         self._status_refresh: asyncio.Task[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -461,14 +463,12 @@ class Node:
         self._peer_status = {nid: s for nid, s in results if s is not None}
         self._peer_status_at = dict.fromkeys(self._peer_status, fetched_at)
         for node_id, status in self._peer_status.items():  # kept while the peer is down (upgrade.py)
-            self._capable[node_id] = advertised(status)
-            if 2 in status.get("batch_formats", ()):
-                self._v2_nodes.add(node_id)
+            self.peer_releases.record(node_id, advertised(status), 2 in status.get("batch_formats", ()))
         return self._peer_status
 
     def heard_from(self) -> set[str]:
-        """The peers whose release this node knows (each answered a status call once at least)."""
-        return set(self._capable)
+        """The peers that answered a status call since this node started (peer_releases.py)."""
+        return set(self.peer_releases.heard)
 
     # -- peer calls -------------------------------------------------------------------------------
 
