@@ -73,12 +73,15 @@ from raftmq.cluster.replication.pso import (
     SyncObjConf,
     SyncObjException,
     TCPNode,
+    install_deadline_poll,
     install_journal_seam,
     install_log_filter,
     members_after,
+    members_on_start,
     membership_change,
     monotonic,
     replicated,
+    wake_tick_thread,
 )
 from raftmq.cluster.replication.snapshot_gate import (
     EXIT_STORAGE_FAILURE,
@@ -195,7 +198,9 @@ class RaftGroup:
         make_dirs_durable(os.path.dirname(snapshot_file))  # its entry too: fsync_dir covers what is in it
         fresh = len(self._journal) == 0 and not os.path.exists(snapshot_file)
         # Membership: (index, voters) the journal's entries after `index` apply to; see the docstring.
-        self._base_index, self._base_members, members = self._members_on_start(list(peer_addrs))
+        self._base_index, self._base_members, members = members_on_start(
+            read_manifest(snapshot_file), self._journal[:], list(peer_addrs)
+        )
         self.peer_addrs = [a for a in members if a != self_addr]
         self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
         self._loading_on_start = os.path.exists(snapshot_file)
@@ -241,6 +246,7 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
+        install_deadline_poll(self._sync, settings.tick_s, settings.max_tick_s, self._busy)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
@@ -328,7 +334,7 @@ class RaftGroup:
             if refused and refused[0] != FAIL_REASON.SUCCESS:
                 self._tick_calls.put(attempt)  # the next tick, after this tick's acks were read
 
-        self._tick_calls.put(attempt)
+        self._on_tick_thread(attempt)
 
     def hint_peers(self, addrs: Iterable[str]) -> None:
         """Keep connections to ``addrs`` (the group's replicas as the placement says) besides the
@@ -346,7 +352,7 @@ class RaftGroup:
                 transport.dropNode(TCPNode(addr))
             self._hinted = wanted
 
-        self._tick_calls.put(apply)
+        self._on_tick_thread(apply)
 
     def change_membership(self, action: str, addr: str, on_done: Callable[[Outcome], None]) -> None:
         """Add (``action="add"``) or remove (``"remove"``) the voter at Raft address ``addr``.
@@ -375,7 +381,12 @@ class RaftGroup:
                 propose = self._sync.addNodeToCluster if action == "add" else self._sync.removeNodeFromCluster
                 propose(addr, callback=functools.partial(self._membership_done, change))
 
-        self._tick_calls.put(start)
+        self._on_tick_thread(start)
+
+    def _on_tick_thread(self, call: Callable[[], None]) -> None:
+        """Run ``call`` at the tick thread's next tick, waking it (any thread)."""
+        self._tick_calls.put(call)
+        wake_tick_thread(self._sync)
 
     def _membership_done(self, change: _MembershipChange, _result: Any, error: int) -> None:
         if error == FAIL_REASON.SUCCESS:
@@ -434,6 +445,8 @@ class RaftGroup:
         """Stop the tick thread and close the transport (the stores stay open: the caller owns them)."""
         if not self._destroyed.is_set():
             self._destroyed.set()
+            self._sync.destroy()
+            wake_tick_thread(self._sync)  # it stops at its next tick
             self._sync.destroy_synchronous()
 
     # -- tick thread ------------------------------------------------------------------------------
@@ -474,6 +487,13 @@ class RaftGroup:
             except Exception:
                 log.exception("tick_call_failed", group=self.name)
         self._members = tuple(self._live_members())
+
+    def _busy(self) -> bool:
+        """Tick thread: tick every ``tick_s`` (entries wait for a commit, which a lone leader makes
+        only in a tick after its flush, or a call is queued: a retry)."""
+        journal = self._journal
+        waiting = len(journal) > 0 and journal[-1][1] > self._sync.raftCommitIndex
+        return waiting or not self._tick_calls.empty()
 
     def _live_members(self) -> list[str]:
         return sorted({str(n.id) for n in self._sync.otherNodes} | {self.self_addr})
@@ -526,21 +546,6 @@ class RaftGroup:
     def snapshot_install_failures(self) -> int:
         """Checkpoint fetches or checks that failed (read by metrics)."""
         return self.snapshot_gate.install_failures
-
-    def _members_on_start(self, seed: list[str]) -> tuple[int, list[str], list[str]]:
-        """(base index, voters at it, voters now) from the snapshot manifest and the journal, as
-        pysyncobj will load them: the journal's entries after the snapshot count only if it holds
-        the snapshot's prev and last entries (otherwise pysyncobj clears it)."""
-        manifest = read_manifest(self._snapshot_file)
-        if manifest is None:
-            return 0, seed, members_after(seed, self._journal[:], 0)
-        last, prev = entry_from_json(manifest["last"]), entry_from_json(manifest["prev"])
-        base = list(manifest.get("cluster") or seed)
-        entries = self._journal[:]
-        held = {(e[1], e[2]) for e in entries}
-        if (prev[1], prev[2]) in held and (last[1], last[2]) in held:
-            return last[1], base, members_after(base, entries, last[1])
-        return last[1], base, base
 
     def _serialize(self, tmp_path: str, data: tuple[Entry, Entry, Any]) -> None:
         last, prev, _live_cluster = data
