@@ -85,3 +85,6 @@ class GroupStatus:
     has_quorum: bool
     journal_entries: int
     members: tuple[str, ...] = ()  # Raft addresses of the voters as this replica sees them
+    # It leads, or its leader reached it within its election timeout (every message from the
+    # leader pushes that deadline on): what it applies is current, not a cut-off replica's.
+    hears_leader: bool = False

@@ -66,6 +66,7 @@ __all__ = [
     "SyncObjConf",
     "SyncObjException",
     "TCPNode",
+    "hears_a_leader",
     "install_deadline_poll",
     "install_journal_seam",
     "install_log_filter",
@@ -76,6 +77,7 @@ __all__ = [
     "own_deadline_s",
     "pso_pickle",
     "replicated",
+    "stop_tick_thread",
     "wake_tick_thread",
 ]
 
@@ -563,6 +565,20 @@ def own_deadline_s(sync: Any) -> float:
     leading = sync._isLeader()
     due = sync._SyncObj__newAppendEntriesTime if leading else sync._SyncObj__raftElectionDeadline
     return float(due - monotonic())
+
+
+def hears_a_leader(sync: Any) -> bool:
+    """Whether ``sync`` leads, or knows a leader whose last message came within its election
+    timeout (pysyncobj pushes a follower's deadline on with every ``append_entries``)."""
+    return bool(sync._isLeader()) or (sync._getLeader() is not None and own_deadline_s(sync) > 0)
+
+
+def stop_tick_thread(sync: Any) -> None:
+    """pysyncobj's ``destroy_synchronous``, with the tick thread woken from its poll (it checks
+    for the stop at its next tick)."""
+    sync.destroy()
+    wake_tick_thread(sync)
+    sync.destroy_synchronous()
 
 
 def wake_tick_thread(sync: Any) -> None:

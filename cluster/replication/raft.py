@@ -73,6 +73,7 @@ from raftmq.cluster.replication.pso import (
     SyncObjConf,
     SyncObjException,
     TCPNode,
+    hears_a_leader,
     install_deadline_poll,
     install_journal_seam,
     install_log_filter,
@@ -81,6 +82,7 @@ from raftmq.cluster.replication.pso import (
     membership_change,
     monotonic,
     replicated,
+    stop_tick_thread,
     wake_tick_thread,
 )
 from raftmq.cluster.replication.snapshot_gate import (
@@ -303,6 +305,7 @@ class RaftGroup:
             has_quorum=bool(s.hasQuorum),
             journal_entries=len(self._journal),
             members=self._members,
+            hears_leader=hears_a_leader(s),
         )
 
     def members(self) -> tuple[str, ...]:
@@ -445,9 +448,7 @@ class RaftGroup:
         """Stop the tick thread and close the transport (the stores stay open: the caller owns them)."""
         if not self._destroyed.is_set():
             self._destroyed.set()
-            self._sync.destroy()
-            wake_tick_thread(self._sync)  # it stops at its next tick
-            self._sync.destroy_synchronous()
+            stop_tick_thread(self._sync)
 
     # -- tick thread ------------------------------------------------------------------------------
 
@@ -491,8 +492,7 @@ class RaftGroup:
     def _busy(self) -> bool:
         """Tick thread: tick every ``tick_s`` (entries wait for a commit, which a lone leader makes
         only in a tick after its flush, or a call is queued: a retry)."""
-        journal = self._journal
-        waiting = len(journal) > 0 and journal[-1][1] > self._sync.raftCommitIndex
+        waiting = len(self._journal) > 0 and self._journal[-1][1] > self._sync.raftCommitIndex
         return waiting or not self._tick_calls.empty()
 
     def _live_members(self) -> list[str]:

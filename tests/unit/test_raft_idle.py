@@ -127,3 +127,18 @@ def test_a_proposal_and_a_call_for_the_tick_thread_wake_a_sleeping_group_at_once
     transport = group._sync._SyncObj__transport
     wait_for(lambda: any(str(n.id) == hint for n in transport._nodes), "the hint applied", timeout=0.2)
     assert time.monotonic() - started < 0.2
+
+
+def test_a_follower_cut_off_from_every_peer_no_longer_hears_a_leader(
+    groups: Callable[[int, RaftSettings], list[RaftGroup]],
+) -> None:
+    # What a node's reconciler trusts instead of asking its peers for the placement every second.
+    three = groups(3, SETTINGS)
+    wait_for(lambda: all(g.status().hears_leader for g in three), "every replica hearing the leader")
+    follower = next(g for g in three if not g.is_leader())
+    for group in three:
+        if group is not follower:
+            group.destroy()
+    # Connected to no peer, it does not campaign, and pysyncobj still names the old leader.
+    wait_for(lambda: not follower.status().hears_leader, "the follower cut off", timeout=3.0)
+    assert follower.status().leader is not None
