@@ -209,7 +209,9 @@ class DeliveryConfig:
 
     max_deliveries: int = 16
     backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS  # RocketMQ's levels from 10 s to 2 h
-    tick_ms: int = 200  # the leader checks for due delayed messages and deadlines at least this often
+    # A leader's delivery loop sleeps until the next due time it knows, at most 1 s less this (an
+    # apply that does not wake it schedules nothing sooner than 1 s), and is late by at most this.
+    tick_ms: int = 200
     tick_max_items: int = 1000  # delayed messages and deadlines one deliver_tick handles (each)
     # An expired delivery waits its group's backoff before it is available again (the rule before
     # issue 21; for a rolling upgrade from it). False: it is available at its deadline.
