@@ -355,7 +355,7 @@ class RaftGroup:
                 transport.dropNode(TCPNode(addr))
             self._hinted = wanted
 
-        self._on_tick_thread(apply)
+        self._on_tick_thread(apply, wake=wanted != self._hinted)  # the same again: the next tick
 
     def change_membership(self, action: str, addr: str, on_done: Callable[[Outcome], None]) -> None:
         """Add (``action="add"``) or remove (``"remove"``) the voter at Raft address ``addr``.
@@ -386,10 +386,11 @@ class RaftGroup:
 
         self._on_tick_thread(start)
 
-    def _on_tick_thread(self, call: Callable[[], None]) -> None:
-        """Run ``call`` at the tick thread's next tick, waking it (any thread)."""
+    def _on_tick_thread(self, call: Callable[[], None], wake: bool = True) -> None:
+        """Run ``call`` at the tick thread's next tick, waking it unless ``wake`` is False."""
         self._tick_calls.put(call)
-        wake_tick_thread(self._sync)
+        if wake:
+            wake_tick_thread(self._sync)
 
     def _membership_done(self, change: _MembershipChange, _result: Any, error: int) -> None:
         if error == FAIL_REASON.SUCCESS:
@@ -490,8 +491,7 @@ class RaftGroup:
         self._members = tuple(self._live_members())
 
     def _busy(self) -> bool:
-        """Tick thread: tick every ``tick_s`` (entries wait for a commit, which a lone leader makes
-        only in a tick after its flush, or a call is queued: a retry)."""
+        """Tick every ``tick_s``: entries wait for a commit (a lone leader's: its next tick), a retry."""
         waiting = len(self._journal) > 0 and self._journal[-1][1] > self._sync.raftCommitIndex
         return waiting or not self._tick_calls.empty()
 

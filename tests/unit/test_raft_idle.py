@@ -127,6 +127,13 @@ def test_a_proposal_and_a_call_for_the_tick_thread_wake_a_sleeping_group_at_once
     transport = group._sync._SyncObj__transport
     wait_for(lambda: any(str(n.id) == hint for n in transport._nodes), "the hint applied", timeout=0.2)
     assert time.monotonic() - started < 0.2
+    # The same hints again (every node's reconciler repeats them each second) wait for the next
+    # tick instead of waking the group.
+    before = counter.count
+    for _ in range(10):
+        group.hint_peers([hint])
+        time.sleep(0.02)
+    assert counter.count - before <= 1
 
 
 def test_a_follower_cut_off_from_every_peer_no_longer_hears_a_leader(
