@@ -55,7 +55,10 @@ __all__ = ["Coordinator"]
 
 log = structlog.get_logger(__name__)
 
-LOOP_S = 0.3
+LOOP_S = 0.3  # between steps of a change in progress, at the metadata group's leader
+# Otherwise (no change, or not the leader) the loop looks this often: a change begun through the
+# API wakes it at once, so this bounds only how soon a new metadata leader continues one.
+IDLE_LOOP_S = 1.0
 CATCH_UP_WAIT_S = 10.0  # per round; the round repeats until the target caught up
 TRANSFER_ATTEMPTS = 30  # rounds of a transfer_leader change before it ends as failed
 
@@ -75,10 +78,20 @@ class Coordinator:
     def wake(self) -> None:
         self._wake.set()
 
+    def wait_s(self) -> float:
+        """How long the loop waits for a wake-up before its next look (``LOOP_S`` while this node
+        leads the metadata group and a change is in progress or no placement is recorded yet)."""
+        local, machine = self.node.groups.get(META), self.node.metadata
+        if local is None or machine is None or not local.raft.is_leader():
+            return IDLE_LOOP_S
+        busy = machine.placement() is None or machine.change() is not None
+        return LOOP_S if busy else IDLE_LOOP_S
+
     async def run_forever(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), LOOP_S)
+                async with asyncio.timeout(self.wait_s()):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.once()

@@ -110,7 +110,12 @@ class Reconciler:
         if machine is not None and (local := machine.placement()) is not None:
             change = machine.change()
             answers.append((local, None if change is None else change.to_json()))
-            if node.groups.get("meta") is not None and node.groups["meta"].raft.is_leader():
+            meta = node.groups.get("meta")
+            if meta is not None and meta.raft.status().hears_leader:
+                # The local replica leads, or its leader reached it within an election timeout:
+                # it gets every placement entry, and its applies wake this loop. A replica cut
+                # off, or removed without learning of it, hears no leader: then the peers are
+                # asked. (An idle cluster's nodes thus ask each other nothing.)
                 return answers[0]
         peers = [n for n in node.config.metadata_voters if n.id != node.me.id]
         answers += [a for a in await asyncio.gather(*(self._ask(n) for n in peers)) if a is not None]

@@ -337,8 +337,9 @@ class TickLoops:
     async def deliver_forever(self) -> None:
         """As leader of a queue group, propose ``deliver_tick`` when a delayed message is due or an
         in-flight deadline passed: at that time (woken early when an apply schedules something
-        sooner), and at least every ``delivery.tick_ms``. Time enters the state machine only through
-        this leader-stamped tick; a new leader's loop continues where the old one stopped, since the
+        sooner), and at least every :meth:`idle_wait_s` (a new leader's first look, and a look
+        within ``WAKE_WITHIN_MS`` of any apply). Time enters the state machine only through this
+        leader-stamped tick; a new leader's loop continues where the old one stopped, since the
         schedule is in the replicated state."""
         tick_s = self.node.config.delivery.tick_ms / 1000
         while True:
@@ -349,7 +350,17 @@ class TickLoops:
                 log.exception("deliver_tick_failed")
                 wait_s = tick_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.delivery_wake.wait(), min(max(wait_s, 0.001), tick_s))
+                async with asyncio.timeout(min(max(wait_s, 0.001), self.idle_wait_s())):
+                    await self.delivery_wake.wait()
+
+    def idle_wait_s(self) -> float:
+        """The longest the delivery loop sleeps: ``WAKE_WITHIN_MS`` less a tick (800 ms by
+        default), so that an entry applied without waking it (due ``WAKE_WITHIN_MS`` after its
+        command at the earliest) is looked up a tick before it is due, and a new leader looks
+        within it. An idle group costs one wake-up per such period, no store read
+        (:meth:`_known_due`); it was every ``delivery.tick_ms`` (200 ms)."""
+        tick_ms = self.node.config.delivery.tick_ms
+        return max(tick_ms, WAKE_WITHIN_MS - tick_ms) / 1000
 
     async def deliver_once(self) -> float:
         """Propose the ticks that are due; returns the seconds until the next known due time."""
@@ -389,7 +400,7 @@ class TickLoops:
                 wait_ms = due - group_now(local.state_store, now_ms())
                 next_wait_ms = wait_ms if next_wait_ms is None else min(next_wait_ms, wait_ms)
         if next_wait_ms is None:
-            return settings.tick_ms / 1000
+            return self.idle_wait_s()
         return max(0.0, next_wait_ms / 1000)
 
     def _known_due(self, name: str, local: LocalGroup, now: int) -> tuple[bool, int | None]:

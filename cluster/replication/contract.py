@@ -43,8 +43,13 @@ class RaftSettings:
     fsync: bool = True
     election_min_s: float = 0.8
     election_max_s: float = 1.6
-    heartbeat_s: float = 0.05
+    heartbeat_s: float = 0.1
+    # The tick thread sleeps until its own next deadline (a leader's next heartbeat, a follower's
+    # or candidate's election deadline), at most max_tick_s; a message, a proposal or a call queued
+    # for it wakes it sooner. tick_s is its period while that deadline has passed and nothing
+    # happens (a follower cut off from every peer waits to reconnect before it campaigns).
     tick_s: float = 0.05
+    max_tick_s: float = 0.5
     leader_fallback_s: float = 2.0  # a cut-off leader steps down after this long
     connection_retry_s: float = 0.5
     compaction_min_entries: int = 20_000
@@ -80,3 +85,6 @@ class GroupStatus:
     has_quorum: bool
     journal_entries: int
     members: tuple[str, ...] = ()  # Raft addresses of the voters as this replica sees them
+    # It leads, or its leader reached it within its election timeout (every message from the
+    # leader pushes that deadline on): what it applies is current, not a cut-off replica's.
+    hears_leader: bool = False

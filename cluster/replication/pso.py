@@ -10,7 +10,9 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
   filters votes from non-voters and connects to hinted peers;
 - the transport's two connection factories, ``TCPTransport.addNode`` (outgoing) and
   ``TCPTransport._onNewIncomingConnection`` (incoming, from ``TcpServer``): each connection is
-  turned into a :class:`RaftConnection` before it sends or reads a byte.
+  turned into a :class:`RaftConnection` before it sends or reads a byte;
+- the poller's ``poll`` (an attribute of the object's poller): the tick thread sleeps for as long as
+  the adapter says, not pysyncobj's fixed ``autoTickPeriod`` (:func:`install_deadline_poll`).
 
 :class:`RaftConnection` replaces how pysyncobj's ``TcpConnection`` frames, buffers and protects
 messages (docs/architecture.md, "The Raft wire"): bytearray buffers (pysyncobj's ``bytes`` buffers
@@ -31,7 +33,7 @@ import pickle
 import socket
 import struct
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pysyncobj.pickle as pso_pickle
@@ -49,6 +51,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.errors import RaftmqError
 
 log = structlog.get_logger(__name__)
@@ -63,13 +66,19 @@ __all__ = [
     "SyncObjConf",
     "SyncObjException",
     "TCPNode",
+    "hears_a_leader",
+    "install_deadline_poll",
     "install_journal_seam",
     "install_log_filter",
     "members_after",
+    "members_on_start",
     "membership_change",
     "monotonic",
+    "own_deadline_s",
     "pso_pickle",
     "replicated",
+    "stop_tick_thread",
+    "wake_tick_thread",
 ]
 
 PINNED_PYSYNCOBJ = "0.3.17"
@@ -253,7 +262,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if buf and self.state == CONNECTION_STATE.CONNECTED:
             # What the socket did not take now must go as soon as it is writable. pysyncobj asks
             # its poller for "writable" only while it handles a write event, so after a quiet spell
-            # the rest of a large entry waited for the next send: a heartbeat, 50 ms later (a
+            # the rest of a large entry waited for the next send: a heartbeat, then 50 ms later (a
             # 200 KB entry took 65 ms to commit, a 20 KB one 10 ms; docs/benchmarks.md).
             self._TcpConnection__poller.subscribe(
                 self._TcpConnection__fileno,
@@ -532,6 +541,53 @@ def install_journal_seam() -> None:
     pso_syncobj.createJournal = create_journal
 
 
+def install_deadline_poll(sync: Any, tick_s: float, max_tick_s: float, busy: Callable[[], bool]) -> None:
+    """Make ``sync``'s tick thread sleep after a tick until its own next deadline (a leader's next
+    heartbeat, a follower's or candidate's election deadline), at most ``max_tick_s``, instead of
+    pysyncobj's fixed ``autoTickPeriod``; ``tick_s`` while ``busy()`` or once the deadline passed
+    with nothing done (a follower connected to no peer does not campaign). Everything else wakes
+    the poll: a peer's message, a proposal (the pipe) and :func:`wake_tick_thread`. pysyncobj's
+    other timers (reconnects, a leader's fallback, compaction) are coarser than ``max_tick_s``.
+    Decided at every poll, the last thing a tick does (after its callbacks)."""
+    poller = sync._poller
+    poll = poller.poll
+
+    def sleep_s() -> float:
+        left = own_deadline_s(sync)
+        return tick_s if busy() or left <= 0 else min(left, max_tick_s)
+
+    poller.poll = lambda _period: poll(sleep_s())
+
+
+def own_deadline_s(sync: Any) -> float:
+    """Seconds until ``sync``'s own next deadline (<= 0: passed): a leader's next heartbeat, a
+    follower's or candidate's election deadline."""
+    leading = sync._isLeader()
+    due = sync._SyncObj__newAppendEntriesTime if leading else sync._SyncObj__raftElectionDeadline
+    return float(due - monotonic())
+
+
+def hears_a_leader(sync: Any) -> bool:
+    """Whether ``sync`` leads, or knows a leader whose last message came within its election
+    timeout (pysyncobj pushes a follower's deadline on with every ``append_entries``)."""
+    return bool(sync._isLeader()) or (sync._getLeader() is not None and own_deadline_s(sync) > 0)
+
+
+def stop_tick_thread(sync: Any) -> None:
+    """pysyncobj's ``destroy_synchronous``, with the tick thread woken from its poll (it checks
+    for the stop at its next tick)."""
+    sync.destroy()
+    wake_tick_thread(sync)
+    sync.destroy_synchronous()
+
+
+def wake_tick_thread(sync: Any) -> None:
+    """Wake ``sync``'s tick thread from its poll (pysyncobj's pipe, as a proposal does)."""
+    notifier = getattr(sync, "_SyncObj__pipeNotifier", None)
+    if notifier is not None:
+        notifier.notify()
+
+
 def membership_change(command: bytes) -> tuple[str, str] | None:
     """``("add" | "rem", raft address)`` when ``command`` is a pysyncobj membership entry."""
     if command[:1] != _MEMBERSHIP:
@@ -557,3 +613,19 @@ def members_after(
             elif action == "rem":
                 members.discard(addr)
     return sorted(members)
+
+
+def members_on_start(
+    manifest: dict[str, Any] | None, entries: list[Entry], seed: list[str]
+) -> tuple[int, list[str], list[str]]:
+    """(base index, voters at it, voters now) from a group's snapshot ``manifest`` and journal
+    ``entries``, as pysyncobj will load them: the entries after the snapshot count only if the
+    journal holds the snapshot's prev and last entries (otherwise pysyncobj clears it)."""
+    if manifest is None:
+        return 0, seed, members_after(seed, entries, 0)
+    last, prev = entry_from_json(manifest["last"]), entry_from_json(manifest["prev"])
+    base = list(manifest.get("cluster") or seed)
+    held = {(e[1], e[2]) for e in entries}
+    if (prev[1], prev[2]) in held and (last[1], last[2]) in held:
+        return last[1], base, members_after(base, entries, last[1])
+    return last[1], base, base

@@ -73,12 +73,17 @@ from raftmq.cluster.replication.pso import (
     SyncObjConf,
     SyncObjException,
     TCPNode,
+    hears_a_leader,
+    install_deadline_poll,
     install_journal_seam,
     install_log_filter,
     members_after,
+    members_on_start,
     membership_change,
     monotonic,
     replicated,
+    stop_tick_thread,
+    wake_tick_thread,
 )
 from raftmq.cluster.replication.snapshot_gate import (
     EXIT_STORAGE_FAILURE,
@@ -195,7 +200,9 @@ class RaftGroup:
         make_dirs_durable(os.path.dirname(snapshot_file))  # its entry too: fsync_dir covers what is in it
         fresh = len(self._journal) == 0 and not os.path.exists(snapshot_file)
         # Membership: (index, voters) the journal's entries after `index` apply to; see the docstring.
-        self._base_index, self._base_members, members = self._members_on_start(list(peer_addrs))
+        self._base_index, self._base_members, members = members_on_start(
+            read_manifest(snapshot_file), self._journal[:], list(peer_addrs)
+        )
         self.peer_addrs = [a for a in members if a != self_addr]
         self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
         self._loading_on_start = os.path.exists(snapshot_file)
@@ -241,6 +248,7 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
+        install_deadline_poll(self._sync, settings.tick_s, settings.max_tick_s, self._busy)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
@@ -297,6 +305,7 @@ class RaftGroup:
             has_quorum=bool(s.hasQuorum),
             journal_entries=len(self._journal),
             members=self._members,
+            hears_leader=hears_a_leader(s),
         )
 
     def members(self) -> tuple[str, ...]:
@@ -328,7 +337,7 @@ class RaftGroup:
             if refused and refused[0] != FAIL_REASON.SUCCESS:
                 self._tick_calls.put(attempt)  # the next tick, after this tick's acks were read
 
-        self._tick_calls.put(attempt)
+        self._on_tick_thread(attempt)
 
     def hint_peers(self, addrs: Iterable[str]) -> None:
         """Keep connections to ``addrs`` (the group's replicas as the placement says) besides the
@@ -346,7 +355,7 @@ class RaftGroup:
                 transport.dropNode(TCPNode(addr))
             self._hinted = wanted
 
-        self._tick_calls.put(apply)
+        self._on_tick_thread(apply, wake=wanted != self._hinted)  # the same again: the next tick
 
     def change_membership(self, action: str, addr: str, on_done: Callable[[Outcome], None]) -> None:
         """Add (``action="add"``) or remove (``"remove"``) the voter at Raft address ``addr``.
@@ -375,7 +384,13 @@ class RaftGroup:
                 propose = self._sync.addNodeToCluster if action == "add" else self._sync.removeNodeFromCluster
                 propose(addr, callback=functools.partial(self._membership_done, change))
 
-        self._tick_calls.put(start)
+        self._on_tick_thread(start)
+
+    def _on_tick_thread(self, call: Callable[[], None], wake: bool = True) -> None:
+        """Run ``call`` at the tick thread's next tick, waking it unless ``wake`` is False."""
+        self._tick_calls.put(call)
+        if wake:
+            wake_tick_thread(self._sync)
 
     def _membership_done(self, change: _MembershipChange, _result: Any, error: int) -> None:
         if error == FAIL_REASON.SUCCESS:
@@ -434,7 +449,7 @@ class RaftGroup:
         """Stop the tick thread and close the transport (the stores stay open: the caller owns them)."""
         if not self._destroyed.is_set():
             self._destroyed.set()
-            self._sync.destroy_synchronous()
+            stop_tick_thread(self._sync)
 
     # -- tick thread ------------------------------------------------------------------------------
 
@@ -474,6 +489,11 @@ class RaftGroup:
             except Exception:
                 log.exception("tick_call_failed", group=self.name)
         self._members = tuple(self._live_members())
+
+    def _busy(self) -> bool:
+        """Tick every ``tick_s``: entries wait for a commit (a lone leader's: its next tick), a retry."""
+        waiting = len(self._journal) > 0 and self._journal[-1][1] > self._sync.raftCommitIndex
+        return waiting or not self._tick_calls.empty()
 
     def _live_members(self) -> list[str]:
         return sorted({str(n.id) for n in self._sync.otherNodes} | {self.self_addr})
@@ -526,21 +546,6 @@ class RaftGroup:
     def snapshot_install_failures(self) -> int:
         """Checkpoint fetches or checks that failed (read by metrics)."""
         return self.snapshot_gate.install_failures
-
-    def _members_on_start(self, seed: list[str]) -> tuple[int, list[str], list[str]]:
-        """(base index, voters at it, voters now) from the snapshot manifest and the journal, as
-        pysyncobj will load them: the journal's entries after the snapshot count only if it holds
-        the snapshot's prev and last entries (otherwise pysyncobj clears it)."""
-        manifest = read_manifest(self._snapshot_file)
-        if manifest is None:
-            return 0, seed, members_after(seed, self._journal[:], 0)
-        last, prev = entry_from_json(manifest["last"]), entry_from_json(manifest["prev"])
-        base = list(manifest.get("cluster") or seed)
-        entries = self._journal[:]
-        held = {(e[1], e[2]) for e in entries}
-        if (prev[1], prev[2]) in held and (last[1], last[2]) in held:
-            return last[1], base, members_after(base, entries, last[1])
-        return last[1], base, base
 
     def _serialize(self, tmp_path: str, data: tuple[Entry, Entry, Any]) -> None:
         last, prev, _live_cluster = data

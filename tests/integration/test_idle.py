@@ -143,3 +143,35 @@ def test_idle_queues_with_retention_add_no_entries_and_an_aged_message_still_goe
     wait_until(
         lambda: c.get("/v1/topics/kept-04").json()["queues"][queue]["low_offset"] == 1, 30, what="size"
     )
+
+
+def served(c: Cluster, route: str) -> int:
+    """Requests for ``route`` the nodes answered so far."""
+    total = 0
+    for nid in c.nodes:
+        for family in text_string_to_metric_families(c.get("/metrics", nid).text):
+            for s in family.samples:
+                if s.name == "raftmq_http_requests_total" and s.labels.get("route") == route:
+                    total += int(s.value)
+    return total
+
+
+def test_idle_nodes_do_not_ask_each_other_for_the_placement_and_a_change_still_reaches_them(
+    c: Cluster,
+) -> None:
+    # Every metadata replica hears from its leader: the reconcilers read their own replica
+    # (they asked both peers every second before: 6 requests a second in this cluster).
+    before = served(c, "/internal/placement")
+    time.sleep(3.0)
+    assert served(c, "/internal/placement") == before
+    # A placement change still reaches the nodes: a queue group's leadership moved to another
+    # replica stays there, so that replica's node knows it is now the preferred leader (with
+    # the old placement its leader balancer would hand the leadership back within 3 s).
+    group = "1"
+    leader = c.leader(group)
+    target = next(nid for nid in c.nodes if nid != leader)
+    r = c.post(f"/v1/cluster/groups/{group}/leader", {"node": target})
+    assert r.status_code == 202, r.text
+    wait_until(lambda: c.leader(group) == target, timeout_s=30)
+    time.sleep(5.0)
+    assert c.leader(group) == target

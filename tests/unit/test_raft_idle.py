@@ -1,0 +1,151 @@
+"""An idle Raft group costs its heartbeats, nothing more (issue 25): the tick thread of a
+:class:`RaftGroup` sleeps until its own next deadline (a leader's next heartbeat, a follower's
+election deadline) instead of waking every ``tick_s``, and whatever needs it sooner wakes it (a
+message, a proposal, a call queued for the tick thread). Real pysyncobj groups on localhost."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from raft_doubles import Machine
+
+from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
+from raftmq.storage.memory import MemoryStore
+
+SETTINGS = RaftSettings(
+    password="x" * 16, election_min_s=0.4, election_max_s=0.8, heartbeat_s=0.05, tick_s=0.01
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+class TickCounter:
+    """Counts a group's ticks (a pysyncobj tick callback, on its tick thread)."""
+
+    def __init__(self, group: RaftGroup) -> None:
+        self.count = 0
+        group._sync.addOnTickCallback(self._tick)
+
+    def _tick(self) -> None:
+        self.count += 1
+
+    def over(self, seconds: float) -> int:
+        before = self.count
+        time.sleep(seconds)
+        return self.count - before
+
+
+@pytest.fixture
+def groups(tmp_path: Path) -> Iterator[Callable[[int, RaftSettings], list[RaftGroup]]]:
+    started: list[RaftGroup] = []
+
+    def start(n: int, settings: RaftSettings) -> list[RaftGroup]:
+        addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+        for i, addr in enumerate(addrs):
+            started.append(
+                RaftGroup(
+                    name="g",
+                    node_id=f"n{i + 1}",
+                    self_addr=addr,
+                    peer_addrs=[a for a in addrs if a != addr] or [addr],
+                    journal_store=MemoryStore(),
+                    machine=Machine(),
+                    snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
+                    settings=settings,
+                )
+            )
+        wait_for(lambda: any(g.is_leader() for g in started), "a leader")
+        return list(started)
+
+    yield start
+    for group in started:
+        group.destroy()
+
+
+def test_an_idle_group_ticks_for_its_heartbeats_only(
+    groups: Callable[[int, RaftSettings], list[RaftGroup]],
+) -> None:
+    three = groups(3, SETTINGS)
+    leader = next(g for g in three if g.is_leader())
+    follower = next(g for g in three if not g.is_leader())
+    counters = {id(g): TickCounter(g) for g in (leader, follower)}
+    time.sleep(0.3)  # past the first heartbeats and answers
+    seconds = 2.0
+    heartbeats = seconds / SETTINGS.heartbeat_s  # 40
+    # Every tick_s (10 ms) before: 200 ticks and more in 2 s, whatever the group did.
+    follower_ticks = counters[id(follower)].over(seconds)
+    # A follower: one tick per heartbeat it receives (and its answer), nothing in between.
+    assert follower_ticks <= 1.5 * heartbeats, follower_ticks
+    # A leader: its heartbeat's deadline and the two followers' answers.
+    leader_ticks = counters[id(leader)].over(seconds)
+    assert leader_ticks <= 3.5 * heartbeats, leader_ticks
+    assert leader.is_leader() and follower.status().leader == leader.self_addr  # still one term
+
+
+def test_a_proposal_and_a_call_for_the_tick_thread_wake_a_sleeping_group_at_once(
+    groups: Callable[[int, RaftSettings], list[RaftGroup]],
+) -> None:
+    # A one-voter group whose leader sleeps 1 s between heartbeats when nothing happens
+    # (pysyncobj wants the election timeout above 3 heartbeats: it elects itself after 3 s).
+    slow = dataclasses.replace(
+        SETTINGS, election_min_s=3.1, election_max_s=3.2, heartbeat_s=1.0, max_tick_s=5.0
+    )
+    (group,) = groups(1, slow)
+    counter = TickCounter(group)
+    assert counter.over(1.5) <= 3  # asleep between heartbeats
+    done = threading.Event()
+    outcomes: list[Outcome] = []
+
+    def on_done(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        done.set()
+
+    group.submit(b"command", on_done)
+    assert done.wait(0.2), "the proposal waited for the next heartbeat"
+    assert outcomes[0].error is None, outcomes
+    hint = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    group.hint_peers([hint])
+    transport = group._sync._SyncObj__transport
+    wait_for(lambda: any(str(n.id) == hint for n in transport._nodes), "the hint applied", timeout=0.2)
+    assert time.monotonic() - started < 0.2
+    # The same hints again (every node's reconciler repeats them each second) wait for the next
+    # tick instead of waking the group.
+    before = counter.count
+    for _ in range(10):
+        group.hint_peers([hint])
+        time.sleep(0.02)
+    assert counter.count - before <= 1
+
+
+def test_a_follower_cut_off_from_every_peer_no_longer_hears_a_leader(
+    groups: Callable[[int, RaftSettings], list[RaftGroup]],
+) -> None:
+    # What a node's reconciler trusts instead of asking its peers for the placement every second.
+    three = groups(3, SETTINGS)
+    wait_for(lambda: all(g.status().hears_leader for g in three), "every replica hearing the leader")
+    follower = next(g for g in three if not g.is_leader())
+    for group in three:
+        if group is not follower:
+            group.destroy()
+    # Connected to no peer, it does not campaign, and pysyncobj still names the old leader.
+    wait_for(lambda: not follower.status().hears_leader, "the follower cut off", timeout=3.0)
+    assert follower.status().leader is not None
