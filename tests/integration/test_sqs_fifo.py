@@ -62,13 +62,11 @@ def test_fifo_queues_are_created_with_their_attributes_and_awss_errors(sqs: Any,
         "DeduplicationScope": "queue",
     }
     assert attributes["FifoThroughputLimit"] == "perQueue"
-    assert cluster.get("/v1/topics/jobs.fifo").json()["queues"].__len__() == 1  # one queue, one log
+    assert len(cluster.get("/v1/topics/jobs.fifo").json()["queues"]) == 1  # one queue, one log
 
     refusals = [
-        (
-            lambda: sqs.create_queue(QueueName="jobs.fifo", Attributes={"FifoQueue": "true"}),
-            "QueueAlreadyExists",
-        ),
+        (lambda: _fifo(sqs, "jobs.fifo", ContentBasedDeduplication="false"), "QueueAlreadyExists"),
+        (lambda: sqs.create_queue(QueueName="jobs.fifo"), "InvalidParameterValue"),
         (
             lambda: sqs.create_queue(QueueName="plain", Attributes={"FifoQueue": "true"}),
             "InvalidParameterValue",
