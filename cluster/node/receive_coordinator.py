@@ -140,6 +140,8 @@ class ReceiveCoordinator:
                 target.arrived.clear()
                 head = target.waiters[0]
                 line = [w for w in target.waiters if w.visibility_ms == head.visibility_ms]
+                if target.ordered:  # one receiver's take: a group's messages never go to two
+                    line = [head]
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
                 got = await self._take(target, demand, head.visibility_ms)
                 self._hand_out(target, got)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,31 @@ def test_a_group_with_a_message_in_flight_hands_out_no_other_while_other_groups_
     # A long poll waiting on a blocked group is answered once the delete frees it.
     rest = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=5)["Messages"]
     assert [m["Body"] for m in rest] == ["a2", "a3"]
+
+
+def test_receivers_waiting_together_never_share_a_group(sqs: Any, cluster: Cluster) -> None:
+    """Four long polls wait on an empty queue; one batch of a single group arrives: one receiver
+    gets its first message, the others nothing while it is in flight (their demands are not added
+    up into one take whose messages would be split among them)."""
+    url = _fifo(sqs, "waiting.fifo", ContentBasedDeduplication="true")
+    clients = [sqs_client(cluster.url(n)) for n in ("n1", "n2", "n3", "n1")]
+    got: list[list[str]] = []
+
+    def receive(client: Any) -> None:
+        answer = client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=1, WaitTimeSeconds=6, VisibilityTimeout=60
+        )
+        got.append([m["Body"] for m in answer.get("Messages", [])])
+
+    threads = [threading.Thread(target=receive, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    time.sleep(2)  # all four are waiting
+    entries = [{"Id": str(i), "MessageBody": f"a{i}", "MessageGroupId": "a"} for i in range(4)]
+    assert len(sqs.send_message_batch(QueueUrl=url, Entries=entries)["Successful"]) == 4
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(got) == [[], [], [], ["a0"]], got
 
 
 def test_order_within_each_group_across_many_groups(sqs: Any, cluster: Cluster) -> None:
