@@ -170,8 +170,14 @@ class SqsActions(QueueActions):
         """Append FIFO messages to the queue's one queue, deduplicated by its leader against the
         replicated window (``dedup_produce``); per message ``{"offset", "id", "duplicate"?}``,
         the original's for a duplicate."""
+        group = topic.queue_groups[0]
+        # A leader of the release before dedup_produce would not know the action: checked here.
+        if not await self.node.await_group_supports(str(group), "dedup_produce"):
+            raise SqsError(
+                "ServiceUnavailable", "A replica of the queue runs an older release (a rolling upgrade)."
+            )
         result = await self.api.router.group_call(
-            topic.queue_groups[0], "dedup_produce", {"topic_id": topic.id, "queue": 0, "messages": messages}
+            group, "dedup_produce", {"topic_id": topic.id, "queue": 0, "messages": messages}
         )
         outcomes: list[dict[str, Any]] = result["results"]
         for outcome in outcomes:
@@ -313,6 +319,11 @@ class SqsActions(QueueActions):
         }
         if ordered:
             body["ordered"] = True
+            # A coordinator or leader of the release before receive_ordered would receive without
+            # the group rule: until every replica of the queue's group has it, nothing is handed out.
+            if not await self.node.await_group_supports(str(topic.queue_groups[0]), "receive_ordered"):
+                await asyncio.sleep(wait_s)
+                return []
         while True:
             remaining = max(0.0, deadline - time.monotonic())
             try:
