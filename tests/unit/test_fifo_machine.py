@@ -299,3 +299,15 @@ def test_receive_ordered_is_a_new_op_gated_for_rolling_upgrades() -> None:
     assert "receive_ordered" not in BEFORE_CAPABILITIES and "dedup_produce" not in BEFORE_CAPABILITIES
     assert previous_release_refuses(ordered) and previous_release_refuses(produce)
     assert commands.OPS[-2:] == ("dedup_produce", "receive_ordered")
+
+
+def test_a_retry_not_due_yet_holds_its_group_and_says_when_to_look_again() -> None:
+    m = Machine()
+    fill(m, ("a", "a1"), ("a", "a2"), ("b", "b1"))
+    got = m.receive(0, max_messages=1)
+    result = m.apply(commands.nack(10, G, T, [(0, got[0]["offset"], got[0]["token"])], delay_ms=500))
+    assert result["results"] == [{"ok": True}]
+    assert m.values_of(m.receive(20)) == ["b1"]  # a1 waits for its due time; a2 behind it
+    assert available_ordered(m.store, G, T, [0], 30) == (False, 510)
+    assert m.receive(30) == []
+    assert m.values_of(m.receive(510)) == ["a1", "a2"]

@@ -130,13 +130,16 @@ def available_ordered(
         if not records:
             continue
         found = {o: m for o, _ in records if (m := _message_at(store, topic_id, queue, o)) is not None}
-        blocked = {found[o].key for o, rec in records if o in found and rec.state == STATE_INFLIGHT}
+        # A key is held by a message in flight or by a retry not due yet (as the receive holds it).
+        held = [(o, rec) for o, rec in records if rec.state == STATE_INFLIGHT or rec.time_ms > now_ms]
+        blocked = {found[o].key for o, _ in held if o in found}
+        wake += [rec.time_ms for _, rec in held if rec.state == STATE_RETRY]
         for o, rec in records:
-            if rec.state != STATE_RETRY:
-                continue
-            if rec.time_ms > now_ms:
-                wake.append(rec.time_ms)
-            elif o not in found or found[o].key not in blocked:
+            if (
+                rec.state == STATE_RETRY
+                and rec.time_ms <= now_ms
+                and (o not in found or found[o].key not in blocked)
+            ):
                 return True, None  # (a message gone: the receive finishes it)
     return False, min(wake) if wake else None
 
