@@ -39,6 +39,7 @@ Class tree::
     ├── NotLeader               not_leader           421  retriable
     ├── TooManyGroups           too_many_groups      409  (a [limits] cap on consumer groups)
     ├── TooManyRequests         too_many_requests    429  retriable
+    ├── DedupWindowFull         dedup_window_full    429  retriable (a queue's deduplication window)
     ├── InternalError           internal             500  indefinite
     ├── Unavailable             unavailable          503  retriable
     ├── UpgradeInProgress       upgrade_in_progress  503  retriable
@@ -65,6 +66,7 @@ from raftmq.errors import (
     BAD_REQUEST,
     CHANGE_IN_PROGRESS,
     DEAD_LETTER_TOPIC_CONFLICT,
+    DEDUP_WINDOW_FULL,
     FORBIDDEN,
     INTERNAL,
     INVALID_JSON,
@@ -108,6 +110,7 @@ __all__ = [
     "ConnectionFailed",
     "ConnectionLost",
     "DeadLetterTopicConflict",
+    "DedupWindowFull",
     "DeliveryTimeout",
     "Forbidden",
     "InternalError",
@@ -200,6 +203,13 @@ class DeadLetterTopicConflict(RaftmqError):
     of this topic and consumer group; nothing was done."""
 
     error = DEAD_LETTER_TOPIC_CONFLICT
+
+
+class DedupWindowFull(RaftmqError):
+    """A queue's deduplication window holds its most ids (sends with a deduplication id within 5
+    minutes); nothing was stored. Retriable: ids expire 5 minutes after their send."""
+
+    error = DEDUP_WINDOW_FULL
 
 
 class TooManyGroups(RaftmqError):
@@ -345,6 +355,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     StaleSequence,
     LockHeld,
     DeadLetterTopicConflict,
+    DedupWindowFull,
     TooManyMembers,
     ChangeInProgress,
     MessageTooLarge,

@@ -39,6 +39,7 @@ __all__ = [
     "BY_CODE",
     "CHANGE_IN_PROGRESS",
     "DEAD_LETTER_TOPIC_CONFLICT",
+    "DEDUP_WINDOW_FULL",
     "FORBIDDEN",
     "INTERNAL",
     "INVALID_JSON",
@@ -189,6 +190,15 @@ LOCK_HELD = ErrorCode(
     "Another consumer holds the queue's lock until lease_until_ms; nothing was done.",
 )
 
+DEDUP_WINDOW_FULL = ErrorCode(
+    "dedup_window_full",
+    429,
+    True,  # entries expire 5 minutes after their send
+    True,
+    "The queue's deduplication window holds its most ids (100,000 within 5 minutes); nothing was "
+    "stored (retry as ids expire).",
+)
+
 # Cluster conditions: the request was fine; the cluster could not serve it now.
 CHANGE_IN_PROGRESS = ErrorCode(
     "change_in_progress",
@@ -248,6 +258,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             STALE_SEQUENCE,
             LOCK_HELD,
             DEAD_LETTER_TOPIC_CONFLICT,
+            DEDUP_WINDOW_FULL,
             TOO_MANY_MEMBERS,
             CHANGE_IN_PROGRESS,
             NOT_LEADER,

@@ -26,6 +26,9 @@ key                                                     value
 ``V`` topic_id queue                                    redrive offset u64 of a dead-letter queue
 ``E`` deadline_ms topic_id queue [group] offset         receipt token u64: deadline index
 ``L`` due_ms topic_id queue raft_index position         one delayed message (a 1-record batch)
+``F`` topic_id queue dedup_key                          :class:`DedupEntry` (deduplication window)
+``f`` expires_ms topic_id queue dedup_key               empty: dedup window index, by expiry
+``N`` topic_id queue                                    u64: entries in the dedup window of a queue
 ======================================================  ======================================
 
 The receive/ack keys are described in ``docs/delivery.md``. ``E``, ``L`` and ``W`` start with a
@@ -62,6 +65,9 @@ from .records import CorruptRecord
 __all__ = [
     "APPLIED",
     "DEADLINE",
+    "DEDUP",
+    "DEDUP_COUNT",
+    "DEDUP_EXPIRY",
     "DELAYED",
     "DROPPED",
     "GROUP_MAX_STEP_MS",
@@ -142,6 +148,12 @@ PRODUCER_SWEEP = b"G"
 (``cluster/machines/producers.py``)."""
 GROUP_TIME = b"T"
 """The group's applied leader time (:class:`GroupTime`, ``cluster/machines/queue_group.py``)."""
+DEDUP = b"F"
+"""A deduplication id remembered for a queue (``storage/dedup_keys.py``, ``cluster/machines/dedup.py``)."""
+DEDUP_EXPIRY = b"f"
+"""The deduplication window's entries by expiry time (``cluster/machines/dedup.py``)."""
+DEDUP_COUNT = b"N"
+"""How many entries a queue's deduplication window holds (``cluster/machines/dedup.py``)."""
 # Every prefix above is in use; a prefix is never reused for another meaning (stored data would
 # be misread after an upgrade). New kinds of keys take a new byte.
 
@@ -156,6 +168,8 @@ TOPIC_PREFIXES: tuple[bytes, ...] = (
     LOCK,
     SUBSCRIPTION,
     REDRIVE,
+    DEDUP,
+    DEDUP_COUNT,
 )
 """The prefixes whose keys belong to one topic (everything ``drop_topic`` removes)."""
 

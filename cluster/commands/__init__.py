@@ -45,6 +45,12 @@ to 2**40::
      "queues": [u32, ...] (distinct), "max": 1..10000}
     {"op": "touch_subscriptions", "now_ms": time, "groups": [[u32 topic_id, str group], ...]
      (distinct, 1..1000)}
+    {"op": "receive_ordered", ... as receive ...}  (a message's key is its message group)
+
+Deduplicated appends (``cluster/commands/dedup.py``, ``cluster/machines/dedup.py``)::
+
+    {"op": "dedup_produce", "now_ms": time, "topic_id": u32, "queue": u32, "messages": [
+        {... a produce message without deliver_at_ms ..., "dedup": str, "id": str}, ...] (1..100)}
 
 Validation is strict, because a command that one replica accepts and another rejects would fork
 the queue group: unknown fields are rejected, ``true`` is not an integer, integers must be in range,
@@ -73,6 +79,14 @@ from raftmq.cluster.commands.append import (
     decode_append,
     is_append,
     split_append,
+)
+from raftmq.cluster.commands.dedup import (
+    MAX_DEDUP_BYTES,
+    MAX_DEDUP_MESSAGES,
+    DedupMessage,
+    DedupProduceCommand,
+    decode_dedup_produce,
+    dedup_produce,
 )
 
 # Each op family lives in a module of cluster/commands/; its public names are importable from here.
@@ -131,6 +145,8 @@ from raftmq.storage.keys import MAX_U32
 __all__ = [
     "FIELD_LEVELS",
     "MAX_BACKOFF_LEVELS",
+    "MAX_DEDUP_BYTES",
+    "MAX_DEDUP_MESSAGES",
     "MAX_DURATION_MS",
     "MAX_NAME_BYTES",
     "MAX_RECEIPTS",
@@ -147,6 +163,8 @@ __all__ = [
     "Command",
     "CommitFencedCommand",
     "CommitOffsetsCommand",
+    "DedupMessage",
+    "DedupProduceCommand",
     "DeliverTickCommand",
     "DropTopicCommand",
     "ExpireSubscriptionsCommand",
@@ -169,6 +187,7 @@ __all__ = [
     "commit_offsets",
     "decode",
     "decode_stamped",
+    "dedup_produce",
     "deliver_tick",
     "drop_topic",
     "expire_subscriptions",
@@ -210,6 +229,8 @@ OPS: tuple[str, ...] = (
     "append",  # binary, not JSON: cluster/commands/append.py
     "expire_subscriptions",  # cluster/machines/delivery/expiry.py
     "touch_subscriptions",  # cluster/machines/delivery/expiry.py
+    "dedup_produce",  # cluster/commands/dedup.py, cluster/machines/dedup.py
+    "receive_ordered",  # cluster/machines/delivery/ordered.py (as receive, one message group at a time)
 )
 
 # Fields added to an op after it shipped, named ``<op>.<level>`` (ONLY ADD TO THE END). A leader
@@ -372,6 +393,8 @@ def validate(obj: Any) -> Command:
         return decode_seal_segment(obj)
     if op == "expire_producers":
         return decode_expire_producers(obj)
+    if op == "dedup_produce":
+        return decode_dedup_produce(obj)
     decoder = _DELIVERY_DECODERS.get(op) if type(op) is str else None
     if decoder is not None:
         return decoder(obj)

@@ -126,10 +126,12 @@ def receive(
     *,
     epoch: int | None = None,
     max_age_ms: int | None = None,
+    ordered: bool = False,
 ) -> bytes:
-    """Hand out up to ``max_messages`` messages of ``queues`` (due retries first)."""
+    """Hand out up to ``max_messages`` messages of ``queues`` (due retries first); ``ordered``:
+    ``receive_ordered``, a message's key being its message group (``delivery/ordered.py``)."""
     return _command(
-        "receive",
+        "receive_ordered" if ordered else "receive",
         now_ms=now_ms,
         group=group,
         topic_id=topic_id,
@@ -448,6 +450,7 @@ _PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
         "max": _one_to(MAX_RECEIVE),
     },
 }
+_PLAIN_FIELDS["receive_ordered"] = _PLAIN_FIELDS["receive"]
 _PLAIN_ALLOWED = {op: set(fields) for op, fields in _PLAIN_FIELDS.items()}
 
 
@@ -464,6 +467,7 @@ def _plain(obj: dict[str, Any]) -> Command:
 _DELIVERY_DECODERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     "subscribe": _subscribe,
     "receive": _plain,
+    "receive_ordered": _plain,
     "ack": _receipts_command,
     "nack": _receipts_command,
     "extend": _receipts_command,

@@ -50,6 +50,23 @@ class ProduceBatch(TypedDict):
     deliver_at_ms: list[int | None] | None
 
 
+class DedupMessage(NamedTuple):
+    """A message of ``dedup_produce`` (``cluster/commands/dedup.py``)."""
+
+    message: NewMessage
+    dedup: bytes  # the deduplication key, opaque to the state machine
+    message_id: str  # what a duplicate of it is answered with
+
+
+class DedupProduceCommand(TypedDict):
+    v: int
+    op: Literal["dedup_produce"]
+    now_ms: int
+    topic_id: int
+    queue: int
+    messages: list[DedupMessage]
+
+
 class ProduceCommand(TypedDict):
     v: int
     op: Literal["produce"]
@@ -129,7 +146,7 @@ class TouchSubscriptionsCommand(TypedDict):
 
 class ReceiveCommand(TypedDict):
     v: int
-    op: Literal["receive"]
+    op: Literal["receive", "receive_ordered"]
     now_ms: int
     group: str
     topic_id: int
@@ -213,6 +230,7 @@ class RedriveCommand(TypedDict):
 
 Command = (
     AppendCommand
+    | DedupProduceCommand
     | ProduceCommand
     | CommitOffsetsCommand
     | RetainCommand

@@ -26,7 +26,7 @@ from raftmq.storage import keys
 from raftmq.storage.keys import ProducerState, QueueMeta
 from raftmq.storage.records import NewMessage, encode_batch
 
-__all__ = ["apply_append", "check_sequence", "stale_message"]
+__all__ = ["append_messages", "apply_append", "check_sequence", "stale_message"]
 
 
 def check_sequence(
@@ -87,6 +87,22 @@ def apply_append(work: Apply, cmd: AppendCommand | ProduceCommand, max_entry_mes
         results.append(_append_one(work, cmd["now_ms"], b, first))
         first += _count(b)
     return {"results": results}
+
+
+def append_messages(
+    work: Apply, now_ms: int, topic_id: int, queue: int, messages: list[NewMessage]
+) -> dict[str, Any]:
+    """Append ``messages`` (none delayed, no producer) to a queue as one record batch, through the
+    steps of a JSON ``produce`` batch: its result (``base_offset``, ``count``) or an error body."""
+    batch: ProduceBatch = {
+        "topic_id": topic_id,
+        "queue": queue,
+        "producer_id": None,
+        "sequence": None,
+        "messages": messages,
+        "deliver_at_ms": None,
+    }
+    return _append_one(work, now_ms, batch, 0)
 
 
 def _count(b: AppendBatch | ProduceBatch) -> int:

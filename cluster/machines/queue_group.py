@@ -36,7 +36,8 @@ check them):
   what is left is continued by the next command.
 
 Receive/ack, delayed messages and locks live in ``cluster/machines/delivery/__init__.py``; the expiry of idle
-producer states in ``cluster/machines/producers.py``.
+producer states in ``cluster/machines/producers.py``; deduplicated appends (``dedup_produce``, with
+their bounded 5-minute window) in ``cluster/machines/dedup.py``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from raftmq.cluster.commands import (
     DropTopicCommand,
     RetainCommand,
 )
-from raftmq.cluster.machines import delivery, producers, segments
+from raftmq.cluster.machines import dedup, delivery, producers, segments
 from raftmq.cluster.machines.append import apply_append
 from raftmq.cluster.machines.apply import Apply, advance, group_time
 from raftmq.storage import keys, queues
@@ -254,6 +255,8 @@ class QueueGroupMachine:
             return self._drop_topic(work, cmd)
         if cmd["op"] == "noop":
             return {"ok": True}
+        if cmd["op"] == "dedup_produce":
+            return dedup.apply_dedup_produce(work, cmd, self._max_entry_messages)
         return self._dispatch_delivery(work, cmd)
 
     def _dispatch_delivery(self, work: Apply, cmd: Command) -> dict[str, Any]:
@@ -262,6 +265,8 @@ class QueueGroupMachine:
             return delivery.subscribe(work, cmd)
         if cmd["op"] == "receive":
             return delivery.receive(work, cmd, work.index)
+        if cmd["op"] == "receive_ordered":
+            return delivery.receive_ordered(work, cmd, work.index)
         if cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend":
             return delivery.ack_nack_extend(work, cmd)
         if cmd["op"] == "deliver_tick":

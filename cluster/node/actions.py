@@ -10,6 +10,8 @@ action             what the leader does
                    the group committer: one binary ``append`` entry (``docs/format.md``)
 ``produce``        JSON batches a peer of a release before binary appends forwarded: the JSON
                    ``produce`` entry that release wrote (``cluster/replication/upgrade.py``)
+``dedup_produce``  messages appended to one queue unless their deduplication key is in its
+                   window (``dedup_produce``: the SQS API's FIFO queues)
 ``drop``           ``drop_topic`` of a deleted topic's queues
 ``commit``         a consumer group's offsets (``commit_offsets``)
 ``barrier``        a ``noop``: every earlier write is applied here once it returns
@@ -95,6 +97,10 @@ class LeaderActions:
     ) -> dict[str, Any]:
         if action == "append" or action == "produce":
             return await self._produce(name, action, body, size_hint)
+        if action == "dedup_produce":
+            command = commands.dedup_produce(now_ms(), body["topic_id"], body["queue"], body["messages"])
+            commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
+            return await self.propose_checked(name, command)
         if action == "drop":
             return await self.propose_checked(name, commands.drop_topic(int(body["topic_id"])))
         if action == "commit":

@@ -26,7 +26,7 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available
+from raftmq.cluster.machines.delivery import available, available_ordered
 from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
@@ -77,6 +77,7 @@ class DeliveryActions:
                 body["queues"],
                 body.get("epoch"),
                 body["wait_ms"] / 1000,
+                body.get("ordered") is True,
             )
             return {"available": ok}
         if action in _SETTLE_ACTIONS and body.get("epoch") is None:
@@ -102,13 +103,15 @@ class DeliveryActions:
         handed out, with their receipts."""
         if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
             check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
-        ok, _ = available(
+        ordered = body.get("ordered") is True
+        ok, _ = _available(
             store,
             body["group"],
             body["topic_id"],
             body["queues"],
             group_now(store, now_ms()),
             body.get("epoch"),
+            ordered,
         )
         if not ok:
             return []
@@ -121,6 +124,7 @@ class DeliveryActions:
             body["visibility_ms"],
             epoch=body.get("epoch"),
             max_age_ms=body.get("max_age_ms"),
+            ordered=ordered,
         )
         return _render(store, body["topic_id"], await self._propose(name, command))
 
@@ -194,22 +198,51 @@ def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch
             )
 
 
+ORDERED_LOOK_S = 0.2
+"""How often a wait for ``receive_ordered`` looks again: an ack that frees a message group wakes
+no one (acks do not signal), so a waiting receiver sees it within this."""
+
+
+def _available(
+    store: Store,
+    group: str,
+    topic_id: int,
+    queues: list[int],
+    now: int,
+    epoch: int | None,
+    ordered: bool,
+) -> tuple[bool, int | None]:
+    if ordered and epoch is None:
+        return available_ordered(store, group, topic_id, queues, now)
+    return available(store, group, topic_id, queues, now, epoch)
+
+
 async def await_available(
-    node: Node, name: str, topic_id: int, group: str, queues: list[int], epoch: int | None, timeout_s: float
+    node: Node,
+    name: str,
+    topic_id: int,
+    group: str,
+    queues: list[int],
+    epoch: int | None,
+    timeout_s: float,
+    ordered: bool = False,
 ) -> bool:
     """Wait (at most ``timeout_s``) until a receive from this replica's queues of group ``name``
-    could hand out something: the queue grew, a retry is due, a lock was released or ran out."""
+    could hand out something: the queue grew, a retry is due, a lock was released or ran out
+    (``ordered``: a ``receive_ordered``, whose message group may also be freed by an ack)."""
     deadline = time.monotonic() + timeout_s
     store = node.groups[name].machine.store
     while True:
         # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
         now = group_now(store, now_ms())
-        ok, wake_ms = available(store, group, topic_id, queues, now, epoch)
+        ok, wake_ms = _available(store, group, topic_id, queues, now, epoch, ordered)
         remaining = deadline - time.monotonic()
         if ok or remaining <= 0:
             return ok
         if wake_ms is not None:
             remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
+        if ordered:
+            remaining = min(remaining, ORDERED_LOOK_S)
         waits = [asyncio.create_task(node.wait_for_messages(topic_id, q, remaining)) for q in queues]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

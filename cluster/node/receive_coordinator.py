@@ -51,6 +51,10 @@ def queues_by_group(topic: Topic, queues: list[int]) -> dict[int, list[int]]:
     return dict(by_group)
 
 
+TargetKey = tuple[int, str, int | None, int | None, bool]
+"""A line's key: topic id, consumer group, queue (a locked receive's), epoch, ordered."""
+
+
 @dataclass
 class Waiter:
     max: int
@@ -62,13 +66,15 @@ class Waiter:
 @dataclass
 class _Target:
     """What one coordinator serves: a topic, a consumer group, the queues by queue group, and the
-    epoch of a locked receive (None: any unlocked queue)."""
+    epoch of a locked receive (None: any unlocked queue); ``ordered``: the receives are
+    ``receive_ordered`` (a message's key is its message group, ``delivery/ordered.py``)."""
 
     topic: Topic
     group: str
     by_group: dict[int, list[int]]
     coordinator: str  # the group whose leader serves this target
     epoch: int | None = None
+    ordered: bool = False
     waiters: deque[Waiter] = field(default_factory=deque)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -83,17 +89,21 @@ class ReceiveCoordinator:
         self.node = node
         self.router = router
         self._settle = settle
-        self._targets: dict[tuple[int, str, int | None, int | None], _Target] = {}
+        self._targets: dict[TargetKey, _Target] = {}
 
     def target(
-        self, topic: Topic, group: str, queue: int | None, epoch: int | None, coordinator: str
+        self,
+        topic: Topic,
+        group: str,
+        queue: int | None,
+        epoch: int | None,
+        coordinator: str,
+        ordered: bool = False,
     ) -> _Target:
         queues = list(range(topic.queues)) if queue is None else [queue]
-        return _Target(topic, group, queues_by_group(topic, queues), coordinator, epoch)
+        return _Target(topic, group, queues_by_group(topic, queues), coordinator, epoch, ordered)
 
-    def enqueue(
-        self, key: tuple[int, str, int | None, int | None], waiter: Waiter, make: Callable[[], _Target]
-    ) -> None:
+    def enqueue(self, key: TargetKey, waiter: Waiter, make: Callable[[], _Target]) -> None:
         """Put ``waiter`` at the end of its target's line and make sure the line is served."""
         target = self._targets.get(key)
         if target is None:
@@ -113,7 +123,7 @@ class ReceiveCoordinator:
                 return
             await asyncio.sleep(0.05)
 
-    async def _serve(self, key: tuple[int, str, int | None, int | None], target: _Target) -> None:
+    async def _serve(self, key: TargetKey, target: _Target) -> None:
         """Serve the waiting receivers of one target, the head of the line first."""
         try:
             while True:
@@ -130,6 +140,8 @@ class ReceiveCoordinator:
                 target.arrived.clear()
                 head = target.waiters[0]
                 line = [w for w in target.waiters if w.visibility_ms == head.visibility_ms]
+                if target.ordered:  # one receiver's take: a group's messages never go to two
+                    line = [head]
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
                 got = await self._take(target, demand, head.visibility_ms)
                 self._hand_out(target, got)
@@ -203,6 +215,8 @@ class ReceiveCoordinator:
                 "epoch": target.epoch,
                 "max_age_ms": target.topic.retention_ms,
             }
+            if target.ordered:
+                body["ordered"] = True
             try:
                 got += (await self.router.group_call(g, "receive", body))["messages"]
             except RaftmqError as e:
@@ -234,7 +248,7 @@ class ReceiveCoordinator:
         name = str(g)
         if self.router.leads(name):
             await await_available(
-                self.node, name, target.topic.id, target.group, queues, target.epoch, timeout
+                self.node, name, target.topic.id, target.group, queues, target.epoch, timeout, target.ordered
             )
             return
         body = {
@@ -244,6 +258,8 @@ class ReceiveCoordinator:
             "epoch": target.epoch,
             "wait_ms": int(min(timeout, MAX_REMOTE_AWAIT_S) * 1000),
         }
+        if target.ordered:
+            body["ordered"] = True
         try:
             await self.router.group_call(g, "await", body)
         except RaftmqError:

@@ -116,7 +116,7 @@ def test_errors_are_awss_and_change_nothing(sqs: Any, cluster: Cluster) -> None:
         sqs.create_queue(QueueName="bad-attribute", Attributes={"NoSuchAttribute": "1"})
     assert _code(e) == "InvalidAttributeName"
     with pytest.raises(ClientError) as e:
-        sqs.create_queue(QueueName="bad-attribute.fifo", Attributes={"FifoQueue": "true"})
+        sqs.create_queue(QueueName="bad-attribute.fifo")  # a FIFO name needs FifoQueue true
     assert _code(e) == "InvalidParameterValue"
     assert not any("bad" in u for u in sqs.list_queues().get("QueueUrls", []))
 

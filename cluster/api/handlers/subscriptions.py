@@ -283,7 +283,7 @@ class SubscriptionsApi:
         # Before any forwarding: here the token is known (caps and creator); a peer's forwarded
         # request carries none, and finds the subscription stored already.
         await self.ensure_subscription(topic, group, request)
-        key = (topic.id, group, queue, epoch)
+        key = (topic.id, group, queue, epoch, False)
         deadline = time.monotonic() + wait_ms / 1000
         give_up = deadline + self.api.leader_wait_s
         while True:  # the coordinator can move (a leader change) while the receiver waits
@@ -316,10 +316,17 @@ class SubscriptionsApi:
             await self.coordinator.new_leader_known(coordinator)
 
     async def take(
-        self, topic: Topic, group: str, max_messages: int, visibility_ms: int, wait_ms: int
+        self,
+        topic: Topic,
+        group: str,
+        max_messages: int,
+        visibility_ms: int,
+        wait_ms: int,
+        ordered: bool = False,
     ) -> list[dict[str, Any]]:
         """Wait in this coordinator's line like an HTTP receive (same round robin, deadlines and
         receipts) and return what was handed out (the push stream's source, ``cluster/api/handlers/push.py``).
+        ``ordered``: in a line of its own, by ``receive_ordered`` (the SQS API's FIFO queues).
 
         Raises:
             ApiError: ``not_leader`` when this node does not coordinate (topic, group) (nothing
@@ -331,9 +338,9 @@ class SubscriptionsApi:
         await self.ensure_subscription(topic, group, None)
         deadline = time.monotonic() + wait_ms / 1000
         waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
-        key = (topic.id, group, None, None)
+        key = (topic.id, group, None, None, ordered)
         self.coordinator.enqueue(
-            key, waiter, lambda: self.coordinator.target(topic, group, None, None, coordinator)
+            key, waiter, lambda: self.coordinator.target(topic, group, None, None, coordinator, ordered)
         )
         return await waiter.future
 
@@ -456,7 +463,14 @@ class SubscriptionsApi:
         topic = await self.api.topic(body["topic"])
         if topic.id != body["topic_id"] or str(topic.queue_groups[0]) != name:
             raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {body['topic']!r} was deleted")
-        got = await self.take(topic, body["group"], body["max"], body["visibility_ms"], body["wait_ms"])
+        got = await self.take(
+            topic,
+            body["group"],
+            body["max"],
+            body["visibility_ms"],
+            body["wait_ms"],
+            body.get("ordered") is True,
+        )
         return {"messages": got}
 
 

@@ -69,6 +69,8 @@ _QUEUE_ATTRIBUTES = (
     *qs.SETTABLE,
     *qs.REDRIVE,
     *sorted(qs.STORED),
+    "FifoQueue",
+    *qs.FIFO_SETTINGS,
 )
 Action = Callable[[web.Request, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -131,7 +133,9 @@ class QueueActions:
             except SqsError:
                 reason = "Dead letter target does not exist"
             else:
-                if not qs.allows_redrive_from(found, self.queue_arn(source)):
+                if qs.is_fifo(found):
+                    reason = "The dead-letter queue of a standard queue must also be a standard queue"
+                elif not qs.allows_redrive_from(found, self.queue_arn(source)):
                     reason = "the dead-letter queue's RedriveAllowPolicy does not allow this source queue"
         if reason is not None:
             raise SqsError(
@@ -166,14 +170,29 @@ class QueueActions:
         name = params.get("QueueName")
         if not isinstance(name, str) or not name:
             raise SqsError("MissingParameter", "The request must contain the parameter QueueName.")
-        if name.endswith(".fifo"):
-            raise SqsError("InvalidParameterValue", "FIFO queues are not supported by raftmq yet.")
-        if not qs.QUEUE_NAME.match(name):
+        raw = params.get("Attributes")
+        fifo = isinstance(raw, dict) and raw.get("FifoQueue") == "true"
+        if fifo and (not name.endswith(qs.FIFO_SUFFIX) or not qs.QUEUE_NAME.match(name)):
             raise SqsError(
                 "InvalidParameterValue",
-                "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length",
+                "The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
+                "underscores, must end with .fifo suffix and be 1 to 80 in length.",
             )
-        wanted = qs.check_attributes(params.get("Attributes"), self.limits.max_message_bytes, self.region)
+        if not fifo and (name.endswith(qs.FIFO_SUFFIX) or not qs.QUEUE_NAME.match(name)):
+            raise SqsError(
+                "InvalidParameterValue",
+                "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length"
+                + (
+                    " (a FIFO queue's name ends with .fifo with the attribute FifoQueue true)"
+                    if name.endswith(qs.FIFO_SUFFIX)
+                    else ""
+                ),
+            )
+        wanted = qs.check_attributes(
+            raw, self.limits.max_message_bytes, self.region, fifo=fifo, creating=True
+        )
+        if fifo:
+            qs.check_fifo_settings(wanted)
         tags = qs.check_tags(params["tags"], name) if params.get("tags") is not None else {}
         await self._check_redrive_target(name, wanted)
         try:
@@ -184,9 +203,16 @@ class QueueActions:
             topic = await self._create_topic(name, wanted, tags)
         if not qs.is_queue(topic):
             raise SqsError("QueueNameExists", f"A raftmq topic named {name} exists and is not an SQS queue.")
+        if qs.is_fifo(topic) != fifo:
+            raise SqsError(
+                "QueueNameExists",
+                "A queue already exists with the same name and a different value for FifoQueue.",
+            )
         for key, value in wanted.items():
             bound = qs.SETTABLE.get(key[len(qs.PREFIX) :])
             default = None if bound is None else str(bound.default)
+            if key[len(qs.PREFIX) :] in qs.FIFO_SETTINGS:
+                default = qs.FIFO_SETTINGS[key[len(qs.PREFIX) :]][0]
             if topic.attributes.get(key, default) != value:
                 raise SqsError(
                     "QueueNameExists",
@@ -201,10 +227,15 @@ class QueueActions:
 
     async def _create_topic(self, name: str, attributes: dict[str, str], tags: dict[str, str]) -> Topic:
         now_s = str(now_ms() // 1000)
+        # A FIFO queue is one queue in one queue group: its order, deduplication window and
+        # sequence numbers are one Raft log's (docs/sqs.md, FIFO queues).
+        fifo = attributes.get(qs.FIFO) == "true"
         command: dict[str, Any] = {
             "op": "create_topic",
             "name": name,
-            "queues": max(1, min(self.node.config.queue_groups, 16, self.limits.max_queues_per_topic)),
+            "queues": 1
+            if fifo
+            else max(1, min(self.node.config.queue_groups, 16, self.limits.max_queues_per_topic)),
             "attributes": {qs.CREATED: now_s, qs.MODIFIED: now_s, **attributes},
         }
         if tags:  # a field of its own level: without tags, no wait for it in a rolling upgrade
@@ -316,7 +347,12 @@ class QueueActions:
         topic = await self._queue(params)
         if not params.get("Attributes"):
             raise SqsError("MissingParameter", "The request must contain the parameter Attributes.")
-        changes = qs.check_attributes(params["Attributes"], self.limits.max_message_bytes, self.region)
+        fifo = qs.is_fifo(topic)
+        changes = qs.check_attributes(
+            params["Attributes"], self.limits.max_message_bytes, self.region, fifo=fifo
+        )
+        if fifo:
+            qs.check_fifo_settings({**topic.attributes, **changes})
         await self._check_redrive_target(topic.name, changes)
         command = {
             "op": "set_topic_attributes",
@@ -345,6 +381,10 @@ class QueueActions:
         for name in (*qs.REDRIVE, *qs.STORED):
             if topic.attributes.get(qs.PREFIX + name):  # "" : removed
                 values[name] = topic.attributes[qs.PREFIX + name]
+        if qs.is_fifo(topic):
+            values["FifoQueue"] = "true"
+            for name in qs.FIFO_SETTINGS:
+                values[name] = qs.fifo_setting(topic.attributes, name)
         if wanted & set(_QUEUE_COUNTS):
             with_delayed = "ApproximateNumberOfMessagesDelayed" in wanted
             visible, in_flight, delayed = await self._counts(topic, with_delayed)

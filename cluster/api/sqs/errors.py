@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from raftmq.errors import (
     BAD_BATCH,
     BAD_REQUEST,
+    DEDUP_WINDOW_FULL,
     MESSAGE_TOO_LARGE,
     REQUEST_TOO_LARGE,
     TOO_MANY_REQUESTS,
@@ -89,7 +90,7 @@ def from_raftmq_error(e: RaftmqError) -> SqsError:
         return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
     if e.error in (MESSAGE_TOO_LARGE, REQUEST_TOO_LARGE, BAD_REQUEST, BAD_BATCH):
         return SqsError("InvalidParameterValue", e.message)
-    if e.error is TOO_MANY_REQUESTS:
+    if e.error is TOO_MANY_REQUESTS or e.error is DEDUP_WINDOW_FULL:
         return SqsError("RequestThrottled", e.message)
     if e.retriable and e.definite:
         return SqsError("ServiceUnavailable", e.message)

@@ -185,6 +185,11 @@ class MoveTasks:
                 raise SqsError(
                     "InvalidParameterValue", "The destination queue must be another queue than the source."
                 )
+            if qs.is_fifo(destination):  # its sends need a message group and a deduplication id
+                raise SqsError(
+                    "InvalidParameterValue",
+                    "The destination of a standard dead-letter queue must be a standard queue.",
+                )
         rate = None
         if params.get("MaxNumberOfMessagesPerSecond") is not None:
             rate = int_param(params, "MaxNumberOfMessagesPerSecond", 1, MAX_RATE, 1)

@@ -21,6 +21,9 @@ from raftmq.cluster.machines.metadata import MAX_TAG_KEY_CHARS, MAX_TAG_VALUE_CH
 __all__ = [
     "ACCOUNT",
     "CREATED",
+    "FIFO",
+    "FIFO_SETTINGS",
+    "FIFO_SUFFIX",
     "QUEUE_NAME",
     "REDRIVE",
     "SETTABLE",
@@ -31,8 +34,11 @@ __all__ = [
     "allows_redrive_from",
     "arn_queue",
     "check_attributes",
+    "check_fifo_settings",
     "check_tag_keys",
     "check_tags",
+    "fifo_setting",
+    "is_fifo",
     "is_queue",
     "queue_setting",
     "redrive_policy",
@@ -42,7 +48,10 @@ ACCOUNT = "000000000000"
 PREFIX = "sqs."
 CREATED = PREFIX + "CreatedTimestamp"
 MODIFIED = PREFIX + "LastModifiedTimestamp"
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+# 1-80 characters, of which a FIFO queue's name has its suffix .fifo.
+QUEUE_NAME = re.compile(r"^(?=.{1,80}$)[A-Za-z0-9_-]+(?:\.fifo)?$")
+FIFO_SUFFIX = ".fifo"
+FIFO = PREFIX + "FifoQueue"
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,14 @@ STORED = frozenset({"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds", 
 REDRIVE = ("RedrivePolicy", "RedriveAllowPolicy")
 MAX_RECEIVE_COUNT = 1000
 MAX_SOURCE_ARNS = 10
-# AWS attributes this slice refuses rather than keep without their effect.
-UNSUPPORTED = frozenset(
-    {"FifoQueue", "ContentBasedDeduplication", "DeduplicationScope", "FifoThroughputLimit"}
-)
+# The settings of FIFO queues only (a standard queue knows none of them), with AWS's values; the
+# first is the default.
+FIFO_SETTINGS: dict[str, tuple[str, ...]] = {
+    "ContentBasedDeduplication": ("false", "true"),
+    "DeduplicationScope": ("queue", "messageGroup"),
+    "FifoThroughputLimit": ("perQueue", "perMessageGroupId"),
+}
+UNSUPPORTED: frozenset[str] = frozenset()  # AWS attributes refused rather than kept without effect
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,31 @@ def is_queue(topic: Topic) -> bool:
     return CREATED in topic.attributes
 
 
+def is_fifo(topic: Topic) -> bool:
+    """A FIFO queue: made by CreateQueue with FifoQueue true (kept as ``sqs.FifoQueue``)."""
+    return topic.attributes.get(FIFO) == "true"
+
+
+def fifo_setting(attributes: dict[str, str], name: str) -> str:
+    """A FIFO queue's setting ``name`` of :data:`FIFO_SETTINGS` (its default when never set)."""
+    value = attributes.get(PREFIX + name)
+    return value if value in FIFO_SETTINGS[name] else FIFO_SETTINGS[name][0]
+
+
+def check_fifo_settings(attributes: dict[str, str]) -> None:
+    """AWS's rule between the settings (the queue's stored ones with the changes applied):
+    FifoThroughputLimit perMessageGroupId only with DeduplicationScope messageGroup."""
+    if (
+        fifo_setting(attributes, "FifoThroughputLimit") == "perMessageGroupId"
+        and fifo_setting(attributes, "DeduplicationScope") != "messageGroup"
+    ):
+        raise SqsError(
+            "InvalidAttributeValue",
+            "Invalid value for the parameter FifoThroughputLimit. Reason: perMessageGroupId is "
+            "allowed only when the value of DeduplicationScope is messageGroup.",
+        )
+
+
 def queue_setting(topic: Topic, name: str, cap: int | None = None) -> int:
     """A settable attribute of the queue (its default when never set), at most ``cap``. A value
     set through the REST API (admin) outside AWS's bounds counts as the nearest bound."""
@@ -189,21 +227,57 @@ def queue_setting(topic: Topic, name: str, cap: int | None = None) -> int:
     return value if cap is None else min(value, cap)
 
 
-def check_attributes(raw: Any, max_message_bytes: int, region: str = "us-east-1") -> dict[str, str]:
-    """Queue attributes a client sets, checked: ``{"sqs.<Name>": value}`` for the topic."""
+def check_attributes(
+    raw: Any,
+    max_message_bytes: int,
+    region: str = "us-east-1",
+    *,
+    fifo: bool = False,
+    creating: bool = False,
+) -> dict[str, str]:
+    """Queue attributes a client sets on a standard or ``fifo`` queue, checked: ``{"sqs.<Name>":
+    value}`` for the topic. FifoQueue only when ``creating`` (its value against the name is the
+    caller's to check), kept as ``sqs.FifoQueue`` for a FIFO queue."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise SqsError("InvalidAttributeValue", "Attributes must be a map.")
     out: dict[str, str] = {}
     for name, value in raw.items():
-        if name in UNSUPPORTED:
-            raise SqsError(
-                "InvalidAttributeName", f"Attribute {name} is not supported by raftmq yet (see docs/sqs.md)."
-            )
+        if (
+            name in UNSUPPORTED
+            or (name in FIFO_SETTINGS and not fifo)
+            or (name == "FifoQueue" and not creating)
+        ):
+            raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
         if not isinstance(value, str):
             raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
-        if name in SETTABLE:
+        if name == "FifoQueue":
+            if value not in ("true", "false"):
+                raise SqsError("InvalidAttributeValue", "Invalid value for the parameter FifoQueue.")
+            if fifo:
+                out[FIFO] = "true"
+        elif name in FIFO_SETTINGS:
+            if value not in FIFO_SETTINGS[name]:
+                raise SqsError(
+                    "InvalidAttributeValue",
+                    f"Invalid value for the parameter {name}: it must be one of "
+                    f"{', '.join(FIFO_SETTINGS[name])}.",
+                )
+            out[PREFIX + name] = value
+        elif fifo and name == "DelaySeconds" and value != "0":
+            raise SqsError(
+                "InvalidAttributeValue",
+                "Invalid value for the parameter DelaySeconds: a FIFO queue of raftmq has no delay "
+                "(see docs/sqs.md).",
+            )
+        elif fifo and name == "RedrivePolicy" and value != "":
+            raise SqsError(
+                "InvalidAttributeValue",
+                "Invalid value for the parameter RedrivePolicy: raftmq has no dead-letter queues for "
+                "FIFO queues yet (see docs/sqs.md).",
+            )
+        elif name in SETTABLE:
             bound = SETTABLE[name]
             high = min(bound.high, max_message_bytes) if name == "MaximumMessageSize" else bound.high
             if not re.fullmatch(r"\d{1,10}", value) or not bound.low <= int(value) <= high:

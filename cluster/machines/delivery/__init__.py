@@ -43,6 +43,7 @@ from raftmq.cluster.machines.delivery.expiry import (
     touch_subscriptions,
 )
 from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
+from raftmq.cluster.machines.delivery.ordered import available_ordered, hand_out_ordered
 from raftmq.cluster.machines.delivery.state import (
     DEFAULT_BACKOFF_MS,
     DEFAULT_MAX_DELIVERIES,
@@ -79,6 +80,7 @@ __all__ = [
     "Subscription",
     "ack_nack_extend",
     "available",
+    "available_ordered",
     "check_fence",
     "deliver_tick",
     "dlq_topic_name",
@@ -88,6 +90,7 @@ __all__ = [
     "on_commit",
     "read_subscription",
     "receive",
+    "receive_ordered",
     "redrive",
     "store_delayed",
     "subscribe",
@@ -179,7 +182,14 @@ def _due_retries(
     return [(due_ms, queue, offset) for due_ms, _, queue, offset in found[:limit]]
 
 
-def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
+def receive_ordered(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
+    """:func:`receive` with a message's key as its message group (``delivery/ordered.py``): the
+    messages of one key in offset order, none of a key while one of it is in flight (or waiting
+    for its retry's due time); other keys go on. Same result."""
+    return receive(work, cmd, index, ordered=True)
+
+
+def receive(work: Apply, cmd: ReceiveCommand, index: int, *, ordered: bool = False) -> dict[str, Any]:
     """Hand out up to ``max`` messages: due retries first (oldest due first), then new offsets
     from each queue's cursor, in the command's queue order. Each becomes in flight until
     ``now_ms + visibility_ms`` with ``attempt`` + 1 and the receipt token ``index``. Expired
@@ -211,6 +221,12 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int) -> dict[str, Any]:
             }
         )
 
+    if ordered:
+        hand_out_ordered(w, cmd, open_queues, hand_out, out)
+        if out:
+            w.touch(topic_id, group, deadline_ms)
+        w.finish_op()
+        return {"token": index, "messages": out}
     for due_ms, queue, offset in _due_retries(w, cmd, open_queues, min(limit, budget)):
         budget -= 1
         rec = w.pending(topic_id, queue, group, offset)
