@@ -94,15 +94,12 @@ def records(invoke: Op, done: Op | None) -> Iterator[tuple[str, list[Any]]]:
             yield value, ["r", value, invoke["index"], done["index"], count, receipt]
     elif f in SQS_DELETES:
         msgs = invoke.get("messages") or []
-        if done is None or done["type"] == INFO:
-            results = ["unknown"] * len(msgs)
-        elif done["type"] == FAIL:
-            results = [done.get("error") or "fail"] * len(msgs)
+        if done is None or done["type"] != OK:  # a failed call deleted nothing; an unknown one may have
+            kinds = [done["type"] if done is not None else INFO] * len(msgs)
         else:
-            results = list(done.get("results") or [])
-            results += ["unknown"] * (len(msgs) - len(results))
-        for (value, receipt), result in zip(msgs, results, strict=True):
-            kind = _entry_type(result)
+            kinds = [_entry_type(r) for r in done.get("results") or []]
+            kinds += [INFO] * (len(msgs) - len(kinds))
+        for (value, receipt), kind in zip(msgs, kinds, strict=True):
             if kind != FAIL:
                 yield value, ["d", value, receipt, invoke["index"], done["index"] if done else None, kind]
 

@@ -117,6 +117,15 @@ def test_a_received_message_nobody_deleted_is_caught_after_the_drain() -> None:
     assert (r["never_deleted_count"], r["never_deleted"]) == (1, ["s1-0"])
 
 
+def test_a_delete_that_failed_as_a_call_deleted_nothing() -> None:
+    b = clean()
+    b.send(2, ["s1-0"])
+    b.delete(5, b.receive(5, [("s1-0", 1)]), outcome="fail")  # e.g. the node was down: nothing sent
+    r = sqs_queue(b.ops)
+    assert not r["valid"]
+    assert (r["never_deleted"], r["delete_unknown_count"]) == (["s1-0"], 0)
+
+
 def test_a_delete_whose_answer_was_lost_may_have_deleted() -> None:
     b = clean()
     b.send(2, ["s1-0"])
