@@ -5,8 +5,9 @@ Each takes a history it may walk more than once: a list, or a ``history.HistoryF
 each walk, never held whole; ``streaming`` checks a file so, and streams the two checks that need
 every message over buckets on disk).
 
-- ``total_queue``: at-least-once over multisets of values (Jepsen's total-queue). Valid iff nothing
-  acknowledged went missing (``lost``) and nothing was delivered that nobody sent (``unexpected``).
+- ``total_queue`` (``total_queue``): at-least-once over multisets of values (Jepsen's total-queue).
+  Valid iff nothing acknowledged went missing (``lost``) and nothing was delivered that nobody sent
+  (``unexpected``).
 - ``log_consistency``: a (queue, offset) names one message forever, on every replica and in every
   answer (acknowledgements, consumer fetches, receives, the drain, each replica's local copy).
 - ``queue_order``: offsets are dense and each producer's acknowledged messages sit in a queue in the
@@ -19,18 +20,22 @@ every message over buckets on disk).
   through receive/ack to one consumer group.
 - ``group_consume`` (``group_checker``, when the history has group consumers): at-least-once for
   the prefix a consumer group committed, and committed offsets that never go backwards.
+- ``sqs_queue`` (``sqs_checker``, when the history has SQS sends): the total queue over what boto3
+  sent and received through the SQS API, and what became of deleted messages.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import pairwise
 from typing import Any
 
 from .group_checker import group_consume, has_group_consumers
-from .history import FAIL, INFO, INVOKE, NEMESIS, OK, Op, completed, fault_windows
+from .history import NEMESIS, OK, Op, completed, fault_windows
 from .receive_checker import RECEIVES, has_receives, receive_ack
+from .sqs_checker import has_sqs, sqs_queue
+from .total_queue import total_queue
 
 __all__ = [
     "availability",
@@ -41,10 +46,8 @@ __all__ = [
     "total_queue",
 ]
 
-# Operations whose messages count as delivered to a consumer. ``read`` (a replica's local copy) is
-# evidence about the log, not a delivery.
-DELIVERIES = ("fetch", "drain")
 READS = ("fetch", "drain", "read")
+SQS_CALLS = ("sqs-send", "sqs-receive", "sqs-delete")  # the SQS workload's calls during the run
 SAMPLE = 20  # how many examples a result lists of each kind of problem
 
 
@@ -58,65 +61,6 @@ def _messages(op: Op) -> list[tuple[int, str]]:
 
 def _sample(values: Iterable[Any]) -> list[Any]:
     return sorted(values, key=str)[:SAMPLE]
-
-
-def total_queue(history: Iterable[Op]) -> dict[str, Any]:
-    """attempts = enqueue invokes, enqueues = enqueue oks, dequeues = values in ok fetches and
-    drains; lost = enqueues - dequeues, unexpected = dequeued but never attempted, duplicated =
-    dequeued more than once, recovered = dequeued although its enqueue ended fail or info."""
-    ops = _client_ops(history)
-    attempts: Counter[str] = Counter()
-    enqueues: Counter[str] = Counter()
-    indefinite: set[str] = set()
-    failed: set[str] = set()
-    dequeues: Counter[str] = Counter()
-    idempotent: set[str] = set()  # sent by the client's idempotent producer
-    for op in ops:
-        if op["f"] == "enqueue":
-            if op["type"] == INVOKE:
-                attempts[op["value"]] += 1
-                if op.get("client") == "producer":
-                    idempotent.add(op["value"])
-            elif op["type"] == OK:
-                enqueues[op["value"]] += 1
-            elif op["type"] == INFO:
-                indefinite.add(op["value"])
-            elif op["type"] == FAIL:
-                failed.add(op["value"])
-        elif op["f"] in DELIVERIES and op["type"] == OK:
-            for _, value in _messages(op):
-                dequeues[value] += 1
-    lost = enqueues - dequeues
-    unexpected = {v: n for v, n in dequeues.items() if v not in attempts}
-    duplicated = {v: n for v, n in dequeues.items() if n > 1}
-    recovered = {v for v in dequeues if v not in enqueues and (v in indefinite or v in failed)}
-    recovered_failed = {v for v in recovered if v in failed}
-    # The idempotent producer's retries carry (producer_id, sequence): the broker should store each
-    # of its messages once. Allowed by at-least-once, so counted, not judged.
-    duplicated_idempotent = {v for v in duplicated if v in idempotent}
-    return {
-        "valid": not lost and not unexpected,
-        "attempt_count": sum(attempts.values()),
-        "acknowledged_count": sum(enqueues.values()),
-        "failed_count": len(failed),
-        "indefinite_count": len(indefinite),
-        "dequeue_count": sum(dequeues.values()),
-        "distinct_dequeued_count": len(dequeues),
-        "lost_count": sum(lost.values()),
-        "lost": _sample(lost),
-        "unexpected_count": sum(unexpected.values()),
-        "unexpected": _sample(unexpected),
-        "duplicated_count": len(duplicated),
-        "duplicated": _sample(duplicated),
-        "duplicated_idempotent_count": len(duplicated_idempotent),
-        "duplicated_idempotent": _sample(duplicated_idempotent),
-        "recovered_count": len(recovered),
-        "recovered": _sample(recovered),
-        # A definite failure that was delivered all the same breaks the API's promise that a
-        # `definite: true` error changed nothing; counted apart so it stands out.
-        "recovered_after_definite_fail_count": len(recovered_failed),
-        "recovered_after_definite_fail": _sample(recovered_failed),
-    }
 
 
 def _observations(history: Iterable[Op]) -> dict[tuple[int, int], dict[str, list[str]]]:
@@ -238,7 +182,8 @@ def lost_write(history: Iterable[Op]) -> dict[str, Any]:
 
 
 def availability(
-    history: Iterable[Op], functions: tuple[str, ...] = ("enqueue", "fetch", "receive", "ack")
+    history: Iterable[Op],
+    functions: tuple[str, ...] = ("enqueue", "fetch", "receive", "ack", *SQS_CALLS),
 ) -> dict[str, Any]:
     """Share of ``ok`` completions among operations invoked inside any fault window vs outside
     (the final drain and reads, after the heal, are not counted)."""
@@ -285,4 +230,6 @@ def check_all(history: Sequence[Op]) -> dict[str, Any]:
         results["receive_ack"] = receive_ack(history)
     if has_group_consumers(history):
         results["group_consume"] = group_consume(history)
+    if has_sqs(history):
+        results["sqs_queue"] = sqs_queue(history)
     return {"valid": all(r["valid"] for r in results.values()), **results}

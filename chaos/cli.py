@@ -3,6 +3,7 @@
     raftmq-chaos --time-limit 600 --nemesis all --seed 7 --nodes 5
     raftmq-chaos --nemesis partition,kills --time-limit 120
     raftmq-chaos --workload receive --nemesis kill-leader,partition-leader --time-limit 300
+    raftmq-chaos --workload sqs --nemesis kills,partition --time-limit 120   # boto3 through SQS
     raftmq-chaos --recheck store/chaos/20250101T000000/     # check a history again, redraw
     raftmq-chaos --build-only                               # just build the images
 
@@ -54,10 +55,19 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--producers", type=int, default=None, help="Producer workers (default 8 per node).")
 @click.option(
     "--workload",
-    type=click.Choice(["queue", "receive", "both"]),
+    type=click.Choice(["queue", "receive", "both", "sqs", "all"]),
     default="queue",
     show_default=True,
-    help="Consume by offset (queue), through receive/ack in one group (receive), or both at once.",
+    help="Consume by offset (queue), through receive/ack in one group (receive), or both at once; "
+    "sqs: boto3 clients through the SQS API alone (SendMessageBatch, ReceiveMessage, "
+    "DeleteMessageBatch); all: both and sqs.",
+)
+@click.option(
+    "--sqs-rate",
+    type=click.FloatRange(min=1),
+    default=200.0,
+    show_default=True,
+    help="Messages a second offered through SendMessageBatch by the SQS workload's senders.",
 )
 @click.option(
     "--producer-client",
@@ -145,7 +155,8 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     time_limit_s: float, nemesis: str, seed: int, nodes: str, rate: float, producers: int | None,
-    workload: str, producer_client: str, quiet_s: tuple[float, float], fault_s: tuple[float, float],
+    workload: str, sqs_rate: float, producer_client: str, quiet_s: tuple[float, float],
+    fault_s: tuple[float, float],
     env: tuple[str, ...], retention_ms: int | None, load_rate: float, load_producers: int,
     load_processes: int, load_consumers: int, disk_mb: int,
     name: str | None, store: Path, build: bool,
@@ -182,6 +193,7 @@ def main(
         rate=rate,
         producers=producers,
         workload=workload,
+        sqs_rate=sqs_rate,
         producer_client=producer_client,
         env=_env_pairs(env),
         retention_ms=retention_ms,
@@ -228,6 +240,7 @@ def _recheck(directory: Path) -> int:
         and run_info.get("recovery_s") is not None
         and run_info.get("drain", {}).get("complete")
         and run_info.get("receive_drain", {"complete": True}).get("complete")
+        and run_info.get("sqs_drain", {"complete": True}).get("complete")
     )
     results = {**old, "valid": bool(valid), "run": run_info, "checks": checks}
     results.setdefault("spec", {"nodes": "?", "seed": "?", "time_limit_s": "?", "faults": []})

@@ -30,7 +30,8 @@ __all__ = ["latency_points", "outline", "plot_latency", "plot_throughput", "summ
 # Points of one series (function, outcome) the latency plot draws at most; a soak's millions are
 # sampled down evenly (the plot would hold them all in memory and show a blot).
 MAX_POINTS = 200_000
-PLOTTED = {"enqueue": ("o", "-"), "fetch": ("^", ":"), "receive": ("s", "--"), "ack": ("D", "-.")}
+PLOTTED = {"enqueue": ("o", "-"), "fetch": ("^", ":"), "receive": ("s", "--"), "ack": ("D", "-."),
+           "sqs-send": ("v", "-"), "sqs-receive": ("P", "--"), "sqs-delete": ("X", "-.")}  # fmt: skip
 
 COLORS = {"ok": "#2a9d3f", "fail": "#d62728", "info": "#ff9f1c", "pending": "#7f7f7f"}
 FAULT_COLORS = ["#1f77b4", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8",
@@ -198,6 +199,7 @@ def summary_text(name: str, results: dict[str, Any]) -> str:
     lines += _load_lines(results["run"].get("load"), checks.get("group_consume"))
     lines += _resource_lines(results["run"].get("resources"))
     lines += _receive_lines(checks.get("receive_ack"), results["run"].get("receive_drain"))
+    lines += _sqs_lines(checks.get("sqs_queue"), results["run"].get("sqs_drain"))
     if tq["lost"]:
         lines.append(f"lost (sample): {', '.join(tq['lost'])}")
     if lc["divergent"]:
@@ -257,6 +259,29 @@ def _receive_lines(rx: dict[str, Any] | None, drain: dict[str, Any] | None) -> l
         lines.append(f"  receive lost (sample): {', '.join(rx['lost'])}")
     if rx["never_acked"]:
         lines.append(f"  never acked (sample): {', '.join(rx['never_acked'])}")
+    return lines
+
+
+def _sqs_lines(sq: dict[str, Any] | None, drain: dict[str, Any] | None) -> list[str]:
+    if sq is None:
+        return []
+    lines = [
+        f"sqs total queue  {'ok' if sq['valid'] else 'INVALID'}: attempts {sq['attempt_count']}, "
+        f"acknowledged {sq['acknowledged_count']}, failed {sq['failed_count']}, indefinite "
+        f"{sq['indefinite_count']}, received {sq['received_count']} ({sq['delivery_count']} deliveries); "
+        f"drain: {drain}",
+        f"  lost {sq['lost_count']}, unexpected {sq['unexpected_count']}, never deleted "
+        f"{sq['never_deleted_count']}; duplicated {sq['duplicated_count']}, redelivered "
+        f"{sq['redelivered_count']}, recovered {sq['recovered_count']}",
+        f"  deleted {sq['deleted_count']} (+{sq['delete_unknown_count']} unknown, {sq['stale_delete_count']} "
+        f"with an older receipt), delivered again after an ok delete {sq['delivered_after_delete_count']}",
+    ]
+    if sq["lost"]:
+        lines.append(f"  sqs lost (sample): {', '.join(sq['lost'])}")
+    if sq["never_deleted"]:
+        lines.append(f"  never deleted (sample): {', '.join(sq['never_deleted'])}")
+    if sq["delivered_after_delete"]:
+        lines.append(f"  delivered after an ok delete (sample): {', '.join(sq['delivered_after_delete'])}")
     return lines
 
 

@@ -2,11 +2,12 @@
 
 1. Start the cluster (containers), create the topic, learn where each queue's replicas are (and set
    up the receivers' subscription).
-2. Run producers and consumers (offset consumers, receivers, or both: ``workload``) for
-   ``time_limit_s`` while the nemesis follows its seeded schedule.
+2. Run producers and consumers (offset consumers, receivers, or both: ``workload``), or boto3
+   clients through the SQS API (``sqs``), or all of them (``all``), for ``time_limit_s`` while the
+   nemesis follows its seeded schedule.
 3. Stop the clients, heal everything, wait until every node answers /readyz (recovery).
 4. Drain every queue, read every replica (``read_from=local``), drain the receivers' group until
-   it has finished everything, check the history, write the report.
+   it has finished everything, drain the SQS queue, check the history, write the report.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import json
 import logging
 import random
 import resource
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +40,7 @@ from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
 from .receive import ReceiveConfig, Receivers
 from .report import write_report
 from .resources import ResourceSampler, resource_summary
+from .sqs import SqsConfig, SqsWorkload
 from .streaming import check_file
 from .workload import Workload, WorkloadConfig
 
@@ -44,8 +48,9 @@ __all__ = ["WORKLOADS", "ChaosSpec", "RunResult", "run"]
 
 log = logging.getLogger("raftmq.chaos.runner")
 
-# queue: offset consumers (fetch by offset); receive: receivers of one group (receive/ack); both.
-WORKLOADS = ("queue", "receive", "both")
+# queue: offset consumers (fetch by offset); receive: receivers of one group (receive/ack); both;
+# sqs: boto3 senders and receivers through the SQS API alone (chaos/sqs.py); all: both and sqs.
+WORKLOADS = ("queue", "receive", "both", "sqs", "all")
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,11 @@ class ChaosSpec:
     workload: str = "queue"
     receivers: int | None = None  # default: 1 per node (receive and both)
     producer_client: str = "mixed"  # attempt | producer | mixed (see workload)
+    # The SQS workload (sqs, all): messages a second offered through SendMessageBatch by all
+    # senders; senders and receivers default to 1 per node each.
+    sqs_rate: float = 200.0
+    sqs_senders: int | None = None
+    sqs_receivers: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # RAFTMQ_* settings for every node
     image: str = APP_IMAGE
     store: Path = Path("store")
@@ -119,10 +129,11 @@ def run(spec: ChaosSpec) -> RunResult:
 
 
 def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
+    rest = spec.workload != "sqs"  # the REST producers run unless the SQS workload runs alone
     return WorkloadConfig(
         queues=spec.queues or 2 * spec.nodes,
-        producers=spec.producers or 8 * spec.nodes,
-        consumers=(spec.consumers or spec.nodes) if spec.workload in ("queue", "both") else 0,
+        producers=(spec.producers or 8 * spec.nodes) if rest else 0,
+        consumers=(spec.consumers or spec.nodes) if spec.workload in ("queue", "both", "all") else 0,
         rate=spec.rate,
         producer_client=spec.producer_client,
         replica_catch_up_s=spec.replica_catch_up_s,
@@ -133,9 +144,25 @@ def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
 def _receive_config(spec: ChaosSpec) -> ReceiveConfig | None:
     if spec.workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {spec.workload!r}")
-    if spec.workload == "queue":
+    if spec.workload in ("queue", "sqs"):
         return None
     return ReceiveConfig(receivers=spec.receivers or spec.nodes)
+
+
+def _sqs_config(spec: ChaosSpec) -> SqsConfig | None:
+    if spec.workload not in ("sqs", "all"):
+        return None
+    return SqsConfig(senders=spec.sqs_senders or spec.nodes, receivers=spec.sqs_receivers or spec.nodes,
+                     rate=spec.sqs_rate, client_timeout_s=spec.client_timeout_s)  # fmt: skip
+
+
+async def _threads(targets: list[tuple[Callable[..., None], int]], stop: threading.Event) -> None:
+    """Run blocking workers (boto3's) in threads of their own until each returns (after ``stop``)."""
+    threads = [threading.Thread(target=fn, args=(w, stop), daemon=True) for fn, w in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        await asyncio.to_thread(t.join)
 
 
 def _create_topic(
@@ -219,6 +246,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
     directory = spec.store / spec.name / stamp
     directory.mkdir(parents=True, exist_ok=True)
     rx_config = _receive_config(spec)
+    sqs_config = _sqs_config(spec)
     # On disk only: a soak at production load records tens of millions of operations.
     history = History(directory / "history.jsonl", keep=False)
     wl_config = _workload_config(spec)
@@ -230,6 +258,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
     run_info: dict[str, Any] = {"directory": str(directory), "started": stamp}
     workers: list[asyncio.Task[None]] = []
     group: GroupConsumers | None = None
+    sqs_stop = threading.Event()  # the SQS workers are threads (boto3 blocks)
     try:
         t = time.monotonic()
         await asyncio.to_thread(cluster.start)
@@ -239,6 +268,9 @@ async def _run(spec: ChaosSpec) -> RunResult:
         receivers = Receivers(client, history, cluster.node_ids, rx_config) if rx_config else None
         if receivers is not None:
             await receivers.subscribe()
+        sqs = SqsWorkload(cluster.url, history, cluster.node_ids, sqs_config) if sqs_config else None
+        if sqs is not None:
+            await asyncio.to_thread(sqs.setup)
         run_info["setup_s"] = round(time.monotonic() - t, 1)
         workload = Workload(client, history, cluster.node_ids, wl_config, replicas, seed=spec.seed)
         stop = asyncio.Event()
@@ -260,6 +292,10 @@ async def _run(spec: ChaosSpec) -> RunResult:
         if receivers is not None:
             count = receivers.config.receivers
             workers += [asyncio.create_task(receivers.receiver(w, stop)) for w in range(count)]
+        if sqs is not None:
+            targets = [(sqs.sender, w) for w in range(sqs.config.senders)]
+            targets += [(sqs.receiver, w) for w in range(sqs.config.receivers)]
+            workers.append(asyncio.create_task(_threads(targets, sqs_stop)))
         sampler = ResourceSampler(
             cluster.node_ids,
             cluster.pid,
@@ -271,6 +307,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
         injected = await _nemesis(cluster, history, spec, time.monotonic())
         run_info["faults_injected"] = dict(sorted(injected.items()))
         stop.set()
+        sqs_stop.set()
         await asyncio.gather(*workers)
         if load is not None:
             seconds = spec.time_limit_s
@@ -299,6 +336,11 @@ async def _run(spec: ChaosSpec) -> RunResult:
             t = time.monotonic()
             run_info["receive_drain"] = await receivers.drain(workload.high_offsets)
             run_info["receive_drain"]["seconds"] = round(time.monotonic() - t, 1)
+        if sqs is not None:
+            t = time.monotonic()
+            run_info["sqs_drain"] = await asyncio.to_thread(sqs.drain)
+            run_info["sqs_drain"]["seconds"] = round(time.monotonic() - t, 1)
+            run_info["sqs_sent"] = sqs.sent
         await asyncio.to_thread(sampler.sample)  # after the heal and the drain
         summary = resource_summary(sampler.samples)
         run_info["resources"] = {"interval_s": spec.sample_interval_s, "summary": summary,
@@ -313,6 +355,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
         (directory / "summary.txt").write_text(f"{spec.name}: HARNESS ERROR {run_info['harness_error']}\n")
         raise
     finally:
+        sqs_stop.set()
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
@@ -334,6 +377,7 @@ async def _run(spec: ChaosSpec) -> RunResult:
         and run_info["recovery_s"] is not None
         and run_info["drain"]["complete"]
         and run_info.get("receive_drain", {"complete": True})["complete"]
+        and run_info.get("sqs_drain", {"complete": True})["complete"]
     )
     spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}
     results = {"test": spec.name, "valid": valid, "spec": spec_json, "run": run_info, "checks": checks}

@@ -20,7 +20,8 @@ the (queue, offset) buckets decide which value each acknowledged position holds 
 acknowledgement there, as in memory) and which positions the final committed offsets cover; those
 go to value buckets beside the deliveries, which decide what was skipped. The log checks (log
 consistency, queue order, lost write) are in ``streaming_log``, receive/ack in
-``streaming_receive``. Availability walks the file again, holding only the operations in flight.
+``streaming_receive``, the SQS check in ``streaming_sqs``. Availability walks the file again,
+holding only the operations in flight.
 
 Memory: one bucket's records (``BUCKET_BYTES`` of history: some tens of MiB), the records waiting to
 be written (``buckets.HELD_BYTES``, 8 MiB) and the small state above. Disk: the buckets, about the
@@ -37,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from .buckets import BUCKET_BYTES, SAMPLE, Buckets, bucket_count, first_examples
-from .checkers import DELIVERIES, availability, total_queue
+from .checkers import availability
 from .history import INVOKE, NEMESIS, OK, HistoryFile, Op
 from .streaming_log import LogChecks
 from .streaming_receive import ReceiveCheck
+from .streaming_sqs import SqsCheck
+from .total_queue import DELIVERIES, total_queue
 
 __all__ = ["BUCKET_BYTES", "check_file", "stream_group_consume", "stream_total_queue"]
 
@@ -303,22 +306,25 @@ def check_file(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> tuple[dict[st
         group = _GroupCheck(Path(tmp), count)
         logs = LogChecks(Path(tmp), count)
         receives = ReceiveCheck(Path(tmp), count)
+        sqs = SqsCheck(Path(tmp), count)
         for position, op in enumerate(history):
             _total_queue_records(op, queue_buckets)
             group.add(op, position)
             logs.add(op, position)
             receives.add(op)
+            sqs.add(op)
         queue_buckets.close()
         tq = _merge_total_queue([_total_queue_bucket(queue_buckets.read(i)) for i in range(count)])
         gc = group.result() if group.present else None
         log_results = logs.results()
         rx = receives.result() if receives.present else None
+        sq = sqs.result() if sqs.present else None
         figures = {
             "history_bytes": history.size_bytes(),
             "buckets": count,
             "bucket_bytes": bucket_bytes,
             "largest_bucket_records": max(
-                queue_buckets.largest, group.largest_bucket, logs.largest, receives.largest
+                queue_buckets.largest, group.largest_bucket, logs.largest, receives.largest, sqs.largest
             ),
         }
     results: dict[str, Any] = {
@@ -332,4 +338,6 @@ def check_file(path: Path, *, bucket_bytes: int = BUCKET_BYTES) -> tuple[dict[st
         results["receive_ack"] = rx
     if gc is not None:
         results["group_consume"] = gc
+    if sq is not None:
+        results["sqs_queue"] = sq
     return {"valid": all(r["valid"] for r in results.values()), **results}, figures

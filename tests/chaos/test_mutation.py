@@ -3,8 +3,9 @@
 The nodes run with the test-only fault ``[faults] ack_before_replication = true``: a produce is
 answered 200 as soon as it is queued for Raft. Leader kills (plain, and after the leader was cut off
 for a moment) then lose acknowledged messages, and the total-queue checker must say so, and so
-must the receive/ack checker (the group consumes the same topic). This test passes when both
-checkers catch the loss.
+must the receive/ack checker (the group consumes the same topic) and the SQS check (boto3 sends
+through SendMessageBatch to an SQS queue of the same cluster: the early acknowledgement is the
+replication layer's, under every wire). This test passes when all three catch the loss.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_an_early_
         fault_s=fault_s,
         producers=60,
         rate=240,
-        workload="both",
+        workload="all",  # both, and the SQS workload beside them
         env={"RAFTMQ_FAULTS_ACK_BEFORE_REPLICATION": "true"},
         store=store,
     )
@@ -45,6 +46,10 @@ def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_an_early_
     rx = result.checks["receive_ack"]
     assert rx["lost_count"] > 0, f"the receive/ack checker missed the loss; see {result.directory}"
     assert not rx["valid"]
+    sq = result.checks["sqs_queue"]
+    assert sq["acknowledged_count"] > 0
+    assert sq["lost_count"] > 0, f"the SQS check missed the early acknowledgements; see {result.directory}"
+    assert not sq["valid"]
 
 
 def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_acking_before_fsync(
