@@ -9,15 +9,15 @@ written as one record batch of format v2 (docs/format.md) when it is sent (the d
 :class:`~raftmq.client._outcome.FutureRecord`, two slots over the batch's one shared outcome:
 nothing per message is kept for its outcome but a callback when one is given.
 
-When a batch goes (``linger_s`` 0, the default): at once when its queue has no batch in flight
-and, for batches that share requests (``node_of``), its queue's leader has no first attempt in
-flight; otherwise it gathers the messages that arrive meanwhile and goes when that answer comes
-(natural batching, as NATS's client flushes while its connection is busy and Kafka's producer
-batches behind its requests in flight), or at the latest ``LEADER_WAIT_S`` after its first
-message. An idle queue's first message therefore waits for nothing, and the busier a leader, the
-larger its requests. A full batch goes without waiting for its leader (the peak rate needs no
-request to wait). With ``linger_s`` > 0 (an explicit opt-in) a batch that is not full waits that
-long from its first message instead, leader or not.
+When a batch goes (``linger_s`` 0, the producer's default): at once when its queue has no batch
+in flight and, for batches that share requests (``node_of``), its queue's leader has no first
+attempt in flight; otherwise it gathers the messages that arrive meanwhile and goes when that
+answer comes (natural batching, as NATS's client flushes while its connection is busy and Kafka's
+producer batches behind its requests in flight), or at the latest ``LEADER_WAIT_S`` after its
+first message. An idle queue's first message therefore waits for nothing, and the busier a
+leader, the larger its requests. A full batch goes without waiting for its leader (the peak rate
+needs no request to wait). With ``linger_s`` > 0 (an explicit opt-in) a batch that is not full
+waits that long from its first message instead, leader or not.
 
 Invariants:
 - At most one batch per queue is in flight: a queue's next batch is sent only after the previous
