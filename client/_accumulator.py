@@ -9,11 +9,24 @@ written as one record batch of format v2 (docs/format.md) when it is sent (the d
 :class:`~raftmq.client._outcome.FutureRecord`, two slots over the batch's one shared outcome:
 nothing per message is kept for its outcome but a callback when one is given.
 
+When a batch goes (``linger_s`` 0, the producer's default): at once when its queue has no batch
+in flight and, for batches that share requests (``node_of``), its queue's leader has no first
+attempt in flight; otherwise it gathers the messages that arrive meanwhile and goes when that
+answer comes (natural batching, as NATS's client flushes while its connection is busy and Kafka's
+producer batches behind its requests in flight), or at the latest ``LEADER_WAIT_S`` after its
+first message. An idle queue's first message therefore waits for nothing, and the busier a
+leader, the larger its requests. A full batch goes without waiting for its leader (the peak rate
+needs no request to wait). With ``linger_s`` > 0 (an explicit opt-in) a batch that is not full
+waits that long from its first message instead, leader or not.
+
 Invariants:
 - At most one batch per queue is in flight: a queue's next batch is sent only after the previous
   one succeeded or failed for good. This keeps per-queue order across retries: the broker
   refuses a duplicate sequence and one older than its window of 5, but not a gap, so a second
   batch in flight that got through while the first was retried would be stored before it.
+- A leader counts as busy from when batches are taken for it until the first attempt of each is
+  answered (:meth:`Accumulator.release`) or it completes: a batch that waits for a retry's
+  backoff holds its queue, never its leader's other queues.
 - A batch's ``sequence`` (idempotent producers) is the next one of its queue when the batch is
   opened, in the order batches are opened, which is the order they are sent in. A batch that
   fails without ever being sent leaves a gap (the broker accepts gaps).
@@ -61,6 +74,11 @@ JSON_MESSAGE_BYTES = 40  # ... with wire="json": a bytes object (its header) and
 CALLBACK_BYTES = 128  # ... plus this when send() was given a callback: (index, callback) in a list
 BATCH_BYTES = 2_048  # the objects of one batch (builder, buffers, outcome)
 STICKY_BYTES = 16 * 1024  # unkeyed messages go this many bytes to one queue, then move on
+# With linger 0, a batch waits for its leader's answer at most this long: a request held up by one
+# queue group (an election, a stalled commit) does not hold the other groups' queues on that node
+# for the whole request timeout. Far above a round trip under load (tens of ms), so it never
+# splits the natural batches.
+LEADER_WAIT_S = 0.1
 _JSON_OVERHEAD_BYTES = 128  # the JSON request's envelope: {"messages":[...],"producer_id":..,"sequence":..}
 _FRAME_BYTES = 9  # a frame's prefix (docs/format.md, "Frames"): queue, topic_len 0, prefix_crc
 
@@ -74,8 +92,10 @@ class Batch:
         "count",
         "created_s",
         "done",
+        "holds_node",
         "maybe_stored",
         "memory_bytes",
+        "node",
         "outcome",
         "parts",
         "queue",
@@ -116,6 +136,8 @@ class Batch:
         self.sealed = False  # no more messages join it
         self.done = False
         self.maybe_stored = False  # an attempt is in flight, or one's outcome was unknown
+        self.node: object = None  # the leader it was taken for (with node_of)
+        self.holds_node = False  # its first attempt to ``node`` is not answered yet
         self.waiters: list[Callable[[], None]] = []  # called once done
         self.outcome = BatchOutcome(topic, queue, loop_thread)
         self._body: bytes | None = None
@@ -235,6 +257,8 @@ class Accumulator:
         self._queues: dict[QueueKey, deque[Batch]] = {}
         self._open: dict[QueueKey, Batch] = {}  # the batch of each queue that messages join
         self._in_flight: dict[QueueKey, Batch] = {}
+        self._busy: dict[object, int] = {}  # leader -> batches whose first attempt is in flight there
+        self._node_of: Callable[[QueueKey], object] | None = None  # as the last ready() was given
         self._sequences: dict[QueueKey, int] = {}
         self.sticky_bytes = max(1, min(sticky_bytes, max_batch_bytes))
         if message_bytes is None:
@@ -246,7 +270,7 @@ class Accumulator:
         self._next_s: float | None = None  # when the sender wakes next by itself (ready()'s answer)
         self.buffered_bytes = 0
         self.on_space: Callable[[], None] | None = None
-        self.on_wake: Callable[[], None] | None = None  # a batch filled, or opened due before _next_s
+        self.on_wake: Callable[[], None] | None = None  # a batch filled, or opened that can go sooner
 
     # -- appending (any thread) ------------------------------------------------------------------
 
@@ -314,8 +338,7 @@ class Accumulator:
                     batch.sealed = True
                 batch = self._new_batch(qkey, time.monotonic() if now_s is None else now_s)
                 memory += BATCH_BYTES
-                # The sender needs waking only if it would wake later than this batch is due.
-                wake = self._next_s is None or self._next_s > batch.created_s + self.linger_s
+                wake = self._goes_now(qkey, batch.created_s)
             if batch.builder is not None:
                 index = batch.builder.append(value, key, headers)
             else:  # wire="json", or the producer turned to JSON since this message was sized
@@ -336,6 +359,16 @@ class Accumulator:
         if wake and self.on_wake is not None:
             self.on_wake()
         return FutureRecord(batch.outcome, index)
+
+    def _goes_now(self, qkey: QueueKey, created_s: float) -> bool:
+        """Whether a batch just opened needs the sender woken (under the lock): lingering, if it
+        is due before the sender wakes anyway; else if nothing holds it back, since what holds
+        it (its queue's batch in flight, its leader's request) wakes the sender when it ends."""
+        if self.linger_s > 0:
+            return self._next_s is None or self._next_s > created_s + self.linger_s
+        if qkey in self._in_flight:
+            return False
+        return self._node_of is None or self._node_of(qkey) not in self._busy
 
     def _new_batch(self, qkey: QueueKey, now_s: float) -> Batch:
         sequence = None
@@ -386,41 +419,64 @@ class Accumulator:
         node_of: Callable[[QueueKey], object] | None = None,
     ) -> tuple[list[Batch], float | None]:
         """Take the batches to send now: the head of each queue not in flight, if it is sealed,
-        has lingered ``linger_s``, or ``all_now`` (flush, close) or the buffer is under pressure.
+        or ``all_now`` (flush, close) or the buffer is under pressure, or (see the module
+        docstring) it has lingered ``linger_s`` or, with ``linger_s`` 0, its leader (``node_of``)
+        has no first attempt in flight.
 
         With ``node_of`` (a queue's leader), the head of every other queue not in flight whose
         leader is the leader of a batch taken is taken too, lingered or not (as Kafka drains every
         partition of a ready broker): it rides in the same request instead of waiting for a
-        request of its own.
+        request of its own. The batches taken make their leader busy until :meth:`release`.
 
         Returns:
-            The batches (now in flight) and the earliest time another batch becomes ready: the
-            caller wakes then (or when ``on_wake`` is called: a batch opened that is due
-            earlier, a batch filled, a batch completed).
+            The batches (now in flight) and the earliest time a waiting batch becomes ready
+            (with a busy leader, ``LEADER_WAIT_S`` from now at the latest): the caller wakes then
+            (or when ``on_wake`` is called: a batch opened that can go earlier, a batch filled, a
+            batch completed or released its leader).
         """
         taken: list[Batch] = []
-        waiting: list[tuple[QueueKey, float]] = []
+        waiting: list[tuple[QueueKey, float]] = []  # (queue, when it is due at the latest)
+        linger_s = self.linger_s
         with self._lock:
+            self._node_of = node_of
             urgent = all_now or self._pressure
             for key, dq in self._queues.items():
                 if not dq or key in self._in_flight:
                     continue
                 head = dq[0]
-                due = head.created_s + self.linger_s
-                if urgent or head.sealed or len(dq) > 1 or now_s >= due:
+                if urgent or head.sealed or len(dq) > 1:
+                    go, due = True, now_s
+                elif linger_s > 0:
+                    due = head.created_s + linger_s
+                    go = now_s >= due
+                else:  # the busy leaders are those of earlier calls: this call's go together
+                    due = head.created_s + LEADER_WAIT_S
+                    go = node_of is None or now_s >= due or node_of(key) not in self._busy
+                if go:
                     self._take(key, dq)
                     taken.append(head)
                 else:
                     waiting.append((key, due))
-            if node_of is not None and taken and waiting:
-                nodes = {node_of(b.key) for b in taken}
+            if node_of is not None and taken:
+                nodes = set()
+                for b in taken:
+                    b.node = node_of(b.key)
+                    nodes.add(b.node)
                 for key, _ in waiting:
                     if node_of(key) in nodes:
-                        taken.append(self._take(key, self._queues[key]))
+                        b = self._take(key, self._queues[key])
+                        b.node = node_of(key)
+                        taken.append(b)
                 waiting = [(k, d) for k, d in waiting if k not in self._in_flight]
+                for b in taken:
+                    b.holds_node = True
+                    self._busy[b.node] = self._busy.get(b.node, 0) + 1
             for key in [k for k, dq in self._queues.items() if not dq and k not in self._in_flight]:
                 del self._queues[key]
-            self._next_s = next_s = min((due for _, due in waiting), default=None)
+            dues = [due for _, due in waiting]
+            if self._busy and linger_s == 0:  # a batch opened later waits no more than LEADER_WAIT_S
+                dues.append(now_s + LEADER_WAIT_S)
+            self._next_s = next_s = min(dues, default=None)
         return taken, next_s
 
     def _take(self, key: QueueKey, dq: deque[Batch]) -> Batch:
@@ -432,9 +488,30 @@ class Accumulator:
         self._in_flight[key] = head
         return head
 
-    def complete(self, batch: Batch) -> None:
-        """The batch succeeded or failed for good: free its bytes and its queue."""
+    def release(self, batches: list[Batch]) -> bool:
+        """The first attempt of ``batches`` is answered (or failed): their leader may take the
+        next request (a retry does not hold it). Returns whether a leader became idle: the
+        sender should look at what waited for it."""
         with self._lock:
+            return self._release(batches)
+
+    def _release(self, batches: list[Batch]) -> bool:
+        idle = False
+        for b in batches:
+            if b.holds_node:
+                b.holds_node = False
+                left = self._busy[b.node] - 1
+                if left:
+                    self._busy[b.node] = left
+                else:
+                    del self._busy[b.node]
+                    idle = True
+        return idle
+
+    def complete(self, batch: Batch) -> None:
+        """The batch succeeded or failed for good: free its bytes, its queue and its leader."""
+        with self._lock:
+            self._release([batch])
             if self._in_flight.get(batch.key) is batch:
                 del self._in_flight[batch.key]
             self.buffered_bytes -= batch.memory_bytes

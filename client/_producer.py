@@ -24,7 +24,7 @@ from ._api import connect
 from ._metadata import ClusterMetadata, key_queue
 from ._outcome import DeliveryCallback, FutureRecord
 from ._producer_config import ProducerConfig
-from ._requests import frame_results, in_requests, offset_of, refuses_binary
+from ._requests import frame_results, in_requests, refuses_binary, resolve
 from ._retry import may_retry, outcome_error
 from ._transport import AddressMap, path_part
 from ._types import RecordMetadata, TopicDescription
@@ -40,7 +40,6 @@ from .errors import (
     Timeout,
     TopicNotFound,
     Unavailable,
-    UnexpectedResponse,
     UnknownOutcome,
 )
 
@@ -255,10 +254,11 @@ class ProducerCore:
             )
         except RaftmqError as e:
             answer, error = None, e
+        self._release(batches)
         results, error = frame_results(answer, error, len(batches))
         for b, r in zip(batches, results, strict=True):
             if r is not None:
-                self._resolve(b, {"results": [r]}, True)
+                resolve(b, {"results": [r]}, True)
         left = [b for b, r in zip(batches, results, strict=True) if r is None]
         if not left or error is None:
             return
@@ -299,6 +299,7 @@ class ProducerCore:
                     idempotent=idempotent,
                 )
             except RaftmqError as e:
+                self._release([b])
                 if binary and refuses_binary(e):
                     self._fall_back_to_json(e)
                     b.maybe_stored = indefinite is not None
@@ -316,8 +317,13 @@ class ProducerCore:
                 log.debug("produce to %s/%d failed (%s); retry %d", b.topic, b.queue, e.code, attempt)
                 await asyncio.sleep(delay)
                 continue
-            self._resolve(b, answer, binary)
+            self._release([b])
+            resolve(b, answer, binary)
             return
+
+    def _release(self, batches: list[Batch]) -> None:
+        if self.acc.release(batches):  # the first attempt is answered: the leader is idle
+            self.wake()
 
     def _fall_back_to_json(self, error: RaftmqError) -> None:
         if self.wire == "binary":
@@ -328,23 +334,6 @@ class ProducerCore:
             )
             self.wire = "json"
             self.acc.wire = "json"
-
-    def _resolve(self, b: Batch, answer: Any, binary: bool) -> None:
-        results = answer.get("results") if isinstance(answer, dict) else None
-        try:
-            if binary:  # one result per frame: {"queue", "base_offset", "count"[, "duplicate"]}
-                (r,) = results  # type: ignore[misc]
-                if r["count"] != b.count or "delayed" in r:
-                    raise ValueError(f"count {r['count']}")
-                b.outcome.resolve(int(r["queue"]), offset_of(r["base_offset"]))
-                return
-            if not isinstance(results, list) or len(results) != b.count:
-                raise ValueError(f"{b.count} messages")
-            offsets = [offset_of(r["offset"]) for r in results]
-            b.outcome.resolve(int(results[0]["queue"]), offsets[0], offsets)
-        except (TypeError, ValueError, KeyError):
-            error = f"produce answer {answer!r:.200} does not fit a batch of {b.count}"
-            self._fail(b, UnexpectedResponse(error))
 
     @staticmethod
     def _fail(b: Batch, error: RaftmqError) -> None:
@@ -413,13 +402,12 @@ class AsyncProducer:
 
     Each message goes to a queue: the one given, else the key's queue (CRC32C of the key, as the
     broker routes), else a sticky queue (16 KiB to one queue, then the least-loaded; uniform sticky
-    batches as Kafka's KIP-794). Messages wait in
-    their queue's batch up to ``linger_ms`` (or until ``max_batch_bytes``/``max_batch_messages``),
-    and each batch is sent straight to the leader of its queue's group, one batch in flight per
-    queue (order per queue is kept across retries); ready batches of one topic whose queues have
-    the same leader share a request (idempotent binary producers). A batch travels in the binary
-    record-batch format (docs/format.md): each ``send`` appends the message to its queue's batch
-    in that format, and returns a :class:`FutureRecord` that shares the batch's one outcome.
+    batches as Kafka's KIP-794), and joins its queue's batch, sent straight to the leader of the
+    queue's group, one batch in flight per queue (order per queue is kept across retries). A batch
+    goes at once when its leader has no request in flight; else it gathers messages until that
+    answer comes (or ``max_batch_bytes``/``max_batch_messages``), and the batches waiting for one
+    leader (idempotent binary producers: one topic's) go in one request. A batch travels in the
+    binary record-batch format (docs/format.md); ``send`` returns a :class:`FutureRecord`.
 
     Idempotence is on by default: the producer has a random ``producer_id`` and numbers its batches
     per queue, so the broker stores a retried batch once; failures that are retriable, including
@@ -430,7 +418,8 @@ class AsyncProducer:
 
     Args:
         bootstrap: Node addresses (``"127.0.0.1:7001,127.0.0.1:7002"`` or a list); any one will do.
-        linger_ms: How long a batch waits for more messages.
+        linger_ms: 0 (default): no wait but for the leader's request in flight; > 0: a batch
+            that is not full waits this long from its first message instead.
         max_batch_bytes: A batch is sent once it reaches this size.
         max_batch_messages: ... or this many messages (at most the broker's 10,000).
         max_buffer_bytes: Memory for unsent and in-flight messages; ``send`` waits (up to
@@ -458,7 +447,7 @@ class AsyncProducer:
         self,
         bootstrap: str | Sequence[str],
         *,
-        linger_ms: int = 5,
+        linger_ms: int = 0,
         max_batch_bytes: int = 256 * 1024,
         max_batch_messages: int = 10_000,
         max_buffer_bytes: int = 32 * 1024 * 1024,

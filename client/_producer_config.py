@@ -17,7 +17,7 @@ __all__ = ["ProducerConfig"]
 class ProducerConfig:
     """The producer's settings (see :class:`AsyncProducer` for their meaning)."""
 
-    linger_ms: int = 5
+    linger_ms: int = 0
     max_batch_bytes: int = 256 * 1024
     max_batch_messages: int = 10_000
     max_buffer_bytes: int = 32 * 1024 * 1024

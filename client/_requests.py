@@ -8,7 +8,7 @@ from typing import Any, cast
 from ._accumulator import Batch, QueueKey
 from .errors import RaftmqError, UnexpectedResponse
 
-__all__ = ["frame_results", "in_requests", "offset_of", "refuses_binary"]
+__all__ = ["frame_results", "in_requests", "offset_of", "refuses_binary", "resolve"]
 
 
 def in_requests(
@@ -64,3 +64,24 @@ def frame_results(
         return results, error
     unfit = UnexpectedResponse(f"produce answer {answer!r:.200} does not fit {frames} frames")
     return [None] * frames, error or unfit
+
+
+def resolve(b: Batch, answer: Any, binary: bool) -> None:
+    """Complete ``b``'s outcome from the answer that stored it: one result per frame (binary,
+    ``{"queue", "base_offset", "count"[, "duplicate"]}``) or per message (JSON); an answer that
+    does not fit the batch fails it with UnexpectedResponse."""
+    results = answer.get("results") if isinstance(answer, dict) else None
+    try:
+        if binary:
+            (r,) = results  # type: ignore[misc]
+            if r["count"] != b.count or "delayed" in r:
+                raise ValueError(f"count {r['count']}")
+            b.outcome.resolve(int(r["queue"]), offset_of(r["base_offset"]))
+            return
+        if not isinstance(results, list) or len(results) != b.count:
+            raise ValueError(f"{b.count} messages")
+        offsets = [offset_of(r["offset"]) for r in results]
+        b.outcome.resolve(int(results[0]["queue"]), offsets[0], offsets)
+    except (TypeError, ValueError, KeyError):
+        error = f"produce answer {answer!r:.200} does not fit a batch of {b.count}"
+        b.outcome.fail(UnexpectedResponse(error))

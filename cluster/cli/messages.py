@@ -76,7 +76,13 @@ def _parse_input_line(
     help="lines: each line is a message. jsonl: each line is a JSON value, sent as it is (checked).",
 )
 @click.option("--key-field", help="jsonl: the field of each JSON object whose value is the message's key.")
-@click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True, help="Batching delay.")
+@click.option(
+    "--linger-ms",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Batching delay (0: a batch waits only for the request in flight to its leader).",
+)
 @output_options
 @client_command
 def produce(

@@ -224,7 +224,17 @@ def test_produce_to_consume_latency_is_sane(cluster: Cluster) -> None:
     assert p99 < 10.0  # woken by the commit, not by the end of a 15 s poll
 
 
-def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("linger_ms", "queues"),
+    [(2, 1), (None, 3)],
+    ids=["linger-2ms-one-queue", "defaults-three-queues"],
+)
+def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(
+    tmp_path: Path, linger_ms: int | None, queues: int
+) -> None:
+    """With the defaults (no linger: a batch waits only for its leader's request in flight), over
+    queues whose groups have different leaders, as with a linger on one queue: across the kill of
+    a leader every acknowledged message is stored once, in the order sent, per queue."""
     with Cluster(tmp_path, nodes=3) as c:
         c.start()
         c.wait_ready()
@@ -235,14 +245,15 @@ def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(tm
         acked: list[tuple[str, RecordMetadata]] = []
         errors: list[BaseException] = []
         stop = threading.Event()
+        settings = {} if linger_ms is None else {"linger_ms": linger_ms}
 
         def produce() -> None:
-            with Producer(urls(c), linger_ms=2, request_timeout_ms=5_000) as producer:
+            with Producer(urls(c), request_timeout_ms=5_000, **settings) as producer:
                 i = 0
                 pending = []
                 while not stop.is_set():
                     value = f"v{i}"
-                    pending.append((value, producer.send("failover", value, queue=0)))
+                    pending.append((value, producer.send("failover", value, queue=i % queues)))
                     i += 1
                     if i % 50 == 0:
                         time.sleep(0.01)
@@ -270,9 +281,12 @@ def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(tm
             worker.join(120)
         assert not worker.is_alive()
         assert errors == []
-        stored = [m["value"] for m in c.fetch_all("failover", 0, node=survivor)]
-        duplicates = [v for v, n in Counter(stored).items() if n > 1]
-        assert duplicates == []
-        assert {v for v, _ in acked} <= set(stored)
-        assert len(stored) == len(acked)  # nothing was stored that was not acknowledged
-        assert [m.offset for _, m in acked] == list(range(len(acked)))  # order kept across retries
+        for q in range(queues):
+            stored = [m["value"] for m in c.fetch_all("failover", q, node=survivor)]
+            duplicates = [v for v, n in Counter(stored).items() if n > 1]
+            assert duplicates == []
+            in_queue = [(v, m) for v, m in acked if m.queue == q]
+            assert {v for v, _ in in_queue} <= set(stored)
+            assert len(stored) == len(in_queue)  # nothing was stored that was not acknowledged
+            assert [m.offset for _, m in in_queue] == list(range(len(in_queue)))  # order kept across retries
+            assert stored == [v for v, _ in in_queue]  # in the order sent

@@ -18,7 +18,9 @@ from raftmq.client import (
     RecordMetadata,
     UnknownOutcome,
 )
-from raftmq.client._accumulator import Accumulator
+from raftmq.client._accumulator import LEADER_WAIT_S, Accumulator
+from raftmq.client._producer_config import ProducerConfig
+from raftmq.client._requests import in_requests
 
 
 def test_batches_are_sealed_by_count_and_sent_one_at_a_time_per_queue() -> None:
@@ -313,3 +315,113 @@ class _Stored:
         self.size = 1
 
     def __call__(self, metadata: RecordMetadata | None, error: RaftmqError | None) -> None: ...
+
+
+def _default_accumulator(max_batch_messages: int = 100) -> Accumulator:
+    """An accumulator with the producer's default ``linger_ms``, as :class:`ProducerCore` makes it."""
+    return Accumulator(
+        linger_s=ProducerConfig().linger_ms / 1000,
+        max_batch_bytes=1 << 20,
+        max_batch_messages=max_batch_messages,
+        max_buffer_bytes=1 << 20,
+        producer_id="p-1",
+    )
+
+
+def _leader(key: tuple[str, int]) -> str:
+    return "a" if key[1] % 2 == 0 else "b"  # queues 0, 2, 4 led by a; 1, 3, 5 by b
+
+
+def test_an_idle_queue_s_first_message_goes_at_once_by_default() -> None:
+    acc = _default_accumulator()
+    wakes: list[int] = []
+    acc.on_wake = lambda: wakes.append(1)
+    acc.try_append("t", 0, 6, "x", None, None, 1, None, now_s=10.0)
+    assert wakes == [1]  # the sender is woken for it
+    taken, _ = acc.ready(10.0, node_of=_leader)
+    assert [b.queue for b in taken] == [0]  # in the same instant, no linger
+
+
+def test_messages_that_arrive_while_their_leader_is_busy_go_together_when_it_answers() -> None:
+    acc = _default_accumulator()
+    wakes: list[int] = []
+    acc.on_wake = lambda: wakes.append(1)
+    acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
+    (first,), _ = acc.ready(0.0, node_of=_leader)
+    # While queue 0's request to leader a is in flight: more for queue 0, and for queues 2 and 4
+    # (leader a) and 1 (leader b).
+    for q, v in [(0, "a1"), (2, "c0"), (4, "e0"), (2, "c1")]:
+        acc.try_append("t", q, 6, v, None, None, 2, None, now_s=0.001)
+    assert wakes == [1]  # nothing of leader a can go: no wake-up per message
+    acc.try_append("t", 1, 6, "b0", None, None, 2, None, now_s=0.001)
+    assert wakes == [1, 1]  # leader b is idle: its queue goes at once
+    taken, _ = acc.ready(0.001, node_of=_leader)
+    assert [b.queue for b in taken] == [1]
+    for now_s in (0.005, 0.02, 0.05):  # nothing for leader a: its answer, not a clock, sends them
+        assert acc.ready(now_s, node_of=_leader)[0] == []
+    acc.complete(first)
+    together, _ = acc.ready(0.05, node_of=_leader)
+    assert sorted((b.queue, b.count, b.sequence) for b in together) == [(0, 1, 1), (2, 2, 0), (4, 1, 0)]
+    assert in_requests(together, _leader, 1 << 20, 100) == [together]  # one request
+    values = {
+        f["queue"]: [v for v, _, _ in f["values"]] for f in (binary_request(b.body("p-1")) for b in together)
+    }
+    assert values == {0: ["a1"], 2: ["c0", "c1"], 4: ["e0"]}
+
+
+def test_a_retry_holds_its_queue_but_not_its_leader() -> None:
+    """A first attempt answered with an error releases the leader: the leader's other queues go
+    while the batch waits for its retry, and its own queue's next batch waits for that batch, so
+    the queue's order is kept."""
+    acc = _default_accumulator()
+    acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
+    (first,), _ = acc.ready(0.0, node_of=_leader)
+    acc.try_append("t", 0, 6, "a1", None, None, 2, None, now_s=0.001)
+    acc.try_append("t", 2, 6, "c0", None, None, 2, None, now_s=0.001)
+    assert acc.ready(0.001, node_of=_leader)[0] == []
+    assert acc.release([first]) and not acc.release([first])  # idle once, however often told
+    taken, _ = acc.ready(0.002, node_of=_leader)
+    assert [b.queue for b in taken] == [2]  # queue 0's next batch waits for the retried one
+    acc.complete(taken[0])
+    assert acc.ready(0.003, node_of=_leader)[0] == []
+    acc.complete(first)
+    (second,), _ = acc.ready(0.004, node_of=_leader)
+    assert (second.queue, second.sequence, first.sequence) == (0, 1, 0)
+
+
+def test_a_full_batch_goes_without_waiting_for_its_leader() -> None:
+    acc = _default_accumulator(max_batch_messages=3)
+    acc.try_append("t", 0, 6, "x", None, None, 1, None, now_s=0.0)
+    (first,), _ = acc.ready(0.0, node_of=_leader)
+    acc.try_append("t", 4, 6, "y", None, None, 1, None, now_s=0.001)
+    for _ in range(3):
+        acc.try_append("t", 2, 6, "z", None, None, 1, None, now_s=0.001)
+    taken, _ = acc.ready(0.001, node_of=_leader)
+    # queue 2's batch is full and goes; queue 4's rides along in its request
+    assert sorted((b.queue, b.count) for b in taken) == [(2, 3), (4, 1)]
+    acc.complete(first)
+    acc.release(taken)
+    acc.try_append("t", 0, 6, "x", None, None, 1, None, now_s=0.002)
+    assert [b.queue for b in acc.ready(0.002, node_of=_leader)[0]] == [0]
+
+
+def test_an_explicit_linger_still_holds_a_batch_that_long() -> None:
+    acc = Accumulator(
+        linger_s=0.005, max_batch_bytes=1 << 20, max_batch_messages=100, max_buffer_bytes=1 << 20
+    )
+    acc.try_append("t", 0, 6, "x", None, None, 1, None, now_s=0.0)
+    assert acc.ready(0.004, node_of=_leader) == ([], 0.005)
+    assert [b.queue for b in acc.ready(0.005, node_of=_leader)[0]] == [0]
+
+
+def test_a_batch_waits_for_a_slow_leader_s_answer_no_longer_than_the_leader_wait() -> None:
+    """A request held up (one queue group of the leader without a quorum, say) does not hold the
+    leader's other queues for the whole request timeout: the sender wakes by then, and they go."""
+    acc = _default_accumulator()
+    acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
+    (stuck,), next_s = acc.ready(0.0, node_of=_leader)
+    assert next_s == LEADER_WAIT_S  # the sender looks again by then without being woken
+    acc.try_append("t", 2, 6, "c0", None, None, 2, None, now_s=0.01)
+    assert acc.ready(0.05, node_of=_leader) == ([], 0.01 + LEADER_WAIT_S)
+    (late,), _ = acc.ready(0.01 + LEADER_WAIT_S, node_of=_leader)
+    assert late.queue == 2 and not stuck.done

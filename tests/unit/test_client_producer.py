@@ -181,3 +181,37 @@ def test_close_waits_for_every_buffered_message() -> None:
     futures = run(main)
     assert all(f.done() and not f.exception() for f in futures)
     assert sum(len(b["values"]) for b in fake.produced) == 50
+
+
+def test_by_default_what_is_sent_while_the_leader_is_busy_goes_in_one_request_when_it_answers() -> None:
+    """Default settings: the first message goes alone; the messages sent while its request is in
+    flight (to its queue and the other queues of its leader) wait for its answer, not for a
+    clock, and then go together in one request; flush sends them all, each stored once, in
+    order per queue."""
+    fake = FakeCluster()
+    fake.gate = asyncio.Event()
+
+    async def main() -> list[RecordMetadata]:
+        async with await start_producer(fake) as p:
+            futures = [await p.send("t", "a", queue=0)]
+            for _ in range(1_000):
+                if fake.produced:
+                    break
+                await asyncio.sleep(0.001)
+            futures += [await p.send("t", v, queue=q) for v, q in [("b", 0), ("c", 1), ("d", 2), ("e", 1)]]
+            await asyncio.sleep(0.05)  # ten default lingers of the old producer
+            assert [b["values"][0][0] for b in fake.produced] == ["a"]
+            assert fake.gate is not None
+            fake.gate.set()
+            assert await p.flush(5.0)
+            return list(await asyncio.gather(*futures))
+
+    got = run(main)
+    assert [(m.queue, m.offset) for m in got] == [(0, 0), (0, 1), (1, 0), (2, 0), (1, 1)]
+    assert fake.requests == [[0, 1, 2]]  # after the first request, one request of three frames
+    assert [(b["queue"], b["sequence"], [v for v, _, _ in b["values"]]) for b in fake.produced] == [
+        (0, 0, ["a"]),
+        (0, 1, ["b"]),
+        (1, 0, ["c", "e"]),
+        (2, 0, ["d"]),
+    ]
