@@ -12,11 +12,15 @@ including the workarounds for what that version does differently from RocksDB's 
   ``Rdict`` raises ``DbClosedError``, but an iterator over it keeps working. So the store tracks its
   live scan cursors and drops their iterators before it closes or swaps the database.
 - RocksDB errors arrive as bare ``Exception``; they are re-raised as :class:`StoreError`.
+- ``compact_range`` drops RocksDB's status: a compaction cancelled by ``cancel_all_background``
+  returns as if it had finished. The store tells the two apart by whether it revoked the handle.
 
 Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
 between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
 in-flight ones have left, and only then close the handle. So a reader never touches a closed
-database: during a swap it gets :class:`StoreClosed`.
+database: during a swap it gets :class:`StoreClosed`. A manual compaction in flight (of a removed
+backlog: minutes on a large store) is cancelled first, so that they wait for it a moment, not for
+the whole compaction; it raises :class:`StoreClosed` and frees the rest at its next run.
 
 Restore protocol (``restore_from``). Every step is one atomic rename on one filesystem, made durable
 by an fsync of the directories involved; ``<path>.restore-old`` existing marks an unfinished restore:
@@ -167,6 +171,7 @@ class RocksStore:
         # users are admitted; a handle is closed only after _db stopped being it and _users reached 0.
         self._db: Rdict | None = db
         self._users = 0
+        self._compactions = 0  # compact_range calls in the gate: _revoke cancels them
         self._closed = False
         self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
         # Serializes close() and restore_from(), which both take the handle away from users.
@@ -217,19 +222,29 @@ class RocksStore:
         finally:
             self._leave()
 
-    def _revoke(self) -> Rdict | None:
-        """Stop admitting users, wait for in-flight ones, drop every live scan iterator.
+    def _revoke(self) -> tuple[Rdict | None, bool]:
+        """Stop admitting users, cancel a compaction in flight, wait for in-flight users, drop
+        every live scan iterator.
 
-        Returns the handle, now used by nobody, or None if the store was already closed.
+        Returns the handle, now used by nobody (None if the store was already closed), and
+        whether its background work was cancelled.
         """
         with self._cond:
             db, self._db = self._db, None
+            cancelled = False
+            if db is not None and self._compactions > 0:
+                cancelled = True
+                # Ends the compaction within milliseconds (RocksDB checks as it goes); the handle
+                # is closed next, so what the cancel leaves on it (no background work) is moot.
+                # Should the cancel fail, the wait below is for the whole compaction, as before.
+                with contextlib.suppress(Exception):
+                    db.cancel_all_background(False)
             self._cond.wait_for(lambda: self._users == 0)
             cursors = list(self._cursors)
             self._cursors.clear()
         for cursor in cursors:
             cursor.revoke()
-        return db
+        return db, cancelled
 
     def _register(self, cursor: _Cursor) -> None:
         with self._cond:
@@ -332,11 +347,27 @@ class RocksStore:
     def compact_range(self, start: bytes, end: bytes) -> None:
         """Compact ``[start, end)`` through every level now (memtable first), dropping what range
         deletions cover: RocksDB compacts a level only once it outgrows its target, so on a store
-        that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on)."""
+        that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on).
+
+        A ``close`` or ``restore_from`` meanwhile cancels it (they wait milliseconds, not for the
+        compaction): what it did is kept, the rest stays on disk until a later compaction.
+
+        Raises:
+            StoreClosed: the store is closed, or was closed or restored during the compaction.
+        """
         opts = CompactOptions()
         opts.set_exclusive_manual_compaction(False)
         with self._using() as db:
-            db.compact_range(start, end, opts)
+            with self._cond:
+                self._compactions += 1
+            try:
+                db.compact_range(start, end, opts)
+            finally:
+                with self._cond:
+                    self._compactions -= 1
+                    cancelled = self._db is not db
+            if cancelled:
+                raise StoreClosed(f"store {self._path} was closed during a compaction")
 
     def checkpoint(self, path: str) -> None:
         """Write an openable copy of the store into the new directory ``path`` (hard links where possible).
@@ -363,9 +394,9 @@ class RocksStore:
         """
         with self._admin:
             self._closed = True
-            db = self._revoke()
+            db, cancelled = self._revoke()
             if db is not None:
-                _close_rdict(db)
+                _close_rdict(db, cancelled=cancelled)
 
     def restore_from(self, checkpoint_dir: str) -> None:
         """Replace the whole contents of this store with ``checkpoint_dir``, durably and crash-safely.
@@ -384,10 +415,10 @@ class RocksStore:
             if self._closed:
                 raise StoreClosed(f"store {self._path} is closed")
             self._check_restorable(src)
-            db = self._revoke()
+            db, cancelled = self._revoke()
             assert db is not None  # only close() and restore_from() revoke, and _admin serializes them
             try:
-                _close_rdict(db)
+                _close_rdict(db, cancelled=cancelled)
                 _swap_in(src, self._path)
             except (StoreError, OSError) as exc:
                 self._reopen()
@@ -503,9 +534,16 @@ def _open_rdict(path: str) -> Rdict:
         return Rdict(path, _options())
 
 
-def _close_rdict(db: Rdict) -> None:
-    with _store_errors():
-        db.close()
+def _close_rdict(db: Rdict, *, cancelled: bool = False) -> None:
+    """Close ``db``. After ``cancel_all_background`` its close reports "Shutdown in progress"
+    (the memtable is not flushed: its writes are in the write-ahead log, replayed at the next
+    open) and the handle is released all the same."""
+    try:
+        with _store_errors():
+            db.close()
+    except StoreError as e:
+        if not (cancelled and str(e).startswith("Shutdown in progress")):
+            raise
 
 
 def _is_database(path: str) -> bool:

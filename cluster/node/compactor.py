@@ -10,8 +10,10 @@ Invariant: at most one compaction job runs on a node at a time (an executor job 
 every pending range), and ranges freed meanwhile wait for the next job, ``COMPACT_DELAY_S`` after
 the first of them, so that a run of ``retain`` entries (each removing at most
 ``raft.retention_max_batches`` batches) becomes one compaction per queue. Per queue only the
-greatest end is kept: retention always removes from the queue's start. A compaction holds the
-store open while it runs (``RocksStore``'s gate): a checkpoint restore of that replica waits for it.
+greatest end is kept: retention always removes from the queue's start. A close or a checkpoint
+restore of the replica's store cancels a compaction in flight rather than waiting for it
+(``RocksStore.compact_range``: minutes for a large removed backlog); it is logged as failed, and
+what it did not free waits for that removal's next report (a restart's replay reports it again).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class Compactor:
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """The task waiting to compact, if any (the node cancels it when it stops; a compaction
-        already running finishes first, as the store's close waits for it)."""
+        already running is cancelled by the store's close)."""
         return [self._task] if self._task is not None and not self._task.done() else []
 
     def freed(self, name: str, ranges: tuple[tuple[bytes, bytes], ...]) -> None:

@@ -222,8 +222,7 @@ class Node:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, local.raft.destroy)
         await asyncio.sleep(1.0)  # requests that still hold the stores finish (they fail once closed)
-        local.state_store.close()
-        local.journal_store.close()
+        await loop.run_in_executor(None, local.close_stores)  # waits for their users: off the loop
         if delete:
             await loop.run_in_executor(None, shutil.rmtree, os.path.join(self.node_dir, "groups", name))
         log.info("group_stopped", group=name, node_id=self.me.id, deleted=delete)
@@ -278,8 +277,7 @@ class Node:
         loop = asyncio.get_running_loop()
         for local in list(self.groups.values()):
             await loop.run_in_executor(None, local.raft.destroy)
-            local.state_store.close()
-            local.journal_store.close()
+            await loop.run_in_executor(None, local.close_stores)
         for session in (self._session, self._probe_session):
             if session is not None:
                 await session.close()
