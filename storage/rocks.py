@@ -12,15 +12,13 @@ including the workarounds for what that version does differently from RocksDB's 
   ``Rdict`` raises ``DbClosedError``, but an iterator over it keeps working. So the store tracks its
   live scan cursors and drops their iterators before it closes or swaps the database.
 - RocksDB errors arrive as bare ``Exception``; they are re-raised as :class:`StoreError`.
-- ``compact_range`` drops RocksDB's status: a compaction cancelled by ``cancel_all_background``
-  returns as if it had finished. The store tells the two apart by whether it revoked the handle.
+- ``compact_range`` drops RocksDB's status: a cancelled compaction returns as a finished one.
 
 Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
 between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
 in-flight ones have left, and only then close the handle. So a reader never touches a closed
-database: during a swap it gets :class:`StoreClosed`. A manual compaction in flight (of a removed
-backlog: minutes on a large store) is cancelled first, so that they wait for it a moment, not for
-the whole compaction; it raises :class:`StoreClosed` and frees the rest at its next run.
+database: during a swap it gets :class:`StoreClosed`. They cancel a compaction in flight first
+(minutes on a large removed backlog), so they wait milliseconds for it, not all of it.
 
 Restore protocol (``restore_from``). Every step is one atomic rename on one filesystem, made durable
 by an fsync of the directories involved; ``<path>.restore-old`` existing marks an unfinished restore:
@@ -66,7 +64,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from .durable_dirs import make_dirs_durable
+from .durable_dirs import fsync_tree, make_dirs_durable, rename_durably
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
@@ -224,19 +222,15 @@ class RocksStore:
 
     def _revoke(self) -> tuple[Rdict | None, bool]:
         """Stop admitting users, cancel a compaction in flight, wait for in-flight users, drop
-        every live scan iterator.
-
-        Returns the handle, now used by nobody (None if the store was already closed), and
-        whether its background work was cancelled.
-        """
+        every live scan iterator. Returns the handle, now used by nobody (None if the store was
+        already closed), and whether its background work was cancelled."""
         with self._cond:
             db, self._db = self._db, None
             cancelled = False
             if db is not None and self._compactions > 0:
                 cancelled = True
-                # Ends the compaction within milliseconds (RocksDB checks as it goes); the handle
-                # is closed next, so what the cancel leaves on it (no background work) is moot.
-                # Should the cancel fail, the wait below is for the whole compaction, as before.
+                # Ends the compaction within milliseconds; the handle is closed next, so what the
+                # cancel leaves on it is moot. Should it fail, the wait is for the whole compaction.
                 with contextlib.suppress(Exception):
                     db.cancel_all_background(False)
             self._cond.wait_for(lambda: self._users == 0)
@@ -576,48 +570,16 @@ def _roll_back(path: str) -> None:
     failed = path + RESTORE_FAILED_SUFFIX
     with _store_errors():
         if os.path.lexists(path):
-            _rename_durably(path, failed)
-        _rename_durably(path + RESTORE_OLD_SUFFIX, path)
+            rename_durably(path, failed)
+        rename_durably(path + RESTORE_OLD_SUFFIX, path)
     _remove_tree(failed)
 
 
 def _swap_in(src: str, path: str) -> None:
     """Steps 1-3 of the restore protocol: make ``src`` durable, move ``path`` aside, move ``src`` in."""
-    _fsync_tree(src)
-    _rename_durably(path, path + RESTORE_OLD_SUFFIX)
-    _rename_durably(src, path)
-
-
-def _rename_durably(src: str, dst: str) -> None:
-    os.rename(src, dst)
-    _fsync_dir(os.path.dirname(dst))
-    if os.path.dirname(src) != os.path.dirname(dst):
-        _fsync_dir(os.path.dirname(src))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: str) -> None:
-    """fsync every file in ``path`` and the directory itself.
-
-    A checkpoint made by RocksDB is already durable, but one assembled from a snapshot received over
-    the network may not be, and step 3 must not publish files whose data could still be lost.
-    """
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.is_file(follow_symlinks=False):
-                fd = os.open(entry.path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-    _fsync_dir(path)
+    fsync_tree(src)
+    rename_durably(path, path + RESTORE_OLD_SUFFIX)
+    rename_durably(src, path)
 
 
 def _remove_tree(path: str) -> None:
