@@ -200,8 +200,9 @@ class _ConsumersApi:
         ``name``, one scan of the group shared by the asks (``delayed_counts.py``; None: the store
         is being swapped for a restored checkpoint)."""
         try:
+            machine = local.machine
             return await self.api.delayed_counts.of(
-                name, local.machine.store, local.machine.applied_index, topic_id
+                name, machine.store, lambda: machine.applied_index, topic_id
             )
         except StoreError:
             return None

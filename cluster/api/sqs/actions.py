@@ -383,7 +383,9 @@ class QueueActions:
             try:  # scans of the group's keys: off the event loop, as the REST consumer view
                 found = await loop.run_in_executor(None, consumer_queues, store, topic.id)
                 counted = (
-                    await self.api.delayed_counts.of(name, store, local.machine.applied_index, topic.id)
+                    await self.api.delayed_counts.of(
+                        name, store, lambda: local.machine.applied_index, topic.id
+                    )
                     if with_delayed
                     else {}
                 )
