@@ -16,7 +16,7 @@ Every error is a :class:`~raftmq.client.errors.RaftmqError` (:mod:`raftmq.client
 tree). docs/client.md is the guide.
 """
 
-from ._admin import AsyncAdmin
+from ._admin import UNCHANGED, AsyncAdmin, Unchanged
 from ._consumer import AsyncConsumer, Mode, Reset, TopicQueue
 from ._metadata import key_queue
 from ._outcome import DeliveryCallback, FutureRecord
@@ -78,6 +78,7 @@ from .errors import (
 )
 
 __all__ = [
+    "UNCHANGED",
     "Admin",
     "AsyncAdmin",
     "AsyncConsumer",
@@ -139,6 +140,7 @@ __all__ = [
     "TopicQueue",
     "Unauthorized",
     "Unavailable",
+    "Unchanged",
     "UnexpectedResponse",
     "UnknownOutcome",
     "UpgradeInProgress",

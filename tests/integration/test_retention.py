@@ -84,10 +84,14 @@ def test_retention_turned_on_later_frees_the_backlog_on_every_replica_and_off_ke
         for nid in c.nodes:  # every node's metadata replica shows the change
             assert c.get("/v1/topics/backlog", nid).json()["retention_bytes"] == 5_000
 
-        # Off again (None: no bound) with the Python client: what is left stays, and so does what
-        # comes next.
+        # With the Python client, one bound at a time (one left out keeps its value), then off
+        # again (None: no bound): what is left stays, and so does what comes next.
         with Admin([c.url()]) as admin:
-            desc = admin.set_topic_retention("backlog", retention_ms=None, retention_bytes=None)
+            desc = admin.set_topic_retention("backlog", retention_ms=86_400_000)
+            assert (desc.info.retention_bytes, desc.info.retention_ms) == (5_000, 86_400_000)
+            desc = admin.set_topic_retention("backlog", retention_bytes=None)
+            assert (desc.info.retention_bytes, desc.info.retention_ms) == (None, 86_400_000)
+            desc = admin.set_topic_retention("backlog", retention_ms=None)
         assert (desc.info.retention_bytes, desc.info.retention_ms) == (None, None)
         for nid in c.nodes:
             wait_until(lambda nid=nid: c.get("/v1/topics/backlog", nid).json()["retention_bytes"] is None, 10)
