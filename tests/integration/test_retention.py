@@ -147,3 +147,40 @@ def test_retention_frees_the_disk_of_every_replica_not_only_the_messages(tmp_pat
         low, high = queue_bounds(c, "backlog", 0)
         assert high == 30_000 and 0 < low < high
         c.wait_replicas_equal("0")
+
+
+def test_a_dropped_topic_is_freed_on_the_disk_of_a_replica_killed_before_it_compacted(tmp_path: Path) -> None:
+    # The compaction runs COMPACT_DELAY_S (2 s) after the apply; a replica killed in between has
+    # applied the drop, and its restart's replay skips the entry: the skipped entry reports what
+    # it freed again (cluster/machines/freed.py), so the restarted node compacts it.
+    with Cluster(tmp_path, queue_groups=1) as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("dropped", queues=1)
+        for _ in range(60):  # 30 MB of incompressible values: past a memtable (16 MiB), into files
+            values = [{"value": base64.b64encode(os.urandom(768)).decode()} for _ in range(500)]
+            assert c.produce("dropped", values).status_code == 200
+        c.wait_replicas_equal("0")
+        leader = c.wait_leader("0")
+        victim = next(nid for nid in c.nodes if nid != leader)
+        filled = _state_bytes(c, victim, "0")
+        assert filled > 24_000_000, filled
+        r = c.session.delete(c.url(leader) + "/v1/topics/dropped", timeout=30)
+        assert r.status_code in (200, 204), r.text  # answered once the queue group's leader applied the drop
+        dropped_at = c.status(leader)["groups"]["0"]["state_index"]
+        wait_until(
+            lambda: c.status(victim)["groups"]["0"]["state_index"] >= dropped_at,
+            10,
+            interval_s=0.02,
+            what="the drop applied on the victim",
+        )
+        c.kill(victim)
+        assert _state_bytes(c, victim, "0") > filled // 2, "compacted before the kill: nothing to prove"
+        c.start(victim)
+        c.wait_ready([victim])
+        wait_until(
+            lambda: _state_bytes(c, victim, "0") < filled // 4,
+            30,
+            interval_s=0.5,
+            what=f"the victim's state store freed from {filled} after its restart",
+        )
