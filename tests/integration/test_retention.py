@@ -115,6 +115,16 @@ def test_retention_turned_on_later_frees_the_backlog_on_every_replica_and_off_ke
         assert r.status_code == 404 and r.json()["error"]["code"] == "topic_not_found", r.text
 
 
+def _fill_30_mb(c: Cluster, topic: str) -> None:
+    """A topic of one queue in group 0 with 30 MB of incompressible values (past a 16 MiB
+    memtable, into files), on every replica."""
+    c.create_topic(topic, queues=1)
+    for _ in range(60):
+        values = [{"value": base64.b64encode(os.urandom(768)).decode()} for _ in range(500)]
+        assert c.produce(topic, values).status_code == 200
+    c.wait_replicas_equal("0")
+
+
 def _state_bytes(c: Cluster, nid: str, group: str) -> int:
     """Bytes the state store of ``nid``'s replica of ``group`` takes on disk (``du``)."""
     root = c.data_dir / nid / "groups" / group / "state"
@@ -128,11 +138,7 @@ def test_retention_frees_the_disk_of_every_replica_not_only_the_messages(tmp_pat
     with Cluster(tmp_path, queue_groups=1, extra_toml="[raft]\nretention_check_ms = 200\n") as c:
         c.start()
         c.wait_ready()
-        c.create_topic("backlog", queues=1)
-        for _ in range(60):  # 30 MB of incompressible values: past a memtable (16 MiB), into files
-            values = [{"value": base64.b64encode(os.urandom(768)).decode()} for _ in range(500)]
-            assert c.produce("backlog", values).status_code == 200
-        c.wait_replicas_equal("0")
+        _fill_30_mb(c, "backlog")
         filled = {nid: _state_bytes(c, nid, "0") for nid in c.nodes}
         assert all(size > 24_000_000 for size in filled.values()), filled
         r = c.session.patch(c.url() + "/v1/topics/backlog", json={"retention_bytes": 1_000_000}, timeout=30)
@@ -156,11 +162,7 @@ def test_a_dropped_topic_is_freed_on_the_disk_of_a_replica_killed_before_it_comp
     with Cluster(tmp_path, queue_groups=1) as c:
         c.start()
         c.wait_ready()
-        c.create_topic("dropped", queues=1)
-        for _ in range(60):  # 30 MB of incompressible values: past a memtable (16 MiB), into files
-            values = [{"value": base64.b64encode(os.urandom(768)).decode()} for _ in range(500)]
-            assert c.produce("dropped", values).status_code == 200
-        c.wait_replicas_equal("0")
+        _fill_30_mb(c, "dropped")
         leader = c.wait_leader("0")
         victim = next(nid for nid in c.nodes if nid != leader)
         filled = _state_bytes(c, victim, "0")
