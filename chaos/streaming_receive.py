@@ -6,28 +6,24 @@ in flight are held). Every part of the check is a message value's, except two co
 stale acks), which add as the file goes, and the divergence (one (queue, offset) handed out with two
 values), which is a (queue, offset)'s: records go to value and (queue, offset) buckets. The checker
 keeps the first ``ok`` ack of a value in invoke order; a record carries its invoke's index, so the
-bucket picks the same one.
+bucket picks the same one. Both checks take their records from ``receive_checker.pair`` and judge
+the values with ``receive_checker.Values``: one pairing, one judgement.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import Counter, defaultdict
+from collections import defaultdict
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from .buckets import SAMPLE, Buckets, first_examples
-from .history import INVOKE, NEMESIS, OK, Op
-from .receive_checker import ACKS, MAYBE_DONE, RECEIVES
+from .history import INVOKE, NEMESIS, Op
+from .receive_checker import COUNTS, RECEIVES, Values, pair
 
 __all__ = ["ReceiveCheck"]
 
-_COUNTS = (
-    "attempt_count", "acknowledged_count", "received_count", "delivery_count", "acked_count",
-    "ack_unknown_count", "lost_count", "unexpected_count", "never_acked_count", "duplicated_count",
-    "delivered_after_ack_count", "recovered_count",
-)  # fmt: skip
 _EXAMPLES = ("lost", "unexpected", "never_acked", "duplicated", "delivered_after_ack")
 
 
@@ -63,28 +59,16 @@ class ReceiveCheck:
                 self._pair(invoke, op)
 
     def _pair(self, invoke: Op, done: Op | None) -> None:
-        f = invoke["f"]
-        if f == "enqueue":
-            value = invoke["value"]
-            self.values.add(str(value), ["e", value, done is not None and done["type"] == OK])
-        elif f in RECEIVES and done is not None and done["type"] == OK:
-            for queue, offset, value, attempt in done.get("messages") or []:
-                self.redelivered += 1 if (attempt or 1) > 1 else 0
-                self.values.add(str(value), ["r", value, invoke["index"]])
-                self.places.add(f"{int(queue)}:{int(offset)}", [int(queue), int(offset), value])
-        elif f in ACKS:
-            msgs = invoke.get("messages") or []
-            if done is None or done["type"] == "info":
-                for m in msgs:
-                    self.values.add(str(m[2]), ["u", m[2]])
-            elif done["type"] == OK:
-                for m, result in zip(msgs, done.get("results") or [], strict=False):
-                    if result == "ok":
-                        self.values.add(str(m[2]), ["k", m[2], invoke["index"], done["index"]])
-                    elif result == "stale_receipt":
-                        self.stale_acks += 1
-                    elif result in MAYBE_DONE:
-                        self.values.add(str(m[2]), ["u", m[2]])
+        for r in pair(invoke, done):
+            if r[0] == "s":
+                self.stale_acks += 1
+            elif r[0] == "r":
+                _, value, index, queue, offset, attempt = r
+                self.redelivered += 1 if attempt > 1 else 0
+                self.values.add(str(value), ["r", value, index])
+                self.places.add(f"{queue}:{offset}", [queue, offset, value])
+            else:
+                self.values.add(str(r[1]), list(r))
 
     def _read(self, buckets: Buckets, i: int) -> list[list[Any]]:
         records = buckets.read(i)
@@ -107,13 +91,13 @@ class ReceiveCheck:
             here = [(place, sorted(vs)) for place, vs in positions.items() if len(vs) > 1]
             divergent_count += len(here)
             divergent = heapq.nsmallest(SAMPLE, divergent + here, key=lambda d: d[0])
-        merged = {key: sum(p[key] for p in parts) for key in _COUNTS}
+        merged = {key: sum(p[key] for p in parts) for key in COUNTS}
         examples = {key: first_examples(chain.from_iterable(p[key] for p in parts)) for key in _EXAMPLES}
         valid = not (merged["lost_count"] or merged["unexpected_count"] or merged["never_acked_count"]
                      or divergent_count)  # fmt: skip
         return {
             "valid": valid,
-            **{k: merged[k] for k in _COUNTS[:6]},
+            **{k: merged[k] for k in COUNTS[:6]},
             "lost_count": merged["lost_count"],
             "lost": examples["lost"],
             "unexpected_count": merged["unexpected_count"],
@@ -134,49 +118,9 @@ class ReceiveCheck:
     @staticmethod
     def _value_bucket(records: list[list[Any]]) -> dict[str, Any]:
         """One value bucket, as ``receive_ack`` judges values."""
-        attempts: set[Any] = set()
-        acknowledged: set[Any] = set()
-        unsure: set[Any] = set()
-        deliveries: Counter[Any] = Counter()
-        received_at: dict[Any, list[int]] = defaultdict(list)
-        first_ack: dict[Any, tuple[int, int]] = {}  # value -> (invoke index, completion index)
-        ack_unknown: set[Any] = set()
+        values = Values()
         for r in records:
-            kind, value = r[0], r[1]
-            if kind == "e":
-                attempts.add(value)
-                (acknowledged if r[2] else unsure).add(value)
-            elif kind == "r":
-                deliveries[value] += 1
-                received_at[value].append(r[2])
-            elif kind == "k":
-                if value not in first_ack or r[2] < first_ack[value][0]:
-                    first_ack[value] = (r[2], r[3])
-            else:
-                ack_unknown.add(value)
-        acked = {v: at for v, (_, at) in first_ack.items()}
-        received = set(deliveries)
-        lost = acknowledged - received
-        unexpected = {v: n for v, n in deliveries.items() if v not in attempts}
-        never_acked = received - set(acked) - ack_unknown
-        duplicated = {v: n for v, n in deliveries.items() if n > 1}
-        after_ack = {v for v, at in acked.items() if any(i > at for i in received_at[v])}
-        return {
-            "attempt_count": len(attempts),
-            "acknowledged_count": len(acknowledged),
-            "received_count": len(received),
-            "delivery_count": sum(deliveries.values()),
-            "acked_count": len(acked),
-            "ack_unknown_count": len(ack_unknown - set(acked)),
-            "lost_count": len(lost),
-            "lost": first_examples(lost),
-            "unexpected_count": sum(unexpected.values()),
-            "unexpected": first_examples(unexpected),
-            "never_acked_count": len(never_acked),
-            "never_acked": first_examples(never_acked),
-            "duplicated_count": len(duplicated),
-            "duplicated": first_examples(duplicated),
-            "delivered_after_ack_count": len(after_ack),
-            "delivered_after_ack": first_examples(after_ack),
-            "recovered_count": len(received & unsure - acknowledged),
-        }
+            values.add(r)
+        verdicts = values.verdicts()
+        # Only a sample of each fault's values is kept per bucket: the merge samples again.
+        return {**verdicts, **{key: first_examples(verdicts[key]) for key in _EXAMPLES}}

@@ -16,7 +16,7 @@ Every error is a :class:`~raftmq.client.errors.RaftmqError` (:mod:`raftmq.client
 tree). docs/client.md is the guide.
 """
 
-from ._admin import AsyncAdmin
+from ._admin import UNCHANGED, AsyncAdmin, Unchanged
 from ._consumer import AsyncConsumer, Mode, Reset, TopicQueue
 from ._metadata import key_queue
 from ._outcome import DeliveryCallback, FutureRecord
@@ -79,6 +79,7 @@ from .errors import (
 )
 
 __all__ = [
+    "UNCHANGED",
     "Admin",
     "AsyncAdmin",
     "AsyncConsumer",
@@ -141,6 +142,7 @@ __all__ = [
     "TopicQueue",
     "Unauthorized",
     "Unavailable",
+    "Unchanged",
     "UnexpectedResponse",
     "UnknownOutcome",
     "UpgradeInProgress",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import ssl as _ssl
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from ._api import ApiClient
 from ._retry import Backoff
@@ -12,9 +13,22 @@ from ._transport import Transport
 from ._types import ClusterStatus, SubscriptionSettings, TopicDescription, TopicInfo
 from .errors import RaftmqError, RequestTooLarge
 
-__all__ = ["AsyncAdmin"]
+__all__ = ["UNCHANGED", "AsyncAdmin", "Unchanged"]
 
 BULK_CHUNK = 1000  # topics per request: a node's limits.max_topics_per_request, by default
+
+
+class Unchanged(enum.Enum):
+    """The type of :data:`UNCHANGED`: a setting a call leaves as it is."""
+
+    UNCHANGED = "unchanged"
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED: Final = Unchanged.UNCHANGED
+"""A setting left as it is (the default of :meth:`AsyncAdmin.set_topic_retention`'s bounds)."""
 
 
 def _topic_settings(
@@ -126,19 +140,28 @@ class AsyncAdmin:
         return out
 
     async def set_topic_retention(
-        self, name: str, *, retention_ms: int | None, retention_bytes: int | None
+        self,
+        name: str,
+        *,
+        retention_ms: int | Unchanged | None = UNCHANGED,
+        retention_bytes: int | Unchanged | None = UNCHANGED,
     ) -> TopicDescription:
-        """Set a topic's retention bounds; None removes that bound (the topic keeps its messages
-        for as long, or as many bytes, as the other allows, or forever). Turning retention on or
-        tightening it frees the messages past it at the queue groups' next retention look
-        (the nodes' ``raft.retention_check_ms``, 10 s by default), without a restart.
+        """Set a topic's retention bounds: a bound left out keeps its value, None removes it (the
+        topic keeps its messages for as long, or as many bytes, as the other allows, or forever).
+        Turning retention on or tightening it frees the messages past it at the queue groups'
+        next retention look (the nodes' ``raft.retention_check_ms``, 10 s by default), without a
+        restart.
 
         Raises:
+            TypeError: Neither bound given (nothing to change; nothing is sent).
             TopicNotFound: No such topic.
             BadRequest: A bound below 1.
             UpgradeInProgress: A metadata voter runs a release that cannot change retention.
         """
-        change = {"retention_ms": retention_ms, "retention_bytes": retention_bytes}
+        given = {"retention_ms": retention_ms, "retention_bytes": retention_bytes}
+        change = {k: v for k, v in given.items() if v is not UNCHANGED}
+        if not change:
+            raise TypeError("set_topic_retention() needs retention_ms or retention_bytes (None: no bound)")
         return await self._api.change_topic(name, change)
 
     async def list_topics(self) -> list[TopicInfo]:

@@ -44,6 +44,9 @@ class ReceivedMessage:
             to the dead-letter topic instead).
         deadline_ms: When it is delivered again unless acked or extended (the leader's clock, ms
             since the epoch).
+        first_delivery_ms: When the group first received it, by the group's time (ms since the
+            epoch): the same on every attempt (SQS's ApproximateFirstReceiveTimestamp). None from
+            a node of a release that does not record it.
     """
 
     topic: str
@@ -56,6 +59,7 @@ class ReceivedMessage:
     receipt: str
     attempt: int
     deadline_ms: int
+    first_delivery_ms: int | None = None
     _settler: Settler | None = field(default=None, init=False, repr=False)
     _settled: bool = field(default=False, init=False, repr=False)
 
@@ -114,6 +118,7 @@ class ReceivedMessage:
             m["receipt"],
             m["attempt"],
             m["deadline_ms"],
+            m.get("first_delivery_ms"),
         )
         message._settler = settler
         return message

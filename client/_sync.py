@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ._accumulator import Wire, buffer_full
-from ._admin import AsyncAdmin
+from ._admin import UNCHANGED, AsyncAdmin, Unchanged
 from ._consumer import AsyncConsumer
 from ._consumer_config import FetchWire, Mode, Reset, TopicQueue
 from ._io_thread import LoopThread, SyncClient
@@ -92,7 +92,11 @@ class Admin(SyncClient):
         )
 
     def set_topic_retention(
-        self, name: str, *, retention_ms: int | None, retention_bytes: int | None
+        self,
+        name: str,
+        *,
+        retention_ms: int | Unchanged | None = UNCHANGED,
+        retention_bytes: int | Unchanged | None = UNCHANGED,
     ) -> TopicDescription:
         return self._io.run(
             self._async.set_topic_retention(name, retention_ms=retention_ms, retention_bytes=retention_bytes)

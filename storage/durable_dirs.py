@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["make_dirs_durable"]
+__all__ = ["fsync_dir", "fsync_tree", "make_dirs_durable", "rename_durably"]
 
 
 def make_dirs_durable(path: str) -> None:
@@ -33,3 +33,37 @@ def make_dirs_durable(path: str) -> None:
         if parent == path:
             return
         path = parent
+
+
+def rename_durably(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst`` (atomic on one filesystem) and make both directories' entries durable."""
+    os.rename(src, dst)
+    fsync_dir(os.path.dirname(dst))
+    if os.path.dirname(src) != os.path.dirname(dst):
+        fsync_dir(os.path.dirname(src))
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory ``path`` (the entries in it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """fsync every file in ``path`` and the directory itself.
+
+    A checkpoint made by RocksDB is already durable, but one assembled from a snapshot received over
+    the network may not be, and a restore must not publish files whose data could still be lost.
+    """
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                fd = os.open(entry.path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+    fsync_dir(path)

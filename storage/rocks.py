@@ -12,11 +12,13 @@ including the workarounds for what that version does differently from RocksDB's 
   ``Rdict`` raises ``DbClosedError``, but an iterator over it keeps working. So the store tracks its
   live scan cursors and drops their iterators before it closes or swaps the database.
 - RocksDB errors arrive as bare ``Exception``; they are re-raised as :class:`StoreError`.
+- ``compact_range`` drops RocksDB's status: a cancelled compaction returns as a finished one.
 
 Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
 between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
 in-flight ones have left, and only then close the handle. So a reader never touches a closed
-database: during a swap it gets :class:`StoreClosed`.
+database: during a swap it gets :class:`StoreClosed`. They cancel a compaction in flight first
+(minutes on a large removed backlog), so they wait milliseconds for it, not all of it.
 
 Restore protocol (``restore_from``). Every step is one atomic rename on one filesystem, made durable
 by an fsync of the directories involved; ``<path>.restore-old`` existing marks an unfinished restore:
@@ -62,7 +64,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from .durable_dirs import make_dirs_durable
+from .durable_dirs import fsync_tree, make_dirs_durable, rename_durably
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
@@ -167,6 +169,7 @@ class RocksStore:
         # users are admitted; a handle is closed only after _db stopped being it and _users reached 0.
         self._db: Rdict | None = db
         self._users = 0
+        self._compactions = 0  # compact_range calls in the gate: _revoke cancels them
         self._closed = False
         self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
         # Serializes close() and restore_from(), which both take the handle away from users.
@@ -217,19 +220,25 @@ class RocksStore:
         finally:
             self._leave()
 
-    def _revoke(self) -> Rdict | None:
-        """Stop admitting users, wait for in-flight ones, drop every live scan iterator.
-
-        Returns the handle, now used by nobody, or None if the store was already closed.
-        """
+    def _revoke(self) -> tuple[Rdict | None, bool]:
+        """Stop admitting users, cancel a compaction in flight, wait for in-flight users, drop
+        every live scan iterator. Returns the handle, now used by nobody (None if the store was
+        already closed), and whether its background work was cancelled."""
         with self._cond:
             db, self._db = self._db, None
+            cancelled = False
+            if db is not None and self._compactions > 0:
+                cancelled = True
+                # Ends the compaction within milliseconds; the handle is closed next, so what the
+                # cancel leaves on it is moot. Should it fail, the wait is for the whole compaction.
+                with contextlib.suppress(Exception):
+                    db.cancel_all_background(False)
             self._cond.wait_for(lambda: self._users == 0)
             cursors = list(self._cursors)
             self._cursors.clear()
         for cursor in cursors:
             cursor.revoke()
-        return db
+        return db, cancelled
 
     def _register(self, cursor: _Cursor) -> None:
         with self._cond:
@@ -332,11 +341,27 @@ class RocksStore:
     def compact_range(self, start: bytes, end: bytes) -> None:
         """Compact ``[start, end)`` through every level now (memtable first), dropping what range
         deletions cover: RocksDB compacts a level only once it outgrows its target, so on a store
-        that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on)."""
+        that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on).
+
+        A ``close`` or ``restore_from`` meanwhile cancels it (they wait milliseconds, not for the
+        compaction): what it did is kept, the rest stays on disk until a later compaction.
+
+        Raises:
+            StoreClosed: the store is closed, or was closed or restored during the compaction.
+        """
         opts = CompactOptions()
         opts.set_exclusive_manual_compaction(False)
         with self._using() as db:
-            db.compact_range(start, end, opts)
+            with self._cond:
+                self._compactions += 1
+            try:
+                db.compact_range(start, end, opts)
+            finally:
+                with self._cond:
+                    self._compactions -= 1
+                    cancelled = self._db is not db
+            if cancelled:
+                raise StoreClosed(f"store {self._path} was closed during a compaction")
 
     def checkpoint(self, path: str) -> None:
         """Write an openable copy of the store into the new directory ``path`` (hard links where possible).
@@ -363,9 +388,9 @@ class RocksStore:
         """
         with self._admin:
             self._closed = True
-            db = self._revoke()
+            db, cancelled = self._revoke()
             if db is not None:
-                _close_rdict(db)
+                _close_rdict(db, cancelled=cancelled)
 
     def restore_from(self, checkpoint_dir: str) -> None:
         """Replace the whole contents of this store with ``checkpoint_dir``, durably and crash-safely.
@@ -384,10 +409,10 @@ class RocksStore:
             if self._closed:
                 raise StoreClosed(f"store {self._path} is closed")
             self._check_restorable(src)
-            db = self._revoke()
+            db, cancelled = self._revoke()
             assert db is not None  # only close() and restore_from() revoke, and _admin serializes them
             try:
-                _close_rdict(db)
+                _close_rdict(db, cancelled=cancelled)
                 _swap_in(src, self._path)
             except (StoreError, OSError) as exc:
                 self._reopen()
@@ -503,9 +528,16 @@ def _open_rdict(path: str) -> Rdict:
         return Rdict(path, _options())
 
 
-def _close_rdict(db: Rdict) -> None:
-    with _store_errors():
-        db.close()
+def _close_rdict(db: Rdict, *, cancelled: bool = False) -> None:
+    """Close ``db``. After ``cancel_all_background`` its close reports "Shutdown in progress"
+    (the memtable is not flushed: its writes are in the write-ahead log, replayed at the next
+    open) and the handle is released all the same."""
+    try:
+        with _store_errors():
+            db.close()
+    except StoreError as e:
+        if not (cancelled and str(e).startswith("Shutdown in progress")):
+            raise
 
 
 def _is_database(path: str) -> bool:
@@ -538,48 +570,16 @@ def _roll_back(path: str) -> None:
     failed = path + RESTORE_FAILED_SUFFIX
     with _store_errors():
         if os.path.lexists(path):
-            _rename_durably(path, failed)
-        _rename_durably(path + RESTORE_OLD_SUFFIX, path)
+            rename_durably(path, failed)
+        rename_durably(path + RESTORE_OLD_SUFFIX, path)
     _remove_tree(failed)
 
 
 def _swap_in(src: str, path: str) -> None:
     """Steps 1-3 of the restore protocol: make ``src`` durable, move ``path`` aside, move ``src`` in."""
-    _fsync_tree(src)
-    _rename_durably(path, path + RESTORE_OLD_SUFFIX)
-    _rename_durably(src, path)
-
-
-def _rename_durably(src: str, dst: str) -> None:
-    os.rename(src, dst)
-    _fsync_dir(os.path.dirname(dst))
-    if os.path.dirname(src) != os.path.dirname(dst):
-        _fsync_dir(os.path.dirname(src))
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: str) -> None:
-    """fsync every file in ``path`` and the directory itself.
-
-    A checkpoint made by RocksDB is already durable, but one assembled from a snapshot received over
-    the network may not be, and step 3 must not publish files whose data could still be lost.
-    """
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.is_file(follow_symlinks=False):
-                fd = os.open(entry.path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-    _fsync_dir(path)
+    fsync_tree(src)
+    rename_durably(path, path + RESTORE_OLD_SUFFIX)
+    rename_durably(src, path)
 
 
 def _remove_tree(path: str) -> None:

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster import commands
+from raftmq.cluster.api.delayed_counts import DelayedCounts
 from raftmq.cluster.api.metrics import Metrics
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -52,6 +53,7 @@ class ApiCore:
         self.router = LeaderRouter(node)
         self.leader_wait_s = self.router.leader_wait_s
         self.metrics = Metrics(node)
+        self.delayed_counts = DelayedCounts()  # the SQS delayed figure, one scan per group at a time
 
     # -- forwarding -------------------------------------------------------------------------------
 

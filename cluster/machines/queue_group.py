@@ -24,6 +24,8 @@ check them):
   would fork the group. The Raft adapter stops the process on it.
 - ``applied_index`` only grows. An entry whose index is ``<= applied_index`` was applied before
   (journal replay after a restart) and is skipped with ``{"skipped": true}``, changing nothing.
+  A skipped ``drop_topic`` or ``retain`` still reports the key ranges it removed (``Applied.freed``,
+  as they are now): the node's compaction of them may not have run before it stopped.
 - ONE ``store.write`` per applied entry, with ``sync=False`` (durability comes from the Raft
   journal, which is replayed from ``applied_index`` after a crash), and that batch always contains
   the new ``applied_index``.
@@ -63,6 +65,7 @@ from raftmq.cluster.commands import (
 from raftmq.cluster.machines import dedup, delivery, producers, segments
 from raftmq.cluster.machines.append import apply_append
 from raftmq.cluster.machines.apply import Apply, advance, group_time
+from raftmq.cluster.machines.freed import freed_before, topic_ranges
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import APPLIED, GroupTime, QueueMeta
 from raftmq.storage.records import decode_header
@@ -184,6 +187,10 @@ class QueueGroupMachine:
         """
         # Invariant: applied_index only grows; an entry at or below it is skipped.
         if index <= self._applied_index:
+            if self.on_applied is not None:
+                freed = freed_before(self._store, command)
+                if freed:
+                    self._notify(Applied(index, (), freed=freed))
             return {"skipped": True}
         work = Apply(self._store, index)
         try:
@@ -384,8 +391,7 @@ class QueueGroupMachine:
         the drop is refused (``topic_not_found``) instead of resurrecting the topic. Topic ids are
         never reused. Result: ``{"ok": true}``."""
         topic_id = cmd["topic_id"]
-        for prefix in keys.TOPIC_PREFIXES:
-            start, end = keys.topic_range(prefix, topic_id)
+        for start, end in topic_ranges(topic_id):
             work.batch.delete_range(start, end)
             work.freed.append((start, end))
         work.batch.put(keys.dropped_key(topic_id), b"")

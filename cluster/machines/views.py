@@ -23,7 +23,14 @@ from raftmq.storage.keys import QueueMeta
 from raftmq.storage.queues import redrive_offset, scan_prefix
 from raftmq.storage.store import Store
 
-__all__ = ["DELAYED_SCAN_MAX", "ConsumerQueue", "consumer_queues", "delayed_messages", "queue_metas"]
+__all__ = [
+    "DELAYED_SCAN_MAX",
+    "ConsumerQueue",
+    "consumer_queues",
+    "delayed_by_topic",
+    "delayed_messages",
+    "queue_metas",
+]
 
 DELAYED_SCAN_MAX = 50_000
 """Delayed messages :func:`delayed_messages` reads at most (of every topic of the group): about a
@@ -163,17 +170,26 @@ def delayed_messages(
     store: Store, topic_id: int, max_keys: int = DELAYED_SCAN_MAX
 ) -> tuple[dict[int, int], bool]:
     """``({queue: n}, complete)``: the delayed messages of ``topic_id`` in this store (produced
-    with a delay, not released yet: they have no offset, so no lag counts them), per queue.
+    with a delay, not released yet: they have no offset, so no lag counts them), per queue; see
+    :func:`delayed_by_topic`."""
+    counts, complete = delayed_by_topic(store, max_keys)
+    return counts.get(topic_id, {}), complete
+
+
+def delayed_by_topic(
+    store: Store, max_keys: int = DELAYED_SCAN_MAX
+) -> tuple[dict[int, dict[int, int]], bool]:
+    """``({topic_id: {queue: n}}, complete)``: the delayed messages of every topic in this store.
 
     The due-time index is ordered by due time, not by topic, so this reads the whole group's
     index: at most ``max_keys`` entries, those due first; ``complete`` is False when there were
     more (the counts are then those due first). Unlike the views above, its cost grows with the
     delayed messages stored (every topic's), which is why it is a function of its own."""
-    counts: dict[int, int] = {}
+    counts: dict[int, dict[int, int]] = {}
     for seen, (key, _) in enumerate(scan_prefix(store, keys.DELAYED, limit=max_keys + 1)):
         if seen == max_keys:
             return counts, False
         _, t, q = keys.decode_delayed_key(key)
-        if t == topic_id:
-            counts[q] = counts.get(q, 0) + 1
+        topic = counts.setdefault(t, {})
+        topic[q] = topic.get(q, 0) + 1
     return counts, True

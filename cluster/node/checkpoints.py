@@ -26,6 +26,7 @@ from raftmq.cluster.config.keys import NO_REDIRECTS, PEER_HEADER
 from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
 from raftmq.cluster.node.view import NodeView
 from raftmq.errors import RaftmqError
+from raftmq.storage.durable_dirs import fsync_tree
 from raftmq.storage.queues import applied_index as queues_applied_index
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
@@ -40,16 +41,6 @@ class CheckpointBehind(RaftmqError):
 
 
 _CHECKPOINT_TIMEOUT_S = 30.0  # per socket operation of a checkpoint download
-
-
-def _fsync_files(path: str) -> None:
-    for entry in os.scandir(path):
-        if entry.is_file(follow_symlinks=False):
-            fd = os.open(entry.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
 
 def _check_checkpoint(name: str, dest: str, need: int) -> int:
@@ -160,7 +151,7 @@ class Checkpoints:
                     _safe_extract(tar, dest)
                 index = _check_checkpoint(name, dest, need)
                 # Written to disk here, so the restore on the group's tick thread finds nothing dirty.
-                _fsync_files(os.path.join(dest, "checkpoint"))
+                fsync_tree(os.path.join(dest, "checkpoint"))
                 os.rename(os.path.join(dest, "checkpoint"), dest + ".checkpoint")
                 shutil.rmtree(dest, ignore_errors=True)
                 return dest + ".checkpoint", index

@@ -10,8 +10,10 @@ Invariant: at most one compaction job runs on a node at a time (an executor job 
 every pending range), and ranges freed meanwhile wait for the next job, ``COMPACT_DELAY_S`` after
 the first of them, so that a run of ``retain`` entries (each removing at most
 ``raft.retention_max_batches`` batches) becomes one compaction per queue. Per queue only the
-greatest end is kept: retention always removes from the queue's start. A compaction holds the
-store open while it runs (``RocksStore``'s gate): a checkpoint restore of that replica waits for it.
+greatest end is kept: retention always removes from the queue's start. A close or a checkpoint
+restore of the replica's store cancels a compaction in flight rather than waiting for it
+(``RocksStore.compact_range``: minutes for a large removed backlog); it is logged as failed, and
+what it did not free waits for that removal's next report (a restart's replay reports it again).
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ import time
 
 import structlog
 
-from raftmq.cluster.node.view import NodeView
-from raftmq.storage.store import StoreError
+from raftmq.storage.store import Store, StoreError
 
 __all__ = ["COMPACT_DELAY_S", "Compactor"]
 
@@ -34,23 +35,26 @@ COMPACT_DELAY_S = 2.0
 class Compactor:
     """The ranges this node's queue group replicas freed, compacted in the background."""
 
-    def __init__(self, node: NodeView) -> None:
-        self.node = node
-        # Per group: range start -> the greatest end freed from it since the last job (on the loop).
-        self._pending: dict[str, dict[bytes, bytes]] = {}
+    def __init__(self) -> None:
+        # Per replica's state store: its group, and range start -> the greatest end freed from it
+        # since the last job (on the loop). Keyed by the store, not by the group's name: a replica
+        # reports what its start's replay freed before the node lists it in its groups, and a
+        # replica removed or restarted meanwhile has its store closed (StoreClosed: passed over).
+        self._pending: dict[Store, tuple[str, dict[bytes, bytes]]] = {}
         self._task: asyncio.Task[None] | None = None
         self.compacted_ranges = 0  # ranges compacted since the start (the log and tests read it)
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """The task waiting to compact, if any (the node cancels it when it stops; a compaction
-        already running finishes first, as the store's close waits for it)."""
+        already running is cancelled by the store's close)."""
         return [self._task] if self._task is not None and not self._task.done() else []
 
-    def freed(self, name: str, ranges: tuple[tuple[bytes, bytes], ...]) -> None:
-        """Group ``name`` removed the keys of ``ranges`` (on the event loop): compact them soon."""
+    def freed(self, name: str, store: Store, ranges: tuple[tuple[bytes, bytes], ...]) -> None:
+        """Group ``name``'s replica removed the keys of ``ranges`` from its state ``store`` (on the
+        event loop): compact them soon."""
         if not ranges:
             return
-        pending = self._pending.setdefault(name, {})
+        _, pending = self._pending.setdefault(store, (name, {}))
         for start, end in ranges:
             pending[start] = max(end, pending.get(start, end))
         if self._task is None or self._task.done():
@@ -63,19 +67,14 @@ class Compactor:
             pending, self._pending = self._pending, {}
             await loop.run_in_executor(None, self._compact, pending)
 
-    def _compact(self, pending: dict[str, dict[bytes, bytes]]) -> None:  # an executor thread
-        for name, ranges in pending.items():
-            local = self.node.groups.get(name)
-            if local is None:  # the replica was removed meanwhile, and its files with it
-                continue
+    def _compact(self, pending: dict[Store, tuple[str, dict[bytes, bytes]]]) -> None:  # an executor thread
+        for store, (name, ranges) in pending.items():
             started = time.monotonic()
             try:
                 for start, end in sorted(ranges.items()):
-                    if self.node.groups.get(name) is not local:  # removed or restarted meanwhile
-                        break
-                    local.state_store.compact_range(start, end)
+                    store.compact_range(start, end)
                     self.compacted_ranges += 1
-            except StoreError as e:  # closed (stopping, or a checkpoint restored): nothing to free
+            except StoreError as e:  # closed (removed, restarted, stopping): nothing to free there
                 log.warning("freed_range_compaction_failed", group=name, error=str(e))
                 continue
             log.info(

@@ -122,7 +122,7 @@ class Node:
         self._status_refresh: asyncio.Task[Any] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self.sealer: Sealer | None = None  # segment sealing (cluster/machines/segments.py), set by start
-        self.compactor = Compactor(self)  # frees the disk of removed messages (compactor.py)
+        self.compactor = Compactor()  # frees the disk of removed messages (compactor.py)
         self.ssl_context = client_context(config)  # peer calls over HTTPS (None: plain HTTP)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ class Node:
             machine.on_placement_changed = self._on_placement_changed
         else:
             machine = QueueGroupMachine(store, int(name))
-            machine.on_applied = functools.partial(self._on_applied, name)
+            machine.on_applied = functools.partial(self._on_applied, name, store)
             if self.config.faults.previous_release_node == self.me.id:  # TEST FAULT: as that release
                 machine.refuses = previous_release_refuses
         # The seed voters count only while the group's log holds no configuration (a new group).
@@ -224,8 +224,7 @@ class Node:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, local.raft.destroy)
         await asyncio.sleep(1.0)  # requests that still hold the stores finish (they fail once closed)
-        local.state_store.close()
-        local.journal_store.close()
+        await loop.run_in_executor(None, local.close_stores)  # waits for their users: off the loop
         if delete:
             await loop.run_in_executor(None, shutil.rmtree, os.path.join(self.node_dir, "groups", name))
         log.info("group_stopped", group=name, node_id=self.me.id, deleted=delete)
@@ -280,8 +279,7 @@ class Node:
         loop = asyncio.get_running_loop()
         for local in list(self.groups.values()):
             await loop.run_in_executor(None, local.raft.destroy)
-            local.state_store.close()
-            local.journal_store.close()
+            await loop.run_in_executor(None, local.close_stores)
         for session in (self._session, self._probe_session):
             if session is not None:
                 await session.close()
@@ -556,14 +554,14 @@ class Node:
 
     # -- long polling -----------------------------------------------------------------------------
 
-    def _on_applied(self, name: str, applied: Applied) -> None:  # tick thread
+    def _on_applied(self, name: str, store: RocksStore, applied: Applied) -> None:  # tick thread
         if applied.clock_jump_ms is not None:
             self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
             log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
         if self.loop_calls is not None and applied.news():
-            self.loop_calls.call(self._applied, name, applied)
+            self.loop_calls.call(self._applied, name, store, applied)
 
-    def _applied(self, name: str, applied: Applied) -> None:  # the loop (one wake-up for many: LoopCalls)
+    def _applied(self, name: str, store: RocksStore, applied: Applied) -> None:  # the loop (LoopCalls)
         # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).
         self._wake([(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed))
         if applied.grown and self.sealer is not None:
@@ -572,7 +570,7 @@ class Node:
             self.ticks.scheduled()
         if applied.parked:
             self.parked.put(applied.parked)
-        self.compactor.freed(name, applied.freed)  # nothing when none
+        self.compactor.freed(name, store, applied.freed)  # nothing when none
 
     def _wake(self, queues: list[tuple[int, int]]) -> None:
         for key in queues:

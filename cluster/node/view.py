@@ -35,6 +35,12 @@ class LocalGroup:
     journal_store: RocksStore
     committer: GroupCommitter | None = None
 
+    def close_stores(self) -> None:
+        """Close the stores of this stopped replica. Blocking (each waits for the threads still
+        in it, a compaction cancelled first): never on the event loop."""
+        self.state_store.close()
+        self.journal_store.close()
+
 
 class NodeView(Protocol):
     """The node as its helpers see it (``Node`` is the implementation)."""

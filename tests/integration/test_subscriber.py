@@ -144,12 +144,14 @@ def test_a_poison_message_nacked_every_time_reaches_the_dead_letter_topic(
     c.create_topic(topic, queues=2)
     produce(c, topic, ["ok-1", "poison", "ok-2"], 2)
     poison_attempts: list[int] = []
+    poison_times: list[tuple[int | None, int]] = []  # (first_delivery_ms, deadline_ms) per delivery
     with Subscriber(urls(c), topic=topic, group="workers", mode=mode) as subscriber:
         deadline = time.monotonic() + 30
         while len(poison_attempts) < MAX_DELIVERIES and time.monotonic() < deadline:
             for message in subscriber.receive(10, timeout_ms=1000):
                 if message.value == "poison":
                     poison_attempts.append(message.attempt)
+                    poison_times.append((message.first_delivery_ms, message.deadline_ms))
                     message.nack()  # the group's backoff (200 ms)
                 else:
                     message.ack()
@@ -157,6 +159,13 @@ def test_a_poison_message_nacked_every_time_reaches_the_dead_letter_topic(
         assert subscriber.receive(10, timeout_ms=1000) == []  # it is gone from the topic
         stats = subscriber.stats
     assert poison_attempts == [1, 2, 3]
+    # Its first receive's time on every attempt, before each delivery's deadline, the later ones'
+    # deadlines a backoff and more after it.
+    (first_ms,) = {first for first, _ in poison_times}
+    assert first_ms is not None and abs(first_ms - time.time() * 1000) < 60_000
+    deadlines = [d for _, d in poison_times]
+    assert first_ms < deadlines[0] < deadlines[1] < deadlines[2]
+    assert deadlines[1] - first_ms >= BACKOFF_MS
     assert stats.nacked == MAX_DELIVERIES and stats.acked == 2
     r = c.get(f"/v1/topics/{topic}/subscriptions/workers/dlq")
     (dead,) = r.json()["messages"]

@@ -1,5 +1,6 @@
-"""Test doubles shared by the pysyncobj seam tests (``test_raft_seams.py``) and the RaftGroup tests
-(``test_raft_group.py``): a tiny state machine and fast Raft timings."""
+"""Test doubles shared by the pysyncobj seam tests (``test_raft_seams.py``), the RaftGroup tests
+(``test_raft_group.py``, ``test_raft_wire.py``) and the snapshot install tests
+(``test_snapshot_install.py``): a tiny state machine and fast Raft timings."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ class Machine:
             self.check(index)
         self.applied.append((index, command))
         return {"index": index}
+
+    def commands(self) -> list[bytes]:
+        """The commands applied, in order (a copy: safe while the tick thread applies more)."""
+        return [c for _, c in list(self.applied)]
 
     def restore(self, checkpoint_dir: str) -> None:
         raise NotImplementedError

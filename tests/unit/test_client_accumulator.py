@@ -109,11 +109,18 @@ def test_not_idempotent_or_json_producers_send_one_batch_per_request() -> None:
         assert fake.requests == [] and sorted(b["queue"] for b in fake.produced) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("failing", [[1], [0, 2]])
-def test_a_request_s_failed_frames_are_sent_again_alone_and_stored_once(failing: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("error", "failing"),
+    [(NotLeader("moved"), [1]), (NotLeader("moved"), [0, 2]), (ConnectionLost("reset after send"), [1])],
+    ids=["one failed", "several failed", "unknown outcome"],
+)
+def test_a_request_s_failed_or_unknown_frames_are_sent_again_and_stored_once(
+    error: RaftmqError, failing: list[int]
+) -> None:
     """One failed frame takes the request's error as its own (a retry after backoff); several
-    are each sent again at once, to learn their own outcome."""
-    fake = FakeCluster([NotLeader("moved") if q in failing else None for q in range(4)])
+    are each sent again at once, to learn their own outcome; an unknown outcome is each batch's,
+    retried without duplicates."""
+    fake = FakeCluster([type(error)(str(error)) if q in failing else None for q in range(4)])
 
     async def main() -> list[RecordMetadata]:
         async with await start_producer(fake, linger_ms=60_000) as p:
@@ -124,24 +131,8 @@ def test_a_request_s_failed_frames_are_sent_again_alone_and_stored_once(failing:
     got = run(main)
     assert [(m.queue, m.offset) for m in got] == [(q, 0) for q in range(4)]
     assert fake.requests == [[0, 1, 2, 3]]
-    assert sorted(b["queue"] for b in fake.produced) == sorted([0, 1, 2, 3, *failing])
+    assert sorted(b["queue"] for b in fake.produced) == sorted([0, 1, 2, 3, *failing])  # sent again
     assert fake.high == dict.fromkeys(range(4), 1)  # each stored once
-
-
-def test_a_request_s_unknown_outcome_is_each_batch_s_and_retried_without_duplicates() -> None:
-    fake = FakeCluster([None, ConnectionLost("reset after send"), None, None])
-
-    async def main() -> list[RecordMetadata]:
-        async with await start_producer(fake, linger_ms=60_000) as p:
-            futures = [await p.send("t", f"{q}", queue=q) for q in range(4)]
-            await p.flush()
-            return list(await asyncio.gather(*futures))
-
-    got = run(main)
-    assert [(m.queue, m.offset) for m in got] == [(q, 0) for q in range(4)]
-    assert fake.requests == [[0, 1, 2, 3]]
-    assert sorted(b["queue"] for b in fake.produced) == [0, 1, 1, 2, 3]  # queue 1 sent again
-    assert fake.high == dict.fromkeys(range(4), 1)  # and stored once
 
 
 @pytest.mark.parametrize("wire", ["binary", "json"])

@@ -19,6 +19,7 @@ WIRE = {
     "queue": 1,
     "offset": 7,
     "deadline_ms": 1_000,
+    "first_delivery_ms": 400,
     "key": "k",
     "value_b64": "AAEC",
     "headers": {"h": "v"},
@@ -49,7 +50,10 @@ def test_a_message_from_the_wire_has_its_fields_and_binary_value() -> None:
         1000,
     )
     assert (m.value, m.key, dict(m.headers), m.timestamp_ms) == (b"\x00\x01\x02", "k", {"h": "v"}, 5)
+    assert m.first_delivery_ms == 400
     assert not m.settled
+    older = {k: v for k, v in WIRE.items() if k != "first_delivery_ms"}  # a node of the release before
+    assert ReceivedMessage.from_wire("orders", older, None).first_delivery_ms is None
 
 
 def test_a_message_is_settled_once_and_extends_only_while_unsettled() -> None:

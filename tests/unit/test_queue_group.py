@@ -447,6 +447,35 @@ def test_retention_and_a_dropped_topic_report_the_key_ranges_they_freed_and_noth
     assert h.values(1, 0) == [] and queue_bounds(h.store, 1, 0) == (0, 0)  # dropped: all gone
 
 
+def test_a_replayed_retain_or_drop_topic_reports_its_freed_ranges_again_and_nothing_else_does(
+    h: Harness,
+) -> None:
+    """A restart replays the journal from the last snapshot: entries the state already applied are
+    skipped, but the compaction of what a retain or drop_topic removed may not have run yet."""
+    h.produce(batch(1, 0, "a"), batch(1, 0, "b"), batch(1, 1, "c"), batch(2, 0, "d"), now_ms=1000)
+    log = [
+        commands.produce(1000, [batch(1, 0, "retain drop_topic")]),  # the words in a value: nothing
+        commands.retain(1000, [{"topic_id": 1, "queue": 0, "max_bytes": 1}]),
+        commands.retain(1000, [{"topic_id": 2, "queue": 0, "max_age_ms": 60_000}]),  # nothing due
+        commands.drop_topic(2),
+        commands.noop(),
+    ]
+    for command in log:
+        h.apply(command)
+    restarted = QueueGroupMachine(h.store, 1)  # the same store, as a node's start opens it
+    seen: list[Applied] = []
+    restarted.on_applied = seen.append
+    before = h.pairs()
+    for index, command in enumerate(log, start=2):
+        assert restarted.apply(index, command) == {"skipped": True}
+    assert h.pairs() == before
+    start, _ = keys.queue_range(keys.RECORD, 1, 0)
+    assert [(a.index, a.freed, a.grown) for a in seen] == [
+        (3, ((start, keys.record_key(1, 0, 3)),), ()),  # as the queue stands now: below its low offset
+        (5, tuple(keys.topic_range(prefix, 2) for prefix in keys.TOPIC_PREFIXES), ()),
+    ]
+
+
 def test_retention_by_size_removes_oldest_batches_until_within_max_bytes(h: Harness) -> None:
     for value in ("a" * 100, "b" * 100, "c" * 100):
         h.produce(batch(1, 0, value))

@@ -25,6 +25,7 @@ import pytest
 import structlog
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
+from raft_doubles import Machine
 
 from raftmq.cluster.replication.pso import MAX_FIRST_FRAME_BYTES, FlushingTransport, RaftConnection, raft_key
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
@@ -337,34 +338,6 @@ def test_raft_key_takes_the_derived_hex_key() -> None:
 
 
 # -- real RaftGroups ---------------------------------------------------------------------------------
-
-
-class Machine:
-    def __init__(self) -> None:
-        self._store = MemoryStore()
-        self.applied: list[tuple[int, bytes]] = []
-        self._lock = threading.Lock()
-
-    @property
-    def store(self) -> MemoryStore:
-        return self._store
-
-    @property
-    def applied_index(self) -> int:
-        return self.applied[-1][0] if self.applied else 0
-
-    def apply(self, index: int, command: bytes) -> Any:
-        if index > self.applied_index:
-            with self._lock:
-                self.applied.append((index, command))
-        return {"index": index}
-
-    def restore(self, checkpoint_dir: str) -> None:
-        raise NotImplementedError
-
-    def commands(self) -> list[bytes]:
-        with self._lock:
-            return [c for _, c in self.applied]
 
 
 def free_port() -> int:

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import pysyncobj.pickle as pso_pickle
 import pytest
+import raft_doubles
 from pysyncobj import SyncObjConf
 from pysyncobj.monotonic import monotonic
 from pysyncobj.transport import Transport
@@ -55,28 +56,13 @@ class RecordingTransport(Transport):  # type: ignore[misc]
         pass
 
 
-class Machine:
+class Machine(raft_doubles.Machine):
     """Records applies; ``restore`` reads the index a fake checkpoint file names."""
 
     def __init__(self) -> None:
-        self._store = MemoryStore()
-        self.applied: list[tuple[int, bytes]] = []
+        super().__init__()
         self.restored: list[str] = []
         self.restore_error: Exception | None = None
-
-    @property
-    def store(self) -> MemoryStore:
-        return self._store
-
-    @property
-    def applied_index(self) -> int:
-        return self.applied[-1][0] if self.applied else 0
-
-    def apply(self, index: int, command: bytes) -> Any:
-        if index <= self.applied_index:
-            return {"skipped": True}
-        self.applied.append((index, command))
-        return {"index": index}
 
     def restore(self, checkpoint_dir: str) -> None:
         if self.restore_error is not None:

@@ -27,7 +27,7 @@ from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
-from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues, delayed_messages
+from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues
 from raftmq.cluster.node.lag_history import LagHistory, Lags, sample_forever
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
@@ -195,16 +195,17 @@ class _ConsumersApi:
             answer["delayed"] = {str(q): n for q, n in delayed.items()}
         return json_response(answer)
 
-    @staticmethod
-    async def _delayed(name: str, local: Any, topic_id: int) -> dict[int, int] | None:
-        """:func:`delayed_messages` of ``topic_id`` in this node's replica of group ``name``, off
-        the event loop (None: the store is being swapped for a restored checkpoint)."""
-        loop = asyncio.get_running_loop()
+    async def _delayed(self, name: str, local: Any, topic_id: int) -> dict[int, int] | None:
+        """The delayed messages of ``topic_id`` per queue in this node's replica of group
+        ``name``, one scan of the group shared by the asks (``delayed_counts.py``; None: the store
+        is being swapped for a restored checkpoint)."""
         try:
-            counts, _ = await loop.run_in_executor(None, delayed_messages, local.machine.store, topic_id)
+            machine = local.machine
+            return await self.api.delayed_counts.of(
+                name, machine.store, lambda: machine.applied_index, topic_id
+            )
         except StoreError:
             return None
-        return counts
 
 
 _FIELDS = tuple(f.name for f in fields(ConsumerQueue))

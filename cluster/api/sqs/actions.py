@@ -46,7 +46,7 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.machines.views import consumer_queues, delayed_messages
+from raftmq.cluster.machines.views import consumer_queues
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
 
@@ -423,7 +423,9 @@ class QueueActions:
             try:  # scans of the group's keys: off the event loop, as the REST consumer view
                 found = await loop.run_in_executor(None, consumer_queues, store, topic.id)
                 counted = (
-                    (await loop.run_in_executor(None, delayed_messages, store, topic.id))[0]
+                    await self.api.delayed_counts.of(
+                        name, store, lambda: local.machine.applied_index, topic.id
+                    )
                     if with_delayed
                     else {}
                 )
