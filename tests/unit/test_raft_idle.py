@@ -119,14 +119,15 @@ def test_a_proposal_and_a_call_for_the_tick_thread_wake_a_sleeping_group_at_once
         done.set()
 
     group.submit(b"command", on_done)
-    assert done.wait(0.2), "the proposal waited for the next heartbeat"
+    # Well under the 1 s heartbeat, with room for a loaded machine.
+    assert done.wait(0.5), "the proposal waited for the next heartbeat"
     assert outcomes[0].error is None, outcomes
     hint = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     group.hint_peers([hint])
     transport = group._sync._SyncObj__transport
-    wait_for(lambda: any(str(n.id) == hint for n in transport._nodes), "the hint applied", timeout=0.2)
-    assert time.monotonic() - started < 0.2
+    wait_for(lambda: any(str(n.id) == hint for n in transport._nodes), "the hint applied", timeout=0.5)
+    assert time.monotonic() - started < 0.5
     # The same hints again (every node's reconciler repeats them each second) wait for the next
     # tick instead of waking the group.
     before = counter.count
