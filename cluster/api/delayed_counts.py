@@ -39,6 +39,7 @@ class DelayedCounts:
         self._sleep = sleep
         self._counted: dict[str, tuple[float, int, ByTopic]] = {}
         self._scans: dict[str, asyncio.Future[ByTopic]] = {}
+        self._scan_index: dict[str, int] = {}  # the applied index a running scan started at
         self.scans = 0  # scans run (tests read it)
 
     async def of(
@@ -50,16 +51,23 @@ class DelayedCounts:
         Raises:
             StoreError: the store is closed or being restored (nothing is kept then).
         """
-        counted = self._counted.get(name)
-        if counted is not None and counted[1] == applied_index():
-            return counted[2].get(topic_id, {})
-        scan = self._scans.get(name)
-        if scan is None:
-            wait_s = 0.0 if counted is None else counted[0] + DELAYED_COUNT_MAX_AGE_S - self._clock()
-            scan = self._scans[name] = asyncio.ensure_future(self._scan(name, store, applied_index, wait_s))
-        # shield: an ask cancelled (its client gone) does not cancel the scan others wait for.
-        by_topic = await asyncio.shield(scan)
-        return by_topic.get(topic_id, {})
+        asked_at = applied_index()  # the ask's own writes are applied up to here
+        while True:
+            counted = self._counted.get(name)
+            if counted is not None and counted[1] >= asked_at:
+                return counted[2].get(topic_id, {})
+            scan = self._scans.get(name)
+            if scan is None:
+                wait_s = 0.0 if counted is None else counted[0] + DELAYED_COUNT_MAX_AGE_S - self._clock()
+                scan = self._scans[name] = asyncio.ensure_future(
+                    self._scan(name, store, applied_index, wait_s)
+                )
+            started_at = self._scan_index.get(name)
+            # shield: an ask cancelled (its client gone) does not cancel the scan others wait for.
+            by_topic = await asyncio.shield(scan)
+            if started_at is None or started_at >= asked_at:
+                return by_topic.get(topic_id, {})
+            # That scan read the index before this ask's writes: wait for it, then for a newer one.
 
     async def _scan(
         self, name: str, store: Store, applied_index: Callable[[], int], wait_s: float
@@ -67,10 +75,11 @@ class DelayedCounts:
         try:
             if wait_s > 0:
                 await self._sleep(wait_s)
-            index = applied_index()  # read before the scan: the count covers at least this index
+            index = self._scan_index[name] = applied_index()  # the count covers at least this index
             self.scans += 1
             by_topic, _ = await asyncio.get_running_loop().run_in_executor(None, delayed_by_topic, store)
         finally:
             del self._scans[name]
+            self._scan_index.pop(name, None)
         self._counted[name] = (self._clock(), index, by_topic)
         return by_topic

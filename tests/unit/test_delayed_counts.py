@@ -5,6 +5,8 @@ the group applies something; the next scan no sooner than DELAYED_COUNT_MAX_AGE_
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -94,4 +96,45 @@ def test_a_failed_scan_fails_its_asks_and_keeps_nothing() -> None:
     assert counts.scans == 1
     with pytest.raises(StoreClosed):
         asyncio.run(counts.of("0", group.store, group.index, T))
+    assert counts.scans == 2
+
+
+class GatedStore(MemoryStore):
+    """A store whose next scan reads its entries, then waits for ``gate`` before handing them over:
+    a scan that is running (its index read, its entries taken) while a write applies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: threading.Event | None = None
+        self.scanning = threading.Event()
+
+    def scan(self, *args: Any, **kwargs: Any) -> Iterator[tuple[bytes, bytes]]:
+        items = list(super().scan(*args, **kwargs))
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.scanning.set()
+            gate.wait(10)
+        return iter(items)
+
+
+def test_an_ask_after_its_own_write_does_not_join_a_scan_that_began_before_it() -> None:
+    group = Group()
+    group.store = GatedStore()
+    group.machine = QueueGroupMachine(group.store, 0)
+    group.delay(T, 0, 2)
+    counts = DelayedCounts()
+
+    async def run() -> tuple[dict[int, int], dict[int, int]]:
+        gate = group.store.gate = threading.Event()
+        first = asyncio.ensure_future(counts.of("0", group.store, group.index, T))
+        await asyncio.to_thread(group.store.scanning.wait, 10)  # that scan read its index and entries
+        group.delay(T, 0, 1)  # then a SendMessage with a delay applies, and its sender asks
+        second = asyncio.ensure_future(counts.of("0", group.store, group.index, T))
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await first, await second
+
+    first, second = asyncio.run(run())
+    assert first == {0: 2}  # the scan that began before the write
+    assert second == {0: 3}  # never older than the ask's own write
     assert counts.scans == 2
