@@ -461,7 +461,8 @@ class Node:
         self._peer_status = {nid: s for nid, s in results if s is not None}
         self._peer_status_at = dict.fromkeys(self._peer_status, fetched_at)
         for node_id, status in self._peer_status.items():  # kept while the peer is down (upgrade.py)
-            self.peer_releases.record(node_id, advertised(status), 2 in status.get("batch_formats", ()))
+            if self.peer_releases.record(node_id, advertised(status), 2 in status.get("batch_formats", ())):
+                self._capable_voters.clear()  # a rolled-back peer no longer passes a gate it passed
         return self._peer_status
 
     def heard_from(self) -> set[str]:

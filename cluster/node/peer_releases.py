@@ -54,8 +54,9 @@ class PeerReleases:
         self.capable.update(capable)
         self.v2_nodes.update(v2)
 
-    def record(self, node_id: str, capabilities: frozenset[str], batch_v2: bool) -> None:
-        """What ``node_id`` advertised now; saved when it changes what is known."""
+    def record(self, node_id: str, capabilities: frozenset[str], batch_v2: bool) -> bool:
+        """What ``node_id`` advertised now; saved when it changes what is known. Returns whether it
+        did (a peer upgraded or rolled back: what was judged of the groups it votes in is stale)."""
         changed = self.capable.get(node_id) != capabilities or (node_id in self.v2_nodes) != batch_v2
         self.heard.add(node_id)
         self.capable[node_id] = capabilities
@@ -65,6 +66,7 @@ class PeerReleases:
             self.v2_nodes.discard(node_id)
         if changed:
             self._save()
+        return changed
 
     def _save(self) -> None:
         peers = {

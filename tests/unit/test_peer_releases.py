@@ -24,7 +24,8 @@ def test_a_new_answer_replaces_what_was_kept(tmp_path: Path) -> None:
     path = tmp_path / "peers.json"
     PeerReleases(path).record("n2", CAPS, batch_v2=True)
     later = PeerReleases(path)
-    later.record("n2", frozenset(), batch_v2=False)  # the peer now runs an older release
+    assert later.record("n2", CAPS, batch_v2=True) is False  # the same answer: nothing to judge again
+    assert later.record("n2", frozenset(), batch_v2=False) is True  # the peer now runs an older release
     assert later.heard == {"n2"}
     assert PeerReleases(path).capable == {"n2": frozenset()}
     assert PeerReleases(path).v2_nodes == set()
