@@ -14,6 +14,8 @@ import pytest
 from raftmq.cluster import commands
 from raftmq.cluster.machines import dedup
 from raftmq.cluster.machines.delivery import available_ordered
+from raftmq.cluster.machines.delivery.ordered import PENDING_CAP
+from raftmq.cluster.machines.delivery.state import SCAN_BUDGET
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import dedup_keys, keys
 from raftmq.storage.memory import MemoryStore
@@ -311,3 +313,27 @@ def test_a_retry_not_due_yet_holds_its_group_and_says_when_to_look_again() -> No
     assert available_ordered(m.store, G, T, [0], 30) == (False, 510)
     assert m.receive(30) == []
     assert m.values_of(m.receive(510)) == ["a1", "a2"]
+
+
+def pending_records(m: Machine) -> int:
+    prefix = keys.sub_key(keys.PENDING, T, 0, G)
+    return sum(1 for _ in m.store.scan(prefix, keys.prefix_end(prefix)))
+
+
+def test_a_hot_groups_backlog_fills_the_look_ahead_to_its_cap_and_no_receive_spins() -> None:
+    m = Machine()
+    backlog = SCAN_BUDGET + 1000  # more than one receive may read
+    for start in range(0, backlog, 100):  # at most 100 messages a command
+        m.send(0, *(send(f"g{i}", f"g{i}", "g") for i in range(start, min(start + 100, backlog))))
+    m.send(0, send("h0", "h0", "h"))
+    first = m.receive(10, max_messages=1)
+    assert m.values_of(first) == ["g0"]  # g is held from now on
+    receives = 0
+    while available_ordered(m.store, G, T, [0], 20 + receives)[0]:
+        receives += 1
+        assert receives < 10, "a waiting receiver would propose receives that hand out nothing"
+        assert m.receive(20 + receives) == []
+    assert pending_records(m) <= PENDING_CAP  # bounded: the cursor waits at g's next message
+    assert available_ordered(m.store, G, T, [0], 100) == (False, None)
+    m.ack(200, first)  # g is free again: its messages come in order
+    assert m.values_of(m.receive(300, max_messages=10)) == [f"g{i}" for i in range(1, 11)]

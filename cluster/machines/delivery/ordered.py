@@ -11,6 +11,14 @@ op: a plain ``receive`` of the same group hands them out as due retries (without
 
 Bounded work: the pending records of a queue are read up to :data:`SCAN_BUDGET`, each with its
 message's key; new messages as in ``receive``. Pure: time only from the command.
+
+Bounded look-ahead: a queue holds at most :data:`PENDING_CAP` pending records (in flight, retries
+and waiting) for the receive to pass blocked messages. At the cap, the cursor stops at the next
+message of a blocked key: a message group with a backlog of thousands holds the groups behind that
+point until it drains below the cap (within it, the other groups go on), and
+:func:`available_ordered` answers False, so a waiting receiver does not propose receives that can
+hand out nothing. Without the cap, the waiting records of one hot group took the whole scan budget,
+the receive reached nothing past them, and the receivers proposed empty receives without end.
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ from raftmq.storage.store import Store
 if TYPE_CHECKING:
     from raftmq.cluster.commands import ReceiveCommand
 
-__all__ = ["available_ordered", "hand_out_ordered"]
+__all__ = ["PENDING_CAP", "available_ordered", "hand_out_ordered"]
+
+PENDING_CAP = SCAN_BUDGET * 3 // 4  # a quarter of the budget is left for the walk past them
+"""The most pending records a queue holds for ordered receives to look past blocked messages."""
 
 HandOut = Callable[[int, int, int, int], None]  # queue, offset, attempt, first_ms
 
@@ -47,8 +58,10 @@ def hand_out_ordered(
         prefix = w._prefix(topic_id, queue, group)
         blocked: set[str | None] = set()
         visible: list[tuple[int, PendingRecord, str | None]] = []
+        pending = 0
         for key, _ in scan_prefix(w.store, prefix, limit=budget):
             budget -= 1
+            pending += 1
             offset = keys.decode_u64(key[len(prefix) :])
             rec = w.pending_at(key)
             if rec is None:
@@ -68,7 +81,7 @@ def hand_out_ordered(
             if len(out) >= limit:
                 return
             hand_out(queue, offset, rec.attempts + 1, rec.first_ms if rec.attempts else now_ms)
-        _new_messages(w, cmd, queue, blocked, hand_out, out, budget)
+        _new_messages(w, cmd, queue, blocked, hand_out, out, budget, PENDING_CAP - pending)
 
 
 def _new_messages(
@@ -79,9 +92,11 @@ def _new_messages(
     hand_out: HandOut,
     out: list[dict[str, Any]],
     budget: int,
+    room: int,
 ) -> None:
     """From the cursor on: hand out a message whose key is free, give one whose key is blocked a
-    waiting record; stop at ``max`` handed out or the budget."""
+    waiting record while there is ``room`` for one; stop at ``max`` handed out, the budget, or a
+    blocked message with no room left (the cursor stays at it)."""
     topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
     limit, max_age_ms = cmd["max"], cmd["max_age_ms"]
     sub = w.sub(topic_id, queue, group)
@@ -97,12 +112,16 @@ def _new_messages(
         for message in found:
             if len(out) >= limit or budget <= 0:
                 return
+            deliverable = _deliverable(message, group, now_ms, max_age_ms)
+            if deliverable and message.key in blocked and room <= 0:
+                return  # as many pending records as a queue may hold: the cursor stays here
             budget -= 1
             sub.cursor = message.offset + 1
-            if not _deliverable(message, group, now_ms, max_age_ms):
+            if not deliverable:
                 continue
             if message.key in blocked:
                 w.set_pending(topic_id, queue, group, message.offset, waiting)
+                room -= 1
             else:
                 hand_out(queue, message.offset, 1, now_ms)
 
@@ -120,19 +139,24 @@ def available_ordered(
         cursor = queues.sub_cursor(store, group, topic_id, queue)
         if cursor is None:
             cursor = queues.committed_offset(store, group, topic_id, queue) or 0
-        if max(cursor, low) < high:
-            return True, None
         prefix = keys.sub_key(keys.PENDING, topic_id, queue, group)
         records = [
             (keys.decode_u64(k[len(prefix) :]), PendingRecord.decode(v))
             for k, v in scan_prefix(store, prefix, limit=SCAN_BUDGET)
         ]
+        cursor = max(cursor, low)
+        if cursor < high and len(records) < PENDING_CAP:
+            return True, None
         if not records:
             continue
         found = {o: m for o, _ in records if (m := _message_at(store, topic_id, queue, o)) is not None}
         # A key is held by a message in flight or by a retry not due yet (as the receive holds it).
         held = [(o, rec) for o, rec in records if rec.state == STATE_INFLIGHT or rec.time_ms > now_ms]
         blocked = {found[o].key for o, _ in held if o in found}
+        # At the cap, the receive still hands out the message at the cursor if its key is free.
+        at_cursor = _message_at(store, topic_id, queue, cursor) if cursor < high else None
+        if at_cursor is not None and at_cursor.key not in blocked:
+            return True, None
         wake += [rec.time_ms for _, rec in held if rec.state == STATE_RETRY]
         for o, rec in records:
             if (
