@@ -491,9 +491,9 @@ class RaftGroup:
         self._members = tuple(self._live_members())
 
     def _busy(self) -> bool:
-        """Tick every ``tick_s``: entries wait for a commit (a lone leader's: its next tick), a retry."""
+        """Tick every ``tick_s``: entries await a commit, a call waits, a quiet joiner (not to campaign)."""
         waiting = len(self._journal) > 0 and self._journal[-1][1] > self._sync.raftCommitIndex
-        return waiting or not self._tick_calls.empty()
+        return waiting or self._quiet or not self._tick_calls.empty()
 
     def _live_members(self) -> list[str]:
         return sorted({str(n.id) for n in self._sync.otherNodes} | {self.self_addr})
