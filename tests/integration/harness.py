@@ -96,7 +96,7 @@ def ctrl_c_mid_write(args: list[str], env: dict[str, str] | None = None) -> tupl
         env=env,
     )
     try:
-        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 30, what=f"{args[0]} blocked on a full pipe")
+        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 90, what=f"{args[0]} blocked on a full pipe")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)  # reading the pipe lets it finish its write
     finally:
