@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from collections.abc import Collection
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -22,33 +23,25 @@ from .buckets import SAMPLE, Buckets, first_examples
 from .history import INVOKE, NEMESIS, Op
 from .receive_checker import COUNTS, RECEIVES, Values, pair
 
-__all__ = ["ReceiveCheck"]
+__all__ = ["PairingCheck", "ReceiveCheck"]
 
 _EXAMPLES = ("lost", "unexpected", "never_acked", "duplicated", "delivered_after_ack")
 
 
-class ReceiveCheck:
-    """Fed every operation of the file in order (:meth:`add`), then :meth:`result`; ``present``
-    once the history has a receive (the check applies)."""
+class PairingCheck:
+    """Pairs each operation of a streamed history with its completion as they come, per process
+    (only the operations in flight are held): ``_pair(invoke, done)``, ``done`` None for one
+    invoked again without completing. ``present`` once an invoke of ``starts`` was seen."""
 
-    def __init__(self, directory: Path, count: int) -> None:
-        self.directory = directory
-        self.count = count
-        self.values = Buckets(directory, "receive-values", count)
-        self.places = Buckets(directory, "receive-places", count)
+    def __init__(self) -> None:
         self._pending: dict[Any, Op] = {}
         self.present = False
-        self.redelivered = 0
-        self.stale_acks = 0
-        self.largest = 0
 
-    def add(self, op: Op) -> None:
-        """Pass 1: pair each operation with its completion as it comes (``history.completed``:
-        only the operations in flight are held)."""
+    def _feed(self, op: Op, starts: Collection[str]) -> None:
         if op.get("process") == NEMESIS:
             return
         if op["type"] == INVOKE:
-            self.present |= op["f"] in RECEIVES
+            self.present |= op["f"] in starts
             earlier = self._pending.pop(op["process"], None)
             if earlier is not None:  # invoked again without completing: never will
                 self._pair(earlier, None)
@@ -57,6 +50,29 @@ class ReceiveCheck:
             invoke = self._pending.pop(op["process"], None)
             if invoke is not None:
                 self._pair(invoke, op)
+
+    def _pair(self, invoke: Op, done: Op | None) -> None:
+        raise NotImplementedError
+
+
+class ReceiveCheck(PairingCheck):
+    """Fed every operation of the file in order (:meth:`add`), then :meth:`result`; ``present``
+    once the history has a receive (the check applies)."""
+
+    def __init__(self, directory: Path, count: int) -> None:
+        self.directory = directory
+        self.count = count
+        self.values = Buckets(directory, "receive-values", count)
+        self.places = Buckets(directory, "receive-places", count)
+        super().__init__()
+        self.redelivered = 0
+        self.stale_acks = 0
+        self.largest = 0
+
+    def add(self, op: Op) -> None:
+        """Pass 1: pair each operation with its completion as it comes (``history.completed``:
+        only the operations in flight are held)."""
+        self._feed(op, RECEIVES)
 
     def _pair(self, invoke: Op, done: Op | None) -> None:
         for r in pair(invoke, done):

@@ -9,35 +9,24 @@ from pathlib import Path
 from typing import Any
 
 from .buckets import Buckets
-from .history import INVOKE, NEMESIS, Op
+from .history import Op
 from .sqs_checker import SQS_SENDS, judge, merge, records
+from .streaming_receive import PairingCheck
 
 __all__ = ["SqsCheck"]
 
 
-class SqsCheck:
+class SqsCheck(PairingCheck):
     """Fed every operation of the file in order (:meth:`add`), then :meth:`result`; ``present``
     once the history has an SQS send (the check applies)."""
 
     def __init__(self, directory: Path, count: int) -> None:
         self.count = count
         self.values = Buckets(directory, "sqs-values", count)
-        self._pending: dict[Any, Op] = {}
-        self.present = False
+        super().__init__()
 
     def add(self, op: Op) -> None:
-        if op.get("process") == NEMESIS:
-            return
-        if op["type"] == INVOKE:
-            self.present |= op["f"] in SQS_SENDS
-            earlier = self._pending.pop(op["process"], None)
-            if earlier is not None:  # invoked again without completing: never will
-                self._pair(earlier, None)
-            self._pending[op["process"]] = op
-        else:
-            invoke = self._pending.pop(op["process"], None)
-            if invoke is not None:
-                self._pair(invoke, op)
+        self._feed(op, SQS_SENDS)
 
     def _pair(self, invoke: Op, done: Op | None) -> None:
         if invoke["f"].startswith("sqs-"):
