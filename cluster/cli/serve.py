@@ -26,6 +26,7 @@ import structlog
 from raftmq.cluster.config.cluster_file import ClusterConfig, ConfigError, load_config
 from raftmq.cluster.replication.journal import JournalCorruptError
 from raftmq.errors import RaftmqError
+from raftmq.storage.store import StoreError
 
 DEV_DIR = ".raftmq"
 
@@ -90,7 +91,7 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
     configure_logging(json_logs, log_level)
     try:
         asyncio.run(_serve(config, node_id))
-    except CannotListen as e:
+    except (CannotListen, CannotOpenStores) as e:
         raise click.ClickException(str(e)) from None
     except JournalCorruptError as e:  # refused: cutting the journal would drop acknowledged entries
         raise click.ClickException(
@@ -101,6 +102,18 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
 
 class CannotListen(RaftmqError):
     """A node's address was taken between the check and the bind."""
+
+
+class CannotOpenStores(RaftmqError):
+    """A node's store (a group's journal or state) cannot be opened at start: a full disk, a store
+    another process holds, a damaged file. The node stops what it started and exits with one line."""
+
+
+def _cannot_open(node_id: str, e: StoreError) -> str:
+    hint = "Is another raftmq process using this data directory?"
+    if "No space left on device" in str(e):
+        hint = "The disk of its data directory is full: free space on it, then start the node again."
+    return f"node {node_id} cannot open its stores: {e}\n{hint}"
 
 
 def open_api_refusal(config: ClusterConfig, node_id: str) -> str | None:
@@ -192,6 +205,9 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     except JournalCorruptError:
         await node.stop()  # the groups started before it; serve() reports the error
         raise
+    except StoreError as e:
+        await node.stop()
+        raise CannotOpenStores(_cannot_open(node_id, e)) from None
     runner = web.AppRunner(create_app(node), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)
