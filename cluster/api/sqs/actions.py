@@ -116,9 +116,10 @@ class QueueActions:
         """The queue's ARN, in the cluster's region (``[sqs] region``)."""
         return f"arn:aws:sqs:{self.region}:{qs.ACCOUNT}:{name}"
 
-    async def _check_redrive_target(self, source: str, attributes: dict[str, str]) -> None:
-        """A RedrivePolicy being set names an existing standard queue other than ``source`` whose
-        RedriveAllowPolicy lets ``source`` send it dead letters (as AWS checks it)."""
+    async def _check_redrive_target(self, source: str, attributes: dict[str, str], fifo: bool) -> None:
+        """A RedrivePolicy being set names an existing queue other than ``source`` of the source's
+        type (a FIFO queue's dead-letter queue is a FIFO queue, a standard queue's a standard queue)
+        whose RedriveAllowPolicy lets ``source`` send it dead letters (as AWS checks it)."""
         raw = attributes.get(qs.PREFIX + "RedrivePolicy")
         if not raw:
             return
@@ -133,8 +134,12 @@ class QueueActions:
             except SqsError:
                 reason = "Dead letter target does not exist"
             else:
-                if qs.is_fifo(found):
-                    reason = "The dead-letter queue of a standard queue must also be a standard queue"
+                if qs.is_fifo(found) != fifo:
+                    reason = (
+                        "The dead-letter queue of a FIFO queue must also be a FIFO queue"
+                        if fifo
+                        else "The dead-letter queue of a standard queue must also be a standard queue"
+                    )
                 elif not qs.allows_redrive_from(found, self.queue_arn(source)):
                     reason = "the dead-letter queue's RedriveAllowPolicy does not allow this source queue"
         if reason is not None:
@@ -194,7 +199,7 @@ class QueueActions:
         if fifo:
             qs.check_fifo_settings(wanted)
         tags = qs.check_tags(params["tags"], name) if params.get("tags") is not None else {}
-        await self._check_redrive_target(name, wanted)
+        await self._check_redrive_target(name, wanted, fifo)
         try:
             topic = await self.api.topic(name)
         except RaftmqError as e:
@@ -353,7 +358,7 @@ class QueueActions:
         )
         if fifo:
             qs.check_fifo_settings({**topic.attributes, **changes})
-        await self._check_redrive_target(topic.name, changes)
+        await self._check_redrive_target(topic.name, changes, fifo)
         command = {
             "op": "set_topic_attributes",
             "name": topic.name,

@@ -40,7 +40,15 @@ from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
-__all__ = ["DEDUP_HEADER", "SOURCE_HEADER", "SqsActions", "sequence_number", "sqs_message"]
+__all__ = [
+    "DEDUP_HEADER",
+    "SOURCE_HEADER",
+    "SqsActions",
+    "moved_fifo",
+    "moved_headers",
+    "sequence_number",
+    "sqs_message",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -272,10 +280,12 @@ class SqsActions(QueueActions):
     ) -> list[dict[str, Any]]:
         """The messages of ``got`` to hand out: those received more than the RedrivePolicy's
         maxReceiveCount times are moved instead (as AWS moves them, at the receive that would
-        exceed it): sent to the dead-letter queue with their MessageId and attributes, then
-        deleted here. A move that fails leaves them in flight (moved at a later receive); a delete
-        that fails after the send may move one twice (at least once). A dead-letter queue deleted
-        since, or whose RedriveAllowPolicy no longer allows this queue: delivered as usual."""
+        exceed it): sent to the dead-letter queue with their MessageId and attributes (a FIFO
+        queue's: also their message group and MessageDeduplicationId), then deleted here. A move
+        that fails leaves them in flight (moved at a later receive); a delete that fails after the
+        send may move one twice to a standard queue (at least once; a FIFO dead-letter queue's
+        window stores it once). A dead-letter queue deleted since, of the other type, or whose
+        RedriveAllowPolicy no longer allows this queue: delivered as usual."""
         over = [m for m in got if m["attempt"] > policy.max_receive_count]
         if not over:
             return got
@@ -284,23 +294,43 @@ class SqsActions(QueueActions):
             target = await self._queue_named(policy.target)
         except SqsError:
             return got
-        if not qs.allows_redrive_from(target, self.queue_arn(topic.name)):
+        fifo = qs.is_fifo(topic)
+        if qs.is_fifo(target) != fifo or not qs.allows_redrive_from(target, self.queue_arn(topic.name)):
             return got
         retention_ms = qs.queue_setting(target, "MessageRetentionPeriod") * 1000
-        moving = []
+        moving: list[Any] = []
         for m in over:
-            headers = {
-                k: v for k, v in (m.get("headers") or {}).items() if k in (ID_HEADER, ATTRIBUTES_HEADER)
-            }
-            headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
+            headers = moved_headers(m, fifo)
             headers[SOURCE_HEADER] = topic.name
-            moving.append((m["value"] if "value" in m else m["value_b64"], None, headers, 0, retention_ms))
+            moving.append(
+                moved_fifo(m, topic.id, headers, retention_ms)
+                if fifo
+                else (m["value"] if "value" in m else m["value_b64"], None, headers, 0, retention_ms)
+            )
         try:
-            await self._append(target, moving)
+            if fifo:
+                await self._append_fifo(target, moving)
+            else:
+                await self._append(target, moving)
             await self._settle(topic, "ack", [m["receipt"] for m in over], {})
         except RaftmqError as e:
             log.warning("sqs_dead_letter_move_failed", queue=topic.name, target=target.name, code=e.code)
+            if fifo:  # the group's later messages wait for the one still in flight here
+                return await self._hold_back(topic, {m["key"] for m in over}, rest)
         return rest
+
+    async def _hold_back(
+        self, topic: Topic, groups: set[str | None], got: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The messages of ``got`` not of the message ``groups``; those of them are made visible
+        again at once (their group holds them behind its message in flight)."""
+        held = [m for m in got if m["key"] in groups]
+        if held:
+            try:
+                await self._settle(topic, "nack", [m["receipt"] for m in held], {"delay_ms": 0})
+            except RaftmqError as e:
+                log.warning("sqs_visibility_not_set", queue=topic.name, code=e.code)
+        return [m for m in got if m["key"] not in groups]
 
     async def _take(
         self, topic: Topic, n: int, visibility_ms: int, wait_s: float, ordered: bool = False
@@ -498,6 +528,43 @@ def sqs_message(m: dict[str, Any], system: set[str], selectors: list[str], held_
             for n, (t, v) in picked.items()
         }
     return out
+
+
+def moved_headers(m: dict[str, Any], fifo: bool) -> dict[str, str]:
+    """The headers a message ``m`` (as ``take`` handed it out) keeps when it is moved to another
+    queue (a dead-letter move, a move task): its MessageId and message attributes, and on FIFO
+    queues its MessageDeduplicationId (a message produced there through the REST API has none:
+    its MessageId stands in)."""
+    kept = (ID_HEADER, ATTRIBUTES_HEADER, DEDUP_HEADER) if fifo else (ID_HEADER, ATTRIBUTES_HEADER)
+    headers = {k: v for k, v in (m.get("headers") or {}).items() if k in kept}
+    headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
+    if fifo:
+        headers.setdefault(DEDUP_HEADER, headers[ID_HEADER])
+    return headers
+
+
+def moved_fifo(
+    m: dict[str, Any], topic_id: int, headers: dict[str, str], retention_ms: int
+) -> dict[str, Any]:
+    """A FIFO message ``m`` of topic ``topic_id`` (as ``take`` handed it out) as ``dedup_produce``
+    appends it to another FIFO queue: in its message group (its key), with ``headers``
+    (:func:`moved_headers`). Its deduplication key names the place it is moved from (topic id,
+    queue, offset), never its MessageDeduplicationId: a move repeated after a failed delete is
+    stored once within the window, and no client's send of the same id makes a move a duplicate
+    (nor a move a client's send)."""
+    moved: dict[str, Any] = {
+        "headers": headers,
+        "ttl_ms": retention_ms,
+        "dedup": f"m:{topic_id}.{m['queue']}.{m['offset']}",
+        "id": headers[ID_HEADER],
+    }
+    if "value" in m:
+        moved["value"] = m["value"]
+    else:
+        moved["value_b64"] = m["value_b64"]
+    if m.get("key") is not None:
+        moved["key"] = m["key"]
+    return moved
 
 
 def sequence_number(offset: int) -> str:
