@@ -78,6 +78,7 @@ class DeliveryActions:
                 body.get("epoch"),
                 body["wait_ms"] / 1000,
                 body.get("ordered") is True,
+                _delay_ms(body),
             )
             return {"available": ok}
         if action in _SETTLE_ACTIONS and body.get("epoch") is None:
@@ -104,6 +105,9 @@ class DeliveryActions:
         if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
             check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
         ordered = body.get("ordered") is True
+        delay_ms = _delay_ms(body) if ordered else 0
+        if delay_ms and not self.node.group_supports(name, "receive_ordered.delay"):
+            return []  # a voter would refuse the field: nothing is handed out before it is due
         ok, _ = _available(
             store,
             body["group"],
@@ -112,6 +116,7 @@ class DeliveryActions:
             group_now(store, now_ms()),
             body.get("epoch"),
             ordered,
+            delay_ms,
         )
         if not ok:
             return []
@@ -125,6 +130,7 @@ class DeliveryActions:
             epoch=body.get("epoch"),
             max_age_ms=body.get("max_age_ms"),
             ordered=ordered,
+            delay_ms=delay_ms or None,
         )
         return _render(store, body["topic_id"], await self._propose(name, command))
 
@@ -203,6 +209,16 @@ ORDERED_LOOK_S = 0.2
 no one (acks do not signal), so a waiting receiver sees it within this."""
 
 
+def _delay_ms(body: dict[str, Any]) -> int:
+    """An ordered receive's ``delay_ms`` (an SQS FIFO queue's DelaySeconds; 0: none)."""
+    value = body.get("delay_ms")
+    if value is None:
+        return 0
+    if type(value) is not int or not 0 <= value <= commands.MAX_DURATION_MS:
+        raise CatalogError(errors.BAD_REQUEST, "delay_ms must be a duration in milliseconds")
+    return value
+
+
 def _available(
     store: Store,
     group: str,
@@ -211,9 +227,10 @@ def _available(
     now: int,
     epoch: int | None,
     ordered: bool,
+    delay_ms: int = 0,
 ) -> tuple[bool, int | None]:
     if ordered and epoch is None:
-        return available_ordered(store, group, topic_id, queues, now)
+        return available_ordered(store, group, topic_id, queues, now, delay_ms)
     return available(store, group, topic_id, queues, now, epoch)
 
 
@@ -226,16 +243,18 @@ async def await_available(
     epoch: int | None,
     timeout_s: float,
     ordered: bool = False,
+    delay_ms: int = 0,
 ) -> bool:
     """Wait (at most ``timeout_s``) until a receive from this replica's queues of group ``name``
     could hand out something: the queue grew, a retry is due, a lock was released or ran out
-    (``ordered``: a ``receive_ordered``, whose message group may also be freed by an ack)."""
+    (``ordered``: a ``receive_ordered`` with ``delay_ms``, whose message group may also be freed
+    by an ack, and whose next message may become due)."""
     deadline = time.monotonic() + timeout_s
     store = node.groups[name].machine.store
     while True:
         # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
         now = group_now(store, now_ms())
-        ok, wake_ms = _available(store, group, topic_id, queues, now, epoch, ordered)
+        ok, wake_ms = _available(store, group, topic_id, queues, now, epoch, ordered, delay_ms)
         remaining = deadline - time.monotonic()
         if ok or remaining <= 0:
             return ok

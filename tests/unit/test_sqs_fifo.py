@@ -11,15 +11,15 @@ import pytest
 
 from raftmq.cluster import commands
 from raftmq.cluster.api.sqs.errors import SqsError
-from raftmq.cluster.api.sqs.message_actions import (
+from raftmq.cluster.api.sqs.message_actions import _fifo_message, sequence_number
+from raftmq.cluster.api.sqs.messages import (
+    ATTRIBUTES_HEADER,
     DEDUP_HEADER,
+    ID_HEADER,
     SOURCE_HEADER,
-    _fifo_message,
     moved_fifo,
     moved_headers,
-    sequence_number,
 )
-from raftmq.cluster.api.sqs.messages import ATTRIBUTES_HEADER, ID_HEADER
 from raftmq.cluster.api.sqs.queues import QUEUE_NAME, check_attributes, check_fifo_settings
 from raftmq.cluster.machines.metadata import Topic
 
@@ -61,12 +61,19 @@ def test_fifo_attributes_are_kept_for_a_fifo_queue_and_unknown_to_a_standard_one
         {"ContentBasedDeduplication": "1"},
         {"DeduplicationScope": "group"},
         {"FifoThroughputLimit": "perGroup"},
-        {"DelaySeconds": "5"},  # raftmq's FIFO queues have no delay (docs/sqs.md)
+        {"DelaySeconds": "901"},
     ):
         assert (
             _code(lambda b=bad: check_attributes(b, 1 << 20, fifo=True, creating=True))
             == "InvalidAttributeValue"
         )
+
+
+def test_a_fifo_queue_has_a_delay_of_0_to_900_seconds_as_a_standard_one() -> None:
+    assert check_attributes({"DelaySeconds": "900"}, 1 << 20, fifo=True, creating=True) == {
+        "sqs.DelaySeconds": "900"
+    }
+    assert check_attributes({"DelaySeconds": "5"}, 1 << 20, fifo=True) == {"sqs.DelaySeconds": "5"}
 
 
 def test_per_message_group_throughput_needs_the_message_group_scope() -> None:

@@ -25,12 +25,16 @@ from raftmq.cluster.api.sqs.actions import GROUP, MAX_BATCH, MAX_BATCH_BYTES, Ac
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.api.sqs.messages import (
     ATTRIBUTES_HEADER,
+    DEDUP_HEADER,
     ID_HEADER,
+    SOURCE_HEADER,
     attributes_from_header,
     attributes_md5,
     attributes_size,
     body_md5,
     check_body,
+    moved_fifo,
+    moved_headers,
     parse_message_attributes,
     stored_attributes,
 )
@@ -44,8 +48,6 @@ __all__ = [
     "DEDUP_HEADER",
     "SOURCE_HEADER",
     "SqsActions",
-    "moved_fifo",
-    "moved_headers",
     "sequence_number",
     "sqs_message",
 ]
@@ -54,8 +56,6 @@ log = structlog.get_logger(__name__)
 
 RECEIVE_SLICE_S = 5.0  # one take's long poll; a longer wait takes again
 DEAD_LETTER_HOLD_MS = 30_000  # a receive on a queue with a RedrivePolicy takes for at least this
-SOURCE_HEADER = "sqs-dead-letter-source"  # on a message a RedrivePolicy moved: its source queue
-DEDUP_HEADER = "sqs-dedup-id"  # a FIFO message's MessageDeduplicationId (given or content-based)
 # MessageGroupId and MessageDeduplicationId: 1-128 of alphanumerics and punctuation, as AWS.
 _FIFO_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
 _NOT_FOR_QUEUE_TYPE = "The request include parameter that is not valid for this queue type"
@@ -349,11 +349,20 @@ class SqsActions(QueueActions):
         }
         if ordered:
             body["ordered"] = True
-            # A coordinator or leader of the release before receive_ordered would receive without
-            # the group rule: until every replica of the queue's group has it, nothing is handed out.
-            if not await self.node.await_group_supports(str(topic.queue_groups[0]), "receive_ordered"):
-                await asyncio.sleep(wait_s)
-                return []
+            # A FIFO queue's delay applies to the messages in it at each receive, as AWS's
+            # (retroactive): a message is handed out first DelaySeconds after its send.
+            delay_ms = qs.queue_setting(topic, "DelaySeconds") * 1000
+            needs = ["receive_ordered"]
+            if delay_ms:
+                body["delay_ms"] = delay_ms
+                needs.append("receive_ordered.delay")
+            # A coordinator or leader of the release before receive_ordered (or its delay) would
+            # receive without the group rule (or too early): until every replica of the queue's
+            # group has it, nothing is handed out.
+            for capability in needs:
+                if not await self.node.await_group_supports(str(topic.queue_groups[0]), capability):
+                    await asyncio.sleep(wait_s)
+                    return []
         while True:
             remaining = max(0.0, deadline - time.monotonic())
             try:
@@ -528,43 +537,6 @@ def sqs_message(m: dict[str, Any], system: set[str], selectors: list[str], held_
             for n, (t, v) in picked.items()
         }
     return out
-
-
-def moved_headers(m: dict[str, Any], fifo: bool) -> dict[str, str]:
-    """The headers a message ``m`` (as ``take`` handed it out) keeps when it is moved to another
-    queue (a dead-letter move, a move task): its MessageId and message attributes, and on FIFO
-    queues its MessageDeduplicationId (a message produced there through the REST API has none:
-    its MessageId stands in)."""
-    kept = (ID_HEADER, ATTRIBUTES_HEADER, DEDUP_HEADER) if fifo else (ID_HEADER, ATTRIBUTES_HEADER)
-    headers = {k: v for k, v in (m.get("headers") or {}).items() if k in kept}
-    headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
-    if fifo:
-        headers.setdefault(DEDUP_HEADER, headers[ID_HEADER])
-    return headers
-
-
-def moved_fifo(
-    m: dict[str, Any], topic_id: int, headers: dict[str, str], retention_ms: int
-) -> dict[str, Any]:
-    """A FIFO message ``m`` of topic ``topic_id`` (as ``take`` handed it out) as ``dedup_produce``
-    appends it to another FIFO queue: in its message group (its key), with ``headers``
-    (:func:`moved_headers`). Its deduplication key names the place it is moved from (topic id,
-    queue, offset), never its MessageDeduplicationId: a move repeated after a failed delete is
-    stored once within the window, and no client's send of the same id makes a move a duplicate
-    (nor a move a client's send)."""
-    moved: dict[str, Any] = {
-        "headers": headers,
-        "ttl_ms": retention_ms,
-        "dedup": f"m:{topic_id}.{m['queue']}.{m['offset']}",
-        "id": headers[ID_HEADER],
-    }
-    if "value" in m:
-        moved["value"] = m["value"]
-    else:
-        moved["value_b64"] = m["value_b64"]
-    if m.get("key") is not None:
-        moved["key"] = m["key"]
-    return moved
 
 
 def sequence_number(offset: int) -> str:

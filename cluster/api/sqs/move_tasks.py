@@ -38,7 +38,8 @@ from raftmq.cluster.api.sqs import move_task_records as records
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.actions import GROUP, Action, int_param
 from raftmq.cluster.api.sqs.errors import SQS_ERRORS, SqsError, from_raftmq_error
-from raftmq.cluster.api.sqs.message_actions import SOURCE_HEADER, SqsActions, moved_fifo, moved_headers
+from raftmq.cluster.api.sqs.message_actions import SqsActions
+from raftmq.cluster.api.sqs.messages import SOURCE_HEADER, moved_fifo, moved_headers
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
@@ -380,8 +381,14 @@ class MoveTasks:
         if qs.is_fifo(source):
             # By message group, as a receive: a group's messages in order, none of a group that a
             # consumer holds in flight (they stay; a later task moves them).
-            if not await self.node.await_group_supports(str(source.queue_groups[0]), "receive_ordered"):
-                raise _Failed("ServiceUnavailable")
+            needs = ["receive_ordered"]
+            delay_ms = qs.queue_setting(source, "DelaySeconds") * 1000
+            if delay_ms:  # a message still delayed in the dead-letter queue is not moved yet
+                take["delay_ms"] = delay_ms
+                needs.append("receive_ordered.delay")
+            for capability in needs:
+                if not await self.node.await_group_supports(str(source.queue_groups[0]), capability):
+                    raise _Failed("ServiceUnavailable")
             take["ordered"] = True
         while True:
             if time.monotonic() - written >= records.PROGRESS_MS / 1000:

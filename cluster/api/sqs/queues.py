@@ -265,12 +265,6 @@ def check_attributes(
                     f"{', '.join(FIFO_SETTINGS[name])}.",
                 )
             out[PREFIX + name] = value
-        elif fifo and name == "DelaySeconds" and value != "0":
-            raise SqsError(
-                "InvalidAttributeValue",
-                "Invalid value for the parameter DelaySeconds: a FIFO queue of raftmq has no delay "
-                "(see docs/sqs.md).",
-            )
         elif name in SETTABLE:
             bound = SETTABLE[name]
             high = min(bound.high, max_message_bytes) if name == "MaximumMessageSize" else bound.high
