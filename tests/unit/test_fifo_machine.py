@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -15,7 +16,7 @@ import pytest
 from raftmq.cluster import commands
 from raftmq.cluster.machines import dedup
 from raftmq.cluster.machines.delivery import available_ordered, not_due
-from raftmq.cluster.machines.delivery.ordered import PENDING_CAP
+from raftmq.cluster.machines.delivery.ordered import PENDING_CAP, OrderedLooks
 from raftmq.cluster.machines.delivery.state import SCAN_BUDGET
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import dedup_keys, keys
@@ -404,3 +405,67 @@ def test_the_delay_is_a_field_level_of_receive_ordered_and_older_entries_replay_
     plain = orjson.loads(commands.receive(0, G, T, [0], 1, 1000))
     with pytest.raises(commands.BadCommand):
         commands.decode(orjson.dumps({**plain, "delay_ms": 5}))
+
+
+# -- the leader's kept looks (OrderedLooks) -----------------------------------------------------------
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts its reads, and those of stored messages (``R`` keys) apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.message_reads = 0
+
+    def _count(self, key: bytes) -> None:
+        self.reads += 1
+        self.message_reads += key.startswith(keys.RECORD)
+
+    def get(self, key: bytes) -> bytes | None:
+        self._count(key)
+        return super().get(key)
+
+    def scan(
+        self, start: bytes, end: bytes | None = None, *, reverse: bool = False, limit: int | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        self._count(start)
+        return super().scan(start, end, reverse=reverse, limit=limit)
+
+    def last_before(self, key: bytes, floor: bytes) -> tuple[bytes, bytes] | None:
+        self._count(key)
+        return super().last_before(key, floor)
+
+
+def test_a_look_while_nothing_was_applied_reads_nothing_and_a_held_backlog_is_read_once() -> None:
+    store = CountingStore()
+    m = Machine(store)
+    backlog = 200
+    for start in range(0, backlog, 100):
+        m.send(0, *(send(f"a{i}", f"a{i}", "a") for i in range(start, start + 100)))
+    first = m.receive(10, max_messages=1)
+    assert m.values_of(first) == ["a0"]
+    assert m.receive(20) == []  # a1.. wait behind a0: one pending record each
+    assert pending_records(m) == backlog
+    looks = OrderedLooks()
+
+    def look(now: int) -> tuple[tuple[bool, int | None], int, int]:
+        """The kept look's answer (checked against a look from scratch) and its reads."""
+        reads, message_reads = store.reads, store.message_reads
+        answer = looks.available(store, m.machine.applied_index, G, T, [0], now)
+        counted = store.reads - reads, store.message_reads - message_reads
+        assert answer == available_ordered(store, G, T, [0], now)
+        return answer, *counted
+
+    answer, _, message_reads = look(30)
+    assert answer == (False, None) and message_reads >= backlog  # each waiting message's group read
+    assert look(40) == ((False, None), 0, 0)  # nothing applied since: nothing read at all
+    m.apply(commands.noop())  # something applied: the records are scanned again, no message is read
+    answer, reads, message_reads = look(50)
+    assert answer == (False, None) and 0 < reads < backlog and message_reads == 0
+    m.apply(commands.nack(60, G, T, [(0, first[0]["offset"], first[0]["token"])], delay_ms=1000))
+    assert look(70)[0] == (False, 1060)  # a0 retries at 1060 and holds its group until then
+    assert look(1059) == ((False, 1060), 0, 0)  # kept until its wake time
+    assert look(1060)[0] == (True, None)  # then looked at again
+    assert m.values_of(m.receive(1060, max_messages=3)) == ["a0", "a1", "a2"]
+    assert look(1080)[0] == (False, None)  # the group in flight again

@@ -45,7 +45,7 @@ from raftmq.storage.store import Store
 if TYPE_CHECKING:
     from raftmq.cluster.commands import ReceiveCommand
 
-__all__ = ["PENDING_CAP", "available_ordered", "hand_out_ordered", "not_due"]
+__all__ = ["PENDING_CAP", "OrderedLooks", "available_ordered", "hand_out_ordered", "not_due"]
 
 PENDING_CAP = SCAN_BUDGET * 3 // 4  # a quarter of the budget is left for the walk past them
 """The most pending records a queue holds for ordered receives to look past blocked messages."""
@@ -142,13 +142,79 @@ def _new_messages(
                 hand_out(queue, message.offset, 1, now_ms)
 
 
+Seen = tuple[str | None, int]
+"""A message's key (its message group) and timestamp, as a look needs them: they never change."""
+
+MAX_LOOK_ENTRIES = 256
+"""The most answers, and the most queues' :data:`Seen` maps, an :class:`OrderedLooks` keeps."""
+
+
+class OrderedLooks:
+    """What a queue group's leader keeps between the looks of its waiting ordered receivers
+    (:func:`available_ordered`, every 0.2 s while they wait; not replicated, a leader's cache):
+
+    - the answer of a look as of the group's applied index: taken again while nothing was applied
+      since and its wake time was not reached, so such a look reads nothing (only an applied entry
+      changes what is pending, and time only makes a retry or a delayed message due, at the wake);
+    - per queue, the key and timestamp of the messages of its pending records at the last look
+      (they never change), so a look after a change scans the pending records but reads none of
+      their messages again: a held group's backlog of thousands costs one scan, not a message read
+      each.
+
+    Bounded: at most :data:`MAX_LOOK_ENTRIES` answers and queues (then it starts afresh); per
+    queue, the records of the last look (at most ``SCAN_BUDGET``). A new store (a restored
+    checkpoint) starts it afresh. Used on the event loop only."""
+
+    def __init__(self) -> None:
+        self._store: Store | None = None
+        self._answers: dict[tuple[str, int, tuple[int, ...], int], tuple[int, bool, int | None]] = {}
+        self._seen: dict[tuple[int, int], dict[int, Seen]] = {}
+
+    def available(
+        self,
+        store: Store,
+        applied_index: int,
+        group: str,
+        topic_id: int,
+        queue_list: list[int],
+        now_ms: int,
+        delay_ms: int = 0,
+    ) -> tuple[bool, int | None]:
+        """:func:`available_ordered`, from what was kept when it still holds. ``applied_index``
+        must be read before the store (an entry applied meanwhile then only makes the next look
+        read again)."""
+        if store is not self._store:
+            self._store = store
+            self._answers.clear()
+            self._seen.clear()
+        key = (group, topic_id, tuple(queue_list), delay_ms)
+        kept = self._answers.get(key)
+        if kept is not None and kept[0] == applied_index and (kept[1] or kept[2] is None or now_ms < kept[2]):
+            return kept[1], kept[2]
+        if len(self._seen) > MAX_LOOK_ENTRIES:
+            self._seen.clear()
+        ok, wake = available_ordered(store, group, topic_id, queue_list, now_ms, delay_ms, self._seen)
+        if len(self._answers) >= MAX_LOOK_ENTRIES:
+            self._answers.clear()
+        self._answers[key] = (applied_index, ok, wake)
+        return ok, wake
+
+
 def available_ordered(
-    store: Store, group: str, topic_id: int, queue_list: list[int], now_ms: int, delay_ms: int = 0
+    store: Store,
+    group: str,
+    topic_id: int,
+    queue_list: list[int],
+    now_ms: int,
+    delay_ms: int = 0,
+    seen: dict[tuple[int, int], dict[int, Seen]] | None = None,
 ) -> tuple[bool, int | None]:
     """``timers.available`` for ``receive_ordered`` (with the command's ``delay_ms``): whether it
     could hand out something now (a due message at the cursor, or a due retry whose key has
     nothing in flight), and if not the earliest time one of them is due. A blocked key is freed by
-    an ack (no wake time: the caller's wait also ends at its own deadline or at the next change)."""
+    an ack (no wake time: the caller's wait also ends at its own deadline or at the next change).
+    ``seen``: the :data:`Seen` of pending records' messages per (topic, queue), read where missing
+    and left holding those of this look's records (:class:`OrderedLooks`)."""
     wake: list[int] = []
     for queue in queue_list:
         low, high = queues.queue_bounds(store, topic_id, queue)
@@ -170,7 +236,7 @@ def available_ordered(
             return True, None
         if not records:
             continue
-        found = {o: m for o, _ in records if (m := _message_at(store, topic_id, queue, o)) is not None}
+        found = _seen_of(store, topic_id, queue, low, records, seen)
         # A key is held by a message in flight, by a retry not due yet, or by a waiting message not
         # due (as the receive holds it).
         held = [
@@ -178,16 +244,16 @@ def available_ordered(
             for o, rec in records
             if rec.state == STATE_INFLIGHT
             or rec.time_ms > now_ms
-            or (o in found and not _due(rec, found[o], delay_ms, now_ms))
+            or (o in found and _due_ms(rec, found[o][1], delay_ms) > now_ms)
         ]
-        blocked = {found[o].key for o, _ in held if o in found}
+        blocked = {found[o][0] for o, _ in held if o in found}
         # At the cap, the receive still hands out the message at the cursor if its key is free.
         if cursor < high and at_cursor is None:
             at_cursor = _message_at(store, topic_id, queue, cursor)
         if cursor < high and at_cursor is not None and at_cursor.key not in blocked:
             return True, None
         wake += [
-            max(rec.time_ms, _due_ms(rec, found.get(o), delay_ms))
+            max(rec.time_ms, _due_ms(rec, found[o][1] if o in found else None, delay_ms))
             for o, rec in held
             if rec.state == STATE_RETRY
         ]
@@ -196,11 +262,40 @@ def available_ordered(
                 rec.state == STATE_RETRY
                 and rec.time_ms <= now_ms
                 and (
-                    o not in found or (found[o].key not in blocked and _due(rec, found[o], delay_ms, now_ms))
+                    o not in found
+                    or (found[o][0] not in blocked and _due_ms(rec, found[o][1], delay_ms) <= now_ms)
                 )
             ):
                 return True, None  # (a message gone: the receive finishes it)
     return False, min(wake) if wake else None
+
+
+def _seen_of(
+    store: Store,
+    topic_id: int,
+    queue: int,
+    low: int,
+    records: list[tuple[int, PendingRecord]],
+    seen: dict[tuple[int, int], dict[int, Seen]] | None,
+) -> dict[int, Seen]:
+    """The :data:`Seen` of the records' messages that are still stored (an offset below ``low``
+    is gone: retention removes from the low end), from ``seen`` where it has them; ``seen`` then
+    holds these."""
+    kept = {} if seen is None else seen.get((topic_id, queue), {})
+    found: dict[int, Seen] = {}
+    for o, _ in records:
+        if o < low:
+            continue
+        known = kept.get(o)
+        if known is None:
+            message = _message_at(store, topic_id, queue, o)
+            if message is None:
+                continue
+            known = (message.key, message.timestamp_ms)
+        found[o] = known
+    if seen is not None:
+        seen[(topic_id, queue)] = found
+    return found
 
 
 def not_due(store: Store, group: str, topic_id: int, queue: int, now_ms: int, delay_ms: int) -> int:
@@ -226,16 +321,17 @@ def not_due(store: Store, group: str, topic_id: int, queue: int, now_ms: int, de
     return high - first
 
 
-def _due_ms(rec: PendingRecord, message: Message | None, delay_ms: int) -> int:
-    """When a pending record's message may be handed out by the delay: a waiting message (never
-    handed out) at its timestamp plus ``delay_ms``; a redelivery at once (0)."""
-    if rec.attempts or message is None or not delay_ms:
+def _due_ms(rec: PendingRecord, timestamp_ms: int | None, delay_ms: int) -> int:
+    """When a pending record's message (stamped ``timestamp_ms``) may be handed out by the delay:
+    a waiting message (never handed out) at its timestamp plus ``delay_ms``; a redelivery at once
+    (0)."""
+    if rec.attempts or timestamp_ms is None or not delay_ms:
         return 0
-    return message.timestamp_ms + delay_ms
+    return timestamp_ms + delay_ms
 
 
 def _due(rec: PendingRecord, message: Message, delay_ms: int, now_ms: int) -> bool:
-    return _due_ms(rec, message, delay_ms) <= now_ms
+    return _due_ms(rec, message.timestamp_ms, delay_ms) <= now_ms
 
 
 def _message_at(store: Store, topic_id: int, queue: int, offset: int) -> Message | None:
