@@ -109,8 +109,11 @@ class DeliveryActions:
             check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
         ordered = body.get("ordered") is True
         delay_ms = _delay_ms(body) if ordered else 0
-        if delay_ms and not self.node.group_supports(name, "receive_ordered.delay"):
-            return []  # a voter would refuse the field: nothing is handed out before it is due
+        if delay_ms and not await self.node.await_group_supports(name, "receive_ordered.delay"):
+            # A voter would refuse the field: nothing is handed out (a coordinator asks again
+            # after this pause, not at once: its await would find the messages available).
+            await asyncio.sleep(ORDERED_LOOK_S)
+            return []
         ok, _ = _available(
             local,
             body["group"],
