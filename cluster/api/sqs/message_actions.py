@@ -44,13 +44,7 @@ from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
 
-__all__ = [
-    "DEDUP_HEADER",
-    "SOURCE_HEADER",
-    "SqsActions",
-    "sequence_number",
-    "sqs_message",
-]
+__all__ = ["DEDUP_HEADER", "SOURCE_HEADER", "SqsActions", "sequence_number", "sqs_message"]
 
 log = structlog.get_logger(__name__)
 
