@@ -119,7 +119,7 @@ def test_a_change_of_the_delay_applies_to_the_messages_in_the_queue_and_a_messag
         ),
         (lambda: _fifo(sqs, "bad-delay.fifo", DelaySeconds="-1"), "InvalidAttributeValue"),
     ]
-    assert [_code(call) for call in refusals] == [code for _, code in refusals]
+    assert [_code(call) for call, _ in refusals] == [code for _, code in refusals]
     assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["DelaySeconds"])["Attributes"] == {
         "DelaySeconds": "0"
     }
