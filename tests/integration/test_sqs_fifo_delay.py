@@ -22,8 +22,13 @@ DELAY_S = 3
 
 
 @pytest.fixture(scope="module")
-def sqs(cluster: Cluster) -> Any:
-    return sqs_client(cluster.url("n2"))
+def clients(cluster: Cluster) -> list[Any]:
+    return [sqs_client(cluster.url(n)) for n in ("n1", "n2", "n3")]
+
+
+@pytest.fixture(scope="module")
+def sqs(clients: list[Any]) -> Any:
+    return clients[1]
 
 
 def _code(call: Callable[[], Any]) -> str:
@@ -58,7 +63,9 @@ def _counts(sqs: Any, url: str) -> tuple[int, int, int]:
     return int(got[names[0]]), int(got[names[1]]), int(got[names[2]])
 
 
-def test_a_delayed_fifo_message_is_numbered_at_once_and_its_group_never_overtakes_it(sqs: Any) -> None:
+def test_a_delayed_fifo_message_is_numbered_at_once_and_its_group_never_overtakes_it(
+    sqs: Any, clients: list[Any]
+) -> None:
     url = _fifo(sqs, "slow.fifo", DelaySeconds=str(DELAY_S))
     assert sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["DelaySeconds"])["Attributes"] == {
         "DelaySeconds": str(DELAY_S)
@@ -73,7 +80,8 @@ def test_a_delayed_fifo_message_is_numbered_at_once_and_its_group_never_overtake
     a2 = sqs.send_message(QueueUrl=url, MessageBody="a2", MessageGroupId="a")
     numbers = [int(x["SequenceNumber"]) for x in (a1, b1, a2)]
     assert numbers == sorted(numbers) and len(set(numbers)) == 3  # in send order, at the send
-    assert _counts(sqs, url) == (0, 0, 3)
+    # Every node counts them (at the queue group's leader: here, or asked over the peer link).
+    assert [_counts(c, url) for c in clients] == [(0, 0, 3)] * 3
 
     first = _receive(sqs, url, 20)  # a long poll answered once a1 is due; b1 and a2 are not yet
     assert time.monotonic() - a1_sent >= DELAY_S - 0.5

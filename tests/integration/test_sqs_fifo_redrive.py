@@ -204,3 +204,23 @@ def test_a_move_task_takes_fifo_dead_letters_back_to_their_source_in_order(sqs: 
     again = sqs.send_message(QueueUrl=source, **sent[0])
     assert again["MessageId"] == answers[0]["MessageId"]
     assert again["SequenceNumber"] == answers[0]["SequenceNumber"]
+
+
+def test_a_fifo_dead_letter_queues_redrive_allow_policy_decides_its_sources(sqs: Any) -> None:
+    dlq = _fifo(sqs, "allow-dlq.fifo", RedriveAllowPolicy=json.dumps({"redrivePermission": "denyAll"}))
+    assert _code(lambda: _fifo(sqs, "allow-a.fifo", RedrivePolicy=_policy(_arn(sqs, dlq)))) == (
+        "InvalidParameterValue"
+    )
+    source = _fifo(sqs, "allow-b.fifo")
+    by_queue = {"redrivePermission": "byQueue", "sourceQueueArns": [_arn(sqs, source)]}
+    sqs.set_queue_attributes(QueueUrl=dlq, Attributes={"RedriveAllowPolicy": json.dumps(by_queue)})
+    sqs.set_queue_attributes(QueueUrl=source, Attributes={"RedrivePolicy": _policy(_arn(sqs, dlq))})
+    assert _code(lambda: _fifo(sqs, "allow-a.fifo", RedrivePolicy=_policy(_arn(sqs, dlq)))) == (
+        "InvalidParameterValue"
+    )
+    assert sqs.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"] == [source]
+    # Allowed by its queue: a message received too often moves there.
+    _dead_letter(
+        sqs, source, dlq, [{"MessageBody": "x", "MessageGroupId": "g", "MessageDeduplicationId": "x"}]
+    )
+    assert [m["Body"] for m in _drain(sqs, dlq, 1)] == ["x"]
