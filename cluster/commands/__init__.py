@@ -45,7 +45,8 @@ to 2**40::
      "queues": [u32, ...] (distinct), "max": 1..10000}
     {"op": "touch_subscriptions", "now_ms": time, "groups": [[u32 topic_id, str group], ...]
      (distinct, 1..1000)}
-    {"op": "receive_ordered", ... as receive ...}  (a message's key is its message group)
+    {"op": "receive_ordered", ... as receive ..., "delay_ms"?: duration}  (a message's key is its
+     message group; delay_ms: first handed out no earlier than its timestamp plus delay_ms)
 
 Deduplicated appends (``cluster/commands/dedup.py``, ``cluster/machines/dedup.py``)::
 
@@ -252,6 +253,9 @@ FIELD_LEVELS: tuple[str, ...] = (
     # expire with it, and its receive/ack state first leaves the record dormant); an older replica
     # refused the field
     "expire_subscriptions.offsets",
+    # receive_ordered's delay_ms (an SQS FIFO queue's DelaySeconds: a message is handed out first no
+    # earlier than its timestamp plus the delay); an older replica refused the field
+    "receive_ordered.delay",
 )
 
 

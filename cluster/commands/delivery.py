@@ -127,9 +127,14 @@ def receive(
     epoch: int | None = None,
     max_age_ms: int | None = None,
     ordered: bool = False,
+    delay_ms: int | None = None,
 ) -> bytes:
     """Hand out up to ``max_messages`` messages of ``queues`` (due retries first); ``ordered``:
-    ``receive_ordered``, a message's key being its message group (``delivery/ordered.py``)."""
+    ``receive_ordered``, a message's key being its message group (``delivery/ordered.py``), and
+    ``delay_ms`` (ordered only; the field level ``receive_ordered.delay``): a message is handed out
+    first no earlier than its timestamp plus ``delay_ms`` (an SQS FIFO queue's DelaySeconds)."""
+    if delay_ms is not None and not ordered:
+        raise ValueError("delay_ms is a field of receive_ordered only")
     return _command(
         "receive_ordered" if ordered else "receive",
         now_ms=now_ms,
@@ -140,6 +145,7 @@ def receive(
         visibility_ms=visibility_ms,
         epoch=epoch,
         max_age_ms=max_age_ms,
+        delay_ms=delay_ms,
     )
 
 
@@ -450,7 +456,8 @@ _PLAIN_FIELDS: dict[str, dict[str, _Reader]] = {
         "max": _one_to(MAX_RECEIVE),
     },
 }
-_PLAIN_FIELDS["receive_ordered"] = _PLAIN_FIELDS["receive"]
+# delay_ms: the field level receive_ordered.delay (absent in the entries written before it).
+_PLAIN_FIELDS["receive_ordered"] = {**_PLAIN_FIELDS["receive"], "delay_ms": _duration_or_none}
 _PLAIN_ALLOWED = {op: set(fields) for op, fields in _PLAIN_FIELDS.items()}
 
 

@@ -5,7 +5,7 @@ TypedDicts. Import them from ``cluster.commands``.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, TypedDict
+from typing import Literal, NamedTuple, NotRequired, TypedDict
 
 from raftmq.cluster.base.errors import BadCommand as BadCommand
 from raftmq.cluster.base.limits import (
@@ -155,6 +155,7 @@ class ReceiveCommand(TypedDict):
     visibility_ms: int
     epoch: int | None
     max_age_ms: int | None
+    delay_ms: NotRequired[int | None]  # receive_ordered only: a message's first hand-out after it
 
 
 class Receipt(NamedTuple):

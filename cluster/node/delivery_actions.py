@@ -26,10 +26,11 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available, available_ordered
+from raftmq.cluster.machines.delivery import available
 from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
+from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
@@ -65,9 +66,10 @@ class DeliveryActions:
             return await propose(META, ensure_dlq_command(self.node, body["source"], body["group"], now_ms()))
         if name == META:
             raise CatalogError(errors.BAD_REQUEST, f"{action} runs at a queue group's leader")
-        store = self.node.groups[name].machine.store
+        local = self.node.groups[name]
+        store = local.machine.store
         if action == "receive":
-            return {"messages": await self._receive(name, store, body)}
+            return {"messages": await self._receive(name, local, body)}
         if action == "await":
             ok = await await_available(
                 self.node,
@@ -78,6 +80,7 @@ class DeliveryActions:
                 body.get("epoch"),
                 body["wait_ms"] / 1000,
                 body.get("ordered") is True,
+                _delay_ms(body),
             )
             return {"available": ok}
         if action in _SETTLE_ACTIONS and body.get("epoch") is None:
@@ -98,20 +101,28 @@ class DeliveryActions:
             return dlq_list(store, body["topic_id"], body["queues"], body["max"])
         raise CatalogError(errors.NOT_FOUND, f"unknown action {action}")
 
-    async def _receive(self, name: str, store: Store, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _receive(self, name: str, local: LocalGroup, body: dict[str, Any]) -> list[dict[str, Any]]:
         """A ``receive`` command, proposed only when something is available; the messages it
         handed out, with their receipts."""
+        store = local.machine.store
         if body.get("epoch") is not None:  # refused now, even when there is nothing to hand out
             check_lock(store, body["group"], body["topic_id"], body["queues"], body["epoch"])
         ordered = body.get("ordered") is True
+        delay_ms = _delay_ms(body) if ordered else 0
+        if delay_ms and not await self.node.await_group_supports(name, "receive_ordered.delay"):
+            # A voter would refuse the field: nothing is handed out (a coordinator asks again
+            # after this pause, not at once: its await would find the messages available).
+            await asyncio.sleep(ORDERED_LOOK_S)
+            return []
         ok, _ = _available(
-            store,
+            local,
             body["group"],
             body["topic_id"],
             body["queues"],
             group_now(store, now_ms()),
             body.get("epoch"),
             ordered,
+            delay_ms,
         )
         if not ok:
             return []
@@ -125,6 +136,7 @@ class DeliveryActions:
             epoch=body.get("epoch"),
             max_age_ms=body.get("max_age_ms"),
             ordered=ordered,
+            delay_ms=delay_ms or None,
         )
         return _render(store, body["topic_id"], await self._propose(name, command))
 
@@ -203,18 +215,34 @@ ORDERED_LOOK_S = 0.2
 no one (acks do not signal), so a waiting receiver sees it within this."""
 
 
+def _delay_ms(body: dict[str, Any]) -> int:
+    """An ordered receive's ``delay_ms`` (an SQS FIFO queue's DelaySeconds; 0: none)."""
+    value = body.get("delay_ms")
+    if value is None:
+        return 0
+    if type(value) is not int or not 0 <= value <= commands.MAX_DURATION_MS:
+        raise CatalogError(errors.BAD_REQUEST, "delay_ms must be a duration in milliseconds")
+    return value
+
+
 def _available(
-    store: Store,
+    local: LocalGroup,
     group: str,
     topic_id: int,
     queues: list[int],
     now: int,
     epoch: int | None,
     ordered: bool,
+    delay_ms: int = 0,
 ) -> tuple[bool, int | None]:
+    """Whether a receive of this leader's replica ``local`` could hand out something now (and if
+    not, when it may): an ordered one through the replica's kept looks (``OrderedLooks``: a look
+    while nothing was applied reads nothing)."""
+    machine = local.machine
     if ordered and epoch is None:
-        return available_ordered(store, group, topic_id, queues, now)
-    return available(store, group, topic_id, queues, now, epoch)
+        applied = machine.applied_index  # before the store: see OrderedLooks.available
+        return local.looks.available(machine.store, applied, group, topic_id, queues, now, delay_ms)
+    return available(machine.store, group, topic_id, queues, now, epoch)
 
 
 async def await_available(
@@ -226,16 +254,19 @@ async def await_available(
     epoch: int | None,
     timeout_s: float,
     ordered: bool = False,
+    delay_ms: int = 0,
 ) -> bool:
     """Wait (at most ``timeout_s``) until a receive from this replica's queues of group ``name``
     could hand out something: the queue grew, a retry is due, a lock was released or ran out
-    (``ordered``: a ``receive_ordered``, whose message group may also be freed by an ack)."""
+    (``ordered``: a ``receive_ordered`` with ``delay_ms``, whose message group may also be freed
+    by an ack, and whose next message may become due)."""
     deadline = time.monotonic() + timeout_s
-    store = node.groups[name].machine.store
+    local = node.groups[name]
+    store = local.machine.store
     while True:
         # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
         now = group_now(store, now_ms())
-        ok, wake_ms = _available(store, group, topic_id, queues, now, epoch, ordered)
+        ok, wake_ms = _available(local, group, topic_id, queues, now, epoch, ordered, delay_ms)
         remaining = deadline - time.monotonic()
         if ok or remaining <= 0:
             return ok

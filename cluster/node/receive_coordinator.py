@@ -61,6 +61,7 @@ class Waiter:
     visibility_ms: int
     deadline: float  # time.monotonic()
     future: asyncio.Future[list[dict[str, Any]]]
+    delay_ms: int = 0  # an ordered receive's: a message is handed out first after its timestamp + this
 
 
 @dataclass
@@ -143,7 +144,7 @@ class ReceiveCoordinator:
                 if target.ordered:  # one receiver's take: a group's messages never go to two
                     line = [head]
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
-                got = await self._take(target, demand, head.visibility_ms)
+                got = await self._take(target, demand, head.visibility_ms, head.delay_ms)
                 self._hand_out(target, got)
                 now = time.monotonic()
                 for w in list(target.waiters):
@@ -193,9 +194,12 @@ class ReceiveCoordinator:
     async def _give_back(self, target: _Target, receipts: list[str]) -> None:
         await self._settle(target.topic, target.group, "nack", receipts, {"delay_ms": 0})
 
-    async def _take(self, target: _Target, demand: int, visibility_ms: int) -> list[dict[str, Any]]:
+    async def _take(
+        self, target: _Target, demand: int, visibility_ms: int, delay_ms: int = 0
+    ) -> list[dict[str, Any]]:
         """Receive up to ``demand`` messages from the queue groups, one after the other (starting
-        group and queue order rotate, so no queue is always served first)."""
+        group and queue order rotate, so no queue is always served first); ``delay_ms``: an
+        ordered receive's delay."""
         target.rotation += 1
         groups = sorted(target.by_group)
         start = target.rotation % len(groups)
@@ -217,6 +221,8 @@ class ReceiveCoordinator:
             }
             if target.ordered:
                 body["ordered"] = True
+                if delay_ms:
+                    body["delay_ms"] = delay_ms
             try:
                 got += (await self.router.group_call(g, "receive", body))["messages"]
             except RaftmqError as e:
@@ -246,9 +252,19 @@ class ReceiveCoordinator:
 
     async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> None:
         name = str(g)
+        # An ordered line is served for its head (one receiver a take), with the head's delay.
+        delay_ms = target.waiters[0].delay_ms if target.ordered and target.waiters else 0
         if self.router.leads(name):
             await await_available(
-                self.node, name, target.topic.id, target.group, queues, target.epoch, timeout, target.ordered
+                self.node,
+                name,
+                target.topic.id,
+                target.group,
+                queues,
+                target.epoch,
+                timeout,
+                target.ordered,
+                delay_ms,
             )
             return
         body = {
@@ -260,6 +276,8 @@ class ReceiveCoordinator:
         }
         if target.ordered:
             body["ordered"] = True
+            if delay_ms:
+                body["delay_ms"] = delay_ms
         try:
             await self.router.group_call(g, "await", body)
         except RaftmqError:

@@ -7,8 +7,10 @@ checkpoints (``checkpoints.py``). They depend on this contract, not on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from raftmq.cluster.machines.delivery.ordered import OrderedLooks
 
 if TYPE_CHECKING:
     import ssl
@@ -34,6 +36,9 @@ class LocalGroup:
     state_store: RocksStore
     journal_store: RocksStore
     committer: GroupCommitter | None = None
+    # What the waiting ordered receivers' looks keep between looks while this replica leads
+    # (delivery/ordered.py; not replicated).
+    looks: OrderedLooks = field(default_factory=OrderedLooks)
 
     def close_stores(self) -> None:
         """Close the stores of this stopped replica. Blocking (each waits for the threads still

@@ -101,7 +101,7 @@ def test_fifo_queues_are_created_with_their_attributes_and_awss_errors(sqs: Any,
             "InvalidAttributeValue",
         ),
     ]
-    # Dead letters do not cross queue types (AWS's rule), and raftmq's FIFO queues have none yet.
+    # Dead letters do not cross queue types (AWS's rule; test_sqs_fifo_redrive.py has more).
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     dlq = sqs.create_queue(QueueName="std-dlq")["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -115,7 +115,14 @@ def test_fifo_queues_are_created_with_their_attributes_and_awss_errors(sqs: Any,
             lambda: sqs.create_queue(QueueName="std", Attributes={"RedrivePolicy": to_fifo}),
             "InvalidParameterValue",
         ),
-        (lambda: _fifo(sqs, "f.fifo", RedrivePolicy=to_fifo), "InvalidAttributeValue"),
+        (
+            lambda: _fifo(
+                sqs,
+                "f.fifo",
+                RedrivePolicy=json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 2}),
+            ),
+            "InvalidParameterValue",
+        ),
         (lambda: sqs.start_message_move_task(SourceArn=dlq_arn, DestinationArn=arn), "InvalidParameterValue"),
     ]
     for call, code in refusals:

@@ -7,14 +7,16 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from raftmq.cluster import commands
 from raftmq.cluster.machines import dedup
-from raftmq.cluster.machines.delivery import available_ordered
-from raftmq.cluster.machines.delivery.ordered import PENDING_CAP
+from raftmq.cluster.machines.delivery import available_ordered, not_due
+from raftmq.cluster.machines.delivery.ordered import PENDING_CAP, OrderedLooks
 from raftmq.cluster.machines.delivery.state import SCAN_BUDGET
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import dedup_keys, keys
@@ -60,8 +62,13 @@ class Machine:
     def index_keys(self) -> int:
         return sum(1 for _ in self.store.scan(keys.DEDUP_EXPIRY, keys.prefix_end(keys.DEDUP_EXPIRY)))
 
-    def receive(self, now: int, max_messages: int = 10, visibility_ms: int = 1000) -> list[dict[str, Any]]:
-        result = self.apply(commands.receive(now, G, T, [0], max_messages, visibility_ms, ordered=True))
+    def receive(
+        self, now: int, max_messages: int = 10, visibility_ms: int = 1000, delay_ms: int | None = None
+    ) -> list[dict[str, Any]]:
+        command = commands.receive(
+            now, G, T, [0], max_messages, visibility_ms, ordered=True, delay_ms=delay_ms
+        )
+        result = self.apply(command)
         assert "messages" in result, result
         return [{**m, "token": result["token"]} for m in result["messages"]]
 
@@ -337,3 +344,128 @@ def test_a_hot_groups_backlog_fills_the_look_ahead_to_its_cap_and_no_receive_spi
     assert available_ordered(m.store, G, T, [0], 100) == (False, None)
     m.ack(200, first)  # g is free again: its messages come in order
     assert m.values_of(m.receive(300, max_messages=10)) == [f"g{i}" for i in range(1, 11)]
+
+
+# -- receive_ordered with a delay (an SQS FIFO queue's DelaySeconds) ------------------------------
+
+
+def test_a_delayed_message_is_numbered_at_once_and_handed_out_first_at_its_timestamp_plus_the_delay() -> None:
+    m = Machine()
+    sent = [
+        m.send(1000, send("a1", "a1", "a")),
+        m.send(1500, send("b1", "b1", "b")),
+        m.send(1600, send("a2", "a2", "a")),
+    ]
+    assert [r[0]["offset"] for r in sent] == [0, 1, 2]  # its SequenceNumber at the send
+    assert [not_due(m.store, G, T, 0, now, 1000) for now in (1200, 1999, 2000)] == [3, 3, 2]
+    assert m.receive(1200, delay_ms=1000) == []
+    assert available_ordered(m.store, G, T, [0], 1200, 1000) == (False, 2000)
+    assert available_ordered(m.store, G, T, [0], 1200) == (True, None)  # without the delay: due now
+    first = m.receive(2000, delay_ms=1000)
+    assert m.values_of(first) == ["a1"]  # b1 and a2 are not due: none passes a1
+    assert available_ordered(m.store, G, T, [0], 2100, 1000) == (False, 2500)
+    # Above the cursor (a1 was handed out): b1 due at 2500, a2 at 2600.
+    assert [not_due(m.store, G, T, 0, now, 1000) for now in (2100, 2499, 2500, 2600)] == [2, 2, 1, 0]
+    assert not_due(m.store, G, T, 0, 2100, 0) == 0
+    assert m.values_of(m.receive(2500, delay_ms=1000)) == ["b1"]
+    assert m.receive(2600, delay_ms=1000) == []  # a2 is due, and waits for a1 in flight
+    assert available_ordered(m.store, G, T, [0], 2600, 1000) == (False, None)
+    m.ack(2700, first)
+    assert m.values_of(m.receive(2800, delay_ms=1000)) == ["a2"]
+
+
+def test_a_group_whose_head_is_not_due_waits_and_a_redelivery_is_not_delayed_again() -> None:
+    m = Machine()
+    m.send(1000, send("a1", "a1", "a"), send("a2", "a2", "a"))
+    first = m.receive(1000, max_messages=1)  # no delay yet: a1 handed out, a2 waits behind it
+    assert m.values_of(first) == ["a1"]
+    assert m.receive(1100) == []
+    m.ack(1200, first)
+    # The queue's delay raised to 5 s: it applies to the messages in it (as AWS's FIFO delay), so
+    # a2, sent at 1000, waits until 6000 though it was already passed by the cursor.
+    assert m.receive(1300, delay_ms=5000) == []
+    assert available_ordered(m.store, G, T, [0], 1300, 5000) == (False, 6000)
+    again = m.receive(6000, max_messages=1, visibility_ms=100, delay_ms=5000)
+    assert m.values_of(again) == ["a2"]
+    m.apply(commands.deliver_tick(6200, 100))  # its visibility is over
+    assert available_ordered(m.store, G, T, [0], 6200, 5000) == (True, None)
+    back = m.receive(6200, delay_ms=5000)
+    assert (m.values_of(back), back[0]["attempt"]) == (["a2"], 2)  # at once: not delayed again
+
+
+def test_the_delay_is_a_field_level_of_receive_ordered_and_older_entries_replay_without_it() -> None:
+    from raftmq.cluster.replication.upgrade import CAPABILITIES
+
+    delayed = commands.receive(0, G, T, [0], 1, 1000, ordered=True, delay_ms=900_000)
+    assert commands.decode(delayed)["delay_ms"] == 900_000
+    assert commands.decode(commands.receive(0, G, T, [0], 1, 1000, ordered=True)).get("delay_ms") is None
+    assert "receive_ordered.delay" in commands.FIELD_LEVELS and "receive_ordered.delay" in CAPABILITIES
+    with pytest.raises(ValueError):
+        commands.receive(0, G, T, [0], 1, 1000, delay_ms=5)  # a plain receive has no delay
+    plain = orjson.loads(commands.receive(0, G, T, [0], 1, 1000))
+    with pytest.raises(commands.BadCommand):
+        commands.decode(orjson.dumps({**plain, "delay_ms": 5}))
+
+
+# -- the leader's kept looks (OrderedLooks) -----------------------------------------------------------
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts its reads, and those of stored messages (``R`` keys) apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+        self.message_reads = 0
+
+    def _count(self, key: bytes) -> None:
+        self.reads += 1
+        self.message_reads += key.startswith(keys.RECORD)
+
+    def get(self, key: bytes) -> bytes | None:
+        self._count(key)
+        return super().get(key)
+
+    def scan(
+        self, start: bytes, end: bytes | None = None, *, reverse: bool = False, limit: int | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        self._count(start)
+        return super().scan(start, end, reverse=reverse, limit=limit)
+
+    def last_before(self, key: bytes, floor: bytes) -> tuple[bytes, bytes] | None:
+        self._count(key)
+        return super().last_before(key, floor)
+
+
+def test_a_look_while_nothing_was_applied_reads_nothing_and_a_held_backlog_is_read_once() -> None:
+    store = CountingStore()
+    m = Machine(store)
+    backlog = 200
+    for start in range(0, backlog, 100):
+        m.send(0, *(send(f"a{i}", f"a{i}", "a") for i in range(start, start + 100)))
+    first = m.receive(10, max_messages=1)
+    assert m.values_of(first) == ["a0"]
+    assert m.receive(20) == []  # a1.. wait behind a0: one pending record each
+    assert pending_records(m) == backlog
+    looks = OrderedLooks()
+
+    def look(now: int) -> tuple[tuple[bool, int | None], int, int]:
+        """The kept look's answer (checked against a look from scratch) and its reads."""
+        reads, message_reads = store.reads, store.message_reads
+        answer = looks.available(store, m.machine.applied_index, G, T, [0], now)
+        counted = store.reads - reads, store.message_reads - message_reads
+        assert answer == available_ordered(store, G, T, [0], now)
+        return answer, *counted
+
+    answer, _, message_reads = look(30)
+    assert answer == (False, None) and message_reads >= backlog  # each waiting message's group read
+    assert look(40) == ((False, None), 0, 0)  # nothing applied since: nothing read at all
+    m.apply(commands.noop())  # something applied: the records are scanned again, no message is read
+    answer, reads, message_reads = look(50)
+    assert answer == (False, None) and 0 < reads < backlog and message_reads == 0
+    m.apply(commands.nack(60, G, T, [(0, first[0]["offset"], first[0]["token"])], delay_ms=1000))
+    assert look(70)[0] == (False, 1060)  # a0 retries at 1060 and holds its group until then
+    assert look(1059) == ((False, 1060), 0, 0)  # kept until its wake time
+    assert look(1060)[0] == (True, None)  # then looked at again
+    assert m.values_of(m.receive(1060, max_messages=3)) == ["a0", "a1", "a2"]
+    assert look(1080)[0] == (False, None)  # the group in flight again

@@ -9,8 +9,17 @@ from typing import Any
 
 import pytest
 
+from raftmq.cluster import commands
 from raftmq.cluster.api.sqs.errors import SqsError
-from raftmq.cluster.api.sqs.message_actions import DEDUP_HEADER, _fifo_message, sequence_number
+from raftmq.cluster.api.sqs.message_actions import _fifo_message, sequence_number
+from raftmq.cluster.api.sqs.messages import (
+    ATTRIBUTES_HEADER,
+    DEDUP_HEADER,
+    ID_HEADER,
+    SOURCE_HEADER,
+    moved_fifo,
+    moved_headers,
+)
 from raftmq.cluster.api.sqs.queues import QUEUE_NAME, check_attributes, check_fifo_settings
 from raftmq.cluster.machines.metadata import Topic
 
@@ -52,12 +61,19 @@ def test_fifo_attributes_are_kept_for_a_fifo_queue_and_unknown_to_a_standard_one
         {"ContentBasedDeduplication": "1"},
         {"DeduplicationScope": "group"},
         {"FifoThroughputLimit": "perGroup"},
-        {"DelaySeconds": "5"},  # raftmq's FIFO queues have no delay (docs/sqs.md)
+        {"DelaySeconds": "901"},
     ):
         assert (
             _code(lambda b=bad: check_attributes(b, 1 << 20, fifo=True, creating=True))
             == "InvalidAttributeValue"
         )
+
+
+def test_a_fifo_queue_has_a_delay_of_0_to_900_seconds_as_a_standard_one() -> None:
+    assert check_attributes({"DelaySeconds": "900"}, 1 << 20, fifo=True, creating=True) == {
+        "sqs.DelaySeconds": "900"
+    }
+    assert check_attributes({"DelaySeconds": "5"}, 1 << 20, fifo=True) == {"sqs.DelaySeconds": "5"}
 
 
 def test_per_message_group_throughput_needs_the_message_group_scope() -> None:
@@ -143,3 +159,47 @@ def test_sequence_numbers_are_20_digit_and_grow_with_the_offset() -> None:
     assert all(len(n) >= 20 and n.isdigit() for n in numbers)
     assert [int(n) for n in numbers] == sorted(int(n) for n in numbers)
     assert numbers[:2] == ["00000000000000000000", "00000000000000000001"]
+
+
+def test_a_fifo_queue_takes_a_redrive_policy_as_a_standard_one_does() -> None:
+    policy = '{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:000000000000:d.fifo","maxReceiveCount":3}'
+    assert check_attributes({"RedrivePolicy": policy}, 1 << 20, fifo=True) == {"sqs.RedrivePolicy": policy}
+    assert check_attributes({"RedrivePolicy": ""}, 1 << 20, fifo=True) == {"sqs.RedrivePolicy": ""}
+
+
+def test_a_moved_fifo_message_keeps_its_group_and_ids_and_is_deduplicated_by_its_place() -> None:
+    m = {
+        "queue": 0,
+        "offset": 7,
+        "key": "alice",
+        "value": "body",
+        "headers": {ID_HEADER: "id-1", ATTRIBUTES_HEADER: "{}", DEDUP_HEADER: "d-1", SOURCE_HEADER: "s.fifo"},
+    }
+    headers = moved_headers(m, fifo=True)
+    assert headers == {ID_HEADER: "id-1", ATTRIBUTES_HEADER: "{}", DEDUP_HEADER: "d-1"}
+    assert moved_headers(m, fifo=False) == {ID_HEADER: "id-1", ATTRIBUTES_HEADER: "{}"}
+    moved = moved_fifo(m, 5, headers, 60_000)
+    assert moved == {
+        "value": "body",
+        "key": "alice",
+        "headers": headers,
+        "ttl_ms": 60_000,
+        "dedup": "m:5.0.7",  # its place, never the client's id (scopes q: and g<n>: are the sends')
+        "id": "id-1",
+    }
+    # A binary message produced through the REST API, without a group or ids: its MessageId stands in.
+    rest = {"queue": 0, "offset": 3, "key": None, "value_b64": "AAE=", "headers": {}}
+    rest_headers = moved_headers(rest, fifo=True)
+    assert rest_headers == {ID_HEADER: "0-3", DEDUP_HEADER: "0-3"}
+    assert moved_fifo(rest, 9, rest_headers, 1) == {
+        "value_b64": "AAE=",
+        "headers": rest_headers,
+        "ttl_ms": 1,
+        "dedup": "m:9.0.3",
+        "id": "0-3",
+    }
+    # Both are messages a dedup_produce entry carries.
+    decoded = commands.decode(
+        commands.dedup_produce(1_000, 5, 0, [moved, moved_fifo(rest, 9, rest_headers, 1)])
+    )
+    assert [d.dedup for d in decoded["messages"]] == [b"m:5.0.7", b"m:9.0.3"]

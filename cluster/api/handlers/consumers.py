@@ -26,11 +26,15 @@ from aiohttp import web
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError
-from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues
+from raftmq.cluster.base.limits import MAX_DURATION_MS
+from raftmq.cluster.machines.apply import group_now
+from raftmq.cluster.machines.delivery import not_due
+from raftmq.cluster.machines.views import ConsumerQueue, consumer_queues, queue_metas
 from raftmq.cluster.node.lag_history import LagHistory, Lags, sample_forever
 from raftmq.cluster.node.node import Node
-from raftmq.storage.store import StoreError
+from raftmq.storage.store import Store, StoreError
 
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
@@ -193,6 +197,17 @@ class _ConsumersApi:
             if delayed is None:
                 raise ApiError(errors.UNAVAILABLE, f"group {name} is restoring a checkpoint")
             answer["delayed"] = {str(q): n for q, n in delayed.items()}
+        if topic_id is not None and "not_due_ms" in request.query:
+            # Messages an ordered receive with this delay has not reached (an SQS FIFO queue's
+            # delayed messages), of the consumer group not_due_group.
+            delay_ms = query_int(request.query, "not_due_ms", None, 0, MAX_DURATION_MS)
+            group = request.query.get("not_due_group", "")
+            if not group:
+                raise bad("'not_due_group' is required with not_due_ms")
+            counted = await not_due_counts(local.machine.store, group, topic_id, delay_ms)
+            if counted is None:
+                raise ApiError(errors.UNAVAILABLE, f"group {name} is restoring a checkpoint")
+            answer["not_due"] = {str(q): n for q, n in counted.items()}
         return json_response(answer)
 
     async def _delayed(self, name: str, local: Any, topic_id: int) -> dict[int, int] | None:
@@ -236,3 +251,23 @@ def add_consumer_routes(app: web.Application, node: Node, api: ApiCore) -> None:
 
     app.on_startup.append(start_sampling)
     app.router.add_get("/internal/groups/{group}/consumers", handlers.internal_consumers)
+
+
+async def not_due_counts(store: Store, group: str, topic_id: int, delay_ms: int) -> dict[int, int] | None:
+    """Per queue of ``topic_id`` in ``store`` (a queue group led here): the messages an ordered
+    receive of ``group`` with ``delay_ms`` has not reached because they are not due
+    (``delivery.not_due``: a few reads per queue, off the event loop). None: the store is being
+    swapped for a restored checkpoint."""
+    loop = asyncio.get_running_loop()
+    now = group_now(store, now_ms())  # due times are on the group's time
+
+    def count() -> dict[int, int]:
+        return {
+            q: not_due(store, group, topic_id, q, now, delay_ms)
+            for q in sorted(q for _, q in queue_metas(store, topic_id))
+        }
+
+    try:
+        return await loop.run_in_executor(None, count)
+    except StoreError:
+        return None

@@ -323,10 +323,12 @@ class SubscriptionsApi:
         visibility_ms: int,
         wait_ms: int,
         ordered: bool = False,
+        delay_ms: int = 0,
     ) -> list[dict[str, Any]]:
         """Wait in this coordinator's line like an HTTP receive (same round robin, deadlines and
         receipts) and return what was handed out (the push stream's source, ``cluster/api/handlers/push.py``).
-        ``ordered``: in a line of its own, by ``receive_ordered`` (the SQS API's FIFO queues).
+        ``ordered``: in a line of its own, by ``receive_ordered`` (the SQS API's FIFO queues), a
+        message handed out first no earlier than its timestamp plus ``delay_ms``.
 
         Raises:
             ApiError: ``not_leader`` when this node does not coordinate (topic, group) (nothing
@@ -337,7 +339,8 @@ class SubscriptionsApi:
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not coordinate {topic.name}/{group}")
         await self.ensure_subscription(topic, group, None)
         deadline = time.monotonic() + wait_ms / 1000
-        waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = Waiter(max_messages, visibility_ms, deadline, future, delay_ms if ordered else 0)
         key = (topic.id, group, None, None, ordered)
         self.coordinator.enqueue(
             key, waiter, lambda: self.coordinator.target(topic, group, None, None, coordinator, ordered)
@@ -470,8 +473,19 @@ class SubscriptionsApi:
             body["visibility_ms"],
             body["wait_ms"],
             body.get("ordered") is True,
+            _delay_ms(body),
         )
         return {"messages": got}
+
+
+def _delay_ms(body: dict[str, Any]) -> int:
+    """A ``take``'s ``delay_ms`` (an SQS FIFO queue's DelaySeconds; 0: none)."""
+    value = body.get("delay_ms")
+    if value is None:
+        return 0
+    if type(value) is not int or not 0 <= value <= commands.MAX_DURATION_MS:
+        raise bad("'delay_ms' must be a duration in milliseconds")
+    return value
 
 
 def add_subscription_routes(app: web.Application, handlers: SubscriptionsApi) -> None:

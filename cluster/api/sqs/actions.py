@@ -36,6 +36,7 @@ import orjson
 from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL
+from raftmq.cluster.api.handlers.consumers import not_due_counts
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
@@ -116,9 +117,10 @@ class QueueActions:
         """The queue's ARN, in the cluster's region (``[sqs] region``)."""
         return f"arn:aws:sqs:{self.region}:{qs.ACCOUNT}:{name}"
 
-    async def _check_redrive_target(self, source: str, attributes: dict[str, str]) -> None:
-        """A RedrivePolicy being set names an existing standard queue other than ``source`` whose
-        RedriveAllowPolicy lets ``source`` send it dead letters (as AWS checks it)."""
+    async def _check_redrive_target(self, source: str, attributes: dict[str, str], fifo: bool) -> None:
+        """A RedrivePolicy being set names an existing queue other than ``source`` of the source's
+        type (a FIFO queue's dead-letter queue is a FIFO queue, a standard queue's a standard queue)
+        whose RedriveAllowPolicy lets ``source`` send it dead letters (as AWS checks it)."""
         raw = attributes.get(qs.PREFIX + "RedrivePolicy")
         if not raw:
             return
@@ -133,8 +135,12 @@ class QueueActions:
             except SqsError:
                 reason = "Dead letter target does not exist"
             else:
-                if qs.is_fifo(found):
-                    reason = "The dead-letter queue of a standard queue must also be a standard queue"
+                if qs.is_fifo(found) != fifo:
+                    reason = (
+                        "The dead-letter queue of a FIFO queue must also be a FIFO queue"
+                        if fifo
+                        else "The dead-letter queue of a standard queue must also be a standard queue"
+                    )
                 elif not qs.allows_redrive_from(found, self.queue_arn(source)):
                     reason = "the dead-letter queue's RedriveAllowPolicy does not allow this source queue"
         if reason is not None:
@@ -194,7 +200,7 @@ class QueueActions:
         if fifo:
             qs.check_fifo_settings(wanted)
         tags = qs.check_tags(params["tags"], name) if params.get("tags") is not None else {}
-        await self._check_redrive_target(name, wanted)
+        await self._check_redrive_target(name, wanted, fifo)
         try:
             topic = await self.api.topic(name)
         except RaftmqError as e:
@@ -353,7 +359,7 @@ class QueueActions:
         )
         if fifo:
             qs.check_fifo_settings({**topic.attributes, **changes})
-        await self._check_redrive_target(topic.name, changes)
+        await self._check_redrive_target(topic.name, changes, fifo)
         command = {
             "op": "set_topic_attributes",
             "name": topic.name,
@@ -399,23 +405,29 @@ class QueueActions:
         what is in flight, what is in flight, and (only ``with_delayed``: it reads the group's
         due-time index) the messages sent with a delay and not released yet."""
         visible = in_flight = delayed = 0
+        # A FIFO queue's messages are appended at once and hidden for its delay at each receive
+        # (``delivery/ordered.py``): those not due yet are part of the lag, counted apart.
+        fifo_delay_ms = qs.queue_setting(topic, "DelaySeconds") * 1000 if qs.is_fifo(topic) else 0
         for g in sorted(set(topic.queue_groups)):
-            rows, delayed_by_queue = await self._group_counts(str(g), topic, with_delayed)
+            rows, delayed_by_queue, not_due = await self._group_counts(
+                str(g), topic, with_delayed, fifo_delay_ms
+            )
             queues = {q for q, qg in enumerate(topic.queue_groups) if qg == g}
             for r in rows:
                 if r["group"] == GROUP and r["queue"] in queues:
                     in_flight += r["in_flight"]
-                    visible += max(0, r["lag"] - r["in_flight"])
-            delayed += sum(n for q, n in delayed_by_queue.items() if q in queues)
+                    visible += max(0, r["lag"] - r["in_flight"] - not_due.get(r["queue"], 0))
+            delayed += sum(n for q, n in [*delayed_by_queue.items(), *not_due.items()] if q in queues)
         return visible, in_flight, delayed
 
     async def _group_counts(
-        self, name: str, topic: Topic, with_delayed: bool
-    ) -> tuple[list[dict[str, Any]], dict[int, int]]:
-        """The consumer rows of the topic in queue group ``name`` and its delayed messages per
-        queue (empty unless ``with_delayed``), read at the group's leader: here, or at its
-        ``/internal/groups/{name}/consumers`` (a leader of the release before the delayed figure
-        answers without it: none counted)."""
+        self, name: str, topic: Topic, with_delayed: bool, fifo_delay_ms: int = 0
+    ) -> tuple[list[dict[str, Any]], dict[int, int], dict[int, int]]:
+        """The consumer rows of the topic in queue group ``name``, its delayed messages per
+        queue (empty unless ``with_delayed``) and, with ``fifo_delay_ms``, its messages not due
+        for that delay per queue, read at the group's leader: here, or at its
+        ``/internal/groups/{name}/consumers`` (a leader of a release before a figure answers
+        without it: none counted)."""
         local = self.node.groups.get(name)
         if local is not None and local.raft.is_leader():
             loop = asyncio.get_running_loop()
@@ -431,10 +443,14 @@ class QueueActions:
                 )
             except StoreError:  # the store is being swapped for a restored checkpoint
                 raise SqsError("ServiceUnavailable", f"queue group {name} is restoring; try again.") from None
-            return [dataclasses.asdict(r) for r in found], counted
+            not_due = await not_due_counts(store, GROUP, topic.id, fifo_delay_ms) if fifo_delay_ms else {}
+            if not_due is None:
+                raise SqsError("ServiceUnavailable", f"queue group {name} is restoring; try again.")
+            return [dataclasses.asdict(r) for r in found], counted, not_due
         leader = await self.api.router.wait_leader(name, self.api.leader_wait_s)
         path = f"/internal/groups/{name}/consumers?topic_id={topic.id}"
         path += "&delayed=1" if with_delayed else ""
+        path += f"&not_due_ms={fifo_delay_ms}&not_due_group={GROUP}" if fifo_delay_ms else ""
         try:
             status, data, _ = await self.node.peer_request("GET", leader, path, timeout_s=3.0)
         except (TimeoutError, aiohttp.ClientError, OSError):
@@ -442,7 +458,8 @@ class QueueActions:
         if status != 200:
             raise SqsError("ServiceUnavailable", f"queue group {name} did not answer; try again.")
         answer = orjson.loads(data)
-        return answer["rows"], {int(q): int(n) for q, n in answer.get("delayed", {}).items()}
+        delayed = {int(q): int(n) for q, n in answer.get("delayed", {}).items()}
+        return answer["rows"], delayed, {int(q): int(n) for q, n in answer.get("not_due", {}).items()}
 
     # -- tags and permissions ---------------------------------------------------------------------
 

@@ -25,12 +25,16 @@ from raftmq.cluster.api.sqs.actions import GROUP, MAX_BATCH, MAX_BATCH_BYTES, Ac
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.api.sqs.messages import (
     ATTRIBUTES_HEADER,
+    DEDUP_HEADER,
     ID_HEADER,
+    SOURCE_HEADER,
     attributes_from_header,
     attributes_md5,
     attributes_size,
     body_md5,
     check_body,
+    moved_fifo,
+    moved_headers,
     parse_message_attributes,
     stored_attributes,
 )
@@ -46,8 +50,6 @@ log = structlog.get_logger(__name__)
 
 RECEIVE_SLICE_S = 5.0  # one take's long poll; a longer wait takes again
 DEAD_LETTER_HOLD_MS = 30_000  # a receive on a queue with a RedrivePolicy takes for at least this
-SOURCE_HEADER = "sqs-dead-letter-source"  # on a message a RedrivePolicy moved: its source queue
-DEDUP_HEADER = "sqs-dedup-id"  # a FIFO message's MessageDeduplicationId (given or content-based)
 # MessageGroupId and MessageDeduplicationId: 1-128 of alphanumerics and punctuation, as AWS.
 _FIFO_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
 _NOT_FOR_QUEUE_TYPE = "The request include parameter that is not valid for this queue type"
@@ -272,10 +274,12 @@ class SqsActions(QueueActions):
     ) -> list[dict[str, Any]]:
         """The messages of ``got`` to hand out: those received more than the RedrivePolicy's
         maxReceiveCount times are moved instead (as AWS moves them, at the receive that would
-        exceed it): sent to the dead-letter queue with their MessageId and attributes, then
-        deleted here. A move that fails leaves them in flight (moved at a later receive); a delete
-        that fails after the send may move one twice (at least once). A dead-letter queue deleted
-        since, or whose RedriveAllowPolicy no longer allows this queue: delivered as usual."""
+        exceed it): sent to the dead-letter queue with their MessageId and attributes (a FIFO
+        queue's: also their message group and MessageDeduplicationId), then deleted here. A move
+        that fails leaves them in flight (moved at a later receive); a delete that fails after the
+        send may move one twice to a standard queue (at least once; a FIFO dead-letter queue's
+        window stores it once). A dead-letter queue deleted since, of the other type, or whose
+        RedriveAllowPolicy no longer allows this queue: delivered as usual."""
         over = [m for m in got if m["attempt"] > policy.max_receive_count]
         if not over:
             return got
@@ -284,23 +288,43 @@ class SqsActions(QueueActions):
             target = await self._queue_named(policy.target)
         except SqsError:
             return got
-        if not qs.allows_redrive_from(target, self.queue_arn(topic.name)):
+        fifo = qs.is_fifo(topic)
+        if qs.is_fifo(target) != fifo or not qs.allows_redrive_from(target, self.queue_arn(topic.name)):
             return got
         retention_ms = qs.queue_setting(target, "MessageRetentionPeriod") * 1000
-        moving = []
+        moving: list[Any] = []
         for m in over:
-            headers = {
-                k: v for k, v in (m.get("headers") or {}).items() if k in (ID_HEADER, ATTRIBUTES_HEADER)
-            }
-            headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
+            headers = moved_headers(m, fifo)
             headers[SOURCE_HEADER] = topic.name
-            moving.append((m["value"] if "value" in m else m["value_b64"], None, headers, 0, retention_ms))
+            moving.append(
+                moved_fifo(m, topic.id, headers, retention_ms)
+                if fifo
+                else (m["value"] if "value" in m else m["value_b64"], None, headers, 0, retention_ms)
+            )
         try:
-            await self._append(target, moving)
+            if fifo:
+                await self._append_fifo(target, moving)
+            else:
+                await self._append(target, moving)
             await self._settle(topic, "ack", [m["receipt"] for m in over], {})
         except RaftmqError as e:
             log.warning("sqs_dead_letter_move_failed", queue=topic.name, target=target.name, code=e.code)
+            if fifo:  # the group's later messages wait for the one still in flight here
+                return await self._hold_back(topic, {m["key"] for m in over}, rest)
         return rest
+
+    async def _hold_back(
+        self, topic: Topic, groups: set[str | None], got: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The messages of ``got`` not of the message ``groups``; those of them are made visible
+        again at once (their group holds them behind its message in flight)."""
+        held = [m for m in got if m["key"] in groups]
+        if held:
+            try:
+                await self._settle(topic, "nack", [m["receipt"] for m in held], {"delay_ms": 0})
+            except RaftmqError as e:
+                log.warning("sqs_visibility_not_set", queue=topic.name, code=e.code)
+        return [m for m in got if m["key"] not in groups]
 
     async def _take(
         self, topic: Topic, n: int, visibility_ms: int, wait_s: float, ordered: bool = False
@@ -319,11 +343,20 @@ class SqsActions(QueueActions):
         }
         if ordered:
             body["ordered"] = True
-            # A coordinator or leader of the release before receive_ordered would receive without
-            # the group rule: until every replica of the queue's group has it, nothing is handed out.
-            if not await self.node.await_group_supports(str(topic.queue_groups[0]), "receive_ordered"):
-                await asyncio.sleep(wait_s)
-                return []
+            # A FIFO queue's delay applies to the messages in it at each receive, as AWS's
+            # (retroactive): a message is handed out first DelaySeconds after its send.
+            delay_ms = qs.queue_setting(topic, "DelaySeconds") * 1000
+            needs = ["receive_ordered"]
+            if delay_ms:
+                body["delay_ms"] = delay_ms
+                needs.append("receive_ordered.delay")
+            # A coordinator or leader of the release before receive_ordered (or its delay) would
+            # receive without the group rule (or too early): until every replica of the queue's
+            # group has it, nothing is handed out.
+            for capability in needs:
+                if not await self.node.await_group_supports(str(topic.queue_groups[0]), capability):
+                    await asyncio.sleep(wait_s)
+                    return []
         while True:
             remaining = max(0.0, deadline - time.monotonic())
             try:

@@ -3,7 +3,10 @@ the MD5 digests AWS computes (boto3 checks ``MD5OfMessageBody`` and ``MD5OfMessa
 
 A message is stored as a raftmq message whose value is the body (UTF-8) and whose headers carry
 ``sqs-id`` (the MessageId, a UUID) and, when it has any, ``sqs-attributes``: the message attributes
-as JSON ``{name: [data type, value]}`` (a Binary value in base64).
+as JSON ``{name: [data type, value]}`` (a Binary value in base64); a FIFO queue's message also
+``sqs-dedup-id`` (its MessageDeduplicationId), a dead letter ``sqs-dead-letter-source`` (the queue
+a RedrivePolicy moved it from). A message moved to another queue keeps what :func:`moved_headers`
+keeps.
 """
 
 from __future__ import annotations
@@ -21,19 +24,25 @@ from raftmq.cluster.api.sqs.errors import SqsError
 
 __all__ = [
     "ATTRIBUTES_HEADER",
+    "DEDUP_HEADER",
     "ID_HEADER",
     "MAX_MESSAGE_ATTRIBUTES",
+    "SOURCE_HEADER",
     "attributes_from_header",
     "attributes_md5",
     "attributes_size",
     "body_md5",
     "check_body",
+    "moved_fifo",
+    "moved_headers",
     "parse_message_attributes",
     "stored_attributes",
 ]
 
 ID_HEADER = "sqs-id"
 ATTRIBUTES_HEADER = "sqs-attributes"
+DEDUP_HEADER = "sqs-dedup-id"  # a FIFO message's MessageDeduplicationId (given or content-based)
+SOURCE_HEADER = "sqs-dead-letter-source"  # on a message a RedrivePolicy moved: its source queue
 MAX_MESSAGE_ATTRIBUTES = 10
 _NAME = re.compile(r"^(?!aws\.|amazon\.)(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}$", re.IGNORECASE)
 _DATA_TYPE = re.compile(r"^(String|Number|Binary)(\.[^\s]{1,250})?$")
@@ -159,3 +168,40 @@ def attributes_md5(attributes: dict[str, tuple[str, str | bytes]]) -> str:
         md5.update(b"\x02" if isinstance(value, bytes) else b"\x01")
         md5.update(_U32.pack(len(data)) + data)
     return md5.hexdigest()
+
+
+def moved_headers(m: dict[str, Any], fifo: bool) -> dict[str, str]:
+    """The headers a message ``m`` (as ``take`` handed it out) keeps when it is moved to another
+    queue (a dead-letter move, a move task): its MessageId and message attributes, and on FIFO
+    queues its MessageDeduplicationId (a message produced there through the REST API has none:
+    its MessageId stands in)."""
+    kept = (ID_HEADER, ATTRIBUTES_HEADER, DEDUP_HEADER) if fifo else (ID_HEADER, ATTRIBUTES_HEADER)
+    headers = {k: v for k, v in (m.get("headers") or {}).items() if k in kept}
+    headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
+    if fifo:
+        headers.setdefault(DEDUP_HEADER, headers[ID_HEADER])
+    return headers
+
+
+def moved_fifo(
+    m: dict[str, Any], topic_id: int, headers: dict[str, str], retention_ms: int
+) -> dict[str, Any]:
+    """A FIFO message ``m`` of topic ``topic_id`` (as ``take`` handed it out) as ``dedup_produce``
+    appends it to another FIFO queue: in its message group (its key), with ``headers``
+    (:func:`moved_headers`). Its deduplication key names the place it is moved from (topic id,
+    queue, offset), never its MessageDeduplicationId: a move repeated after a failed delete is
+    stored once within the window, and no client's send of the same id makes a move a duplicate
+    (nor a move a client's send)."""
+    moved: dict[str, Any] = {
+        "headers": headers,
+        "ttl_ms": retention_ms,
+        "dedup": f"m:{topic_id}.{m['queue']}.{m['offset']}",
+        "id": headers[ID_HEADER],
+    }
+    if "value" in m:
+        moved["value"] = m["value"]
+    else:
+        moved["value_b64"] = m["value_b64"]
+    if m.get("key") is not None:
+        moved["key"] = m["key"]
+    return moved

@@ -38,8 +38,8 @@ from raftmq.cluster.api.sqs import move_task_records as records
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.actions import GROUP, Action, int_param
 from raftmq.cluster.api.sqs.errors import SQS_ERRORS, SqsError, from_raftmq_error
-from raftmq.cluster.api.sqs.message_actions import SOURCE_HEADER, SqsActions
-from raftmq.cluster.api.sqs.messages import ATTRIBUTES_HEADER, ID_HEADER
+from raftmq.cluster.api.sqs.message_actions import SqsActions
+from raftmq.cluster.api.sqs.messages import SOURCE_HEADER, moved_fifo, moved_headers
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
@@ -185,10 +185,11 @@ class MoveTasks:
                 raise SqsError(
                     "InvalidParameterValue", "The destination queue must be another queue than the source."
                 )
-            if qs.is_fifo(destination):  # its sends need a message group and a deduplication id
+            if qs.is_fifo(destination) != qs.is_fifo(source):  # as a RedrivePolicy's target
+                kind = "a FIFO" if qs.is_fifo(source) else "a standard"
                 raise SqsError(
                     "InvalidParameterValue",
-                    "The destination of a standard dead-letter queue must be a standard queue.",
+                    f"The destination of {kind} dead-letter queue must be {kind} queue.",
                 )
         rate = None
         if params.get("MaxNumberOfMessagesPerSecond") is not None:
@@ -371,7 +372,24 @@ class MoveTasks:
         started = time.monotonic()
         written = started
         size = min(BATCH, task.rate or BATCH)
-        take = {"topic": source.name, "topic_id": source.id, "group": GROUP, "visibility_ms": VISIBILITY_MS}
+        take: dict[str, Any] = {
+            "topic": source.name,
+            "topic_id": source.id,
+            "group": GROUP,
+            "visibility_ms": VISIBILITY_MS,
+        }
+        if qs.is_fifo(source):
+            # By message group, as a receive: a group's messages in order, none of a group that a
+            # consumer holds in flight (they stay; a later task moves them).
+            needs = ["receive_ordered"]
+            delay_ms = qs.queue_setting(source, "DelaySeconds") * 1000
+            if delay_ms:  # a message still delayed in the dead-letter queue is not moved yet
+                take["delay_ms"] = delay_ms
+                needs.append("receive_ordered.delay")
+            for capability in needs:
+                if not await self.node.await_group_supports(str(source.queue_groups[0]), capability):
+                    raise _Failed("ServiceUnavailable")
+            take["ordered"] = True
         while True:
             if time.monotonic() - written >= records.PROGRESS_MS / 1000:
                 written = time.monotonic()
@@ -419,7 +437,14 @@ class MoveTasks:
                 target = await self.sqs._queue_named(name)
                 if grant is not None and not await self._may_produce(grant, name):
                     raise SqsError("AccessDenied", f"{grant.name!r} lacks produce permission on {name!r}")
-                await self.sqs._append(target, [_moved(m, target) for m in messages])
+                if qs.is_fifo(target) != qs.is_fifo(source):  # a source queue made again since
+                    raise SqsError(
+                        "InvalidParameterValue", f"{name!r} is not of the dead-letter queue's type"
+                    )
+                if qs.is_fifo(target):  # in their message groups, in the order taken
+                    await self.sqs._append_fifo(target, [_moved_fifo(m, source, target) for m in messages])
+                else:
+                    await self.sqs._append(target, [_moved(m, target) for m in messages])
             except SqsError as e:
                 await self._release(source, pending)
                 raise _Failed(e.aws.code) from None
@@ -454,7 +479,14 @@ class MoveTasks:
 def _moved(m: dict[str, Any], target: Topic) -> tuple[Any, None, dict[str, str], int, int]:
     """The append arguments of message ``m`` moved to ``target``: its MessageId, body and message
     attributes (not the dead-letter source: in ``target`` it is a new message)."""
-    headers = {k: v for k, v in (m.get("headers") or {}).items() if k in (ID_HEADER, ATTRIBUTES_HEADER)}
-    headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
+    headers = moved_headers(m, fifo=False)
     retention_ms = qs.queue_setting(target, "MessageRetentionPeriod") * 1000
     return (m["value"] if "value" in m else m["value_b64"], None, headers, 0, retention_ms)
+
+
+def _moved_fifo(m: dict[str, Any], source: Topic, target: Topic) -> dict[str, Any]:
+    """Message ``m`` of the FIFO dead-letter queue ``source`` as ``dedup_produce`` appends it to
+    the FIFO queue ``target``: also its message group and MessageDeduplicationId; deduplicated by
+    its place in ``source``, so a batch moved again after a failed delete is stored once."""
+    retention_ms = qs.queue_setting(target, "MessageRetentionPeriod") * 1000
+    return moved_fifo(m, source.id, moved_headers(m, fifo=True), retention_ms)

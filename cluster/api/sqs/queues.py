@@ -265,18 +265,6 @@ def check_attributes(
                     f"{', '.join(FIFO_SETTINGS[name])}.",
                 )
             out[PREFIX + name] = value
-        elif fifo and name == "DelaySeconds" and value != "0":
-            raise SqsError(
-                "InvalidAttributeValue",
-                "Invalid value for the parameter DelaySeconds: a FIFO queue of raftmq has no delay "
-                "(see docs/sqs.md).",
-            )
-        elif fifo and name == "RedrivePolicy" and value != "":
-            raise SqsError(
-                "InvalidAttributeValue",
-                "Invalid value for the parameter RedrivePolicy: raftmq has no dead-letter queues for "
-                "FIFO queues yet (see docs/sqs.md).",
-            )
         elif name in SETTABLE:
             bound = SETTABLE[name]
             high = min(bound.high, max_message_bytes) if name == "MaximumMessageSize" else bound.high

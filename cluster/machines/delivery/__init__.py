@@ -43,7 +43,7 @@ from raftmq.cluster.machines.delivery.expiry import (
     touch_subscriptions,
 )
 from raftmq.cluster.machines.delivery.locks import check_fence, lock, unlock
-from raftmq.cluster.machines.delivery.ordered import available_ordered, hand_out_ordered
+from raftmq.cluster.machines.delivery.ordered import available_ordered, hand_out_ordered, not_due
 from raftmq.cluster.machines.delivery.state import (
     DEFAULT_BACKOFF_MS,
     DEFAULT_MAX_DELIVERIES,
@@ -87,6 +87,7 @@ __all__ = [
     "expire_subscriptions",
     "lock",
     "mark_offsets_shared",
+    "not_due",
     "on_commit",
     "read_subscription",
     "receive",
