@@ -110,10 +110,14 @@ class CannotOpenStores(RaftmqError):
 
 
 def _cannot_open(node_id: str, e: StoreError) -> str:
-    hint = "Is another raftmq process using this data directory?"
-    if "No space left on device" in str(e):
+    text = str(e)
+    if "No space left on device" in text:
         hint = "The disk of its data directory is full: free space on it, then start the node again."
-    return f"node {node_id} cannot open its stores: {e}\n{hint}"
+    elif "lock file" in text.lower():
+        hint = "Is another raftmq process using this data directory?"
+    else:
+        hint = 'See docs/operations.md, "A node that cannot open its stores".'
+    return f"node {node_id} cannot open its stores: {text}\n{hint}"
 
 
 def open_api_refusal(config: ClusterConfig, node_id: str) -> str | None:
@@ -206,7 +210,10 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
         await node.stop()  # the groups started before it; serve() reports the error
         raise
     except StoreError as e:
-        await node.stop()
+        try:
+            await node.stop()  # what started before it; on a full disk this may fail too
+        except Exception as stop_error:
+            log.warning("stop_after_failed_start_failed", node_id=node_id, error=str(stop_error))
         raise CannotOpenStores(_cannot_open(node_id, e)) from None
     runner = web.AppRunner(create_app(node), access_log=None, handle_signals=False)
     await runner.setup()
