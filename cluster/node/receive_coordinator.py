@@ -8,7 +8,9 @@ a ``receive`` command only when something is available), the head of the line fi
 receivers are served round robin. HTTP receives (``cluster/api/handlers/subscriptions.py``) and push
 streams (``cluster/api/handlers/push.py``, through ``SubscriptionsApi.take``) wait in the same line.
 The ``receive`` and ``await`` it calls at the queue groups' leaders are the node's
-(``delivery_actions.py``), here or at a peer, through the ``LeaderRouter``.
+(``delivery_actions.py``), here or at a peer, through the ``LeaderRouter``. A line may also be this
+node's own, whatever it leads (no coordinator: the SQS API's standard queues, which take no hop to
+the coordinator and promise no round robin between nodes).
 """
 
 from __future__ import annotations
