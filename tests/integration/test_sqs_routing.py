@@ -57,10 +57,10 @@ def test_a_standard_queue_receive_takes_no_hop_to_the_receive_coordinator(cluste
     coordinator = queues[0]["leader"]  # the leader of queue 0's group coordinates REST receives
     entry = next(nid for nid in sorted(cluster.nodes) if nid != coordinator)
     (mine,) = [q["queue"] for q in queues if q["leader"] == entry]
+    sqs = sqs_client(cluster.url(entry))
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)  # subscribed now
     produced = cluster.produce(name, [{"value": f"m{i}", "queue": mine} for i in range(30)])
     assert produced.status_code == 200, produced.text
-    sqs = sqs_client(cluster.url(entry))
-    sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)  # the subscription is in place
     before = _passed_on(cluster, coordinator)
     got: list[dict[str, Any]] = []
     deadline = time.monotonic() + 20
