@@ -94,7 +94,6 @@ __all__ = [
 
 _NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 MAX_METADATA_VOTERS = 5
-EVENT_LOOPS = ("uvloop", "asyncio")  # cluster.event_loop: a node's asyncio event loop
 
 
 class ConfigError(RaftmqError):
@@ -288,9 +287,7 @@ class ClusterConfig:
     queue_groups: int
     replication: int
     durability: str = "fsync"
-    # The node's asyncio event loop: "uvloop" (libuv's, in C: about a quarter less CPU per HTTP
-    # request on this machine; the standard loop when uvloop is not installed) or "asyncio".
-    event_loop: str = "uvloop"
+    event_loop: str = "uvloop"  # a node's asyncio loop, or "asyncio" (docs/operations.md)
     limits: Limits = field(default_factory=Limits)
     raft: RaftTimingConfig = field(default_factory=RaftTimingConfig)
     faults: TestFaults = field(default_factory=TestFaults)
@@ -359,13 +356,8 @@ def parse_config(
     cluster = dict(raw.get("cluster", {}))
     if "RAFTMQ_SECRET" in env:
         cluster["secret"] = env["RAFTMQ_SECRET"]
-    _apply_env(
-        cluster,
-        "CLUSTER",
-        env,
-        {"secret": str, "queue_groups": int, "replication": int, "durability": str, "event_loop": str},
-        problems,
-    )
+    types = {"secret": str, "queue_groups": int, "replication": int, "durability": str, "event_loop": str}
+    _apply_env(cluster, "CLUSTER", env, types, problems)
     unknown = set(raw) - {
         *("cluster", "limits", "raft", "nodes", "faults", "delivery", "segments", "security", "tls", "sqs")
     }
@@ -387,11 +379,9 @@ def parse_config(
         problems.append(f"cluster.replication ({replication}) exceeds the node count ({n}, join excluded)")
     if durability not in ("fsync", "os"):
         problems.append('cluster.durability must be "fsync" or "os"')
-    event_loop = cluster.get("event_loop", "uvloop")
-    if event_loop not in EVENT_LOOPS:
+    if (event_loop := cluster.get("event_loop", "uvloop")) not in ("uvloop", "asyncio"):
         problems.append('cluster.event_loop must be "uvloop" or "asyncio"')
-    known = {"secret", "queue_groups", "replication", "durability", "event_loop", "name"}
-    unknown_keys = set(cluster) - known
+    unknown_keys = set(cluster) - {*types, "name"}
     problems += [f"unknown key cluster.{k}" for k in sorted(unknown_keys)]
 
     limits = _parse_section(Limits, raw.get("limits", {}), "limits", env, problems)
