@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -90,8 +89,7 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
         raise click.ClickException(_cannot_listen(f"node {node_id}", busy))
     configure_logging(json_logs, log_level)
     try:
-        with asyncio.Runner(loop_factory=event_loop_factory(config.event_loop)) as runner:
-            runner.run(_serve(config, node_id))
+        asyncio.run(_serve(config, node_id))
     except CannotListen as e:
         raise click.ClickException(str(e)) from None
     except JournalCorruptError as e:  # refused: cutting the journal would drop acknowledged entries
@@ -99,20 +97,6 @@ def serve(config_path: str, node_id: str, json_logs: bool, log_level: str) -> No
             f"node {node_id}: {e}\n  raftmq repair-journal --config {config_path} --node {node_id} "
             f"--group {e.group} --truncate-from {e.index} [--yes]"
         ) from None
-
-
-def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The node's event loop (``cluster.event_loop``): uvloop's, or None for the standard one
-    (also when uvloop is not installed: a venv set up before it became a dependency)."""
-    if choice != "uvloop":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        structlog.get_logger("raftmq.serve").warning("uvloop_missing", event_loop="asyncio")
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 class CannotListen(RaftmqError):

@@ -7,7 +7,6 @@ A cluster file is TOML::
     queue_groups = 3                     # default: one per node
     replication = 3                      # replicas per queue group (default: min(3, nodes))
     durability = "fsync"                 # or "os"
-    event_loop = "uvloop"                # or "asyncio" (the standard library's loop)
 
     [limits]                             # optional; defaults shown in Limits
     max_message_bytes = 1048576
@@ -287,7 +286,6 @@ class ClusterConfig:
     queue_groups: int
     replication: int
     durability: str = "fsync"
-    event_loop: str = "uvloop"  # a node's asyncio loop, or "asyncio" (docs/operations.md)
     limits: Limits = field(default_factory=Limits)
     raft: RaftTimingConfig = field(default_factory=RaftTimingConfig)
     faults: TestFaults = field(default_factory=TestFaults)
@@ -356,8 +354,13 @@ def parse_config(
     cluster = dict(raw.get("cluster", {}))
     if "RAFTMQ_SECRET" in env:
         cluster["secret"] = env["RAFTMQ_SECRET"]
-    types = {"secret": str, "queue_groups": int, "replication": int, "durability": str, "event_loop": str}
-    _apply_env(cluster, "CLUSTER", env, types, problems)
+    _apply_env(
+        cluster,
+        "CLUSTER",
+        env,
+        {"secret": str, "queue_groups": int, "replication": int, "durability": str},
+        problems,
+    )
     unknown = set(raw) - {
         *("cluster", "limits", "raft", "nodes", "faults", "delivery", "segments", "security", "tls", "sqs")
     }
@@ -379,9 +382,7 @@ def parse_config(
         problems.append(f"cluster.replication ({replication}) exceeds the node count ({n}, join excluded)")
     if durability not in ("fsync", "os"):
         problems.append('cluster.durability must be "fsync" or "os"')
-    if (event_loop := cluster.get("event_loop", "uvloop")) not in ("uvloop", "asyncio"):
-        problems.append('cluster.event_loop must be "uvloop" or "asyncio"')
-    unknown_keys = set(cluster) - {*types, "name"}
+    unknown_keys = set(cluster) - {"secret", "queue_groups", "replication", "durability", "name"}
     problems += [f"unknown key cluster.{k}" for k in sorted(unknown_keys)]
 
     limits = _parse_section(Limits, raw.get("limits", {}), "limits", env, problems)
@@ -461,7 +462,6 @@ def parse_config(
         queue_groups=int(queue_groups),
         replication=int(replication),
         durability=str(durability),
-        event_loop=str(event_loop),
         limits=limits,
         raft=timing,
         faults=faults,

@@ -186,29 +186,3 @@ def test_offset_retention_defaults_to_a_week_may_be_off_and_is_not_below_the_idl
             parse_config(
                 {"cluster": {"secret": SECRET}, "limits": {"offset_retention_ms": bad}, "nodes": nodes(3)}
             )
-
-
-def test_the_event_loop_is_uvloops_unless_the_standard_one_is_chosen() -> None:
-    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
-    assert c.event_loop == "uvloop"
-    c = parse_config(
-        {"nodes": nodes(3)}, env={"RAFTMQ_SECRET": SECRET, "RAFTMQ_CLUSTER_EVENT_LOOP": "asyncio"}
-    )
-    assert c.event_loop == "asyncio"
-    with pytest.raises(ConfigError, match=r'cluster\.event_loop must be "uvloop" or "asyncio"'):
-        parse_config({"cluster": {"secret": SECRET, "event_loop": "trio"}, "nodes": nodes(3)})
-
-
-def test_serve_runs_the_chosen_event_loop() -> None:
-    import uvloop
-
-    from raftmq.cluster.cli.serve import event_loop_factory
-
-    assert event_loop_factory("asyncio") is None  # asyncio.Runner's own: the standard loop
-    factory = event_loop_factory("uvloop")
-    assert factory is not None
-    loop = factory()
-    try:
-        assert isinstance(loop, uvloop.Loop)
-    finally:
-        loop.close()
