@@ -149,7 +149,10 @@ class DeliveryActions:
         settler = self._settlers.get(name)
         if settler is None:
             propose = self._propose
-            settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms)
+            # As many entries in flight as a produce's group commit: with one, a second receiver's
+            # ack waited a whole commit behind the first's and then went alone all the same.
+            inflight = self.node.config.raft.group_commit_inflight
+            settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms, inflight)
         return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
 
 

@@ -8,7 +8,9 @@ a ``receive`` command only when something is available), the head of the line fi
 receivers are served round robin. HTTP receives (``cluster/api/handlers/subscriptions.py``) and push
 streams (``cluster/api/handlers/push.py``, through ``SubscriptionsApi.take``) wait in the same line.
 The ``receive`` and ``await`` it calls at the queue groups' leaders are the node's
-(``delivery_actions.py``), here or at a peer, through the ``LeaderRouter``.
+(``delivery_actions.py``), here or at a peer, through the ``LeaderRouter``. A line may also be this
+node's own, whatever it leads (no coordinator: the SQS API's standard queues, which take no hop to
+the coordinator and promise no round robin between nodes).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import structlog
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
+from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError, RaftmqError, answerable
+from raftmq.cluster.machines.apply import group_now
+from raftmq.cluster.machines.delivery import available
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.delivery_actions import await_available
 from raftmq.cluster.node.node import Node
@@ -51,8 +56,9 @@ def queues_by_group(topic: Topic, queues: list[int]) -> dict[int, list[int]]:
     return dict(by_group)
 
 
-TargetKey = tuple[int, str, int | None, int | None, bool]
-"""A line's key: topic id, consumer group, queue (a locked receive's), epoch, ordered."""
+TargetKey = tuple[int, str, int | None, int | None, bool, bool]
+"""A line's key: topic id, consumer group, queue (a locked receive's), epoch, ordered, local (a
+line of this node's own, :meth:`ReceiveCoordinator.target` with no coordinator)."""
 
 
 @dataclass
@@ -73,7 +79,7 @@ class _Target:
     topic: Topic
     group: str
     by_group: dict[int, list[int]]
-    coordinator: str  # the group whose leader serves this target
+    coordinator: str | None  # the group whose leader serves this target; None: this node
     epoch: int | None = None
     ordered: bool = False
     waiters: deque[Waiter] = field(default_factory=deque)
@@ -98,9 +104,13 @@ class ReceiveCoordinator:
         group: str,
         queue: int | None,
         epoch: int | None,
-        coordinator: str,
+        coordinator: str | None,
         ordered: bool = False,
     ) -> _Target:
+        """A line to serve. ``coordinator``: the group whose leader serves it (the line moves with
+        that leadership), or None for a line this node serves whatever it leads (the SQS API's
+        standard queues: no forwarding hop to the coordinator, and no round robin with the
+        receivers waiting at other nodes, which SQS does not promise)."""
         queues = list(range(topic.queues)) if queue is None else [queue]
         return _Target(topic, group, queues_by_group(topic, queues), coordinator, epoch, ordered)
 
@@ -132,7 +142,7 @@ class ReceiveCoordinator:
                 if not target.waiters:
                     self._targets.pop(key, None)
                     return
-                if not self.router.leads(target.coordinator):
+                if target.coordinator is not None and not self.router.leads(target.coordinator):
                     # Leadership moved: the new leader coordinates, and the waiters move there
                     # (serving them here too would break the line).
                     self._targets.pop(key, None)
@@ -198,14 +208,19 @@ class ReceiveCoordinator:
         self, target: _Target, demand: int, visibility_ms: int, delay_ms: int = 0
     ) -> list[dict[str, Any]]:
         """Receive up to ``demand`` messages from the queue groups, one after the other (starting
-        group and queue order rotate, so no queue is always served first); ``delay_ms``: an
-        ordered receive's delay."""
+        group and queue order rotate, so no queue is always served first). A line of this node's
+        own asks first the groups whose replica here shows something to hand out (still in turn),
+        so a receive is seldom forwarded to a leader with nothing for it; ``delay_ms``: an ordered
+        receive's delay."""
         target.rotation += 1
         groups = sorted(target.by_group)
         start = target.rotation % len(groups)
+        order = groups[start:] + groups[:start]
+        if target.coordinator is None and target.epoch is None and not target.ordered:
+            order.sort(key=lambda g: not self._seen_available(target, g))  # stable: in turn
         got: list[dict[str, Any]] = []
         failures = 0
-        for g in groups[start:] + groups[:start]:
+        for g in order:
             if len(got) >= demand:
                 break
             queues = target.by_group[g]
@@ -233,6 +248,16 @@ class ReceiveCoordinator:
         if failures == len(groups):
             await asyncio.sleep(0.2)  # every group is electing: do not spin
         return got
+
+    def _seen_available(self, target: _Target, g: int) -> bool:
+        """Whether this node's replica of group ``g`` (a hint: it may lag its leader) shows
+        something a receive of the target could hand out; True when this node has no replica."""
+        local = self.node.groups.get(str(g))
+        if local is None:
+            return True
+        store = local.machine.store
+        now = group_now(store, now_ms())
+        return available(store, target.group, target.topic.id, target.by_group[g], now)[0]
 
     async def _wait(self, target: _Target, until: float) -> None:
         """Until something may be available in one of the target's queue groups, a new receiver

@@ -5,6 +5,7 @@ real queue-group machine (over a MemoryStore); only Raft is left out."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,11 +13,14 @@ import pytest
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.config.cluster_file import parse_config
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
+from raftmq.cluster.node.delivery_actions import DeliveryActions
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.memory import MemoryStore
 
 T, G = 1, "g"
+_NODE = {"id": "n1", "http": "127.0.0.1:8001", "raft": "127.0.0.1:7001", "data_dir": "/d"}
 
 
 class Group:
@@ -148,5 +152,38 @@ def test_merged_entries_stay_within_the_receipt_limit() -> None:
         answers = await settle_together(committer, group, [("ack", r, {}) for r in stale])
         assert [len(a) for a in answers] == [half] * 3  # type: ignore[arg-type]
         assert [len(e["receipts"]) for e in group.entries[1:]] == [half] * 3
+
+    asyncio.run(main())
+
+
+def test_a_leaders_acks_keep_as_many_entries_in_flight_as_its_group_commit() -> None:
+    """Two receivers' acks at one queue group's leader (``DeliveryActions``): the second is proposed
+    while the first is still on its way (``raft.group_commit_inflight``, 2 by default), not a
+    whole commit later; a third waits and shares an entry."""
+
+    async def main() -> None:
+        group = Group()
+        receipts = group.deliver(4)
+        config = parse_config({"cluster": {"secret": "0123456789abcdef"}, "nodes": [_NODE]})
+        assert config.raft.group_commit_inflight == 2
+        node = SimpleNamespace(config=config, groups={"0": SimpleNamespace(machine=group.machine)})
+        actions = DeliveryActions(node, lambda name, command: group.propose(command))  # type: ignore[arg-type]
+        group.gate.clear()
+        body = {"group": G, "topic_id": T}
+        acks = []
+        for receipt in receipts[:2]:
+            acks.append(asyncio.create_task(actions.run("0", "ack", {**body, "receipts": [receipt]})))
+            for _ in range(5):  # the request, then its entry's task, reach the proposer
+                await asyncio.sleep(0)
+        assert len(group.entries) == 2  # both on their way at once
+        acks += [
+            asyncio.create_task(actions.run("0", "ack", {**body, "receipts": [r]})) for r in receipts[2:]
+        ]
+        await asyncio.sleep(0)
+        assert len(group.entries) == 2  # the third and fourth wait for room
+        group.gate.set()
+        answers = await asyncio.gather(*acks)
+        assert [outcome(a["results"]) for a in answers] == [["ok"]] * 4
+        assert [len(e["receipts"]) for e in group.entries] == [1, 1, 2]
 
     asyncio.run(main())

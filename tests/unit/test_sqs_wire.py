@@ -5,6 +5,7 @@ the checks of queue and message attributes, a received message's system attribut
 from __future__ import annotations
 
 import json
+import uuid
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ from raftmq.cluster.api.sqs.messages import (
     attributes_from_header,
     attributes_md5,
     body_md5,
+    message_ids,
     parse_message_attributes,
     stored_attributes,
 )
@@ -216,3 +218,13 @@ def test_the_first_receive_timestamp_is_the_first_delivery_or_else_this_receive_
         {**taken, "attempt": 2, "deadline_ms": 61_000}, {first}, [], 30_000
     )
     assert "Attributes" not in sqs_message({**taken, "attempt": 1, "deadline_ms": 31_000}, set(), [], 30_000)
+
+
+def test_message_ids_are_distinct_version_4_uuids_in_their_text_form() -> None:
+    ids = message_ids(500)
+    assert len(set(ids)) == 500
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text  # lower-case hex, dashes where a UUID has them
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    assert message_ids(0) == []

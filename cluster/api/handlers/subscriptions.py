@@ -283,7 +283,7 @@ class SubscriptionsApi:
         # Before any forwarding: here the token is known (caps and creator); a peer's forwarded
         # request carries none, and finds the subscription stored already.
         await self.ensure_subscription(topic, group, request)
-        key = (topic.id, group, queue, epoch, False)
+        key = (topic.id, group, queue, epoch, False, False)
         deadline = time.monotonic() + wait_ms / 1000
         give_up = deadline + self.api.leader_wait_s
         while True:  # the coordinator can move (a leader change) while the receiver waits
@@ -341,10 +341,29 @@ class SubscriptionsApi:
         deadline = time.monotonic() + wait_ms / 1000
         future = asyncio.get_running_loop().create_future()
         waiter = Waiter(max_messages, visibility_ms, deadline, future, delay_ms if ordered else 0)
-        key = (topic.id, group, None, None, ordered)
+        key = (topic.id, group, None, None, ordered, False)
         self.coordinator.enqueue(
             key, waiter, lambda: self.coordinator.target(topic, group, None, None, coordinator, ordered)
         )
+        return await waiter.future
+
+    async def take_here(
+        self, topic: Topic, group: str, max_messages: int, visibility_ms: int, wait_ms: int
+    ) -> list[dict[str, Any]]:
+        """As :meth:`take`, in a line of this node's own, whatever it leads (no forwarding hop to
+        the receive coordinator): the messages come from the queue groups' leaders as the
+        coordinator's do, but the round robin is among the receivers waiting here only (the SQS
+        API's standard queues, ``docs/sqs.md``). Not for ordered receives: a FIFO queue's
+        message groups need its one coordinator.
+
+        Raises:
+            RaftmqError: any error of the receive (nothing was handed out).
+        """
+        await self.ensure_subscription(topic, group, None)
+        deadline = time.monotonic() + wait_ms / 1000
+        waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
+        key = (topic.id, group, None, None, False, True)
+        self.coordinator.enqueue(key, waiter, lambda: self.coordinator.target(topic, group, None, None, None))
         return await waiter.future
 
     async def settle(

@@ -7,10 +7,12 @@ What maps to what (docs/sqs.md):
   with ``max_deliveries`` 2^32-1 and no backoff (SQS redelivers right after the visibility timeout,
   and has no dead letters without a RedrivePolicy);
 - SendMessage(Batch): one record batch appended to one queue of the topic at its queue group's
-  leader (``append``, as the binary produce path), answered once committed on a majority; the
+  leader (``append``, as the binary produce path; a queue whose group this node leads when there
+  is one: no forwarding hop), answered once committed on a majority; the
   message's DelaySeconds is a raftmq delayed message, MessageRetentionPeriod its ``ttl_ms``;
-- ReceiveMessage: ``take`` at the subscription's receive coordinator (the REST receive's line of
-  waiters), long-polled in slices so that a leader change during the wait answers what there is
+- ReceiveMessage: ``take`` in a line of waiters (a standard queue: this node's own, with no hop to
+  the receive coordinator; a FIFO queue: the subscription's receive coordinator, the REST receive's
+  line), long-polled in slices so that a leader change during the wait answers what there is
   (possibly nothing) instead of an error;
 - DeleteMessage(Batch): ``ack``; ChangeMessageVisibility: ``extend`` (0 s: ``nack`` with no delay);
 - PurgeQueue: the group's committed offsets moved to each queue's end;

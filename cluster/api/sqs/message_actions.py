@@ -10,7 +10,6 @@ import base64
 import hashlib
 import re
 import time
-import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -33,6 +32,7 @@ from raftmq.cluster.api.sqs.messages import (
     attributes_size,
     body_md5,
     check_body,
+    message_ids,
     moved_fifo,
     moved_headers,
     parse_message_attributes,
@@ -117,7 +117,9 @@ class SqsActions(QueueActions):
 
     # -- sending ----------------------------------------------------------------------------------
 
-    def _message(self, topic: Topic, entry: dict[str, Any], max_bytes: int) -> tuple[dict[str, Any], Any]:
+    def _message(
+        self, topic: Topic, entry: dict[str, Any], max_bytes: int, message_id: str
+    ) -> tuple[dict[str, Any], Any]:
         """One message to send, checked: (its answer fields, its append arguments)."""
         body = check_body(entry.get("MessageBody"))
         attributes = parse_message_attributes(entry.get("MessageAttributes"))
@@ -141,7 +143,6 @@ class SqsActions(QueueActions):
                 f"Value for parameter MessageDeduplicationId is invalid. Reason: {_NOT_FOR_QUEUE_TYPE}.",
             )
         delay_s = int_param(entry, "DelaySeconds", 0, 900, qs.queue_setting(topic, "DelaySeconds"))
-        message_id = str(uuid.uuid4())
         headers = {ID_HEADER: message_id}
         answer = {"MessageId": message_id, "MD5OfMessageBody": body_md5(body)}
         if attributes:
@@ -152,6 +153,17 @@ class SqsActions(QueueActions):
             return answer, _fifo_message(topic, entry, body, headers, retention_ms)
         return answer, (body, None, headers, delay_s * 1000, retention_ms)
 
+    def _send_queue(self, topic: Topic) -> int:
+        """The queue of a standard queue's topic a send goes to: one whose queue group this node
+        leads when there is one (the append is proposed here, with no forwarding hop to another
+        node: a standard queue promises no order, so any queue will do), round robin over them;
+        else round robin over all. Receives take from every queue group in turn, so no queue is
+        left behind when clients send through only some of the nodes."""
+        spread = next(self._spread)
+        router = self.api.router
+        led = [q for q, g in enumerate(topic.queue_groups) if router.leads(str(g))]
+        return led[spread % len(led)] if led else spread % topic.queues
+
     async def _append(self, topic: Topic, messages: list[Any]) -> None:
         """Append the messages to one queue of the topic as one batch; returns once committed on a
         majority (raises what the queue group answered otherwise)."""
@@ -160,7 +172,7 @@ class SqsActions(QueueActions):
         for args in messages:
             builder.append(*args)
         data = builder.finish()
-        q = next(self._spread) % topic.queues
+        q = self._send_queue(topic)
         result = await self.api.router.group_call(
             topic.queue_groups[q], "append", {"items": [(topic.id, q, data)]}, size_hint=len(data)
         )
@@ -189,7 +201,7 @@ class SqsActions(QueueActions):
 
     async def send_message(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
         topic = await self._queue(params)
-        answer, args = self._message(topic, params, self._max_size(topic))
+        answer, args = self._message(topic, params, self._max_size(topic), message_ids(1)[0])
         if qs.is_fifo(topic):
             (sent,) = await self._append_fifo(topic, [args])
             return {**answer, "MessageId": sent["id"], "SequenceNumber": sequence_number(sent["offset"])}
@@ -206,9 +218,9 @@ class SqsActions(QueueActions):
             )
         max_bytes = self._max_size(topic)
         successful, failed, sending = [], [], []
-        for entry in entries:
+        for entry, message_id in zip(entries, message_ids(len(entries)), strict=True):
             try:
-                answer, args = self._message(topic, entry, max_bytes)
+                answer, args = self._message(topic, entry, max_bytes, message_id)
             except SqsError as e:
                 failed.append(_failed(entry["Id"], e))
                 continue
@@ -359,10 +371,12 @@ class SqsActions(QueueActions):
                     return []
         while True:
             remaining = max(0.0, deadline - time.monotonic())
+            wait_ms = int(min(remaining, RECEIVE_SLICE_S) * 1000)
             try:
-                got = await self.delivery.take_call(
-                    topic.queue_groups[0], {**body, "wait_ms": int(min(remaining, RECEIVE_SLICE_S) * 1000)}
-                )
+                if ordered:
+                    got = await self.delivery.take_call(topic.queue_groups[0], {**body, "wait_ms": wait_ms})
+                else:  # a line of this node's own: no hop to the coordinator (docs/sqs.md)
+                    got = await self.delivery.take_here(topic, GROUP, n, visibility_ms, wait_ms)
             except RaftmqError as e:
                 if not e.retriable or time.monotonic() >= deadline:
                     if e.retriable:

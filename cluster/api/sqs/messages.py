@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 import re
 import struct
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = [
     "attributes_size",
     "body_md5",
     "check_body",
+    "message_ids",
     "moved_fifo",
     "moved_headers",
     "parse_message_attributes",
@@ -148,6 +150,20 @@ def attributes_from_header(header: str | None) -> dict[str, tuple[str, str | byt
         return {n: (t, base64.b64decode(v) if t.startswith("Binary") else v) for n, (t, v) in raw.items()}
     except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, binascii.Error):
         return {}  # a header a raftmq producer wrote: not SQS attributes
+
+
+def message_ids(n: int) -> list[str]:
+    """``n`` random (version 4) UUIDs in their text form, for MessageIds and RequestIds: one read
+    of the system's random source for them all (``uuid.uuid4`` reads it once per UUID and builds
+    an object; on the send path of 10 messages a call that was 2-3 % of a node's busy time)."""
+    raw = bytearray(os.urandom(16 * n))
+    out = []
+    for i in range(0, 16 * n, 16):
+        raw[i + 6] = (raw[i + 6] & 0x0F) | 0x40  # version 4
+        raw[i + 8] = (raw[i + 8] & 0x3F) | 0x80  # the RFC 4122 variant
+        h = raw[i : i + 16].hex()
+        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return out
 
 
 def body_md5(body: str) -> str:

@@ -4,7 +4,6 @@ and ``GET /v1/sqs/credentials`` (a token's SigV4 credentials)."""
 from __future__ import annotations
 
 import datetime
-import uuid
 
 import orjson
 import structlog
@@ -17,6 +16,7 @@ from raftmq.cluster.api.sqs import sigv4
 from raftmq.cluster.api.sqs.access import authorize, bind_path_queue, refuse_unknown
 from raftmq.cluster.api.sqs.errors import SqsError, from_raftmq_error
 from raftmq.cluster.api.sqs.message_actions import SqsActions
+from raftmq.cluster.api.sqs.messages import message_ids
 from raftmq.cluster.api.sqs.move_tasks import MoveTasks
 from raftmq.cluster.api.sqs.wire import (
     CREDENTIALS_PATH,
@@ -87,7 +87,7 @@ class SqsHandler:
         )
 
     async def handle(self, request: web.Request) -> web.Response:
-        request_id = str(uuid.uuid4())
+        (request_id,) = message_ids(1)
         json_wire = is_json_request(request)
         action = ""
         try:
