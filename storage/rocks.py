@@ -162,7 +162,6 @@ class RocksStore:
     """
 
     def __init__(self, path: str, db: Rdict) -> None:
-        """Internal: use :meth:`open`."""
         self._path = path
         self._cond = threading.Condition()
         # Invariant: _users counts threads between _enter and _leave; _db is not None exactly while new
@@ -281,9 +280,8 @@ class RocksStore:
             # The iterator pins the database's state as of now: this is the scan's snapshot.
             it = db.iter(ro)
             cursor = _Cursor(self, it, start, reverse=reverse, limit=limit)
-            # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor
-            # must own `ro` and `end` for as long as the iterator lives, or a temporary bound is
-            # freed and the scan silently returns the wrong keys.
+            # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor owns
+            # `ro` and `end` while the iterator lives (a freed bound silently gives the wrong keys).
             cursor.pin(ro, end)
             self._register(cursor)
         return cursor
@@ -302,6 +300,11 @@ class RocksStore:
             if found < floor:
                 return None
             return found, _as_bytes(it.value())
+
+    def int_property(self, name: str) -> int:
+        """RocksDB's integer property ``name`` (``rocksdb.num-running-compactions``, ...); 0 when unknown."""
+        with self._using() as db:
+            return int(db.property_int_value(name) or 0)
 
     def approximate_size(self) -> int:
         """Bytes the database directory takes on disk (SST, WAL, manifest and log files)."""
@@ -322,12 +325,11 @@ class RocksStore:
             ValueError: the batch holds an unknown op (nothing is written).
             StoreError: RocksDB failed; treat the store as broken.
         """
-        if not batch.ops:
+        if not batch.ops:  # nothing to write, but a closed store raises all the same
+            with self._using():
+                pass
             if sync:
                 self.sync()
-            else:
-                with self._using():
-                    pass
             return
         wb = _to_write_batch(batch)
         with self._using() as db:
@@ -395,9 +397,8 @@ class RocksStore:
     def restore_from(self, checkpoint_dir: str) -> None:
         """Replace the whole contents of this store with ``checkpoint_dir``, durably and crash-safely.
 
-        ``checkpoint_dir`` (as made by :meth:`checkpoint`) must be on the same filesystem as the store
-        and is consumed (moved into place). Readers get StoreClosed while the swap runs. See the
-        module docstring for the protocol.
+        ``checkpoint_dir`` (made by :meth:`checkpoint`, on the store's filesystem) is consumed (moved
+        into place). Readers get StoreClosed while the swap runs. The protocol: the module docstring.
 
         Raises:
             StoreError: the checkpoint is not usable; the store still holds its old contents (or, if
