@@ -51,4 +51,3 @@ def background_work(store: RocksStore) -> BackgroundWork:
         return BackgroundWork(**{name: store.int_property(prop) for name, prop in _PROPERTIES.items()})
     except StoreError:
         return BackgroundWork()
-

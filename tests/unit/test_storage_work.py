@@ -49,4 +49,3 @@ def test_a_closed_store_has_no_work_left(tmp_path: Path) -> None:
     _fill(store, 1)
     store.close()
     assert background_work(store) == BackgroundWork()
-
