@@ -46,7 +46,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import shutil
 import threading
 import weakref
 from collections.abc import Iterator
@@ -64,16 +63,19 @@ from rocksdict import (
     WriteOptions,
 )
 
-from .durable_dirs import fsync_tree, make_dirs_durable, rename_durably
+from .durable_dirs import make_dirs_durable
+from .restore_files import (
+    RESTORE_FAILED_SUFFIX,
+    RESTORE_OLD_SUFFIX,
+    destroy_store,
+    is_database,
+    remove_tree,
+    roll_back,
+    swap_in,
+)
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
-
-RESTORE_OLD_SUFFIX = ".restore-old"
-"""``<path><suffix>`` holds the database being replaced while a restore is in progress."""
-
-RESTORE_FAILED_SUFFIX = ".restore-failed"
-"""``<path><suffix>`` holds a restored database that would not open, until it is deleted."""
 
 # A scan reads this many pairs (or this many bytes of keys and values, whichever comes first) per
 # visit to the database, so readers take the gate once per chunk rather than once per pair, and a
@@ -414,7 +416,7 @@ class RocksStore:
             assert db is not None  # only close() and restore_from() revoke, and _admin serializes them
             try:
                 _close_rdict(db, cancelled=cancelled)
-                _swap_in(src, self._path)
+                swap_in(src, self._path)
             except (StoreError, OSError) as exc:
                 self._reopen()
                 raise StoreError(f"restore of {self._path} from {src} failed: {exc}") from exc
@@ -422,7 +424,7 @@ class RocksStore:
                 raise StoreError(f"checkpoint {src} did not open; {self._path} kept its old contents")
 
     def _check_restorable(self, src: str) -> None:
-        if not _is_database(src):
+        if not is_database(src):
             raise StoreError(f"{src} is not a RocksDB checkpoint (no CURRENT file)")
         if os.path.commonpath([src, self._path]) == self._path:
             raise StoreError(f"checkpoint {src} lies inside the store it would replace")
@@ -541,60 +543,22 @@ def _close_rdict(db: Rdict, *, cancelled: bool = False) -> None:
             raise
 
 
-def _is_database(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "CURRENT"))
-
-
 def _open_recovering(path: str) -> tuple[Rdict, bool]:
     """Open ``path`` after finishing or undoing an interrupted restore (see the module docstring).
 
     Returns the handle and whether a restore was rolled back.
     """
     old = path + RESTORE_OLD_SUFFIX
-    _remove_tree(path + RESTORE_FAILED_SUFFIX)
+    remove_tree(path + RESTORE_FAILED_SUFFIX)
     if not os.path.isdir(old):
         return _open_rdict(path), False
-    if _is_database(path):
+    if is_database(path):
         try:
             db = _open_rdict(path)
         except StoreError:
             pass  # the new database is unusable: fall through to the roll back
         else:
-            _remove_tree(old)  # roll forward: the new database is in place and opens
+            remove_tree(old)  # roll forward: the new database is in place and opens
             return db, False
-    _roll_back(path)
+    roll_back(path)
     return _open_rdict(path), True
-
-
-def _roll_back(path: str) -> None:
-    """Put ``<path>.restore-old`` back at ``path``. Each rename is atomic and made durable."""
-    failed = path + RESTORE_FAILED_SUFFIX
-    with _store_errors():
-        if os.path.lexists(path):
-            rename_durably(path, failed)
-        rename_durably(path + RESTORE_OLD_SUFFIX, path)
-    _remove_tree(failed)
-
-
-def _swap_in(src: str, path: str) -> None:
-    """Steps 1-3 of the restore protocol: make ``src`` durable, move ``path`` aside, move ``src`` in."""
-    fsync_tree(src)
-    rename_durably(path, path + RESTORE_OLD_SUFFIX)
-    rename_durably(src, path)
-
-
-def _remove_tree(path: str) -> None:
-    if os.path.lexists(path):
-        with _store_errors():
-            shutil.rmtree(path)
-
-
-def destroy_store(path: str) -> None:
-    """Delete the store directory ``path`` and any restore leftovers beside it. The store must be closed.
-
-    Raises:
-        StoreError: a directory could not be removed.
-    """
-    path = os.path.abspath(path)
-    for victim in (path, path + RESTORE_OLD_SUFFIX, path + RESTORE_FAILED_SUFFIX):
-        _remove_tree(victim)
