@@ -715,6 +715,15 @@ def report(result: dict[str, Any]) -> None:
         )
 
 
+def cluster_toml(args: argparse.Namespace) -> str:
+    """The cluster file's settings: ``fsync``, and ``segments.max_bytes`` when given (a smaller
+    segment makes a small backlog seal as much of itself as a large one does with the default)."""
+    toml = 'durability = "fsync"\n'
+    if args.segment_max_bytes:
+        toml += f"\n[segments]\nmax_bytes = {args.segment_max_bytes}\n"
+    return toml
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gigabytes", type=float, default=20.0, help="backlog size (values, 10^9 bytes)")
@@ -742,6 +751,12 @@ def main() -> None:
     ap.add_argument("--settle-timeout", type=float, default=900.0, help="the longest wait for the after-work")
     ap.add_argument("--settle-quiet-s", type=float, default=5.0, help="idle this long in a row: settled")
     ap.add_argument(
+        "--segment-max-bytes",
+        type=int,
+        default=0,
+        help="segments.max_bytes of the cluster (0: its default, 64 MiB: 1 GB over 64 queues seals nothing)",
+    )
+    ap.add_argument(
         "--profile-s", type=float, default=0.0, help="py-spy every node this long from each round's produce"
     )
     ap.add_argument("--data-dir", default="", help="where the data goes (default: the system's temp dir)")
@@ -764,7 +779,7 @@ def main() -> None:
             report=report,
             internal=("keep", "data_dir", "wait_quiet"),
         ) as result,
-        three_node_cluster(base, "backlog-", 'durability = "fsync"', keep=args.keep) as cluster,
+        three_node_cluster(base, "backlog-", cluster_toml(args), keep=args.keep) as cluster,
     ):
         settle_leaders(cluster)
         result["pids"] = node_pids(cluster)
