@@ -207,14 +207,13 @@ def storage_work(cluster: Cluster) -> dict[str, dict[str, int]]:
             text = cluster.get("/metrics", nid, timeout=10).text
         except requests.RequestException:
             continue
-        sums = dict.fromkeys(STORAGE_METRICS.values(), 0)
+        sums = dict.fromkeys([*STORAGE_METRICS.values(), "level0_files_max"], 0)
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in STORAGE_METRICS:
                     sums[STORAGE_METRICS[sample.name]] += int(sample.value)
                     if sample.name == "raftmq_rocksdb_level0_files":
-                        key = "level0_files_max"
-                        sums[key] = max(sums.get(key, 0), int(sample.value))
+                        sums["level0_files_max"] = max(sums["level0_files_max"], int(sample.value))
         out[nid] = sums
     return out
 
@@ -511,6 +510,7 @@ def fill(
         if error is not None:
             failures.append(str(error))
 
+    samples: list[tuple[float, dict[str, dict[str, int]]]] = []  # (s, each node's RocksDB work)
     t0 = last = time.perf_counter()
     with Producer(urls) as producer:
         for i in range(messages):
@@ -519,9 +519,14 @@ def fill(
                 last = time.perf_counter()
                 done_gb = i * args.value_size / GB
                 disk = sum(node_disks(cluster).values()) / GB
+                work = storage_work(cluster)
+                samples.append((round(last - t0, 1), work))
+                level0 = max((w["level0_files_max"] for w in work.values()), default=0)
+                pending = sum(w["pending_compaction_bytes"] for w in work.values()) / 1e6
                 print(
                     f"  filling: {done_gb:6.2f} of {args.gigabytes} GB sent, {i / (last - t0):,.0f} msgs/s, "
-                    f"{disk:.1f} GB on the 3 nodes' disks",
+                    f"{disk:.1f} GB on the 3 nodes' disks; RocksDB: {pending:,.0f} MB of compaction "
+                    f"pending, at most {level0} level-0 files in a store",
                     flush=True,
                 )
         if not producer.flush(600):
@@ -532,7 +537,13 @@ def fill(
     held, _ = stored(cluster, topic)
     if held != messages:
         raise RuntimeError(f"the backlog holds {held} of {messages} messages")
-    return {"messages": messages, "seconds": round(seconds, 1), "msgs_per_s": round(messages / seconds)}
+    return {
+        "messages": messages,
+        "seconds": round(seconds, 1),
+        "msgs_per_s": round(messages / seconds),
+        "work_samples": samples,
+        "work_at_end": storage_work(cluster),
+    }
 
 
 def reclaim(
@@ -696,6 +707,9 @@ def report(result: dict[str, Any]) -> None:
             f"spent {t['cpu_s']} CPU s ({t['rocksdb_cpu_s']} in RocksDB's threads), wrote "
             f"{t['written_mb']:,.0f} MB"
         )
+        level0 = max([w["level0_files_max"] for _, ws in f["work_samples"] for w in ws.values()] or [0])
+        end = sum(w["pending_compaction_bytes"] for w in f["work_at_end"].values())
+        print(f"  at most {level0} level-0 files in a store while filling; {end / 1e6:,.0f} MB to compact")
     if "settle" in result:
         st, total = result["settle"], result["settle"]["usage"]["total"]
         pending = sum(w["pending_compaction_bytes"] for w in st["work_at_start"].values())
