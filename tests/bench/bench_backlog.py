@@ -212,6 +212,9 @@ def storage_work(cluster: Cluster) -> dict[str, dict[str, int]]:
             for sample in family.samples:
                 if sample.name in STORAGE_METRICS:
                     sums[STORAGE_METRICS[sample.name]] += int(sample.value)
+                    if sample.name == "raftmq_rocksdb_pending_compaction_bytes":  # state / raft apart
+                        key = f"pending_compaction_bytes_{sample.labels.get('store', '')}"
+                        sums[key] = sums.get(key, 0) + int(sample.value)
                     if sample.name == "raftmq_rocksdb_level0_files":
                         sums["level0_files_max"] = max(sums["level0_files_max"], int(sample.value))
         out[nid] = sums
