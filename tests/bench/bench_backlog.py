@@ -814,7 +814,7 @@ def main() -> None:
         result["disk_filled"] = node_disks(cluster)
         if args.at_once:
             # The round as the run at 27000a7 measured it: at once, beside the fill's after-work.
-            result["rounds"].append(measure_round(cluster, "at once", "backlog", values, args))
+            result["rounds"].append(measure_round(cluster, "at-once", "backlog", values, args))
         print("[settle] waiting for the nodes' background work to end ...", flush=True)
         result["settle"] = settle(cluster, args)
         result["rounds"].append(measure_round(cluster, "backlog", "backlog", values, args))
