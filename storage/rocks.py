@@ -46,7 +46,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import shutil
 import threading
 import weakref
 from collections.abc import Iterator
@@ -56,6 +55,7 @@ from rocksdict import (
     CompactOptions,
     DbClosedError,
     DBRecoveryMode,
+    Env,
     Options,
     Rdict,
     RdictIter,
@@ -64,16 +64,19 @@ from rocksdict import (
     WriteOptions,
 )
 
-from .durable_dirs import fsync_tree, make_dirs_durable, rename_durably
+from .durable_dirs import make_dirs_durable
+from .restore_files import (
+    RESTORE_FAILED_SUFFIX,
+    RESTORE_OLD_SUFFIX,
+    destroy_store,
+    is_database,
+    remove_tree,
+    roll_back,
+    swap_in,
+)
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
-
-RESTORE_OLD_SUFFIX = ".restore-old"
-"""``<path><suffix>`` holds the database being replaced while a restore is in progress."""
-
-RESTORE_FAILED_SUFFIX = ".restore-failed"
-"""``<path><suffix>`` holds a restored database that would not open, until it is deleted."""
 
 # A scan reads this many pairs (or this many bytes of keys and values, whichever comes first) per
 # visit to the database, so readers take the gate once per chunk rather than once per pair, and a
@@ -88,6 +91,15 @@ def _options() -> Options:
     opts.create_if_missing(True)
     # One flush and one compaction at a time: more background jobs than cores only adds contention.
     opts.set_max_background_jobs(2)
+    # Compactions run at the lowest CPU priority (nice 19; flushes keep the normal one): what a burst
+    # of writes leaves to compact takes the CPU the node's own threads leave idle, instead of slowing
+    # produce, fetches and fsyncs for minutes after the burst (docs/benchmarks.md, "A large backlog").
+    # Should compactions fall far behind, RocksDB slows the writes itself (level-0 files, pending
+    # bytes), so the priority cannot let them fall behind without bound. The setting is the process's
+    # (RocksDB's default Env, shared by every store): setting it again changes nothing.
+    env = Env()
+    env.lower_thread_pool_cpu_priority()
+    opts.set_env(env)
     # A node hosts several databases (one per queue group replica, one for metadata); 16 MiB
     # memtables (RocksDB default: 64 MiB) keep their sum modest. Two of them: one filling, one flushing.
     opts.set_write_buffer_size(16 << 20)
@@ -162,7 +174,6 @@ class RocksStore:
     """
 
     def __init__(self, path: str, db: Rdict) -> None:
-        """Internal: use :meth:`open`."""
         self._path = path
         self._cond = threading.Condition()
         # Invariant: _users counts threads between _enter and _leave; _db is not None exactly while new
@@ -281,9 +292,8 @@ class RocksStore:
             # The iterator pins the database's state as of now: this is the scan's snapshot.
             it = db.iter(ro)
             cursor = _Cursor(self, it, start, reverse=reverse, limit=limit)
-            # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor
-            # must own `ro` and `end` for as long as the iterator lives, or a temporary bound is
-            # freed and the scan silently returns the wrong keys.
+            # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor owns
+            # `ro` and `end` while the iterator lives (a freed bound silently gives the wrong keys).
             cursor.pin(ro, end)
             self._register(cursor)
         return cursor
@@ -302,6 +312,11 @@ class RocksStore:
             if found < floor:
                 return None
             return found, _as_bytes(it.value())
+
+    def int_property(self, name: str) -> int:
+        """RocksDB's integer property ``name`` (``rocksdb.num-running-compactions``, ...); 0 when unknown."""
+        with self._using() as db:
+            return int(db.property_int_value(name) or 0)
 
     def approximate_size(self) -> int:
         """Bytes the database directory takes on disk (SST, WAL, manifest and log files)."""
@@ -322,12 +337,11 @@ class RocksStore:
             ValueError: the batch holds an unknown op (nothing is written).
             StoreError: RocksDB failed; treat the store as broken.
         """
-        if not batch.ops:
+        if not batch.ops:  # nothing to write, but a closed store raises all the same
+            with self._using():
+                pass
             if sync:
                 self.sync()
-            else:
-                with self._using():
-                    pass
             return
         wb = _to_write_batch(batch)
         with self._using() as db:
@@ -395,9 +409,8 @@ class RocksStore:
     def restore_from(self, checkpoint_dir: str) -> None:
         """Replace the whole contents of this store with ``checkpoint_dir``, durably and crash-safely.
 
-        ``checkpoint_dir`` (as made by :meth:`checkpoint`) must be on the same filesystem as the store
-        and is consumed (moved into place). Readers get StoreClosed while the swap runs. See the
-        module docstring for the protocol.
+        ``checkpoint_dir`` (made by :meth:`checkpoint`, on the store's filesystem) is consumed (moved
+        into place). Readers get StoreClosed while the swap runs. The protocol: the module docstring.
 
         Raises:
             StoreError: the checkpoint is not usable; the store still holds its old contents (or, if
@@ -413,7 +426,7 @@ class RocksStore:
             assert db is not None  # only close() and restore_from() revoke, and _admin serializes them
             try:
                 _close_rdict(db, cancelled=cancelled)
-                _swap_in(src, self._path)
+                swap_in(src, self._path)
             except (StoreError, OSError) as exc:
                 self._reopen()
                 raise StoreError(f"restore of {self._path} from {src} failed: {exc}") from exc
@@ -421,7 +434,7 @@ class RocksStore:
                 raise StoreError(f"checkpoint {src} did not open; {self._path} kept its old contents")
 
     def _check_restorable(self, src: str) -> None:
-        if not _is_database(src):
+        if not is_database(src):
             raise StoreError(f"{src} is not a RocksDB checkpoint (no CURRENT file)")
         if os.path.commonpath([src, self._path]) == self._path:
             raise StoreError(f"checkpoint {src} lies inside the store it would replace")
@@ -540,60 +553,22 @@ def _close_rdict(db: Rdict, *, cancelled: bool = False) -> None:
             raise
 
 
-def _is_database(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "CURRENT"))
-
-
 def _open_recovering(path: str) -> tuple[Rdict, bool]:
     """Open ``path`` after finishing or undoing an interrupted restore (see the module docstring).
 
     Returns the handle and whether a restore was rolled back.
     """
     old = path + RESTORE_OLD_SUFFIX
-    _remove_tree(path + RESTORE_FAILED_SUFFIX)
+    remove_tree(path + RESTORE_FAILED_SUFFIX)
     if not os.path.isdir(old):
         return _open_rdict(path), False
-    if _is_database(path):
+    if is_database(path):
         try:
             db = _open_rdict(path)
         except StoreError:
             pass  # the new database is unusable: fall through to the roll back
         else:
-            _remove_tree(old)  # roll forward: the new database is in place and opens
+            remove_tree(old)  # roll forward: the new database is in place and opens
             return db, False
-    _roll_back(path)
+    roll_back(path)
     return _open_rdict(path), True
-
-
-def _roll_back(path: str) -> None:
-    """Put ``<path>.restore-old`` back at ``path``. Each rename is atomic and made durable."""
-    failed = path + RESTORE_FAILED_SUFFIX
-    with _store_errors():
-        if os.path.lexists(path):
-            rename_durably(path, failed)
-        rename_durably(path + RESTORE_OLD_SUFFIX, path)
-    _remove_tree(failed)
-
-
-def _swap_in(src: str, path: str) -> None:
-    """Steps 1-3 of the restore protocol: make ``src`` durable, move ``path`` aside, move ``src`` in."""
-    fsync_tree(src)
-    rename_durably(path, path + RESTORE_OLD_SUFFIX)
-    rename_durably(src, path)
-
-
-def _remove_tree(path: str) -> None:
-    if os.path.lexists(path):
-        with _store_errors():
-            shutil.rmtree(path)
-
-
-def destroy_store(path: str) -> None:
-    """Delete the store directory ``path`` and any restore leftovers beside it. The store must be closed.
-
-    Raises:
-        StoreError: a directory could not be removed.
-    """
-    path = os.path.abspath(path)
-    for victim in (path, path + RESTORE_OLD_SUFFIX, path + RESTORE_FAILED_SUFFIX):
-        _remove_tree(victim)

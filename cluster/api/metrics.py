@@ -21,6 +21,7 @@ from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.machines.views import consumer_queues, queue_metas
 from raftmq.cluster.node.node import Node
 from raftmq.storage.store import StoreError
+from raftmq.storage.work import background_work
 
 __all__ = ["METRICS_KEY", "Metrics", "metrics_handler", "metrics_middleware"]
 
@@ -165,6 +166,50 @@ class _RaftCollector(Collector):
         yield from (open_now, closed)
 
 
+class _StorageCollector(Collector):
+    """RocksDB's background work (flushes, compactions) on each store of each replica here: what a
+    burst of writes leaves behind after it was acknowledged (``storage/work.py``)."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[_Family]:
+        labels = ["node_id", "group_id", "store"]
+        families = {
+            "pending_compaction_bytes": GaugeMetricFamily(
+                "raftmq_rocksdb_pending_compaction_bytes",
+                "Bytes RocksDB estimates its compactions must still rewrite (0: caught up)",
+                labels=labels,
+            ),
+            "running_compactions": GaugeMetricFamily(
+                "raftmq_rocksdb_running_compactions", "RocksDB compactions running now", labels=labels
+            ),
+            "running_flushes": GaugeMetricFamily(
+                "raftmq_rocksdb_running_flushes", "RocksDB memtable flushes running now", labels=labels
+            ),
+            "level0_files": GaugeMetricFamily(
+                "raftmq_rocksdb_level0_files",
+                "Level-0 files (RocksDB slows writes at 20 and stops them at 36)",
+                labels=labels,
+            ),
+            "delayed_write_rate": GaugeMetricFamily(
+                "raftmq_rocksdb_delayed_write_rate_bytes",
+                "Bytes/s RocksDB slows writes to while compactions catch up (0: writes not slowed)",
+                labels=labels,
+            ),
+            "writes_stopped": GaugeMetricFamily(
+                "raftmq_rocksdb_writes_stopped", "1 while RocksDB stops writes", labels=labels
+            ),
+        }
+        node_id = self._node.me.id
+        for name, local in list(self._node.groups.items()):
+            for kind, store in (("state", local.state_store), ("raft", local.journal_store)):
+                work = background_work(store)
+                for field, family in families.items():
+                    family.add_metric([node_id, name, kind], getattr(work, field))
+        yield from families.values()
+
+
 class _QueueCollector(Collector):
     """Queue depth and consumer progress, from the store of each queue group this node leads.
 
@@ -280,6 +325,7 @@ class Metrics:
         )
         self.registry.register(_RaftCollector(node))
         self.registry.register(_QueueCollector(node))
+        self.registry.register(_StorageCollector(node))
 
 
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)

@@ -23,6 +23,18 @@ off. Each round measures:
   leader had at the wipe (a snapshot checkpoint install for a group whose journal was compacted),
   and the producers' p50 / p99 meanwhile, against the same offered load without a wipe.
 
+Between the fill and the backlog round, **the after-work**: the fill is acknowledged once its
+entries are in every replica's RocksDB write-ahead log and memtables; RocksDB then flushes and
+compacts them in its own threads, and the leaders seal what is due into segments. The run waits
+until every node reports no compaction running or pending and no flush running (its
+``raftmq_rocksdb_*`` metrics) and no segment file was written for ``--settle-quiet-s``, and
+records how long that took and what the nodes spent on it (CPU seconds, RocksDB's threads apart,
+and the bytes written: ``/proc/<pid>``), so the backlog round measures the backlog, like for like
+with the empty round (which starts with nothing pending), and the fill's after-work is a figure
+of its own. ``--at-once`` also measures a round right after the fill, beside that work (as the
+run at 27000a7 did). Every timed phase records the nodes' CPU and disk I/O the same way;
+``--profile-s`` records py-spy of every node from each round's produce on.
+
 Then **retention**: the backlog topic gets ``retention_bytes`` (``PATCH /v1/topics/{topic}``) such
 that ``--retain-fraction`` of it stays; the disk of every node is sampled until it is back within
 the retained size plus what the empty cluster held (and the journals' ``64 MiB x groups``), at
@@ -63,9 +75,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from tests.bench._common import (  # noqa: E402
+    collect_profiles,
     data_folder,
     node_pids,
     percentile,
+    profile_nodes,
     recorded_run,
     settle_leaders,
     table,
@@ -97,6 +111,164 @@ def disk_bytes(path: Path) -> int:
 
 def node_disks(cluster: Cluster) -> dict[str, int]:
     return {nid: disk_bytes(cluster.data_dir / nid) for nid in cluster.nodes}
+
+
+def segment_disks(cluster: Cluster) -> dict[str, int]:
+    """Bytes of sealed segment files on each node (what its sealer wrote)."""
+    return {nid: disk_bytes(cluster.data_dir / nid / "segments") for nid in cluster.nodes}
+
+
+# -- what the nodes spend: CPU by thread, disk I/O, RocksDB's background work -----------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+ROCKSDB_THREADS = "rocksdb:"  # RocksDB names its flush and compaction threads rocksdb:high / rocksdb:low
+
+
+def process_usage(pid: int) -> dict[str, float]:
+    """CPU seconds of process ``pid`` so far, split into RocksDB's background threads and the rest
+    (its Python threads), and the bytes it read from and wrote to the disk (``/proc/<pid>/io``)."""
+    rocksdb = other = 0.0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            seconds = (int(fields[11]) + int(fields[12])) / _TICK
+            if comm.startswith(ROCKSDB_THREADS):
+                rocksdb += seconds
+            else:
+                other += seconds
+    io = {"read_bytes": 0, "write_bytes": 0}
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/io") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in io:
+                io[name] = int(value)
+    return {"cpu_s": rocksdb + other, "rocksdb_cpu_s": rocksdb, **io}
+
+
+class Usage:
+    """What each node process spent between :meth:`start` and :meth:`stop`: CPU seconds (all
+    threads, and RocksDB's background threads apart), MB read and written on the disk; a node
+    restarted meanwhile (another pid) is left out."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._pids: dict[str, int] = {}
+        self._t0 = 0.0
+        self._before: dict[str, dict[str, float]] = {}
+
+    def start(self) -> Usage:
+        self._pids = node_pids(self.cluster)
+        self._before = {nid: process_usage(pid) for nid, pid in self._pids.items()}
+        self._t0 = time.monotonic()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        seconds = time.monotonic() - self._t0
+        now = node_pids(self.cluster)
+        nodes: dict[str, Any] = {}
+        for nid, pid in self._pids.items():
+            if now.get(nid) != pid:
+                continue
+            after, before = process_usage(pid), self._before[nid]
+            nodes[nid] = {
+                "cpu_s": round(after["cpu_s"] - before["cpu_s"], 2),
+                "rocksdb_cpu_s": round(after["rocksdb_cpu_s"] - before["rocksdb_cpu_s"], 2),
+                "read_mb": round((after["read_bytes"] - before["read_bytes"]) / 1e6, 1),
+                "written_mb": round((after["write_bytes"] - before["write_bytes"]) / 1e6, 1),
+            }
+        total = {k: round(sum(n[k] for n in nodes.values()), 2) for k in ("cpu_s", "rocksdb_cpu_s")}
+        total |= {k: round(sum(n[k] for n in nodes.values()), 1) for k in ("read_mb", "written_mb")}
+        return {"seconds": round(seconds, 2), "nodes": nodes, "total": total}
+
+
+STORAGE_METRICS = {
+    "raftmq_rocksdb_pending_compaction_bytes": "pending_compaction_bytes",
+    "raftmq_rocksdb_running_compactions": "running_compactions",
+    "raftmq_rocksdb_running_flushes": "running_flushes",
+    "raftmq_rocksdb_level0_files": "level0_files",
+    "raftmq_rocksdb_delayed_write_rate_bytes": "delayed_write_rate",
+    "raftmq_rocksdb_writes_stopped": "writes_stopped",
+}
+
+
+def storage_work(cluster: Cluster) -> dict[str, dict[str, int]]:
+    """Each running node's RocksDB background work, summed over its stores (its metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, int]] = {}
+    for nid in node_pids(cluster):
+        try:
+            text = cluster.get("/metrics", nid, timeout=10).text
+        except requests.RequestException:
+            continue
+        sums = dict.fromkeys([*STORAGE_METRICS.values(), "level0_files_max"], 0)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in STORAGE_METRICS:
+                    sums[STORAGE_METRICS[sample.name]] += int(sample.value)
+                    if sample.name == "raftmq_rocksdb_pending_compaction_bytes":  # state / raft apart
+                        key = f"pending_compaction_bytes_{sample.labels.get('store', '')}"
+                        sums[key] = sums.get(key, 0) + int(sample.value)
+                    if sample.name == "raftmq_rocksdb_level0_files":
+                        sums["level0_files_max"] = max(sums["level0_files_max"], int(sample.value))
+        out[nid] = sums
+    return out
+
+
+def work_idle(work: dict[str, dict[str, int]]) -> bool:
+    return bool(work) and all(
+        not (w["pending_compaction_bytes"] or w["running_compactions"] or w["running_flushes"])
+        for w in work.values()
+    )
+
+
+def settle(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
+    """Wait until the work the fill left behind is done on every node: RocksDB has no compaction
+    running or pending and no flush running (``--settle-quiet-s`` in a row), and no node's sealer
+    wrote a segment file meanwhile. Returns how long that took and what the nodes spent on it."""
+    usage = Usage(cluster).start()
+    t0 = time.monotonic()
+    first = storage_work(cluster)
+    segments = segment_disks(cluster)
+    samples: list[tuple[float, int, int]] = []  # (s, pending compaction bytes, running compactions)
+    idle_since: float | None = None
+    settled_s: float | None = None
+    while time.monotonic() - t0 < args.settle_timeout:
+        work = storage_work(cluster)
+        now = time.monotonic() - t0
+        pending = sum(w["pending_compaction_bytes"] for w in work.values())
+        running = sum(w["running_compactions"] for w in work.values())
+        samples.append((round(now, 1), pending, running))
+        grown = segment_disks(cluster)
+        quiet = work_idle(work) and grown == segments
+        segments = grown
+        if not quiet:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        elif now - idle_since >= args.settle_quiet_s:
+            settled_s = round(idle_since, 1)
+            break
+        if len(samples) % 10 == 1:
+            print(
+                f"  settling: {now:5.0f} s, {pending / 1e6:,.0f} MB of compaction pending, "
+                f"{running} compactions running",
+                flush=True,
+            )
+        time.sleep(1.0)
+    return {
+        "settled_s": settled_s,
+        "work_at_start": first,
+        "usage": usage.stop(),
+        "segments_bytes": segment_disks(cluster),
+        "samples": samples,
+    }
 
 
 def stored(cluster: Cluster, topic: str) -> tuple[int, int]:
@@ -341,6 +513,7 @@ def fill(
         if error is not None:
             failures.append(str(error))
 
+    samples: list[tuple[float, dict[str, dict[str, int]]]] = []  # (s, each node's RocksDB work)
     t0 = last = time.perf_counter()
     with Producer(urls) as producer:
         for i in range(messages):
@@ -349,9 +522,14 @@ def fill(
                 last = time.perf_counter()
                 done_gb = i * args.value_size / GB
                 disk = sum(node_disks(cluster).values()) / GB
+                work = storage_work(cluster)
+                samples.append((round(last - t0, 1), work))
+                level0 = max((w["level0_files_max"] for w in work.values()), default=0)
+                pending = sum(w["pending_compaction_bytes"] for w in work.values()) / 1e6
                 print(
                     f"  filling: {done_gb:6.2f} of {args.gigabytes} GB sent, {i / (last - t0):,.0f} msgs/s, "
-                    f"{disk:.1f} GB on the 3 nodes' disks",
+                    f"{disk:.1f} GB on the 3 nodes' disks; RocksDB: {pending:,.0f} MB of compaction "
+                    f"pending, at most {level0} level-0 files in a store",
                     flush=True,
                 )
         if not producer.flush(600):
@@ -362,7 +540,13 @@ def fill(
     held, _ = stored(cluster, topic)
     if held != messages:
         raise RuntimeError(f"the backlog holds {held} of {messages} messages")
-    return {"messages": messages, "seconds": round(seconds, 1), "msgs_per_s": round(messages / seconds)}
+    return {
+        "messages": messages,
+        "seconds": round(seconds, 1),
+        "msgs_per_s": round(messages / seconds),
+        "work_samples": samples,
+        "work_at_end": storage_work(cluster),
+    }
 
 
 def reclaim(
@@ -427,13 +611,23 @@ def measure_round(
     # As many queues as the backlog: the empty round's catch-up then reads as many queues, with as
     # many fetches each, as the backlog round's (the run at 27000a7 read 8 against 64).
     create_topic(cluster, probe, args.queues)
-    out: dict[str, Any] = {"round": name}
+    out: dict[str, Any] = {"round": name, "work_at_start": storage_work(cluster)}
+    out["segments_bytes_at_start"] = segment_disks(cluster)
+    spies = profile_nodes(cluster, f"backlog-{name}", args.profile_s) if args.profile_s else []
     print(f"[{name}] produce at full speed ...", flush=True)
+    usage = Usage(cluster).start()
     out["produce_max"] = produce_max(urls, probe, values, args.probe_messages)
+    out["produce_max"]["usage"] = usage.stop()
     print(f"[{name}] produce at {args.rate:,.0f} msgs/s offered ...", flush=True)
+    usage = Usage(cluster).start()
     out["produce_open_loop"] = open_loop_for(urls, probe, values, args)
+    out["produce_open_loop"]["usage"] = usage.stop()
     print(f"[{name}] catch-up from offset 0 ...", flush=True)
+    usage = Usage(cluster).start()
     out["catch_up"] = catch_up(cluster, catchup_topic or probe, args.catchup_messages, args)
+    out["catch_up"]["usage"] = usage.stop()
+    if spies:
+        out["profiles"] = collect_profiles(spies, PROFILE_THREADS, args.profile_s, wait_s=args.profile_s + 30)
     print(f"[{name}] restart of {args.restart_node} ...", flush=True)
     out["restart"] = restart(cluster, args.restart_node, args.restart_timeout)
     settle_leaders(cluster)
@@ -445,6 +639,16 @@ def measure_round(
     out["disk"] = node_disks(cluster)
     print(f"[{name}] {summary_line(out)}", flush=True)
     return out
+
+
+# py-spy's threads of a node (first match wins)
+PROFILE_THREADS = {
+    "raftmq-checkpoint": "checkpoint",
+    "_run_once": "asyncio",
+    "run_forever": "asyncio",
+    "_worker": "executor",
+    "_autoTickThread": "raft",
+}
 
 
 def summary_line(r: dict[str, Any]) -> str:
@@ -460,32 +664,36 @@ def report(result: dict[str, Any]) -> None:
     rounds = result.get("rounds", [])
     if not rounds:
         return
-    heads = ["figure", *(r["round"] for r in rounds)]
-    if len(rounds) == 2:
-        heads.append("backlog / empty")
+    heads = ["figure", *(r["round"] for r in rounds), *(f"{r['round']} / empty" for r in rounds[1:])]
 
     def row(label: str, get: Callable[[dict[str, Any]], Any]) -> list[Any]:
         vals = [get(r) for r in rounds]
-        ratio = (
-            [
-                round(vals[1] / vals[0], 2)
-                if isinstance(vals[0], int | float) and vals[0] and vals[1] is not None
-                else "-"
-            ]
-            if len(vals) == 2
-            else []
-        )
-        return [label, *vals, *ratio]
+        base = vals[0]
+        ratios = [
+            round(v / base, 2) if isinstance(base, int | float) and base and v is not None else "-"
+            for v in vals[1:]
+        ]
+        return [label, *vals, *ratios]
+
+    def cpu(phase: str) -> Callable[[dict[str, Any]], Any]:
+        return lambda r: r[phase]["usage"]["total"]["cpu_s"]
 
     rows = [
         row("produce msgs/s (full speed)", lambda r: r["produce_max"]["msgs_per_s"]),
+        row("  nodes' CPU s", cpu("produce_max")),
+        row("  of it RocksDB's threads", lambda r: r["produce_max"]["usage"]["total"]["rocksdb_cpu_s"]),
+        row("  nodes' disk writes, MB", lambda r: r["produce_max"]["usage"]["total"]["written_mb"]),
         row(
             f"produce p50 ms at {result['params']['rate']:,.0f}/s", lambda r: r["produce_open_loop"]["p50_ms"]
         ),
         row(
             f"produce p99 ms at {result['params']['rate']:,.0f}/s", lambda r: r["produce_open_loop"]["p99_ms"]
         ),
+        row("  nodes' CPU s", cpu("produce_open_loop")),
+        row("  of it RocksDB's threads", lambda r: r["produce_open_loop"]["usage"]["total"]["rocksdb_cpu_s"]),
         row("catch-up from 0, msgs/s", lambda r: r["catch_up"]["msgs_per_s"]),
+        row("  nodes' CPU s", cpu("catch_up")),
+        row("  of it RocksDB's threads", lambda r: r["catch_up"]["usage"]["total"]["rocksdb_cpu_s"]),
         row("restart to ready, s", lambda r: r["restart"]["ready_s"]),
         row("restart to caught up, s", lambda r: r["restart"]["caught_up_s"]),
         row("wiped replica caught up, s", lambda r: r["wipe"]["caught_up_s"]),
@@ -496,7 +704,24 @@ def report(result: dict[str, Any]) -> None:
     print(table(rows, heads))
     if "fill" in result:
         f = result["fill"]
-        print(f"fill: {f['messages']:,} messages in {f['seconds']} s ({f['msgs_per_s']:,} msgs/s)")
+        t = f["usage"]["total"]
+        print(
+            f"fill: {f['messages']:,} messages in {f['seconds']} s ({f['msgs_per_s']:,} msgs/s); the nodes "
+            f"spent {t['cpu_s']} CPU s ({t['rocksdb_cpu_s']} in RocksDB's threads), wrote "
+            f"{t['written_mb']:,.0f} MB"
+        )
+        level0 = max([w["level0_files_max"] for _, ws in f["work_samples"] for w in ws.values()] or [0])
+        end = sum(w["pending_compaction_bytes"] for w in f["work_at_end"].values())
+        print(f"  at most {level0} level-0 files in a store while filling; {end / 1e6:,.0f} MB to compact")
+    if "settle" in result:
+        st, total = result["settle"], result["settle"]["usage"]["total"]
+        pending = sum(w["pending_compaction_bytes"] for w in st["work_at_start"].values())
+        print(
+            f"after-work (settle): idle after {st['settled_s']} s; {pending / 1e6:,.0f} MB of compaction "
+            f"pending at its start; the nodes spent {total['cpu_s']} CPU s meanwhile "
+            f"({total['rocksdb_cpu_s']} in RocksDB's threads), wrote {total['written_mb']:,.0f} MB, read "
+            f"{total['read_mb']:,.0f} MB; segments {sum(st['segments_bytes'].values()) / 1e6:,.0f} MB"
+        )
     if "reclaim" in result:
         rc = result["reclaim"]
         print(
@@ -505,6 +730,15 @@ def report(result: dict[str, Any]) -> None:
             f"({sum(rc['disk_before'].values()) / GB:.2f} -> {sum(rc['disk_after'].values()) / GB:.2f} GB "
             f"on the 3 nodes, target {sum(rc['targets'].values()) / GB:.2f})"
         )
+
+
+def cluster_toml(args: argparse.Namespace) -> str:
+    """The cluster file's settings: ``fsync``, and ``segments.max_bytes`` when given (a smaller
+    segment makes a small backlog seal as much of itself as a large one does with the default)."""
+    toml = 'durability = "fsync"\n'
+    if args.segment_max_bytes:
+        toml += f"\n[segments]\nmax_bytes = {args.segment_max_bytes}\n"
+    return toml
 
 
 def main() -> None:
@@ -526,6 +760,22 @@ def main() -> None:
     ap.add_argument("--reclaim-timeout", type=float, default=600.0)
     ap.add_argument("--reclaim-sample-s", type=float, default=5.0)
     ap.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines")
+    ap.add_argument(
+        "--at-once",
+        action="store_true",
+        help="also measure a round right after the fill, before its after-work ended (as at 27000a7)",
+    )
+    ap.add_argument("--settle-timeout", type=float, default=900.0, help="the longest wait for the after-work")
+    ap.add_argument("--settle-quiet-s", type=float, default=5.0, help="idle this long in a row: settled")
+    ap.add_argument(
+        "--segment-max-bytes",
+        type=int,
+        default=0,
+        help="segments.max_bytes of the cluster (0: its default, 64 MiB: 1 GB over 64 queues seals nothing)",
+    )
+    ap.add_argument(
+        "--profile-s", type=float, default=0.0, help="py-spy every node this long from each round's produce"
+    )
     ap.add_argument("--data-dir", default="", help="where the data goes (default: the system's temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster's folder")
     ap.add_argument("--wait-quiet", type=float, default=30.0, help="wait up to this long for an idle machine")
@@ -546,7 +796,7 @@ def main() -> None:
             report=report,
             internal=("keep", "data_dir", "wait_quiet"),
         ) as result,
-        three_node_cluster(base, "backlog-", 'durability = "fsync"', keep=args.keep) as cluster,
+        three_node_cluster(base, "backlog-", cluster_toml(args), keep=args.keep) as cluster,
     ):
         settle_leaders(cluster)
         result["pids"] = node_pids(cluster)
@@ -558,8 +808,15 @@ def main() -> None:
             f"[fill] {args.gigabytes} GB of {args.value_size} B values over {args.queues} queues ...",
             flush=True,
         )
+        usage = Usage(cluster).start()
         result["fill"] = fill(cluster, urls, "backlog", values, args)
+        result["fill"]["usage"] = usage.stop()
         result["disk_filled"] = node_disks(cluster)
+        if args.at_once:
+            # The round as the run at 27000a7 measured it: at once, beside the fill's after-work.
+            result["rounds"].append(measure_round(cluster, "at-once", "backlog", values, args))
+        print("[settle] waiting for the nodes' background work to end ...", flush=True)
+        result["settle"] = settle(cluster, args)
         result["rounds"].append(measure_round(cluster, "backlog", "backlog", values, args))
         print("[retention] on ...", flush=True)
         result["reclaim"] = reclaim(cluster, "backlog", args.queues, floor, args)

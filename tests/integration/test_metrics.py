@@ -289,3 +289,34 @@ def test_the_grafana_dashboard_uses_only_series_a_real_scrape_has(c: Cluster) ->
             keys = set(re.findall(r"(\w+)\s*[=!~]", labels))
             have = {k for n in c.nodes for s, f, _ in scrape(c, n) if s == metric for k in f}
             assert keys <= have, f"{metric}: labels {sorted(keys - have)} not exposed ({e})"
+
+
+def test_each_replica_reports_its_stores_background_work_and_a_flush_shows(c: Cluster) -> None:
+    """raftmq_rocksdb_*: per replica and store, RocksDB's own figures. 20 MiB into one queue group
+    fills more than one 16 MiB memtable of its state store on every replica: a level-0 file each."""
+    c.create_topic("flushed", queues=1)
+    group = str(c.get("/v1/topics/flushed").json()["queue_groups"][0])
+    value = "x" * 1000
+    for _ in range(10):  # 2,000 messages of 1,000 bytes a request: 20 MB
+        assert c.produce("flushed", [{"value": value}] * 2000).status_code == 200
+    for n in c.nodes:
+        for g in ("meta", "0", "1", "2"):
+            for store in ("state", "raft"):
+                for name in (
+                    "raftmq_rocksdb_pending_compaction_bytes",
+                    "raftmq_rocksdb_running_compactions",
+                    "raftmq_rocksdb_running_flushes",
+                    "raftmq_rocksdb_level0_files",
+                    "raftmq_rocksdb_delayed_write_rate_bytes",
+                    "raftmq_rocksdb_writes_stopped",
+                ):
+                    assert len(values(c, name, node_id=n, group_id=g, store=store)) == 1, (n, g, store, name)
+
+    def flushed_everywhere() -> bool:
+        return all(
+            values(c, "raftmq_rocksdb_level0_files", node_id=n, group_id=group, store="state")[0] >= 1
+            and values(c, "raftmq_rocksdb_running_flushes", node_id=n, group_id=group, store="state")[0] == 0
+            for n in c.nodes
+        )
+
+    wait_until(flushed_everywhere, 30, what=f"a flushed memtable of group {group}'s state on every node")
