@@ -186,39 +186,3 @@ def test_a_dropped_topic_is_freed_on_the_disk_of_a_replica_killed_before_it_comp
             interval_s=0.5,
             what=f"the victim's state store freed from {filled} after its restart",
         )
-
-
-def _compaction_thread_priorities(pid: int) -> dict[str, set[int]]:
-    """The nice value of each of process ``pid``'s RocksDB threads, by name (rocksdb:low runs the
-    compactions, rocksdb:high the flushes)."""
-    found: dict[str, set[int]] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/comm") as f:
-            comm = f.read().strip()
-        if comm.startswith("rocksdb:"):
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                found.setdefault(comm, set()).add(int(f.read().rsplit(")", 1)[1].split()[16]))
-    return found
-
-
-def test_what_a_node_compacts_runs_at_the_lowest_cpu_priority(tmp_path: Path) -> None:
-    # A compaction is background work: on a busy node it must take the CPU the node's own threads
-    # leave, not the produce path's (docs/benchmarks.md, "A large backlog"). A dropped topic makes
-    # every node compact its replica's removed range (cluster/node/compactor.py).
-    with Cluster(tmp_path, queue_groups=1) as c:
-        c.start()
-        c.wait_ready()
-        _fill_30_mb(c, "gone")  # into files: the compaction is a job of RocksDB's compaction thread
-        r = c.session.delete(c.url() + "/v1/topics/gone", timeout=30)
-        assert r.status_code in (200, 204), r.text
-        wait_until(
-            lambda: all("freed_ranges_compacted" in c.log(nid) for nid in c.nodes),
-            30,
-            interval_s=0.2,
-            what="every node compacted the dropped topic's range",
-        )
-        for nid, n in c.nodes.items():
-            assert n.proc is not None
-            priorities = _compaction_thread_priorities(n.proc.pid)
-            assert priorities.get("rocksdb:low") == {19}, (nid, priorities)  # compactions
-            assert priorities.get("rocksdb:high") == {0}, (nid, priorities)  # flushes
