@@ -55,7 +55,6 @@ from rocksdict import (
     CompactOptions,
     DbClosedError,
     DBRecoveryMode,
-    Env,
     Options,
     Rdict,
     RdictIter,
@@ -91,15 +90,6 @@ def _options() -> Options:
     opts.create_if_missing(True)
     # One flush and one compaction at a time: more background jobs than cores only adds contention.
     opts.set_max_background_jobs(2)
-    # Compactions run at the lowest CPU priority (nice 19; flushes keep the normal one): what a burst
-    # of writes leaves to compact takes the CPU the node's own threads leave idle, instead of slowing
-    # produce, fetches and fsyncs for minutes after the burst (docs/benchmarks.md, "A large backlog").
-    # Should compactions fall far behind, RocksDB slows the writes itself (level-0 files, pending
-    # bytes), so the priority cannot let them fall behind without bound. The setting is the process's
-    # (RocksDB's default Env, shared by every store): setting it again changes nothing.
-    env = Env()
-    env.lower_thread_pool_cpu_priority()
-    opts.set_env(env)
     # A node hosts several databases (one per queue group replica, one for metadata); 16 MiB
     # memtables (RocksDB default: 64 MiB) keep their sum modest. Two of them: one filling, one flushing.
     opts.set_write_buffer_size(16 << 20)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -510,39 +509,3 @@ def test_a_scan_with_a_temporary_end_bound_returns_exactly_the_range(tmp_path: P
             assert keys == [b"K" + struct.pack(">Q", i) for i in range(50)]
     finally:
         store.close()
-
-
-_THREAD_PRIORITIES = """
-import json, os, sys
-from raftmq.storage.rocks import RocksStore
-from raftmq.storage.store import Batch
-store = RocksStore.open(sys.argv[1])
-for round in range(2):  # two level-0 files, then a compaction of them
-    batch = Batch()
-    for n in range(1000):
-        batch.put(n.to_bytes(8, "big"), os.urandom(100))
-    store.write(batch)
-    store.compact_range(b"", b"\\xff")
-nice = {}
-for tid in os.listdir("/proc/self/task"):
-    with open(f"/proc/self/task/{tid}/comm") as f:
-        comm = f.read().strip()
-    with open(f"/proc/self/task/{tid}/stat") as f:
-        nice.setdefault(comm, []).append(int(f.read().rsplit(")", 1)[1].split()[16]))
-store.close()
-print(json.dumps(nice))
-"""
-
-
-def test_compactions_run_at_the_lowest_cpu_priority_and_flushes_at_the_normal_one(tmp_path: Path) -> None:
-    """A burst of writes leaves compactions behind; they must not take the CPU from the node's own
-    threads (produce, fetch, fsync) while they catch up. In a process of its own: the priority
-    belongs to RocksDB's thread pools, shared by every store of a process."""
-    result = subprocess.run(
-        [sys.executable, "-c", _THREAD_PRIORITIES, str(tmp_path / "db")], capture_output=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr.decode()
-    nice = json.loads(result.stdout)
-    assert nice.get("rocksdb:low") and set(nice["rocksdb:low"]) == {19}, nice  # compactions
-    assert nice.get("rocksdb:high") and set(nice["rocksdb:high"]) == {0}, nice  # flushes
-    assert set(nice["python"]) == {0}, nice  # the process's own threads
