@@ -256,6 +256,8 @@ class Node:
             compaction_max_bytes=timing.compaction_max_bytes,
             max_entry_bytes=self.config.limits.max_request_bytes + 64 * 1024,
             crash_after_snapshot=self.config.faults.crash_after_snapshot,
+            # A metadata write through a follower waits for its replica (router._metadata_applied).
+            prompt_commit_notice=name == META,
         )
         raft = RaftGroup(
             name=name,

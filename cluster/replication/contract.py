@@ -61,6 +61,12 @@ class RaftSettings:
     # term would depose the leader, and it cannot win) until a leader reached it. Its election
     # deadline is pushed this far ahead, again and again, until then.
     join_quiet_s: float = 30.0
+    # A leader that has just applied entries tells its followers the new commit index at once, in
+    # an append_entries of its own (pysyncobj's way: one more message to each follower per commit,
+    # and its reply). False: the commit index goes with the leader's next entries or heartbeat,
+    # whichever comes first, and a follower applies up to one heartbeat later. No answer to a
+    # client waits on a follower's apply (reads go to the leader unless asked otherwise).
+    prompt_commit_notice: bool = True
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
   ``TCPTransport._onNewIncomingConnection`` (incoming, from ``TcpServer``): each connection is
   turned into a :class:`RaftConnection` before it sends or reads a byte;
 - the poller's ``poll`` (an attribute of the object's poller): the tick thread sleeps for as long as
-  the adapter says, not pysyncobj's fixed ``autoTickPeriod`` (:func:`install_deadline_poll`).
+  the adapter says, not pysyncobj's fixed ``autoTickPeriod`` (:func:`install_deadline_poll`);
+- the object's ``_SyncObj__sendAppendEntries`` (an instance attribute): a leader's message that
+  would carry nothing but its commit index waits for its next entries or heartbeat
+  (:func:`hold_commit_notices`).
 
 :class:`RaftConnection` replaces how pysyncobj's ``TcpConnection`` frames, buffers and protects
 messages (docs/architecture.md, "The Raft wire"): bytearray buffers (pysyncobj's ``bytes`` buffers
@@ -50,6 +53,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
+from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.errors import RaftmqError
@@ -67,13 +71,16 @@ __all__ = [
     "SyncObjException",
     "TCPNode",
     "hears_a_leader",
+    "hold_commit_notices",
     "install_deadline_poll",
     "install_journal_seam",
     "install_log_filter",
+    "install_tick_seams",
     "members_after",
     "members_on_start",
     "membership_change",
     "monotonic",
+    "only_the_commit_index_to_send",
     "own_deadline_s",
     "pso_pickle",
     "replicated",
@@ -541,6 +548,35 @@ def install_journal_seam() -> None:
     pso_syncobj.createJournal = create_journal
 
 
+def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], bool]) -> None:
+    """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`) and, unless
+    ``settings.prompt_commit_notice``, a leader's commit notices (:func:`hold_commit_notices`)."""
+    install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
+    if not settings.prompt_commit_notice:
+        hold_commit_notices(sync)
+
+
+def hold_commit_notices(sync: Any) -> None:
+    """Make the leader ``sync`` tell its followers a new commit index with its next entries or
+    heartbeat, not in a message of its own.
+
+    pysyncobj sends an append_entries to every follower after each tick in which its leader
+    applied entries, so that they learn the commit index at once; each answers it. At ordinary
+    rates that is half the group's Raft messages (a second message to each follower per entry,
+    and its reply), each a wake-up of a tick thread that takes its node's GIL. Held, the index
+    goes with the next entries (they are sent at once) or the next heartbeat, and a follower
+    applies an entry up to one heartbeat later. Nothing else changes: a message with entries for
+    a follower, or a due heartbeat, goes as before (:func:`only_the_commit_index_to_send`).
+    """
+    send = sync._SyncObj__sendAppendEntries
+
+    def send_unless_only_the_commit_index() -> None:
+        if not only_the_commit_index_to_send(sync):
+            send()
+
+    sync._SyncObj__sendAppendEntries = send_unless_only_the_commit_index
+
+
 def install_deadline_poll(sync: Any, tick_s: float, max_tick_s: float, busy: Callable[[], bool]) -> None:
     """Make ``sync``'s tick thread sleep after a tick until its own next deadline (a leader's next
     heartbeat, a follower's or candidate's election deadline), at most ``max_tick_s``, instead of
@@ -565,6 +601,19 @@ def own_deadline_s(sync: Any) -> float:
     leading = sync._isLeader()
     due = sync._SyncObj__newAppendEntriesTime if leading else sync._SyncObj__raftElectionDeadline
     return float(due - monotonic())
+
+
+def only_the_commit_index_to_send(sync: Any) -> bool:
+    """Whether the leader ``sync``'s append_entries now would tell its followers nothing but its
+    commit index: no heartbeat is due and every connected follower has been sent every entry (a
+    follower behind, or being sent a snapshot, has entries to send)."""
+    if monotonic() > sync._SyncObj__newAppendEntriesTime:
+        return False
+    last = sync._SyncObj__getCurrentLogIndex()
+    next_index = sync._SyncObj__raftNextIndex
+    connected = sync._SyncObj__connectedNodes
+    followers = sync._SyncObj__otherNodes | sync._SyncObj__readonlyNodes
+    return all(next_index.get(node, 0) > last for node in followers if node in connected)
 
 
 def hears_a_leader(sync: Any) -> bool:

@@ -74,9 +74,9 @@ from raftmq.cluster.replication.pso import (
     SyncObjException,
     TCPNode,
     hears_a_leader,
-    install_deadline_poll,
     install_journal_seam,
     install_log_filter,
+    install_tick_seams,
     members_after,
     members_on_start,
     membership_change,
@@ -248,7 +248,7 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        install_deadline_poll(self._sync, settings.tick_s, settings.max_tick_s, self._busy)
+        install_tick_seams(self._sync, settings, self._busy)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).

@@ -21,6 +21,11 @@ offsets are committed by the consumers as they go). Metrics are read every ``--s
     .venv/bin/python tests/bench/bench_elections.py                        # 10 minutes
     .venv/bin/python tests/bench/bench_elections.py --minutes 2 --value-size 1024
 
+Group ids are the ``group_id`` labels as the nodes write them (``meta`` and the queue groups'
+numbers). The leaders are left to settle on their preferred nodes before the first sample (the
+balancer moves them in a cluster's first seconds: those moves are not the load's). ``--keep``
+keeps the cluster's folder (node logs, data) to find out which replica timed out and why.
+
 Run it under the heavy lock on a shared machine (``flock /tmp/raftmq-heavy.lock ...``).
 """
 
@@ -30,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +49,15 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
-from _common import PYTHON, CpuMeter, add_quiet_argument, quiet_header, table, write_result  # noqa: E402
+from _common import (  # noqa: E402
+    PYTHON,
+    CpuMeter,
+    add_quiet_argument,
+    quiet_header,
+    settle_leaders,
+    table,
+    write_result,
+)
 
 from tests.integration.harness import Cluster  # noqa: E402
 
@@ -98,21 +112,25 @@ def consumer_main(args: argparse.Namespace) -> None:
 # -- the parent ------------------------------------------------------------------------------------
 
 
-def raft_counters(url: str) -> dict[str, dict[int, float]]:
+def raft_counters(url: str) -> dict[str, dict[str, float]]:
     """This node's ``became_leader`` and ``term`` per group, from its ``/metrics``."""
-    out: dict[str, dict[int, float]] = {"became_leader": {}, "term": {}}
-    text = requests.get(f"{url}/metrics", timeout=10).text
+    return parse_counters(requests.get(f"{url}/metrics", timeout=10).text)
+
+
+def parse_counters(text: str) -> dict[str, dict[str, float]]:
+    """``became_leader`` and ``term`` per group id (``meta``, ``0``, ...) of a ``/metrics`` text."""
+    out: dict[str, dict[str, float]] = {"became_leader": {}, "term": {}}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None:
             continue
         labels = dict(_LABEL.findall(m.group(2)))
         name = "became_leader" if m.group(1).endswith("_total") else "term"
-        out[name][int(labels["group_id"])] = float(m.group(3))
+        out[name][labels["group_id"]] = float(m.group(3))
     return out
 
 
-def sample(c: Cluster) -> dict[str, dict[str, dict[int, float]]]:
+def sample(c: Cluster) -> dict[str, dict[str, dict[str, float]]]:
     """Every reachable node's counters (a node that does not answer is left out)."""
     out = {}
     for nid in c.nodes:
@@ -123,9 +141,9 @@ def sample(c: Cluster) -> dict[str, dict[str, dict[int, float]]]:
     return out
 
 
-def changes(first: dict[str, Any], last: dict[str, Any]) -> dict[int, dict[str, float]]:
+def changes(first: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per group: leader changes (summed over replicas) and the increase of its highest term."""
-    per_group: dict[int, dict[str, float]] = defaultdict(
+    per_group: dict[str, dict[str, float]] = defaultdict(
         lambda: {"leader_changes": 0.0, "term_increase": 0.0}
     )
     for nid, counters in last.items():
@@ -163,6 +181,7 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=6)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--sample-s", type=float, default=10)
+    ap.add_argument("--keep", action="store_true", help="keep the cluster's folder (node logs)")
     add_quiet_argument(ap)
     args = ap.parse_args()
     if args.role == "produce":
@@ -172,10 +191,12 @@ def main() -> None:
 
     params = {k: getattr(args, k) for k in ("minutes", "producers", "consumers", "queues", "value_size")}
     result = quiet_header(BENCH, params, args.wait_quiet)
-    with tempfile.TemporaryDirectory(prefix="bench-elections-") as tmp, Cluster(Path(tmp), nodes=3) as c:
+    tmp = tempfile.mkdtemp(prefix="bench-elections-")
+    with Cluster(Path(tmp), nodes=3) as c:
         c.start()
         c.wait_ready(timeout_s=60)
         c.create_topic(TOPIC, queues=args.queues)
+        settle_leaders(c)
         urls = ",".join(c.url(nid) for nid in c.nodes)
         first = sample(c)
         pids = {nid: n.proc.pid for nid, n in c.nodes.items() if n.proc is not None}
@@ -196,6 +217,10 @@ def main() -> None:
         seconds = time.monotonic() - started
         cpu = meter.stop()
         per_group = changes(first, sample(c))
+    if args.keep:
+        print(f"cluster folder (node logs) kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     acked = sum(o.get("acked", 0) for o in outcomes[: args.producers])
     failed = sum(o.get("failed", 0) for o in outcomes[: args.producers])
     consumed = sum(o.get("consumed", 0) for o in outcomes[args.producers :])

@@ -8,6 +8,7 @@ docs/architecture.md, "pysyncobj 0.3.17: the facts raftmq relies on" (the seams 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import struct
@@ -340,7 +341,9 @@ def test_crash_between_snapshot_and_compaction_keeps_every_entry(
 def three_groups(tmp_path: Path) -> Iterator[Callable[..., list[RaftGroup]]]:
     groups: list[RaftGroup] = []
 
-    def start(stores: list[Store], machines: list[Machine]) -> list[RaftGroup]:
+    def start(
+        stores: list[Store], machines: list[Machine], settings: RaftSettings | None = None
+    ) -> list[RaftGroup]:
         addrs = [f"127.0.0.1:{free_port()}" for _ in stores]
         for i, (store, machine) in enumerate(zip(stores, machines, strict=True)):
             groups.append(
@@ -352,7 +355,7 @@ def three_groups(tmp_path: Path) -> Iterator[Callable[..., list[RaftGroup]]]:
                     journal_store=store,
                     machine=machine,
                     snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
-                    settings=fast_settings(),
+                    settings=settings or fast_settings(),
                 )
             )
         wait_for(lambda: any(g.is_leader() for g in groups), "a leader")
@@ -401,3 +404,53 @@ def test_three_replicas_commit_only_entries_durable_on_a_majority_and_the_leader
     assert not_durable == []
     # latency: the leader sent entries before its own fsync of them (it overlapped)
     assert sent_unsynced, "the leader synced every entry before sending it"
+
+
+@pytest.mark.parametrize("prompt", [True, False], ids=["prompt", "with-next-message"])
+def test_a_leader_tells_the_commit_index_at_once_only_when_asked_and_followers_apply_all_either_way(
+    three_groups: Callable[..., list[RaftGroup]], monkeypatch: pytest.MonkeyPatch, prompt: bool
+) -> None:
+    """pysyncobj follows every commit with an append_entries of its own carrying only the new
+    commit index (to each follower, which answers it). With ``prompt_commit_notice=False`` the
+    index goes with the next entries or the heartbeat: one entry at a time, the leader then sends
+    no such message but its heartbeats, and the followers still apply every entry."""
+    heartbeat_s = 0.3
+    settings = dataclasses.replace(
+        fast_settings(),
+        heartbeat_s=heartbeat_s,
+        election_min_s=1.0,
+        election_max_s=1.5,
+        prompt_commit_notice=prompt,
+    )
+    empty: list[float] = []  # when the leader sent an append_entries without entries
+    original_send = TCPTransport.send
+
+    def recording_send(self: Any, node: Any, message: Any) -> Any:
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "entries" in message
+            and not message["entries"]
+            and self._syncObj._isLeader()
+        ):
+            empty.append(time.monotonic())
+        return original_send(self, node, message)
+
+    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    machines = [Machine() for _ in range(3)]
+    groups = three_groups([MemoryStore() for _ in range(3)], machines, settings)
+    leader = next(g for g in groups if g.is_leader())
+    commands = [f"command-{i}".encode() for i in range(30)]
+    started = time.monotonic()
+    outcomes = [_submit_all(leader, [c])[0] for c in commands]  # one entry in flight at a time
+    elapsed = time.monotonic() - started
+    assert all(o.error is None for o in outcomes), outcomes
+    sent = sum(1 for t in empty if started <= t <= started + elapsed)
+    if prompt:
+        assert sent >= 2 * len(commands), f"{sent} commit notices for {len(commands)} entries"
+    else:  # heartbeats only: to 2 followers, each period (one more for the period under way)
+        heartbeats = 2 * (int(elapsed / heartbeat_s) + 2)
+        assert sent <= heartbeats, f"{sent} empty append_entries in {elapsed:.2f} s"
+    last = outcomes[-1].result["index"]
+    wait_for(lambda: all(m.applied_index >= last for m in machines), "every replica applied", timeout=7)
+    assert all(m.commands()[-len(commands) :] == commands for m in machines)
