@@ -22,6 +22,7 @@ binary command gives) and a TTL (which counts from when the message becomes deli
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -37,6 +38,7 @@ __all__ = [
     "CAPABILITIES",
     "advertised",
     "capability_of",
+    "everywhere",
     "gated_fields_of",
     "old_subscribe",
     "previous_release_refuses",
@@ -74,6 +76,16 @@ def advertised(status: dict[str, Any]) -> frozenset[str]:
     if not isinstance(listed, list):
         return BEFORE_CAPABILITIES
     return CAPABILITIES.intersection(c for c in listed if isinstance(c, str))
+
+
+def everywhere(
+    capability: str, own: frozenset[str], peers: Iterable[str], advertised: Mapping[str, frozenset[str]]
+) -> bool:
+    """Whether every node applies ``capability``: this one (``own``) and each of ``peers``, as it
+    advertised last (``advertised``; a peer never heard of applies nothing new)."""
+    if capability in BEFORE_CAPABILITIES:
+        return True
+    return capability in own and all(capability in advertised.get(p, ()) for p in peers)
 
 
 _OP_PREFIX = b'{"v":1,"op":"'  # how every builder starts a JSON command (v, then op)

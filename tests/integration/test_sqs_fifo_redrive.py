@@ -224,3 +224,30 @@ def test_a_fifo_dead_letter_queues_redrive_allow_policy_decides_its_sources(sqs:
         sqs, source, dlq, [{"MessageBody": "x", "MessageGroupId": "g", "MessageDeduplicationId": "x"}]
     )
     assert [m["Body"] for m in _drain(sqs, dlq, 1)] == ["x"]
+
+
+@pytest.mark.parametrize("bad_id", ["", "x" * 300])
+def test_a_rest_producers_invalid_message_id_does_not_hold_its_group_back(
+    cluster: Cluster, sqs: Any, bad_id: str
+) -> None:
+    # sqs-id is no reserved header: a REST producer may write one that is no valid MessageId.
+    name = f"badid{len(bad_id)}"
+    dlq = _fifo(sqs, f"{name}-dlq.fifo")
+    source = _fifo(sqs, f"{name}.fifo", RedrivePolicy=_policy(_arn(sqs, dlq)))
+    produced = cluster.session.post(
+        cluster.url("n1") + f"/v1/topics/{name}.fifo/messages",
+        json={"messages": [{"value": "poison", "key": "alice", "headers": {"sqs-id": bad_id}}]},
+        timeout=30,
+    )
+    assert produced.status_code == 200, produced.text
+    sqs.send_message(QueueUrl=source, MessageBody="next", MessageGroupId="alice", MessageDeduplicationId="n")
+    first = _until("first receive", lambda: _receive(sqs, source, VisibilityTimeout=0, WaitTimeSeconds=1))
+    assert [m["Body"] for m in first] == ["poison", "next"]
+
+    # The next receive moves the poison message (both exceeded maxReceiveCount 1), never holds
+    # the group back behind a move that is refused every time.
+    _until("dead letters", lambda: _receive(sqs, source, WaitTimeSeconds=1) == [] and _count(sqs, dlq) == 2)
+    moved = _drain(sqs, dlq, 2)
+    assert [m["Body"] for m in moved] == ["poison", "next"]
+    assert moved[0]["MessageId"] == "0-0"  # its place in the source
+    assert moved[0]["Attributes"]["MessageGroupId"] == "alice"

@@ -20,7 +20,13 @@ from raftmq.cluster.api.sqs.messages import (
     moved_fifo,
     moved_headers,
 )
-from raftmq.cluster.api.sqs.queues import QUEUE_NAME, check_attributes, check_fifo_settings
+from raftmq.cluster.api.sqs.queues import (
+    FIFO_RELEASE,
+    QUEUE_NAME,
+    check_attributes,
+    check_fifo_settings,
+    needs_fifo_release,
+)
 from raftmq.cluster.machines.metadata import Topic
 
 
@@ -203,3 +209,29 @@ def test_a_moved_fifo_message_keeps_its_group_and_ids_and_is_deduplicated_by_its
         commands.dedup_produce(1_000, 5, 0, [moved, moved_fifo(rest, 9, rest_headers, 1)])
     )
     assert [d.dedup for d in decoded["messages"]] == [b"m:5.0.7", b"m:9.0.3"]
+
+
+@pytest.mark.parametrize("bad_id", ["", "x" * 256, "é" * 128])
+def test_a_moved_message_whose_producer_wrote_a_bad_message_id_moves_under_its_place(bad_id: str) -> None:
+    # sqs-id is no reserved header: a REST producer may write one dedup_produce refuses as an id.
+    m = {"queue": 2, "offset": 11, "key": "g", "value": "v", "headers": {ID_HEADER: bad_id}}
+    headers = moved_headers(m, fifo=True)
+    assert headers == {ID_HEADER: "2-11", DEDUP_HEADER: "2-11"}
+    assert moved_headers(m, fifo=False) == {ID_HEADER: "2-11"}
+    decoded = commands.decode(commands.dedup_produce(1_000, 5, 0, [moved_fifo(m, 5, headers, 1)]))
+    assert [(d.message_id, d.dedup) for d in decoded["messages"]] == [("2-11", b"m:5.2.11")]
+
+
+def test_a_fifo_delay_or_redrive_policy_needs_every_node_of_the_release_that_serves_them() -> None:
+    policy = '{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:000000000000:d.fifo","maxReceiveCount":3}'
+
+    def needs(attributes: dict[str, str]) -> bool:
+        return needs_fifo_release(check_attributes(attributes, 1 << 20, fifo=True, creating=True))
+
+    assert needs({"DelaySeconds": "1"}) and needs({"DelaySeconds": "900"})
+    assert needs({"RedrivePolicy": policy}) and needs({"FifoQueue": "true", "RedrivePolicy": policy})
+    # Setting them back, or anything else, is what the release before served too.
+    assert not needs({"DelaySeconds": "0"}) and not needs({"DelaySeconds": "00"})
+    assert not needs({"RedrivePolicy": ""})
+    assert not needs({"FifoQueue": "true", "ContentBasedDeduplication": "true", "VisibilityTimeout": "5"})
+    assert FIFO_RELEASE in commands.FIELD_LEVELS

@@ -23,6 +23,7 @@ from raftmq.cluster.replication.upgrade import (
     CAPABILITIES,
     advertised,
     capability_of,
+    everywhere,
     old_subscribe,
     previous_release_refuses,
 )
@@ -216,3 +217,20 @@ def test_an_advance_only_commit_is_gated_and_its_older_form_applies_alike_on_bot
         a, b = r.apply(step)
         assert "error" not in a and "error" not in b, (a, b)
     assert state(r.new.store) == state(r.previous.store)
+
+
+def test_a_capability_is_everywhere_only_once_every_node_advertised_it() -> None:
+    fifo_release = "receive_ordered.delay"  # the SQS API's FIFO DelaySeconds, RedrivePolicy, move tasks
+    # The release before it served FIFO queues (dedup_produce, receive_ordered) without them.
+    before = advertised({"capabilities": sorted(CAPABILITIES - {fifo_release})})
+    assert "receive_ordered" in before and fifo_release not in before
+    new = {"n2": CAPABILITIES, "n3": CAPABILITIES}
+    assert everywhere(fifo_release, CAPABILITIES, ["n2", "n3"], new)
+    # A node of the release before, one never heard of, one advertising nothing, or this node's own
+    # older release each keep it closed, whatever the groups' voters are.
+    assert not everywhere(fifo_release, CAPABILITIES, ["n2", "n3"], {**new, "n3": before})
+    assert not everywhere(fifo_release, CAPABILITIES, ["n2", "n3", "n4"], new)
+    assert not everywhere(fifo_release, CAPABILITIES, ["n2"], {"n2": advertised({})})
+    assert not everywhere(fifo_release, before, ["n2", "n3"], new)
+    # What every release applies needs nobody's word.
+    assert everywhere("produce", BEFORE_CAPABILITIES, ["n2"], {})

@@ -51,6 +51,7 @@ from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.machines.views import consumer_queues
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.replication.upgrade import everywhere
 from raftmq.storage.store import StoreError
 
 __all__ = ["GROUP", "MAX_BATCH", "MAX_BATCH_BYTES", "Action", "QueueActions", "int_param"]
@@ -233,7 +234,29 @@ class QueueActions:
         await self._ensure_subscription(topic)
         return {"QueueUrl": self.queue_url(request, name)}
 
+    async def cluster_applies(self, capability: str) -> bool:
+        """Whether every node of the cluster applies ``capability`` (each configured node, not only
+        a group's voters: any node serves SQS), as each advertised last (``Node.peer_releases``);
+        while one has not, the peers are asked again first (this gate refuses only during an
+        upgrade, and only the few requests that set what it guards)."""
+        node = self.node
+        peers = [n.id for n in node.config.nodes if n.id != node.me.id]
+        if not everywhere(capability, node.capabilities, peers, node.peer_releases.capable):
+            await node.refresh_peer_status()
+        return everywhere(capability, node.capabilities, peers, node.peer_releases.capable)
+
+    async def _check_fifo_release(self, fifo: bool, changes: dict[str, str]) -> None:
+        """A FIFO queue's DelaySeconds other than 0 or RedrivePolicy only once every node serves
+        them (:data:`qs.FIFO_RELEASE`: a node of the release before would not)."""
+        if fifo and qs.needs_fifo_release(changes) and not await self.cluster_applies(qs.FIFO_RELEASE):
+            raise SqsError(
+                "ServiceUnavailable",
+                "A node of the cluster runs an older release (a rolling upgrade): a FIFO queue's "
+                "DelaySeconds and RedrivePolicy can be set once every node is upgraded.",
+            )
+
     async def _create_topic(self, name: str, attributes: dict[str, str], tags: dict[str, str]) -> Topic:
+        await self._check_fifo_release(attributes.get(qs.FIFO) == "true", attributes)
         now_s = str(now_ms() // 1000)
         # A FIFO queue is one queue in one queue group: its order, deduplication window and
         # sequence numbers are one Raft log's (docs/sqs.md, FIFO queues).
@@ -362,6 +385,7 @@ class QueueActions:
         if fifo:
             qs.check_fifo_settings({**topic.attributes, **changes})
         await self._check_redrive_target(topic.name, changes, fifo)
+        await self._check_fifo_release(fifo, changes)
         command = {
             "op": "set_topic_attributes",
             "name": topic.name,

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.commands import MAX_NAME_BYTES
 
 __all__ = [
     "ATTRIBUTES_HEADER",
@@ -190,10 +191,13 @@ def moved_headers(m: dict[str, Any], fifo: bool) -> dict[str, str]:
     """The headers a message ``m`` (as ``take`` handed it out) keeps when it is moved to another
     queue (a dead-letter move, a move task): its MessageId and message attributes, and on FIFO
     queues its MessageDeduplicationId (a message produced there through the REST API has none:
-    its MessageId stands in)."""
+    its MessageId stands in). A MessageId a REST producer wrote itself (``sqs-id`` is no reserved
+    header) that is no 1..MAX_NAME_BYTES name is replaced by the message's place: ``dedup_produce``
+    would refuse every move of it, and a FIFO group would wait behind it forever."""
     kept = (ID_HEADER, ATTRIBUTES_HEADER, DEDUP_HEADER) if fifo else (ID_HEADER, ATTRIBUTES_HEADER)
     headers = {k: v for k, v in (m.get("headers") or {}).items() if k in kept}
-    headers.setdefault(ID_HEADER, f"{m['queue']}-{m['offset']}")
+    if not 1 <= len(headers.get(ID_HEADER, "").encode("utf-8")) <= MAX_NAME_BYTES:
+        headers[ID_HEADER] = f"{m['queue']}-{m['offset']}"
     if fifo:
         headers.setdefault(DEDUP_HEADER, headers[ID_HEADER])
     return headers

@@ -191,6 +191,13 @@ class MoveTasks:
                     "InvalidParameterValue",
                     f"The destination of {kind} dead-letter queue must be {kind} queue.",
                 )
+        # A node of the release before would run it unordered (qs.FIFO_RELEASE).
+        if qs.is_fifo(source) and not await self.sqs.cluster_applies(qs.FIFO_RELEASE):
+            raise SqsError(
+                "ServiceUnavailable",
+                "A node of the cluster runs an older release (a rolling upgrade): a FIFO queue's "
+                "move tasks can start once every node is upgraded.",
+            )
         rate = None
         if params.get("MaxNumberOfMessagesPerSecond") is not None:
             rate = int_param(params, "MaxNumberOfMessagesPerSecond", 1, MAX_RATE, 1)

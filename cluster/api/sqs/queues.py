@@ -22,6 +22,7 @@ __all__ = [
     "ACCOUNT",
     "CREATED",
     "FIFO",
+    "FIFO_RELEASE",
     "FIFO_SETTINGS",
     "FIFO_SUFFIX",
     "QUEUE_NAME",
@@ -40,6 +41,7 @@ __all__ = [
     "fifo_setting",
     "is_fifo",
     "is_queue",
+    "needs_fifo_release",
     "queue_setting",
     "redrive_policy",
 ]
@@ -201,6 +203,22 @@ def fifo_setting(attributes: dict[str, str], name: str) -> str:
     """A FIFO queue's setting ``name`` of :data:`FIFO_SETTINGS` (its default when never set)."""
     value = attributes.get(PREFIX + name)
     return value if value in FIFO_SETTINGS[name] else FIFO_SETTINGS[name][0]
+
+
+FIFO_RELEASE = "receive_ordered.delay"
+"""The capability (a field level, ``cluster/commands`` ``FIELD_LEVELS``) of the release whose nodes
+serve a FIFO queue's DelaySeconds, RedrivePolicy and move tasks. A node of the release before
+served FIFO queues without them: its SQS API hands a delayed message out before it is due,
+dead-letters with a plain append (the MessageGroupId lost, no deduplication) and moves a task's
+messages unordered. Any node serves SQS, so every node of the cluster must advertise it before one
+is set (docs/operations.md, rolling upgrades)."""
+
+
+def needs_fifo_release(changes: dict[str, str]) -> bool:
+    """Whether a FIFO queue's ``changes`` (as :func:`check_attributes` returns them) set what only
+    nodes of :data:`FIFO_RELEASE` serve: a DelaySeconds other than 0 or a RedrivePolicy."""
+    delay = changes.get(PREFIX + "DelaySeconds", "0")
+    return delay != "0" or bool(changes.get(PREFIX + "RedrivePolicy"))
 
 
 def check_fifo_settings(attributes: dict[str, str]) -> None:
