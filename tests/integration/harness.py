@@ -256,6 +256,15 @@ class Cluster:
         path = self.nodes[node_id].log_path
         return path.read_text(errors="replace") if path and path.exists() else ""
 
+    def start_refused(self, node_id: str, timeout_s: float = 60) -> str:
+        """Start ``node_id``, wait for it to exit with a failure status, and return its log."""
+        self.start(node_id)
+        proc = self.nodes[node_id].proc
+        assert proc is not None
+        wait_until(lambda: proc.poll() is not None, timeout_s, what=f"{node_id} refusing to start")
+        assert proc.returncode != 0
+        return self.log(node_id)
+
     def stop(self) -> None:
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is None:

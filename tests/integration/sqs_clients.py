@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +94,14 @@ def query_sqs_client(
         aws_access_key_id=credentials[0],
         aws_secret_access_key=credentials[1],
     )
+
+
+def until(what: str, check: Callable[[], Any], timeout_s: float = 60) -> Any:
+    """``check()``'s first truthy answer, asked every 0.3 s; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"no {what} in {timeout_s} s"
+        time.sleep(0.3)

@@ -227,12 +227,7 @@ def test_corrupt_middle_of_journal_refuses_to_start_until_repaired_then_catches_
         journal.close()
         index = int.from_bytes(key[1:], "big")
 
-        c.start(victim)
-        proc = c.nodes[victim].proc
-        assert proc is not None
-        wait_until(lambda: proc.poll() is not None, 60, what=f"{victim} refusing to start")
-        assert proc.returncode != 0
-        log = c.log(victim)
+        log = c.start_refused(victim)
         assert f"group 0: the Raft journal is corrupt at index {index}" in log, log[-3000:]
         assert "raftmq repair-journal" in log
         assert "journal_tail_repaired" not in log

@@ -17,7 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from .harness import Cluster
-from .sqs_clients import sqs_client
+from .sqs_clients import sqs_client, until
 
 ALL = ["All"]
 
@@ -53,16 +53,6 @@ def _count(sqs: Any, url: str) -> int:
     return int(got["Attributes"]["ApproximateNumberOfMessages"])
 
 
-def _until(what: str, check: Callable[[], Any], timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"no {what} in {timeout_s} s"
-        time.sleep(0.3)
-
-
 def _receive(sqs: Any, url: str, **extra: Any) -> list[dict[str, Any]]:
     got: list[dict[str, Any]] = sqs.receive_message(
         QueueUrl=url,
@@ -89,14 +79,14 @@ def _dead_letter(sqs: Any, source: str, dlq: str, sent: list[dict[str, Any]]) ->
     """Send ``sent`` (send_message arguments) to ``source`` (maxReceiveCount 1), receive them once
     without deleting, then receive until all are in ``dlq``; the answers of the sends."""
     answers = [sqs.send_message(QueueUrl=source, **m) for m in sent]
-    first = _until("first receive", lambda: _receive(sqs, source, VisibilityTimeout=0, WaitTimeSeconds=1))
+    first = until("first receive", lambda: _receive(sqs, source, VisibilityTimeout=0, WaitTimeSeconds=1))
     assert [m["Body"] for m in first] == [m["MessageBody"] for m in sent]  # one group, in order
 
     def moved() -> bool:
         assert _receive(sqs, source, WaitTimeSeconds=1) == []  # each is moved, none handed out
         return _count(sqs, dlq) == len(sent)
 
-    _until("dead letters", moved)
+    until("dead letters", moved)
     return answers
 
 
@@ -191,7 +181,7 @@ def test_a_move_task_takes_fifo_dead_letters_back_to_their_source_in_order(sqs: 
         results = sqs.list_message_move_tasks(SourceArn=_arn(sqs, dlq))["Results"]
         return results[0] if results and results[0]["Status"] == "COMPLETED" else None
 
-    done = _until("completed task", completed)
+    done = until("completed task", completed)
     assert done["ApproximateNumberOfMessagesMoved"] == 4
     back = _drain(sqs, source, 4)
     assert [m["Body"] for m in back] == [m["MessageBody"] for m in sent]
@@ -241,12 +231,12 @@ def test_a_rest_producers_invalid_message_id_does_not_hold_its_group_back(
     )
     assert produced.status_code == 200, produced.text
     sqs.send_message(QueueUrl=source, MessageBody="next", MessageGroupId="alice", MessageDeduplicationId="n")
-    first = _until("first receive", lambda: _receive(sqs, source, VisibilityTimeout=0, WaitTimeSeconds=1))
+    first = until("first receive", lambda: _receive(sqs, source, VisibilityTimeout=0, WaitTimeSeconds=1))
     assert [m["Body"] for m in first] == ["poison", "next"]
 
     # The next receive moves the poison message (both exceeded maxReceiveCount 1), never holds
     # the group back behind a move that is refused every time.
-    _until("dead letters", lambda: _receive(sqs, source, WaitTimeSeconds=1) == [] and _count(sqs, dlq) == 2)
+    until("dead letters", lambda: _receive(sqs, source, WaitTimeSeconds=1) == [] and _count(sqs, dlq) == 2)
     moved = _drain(sqs, dlq, 2)
     assert [m["Body"] for m in moved] == ["poison", "next"]
     assert moved[0]["MessageId"] == "0-0"  # its place in the source

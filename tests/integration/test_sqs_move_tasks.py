@@ -16,7 +16,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from .harness import Cluster
-from .sqs_clients import query_sqs_client, sqs_client
+from .sqs_clients import query_sqs_client, sqs_client, until
 
 ARN = "arn:aws:sqs:us-east-1:000000000000:"  # the cluster's default [sqs] region
 
@@ -31,16 +31,6 @@ def _code(call: Callable[[], Any]) -> str:
         call()
     code: str = e.value.response["Error"]["Code"]
     return code
-
-
-def _until(what: str, check: Callable[[], Any], timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"no {what} in {timeout_s} s"
-        time.sleep(0.3)
 
 
 def _queues(sqs: Any, dlq: str, sources: list[str], *others: str) -> dict[str, str]:
@@ -75,7 +65,7 @@ def _dead_letter(
             sqs.receive_message(QueueUrl=urls[source], MaxNumberOfMessages=10, VisibilityTimeout=0)
         return _count(sqs, urls[dlq]) == total
 
-    _until("dead letters", moved)
+    until("dead letters", moved)
     return ids
 
 
@@ -106,7 +96,7 @@ def _task(sqs: Any, dlq: str, status: str | None = None, timeout_s: float = 60) 
             return task
         return None
 
-    found: dict[str, Any] = _until(f"{status or 'any'} task of {dlq}", newest, timeout_s)
+    found: dict[str, Any] = until(f"{status or 'any'} task of {dlq}", newest, timeout_s)
     return found
 
 
@@ -189,7 +179,7 @@ def test_one_task_per_source_and_a_cancel_stops_it_with_nothing_lost(clients: di
     )
     running = _task(clients["n3"], "stop-dlq", "RUNNING")
     assert running["TaskHandle"] == handle and running["ApproximateNumberOfMessagesToMove"] == 12
-    moved: list[dict[str, Any]] = _until(  # the first moved message arrived: cancel
+    moved: list[dict[str, Any]] = until(  # the first moved message arrived: cancel
         "a moved message",
         lambda: sqs.receive_message(QueueUrl=urls["stop-dest"], WaitTimeSeconds=1).get("Messages"),
     )

@@ -10,7 +10,7 @@ import pytest
 
 from raftmq.storage.rocks import RocksStore
 
-from .harness import Cluster, wait_until
+from .harness import Cluster
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -26,12 +26,7 @@ def test_a_node_whose_store_cannot_open_exits_with_one_line_and_starts_once_it_c
         # on the same road as a disk too full for RocksDB to open a store.
         held = RocksStore.open(str(c.data_dir / victim / "groups" / "0" / "state"))
         try:
-            c.start(victim)
-            proc = c.nodes[victim].proc
-            assert proc is not None
-            wait_until(lambda: proc.poll() is not None, 60, what=f"{victim} refusing to start")
-            assert proc.returncode != 0
-            log = c.log(victim)
+            log = c.start_refused(victim)
             assert f"node {victim} cannot open its stores:" in log, log[-3000:]
             assert "Is another raftmq process using this data directory?" in log
             assert "Traceback" not in log, log[-3000:]
