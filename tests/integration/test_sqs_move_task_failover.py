@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .harness import Cluster
-from .sqs_clients import sqs_client
-from .test_sqs_move_tasks import ARN, _dead_letter, _queues, _task, _until
+from .sqs_clients import sqs_client, until
+from .test_sqs_move_tasks import ARN, _dead_letter, _queues, _task
 
 
 def test_a_task_whose_node_dies_is_failed_and_loses_no_message(tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_a_task_whose_node_dies_is_failed_and_loses_no_message(tmp_path: Path) -
         runner.start_message_move_task(
             SourceArn=ARN + "die-dlq", DestinationArn=ARN + "die-dest", MaxNumberOfMessagesPerSecond=1
         )
-        _until("a moved message", lambda: _task(other, "die-dlq")["ApproximateNumberOfMessagesMoved"] >= 1)
+        until("a moved message", lambda: _task(other, "die-dlq")["ApproximateNumberOfMessagesMoved"] >= 1)
         c.kill("n3")
         # No heartbeat any more: listed FAILED once the lease (30 s) is over, by the nodes left.
         failed = _task(other, "die-dlq", "FAILED", timeout_s=120)
@@ -47,4 +47,4 @@ def test_a_task_whose_node_dies_is_failed_and_loses_no_message(tmp_path: Path) -
                     other.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
             return seen == set(bodies)
 
-        _until("every message in the destination or the dead-letter queue", every_message_found, 150)
+        until("every message in the destination or the dead-letter queue", every_message_found, 150)
