@@ -55,6 +55,7 @@ from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
 from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, install_pre_vote
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.errors import RaftmqError
 
@@ -465,6 +466,19 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         # Every connection delivers through this method (tick thread). Only votes are checked.
+        kind = message.get("type") if isinstance(message, dict) else None
+        pre_vote = getattr(self._syncObj, "raftmq_pre_vote", None)
+        if kind in PRE_VOTE_MESSAGES:  # pre_vote.py; pysyncobj never sees them
+            if pre_vote is not None and node in self._syncObj.otherNodes:  # between voters only
+                if kind == "pre_vote":
+                    self.send(node, pre_vote.answer(message))
+                else:
+                    pre_vote.on_response(str(node.id), message)
+            return
+        if kind == "append_entries" and pre_vote is not None:
+            term = message.get("term")
+            if type(term) is int and term >= self._syncObj.raftCurrentTerm:
+                pre_vote.heard_leader()
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
             # A follower's acknowledgement may complete a quorum in which pysyncobj counts this
             # leader (count = 1 in its commit loop): its own entries become durable first. The
@@ -549,9 +563,14 @@ def install_journal_seam() -> None:
 
 
 def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], bool]) -> None:
-    """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`) and, unless
+    """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`), a pre-vote
+    before each election (``pre_vote.py``) and, unless
     ``settings.prompt_commit_notice``, a leader's commit notices (:func:`hold_commit_notices`)."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
+    # Half the minimum election timeout: a follower that heard its leader that recently (several
+    # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
+    # it about as long ago as the asker, at least the minimum timeout, and grants.
+    install_pre_vote(sync, settings.election_min_s / 2)
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
 
