@@ -159,6 +159,29 @@ def test_a_group_whose_leader_is_gone_elects_another_after_a_granted_pre_vote(
     assert ("pre_vote", campaigns[first_vote][1]) in campaigns[:first_vote]
 
 
+def test_a_leadership_transfer_campaigns_at_once_without_asking(
+    three_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader asked for it (``timeout_now``), and the voters would refuse: they hear it."""
+    sent: list[tuple[Any, str, int]] = []
+    send = TCPTransport.send
+
+    def recording_send(self: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
+            sent.append((self._syncObj, message["type"], message["term"]))
+        return send(self, node, message)
+
+    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    groups = three_groups()
+    leader = next(g for g in groups if g.is_leader())
+    target = next(g for g in groups if not g.is_leader())
+    wait_for(lambda: all(g.leader() == leader.self_addr for g in groups), "every replica follows")
+    sent.clear()
+    leader.transfer_leadership(target.self_addr, within_s=5)
+    wait_for(target.is_leader, "the target leads", timeout=6)
+    assert [kind for kind, _ in _campaigns(sent, target._sync)][:1] == ["request_vote"]
+
+
 # -- the rules, on a socket-free pysyncobj replica ---------------------------------------------------
 
 SELF = "127.0.0.1:1"
