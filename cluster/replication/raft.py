@@ -538,6 +538,12 @@ class RaftGroup:
             sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.election_max_s
 
     @property
+    def pre_vote_rounds(self) -> int:
+        """Pre-vote rounds this replica started (read by metrics; pre_vote.py)."""
+        pre_vote = getattr(self._sync, "raftmq_pre_vote", None)
+        return 0 if pre_vote is None else int(pre_vote.rounds)
+
+    @property
     def snapshot_installs(self) -> int:
         """Snapshot installs done here (read by metrics)."""
         return self.snapshot_gate.installs
