@@ -48,6 +48,9 @@ class PreVote:
         self._answered: set[str] = set()  # voters (and self) that answered that round
         self._granted: set[str] = set()  # voters (and self) that granted it
         self._won_term: int | None = None  # a majority granted this term: campaign for it
+        # A round started and no leader was heard since: the deadline the round pushed on says
+        # nothing about a leader (pso.hears_a_leader).
+        self.asking = False
         self.rounds = 0  # rounds started (tests and metrics)
         self.campaigns_unanswered = 0  # campaigns after a round a majority left unanswered
 
@@ -76,6 +79,7 @@ class PreVote:
         me = str(sync.selfNode.id)
         self._round_term, self._won_term = term, None
         self._answered, self._granted = {me}, {me}
+        self.asking = True
         self.rounds += 1
         sync._SyncObj__raftElectionDeadline = monotonic() + sync._SyncObj__generateRaftTimeout()
         message = {
@@ -108,6 +112,7 @@ class PreVote:
         earlier round no longer counts, and this replica refuses pre-votes for ``lease_s``."""
         self.heard_leader_at = monotonic()
         self._won_term = None
+        self.asking = False
 
     def answer(self, message: dict[str, Any]) -> dict[str, Any]:
         """The ``pre_vote_response`` to a voter's ``pre_vote``. Changes nothing here."""

@@ -637,8 +637,14 @@ def only_the_commit_index_to_send(sync: Any) -> bool:
 
 def hears_a_leader(sync: Any) -> bool:
     """Whether ``sync`` leads, or knows a leader whose last message came within its election
-    timeout (pysyncobj pushes a follower's deadline on with every ``append_entries``)."""
-    return bool(sync._isLeader()) or (sync._getLeader() is not None and own_deadline_s(sync) > 0)
+    timeout (pysyncobj pushes a follower's deadline on with every ``append_entries``). A replica
+    asking for pre-votes hears none: its timer ran out, and the round pushed the deadline on."""
+    if sync._isLeader():
+        return True
+    pre_vote = getattr(sync, "raftmq_pre_vote", None)
+    if pre_vote is not None and pre_vote.asking:
+        return False
+    return sync._getLeader() is not None and own_deadline_s(sync) > 0
 
 
 def stop_tick_thread(sync: Any) -> None:

@@ -118,6 +118,8 @@ def test_a_follower_that_stops_hearing_its_leader_does_not_depose_it(
     assert leader.is_leader() and leader.status().term == term
     assert {g.status().term for g in groups} == {term}
     assert follower.pre_vote_rounds >= 4  # what metrics report
+    # It knows the leader's address still, but hears it no more (reconcile.py asks the peers then).
+    assert follower.leader() == leader.self_addr and not follower.status().hears_leader
 
     deaf.clear()
     rounds = follower._sync.raftmq_pre_vote.rounds
@@ -127,7 +129,7 @@ def test_a_follower_that_stops_hearing_its_leader_does_not_depose_it(
         lambda: follower._machine.applied and follower._machine.applied[-1][1] == b"after",
         "the follower applies",
     )
-    assert outcomes and outcomes[0].error is None
+    assert outcomes and outcomes[0].error is None and follower.status().hears_leader
     assert leader.is_leader() and {g.status().term for g in groups} == {term}
     assert follower._sync.raftmq_pre_vote.rounds <= rounds + 1  # at most the round under way
 
