@@ -62,8 +62,8 @@ class PreVote:
         sync = self._sync
         if sync._isLeader() or sync._SyncObj__raftElectionDeadline >= monotonic():
             return
-        if sync._SyncObj__transferInProgress or not sync._SyncObj__otherNodes:
-            return  # a transfer or a lone voter: pysyncobj campaigns at once
+        if sync._SyncObj__transferInProgress or not sync._SyncObj__otherNodes or sync.selfNode is None:
+            return  # a transfer or a lone voter: pysyncobj campaigns at once (a non-voter never)
         if not sync._SyncObj__connectedNodes:
             return  # pysyncobj does not campaign either
         term = int(sync.raftCurrentTerm) + 1
@@ -128,7 +128,11 @@ class PreVote:
             and not sync._isLeader()
             and monotonic() - self.heard_leader_at >= self.lease_s
         )
-        return {"type": "pre_vote_response", "term": term, "granted": bool(granted)}
+        return {
+            "type": "pre_vote_response",
+            "term": term if type(term) is int else None,
+            "granted": bool(granted),
+        }
 
 
 def install_pre_vote(sync: Any, lease_s: float) -> PreVote:

@@ -6,6 +6,7 @@ on localhost, and the voters' rules on a socket-free pysyncobj replica."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -182,6 +183,16 @@ def test_a_leadership_transfer_campaigns_at_once_without_asking(
     leader.transfer_leadership(target.self_addr, within_s=5)
     wait_for(target.is_leader, "the target leads", timeout=6)
     assert [kind for kind, _ in _campaigns(sent, target._sync)][:1] == ["request_vote"]
+
+
+def test_pysyncobj_campaigns_in_on_tick_which_its_tick_thread_looks_up_on_the_object() -> None:
+    """The seam: the instance's ``_onTick`` runs before pysyncobj's election check."""
+    thread = inspect.getsource(SyncObj._autoTickThread)
+    assert "self._onTick(self.__conf.autoTickPeriod)" in thread
+    assert "self._onTick(timeToWait)" in inspect.getsource(SyncObj.doTick)
+    tick = inspect.getsource(SyncObj._onTick)
+    assert "if self.__raftElectionDeadline < monotonicTime() and self.__connectedToAnyone():" in tick
+    assert "self.__transferInProgress = False" in tick  # a transfer's campaign clears the flag
 
 
 # -- the rules, on a socket-free pysyncobj replica ---------------------------------------------------
