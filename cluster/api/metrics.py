@@ -136,7 +136,7 @@ class _RaftCollector(Collector):
             ):
                 gauges[family].add_metric(key, value)
             became_leader.add_metric(key, local.raft.became_leader_count)
-            pre_votes.add_metric(key, local.raft.pre_vote_rounds)
+            pre_votes.add_metric(key, local.raft.pre_vote.rounds)
             snapshot_installs.add_metric(key, local.raft.snapshot_installs)
             snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
             if name != "meta":

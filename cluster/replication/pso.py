@@ -55,7 +55,7 @@ from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
 from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.journal import DurableJournal, Entry
-from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, install_pre_vote
+from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, PreVote, install_pre_vote
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.errors import RaftmqError
 
@@ -562,17 +562,19 @@ def install_journal_seam() -> None:
     pso_syncobj.createJournal = create_journal
 
 
-def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], bool]) -> None:
+def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], bool]) -> PreVote:
     """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`), a pre-vote
     before each election (``pre_vote.py``) and, unless
-    ``settings.prompt_commit_notice``, a leader's commit notices (:func:`hold_commit_notices`)."""
+    ``settings.prompt_commit_notice``, a leader's commit notices (:func:`hold_commit_notices`).
+    Returns the replica's :class:`PreVote`."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
     # Half the minimum election timeout: a follower that heard its leader that recently (several
     # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
     # it about as long ago as the asker, at least the minimum timeout, and grants.
-    install_pre_vote(sync, settings.election_min_s / 2)
+    pre_vote = install_pre_vote(sync, settings.election_min_s / 2)
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
+    return pre_vote
 
 
 def hold_commit_notices(sync: Any) -> None:

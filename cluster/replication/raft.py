@@ -248,7 +248,7 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        install_tick_seams(self._sync, settings, self._busy)
+        self.pre_vote = install_tick_seams(self._sync, settings, self._busy)  # rounds: metrics
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
@@ -536,12 +536,6 @@ class RaftGroup:
         sync = getattr(self, "_sync", None)
         if sync is not None:
             sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.election_max_s
-
-    @property
-    def pre_vote_rounds(self) -> int:
-        """Pre-vote rounds this replica started (read by metrics; pre_vote.py)."""
-        pre_vote = getattr(self._sync, "raftmq_pre_vote", None)
-        return 0 if pre_vote is None else int(pre_vote.rounds)
 
     @property
     def snapshot_installs(self) -> int:

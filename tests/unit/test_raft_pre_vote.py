@@ -118,12 +118,12 @@ def test_a_follower_that_stops_hearing_its_leader_does_not_depose_it(
     assert all(kind == "pre_vote" for kind, _ in campaigns), campaigns
     assert leader.is_leader() and leader.status().term == term
     assert {g.status().term for g in groups} == {term}
-    assert follower.pre_vote_rounds >= 4  # what metrics report
+    assert follower.pre_vote.rounds >= 4  # what metrics report
     # It knows the leader's address still, but hears it no more (reconcile.py asks the peers then).
     assert follower.leader() == leader.self_addr and not follower.status().hears_leader
 
     deaf.clear()
-    rounds = follower._sync.raftmq_pre_vote.rounds
+    rounds = follower.pre_vote.rounds
     outcomes: list[Any] = []
     leader.submit(b"after", outcomes.append)
     wait_for(
@@ -132,7 +132,7 @@ def test_a_follower_that_stops_hearing_its_leader_does_not_depose_it(
     )
     assert outcomes and outcomes[0].error is None and follower.status().hears_leader
     assert leader.is_leader() and {g.status().term for g in groups} == {term}
-    assert follower._sync.raftmq_pre_vote.rounds <= rounds + 1  # at most the round under way
+    assert follower.pre_vote.rounds <= rounds + 1  # at most the round under way
 
 
 def test_a_group_whose_leader_is_gone_elects_another_after_a_granted_pre_vote(
