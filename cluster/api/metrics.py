@@ -77,6 +77,12 @@ class _RaftCollector(Collector):
             "Times this replica became leader (summed over a group's replicas: its leader changes)",
             labels=labels,
         )
+        pre_votes = CounterMetricFamily(
+            "raftmq_raft_pre_votes",
+            "Pre-vote rounds this replica started: its election timer ran out (refused while the "
+            "other voters hear a leader: a follower behind it, not an election)",
+            labels=labels,
+        )
         clock_jumps = CounterMetricFamily(
             "raftmq_retention_clock_jumps",
             "Retention ticks proposed here whose time ran too far ahead (age-based removal held back)",
@@ -130,6 +136,7 @@ class _RaftCollector(Collector):
             ):
                 gauges[family].add_metric(key, value)
             became_leader.add_metric(key, local.raft.became_leader_count)
+            pre_votes.add_metric(key, local.raft.pre_vote.rounds)
             snapshot_installs.add_metric(key, local.raft.snapshot_installs)
             snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
             if name != "meta":
@@ -141,7 +148,7 @@ class _RaftCollector(Collector):
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, clock_jumps, group_clock_jumps, seal_checks)
+        yield from (became_leader, pre_votes, clock_jumps, group_clock_jumps, seal_checks)
         yield from (snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
         yield from (commit_s, apply_s, fsync_s)

@@ -55,6 +55,7 @@ from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
 from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, PreVote, install_pre_vote
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.errors import RaftmqError
 
@@ -465,6 +466,19 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:
         # Every connection delivers through this method (tick thread). Only votes are checked.
+        kind = message.get("type") if isinstance(message, dict) else None
+        pre_vote = getattr(self._syncObj, "raftmq_pre_vote", None)
+        if kind in PRE_VOTE_MESSAGES:  # pre_vote.py; pysyncobj never sees them
+            if pre_vote is not None and node in self._syncObj.otherNodes:  # between voters only
+                if kind == "pre_vote":
+                    self.send(node, pre_vote.answer(message))
+                else:
+                    pre_vote.on_response(str(node.id), message)
+            return
+        if kind == "append_entries" and pre_vote is not None:
+            term = message.get("term")
+            if type(term) is int and term >= self._syncObj.raftCurrentTerm:
+                pre_vote.heard_leader()
         if isinstance(message, dict) and message.get("type") == "next_node_idx":
             # A follower's acknowledgement may complete a quorum in which pysyncobj counts this
             # leader (count = 1 in its commit loop): its own entries become durable first. The
@@ -548,12 +562,19 @@ def install_journal_seam() -> None:
     pso_syncobj.createJournal = create_journal
 
 
-def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], bool]) -> None:
-    """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`) and, unless
-    ``settings.prompt_commit_notice``, a leader's commit notices (:func:`hold_commit_notices`)."""
+def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], bool]) -> PreVote:
+    """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`), a pre-vote
+    before each election (``pre_vote.py``) and, unless
+    ``settings.prompt_commit_notice``, a leader's commit notices (:func:`hold_commit_notices`).
+    Returns the replica's :class:`PreVote`."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
+    # Half the minimum election timeout: a follower that heard its leader that recently (several
+    # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
+    # it about as long ago as the asker, at least the minimum timeout, and grants.
+    pre_vote = install_pre_vote(sync, settings.election_min_s / 2)
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
+    return pre_vote
 
 
 def hold_commit_notices(sync: Any) -> None:
@@ -618,8 +639,14 @@ def only_the_commit_index_to_send(sync: Any) -> bool:
 
 def hears_a_leader(sync: Any) -> bool:
     """Whether ``sync`` leads, or knows a leader whose last message came within its election
-    timeout (pysyncobj pushes a follower's deadline on with every ``append_entries``)."""
-    return bool(sync._isLeader()) or (sync._getLeader() is not None and own_deadline_s(sync) > 0)
+    timeout (pysyncobj pushes a follower's deadline on with every ``append_entries``). A replica
+    asking for pre-votes hears none: its timer ran out, and the round pushed the deadline on."""
+    if sync._isLeader():
+        return True
+    pre_vote = getattr(sync, "raftmq_pre_vote", None)
+    if pre_vote is not None and pre_vote.asking:
+        return False
+    return sync._getLeader() is not None and own_deadline_s(sync) > 0
 
 
 def stop_tick_thread(sync: Any) -> None:

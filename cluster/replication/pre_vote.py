@@ -1,0 +1,151 @@
+"""Raft's pre-vote (Ongaro's thesis, section 9.6), added to pysyncobj 0.3.17 through its seams.
+
+pysyncobj's follower campaigns the moment its election deadline passes, with its term raised. A
+follower that is only behind (its leader's messages queued unread behind a backlog, or one long
+tick) cannot win, but its higher term makes the leader and the other voters adopt it: the leader
+steps down, campaigns and wins again. A follower that then stays a candidate (it drops the
+leader's messages of the old term without pushing its deadline) does it again every election
+timeout: 58 leader changes in 2 minutes under load (docs/benchmarks.md, "Elections under load").
+
+Here a follower (or candidate) whose deadline passed first asks every voter whether it would vote
+for it at its term + 1 (``pre_vote``), and no term changes anywhere. A voter grants it
+(``pre_vote_response``) only if the asker's log is at least as up to date as its own, it does not
+lead, and it has not heard a leader within ``lease_s`` (half the minimum election timeout). With the
+grants of a majority (itself included) the follower campaigns as pysyncobj does; otherwise it asks
+again once another election timeout has passed. A follower kept at its leader's term reads that
+leader's backlog as current messages, each of which pushes its deadline on.
+
+Invariants:
+- Nothing here changes a term, a vote or a log entry: a pre-vote only decides *whether*
+  pysyncobj's own election starts now, so Raft's safety is pysyncobj's.
+- Liveness where pre-vote is not understood: when a majority of the voters left a round
+  unanswered (nodes from before pre-vote ignore the message), the next timeout campaigns as
+  pysyncobj would.
+- A leadership transfer (``timeout_now``) and a lone voter campaign at once, as before.
+
+Tick thread only: pysyncobj's ticks and message handlers run there.
+"""
+
+from __future__ import annotations
+
+import math
+from time import monotonic  # pysyncobj's clock (pysyncobj.monotonic is this on Python 3)
+from typing import Any
+
+__all__ = ["PRE_VOTE_MESSAGES", "PreVote", "install_pre_vote"]
+
+PRE_VOTE_MESSAGES = frozenset({"pre_vote", "pre_vote_response"})  # handled here, never by pysyncobj
+
+
+class PreVote:
+    """The pre-vote state of one replica (its ``SyncObj`` is ``sync``)."""
+
+    def __init__(self, sync: Any, lease_s: float) -> None:
+        self._sync = sync
+        self.lease_s = lease_s
+        self.heard_leader_at = -math.inf  # monotonic time of the last append_entries of a leader
+        self._round_term: int | None = None  # the term the last round asked about
+        self._answered: set[str] = set()  # voters (and self) that answered that round
+        self._granted: set[str] = set()  # voters (and self) that granted it
+        self._won_term: int | None = None  # a majority granted this term: campaign for it
+        # A round started and no leader was heard since: the deadline the round pushed on says
+        # nothing about a leader (pso.hears_a_leader).
+        self.asking = False
+        self.rounds = 0  # rounds started (tests and metrics)
+        self.campaigns_unanswered = 0  # campaigns after a round a majority left unanswered
+
+    # -- the replica whose election deadline passed -----------------------------------------------
+
+    def before_tick(self) -> None:
+        """At the start of every tick, before pysyncobj's own election check: a due election waits
+        for a majority's grants (the round pushes the deadline on)."""
+        sync = self._sync
+        if sync._isLeader() or sync._SyncObj__raftElectionDeadline >= monotonic():
+            return
+        if sync._SyncObj__transferInProgress or not sync._SyncObj__otherNodes or sync.selfNode is None:
+            return  # a transfer or a lone voter: pysyncobj campaigns at once (a non-voter never)
+        if not sync._SyncObj__connectedNodes:
+            return  # pysyncobj does not campaign either
+        term = int(sync.raftCurrentTerm) + 1
+        if self._won_term == term:
+            return  # a majority would vote for it: pysyncobj campaigns in this tick
+        if self._round_term == term and not self._majority(self._answered):
+            self.campaigns_unanswered += 1
+            return
+        self._ask(term)
+
+    def _ask(self, term: int) -> None:
+        sync = self._sync
+        me = str(sync.selfNode.id)
+        self._round_term, self._won_term = term, None
+        self._answered, self._granted = {me}, {me}
+        self.asking = True
+        self.rounds += 1
+        sync._SyncObj__raftElectionDeadline = monotonic() + sync._SyncObj__generateRaftTimeout()
+        message = {
+            "type": "pre_vote",
+            "term": term,
+            "last_log_index": sync._SyncObj__getCurrentLogIndex(),
+            "last_log_term": sync._SyncObj__getCurrentLogTerm(),
+        }
+        for node in sync._SyncObj__otherNodes:
+            sync._SyncObj__transport.send(node, message)
+
+    def on_response(self, voter: str, message: dict[str, Any]) -> None:
+        """A voter's ``pre_vote_response`` (the caller checked it comes from a voter)."""
+        if self._round_term is None or message.get("term") != self._round_term or self._won_term is not None:
+            return
+        self._answered.add(voter)
+        if message.get("granted") is True:
+            self._granted.add(voter)
+            if self._majority(self._granted):
+                self._won_term = self._round_term
+                self._sync._SyncObj__raftElectionDeadline = 0.0  # campaign at the next tick
+
+    def _majority(self, voters: set[str]) -> bool:
+        return len(voters) > (len(self._sync._SyncObj__otherNodes) + 1) / 2
+
+    # -- every replica ------------------------------------------------------------------------------
+
+    def heard_leader(self) -> None:
+        """An append_entries of a leader at this replica's term or later arrived: a grant from an
+        earlier round no longer counts, and this replica refuses pre-votes for ``lease_s``."""
+        self.heard_leader_at = monotonic()
+        self._won_term = None
+        self.asking = False
+
+    def answer(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The ``pre_vote_response`` to a voter's ``pre_vote``. Changes nothing here."""
+        sync = self._sync
+        term, index, last_term = (message.get(k) for k in ("term", "last_log_index", "last_log_term"))
+        granted = (
+            type(term) is int
+            and type(index) is int
+            and type(last_term) is int
+            and term > sync.raftCurrentTerm
+            and (last_term, index)
+            >= (sync._SyncObj__getCurrentLogTerm(), sync._SyncObj__getCurrentLogIndex())
+            and not sync._isLeader()
+            and monotonic() - self.heard_leader_at >= self.lease_s
+        )
+        return {
+            "type": "pre_vote_response",
+            "term": term if type(term) is int else None,
+            "granted": bool(granted),
+        }
+
+
+def install_pre_vote(sync: Any, lease_s: float) -> PreVote:
+    """Put pre-vote in front of ``sync``'s elections: its tick (an instance attribute: pysyncobj's
+    tick thread and ``doTick`` look ``_onTick`` up on the object) asks first, and
+    ``FlushingTransport`` hands it the pre-vote messages (``sync.raftmq_pre_vote``)."""
+    pre_vote = PreVote(sync, lease_s)
+    tick = sync._onTick
+
+    def on_tick(timeToWait: float = 0.0) -> None:
+        pre_vote.before_tick()
+        tick(timeToWait)
+
+    sync.raftmq_pre_vote = pre_vote
+    sync._onTick = on_tick
+    return pre_vote

@@ -1,0 +1,285 @@
+"""Pre-vote (``cluster/replication/pre_vote.py``): a follower whose election timer runs out while
+its leader is alive does not depose it (issue 23, item 3; docs/benchmarks.md, "Elections under
+load"), and a group whose leader is gone still elects one. Three RaftGroups over the real pysyncobj
+on localhost, and the voters' rules on a socket-free pysyncobj replica."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport, Transport
+from raft_doubles import Machine, fast_settings
+
+from raftmq.cluster.replication.journal import DurableJournal
+from raftmq.cluster.replication.pre_vote import PreVote, install_pre_vote
+from raftmq.cluster.replication.pso import FlushingTransport, install_journal_seam
+from raftmq.cluster.replication.raft import RaftGroup
+from raftmq.storage.memory import MemoryStore
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def three_groups(tmp_path: Path) -> Iterator[Callable[[], list[RaftGroup]]]:
+    groups: list[RaftGroup] = []
+
+    def start() -> list[RaftGroup]:
+        # Heartbeats well inside the election timeout, so that only the deaf follower times out.
+        settings = dataclasses.replace(
+            fast_settings(), election_min_s=0.3, election_max_s=0.5, heartbeat_s=0.03
+        )
+        addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+        for i, addr in enumerate(addrs):
+            groups.append(
+                RaftGroup(
+                    name="g",
+                    node_id=f"n{i + 1}",
+                    self_addr=addr,
+                    peer_addrs=[a for a in addrs if a != addr],
+                    journal_store=MemoryStore(),
+                    machine=Machine(),
+                    snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
+                    settings=settings,
+                )
+            )
+        wait_for(lambda: any(g.is_leader() for g in groups), "a leader")
+        return list(groups)
+
+    yield start
+    for group in groups:
+        group.destroy()
+
+
+def _campaigns(sent: list[tuple[Any, str, int]], sync: Any) -> list[tuple[str, int]]:
+    return [(kind, term) for who, kind, term in sent if who is sync]
+
+
+def test_a_follower_that_stops_hearing_its_leader_does_not_depose_it(
+    three_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench's loop in small: a follower whose leader's messages stop reaching it (under load
+    they queue behind a backlog) times out again and again. Without pre-vote its raised term
+    deposed the leader each time; with it, the leader and the other follower (which hear each
+    other) refuse, no term changes, and once the follower hears its leader again it follows."""
+    deaf: list[Any] = []  # the SyncObj that drops its leader's append_entries
+    sent: list[tuple[Any, str, int]] = []  # (sender SyncObj, message type, term) of campaigns
+    receive, send = FlushingTransport._onMessageReceived, TCPTransport.send
+
+    def deaf_receive(self: Any, node: Any, message: Any) -> None:
+        if self._syncObj in deaf and isinstance(message, dict) and message.get("type") == "append_entries":
+            return
+        receive(self, node, message)
+
+    def recording_send(self: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
+            sent.append((self._syncObj, message["type"], message["term"]))
+        return send(self, node, message)
+
+    monkeypatch.setattr(FlushingTransport, "_onMessageReceived", deaf_receive)
+    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    groups = three_groups()
+    leader = next(g for g in groups if g.is_leader())
+    follower = next(g for g in groups if not g.is_leader())
+    wait_for(lambda: all(g.leader() == leader.self_addr for g in groups), "every replica follows")
+    term = leader.status().term
+
+    sent.clear()  # the first election's
+    deaf.append(follower._sync)
+    # Four election timeouts (at most 0.5 s each) of the deaf follower: a message to each peer.
+    wait_for(
+        lambda: len(_campaigns(sent, follower._sync)) >= 8 or any(g.status().term != term for g in groups),
+        "the deaf follower to time out 4 times",
+    )
+    campaigns = _campaigns(sent, follower._sync)
+    assert all(kind == "pre_vote" for kind, _ in campaigns), campaigns
+    assert leader.is_leader() and leader.status().term == term
+    assert {g.status().term for g in groups} == {term}
+    assert follower.pre_vote.rounds >= 4  # what metrics report
+    # It knows the leader's address still, but hears it no more (reconcile.py asks the peers then).
+    assert follower.leader() == leader.self_addr and not follower.status().hears_leader
+
+    deaf.clear()
+    rounds = follower.pre_vote.rounds
+    outcomes: list[Any] = []
+    leader.submit(b"after", outcomes.append)
+    wait_for(
+        lambda: follower._machine.applied and follower._machine.applied[-1][1] == b"after",
+        "the follower applies",
+    )
+    assert outcomes and outcomes[0].error is None and follower.status().hears_leader
+    assert leader.is_leader() and {g.status().term for g in groups} == {term}
+    assert follower.pre_vote.rounds <= rounds + 1  # at most the round under way
+
+
+def test_a_group_whose_leader_is_gone_elects_another_after_a_granted_pre_vote(
+    three_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[Any, str, int]] = []
+    send = TCPTransport.send
+
+    def recording_send(self: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
+            sent.append((self._syncObj, message["type"], message["term"]))
+        return send(self, node, message)
+
+    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    groups = three_groups()
+    leader = next(g for g in groups if g.is_leader())
+    term = leader.status().term
+    wait_for(lambda: all(g.leader() == leader.self_addr for g in groups), "every replica follows")
+    sent.clear()
+    leader.destroy()
+    rest = [g for g in groups if g is not leader]
+    winner = wait_for(lambda: next((g for g in rest if g.is_leader()), None), "a new leader", timeout=5)
+    assert winner.status().term > term
+    campaigns = _campaigns(sent, winner._sync)
+    # It asked first, for the term it then campaigned for.
+    first_vote = next(i for i, (kind, _) in enumerate(campaigns) if kind == "request_vote")
+    assert ("pre_vote", campaigns[first_vote][1]) in campaigns[:first_vote]
+
+
+def test_a_leadership_transfer_campaigns_at_once_without_asking(
+    three_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader asked for it (``timeout_now``), and the voters would refuse: they hear it."""
+    sent: list[tuple[Any, str, int]] = []
+    send = TCPTransport.send
+
+    def recording_send(self: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
+            sent.append((self._syncObj, message["type"], message["term"]))
+        return send(self, node, message)
+
+    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    groups = three_groups()
+    leader = next(g for g in groups if g.is_leader())
+    target = next(g for g in groups if not g.is_leader())
+    wait_for(lambda: all(g.leader() == leader.self_addr for g in groups), "every replica follows")
+    sent.clear()
+    leader.transfer_leadership(target.self_addr, within_s=5)
+    wait_for(target.is_leader, "the target leads", timeout=6)
+    assert [kind for kind, _ in _campaigns(sent, target._sync)][:1] == ["request_vote"]
+
+
+def test_pysyncobj_campaigns_in_on_tick_which_its_tick_thread_looks_up_on_the_object() -> None:
+    """The seam: the instance's ``_onTick`` runs before pysyncobj's election check."""
+    thread = inspect.getsource(SyncObj._autoTickThread)
+    assert "self._onTick(self.__conf.autoTickPeriod)" in thread
+    assert "self._onTick(timeToWait)" in inspect.getsource(SyncObj.doTick)
+    tick = inspect.getsource(SyncObj._onTick)
+    assert "if self.__raftElectionDeadline < monotonicTime() and self.__connectedToAnyone():" in tick
+    assert "self.__transferInProgress = False" in tick  # a transfer's campaign clears the flag
+
+
+# -- the rules, on a socket-free pysyncobj replica ---------------------------------------------------
+
+SELF = "127.0.0.1:1"
+PEERS = ["127.0.0.1:2", "127.0.0.1:3"]
+
+
+class RecordingTransport(Transport):  # type: ignore[misc]
+    def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
+        super().__init__(syncObj, selfNode, otherNodes)
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send(self, node: Any, message: Any) -> bool:
+        self.sent.append((str(node.id), message))
+        return True
+
+
+@pytest.fixture
+def replica() -> Iterator[tuple[SyncObj, PreVote]]:
+    install_journal_seam()
+    sync = SyncObj(
+        SELF,
+        PEERS,
+        conf=SyncObjConf(autoTick=False, journalFile=DurableJournal(MemoryStore())),
+        transportClass=RecordingTransport,
+    )
+    pre_vote = install_pre_vote(sync, lease_s=0.5)
+    for peer in PEERS:
+        sync._SyncObj__onNodeConnected(TCPNode(peer))  # pysyncobj campaigns only when connected
+    yield sync, pre_vote
+    sync.destroy()
+
+
+def _sent(sync: SyncObj, kind: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(to, m) for to, m in sync._SyncObj__transport.sent if m.get("type") == kind]
+
+
+def test_a_voter_grants_a_pre_vote_only_to_an_up_to_date_log_when_no_leader_is_heard(
+    replica: tuple[SyncObj, PreVote],
+) -> None:
+    sync, pre_vote = replica
+    index, term = sync._SyncObj__getCurrentLogIndex(), sync._SyncObj__getCurrentLogTerm()
+    ask = {
+        "type": "pre_vote",
+        "term": sync.raftCurrentTerm + 1,
+        "last_log_index": index,
+        "last_log_term": term,
+    }
+    assert pre_vote.answer(ask)["granted"] is True
+    assert pre_vote.answer({**ask, "last_log_index": index - 1})["granted"] is False  # behind
+    assert pre_vote.answer({**ask, "term": sync.raftCurrentTerm})["granted"] is False  # not a later term
+    assert pre_vote.answer({**ask, "term": "1"})["granted"] is False  # not a number
+    pre_vote.heard_leader()
+    assert pre_vote.answer(ask)["granted"] is False  # a leader spoke within the lease
+    pre_vote.heard_leader_at -= 0.5
+    assert pre_vote.answer(ask)["granted"] is True
+    assert sync.raftCurrentTerm == 0 and sync._SyncObj__votedForNodeId is None  # nothing changed
+
+
+def test_a_timed_out_follower_campaigns_only_with_a_majority_of_grants(
+    replica: tuple[SyncObj, PreVote],
+) -> None:
+    sync, pre_vote = replica
+    sync._SyncObj__raftElectionDeadline = 0
+    sync.doTick(0)
+    assert sync.raftCurrentTerm == 0 and not _sent(sync, "request_vote")
+    assert sorted(to for to, _ in _sent(sync, "pre_vote")) == PEERS
+    pre_vote.on_response(PEERS[0], {"type": "pre_vote_response", "term": 1, "granted": False})
+    other_round = {"type": "pre_vote_response", "term": 2, "granted": True}
+    pre_vote.on_response(PEERS[1], other_round)
+    sync.doTick(0)
+    assert sync.raftCurrentTerm == 0 and not _sent(sync, "request_vote")
+    pre_vote.on_response(PEERS[1], {"type": "pre_vote_response", "term": 1, "granted": True})
+    sync.doTick(0)
+    assert sync.raftCurrentTerm == 1 and len(_sent(sync, "request_vote")) == 2
+
+
+def test_a_round_a_majority_left_unanswered_lets_the_next_timeout_campaign(
+    replica: tuple[SyncObj, PreVote],
+) -> None:
+    """Peers from before pre-vote ignore it: an election must still happen, as pysyncobj's."""
+    sync, pre_vote = replica
+    sync._SyncObj__raftElectionDeadline = 0
+    sync.doTick(0)
+    assert pre_vote.rounds == 1 and not _sent(sync, "request_vote")
+    sync._SyncObj__raftElectionDeadline = 0  # the round's timeout passed, nobody answered
+    sync.doTick(0)
+    assert sync.raftCurrentTerm == 1 and len(_sent(sync, "request_vote")) == 2
+    assert pre_vote.campaigns_unanswered == 1
