@@ -90,8 +90,38 @@ def test_the_whole_run_sets_up_every_extra_and_runs_lint_types_chaos_deploy_and_
 ) -> None:
     repo = _repo(tmp_path, stamp_extras="chaos,spark,test")  # set up: no pip
     calls = _run(repo)
-    assert [c.split()[0] for c in calls] == ["ruff", "mypy", "chaos", "deploy-test", "pytest"], calls
+    whole = ["ruff", "mypy", "pytest --collect-only", "chaos", "deploy-test", "pytest"]
+    assert [_tool(c) for c in calls] == whole, calls
     repo = _repo(tmp_path / "fresh", stamp_extras=None)
     calls = _run(repo)
     assert calls[0].startswith("pip") and calls[0].endswith("-e .[test,spark,chaos]"), calls
-    assert [c.split()[0] for c in calls[1:]] == ["ruff", "mypy", "chaos", "deploy-test", "pytest"]
+    assert [_tool(c) for c in calls[1:]] == whole
+
+
+def _tool(call: str) -> str:
+    """A recorded call's tool, with ``--collect-only`` when pytest only collected."""
+    words = call.split()
+    return f"{words[0]} --collect-only" if "--collect-only" in words else words[0]
+
+
+def test_a_test_that_cannot_be_collected_stops_the_whole_run_before_the_chaos_suite(tmp_path: Path) -> None:
+    """An import error in one test file failed CI only after the chaos and deploy suites (12 minutes):
+    the collection goes first, and what it printed is shown."""
+    repo = _repo(tmp_path, stamp_extras="chaos,spark,test")
+    _recorder(
+        repo / ".venv" / "bin" / "pytest",
+        "pytest",
+        then='if [[ " $* " == *" --collect-only "* ]]; then echo "ERROR collecting test_x.py"; exit 2; fi',
+    )
+    calls = repo / "calls.log"
+    calls.write_text("")
+    run = subprocess.run(
+        ["bash", "scripts/test"],
+        cwd=repo,
+        env={"CALLS": str(calls), "PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode != 0
+    assert "ERROR collecting test_x.py" in run.stdout
+    assert [_tool(c) for c in calls.read_text().splitlines()] == ["ruff", "mypy", "pytest --collect-only"]
