@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import termios
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -77,12 +76,17 @@ def release_port_block(base: int) -> None:
         os.close(fd)
 
 
-def pipe_bytes(pipe: Any) -> int:
-    """Bytes waiting in a pipe we read from (FIONREAD): a writer whose output fills the pipe's
-    capacity (64 KiB on Linux) is blocked in its write until we read."""
-    buf = bytearray(4)
-    fcntl.ioctl(pipe.fileno(), termios.FIONREAD, buf)
-    return int.from_bytes(buf, sys.byteorder)
+def blocked_writing_a_pipe(pid: int) -> bool:
+    """Whether a thread of process ``pid`` sleeps in a write to a full pipe (its kernel wait
+    channel). The bytes in the pipe do not say it: a writer can block with 63,354 of the pipe's
+    65,536 bytes taken (a write that fits no page left)."""
+    for wchan in Path(f"/proc/{pid}/task").glob("*/wchan"):
+        try:
+            if "pipe_write" in wchan.read_text():
+                return True
+        except OSError:  # a thread that ended
+            continue
+    return False
 
 
 def ctrl_c_mid_write(args: list[str], env: dict[str, str] | None = None) -> tuple[int, bytes, str]:
@@ -96,7 +100,13 @@ def ctrl_c_mid_write(args: list[str], env: dict[str, str] | None = None) -> tupl
         env=env,
     )
     try:
-        wait_until(lambda: pipe_bytes(proc.stdout) >= 65536, 90, what=f"{args[0]} blocked on a full pipe")
+
+        def blocked() -> bool:
+            if proc.poll() is not None:  # not a "not yet": wait_until would ask again for 90 s
+                raise RuntimeError(f"{args[0]} exited ({proc.returncode}): {proc.stderr.read().decode()}")
+            return blocked_writing_a_pipe(proc.pid)
+
+        wait_until(blocked, 90, what=f"{args[0]} blocked on a full pipe")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)  # reading the pipe lets it finish its write
     finally:
@@ -394,9 +404,11 @@ class Cluster:
     def fetch_all(
         self, topic: str, queue: int, node: str | None = None, read_from: str = "leader"
     ) -> list[dict[str, Any]]:
-        """Every message of a queue from its low offset."""
+        """Every message of a queue from its low offset. A 503 (a group electing its leader after
+        a kill, a leadership transfer) is asked again for up to 30 s."""
         out: list[dict[str, Any]] = []
         offset = 0
+        unavailable_until = time.monotonic() + 30
         while True:
             r = self.get(
                 f"/v1/topics/{topic}/queues/{queue}/messages",
@@ -406,7 +418,10 @@ class Cluster:
             if r.status_code == 416:
                 offset = r.json()["error"]["low_offset"]
                 continue
-            r.raise_for_status()
+            if r.status_code == 503 and time.monotonic() < unavailable_until:
+                time.sleep(0.2)
+                continue
+            assert r.status_code == 200, f"fetch of {topic}/{queue} at {offset}: {r.status_code} {r.text}"
             body = r.json()
             out.extend(body["messages"])
             if not body["messages"] or body["next_offset"] >= body["high_offset"]:
