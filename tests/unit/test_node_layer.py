@@ -98,10 +98,45 @@ def _leading_node(proposed: list[tuple[str, bytes]], result: dict[str, Any]) -> 
 
     return SimpleNamespace(
         config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig(), queue_groups=1),
-        groups={"0": SimpleNamespace(raft=SimpleNamespace(is_leader=lambda: True), committer=None)},
+        groups={"0": SimpleNamespace(raft=_leader(ready=lambda: True), committer=None)},
         me=SimpleNamespace(id="n1"),
         propose=propose,
+        forget_peer_status=lambda: None,
     )
+
+
+def _leader(ready: Any) -> Any:
+    """A replica that leads, serving reads while ``ready()`` (``leader_reads.py``)."""
+    return SimpleNamespace(is_leader=lambda: True, reads=SimpleNamespace(ready=ready))
+
+
+def test_a_new_leader_runs_an_action_only_once_it_serves_reads() -> None:
+    """A leader whose state may lack acknowledged writes (its term's first entry not applied yet)
+    waits before it runs an action, whose checks read that state; past ``read_wait_s`` it refuses
+    with a retriable ``unavailable`` and proposes nothing."""
+    proposed: list[tuple[str, bytes]] = []
+    ready = [False]
+    node = _leading_node(proposed, {"ok": True})
+    node.groups["0"].raft = _leader(ready=lambda: ready[0])
+    router = LeaderRouter(node)
+    router.leader_wait_s = 0.0  # no retry: one refusal is the answer
+    router.actions.read_wait_s = 0.2
+
+    async def ready_later() -> dict[str, Any]:
+        call = asyncio.create_task(router.group_call(0, "barrier", {}))
+        await asyncio.sleep(0.05)
+        assert proposed == [] and not call.done()
+        ready[0] = True
+        return await call
+
+    assert asyncio.run(ready_later()) == {"ok": True}
+    assert proposed == [("0", commands.noop())]
+
+    ready[0] = False
+    with pytest.raises(RaftmqError) as refused:
+        asyncio.run(router.group_call(0, "barrier", {}))
+    assert refused.value.error is errors.UNAVAILABLE and refused.value.retriable
+    assert proposed == [("0", commands.noop())]
 
 
 def test_a_router_runs_a_write_it_leads_with_no_api_around_it() -> None:
