@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from raftmq.cluster import commands
@@ -202,3 +203,29 @@ def test_a_topic_command_with_a_level_a_metadata_voter_lacks_is_refused_before_i
             asyncio.run(router.group_call("meta", "topic_command", body))
         assert refused.value.error is errors.UPGRADE_IN_PROGRESS, (level, refused.value)
         assert level in asked
+
+
+def test_a_read_at_the_leader_follows_a_leadership_that_moved_and_takes_no_followers_answer() -> None:
+    """``LeaderRouter.read_at_leader``: a node that no longer leads answers ``not_leader`` (it
+    does not serve reads), and the read goes to the leader known then; its answer is the one."""
+    known = ["n2"]  # the leader this node knows of; forgetting the peers' statuses learns n3
+    asked: list[str] = []
+
+    async def peer_request(method: str, peer: Any, path: str, **_: Any) -> tuple[int, bytes, str]:
+        asked.append(peer.id)
+        if peer.id == "n2":
+            return 421, orjson.dumps(errors.error_body(errors.NOT_LEADER, "n2 does not lead group 0")), ""
+        return 200, orjson.dumps({"queues": {"0": [0, 30]}}), "application/json"
+
+    node = SimpleNamespace(
+        config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig(), queue_groups=1),
+        groups={},
+        me=SimpleNamespace(id="n1"),
+        leader_of=lambda name: SimpleNamespace(id=known[0]),
+        peer_request=peer_request,
+        forget_peer_status=lambda: known.__setitem__(0, "n3"),
+    )
+    router = LeaderRouter(node)
+    assert asyncio.run(router.reads_here("0")) is False  # no replica here: the leader answers
+    answer = asyncio.run(router.read_at_leader("0", "/internal/groups/0/bounds?topic_id=1", 2.0))
+    assert answer == {"queues": {"0": [0, 30]}} and asked == ["n2", "n3"]
