@@ -21,7 +21,7 @@ from raftmq.cluster import commands
 from raftmq.cluster.api.delayed_counts import DelayedCounts
 from raftmq.cluster.api.metrics import Metrics
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
@@ -177,25 +177,23 @@ class ApiCore:
         bounds: dict[int, tuple[int, int] | None] = {}
 
         async def fetch(g: int) -> None:
-            local = self.node.queue_group(g)
-            leader = self.node.leader_of(str(g))
-            if local is not None and (leader is None or leader.id == self.node.me.id):
-                for q in by_group[g]:
-                    bounds[q] = queue_bounds(local.machine.store, topic.id, q)
-                return
-            target = leader or (self.node.config.group_replicas(g)[0])
+            # Only a leader that serves reads answers (leader_reads.py): a follower's replica, or
+            # a new leader's before it applied its term's first entry, may lack acknowledged
+            # messages. No such leader in time: null offsets, never a smaller figure.
+            name = str(g)
             try:
-                status, data, _ = await self.node.peer_request(
-                    "GET", target, f"/internal/groups/{g}/bounds?topic_id={topic.id}", timeout_s=2.0
-                )
-                if status == 200:
-                    got = orjson.loads(data)["queues"]
+                if await self.router.reads_here(name):
+                    store = self.node.groups[name].machine.store
                     for q in by_group[g]:
-                        low, high = got.get(str(q), (0, 0))
-                        bounds[q] = (low, high)
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                for q in by_group[g]:
-                    bounds[q] = None
+                        bounds[q] = queue_bounds(store, topic.id, q)
+                    return
+                path = f"/internal/groups/{g}/bounds?topic_id={topic.id}"
+                got = (await self.router.read_at_leader(name, path, timeout_s=2.0))["queues"]
+            except RaftmqError:
+                return
+            for q in by_group[g]:
+                low, high = got.get(str(q), (0, 0))  # no stored bounds: never written
+                bounds[q] = (low, high)
 
         await asyncio.gather(*(fetch(g) for g in by_group))
         queues = []

@@ -220,8 +220,9 @@ class _StorageCollector(Collector):
 class _QueueCollector(Collector):
     """Queue depth and consumer progress, from the store of each queue group this node leads.
 
-    Only the leader reports a group (its state is the freshest), so summing a series over the
-    nodes counts every queue once. See ``cluster/machines/views.py`` for what is read.
+    Only the leader reports a group, once it serves reads (its state then holds every acknowledged
+    write: ``leader_reads.py``), so summing a series over the nodes counts every queue once. See
+    ``cluster/machines/views.py`` for what is read.
     """
 
     def __init__(self, node: Node) -> None:
@@ -270,7 +271,9 @@ class _QueueCollector(Collector):
         }
         names = self._topic_names()
         for gid, local in list(self._node.groups.items()):
-            if gid == META or not local.raft.is_leader():
+            # The leader's figures, once it serves reads (leader_reads.py): a new leader's replica
+            # may lack acknowledged messages, a counter going back.
+            if gid == META or not local.raft.reads.ready():
                 continue
             store = local.machine.store
             try:

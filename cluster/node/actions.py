@@ -27,6 +27,7 @@ delivery           ``delivery_actions.py``
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -64,6 +65,31 @@ class LeaderActions:
         self.node = node
         self.limits = node.config.limits
         self.delivery = DeliveryActions(node, self.propose_checked)
+        # How long a new leader's reads and actions wait for it to apply its term's first entry:
+        # one election timeout (at least a second), after which it is no leader a client can use.
+        self.read_wait_s = max(1.0, node.config.raft.election_max_ms / 1000)
+
+    def serves_reads(self, name: str) -> bool:
+        """This node leads group ``name`` and its replica holds every acknowledged write: the
+        leader has applied its term's first entry (Raft's read rule, ``leader_reads.py``)."""
+        local = self.node.groups.get(name)
+        return local is not None and local.raft.reads.ready()
+
+    async def reads_here(self, name: str) -> bool:
+        """Whether this node answers a read of group ``name``'s state itself: True once it serves
+        reads (:meth:`serves_reads`), False when it does not lead the group (the leader answers).
+        A leader that has not applied its term's first entry yet (just elected) is waited for, up
+        to ``read_wait_s``, then refused: 503 ``unavailable``, retriable (nothing was read)."""
+        deadline = time.monotonic() + self.read_wait_s
+        while not self.serves_reads(name):
+            local = self.node.groups.get(name)
+            if local is None or not local.raft.is_leader():
+                return False
+            if time.monotonic() >= deadline:
+                message = f"group {name}: its new leader {self.node.me.id} has not applied its first entry"
+                raise CatalogError(errors.UNAVAILABLE, message + " yet")
+            await asyncio.sleep(0.005)
+        return True
 
     async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
         """Propose ``command`` to group ``name`` (led here) and return its applied result; a
@@ -84,8 +110,9 @@ class LeaderActions:
         The result of a metadata action carries ``metadata_index``, the leader's applied index
         after it: the node that passed the call on waits for its own replica to reach it
         (:meth:`LeaderRouter.group_call`)."""
-        local = self.node.groups.get(name)
-        if local is None or not local.raft.is_leader():
+        # Its state first holds every acknowledged write: the checks an action makes before it
+        # proposes (a lock's epoch, what a receive finds, a dead-letter list) read it.
+        if not await self.reads_here(name):
             raise CatalogError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
         result = await self._run(name, action, body, size_hint)
         if name == META and self.node.metadata is not None:

@@ -155,6 +155,38 @@ class LeaderRouter:
         local = self.node.groups.get(name)
         return local is not None and local.raft.is_leader()
 
+    def serves_reads(self, name: str) -> bool:
+        """This node leads group ``name`` and has applied its term's first entry, so its replica
+        holds every acknowledged write (:meth:`LeaderActions.serves_reads`). Does not wait."""
+        return self.actions.serves_reads(name)
+
+    async def reads_here(self, name: str) -> bool:
+        """Whether this node answers a read of group ``name``'s state itself (it leads and serves
+        reads, a new leader waited for briefly) or asks the leader (False); raises ``unavailable``
+        for a new leader that does not serve reads in time (:meth:`LeaderActions.reads_here`)."""
+        return await self.actions.reads_here(name)
+
+    async def read_at_leader(self, name: str, path: str, timeout_s: float) -> Any:
+        """The JSON answer of ``GET path`` (an ``/internal`` read of group ``name``'s state) at the
+        group's leader, another node (ask :meth:`reads_here` first). The leader answers from its
+        state only once it serves reads, else ``not_leader``; that answer (leadership moved on),
+        an unreachable leader and one not ready yet are asked again at the leader known then until
+        ``leader_wait_s`` has passed. A failure is a :class:`RaftmqError` (503 for a lost call)."""
+        deadline = time.monotonic() + self.leader_wait_s
+        while True:
+            leader = await self.leader_elsewhere(name)
+            try:
+                with peer_call("GET", f"the leader {leader.id} of group {name}"):
+                    status, data, _ = await self.node.peer_request("GET", leader, path, timeout_s=timeout_s)
+                    if status == 200:
+                        return orjson.loads(data)
+                raise body_error(status, data)
+            except RaftmqError as e:
+                if not (e.retriable and e.definite) or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.1)
+            self.node.forget_peer_status()
+
     async def forward(
         self,
         method: str,

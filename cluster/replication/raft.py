@@ -4,11 +4,10 @@ pysyncobj (pinned to 0.3.17) provides elections and replication. This module mak
 safe to embed (each hazard, as docs/architecture.md lists them under "The hazards and what
 neutralises each", and what neutralises it):
 
-1. No fsync → :class:`~raftmq.cluster.replication.journal.DurableJournal` replaces the journal through the
-   ``createJournal`` seam; the transport flushes it before every message but a leader's entries,
-   and before it hands a follower's acknowledgement to pysyncobj, and a tick callback after every
-   tick, so an entry is synced before it is acknowledged or counted (a leader's own fsync overlaps
-   the followers').
+1. No fsync → :class:`~raftmq.cluster.replication.journal.DurableJournal` replaces the journal through
+   the ``createJournal`` seam; the transport flushes it before every message but a leader's entries, and
+   before it hands a follower's acknowledgement to pysyncobj, and a tick callback after every tick, so
+   an entry is synced before it is acknowledged or counted (a leader's own fsync overlaps the followers').
 2. Snapshot/compaction crash window → the deserializer aligns the journal to the snapshot before
    pysyncobj compares them, and compaction fsyncs the snapshot's directory first.
 3. ``journalFile`` without ``fullDumpFile`` → both are always set here.
@@ -26,19 +25,19 @@ they were and the leader sends the snapshot again.
 Membership (``dynamicMembershipChange``): single-server changes, effective on every replica as soon as
 the entry is appended. pysyncobj's guard against a second change in flight is dead code, so
 :meth:`RaftGroup.change_membership` refuses one while a membership entry is uncommitted or its own
-change is unanswered; that change is answered ``unknown_outcome`` when its leader loses the
-leadership or a snapshot replaces the log (pysyncobj would never call it back). Votes count only
-between voters: the transport drops vote requests and votes from non-voters, so a removed voter that
-never learnt of its removal cannot depose the leader with its campaigns. A group's
-voters are what its own log says: the snapshot manifest records the voters as of its last entry
-(pysyncobj would store the live set, which may include an uncommitted change), and on start the
-voters are that set plus the membership entries after it in the journal (Raft's rule: the latest
-configuration in the log counts, committed or not). ``peer_addrs`` only seeds a group whose log holds
-no configuration yet.
+change is unanswered; that change is answered ``unknown_outcome`` when its leader loses the leadership
+or a snapshot replaces the log (pysyncobj would never call it back). Votes count only between voters:
+the transport drops vote requests and votes from non-voters, so a removed voter that never learnt of
+its removal cannot depose the leader with its campaigns. A group's voters are what its own log says:
+the snapshot manifest records the voters as of its last entry (pysyncobj would store the live set,
+which may include an uncommitted change), and on start the voters are that set plus the membership
+entries after it in the journal (Raft's rule: the latest configuration in the log counts, committed
+or not). ``peer_addrs`` only seeds a group whose log holds no configuration yet.
 
-Threading: every apply, callback, journal write and snapshot hook runs on the group's tick thread.
-``submit`` may be called from any thread; its ``on_done`` runs on the tick thread and must be short.
-A checkpoint for a snapshot install is fetched and checked on a background thread of its own.
+Reads that must see every acknowledged write wait for ``reads.ready()`` (``leader_reads.py``).
+Threading: every apply, callback, journal write and snapshot hook runs on the group's tick thread;
+``submit`` may be called from any thread (its ``on_done`` runs there and must be short); a snapshot
+install's checkpoint is fetched and checked on a background thread of its own.
 """
 
 from __future__ import annotations
@@ -65,6 +64,7 @@ from raftmq.cluster.replication.contract import (
     StateMachine,
 )
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.leader_reads import LeaderReads
 from raftmq.cluster.replication.pso import (
     FAIL_REASON,
     PINNED_PYSYNCOBJ,
@@ -182,8 +182,7 @@ class RaftGroup:
         self.name = name
         self.node_id = node_id
         self.self_addr = self_addr
-        # Unauthenticated connections to the Raft port: shared by the node's groups (the transport
-        # reads it; one of its own, with the defaults, when none is given).
+        # Unauthenticated connections to the Raft port, shared by the node's groups (else its own).
         self.admission = admission if admission is not None else RaftAdmission()
         self._machine = machine
         self._settings = settings
@@ -249,6 +248,7 @@ class RaftGroup:
             transportClass=FlushingTransport,
         )
         self.pre_vote = install_tick_seams(self._sync, settings, self._busy)  # rounds: metrics
+        self.reads = LeaderReads(self._sync)  # reads.ready(): Raft's read rule (leader_reads.py)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).

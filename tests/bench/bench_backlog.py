@@ -271,9 +271,16 @@ def settle(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def stored(cluster: Cluster, topic: str) -> tuple[int, int]:
-    """(messages held, messages ever written): the sums of the queues' low and high offsets."""
-    queues = cluster.get(f"/v1/topics/{topic}").json()["queues"]
+def stored(cluster: Cluster, topic: str, timeout_s: float = 60.0) -> tuple[int, int]:
+    """(messages held, messages ever written): the sums of the queues' low and high offsets, as
+    each queue group's leader has them once it serves reads (docs/api.md, "What the bounds and lag
+    say"). A group without such a leader gives null bounds (never smaller ones): asked again."""
+
+    def bounds() -> list[dict[str, Any]] | None:
+        queues: list[dict[str, Any]] = cluster.get(f"/v1/topics/{topic}").json()["queues"]
+        return None if any(q["high_offset"] is None for q in queues) else queues
+
+    queues = wait_until(bounds, timeout_s, 0.5, f"every queue's bounds of {topic}")
     low = sum(int(q["low_offset"]) for q in queues)
     high = sum(int(q["high_offset"]) for q in queues)
     return high - low, high

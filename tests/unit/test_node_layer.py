@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from raftmq.cluster import commands
@@ -98,10 +99,45 @@ def _leading_node(proposed: list[tuple[str, bytes]], result: dict[str, Any]) -> 
 
     return SimpleNamespace(
         config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig(), queue_groups=1),
-        groups={"0": SimpleNamespace(raft=SimpleNamespace(is_leader=lambda: True), committer=None)},
+        groups={"0": SimpleNamespace(raft=_leader(ready=lambda: True), committer=None)},
         me=SimpleNamespace(id="n1"),
         propose=propose,
+        forget_peer_status=lambda: None,
     )
+
+
+def _leader(ready: Any) -> Any:
+    """A replica that leads, serving reads while ``ready()`` (``leader_reads.py``)."""
+    return SimpleNamespace(is_leader=lambda: True, reads=SimpleNamespace(ready=ready))
+
+
+def test_a_new_leader_runs_an_action_only_once_it_serves_reads() -> None:
+    """A leader whose state may lack acknowledged writes (its term's first entry not applied yet)
+    waits before it runs an action, whose checks read that state; past ``read_wait_s`` it refuses
+    with a retriable ``unavailable`` and proposes nothing."""
+    proposed: list[tuple[str, bytes]] = []
+    ready = [False]
+    node = _leading_node(proposed, {"ok": True})
+    node.groups["0"].raft = _leader(ready=lambda: ready[0])
+    router = LeaderRouter(node)
+    router.leader_wait_s = 0.0  # no retry: one refusal is the answer
+    router.actions.read_wait_s = 0.2
+
+    async def ready_later() -> dict[str, Any]:
+        call = asyncio.create_task(router.group_call(0, "barrier", {}))
+        await asyncio.sleep(0.05)
+        assert proposed == [] and not call.done()
+        ready[0] = True
+        return await call
+
+    assert asyncio.run(ready_later()) == {"ok": True}
+    assert proposed == [("0", commands.noop())]
+
+    ready[0] = False
+    with pytest.raises(RaftmqError) as refused:
+        asyncio.run(router.group_call(0, "barrier", {}))
+    assert refused.value.error is errors.UNAVAILABLE and refused.value.retriable
+    assert proposed == [("0", commands.noop())]
 
 
 def test_a_router_runs_a_write_it_leads_with_no_api_around_it() -> None:
@@ -167,3 +203,29 @@ def test_a_topic_command_with_a_level_a_metadata_voter_lacks_is_refused_before_i
             asyncio.run(router.group_call("meta", "topic_command", body))
         assert refused.value.error is errors.UPGRADE_IN_PROGRESS, (level, refused.value)
         assert level in asked
+
+
+def test_a_read_at_the_leader_follows_a_leadership_that_moved_and_takes_no_followers_answer() -> None:
+    """``LeaderRouter.read_at_leader``: a node that no longer leads answers ``not_leader`` (it
+    does not serve reads), and the read goes to the leader known then; its answer is the one."""
+    known = ["n2"]  # the leader this node knows of; forgetting the peers' statuses learns n3
+    asked: list[str] = []
+
+    async def peer_request(method: str, peer: Any, path: str, **_: Any) -> tuple[int, bytes, str]:
+        asked.append(peer.id)
+        if peer.id == "n2":
+            return 421, orjson.dumps(errors.error_body(errors.NOT_LEADER, "n2 does not lead group 0")), ""
+        return 200, orjson.dumps({"queues": {"0": [0, 30]}}), "application/json"
+
+    node = SimpleNamespace(
+        config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig(), queue_groups=1),
+        groups={},
+        me=SimpleNamespace(id="n1"),
+        leader_of=lambda name: SimpleNamespace(id=known[0]),
+        peer_request=peer_request,
+        forget_peer_status=lambda: known.__setitem__(0, "n3"),
+    )
+    router = LeaderRouter(node)
+    assert asyncio.run(router.reads_here("0")) is False  # no replica here: the leader answers
+    answer = asyncio.run(router.read_at_leader("0", "/internal/groups/0/bounds?topic_id=1", 2.0))
+    assert answer == {"queues": {"0": [0, 30]}} and asked == ["n2", "n3"]

@@ -19,15 +19,13 @@ from collections import defaultdict
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import orjson
 from aiohttp import web
 
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.validation import bad, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.base.limits import MAX_DURATION_MS
 from raftmq.cluster.machines.apply import group_now
 from raftmq.cluster.machines.delivery import not_due
@@ -138,26 +136,18 @@ class _ConsumersApi:
         """The consumer rows of one queue group at its leader (of one topic, or of all), or None
         if it cannot be asked."""
         name = str(group_id)
-        local = self.node.groups.get(name)
-        if local is not None and local.raft.is_leader():
-            return await self._local_rows(name, local, topic_id)
-        leader = self.node.leader_of(name)
-        if leader is None:
-            await self.node.refresh_peer_status()
-            leader = self.node.leader_of(name)
-        if leader is None or leader.id == self.node.me.id:
-            return None
         query = "" if topic_id is None else f"?topic_id={topic_id}"
         try:
-            status, data, _ = await self.node.peer_request(
-                "GET", leader, f"/internal/groups/{name}/consumers{query}", timeout_s=3.0
+            # Only a leader that serves reads answers (leader_reads.py): a follower's or a new
+            # leader's replica may lack acknowledged messages and commits, a lag that is not there.
+            if await self.api.router.reads_here(name):
+                return await self._local_rows(name, self.node.groups[name], topic_id)
+            answer = await self.api.router.read_at_leader(
+                name, f"/internal/groups/{name}/consumers{query}", timeout_s=3.0
             )
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except RaftmqError:
             return None
-        if status != 200:
-            self.node.forget_peer_status()  # leadership moved: ask afresh next time
-            return None
-        rows: list[dict[str, Any]] = orjson.loads(data)["rows"]
+        rows: list[dict[str, Any]] = answer["rows"]
         return rows
 
     async def _local_rows(self, name: str, local: Any, topic_id: int | None) -> list[dict[str, Any]] | None:
@@ -181,7 +171,7 @@ class _ConsumersApi:
     async def internal_consumers(self, request: web.Request) -> web.Response:
         name = request.match_info["group"]
         local = self.node.groups.get(name)
-        if local is None or not local.raft.is_leader():
+        if local is None or not await self.api.router.reads_here(name):
             raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
         # Without topic_id: every topic's rows (the lag sampler's one read of the group).
         topic_id = (

@@ -1,10 +1,11 @@
 """The fetch core: one path for ``GET /v1/topics/{topic}/queues/{queue}/messages`` whichever wire
 the answer takes (:func:`serve_fetch`). It checks the path and the query once and in one order (so a
 request gets the same error whichever answer it asks for), decides once whether this node reads
-(the queue group's leader, or any replica with ``read_from=local``) or forwards the request to the
-leader (``ApiCore.forward``: one hop, the leader's answer returned unchanged), long-polls once,
-reads the queue's bounds after the read, counts the messages fetched
-(``raftmq_fetched_messages_total``) and writes the answer part by part (:func:`write_parts`).
+(the queue group's leader once it serves reads, ``leader_reads.py``, or any replica with
+``read_from=local``) or forwards the request to the leader (``ApiCore.forward``: one hop, the
+leader's answer returned unchanged), long-polls once, reads the queue's bounds after the read,
+counts the messages fetched (``raftmq_fetched_messages_total``) and writes the answer part by part
+(:func:`write_parts`).
 
 What differs per wire is an :class:`Encoder`: its media type (``Accept``), its defaults and maximum
 for ``max`` and ``max_bytes``, the headers a forwarding node passes on, and a :class:`Reading` that
@@ -133,7 +134,9 @@ async def fetch_query(api: ApiCore, request: web.Request, bounds: FetchBounds) -
         if local is None:
             raise bad(f"node {api.node.me.id} hosts no replica of queue group {g}; read_from=local needs one")
         store = local.machine.store
-    elif api.router.leads(str(g)):
+    elif await api.router.reads_here(str(g)):
+        # A leader that serves reads (leader_reads.py): its replica holds every acknowledged
+        # message, so an offset a producer was given is never out of range here.
         assert local is not None
         store = local.machine.store
     return FetchQuery(topic, q, g, offset, max_messages, wait_ms, max_bytes, store)

@@ -80,8 +80,13 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
         return json_response({"topics": [t.to_json() for t in node.metadata.topics()]})
 
     async def bounds(request: web.Request) -> web.Response:
+        """The topic's queue bounds in this leader's replica, once it serves reads (its state
+        holds every acknowledged message: leader_reads.py); a follower answers ``not_leader``."""
         local = local_group(request)
         topic_id = query_int(request.query, "topic_id", None, 0, 2**32 - 1)
+        name = request.match_info["group"]
+        if not await api.router.reads_here(name):
+            raise ApiError(errors.NOT_LEADER, f"{node.me.id} does not lead group {name}")
         bounds = topic_bounds(local.machine.store, topic_id)  # one scan, not a get per queue
         return json_response({"queues": {str(q): list(b) for q, b in sorted(bounds.items())}})
 

@@ -23,8 +23,6 @@ import asyncio
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import orjson
 from aiohttp import web
 
 from raftmq.cluster.api.common import json_response
@@ -60,23 +58,19 @@ class SegmentsApi:
     async def _group_manifest(self, g: int, topic: Topic, qs: list[int]) -> tuple[str | None, dict[int, Any]]:
         """(leader id, per-queue manifest) of queue group ``g``, read at its leader."""
         name = str(g)
-        if self.api.router.leads(name):
+        # Only a leader that serves reads answers (leader_reads.py): ``high_offset`` is then every
+        # acknowledged message, not a follower's or a new leader's lagging replica's.
+        if await self.api.router.reads_here(name):
             local = self.node.groups[name]
             return self.node.me.id, manifest(local.machine.store, topic.id, qs)
-        leader = await self.api.router.leader_elsewhere(name)
         query = f"topic_id={topic.id}&queues={','.join(map(str, qs))}"
-        try:
-            status, data, _ = await self.node.peer_request(
-                "GET", leader, f"/internal/groups/{name}/segments?{query}", timeout_s=10.0
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            raise ApiError(
-                errors.UNAVAILABLE, f"cannot reach the leader {leader.id} of group {name}"
-            ) from None
-        if status != 200:
-            raise ApiError(errors.UNAVAILABLE, f"the leader {leader.id} of group {name} answered {status}")
-        got = orjson.loads(data)["queues"]
-        return leader.id, {int(q): v for q, v in got.items()}
+        answer = await self.api.router.read_at_leader(
+            name, f"/internal/groups/{name}/segments?{query}", timeout_s=10.0
+        )
+        # The answering leader names itself (a node of a release before that does not).
+        known = self.node.leader_of(name)
+        leader = answer.get("node") or (known.id if known is not None else None)
+        return leader, {int(q): v for q, v in answer["queues"].items()}
 
     def _describe_segment(self, topic: Topic, q: int, s: dict[str, Any]) -> dict[str, Any]:
         writer = self._node_config(s["node"])
@@ -198,8 +192,10 @@ class SegmentsApi:
             qs = [int(x) for x in raw.split(",") if x]
         except ValueError:
             raise bad("queues must be comma-separated queue numbers") from None
+        if not await self.api.router.reads_here(name):
+            raise ApiError(errors.NOT_LEADER, f"{self.node.me.id} does not lead group {name}")
         got = manifest(local.machine.store, topic_id, qs)
-        return json_response({"queues": {str(q): v for q, v in got.items()}})
+        return json_response({"node": self.node.me.id, "queues": {str(q): v for q, v in got.items()}})
 
     async def internal_seal(self, request: web.Request) -> web.Response:
         if self.node.sealer is None:

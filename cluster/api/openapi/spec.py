@@ -54,6 +54,12 @@ from raftmq.cluster.machines.metadata import MAX_QUEUES
 
 __all__ = ["openapi_spec"]
 
+# A queue's bounds in the topic's description (docs/api.md, "What the bounds and lag say").
+_BOUND = (
+    "Read at the queue group's leader once it has applied the first entry of its term; null when "
+    "no such leader answered in time."
+)
+
 
 def _message_schema(limits: Limits) -> Schema:
     utf8 = "x-raftmq-max-utf8-bytes"
@@ -170,8 +176,10 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                 "group_id": _int(0),
                 "leader": _nullable(_str()),
                 "replicas": _array(_str()),
-                "low_offset": _nullable(_int(0)),
-                "high_offset": _nullable(_int(0)),
+                "low_offset": _nullable(_int(0, description=_BOUND)),
+                "high_offset": _nullable(
+                    _int(0, description=_BOUND + " Never below an offset a producer was given.")
+                ),
             },
             required=("queue", "group_id", "leader", "replicas", "low_offset", "high_offset"),
             closed=False,

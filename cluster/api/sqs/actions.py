@@ -33,7 +33,6 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -455,7 +454,12 @@ class QueueActions:
         ``/internal/groups/{name}/consumers`` (a leader of a release before a figure answers
         without it: none counted)."""
         local = self.node.groups.get(name)
-        if local is not None and local.raft.is_leader():
+        try:  # only a leader that serves reads answers: its state holds every acknowledged write
+            here = local is not None and await self.api.router.reads_here(name)
+        except RaftmqError:
+            raise SqsError("ServiceUnavailable", f"queue group {name} is electing; try again.") from None
+        if here:
+            assert local is not None
             loop = asyncio.get_running_loop()
             store = local.machine.store
             try:  # scans of the group's keys: off the event loop, as the REST consumer view
@@ -473,17 +477,13 @@ class QueueActions:
             if not_due is None:
                 raise SqsError("ServiceUnavailable", f"queue group {name} is restoring; try again.")
             return [dataclasses.asdict(r) for r in found], counted, not_due
-        leader = await self.api.router.wait_leader(name, self.api.leader_wait_s)
         path = f"/internal/groups/{name}/consumers?topic_id={topic.id}"
         path += "&delayed=1" if with_delayed else ""
         path += f"&not_due_ms={fifo_delay_ms}&not_due_group={GROUP}" if fifo_delay_ms else ""
         try:
-            status, data, _ = await self.node.peer_request("GET", leader, path, timeout_s=3.0)
-        except (TimeoutError, aiohttp.ClientError, OSError):
+            answer = await self.api.router.read_at_leader(name, path, timeout_s=3.0)
+        except RaftmqError:
             raise SqsError("ServiceUnavailable", f"queue group {name} did not answer; try again.") from None
-        if status != 200:
-            raise SqsError("ServiceUnavailable", f"queue group {name} did not answer; try again.")
-        answer = orjson.loads(data)
         delayed = {int(q): int(n) for q, n in answer.get("delayed", {}).items()}
         return answer["rows"], delayed, {int(q): int(n) for q, n in answer.get("not_due", {}).items()}
 
