@@ -200,6 +200,9 @@ class RaftTimingConfig:
     # before it (only for a rolling upgrade).
     retention_max_jump_ms: int = 300_000
     retention_max_batches: int = 1000  # record batches one retain command removes at most
+    # A leader queues at most about this much for one follower; more goes as the follower reads
+    # (docs/architecture.md, "A leader's backlog to a follower").
+    max_follower_backlog_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -450,6 +453,8 @@ def parse_config(
         problems.append("raft.retention_max_jump_ms must be from 0 (off) to 2**40")
     if not 0 <= timing.retention_max_batches <= 0xFFFF_FFFF:
         problems.append("raft.retention_max_batches must be from 0 (off) to 4294967295")
+    if not 64 * 1024 <= timing.max_follower_backlog_bytes <= 1 << 30:
+        problems.append("raft.max_follower_backlog_bytes must be from 65536 to 1073741824 (1 GiB)")
     if timing.election_min_ms >= timing.election_max_ms:
         problems.append("raft.election_min_ms must be below raft.election_max_ms")
     if timing.heartbeat_ms * 5 > timing.election_min_ms:

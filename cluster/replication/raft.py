@@ -248,7 +248,7 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        self.pre_vote = install_tick_seams(self._sync, settings, self._busy)  # rounds: metrics
+        self.pre_vote, self.backlog = install_tick_seams(self._sync, settings, self._busy)  # for metrics
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
