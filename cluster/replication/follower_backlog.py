@@ -88,10 +88,10 @@ class FollowerBacklog:
 
 def bound_follower_backlog(sync: Any, max_bytes: int, connected_state: Any) -> FollowerBacklog:
     """Bound what the leader ``sync`` queues for each follower to about ``max_bytes`` (plus the
-    last message sent: an entry is never split). Installed on the instance: pysyncobj calls
-    ``self.__sendAppendEntries()`` and ``self.__transport.send(...)``, which look the attributes up
-    on the objects. ``connected_state``: pysyncobj's ``CONNECTION_STATE.CONNECTED`` (only the
-    adapter imports pysyncobj)."""
+    message that crossed it: a batch of entries, up to twice the largest entry). Installed on the
+    instance: pysyncobj calls ``self.__sendAppendEntries()`` and ``self.__transport.send(...)``,
+    which look the attributes up on the objects. ``connected_state``: pysyncobj's
+    ``CONNECTION_STATE.CONNECTED`` (only the adapter imports pysyncobj)."""
     backlog = FollowerBacklog(sync, max_bytes, connected_state)
     send_round = sync._SyncObj__sendAppendEntries
     transport = sync._SyncObj__transport
