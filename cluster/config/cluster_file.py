@@ -73,6 +73,7 @@ from raftmq.cluster.base.limits import (
     MAX_REQUEST_BYTES_CEILING,
     MAX_TOPICS_PER_ENTRY,
 )
+from raftmq.cluster.config.raft_timing import RaftTimingConfig
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
 from raftmq.errors import RaftmqError
 
@@ -176,30 +177,6 @@ class Limits:
     raft_auth_timeout_ms: int = 5_000
     raft_max_unauthenticated: int = 512
     raft_max_unauthenticated_per_source: int = 64
-
-
-@dataclass(frozen=True)
-class RaftTimingConfig:
-    # Failover takes one election timeout (plus a vote round): 0.8-1.6 s keeps it under 3 s while
-    # staying far above a loaded tick (heartbeats go every 100 ms: 8 per shortest election timeout,
-    # etcd's ratio). Entries and commit indexes go at once, not with the heartbeats, so the period
-    # sets only an idle group's cost: its messages are most of an idle node's CPU.
-    election_min_ms: int = 800
-    election_max_ms: int = 1600
-    heartbeat_ms: int = 100
-    leader_fallback_ms: int = 2000
-    compaction_min_entries: int = 20_000
-    compaction_min_time_s: int = 120
-    compaction_max_bytes: int = 64 * 1024 * 1024
-    group_commit_bytes: int = 256 * 1024  # coalesce produce requests into entries up to this size
-    group_commit_inflight: int = 2  # entries in flight per group before requests accumulate
-    retention_check_ms: int = 10_000  # how often a queue group's leader proposes a retention tick
-    # How far a retain tick's time may move past the stamps' own progress (a leader clock that
-    # jumped ahead); at least 3 retention_check_ms is used. Other commands move the group's time by
-    # at most storage.keys.GROUP_MAX_STEP_MS. 0 for either: off, retain written as by releases
-    # before it (only for a rolling upgrade).
-    retention_max_jump_ms: int = 300_000
-    retention_max_batches: int = 1000  # record batches one retain command removes at most
 
 
 @dataclass(frozen=True)
@@ -450,6 +427,8 @@ def parse_config(
         problems.append("raft.retention_max_jump_ms must be from 0 (off) to 2**40")
     if not 0 <= timing.retention_max_batches <= 0xFFFF_FFFF:
         problems.append("raft.retention_max_batches must be from 0 (off) to 4294967295")
+    if not 64 * 1024 <= timing.max_follower_backlog_bytes <= 1 << 30:
+        problems.append("raft.max_follower_backlog_bytes must be from 65536 to 1073741824 (1 GiB)")
     if timing.election_min_ms >= timing.election_max_ms:
         problems.append("raft.election_min_ms must be below raft.election_max_ms")
     if timing.heartbeat_ms * 5 > timing.election_min_ms:

@@ -49,13 +49,14 @@ from raftmq.cluster.node.checkpoints import Checkpoints
 from raftmq.cluster.node.compactor import Compactor
 from raftmq.cluster.node.parked import ParkedReports
 from raftmq.cluster.node.peer_releases import PeerReleases
+from raftmq.cluster.node.raft_settings import group_raft_settings
 from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
 from raftmq.cluster.node.ticks import TickLoops
 from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.replication.admission import AdmissionLimits, RaftAdmission
 from raftmq.cluster.replication.group_commit import GroupCommitter
-from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
+from raftmq.cluster.replication.raft import Outcome, RaftGroup, StateMachine
 from raftmq.cluster.replication.upgrade import (
     BATCH_FORMATS,
     BEFORE_CAPABILITIES,
@@ -243,22 +244,7 @@ class Node:
         self, name: str, seed: list[str], machine: StateMachine, store: RocksStore, joining: bool
     ) -> LocalGroup:
         journal_store = RocksStore.open(self._group_dir(name, "raft"))
-        timing = self.config.raft
-        settings = RaftSettings(
-            password=self.keys.raft,
-            fsync=self.config.durability == "fsync",
-            election_min_s=timing.election_min_ms / 1000,
-            election_max_s=timing.election_max_ms / 1000,
-            heartbeat_s=timing.heartbeat_ms / 1000,
-            leader_fallback_s=timing.leader_fallback_ms / 1000,
-            compaction_min_entries=timing.compaction_min_entries,
-            compaction_min_time_s=timing.compaction_min_time_s,
-            compaction_max_bytes=timing.compaction_max_bytes,
-            max_entry_bytes=self.config.limits.max_request_bytes + 64 * 1024,
-            crash_after_snapshot=self.config.faults.crash_after_snapshot,
-            # A metadata write through a follower waits for its replica (router._metadata_applied).
-            prompt_commit_notice=name == META,
-        )
+        settings = group_raft_settings(self.config, self.keys.raft, name)
         raft = RaftGroup(
             name=name,
             node_id=self.me.id,

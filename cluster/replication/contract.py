@@ -67,6 +67,9 @@ class RaftSettings:
     # whichever comes first, and a follower applies up to one heartbeat later. No answer to a
     # client waits on a follower's apply (reads go to the leader unless asked otherwise).
     prompt_commit_notice: bool = True
+    # A leader queues at most about this much for one follower (follower_backlog.py): a follower
+    # that reads more slowly than its leader writes is sent more as it reads, not all at once.
+    max_follower_backlog_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)

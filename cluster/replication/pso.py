@@ -54,6 +54,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
 from raftmq.cluster.replication.contract import RaftSettings
+from raftmq.cluster.replication.follower_backlog import FollowerBacklog, bound_follower_backlog
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, PreVote, install_pre_vote
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
@@ -562,11 +563,14 @@ def install_journal_seam() -> None:
     pso_syncobj.createJournal = create_journal
 
 
-def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], bool]) -> PreVote:
+def install_tick_seams(
+    sync: Any, settings: RaftSettings, busy: Callable[[], bool]
+) -> tuple[PreVote, FollowerBacklog]:
     """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`), a pre-vote
-    before each election (``pre_vote.py``) and, unless
-    ``settings.prompt_commit_notice``, a leader's commit notices (:func:`hold_commit_notices`).
-    Returns the replica's :class:`PreVote`."""
+    before each election (``pre_vote.py``), unless ``settings.prompt_commit_notice`` a leader's
+    commit notices (:func:`hold_commit_notices`), and the bound on what a leader queues for each
+    follower (``follower_backlog.py``). Returns the replica's :class:`PreVote` and
+    :class:`FollowerBacklog`."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
     # Half the minimum election timeout: a follower that heard its leader that recently (several
     # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
@@ -574,7 +578,9 @@ def install_tick_seams(sync: Any, settings: RaftSettings, busy: Callable[[], boo
     pre_vote = install_pre_vote(sync, settings.election_min_s / 2)
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
-    return pre_vote
+    return pre_vote, bound_follower_backlog(
+        sync, settings.max_follower_backlog_bytes, CONNECTION_STATE.CONNECTED
+    )
 
 
 def hold_commit_notices(sync: Any) -> None:

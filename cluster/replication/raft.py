@@ -247,7 +247,7 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        self.pre_vote = install_tick_seams(self._sync, settings, self._busy)  # rounds: metrics
+        self.pre_vote, self.backlog = install_tick_seams(self._sync, settings, self._busy)  # for metrics
         self.reads = LeaderReads(self._sync)  # reads.ready(): Raft's read rule (leader_reads.py)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
