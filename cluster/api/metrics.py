@@ -83,6 +83,12 @@ class _RaftCollector(Collector):
             "other voters hear a leader: a follower behind it, not an election)",
             labels=labels,
         )
+        unanswered = CounterMetricFamily(
+            "raftmq_raft_pre_vote_unanswered_campaigns",
+            "Elections this replica started without a majority's pre-vote grants because a majority "
+            "left its round unanswered (voters from before pre-vote, or too slow to answer)",
+            labels=labels,
+        )
         backlog_holds = CounterMetricFamily(
             "raftmq_raft_follower_backlog_holds",
             "Rounds in which this leader sent a follower nothing more: the bytes queued for it had "
@@ -143,6 +149,7 @@ class _RaftCollector(Collector):
                 gauges[family].add_metric(key, value)
             became_leader.add_metric(key, local.raft.became_leader_count)
             pre_votes.add_metric(key, local.raft.pre_vote.rounds)
+            unanswered.add_metric(key, local.raft.pre_vote.campaigns_unanswered)
             backlog_holds.add_metric(key, local.raft.backlog.holds)
             snapshot_installs.add_metric(key, local.raft.snapshot_installs)
             snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
@@ -155,8 +162,8 @@ class _RaftCollector(Collector):
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, pre_votes, backlog_holds, clock_jumps, group_clock_jumps, seal_checks)
-        yield from (snapshot_installs, snapshot_failures)
+        yield from (became_leader, pre_votes, unanswered, backlog_holds)
+        yield from (clock_jumps, group_clock_jumps, seal_checks, snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
         yield from (commit_s, apply_s, fsync_s)
 
