@@ -19,8 +19,13 @@ Invariants:
 - Nothing here changes a term, a vote or a log entry: a pre-vote only decides *whether*
   pysyncobj's own election starts now, so Raft's safety is pysyncobj's.
 - Liveness where pre-vote is not understood: when a majority of the voters left a round
-  unanswered (nodes from before pre-vote ignore the message), the next timeout campaigns as
-  pysyncobj would.
+  unanswered and the voters never seen answering one (nodes from before pre-vote ignore the
+  message) could make a majority with the grants, the next timeout campaigns as pysyncobj would.
+  A voter that answered before and is silent now is slow or cut off: no election.
+- A replica whose term is above a majority's (its vote requests were lost after a campaign)
+  campaigns when the answers say so (``voter_term``): pysyncobj drops a lower-term leader's
+  messages unanswered and the voters refuse pre-votes while they hear that leader, so only a
+  vote request carries its term to the group.
 - A leadership transfer (``timeout_now``) and a lone voter campaign at once, as before.
 
 Tick thread only: pysyncobj's ticks and message handlers run there.
@@ -48,6 +53,10 @@ class PreVote:
         self._answered: set[str] = set()  # voters (and self) that answered that round
         self._granted: set[str] = set()  # voters (and self) that granted it
         self._won_term: int | None = None  # a majority granted this term: campaign for it
+        # Voters seen answering a pre-vote: their silence means slow or cut off, not a release
+        # from before pre-vote, so it lets no election start.
+        self._capable: set[str] = set()
+        self._behind: set[str] = set()  # voters of the last round whose term is below ours
         # A round started and no leader was heard since: the deadline the round pushed on says
         # nothing about a leader (pso.hears_a_leader).
         self.asking = False
@@ -69,16 +78,29 @@ class PreVote:
         term = int(sync.raftCurrentTerm) + 1
         if self._won_term == term:
             return  # a majority would vote for it: pysyncobj campaigns in this tick
-        if self._round_term == term and not self._majority(self._answered):
+        if (
+            self._round_term == term
+            and not self._majority(self._answered)
+            and self._majority(self._granted | self._maybe_old())
+        ):
+            # A majority left the round unanswered, and the grants with the voters never seen
+            # answering one (a release before pre-vote ignores it) could make a majority:
+            # campaign as pysyncobj would. A voter that answered before and is silent now is
+            # slow or cut off, and lets no election start.
             self.campaigns_unanswered += 1
             return
         self._ask(term)
+
+    def _maybe_old(self) -> set[str]:
+        """The voters that left this round unanswered and never answered one."""
+        voters = {str(node.id) for node in self._sync._SyncObj__otherNodes}
+        return voters - self._answered - self._capable
 
     def _ask(self, term: int) -> None:
         sync = self._sync
         me = str(sync.selfNode.id)
         self._round_term, self._won_term = term, None
-        self._answered, self._granted = {me}, {me}
+        self._answered, self._granted, self._behind = {me}, {me}, set()
         self.asking = True
         self.rounds += 1
         sync._SyncObj__raftElectionDeadline = monotonic() + sync._SyncObj__generateRaftTimeout()
@@ -93,14 +115,22 @@ class PreVote:
 
     def on_response(self, voter: str, message: dict[str, Any]) -> None:
         """A voter's ``pre_vote_response`` (the caller checked it comes from a voter)."""
+        self._capable.add(voter)
         if self._round_term is None or message.get("term") != self._round_term or self._won_term is not None:
             return
         self._answered.add(voter)
         if message.get("granted") is True:
             self._granted.add(voter)
-            if self._majority(self._granted):
-                self._won_term = self._round_term
-                self._sync._SyncObj__raftElectionDeadline = 0.0  # campaign at the next tick
+        voter_term = message.get("voter_term")
+        if type(voter_term) is int and voter_term < int(self._sync.raftCurrentTerm):
+            self._behind.add(voter)
+        # A majority behind this replica's own term cannot hear it otherwise: pysyncobj drops a
+        # lower-term leader's messages without an answer, and only a vote request carries a term
+        # to the others. Such a replica (its requests lost after a campaign) campaigns, which makes
+        # the group adopt its term, as plain Raft would; the voters still vote on the logs.
+        if self._majority(self._granted) or self._majority(self._granted | self._behind):
+            self._won_term = self._round_term
+            self._sync._SyncObj__raftElectionDeadline = 0.0  # campaign at the next tick
 
     def _majority(self, voters: set[str]) -> bool:
         return len(voters) > (len(self._sync._SyncObj__otherNodes) + 1) / 2
@@ -132,6 +162,7 @@ class PreVote:
             "type": "pre_vote_response",
             "term": term if type(term) is int else None,
             "granted": bool(granted),
+            "voter_term": int(sync.raftCurrentTerm),
         }
 
 

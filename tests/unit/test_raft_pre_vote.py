@@ -283,3 +283,44 @@ def test_a_round_a_majority_left_unanswered_lets_the_next_timeout_campaign(
     sync.doTick(0)
     assert sync.raftCurrentTerm == 1 and len(_sent(sync, "request_vote")) == 2
     assert pre_vote.campaigns_unanswered == 1
+
+
+def test_a_replica_whose_term_is_above_a_majoritys_campaigns_to_carry_it(
+    replica: tuple[SyncObj, PreVote],
+) -> None:
+    """A replica that campaigned once and whose vote requests were lost has a term above its
+    group's: pysyncobj drops the leader's lower-term messages without an answer, and pre-votes
+    are refused while the others hear that leader, so only a vote request can carry its term.
+    Answers that say a majority's term is below its own make it campaign (plain Raft's way)."""
+    sync, pre_vote = replica
+    sync._SyncObj__setCurrentTerm(3, None)
+    sync._SyncObj__raftElectionDeadline = 0
+    sync.doTick(0)
+    assert not _sent(sync, "request_vote") and {m["term"] for _, m in _sent(sync, "pre_vote")} == {4}
+    for peer in PEERS:  # refused (they hear their leader), at term 1
+        pre_vote.on_response(
+            peer, {"type": "pre_vote_response", "term": 4, "granted": False, "voter_term": 1}
+        )
+    sync.doTick(0)
+    assert sync.raftCurrentTerm == 4 and len(_sent(sync, "request_vote")) == 2
+
+
+def test_a_voter_seen_answering_that_falls_silent_lets_no_election_start(
+    replica: tuple[SyncObj, PreVote],
+) -> None:
+    """Silence from a voter that answered pre-votes before means slow or cut off, not a release
+    from before pre-vote: a follower cut off from both peers for a timeout must not campaign."""
+    sync, pre_vote = replica
+    sync._SyncObj__raftElectionDeadline = 0
+    sync.doTick(0)
+    for peer in PEERS:  # the first round: both answered, refused
+        pre_vote.on_response(
+            peer, {"type": "pre_vote_response", "term": 1, "granted": False, "voter_term": 0}
+        )
+    sync._SyncObj__raftElectionDeadline = 0
+    sync.doTick(0)  # a second round
+    assert pre_vote.rounds == 2
+    sync._SyncObj__raftElectionDeadline = 0  # its timeout passed: nobody answered
+    sync.doTick(0)
+    assert sync.raftCurrentTerm == 0 and not _sent(sync, "request_vote")
+    assert pre_vote.rounds == 3 and pre_vote.campaigns_unanswered == 0
