@@ -20,7 +20,9 @@ left out of pysyncobj's connected set (the loop skips a follower not connected, 
 to one that leaves the set after a send), and put back afterwards if its connection is still up.
 pysyncobj would cancel a snapshot transmission to a follower left out; raftmq's snapshots are
 manifests of a few hundred bytes (a checkpoint travels out of band), so the next round starts it
-again.
+again. A held follower is still timed out as pysyncobj would (nothing read from it for its
+connection timeout), here, since nothing is sent to it. While a follower is left out, pysyncobj's
+``hasQuorum`` read from another thread may count it as disconnected (status and metrics only).
 
 Tick thread only: pysyncobj's ticks, sends and handlers run there.
 """
@@ -59,9 +61,14 @@ class FollowerBacklog:
         """Leave every follower whose queue is at the bound out of this round of sends."""
         sync = self._sync
         self._in_round = True
+        connections = sync._SyncObj__transport._connections
         for node in sync._SyncObj__otherNodes | sync._SyncObj__readonlyNodes:
             if self.queued_bytes(node) >= self.max_bytes:
-                self._hold(node)
+                # pysyncobj times a connection out (nothing read for connectionTimeout) only when
+                # it sends on it or the socket has an event; a held follower that is gone (a host
+                # down, a network cut: no reset, its socket full) gives neither, so look here.
+                connections[node]._TcpConnection__processConnectionTimeout()
+                self._hold(node)  # a connection timed out left the connected set: nothing to hold
 
     def after_send(self, node: Any, message: Any) -> None:
         """After an ``append_entries`` to ``node``: once its queue reached the bound, pysyncobj's

@@ -135,3 +135,31 @@ def test_pysyncobj_skips_and_stops_sending_to_a_follower_outside_its_connected_s
     assert source.count("self.__transport.send(node, message)\n") == 3
     assert source.count("if node not in self.__connectedNodes:\n") == 4  # the skip, then after each send
     assert "self.__sendAppendEntries()" in inspect.getsource(SyncObj._onTick)
+
+
+def test_a_held_follower_that_reads_nothing_is_still_timed_out(groups: list[RaftGroup]) -> None:
+    """pysyncobj times a connection out only when it sends on it or the socket has an event: a
+    follower held back because it read nothing (a host gone without a reset) would keep its
+    connection for good, and the leader would not reconnect when it came back."""
+    leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
+    wait_for(lambda: all(g.leader() == leader.self_addr for g in groups), "every replica follows")
+    slow = next(g for g in groups if g is not leader)
+    node = next(n for n in leader._sync._SyncObj__otherNodes if n.id == slow.self_addr)
+    conn = leader._sync._SyncObj__transport._connections[node]
+    dropped = threading.Event()
+    disconnect = conn.disconnect
+
+    def recording_disconnect() -> None:
+        dropped.set()
+        disconnect()
+
+    conn.disconnect = recording_disconnect  # pysyncobj calls self.disconnect()
+    go = _stall(slow)
+    try:
+        _peak, outcomes = _submit_while_sampling(leader, node)
+        assert leader.backlog.holds > 0 and [o.error for o in outcomes] == [None] * ENTRIES
+        # Nothing read from it for the connection timeout (3.5 s): the leader drops it.
+        assert dropped.wait(10), "the held connection never timed out"
+    finally:
+        go.set()
+    wait_for(lambda: len(slow._machine.applied) >= ENTRIES, "the follower catches up", timeout=30)
