@@ -46,5 +46,9 @@ class LeaderReads:
     def ready(self) -> bool:
         """This replica leads, and its state holds every entry committed before its term."""
         s = self._sync
-        term = int(s.raftCurrentTerm)  # read first: a later term only makes the check fail
-        return bool(s._isLeader()) and self._term == term
+        # The term read before and after the leadership: terms only rise, so equal reads pin one
+        # term (the replica could lose and regain the lead in between, T to T+2, with its no-op
+        # of T+2 not applied yet while _term still says T).
+        term = int(s.raftCurrentTerm)
+        leads = bool(s._isLeader())
+        return leads and self._term == term == int(s.raftCurrentTerm)
