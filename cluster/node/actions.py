@@ -81,6 +81,7 @@ class LeaderActions:
         A leader that has not applied its term's first entry yet (just elected) is waited for, up
         to ``read_wait_s``, then refused: 503 ``unavailable``, retriable (nothing was read)."""
         deadline = time.monotonic() + self.read_wait_s
+        pause = 0.005  # doubled up to 50 ms: many requests wait at once after an election
         while not self.serves_reads(name):
             local = self.node.groups.get(name)
             if local is None or not local.raft.is_leader():
@@ -88,7 +89,8 @@ class LeaderActions:
             if time.monotonic() >= deadline:
                 message = f"group {name}: its new leader {self.node.me.id} has not applied its first entry"
                 raise CatalogError(errors.UNAVAILABLE, message + " yet")
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 0.05)
         return True
 
     async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:

@@ -235,7 +235,7 @@ class SubscriptionsApi:
     async def _create_dlq_for(self, topic_id: int, topic_name: str, group: str) -> None:
         try:
             topic = await self.api.topic(topic_name)
-            led = [g for g in sorted(set(topic.queue_groups)) if self.api.router.serves_reads(str(g))]
+            led = [g for g in sorted(set(topic.queue_groups)) if await self.api.router.reads_here(str(g))]
             if topic.id != topic_id or not led:
                 return  # deleted, or a follower's replica: the leader's does this
             stored = read_subscription(self.node.groups[str(led[0])].machine.store, topic.id, group)
