@@ -328,7 +328,9 @@ class Node:
         groups = {}
         for name, local in self.groups.items():
             s = local.raft.status()
-            leader = self.node_for_addr(s.leader)
+            # A leader this replica no longer hears (its election timer ran out: pre-vote keeps
+            # pysyncobj from forgetting it, as its campaign did) is not reported.
+            leader = self.node_for_addr(s.leader) if s.is_leader or s.hears_leader else None
             groups[name] = {
                 "leader": leader.id if leader else None,
                 "is_leader": s.is_leader,
