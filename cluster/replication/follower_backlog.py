@@ -77,6 +77,7 @@ class FollowerBacklog:
             self._in_round
             and isinstance(message, dict)
             and message.get("type") == "append_entries"
+            and "serialized" not in message  # a snapshot's last part sets the next index after it
             and self.queued_bytes(node) >= self.max_bytes
         ):
             self._hold(node)
