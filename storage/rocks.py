@@ -177,8 +177,10 @@ class RocksStore:
 
     def __init__(self, path: str, db: Rdict) -> None:
         self._path = path
-        # A plain lock: nothing holds it twice, and every call takes it twice (enter and leave).
-        self._cond = threading.Condition(threading.Lock())
+        # A plain lock (nothing holds it twice), taken as itself on the hot paths (_enter, _leave):
+        # every call takes it twice, and the Condition's own __enter__ is Python code.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         # Invariant: _users counts threads between _enter and _leave; _db is not None exactly while new
         # users are admitted; a handle is closed only after _db stopped being it and _users reached 0.
         self._db: Rdict | None = db
@@ -213,7 +215,7 @@ class RocksStore:
     # -- the gate --------------------------------------------------------------------------------
 
     def _enter(self) -> Rdict:
-        with self._cond:
+        with self._lock:
             db = self._db
             if db is None:
                 raise StoreClosed(f"store {self._path} is closed")
@@ -221,7 +223,7 @@ class RocksStore:
             return db
 
     def _leave(self) -> None:
-        with self._cond:
+        with self._lock:
             self._users -= 1
             # Only _revoke waits, and it stops admitting (_db = None) before it does: a leaver
             # while users are admitted has nobody to wake.
