@@ -83,6 +83,7 @@ from raftmq.cluster.replication.pso import (
     monotonic,
     replicated,
     stop_tick_thread,
+    voters_now,
     wake_tick_thread,
 )
 from raftmq.cluster.replication.snapshot_gate import (
@@ -182,8 +183,7 @@ class RaftGroup:
         self.name = name
         self.node_id = node_id
         self.self_addr = self_addr
-        # Unauthenticated connections to the Raft port: shared by the node's groups (the transport
-        # reads it; one of its own, with the defaults, when none is given).
+        # Unauthenticated Raft connections: shared by the node's groups (the transport reads it).
         self.admission = admission if admission is not None else RaftAdmission()
         self._machine = machine
         self._settings = settings
@@ -488,7 +488,7 @@ class RaftGroup:
                 call()
             except Exception:
                 log.exception("tick_call_failed", group=self.name)
-        self._members = tuple(self._live_members())
+        self._members = voters_now(self._sync, self.self_addr, self._members)
 
     def _busy(self) -> bool:
         """Tick every ``tick_s``: entries await a commit, a call waits, a quiet joiner (not to campaign)."""
