@@ -312,7 +312,8 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         self._TcpConnection__processConnectionTimeout()
         if self.state == CONNECTION_STATE.DISCONNECTED:
             return
-        if self._TcpConnection__state == CONNECTION_STATE.CONNECTING:  # READ or WRITE: it completed
+        connecting = self._TcpConnection__state == CONNECTION_STATE.CONNECTING
+        if connecting and eventType & (POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE):  # it completed
             if self._TcpConnection__socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                 self.disconnect()
                 return
