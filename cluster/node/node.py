@@ -27,7 +27,6 @@ import math
 import os
 import shutil
 import time
-from collections import defaultdict
 from typing import Any
 
 import aiohttp
@@ -53,6 +52,7 @@ from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
 from raftmq.cluster.node.ticks import TickLoops
 from raftmq.cluster.node.view import LocalGroup
+from raftmq.cluster.node.waiters import QueueWaiters, set_if_pending
 from raftmq.cluster.replication.admission import AdmissionLimits, RaftAdmission
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings, StateMachine
@@ -103,7 +103,7 @@ class Node:
         self.metadata: MetadataMachine | None = None
         self._addr_to_node: dict[str, NodeConfig] = {}
         self._set_config(config)
-        self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
+        self.waiters = QueueWaiters()  # fetch long polls and receive waits on the loop (waiters.py)
         # Dead letters parked for want of a dead-letter topic, as applies report them (parked.py);
         # SubscriptionsApi takes the reports and creates the topic where this node leads.
         self.parked = ParkedReports()
@@ -561,12 +561,20 @@ class Node:
         if applied.clock_jump_ms is not None:
             self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
             log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
-        if self.loop_calls is not None and applied.news():
-            self.loop_calls.call(self._applied, name, store, applied)
+        if self.loop_calls is None or not applied.news():
+            return
+        if applied.only_grown() and not self.waiters.watching:
+            local = self.groups.get(name)
+            if local is not None and not local.raft.is_leader():
+                # A follower's growth with nobody watching (waiters.py): nothing on the loop would
+                # use it (the sealer looks at a group only once it leads it) and no watcher can
+                # miss it, so the loop is not woken: on a follower, a wake-up per entry.
+                return
+        self.loop_calls.call(self._applied, name, store, applied)
 
     def _applied(self, name: str, store: RocksStore, applied: Applied) -> None:  # the loop (LoopCalls)
         # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).
-        self._wake([(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed))
+        self.waiters.wake([(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed))
         if applied.grown and self.sealer is not None:
             self.sealer.grown(name, [(q.topic_id, q.queue) for q in applied.grown])
         if applied.scheduled:
@@ -575,26 +583,7 @@ class Node:
             self.parked.put(applied.parked)
         self.compactor.freed(name, store, applied.freed)  # nothing when none
 
-    def _wake(self, queues: list[tuple[int, int]]) -> None:
-        for key in queues:
-            for future in self._waiters.pop(key, ()):
-                set_if_pending(future, None)
-
     async def wait_for_messages(self, topic_id: int, queue: int, timeout_s: float) -> None:
-        """Return when the queue grows on this replica, or after ``timeout_s``."""
-        assert self._loop is not None
-        future: asyncio.Future[None] = self._loop.create_future()
-        waiters = self._waiters[(topic_id, queue)]
-        waiters.append(future)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            if future in waiters:
-                waiters.remove(future)
-
-
-def set_if_pending(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+        """Return when the queue grows on this replica, or after ``timeout_s`` (inside a
+        ``waiters.watch()`` begun before the caller read the queue)."""
+        await self.waiters.wait(topic_id, queue, timeout_s)
