@@ -116,6 +116,8 @@ class Node:
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._peer_status_at: dict[str, float] = {}  # when each was fetched (time.monotonic)
         self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
+        # group -> (the config, the Raft members, the voters they give): _voters' last answer
+        self._voters_of: dict[str, tuple[ClusterConfig, tuple[str, ...], frozenset[str]]] = {}
         self.peer_releases = PeerReleases(os.path.join(self.node_dir, "peers.json"))  # kept on disk
         self._v2_nodes, self._capable = self.peer_releases.v2_nodes, self.peer_releases.capable
         self._capable_voters: set[tuple[str, str, frozenset[str]]] = set()  # (group, capability, voters)
@@ -376,14 +378,20 @@ class Node:
         previous = self.config.faults.previous_release_node == self.me.id
         return BEFORE_CAPABILITIES if previous else CAPABILITIES
 
-    def _voters(self, name: str) -> set[str]:
+    def _voters(self, name: str) -> frozenset[str]:
         """The voters of group ``name``: the configured replicas and the Raft members this replica
-        knows (during a change both count)."""
+        knows (during a change both count). Asked per proposal (reads_binary), so the answer is
+        kept for as long as the configuration (replaced, never mutated) and the members are the
+        same. Loop only."""
         local = self.groups.get(name)
+        members = local.raft.members() if local is not None else ()
+        kept = self._voters_of.get(name)
+        if kept is not None and kept[0] is self.config and kept[1] == members:
+            return kept[2]
         voters = {r.id for r in self.replicas(name)}
-        if local is not None:
-            voters |= {n.id for a in local.raft.members() if (n := self.node_for_addr(a)) is not None}
-        return voters
+        voters |= {n.id for a in members if (n := self.node_for_addr(a)) is not None}
+        kept = self._voters_of[name] = (self.config, members, frozenset(voters))
+        return kept[2]
 
     def reads_binary(self, name: str) -> bool:
         """Whether every voter of group ``name`` reads binary ``append`` commands (format 2): the
@@ -393,7 +401,7 @@ class Node:
         of voters is kept, and a new voter is checked again. While False, the peers' statuses are
         asked again, at most once a second."""
         voters = self._voters(name)
-        key = (name, frozenset(voters))
+        key = (name, voters)
         if key in self._binary_voters:
             return True
         if 2 in self.batch_formats and voters - {self.me.id} <= self._v2_nodes:
