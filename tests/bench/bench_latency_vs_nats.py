@@ -262,13 +262,14 @@ def _measure(
     pids = node_pids(cluster)
     before = _leaders(cluster)
     requests0 = _produce_requests(cluster)
+    # Named before the profiler attaches: py-spy's dump and its recording of one process collide.
+    kinds = {k: thread_kinds(p) for k, p in pids.items()} if args.thread_cpu else {}
     spies: list[Spy] = []
     if args.profile:  # py-spy every node and this process (the client) over warm-up and timed part
         seconds = args.warmup + args.duration
         spies = profile_nodes(cluster, topic, seconds, gil=args.profile_gil)
         out = RESULTS / f"profile-{topic}-client.raw.txt"
         spies.append(("client", out, start_py_spy(os.getpid(), seconds, out, gil=args.profile_gil)))
-    kinds = {k: thread_kinds(p) for k, p in pids.items()} if args.thread_cpu else {}
     threads0 = {k: thread_cpu(p) for k, p in pids.items()} if args.thread_cpu else {}
     nodes0 = {k: cpu_seconds(p) for k, p in pids.items()}
     got = offer(urls, topic, rate, keys, linger_ms, args)
