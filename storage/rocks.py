@@ -49,6 +49,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import NoReturn
 
 from rocksdict import (
     Checkpoint,
@@ -134,6 +135,17 @@ def _store_errors() -> Iterator[None]:
         raise translated from exc
 
 
+def _raise_translated(exc: Exception) -> NoReturn:
+    """Raise what :func:`_store_errors` would for ``exc`` (the hot paths' form of it, without a
+    generator per call)."""
+    if isinstance(exc, StoreError):
+        raise exc
+    translated = _translate(exc)
+    if translated is None:
+        raise exc
+    raise translated from exc
+
+
 def _as_bytes(value: object) -> bytes:
     if not isinstance(value, bytes):
         raise StoreError(f"expected bytes from the database, got {type(value).__name__}")
@@ -165,7 +177,10 @@ class RocksStore:
 
     def __init__(self, path: str, db: Rdict) -> None:
         self._path = path
-        self._cond = threading.Condition()
+        # A plain lock (nothing holds it twice), taken as itself on the hot paths (_enter, _leave):
+        # every call takes it twice, and the Condition's own __enter__ is Python code.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         # Invariant: _users counts threads between _enter and _leave; _db is not None exactly while new
         # users are admitted; a handle is closed only after _db stopped being it and _users reached 0.
         self._db: Rdict | None = db
@@ -200,16 +215,19 @@ class RocksStore:
     # -- the gate --------------------------------------------------------------------------------
 
     def _enter(self) -> Rdict:
-        with self._cond:
-            if self._db is None:
+        with self._lock:
+            db = self._db
+            if db is None:
                 raise StoreClosed(f"store {self._path} is closed")
             self._users += 1
-            return self._db
+            return db
 
     def _leave(self) -> None:
-        with self._cond:
+        with self._lock:
             self._users -= 1
-            if self._users == 0:
+            # Only _revoke waits, and it stops admitting (_db = None) before it does: a leaver
+            # while users are admitted has nobody to wake.
+            if self._users == 0 and self._db is None:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
@@ -253,8 +271,14 @@ class RocksStore:
 
     def get(self, key: bytes) -> bytes | None:
         """The value stored at ``key``, or None."""
-        with self._using() as db:
+        # The gate without _using's two generators: a get is several per applied entry.
+        db = self._enter()
+        try:
             value = db.get(key)
+        except Exception as exc:
+            _raise_translated(exc)
+        finally:
+            self._leave()
         return None if value is None else _as_bytes(value)
 
     def scan(
@@ -334,13 +358,23 @@ class RocksStore:
                 self.sync()
             return
         wb = _to_write_batch(batch)
-        with self._using() as db:
+        db = self._enter()  # as in get: every journal append and every apply writes
+        try:
             db.write(wb, self._wo_sync if sync else self._wo_nosync)
+        except Exception as exc:
+            _raise_translated(exc)
+        finally:
+            self._leave()
 
     def sync(self) -> None:
         """Make every write made so far durable (fsync of the write-ahead log)."""
-        with self._using() as db:
+        db = self._enter()
+        try:
             db.flush_wal(sync=True)
+        except Exception as exc:
+            _raise_translated(exc)
+        finally:
+            self._leave()
 
     def compact_range(self, start: bytes, end: bytes) -> None:
         """Compact ``[start, end)`` through every level now (memtable first), dropping what range

@@ -166,6 +166,16 @@ class _RaftCollector(Collector):
         yield from (clock_jumps, group_clock_jumps, seal_checks, snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
         yield from (commit_s, apply_s, fsync_s)
+        wakeups = CounterMetricFamily(
+            "raftmq_loop_wakeups",
+            "Times the tick threads woke this node's event loop (one self-pipe write for the calls "
+            "waiting: an entry's outcome, the waiters of queues that grew); a follower's apply that "
+            "only grew queues nobody here waits for wakes nothing",
+            labels=["node_id"],
+        )
+        calls = self._node.loop_calls
+        wakeups.add_metric([node_id], calls.wakeups if calls is not None else 0)
+        yield wakeups
 
     def _raft_connections(self, node_id: str) -> Iterator[_Family]:
         """Incoming Raft connections that have not authenticated, and those closed before they

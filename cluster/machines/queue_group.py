@@ -116,6 +116,10 @@ class Applied:
         compact (an apply that only moved the applied index has nothing)."""
         return bool(self.grown or self.changed or self.scheduled or self.parked or self.freed)
 
+    def only_grown(self) -> bool:
+        """Whether queues grew and nothing else in :meth:`news` happened."""
+        return bool(self.grown) and not (self.changed or self.scheduled or self.parked or self.freed)
+
 
 class QueueGroupMachine:
     """The deterministic state machine of one queue group.

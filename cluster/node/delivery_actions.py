@@ -266,21 +266,22 @@ async def await_available(
     deadline = time.monotonic() + timeout_s
     local = node.groups[name]
     store = local.machine.store
-    while True:
-        # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
-        now = group_now(store, now_ms())
-        ok, wake_ms = _available(local, group, topic_id, queues, now, epoch, ordered, delay_ms)
-        remaining = deadline - time.monotonic()
-        if ok or remaining <= 0:
-            return ok
-        if wake_ms is not None:
-            remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
-        if ordered:
-            remaining = min(remaining, ORDERED_LOOK_S)
-        waits = [asyncio.create_task(node.wait_for_messages(topic_id, q, remaining)) for q in queues]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+    with node.waiters.watch():  # before the first look: an apply after it wakes the loop
+        while True:
+            # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
+            now = group_now(store, now_ms())
+            ok, wake_ms = _available(local, group, topic_id, queues, now, epoch, ordered, delay_ms)
+            remaining = deadline - time.monotonic()
+            if ok or remaining <= 0:
+                return ok
+            if wake_ms is not None:
+                remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
+            if ordered:
+                remaining = min(remaining, ORDERED_LOOK_S)
+            waits = [asyncio.create_task(node.wait_for_messages(topic_id, q, remaining)) for q in queues]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waits:
+                    task.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)

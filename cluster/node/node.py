@@ -27,7 +27,6 @@ import math
 import os
 import shutil
 import time
-from collections import defaultdict
 from typing import Any
 
 import aiohttp
@@ -54,6 +53,7 @@ from raftmq.cluster.node.reconcile import Reconciler
 from raftmq.cluster.node.sealer import Sealer
 from raftmq.cluster.node.ticks import TickLoops
 from raftmq.cluster.node.view import LocalGroup
+from raftmq.cluster.node.waiters import QueueWaiters, set_if_pending
 from raftmq.cluster.replication.admission import AdmissionLimits, RaftAdmission
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, StateMachine
@@ -104,7 +104,7 @@ class Node:
         self.metadata: MetadataMachine | None = None
         self._addr_to_node: dict[str, NodeConfig] = {}
         self._set_config(config)
-        self._waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = defaultdict(list)
+        self.waiters = QueueWaiters()  # fetch long polls and receive waits on the loop (waiters.py)
         # Dead letters parked for want of a dead-letter topic, as applies report them (parked.py);
         # SubscriptionsApi takes the reports and creates the topic where this node leads.
         self.parked = ParkedReports()
@@ -117,6 +117,8 @@ class Node:
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._peer_status_at: dict[str, float] = {}  # when each was fetched (time.monotonic)
         self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
+        # group -> (the config, the Raft members, the voters they give): _voters' last answer
+        self._voters_of: dict[str, tuple[ClusterConfig, tuple[str, ...], frozenset[str]]] = {}
         self.peer_releases = PeerReleases(os.path.join(self.node_dir, "peers.json"))  # kept on disk
         self._v2_nodes, self._capable = self.peer_releases.v2_nodes, self.peer_releases.capable
         self._capable_voters: set[tuple[str, str, frozenset[str]]] = set()  # (group, capability, voters)
@@ -364,14 +366,20 @@ class Node:
         previous = self.config.faults.previous_release_node == self.me.id
         return BEFORE_CAPABILITIES if previous else CAPABILITIES
 
-    def _voters(self, name: str) -> set[str]:
+    def _voters(self, name: str) -> frozenset[str]:
         """The voters of group ``name``: the configured replicas and the Raft members this replica
-        knows (during a change both count)."""
+        knows (during a change both count). Asked per proposal (reads_binary), so the answer is
+        kept for as long as the configuration (replaced, never mutated) and the members are the
+        same. Loop only."""
         local = self.groups.get(name)
+        members = local.raft.members() if local is not None else ()
+        kept = self._voters_of.get(name)
+        if kept is not None and kept[0] is self.config and kept[1] == members:
+            return kept[2]
         voters = {r.id for r in self.replicas(name)}
-        if local is not None:
-            voters |= {n.id for a in local.raft.members() if (n := self.node_for_addr(a)) is not None}
-        return voters
+        voters |= {n.id for a in members if (n := self.node_for_addr(a)) is not None}
+        kept = self._voters_of[name] = (self.config, members, frozenset(voters))
+        return kept[2]
 
     def reads_binary(self, name: str) -> bool:
         """Whether every voter of group ``name`` reads binary ``append`` commands (format 2): the
@@ -381,7 +389,7 @@ class Node:
         of voters is kept, and a new voter is checked again. While False, the peers' statuses are
         asked again, at most once a second."""
         voters = self._voters(name)
-        key = (name, frozenset(voters))
+        key = (name, voters)
         if key in self._binary_voters:
             return True
         if 2 in self.batch_formats and voters - {self.me.id} <= self._v2_nodes:
@@ -549,12 +557,20 @@ class Node:
         if applied.clock_jump_ms is not None:
             self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
             log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
-        if self.loop_calls is not None and applied.news():
-            self.loop_calls.call(self._applied, name, store, applied)
+        if self.loop_calls is None or not applied.news():
+            return
+        if applied.only_grown() and not self.waiters.watching:
+            local = self.groups.get(name)
+            if local is not None and not local.raft.is_leader():
+                # A follower's growth with nobody watching (waiters.py): nothing on the loop would
+                # use it (the sealer looks at a group only once it leads it) and no watcher can
+                # miss it, so the loop is not woken: on a follower, a wake-up per entry.
+                return
+        self.loop_calls.call(self._applied, name, store, applied)
 
     def _applied(self, name: str, store: RocksStore, applied: Applied) -> None:  # the loop (LoopCalls)
         # Waiters on a queue: fetch long polls (grown) and receivers (grown, or a retry scheduled).
-        self._wake([(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed))
+        self.waiters.wake([(q.topic_id, q.queue) for q in applied.grown] + list(applied.changed))
         if applied.grown and self.sealer is not None:
             self.sealer.grown(name, [(q.topic_id, q.queue) for q in applied.grown])
         if applied.scheduled:
@@ -563,26 +579,7 @@ class Node:
             self.parked.put(applied.parked)
         self.compactor.freed(name, store, applied.freed)  # nothing when none
 
-    def _wake(self, queues: list[tuple[int, int]]) -> None:
-        for key in queues:
-            for future in self._waiters.pop(key, ()):
-                set_if_pending(future, None)
-
     async def wait_for_messages(self, topic_id: int, queue: int, timeout_s: float) -> None:
-        """Return when the queue grows on this replica, or after ``timeout_s``."""
-        assert self._loop is not None
-        future: asyncio.Future[None] = self._loop.create_future()
-        waiters = self._waiters[(topic_id, queue)]
-        waiters.append(future)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            pass
-        finally:
-            if future in waiters:
-                waiters.remove(future)
-
-
-def set_if_pending(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+        """Return when the queue grows on this replica, or after ``timeout_s`` (inside a
+        ``waiters.watch()`` begun before the caller read the queue)."""
+        await self.waiters.wait(topic_id, queue, timeout_s)

@@ -56,6 +56,7 @@ from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAd
 from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.follower_backlog import FollowerBacklog, bound_follower_backlog
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.leader_reads import LeaderReads
 from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, PreVote, install_pre_vote
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.errors import RaftmqError
@@ -63,6 +64,7 @@ from raftmq.errors import RaftmqError
 log = structlog.get_logger(__name__)
 
 __all__ = [
+    "CONNECT_CHECK_S",
     "FAIL_REASON",
     "PINNED_PYSYNCOBJ",
     "FlushingTransport",
@@ -87,6 +89,7 @@ __all__ = [
     "pso_pickle",
     "replicated",
     "stop_tick_thread",
+    "voters_now",
     "wake_tick_thread",
 ]
 
@@ -113,6 +116,9 @@ _SEAL_BYTES = _HEADER.size + 16  # salt, counter and the GCM tag around a sealed
 MAX_FIRST_FRAME_BYTES = 64 << 10
 _FRAME_KEY_CONTEXT = b"raftmq/v2/raft-frame"
 _RECV_CHUNK = 1 << 16
+# How often a tick looks at the peers' connections (FlushingTransport._onTick): far below
+# pysyncobj's connectionRetryTime (0.5 s by default), so a retry is at most this much later.
+CONNECT_CHECK_S = 0.05
 
 
 def raft_key(password: str | None) -> bytes | None:
@@ -203,6 +209,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
 
     _TcpConnection__writeBuffer: bytes | SendQueue  # pysyncobj's private buffers (annotations only)
     _TcpConnection__readBuffer: bytes | bytearray
+    _TcpConnection__state: int  # a CONNECTION_STATE
     raft_key: bytes | None = None
     max_frame_bytes = MAX_FRAME_BYTES  # the longest frame either side sends or accepts
     # Why this side closed the connection, for RaftAdmission's count (None: the peer closed it).
@@ -280,7 +287,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
             )
 
     def _TcpConnection__processConnection(self, descr: int, eventType: int) -> None:
-        TcpConnection._TcpConnection__processConnection(self, descr, eventType)
+        self._process_event(descr, eventType)
         if self.state == CONNECTION_STATE.CONNECTING and self.fileno() == descr:
             # A send in pysyncobj's write handler failed (a reset), the transport reconnected from
             # the disconnect callback, the new socket got the same fd, and the handler then
@@ -291,6 +298,54 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
                 self._TcpConnection__processConnection,
                 POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
             )
+
+    def _process_event(self, descr: int, eventType: int) -> None:
+        """pysyncobj's ``TcpConnection.__processConnection``, asking the socket for a pending error
+        (``SO_ERROR``) only while it connects, where that says whether the connect succeeded.
+        pysyncobj asked on every event, a system call per message received; on a connected socket
+        an error shows in the recv or send that follows (and disconnects there)."""
+        poller = self._TcpConnection__poller
+        if descr != self._TcpConnection__fileno:
+            poller.unsubscribe(descr)
+            return
+        if eventType & POLL_EVENT_TYPE.ERROR:
+            self.disconnect()
+            return
+        self._TcpConnection__processConnectionTimeout()
+        if self.state == CONNECTION_STATE.DISCONNECTED:
+            return
+        connecting = self._TcpConnection__state == CONNECTION_STATE.CONNECTING
+        if connecting and eventType & (POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE):  # it completed
+            if self._TcpConnection__socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                self.disconnect()
+                return
+            if self._TcpConnection__onConnected is not None:
+                self._TcpConnection__onConnected()
+            if self._TcpConnection__state == CONNECTION_STATE.DISCONNECTED:
+                return
+            self._TcpConnection__state = CONNECTION_STATE.CONNECTED
+            self._TcpConnection__lastReadTime = monotonic()
+            return
+        if eventType & POLL_EVENT_TYPE.WRITE:
+            self._TcpConnection__trySendBuffer()
+            if self._TcpConnection__state == CONNECTION_STATE.DISCONNECTED:
+                return
+            event = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+            if len(self._TcpConnection__writeBuffer) > 0:
+                event |= POLL_EVENT_TYPE.WRITE
+            poller.subscribe(descr, self._TcpConnection__processConnection, event)
+        if eventType & POLL_EVENT_TYPE.READ:
+            self._TcpConnection__tryReadBuffer()
+            if self._TcpConnection__state == CONNECTION_STATE.DISCONNECTED:
+                return
+            while True:
+                message = self._TcpConnection__processParseMessage()
+                if message is None:
+                    break
+                if self._TcpConnection__onMessageReceived is not None:
+                    self._TcpConnection__onMessageReceived(message)
+                if self._TcpConnection__state == CONNECTION_STATE.DISCONNECTED:
+                    return
 
     def _TcpConnection__processSend(self) -> bool:
         buf = self._TcpConnection__writeBuffer
@@ -305,14 +360,14 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         return sent > 0
 
     def _TcpConnection__processRead(self) -> bool:
-        sock = self._TcpConnection__socket
+        size: int = max(self._TcpConnection__recvBufferSize, _RECV_CHUNK)
         try:
-            incoming = sock.recv(max(self._TcpConnection__recvBufferSize, _RECV_CHUNK))
+            incoming: bytes = self._TcpConnection__socket.recv(size)
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self.disconnect()
             return False
-        if not incoming or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+        if not incoming:  # the peer closed it (an error raises from recv)
             self.disconnect()
             return False
         buf = self._TcpConnection__readBuffer
@@ -325,7 +380,10 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
                 self.drop_reason = BAD_FRAME
                 self.disconnect()
                 return False
-        return True
+        # Read again (pysyncobj's loop) only after a read that filled the buffer: a shorter one took
+        # all the socket held, and another would only fail with EAGAIN, a system call and an
+        # exception per message. The poll is level-triggered: bytes that come later wake it.
+        return len(incoming) >= size
 
     def _TcpConnection__processParseMessage(self) -> Any:
         buf = self._TcpConnection__readBuffer
@@ -411,6 +469,7 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
         # Incoming connections not authenticated yet -> (source address, deadline). Tick thread only.
         # Invariant: exactly these are counted in self.admission for this transport.
         self._strangers: dict[Any, tuple[str, float]] = {}
+        self._connect_check_at = 0.0  # the tick at or after this looks at the peers' connections
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _wire(self, conn: Any) -> None:
@@ -447,9 +506,16 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
         super()._onDisconnected(conn)
 
     def _onTick(self) -> None:
-        super()._onTick()
+        now = monotonic()
+        if now >= self._connect_check_at or not self._ready:
+            # pysyncobj's transport tick binds the port until it is bound and (re)connects to the
+            # peers, looking at each one's connection; on every tick that was a dozen calls, and a
+            # busy leader ticks several times per entry. Its retries wait connectionRetryTime
+            # anyway, a lost connection is retried at once (_onDisconnected) and a node added is
+            # looked at on the next tick (addNode), so looking every CONNECT_CHECK_S loses nothing.
+            self._connect_check_at = now + CONNECT_CHECK_S
+            super()._onTick()
         if self._strangers:
-            now = monotonic()
             for conn, (_source, deadline) in list(self._strangers.items()):
                 if now >= deadline:
                     conn.drop_reason = AUTH_TIMEOUT
@@ -516,6 +582,7 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
         if node in self._nodes:  # a hinted peer became a voter: keep its connection
             return
         super().addNode(node)
+        self._connect_check_at = 0.0  # connect at the next tick
         conn = self._connections.get(node)
         if conn is not None:
             self._wire(conn)
@@ -565,12 +632,13 @@ def install_journal_seam() -> None:
 
 def install_tick_seams(
     sync: Any, settings: RaftSettings, busy: Callable[[], bool]
-) -> tuple[PreVote, FollowerBacklog]:
+) -> tuple[PreVote, FollowerBacklog, LeaderReads]:
     """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`), a pre-vote
     before each election (``pre_vote.py``), unless ``settings.prompt_commit_notice`` a leader's
     commit notices (:func:`hold_commit_notices`), and the bound on what a leader queues for each
-    follower (``follower_backlog.py``). Returns the replica's :class:`PreVote` and
-    :class:`FollowerBacklog`."""
+    follower (``follower_backlog.py``), and the leader's read rule (``leader_reads.py``, a tick
+    callback). Returns the replica's :class:`PreVote`, :class:`FollowerBacklog` and
+    :class:`LeaderReads`."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
     # Half the minimum election timeout: a follower that heard its leader that recently (several
     # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
@@ -578,9 +646,8 @@ def install_tick_seams(
     pre_vote = install_pre_vote(sync, settings.election_min_s / 2)
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
-    return pre_vote, bound_follower_backlog(
-        sync, settings.max_follower_backlog_bytes, CONNECTION_STATE.CONNECTED
-    )
+    backlog = bound_follower_backlog(sync, settings.max_follower_backlog_bytes, CONNECTION_STATE.CONNECTED)
+    return pre_vote, backlog, LeaderReads(sync)
 
 
 def hold_commit_notices(sync: Any) -> None:
@@ -620,6 +687,18 @@ def install_deadline_poll(sync: Any, tick_s: float, max_tick_s: float, busy: Cal
         return tick_s if busy() or left <= 0 else min(left, max_tick_s)
 
     poller.poll = lambda _period: poll(sleep_s())
+
+
+def voters_now(sync: Any, self_addr: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The voters (Raft addresses, sorted) ``sync`` uses now, itself included: ``known`` itself
+    when they have not changed since the call that returned it. Told apart by comparing pysyncobj's
+    set of nodes with the one seen then (a tick calls this; building the list each time was a
+    tenth of an idle tick). Tick thread only."""
+    nodes = sync._SyncObj__otherNodes
+    if known and getattr(sync, "raftmq_voters_seen", None) == nodes:
+        return known
+    sync.raftmq_voters_seen = frozenset(nodes)
+    return tuple(sorted({str(n.id) for n in nodes} | {self_addr}))
 
 
 def own_deadline_s(sync: Any) -> float:

@@ -64,7 +64,6 @@ from raftmq.cluster.replication.contract import (
     StateMachine,
 )
 from raftmq.cluster.replication.journal import DurableJournal, Entry
-from raftmq.cluster.replication.leader_reads import LeaderReads
 from raftmq.cluster.replication.pso import (
     FAIL_REASON,
     PINNED_PYSYNCOBJ,
@@ -83,6 +82,7 @@ from raftmq.cluster.replication.pso import (
     monotonic,
     replicated,
     stop_tick_thread,
+    voters_now,
     wake_tick_thread,
 )
 from raftmq.cluster.replication.snapshot_gate import (
@@ -182,7 +182,7 @@ class RaftGroup:
         self.name = name
         self.node_id = node_id
         self.self_addr = self_addr
-        # Unauthenticated connections to the Raft port, shared by the node's groups (else its own).
+        # Unauthenticated Raft connections: shared by the node's groups (the transport reads it).
         self.admission = admission if admission is not None else RaftAdmission()
         self._machine = machine
         self._settings = settings
@@ -247,8 +247,8 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        self.pre_vote, self.backlog = install_tick_seams(self._sync, settings, self._busy)  # for metrics
-        self.reads = LeaderReads(self._sync)  # reads.ready(): Raft's read rule (leader_reads.py)
+        # Metrics read pre_vote and backlog; reads.ready() is Raft's read rule (leader_reads.py).
+        self.pre_vote, self.backlog, self.reads = install_tick_seams(self._sync, settings, self._busy)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
@@ -488,7 +488,7 @@ class RaftGroup:
                 call()
             except Exception:
                 log.exception("tick_call_failed", group=self.name)
-        self._members = tuple(self._live_members())
+        self._members = voters_now(self._sync, self.self_addr, self._members)
 
     def _busy(self) -> bool:
         """Tick every ``tick_s``: entries await a commit, a call waits, a quiet joiner (not to campaign)."""

@@ -175,6 +175,78 @@ def cpu_seconds(pid: int) -> float:
     return _proc_ticks(pid) / _TICK
 
 
+ThreadCpu = dict[int, tuple[str, float, float]]  # thread id -> (name, user s, system s)
+
+
+def thread_cpu(pid: int) -> ThreadCpu:
+    """Each thread of process ``pid``: thread id -> (its name in /proc, user seconds, system seconds)."""
+    out: ThreadCpu = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue  # the thread ended
+        fields = raw.rsplit(")", 1)[1].split()
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        out[int(tid)] = (comm, int(fields[11]) / _TICK, int(fields[12]) / _TICK)
+    return out
+
+
+def thread_kinds(pid: int) -> dict[int, str]:
+    """Python thread id -> what it is ("loop": the node's main thread, "tick": a Raft group's tick
+    thread, "executor", or the Python thread's name), from ``py-spy dump``; {} without py-spy."""
+    exe = py_spy()
+    if exe is None:
+        return {}
+    try:
+        dump = subprocess.run(
+            [exe, "dump", "-p", str(pid)], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    kinds: dict[int, str] = {}
+    for line in dump.splitlines():
+        if not line.startswith("Thread "):
+            continue
+        tid_s, _, rest = line[len("Thread ") :].partition(" ")
+        name = rest.split('"')[1] if rest.count('"') >= 2 else "?"
+        kind = (
+            "loop"
+            if name == "MainThread"
+            else "tick"
+            if "_autoTickThread" in name
+            else "executor"
+            if "ThreadPoolExecutor" in name or "asyncio_" in name
+            else name
+        )
+        try:
+            kinds[int(tid_s, 0)] = kind
+        except ValueError:
+            continue
+    return kinds
+
+
+def thread_cpu_delta(
+    before: ThreadCpu, after: ThreadCpu, kinds: dict[int, str]
+) -> dict[str, dict[str, float]]:
+    """CPU seconds per kind of thread between two :func:`thread_cpu` snapshots: {kind: {"user",
+    "system"}}; a thread py-spy did not name goes by its /proc name (RocksDB's own threads are
+    "rocksdb:...")."""
+    out: dict[str, dict[str, float]] = {}
+    for tid, (comm, user, system) in after.items():
+        _, user0, system0 = before.get(tid, (comm, 0.0, 0.0))
+        kind = kinds.get(tid) or ("rocksdb" if comm.startswith("rocksdb") else f"other:{comm}")
+        slot = out.setdefault(kind, {"user": 0.0, "system": 0.0})
+        slot["user"] += user - user0
+        slot["system"] += system - system0
+    return out
+
+
 class CpuMeter:
     """CPU used (in cores) by the given processes and by everything else, between start and stop.
 

@@ -61,6 +61,9 @@ from _common import (  # noqa: E402
     settle_leaders,
     start_py_spy,
     table,
+    thread_cpu,
+    thread_cpu_delta,
+    thread_kinds,
     three_node_cluster,
 )
 
@@ -259,15 +262,19 @@ def _measure(
     pids = node_pids(cluster)
     before = _leaders(cluster)
     requests0 = _produce_requests(cluster)
+    # Named before the profiler attaches: py-spy's dump and its recording of one process collide.
+    kinds = {k: thread_kinds(p) for k, p in pids.items()} if args.thread_cpu else {}
     spies: list[Spy] = []
     if args.profile:  # py-spy every node and this process (the client) over warm-up and timed part
         seconds = args.warmup + args.duration
         spies = profile_nodes(cluster, topic, seconds, gil=args.profile_gil)
         out = RESULTS / f"profile-{topic}-client.raw.txt"
         spies.append(("client", out, start_py_spy(os.getpid(), seconds, out, gil=args.profile_gil)))
+    threads0 = {k: thread_cpu(p) for k, p in pids.items()} if args.thread_cpu else {}
     nodes0 = {k: cpu_seconds(p) for k, p in pids.items()}
     got = offer(urls, topic, rate, keys, linger_ms, args)
     node_cpu = sum(cpu_seconds(p) - nodes0[k] for k, p in pids.items())
+    threads = {k: thread_cpu_delta(threads0[k], thread_cpu(p), kinds[k]) for k, p in pids.items() if threads0}
     requests = _produce_requests(cluster) - requests0
     after = _leaders(cluster)
     n = len(got["latencies"])
@@ -286,6 +293,18 @@ def _measure(
         # produce requests the nodes answered per message offered (warm-up included on both sides)
         "requests_per_msg": round(requests / max(int(rate * (args.warmup + args.duration)), 1), 3),
     }
+    if threads:  # µs per message timed, by node and kind of thread (the warm-up's CPU included)
+        row["thread_cpu_us_per_msg"] = {
+            node: {
+                kind: {part: round(seconds / max(n, 1) * 1e6, 1) for part, seconds in cpu.items()}
+                for kind, cpu in sorted(by_kind.items())
+                if sum(cpu.values()) > 0
+            }
+            for node, by_kind in threads.items()
+        }
+        for node, by_kind in row["thread_cpu_us_per_msg"].items():
+            parts = ", ".join(f"{kind} {c['user']:.0f}+{c['system']:.0f}" for kind, c in by_kind.items())
+            print(f"    {node} CPU µs/msg (user+system): {parts}")
     if spies:
         row["profiles"] = collect_profiles(spies, THREADS, args.warmup + args.duration, 60)
         for name, prof in row["profiles"].items():
@@ -351,6 +370,11 @@ def main() -> None:
     )
     ap.add_argument("--profile", action="store_true", help="py-spy the nodes and the client per raftmq row")
     ap.add_argument("--profile-gil", action="store_true", help="... sampling only the thread holding the GIL")
+    ap.add_argument(
+        "--thread-cpu",
+        action="store_true",
+        help="per raftmq row, each node's CPU per message by kind of thread (loop, tick, ...): user, system",
+    )
     ap.add_argument("--rows-out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--system-name", default="raftmq", help=argparse.SUPPRESS)
     add_run_arguments(ap, keep="keep the clusters' folders")

@@ -27,7 +27,13 @@ from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from raft_doubles import Machine
 
-from raftmq.cluster.replication.pso import MAX_FIRST_FRAME_BYTES, FlushingTransport, RaftConnection, raft_key
+from raftmq.cluster.replication.pso import (
+    CONNECT_CHECK_S,
+    MAX_FIRST_FRAME_BYTES,
+    FlushingTransport,
+    RaftConnection,
+    raft_key,
+)
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 
@@ -124,6 +130,47 @@ def test_a_large_backlog_arrives_intact_and_in_order() -> None:
         assert pair.got == messages
         assert pair.a.getSendBufferSize() == 0
         assert pair.b.state == CONNECTION_STATE.CONNECTED
+    finally:
+        pair.close()
+
+
+class CountingSocket:
+    """A socket that counts the system calls a connection makes on it (the rest passes through)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def recv(self, size: int) -> bytes:
+        self._count("recv")
+        return self._sock.recv(size)
+
+    def getsockopt(self, *args: Any) -> Any:
+        self._count("getsockopt")
+        return self._sock.getsockopt(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_a_small_message_on_a_connected_socket_costs_one_recv_and_no_error_check() -> None:
+    """pysyncobj asked the socket for SO_ERROR on every event and after every read, and read until
+    EAGAIN: per message two getsockopt and two recv, the second one failing. One recv now, which
+    takes all the socket holds; an error shows in it (or in a send) and disconnects there."""
+    pair = Pair()
+    try:
+        counting = CountingSocket(pair.b._TcpConnection__socket)
+        pair.b._TcpConnection__socket = counting
+        for i in range(10):
+            pair.a.send({"i": i, "data": b"x" * 200})
+            wait_for(lambda i=i: len(pair.got) == i + 1, f"message {i}", step=pair.pump)
+        assert pair.got == [{"i": i, "data": b"x" * 200} for i in range(10)]
+        assert counting.calls == {"recv": 10}
+        pair.a.disconnect()  # the peer closes: the next read returns nothing and disconnects
+        wait_for(lambda: pair.b.state == CONNECTION_STATE.DISCONNECTED, "the disconnect", step=pair.pump)
     finally:
         pair.close()
 
@@ -438,3 +485,24 @@ def test_a_node_with_the_wrong_key_gets_its_connection_closed_and_applies_nothin
     for m, before in zip(machines, applied, strict=True):
         assert m.applied[: len(before)] == before and m.commands()[len(before) :] == [b"after"]
     assert leader.is_leader()
+
+
+def test_a_tick_looks_at_the_peers_connections_at_most_every_connect_check_period(
+    two_groups: tuple[list[RaftGroup], list[Machine]],
+) -> None:
+    """pysyncobj's transport looked at every peer's connection (to bind, connect, retry) on every
+    tick, several per entry on a busy leader; it now looks every CONNECT_CHECK_S."""
+    groups, _ = two_groups
+    leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
+    transport = leader._sync._SyncObj__transport
+    looks: list[float] = []
+    ticks: list[float] = []
+    connect = transport._connectIfNecessary
+    transport._connectIfNecessary = lambda: (looks.append(time.monotonic()), connect())[1]
+    leader._sync.addOnTickCallback(lambda: ticks.append(time.monotonic()))
+    started = time.monotonic()
+    for _ in range(100):  # one entry at a time: a tick for the entry and for each answer
+        _submit(leader, [os.urandom(100)])
+    elapsed = time.monotonic() - started
+    assert len(ticks) >= 200
+    assert len(looks) <= elapsed / CONNECT_CHECK_S + 2, f"{len(looks)} looks in {len(ticks)} ticks"

@@ -154,14 +154,15 @@ async def long_poll(
     this replica. An offset outside the queue is ``offset_out_of_range`` with the queue's bounds."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + f.wait_ms / 1000
-    while True:
-        # An offset outside the queue raises storage's OffsetOutOfRange, which the error
-        # middleware answers as it is: 416 offset_out_of_range with low_offset and high_offset.
-        got = await loop.run_in_executor(None, read) if in_executor else read()
-        remaining = deadline - time.monotonic()
-        if has_data(got) or remaining <= 0:
-            return got
-        await node.wait_for_messages(f.topic.id, f.queue, remaining)
+    with node.waiters.watch():  # before the first read: an apply after it wakes the loop
+        while True:
+            # An offset outside the queue raises storage's OffsetOutOfRange, which the error
+            # middleware answers as it is: 416 offset_out_of_range with low_offset and high_offset.
+            got = await loop.run_in_executor(None, read) if in_executor else read()
+            remaining = deadline - time.monotonic()
+            if has_data(got) or remaining <= 0:
+                return got
+            await node.wait_for_messages(f.topic.id, f.queue, remaining)
 
 
 async def write_parts(
