@@ -109,3 +109,18 @@ def test_malformed_ack_receive_and_release_are_refused_and_change_nothing(m: Mac
     result = m.apply(command)
     assert result["error"]["code"] == "bad_request"
     assert [(k, v) for k, v in m.pairs()] == before
+
+
+def test_ack_receive_and_release_are_new_ops_gated_for_rolling_upgrades() -> None:
+    from raftmq.cluster.replication.upgrade import (
+        BEFORE_CAPABILITIES,
+        capability_of,
+        previous_release_refuses,
+    )
+
+    taken = commands.ack_receive(0, G, T, [(0, 0, 1)], [0], 10, 1000)
+    released = commands.release(0, G, T, [(0, 0, 1)])
+    assert capability_of("1", taken) == "ack_receive" and capability_of("1", released) == "release"
+    assert not {"ack_receive", "release"} & BEFORE_CAPABILITIES
+    assert previous_release_refuses(taken) and previous_release_refuses(released)
+    assert commands.OPS[-2:] == ("ack_receive", "release")
