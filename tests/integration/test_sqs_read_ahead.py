@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from .conftest import describe
 from .harness import Cluster
 from .sqs_clients import sqs_client
 
@@ -135,14 +136,17 @@ def test_a_message_taken_from_a_read_ahead_keeps_the_visibility_timeout_asked(cl
 
 
 def test_while_a_voter_runs_the_release_before_a_delete_takes_nothing_along(tmp_path: Path) -> None:
-    fault = '[faults]\nprevious_release_node = "n3"\n'  # a voter of every queue group
-    with Cluster(tmp_path, nodes=3, extra_toml=fault) as c:
+    fault = '[faults]\nprevious_release_node = "n4"\n'
+    with Cluster(tmp_path, nodes=4, replication=3, queue_groups=4, extra_toml=fault) as c:
         c.start()
         c.wait_ready()
-        assert "ack_receive" not in c.status("n3").get("capabilities", [])
-        sqs = sqs_client(c.url("n2"))
+        assert "ack_receive" not in c.status("n4").get("capabilities", [])
+        sqs = sqs_client(c.url("n1"))
         url = sqs.create_queue(QueueName="read-ahead-upgrade")["QueueUrl"]
-        _send(sqs_client(c.url("n1")), url, 10 * (CYCLES + 1))
+        # Every message in a queue whose group has n4 as a voter.
+        q = next(q["queue"] for q in describe(c, "read-ahead-upgrade")["queues"] if "n4" in q["replicas"])
+        produced = c.produce("read-ahead-upgrade", [{"value": f"m{i}", "queue": q} for i in range(60)])
+        assert produced.status_code == 200, produced.text
 
         written, seen = _receive_cycles(c, sqs, url)
 
