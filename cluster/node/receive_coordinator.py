@@ -155,7 +155,7 @@ class ReceiveCoordinator:
                     line = [head]
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
                 got = await self._take(target, demand, head.visibility_ms, head.delay_ms)
-                self._hand_out(target, got)
+                self._hand_out(target, got, head.visibility_ms)
                 now = time.monotonic()
                 for w in list(target.waiters):
                     if w.deadline <= now:
@@ -186,18 +186,21 @@ class ReceiveCoordinator:
             if not w.future.done():
                 w.future.set_exception(e)
 
-    def _hand_out(self, target: _Target, got: list[dict[str, Any]]) -> None:
-        """Give messages to the waiters in line order, each up to its ``max``."""
+    def _hand_out(self, target: _Target, got: list[dict[str, Any]], visibility_ms: int) -> None:
+        """Give messages taken for ``visibility_ms`` to the waiters that asked that timeout, in line
+        order, each up to its ``max``; a waiter that asked another stays in line (its messages would
+        turn visible while it still works on them)."""
         rest = got
         while rest:
             self._drop_done(target)
-            if not target.waiters:
+            w = next((w for w in target.waiters if w.visibility_ms == visibility_ms), None)
+            if w is None:
                 # Nobody left to take them (clients went away): give them back at once.
                 receipts = [m["receipt"] for m in rest]
                 task = asyncio.create_task(self._give_back(target, receipts))
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
                 return
-            w = target.waiters.popleft()
+            target.waiters.remove(w)
             part, rest = rest[: w.max], rest[w.max :]
             w.future.set_result(part)
 
