@@ -1,16 +1,20 @@
 """Test doubles shared by the pysyncobj seam tests (``test_raft_seams.py``), the RaftGroup tests
-(``test_raft_group.py``, ``test_raft_wire.py``) and the snapshot install tests
-(``test_snapshot_install.py``): a tiny state machine and fast Raft timings."""
+(``test_raft_group.py``, ``test_raft_wire.py``, ``test_raft_pre_vote.py``, ...) and the snapshot
+install tests (``test_snapshot_install.py``): a tiny state machine, fast Raft timings, a free port,
+a polling wait, and three RaftGroups on localhost."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from raftmq.cluster.replication.raft import RaftSettings
+from raftmq.cluster.replication.raft import RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 
-__all__ = ["Machine", "fast_settings"]
+__all__ = ["Machine", "fast_settings", "free_port", "start_three", "wait_for"]
 
 
 class Machine:
@@ -53,3 +57,42 @@ def fast_settings() -> RaftSettings:
         heartbeat_s=0.02,
         tick_s=0.01,
     )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    """``condition()``'s first truthy answer, asked every 5 ms; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def start_three(tmp_path: Path, settings: RaftSettings, into: list[RaftGroup]) -> list[RaftGroup]:
+    """Three replicas of group ``g`` on localhost (in-memory journals, :class:`Machine` each),
+    appended to ``into`` as they start (the caller destroys them), once one of them leads."""
+    addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    for i, addr in enumerate(addrs):
+        into.append(
+            RaftGroup(
+                name="g",
+                node_id=f"n{i + 1}",
+                self_addr=addr,
+                peer_addrs=[a for a in addrs if a != addr],
+                journal_store=MemoryStore(),
+                machine=Machine(),
+                snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
+                settings=settings,
+            )
+        )
+    wait_for(lambda: any(g.is_leader() for g in into), "a leader")
+    return list(into)

@@ -15,11 +15,9 @@ from typing import Any
 
 import pytest
 from pysyncobj import SyncObj
-from raft_doubles import Machine, fast_settings
-from test_raft_pre_vote import free_port, wait_for
+from raft_doubles import fast_settings, start_three, wait_for
 
 from raftmq.cluster.replication.raft import Outcome, RaftGroup
-from raftmq.storage.memory import MemoryStore
 
 BOUND = 1 << 20  # 1 MiB
 ENTRY = 128 * 1024
@@ -36,20 +34,7 @@ def groups(tmp_path: Path) -> Iterator[list[RaftGroup]]:
         heartbeat_s=0.03,
         max_follower_backlog_bytes=BOUND,
     )
-    addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    started = [
-        RaftGroup(
-            name="g",
-            node_id=f"n{i + 1}",
-            self_addr=addr,
-            peer_addrs=[a for a in addrs if a != addr],
-            journal_store=MemoryStore(),
-            machine=Machine(),
-            snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
-            settings=settings,
-        )
-        for i, addr in enumerate(addrs)
-    ]
+    started = start_three(tmp_path, settings, [])
     yield started
     for group in started:
         group.destroy()

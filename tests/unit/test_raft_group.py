@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import struct
 import threading
 import time
@@ -24,7 +23,7 @@ import pysyncobj.pickle as pso_pickle
 import pytest
 from pysyncobj import FAIL_REASON
 from pysyncobj.transport import TCPTransport
-from raft_doubles import Machine, fast_settings
+from raft_doubles import Machine, fast_settings, free_port, wait_for
 
 from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.replication import raft
@@ -78,23 +77,6 @@ class SyncTrackingStore:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture

@@ -6,14 +6,13 @@ message, a proposal, a call queued for the tick thread). Real pysyncobj groups o
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from raft_doubles import Machine
+from raft_doubles import Machine, free_port, wait_for
 
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
@@ -21,20 +20,6 @@ from raftmq.storage.memory import MemoryStore
 SETTINGS = RaftSettings(
     password="x" * 16, election_min_s=0.4, election_max_s=0.8, heartbeat_s=0.05, tick_s=0.01
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 class TickCounter:

@@ -7,35 +7,16 @@ the no-op entry of its own term, which carries every committed entry before it."
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from raft_doubles import Machine, fast_settings
+from raft_doubles import fast_settings, start_three, wait_for
 
 from raftmq.cluster.replication.pso import FlushingTransport
 from raftmq.cluster.replication.raft import Outcome, RaftGroup
-from raftmq.storage.memory import MemoryStore
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -49,22 +30,7 @@ def three_groups(tmp_path: Path) -> Iterator[Callable[[], list[RaftGroup]]]:
         settings = dataclasses.replace(
             fast_settings(), election_min_s=0.3, election_max_s=0.5, heartbeat_s=0.03, leader_fallback_s=30.0
         )
-        addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        for i, addr in enumerate(addrs):
-            groups.append(
-                RaftGroup(
-                    name="g",
-                    node_id=f"n{i + 1}",
-                    self_addr=addr,
-                    peer_addrs=[a for a in addrs if a != addr],
-                    journal_store=MemoryStore(),
-                    machine=Machine(),
-                    snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
-                    settings=settings,
-                )
-            )
-        wait_for(lambda: any(g.is_leader() for g in groups), "a leader")
-        return list(groups)
+        return start_three(tmp_path, settings, groups)
 
     yield start
     for group in groups:
