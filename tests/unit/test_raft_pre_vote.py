@@ -40,6 +40,20 @@ def three_groups(tmp_path: Path) -> Iterator[Callable[[], list[RaftGroup]]]:
         group.destroy()
 
 
+def _record_campaigns(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, str, int]]:
+    """Every replica's vote and pre-vote requests from now on: (sender SyncObj, type, term)."""
+    sent: list[tuple[Any, str, int]] = []
+    send = TCPTransport.send
+
+    def recording_send(self: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
+            sent.append((self._syncObj, message["type"], message["term"]))
+        return send(self, node, message)
+
+    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    return sent
+
+
 def _campaigns(sent: list[tuple[Any, str, int]], sync: Any) -> list[tuple[str, int]]:
     return [(kind, term) for who, kind, term in sent if who is sync]
 
@@ -52,21 +66,15 @@ def test_a_follower_that_stops_hearing_its_leader_does_not_depose_it(
     deposed the leader each time; with it, the leader and the other follower (which hear each
     other) refuse, no term changes, and once the follower hears its leader again it follows."""
     deaf: list[Any] = []  # the SyncObj that drops its leader's append_entries
-    sent: list[tuple[Any, str, int]] = []  # (sender SyncObj, message type, term) of campaigns
-    receive, send = FlushingTransport._onMessageReceived, TCPTransport.send
+    receive = FlushingTransport._onMessageReceived
 
     def deaf_receive(self: Any, node: Any, message: Any) -> None:
         if self._syncObj in deaf and isinstance(message, dict) and message.get("type") == "append_entries":
             return
         receive(self, node, message)
 
-    def recording_send(self: Any, node: Any, message: Any) -> Any:
-        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
-            sent.append((self._syncObj, message["type"], message["term"]))
-        return send(self, node, message)
-
     monkeypatch.setattr(FlushingTransport, "_onMessageReceived", deaf_receive)
-    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    sent = _record_campaigns(monkeypatch)
     groups = three_groups()
     leader = next(g for g in groups if g.is_leader())
     follower = next(g for g in groups if not g.is_leader())
@@ -104,15 +112,7 @@ def test_a_follower_that_stops_hearing_its_leader_does_not_depose_it(
 def test_a_group_whose_leader_is_gone_elects_another_after_a_granted_pre_vote(
     three_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[tuple[Any, str, int]] = []
-    send = TCPTransport.send
-
-    def recording_send(self: Any, node: Any, message: Any) -> Any:
-        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
-            sent.append((self._syncObj, message["type"], message["term"]))
-        return send(self, node, message)
-
-    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    sent = _record_campaigns(monkeypatch)
     groups = three_groups()
     leader = next(g for g in groups if g.is_leader())
     term = leader.status().term
@@ -132,15 +132,7 @@ def test_a_leadership_transfer_campaigns_at_once_without_asking(
     three_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The leader asked for it (``timeout_now``), and the voters would refuse: they hear it."""
-    sent: list[tuple[Any, str, int]] = []
-    send = TCPTransport.send
-
-    def recording_send(self: Any, node: Any, message: Any) -> Any:
-        if isinstance(message, dict) and message.get("type") in ("request_vote", "pre_vote"):
-            sent.append((self._syncObj, message["type"], message["term"]))
-        return send(self, node, message)
-
-    monkeypatch.setattr(TCPTransport, "send", recording_send)
+    sent = _record_campaigns(monkeypatch)
     groups = three_groups()
     leader = next(g for g in groups if g.is_leader())
     target = next(g for g in groups if not g.is_leader())
