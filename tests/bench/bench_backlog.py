@@ -37,8 +37,9 @@ run at 27000a7 did). Every timed phase records the nodes' CPU and disk I/O the s
 
 Then **retention**: the backlog topic gets ``retention_bytes`` (``PATCH /v1/topics/{topic}``) such
 that ``--retain-fraction`` of it stays; the disk of every node is sampled until it is back within
-the retained size plus what the empty cluster held (and the journals' ``64 MiB x groups``), at
-most ``--reclaim-timeout`` s: the seconds it took (or the size it stopped at).
+the retained size plus what the empty cluster held after its round, plus as much again for each
+later round's probe topic (retention on the backlog does not reclaim those), and the journals'
+``64 MiB x groups``, at most ``--reclaim-timeout`` s: the seconds it took (or the size it stopped at).
 
 Progress lines while filling; a table at the end; JSON to bench-results/. The data is deleted at
 the end (``--keep`` keeps it).
@@ -228,12 +229,32 @@ def work_idle(work: dict[str, dict[str, int]]) -> bool:
     )
 
 
+def replicas_behind(cluster: Cluster, goals: dict[str, int]) -> int:
+    """Entries the replicas still have to apply to reach ``goals`` (each group's commit index at
+    its leader when the fill ended), summed over every node and group."""
+    behind = 0
+    for nid in node_pids(cluster):
+        try:
+            groups = cluster.status(nid)["groups"]
+        except requests.RequestException:
+            continue
+        for g, goal in goals.items():
+            if g in groups:
+                behind += max(0, goal - int(groups[g]["applied_index"]))
+    return behind
+
+
 def settle(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
-    """Wait until the work the fill left behind is done on every node: RocksDB has no compaction
-    running or pending and no flush running (``--settle-quiet-s`` in a row), and no node's sealer
-    wrote a segment file meanwhile. Returns how long that took and what the nodes spent on it."""
+    """Wait until the work the fill left behind is done on every node: every replica applied what
+    its leader had committed when the fill ended (a fill at full speed leaves followers behind),
+    RocksDB has no compaction running or pending and no flush running (``--settle-quiet-s`` in a
+    row), and no node's sealer wrote a segment file meanwhile. Returns how long that took (the
+    replicas' catching up apart) and what the nodes spent on it."""
     usage = Usage(cluster).start()
     t0 = time.monotonic()
+    goals = commit_goals(cluster, groups_of(cluster, "n1"), exclude="")
+    behind_at_start = replicas_behind(cluster, goals)
+    caught_up_s: float | None = 0.0 if behind_at_start == 0 else None
     first = storage_work(cluster)
     segments = segment_disks(cluster)
     samples: list[tuple[float, int, int]] = []  # (s, pending compaction bytes, running compactions)
@@ -246,7 +267,10 @@ def settle(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         running = sum(w["running_compactions"] for w in work.values())
         samples.append((round(now, 1), pending, running))
         grown = segment_disks(cluster)
-        quiet = work_idle(work) and grown == segments
+        behind = replicas_behind(cluster, goals) if caught_up_s is None else 0
+        if behind == 0 and caught_up_s is None:
+            caught_up_s = round(now, 1)
+        quiet = work_idle(work) and grown == segments and behind == 0
         segments = grown
         if not quiet:
             idle_since = None
@@ -258,12 +282,14 @@ def settle(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         if len(samples) % 10 == 1:
             print(
                 f"  settling: {now:5.0f} s, {pending / 1e6:,.0f} MB of compaction pending, "
-                f"{running} compactions running",
+                f"{running} compactions running, replicas {behind:,} entries behind",
                 flush=True,
             )
         time.sleep(1.0)
     return {
         "settled_s": settled_s,
+        "replicas_behind_at_start": behind_at_start,
+        "replicas_caught_up_s": caught_up_s,
         "work_at_start": first,
         "usage": usage.stop(),
         "segments_bytes": segment_disks(cluster),
@@ -727,7 +753,9 @@ def report(result: dict[str, Any]) -> None:
             f"after-work (settle): idle after {st['settled_s']} s; {pending / 1e6:,.0f} MB of compaction "
             f"pending at its start; the nodes spent {total['cpu_s']} CPU s meanwhile "
             f"({total['rocksdb_cpu_s']} in RocksDB's threads), wrote {total['written_mb']:,.0f} MB, read "
-            f"{total['read_mb']:,.0f} MB; segments {sum(st['segments_bytes'].values()) / 1e6:,.0f} MB"
+            f"{total['read_mb']:,.0f} MB; segments {sum(st['segments_bytes'].values()) / 1e6:,.0f} MB; "
+            f"replicas {st['replicas_behind_at_start']:,} entries behind at its start, caught up after "
+            f"{st['replicas_caught_up_s']} s"
         )
     if "reclaim" in result:
         rc = result["reclaim"]
@@ -807,8 +835,12 @@ def main() -> None:
     ):
         settle_leaders(cluster)
         result["pids"] = node_pids(cluster)
+        start = node_disks(cluster)
         result["rounds"] = [measure_round(cluster, "empty", None, values, args)]
         floor = node_disks(cluster)
+        # What one round's probe topic left on each disk: every later round leaves as much, and
+        # retention on the backlog topic does not reclaim it, so the targets count it too.
+        probe_bytes = {nid: max(0, floor[nid] - start[nid]) for nid in floor}
         create_topic(cluster, "backlog", args.queues)
         urls = [n.url for n in cluster.nodes.values()]
         print(
@@ -826,6 +858,8 @@ def main() -> None:
         result["settle"] = settle(cluster, args)
         result["rounds"].append(measure_round(cluster, "backlog", "backlog", values, args))
         print("[retention] on ...", flush=True)
+        later = len(result["rounds"]) - 1
+        floor = {nid: floor[nid] + later * probe_bytes[nid] for nid in floor}
         result["reclaim"] = reclaim(cluster, "backlog", args.queues, floor, args)
 
 
