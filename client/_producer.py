@@ -19,7 +19,7 @@ from typing import Any
 
 from raftmq.batch import BATCH_MEDIA_TYPE, RESERVED_HEADER_PREFIX, is_reserved_header
 
-from ._accumulator import Accumulator, Batch, Wire, buffer_full, message_size
+from ._accumulator import MAX_REQUESTS_PER_LEADER, Accumulator, Batch, Wire, buffer_full, message_size
 from ._api import connect
 from ._metadata import ClusterMetadata, key_queue
 from ._outcome import DeliveryCallback, FutureRecord
@@ -70,6 +70,7 @@ class ProducerCore:
         self.producer_id = (config.producer_id or f"p-{uuid.uuid4().hex}") if config.idempotent else None
         self.acc = Accumulator(
             linger_s=config.linger_ms / 1000,
+            max_requests_per_leader=config.max_requests_per_leader,
             max_batch_bytes=config.max_batch_bytes,
             max_batch_messages=config.max_batch_messages,
             max_buffer_bytes=config.max_buffer_bytes,
@@ -418,8 +419,12 @@ class AsyncProducer:
 
     Args:
         bootstrap: Node addresses (``"127.0.0.1:7001,127.0.0.1:7002"`` or a list); any one will do.
-        linger_ms: 0 (default): no wait but for the leader's request in flight; > 0: a batch
-            that is not full waits this long from its first message instead.
+        linger_ms: 0 (default): no wait but for the queue's batch in flight (and the leader's
+            requests at ``max_requests_per_leader``); > 0: a batch that is not full waits this
+            long from its first message instead.
+        max_requests_per_leader: With ``linger_ms`` 0, a queue's batch goes at once while its
+            leader has fewer requests than this in flight from the producer; 1: a batch waits
+            for its leader's other queues' request to be answered (fewer, larger requests).
         max_batch_bytes: A batch is sent once it reaches this size.
         max_batch_messages: ... or this many messages (at most the broker's 10,000).
         max_buffer_bytes: Memory for unsent and in-flight messages; ``send`` waits (up to
@@ -448,6 +453,7 @@ class AsyncProducer:
         bootstrap: str | Sequence[str],
         *,
         linger_ms: int = 0,
+        max_requests_per_leader: int = MAX_REQUESTS_PER_LEADER,
         max_batch_bytes: int = 256 * 1024,
         max_batch_messages: int = 10_000,
         max_buffer_bytes: int = 32 * 1024 * 1024,
@@ -468,6 +474,7 @@ class AsyncProducer:
         self._bootstrap = bootstrap
         self._config = ProducerConfig(
             linger_ms=linger_ms,
+            max_requests_per_leader=max_requests_per_leader,
             max_batch_bytes=max_batch_bytes,
             max_batch_messages=max_batch_messages,
             max_buffer_bytes=max_buffer_bytes,

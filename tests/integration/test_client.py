@@ -226,15 +226,16 @@ def test_produce_to_consume_latency_is_sane(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize(
     ("linger_ms", "queues"),
-    [(2, 1), (None, 3)],
-    ids=["linger-2ms-one-queue", "defaults-three-queues"],
+    [(2, 1), (None, 3), (None, 6)],
+    ids=["linger-2ms-one-queue", "defaults-three-queues", "defaults-two-queues-per-leader"],
 )
 def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(
     tmp_path: Path, linger_ms: int | None, queues: int
 ) -> None:
-    """With the defaults (no linger: a batch waits only for its leader's request in flight), over
-    queues whose groups have different leaders, as with a linger on one queue: across the kill of
-    a leader every acknowledged message is stored once, in the order sent, per queue."""
+    """With the defaults (no linger: a batch waits only for its queue's batch in flight), over
+    queues whose groups have different leaders, also two queues per leader (two requests in
+    flight to one leader at once), as with a linger on one queue: across the kill of a leader
+    every acknowledged message is stored once, in the order sent, per queue."""
     with Cluster(tmp_path, nodes=3) as c:
         c.start()
         c.wait_ready()
