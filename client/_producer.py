@@ -405,9 +405,10 @@ class AsyncProducer:
     broker routes), else a sticky queue (16 KiB to one queue, then the least-loaded; uniform sticky
     batches as Kafka's KIP-794), and joins its queue's batch, sent straight to the leader of the
     queue's group, one batch in flight per queue (order per queue is kept across retries). A batch
-    goes at once when its leader has no request in flight; else it gathers messages until that
-    answer comes (or ``max_batch_bytes``/``max_batch_messages``), and the batches waiting for one
-    leader (idempotent binary producers: one topic's) go in one request. A batch travels in the
+    goes at once when its queue has none in flight (and its leader fewer than
+    ``max_requests_per_leader`` requests); else it gathers messages until that answer comes (or
+    ``max_batch_bytes``/``max_batch_messages``), and the batches waiting for one leader
+    (idempotent binary producers: one topic's) go in one request. A batch travels in the
     binary record-batch format (docs/format.md); ``send`` returns a :class:`FutureRecord`.
 
     Idempotence is on by default: the producer has a random ``producer_id`` and numbers its batches
