@@ -15,12 +15,12 @@ in flight and, for batches that share requests (``node_of``), its queue's leader
 gathers the messages that arrive meanwhile and goes when one of those answers comes (natural
 batching, as NATS's client flushes while its connection is busy and Kafka's producer batches
 behind its requests in flight), or at the latest ``LEADER_WAIT_S`` after its first message. An
-idle queue's first message therefore waits for nothing, nor does a queue's whose leader is busy
-with other queues' requests (below the limit), and the busier a queue, the larger its batches.
-With ``max_requests_per_leader`` 1 a batch also waits for its leader's other queues (fewer,
-larger requests). A full batch goes without waiting for its leader (the peak rate needs no
-request to wait). With ``linger_s`` > 0 (an explicit opt-in) a batch that is not full waits that
-long from its first message instead, leader or not.
+idle queue's first message therefore waits for nothing, and the busier a queue or its leader, the
+larger the batches. With ``max_requests_per_leader`` 1 (the default) a batch waits for the answer
+to its leader's other queues and goes with them (fewer, larger requests); above 1 it waits only
+for its own queue's batch while the leader is below the limit. A full batch goes without waiting
+for its leader (the peak rate needs no request to wait). With ``linger_s`` > 0 (an explicit
+opt-in) a batch that is not full waits that long from its first message instead, leader or not.
 
 Invariants:
 - At most one batch per queue is in flight: a queue's next batch is sent only after the previous
@@ -84,8 +84,10 @@ STICKY_BYTES = 16 * 1024  # unkeyed messages go this many bytes to one queue, th
 # splits the natural batches.
 LEADER_WAIT_S = 0.1
 # With linger 0, a queue's batch goes at once while its leader has fewer requests than this in
-# flight from the producer (first attempts); 1 makes a batch wait for its leader's other queues.
-MAX_REQUESTS_PER_LEADER = 5
+# flight from the producer (first attempts); with 1 a batch waits for the answer to its leader's
+# other queues, and goes with them. 1 is the default: more in flight was slower on two shared
+# cores (docs/benchmarks.md, "Several requests per leader").
+MAX_REQUESTS_PER_LEADER = 1
 _JSON_OVERHEAD_BYTES = 128  # the JSON request's envelope: {"messages":[...],"producer_id":..,"sequence":..}
 _FRAME_BYTES = 9  # a frame's prefix (docs/format.md, "Frames"): queue, topic_len 0, prefix_crc
 

@@ -405,8 +405,8 @@ class AsyncProducer:
     broker routes), else a sticky queue (16 KiB to one queue, then the least-loaded; uniform sticky
     batches as Kafka's KIP-794), and joins its queue's batch, sent straight to the leader of the
     queue's group, one batch in flight per queue (order per queue is kept across retries). A batch
-    goes at once when its queue has none in flight (and its leader fewer than
-    ``max_requests_per_leader`` requests); else it gathers messages until that answer comes (or
+    goes at once when its queue has none in flight and its leader fewer than
+    ``max_requests_per_leader`` (1) requests; else it gathers messages until that answer comes (or
     ``max_batch_bytes``/``max_batch_messages``), and the batches waiting for one leader
     (idempotent binary producers: one topic's) go in one request. A batch travels in the
     binary record-batch format (docs/format.md); ``send`` returns a :class:`FutureRecord`.
@@ -420,12 +420,13 @@ class AsyncProducer:
 
     Args:
         bootstrap: Node addresses (``"127.0.0.1:7001,127.0.0.1:7002"`` or a list); any one will do.
-        linger_ms: 0 (default): no wait but for the queue's batch in flight (and the leader's
-            requests at ``max_requests_per_leader``); > 0: a batch that is not full waits this
+        linger_ms: 0 (default): no wait but for the queue's batch in flight and the leader's
+            requests (``max_requests_per_leader``); > 0: a batch that is not full waits this
             long from its first message instead.
         max_requests_per_leader: With ``linger_ms`` 0, a queue's batch goes at once while its
-            leader has fewer requests than this in flight from the producer; 1: a batch waits
-            for its leader's other queues' request to be answered (fewer, larger requests).
+            leader has fewer requests than this in flight from the producer. 1 (default): a
+            batch waits for the answer to its leader's other queues and goes with them (fewer,
+            larger requests); more: it waits only for its own queue's batch.
         max_batch_bytes: A batch is sent once it reaches this size.
         max_batch_messages: ... or this many messages (at most the broker's 10,000).
         max_buffer_bytes: Memory for unsent and in-flight messages; ``send`` waits (up to

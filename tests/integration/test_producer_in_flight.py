@@ -1,5 +1,6 @@
-"""The producer's requests in flight per leader, against a real 3-node cluster: a queue's batch
-does not wait for its leader's answer to another queue (docs/client.md, "Batching")."""
+"""The producer's requests in flight per leader, against a real 3-node cluster: with
+``max_requests_per_leader`` above 1, a queue's batch does not wait for its leader's answer to
+another queue (docs/client.md, "Batching")."""
 
 from __future__ import annotations
 
@@ -93,9 +94,9 @@ def no_leader_wait_cap(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_a_queue_s_batch_goes_while_its_leader_answers_another_queue(
     cluster: Cluster, no_leader_wait_cap: None
 ) -> None:
-    """With the defaults, while the leader's answer for queue A is held on its way back, a message
-    for queue B (same leader) is sent at once on a second connection instead of waiting for that
-    answer; both are stored once, where the answers say."""
+    """With ``max_requests_per_leader=2``, while the leader's answer for queue A is held on its way
+    back, a message for queue B (same leader) is sent at once on a second connection instead of
+    waiting for that answer; both are stored once, where the answers say."""
     topic = "in-flight"
     urls = [n.url for n in cluster.nodes.values()]
     with Admin(urls) as admin:
@@ -110,7 +111,9 @@ def test_a_queue_s_batch_goes_while_its_leader_answers_another_queue(
         return f"http://127.0.0.1:{relay.port}" if armed.is_set() and url == leader_url else url
 
     async def main() -> tuple[RecordMetadata, RecordMetadata, bool]:
-        async with AsyncProducer(urls, address_map=address_map, metadata_max_age_ms=600_000) as producer:
+        async with AsyncProducer(
+            urls, address_map=address_map, metadata_max_age_ms=600_000, max_requests_per_leader=2
+        ) as producer:
             for q in (queue_a, queue_b):  # the topic's leaders known
                 await producer.send_and_wait(topic, "warm", queue=q)
             armed.set()

@@ -338,8 +338,8 @@ def test_an_idle_queue_s_first_message_goes_at_once_by_default() -> None:
     assert [b.queue for b in taken] == [0]  # in the same instant, no linger
 
 
-def test_with_one_request_per_leader_what_arrives_meanwhile_goes_together_when_it_answers() -> None:
-    acc = _default_accumulator(max_requests_per_leader=1)
+def test_messages_that_arrive_while_their_leader_is_busy_go_together_when_it_answers() -> None:
+    acc = _default_accumulator()
     wakes: list[int] = []
     acc.on_wake = lambda: wakes.append(1)
     acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
@@ -369,7 +369,7 @@ def test_a_retry_holds_its_queue_but_not_its_leader() -> None:
     """A first attempt answered with an error releases the leader: the leader's other queues go
     while the batch waits for its retry, and its own queue's next batch waits for that batch, so
     the queue's order is kept."""
-    acc = _default_accumulator(max_requests_per_leader=1)
+    acc = _default_accumulator()
     acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
     (first,), _ = acc.ready(0.0, node_of=_leader)
     acc.try_append("t", 0, 6, "a1", None, None, 2, None, now_s=0.001)
@@ -413,7 +413,7 @@ def test_an_explicit_linger_still_holds_a_batch_that_long() -> None:
 def test_a_batch_waits_for_a_slow_leader_s_answer_no_longer_than_the_leader_wait() -> None:
     """A request held up (one queue group of the leader without a quorum, say) does not hold the
     leader's other queues for the whole request timeout: the sender wakes by then, and they go."""
-    acc = _default_accumulator(max_requests_per_leader=1)
+    acc = _default_accumulator()
     acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
     (stuck,), next_s = acc.ready(0.0, node_of=_leader)
     assert next_s == LEADER_WAIT_S  # the sender looks again by then without being woken
@@ -423,11 +423,10 @@ def test_a_batch_waits_for_a_slow_leader_s_answer_no_longer_than_the_leader_wait
     assert late.queue == 2 and not stuck.done
 
 
-def test_by_default_a_queue_s_batch_goes_while_its_leader_serves_another_queue() -> None:
-    """The default: a batch waits for its own queue's batch in flight, not for its leader's
-    requests for other queues (below ``max_requests_per_leader``)."""
-    acc = _default_accumulator()
-    assert acc.max_requests_per_leader > 1
+def test_with_requests_per_leader_a_queue_s_batch_goes_while_its_leader_serves_another() -> None:
+    """``max_requests_per_leader`` above 1: a batch waits for its own queue's batch in flight, not
+    for its leader's requests for other queues (below the limit)."""
+    acc = _default_accumulator(max_requests_per_leader=5)
     wakes: list[int] = []
     acc.on_wake = lambda: wakes.append(1)
     acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)

@@ -184,16 +184,16 @@ def test_close_waits_for_every_buffered_message() -> None:
     assert sum(len(b["values"]) for b in fake.produced) == 50
 
 
-def test_with_one_request_per_leader_what_is_sent_while_it_is_busy_goes_in_one_request() -> None:
-    """``max_requests_per_leader=1``: the first message goes alone; the messages sent while its
-    request is in flight (to its queue and the other queues of its leader) wait for its answer,
-    not for a clock, and then go together in one request; flush sends them all, each stored
-    once, in order per queue."""
+def test_by_default_what_is_sent_while_the_leader_is_busy_goes_in_one_request_when_it_answers() -> None:
+    """Default settings: the first message goes alone; the messages sent while its request is in
+    flight (to its queue and the other queues of its leader) wait for its answer, not for a
+    clock, and then go together in one request; flush sends them all, each stored once, in
+    order per queue."""
     fake = FakeCluster()
     fake.gate = asyncio.Event()
 
     async def main() -> list[RecordMetadata]:
-        async with await start_producer(fake, max_requests_per_leader=1) as p:
+        async with await start_producer(fake) as p:
             futures = [await p.send("t", "a", queue=0)]
             for _ in range(1_000):
                 if fake.produced:
@@ -218,15 +218,15 @@ def test_with_one_request_per_leader_what_is_sent_while_it_is_busy_goes_in_one_r
     ]
 
 
-def test_by_default_a_queue_s_messages_go_while_its_leader_answers_another_queue() -> None:
-    """Default settings: while queue 0's request is in flight, the messages for the other queues
-    of its leader go at once (one request for both queues), and queue 0's next batch waits for
-    its own; each is stored once, in order per queue."""
+def test_with_requests_per_leader_a_queue_s_messages_go_while_its_leader_answers_another() -> None:
+    """``max_requests_per_leader=2``: while queue 0's request is in flight, the messages for the
+    other queues of its leader go at once (one request for both queues), and queue 0's next batch
+    waits for its own; each is stored once, in order per queue."""
     fake = FakeCluster()
     fake.gate = asyncio.Event()
 
     async def main() -> list[RecordMetadata]:
-        async with await start_producer(fake) as p:
+        async with await start_producer(fake, max_requests_per_leader=2) as p:
             futures = [await p.send("t", "a", queue=0)]
             for _ in range(1_000):
                 if fake.produced:
