@@ -241,7 +241,7 @@ def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(
         c.start()
         c.wait_ready()
         with Admin(urls(c)) as admin:
-            desc = admin.create_topic("failover", 3)
+            desc = admin.create_topic("failover", max(3, queues))
         group = str(desc.queue_states[0].group_id)
         leader = c.wait_leader(group)
         acked: list[tuple[str, RecordMetadata]] = []
