@@ -10,23 +10,27 @@ written as one record batch of format v2 (docs/format.md) when it is sent (the d
 nothing per message is kept for its outcome but a callback when one is given.
 
 When a batch goes (``linger_s`` 0, the producer's default): at once when its queue has no batch
-in flight and, for batches that share requests (``node_of``), its queue's leader has no first
-attempt in flight; otherwise it gathers the messages that arrive meanwhile and goes when that
-answer comes (natural batching, as NATS's client flushes while its connection is busy and Kafka's
-producer batches behind its requests in flight), or at the latest ``LEADER_WAIT_S`` after its
-first message. An idle queue's first message therefore waits for nothing, and the busier a
-leader, the larger its requests. A full batch goes without waiting for its leader (the peak rate
-needs no request to wait). With ``linger_s`` > 0 (an explicit opt-in) a batch that is not full
-waits that long from its first message instead, leader or not.
+in flight and, for batches that share requests (``node_of``), its queue's leader has fewer than
+``max_requests_per_leader`` requests in flight from this producer (first attempts); otherwise it
+gathers the messages that arrive meanwhile and goes when one of those answers comes (natural
+batching, as NATS's client flushes while its connection is busy and Kafka's producer batches
+behind its requests in flight), or at the latest ``LEADER_WAIT_S`` after its first message. An
+idle queue's first message therefore waits for nothing, and the busier a queue or its leader, the
+larger the batches. With ``max_requests_per_leader`` 1 (the default) a batch waits for the answer
+to its leader's other queues and goes with them (fewer, larger requests); above 1 it waits only
+for its own queue's batch while the leader is below the limit. A full batch goes without waiting
+for its leader (the peak rate needs no request to wait). With ``linger_s`` > 0 (an explicit
+opt-in) a batch that is not full waits that long from its first message instead, leader or not.
 
 Invariants:
 - At most one batch per queue is in flight: a queue's next batch is sent only after the previous
   one succeeded or failed for good. This keeps per-queue order across retries: the broker
   refuses a duplicate sequence and one older than its window of 5, but not a gap, so a second
   batch in flight that got through while the first was retried would be stored before it.
-- A leader counts as busy from when batches are taken for it until the first attempt of each is
-  answered (:meth:`Accumulator.release`) or it completes: a batch that waits for a retry's
-  backoff holds its queue, never its leader's other queues.
+- A request to a leader counts against ``max_requests_per_leader`` from when its batches are
+  taken (one :meth:`Accumulator.ready` call's batches for one leader: one request, a claim) until
+  the first attempt of each is answered (:meth:`Accumulator.release`) or it completes: a batch
+  that waits for a retry's backoff holds its queue, never its leader's other queues.
 - A batch's ``sequence`` (idempotent producers) is the next one of its queue when the batch is
   opened, in the order batches are opened, which is the order they are sent in. A batch that
   fails without ever being sent leaves a gap (the broker accepts gaps).
@@ -79,6 +83,11 @@ STICKY_BYTES = 16 * 1024  # unkeyed messages go this many bytes to one queue, th
 # for the whole request timeout. Far above a round trip under load (tens of ms), so it never
 # splits the natural batches.
 LEADER_WAIT_S = 0.1
+# With linger 0, a queue's batch goes at once while its leader has fewer requests than this in
+# flight from the producer (first attempts); with 1 a batch waits for the answer to its leader's
+# other queues, and goes with them. 1 is the default: more in flight was slower on two shared
+# cores (docs/benchmarks.md, "Several requests per leader").
+MAX_REQUESTS_PER_LEADER = 1
 _JSON_OVERHEAD_BYTES = 128  # the JSON request's envelope: {"messages":[...],"producer_id":..,"sequence":..}
 _FRAME_BYTES = 9  # a frame's prefix (docs/format.md, "Frames"): queue, topic_len 0, prefix_crc
 
@@ -89,10 +98,10 @@ class Batch:
     __slots__ = (
         "_body",
         "builder",
+        "claim",
         "count",
         "created_s",
         "done",
-        "holds_node",
         "maybe_stored",
         "memory_bytes",
         "node",
@@ -137,7 +146,7 @@ class Batch:
         self.done = False
         self.maybe_stored = False  # an attempt is in flight, or one's outcome was unknown
         self.node: object = None  # the leader it was taken for (with node_of)
-        self.holds_node = False  # its first attempt to ``node`` is not answered yet
+        self.claim: _Claim | None = None  # its request's hold on ``node``, until its first answer
         self.waiters: list[Callable[[], None]] = []  # called once done
         self.outcome = BatchOutcome(topic, queue, loop_thread)
         self._body: bytes | None = None
@@ -211,6 +220,16 @@ def with_queue(encoded: bytes, queue: int) -> bytes:
     return b'{"queue":%d,' % queue + encoded[1:]
 
 
+class _Claim:
+    """One request's hold on its leader: the batches of it whose first attempt is unanswered."""
+
+    __slots__ = ("left", "node")
+
+    def __init__(self, node: object, batches: int) -> None:
+        self.node = node
+        self.left = batches
+
+
 @dataclass
 class _Sticky:
     """A topic's unkeyed stream: the current queue, the bytes it may still take, and the unkeyed
@@ -229,6 +248,8 @@ class Accumulator:
         producer_id: The idempotent producer's id (batches are numbered per queue), or None.
         loop_thread: The id of the thread that completes batches (the producer's I/O thread):
             a handle refuses to block there.
+        max_requests_per_leader: With ``linger_s`` 0 and ``node_of``, the requests in flight to
+            one leader (first attempts) below which a queue's batch goes at once.
     """
 
     def __init__(
@@ -244,8 +265,10 @@ class Accumulator:
         wire: Wire = "binary",
         producer_id: str | None = None,
         loop_thread: int | None = None,
+        max_requests_per_leader: int = MAX_REQUESTS_PER_LEADER,
     ) -> None:
         self.linger_s = linger_s
+        self.max_requests_per_leader = max_requests_per_leader
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_messages = max_batch_messages
         self.max_buffer_bytes = max_buffer_bytes
@@ -257,7 +280,7 @@ class Accumulator:
         self._queues: dict[QueueKey, deque[Batch]] = {}
         self._open: dict[QueueKey, Batch] = {}  # the batch of each queue that messages join
         self._in_flight: dict[QueueKey, Batch] = {}
-        self._busy: dict[object, int] = {}  # leader -> batches whose first attempt is in flight there
+        self._busy: dict[object, int] = {}  # leader -> its requests (claims) in flight
         self._node_of: Callable[[QueueKey], object] | None = None  # as the last ready() was given
         self._sequences: dict[QueueKey, int] = {}
         self.sticky_bytes = max(1, min(sticky_bytes, max_batch_bytes))
@@ -363,12 +386,16 @@ class Accumulator:
     def _goes_now(self, qkey: QueueKey, created_s: float) -> bool:
         """Whether a batch just opened needs the sender woken (under the lock): lingering, if it
         is due before the sender wakes anyway; else if nothing holds it back, since what holds
-        it (its queue's batch in flight, its leader's request) wakes the sender when it ends."""
+        it (its queue's batch in flight, its leader's requests) wakes the sender when it ends."""
         if self.linger_s > 0:
             return self._next_s is None or self._next_s > created_s + self.linger_s
         if qkey in self._in_flight:
             return False
-        return self._node_of is None or self._node_of(qkey) not in self._busy
+        return self._node_of is None or self._leader_free(self._node_of(qkey))
+
+    def _leader_free(self, node: object) -> bool:
+        """Whether ``node`` may take another request now (under the lock)."""
+        return self._busy.get(node, 0) < self.max_requests_per_leader
 
     def _new_batch(self, qkey: QueueKey, now_s: float) -> Batch:
         sequence = None
@@ -421,12 +448,13 @@ class Accumulator:
         """Take the batches to send now: the head of each queue not in flight, if it is sealed,
         or ``all_now`` (flush, close) or the buffer is under pressure, or (see the module
         docstring) it has lingered ``linger_s`` or, with ``linger_s`` 0, its leader (``node_of``)
-        has no first attempt in flight.
+        has fewer than ``max_requests_per_leader`` requests in flight.
 
         With ``node_of`` (a queue's leader), the head of every other queue not in flight whose
         leader is the leader of a batch taken is taken too, lingered or not (as Kafka drains every
         partition of a ready broker): it rides in the same request instead of waiting for a
-        request of its own. The batches taken make their leader busy until :meth:`release`.
+        request of its own. The batches taken for one leader are one request in flight there
+        (a claim) until :meth:`release` of each.
 
         Returns:
             The batches (now in flight) and the earliest time a waiting batch becomes ready
@@ -451,26 +479,30 @@ class Accumulator:
                     go = now_s >= due
                 else:  # the busy leaders are those of earlier calls: this call's go together
                     due = head.created_s + LEADER_WAIT_S
-                    go = node_of is None or now_s >= due or node_of(key) not in self._busy
+                    go = node_of is None or now_s >= due or self._leader_free(node_of(key))
                 if go:
                     self._take(key, dq)
                     taken.append(head)
                 else:
                     waiting.append((key, due))
             if node_of is not None and taken:
-                nodes = set()
+                by_node: dict[object, list[Batch]] = {}
                 for b in taken:
                     b.node = node_of(b.key)
-                    nodes.add(b.node)
+                    by_node.setdefault(b.node, []).append(b)
                 for key, _ in waiting:
-                    if node_of(key) in nodes:
+                    node = node_of(key)
+                    if node in by_node:
                         b = self._take(key, self._queues[key])
-                        b.node = node_of(key)
+                        b.node = node
+                        by_node[node].append(b)
                         taken.append(b)
                 waiting = [(k, d) for k, d in waiting if k not in self._in_flight]
-                for b in taken:
-                    b.holds_node = True
-                    self._busy[b.node] = self._busy.get(b.node, 0) + 1
+                for node, batches in by_node.items():
+                    claim = _Claim(node, len(batches))
+                    for b in batches:
+                        b.claim = claim
+                    self._busy[node] = self._busy.get(node, 0) + 1
             for key in [k for k, dq in self._queues.items() if not dq and k not in self._in_flight]:
                 del self._queues[key]
             dues = [due for _, due in waiting]
@@ -490,23 +522,28 @@ class Accumulator:
 
     def release(self, batches: list[Batch]) -> bool:
         """The first attempt of ``batches`` is answered (or failed): their leader may take the
-        next request (a retry does not hold it). Returns whether a leader became idle: the
-        sender should look at what waited for it."""
+        next request (a retry does not hold it). Returns whether a leader went below its limit
+        of requests in flight: the sender should look at what waited for it."""
         with self._lock:
             return self._release(batches)
 
     def _release(self, batches: list[Batch]) -> bool:
-        idle = False
+        freed = False
         for b in batches:
-            if b.holds_node:
-                b.holds_node = False
-                left = self._busy[b.node] - 1
-                if left:
-                    self._busy[b.node] = left
-                else:
-                    del self._busy[b.node]
-                    idle = True
-        return idle
+            claim = b.claim
+            if claim is None:
+                continue
+            b.claim = None
+            claim.left -= 1
+            if claim.left:
+                continue
+            requests = self._busy[claim.node]
+            if requests > 1:
+                self._busy[claim.node] = requests - 1
+            else:
+                del self._busy[claim.node]
+            freed = freed or requests == self.max_requests_per_leader
+        return freed
 
     def complete(self, batch: Batch) -> None:
         """The batch succeeded or failed for good: free its bytes, its queue and its leader."""

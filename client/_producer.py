@@ -19,7 +19,7 @@ from typing import Any
 
 from raftmq.batch import BATCH_MEDIA_TYPE, RESERVED_HEADER_PREFIX, is_reserved_header
 
-from ._accumulator import Accumulator, Batch, Wire, buffer_full, message_size
+from ._accumulator import MAX_REQUESTS_PER_LEADER, Accumulator, Batch, Wire, buffer_full, message_size
 from ._api import connect
 from ._metadata import ClusterMetadata, key_queue
 from ._outcome import DeliveryCallback, FutureRecord
@@ -70,6 +70,7 @@ class ProducerCore:
         self.producer_id = (config.producer_id or f"p-{uuid.uuid4().hex}") if config.idempotent else None
         self.acc = Accumulator(
             linger_s=config.linger_ms / 1000,
+            max_requests_per_leader=config.max_requests_per_leader,
             max_batch_bytes=config.max_batch_bytes,
             max_batch_messages=config.max_batch_messages,
             max_buffer_bytes=config.max_buffer_bytes,
@@ -404,9 +405,10 @@ class AsyncProducer:
     broker routes), else a sticky queue (16 KiB to one queue, then the least-loaded; uniform sticky
     batches as Kafka's KIP-794), and joins its queue's batch, sent straight to the leader of the
     queue's group, one batch in flight per queue (order per queue is kept across retries). A batch
-    goes at once when its leader has no request in flight; else it gathers messages until that
-    answer comes (or ``max_batch_bytes``/``max_batch_messages``), and the batches waiting for one
-    leader (idempotent binary producers: one topic's) go in one request. A batch travels in the
+    goes at once when its queue has none in flight and its leader fewer than
+    ``max_requests_per_leader`` (1) requests; else it gathers messages until that answer comes (or
+    ``max_batch_bytes``/``max_batch_messages``), and the batches waiting for one leader
+    (idempotent binary producers: one topic's) go in one request. A batch travels in the
     binary record-batch format (docs/format.md); ``send`` returns a :class:`FutureRecord`.
 
     Idempotence is on by default: the producer has a random ``producer_id`` and numbers its batches
@@ -418,8 +420,13 @@ class AsyncProducer:
 
     Args:
         bootstrap: Node addresses (``"127.0.0.1:7001,127.0.0.1:7002"`` or a list); any one will do.
-        linger_ms: 0 (default): no wait but for the leader's request in flight; > 0: a batch
-            that is not full waits this long from its first message instead.
+        linger_ms: 0 (default): no wait but for the queue's batch in flight and the leader's
+            requests (``max_requests_per_leader``); > 0: a batch that is not full waits this
+            long from its first message instead.
+        max_requests_per_leader: With ``linger_ms`` 0, a queue's batch goes at once while its
+            leader has fewer requests than this in flight from the producer. 1 (default): a
+            batch waits for the answer to its leader's other queues and goes with them (fewer,
+            larger requests); more: it waits only for its own queue's batch.
         max_batch_bytes: A batch is sent once it reaches this size.
         max_batch_messages: ... or this many messages (at most the broker's 10,000).
         max_buffer_bytes: Memory for unsent and in-flight messages; ``send`` waits (up to
@@ -448,6 +455,7 @@ class AsyncProducer:
         bootstrap: str | Sequence[str],
         *,
         linger_ms: int = 0,
+        max_requests_per_leader: int = MAX_REQUESTS_PER_LEADER,
         max_batch_bytes: int = 256 * 1024,
         max_batch_messages: int = 10_000,
         max_buffer_bytes: int = 32 * 1024 * 1024,
@@ -468,6 +476,7 @@ class AsyncProducer:
         self._bootstrap = bootstrap
         self._config = ProducerConfig(
             linger_ms=linger_ms,
+            max_requests_per_leader=max_requests_per_leader,
             max_batch_bytes=max_batch_bytes,
             max_batch_messages=max_batch_messages,
             max_buffer_bytes=max_buffer_bytes,

@@ -6,7 +6,7 @@ import ssl as _ssl
 from dataclasses import dataclass, field
 from typing import get_args
 
-from ._accumulator import Wire
+from ._accumulator import MAX_REQUESTS_PER_LEADER, Wire
 from ._limits import MAX_MESSAGES
 from ._transport import AddressMap
 
@@ -18,6 +18,7 @@ class ProducerConfig:
     """The producer's settings (see :class:`AsyncProducer` for their meaning)."""
 
     linger_ms: int = 0
+    max_requests_per_leader: int = MAX_REQUESTS_PER_LEADER
     max_batch_bytes: int = 256 * 1024
     max_batch_messages: int = 10_000
     max_buffer_bytes: int = 32 * 1024 * 1024
@@ -42,6 +43,7 @@ class ProducerConfig:
                 "max_batch_bytes",
                 "max_batch_messages",
                 "max_buffer_bytes",
+                "max_requests_per_leader",
                 "delivery_timeout_ms",
                 "request_timeout_ms",
                 "metadata_max_age_ms",

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from ._accumulator import Wire, buffer_full
+from ._accumulator import MAX_REQUESTS_PER_LEADER, Wire, buffer_full
 from ._admin import UNCHANGED, AsyncAdmin, Unchanged
 from ._consumer import AsyncConsumer
 from ._consumer_config import FetchWire, Mode, Reset, TopicQueue
@@ -149,6 +149,7 @@ class Producer(SyncClient):
         bootstrap: str | Sequence[str],
         *,
         linger_ms: int = 0,
+        max_requests_per_leader: int = MAX_REQUESTS_PER_LEADER,
         max_batch_bytes: int = 256 * 1024,
         max_batch_messages: int = 10_000,
         max_buffer_bytes: int = 32 * 1024 * 1024,
@@ -168,6 +169,7 @@ class Producer(SyncClient):
         self._async = AsyncProducer(
             bootstrap,
             linger_ms=linger_ms,
+            max_requests_per_leader=max_requests_per_leader,
             max_batch_bytes=max_batch_bytes,
             max_batch_messages=max_batch_messages,
             max_buffer_bytes=max_buffer_bytes,

@@ -81,7 +81,7 @@ def _parse_input_line(
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Batching delay (0: a batch waits only for the request in flight to its leader).",
+    help="Batching delay (0: a batch waits only for its queue's batch in flight).",
 )
 @output_options
 @client_command

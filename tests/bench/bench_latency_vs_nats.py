@@ -146,28 +146,52 @@ def _keys(queues: int) -> list[str]:
     return [keys[q] for q in range(queues)]
 
 
+def _time_requests(producer: Any) -> dict[int, float]:
+    """When each batch's first request started (``id`` of its outcome -> perf_counter), recorded
+    by wrapping the producer's sender (a private name, present in every tree measured so far;
+    none recorded if it is missing)."""
+    sent_at: dict[int, float] = {}
+    core = getattr(producer, "_core", None)
+    send_batches = getattr(core, "_send_batches", None)
+    if send_batches is None:
+        return sent_at
+
+    async def timed(batches: list[Any]) -> None:
+        now = time.perf_counter()
+        for b in batches:
+            sent_at[id(b.outcome)] = now
+        await send_batches(batches)
+
+    core._send_batches = timed  # type: ignore[union-attr]
+    return sent_at
+
+
 def offer(
     urls: list[str],
     topic: str,
     rate: float,
     keys: list[str] | None,
-    linger_ms: int | None,
+    settings: dict[str, int],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Offer ``rate`` msgs/s for warm-up + duration through one sync Producer (its defaults, but
-    ``linger_ms`` when given)."""
+    ``settings``). Besides each message's latency, its two parts: from its scheduled time to its
+    batch's request (waiting in the producer) and from there to its callback (the request)."""
     from raftmq.client import Producer
 
     value = "x" * args.value_size
     total = int(rate * (args.warmup + args.duration))
     first_timed = int(rate * args.warmup)
     latencies: list[float] = []
+    waits: list[float] = []  # scheduled -> its batch's request started, ms
+    requests: list[float] = []  # its batch's request started -> its callback, ms
     failures: list[str] = []
     done = threading.Event()
     remaining = [total]
     lock = threading.Lock()
+    sent_at: dict[int, float] = {}
 
-    def callback_for(scheduled: float, timed: bool) -> Any:
+    def callback_for(scheduled: float, timed: bool, handle: list[Any]) -> Any:
         def callback(_metadata: Any, error: Any) -> None:
             now = time.perf_counter()
             with lock:
@@ -175,6 +199,10 @@ def offer(
                     failures.append(str(error))
                 elif timed:
                     latencies.append((now - scheduled) * 1000)
+                    sent = sent_at.get(id(getattr(handle[0], "_batch", None))) if handle else None
+                    if sent is not None:
+                        waits.append((sent - scheduled) * 1000)
+                        requests.append((now - sent) * 1000)
                 remaining[0] -= 1
                 if remaining[0] == 0:
                     done.set()
@@ -182,8 +210,8 @@ def offer(
         return callback
 
     late_ms = 0.0
-    settings = {} if linger_ms is None else {"linger_ms": linger_ms}
     with Producer(urls, **settings) as producer:
+        sent_at = _time_requests(producer)
         start = time.perf_counter() + 0.2
         cpu0 = 0.0
         for i in range(total):
@@ -197,12 +225,21 @@ def offer(
             elif i >= first_timed:
                 late_ms = max(late_ms, -wait * 1000)
             key = keys[i % len(keys)] if keys else None
-            producer.send(topic, value, key=key, callback=callback_for(scheduled, i >= first_timed))
+            handle: list[Any] = []
+            callback = callback_for(scheduled, i >= first_timed, handle)
+            handle.append(producer.send(topic, value, key=key, callback=callback))
         if not done.wait(120):
             raise RuntimeError(f"{remaining[0]} messages still unacknowledged after 120 s")
         ru = resource.getrusage(resource.RUSAGE_SELF)
         client_cpu = ru.ru_utime + ru.ru_stime - cpu0
-    return {"latencies": latencies, "failures": failures, "client_cpu_s": client_cpu, "late_ms": late_ms}
+    return {
+        "latencies": latencies,
+        "waits": waits,
+        "requests": requests,
+        "failures": failures,
+        "client_cpu_s": client_cpu,
+        "late_ms": late_ms,
+    }
 
 
 def _leaders(cluster: Any) -> dict[str, tuple[str | None, int]]:
@@ -235,13 +272,28 @@ def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[s
         time.sleep(args.settle)  # the balancer's last moves land a moment after the leaders do
         urls = [n.url for n in cluster.nodes.values()]
         lingers: list[int | None] = list(args.linger_ms) if args.linger_ms else [None]
+        limits: list[int | None] = list(args.leader_requests) if args.leader_requests else [None]
+        variants = [(linger, limit) for linger in lingers for limit in limits]
         for rep in range(args.repeat):
             for mode in args.modes:
                 for rate in args.rates:
-                    for linger_ms in lingers:  # interleaved: one cluster, the same minutes
-                        row = _measure(cluster, urls, mode, rate, linger_ms, system, args, rep)
+                    for variant in variants:  # interleaved: one cluster, the same minutes
+                        row = _measure(cluster, urls, mode, rate, variant, system, args, rep)
                         out.append(row)
     return out
+
+
+def _settings(variant: tuple[int | None, int | None]) -> dict[str, int]:
+    """The Producer's settings of ``(linger_ms, max_requests_per_leader)``: None is its default."""
+    linger_ms, limit = variant
+    out = {} if linger_ms is None else {"linger_ms": linger_ms}
+    return out if limit is None else {**out, "max_requests_per_leader": limit}
+
+
+def _variant_name(row: dict[str, Any]) -> str:
+    linger_ms, limit = row.get("linger_ms"), row.get("max_requests_per_leader")
+    linger = "" if linger_ms is None else f" linger {linger_ms}"
+    return linger + ("" if limit is None else f" per-leader {limit}")
 
 
 def _measure(
@@ -249,12 +301,14 @@ def _measure(
     urls: list[str],
     mode: str,
     rate: float,
-    linger_ms: int | None,
+    variant: tuple[int | None, int | None],
     system: str,
     args: Any,
     rep: int,
 ) -> dict[str, Any]:
-    topic = f"lat-{mode}-{int(rate)}-{'default' if linger_ms is None else linger_ms}-{rep}"
+    linger_ms, limit = variant
+    names = "-".join("default" if v is None else str(v) for v in variant)
+    topic = f"lat-{mode}-{int(rate)}-{names}-{rep}"
     r = cluster.post("/v1/topics", {"name": topic, "queues": args.queues})
     if r.status_code != 201:
         raise RuntimeError(f"cannot create {topic}: {r.status_code} {r.text}")
@@ -272,7 +326,7 @@ def _measure(
         spies.append(("client", out, start_py_spy(os.getpid(), seconds, out, gil=args.profile_gil)))
     threads0 = {k: thread_cpu(p) for k, p in pids.items()} if args.thread_cpu else {}
     nodes0 = {k: cpu_seconds(p) for k, p in pids.items()}
-    got = offer(urls, topic, rate, keys, linger_ms, args)
+    got = offer(urls, topic, rate, keys, _settings(variant), args)
     node_cpu = sum(cpu_seconds(p) - nodes0[k] for k, p in pids.items())
     threads = {k: thread_cpu_delta(threads0[k], thread_cpu(p), kinds[k]) for k, p in pids.items() if threads0}
     requests = _produce_requests(cluster) - requests0
@@ -283,6 +337,7 @@ def _measure(
         "mode": mode,
         "rate": rate,
         "linger_ms": linger_ms,
+        "max_requests_per_leader": limit,
         "messages": n,
         **_stats(got["latencies"]),
         # the nodes' CPU covers the warm-up too (counted against raftmq)
@@ -292,6 +347,9 @@ def _measure(
         "leader_changes": sorted(g for g in after if after[g] != before.get(g)),
         # produce requests the nodes answered per message offered (warm-up included on both sides)
         "requests_per_msg": round(requests / max(int(rate * (args.warmup + args.duration)), 1), 3),
+        # a message's two parts: waiting in the producer for its batch's request, then the request
+        "producer_wait_ms": _parts(got["waits"]),
+        "request_ms": _parts(got["requests"]),
     }
     if threads:  # µs per message timed, by node and kind of thread (the warm-up's CPU included)
         row["thread_cpu_us_per_msg"] = {
@@ -313,14 +371,26 @@ def _measure(
             )
             for frame, pct in prof["self"][:8]:
                 print(f"      {pct:5.1f}%  {frame}")
-    linger = "" if linger_ms is None else f" linger {linger_ms}"
+    wait, request = row["producer_wait_ms"], row["request_ms"]
     print(
-        f"  {system} {mode}{linger} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
-        f" max {row['max_ms']}"
+        f"  {system} {mode}{_variant_name(row)} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
+        f" max {row['max_ms']}; in the producer p50 {wait.get('p50')} p99 {wait.get('p99')},"
+        f" request p50 {request.get('p50')} p99 {request.get('p99')}; {row['requests_per_msg']} requests/msg"
         + (f"  LEADERS CHANGED {row['leader_changes']}" if row["leader_changes"] else ""),
         flush=True,
     )
     return row
+
+
+def _parts(samples: list[float]) -> dict[str, float]:
+    """p50 / p99 / mean of one part of the messages' latencies (empty when none was recorded)."""
+    if not samples:
+        return {}
+    return {
+        "p50": round(percentile(samples, 50), 3),
+        "p99": round(percentile(samples, 99), 3),
+        "mean": round(sum(samples) / len(samples), 3),
+    }
 
 
 def run_anchor(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -368,6 +438,13 @@ def main() -> None:
         default=None,
         help="the Producer's linger_ms (default: its own); several: each in turn",
     )
+    ap.add_argument(
+        "--leader-requests",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the Producer's max_requests_per_leader (default: its own); several: each in turn",
+    )
     ap.add_argument("--profile", action="store_true", help="py-spy the nodes and the client per raftmq row")
     ap.add_argument("--profile-gil", action="store_true", help="... sampling only the thread holding the GIL")
     ap.add_argument(
@@ -396,15 +473,23 @@ def main() -> None:
             "p99 ms",
             "max ms",
             "CPU µs/msg",
+            "req/msg",
+            "in producer p50/p99",
+            "request p50/p99",
             "leaders moved",
         ]
         rows = [
             [
                 r["system"],
-                r["mode"] + ("" if r.get("linger_ms") is None else f" linger {r['linger_ms']}"),
+                r["mode"] + _variant_name(r),
                 f"{r['rate']:,.0f}",
                 *(f"{r[k]:.2f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")),
                 f"{r['cpu_us_per_msg']:.0f}",
+                f"{r['requests_per_msg']:.3f}" if "requests_per_msg" in r else "-",
+                *(
+                    f"{r[part]['p50']:.2f} / {r[part]['p99']:.2f}" if r.get(part) else "-"
+                    for part in ("producer_wait_ms", "request_ms")
+                ),
                 ",".join(r.get("leader_changes", [])) or "-",
             ]
             for r in result["results"]

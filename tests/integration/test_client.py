@@ -225,27 +225,28 @@ def test_produce_to_consume_latency_is_sane(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize(
-    ("linger_ms", "queues"),
-    [(2, 1), (None, 3)],
-    ids=["linger-2ms-one-queue", "defaults-three-queues"],
+    ("settings", "queues"),
+    [({"linger_ms": 2}, 1), ({}, 3), ({"max_requests_per_leader": 5}, 6)],
+    ids=["linger-2ms-one-queue", "defaults-three-queues", "requests-per-leader-two-queues-each"],
 )
 def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(
-    tmp_path: Path, linger_ms: int | None, queues: int
+    tmp_path: Path, settings: dict[str, int], queues: int
 ) -> None:
     """With the defaults (no linger: a batch waits only for its leader's request in flight), over
-    queues whose groups have different leaders, as with a linger on one queue: across the kill of
-    a leader every acknowledged message is stored once, in the order sent, per queue."""
+    queues whose groups have different leaders, with two requests in flight to one leader at once
+    (``max_requests_per_leader``, two queues per leader), as with a linger on one queue: across
+    the kill of a leader every acknowledged message is stored once, in the order sent, per
+    queue."""
     with Cluster(tmp_path, nodes=3) as c:
         c.start()
         c.wait_ready()
         with Admin(urls(c)) as admin:
-            desc = admin.create_topic("failover", 3)
+            desc = admin.create_topic("failover", max(3, queues))
         group = str(desc.queue_states[0].group_id)
         leader = c.wait_leader(group)
         acked: list[tuple[str, RecordMetadata]] = []
         errors: list[BaseException] = []
         stop = threading.Event()
-        settings = {} if linger_ms is None else {"linger_ms": linger_ms}
 
         def produce() -> None:
             with Producer(urls(c), request_timeout_ms=5_000, **settings) as producer:

@@ -308,14 +308,19 @@ class _Stored:
     def __call__(self, metadata: RecordMetadata | None, error: RaftmqError | None) -> None: ...
 
 
-def _default_accumulator(max_batch_messages: int = 100) -> Accumulator:
-    """An accumulator with the producer's default ``linger_ms``, as :class:`ProducerCore` makes it."""
+def _default_accumulator(
+    max_batch_messages: int = 100, max_requests_per_leader: int | None = None
+) -> Accumulator:
+    """An accumulator with the producer's default ``linger_ms`` and ``max_requests_per_leader``
+    (unless given), as :class:`ProducerCore` makes it."""
+    defaults = ProducerConfig()
     return Accumulator(
-        linger_s=ProducerConfig().linger_ms / 1000,
+        linger_s=defaults.linger_ms / 1000,
         max_batch_bytes=1 << 20,
         max_batch_messages=max_batch_messages,
         max_buffer_bytes=1 << 20,
         producer_id="p-1",
+        max_requests_per_leader=max_requests_per_leader or defaults.max_requests_per_leader,
     )
 
 
@@ -416,3 +421,51 @@ def test_a_batch_waits_for_a_slow_leader_s_answer_no_longer_than_the_leader_wait
     assert acc.ready(0.05, node_of=_leader) == ([], 0.01 + LEADER_WAIT_S)
     (late,), _ = acc.ready(0.01 + LEADER_WAIT_S, node_of=_leader)
     assert late.queue == 2 and not stuck.done
+
+
+def test_with_requests_per_leader_a_queue_s_batch_goes_while_its_leader_serves_another() -> None:
+    """``max_requests_per_leader`` above 1: a batch waits for its own queue's batch in flight, not
+    for its leader's requests for other queues (below the limit)."""
+    acc = _default_accumulator(max_requests_per_leader=5)
+    wakes: list[int] = []
+    acc.on_wake = lambda: wakes.append(1)
+    acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
+    (first,), _ = acc.ready(0.0, node_of=_leader)
+    acc.try_append("t", 2, 6, "c0", None, None, 2, None, now_s=0.001)
+    assert wakes == [1, 1]  # queue 2 is idle: the sender is woken for it
+    acc.try_append("t", 0, 6, "a1", None, None, 2, None, now_s=0.001)
+    assert wakes == [1, 1]  # queue 0 waits for its batch in flight: no wake-up
+    (second,), _ = acc.ready(0.001, node_of=_leader)
+    assert (second.queue, first.done) == (2, False)  # a second request to leader a
+    assert acc.ready(0.05, node_of=_leader)[0] == []
+    acc.complete(first)
+    (third,), _ = acc.ready(0.05, node_of=_leader)
+    assert (third.queue, third.sequence, [third.count]) == (0, 1, [1])
+
+
+def test_a_leader_at_its_limit_of_requests_holds_new_batches_until_one_is_answered() -> None:
+    """A request of several batches counts once against its leader's limit and frees it when the
+    first attempt of each of them is answered."""
+    acc = _default_accumulator(max_requests_per_leader=2)
+    acc.try_append("t", 0, 6, "a0", None, None, 2, None, now_s=0.0)
+    acc.try_append("t", 2, 6, "c0", None, None, 2, None, now_s=0.0)
+    shared, _ = acc.ready(0.0, node_of=_leader)
+    assert sorted(b.queue for b in shared) == [0, 2]  # one request to leader a
+    acc.try_append("t", 4, 6, "e0", None, None, 2, None, now_s=0.001)
+    (alone,), _ = acc.ready(0.001, node_of=_leader)
+    assert alone.queue == 4  # the second request to leader a
+    wakes: list[int] = []
+    acc.on_wake = lambda: wakes.append(1)
+    acc.try_append("t", 2, 6, "c1", None, None, 2, None, now_s=0.002)  # queue 2 is in flight
+    acc.try_append("t", 1, 6, "b0", None, None, 2, None, now_s=0.002)  # leader b is idle
+    assert wakes == [1]
+    queue_2 = next(b for b in shared if b.queue == 2)
+    acc.complete(queue_2)  # queue 2 is free; its request still holds leader a (queue 0's frame)
+    taken, next_s = acc.ready(0.003, node_of=_leader)
+    assert [b.queue for b in taken] == [1]  # queue 2's next batch waits: leader a has 2 requests
+    assert next_s == 0.002 + LEADER_WAIT_S
+    queue_0 = next(b for b in shared if b.queue == 0)
+    assert acc.release([queue_0])  # the shared request is answered: leader a is below its limit
+    assert not acc.release([queue_0])  # once, however often told
+    (later,), _ = acc.ready(0.004, node_of=_leader)
+    assert (later.queue, later.sequence, later.count) == (2, 1, 1)

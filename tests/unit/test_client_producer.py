@@ -10,6 +10,7 @@ import pytest
 from client_producer_fakes import FakeCluster, run, start_producer
 
 from raftmq.client import (
+    AsyncProducer,
     BufferFull,
     ConnectionLost,
     FutureRecord,
@@ -215,3 +216,45 @@ def test_by_default_what_is_sent_while_the_leader_is_busy_goes_in_one_request_wh
         (1, 0, ["c", "e"]),
         (2, 0, ["d"]),
     ]
+
+
+def test_with_requests_per_leader_a_queue_s_messages_go_while_its_leader_answers_another() -> None:
+    """``max_requests_per_leader=2``: while queue 0's request is in flight, the messages for the
+    other queues of its leader go at once (one request for both queues), and queue 0's next batch
+    waits for its own; each is stored once, in order per queue."""
+    fake = FakeCluster()
+    fake.gate = asyncio.Event()
+
+    async def main() -> list[RecordMetadata]:
+        async with await start_producer(fake, max_requests_per_leader=2) as p:
+            futures = [await p.send("t", "a", queue=0)]
+            for _ in range(1_000):
+                if fake.produced:
+                    break
+                await asyncio.sleep(0.001)
+            futures += [await p.send("t", v, queue=q) for v, q in [("b", 0), ("c", 1), ("d", 2), ("e", 1)]]
+            for _ in range(50):  # well within LEADER_WAIT_S, after which any batch would go
+                if fake.requests:
+                    break
+                await asyncio.sleep(0.001)
+            assert fake.requests == [[1, 2]]  # sent while queue 0's first request is unanswered
+            assert [b["queue"] for b in fake.produced] == [0, 1]  # queue 0's "b" not sent yet
+            assert fake.gate is not None
+            fake.gate.set()
+            assert await p.flush(5.0)
+            return list(await asyncio.gather(*futures))
+
+    got = run(main)
+    assert [(m.queue, m.offset) for m in got] == [(0, 0), (0, 1), (1, 0), (2, 0), (1, 1)]
+    assert fake.requests == [[1, 2]]
+    assert sorted((b["queue"], b["sequence"], [v for v, _, _ in b["values"]]) for b in fake.produced) == [
+        (0, 0, ["a"]),
+        (0, 1, ["b"]),
+        (1, 0, ["c", "e"]),
+        (2, 0, ["d"]),
+    ]
+
+
+def test_a_producer_without_room_for_a_request_per_leader_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_requests_per_leader must be positive"):
+        AsyncProducer("127.0.0.1:1", max_requests_per_leader=0)
