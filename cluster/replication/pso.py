@@ -11,6 +11,9 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
 - the transport's two connection factories, ``TCPTransport.addNode`` (outgoing) and
   ``TCPTransport._onNewIncomingConnection`` (incoming, from ``TcpServer``): each connection is
   turned into a :class:`RaftConnection` before it sends or reads a byte;
+- pysyncobj's handshake (``TCPTransport._onOutgoingConnected`` and the first step of
+  ``_onIncomingMessageReceived``): the random key each side sends first carries the mark that says
+  this node reads shared bodies (``shared_bodies.py``);
 - the poller's ``poll`` (an attribute of the object's poller): the tick thread sleeps for as long as
   the adapter says, not pysyncobj's fixed ``autoTickPeriod`` (:func:`install_deadline_poll`);
 - the object's ``_SyncObj__sendAppendEntries`` (an instance attribute): a leader's message that
