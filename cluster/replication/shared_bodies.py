@@ -162,15 +162,17 @@ class SharedBodies:
     def body_for(self, message: Any) -> SharedBody | None:
         """The body of ``message`` if it is an ``append_entries`` with at least :attr:`min_bytes`
         of entries (the one sealed for the previous follower when it is the same), else None."""
-        if type(message) is not dict or message.get("type") != "append_entries":
-            return None
-        if message.keys() != _APPEND_KEYS or not message["entries"]:
-            return None  # a heartbeat, a snapshot part or a chunk of one large entry
+        entries = message.get("entries") if type(message) is dict else None
+        if not entries or message.get("type") != "append_entries":
+            return None  # no entries: a heartbeat, a snapshot part or a chunk of one large entry
+        size = 0
+        for entry in entries:
+            size += len(entry[0])
+        if size < self.min_bytes or message.keys() != _APPEND_KEYS:
+            return None  # (a body sealed is never this small: no need to look at the last one)
         last = self._last
         if last is not None and last.serves(message):
             return last
-        if sum(len(e[0]) for e in message["entries"]) < self.min_bytes:
-            return None
         plain = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         self._counter += 1
         data = self._cipher.encrypt(nonce(self._counter), plain, _BODY_AAD.pack(self._salt, self._counter))
