@@ -246,7 +246,7 @@ class Node:
         self, name: str, seed: list[str], machine: StateMachine, store: RocksStore, joining: bool
     ) -> LocalGroup:
         journal_store = RocksStore.open(self._group_dir(name, "raft"))
-        settings = group_raft_settings(self.config, self.keys.raft, name)
+        settings = group_raft_settings(self.config, self.keys.raft, name, self.me.id)
         raft = RaftGroup(
             name=name,
             node_id=self.me.id,

@@ -9,8 +9,8 @@ from raftmq.cluster.replication.contract import RaftSettings
 __all__ = ["group_raft_settings"]
 
 
-def group_raft_settings(config: ClusterConfig, password: str, name: str) -> RaftSettings:
-    """The settings of group ``name`` under the Raft key ``password``."""
+def group_raft_settings(config: ClusterConfig, password: str, name: str, node_id: str) -> RaftSettings:
+    """The settings of group ``name`` under the Raft key ``password`` on node ``node_id``."""
     timing = config.raft
     return RaftSettings(
         password=password,
@@ -27,4 +27,6 @@ def group_raft_settings(config: ClusterConfig, password: str, name: str) -> Raft
         # A metadata write through a follower waits for its replica (router._metadata_applied).
         prompt_commit_notice=name == META,
         max_follower_backlog_bytes=timing.max_follower_backlog_bytes,
+        # TEST FAULT: the release before shared bodies on its Raft wire neither offers nor reads them.
+        shared_bodies=config.faults.previous_release_node != node_id,
     )

@@ -70,6 +70,10 @@ class RaftSettings:
     # A leader queues at most about this much for one follower (follower_backlog.py): a follower
     # that reads more slowly than its leader writes is sent more as it reads, not all at once.
     max_follower_backlog_bytes: int = 8 * 1024 * 1024
+    # A leader seals an append_entries that is the same for several followers once, and sends each
+    # follower that reads them an envelope of its own and that body (shared_bodies.py). False: the
+    # release before (a test fault plays it): it neither offers nor reads them.
+    shared_bodies: bool = True
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
 - the transport's two connection factories, ``TCPTransport.addNode`` (outgoing) and
   ``TCPTransport._onNewIncomingConnection`` (incoming, from ``TcpServer``): each connection is
   turned into a :class:`RaftConnection` before it sends or reads a byte;
+- pysyncobj's handshake (``TCPTransport._onOutgoingConnected`` and the first step of
+  ``_onIncomingMessageReceived``): the random key each side sends first carries the mark that says
+  this node reads shared bodies (``shared_bodies.py``);
 - the poller's ``poll`` (an attribute of the object's poller): the tick thread sleeps for as long as
   the adapter says, not pysyncobj's fixed ``autoTickPeriod`` (:func:`install_deadline_poll`);
 - the object's ``_SyncObj__sendAppendEntries`` (an instance attribute): a leader's message that
@@ -28,8 +31,10 @@ connection is worthless on another.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import hmac
+import itertools
 import logging
 import os
 import pickle
@@ -58,6 +63,19 @@ from raftmq.cluster.replication.follower_backlog import FollowerBacklog, bound_f
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.leader_reads import LeaderReads
 from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, PreVote, install_pre_vote
+from raftmq.cluster.replication.shared_bodies import (
+    ENVELOPE_MAGIC,
+    SALT_BYTES,
+    Envelope,
+    SharedBodies,
+    body_cipher,
+    envelope_plaintext,
+    frame_cipher,
+    handshake_key,
+    nonce,
+    read_envelope,
+    reads_shared_bodies,
+)
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.errors import RaftmqError
 
@@ -106,16 +124,17 @@ _LEADER_SENDS_UNFLUSHED = frozenset({"append_entries", "apply_command_response"}
 # -- the Raft wire ---------------------------------------------------------------------------------
 
 _LENGTH = struct.Struct("<I")
-_SALT_BYTES = 16
 _HEADER = struct.Struct("<16sQ")  # the sender's salt for this connection, its frame counter
+_PREFIX = struct.Struct("<I16sQ")  # the length, then the header: a sealed frame's first bytes
 MAX_FRAME_BYTES = RAFT_MAX_FRAME_BYTES  # a longer length prefix is garbage: the connection is dropped
 _SEAL_BYTES = _HEADER.size + 16  # salt, counter and the GCM tag around a sealed pickle
 # Until a frame of a connection has been authenticated, a longer one is refused as soon as its
 # length prefix arrives: pysyncobj's first frame is its handshake key (about 100 bytes), and a
 # stranger must not make a node buffer up to MAX_FRAME_BYTES per connection it opens.
 MAX_FIRST_FRAME_BYTES = 64 << 10
-_FRAME_KEY_CONTEXT = b"raftmq/v2/raft-frame"
 _RECV_CHUNK = 1 << 16
+_SEAL_INTO_BYTES = 8 << 10  # a longer plaintext is sealed straight into its frame's buffer
+_SEND_CHUNKS = 64  # the most chunks one sendmsg takes (Linux allows 1,024)
 # How often a tick looks at the peers' connections (FlushingTransport._onTick): far below
 # pysyncobj's connectionRetryTime (0.5 s by default), so a retry is at most this much later.
 CONNECT_CHECK_S = 0.05
@@ -132,23 +151,14 @@ def raft_key(password: str | None) -> bytes | None:
     return key if len(key) == 32 else hashlib.sha256(password.encode()).digest()
 
 
-def _frame_cipher(key: bytes, salt: bytes) -> AESGCM:
-    # One key per sender and connection (the salt is random): GCM nonces (the counter) never repeat
-    # under a key, however many connections the cluster opens.
-    return AESGCM(hmac.digest(key, _FRAME_KEY_CONTEXT + salt, "sha256"))
-
-
-def _nonce(counter: int) -> bytes:
-    return b"\0\0\0\0" + counter.to_bytes(8, "big")
-
-
 class SendQueue:
     """A connection's frames waiting for the socket, kept as they are (no concatenation).
 
     One bytearray grown by every frame and trimmed by every send copied the whole backlog when it
     had to grow: with a follower behind by megabytes, each 200 KB entry moved all of it again
     (``RaftConnection.send`` was 13-21 µs of node CPU per 1 KiB message in bench_vs_nats). Here a
-    frame is queued as is, and a send takes from the first one.
+    frame is queued as is, and a send takes from the first ones (an envelope and the shared body
+    after it go in one system call).
     """
 
     __slots__ = ("_chunks", "_size")
@@ -162,23 +172,31 @@ class SendQueue:
     def __len__(self) -> int:
         return self._size
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | bytearray) -> None:
         self._chunks.append(memoryview(data))
         self._size += len(data)
 
     def send_to(self, sock: socket.socket) -> int:
-        """One ``sock.send`` of (the start of) the first frame; the bytes sent (0: nothing).
+        """One ``sock.send`` of (the start of) the first chunk, or one ``sock.sendmsg`` of the
+        first :data:`_SEND_CHUNKS`; the bytes sent (0: nothing).
 
         Raises:
             OSError: as ``socket.send`` (EAGAIN: the socket takes nothing now).
         """
-        first = self._chunks[0]
-        sent = sock.send(first)
-        if sent >= len(first):
-            self._chunks.popleft()
-        elif sent > 0:
-            self._chunks[0] = first[sent:]
+        chunks = self._chunks
+        if len(chunks) == 1:
+            sent = sock.send(chunks[0])
+        else:
+            sent = sock.sendmsg(itertools.islice(chunks, _SEND_CHUNKS))
         self._size -= max(sent, 0)
+        left = sent
+        while left > 0:
+            first = chunks[0]
+            if left < len(first):
+                chunks[0] = first[left:]
+                break
+            chunks.popleft()
+            left -= len(first)
         return sent
 
 
@@ -202,6 +220,10 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     :data:`MAX_FRAME_BYTES` (over :data:`MAX_FIRST_FRAME_BYTES` before one was authenticated) or
     anything that does not unpickle.
 
+    A leader's entries for several followers go as an envelope (a frame of this connection) and a
+    body sealed once for all of them (``shared_bodies.py``, which says why that is as safe), to a
+    peer that said in the handshake that it reads them (:attr:`shared_bodies` is the transport's).
+
     Only the methods that touch the buffers are replaced; pysyncobj's connect/poll/timeout logic
     stays. Its buffers are reset to ``bytes()`` on (dis)connect, so each use makes them bytearrays.
     Per-connection state lives in class defaults, so a ``TcpConnection`` can be re-classed in place.
@@ -220,10 +242,15 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
     _recv_salt: bytes | None = None
     _recv_cipher: AESGCM | None = None
     _recv_counter = 0
+    shared_bodies: SharedBodies | None = None  # the transport's (None: frames of its own only)
+    _body: Envelope | None = None  # an envelope read, its body not yet
+    _body_salt: bytes | None = None  # the salt of the peer's bodies, and their cipher
+    _body_cipher: AESGCM | None = None
 
     def _reset_wire(self) -> None:
         self._send_salt = self._send_cipher = self._recv_salt = self._recv_cipher = None
         self._send_counter = self._recv_counter = 0
+        self._body = self._body_salt = self._body_cipher = None
 
     def connect(self, host: str, port: int) -> bool:
         self._reset_wire()
@@ -233,8 +260,9 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         self._reset_wire()
         super().disconnect()
 
-    def frame(self, message: Any) -> bytes:
-        """The bytes :meth:`send` queues for ``message`` (advances this connection's counter).
+    def frame(self, message: Any) -> bytes | bytearray:
+        """The bytes :meth:`send` queues for ``message`` in a frame of its own (advances this
+        connection's counter).
 
         Raises:
             FrameTooLarge: the frame would be longer than the receiver accepts
@@ -242,22 +270,56 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         """
         if self.sendRandKey:
             message = (self.sendRandKey, message)
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        length = len(data) + (_SEAL_BYTES if self.raft_key is not None else 0)
+        return self._seal(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _seal(self, data: bytes) -> bytes | bytearray:
+        """The frame of the plaintext ``data``, written into one buffer (no concatenation).
+
+        Raises:
+            FrameTooLarge: as :meth:`frame`.
+        """
+        if self.raft_key is None:
+            if len(data) > self.max_frame_bytes:
+                raise FrameTooLarge(len(data), self.max_frame_bytes)
+            return _LENGTH.pack(len(data)) + data
+        length = len(data) + _SEAL_BYTES
         if length > self.max_frame_bytes:
             raise FrameTooLarge(length, self.max_frame_bytes)
-        if self.raft_key is not None:
-            if self._send_cipher is None:
-                self._send_salt = os.urandom(_SALT_BYTES)
-                self._send_cipher = _frame_cipher(self.raft_key, self._send_salt)
-            self._send_counter += 1
-            header = _HEADER.pack(self._send_salt, self._send_counter)
-            data = header + self._send_cipher.encrypt(_nonce(self._send_counter), data, header)
-        return _LENGTH.pack(len(data)) + data
+        if self._send_cipher is None:
+            self._send_salt = os.urandom(SALT_BYTES)
+            self._send_cipher = frame_cipher(self.raft_key, self._send_salt)
+        self._send_counter += 1
+        if len(data) < _SEAL_INTO_BYTES:  # one small concatenation costs less than the views below
+            prefix = _PREFIX.pack(length, self._send_salt, self._send_counter)
+            return prefix + self._send_cipher.encrypt(nonce(self._send_counter), data, prefix[_LENGTH.size :])
+        out = bytearray(_LENGTH.size + length)
+        _PREFIX.pack_into(out, 0, length, self._send_salt, self._send_counter)
+        view = memoryview(out)  # the header is the associated data, the ciphertext goes after it
+        self._send_cipher.encrypt_into(
+            nonce(self._send_counter), data, view[_LENGTH.size : _PREFIX.size], view[_PREFIX.size :]
+        )
+        return out
+
+    def frames(self, message: Any) -> list[bytes | bytearray]:
+        """What :meth:`send` queues for ``message``: a frame of its own, or an envelope and the
+        shared body (an ``append_entries`` the transport sealed once for every follower it is the
+        same for, to a peer that reads them).
+
+        Raises:
+            FrameTooLarge: as :meth:`frame`.
+        """
+        shared = self.shared_bodies
+        if shared is not None and type(message) is dict and reads_shared_bodies(self.sendRandKey):
+            body = shared.body_for(message)
+            if body is not None:
+                if len(body.data) > self.max_frame_bytes:
+                    raise FrameTooLarge(len(body.data), self.max_frame_bytes)
+                return [self._seal(envelope_plaintext(body, self.sendRandKey)), body.data]
+        return [self.frame(message)]
 
     def send(self, message: Any) -> None:
         try:
-            data = self.frame(message)
+            frames = self.frames(message)
         except FrameTooLarge as e:
             # The receiver would hang up on it, silently. The cluster file's check on
             # limits.max_request_bytes keeps every message pysyncobj builds under the limit; if one
@@ -273,7 +335,8 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         buf = self._TcpConnection__writeBuffer
         if not isinstance(buf, SendQueue):  # pysyncobj's (dis)connect put bytes() back
             buf = self._TcpConnection__writeBuffer = SendQueue(buf)
-        buf.add(data)
+        for data in frames:
+            buf.add(data)
         self._TcpConnection__trySendBuffer()
         if buf and self.state == CONNECTION_STATE.CONNECTED:
             # What the socket did not take now must go as soon as it is writable. pysyncobj asks
@@ -387,20 +450,28 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
 
     def _TcpConnection__processParseMessage(self) -> Any:
         buf = self._TcpConnection__readBuffer
-        if not isinstance(buf, bytearray) or len(buf) < _LENGTH.size:  # filled as a bytearray
+        if not isinstance(buf, bytearray):  # filled as a bytearray
             return None
-        (length,) = _LENGTH.unpack_from(buf)
-        if length > self.max_frame_bytes:
-            self.drop_reason = BAD_FRAME
-            self.disconnect()
-            return None
-        end = _LENGTH.size + length
-        if len(buf) < end:
-            return None
-        data = bytes(buf[_LENGTH.size : end])  # this message only
-        del buf[:end]
         try:
-            message = pickle.loads(self._open(data))
+            if self._body is not None:
+                return self._parse_body(buf)
+            if len(buf) < _LENGTH.size:
+                return None
+            (length,) = _LENGTH.unpack_from(buf)
+            if length > self.max_frame_bytes:
+                raise ValueError("a frame longer than accepted")
+            end = _LENGTH.size + length
+            if len(buf) < end:
+                return None
+            with memoryview(buf) as view:  # read in place: the frame is not copied out first
+                plain = self._open(view[_LENGTH.size : end])
+            del buf[:end]
+            if self.raft_key is not None and plain.startswith(ENVELOPE_MAGIC):
+                if self.shared_bodies is None:  # not offered in the handshake (a release before)
+                    raise ValueError("an envelope this side never offered to read")
+                self._body = read_envelope(plain, self.recvRandKey, self.max_frame_bytes)
+                return self._parse_body(buf)
+            message = pickle.loads(plain)
             if self.recvRandKey:
                 rand_key, message = message
                 if not hmac.compare_digest(rand_key, self.recvRandKey):
@@ -411,22 +482,48 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
             return None
         return message
 
-    def _open(self, data: bytes) -> bytes:
+    def _open(self, data: memoryview) -> bytes:
+        """The plaintext of the frame ``data`` (its bytes after the length prefix).
+
+        Raises:
+            ValueError, cryptography.exceptions.InvalidTag: not the next frame of the peer.
+        """
         if self.raft_key is None:
-            return data
+            return bytes(data)
         salt, counter = _HEADER.unpack_from(data)
         if self._recv_cipher is None:
             if salt == self._send_salt:
                 raise ValueError("reflected frame")
-            self._recv_salt, self._recv_cipher = salt, _frame_cipher(self.raft_key, salt)
+            self._recv_salt, self._recv_cipher = salt, frame_cipher(self.raft_key, salt)
         elif salt != self._recv_salt:
             raise ValueError("salt changed within a connection")
         if counter != self._recv_counter + 1:  # TCP keeps the order: each frame is the next one
             raise ValueError("replayed, reordered or removed frame")
         # InvalidTag on a forged frame or a wrong key: the caller drops the connection.
-        plain = self._recv_cipher.decrypt(_nonce(counter), data[_HEADER.size :], data[: _HEADER.size])
+        plain = self._recv_cipher.decrypt(nonce(counter), data[_HEADER.size :], data[: _HEADER.size])
         self._recv_counter = counter
         return plain
+
+    def _parse_body(self, buf: bytearray) -> Any:
+        """The message of the body its envelope announced, once the buffer holds it (else None).
+
+        Raises:
+            ValueError, cryptography.exceptions.InvalidTag: not the body the envelope names.
+        """
+        body = self._body
+        assert body is not None and self.raft_key is not None
+        if len(buf) < body.length:
+            return None
+        if self._body_cipher is None or self._body_salt != body.salt:
+            self._body_salt, self._body_cipher = body.salt, body_cipher(self.raft_key, body.salt)
+        with memoryview(buf) as view:
+            plain = body.open_body(self._body_cipher, view[: body.length])
+        del buf[: body.length]
+        self._body = None
+        message = pickle.loads(plain)
+        if type(message) is not dict or message.get("type") != "append_entries":
+            raise ValueError("a shared body holds entries only")
+        return message
 
 
 # -- transport and journal seams -------------------------------------------------------------------
@@ -464,7 +561,11 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
     def __init__(self, syncObj: Any, selfNode: Any, otherNodes: Any) -> None:
         # Before TCPTransport.__init__: it adds the nodes (and makes their connections) inside.
         self.raft_key = raft_key(syncObj.conf.password)
-        admission = getattr(getattr(syncObj, "raftmq_group", None), "admission", None)
+        group = getattr(syncObj, "raftmq_group", None)
+        admission = getattr(group, "admission", None)
+        # Bodies sealed once for every follower (shared_bodies.py); a bare SyncObj (seam tests) too.
+        offer = self.raft_key is not None and getattr(group, "shared_bodies", True)
+        self.shared_bodies = SharedBodies(self.raft_key) if offer and self.raft_key is not None else None
         self.admission: RaftAdmission = admission if admission is not None else RaftAdmission()
         # Incoming connections not authenticated yet -> (source address, deadline). Tick thread only.
         # Invariant: exactly these are counted in self.admission for this transport.
@@ -478,6 +579,21 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
         if type(conn) is TcpConnection:
             conn.__class__ = RaftConnection
         conn.raft_key = self.raft_key
+        conn.shared_bodies = self.shared_bodies
+
+    def _handshake(self, conn: Any) -> None:
+        # pysyncobj's handshake step (a random key this side chose, sent first), with the mark that
+        # says this node reads shared bodies (shared_bodies.py) when it does.
+        conn.recvRandKey = handshake_key(self.shared_bodies is not None)
+        conn.send(conn.recvRandKey)
+
+    def _onOutgoingConnected(self, conn: Any) -> None:
+        if not self._syncObj.encryptor:
+            super()._onOutgoingConnected(conn)
+            return
+        # pysyncobj's, with raftmq's key: the peer's key is read by _onOutgoingMessageReceived.
+        conn.setOnMessageReceivedCallback(functools.partial(self._onOutgoingMessageReceived, conn))
+        self._handshake(conn)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:
         self._wire(conn)
@@ -492,6 +608,11 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
         # The handshake: the peer's random key, then its Raft address. pysyncobj hangs up on an
         # address that is not a node of the group (counted as a bad frame).
         conn.drop_reason = BAD_FRAME
+        if self._syncObj.encryptor and not conn.sendRandKey:  # pysyncobj's first step, raftmq's key
+            conn.sendRandKey = message
+            self._handshake(conn)
+            conn.drop_reason = None
+            return
         super()._onIncomingMessageReceived(conn, message)
         conn.drop_reason = None
         if conn not in self._unknownConnections:  # it named a node of the group: authenticated

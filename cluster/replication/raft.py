@@ -184,6 +184,7 @@ class RaftGroup:
         self.self_addr = self_addr
         # Unauthenticated Raft connections: shared by the node's groups (the transport reads it).
         self.admission = admission if admission is not None else RaftAdmission()
+        self.shared_bodies = settings.shared_bodies  # whether its transport offers them (pso.py)
         self._machine = machine
         self._settings = settings
         self._snapshot_file = snapshot_file
@@ -265,7 +266,6 @@ class RaftGroup:
     def submit(self, command: bytes, on_done: Callable[[Outcome], None]) -> None:
         """Propose ``command``. ``on_done`` is called once, on the tick thread, when the entry is
         applied here (result) or has failed; it must not block. May be called from any thread."""
-
         submitted = time.perf_counter()
 
         def callback(result: Any, error: int) -> None:

@@ -12,8 +12,13 @@ raftmq's own connection (``cluster/replication/pso.py``, ``RaftConnection``), wh
 steps: its ``frame`` (pickle + AES-256-GCM) and its parse of one frame from the read buffer.
 A second table times one connection's write buffer per 1 KiB frame with a standing backlog:
 pysyncobj's ``bytes`` (``+=``, then ``[sent:]``) against RaftConnection's bytearray.
+A third (``--followers``, alone) times what a leader pays to queue one new entry for two up-to-date
+followers (``RaftConnection.frames`` on both connections: a shared body and two envelopes where the
+tree has them, two frames of their own where it has not: run it with another tree's venv to compare)
+and what one follower pays to parse it.
 
     flock /tmp/raftmq-heavy.lock .venv/bin/python tests/bench/bench_raft_entry.py   # ~1 min
+    flock /tmp/raftmq-heavy.lock .venv/bin/python tests/bench/bench_raft_entry.py --followers
 """
 
 from __future__ import annotations
@@ -135,6 +140,55 @@ def measure(size: int, data: str, min_time: float) -> dict[str, Any]:
     }
 
 
+def followers_case(size: int, min_time: float) -> dict[str, Any]:
+    """µs per new entry of ``size`` random bytes: the leader queueing it for two followers, and one
+    follower parsing what it was sent (shared bodies where this tree has them)."""
+    try:
+        from raftmq.cluster.replication.shared_bodies import SharedBodies, handshake_key
+    except ImportError:  # a tree before shared bodies: frames of their own
+        SharedBodies = handshake_key = None  # type: ignore[assignment,misc]
+    key = raft_key(os.urandom(32).hex())
+    assert key is not None
+    shared = SharedBodies(key) if SharedBodies is not None else None
+    command = os.urandom(size)
+    leaders, followers = [], []
+    for _ in range(2):
+        leader, follower = RaftConnection(None), RaftConnection(None)
+        leader.raft_key = follower.raft_key = key
+        rand = handshake_key(True) if handshake_key is not None else os.urandom(32)
+        leader.sendRandKey = follower.recvRandKey = rand
+        leader.shared_bodies = shared
+        follower.shared_bodies = SharedBodies(key) if SharedBodies is not None else None
+        leaders.append(leader)
+        followers.append(follower)
+    index = [1_000]
+
+    def queue(conn: Any, msg: dict[str, Any]) -> list[Any]:
+        frames = getattr(conn, "frames", None)
+        return list(frames(msg)) if frames is not None else [conn.frame(msg)]
+
+    def to_two_followers() -> list[list[Any]]:
+        index[0] += 1
+        entries = [(command, index[0], 7)]  # a new entry: nothing sealed for it yet
+        return [queue(conn, {**message(b""), "entries": entries}) for conn in leaders]
+
+    def parse_one() -> Any:
+        sent = to_two_followers()[0]
+        follower = followers[0]
+        follower._TcpConnection__readBuffer = bytearray(b"".join(bytes(f) for f in sent))
+        return follower._TcpConnection__processParseMessage()
+
+    assert parse_one()["entries"][0][0] == command
+    send_us = timeit(to_two_followers, min_time) * 1e6
+    both_us = timeit(parse_one, min_time) * 1e6
+    return {
+        "size": size,
+        "shared_bodies": shared is not None,
+        "leader_us_two_followers": round(send_us, 1),
+        "follower_parse_us": round(both_us - send_us, 1),  # parse_one sends to both first
+    }
+
+
 def buffer_case(backlog: int, min_time: float) -> dict[str, Any]:
     """µs per 1 KiB frame to append to and trim from a write buffer holding ``backlog`` bytes."""
     frame = os.urandom(1024 + 40)
@@ -162,9 +216,27 @@ def buffer_case(backlog: int, min_time: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--min-time", type=float, default=0.4, help="seconds per step and case")
+    ap.add_argument("--followers", action="store_true", help="only the two-follower table")
     add_quiet_argument(ap)
     args = ap.parse_args()
     result = quiet_header("raft_entry", vars(args), args.wait_quiet)
+    if args.followers:
+        rows = [followers_case(size, args.min_time) for size in (1024, 16 << 10, 64 << 10, 256 << 10)]
+        result["followers"] = rows
+        print(f"\nbench_raft_entry --followers  commit {result['commit']}  shared {rows[0]['shared_bodies']}")
+        heads = ["us per entry", *(f"{r['size'] // 1024} KiB" for r in rows)]
+        print(
+            table(
+                [
+                    ["leader: queue it for 2 followers", *(r["leader_us_two_followers"] for r in rows)],
+                    ["a follower: parse it", *(r["follower_parse_us"] for r in rows)],
+                ],
+                heads,
+            )
+        )
+        path = write_result("raft_entry_followers", result)
+        print(f"\nwrote {path.relative_to(RESULTS.parent)}")
+        return
     cases = [measure(size, data, args.min_time) for data in ("random", "letters") for size in SIZES]
     result["cases"] = cases
     buffers = [buffer_case(b, args.min_time) for b in (0, 64 << 10, 1 << 20, 8 << 20)]

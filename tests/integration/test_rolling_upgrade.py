@@ -6,6 +6,7 @@ a write with no safe older form answers 503 ``upgrade_in_progress``; once n2 is 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,38 @@ def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_t
         c.wait_replicas_equal(group)
         for nid in c.nodes:
             assert c.alive(nid), f"{nid} died:\n{c.log(nid)[-3000:]}"
+
+
+def test_entries_reach_a_replica_of_the_release_before_shared_bodies_and_every_replica_after_it(
+    tmp_path: Path,
+) -> None:
+    """Entries over 16 KiB go to followers as a shared body behind an envelope of their own
+    (cluster/replication/shared_bodies.py) only where the follower offered to read them in the
+    Raft handshake: n2, of the release before, gets frames it reads (it hangs up on an envelope,
+    as that release would), and after its upgrade every replica reads shared bodies. Each phase
+    ends with every replica applying every entry alike and holding every message."""
+    config = '[faults]\nprevious_release_node = "n2"\n'
+    with Cluster(tmp_path, nodes=3, queue_groups=1, extra_toml=config) as c:
+        c.start()
+        c.wait_ready()
+        c.wait_balanced()
+        assert c.post("/v1/topics", {"name": "big", "queues": 1}).status_code == 201
+        group = str(c.get("/v1/topics/big").json()["queues"][0]["group_id"])
+        values = [os.urandom(512).hex() for _ in range(32)]  # 1 KiB each, 32 KiB a request
+
+        def produce_and_check(rounds: int, before: int) -> None:
+            for _ in range(rounds):
+                r = c.produce("big", [{"value": v} for v in values])
+                assert r.status_code == 200, r.text
+            c.wait_replicas_equal(group)
+            for node in c.nodes:
+                held = c.fetch_all("big", 0, node, read_from="local")
+                assert len(held) == before + rounds * len(values), node
+                assert [m["value"] for m in held[before:]] == values * rounds
+
+        produce_and_check(20, 0)
+        c.config_path.write_text(c.config_path.read_text().replace('previous_release_node = "n2"', ""))
+        c.terminate("n2")
+        c.start("n2")
+        c.wait_ready()
+        produce_and_check(20, 20 * len(values))

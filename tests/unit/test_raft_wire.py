@@ -226,6 +226,9 @@ def test_a_connection_reset_in_the_write_handler_and_a_reconnect_on_the_same_fd_
             def send(self, data: Any) -> int:
                 raise ConnectionResetError(errno.ECONNRESET, "reset")
 
+            def sendmsg(self, buffers: Any) -> int:
+                raise ConnectionResetError(errno.ECONNRESET, "reset")
+
             def __getattr__(self, name: str) -> Any:
                 return getattr(real, name)
 
