@@ -133,7 +133,10 @@ _SEAL_BYTES = _HEADER.size + 16  # salt, counter and the GCM tag around a sealed
 # stranger must not make a node buffer up to MAX_FRAME_BYTES per connection it opens.
 MAX_FIRST_FRAME_BYTES = 64 << 10
 _RECV_CHUNK = 1 << 16
-_SEAL_INTO_BYTES = 8 << 10  # a longer plaintext is sealed straight into its frame's buffer
+# A longer plaintext is sealed straight into its frame's buffer: cryptography's
+# ``AESGCM.encrypt_into``, which the releases before it lack (pyproject asks for >= 42): with one of
+# those every frame is sealed with one concatenation, as small frames always are.
+_SEAL_INTO_BYTES = (8 << 10) if hasattr(AESGCM, "encrypt_into") else None
 _SEND_CHUNKS = 64  # the most chunks one sendmsg takes (Linux allows 1,024)
 # How often a tick looks at the peers' connections (FlushingTransport._onTick): far below
 # pysyncobj's connectionRetryTime (0.5 s by default), so a retry is at most this much later.
@@ -289,7 +292,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
             self._send_salt = os.urandom(SALT_BYTES)
             self._send_cipher = frame_cipher(self.raft_key, self._send_salt)
         self._send_counter += 1
-        if len(data) < _SEAL_INTO_BYTES:  # one small concatenation costs less than the views below
+        if _SEAL_INTO_BYTES is None or len(data) < _SEAL_INTO_BYTES:  # one small concatenation costs less
             prefix = _PREFIX.pack(length, self._send_salt, self._send_counter)
             return prefix + self._send_cipher.encrypt(nonce(self._send_counter), data, prefix[_LENGTH.size :])
         out = bytearray(_LENGTH.size + length)
