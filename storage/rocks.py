@@ -13,6 +13,20 @@ including the workarounds for what that version does differently from RocksDB's 
   live scan cursors and drops their iterators before it closes or swaps the database.
 - RocksDB errors arrive as bare ``Exception``; they are re-raised as :class:`StoreError`.
 - ``compact_range`` drops RocksDB's status: a cancelled compaction returns as a finished one.
+- Opening an existing database without naming its column families takes their options from its
+  OPTIONS file, not from the ``Options`` given: the default column family is named (``_open_rdict``).
+
+Values of ``_MIN_BLOB_BYTES`` or more (record batches, Raft journal entries: the messages) live in
+blob files beside the SST files (RocksDB's integrated BlobDB, key-value separation): compactions
+rewrite keys and small values only, never the messages. With the messages in the SST files each
+byte was rewritten by every level it went through (a memtable flush holds keys of every queue, so
+each level-0 compaction overlapped the whole of level 1): 8.3x the data written to the disk by one
+store pair at 1 GB, and growing with the data held; 3.9x (the write-ahead log and the flush of
+each store) with blob files (docs/operations.md, "Disk"). A blob file goes once every value in it
+is deleted; RocksDB's own blob garbage collection, which would rewrite the oldest files' live
+values in every compaction touching them (and, the messages' keys of every queue sharing each
+file, that is every level-1 compaction), stays off. ``compact_range`` (what retention and dropped
+topics call) collects the garbage instead, once it is half the blob files' bytes.
 
 Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
 between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
@@ -52,9 +66,11 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 from rocksdict import (
+    BottommostLevelCompaction,
     Checkpoint,
     CompactOptions,
     DbClosedError,
+    DBCompressionType,
     DBRecoveryMode,
     Options,
     Rdict,
@@ -84,6 +100,20 @@ __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy
 _CHUNK_PAIRS = 64
 _CHUNK_BYTES = 1 << 20
 
+# Values from this size on go to blob files (a record batch of a few messages and up, a Raft entry
+# carrying them); smaller ones (queue metas, offsets, producer states, in-flight records) stay in
+# the SST files, where RocksDB reads them with the keys.
+_MIN_BLOB_BYTES = 4096
+# Blob files written by a flush are at most a memtable (16 MiB); this bounds the ones a garbage
+# collection writes, so the next one frees the disk file by file.
+_BLOB_FILE_BYTES = 64 << 20
+# compact_range rewrites the live blob values once garbage is at least this share of the blob
+# files' bytes: each byte it rewrites pays for at least one byte freed, and the blob files never
+# take more than twice their live values for long.
+_BLOB_GARBAGE_SHARE = 0.5
+_BLOB_SIZE = "rocksdb.live-blob-file-size"
+_BLOB_GARBAGE = "rocksdb.live-blob-file-garbage-size"
+
 
 def _options() -> Options:
     """RocksDB options for a commit log on a small (2-core) machine."""
@@ -101,6 +131,15 @@ def _options() -> Options:
     opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
     # Every open rolls the info LOG to LOG.old.<time>; keep a few, not all of them.
     opts.set_keep_log_file_num(4)
+    # Key-value separation (the module docstring). Blob files are compressed as the SST files are
+    # (Snappy), so compressible messages take the disk they took before; RocksDB's own blob
+    # garbage collection stays off (compact_range collects). A store written before opens as it
+    # was: its values stay in the SST files until a compaction rewrites them into blob files.
+    opts.set_enable_blob_files(True)
+    opts.set_min_blob_size(_MIN_BLOB_BYTES)
+    opts.set_blob_file_size(_BLOB_FILE_BYTES)
+    opts.set_blob_compression_type(DBCompressionType.snappy())
+    opts.set_enable_blob_gc(False)
     return opts
 
 
@@ -381,6 +420,11 @@ class RocksStore:
         deletions cover: RocksDB compacts a level only once it outgrows its target, so on a store
         that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on).
 
+        The values of the dropped keys are garbage in their blob files, and a blob file goes only
+        once all of it is: when garbage is half the blob files' bytes or more (other queues' or
+        topics' live values keep the files), the whole store is compacted once more with blob
+        garbage collection on, which moves the live values into new files and frees the old ones.
+
         A ``close`` or ``restore_from`` meanwhile cancels it (they wait milliseconds, not for the
         compaction): what it did is kept, the rest stays on disk until a later compaction.
 
@@ -394,6 +438,8 @@ class RocksStore:
                 self._compactions += 1
             try:
                 db.compact_range(start, end, opts)
+                if self._db is db and _blob_garbage_due(db):
+                    _collect_blob_garbage(db)
             finally:
                 with self._cond:
                     self._compactions -= 1
@@ -560,9 +606,32 @@ class _Cursor:
         return self._below_start or self._remaining == 0 or not it.valid()
 
 
+def _blob_garbage_due(db: Rdict) -> bool:
+    garbage = int(db.property_int_value(_BLOB_GARBAGE) or 0)
+    return garbage > 0 and garbage >= _BLOB_GARBAGE_SHARE * int(db.property_int_value(_BLOB_SIZE) or 0)
+
+
+def _collect_blob_garbage(db: Rdict) -> None:
+    """Compact the whole store (its last level too) with blob garbage collection on for every blob
+    file: the live values move into new blob files, and the old ones, all garbage then, go."""
+    opts = CompactOptions()
+    opts.set_exclusive_manual_compaction(False)
+    opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+    # A mutable option of the open handle only: the next open starts with it off again.
+    db.set_options({"enable_blob_garbage_collection": "true", "blob_garbage_collection_age_cutoff": "1.0"})
+    try:
+        db.compact_range(None, None, opts)
+    finally:
+        db.set_options({"enable_blob_garbage_collection": "false"})
+
+
 def _open_rdict(path: str) -> Rdict:
     with _store_errors():
-        return Rdict(path, _options())
+        # The default column family's options named, not left to rocksdict: for a database that
+        # exists it takes them from the database's last OPTIONS file (what the release that wrote
+        # it set) and applies ours only to the database-wide ones, so a change here never reached
+        # a store written before it.
+        return Rdict(path, _options(), column_families={"default": _options()})
 
 
 def _close_rdict(db: Rdict, *, cancelled: bool = False) -> None:
