@@ -57,7 +57,6 @@ database. ``restore_from`` ends with the same recovery step, and raises ``StoreE
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import threading
@@ -74,7 +73,6 @@ from rocksdict import (
     DBRecoveryMode,
     Options,
     Rdict,
-    RdictIter,
     ReadOptions,
     WriteBatch,
     WriteOptions,
@@ -90,15 +88,10 @@ from .restore_files import (
     roll_back,
     swap_in,
 )
+from .rocks_cursor import ScanCursor, as_bytes
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
-
-# A scan reads this many pairs (or this many bytes of keys and values, whichever comes first) per
-# visit to the database, so readers take the gate once per chunk rather than once per pair, and a
-# scan of 1 MiB values does not buffer more than about a chunk of them.
-_CHUNK_PAIRS = 64
-_CHUNK_BYTES = 1 << 20
 
 # Values from this size on go to blob files (a record batch of a few messages and up, a Raft entry
 # carrying them); smaller ones (queue metas, offsets, producer states, in-flight records) stay in
@@ -185,12 +178,6 @@ def _raise_translated(exc: Exception) -> NoReturn:
     raise translated from exc
 
 
-def _as_bytes(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise StoreError(f"expected bytes from the database, got {type(value).__name__}")
-    return value
-
-
 def _to_write_batch(batch: Batch) -> WriteBatch:
     """The rocksdict batch for ``batch``. Raises ValueError (before anything is written) on a bad op."""
     wb = WriteBatch(raw_mode=True)
@@ -226,7 +213,7 @@ class RocksStore:
         self._users = 0
         self._compactions = 0  # compact_range calls in the gate: _revoke cancels them
         self._closed = False
-        self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
+        self._cursors: weakref.WeakSet[ScanCursor] = weakref.WeakSet()
         # Serializes close() and restore_from(), which both take the handle away from users.
         self._admin = threading.Lock()
         self._wo_sync = _write_options(sync=True)
@@ -298,11 +285,11 @@ class RocksStore:
             cursor.revoke()
         return db, cancelled
 
-    def _register(self, cursor: _Cursor) -> None:
+    def _register(self, cursor: ScanCursor) -> None:
         with self._cond:
             self._cursors.add(cursor)
 
-    def _unregister(self, cursor: _Cursor) -> None:
+    def _unregister(self, cursor: ScanCursor) -> None:
         with self._cond:
             self._cursors.discard(cursor)
 
@@ -318,7 +305,7 @@ class RocksStore:
             _raise_translated(exc)
         finally:
             self._leave()
-        return None if value is None else _as_bytes(value)
+        return None if value is None else as_bytes(value)
 
     def scan(
         self,
@@ -344,7 +331,15 @@ class RocksStore:
         with self._using() as db:
             # The iterator pins the database's state as of now: this is the scan's snapshot.
             it = db.iter(ro)
-            cursor = _Cursor(self, it, start, reverse=reverse, limit=limit)
+            cursor = ScanCursor(
+                it,
+                start,
+                reverse=reverse,
+                limit=limit,
+                gate=self._using,
+                done=self._unregister,
+                path=self._path,
+            )
             # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor owns
             # `ro` and `end` while the iterator lives (a freed bound silently gives the wrong keys).
             cursor.pin(ro, end)
@@ -361,10 +356,10 @@ class RocksStore:
             it.seek_for_prev(key)
             if not it.valid():
                 return None
-            found = _as_bytes(it.key())
+            found = as_bytes(it.key())
             if found < floor:
                 return None
-            return found, _as_bytes(it.value())
+            return found, as_bytes(it.value())
 
     def int_property(self, name: str) -> int:
         """RocksDB's integer property ``name`` (``rocksdb.num-running-compactions``, ...); 0 when unknown."""
@@ -521,89 +516,6 @@ class RocksStore:
         with self._cond:
             self._db = db
         return rolled_back
-
-
-class _Cursor:
-    """A lazy scan over one rocksdict iterator, read in chunks while admitted through the store's gate.
-
-    Invariant: ``_it`` is used only between the store's ``_enter`` and ``_leave``, and the store calls
-    :meth:`revoke` only when no thread is between them; so the iterator is never used concurrently
-    with the database being closed.
-    """
-
-    def __init__(
-        self, store: RocksStore, it: RdictIter, start: bytes, *, reverse: bool, limit: int | None
-    ) -> None:
-        self._store = store
-        self._it: RdictIter | None = it
-        self._start = start
-        self._reverse = reverse
-        self._remaining = limit
-        self._positioned = False
-        self._below_start = False  # a reverse scan went past start: done
-        self._revoked = False
-        self._buffer: collections.deque[tuple[bytes, bytes]] = collections.deque()
-        self._pinned: tuple[object, ...] = ()
-
-    def __iter__(self) -> _Cursor:
-        return self
-
-    def __next__(self) -> tuple[bytes, bytes]:
-        if not self._buffer and self._it is not None:
-            self._refill()
-        if self._buffer:
-            return self._buffer.popleft()
-        if self._revoked:
-            raise StoreClosed(f"store {self._store.path} was closed during a scan")
-        raise StopIteration
-
-    def pin(self, *objects: object) -> None:
-        """Keep ``objects`` alive as long as this cursor (the iterator points into them)."""
-        self._pinned = objects
-
-    def revoke(self) -> None:
-        """Drop the iterator (it would keep a closed database open). Called by the store."""
-        if self._it is not None:
-            self._it = None
-            self._revoked = True
-
-    def _refill(self) -> None:
-        with self._store._using():
-            it = self._it
-            if it is None:  # revoked between the check in __next__ and the gate
-                return
-            if not self._positioned:
-                # Forward: seek to start (the upper bound ends it). Reverse: the last key below the
-                # upper bound; the lower limit is checked below (rocksdict's lower bound is broken).
-                if self._reverse:
-                    it.seek_to_last()
-                else:
-                    it.seek(self._start)
-                self._positioned = True
-            self._read_chunk(it)
-            if self._exhausted(it):
-                self._it = None
-                self._store._unregister(self)
-
-    def _read_chunk(self, it: RdictIter) -> None:
-        size = 0
-        while len(self._buffer) < _CHUNK_PAIRS and size < _CHUNK_BYTES and not self._exhausted(it):
-            key = _as_bytes(it.key())
-            if self._reverse and key < self._start:
-                self._below_start = True
-                break
-            value = _as_bytes(it.value())
-            self._buffer.append((key, value))
-            size += len(key) + len(value)
-            if self._remaining is not None:
-                self._remaining -= 1
-            if self._reverse:
-                it.prev()
-            else:
-                it.next()
-
-    def _exhausted(self, it: RdictIter) -> bool:
-        return self._below_start or self._remaining == 0 or not it.valid()
 
 
 def _blob_garbage_due(db: Rdict) -> bool:
