@@ -232,7 +232,9 @@ class _StorageCollector(Collector):
                 "raftmq_rocksdb_writes_stopped", "1 while RocksDB stops writes", labels=labels
             ),
             "blob_file_bytes": GaugeMetricFamily(
-                "raftmq_rocksdb_blob_file_bytes", "Bytes of the blob files holding the messages", labels=labels
+                "raftmq_rocksdb_blob_file_bytes",
+                "Bytes of the blob files that hold the messages",
+                labels=labels,
             ),
             "blob_garbage_bytes": GaugeMetricFamily(
                 "raftmq_rocksdb_blob_garbage_bytes",
