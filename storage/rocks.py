@@ -13,6 +13,20 @@ including the workarounds for what that version does differently from RocksDB's 
   live scan cursors and drops their iterators before it closes or swaps the database.
 - RocksDB errors arrive as bare ``Exception``; they are re-raised as :class:`StoreError`.
 - ``compact_range`` drops RocksDB's status: a cancelled compaction returns as a finished one.
+- Opening an existing database without naming its column families takes their options from its
+  OPTIONS file, not from the ``Options`` given: the default column family is named (``_open_rdict``).
+
+Values of ``_MIN_BLOB_BYTES`` or more (record batches, Raft journal entries: the messages) live in
+blob files beside the SST files (RocksDB's integrated BlobDB, key-value separation): compactions
+rewrite keys and small values only, never the messages. With the messages in the SST files each
+byte was rewritten by every level it went through (a memtable flush holds keys of every queue, so
+each level-0 compaction overlapped the whole of level 1): 8.3x the data written to the disk by one
+store pair at 1 GB, and growing with the data held; 3.9x (the write-ahead log and the flush of
+each store) with blob files (docs/operations.md, "Disk"). A blob file goes once every value in it
+is deleted; RocksDB's own blob garbage collection, which would rewrite the oldest files' live
+values in every compaction touching them (and, the messages' keys of every queue sharing each
+file, that is every level-1 compaction), stays off. ``compact_range`` (what retention and dropped
+topics call) collects the garbage instead, once it is half the blob files' bytes.
 
 Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
 between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
@@ -43,7 +57,6 @@ database. ``restore_from`` ends with the same recovery step, and raises ``StoreE
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import threading
@@ -52,13 +65,14 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 from rocksdict import (
+    BottommostLevelCompaction,
     Checkpoint,
     CompactOptions,
     DbClosedError,
+    DBCompressionType,
     DBRecoveryMode,
     Options,
     Rdict,
-    RdictIter,
     ReadOptions,
     WriteBatch,
     WriteOptions,
@@ -74,15 +88,24 @@ from .restore_files import (
     roll_back,
     swap_in,
 )
+from .rocks_cursor import ScanCursor, as_bytes
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
 
-# A scan reads this many pairs (or this many bytes of keys and values, whichever comes first) per
-# visit to the database, so readers take the gate once per chunk rather than once per pair, and a
-# scan of 1 MiB values does not buffer more than about a chunk of them.
-_CHUNK_PAIRS = 64
-_CHUNK_BYTES = 1 << 20
+# Values from this size on go to blob files (a record batch of a few messages and up, a Raft entry
+# carrying them); smaller ones (queue metas, offsets, producer states, in-flight records) stay in
+# the SST files, where RocksDB reads them with the keys.
+_MIN_BLOB_BYTES = 4096
+# Blob files written by a flush are at most a memtable (16 MiB); this bounds the ones a garbage
+# collection writes, so the next one frees the disk file by file.
+_BLOB_FILE_BYTES = 64 << 20
+# compact_range rewrites the live blob values once garbage is at least this share of the blob
+# files' bytes: each byte it rewrites pays for at least one byte freed, and the blob files never
+# take more than twice their live values for long.
+_BLOB_GARBAGE_SHARE = 0.5
+_BLOB_SIZE = "rocksdb.live-blob-file-size"
+_BLOB_GARBAGE = "rocksdb.live-blob-file-garbage-size"
 
 
 def _options() -> Options:
@@ -101,6 +124,15 @@ def _options() -> Options:
     opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
     # Every open rolls the info LOG to LOG.old.<time>; keep a few, not all of them.
     opts.set_keep_log_file_num(4)
+    # Key-value separation (the module docstring). Blob files are compressed as the SST files are
+    # (Snappy), so compressible messages take the disk they took before; RocksDB's own blob
+    # garbage collection stays off (compact_range collects). A store written before opens as it
+    # was: its values stay in the SST files until a compaction rewrites them into blob files.
+    opts.set_enable_blob_files(True)
+    opts.set_min_blob_size(_MIN_BLOB_BYTES)
+    opts.set_blob_file_size(_BLOB_FILE_BYTES)
+    opts.set_blob_compression_type(DBCompressionType.snappy())
+    opts.set_enable_blob_gc(False)
     return opts
 
 
@@ -146,12 +178,6 @@ def _raise_translated(exc: Exception) -> NoReturn:
     raise translated from exc
 
 
-def _as_bytes(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise StoreError(f"expected bytes from the database, got {type(value).__name__}")
-    return value
-
-
 def _to_write_batch(batch: Batch) -> WriteBatch:
     """The rocksdict batch for ``batch``. Raises ValueError (before anything is written) on a bad op."""
     wb = WriteBatch(raw_mode=True)
@@ -187,7 +213,7 @@ class RocksStore:
         self._users = 0
         self._compactions = 0  # compact_range calls in the gate: _revoke cancels them
         self._closed = False
-        self._cursors: weakref.WeakSet[_Cursor] = weakref.WeakSet()
+        self._cursors: weakref.WeakSet[ScanCursor] = weakref.WeakSet()
         # Serializes close() and restore_from(), which both take the handle away from users.
         self._admin = threading.Lock()
         self._wo_sync = _write_options(sync=True)
@@ -259,11 +285,11 @@ class RocksStore:
             cursor.revoke()
         return db, cancelled
 
-    def _register(self, cursor: _Cursor) -> None:
+    def _register(self, cursor: ScanCursor) -> None:
         with self._cond:
             self._cursors.add(cursor)
 
-    def _unregister(self, cursor: _Cursor) -> None:
+    def _unregister(self, cursor: ScanCursor) -> None:
         with self._cond:
             self._cursors.discard(cursor)
 
@@ -279,7 +305,7 @@ class RocksStore:
             _raise_translated(exc)
         finally:
             self._leave()
-        return None if value is None else _as_bytes(value)
+        return None if value is None else as_bytes(value)
 
     def scan(
         self,
@@ -305,7 +331,15 @@ class RocksStore:
         with self._using() as db:
             # The iterator pins the database's state as of now: this is the scan's snapshot.
             it = db.iter(ro)
-            cursor = _Cursor(self, it, start, reverse=reverse, limit=limit)
+            cursor = ScanCursor(
+                it,
+                start,
+                reverse=reverse,
+                limit=limit,
+                gate=self._using,
+                done=self._unregister,
+                path=self._path,
+            )
             # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor owns
             # `ro` and `end` while the iterator lives (a freed bound silently gives the wrong keys).
             cursor.pin(ro, end)
@@ -322,10 +356,10 @@ class RocksStore:
             it.seek_for_prev(key)
             if not it.valid():
                 return None
-            found = _as_bytes(it.key())
+            found = as_bytes(it.key())
             if found < floor:
                 return None
-            return found, _as_bytes(it.value())
+            return found, as_bytes(it.value())
 
     def int_property(self, name: str) -> int:
         """RocksDB's integer property ``name`` (``rocksdb.num-running-compactions``, ...); 0 when unknown."""
@@ -381,6 +415,11 @@ class RocksStore:
         deletions cover: RocksDB compacts a level only once it outgrows its target, so on a store
         that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on).
 
+        The values of the dropped keys are garbage in their blob files, and a blob file goes only
+        once all of it is: when garbage is half the blob files' bytes or more (other queues' or
+        topics' live values keep the files), the whole store is compacted once more with blob
+        garbage collection on, which moves the live values into new files and frees the old ones.
+
         A ``close`` or ``restore_from`` meanwhile cancels it (they wait milliseconds, not for the
         compaction): what it did is kept, the rest stays on disk until a later compaction.
 
@@ -394,6 +433,8 @@ class RocksStore:
                 self._compactions += 1
             try:
                 db.compact_range(start, end, opts)
+                if self._db is db and _blob_garbage_due(db):
+                    _collect_blob_garbage(db)
             finally:
                 with self._cond:
                     self._compactions -= 1
@@ -477,92 +518,32 @@ class RocksStore:
         return rolled_back
 
 
-class _Cursor:
-    """A lazy scan over one rocksdict iterator, read in chunks while admitted through the store's gate.
+def _blob_garbage_due(db: Rdict) -> bool:
+    garbage = int(db.property_int_value(_BLOB_GARBAGE) or 0)
+    return garbage > 0 and garbage >= _BLOB_GARBAGE_SHARE * int(db.property_int_value(_BLOB_SIZE) or 0)
 
-    Invariant: ``_it`` is used only between the store's ``_enter`` and ``_leave``, and the store calls
-    :meth:`revoke` only when no thread is between them; so the iterator is never used concurrently
-    with the database being closed.
-    """
 
-    def __init__(
-        self, store: RocksStore, it: RdictIter, start: bytes, *, reverse: bool, limit: int | None
-    ) -> None:
-        self._store = store
-        self._it: RdictIter | None = it
-        self._start = start
-        self._reverse = reverse
-        self._remaining = limit
-        self._positioned = False
-        self._below_start = False  # a reverse scan went past start: done
-        self._revoked = False
-        self._buffer: collections.deque[tuple[bytes, bytes]] = collections.deque()
-        self._pinned: tuple[object, ...] = ()
-
-    def __iter__(self) -> _Cursor:
-        return self
-
-    def __next__(self) -> tuple[bytes, bytes]:
-        if not self._buffer and self._it is not None:
-            self._refill()
-        if self._buffer:
-            return self._buffer.popleft()
-        if self._revoked:
-            raise StoreClosed(f"store {self._store.path} was closed during a scan")
-        raise StopIteration
-
-    def pin(self, *objects: object) -> None:
-        """Keep ``objects`` alive as long as this cursor (the iterator points into them)."""
-        self._pinned = objects
-
-    def revoke(self) -> None:
-        """Drop the iterator (it would keep a closed database open). Called by the store."""
-        if self._it is not None:
-            self._it = None
-            self._revoked = True
-
-    def _refill(self) -> None:
-        with self._store._using():
-            it = self._it
-            if it is None:  # revoked between the check in __next__ and the gate
-                return
-            if not self._positioned:
-                # Forward: seek to start (the upper bound ends it). Reverse: the last key below the
-                # upper bound; the lower limit is checked below (rocksdict's lower bound is broken).
-                if self._reverse:
-                    it.seek_to_last()
-                else:
-                    it.seek(self._start)
-                self._positioned = True
-            self._read_chunk(it)
-            if self._exhausted(it):
-                self._it = None
-                self._store._unregister(self)
-
-    def _read_chunk(self, it: RdictIter) -> None:
-        size = 0
-        while len(self._buffer) < _CHUNK_PAIRS and size < _CHUNK_BYTES and not self._exhausted(it):
-            key = _as_bytes(it.key())
-            if self._reverse and key < self._start:
-                self._below_start = True
-                break
-            value = _as_bytes(it.value())
-            self._buffer.append((key, value))
-            size += len(key) + len(value)
-            if self._remaining is not None:
-                self._remaining -= 1
-            if self._reverse:
-                it.prev()
-            else:
-                it.next()
-
-    def _exhausted(self, it: RdictIter) -> bool:
-        return self._below_start or self._remaining == 0 or not it.valid()
+def _collect_blob_garbage(db: Rdict) -> None:
+    """Compact the whole store (its last level too) with blob garbage collection on for every blob
+    file: the live values move into new blob files, and the old ones, all garbage then, go."""
+    opts = CompactOptions()
+    opts.set_exclusive_manual_compaction(False)
+    opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+    # A mutable option of the open handle only: the next open starts with it off again.
+    db.set_options({"enable_blob_garbage_collection": "true", "blob_garbage_collection_age_cutoff": "1.0"})
+    try:
+        db.compact_range(None, None, opts)
+    finally:
+        db.set_options({"enable_blob_garbage_collection": "false"})
 
 
 def _open_rdict(path: str) -> Rdict:
     with _store_errors():
-        return Rdict(path, _options())
+        # The default column family's options named, not left to rocksdict: for a database that
+        # exists it takes them from the database's last OPTIONS file (what the release that wrote
+        # it set) and applies ours only to the database-wide ones, so a change here never reached
+        # a store written before it.
+        return Rdict(path, _options(), column_families={"default": _options()})
 
 
 def _close_rdict(db: Rdict, *, cancelled: bool = False) -> None:

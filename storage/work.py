@@ -28,6 +28,10 @@ class BackgroundWork:
     level0_files: int = 0
     delayed_write_rate: int = 0  # bytes/s RocksDB slows writes to (0: not slowed)
     writes_stopped: int = 0  # 1 while RocksDB stops writes until compactions catch up
+    # The messages' blob files (storage/rocks.py): their bytes, and the bytes of deleted values in
+    # them, which the store's next compact_range rewrites away once they are half of them.
+    blob_file_bytes: int = 0
+    blob_garbage_bytes: int = 0
 
     @property
     def idle(self) -> bool:
@@ -42,6 +46,8 @@ _PROPERTIES = {
     "level0_files": "rocksdb.num-files-at-level0",
     "delayed_write_rate": "rocksdb.actual-delayed-write-rate",
     "writes_stopped": "rocksdb.is-write-stopped",
+    "blob_file_bytes": "rocksdb.live-blob-file-size",
+    "blob_garbage_bytes": "rocksdb.live-blob-file-garbage-size",
 }
 
 

@@ -231,6 +231,16 @@ class _StorageCollector(Collector):
             "writes_stopped": GaugeMetricFamily(
                 "raftmq_rocksdb_writes_stopped", "1 while RocksDB stops writes", labels=labels
             ),
+            "blob_file_bytes": GaugeMetricFamily(
+                "raftmq_rocksdb_blob_file_bytes",
+                "Bytes of the blob files that hold the messages",
+                labels=labels,
+            ),
+            "blob_garbage_bytes": GaugeMetricFamily(
+                "raftmq_rocksdb_blob_garbage_bytes",
+                "Bytes of deleted messages still in blob files (rewritten away once half of them)",
+                labels=labels,
+            ),
         }
         node_id = self._node.me.id
         for name, local in list(self._node.groups.items()):

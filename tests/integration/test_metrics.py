@@ -312,6 +312,8 @@ def test_each_replica_reports_its_stores_background_work_and_a_flush_shows(c: Cl
                     "raftmq_rocksdb_level0_files",
                     "raftmq_rocksdb_delayed_write_rate_bytes",
                     "raftmq_rocksdb_writes_stopped",
+                    "raftmq_rocksdb_blob_file_bytes",
+                    "raftmq_rocksdb_blob_garbage_bytes",
                 ):
                     assert len(values(c, name, node_id=n, group_id=g, store=store)) == 1, (n, g, store, name)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -49,3 +50,32 @@ def test_a_closed_store_has_no_work_left(tmp_path: Path) -> None:
     _fill(store, 1)
     store.close()
     assert background_work(store) == BackgroundWork()
+
+
+def test_blob_files_and_their_garbage_show_until_compact_range_rewrites_it_away(tmp_path: Path) -> None:
+    """Values of 1 MiB go to blob files. Removing a quarter of them leaves it as garbage in the
+    files (compact_range drops the keys); removing three quarters makes compact_range rewrite the
+    live rest into new files, and the garbage is gone."""
+    store = RocksStore.open(str(tmp_path / "db"))
+    try:
+        for i in range(40):
+            batch = Batch()
+            batch.put(i.to_bytes(8, "big"), os.urandom(MIB))
+            store.write(batch)
+        store.compact_range(b"", b"\xff")
+        work = background_work(store)
+        assert work.blob_file_bytes >= 40 * MIB and work.blob_garbage_bytes == 0, work
+
+        def remove_to(n: int) -> BackgroundWork:
+            batch = Batch()
+            batch.delete_range((0).to_bytes(8, "big"), n.to_bytes(8, "big"))
+            store.write(batch)
+            store.compact_range((0).to_bytes(8, "big"), n.to_bytes(8, "big"))
+            return background_work(store)
+
+        work = remove_to(10)
+        assert 10 * MIB <= work.blob_garbage_bytes < work.blob_file_bytes // 2, work
+        work = remove_to(30)
+        assert work.blob_garbage_bytes == 0 and 10 * MIB <= work.blob_file_bytes < 12 * MIB, work
+    finally:
+        store.close()
