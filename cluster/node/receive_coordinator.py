@@ -37,12 +37,21 @@ from raftmq.cluster.node.node import Node
 if TYPE_CHECKING:
     from raftmq.cluster.node.router import LeaderRouter
 
-__all__ = ["ReceiveCoordinator", "Waiter", "queues_by_group"]
+__all__ = ["READ_AHEAD_HOLD_MS", "ReceiveCoordinator", "Waiter", "local_key", "queues_by_group"]
 
 log = structlog.get_logger(__name__)
 
 MAX_REMOTE_AWAIT_S = 5.0  # a remote ``await`` is re-armed at least this often
 LEADERSHIP_CHECK_S = 1.0  # a waiting coordinator checks at least this often that it still leads
+
+# Read-ahead of a line of this node's own (the SQS API's standard queues): a delete takes the
+# line's next messages along in its entry (``ack_receive``), and the line's next receive takes
+# them with no entry of its own. See ReceiveCoordinator.read_ahead_wanted.
+READ_AHEAD_HOLD_MS = 1000  # a read-ahead is handed out within this, else given back (``release``)
+READ_AHEAD_RECENT_S = 5.0  # a line reads ahead only if a receive waited in it this recently
+READ_AHEAD_QUIET_S = 10.0  # after a read-ahead given back unclaimed, the line reads none this long
+READ_AHEAD_MIN_VISIBILITY_MS = 10_000  # shorter visibility timeouts are never read ahead
+READ_AHEAD_LINES = 4096  # the most lines whose recent receives a node remembers
 
 Settle = Callable[[Topic, str, str, list[str], dict[str, Any]], Awaitable[list[dict[str, Any]]]]
 """``SubscriptionsApi._receipts_call``: apply an op to receipts at their queue groups."""
@@ -88,6 +97,35 @@ class _Target:
     rotation: int = 0
 
 
+@dataclass
+class _LineSeen:
+    """What a line of this node's own last asked for, and until when it reads nothing ahead."""
+
+    at: float  # time.monotonic() of its last receive
+    max: int
+    visibility_ms: int
+    quiet_until: float = 0.0
+
+
+@dataclass
+class _ReadAhead:
+    """Messages a delete took in flight for a line's next receives (``ack_receive``): taken for
+    ``visibility_ms`` plus the hold, so one handed out by ``until`` stays invisible at least the
+    ``visibility_ms`` its receive asked."""
+
+    topic: Topic
+    group: str
+    messages: list[dict[str, Any]]
+    visibility_ms: int
+    until: float  # time.monotonic(): handed out by then, else given back
+    timer: asyncio.TimerHandle | None = None
+
+
+def local_key(topic_id: int, group: str) -> TargetKey:
+    """The key of the line of this node's own for (topic, group): ``take_here``'s."""
+    return (topic_id, group, None, None, False, True)
+
+
 class ReceiveCoordinator:
     """The lines of waiting receivers this node coordinates; one instance per node
     (``SubscriptionsApi.coordinator``)."""
@@ -97,6 +135,13 @@ class ReceiveCoordinator:
         self.router = router
         self._settle = settle
         self._targets: dict[TargetKey, _Target] = {}
+        # Read-ahead (lines of this node's own only): what each line asked for lately (oldest
+        # first, at most READ_AHEAD_LINES), the read-aheads held (at most one a line, each at most
+        # a receive's max, each for at most READ_AHEAD_HOLD_MS), and the lines being read ahead.
+        self._seen: dict[TargetKey, _LineSeen] = {}
+        self._ahead: dict[TargetKey, _ReadAhead] = {}
+        self._filling: set[TargetKey] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def target(
         self,
@@ -121,6 +166,12 @@ class ReceiveCoordinator:
             target = self._targets[key] = make()
         target.waiters.append(waiter)
         target.arrived.set()
+        if key[5]:  # a line of this node's own: remembered for its read-ahead
+            seen = self._seen.pop(key, None)
+            quiet = 0.0 if seen is None else seen.quiet_until
+            self._seen[key] = _LineSeen(time.monotonic(), waiter.max, waiter.visibility_ms, quiet)
+            if len(self._seen) > READ_AHEAD_LINES:
+                del self._seen[next(iter(self._seen))]
         if target.task is None or target.task.done():
             target.task = asyncio.create_task(self._serve(key, target))
 
@@ -154,7 +205,9 @@ class ReceiveCoordinator:
                 if target.ordered:  # one receiver's take: a group's messages never go to two
                     line = [head]
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
-                got = await self._take(target, demand, head.visibility_ms, head.delay_ms)
+                got = self._claim_ahead(key, head.visibility_ms, demand)
+                if not got:
+                    got = await self._take(target, demand, head.visibility_ms, head.delay_ms)
                 self._hand_out(target, got, head.visibility_ms)
                 now = time.monotonic()
                 for w in list(target.waiters):
@@ -203,6 +256,88 @@ class ReceiveCoordinator:
             target.waiters.remove(w)
             part, rest = rest[: w.max], rest[w.max :]
             w.future.set_result(part)
+
+    # -- read-ahead (lines of this node's own) -----------------------------------------------------
+
+    def read_ahead_wanted(self, key: TargetKey) -> tuple[int, int] | None:
+        """``(max, visibility_ms)`` of the receives to take along with a delete for the line
+        ``key`` of this node's own (:func:`local_key`), or None; they are taken in flight for
+        ``visibility_ms + READ_AHEAD_HOLD_MS``. Only for a line whose last receive was at most
+        ``READ_AHEAD_RECENT_S`` ago, asked a visibility timeout of at least
+        ``READ_AHEAD_MIN_VISIBILITY_MS`` and holds no read-ahead; not for ``READ_AHEAD_QUIET_S``
+        after one was given back unclaimed (a receiver that does not come straight back). A caller
+        given a pair must call :meth:`put_ahead` (with what it got, maybe nothing)."""
+        seen = self._seen.get(key)
+        now = time.monotonic()
+        if (
+            seen is None
+            or now - seen.at > READ_AHEAD_RECENT_S
+            or now < seen.quiet_until
+            or seen.visibility_ms < READ_AHEAD_MIN_VISIBILITY_MS
+            or key in self._ahead
+            or key in self._filling
+        ):
+            return None
+        self._filling.add(key)
+        return seen.max, seen.visibility_ms
+
+    def put_ahead(
+        self,
+        key: TargetKey,
+        topic: Topic,
+        group: str,
+        messages: list[dict[str, Any]],
+        visibility_ms: int,
+        started: float,
+    ) -> None:
+        """Hold ``messages`` a delete took along for the line ``key``'s next receives asking
+        ``visibility_ms`` (``started``: when that delete was sent, ``time.monotonic()``, before the
+        leader stamped the deadline) until ``READ_AHEAD_HOLD_MS`` after ``started``; then give
+        back what is left."""
+        self._filling.discard(key)
+        if not messages:
+            return
+        until = started + READ_AHEAD_HOLD_MS / 1000
+        ahead = _ReadAhead(topic, group, messages, visibility_ms, until)
+        self._ahead[key] = ahead
+        delay = max(0.0, until - time.monotonic())
+        ahead.timer = asyncio.get_running_loop().call_later(delay, self._expire_ahead, key, ahead)
+        target = self._targets.get(key)
+        if target is not None:
+            target.arrived.set()  # a receiver waiting in the line takes them now
+
+    def _claim_ahead(self, key: TargetKey, visibility_ms: int, demand: int) -> list[dict[str, Any]]:
+        """Up to ``demand`` read-ahead messages for a receive asking ``visibility_ms``."""
+        ahead = self._ahead.get(key)
+        if ahead is None or ahead.visibility_ms != visibility_ms or time.monotonic() >= ahead.until:
+            return []
+        got, ahead.messages = ahead.messages[:demand], ahead.messages[demand:]
+        if not ahead.messages:
+            self._ahead.pop(key, None)
+            if ahead.timer is not None:
+                ahead.timer.cancel()
+        return got
+
+    def _expire_ahead(self, key: TargetKey, ahead: _ReadAhead) -> None:
+        """Give back a read-ahead no receive took in time (``release``: visible again at once,
+        not counted as a delivery); the line reads none ahead for a while. If the release fails,
+        the messages come back at their visibility deadline (counted, as a lost answer)."""
+        if self._ahead.get(key) is not ahead:
+            return
+        del self._ahead[key]
+        seen = self._seen.get(key)
+        if seen is not None:
+            seen.quiet_until = time.monotonic() + READ_AHEAD_QUIET_S
+        receipts = [m["receipt"] for m in ahead.messages]
+        task = asyncio.create_task(self._release(ahead.topic, ahead.group, receipts))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _release(self, topic: Topic, group: str, receipts: list[str]) -> None:
+        try:
+            await self._settle(topic, group, "release", receipts, {})
+        except RaftmqError as e:
+            log.warning("read_ahead_not_released", topic=topic.name, group=group, code=e.code)
 
     async def _give_back(self, target: _Target, receipts: list[str]) -> None:
         await self._settle(target.topic, target.group, "nack", receipts, {"delay_ms": 0})
