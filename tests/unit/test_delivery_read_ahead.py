@@ -10,6 +10,7 @@ import pytest
 from test_delivery import G, Machine, T, codes, offsets
 
 from raftmq.cluster import commands
+from raftmq.cluster.machines.delivery import NEVER_DEAD_LETTERED
 from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY
 from raftmq.storage.queues import pending_record
 
@@ -25,9 +26,25 @@ def ack_receive(
 
 @pytest.fixture
 def m() -> Machine:
+    """A subscription as the SQS API stores it: no dead letters (a read-ahead's only kind)."""
     machine = Machine()
-    machine.subscribe()
+    machine.subscribe(max_deliveries=NEVER_DEAD_LETTERED, dlq=None)
     return machine
+
+
+@pytest.mark.parametrize("max_deliveries", [1, 3, NEVER_DEAD_LETTERED - 1])
+def test_ack_receive_of_a_subscription_that_dead_letters_acks_and_takes_nothing(max_deliveries: int) -> None:
+    """A read-ahead no consumer got (its node crashed) comes back counted as a delivery; with
+    dead letters that count could move a message nobody received, so nothing is taken ahead."""
+    m = Machine()
+    m.subscribe(max_deliveries=max_deliveries)
+    m.produce(0, "a", "b", "c")
+    first = m.receive(10, max_messages=1)
+    results, got = ack_receive(m, 20, first)
+    assert codes(results) == ["ok"]
+    assert got == []
+    assert m.floor() == 1
+    assert offsets(m.receive(30)) == [1, 2]  # still there, first deliveries
 
 
 def test_ack_receive_finishes_the_receipts_and_hands_out_the_next_messages_in_one_entry(m: Machine) -> None:

@@ -59,13 +59,7 @@ from raftmq.cluster.machines.delivery import dlq_topic_name, read_subscription
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.parked import Parked
-from raftmq.cluster.node.receive_coordinator import (
-    READ_AHEAD_HOLD_MS,
-    ReceiveCoordinator,
-    Waiter,
-    local_key,
-    queues_by_group,
-)
+from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter, local_key
 from raftmq.cluster.node.router import FORWARDED
 from raftmq.cluster.node.upgrade_gate import after_upgrade
 
@@ -429,8 +423,8 @@ class SubscriptionsApi:
     ) -> list[dict[str, Any]]:
         """Apply ``op`` to each receipt at its queue group; one result per receipt, in order.
         Every receipt is parsed before anything is sent (one that is not a receipt: 400).
-        ``read_ahead``: see :meth:`settle` (the first queue group of the receipts whose voters
-        all apply ``ack_receive`` takes them along)."""
+        ``read_ahead``: see :meth:`settle` (a queue group of the receipts whose voters all apply
+        ``ack_receive`` takes them along, ``ReceiveCoordinator.read_ahead_wanted``)."""
         results: list[dict[str, Any] | None] = [None] * len(receipts)
         # Per queue group: the receipts' positions, and the receipts as the command has them.
         by_group: dict[int, tuple[list[int], list[list[int]]]] = {}
@@ -447,11 +441,10 @@ class SubscriptionsApi:
             wire.append([queue, offset, token])
 
         key = local_key(topic.id, group)
-        wanted = None
-        ahead_group = None
+        plan = None
         if read_ahead and op == "ack" and not fields:
-            ahead_group = next((g for g in by_group if self.node.group_supports(str(g), "ack_receive")), None)
-            wanted = None if ahead_group is None else self.coordinator.read_ahead_wanted(key)
+            candidates = [g for g in by_group if self.node.group_supports(str(g), "ack_receive")]
+            plan = self.coordinator.read_ahead_wanted(key, topic, candidates)
         started = time.monotonic()
         taken: list[dict[str, Any]] = []
 
@@ -459,10 +452,9 @@ class SubscriptionsApi:
             positions, wire = items
             body = {"group": group, "topic_id": topic.id, "receipts": wire, **fields}
             action = op
-            if wanted is not None and g == ahead_group:
+            if plan is not None and g == plan.group:
                 action = "ack_receive"
-                body["queues"] = queues_by_group(topic, list(range(topic.queues)))[g]
-                body["max"], body["visibility_ms"] = wanted[0], wanted[1] + READ_AHEAD_HOLD_MS
+                body["queues"], body["max"], body["visibility_ms"] = plan.queues, plan.max, plan.taken_ms
                 body["max_age_ms"] = topic.retention_ms
             try:
                 answer = await self.api.router.group_call(g, action, body)
@@ -480,8 +472,8 @@ class SubscriptionsApi:
         try:
             failed = await asyncio.gather(*(call(g, items) for g, items in by_group.items()))
         finally:
-            if wanted is not None:
-                self.coordinator.put_ahead(key, topic, group, taken, wanted[1], started)
+            if plan is not None:
+                self.coordinator.put_ahead(key, topic, group, taken, plan, started)
         if by_group and all(failed):  # nothing was applied anywhere: answer with the error
             first = failed[0]
             assert first is not None
@@ -568,6 +560,15 @@ def add_subscription_routes(app: web.Application, handlers: SubscriptionsApi) ->
     lock = "/v1/topics/{topic}/queues/{queue}/locks/{group}"
     r.add_post(lock, dlq_locks.lock)
     r.add_delete(lock, dlq_locks.unlock)
+
+    async def release_read_ahead(app: web.Application) -> None:
+        # A graceful stop gives back what the node read ahead (docs/sqs.md, Read-ahead): at the
+        # shutdown, and once more after the requests under way ended (a delete among them may
+        # have taken some along); the queue groups are still served until node.stop().
+        await handlers.coordinator.read_ahead.stop()
+
+    app.on_shutdown.append(release_read_ahead)
+    app.on_cleanup.append(release_read_ahead)
 
     async def take_parked(app: web.Application) -> None:
         task = asyncio.create_task(handlers.take_parked())

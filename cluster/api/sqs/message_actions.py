@@ -422,7 +422,7 @@ class SqsActions(QueueActions):
         handle = params.get("ReceiptHandle")
         if not isinstance(handle, str) or not handle:
             raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
-        (failure,) = await self._settle(topic, "ack", [handle], {}, read_ahead=not qs.is_fifo(topic))
+        (failure,) = await self._settle(topic, "ack", [handle], {}, read_ahead=qs.reads_ahead(topic))
         if failure is not None:
             raise failure
         return {}
@@ -431,7 +431,7 @@ class SqsActions(QueueActions):
         topic = await self._queue(params)
         entries = _entries(params)
         handles = [str(e.get("ReceiptHandle", "")) for e in entries]
-        outcome = await self._settle(topic, "ack", handles, {}, read_ahead=not qs.is_fifo(topic))
+        outcome = await self._settle(topic, "ack", handles, {}, read_ahead=qs.reads_ahead(topic))
         return _batch_answer(entries, outcome)
 
     async def _change(self, topic: Topic, handles: list[str], timeouts: list[int]) -> list[SqsError | None]:

@@ -48,6 +48,7 @@ from raftmq.cluster.machines.delivery.state import (
     DEFAULT_BACKOFF_MS,
     DEFAULT_MAX_DELIVERIES,
     DLQ_HEADER_PREFIX,
+    NEVER_DEAD_LETTERED,
     REDRIVE_GROUP_HEADER,
     SCAN_BUDGET,
     WAKE_WITHIN_MS,
@@ -79,6 +80,7 @@ __all__ = [
     "DEFAULT_BACKOFF_MS",
     "DEFAULT_MAX_DELIVERIES",
     "DLQ_HEADER_PREFIX",
+    "NEVER_DEAD_LETTERED",
     "REDRIVE_GROUP_HEADER",
     "SCAN_BUDGET",
     "WAKE_WITHIN_MS",
@@ -352,8 +354,9 @@ def ack_receive(work: Apply, cmd: AckReceiveCommand, index: int) -> dict[str, An
     """The ``ack`` of the receipts, then a ``receive`` (no epoch) of up to ``max`` messages of
     ``queues`` with the receipt token ``index``, in one apply: the receive sees what the ack
     finished. A node's DeleteMessage(Batch) of a standard SQS queue takes its receiver's next
-    messages along (``cluster/node/receive_coordinator.py``, read-ahead), so a receive-and-delete
-    cycle waits for one commit instead of two.
+    messages along (``cluster/node/read_ahead.py``), so a receive-and-delete cycle waits for one
+    commit instead of two. Nothing is taken for a subscription whose ``max_deliveries`` is below
+    :data:`NEVER_DEAD_LETTERED` (one that dead-letters): the ack alone.
 
     Result: ``{"results": [...]}`` as ``ack``'s, with ``"token"`` and ``"messages"`` as
     ``receive``'s.
@@ -380,7 +383,10 @@ def ack_receive(work: Apply, cmd: AckReceiveCommand, index: int) -> dict[str, An
         "epoch": None,
         "max_age_ms": cmd["max_age_ms"],
     }
-    out = _receive(w, receive_cmd, index, False)
+    # A subscription that dead-letters takes nothing ahead: a read-ahead no consumer got (its
+    # node crashed) would count a delivery, and the count could dead-letter an undelivered message.
+    dead_letters = w.settings(topic_id, group).max_deliveries < NEVER_DEAD_LETTERED
+    out = [] if dead_letters else _receive(w, receive_cmd, index, False)
     w.finish_op()
     return {"results": acked, "token": index, "messages": out}
 
