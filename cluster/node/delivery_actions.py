@@ -32,6 +32,7 @@ from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
 from raftmq.cluster.node.view import LocalGroup
+from raftmq.cluster.node.waiters import until_woken
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
@@ -302,20 +303,16 @@ async def await_available(
     store = local.machine.store
     with node.waiters.watch():  # before the first look: an apply after it wakes the loop
         while True:
-            # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
-            now = group_now(store, now_ms())
-            ok, wake_ms = _available(local, group, topic_id, queues, now, epoch, ordered, delay_ms)
-            remaining = deadline - time.monotonic()
-            if ok or remaining <= 0:
-                return ok
-            if wake_ms is not None:
-                remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
-            if ordered:
-                remaining = min(remaining, ORDERED_LOOK_S)
-            waits = [asyncio.create_task(node.wait_for_messages(topic_id, q, remaining)) for q in queues]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in waits:
-                    task.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
+            # Listening before the look: a wake for an apply after it is not lost (waiters.py).
+            with node.waiters.listen((topic_id, q) for q in queues) as grown:
+                # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
+                now = group_now(store, now_ms())
+                ok, wake_ms = _available(local, group, topic_id, queues, now, epoch, ordered, delay_ms)
+                remaining = deadline - time.monotonic()
+                if ok or remaining <= 0:
+                    return ok
+                if wake_ms is not None:
+                    remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
+                if ordered:
+                    remaining = min(remaining, ORDERED_LOOK_S)
+                await until_woken(grown, remaining)
