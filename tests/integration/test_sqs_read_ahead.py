@@ -1,18 +1,24 @@
-"""Read-ahead of the SQS API's standard queues (docs/sqs.md, "What maps to what"), with the real
-boto3 against real 3-node clusters: a DeleteMessage(Batch) takes the next messages of the node's
+"""Read-ahead of the SQS API's standard queues (docs/sqs.md, Read-ahead), with the real boto3
+against real 3-node clusters: a DeleteMessage(Batch) takes the next messages of the node's
 receivers along in its Raft entry (``ack_receive``), so the ReceiveMessage after it on that node
 writes no entry of its own; a read-ahead no receive takes within its hold is given back visible
-and uncounted (``release``); one taken keeps the visibility timeout its receive asked; and while a
-voter runs the release before, a delete takes nothing along."""
+and uncounted (``release``), and so is one held when the node stops gracefully; one taken keeps
+the visibility timeout its receive asked; two queue groups with a backlog are both served; a queue
+with a RedrivePolicy is never read ahead; and while a voter runs the release before, a delete takes
+nothing along. Each test that needs the read-ahead to have happened checks the node's
+``raftmq_read_ahead_messages`` counters."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from raftmq.cluster.node.read_ahead import READ_AHEAD_RUN
 
 from .conftest import describe
 from .harness import Cluster
@@ -35,6 +41,16 @@ def _entries(c: Cluster) -> int:
                 if s.name == "raftmq_raft_commit_index" and group != "meta":
                     best[group] = max(best.get(group, 0), int(s.value))
     return sum(best.values())
+
+
+def _read_ahead(c: Cluster, nid: str) -> dict[str, int]:
+    """The node's read-ahead counters (``raftmq_read_ahead_messages``) by outcome."""
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(c.get("/metrics", nid).text):
+        for s in family.samples:
+            if s.name == "raftmq_read_ahead_messages_total":
+                out[s.labels["outcome"]] = int(s.value)
+    return out
 
 
 def _send(sqs: Any, url: str, count: int, prefix: str = "m") -> None:
@@ -89,9 +105,11 @@ def test_a_read_ahead_no_receive_takes_is_given_back_visible_and_uncounted(clust
     sqs = sqs_client(cluster.url("n2"))
     url = sqs.create_queue(QueueName="read-ahead-given-back")["QueueUrl"]
     _send(sqs_client(cluster.url("n1")), url, 20)
+    before = _read_ahead(cluster, "n2")
     got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
     _delete(sqs, url, got)  # takes the next messages along for n2's next receive, which never comes
     deleted = {m["Body"] for m in got}
+    assert _read_ahead(cluster, "n2")["taken"] == before.get("taken", 0) + 10
 
     other = sqs_client(cluster.url("n3"))
     rest: list[dict[str, Any]] = []
@@ -103,6 +121,7 @@ def test_a_read_ahead_no_receive_takes_is_given_back_visible_and_uncounted(clust
         rest += answer.get("Messages", [])
     assert sorted(m["Body"] for m in rest) == sorted({f"m{i}" for i in range(20)} - deleted)
     assert {m["Attributes"]["ApproximateReceiveCount"] for m in rest} == {"1"}
+    assert _read_ahead(cluster, "n2")["released"] == before.get("released", 0) + 10
 
 
 def test_a_message_taken_from_a_read_ahead_keeps_the_visibility_timeout_asked(cluster: Cluster) -> None:
@@ -111,11 +130,13 @@ def test_a_message_taken_from_a_read_ahead_keeps_the_visibility_timeout_asked(cl
         "QueueUrl"
     ]
     _send(sqs_client(cluster.url("n1")), url, 20)
+    before = _read_ahead(cluster, "n2").get("handed_out", 0)
     first = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
     _delete(sqs, url, first)
     held = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
     received_at = time.monotonic()
     assert len(held) == 10
+    assert _read_ahead(cluster, "n2")["handed_out"] == before + 10  # this receive took the read-ahead
     ids = {m["MessageId"] for m in held}
 
     other = sqs_client(cluster.url("n3"))
@@ -153,3 +174,91 @@ def test_while_a_voter_runs_the_release_before_a_delete_takes_nothing_along(tmp_
         assert written >= CYCLES  # each receive an entry of its own, as the release before
         assert sorted(m["Body"] for m in seen) == sorted(f"m{i}" for i in range(10 * (CYCLES + 1)))
         assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)
+
+
+def test_two_queue_groups_with_a_backlog_are_both_served(cluster: Cluster) -> None:
+    """Queues 0 and 1 (queue groups of their own) both have a backlog larger than the cycles
+    receive; one receiver on n2 receives and deletes in a loop. A read-ahead comes from its
+    receipts' group, but at most READ_AHEAD_RUN in a row while the other has messages: both queues
+    are served within the cycles (a read-ahead that always follows its receipts' group serves one
+    queue until it runs dry)."""
+    name = "read-ahead-fair"
+    sqs = sqs_client(cluster.url("n2"))
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    queues = describe(cluster, name)["queues"]
+    assert len({q["group_id"] for q in queues[:2]}) == 2, queues
+    cycles = 2 * (READ_AHEAD_RUN + 1) + 4
+    for q in (0, 1):
+        for start in range(0, 10 * cycles + 100, 100):
+            produced = cluster.produce(
+                name, [{"value": f"q{q}-{i}", "queue": q} for i in range(start, start + 100)]
+            )
+            assert produced.status_code == 200, produced.text
+    before = _read_ahead(cluster, "n2")
+
+    served: list[str] = []
+    for _ in range(cycles):
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
+        served += [m["Body"].split("-")[0] for m in got]
+        _delete(sqs, url, got)
+
+    after = _read_ahead(cluster, "n2")
+    assert after["handed_out"] - before.get("handed_out", 0) >= 10 * READ_AHEAD_RUN  # it did read ahead
+    counts = {q: served.count(q) for q in ("q0", "q1")}
+    assert min(counts.values()) >= 10 * READ_AHEAD_RUN // 2, counts
+
+
+def test_a_graceful_stop_gives_back_what_the_node_read_ahead(tmp_path: Path) -> None:
+    """n2 holds a read-ahead (its delete took the next messages along) when it is stopped with
+    SIGTERM: they are released on the way out, visible again at once and their receive count
+    as before, not hidden for the 30 s visibility timeout."""
+    with Cluster(tmp_path, nodes=3) as c:
+        c.start()
+        c.wait_ready()
+        c.wait_balanced()
+        sqs = sqs_client(c.url("n2"))
+        url = sqs.create_queue(QueueName="read-ahead-stop")["QueueUrl"]
+        _send(sqs_client(c.url("n1")), url, 20)
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
+        _delete(sqs, url, got)
+        assert _read_ahead(c, "n2").get("taken") == 10  # held for n2's next receive
+        assert c.terminate("n2") == 0
+        deleted = {m["Body"] for m in got}
+
+        other = sqs_client(c.url("n3"))
+        rest: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 10  # well within the visibility timeout of 30 s
+        while len(rest) < 10 and time.monotonic() < deadline:
+            answer = other.receive_message(
+                QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2, AttributeNames=COUNT
+            )
+            rest += answer.get("Messages", [])
+        assert sorted(m["Body"] for m in rest) == sorted({f"m{i}" for i in range(20)} - deleted)
+        assert {m["Attributes"]["ApproximateReceiveCount"] for m in rest} == {"1"}
+
+
+def test_a_queue_with_a_redrive_policy_is_never_read_ahead(cluster: Cluster) -> None:
+    """A read-ahead no consumer got (its node crashed) counts a receive; with maxReceiveCount 1
+    that would dead-letter a message never delivered. Such a queue's deletes take nothing along,
+    and every message is delivered once, none dead-lettered."""
+    sqs = sqs_client(cluster.url("n2"))
+    dlq = sqs.create_queue(QueueName="read-ahead-dlq")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "1"})
+    url = sqs.create_queue(QueueName="read-ahead-redrive", Attributes={"RedrivePolicy": policy})["QueueUrl"]
+    _send(sqs_client(cluster.url("n1")), url, 40)
+    before = _read_ahead(cluster, "n2").get("taken", 0)
+
+    seen: list[dict[str, Any]] = []
+    while len(seen) < 40:
+        got = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2, AttributeNames=COUNT
+        ).get("Messages", [])
+        assert got, f"{len(seen)} of 40 received"
+        seen += got
+        _delete(sqs, url, got)
+
+    assert _read_ahead(cluster, "n2").get("taken", 0) == before
+    assert sorted(m["Body"] for m in seen) == sorted(f"m{i}" for i in range(40))
+    assert {m["Attributes"]["ApproximateReceiveCount"] for m in seen} == {"1"}
+    assert "Messages" not in sqs.receive_message(QueueUrl=dlq, WaitTimeSeconds=0)
