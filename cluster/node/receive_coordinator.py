@@ -256,9 +256,9 @@ class ReceiveCoordinator:
         """Receive up to ``demand`` messages from the queue groups, one after the other, in turn:
         the line's turns (kept while the line is empty, ``read_ahead.LineTurns``) start it after
         the group it last took from (or read ahead from), and each group's queues one further each
-        time it is asked, so no queue is always served first. A line of this node's own asks first the groups
-        whose replica here shows something to hand out (still in turn), so a receive is seldom
-        forwarded to a leader with nothing for it; ``delay_ms``: an ordered receive's delay."""
+        time it is asked, so no queue is always served first. A line of this node's own asks first
+        the groups whose replica here shows something to hand out (still in turn), so a receive is
+        seldom forwarded to a leader with nothing for it; ``delay_ms``: an ordered receive's delay."""
         turns = self.read_ahead.turns(key)
         groups = sorted(target.by_group)
         start = turns.group % len(groups)
