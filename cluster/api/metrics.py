@@ -20,10 +20,11 @@ from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.machines.views import consumer_queues, queue_metas
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.read_ahead import ReadAheadCounts
 from raftmq.storage.store import StoreError
 from raftmq.storage.work import background_work
 
-__all__ = ["METRICS_KEY", "Metrics", "metrics_handler", "metrics_middleware"]
+__all__ = ["METRICS_KEY", "Metrics", "ReadAheadCollector", "metrics_handler", "metrics_middleware"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15)
 
@@ -337,6 +338,34 @@ class _QueueCollector(Collector):
     def _topic_names(self) -> dict[int, str]:
         machine = self._node.metadata  # None on a node that is not a metadata voter
         return {} if machine is None else {t.id: t.name for t in machine.topics()}
+
+
+class ReadAheadCollector(Collector):
+    """The messages this node's SQS deletes read ahead, by what became of them
+    (``cluster/node/read_ahead.py``)."""
+
+    def __init__(self, node_id: str, counts: ReadAheadCounts) -> None:
+        self._node_id = node_id
+        self._counts = counts
+
+    def collect(self) -> Iterator[_Family]:
+        family = CounterMetricFamily(
+            "raftmq_read_ahead_messages",
+            "Messages the SQS API's deletes on this node took in flight for its next receives "
+            "(taken), then handed out with no entry of their own (handed_out), gave back "
+            "uncounted (released), or could not give back (unreleased: visible again at their "
+            "visibility deadline, counted as received once)",
+            labels=["node_id", "outcome"],
+        )
+        c = self._counts
+        for outcome, n in (
+            ("taken", c.taken),
+            ("handed_out", c.handed_out),
+            ("released", c.released),
+            ("unreleased", c.unreleased),
+        ):
+            family.add_metric([self._node_id, outcome], n)
+        yield family
 
 
 class Metrics:

@@ -47,6 +47,10 @@ to 2**40::
      (distinct, 1..1000)}
     {"op": "receive_ordered", ... as receive ..., "delay_ms"?: duration}  (a message's key is its
      message group; delay_ms: first handed out no earlier than its timestamp plus delay_ms)
+    {"op": "ack_receive", "now_ms": time, "group": str, "topic_id": u32, "receipts": [receipt, ...],
+     "queues": [u32, ...] (distinct), "max": 1..10000, "visibility_ms": duration >= 1,
+     "max_age_ms"?: duration}  (an ack, then a receive without epoch, in one entry)
+    {"op": "release", ... as ack without epoch ...}  (visible again at once, one delivery less)
 
 Deduplicated appends (``cluster/commands/dedup.py``, ``cluster/machines/dedup.py``)::
 
@@ -95,6 +99,7 @@ from raftmq.cluster.commands.delivery import (
     _DELIVERY_DECODERS,
     MAX_TOUCH_GROUPS,
     ack,
+    ack_receive,
     commit_fenced,
     deliver_tick,
     expire_subscriptions,
@@ -103,6 +108,7 @@ from raftmq.cluster.commands.delivery import (
     nack,
     receive,
     redrive,
+    release,
     subscribe,
     touch_subscriptions,
     unlock,
@@ -120,6 +126,7 @@ from raftmq.cluster.commands.shapes import (
     MAX_TICK_ITEMS,
     MAX_TIME_MS,
     VERSION,
+    AckReceiveCommand,
     BadCommand,
     Command,
     CommitFencedCommand,
@@ -157,6 +164,7 @@ __all__ = [
     "MAX_TOUCH_GROUPS",
     "OPS",
     "VERSION",
+    "AckReceiveCommand",
     "AppendBatch",
     "AppendCommand",
     "AppendItem",
@@ -183,6 +191,7 @@ __all__ = [
     "TouchSubscriptionsCommand",
     "UnlockCommand",
     "ack",
+    "ack_receive",
     "append",
     "commit_fenced",
     "commit_offsets",
@@ -199,6 +208,7 @@ __all__ = [
     "produce",
     "receive",
     "redrive",
+    "release",
     "retain",
     "split_append",
     "subscribe",
@@ -232,6 +242,8 @@ OPS: tuple[str, ...] = (
     "touch_subscriptions",  # cluster/machines/delivery/expiry.py
     "dedup_produce",  # cluster/commands/dedup.py, cluster/machines/dedup.py
     "receive_ordered",  # cluster/machines/delivery/ordered.py (as receive, one message group at a time)
+    "ack_receive",  # cluster/machines/delivery/__init__.py (an ack and a receive in one entry)
+    "release",  # cluster/machines/delivery/__init__.py (a read-ahead given back uncounted)
 )
 
 # Fields added to an op after it shipped, named ``<op>.<level>`` (ONLY ADD TO THE END). A leader

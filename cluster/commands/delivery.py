@@ -30,10 +30,12 @@ from raftmq.cluster.commands.shapes import (
     MAX_TICK_ITEMS,
     MAX_TIME_MS,
     VERSION,
+    AckReceiveCommand,
     Command,
     CommitFencedCommand,
     Receipt,
     ReceiptsCommand,
+    ReceiveCommand,
     SubscribeCommand,
     TouchSubscriptionsCommand,
 )
@@ -199,6 +201,39 @@ def extend(
 ) -> bytes:
     """Move the visibility deadline of the messages to ``now_ms + visibility_ms``."""
     return _with_receipts("extend", now_ms, group, topic_id, receipts, epoch, visibility_ms=visibility_ms)
+
+
+def release(now_ms: int, group: str, topic_id: int, receipts: Sequence[tuple[int, int, int]]) -> bytes:
+    """Give the messages of ``receipts`` back as if that delivery never happened: visible again at
+    once, their delivery count one less (a node's read-ahead nobody received, ``delivery/__init__.py``)."""
+    return _with_receipts("release", now_ms, group, topic_id, receipts, None)
+
+
+def ack_receive(
+    now_ms: int,
+    group: str,
+    topic_id: int,
+    receipts: Sequence[tuple[int, int, int]],
+    queues: Sequence[int],
+    max_messages: int,
+    visibility_ms: int,
+    *,
+    max_age_ms: int | None = None,
+) -> bytes:
+    """The ``ack`` of ``receipts`` and then a ``receive`` of up to ``max_messages`` from ``queues``
+    (no epoch), in one entry: a delete that takes its receiver's next messages along."""
+    wire = [[queue, offset, token] for queue, offset, token in receipts]
+    return _command(
+        "ack_receive",
+        now_ms=now_ms,
+        group=group,
+        topic_id=topic_id,
+        receipts=wire,
+        queues=list(queues),
+        max=max_messages,
+        visibility_ms=visibility_ms,
+        max_age_ms=max_age_ms,
+    )
 
 
 def deliver_tick(now_ms: int, max_items: int, *, expiry_backoff: bool = False) -> bytes:
@@ -375,6 +410,27 @@ def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
     }
 
 
+def _ack_receive(obj: dict[str, Any]) -> AckReceiveCommand:
+    _object(obj, {"now_ms", "group", "topic_id", "receipts", "queues", "max", "visibility_ms", "max_age_ms"})
+    acked = _receipts_command(
+        {k: obj[k] for k in ("op", "now_ms", "group", "topic_id", "receipts") if k in obj}
+    )
+    fields = {k: v for k, v in obj.items() if k != "receipts"}
+    received = cast(ReceiveCommand, _plain(fields | {"op": "receive"}))
+    return {
+        "v": VERSION,
+        "op": "ack_receive",
+        "now_ms": acked["now_ms"],
+        "group": acked["group"],
+        "topic_id": acked["topic_id"],
+        "receipts": acked["receipts"],
+        "queues": received["queues"],
+        "max": received["max"],
+        "visibility_ms": received["visibility_ms"],
+        "max_age_ms": received["max_age_ms"],
+    }
+
+
 def _commit_fenced(obj: dict[str, Any]) -> CommitFencedCommand:
     _object(obj, {"group", "topic_id", "offsets", "epoch", "advance"})
     epoch = _uint(obj, "epoch", MAX_U64, "")
@@ -478,6 +534,8 @@ _DELIVERY_DECODERS: dict[str, Callable[[dict[str, Any]], Command]] = {
     "ack": _receipts_command,
     "nack": _receipts_command,
     "extend": _receipts_command,
+    "release": _receipts_command,
+    "ack_receive": _ack_receive,
     "deliver_tick": _plain,
     "lock": _plain,
     "unlock": _plain,

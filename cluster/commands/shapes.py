@@ -165,11 +165,11 @@ class Receipt(NamedTuple):
 
 
 class ReceiptsCommand(TypedDict):
-    """``ack``, ``nack`` and ``extend``; ``delay_ms`` is only set for nack, ``visibility_ms``
-    only for extend (0 otherwise)."""
+    """``ack``, ``nack``, ``extend`` and ``release``; ``delay_ms`` is only set for nack,
+    ``visibility_ms`` only for extend (0 otherwise)."""
 
     v: int
-    op: Literal["ack", "nack", "extend"]
+    op: Literal["ack", "nack", "extend", "release"]
     now_ms: int
     group: str
     topic_id: int
@@ -177,6 +177,22 @@ class ReceiptsCommand(TypedDict):
     epoch: int | None
     delay_ms: int | None
     visibility_ms: int
+
+
+class AckReceiveCommand(TypedDict):
+    """``ack_receive``: the ``ack`` of ``receipts``, then a ``receive`` (no epoch) in the same
+    entry; ``visibility_ms`` is the receive's."""
+
+    v: int
+    op: Literal["ack_receive"]
+    now_ms: int
+    group: str
+    topic_id: int
+    receipts: list[Receipt]
+    queues: list[int]
+    max: int
+    visibility_ms: int
+    max_age_ms: int | None
 
 
 class DeliverTickCommand(TypedDict):
@@ -240,6 +256,7 @@ Command = (
     | SubscribeCommand
     | ReceiveCommand
     | ReceiptsCommand
+    | AckReceiveCommand
     | DeliverTickCommand
     | LockCommand
     | UnlockCommand

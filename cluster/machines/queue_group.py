@@ -280,6 +280,10 @@ class QueueGroupMachine:
             return delivery.receive_ordered(work, cmd, work.index)
         if cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend":
             return delivery.ack_nack_extend(work, cmd)
+        if cmd["op"] == "ack_receive":
+            return delivery.ack_receive(work, cmd, work.index)
+        if cmd["op"] == "release":
+            return delivery.release(work, cmd)
         if cmd["op"] == "deliver_tick":
             return delivery.deliver_tick(work, cmd)
         if cmd["op"] == "lock":

@@ -1,7 +1,8 @@
 """The delivery writes this node runs as a group's leader (``docs/delivery.md``): ``subscribe``,
 ``receive``, ``await`` (wait until something is available, hand out nothing), ``ack``, ``nack``,
-``extend``, ``lock``, ``unlock``, ``commit_fenced``, ``redrive``, ``touch_subscriptions``,
-``dlq_list`` at a queue group's leader, ``ensure_dlq`` at the metadata leader.
+``extend``, ``release``, ``ack_receive`` (an ack taking the next messages along), ``lock``,
+``unlock``, ``commit_fenced``, ``redrive``, ``touch_subscriptions``, ``dlq_list`` at a queue group's
+leader, ``ensure_dlq`` at the metadata leader.
 
 The HTTP routes (``cluster/api/handlers/subscriptions.py``, ``dlq_locks.py``, ``push.py``), the
 receive coordinator and the SQS API reach them through the node's ``LeaderRouter``: here when this
@@ -31,6 +32,7 @@ from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
 from raftmq.cluster.node.view import LocalGroup
+from raftmq.cluster.node.waiters import until_woken
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
@@ -40,10 +42,12 @@ __all__ = ["DELIVERY_ACTIONS", "DeliveryActions", "await_available", "check_lock
 Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
 """Propose a command to a group led here; its result, or a :class:`RaftmqError`."""
 
-_STAMPED_ACTIONS = frozenset({"ack", "nack", "extend", "lock", "redrive", "subscribe", "touch_subscriptions"})
-_SETTLE_ACTIONS = frozenset({"ack", "nack", "extend"})
+_STAMPED_ACTIONS = frozenset(
+    {"ack", "nack", "extend", "release", "lock", "redrive", "subscribe", "touch_subscriptions"}
+)
+_SETTLE_ACTIONS = frozenset({"ack", "nack", "extend", "release"})
 _COMMAND_ACTIONS = _STAMPED_ACTIONS | {"subscribe", "unlock", "commit_fenced"}
-DELIVERY_ACTIONS = _COMMAND_ACTIONS | {"receive", "await", "dlq_list", "ensure_dlq"}
+DELIVERY_ACTIONS = _COMMAND_ACTIONS | {"receive", "ack_receive", "await", "dlq_list", "ensure_dlq"}
 """The actions :class:`DeliveryActions` runs."""
 
 
@@ -70,6 +74,8 @@ class DeliveryActions:
         store = local.machine.store
         if action == "receive":
             return {"messages": await self._receive(name, local, body)}
+        if action == "ack_receive":
+            return await self._ack_receive(name, local, body)
         if action == "await":
             ok = await await_available(
                 self.node,
@@ -139,6 +145,35 @@ class DeliveryActions:
             delay_ms=delay_ms or None,
         )
         return _render(store, body["topic_id"], await self._propose(name, command))
+
+    async def _ack_receive(self, name: str, local: LocalGroup, body: dict[str, Any]) -> dict[str, Any]:
+        """An ack that takes up to ``max`` messages of ``queues`` along (``body``: an ack's
+        ``group``, ``topic_id``, ``receipts``; a receive's ``queues``, ``max``, ``visibility_ms``,
+        ``max_age_ms``): one ``ack_receive`` entry when something is available and every voter
+        applies it, else a plain ack through the group's settlement committer. The ack's
+        ``results`` and the ``messages`` handed out (none for a plain ack)."""
+        store = local.machine.store
+        ack_body = {"group": body["group"], "topic_id": body["topic_id"], "receipts": body["receipts"]}
+        now = group_now(store, now_ms())
+        take = (
+            await self.node.await_group_supports(name, "ack_receive")
+            and _available(local, body["group"], body["topic_id"], body["queues"], now, None, False)[0]
+        )
+        if not take:
+            return {"results": await self._settle_here(name, "ack", ack_body), "messages": []}
+        command = commands.ack_receive(
+            now_ms(),
+            body["group"],
+            body["topic_id"],
+            [(q, o, t) for q, o, t in body["receipts"]],
+            body["queues"],
+            body["max"],
+            body["visibility_ms"],
+            max_age_ms=body.get("max_age_ms"),
+        )
+        commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
+        result = await self._propose(name, command)
+        return {"results": result["results"], "messages": _render(store, body["topic_id"], result)}
 
     async def _settle_here(self, name: str, action: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         """An ack, nack or extend through the group's :class:`SettleCommitter` (concurrent
@@ -268,20 +303,16 @@ async def await_available(
     store = local.machine.store
     with node.waiters.watch():  # before the first look: an apply after it wakes the loop
         while True:
-            # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
-            now = group_now(store, now_ms())
-            ok, wake_ms = _available(local, group, topic_id, queues, now, epoch, ordered, delay_ms)
-            remaining = deadline - time.monotonic()
-            if ok or remaining <= 0:
-                return ok
-            if wake_ms is not None:
-                remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
-            if ordered:
-                remaining = min(remaining, ORDERED_LOOK_S)
-            waits = [asyncio.create_task(node.wait_for_messages(topic_id, q, remaining)) for q in queues]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in waits:
-                    task.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
+            # Listening before the look: a wake for an apply after it is not lost (waiters.py).
+            with node.waiters.listen((topic_id, q) for q in queues) as grown:
+                # Due times and leases are on the group's time (cluster/machines/apply.py, advance).
+                now = group_now(store, now_ms())
+                ok, wake_ms = _available(local, group, topic_id, queues, now, epoch, ordered, delay_ms)
+                remaining = deadline - time.monotonic()
+                if ok or remaining <= 0:
+                    return ok
+                if wake_ms is not None:
+                    remaining = min(remaining, max(0.001, (wake_ms - now) / 1000))
+                if ordered:
+                    remaining = min(remaining, ORDERED_LOOK_S)
+                await until_woken(grown, remaining)

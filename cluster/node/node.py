@@ -578,8 +578,3 @@ class Node:
         if applied.parked:
             self.parked.put(applied.parked)
         self.compactor.freed(name, store, applied.freed)  # nothing when none
-
-    async def wait_for_messages(self, topic_id: int, queue: int, timeout_s: float) -> None:
-        """Return when the queue grows on this replica, or after ``timeout_s`` (inside a
-        ``waiters.watch()`` begun before the caller read the queue)."""
-        await self.waiters.wait(topic_id, queue, timeout_s)

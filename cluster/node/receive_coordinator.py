@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,19 +33,17 @@ from raftmq.cluster.machines.delivery import available
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.delivery_actions import await_available
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.read_ahead import Plan, ReadAhead, Settle
 
 if TYPE_CHECKING:
     from raftmq.cluster.node.router import LeaderRouter
 
-__all__ = ["ReceiveCoordinator", "Waiter", "queues_by_group"]
+__all__ = ["ReceiveCoordinator", "TargetKey", "Waiter", "local_key", "queues_by_group"]
 
 log = structlog.get_logger(__name__)
 
 MAX_REMOTE_AWAIT_S = 5.0  # a remote ``await`` is re-armed at least this often
 LEADERSHIP_CHECK_S = 1.0  # a waiting coordinator checks at least this often that it still leads
-
-Settle = Callable[[Topic, str, str, list[str], dict[str, Any]], Awaitable[list[dict[str, Any]]]]
-"""``SubscriptionsApi._receipts_call``: apply an op to receipts at their queue groups."""
 
 
 def queues_by_group(topic: Topic, queues: list[int]) -> dict[int, list[int]]:
@@ -85,7 +83,11 @@ class _Target:
     waiters: deque[Waiter] = field(default_factory=deque)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
-    rotation: int = 0
+
+
+def local_key(topic_id: int, group: str) -> TargetKey:
+    """The key of the line of this node's own for (topic, group): ``take_here``'s."""
+    return (topic_id, group, None, None, False, True)
 
 
 class ReceiveCoordinator:
@@ -97,6 +99,9 @@ class ReceiveCoordinator:
         self.router = router
         self._settle = settle
         self._targets: dict[TargetKey, _Target] = {}
+        # Every line's turns (kept while it is empty: its next receive goes on in turn) and the
+        # read-aheads of the lines of this node's own (read_ahead.py).
+        self.read_ahead = ReadAhead(settle)
 
     def target(
         self,
@@ -121,6 +126,8 @@ class ReceiveCoordinator:
             target = self._targets[key] = make()
         target.waiters.append(waiter)
         target.arrived.set()
+        if key[5]:  # a line of this node's own: remembered for its read-ahead
+            self.read_ahead.received(key, waiter.max, waiter.visibility_ms)
         if target.task is None or target.task.done():
             target.task = asyncio.create_task(self._serve(key, target))
 
@@ -154,7 +161,9 @@ class ReceiveCoordinator:
                 if target.ordered:  # one receiver's take: a group's messages never go to two
                     line = [head]
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
-                got = await self._take(target, demand, head.visibility_ms, head.delay_ms)
+                got = self.read_ahead.claim(key, head.visibility_ms, demand)
+                if not got:
+                    got = await self._take(key, target, demand, head.visibility_ms, head.delay_ms)
                 self._hand_out(target, got, head.visibility_ms)
                 now = time.monotonic()
                 for w in list(target.waiters):
@@ -204,34 +213,69 @@ class ReceiveCoordinator:
             part, rest = rest[: w.max], rest[w.max :]
             w.future.set_result(part)
 
+    # -- read-ahead (lines of this node's own, read_ahead.py) --------------------------------------
+
+    def read_ahead_wanted(self, key: TargetKey, topic: Topic, candidates: list[int]) -> Plan | None:
+        """What a delete of ``topic``'s receipts for the line ``key`` of this node's own
+        (:func:`local_key`) may take along, in the entry of one of the ``candidates`` (queue
+        groups of its receipts whose voters apply ``ack_receive``): ``ReadAhead.wanted``. A caller
+        given a plan must call :meth:`put_ahead`."""
+        by_group = queues_by_group(topic, list(range(topic.queues)))
+        return self.read_ahead.wanted(
+            key, by_group, candidates, lambda g: self._shows(topic, key[1], g, by_group[g])
+        )
+
+    def put_ahead(
+        self,
+        key: TargetKey,
+        topic: Topic,
+        group: str,
+        messages: list[dict[str, Any]],
+        plan: Plan,
+        started: float,
+    ) -> None:
+        """Hold what a delete took along by ``plan`` (``ReadAhead.put``); a receiver waiting in
+        the line takes it at once."""
+        if self.read_ahead.put(key, topic, group, messages, plan, started):
+            target = self._targets.get(key)
+            if target is not None:
+                target.arrived.set()
+
     async def _give_back(self, target: _Target, receipts: list[str]) -> None:
-        await self._settle(target.topic, target.group, "nack", receipts, {"delay_ms": 0})
+        """Messages taken for receivers that went away: ``release``d (visible again at once,
+        their delivery uncounted: no consumer got them) where every queue group's voters apply
+        it, else visible again at once by a ``nack`` (counted, as the release before did)."""
+        groups = {target.topic.queue_groups[int(r.split(".")[1])] for r in receipts}
+        release = all(self.node.group_supports(str(g), "release") for g in groups)
+        op, fields = ("release", {}) if release else ("nack", {"delay_ms": 0})
+        await self._settle(target.topic, target.group, op, receipts, fields)
 
     async def _take(
-        self, target: _Target, demand: int, visibility_ms: int, delay_ms: int = 0
+        self, key: TargetKey, target: _Target, demand: int, visibility_ms: int, delay_ms: int = 0
     ) -> list[dict[str, Any]]:
-        """Receive up to ``demand`` messages from the queue groups, one after the other (starting
-        group and queue order rotate, so no queue is always served first). A line of this node's
-        own asks first the groups whose replica here shows something to hand out (still in turn),
-        so a receive is seldom forwarded to a leader with nothing for it; ``delay_ms``: an ordered
-        receive's delay."""
-        target.rotation += 1
+        """Receive up to ``demand`` messages from the queue groups, one after the other, in turn:
+        the line's turns (kept while the line is empty, ``read_ahead.LineTurns``) start it after
+        the group it last took from (or read ahead from), and each group's queues one further each
+        time it is asked, so no queue is always served first. A line of this node's own asks first
+        the groups whose replica here shows something to hand out (still in turn), so a receive is
+        seldom forwarded to a leader with nothing for it; ``delay_ms``: an ordered receive's delay."""
+        turns = self.read_ahead.turns(key)
         groups = sorted(target.by_group)
-        start = target.rotation % len(groups)
+        start = turns.group % len(groups)
         order = groups[start:] + groups[:start]
         if target.coordinator is None and target.epoch is None and not target.ordered:
             order.sort(key=lambda g: not self._seen_available(target, g))  # stable: in turn
+        turns.run = 0
+        turns.group = start + 1  # the next take starts after this one's first group ...
         got: list[dict[str, Any]] = []
         failures = 0
         for g in order:
             if len(got) >= demand:
                 break
-            queues = target.by_group[g]
-            turn = target.rotation % len(queues)
             body = {
                 "group": target.group,
                 "topic_id": target.topic.id,
-                "queues": queues[turn:] + queues[:turn],
+                "queues": turns.in_turn(g, target.by_group[g]),
                 "max": demand - len(got),
                 "visibility_ms": visibility_ms,
                 "epoch": target.epoch,
@@ -242,25 +286,35 @@ class ReceiveCoordinator:
                 if delay_ms:
                     body["delay_ms"] = delay_ms
             try:
-                got += (await self.router.group_call(g, "receive", body))["messages"]
+                taken = (await self.router.group_call(g, "receive", body))["messages"]
             except RaftmqError as e:
                 if not e.retriable:
                     raise
                 failures += 1
                 log.info("receive_group_unavailable", group_id=g, code=e.code)
+                continue
+            if taken and not got:
+                turns.group = groups.index(g) + 1  # ... or after the group it first took from
+            got += taken
         if failures == len(groups):
             await asyncio.sleep(0.2)  # every group is electing: do not spin
         return got
 
     def _seen_available(self, target: _Target, g: int) -> bool:
-        """Whether this node's replica of group ``g`` (a hint: it may lag its leader) shows
-        something a receive of the target could hand out; True when this node has no replica."""
+        """Whether this node's replica of group ``g`` shows something a receive of the target
+        could hand out (:meth:`_shows`)."""
+        return self._shows(target.topic, target.group, g, target.by_group[g])
+
+    def _shows(self, topic: Topic, group: str, g: int, queues: list[int]) -> bool:
+        """Whether this node's replica of queue group ``g`` (a hint: it may lag its leader) shows
+        something a receive of ``group`` from ``queues`` of ``topic`` could hand out; True when
+        this node has no replica."""
         local = self.node.groups.get(str(g))
         if local is None:
             return True
         store = local.machine.store
         now = group_now(store, now_ms())
-        return available(store, target.group, target.topic.id, target.by_group[g], now)[0]
+        return available(store, group, topic.id, queues, now)[0]
 
     async def _wait(self, target: _Target, until: float) -> None:
         """Until something may be available in one of the target's queue groups, a new receiver

@@ -16,6 +16,13 @@ CPU are taken over ``--seconds``: messages a second acknowledged (sent), receive
 end-to-end rate being the deletes'; the servers' CPU (the nodes' or moto's, from /proc) per SQS
 call against the client process's own CPU per call (getrusage: the four boto3 threads).
 
+raftmq also reports what its calls cost in replicated writes: the Raft entries committed in the
+queue groups (from each group's commit index in ``/metrics``) and the actions passed between nodes
+(``/internal/groups/{group}/{action}`` requests) during the window, a second; and after it, on the
+receivers' nodes with the senders stopped, the entries and hops of single calls: a ReceiveMessage
+of 10, the DeleteMessageBatch of them, the ReceiveMessage after that delete, and an empty long poll
+of ``--wait-s`` on an empty queue.
+
 ``--profile`` records every node and the client with py-spy during raftmq's window and prints
 where each spends its time.
 
@@ -156,6 +163,81 @@ def receiver(endpoint: str, url: str, wait_s: int, counts: Counts, stop: threadi
             time.sleep(0.1)
 
 
+ACTION_ROUTE = "/internal/groups/{group}/{action}"  # an action passed on to a group's leader
+
+
+def _writes(endpoints: list[str]) -> tuple[dict[str, int], int]:
+    """The queue groups' commit indexes (each group's highest any node reports) and the actions
+    passed between nodes so far (every node's ``ACTION_ROUTE`` requests)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    commits: dict[str, int] = {}
+    hops = 0
+    for endpoint in endpoints:
+        with urllib.request.urlopen(endpoint + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                group = sample.labels.get("group_id", "meta")
+                if sample.name == "raftmq_raft_commit_index" and group != "meta":
+                    commits[group] = max(commits.get(group, 0), int(sample.value))
+                elif (
+                    sample.name == "raftmq_http_requests_total" and sample.labels.get("route") == ACTION_ROUTE
+                ):
+                    hops += int(sample.value)
+    return commits, hops
+
+
+def _cost(endpoints: list[str], call: Any) -> dict[str, Any]:
+    """The entries (by queue group) and hops between nodes of ``call()``."""
+    commits0, hops0 = _writes(endpoints)
+    out = call()
+    commits1, hops1 = _writes(endpoints)
+    grown = {
+        g: commits1[g] - commits0.get(g, 0) for g in sorted(commits1) if commits1[g] != commits0.get(g, 0)
+    }
+    return {"entries": sum(grown.values()), "by_group": grown, "hops": hops1 - hops0, "out": out}
+
+
+def count_calls(endpoints: list[str], url: str, wait_s: int) -> list[dict[str, Any]]:
+    """Entries and hops of single calls on each receiving node (the senders stopped; the queue
+    holds the backlog): ReceiveMessage 10, its DeleteMessageBatch, the ReceiveMessage after that
+    delete, and an empty long poll of ``wait_s`` on an empty queue."""
+    empty_url = _client(endpoints[0]).create_queue(QueueName="bench-empty")["QueueUrl"]
+    last = len(endpoints) - 1
+    rows: list[dict[str, Any]] = []
+    for w in range(2):
+        rows += _count_node(endpoints, (last - w) % len(endpoints), url, empty_url, wait_s)
+    for row in rows:
+        row.pop("out", None)
+    return rows
+
+
+def _count_node(endpoints: list[str], i: int, url: str, empty_url: str, wait_s: int) -> list[dict[str, Any]]:
+    sqs = _client(endpoints[i])
+    sqs.receive_message(QueueUrl=empty_url, WaitTimeSeconds=0)  # subscribed now
+
+    def receive() -> list[dict[str, Any]]:
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        return list(got.get("Messages", []))
+
+    def delete(messages: list[dict[str, Any]]) -> Any:
+        entries = [{"Id": str(k), "ReceiptHandle": m["ReceiptHandle"]} for k, m in enumerate(messages)]
+        return sqs.delete_message_batch(QueueUrl=url, Entries=entries) if entries else None
+
+    node = f"node {i + 1}"
+    rows = []
+    for call in ("ReceiveMessage", "ReceiveMessage after a delete"):
+        got = _cost(endpoints, receive)
+        rows.append({"node": node, "call": call, "messages": len(got["out"]), **got})
+        rows.append(
+            {"node": node, "call": "DeleteMessageBatch", **_cost(endpoints, lambda m=got["out"]: delete(m))}
+        )
+    empty = _cost(endpoints, lambda: sqs.receive_message(QueueUrl=empty_url, WaitTimeSeconds=wait_s))
+    rows.append({"node": node, "call": f"empty long poll {wait_s} s", **empty})
+    return rows
+
+
 def _client_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -189,6 +271,7 @@ def measure(
         spies = profile_nodes(cluster, "sqs", args.seconds)
         client_out = RESULTS / "profile-sqs-client.raw.txt"
         spies.append(("client", client_out, start_py_spy(os.getpid(), args.seconds, client_out)))
+    writes0 = _writes(endpoints) if cluster is not None else None
     c0, t0 = counts.snapshot(), time.monotonic()
     server0 = {k: cpu_seconds(p) for k, p in server_pids.items()}
     client0 = _client_cpu_s()
@@ -196,6 +279,7 @@ def measure(
     c1, wall = counts.snapshot(), time.monotonic() - t0
     server_s = sum(cpu_seconds(p) - server0[k] for k, p in server_pids.items())
     client_s = _client_cpu_s() - client0
+    writes1 = _writes(endpoints) if cluster is not None else None
     stop.set()
     for t in threads:
         t.join(timeout=args.wait_s + 30)
@@ -215,6 +299,16 @@ def measure(
         "client_cpu_ms_per_call": round(1000 * client_s / calls, 2),
         "server_cpu_by_process_s": {k: round(cpu_seconds(p) - server0[k], 1) for k, p in server_pids.items()},
     }
+    if writes0 is not None and writes1 is not None:
+        entries = sum(writes1[0].values()) - sum(writes0[0].values())
+        result["raft_entries_per_s"] = round(entries / wall)
+        result["hops_per_s"] = round((writes1[1] - writes0[1]) / wall)
+        result["entries_per_10_deleted"] = round(10 * entries / max(1, n["deleted"]), 2)
+        try:
+            result["single_calls"] = count_calls(endpoints, url, args.wait_s)
+        except Exception as e:  # the window's figures are kept whatever happens here
+            print(f"  single-call counts failed: {e!r}", flush=True)
+            result["single_calls"] = []
     if spies:
         threads_of = {**THREADS, **CLIENT_THREADS}
         result["profiles"] = collect_profiles(spies, threads_of, args.seconds, args.seconds + 30)
@@ -274,6 +368,12 @@ def report(result: dict[str, Any]) -> None:
     print(table(rows, ["target", "sent/s", "received/s", "deleted/s", "calls/s", "server ms/call",
                        "client ms/call", "server cores", "client cores", "errors"]))  # fmt: skip
     for r in result["runs"]:
+        if "raft_entries_per_s" in r:
+            print(f"\n{r['target']}: {r['raft_entries_per_s']} Raft entries/s, {r['hops_per_s']} hops/s, "
+                  f"{r['entries_per_10_deleted']} entries per 10 messages deleted")  # fmt: skip
+            for c in r["single_calls"]:
+                print(f"  {c['node']}: {c['call']}: {c['entries']} entries {c['by_group']}, {c['hops']} hops"
+                      + (f", {c['messages']} messages" if "messages" in c else ""))  # fmt: skip
         for who, p in (r.get("profiles") or {}).items():
             print(f"\n{who}: busy cores {p['busy_cores']}, top self: "
                   + ", ".join(f"{f} {s}%" for f, s in p["self"][:8]))  # fmt: skip

@@ -37,6 +37,7 @@ from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.cluster_file import Limits
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.node import Node
+from raftmq.cluster.node.waiters import until_woken
 from raftmq.storage.queues import queue_bounds
 from raftmq.storage.store import Store
 
@@ -156,13 +157,16 @@ async def long_poll(
     deadline = time.monotonic() + f.wait_ms / 1000
     with node.waiters.watch():  # before the first read: an apply after it wakes the loop
         while True:
-            # An offset outside the queue raises storage's OffsetOutOfRange, which the error
-            # middleware answers as it is: 416 offset_out_of_range with low_offset and high_offset.
-            got = await loop.run_in_executor(None, read) if in_executor else read()
-            remaining = deadline - time.monotonic()
-            if has_data(got) or remaining <= 0:
-                return got
-            await node.wait_for_messages(f.topic.id, f.queue, remaining)
+            # Listening before the read: a wake for an apply after it is not lost, though it may
+            # run while the read is still in the executor (cluster/node/waiters.py).
+            with node.waiters.listen([(f.topic.id, f.queue)]) as grown:
+                # An offset outside the queue raises storage's OffsetOutOfRange, which the error
+                # middleware answers as it is: 416 offset_out_of_range with low_offset and high_offset.
+                got = await loop.run_in_executor(None, read) if in_executor else read()
+                remaining = deadline - time.monotonic()
+                if has_data(got) or remaining <= 0:
+                    return got
+                await until_woken(grown, remaining)
 
 
 async def write_parts(

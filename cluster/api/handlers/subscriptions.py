@@ -59,7 +59,7 @@ from raftmq.cluster.machines.delivery import dlq_topic_name, read_subscription
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.parked import Parked
-from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter
+from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, Waiter, local_key
 from raftmq.cluster.node.router import FORWARDED
 from raftmq.cluster.node.upgrade_gate import after_upgrade
 
@@ -362,16 +362,26 @@ class SubscriptionsApi:
         await self.ensure_subscription(topic, group, None)
         deadline = time.monotonic() + wait_ms / 1000
         waiter = Waiter(max_messages, visibility_ms, deadline, asyncio.get_running_loop().create_future())
-        key = (topic.id, group, None, None, False, True)
+        key = local_key(topic.id, group)
         self.coordinator.enqueue(key, waiter, lambda: self.coordinator.target(topic, group, None, None, None))
         return await waiter.future
 
     async def settle(
-        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any]
+        self,
+        topic: Topic,
+        group: str,
+        op: str,
+        receipts: list[str],
+        fields: dict[str, Any],
+        *,
+        read_ahead: bool = False,
     ) -> list[dict[str, Any]]:
         """``ack``, ``nack`` or ``extend`` checked ``receipts`` and ``fields`` as the HTTP routes
-        do (the push stream's FIN, REQ and TOUCH); one result per receipt."""
-        return await self._receipts_call(topic, group, op, receipts, fields)
+        do (the push stream's FIN, REQ and TOUCH); one result per receipt. ``read_ahead`` (an ack
+        of the SQS API's standard queues): the ack may take the next messages of this node's own
+        line (:meth:`take_here`) along in its entry, for its next receive
+        (``ReceiveCoordinator.read_ahead_wanted``)."""
+        return await self._receipts_call(topic, group, op, receipts, fields, read_ahead)
 
     async def ack(self, request: web.Request) -> web.Response:
         return await self._receipts(request, "ack", set())
@@ -403,10 +413,18 @@ class SubscriptionsApi:
         return json_response({"results": results})
 
     async def _receipts_call(
-        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any]
+        self,
+        topic: Topic,
+        group: str,
+        op: str,
+        receipts: list[str],
+        fields: dict[str, Any],
+        read_ahead: bool = False,
     ) -> list[dict[str, Any]]:
         """Apply ``op`` to each receipt at its queue group; one result per receipt, in order.
-        Every receipt is parsed before anything is sent (one that is not a receipt: 400)."""
+        Every receipt is parsed before anything is sent (one that is not a receipt: 400).
+        ``read_ahead``: see :meth:`settle` (a queue group of the receipts whose voters all apply
+        ``ack_receive`` takes them along, ``ReceiveCoordinator.read_ahead_wanted``)."""
         results: list[dict[str, Any] | None] = [None] * len(receipts)
         # Per queue group: the receipts' positions, and the receipts as the command has them.
         by_group: dict[int, tuple[list[int], list[list[int]]]] = {}
@@ -422,11 +440,26 @@ class SubscriptionsApi:
             positions.append(i)
             wire.append([queue, offset, token])
 
+        key = local_key(topic.id, group)
+        plan = None
+        if read_ahead and op == "ack" and not fields:
+            candidates = [g for g in by_group if self.node.group_supports(str(g), "ack_receive")]
+            plan = self.coordinator.read_ahead_wanted(key, topic, candidates)
+        started = time.monotonic()
+        taken: list[dict[str, Any]] = []
+
         async def call(g: int, items: tuple[list[int], list[list[int]]]) -> RaftmqError | None:
             positions, wire = items
             body = {"group": group, "topic_id": topic.id, "receipts": wire, **fields}
+            action = op
+            if plan is not None and g == plan.group:
+                action = "ack_receive"
+                body["queues"], body["max"], body["visibility_ms"] = plan.queues, plan.max, plan.taken_ms
+                body["max_age_ms"] = topic.retention_ms
             try:
-                got = (await self.api.router.group_call(g, op, body))["results"]
+                answer = await self.api.router.group_call(g, action, body)
+                got = answer["results"]
+                taken.extend(answer.get("messages") or ())
             except RaftmqError as caught:
                 e = answerable(caught, write=True)
                 for i in positions:
@@ -436,7 +469,11 @@ class SubscriptionsApi:
                 results[i] = r
             return None
 
-        failed = await asyncio.gather(*(call(g, items) for g, items in by_group.items()))
+        try:
+            failed = await asyncio.gather(*(call(g, items) for g, items in by_group.items()))
+        finally:
+            if plan is not None:
+                self.coordinator.put_ahead(key, topic, group, taken, plan, started)
         if by_group and all(failed):  # nothing was applied anywhere: answer with the error
             first = failed[0]
             assert first is not None
@@ -523,6 +560,15 @@ def add_subscription_routes(app: web.Application, handlers: SubscriptionsApi) ->
     lock = "/v1/topics/{topic}/queues/{queue}/locks/{group}"
     r.add_post(lock, dlq_locks.lock)
     r.add_delete(lock, dlq_locks.unlock)
+
+    async def release_read_ahead(app: web.Application) -> None:
+        # A graceful stop gives back what the node read ahead (docs/sqs.md, Read-ahead): at the
+        # shutdown, and once more after the requests under way ended (a delete among them may
+        # have taken some along); the queue groups are still served until node.stop().
+        await handlers.coordinator.read_ahead.stop()
+
+    app.on_shutdown.append(release_read_ahead)
+    app.on_cleanup.append(release_read_ahead)
 
     async def take_parked(app: web.Application) -> None:
         task = asyncio.create_task(handlers.take_parked())

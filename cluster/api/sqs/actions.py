@@ -47,6 +47,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.base.groups import META
+from raftmq.cluster.machines.delivery import NEVER_DEAD_LETTERED
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.machines.views import consumer_queues
 from raftmq.cluster.node.node import Node
@@ -58,7 +59,7 @@ __all__ = ["GROUP", "MAX_BATCH", "MAX_BATCH_BYTES", "Action", "QueueActions", "i
 GROUP = "sqs"  # the consumer group of every SQS queue's subscription
 MAX_BATCH = 10
 MAX_BATCH_BYTES = 1_048_576  # the sum of a batch's bodies and attributes
-MAX_DELIVERIES = 2**32 - 1
+MAX_DELIVERIES = NEVER_DEAD_LETTERED  # no dead letters but a RedrivePolicy's (and read-ahead)
 _QUEUE_COUNTS = (
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesNotVisible",

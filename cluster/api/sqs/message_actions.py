@@ -388,9 +388,10 @@ class SqsActions(QueueActions):
                 return got
 
     async def _settle(
-        self, topic: Topic, op: str, handles: list[str], fields: dict[str, Any]
+        self, topic: Topic, op: str, handles: list[str], fields: dict[str, Any], read_ahead: bool = False
     ) -> list[SqsError | None]:
-        """``op`` on each receipt handle: None where done, else why not (per handle)."""
+        """``op`` on each receipt handle: None where done, else why not (per handle).
+        ``read_ahead``: a standard queue's delete (``SubscriptionsApi.settle``)."""
         out: list[SqsError | None] = [None] * len(handles)
         good: list[int] = []
         for i, handle in enumerate(handles):
@@ -402,7 +403,9 @@ class SqsActions(QueueActions):
             else:
                 good.append(i)
         if good:
-            results = await self.delivery.settle(topic, GROUP, op, [handles[i] for i in good], fields)
+            results = await self.delivery.settle(
+                topic, GROUP, op, [handles[i] for i in good], fields, read_ahead=read_ahead
+            )
             for i, r in zip(good, results, strict=True):
                 error = r.get("error")
                 if error is None:
@@ -419,7 +422,7 @@ class SqsActions(QueueActions):
         handle = params.get("ReceiptHandle")
         if not isinstance(handle, str) or not handle:
             raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
-        (failure,) = await self._settle(topic, "ack", [handle], {})
+        (failure,) = await self._settle(topic, "ack", [handle], {}, read_ahead=qs.reads_ahead(topic))
         if failure is not None:
             raise failure
         return {}
@@ -428,7 +431,7 @@ class SqsActions(QueueActions):
         topic = await self._queue(params)
         entries = _entries(params)
         handles = [str(e.get("ReceiptHandle", "")) for e in entries]
-        outcome = await self._settle(topic, "ack", handles, {})
+        outcome = await self._settle(topic, "ack", handles, {}, read_ahead=qs.reads_ahead(topic))
         return _batch_answer(entries, outcome)
 
     async def _change(self, topic: Topic, handles: list[str], timeouts: list[int]) -> list[SqsError | None]:

@@ -43,6 +43,7 @@ __all__ = [
     "is_queue",
     "needs_fifo_release",
     "queue_setting",
+    "reads_ahead",
     "redrive_policy",
 ]
 
@@ -168,6 +169,14 @@ def check_redrive_allow_policy(value: str, region: str) -> str:
             f"byQueue needs 1 to {MAX_SOURCE_ARNS} sourceQueueArns of queues in {region}",
         )
     return json.dumps({"redrivePermission": permission, "sourceQueueArns": arns}, separators=(",", ":"))
+
+
+def reads_ahead(topic: Topic) -> bool:
+    """Whether a delete of ``topic`` may take the node's next receive along (docs/sqs.md,
+    Read-ahead): a standard queue without a RedrivePolicy. A FIFO queue's message in flight holds
+    its message group; with a RedrivePolicy a read-ahead no consumer got (its node crashed) would
+    count a receive, and maxReceiveCount could move a message never delivered."""
+    return not is_fifo(topic) and redrive_policy(topic) is None
 
 
 def redrive_policy(topic: Topic) -> RedrivePolicy | None:

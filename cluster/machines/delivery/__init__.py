@@ -48,6 +48,7 @@ from raftmq.cluster.machines.delivery.state import (
     DEFAULT_BACKOFF_MS,
     DEFAULT_MAX_DELIVERIES,
     DLQ_HEADER_PREFIX,
+    NEVER_DEAD_LETTERED,
     REDRIVE_GROUP_HEADER,
     SCAN_BUDGET,
     WAKE_WITHIN_MS,
@@ -66,19 +67,27 @@ from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord
 from raftmq.storage.queues import read_delivery_fields, scan_prefix
 
 if TYPE_CHECKING:
-    from raftmq.cluster.commands import Receipt, ReceiptsCommand, ReceiveCommand, SubscribeCommand
+    from raftmq.cluster.commands import (
+        AckReceiveCommand,
+        Receipt,
+        ReceiptsCommand,
+        ReceiveCommand,
+        SubscribeCommand,
+    )
     from raftmq.cluster.machines.apply import Apply
 
 __all__ = [
     "DEFAULT_BACKOFF_MS",
     "DEFAULT_MAX_DELIVERIES",
     "DLQ_HEADER_PREFIX",
+    "NEVER_DEAD_LETTERED",
     "REDRIVE_GROUP_HEADER",
     "SCAN_BUDGET",
     "WAKE_WITHIN_MS",
     "Refused",
     "Subscription",
     "ack_nack_extend",
+    "ack_receive",
     "available",
     "available_ordered",
     "check_fence",
@@ -93,6 +102,7 @@ __all__ = [
     "receive",
     "receive_ordered",
     "redrive",
+    "release",
     "store_delayed",
     "subscribe",
     "touch_subscriptions",
@@ -201,9 +211,16 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int, *, ordered: bool = Fal
     "first_ms"}]}``; ``first_ms`` is when the message was first handed out (its pending record's,
     kept through retries: ``now_ms`` for a first delivery).
     """
+    _check_topic(work, cmd["topic_id"])
+    w = _Work(work, cmd["now_ms"])
+    out = _receive(w, cmd, index, ordered)
+    w.finish_op()
+    return {"token": index, "messages": out}
+
+
+def _receive(w: _Work, cmd: ReceiveCommand, index: int, ordered: bool) -> list[dict[str, Any]]:
+    """The hand-out of :func:`receive` into ``w`` (the caller finishes the op)."""
     topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
-    _check_topic(work, topic_id)
-    w = _Work(work, now_ms)
     open_queues = _open_queues(w, cmd)
     limit, deadline_ms, max_age_ms = cmd["max"], now_ms + cmd["visibility_ms"], cmd["max_age_ms"]
     budget = SCAN_BUDGET
@@ -226,8 +243,7 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int, *, ordered: bool = Fal
         hand_out_ordered(w, cmd, open_queues, hand_out, out)
         if out:
             w.touch(topic_id, group, deadline_ms)
-        w.finish_op()
-        return {"token": index, "messages": out}
+        return out
     for due_ms, queue, offset in _due_retries(w, cmd, open_queues, min(limit, budget)):
         budget -= 1
         rec = w.pending(topic_id, queue, group, offset)
@@ -266,8 +282,7 @@ def receive(work: Apply, cmd: ReceiveCommand, index: int, *, ordered: bool = Fal
             ]
     if out:  # in use while what it handed out is in flight
         w.touch(topic_id, group, deadline_ms)
-    w.finish_op()
-    return {"token": index, "messages": out}
+    return out
 
 
 # -- ack, nack, extend --------------------------------------------------------------------------
@@ -301,7 +316,9 @@ def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
     # remove a delivery a consumer still holds), an ack or nack until now.
     w.touch(topic_id, group, now_ms + cmd["visibility_ms"] if op == "extend" else now_ms)
     if op == "ack":
-        return {"results": _ack(w, topic_id, group, cmd["receipts"])}
+        acked = _ack(w, topic_id, group, cmd["receipts"])
+        w.finish_op()
+        return {"results": acked}
     results: list[dict[str, Any]] = []
     for queue, offset, token in cmd["receipts"]:
         key = w._prefix(topic_id, queue, group) + keys.encode_u64(offset)
@@ -329,6 +346,68 @@ def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
                     now_ms + (settings.backoff(rec.attempts) if delay is None else delay),
                 )
                 results.append({"ok": True})
+    w.finish_op()
+    return {"results": results}
+
+
+def ack_receive(work: Apply, cmd: AckReceiveCommand, index: int) -> dict[str, Any]:
+    """The ``ack`` of the receipts, then a ``receive`` (no epoch) of up to ``max`` messages of
+    ``queues`` with the receipt token ``index``, in one apply: the receive sees what the ack
+    finished. A node's DeleteMessage(Batch) of a standard SQS queue takes its receiver's next
+    messages along (``cluster/node/read_ahead.py``), so a receive-and-delete cycle waits for one
+    commit instead of two. Nothing is taken for a subscription whose ``max_deliveries`` is below
+    :data:`NEVER_DEAD_LETTERED` (one that dead-letters): the ack alone.
+
+    Result: ``{"results": [...]}`` as ``ack``'s, with ``"token"`` and ``"messages"`` as
+    ``receive``'s.
+    """
+    topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
+    _check_topic(work, topic_id)
+    w = _Work(work, now_ms)
+    by_queue: dict[int, list[int]] = {}
+    for r in cmd["receipts"]:
+        by_queue.setdefault(r.queue, []).append(r.offset)
+    for queue, offsets in by_queue.items():
+        w.load_pending(topic_id, queue, group, offsets)
+    w.touch(topic_id, group, now_ms)
+    acked = _ack(w, topic_id, group, cmd["receipts"])
+    receive_cmd: ReceiveCommand = {
+        "v": cmd["v"],
+        "op": "receive",
+        "now_ms": now_ms,
+        "group": group,
+        "topic_id": topic_id,
+        "queues": cmd["queues"],
+        "max": cmd["max"],
+        "visibility_ms": cmd["visibility_ms"],
+        "epoch": None,
+        "max_age_ms": cmd["max_age_ms"],
+    }
+    # A subscription that dead-letters takes nothing ahead: a read-ahead no consumer got (its
+    # node crashed) would count a delivery, and the count could dead-letter an undelivered message.
+    dead_letters = w.settings(topic_id, group).max_deliveries < NEVER_DEAD_LETTERED
+    out = [] if dead_letters else _receive(w, receive_cmd, index, False)
+    w.finish_op()
+    return {"results": acked, "token": index, "messages": out}
+
+
+def release(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
+    """Give back deliveries nobody received (a node's read-ahead that no ReceiveMessage took in
+    time): each receipt still in flight from that delivery becomes visible again at once with its
+    ``attempts`` one less, as if that delivery had not happened (a first delivery: a record with
+    ``attempts`` 0, which the next receive hands out as attempt 1). Result: as ``ack``'s."""
+    topic_id, group, now_ms = cmd["topic_id"], cmd["group"], cmd["now_ms"]
+    _check_topic(work, topic_id)
+    w = _Work(work, now_ms)
+    results: list[dict[str, Any]] = []
+    for queue, offset, token in cmd["receipts"]:
+        rec = w.pending(topic_id, queue, group, offset)
+        if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
+            results.append(_stale(queue, offset))
+            continue
+        w.retry(topic_id, queue, group, offset, replace(rec, attempts=max(0, rec.attempts - 1)), now_ms)
+        results.append({"ok": True})
+    w.touch(topic_id, group, now_ms)
     w.finish_op()
     return {"results": results}
 
@@ -367,5 +446,4 @@ def _ack(w: _Work, topic_id: int, group: str, receipts: list[Receipt]) -> list[d
         if sub.gone:
             sub.touched = True
             sub.new.difference_update(sub.gone)
-    w.finish_op()
     return results

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from raftmq.cluster.machines.apply import Apply
 
 DEFAULT_MAX_DELIVERIES = 16
+NEVER_DEAD_LETTERED = 2**32 - 1  # the largest max_deliveries (u32): no count reaches it
 
 DLQ_HEADER_PREFIX = "raftmq-dlq-"
 """Headers a dead letter gets (``raftmq-dlq-topic``, ``-queue``, ``-offset``, ...); redrive strips them."""
