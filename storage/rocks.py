@@ -112,8 +112,11 @@ def _options() -> Options:
     """RocksDB options for a commit log on a small (2-core) machine."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
-    # One flush and one compaction at a time: more background jobs than cores only adds contention.
-    opts.set_max_background_jobs(2)
+    # One flush and two compactions at a time, in a pool every store of the process shares: the
+    # rewrite of a store's live messages that collects blob garbage (_collect_blob_garbage) holds
+    # one compaction slot for as long as it takes (minutes at tens of gigabytes), and with a single
+    # slot every other store's level 0 would pile up until RocksDB stopped its writes.
+    opts.set_max_background_jobs(3)
     # A node hosts several databases (one per queue group replica, one for metadata); 16 MiB
     # memtables (RocksDB default: 64 MiB) keep their sum modest. Two of them: one filling, one flushing.
     opts.set_write_buffer_size(16 << 20)
@@ -529,7 +532,8 @@ def _collect_blob_garbage(db: Rdict) -> None:
     opts = CompactOptions()
     opts.set_exclusive_manual_compaction(False)
     opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
-    # A mutable option of the open handle only: the next open starts with it off again.
+    # Mutable options, written to the store's OPTIONS file too: the next open names them off
+    # again (_open_rdict), and they are set off below as soon as the compaction ends.
     db.set_options({"enable_blob_garbage_collection": "true", "blob_garbage_collection_age_cutoff": "1.0"})
     try:
         db.compact_range(None, None, opts)

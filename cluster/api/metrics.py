@@ -239,7 +239,7 @@ class _StorageCollector(Collector):
             ),
             "blob_garbage_bytes": GaugeMetricFamily(
                 "raftmq_rocksdb_blob_garbage_bytes",
-                "Bytes of deleted messages still in blob files (rewritten away once half of them)",
+                "Bytes of deleted messages in blob files that compactions have already dropped",
                 labels=labels,
             ),
         }
