@@ -367,7 +367,9 @@ _tuple_new = tuple.__new__
 def _receipts_command(obj: dict[str, Any]) -> ReceiptsCommand:
     op = obj["op"]
     extra = {"delay_ms"} if op == "nack" else {"visibility_ms"} if op == "extend" else set()
-    _object(obj, {"now_ms", "group", "topic_id", "receipts", "epoch", *extra})
+    # A release is never fenced (the machine does not check an epoch for it): one is refused.
+    fence = set() if op == "release" else {"epoch"}
+    _object(obj, {"now_ms", "group", "topic_id", "receipts", *fence, *extra})
     raw = _list(obj, "receipts", "")
     if len(raw) > MAX_RECEIPTS:
         raise _bad(f"receipts: more than {MAX_RECEIPTS}")

@@ -117,6 +117,8 @@ def test_release_refuses_a_receipt_of_an_earlier_delivery_and_changes_nothing(m:
         b'{"v":1,"op":"ack_receive","now_ms":1,"group":"g","topic_id":1,"receipts":[[0,0,1]],"queues":[0,0],"max":1,"visibility_ms":1}',
         b'{"v":1,"op":"release","now_ms":1,"group":"g","topic_id":1,"receipts":[[0,0]]}',
         b'{"v":1,"op":"release","now_ms":1,"group":"g","topic_id":1,"receipts":[[0,0,1]],"delay_ms":5}',
+        # A release is never fenced: an epoch it would ignore is refused.
+        b'{"v":1,"op":"release","now_ms":1,"group":"g","topic_id":1,"receipts":[[0,0,1]],"epoch":3}',
     ],
 )
 def test_malformed_ack_receive_and_release_are_refused_and_change_nothing(m: Machine, command: bytes) -> None:
