@@ -165,7 +165,7 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/openapi.json", api.openapi)
     r.add_get("/metrics", metrics_handler)
     delivery = api.subscriptions
-    api.metrics.registry.register(ReadAheadCollector(node.me.id, delivery.coordinator.read_ahead.counts))
+    api.metrics.registry.register(ReadAheadCollector(node, delivery.coordinator.read_ahead.counts))
     add_subscription_routes(app, delivery)
     add_internal_routes(app, node, api, delivery)
     add_group_routes(app, node, api)

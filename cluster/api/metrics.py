@@ -344,8 +344,8 @@ class ReadAheadCollector(Collector):
     """The messages this node's SQS deletes read ahead, by what became of them
     (``cluster/node/read_ahead.py``)."""
 
-    def __init__(self, node_id: str, counts: ReadAheadCounts) -> None:
-        self._node_id = node_id
+    def __init__(self, node: Node, counts: ReadAheadCounts) -> None:
+        self._node = node  # its id read when collected, as the other collectors do
         self._counts = counts
 
     def collect(self) -> Iterator[_Family]:
@@ -364,7 +364,7 @@ class ReadAheadCollector(Collector):
             ("released", c.released),
             ("unreleased", c.unreleased),
         ):
-            family.add_metric([self._node_id, outcome], n)
+            family.add_metric([self._node.me.id, outcome], n)
         yield family
 
 
