@@ -6,12 +6,13 @@ a polling wait, and three RaftGroups on localhost."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from raftmq.cluster.replication.raft import RaftGroup, RaftSettings
+from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 
 __all__ = ["Machine", "fast_settings", "free_port", "start_three", "wait_for"]
@@ -96,3 +97,18 @@ def start_three(tmp_path: Path, settings: RaftSettings, into: list[RaftGroup]) -
         )
     wait_for(lambda: any(g.is_leader() for g in into), "a leader")
     return list(into)
+
+
+def submit_all(group: RaftGroup, commands: list[bytes], timeout: float = 30.0) -> list[Outcome]:
+    """Submit ``commands`` to ``group`` and wait for every outcome (in the order they came)."""
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def done(outcome: Outcome) -> None:
+        with lock:
+            outcomes.append(outcome)
+
+    for c in commands:
+        group.submit(c, done)
+    wait_for(lambda: len(outcomes) == len(commands), "every outcome", timeout=timeout)
+    return outcomes

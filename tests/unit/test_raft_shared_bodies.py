@@ -12,18 +12,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pysyncobj.tcp_connection import CONNECTION_STATE
-from raft_doubles import Machine, fast_settings, free_port
+from raft_doubles import Machine, fast_settings, free_port, submit_all
 from test_raft_wire import KEY, Pair, wait_for
 
 from raftmq.cluster.replication.pso import RaftConnection
-from raftmq.cluster.replication.raft import Outcome, RaftGroup
+from raftmq.cluster.replication.raft import RaftGroup
 from raftmq.cluster.replication.shared_bodies import (
     SHARED_BODY_MIN_BYTES,
     SharedBodies,
@@ -227,20 +226,6 @@ def start(tmp_path: Path, offers: list[bool], into: list[RaftGroup]) -> list[Mac
     return machines
 
 
-def submit(group: RaftGroup, commands: list[bytes]) -> list[Outcome]:
-    outcomes: list[Outcome] = []
-    lock = threading.Lock()
-
-    def done(outcome: Outcome) -> None:
-        with lock:
-            outcomes.append(outcome)
-
-    for c in commands:
-        group.submit(c, done)
-    wait_for(lambda: len(outcomes) == len(commands), "every outcome", timeout=30)
-    return outcomes
-
-
 @pytest.mark.parametrize("offers", [[True, True, True], [True, True, False]], ids=["all new", "one old"])
 def test_three_replicas_apply_every_entry_with_bodies_shared_where_both_ends_read_them(
     tmp_path: Path, groups: list[RaftGroup], offers: list[bool]
@@ -248,7 +233,7 @@ def test_three_replicas_apply_every_entry_with_bodies_shared_where_both_ends_rea
     machines = start(tmp_path, offers, groups)
     leader = next(g for g in groups if g.is_leader())
     commands = [os.urandom(64 * 1024) for _ in range(30)] + [os.urandom(1024) for _ in range(200)]
-    outcomes = submit(leader, commands)
+    outcomes = submit_all(leader, commands)
     assert [o for o in outcomes if o.error is not None] == []
     for m in machines:
         wait_for(

@@ -15,7 +15,6 @@ import os
 import pickle
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 import structlog
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
-from raft_doubles import Machine
+from raft_doubles import Machine, submit_all
 
 from raftmq.cluster.replication import pso
 from raftmq.cluster.replication.pso import (
@@ -35,7 +34,7 @@ from raftmq.cluster.replication.pso import (
     RaftConnection,
     raft_key,
 )
-from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
+from raftmq.cluster.replication.raft import RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 
 KEY = bytes(range(32))
@@ -443,20 +442,6 @@ def two_groups(tmp_path: Path) -> Iterator[tuple[list[RaftGroup], list[Machine]]
             g.destroy()
 
 
-def _submit(group: RaftGroup, commands: list[bytes]) -> list[Outcome]:
-    outcomes: list[Outcome] = []
-    lock = threading.Lock()
-
-    def done(outcome: Outcome) -> None:
-        with lock:
-            outcomes.append(outcome)
-
-    for c in commands:
-        group.submit(c, done)
-    wait_for(lambda: len(outcomes) == len(commands), "every outcome")
-    return outcomes
-
-
 def test_two_groups_replicate_large_and_small_entries_over_raft_connections(
     two_groups: tuple[list[RaftGroup], list[Machine]],
 ) -> None:
@@ -464,7 +449,7 @@ def test_two_groups_replicate_large_and_small_entries_over_raft_connections(
     assert all(isinstance(g._sync._SyncObj__transport, FlushingTransport) for g in groups)
     leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
     commands = [os.urandom(100 * 1024) for _ in range(20)] + [os.urandom(1024) for _ in range(500)]
-    outcomes = _submit(leader, commands)
+    outcomes = submit_all(leader, commands)
     assert all(o.error is None for o in outcomes)
     wait_for(lambda: all(len(m.commands()) >= len(commands) for m in machines), "both replicas")
     for m in machines:
@@ -478,7 +463,7 @@ def test_a_node_with_the_wrong_key_gets_its_connection_closed_and_applies_nothin
 ) -> None:
     groups, machines = two_groups
     leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
-    _submit(leader, [b"before"])
+    submit_all(leader, [b"before"])
     wait_for(lambda: all(b"before" in m.commands() for m in machines), "both replicas")
     applied = [list(m.applied) for m in machines]
     host, port = leader.self_addr.rsplit(":", 1)
@@ -500,7 +485,7 @@ def test_a_node_with_the_wrong_key_gets_its_connection_closed_and_applies_nothin
 
     assert handshake(KEY) != b""  # the right key gets the server's random key back
     assert handshake(OTHER_KEY) == b""  # the wrong key: closed without a word
-    _submit(leader, [b"after"])
+    submit_all(leader, [b"after"])
     wait_for(lambda: all(b"after" in m.commands() for m in machines), "both replicas")
     for m, before in zip(machines, applied, strict=True):
         assert m.applied[: len(before)] == before and m.commands()[len(before) :] == [b"after"]
@@ -522,7 +507,7 @@ def test_a_tick_looks_at_the_peers_connections_at_most_every_connect_check_perio
     leader._sync.addOnTickCallback(lambda: ticks.append(time.monotonic()))
     started = time.monotonic()
     for _ in range(100):  # one entry at a time: a tick for the entry and for each answer
-        _submit(leader, [os.urandom(100)])
+        submit_all(leader, [os.urandom(100)])
     elapsed = time.monotonic() - started
     assert len(ticks) >= 200
     assert len(looks) <= elapsed / CONNECT_CHECK_S + 2, f"{len(looks)} looks in {len(ticks)} ticks"
