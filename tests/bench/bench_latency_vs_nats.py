@@ -265,6 +265,54 @@ def _produce_requests(cluster: Any) -> float:
     return total
 
 
+# The nodes' histograms that split a request's time: metric -> the column of its mean.
+_NODE_TIMES = {
+    "raftmq_http_request_seconds": "node_request",  # a produce request at the node that took it
+    "raftmq_raft_commit_seconds": "commit",  # proposed at this node until applied here
+    "raftmq_raft_apply_seconds": "apply",  # one entry's apply, on every replica
+    "raftmq_journal_fsync_seconds": "fsync",  # one journal fsync, on every replica
+}
+
+
+def _node_times(cluster: Any) -> dict[str, tuple[float, float]]:
+    """Sum (s) and count of the nodes' :data:`_NODE_TIMES` histograms, over every node (the HTTP
+    one only for produce requests)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {column: (0.0, 0.0) for column in _NODE_TIMES.values()}
+    for nid in cluster.nodes:
+        for family in text_string_to_metric_families(cluster.get("/metrics", nid).text):
+            column = _NODE_TIMES.get(family.name)
+            if column is None:
+                continue
+            for sample in family.samples:
+                if not sample.name.endswith(("_sum", "_count")):
+                    continue
+                labels = sample.labels
+                if column == "node_request" and not (
+                    labels.get("method") == "POST" and labels.get("route", "").endswith("/messages")
+                ):
+                    continue
+                total, count = out[column]
+                if sample.name.endswith("_sum"):
+                    out[column] = (total + sample.value, count)
+                else:
+                    out[column] = (total, count + sample.value)
+    return out
+
+
+def _node_means_ms(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Each column's mean over a row (ms), from two :func:`_node_times` readings."""
+    out = {}
+    for column, (total, count) in after.items():
+        total0, count0 = before.get(column, (0.0, 0.0))
+        if count > count0:
+            out[column] = round((total - total0) / (count - count0) * 1000, 3)
+    return out
+
+
 def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[str, Any]]:
     out = []
     with three_node_cluster(base, "latvsnats-", 'durability = "fsync"', keep=args.keep) as cluster:
@@ -316,6 +364,7 @@ def _measure(
     pids = node_pids(cluster)
     before = _leaders(cluster)
     requests0 = _produce_requests(cluster)
+    times0 = _node_times(cluster)
     # Named before the profiler attaches: py-spy's dump and its recording of one process collide.
     kinds = {k: thread_kinds(p) for k, p in pids.items()} if args.thread_cpu else {}
     spies: list[Spy] = []
@@ -330,6 +379,7 @@ def _measure(
     node_cpu = sum(cpu_seconds(p) - nodes0[k] for k, p in pids.items())
     threads = {k: thread_cpu_delta(threads0[k], thread_cpu(p), kinds[k]) for k, p in pids.items() if threads0}
     requests = _produce_requests(cluster) - requests0
+    node_means = _node_means_ms(times0, _node_times(cluster))
     after = _leaders(cluster)
     n = len(got["latencies"])
     row = {
@@ -350,6 +400,9 @@ def _measure(
         # a message's two parts: waiting in the producer for its batch's request, then the request
         "producer_wait_ms": _parts(got["waits"]),
         "request_ms": _parts(got["requests"]),
+        # means over the row (warm-up included): a produce request at its node, its entry's commit
+        # at the leader (submit to applied there), one apply and one fsync on any replica
+        "node_ms": node_means,
     }
     if threads:  # µs per message timed, by node and kind of thread (the warm-up's CPU included)
         row["thread_cpu_us_per_msg"] = {
@@ -375,7 +428,8 @@ def _measure(
     print(
         f"  {system} {mode}{_variant_name(row)} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
         f" max {row['max_ms']}; in the producer p50 {wait.get('p50')} p99 {wait.get('p99')},"
-        f" request p50 {request.get('p50')} p99 {request.get('p99')}; {row['requests_per_msg']} requests/msg"
+        f" request p50 {request.get('p50')} p99 {request.get('p99')} mean {request.get('mean')};"
+        f" at the nodes (means) {node_means}; {row['requests_per_msg']} requests/msg"
         + (f"  LEADERS CHANGED {row['leader_changes']}" if row["leader_changes"] else ""),
         flush=True,
     )
