@@ -32,6 +32,7 @@ client during every raftmq row (top self frames printed, the summaries in the JS
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import resource
@@ -196,7 +197,7 @@ def offer(
             now = time.perf_counter()
             with lock:
                 if error is not None:
-                    failures.append(str(error))
+                    failures.append(str(getattr(error, "code", type(error).__name__)))  # the catalogue code
                 elif timed:
                     latencies.append((now - scheduled) * 1000)
                     sent = sent_at.get(id(getattr(handle[0], "_batch", None))) if handle else None
@@ -394,6 +395,7 @@ def _measure(
         "cpu_us_per_msg": round((node_cpu + got["client_cpu_s"]) / max(n, 1) * 1e6, 1),
         "max_send_late_ms": round(got["late_ms"], 2),
         "failures": len(got["failures"]),
+        "failure_codes": dict(collections.Counter(got["failures"])),
         "leader_changes": sorted(g for g in after if after[g] != before.get(g)),
         # produce requests the nodes answered per message offered (warm-up included on both sides)
         "requests_per_msg": round(requests / max(int(rate * (args.warmup + args.duration)), 1), 3),
