@@ -322,6 +322,13 @@ class RaftGroup:
         """The journal's fsync durations (for metrics)."""
         return self._journal.sync_latency
 
+    def shared_body_counts(self) -> tuple[int, int]:
+        """The bodies this replica's transport sealed as a leader and the envelopes it sent them
+        behind, one per follower it served (shared_bodies.py; for metrics; 0, 0 when it offers
+        none)."""
+        bodies = self._sync._SyncObj__transport.shared_bodies
+        return (0, 0) if bodies is None else (bodies.sealed, bodies.envelopes)
+
     def transfer_leadership(self, to_addr: str | None = None, within_s: float = 2.0) -> None:
         """Ask this leader to hand leadership to ``to_addr`` (or any up-to-date peer). Best effort:
         pysyncobj refuses unless the target has matched the whole log, which under steady writes
