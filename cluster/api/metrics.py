@@ -152,8 +152,8 @@ class _RaftCollector(Collector):
             pre_votes.add_metric(key, local.raft.pre_vote.rounds)
             unanswered.add_metric(key, local.raft.pre_vote.campaigns_unanswered)
             backlog_holds.add_metric(key, local.raft.backlog.holds)
-            snapshot_installs.add_metric(key, local.raft.snapshot_installs)
-            snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
+            snapshot_installs.add_metric(key, local.raft.snapshot_gate.installs)
+            snapshot_failures.add_metric(key, local.raft.snapshot_gate.install_failures)
             if name != "meta":
                 clock_jumps.add_metric(key, self._node.ticks.retention_clock_jumps.get(name, 0))
                 group_clock_jumps.add_metric(key, self._node.ticks.group_clock_jumps.get(name, 0))
@@ -195,9 +195,9 @@ class _RaftCollector(Collector):
             labels=labels,
         )
         for name, local in list(self._node.groups.items()):
-            counts = local.raft.shared_body_counts()
-            sealed.add_metric([node_id, name], counts[0])
-            envelopes.add_metric([node_id, name], counts[1])
+            bodies = local.raft.sealed_bodies
+            sealed.add_metric([node_id, name], bodies.sealed if bodies is not None else 0)
+            envelopes.add_metric([node_id, name], bodies.envelopes if bodies is not None else 0)
         yield from (sealed, envelopes)
 
     def _raft_connections(self, node_id: str) -> Iterator[_Family]:

@@ -243,7 +243,8 @@ def test_three_replicas_apply_every_entry_with_bodies_shared_where_both_ends_rea
     # One envelope a body and a follower that reads them: as many as the bodies with one such
     # follower; with two, more (1.7-1.8 times in three runs; a body sealed again for the second
     # follower would make them as many).
-    sealed, envelopes = leader.shared_body_counts()
+    assert leader.sealed_bodies is not None
+    sealed, envelopes = leader.sealed_bodies.sealed, leader.sealed_bodies.envelopes
     assert sealed > 0  # a body for at least the 64 KiB entries
     if offers.count(True) == 2:
         assert envelopes == sealed
