@@ -201,9 +201,9 @@ def groups(tmp_path: Path) -> Iterator[list[RaftGroup]]:
 
 
 def replica_settings(offer: bool) -> RaftSettings:
-    """Elections slower than fast_settings' (a leader change under this load lost outcomes: a
-    submit right after an election never answered, 2 runs in 6), and a replica of the release
-    before slower still: it never leads (a leader that offers none seals nothing to prove)."""
+    """Elections slower than fast_settings' (under this load those changed leaders mid-run, and
+    a deposed leader answers what it had not committed unknown_outcome), and a replica of the
+    release before slower still: it never leads (a leader that offers none seals nothing)."""
     election_min_s = 1.0 if offer else 10.0
     return dataclasses.replace(
         fast_settings(), election_min_s=election_min_s, election_max_s=2 * election_min_s, shared_bodies=offer
