@@ -152,8 +152,8 @@ class _RaftCollector(Collector):
             pre_votes.add_metric(key, local.raft.pre_vote.rounds)
             unanswered.add_metric(key, local.raft.pre_vote.campaigns_unanswered)
             backlog_holds.add_metric(key, local.raft.backlog.holds)
-            snapshot_installs.add_metric(key, local.raft.snapshot_installs)
-            snapshot_failures.add_metric(key, local.raft.snapshot_install_failures)
+            snapshot_installs.add_metric(key, local.raft.snapshot_gate.installs)
+            snapshot_failures.add_metric(key, local.raft.snapshot_gate.install_failures)
             if name != "meta":
                 clock_jumps.add_metric(key, self._node.ticks.retention_clock_jumps.get(name, 0))
                 group_clock_jumps.add_metric(key, self._node.ticks.group_clock_jumps.get(name, 0))
@@ -166,6 +166,7 @@ class _RaftCollector(Collector):
         yield from (became_leader, pre_votes, unanswered, backlog_holds)
         yield from (clock_jumps, group_clock_jumps, seal_checks, snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
+        yield from self._shared_bodies(node_id)
         yield from (commit_s, apply_s, fsync_s)
         wakeups = CounterMetricFamily(
             "raftmq_loop_wakeups",
@@ -177,6 +178,27 @@ class _RaftCollector(Collector):
         calls = self._node.loop_calls
         wakeups.add_metric([node_id], calls.wakeups if calls is not None else 0)
         yield wakeups
+
+    def _shared_bodies(self, node_id: str) -> Iterator[_Family]:
+        """A leader's entries sealed once for several followers (cluster/replication/
+        shared_bodies.py): the bodies, and the envelopes that sent them, one per follower."""
+        labels = ["node_id", "group_id"]
+        sealed = CounterMetricFamily(
+            "raftmq_raft_shared_bodies_sealed",
+            "Entries this replica sealed once as a leader for every follower that reads shared bodies",
+            labels=labels,
+        )
+        envelopes = CounterMetricFamily(
+            "raftmq_raft_shared_body_envelopes",
+            "Shared bodies this replica sent as a leader, one per follower (more than the bodies "
+            "sealed: a body served several followers)",
+            labels=labels,
+        )
+        for name, local in list(self._node.groups.items()):
+            bodies = local.raft.sealed_bodies
+            sealed.add_metric([node_id, name], bodies.sealed if bodies is not None else 0)
+            envelopes.add_metric([node_id, name], bodies.envelopes if bodies is not None else 0)
+        yield from (sealed, envelopes)
 
     def _raft_connections(self, node_id: str) -> Iterator[_Family]:
         """Incoming Raft connections that have not authenticated, and those closed before they

@@ -60,7 +60,7 @@ RELEASE_TRY_S = 5.0  # a release that fails is tried again for this long
 STOP_RELEASE_S = 3.0  # a graceful stop waits this long at most for its releases
 
 Settle = Callable[[Topic, str, str, list[str], dict[str, Any]], Awaitable[list[dict[str, Any]]]]
-"""``SubscriptionsApi._receipts_call``: apply an op to receipts at their queue groups."""
+"""``SubscriptionsApi.settle``: apply an op to receipts at their queue groups."""
 
 Shows = Callable[[int], bool]
 """Whether this node's replica of a queue group shows something the line could take (a hint)."""

@@ -92,6 +92,7 @@ __all__ = [
     "SyncObjConf",
     "SyncObjException",
     "TCPNode",
+    "answer_uncommitted",
     "hears_a_leader",
     "hold_commit_notices",
     "install_deadline_poll",
@@ -856,6 +857,19 @@ def hears_a_leader(sync: Any) -> bool:
     if pre_vote is not None and pre_vote.asking:
         return False
     return sync._getLeader() is not None and own_deadline_s(sync) > 0
+
+
+def answer_uncommitted(sync: Any) -> None:
+    """Answer ``LEADER_CHANGED`` to the commands waiting for an entry above the commit index
+    (tick thread; a leader that just lost its leadership). pysyncobj answers a command only when
+    this replica applies the entry's index, which comes when the next leader's log grows that far:
+    in an idle group or one without a quorum, never. Such an entry may yet commit under another
+    leader or vanish; what is at or below the commit index is applied, and answered, as before."""
+    waiting = sync._SyncObj__commandsWaitingCommit
+    commit = int(sync.raftCommitIndex)
+    for index in sorted(i for i in waiting if i > commit):
+        for _term, callback in waiting.pop(index):
+            callback(None, FAIL_REASON.LEADER_CHANGED)
 
 
 def stop_tick_thread(sync: Any) -> None:

@@ -72,6 +72,7 @@ from raftmq.cluster.replication.pso import (
     SyncObjConf,
     SyncObjException,
     TCPNode,
+    answer_uncommitted,
     hears_a_leader,
     install_journal_seam,
     install_log_filter,
@@ -85,6 +86,7 @@ from raftmq.cluster.replication.pso import (
     voters_now,
     wake_tick_thread,
 )
+from raftmq.cluster.replication.shared_bodies import SharedBodies
 from raftmq.cluster.replication.snapshot_gate import (
     EXIT_STORAGE_FAILURE,
     SnapshotGate,
@@ -248,8 +250,10 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        # Metrics read pre_vote and backlog; reads.ready() is Raft's read rule (leader_reads.py).
+        # Metrics read pre_vote, backlog, snapshot_gate and the bodies its transport seals as a
+        # leader (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
         self.pre_vote, self.backlog, self.reads = install_tick_seams(self._sync, settings, self._busy)
+        self.sealed_bodies: SharedBodies | None = self._sync._SyncObj__transport.shared_bodies
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
@@ -510,8 +514,10 @@ class RaftGroup:
             self.became_leader_count += 1
         elif old == 2:
             # A change this leader proposed may now commit or vanish anywhere; if its entry ends up
-            # under a snapshot here, pysyncobj never calls back. Answer it now, deterministically.
+            # under a snapshot here, pysyncobj never calls back. Answer it now, deterministically;
+            # and every submit whose entry is not committed yet (unknown_outcome: pso.py).
             self._abandon_membership("leadership_lost")
+            answer_uncommitted(self._sync)
         log.info(
             "raft_state_changed",
             group=self.name,
@@ -536,16 +542,6 @@ class RaftGroup:
         sync = getattr(self, "_sync", None)
         if sync is not None:
             sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.election_max_s
-
-    @property
-    def snapshot_installs(self) -> int:
-        """Snapshot installs done here (read by metrics)."""
-        return self.snapshot_gate.installs
-
-    @property
-    def snapshot_install_failures(self) -> int:
-        """Checkpoint fetches or checks that failed (read by metrics)."""
-        return self.snapshot_gate.install_failures
 
     def _serialize(self, tmp_path: str, data: tuple[Entry, Entry, Any]) -> None:
         last, prev, _live_cluster = data

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from .cluster_changes import run_change
 from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -143,6 +145,19 @@ def test_a_group_with_a_previous_release_voter_applies_every_entry_alike_until_t
             assert c.alive(nid), f"{nid} died:\n{c.log(nid)[-3000:]}"
 
 
+def shared_bodies(c: Cluster, group: str) -> tuple[int, int]:
+    """The group's bodies sealed once for several followers and the envelopes that sent them,
+    summed over the nodes (``raftmq_raft_shared_bodies_sealed``, ``..._shared_body_envelopes``)."""
+    names = ("raftmq_raft_shared_bodies_sealed_total", "raftmq_raft_shared_body_envelopes_total")
+    totals = dict.fromkeys(names, 0)
+    for node in c.nodes:
+        for family in text_string_to_metric_families(c.get("/metrics", node).text):
+            for s in family.samples:
+                if s.name in totals and s.labels["group_id"] == group:
+                    totals[s.name] += int(s.value)
+    return totals[names[0]], totals[names[1]]
+
+
 def test_entries_reach_a_replica_of_the_release_before_shared_bodies_and_every_replica_after_it(
     tmp_path: Path,
 ) -> None:
@@ -150,7 +165,9 @@ def test_entries_reach_a_replica_of_the_release_before_shared_bodies_and_every_r
     (cluster/replication/shared_bodies.py) only where the follower offered to read them in the
     Raft handshake: n2, of the release before, gets frames it reads (it hangs up on an envelope,
     as that release would), and after its upgrade every replica reads shared bodies. Each phase
-    ends with every replica applying every entry alike and holding every message."""
+    ends with every replica applying every entry alike and holding every message, and the nodes'
+    counters show the bodies shared: one envelope a body while n2 is of the release before (n3
+    alone reads them), more once it is upgraded (a body for both followers)."""
     config = '[faults]\nprevious_release_node = "n2"\n'
     with Cluster(tmp_path, nodes=3, queue_groups=1, extra_toml=config) as c:
         c.start()
@@ -159,8 +176,12 @@ def test_entries_reach_a_replica_of_the_release_before_shared_bodies_and_every_r
         assert c.post("/v1/topics", {"name": "big", "queues": 1}).status_code == 201
         group = str(c.get("/v1/topics/big").json()["queues"][0]["group_id"])
         values = [os.urandom(512).hex() for _ in range(32)]  # 1 KiB each, 32 KiB a request
+        if c.wait_leader(group) == "n2":  # it would seal nothing: a leader that reads the mark
+            run_change(c, "POST", f"/v1/cluster/groups/{group}/leader", {"node": "n1"})
 
-        def produce_and_check(rounds: int, before: int) -> None:
+        def produce_and_check(rounds: int, before: int) -> tuple[int, int]:
+            """The bodies sealed and envelopes sent for the rounds."""
+            sealed, envelopes = shared_bodies(c, group)
             for _ in range(rounds):
                 r = c.produce("big", [{"value": v} for v in values])
                 assert r.status_code == 200, r.text
@@ -169,10 +190,14 @@ def test_entries_reach_a_replica_of_the_release_before_shared_bodies_and_every_r
                 held = c.fetch_all("big", 0, node, read_from="local")
                 assert len(held) == before + rounds * len(values), node
                 assert [m["value"] for m in held[before:]] == values * rounds
+            after = shared_bodies(c, group)
+            return after[0] - sealed, after[1] - envelopes
 
-        produce_and_check(20, 0)
+        sealed, envelopes = produce_and_check(20, 0)
+        assert 0 < sealed == envelopes
         c.config_path.write_text(c.config_path.read_text().replace('previous_release_node = "n2"', ""))
         c.terminate("n2")
         c.start("n2")
         c.wait_ready()
-        produce_and_check(20, 20 * len(values))
+        sealed, envelopes = produce_and_check(20, 20 * len(values))
+        assert 0 < sealed < envelopes <= 2 * sealed

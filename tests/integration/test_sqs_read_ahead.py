@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from raftmq.cluster.node.read_ahead import READ_AHEAD_RUN
+from raftmq.cluster.node.read_ahead import READ_AHEAD_HOLD_MS, READ_AHEAD_RUN
 
 from .conftest import describe
 from .harness import Cluster
@@ -208,32 +208,58 @@ def test_two_queue_groups_with_a_backlog_are_both_served(cluster: Cluster) -> No
     assert after["handed_out"] - before.get("handed_out", 0) >= 10 * READ_AHEAD_RUN  # it did read ahead
 
 
+def _stop_holding(c: Cluster, name: str) -> tuple[str, set[str], float]:
+    """Rounds on queue ``name``: 20 messages sent, n2 receives 10 and deletes them, until its
+    delete takes messages along (held for its next receive; a node just started does so once it
+    learnt that its peers apply ``ack_receive``); then n2 is stopped with SIGTERM. The queue's
+    URL, the bodies sent and not deleted, and the seconds from that delete sent to n2 gone."""
+    sqs = sqs_client(c.url("n2"))
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    left: set[str] = set()
+    for round_ in range(10):
+        _send(sqs_client(c.url("n1")), url, 20, prefix=f"r{round_}-")
+        left |= {f"r{round_}-{i}" for i in range(20)}
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
+        taken = _read_ahead(c, "n2").get("taken", 0)
+        sent = time.monotonic()
+        _delete(sqs, url, got)
+        left -= {m["Body"] for m in got}
+        if _read_ahead(c, "n2").get("taken", 0) > taken:
+            break
+    else:
+        pytest.fail("no delete on n2 took messages along")
+    assert c.terminate("n2") == 0
+    return url, left, time.monotonic() - sent
+
+
 def test_a_graceful_stop_gives_back_what_the_node_read_ahead(tmp_path: Path) -> None:
     """n2 holds a read-ahead (its delete took the next messages along) when it is stopped with
     SIGTERM: they are released on the way out, visible again at once and their receive count
-    as before, not hidden for the 30 s visibility timeout."""
+    as before, not hidden for the 30 s visibility timeout. n2 is gone before the read-ahead's
+    hold (READ_AHEAD_HOLD_MS) runs out, so its stop alone can have given them back; a stop that
+    took longer (the hold's own release may have run) is done again on a queue of its own."""
     with Cluster(tmp_path, nodes=3) as c:
         c.start()
         c.wait_ready()
         c.wait_balanced()
-        sqs = sqs_client(c.url("n2"))
-        url = sqs.create_queue(QueueName="read-ahead-stop")["QueueUrl"]
-        _send(sqs_client(c.url("n1")), url, 20)
-        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)["Messages"]
-        _delete(sqs, url, got)
-        assert _read_ahead(c, "n2").get("taken") == 10  # held for n2's next receive
-        assert c.terminate("n2") == 0
-        deleted = {m["Body"] for m in got}
+        for attempt in range(3):
+            url, left, stopped_s = _stop_holding(c, f"read-ahead-stop-{attempt}")
+            if stopped_s < READ_AHEAD_HOLD_MS / 1000:
+                break
+            c.start("n2")
+            c.wait_ready()
+        else:
+            pytest.fail(f"n2 stopped after its hold ran out three times (the last in {stopped_s:.2f} s)")
 
         other = sqs_client(c.url("n3"))
         rest: list[dict[str, Any]] = []
         deadline = time.monotonic() + 10  # well within the visibility timeout of 30 s
-        while len(rest) < 10 and time.monotonic() < deadline:
+        while len(rest) < len(left) and time.monotonic() < deadline:
             answer = other.receive_message(
                 QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2, AttributeNames=COUNT
             )
             rest += answer.get("Messages", [])
-        assert sorted(m["Body"] for m in rest) == sorted({f"m{i}" for i in range(20)} - deleted)
+        assert sorted(m["Body"] for m in rest) == sorted(left)
         assert {m["Attributes"]["ApproximateReceiveCount"] for m in rest} == {"1"}
 
 

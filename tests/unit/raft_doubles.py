@@ -8,14 +8,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
 
-__all__ = ["Machine", "fast_settings", "free_port", "start_three", "wait_for"]
+__all__ = ["Machine", "fast_settings", "free_port", "start_three", "submit_all", "wait_for"]
 
 
 class Machine:
@@ -78,9 +78,16 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> 
         time.sleep(0.005)
 
 
-def start_three(tmp_path: Path, settings: RaftSettings, into: list[RaftGroup]) -> list[RaftGroup]:
-    """Three replicas of group ``g`` on localhost (in-memory journals, :class:`Machine` each),
-    appended to ``into`` as they start (the caller destroys them), once one of them leads."""
+def start_three(
+    tmp_path: Path,
+    settings: RaftSettings | Sequence[RaftSettings],
+    into: list[RaftGroup],
+    machines: Sequence[Machine] | None = None,
+) -> list[RaftGroup]:
+    """Three replicas of group ``g`` on localhost (in-memory journals), appended to ``into`` as
+    they start (the caller destroys them), once one of them leads. ``settings``: the same for all,
+    or one each; ``machines``: theirs (else a new :class:`Machine` each)."""
+    each = [settings] * 3 if isinstance(settings, RaftSettings) else list(settings)
     addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
     for i, addr in enumerate(addrs):
         into.append(
@@ -90,9 +97,9 @@ def start_three(tmp_path: Path, settings: RaftSettings, into: list[RaftGroup]) -
                 self_addr=addr,
                 peer_addrs=[a for a in addrs if a != addr],
                 journal_store=MemoryStore(),
-                machine=Machine(),
+                machine=Machine() if machines is None else machines[i],
                 snapshot_file=str(tmp_path / f"n{i + 1}" / "g.snapshot"),
-                settings=settings,
+                settings=each[i],
             )
         )
     wait_for(lambda: any(g.is_leader() for g in into), "a leader")

@@ -98,6 +98,16 @@ def plan(c: ReceiveCoordinator, topic: Topic = TOPIC, candidates: list[int] | No
     return c.read_ahead_wanted(local_key(topic.id, "sqs"), topic, [1] if candidates is None else candidates)
 
 
+async def holding(c: ReceiveCoordinator, started: float | None = None) -> Plan:
+    """A receive of 30 s on the line, then a delete's read-ahead of TAKEN put for its next receive
+    (``started``: when the delete was sent; now if None). The read-ahead's plan."""
+    await receive(c, 30_000)
+    wanted = plan(c)
+    assert wanted is not None
+    c.put_ahead(KEY, TOPIC, "sqs", list(TAKEN), wanted, time.monotonic() if started is None else started)
+    return wanted
+
+
 async def settle_soon() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
@@ -124,10 +134,7 @@ def test_a_line_reads_ahead_only_after_a_recent_receive_of_a_long_enough_visibil
 def test_a_receive_of_the_same_visibility_takes_the_read_ahead_without_a_take() -> None:
     async def main() -> None:
         c, leaders, settled = coordinator()
-        await receive(c, 30_000)
-        wanted = plan(c)
-        assert wanted is not None
-        c.put_ahead(KEY, TOPIC, "sqs", list(TAKEN), wanted, time.monotonic())
+        await holding(c)
         takes = len(leaders.asked)
         assert await receive(c, 60_000) == []  # another visibility: not for it
         got = await receive(c, 30_000, wait_s=1.0)
@@ -147,10 +154,7 @@ def test_a_read_ahead_no_receive_takes_in_time_is_released_and_the_line_goes_qui
 
     async def main() -> None:
         c, _, settled = coordinator()
-        await receive(c, 30_000)
-        wanted = plan(c)
-        assert wanted is not None
-        c.put_ahead(KEY, TOPIC, "sqs", list(TAKEN), wanted, time.monotonic())
+        await holding(c)
         await settle_soon()
         assert settled == [("release", [m["receipt"] for m in TAKEN])]
         assert c.read_ahead.counts.released == 3
@@ -168,10 +172,7 @@ def test_a_read_ahead_partly_taken_releases_the_rest_and_keeps_the_line_reading_
 
     async def main() -> None:
         c, _, settled = coordinator()
-        await receive(c, 30_000)
-        wanted = plan(c)
-        assert wanted is not None
-        c.put_ahead(KEY, TOPIC, "sqs", list(TAKEN), wanted, time.monotonic())
+        await holding(c)
         assert await receive(c, 30_000, most=2) == TAKEN[:2]
         monkeypatch.setattr(ra, "READ_AHEAD_HOLD_MS", 0)
         await asyncio.sleep(ra.READ_AHEAD_HOLD_MS / 1000 + 1.1)  # the hold it was put with ends
@@ -184,10 +185,7 @@ def test_a_read_ahead_partly_taken_releases_the_rest_and_keeps_the_line_reading_
 def test_a_release_that_fails_is_tried_again() -> None:
     async def main() -> None:
         c, _, settled = coordinator(fail_first=2)
-        await receive(c, 30_000)
-        wanted = plan(c)
-        assert wanted is not None
-        c.put_ahead(KEY, TOPIC, "sqs", list(TAKEN), wanted, time.monotonic() - 2)  # its hold is over
+        await holding(c, time.monotonic() - 2)  # its hold is over
         await asyncio.sleep(0.5)
         assert [op for op, _ in settled] == ["release"] * 3
         assert (c.read_ahead.counts.released, c.read_ahead.counts.unreleased) == (3, 0)
@@ -198,10 +196,7 @@ def test_a_release_that_fails_is_tried_again() -> None:
 def test_a_graceful_stop_releases_what_is_held_and_reads_nothing_ahead_after() -> None:
     async def main() -> None:
         c, _, settled = coordinator()
-        await receive(c, 30_000)
-        wanted = plan(c)
-        assert wanted is not None
-        c.put_ahead(KEY, TOPIC, "sqs", list(TAKEN), wanted, time.monotonic())
+        wanted = await holding(c)
         await c.read_ahead.stop()
         assert settled == [("release", [m["receipt"] for m in TAKEN])]
         assert plan(c) is None

@@ -3,10 +3,10 @@ write, what retention frees, what a checkpoint holds, and stores written before 
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import random
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,34 +43,41 @@ def _write(store: RocksStore, pairs: Iterator[tuple[bytes, bytes]]) -> dict[byte
     return written
 
 
-def _written_bytes() -> int:
-    """Bytes this process (RocksDB's threads included) caused to be written to the disk."""
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    raise AssertionError("no write_bytes in /proc/self/io")
+def _open_counting(path: str) -> tuple[RocksStore, rocks.Options]:
+    """The store at ``path`` opened as RocksStore.open opens it, with RocksDB's statistics on
+    (read with :func:`_bytes_written`)."""
+    opts = rocks._options()
+    opts.enable_statistics()
+    return RocksStore(path, rocks.Rdict(path, opts, column_families={"default": rocks._options()})), opts
+
+
+def _bytes_written(opts: rocks.Options) -> int:
+    """What RocksDB wrote so far, as its statistics count it (whatever the file system): the
+    write-ahead log, the flushes and the compactions (blob files included)."""
+    text = opts.get_statistics()
+    total = 0
+    for ticker in ("rocksdb.wal.bytes", "rocksdb.flush.write.bytes", "rocksdb.compact.write.bytes"):
+        match = re.search(re.escape(ticker) + r" COUNT : (\d+)", text)
+        assert match, ticker
+        total += int(match.group(1))
+    return total
 
 
 def _blob_files(path: str) -> list[str]:
     return glob.glob(os.path.join(path, "*.blob"))
 
 
-@contextlib.contextmanager
-def _options_before_blob_files() -> Iterator[None]:
-    """Stores opened meanwhile get the options of releases before blob files (the rest unchanged)."""
-    current = rocks._options
-
-    def without_blob_files() -> rocks.Options:
-        opts = current()
-        opts.set_enable_blob_files(False)
-        return opts
-
-    rocks._options = without_blob_files
-    try:
-        yield
-    finally:
-        rocks._options = current
+def _open_as_the_release_before(path: str) -> RocksStore:
+    """The store at ``path`` opened as a release before blob files opened it: its options then,
+    and no column family's options named (RocksDB takes them from the store's OPTIONS file)."""
+    opts = rocks.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_max_background_jobs(2)
+    opts.set_write_buffer_size(16 << 20)
+    opts.set_max_write_buffer_number(2)
+    opts.set_wal_recovery_mode(rocks.DBRecoveryMode.point_in_time())
+    opts.set_keep_log_file_num(4)
+    return RocksStore(path, rocks.Rdict(path, opts))
 
 
 def test_compactions_rewrite_the_keys_not_the_messages(tmp_path: Path) -> None:
@@ -78,15 +85,15 @@ def test_compactions_rewrite_the_keys_not_the_messages(tmp_path: Path) -> None:
     the flush write each byte once, and merging the new level-0 files with the old data (which
     overlaps them all) writes the keys again, not the messages. With the messages in the SST files
     the merge rewrote the 32 MiB already there as well (4x instead of 2x)."""
-    store = RocksStore.open(str(tmp_path / "db"))
+    store, opts = _open_counting(str(tmp_path / "db"))
     try:
         count = (32 << 20) // BATCH_BYTES
         first = _write(store, _batches(1, count))
         store.compact_range(b"", b"\xff")  # flushed and compacted to the last level
-        before = _written_bytes()
+        before = _bytes_written(opts)
         second = _write(store, _batches(2, count, first=count))
         store.compact_range(b"", b"\xff")
-        written = _written_bytes() - before
+        written = _bytes_written(opts) - before
         ratio = written / sum(len(v) for v in second.values())
         assert ratio < 2.5, f"wrote {written / 2**20:.0f} MiB for 32 MiB of messages ({ratio:.2f}x)"
         assert dict(store.scan(b"R", b"S")) == first | second
@@ -139,12 +146,11 @@ def test_a_checkpoint_holds_the_blob_files_and_restores_every_message(tmp_path: 
 
 def test_a_store_written_before_blob_files_opens_reads_and_moves_its_messages_out(tmp_path: Path) -> None:
     path = str(tmp_path / "db")
-    with _options_before_blob_files():
-        old = RocksStore.open(path)
-        written = _write(old, _batches(5, 1024))
-        old.compact_range(b"", b"\xff")
-        assert not _blob_files(path) and old.int_property(BLOB_BYTES) == 0
-        old.close()
+    old = _open_as_the_release_before(path)
+    written = _write(old, _batches(5, 1024))
+    old.compact_range(b"", b"\xff")
+    assert not _blob_files(path) and old.int_property(BLOB_BYTES) == 0
+    old.close()
 
     store = RocksStore.open(path)
     try:
@@ -157,17 +163,25 @@ def test_a_store_written_before_blob_files_opens_reads_and_moves_its_messages_ou
         store.close()
 
 
-def test_a_store_with_blob_files_still_opens_and_reads_with_the_options_before_them(tmp_path: Path) -> None:
-    """A node rolled back to a release before blob files reads what this one wrote."""
+def test_a_store_with_blob_files_opens_and_reads_in_the_release_before_and_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """A node rolled back to a release before blob files reads what this one wrote, and what it
+    writes goes to blob files still (the column family's options come from the OPTIONS file that
+    this release wrote: docs/operations.md, "Disk and write amplification")."""
     path = str(tmp_path / "db")
     store = RocksStore.open(path)
     written = _write(store, _batches(7, 1024))
     store.compact_range(b"", b"\xff")
-    assert _blob_files(path)
+    files = set(_blob_files(path))
+    assert files
     store.close()
-    with _options_before_blob_files():
-        old = RocksStore.open(path)
-        try:
-            assert dict(old.scan(b"R", b"S")) == written
-        finally:
-            old.close()
+    old = _open_as_the_release_before(path)
+    try:
+        assert dict(old.scan(b"R", b"S")) == written
+        written |= _write(old, _batches(8, 1024, first=1024))
+        old.compact_range(b"", b"\xff")
+        assert set(_blob_files(path)) - files  # its new messages in blob files of their own
+        assert dict(old.scan(b"R", b"S")) == written
+    finally:
+        old.close()

@@ -116,7 +116,6 @@ def test_rocksdb_runs_with_point_in_time_wal_recovery(tmp_path: Path) -> None:
     options_file = max(glob.glob(str(tmp_path / "db" / "OPTIONS-*")))
     text = Path(options_file).read_text()
     assert "wal_recovery_mode=kPointInTimeRecovery" in text
-    assert "max_background_jobs=3" in text
 
 
 def test_a_second_open_of_an_open_store_fails(tmp_path: Path) -> None:

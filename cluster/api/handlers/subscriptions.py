@@ -80,7 +80,7 @@ class SubscriptionsApi:
     def __init__(self, node: Node, api: ApiCore) -> None:
         self.node = node
         self.api = api
-        self.coordinator = ReceiveCoordinator(node, api.router, self._receipts_call)
+        self.coordinator = ReceiveCoordinator(node, api.router, self.settle)
         idle_s = node.config.limits.subscription_idle_ms / 1000  # a used one is refreshed well within
         self._subscribed = RecentKeys(SUBSCRIBED_MAX, min(SUBSCRIPTION_REFRESH_S, idle_s / 4 or 1e9))
         self._creating_dlq: set[tuple[int, str]] = set()  # on_parked's tasks under way
@@ -366,23 +366,6 @@ class SubscriptionsApi:
         self.coordinator.enqueue(key, waiter, lambda: self.coordinator.target(topic, group, None, None, None))
         return await waiter.future
 
-    async def settle(
-        self,
-        topic: Topic,
-        group: str,
-        op: str,
-        receipts: list[str],
-        fields: dict[str, Any],
-        *,
-        read_ahead: bool = False,
-    ) -> list[dict[str, Any]]:
-        """``ack``, ``nack`` or ``extend`` checked ``receipts`` and ``fields`` as the HTTP routes
-        do (the push stream's FIN, REQ and TOUCH); one result per receipt. ``read_ahead`` (an ack
-        of the SQS API's standard queues): the ack may take the next messages of this node's own
-        line (:meth:`take_here`) along in its entry, for its next receive
-        (``ReceiveCoordinator.read_ahead_wanted``)."""
-        return await self._receipts_call(topic, group, op, receipts, fields, read_ahead)
-
     async def ack(self, request: web.Request) -> web.Response:
         return await self._receipts(request, "ack", set())
 
@@ -409,22 +392,26 @@ class SubscriptionsApi:
             fields["visibility_ms"] = int_field(
                 body, "visibility_ms", limits.default_visibility_ms, 1, limits.max_visibility_ms
             )
-        results = await self._receipts_call(topic, group, op, receipts, fields)
+        results = await self.settle(topic, group, op, receipts, fields)
         return json_response({"results": results})
 
-    async def _receipts_call(
+    async def settle(
         self,
         topic: Topic,
         group: str,
         op: str,
         receipts: list[str],
         fields: dict[str, Any],
+        *,
         read_ahead: bool = False,
     ) -> list[dict[str, Any]]:
-        """Apply ``op`` to each receipt at its queue group; one result per receipt, in order.
-        Every receipt is parsed before anything is sent (one that is not a receipt: 400).
-        ``read_ahead``: see :meth:`settle` (a queue group of the receipts whose voters all apply
-        ``ack_receive`` takes them along, ``ReceiveCoordinator.read_ahead_wanted``)."""
+        """Apply ``op`` (``ack``, ``nack``, ``extend`` or ``release``) to each receipt at its queue
+        group, with ``fields`` checked as the HTTP routes check them (the push stream's FIN, REQ
+        and TOUCH, the SQS API's deletes); one result per receipt, in order. Every receipt is
+        parsed before anything is sent (one that is not a receipt: 400). ``read_ahead`` (an ack of
+        the SQS API's standard queues): a queue group of the receipts whose voters all apply
+        ``ack_receive`` takes the next messages of this node's own line (:meth:`take_here`) along
+        in its entry, for its next receive (``ReceiveCoordinator.read_ahead_wanted``)."""
         results: list[dict[str, Any] | None] = [None] * len(receipts)
         # Per queue group: the receipts' positions, and the receipts as the command has them.
         by_group: dict[int, tuple[list[int], list[list[int]]]] = {}
