@@ -869,7 +869,10 @@ def answer_uncommitted(sync: Any) -> None:
     commit = int(sync.raftCommitIndex)
     for index in sorted(i for i in waiting if i > commit):
         for _term, callback in waiting.pop(index):
-            callback(None, FAIL_REASON.LEADER_CHANGED)
+            try:  # inside pysyncobj's state change: one failing callback must not cut it short
+                callback(None, FAIL_REASON.LEADER_CHANGED)
+            except Exception:
+                log.exception("uncommitted_answer_failed", index=index)
 
 
 def stop_tick_thread(sync: Any) -> None:
