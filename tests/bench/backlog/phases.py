@@ -14,6 +14,7 @@ import requests
 
 from tests.bench._common import collect_profiles, percentile, profile_nodes, settle_leaders
 from tests.bench.backlog.common import POOL, caught_up, commit_goals, create_topic, groups_of
+from tests.bench.backlog.timeline import Timeline, meminfo_mb, per_second
 from tests.bench.backlog.usage import Usage, node_disks, segment_disks, storage_work
 from tests.integration.harness import Cluster, wait_until
 
@@ -46,6 +47,7 @@ class OpenLoop:
     def __init__(self, urls: list[str], topic: str, values: list[str], rate: float, warmup_s: float = 1.0):
         self.urls, self.topic, self.values, self.rate, self.warmup_s = urls, topic, values, rate, warmup_s
         self.latencies_ms: list[float] = []
+        self.sends: list[tuple[float, float]] = []  # (scheduled perf_counter, ms) of the timed sends
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -104,14 +106,22 @@ class OpenLoop:
                     self.failures.append(str(error))
                 elif timed:
                     self.latencies_ms.append((now - scheduled) * 1000)
+                    self.sends.append((scheduled, (now - scheduled) * 1000))
 
         return callback
 
 
-def open_loop_for(urls: list[str], topic: str, values: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def open_loop_for(
+    cluster: Cluster, urls: list[str], topic: str, values: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    """The open loop for ``args.probe_seconds``, with what the nodes did in each of its seconds."""
+    timeline = Timeline(cluster).start()
     loop = OpenLoop(urls, topic, values, args.rate).start()
     time.sleep(args.probe_seconds + loop.warmup_s)
-    return loop.stop()
+    out = loop.stop()
+    out["timeline"] = timeline.stop()
+    out["per_second"] = per_second(loop.sends, out["timeline"], timeline.t0)
+    return out
 
 
 # -- consume ---------------------------------------------------------------------------------------
@@ -224,6 +234,7 @@ def measure_round(
     create_topic(cluster, probe, args.queues)
     out: dict[str, Any] = {"round": name, "work_at_start": storage_work(cluster)}
     out["segments_bytes_at_start"] = segment_disks(cluster)
+    out["meminfo_at_start"] = meminfo_mb()
     spies = profile_nodes(cluster, f"backlog-{name}", args.profile_s) if args.profile_s else []
     print(f"[{name}] produce at full speed ...", flush=True)
     usage = Usage(cluster).start()
@@ -231,7 +242,7 @@ def measure_round(
     out["produce_max"]["usage"] = usage.stop()
     print(f"[{name}] produce at {args.rate:,.0f} msgs/s offered ...", flush=True)
     usage = Usage(cluster).start()
-    out["produce_open_loop"] = open_loop_for(urls, probe, values, args)
+    out["produce_open_loop"] = open_loop_for(cluster, urls, probe, values, args)
     out["produce_open_loop"]["usage"] = usage.stop()
     print(f"[{name}] catch-up from offset 0 ...", flush=True)
     usage = Usage(cluster).start()

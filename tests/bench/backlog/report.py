@@ -51,6 +51,8 @@ def report(result: dict[str, Any]) -> None:
     ]
     print(f"\nbench_backlog  commit {result['commit']}  backlog {result['params']['gigabytes']} GB")
     print(table(rows, heads))
+    print("the open loop's slowest seconds:")
+    worst_seconds(result)
     if "fill" in result:
         f = result["fill"]
         t = f["usage"]["total"]
@@ -81,3 +83,19 @@ def report(result: dict[str, Any]) -> None:
             f"({sum(rc['disk_before'].values()) / GB:.2f} -> {sum(rc['disk_after'].values()) / GB:.2f} GB "
             f"on the 3 nodes, target {sum(rc['targets'].values()) / GB:.2f})"
         )
+
+
+def worst_seconds(result: dict[str, Any], count: int = 3) -> None:
+    """The open loop's slowest seconds of each round, beside what the nodes did in them."""
+    for r in result.get("rounds", []):
+        rows = [row for row in r["produce_open_loop"].get("per_second", []) if row["p99_ms"] is not None]
+        for row in sorted(rows, key=lambda row: -row["p99_ms"])[:count]:
+            print(
+                f"  [{r['round']}] at {row['s']:5.1f} s: p99 {row['p99_ms']} ms, max {row['max_ms']} ms; "
+                f"nodes wrote {row['written_mb']} MB, {row['slow_fsyncs']:.0f} of {row['fsyncs']:.0f} "
+                f"journal fsyncs >= 50 ms ({row['fsync_s']:.2f} s in all); flushes {row['flushes']}, "
+                f"compactions {row['compactions']}, level-0 {row['level0_files']}, journals dropped "
+                f"{row['journal_mb_dropped']} MB, snapshots installed {row['snapshot_installs']:.0f}; "
+                f"dirty {row['dirty_mb']} MB, "
+                f"writeback {row['writeback_mb']} MB"
+            )
