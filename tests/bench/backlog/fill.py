@@ -11,6 +11,7 @@ import requests
 
 from tests.bench._common import node_pids
 from tests.bench.backlog.common import GB, JOURNAL_ALLOWANCE, POOL, commit_goals, groups_of, stored
+from tests.bench.backlog.timeline import snapshot_installs
 from tests.bench.backlog.usage import Usage, node_disks, segment_disks, storage_work, work_idle
 from tests.integration.harness import Cluster
 
@@ -31,6 +32,7 @@ def fill(
         if error is not None:
             failures.append(str(error))
 
+    installs_before = snapshot_installs(cluster)
     samples: list[tuple[float, dict[str, dict[str, int]]]] = []  # (s, each node's RocksDB work)
     t0 = last = time.perf_counter()
     with Producer(urls) as producer:
@@ -64,6 +66,7 @@ def fill(
         "msgs_per_s": round(messages / seconds),
         "work_samples": samples,
         "work_at_end": storage_work(cluster),
+        "snapshot_installs": snapshot_installs(cluster) - installs_before,
     }
 
 

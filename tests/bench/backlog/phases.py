@@ -14,7 +14,7 @@ import requests
 
 from tests.bench._common import collect_profiles, percentile, profile_nodes, settle_leaders
 from tests.bench.backlog.common import POOL, caught_up, commit_goals, create_topic, groups_of
-from tests.bench.backlog.timeline import Timeline, meminfo_mb, per_second
+from tests.bench.backlog.timeline import Timeline, meminfo_mb, per_second, snapshot_installs
 from tests.bench.backlog.usage import Usage, node_disks, segment_disks, storage_work
 from tests.integration.harness import Cluster, wait_until
 
@@ -235,6 +235,7 @@ def measure_round(
     out: dict[str, Any] = {"round": name, "work_at_start": storage_work(cluster)}
     out["segments_bytes_at_start"] = segment_disks(cluster)
     out["meminfo_at_start"] = meminfo_mb()
+    installs = snapshot_installs(cluster)
     spies = profile_nodes(cluster, f"backlog-{name}", args.profile_s) if args.profile_s else []
     print(f"[{name}] produce at full speed ...", flush=True)
     usage = Usage(cluster).start()
@@ -258,6 +259,7 @@ def measure_round(
     )
     out["wipe"] = wipe_and_catch_up(cluster, args.wipe_node, urls, probe, values, args)
     settle_leaders(cluster)
+    out["snapshot_installs"] = snapshot_installs(cluster) - installs  # the wiped replica's among them
     out["disk"] = node_disks(cluster)
     print(f"[{name}] {summary_line(out)}", flush=True)
     return out

@@ -48,6 +48,7 @@ def report(result: dict[str, Any]) -> None:
         row("wiped replica caught up, s", lambda r: r["wipe"]["caught_up_s"]),
         row("producers' p99 ms meanwhile", lambda r: r["wipe"]["producers"]["p99_ms"]),
         row("disk on the 3 nodes, GB", lambda r: round(sum(r["disk"].values()) / GB, 2)),
+        row("snapshot installs in the round", lambda r: r.get("snapshot_installs")),
     ]
     print(f"\nbench_backlog  commit {result['commit']}  backlog {result['params']['gigabytes']} GB")
     print(table(rows, heads))
@@ -63,7 +64,10 @@ def report(result: dict[str, Any]) -> None:
         )
         level0 = max([w["level0_files_max"] for _, ws in f["work_samples"] for w in ws.values()] or [0])
         end = sum(w["pending_compaction_bytes"] for w in f["work_at_end"].values())
-        print(f"  at most {level0} level-0 files in a store while filling; {end / 1e6:,.0f} MB to compact")
+        print(
+            f"  at most {level0} level-0 files in a store while filling; {end / 1e6:,.0f} MB to compact; "
+            f"{f.get('snapshot_installs')} snapshot installs"
+        )
     if "settle" in result:
         st, total = result["settle"], result["settle"]["usage"]["total"]
         pending = sum(w["pending_compaction_bytes"] for w in st["work_at_start"].values())

@@ -9,6 +9,7 @@ open loop's sends are bucketed by the second they were scheduled in.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -74,6 +75,15 @@ def _le(labels: dict[str, str]) -> float | None:
         return float(labels.get("le", ""))
     except ValueError:
         return None
+
+
+def snapshot_installs(cluster: Cluster) -> int:
+    """Snapshot installs so far, summed over the running nodes' replicas."""
+    total = 0.0
+    for nid in node_pids(cluster):
+        with contextlib.suppress(requests.RequestException):
+            total += node_sample(cluster, nid)["snapshot_installs"]
+    return int(total)
 
 
 class Timeline:
