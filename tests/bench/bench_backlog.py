@@ -105,6 +105,11 @@ def main() -> None:
         action="store_true",
         help="also measure a round right after the fill, before its after-work ended (as at 27000a7)",
     )
+    ap.add_argument(
+        "--empty-again",
+        action="store_true",
+        help="measure the empty round twice (the second after the first's restart and wipe): a control",
+    )
     ap.add_argument("--settle-timeout", type=float, default=900.0, help="the longest wait for the after-work")
     ap.add_argument("--settle-quiet-s", type=float, default=5.0, help="idle this long in a row: settled")
     ap.add_argument(
@@ -146,6 +151,9 @@ def main() -> None:
         # What one round's probe topic left on each disk: every later round leaves as much, and
         # retention on the backlog topic does not reclaim it, so the targets count it too.
         probe_bytes = {nid: max(0, floor[nid] - start[nid]) for nid in floor}
+        if args.empty_again:
+            # The same round again, still empty: what a second round costs without a backlog.
+            result["rounds"].append(measure_round(cluster, "empty-again", None, values, args))
         create_topic(cluster, "backlog", args.queues)
         urls = [n.url for n in cluster.nodes.values()]
         print(

@@ -251,6 +251,8 @@ def measure_round(
     out["catch_up"]["usage"] = usage.stop()
     if spies:
         out["profiles"] = collect_profiles(spies, PROFILE_THREADS, args.profile_s, wait_s=args.profile_s + 30)
+    # Before the restart and the wipe: a restarted node's counters start again from 0.
+    out["snapshot_installs"] = snapshot_installs(cluster) - installs
     print(f"[{name}] restart of {args.restart_node} ...", flush=True)
     out["restart"] = restart(cluster, args.restart_node, args.restart_timeout)
     settle_leaders(cluster)
@@ -259,7 +261,6 @@ def measure_round(
     )
     out["wipe"] = wipe_and_catch_up(cluster, args.wipe_node, urls, probe, values, args)
     settle_leaders(cluster)
-    out["snapshot_installs"] = snapshot_installs(cluster) - installs  # the wiped replica's among them
     out["disk"] = node_disks(cluster)
     print(f"[{name}] {summary_line(out)}", flush=True)
     return out

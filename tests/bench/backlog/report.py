@@ -13,14 +13,19 @@ def report(result: dict[str, Any]) -> None:
     rounds = result.get("rounds", [])
     if not rounds:
         return
-    heads = ["figure", *(r["round"] for r in rounds), *(f"{r['round']} / empty" for r in rounds[1:])]
+    # Ratios to the empty round, and to the control round (--empty-again) when there is one.
+    bases = [i for i, r in enumerate(rounds) if r["round"] in ("empty", "empty-again")]
+    pairs = [(b, i) for b in bases for i in range(b + 1, len(rounds)) if i not in bases or b == 0]
+    heads = ["figure", *(r["round"] for r in rounds)]
+    heads += [f"{rounds[i]['round']} / {rounds[b]['round']}" for b, i in pairs]
 
     def row(label: str, get: Callable[[dict[str, Any]], Any]) -> list[Any]:
         vals = [get(r) for r in rounds]
-        base = vals[0]
         ratios = [
-            round(v / base, 2) if isinstance(base, int | float) and base and v is not None else "-"
-            for v in vals[1:]
+            round(vals[i] / vals[b], 2)
+            if isinstance(vals[b], int | float) and vals[b] and vals[i] is not None
+            else "-"
+            for b, i in pairs
         ]
         return [label, *vals, *ratios]
 
@@ -48,7 +53,7 @@ def report(result: dict[str, Any]) -> None:
         row("wiped replica caught up, s", lambda r: r["wipe"]["caught_up_s"]),
         row("producers' p99 ms meanwhile", lambda r: r["wipe"]["producers"]["p99_ms"]),
         row("disk on the 3 nodes, GB", lambda r: round(sum(r["disk"].values()) / GB, 2)),
-        row("snapshot installs in the round", lambda r: r.get("snapshot_installs")),
+        row("snapshot installs, produce to catch-up", lambda r: r.get("snapshot_installs")),
     ]
     print(f"\nbench_backlog  commit {result['commit']}  backlog {result['params']['gigabytes']} GB")
     print(table(rows, heads))
