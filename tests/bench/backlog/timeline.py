@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -86,6 +88,18 @@ def snapshot_installs(cluster: Cluster) -> int:
     return int(total)
 
 
+def folder_sizes_mb(root: Path) -> dict[str, float]:
+    """MB held under each folder of ``root`` (three levels down): which files a write burst grew."""
+    sizes: dict[str, float] = {}
+    for folder, _dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root).parts[:3]
+        key = "/".join(rel) or "."
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                sizes[key] = sizes.get(key, 0.0) + os.lstat(os.path.join(folder, name)).st_blocks * 512 / 1e6
+    return {k: round(v, 1) for k, v in sizes.items()}
+
+
 class Timeline:
     """Samples the cluster once a second in a thread from :meth:`start` to :meth:`stop`."""
 
@@ -117,6 +131,7 @@ class Timeline:
                 except requests.RequestException:
                     continue
                 node["written_mb"] = round(process_usage(pid)["write_bytes"] / 1e6, 1)
+                node["folders_mb"] = folder_sizes_mb(self.cluster.data_dir / nid)
                 sample["nodes"][nid] = node
             self.samples.append(sample)
             self._stop.wait(self.interval_s)
