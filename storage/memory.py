@@ -107,8 +107,9 @@ class MemoryStore:
     def sync(self) -> None:
         self._check_open()
 
-    def compact_range(self, start: bytes, end: bytes) -> None:
+    def compact_range(self, start: bytes, end: bytes) -> bool:
         self._check_open()  # a deleted key takes no space here
+        return False
 
     def checkpoint(self, path: str) -> None:
         self._check_open()

@@ -26,7 +26,9 @@ each store) with blob files (docs/operations.md, "Disk"). A blob file goes once 
 is deleted; RocksDB's own blob garbage collection, which would rewrite the oldest files' live
 values in every compaction touching them (and, the messages' keys of every queue sharing each
 file, that is every level-1 compaction), stays off. ``compact_range`` (what retention and dropped
-topics call) collects the garbage instead, once it is half the blob files' bytes.
+topics call) collects the garbage instead, once it is half the blob files' bytes: in pieces, one key
+range of about ``blob_gc.PIECE_BYTES`` of values per call, so that a large store is never rewritten in
+one compaction (which would hold a compaction slot and the disk for minutes).
 
 Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
 between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
@@ -78,6 +80,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from . import blob_gc
 from .durable_dirs import make_dirs_durable
 from .restore_files import (
     RESTORE_FAILED_SUFFIX,
@@ -100,12 +103,10 @@ _MIN_BLOB_BYTES = 4096
 # Blob files written by a flush are at most a memtable (16 MiB); this bounds the ones a garbage
 # collection writes, so the next one frees the disk file by file.
 _BLOB_FILE_BYTES = 64 << 20
-# compact_range rewrites the live blob values once garbage is at least this share of the blob
-# files' bytes: each byte it rewrites pays for at least one byte freed, and the blob files never
-# take more than twice their live values for long.
-_BLOB_GARBAGE_SHARE = 0.5
-_BLOB_SIZE = "rocksdb.live-blob-file-size"
-_BLOB_GARBAGE = "rocksdb.live-blob-file-garbage-size"
+# SST files hold keys and small values only (the messages are in blob files): files of at most this
+# size (RocksDB's default: 64 MiB) cut a store's key space into ranges of a few hundred MB of
+# messages, the boundaries of the garbage collection's pieces (``blob_gc.piece``).
+_SST_FILE_BYTES = 1 << 20
 
 
 def _options() -> Options:
@@ -136,6 +137,7 @@ def _options() -> Options:
     opts.set_blob_file_size(_BLOB_FILE_BYTES)
     opts.set_blob_compression_type(DBCompressionType.snappy())
     opts.set_enable_blob_gc(False)
+    opts.set_target_file_size_base(_SST_FILE_BYTES)
     return opts
 
 
@@ -215,6 +217,10 @@ class RocksStore:
         self._db: Rdict | None = db
         self._users = 0
         self._compactions = 0  # compact_range calls in the gate: _revoke cancels them
+        # Where the blob garbage collection's next piece starts (b"": the first); None while no
+        # collection is under way. Only compact_range reads and writes it, from one thread at a time
+        # (the node's compactor). Not kept across a restart: the next due collection starts anew.
+        self._gc_next: bytes | None = None
         self._closed = False
         self._cursors: weakref.WeakSet[ScanCursor] = weakref.WeakSet()
         # Serializes close() and restore_from(), which both take the handle away from users.
@@ -413,18 +419,24 @@ class RocksStore:
         finally:
             self._leave()
 
-    def compact_range(self, start: bytes, end: bytes) -> None:
+    def compact_range(self, start: bytes, end: bytes) -> bool:
         """Compact ``[start, end)`` through every level now (memtable first), dropping what range
         deletions cover: RocksDB compacts a level only once it outgrows its target, so on a store
         that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on).
+        An empty range (``start >= end``) compacts nothing: the call only goes on with the garbage
+        collection below.
 
         The values of the dropped keys are garbage in their blob files, and a blob file goes only
         once all of it is: when garbage is half the blob files' bytes or more (other queues' or
-        topics' live values keep the files), the whole store is compacted once more with blob
-        garbage collection on, which moves the live values into new files and frees the old ones.
+        topics' live values keep the files), the store's live values are moved into new blob files,
+        one key range of about ``blob_gc.PIECE_BYTES`` of them per call, and the old files go once the
+        last range is done.
 
         A ``close`` or ``restore_from`` meanwhile cancels it (they wait milliseconds, not for the
         compaction): what it did is kept, the rest stays on disk until a later compaction.
+
+        Returns:
+            True while a garbage collection is under way: call again (an empty range will do).
 
         Raises:
             StoreClosed: the store is closed, or was closed or restored during the compaction.
@@ -435,15 +447,17 @@ class RocksStore:
             with self._cond:
                 self._compactions += 1
             try:
-                db.compact_range(start, end, opts)
-                if self._db is db and _blob_garbage_due(db):
-                    _collect_blob_garbage(db)
+                if start < end:
+                    db.compact_range(start, end, opts)
+                if self._db is db and (self._gc_next is not None or blob_gc.garbage_due(db)):
+                    self._gc_next = _collect_blob_garbage(db, self._gc_next or b"")
             finally:
                 with self._cond:
                     self._compactions -= 1
                     cancelled = self._db is not db
             if cancelled:
                 raise StoreClosed(f"store {self._path} was closed during a compaction")
+            return self._gc_next is not None
 
     def checkpoint(self, path: str) -> None:
         """Write an openable copy of the store into the new directory ``path`` (hard links where possible).
@@ -518,17 +532,16 @@ class RocksStore:
             raise
         with self._cond:
             self._db = db
+            self._gc_next = None  # another database: its garbage collection starts anew when due
         return rolled_back
 
 
-def _blob_garbage_due(db: Rdict) -> bool:
-    garbage = int(db.property_int_value(_BLOB_GARBAGE) or 0)
-    return garbage > 0 and garbage >= _BLOB_GARBAGE_SHARE * int(db.property_int_value(_BLOB_SIZE) or 0)
-
-
-def _collect_blob_garbage(db: Rdict) -> None:
-    """Compact the whole store (its last level too) with blob garbage collection on for every blob
-    file: the live values move into new blob files, and the old ones, all garbage then, go."""
+def _collect_blob_garbage(db: Rdict, start: bytes) -> bytes | None:
+    """Compact one piece of the store from ``start`` (its last level too) with blob garbage
+    collection on for every blob file: the live values of its keys move into new blob files. Returns
+    where the next piece starts, or None when this one reached the end (the old files, all garbage
+    once every piece is done, are gone then)."""
+    last, after = blob_gc.piece(db, start)
     opts = CompactOptions()
     opts.set_exclusive_manual_compaction(False)
     opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
@@ -536,9 +549,10 @@ def _collect_blob_garbage(db: Rdict) -> None:
     # again (_open_rdict), and they are set off below as soon as the compaction ends.
     db.set_options({"enable_blob_garbage_collection": "true", "blob_garbage_collection_age_cutoff": "1.0"})
     try:
-        db.compact_range(None, None, opts)
+        db.compact_range(start or None, last, opts)
     finally:
         db.set_options({"enable_blob_garbage_collection": "false"})
+    return after
 
 
 def _open_rdict(path: str) -> Rdict:

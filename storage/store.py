@@ -94,11 +94,14 @@ class Store(Protocol):
         """Make every write made so far durable (an fsync of the write-ahead log)."""
         ...
 
-    def compact_range(self, start: bytes, end: bytes) -> None:
+    def compact_range(self, start: bytes, end: bytes) -> bool:
         """Rewrite what the store keeps on disk for the keys in ``[start, end)`` now, so that the
         space of keys a ``delete_range`` removed there is freed (RocksDB keeps them in its files
         until a compaction rewrites them, which a store that stops growing may never run).
-        Nothing readable changes. Blocking: for a background thread, never a state machine."""
+        Nothing readable changes. Blocking: for a background thread, never a state machine.
+
+        Returns True while the store has more of such work under way, which it does in bounded
+        pieces, one per call: call again (an empty range, ``start >= end``, does only that)."""
         ...
 
     def checkpoint(self, path: str) -> None:

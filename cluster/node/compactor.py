@@ -14,6 +14,8 @@ greatest end is kept: retention always removes from the queue's start. A close o
 restore of the replica's store cancels a compaction in flight rather than waiting for it
 (``RocksStore.compact_range``: minutes for a large removed backlog); it is logged as failed, and
 what it did not free waits for that removal's next report (a restart's replay reports it again).
+A store that answers that it has more to do (the rewrite of its blob garbage, done a bounded piece
+per call: ``RocksStore.compact_range``) is called again by the next job, with an empty range.
 """
 
 from __future__ import annotations
@@ -65,21 +67,33 @@ class Compactor:
         while self._pending:
             await asyncio.sleep(COMPACT_DELAY_S)
             pending, self._pending = self._pending, {}
-            await loop.run_in_executor(None, self._compact, pending)
+            again = await loop.run_in_executor(None, self._compact, pending)
+            for name, store in again:  # one more call, with an empty range
+                self._pending.setdefault(store, (name, {}))[1].setdefault(b"", b"")
 
-    def _compact(self, pending: dict[Store, tuple[str, dict[bytes, bytes]]]) -> None:  # an executor thread
+    def _compact(
+        self, pending: dict[Store, tuple[str, dict[bytes, bytes]]]
+    ) -> list[tuple[str, Store]]:  # an executor thread
+        """Compacts ``pending``; returns the stores with more work under way."""
+        again = []
         for store, (name, ranges) in pending.items():
             started = time.monotonic()
+            more = False
             try:
                 for start, end in sorted(ranges.items()):
-                    store.compact_range(start, end)
-                    self.compacted_ranges += 1
+                    more = store.compact_range(start, end)
+                    if start < end:
+                        self.compacted_ranges += 1
             except StoreError as e:  # closed (removed, restarted, stopping): nothing to free there
                 log.warning("freed_range_compaction_failed", group=name, error=str(e))
                 continue
+            if more:
+                again.append((name, store))
             log.info(
                 "freed_ranges_compacted",
                 group=name,
                 ranges=len(ranges),
                 seconds=round(time.monotonic() - started, 2),
+                more=more,
             )
+        return again

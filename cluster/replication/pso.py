@@ -93,6 +93,8 @@ __all__ = [
     "SyncObjException",
     "TCPNode",
     "answer_uncommitted",
+    "defer_compaction",
+    "followers_behind_compaction",
     "hears_a_leader",
     "hold_commit_notices",
     "install_deadline_poll",
@@ -762,8 +764,9 @@ def install_tick_seams(
     before each election (``pre_vote.py``), unless ``settings.prompt_commit_notice`` a leader's
     commit notices (:func:`hold_commit_notices`), and the bound on what a leader queues for each
     follower (``follower_backlog.py``), and the leader's read rule (``leader_reads.py``, a tick
-    callback). Returns the replica's :class:`PreVote`, :class:`FollowerBacklog` and
-    :class:`LeaderReads`."""
+    callback), and a leader's journal compaction deferred while a follower would need a snapshot
+    for it (:func:`defer_compaction`). Returns the replica's :class:`PreVote`,
+    :class:`FollowerBacklog` and :class:`LeaderReads`."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
     # Half the minimum election timeout: a follower that heard its leader that recently (several
     # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
@@ -772,6 +775,7 @@ def install_tick_seams(
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
     backlog = bound_follower_backlog(sync, settings.max_follower_backlog_bytes, CONNECTION_STATE.CONNECTED)
+    defer_compaction(sync, 2 * settings.compaction_max_bytes)
     return pre_vote, backlog, LeaderReads(sync)
 
 
@@ -794,6 +798,48 @@ def hold_commit_notices(sync: Any) -> None:
             send()
 
     sync._SyncObj__sendAppendEntries = send_unless_only_the_commit_index
+
+
+def defer_compaction(sync: Any, max_bytes: int) -> None:
+    """Make the leader ``sync`` start a journal compaction, once pysyncobj's own triggers call for
+    one (entries, time, ``forceLogCompaction``, which stays set until one runs), only when every
+    connected follower was sent the entries up to the cut (:func:`followers_behind_compaction`),
+    or its journal (a DurableJournal) holds more than ``max_bytes``.
+
+    Why: a compaction cuts the journal at the last applied entry, and a follower whose next entries
+    were not sent yet (held back under load: ``follower_backlog.py``) then gets a snapshot and
+    installs a checkpoint of the group's whole state (gigabytes with a large backlog) instead of
+    the few entries it lacks. A follower that stays behind gets its snapshot at ``max_bytes``, as
+    it would have before. A compaction already serialized (our serializer writes the snapshot at
+    once) is always finished: its entries are deleted at the next tick as before."""
+    try_compaction = sync._SyncObj__tryLogCompaction
+    serializer = sync._SyncObj__serializer
+    journal = sync._SyncObj__raftLog
+
+    def try_compaction_if_no_follower_needs_a_snapshot() -> None:
+        if (
+            serializer._Serializer__pid != 0
+            or journal.size_bytes > max_bytes
+            or followers_behind_compaction(sync) == 0
+        ):
+            try_compaction()
+
+    sync._SyncObj__tryLogCompaction = try_compaction_if_no_follower_needs_a_snapshot
+
+
+def followers_behind_compaction(sync: Any) -> int:
+    """On the leader ``sync``: its connected followers that a compaction now would send a snapshot
+    to, a checkpoint of the group's whole state to install, instead of the entries they lack.
+    pysyncobj cuts the journal at the entry before the last applied one and sends a follower a
+    snapshot once its next index is not past the journal's first entry; a follower's next index
+    lags when the leader holds back what it sends it (``follower_backlog.py``). 0 on a follower."""
+    if not sync._isLeader():
+        return 0
+    cut = sync._SyncObj__raftLastApplied - 1
+    next_index = sync._SyncObj__raftNextIndex
+    connected = sync._SyncObj__connectedNodes
+    followers = sync._SyncObj__otherNodes | sync._SyncObj__readonlyNodes
+    return sum(1 for node in followers if node in connected and next_index.get(node, 0) <= cut)
 
 
 def install_deadline_poll(sync: Any, tick_s: float, max_tick_s: float, busy: Callable[[], bool]) -> None:

@@ -7,6 +7,7 @@ See docs/architecture.md, "Snapshots are manifests; state moves out of band".
 from __future__ import annotations
 
 import functools
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,63 @@ def test_failing_checkpoint_fetches_apply_nothing_unverified_then_catch_up(tmp_p
             ln for ln in metrics.splitlines() if ln.startswith("raftmq_raft_snapshot_installs_total{")
         ]
         assert any('group_id="0"' in ln and float(ln.rsplit(" ", 1)[1]) >= 1 for ln in installs), installs
+
+
+# Connections stay up across a follower's pause (pysyncobj drops one silent for the longest
+# election timeout, 8 s here); a leader holds back what it sends a follower from 64 KiB queued on;
+# compaction after 20 entries as above.
+PAUSE_TOML = (
+    "[raft]\ncompaction_min_entries = 20\ncompaction_min_time_s = 1\nmax_follower_backlog_bytes = 65536\n"
+    "election_min_ms = 4000\nelection_max_ms = 8000\nleader_fallback_ms = 20000\n"
+)
+HELD_BYTES = 8 << 20  # more than the sockets' buffers take (4 MiB to send, the receiver's 128 KiB)
+
+
+def _snapshot_installs(c: Cluster, nid: str) -> float:
+    metrics = c.get("/metrics", nid).text
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in metrics.splitlines()
+        if ln.startswith("raftmq_raft_snapshot_installs_total{") and 'group_id="0"' in ln
+    )
+
+
+def _produce_kib(c: Cluster, node: str, total_bytes: int) -> dict[tuple[int, int], str]:
+    """Requests of 64 messages of 1 KiB to ``node`` until ``total_bytes``; the acknowledged ones."""
+    acked: dict[tuple[int, int], str] = {}
+    for b in range(total_bytes // (64 << 10)):
+        values = [f"held-{b}-{i}-".ljust(1024, "x") for i in range(64)]
+        r = c.produce("t", [{"value": v} for v in values], node=node)
+        assert r.status_code == 200, r.text
+        for v, res in zip(values, r.json()["results"], strict=True):
+            acked[(res["queue"], res["offset"])] = v
+    return acked
+
+
+def test_a_follower_held_behind_a_due_compaction_gets_the_entries_not_a_snapshot(tmp_path: Path) -> None:
+    """A leader compacts its journal only once it has sent its connected followers the entries up
+    to the cut: a follower paused (SIGSTOP, its connections up) until its leader held back what it
+    sends it, while compaction fell due and its peer compacted, catches up from the leader's
+    journal, with no snapshot install (a checkpoint of the group's whole state), and the leader
+    compacts then. Before, the leader compacted at once and the follower installed a snapshot."""
+    with start(tmp_path, extra_toml=PAUSE_TOML) as c:
+        c.create_topic("t", queues=2)
+        acked = produce_batches(c, "t", batches=5, size=20)
+        leader = c.wait_leader("0")
+        paused, peer = [n for n in c.nodes if n != leader]
+        proc = c.nodes[paused].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            acked |= _produce_kib(c, leader, HELD_BYTES)
+            wait_until(functools.partial(_compacted, c, peer), 60, what=f"compaction on {peer}")
+            # More entries, each a few ticks of the leader with its compaction due all along.
+            acked |= produce_batches(c, "t", batches=5, size=20, tag="more", node=leader)
+            assert not _compacted(c, leader), _group(c, leader)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        c.wait_replicas_equal("0", timeout_s=60)
+        wait_until(functools.partial(_compacted, c, leader), 60, what=f"compaction on {leader}")
+        assert _snapshot_installs(c, paused) == 0
+        assert "snapshot_install" not in c.log(paused)
+        assert_all_present(c, "t", acked, paused, read_from="local")

@@ -17,14 +17,17 @@ from raftmq.storage.store import Batch, StoreClosed
 
 
 class Recording:
-    def __init__(self, closed: bool = False) -> None:
+    def __init__(self, closed: bool = False, more: int = 0) -> None:
         self.calls: list[tuple[bytes, bytes]] = []
         self.closed = closed
+        self.more = more  # calls that answer "more to do" (a blob garbage rewrite under way)
 
-    def compact_range(self, start: bytes, end: bytes) -> None:
+    def compact_range(self, start: bytes, end: bytes) -> bool:
         if self.closed:
             raise StoreClosed("closed")
         self.calls.append((start, end))
+        self.more -= 1
+        return self.more >= 0
 
 
 def _compact(compactor: Compactor, *reports: tuple[str, object, tuple[tuple[bytes, bytes], ...]]) -> None:
@@ -59,6 +62,20 @@ def test_freed_ranges_are_compacted_once_each_with_the_greatest_end(monkeypatch:
     assert g0.calls == [(b"a", b"a9"), (b"b", b"b2")]
     assert g1.calls == [] and closed.calls == [] and old.calls == [] and new.calls == [(b"e", b"e1")]
     assert compactor.compacted_ranges == 3 and compactor.tasks() == []
+
+
+def test_a_store_with_more_to_do_is_called_again_with_an_empty_range_until_it_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RocksStore rewrites its blob garbage a bounded piece per compact_range: the compactor calls
+    it again (an empty range: nothing more was freed) for as long as it answers that it has more."""
+    monkeypatch.setattr(compactor_module, "COMPACT_DELAY_S", 0.0)
+    busy, idle = Recording(more=3), Recording()
+    compactor = Compactor()
+    _compact(compactor, ("0", busy, ((b"a", b"a5"),)), ("1", idle, ((b"b", b"b5"),)))
+    assert busy.calls == [(b"a", b"a5"), (b"", b""), (b"", b""), (b"", b"")]
+    assert idle.calls == [(b"b", b"b5")]
+    assert compactor.compacted_ranges == 2 and compactor.tasks() == []
 
 
 def test_a_replica_not_yet_listed_by_the_node_has_its_ranges_compacted_and_a_closed_one_not(

@@ -11,7 +11,9 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from raftmq.storage import rocks
+import pytest
+
+from raftmq.storage import blob_gc, rocks
 from raftmq.storage.rocks import RocksStore, destroy_store
 from raftmq.storage.store import Batch
 
@@ -185,3 +187,40 @@ def test_a_store_with_blob_files_opens_and_reads_in_the_release_before_and_keeps
         assert dict(old.scan(b"R", b"S")) == written
     finally:
         old.close()
+
+
+def test_the_blob_garbage_is_rewritten_a_bounded_piece_per_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three queues of four removed leave every blob file three quarters garbage: compact_range
+    moves the live quarter into new files a key range of about ``blob_gc.PIECE_BYTES`` at a time, asking to be
+    called again until the last range is done, so no call rewrites the store at once. Then the
+    old files are gone and every kept message reads back."""
+    monkeypatch.setattr(rocks, "_SST_FILE_BYTES", 1 << 10)  # a few SST files of keys to cut at
+    monkeypatch.setattr(blob_gc, "PIECE_BYTES", 2 << 20)
+    store, opts = _open_counting(str(tmp_path / "db"))
+    try:
+        rnd = random.Random(4)  # batches of 4 KiB (the least that goes to a blob file): more keys
+        count = (32 << 20) // 4096
+        written = _write(
+            store, ((_record_key(n % QUEUES, n // QUEUES), rnd.randbytes(4096)) for n in range(count))
+        )
+        store.compact_range(b"", b"\xff")
+        full = store.approximate_size()
+        removal = Batch()
+        for q in (q for q in range(QUEUES) if q % 4):
+            removal.delete_range(_record_key(q, 0), _record_key(q, 1 << 62))
+        store.write(removal, sync=True)
+        calls, more = [], True
+        while more and len(calls) < 100:
+            before = _bytes_written(opts)
+            more = store.compact_range(b"", b"\xff") if not calls else store.compact_range(b"", b"")
+            calls.append(_bytes_written(opts) - before)
+        live = 8 << 20  # a quarter of the 32 MiB
+        assert len(calls) >= 3 and not more, [c >> 10 for c in calls]
+        assert max(calls) < live // 4, f"a call wrote {max(calls) >> 20} MiB of {live >> 20} MiB live"
+        assert store.approximate_size() < full * 0.7, (store.approximate_size(), full)
+        kept = {k: v for k, v in written.items() if struct.unpack(">I", k[5:9])[0] % 4 == 0}
+        assert dict(store.scan(b"R", b"S")) == kept
+    finally:
+        store.close()

@@ -1,0 +1,62 @@
+"""When and in which pieces ``RocksStore.compact_range`` collects blob garbage (storage/rocks.py):
+the values of deleted keys stay in their blob files until every value of a file is deleted, and
+with the messages of every queue in each file, retention on some queues leaves every file partly
+garbage. Once garbage is half the blob files' bytes, the store's live values are moved into new
+files, one key range of about :data:`PIECE_BYTES` of them per call, so that no compaction rewrites
+a large store at once (it would hold a compaction slot and the disk for minutes).
+
+No rocksdict here: the database is typed by what these functions read of it (:class:`BlobDb`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+__all__ = ["GARBAGE_SHARE", "PIECE_BYTES", "BlobDb", "garbage_due", "piece"]
+
+# Collect once garbage is at least this share of the blob files' bytes: each byte rewritten pays
+# for at least one byte freed, and the blob files never take more than twice their live values for long.
+GARBAGE_SHARE = 0.5
+# A piece holds about this many bytes of blob values (live and garbage): its compaction stays
+# bounded at any store size, and a close waits for at most one of them.
+PIECE_BYTES = 256 << 20
+BLOB_SIZE = "rocksdb.live-blob-file-size"
+BLOB_GARBAGE = "rocksdb.live-blob-file-garbage-size"
+
+
+class BlobDb(Protocol):
+    """What these functions read of rocksdict's ``Rdict``."""
+
+    def property_int_value(self, name: str) -> int | None: ...
+    def live_files(self) -> list[dict[str, Any]]: ...
+
+
+def garbage_due(db: BlobDb) -> bool:
+    """Whether the blob files' garbage is worth a collection."""
+    garbage = int(db.property_int_value(BLOB_GARBAGE) or 0)
+    return garbage > 0 and garbage >= GARBAGE_SHARE * int(db.property_int_value(BLOB_SIZE) or 0)
+
+
+def piece(db: BlobDb, start: bytes) -> tuple[bytes | None, bytes | None]:
+    """The piece of a collection from ``start``: as many SST files of the largest level as hold
+    about :data:`PIECE_BYTES` of blob values (a key's share of them is about the same in every
+    file). Returns the piece's last key (RocksDB's compaction ends are inclusive) and the next
+    piece's start; (None, None) for the rest of the store."""
+    files = db.live_files()
+    levels: dict[int, int] = {}
+    for f in files:
+        levels[f["level"]] = levels.get(f["level"], 0) + int(f["size"])
+    level = max(levels, key=lambda n: levels[n], default=0)
+    if level == 0:
+        return None, None  # level 0's files overlap: nothing to cut at (a small store, one piece)
+    # Past level 0 a level's files hold disjoint key ranges, so sorted by start they are in order.
+    ahead = sorted(
+        (f for f in files if f["level"] == level and f["end_key"] >= start), key=lambda f: f["start_key"]
+    )
+    blob_bytes = int(db.property_int_value(BLOB_SIZE) or 0)
+    share = PIECE_BYTES / blob_bytes if blob_bytes else 1.0
+    count = max(1, math.ceil(share * sum(1 for f in files if f["level"] == level)))
+    if count >= len(ahead):
+        return None, None
+    return bytes(ahead[count - 1]["end_key"]), bytes(ahead[count]["start_key"])

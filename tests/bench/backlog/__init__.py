@@ -1,0 +1,1 @@
+"""The parts of tests/bench/bench_backlog.py (see its docstring)."""
