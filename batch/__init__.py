@@ -8,7 +8,8 @@ the only code that reads or writes them. It is pure (stdlib, crc32c, numpy; pyar
 - Client: :class:`BatchBuilder` -> ``bytes``; :func:`frame_prefix` / :func:`join_frames`.
 - Node: :func:`split_frames`, then :func:`validate` (vectorised: no per-message Python work but
   for records with a delay or TTL, :meth:`BatchView.timing`), then :func:`stamp` at apply.
-- Readers: :func:`read` and :meth:`BatchView.records` (lazy), :func:`columns` (Arrow),
+- Readers: :func:`read` (:func:`read_stored`: a value this node stored, its records not checked
+  again) and :meth:`BatchView.records` (lazy), :func:`columns` (Arrow),
   :func:`read_v1` / :func:`v1_to_v2` for values stored before v2.
 
 Every malformed input raises :class:`BadBatch` (code ``bad_batch``), never anything else.
@@ -32,7 +33,7 @@ from ._format import (
 )
 from ._frames import Frame, frame_prefix, join_frames, split_batches, split_frames
 from ._v1 import V1Batch, read_v1, v1_to_v2
-from ._validate import Limits, read, reserved_header_record, validate
+from ._validate import Limits, read, read_stored, reserved_header_record, validate
 from ._view import BatchView, Record, stamp, stamp_into
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "is_reserved_header",
     "join_frames",
     "read",
+    "read_stored",
     "read_v1",
     "reserved_header_record",
     "split_batches",

@@ -429,7 +429,7 @@ def _v2_header(data: bytes) -> BatchHeader:
 
 def _v2_read(data: bytes) -> v2.BatchView:
     try:
-        return v2.read(data)
+        return v2.read_stored(data)
     except v2.BadBatch as e:
         raise CorruptRecord(f"v2 record batch: {e.reason}: {e.message}") from None
 

@@ -4,8 +4,9 @@ receive hands them out with no entry and no hop of its own.
 
 What it owns: per line, what its receives asked lately and where its turns stand (``LineTurns``,
 shared with the line's takes in ``receive_coordinator.py``), the read-ahead held (at most one a
-line, at most one receive's worth, for at most ``READ_AHEAD_HOLD_MS``), the releases under way,
-and the counts ``/metrics`` shows.
+line, at most one receive's worth, for at most ``READ_AHEAD_HOLD_MS``), the releases under way
+(and the give-backs of messages a take got for receivers that went away, retried and awaited
+alike: ``give_back``), and the counts ``/metrics`` shows.
 
 Invariants:
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,12 +234,26 @@ class ReadAhead:
 
     async def stop(self) -> None:
         """A graceful stop: read nothing ahead from now on, release what is held, and wait for
-        the releases under way (at most ``STOP_RELEASE_S``)."""
+        the releases and give-backs under way (at most ``STOP_RELEASE_S``)."""
         self.stopping = True
         for key, held in list(self._held.items()):
             self._expire(key, held)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=STOP_RELEASE_S)
+
+    def give_back(
+        self,
+        topic: Topic,
+        group: str,
+        receipts: list[str],
+        op: str = "release",
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        """Give back messages a take got for receivers that went away meanwhile (not read-aheads:
+        not counted as such): ``op`` (``release``, or a ``nack`` where a queue group's voters do
+        not apply it) on the ``receipts``, tried again as a release is, and waited for by a
+        graceful stop (:meth:`stop`)."""
+        self._start(self._give_back(topic, group, op, receipts, fields or {}, self._deadline()))
 
     def _expire(self, key: Any, held: _Held) -> None:
         """Give back a read-ahead no receive took in time; a line whose receives took none of it
@@ -252,33 +267,56 @@ class ReadAhead:
         if turns is not None and not held.claimed and not self.stopping:
             turns.quiet_until = time.monotonic() + READ_AHEAD_QUIET_S
         receipts = [m["receipt"] for m in held.messages]
-        deadline = time.monotonic() + (STOP_RELEASE_S if self.stopping else RELEASE_TRY_S)
-        task = asyncio.create_task(self._release(held.topic, held.group, receipts, deadline))
+        self._start(self._release(held.topic, held.group, receipts, self._deadline()))
+
+    def _deadline(self) -> float:
+        return time.monotonic() + (STOP_RELEASE_S if self.stopping else RELEASE_TRY_S)
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _release(self, topic: Topic, group: str, receipts: list[str], deadline: float) -> None:
-        """``release`` the ``receipts``, again for those that failed (a leader change), until
-        ``deadline``. A receipt no longer current (acked, expired) has nothing to give back."""
-        left, pause = receipts, 0.05
+        """``release`` a read-ahead's ``receipts`` (:meth:`_settle_until`), counted."""
+        done, left, code = await self._settle_until(topic, group, "release", receipts, {}, deadline)
+        self.counts.released += done
+        if left:
+            self.counts.unreleased += len(left)
+            log.warning(
+                "read_ahead_not_released", topic=topic.name, group=group, code=code, messages=len(left)
+            )
+
+    async def _give_back(
+        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any], deadline: float
+    ) -> None:
+        _, left, code = await self._settle_until(topic, group, op, receipts, fields, deadline)
+        if left:  # in flight until their visibility deadline, as a receive whose answer was lost
+            log.warning(
+                "receive_not_given_back", topic=topic.name, group=group, op=op, code=code, messages=len(left)
+            )
+
+    async def _settle_until(
+        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any], deadline: float
+    ) -> tuple[int, list[str], str | None]:
+        """Apply ``op`` to the ``receipts``, again to those that failed (a leader change), until
+        ``deadline``. A receipt no longer current (acked, expired) has nothing to give back.
+        Returns how many it applied to, the receipts left, and the last failure's code."""
+        left, pause, done = receipts, 0.05, 0
         while True:
             try:
-                results = await self.settle(topic, group, "release", left, {})
+                results = await self.settle(topic, group, op, left, fields)
             except RaftmqError as e:
-                code = e.code
+                code: str | None = e.code
             else:
-                self.counts.released += sum(1 for r in results if r.get("ok"))
+                done += sum(1 for r in results if r.get("ok"))
                 failed = [
                     r for r in results if "error" in r and r["error"].get("code") != errors.STALE_RECEIPT.code
                 ]
                 if not failed:
-                    return
+                    return done, [], None
                 left, code = [r["receipt"] for r in failed], failed[0]["error"].get("code")
             if time.monotonic() + pause > deadline:
-                self.counts.unreleased += len(left)
-                log.warning(
-                    "read_ahead_not_released", topic=topic.name, group=group, code=code, messages=len(left)
-                )
-                return
+                return done, left, code
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.5)

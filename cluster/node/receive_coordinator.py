@@ -205,9 +205,7 @@ class ReceiveCoordinator:
             w = next((w for w in target.waiters if w.visibility_ms == visibility_ms), None)
             if w is None:
                 # Nobody left to take them (clients went away): give them back at once.
-                receipts = [m["receipt"] for m in rest]
-                task = asyncio.create_task(self._give_back(target, receipts))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                self._give_back(target, [m["receipt"] for m in rest])
                 return
             target.waiters.remove(w)
             part, rest = rest[: w.max], rest[w.max :]
@@ -241,14 +239,15 @@ class ReceiveCoordinator:
             if target is not None:
                 target.arrived.set()
 
-    async def _give_back(self, target: _Target, receipts: list[str]) -> None:
+    def _give_back(self, target: _Target, receipts: list[str]) -> None:
         """Messages taken for receivers that went away: ``release``d (visible again at once,
         their delivery uncounted: no consumer got them) where every queue group's voters apply
-        it, else visible again at once by a ``nack`` (counted, as the release before did)."""
+        it, else visible again at once by a ``nack`` (counted, as the release before did); tried
+        again and waited for at a graceful stop (``ReadAhead.give_back``)."""
         groups = {target.topic.queue_groups[int(r.split(".")[1])] for r in receipts}
         release = all(self.node.group_supports(str(g), "release") for g in groups)
         op, fields = ("release", {}) if release else ("nack", {"delay_ms": 0})
-        await self._settle(target.topic, target.group, op, receipts, fields)
+        self.read_ahead.give_back(target.topic, target.group, receipts, op, fields)
 
     async def _take(
         self, key: TargetKey, target: _Target, demand: int, visibility_ms: int, delay_ms: int = 0

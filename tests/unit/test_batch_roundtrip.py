@@ -16,6 +16,7 @@ from raftmq.batch import (
     columns,
     is_reserved_header,
     read,
+    read_stored,
     stamp,
     stamp_into,
     validate,
@@ -82,6 +83,27 @@ def test_every_built_batch_validates_and_decodes_to_what_was_appended(
     assert (view.producer_id, view.base_sequence) == (producer or (None, 0))
     timed = [(i, m["delay_ms"], m["ttl_ms"]) for i, m in enumerate(msgs) if m["delay_ms"] or m["ttl_ms"]]
     assert view.timing() == timed
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(batches, producers, st.data())
+def test_a_stored_batch_reads_back_as_read_sees_it_and_a_damaged_one_is_refused(
+    msgs: list[dict[str, Any]], producer: tuple[str, int] | None, data: st.DataObject
+) -> None:
+    stored = stamp(build(msgs, producer), 7, 1_700_000_000_000, 3)
+    view, checked = read_stored(stored), read(stored)
+    assert list(view.records()) == list(checked.records()) == expected(msgs, 7)
+    assert view.timing() == checked.timing()
+    assert view.sections == checked.sections
+    assert (view.producer_id, view.base_sequence, view.raft_index) == (
+        checked.producer_id,
+        checked.base_sequence,
+        checked.raft_index,
+    )
+    damaged = bytearray(stored)
+    damaged[data.draw(st.integers(0, len(stored) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    with pytest.raises(BadBatch):
+        read_stored(bytes(damaged))
 
 
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -3,8 +3,9 @@
 queues (in turn, and fair to the line's other queue groups), a receive of the same visibility taking
 them with no take of its own, what no receive took released (and the line quieted only when no
 receive took any), releases tried again, a graceful stop releasing what is held, and messages
-nobody is left to take given back uncounted. The queue groups' leaders are a stand-in router (the
-replicated ops are ``tests/unit/test_delivery_read_ahead.py``'s, the whole with real nodes
+nobody is left to take given back uncounted (tried again, and waited for by a graceful stop). The
+queue groups' leaders are a stand-in router (the replicated ops are
+``tests/unit/test_delivery_read_ahead.py``'s, the whole with real nodes
 ``tests/integration/test_sqs_read_ahead.py``'s)."""
 
 from __future__ import annotations
@@ -258,15 +259,6 @@ def test_messages_no_receiver_is_left_to_take_are_given_back_uncounted() -> None
     """A take's messages whose receiver went away meanwhile: released (no consumer got them, so
     their receive count stays), not nacked (which counts the delivery)."""
 
-    class Slow(Leaders):
-        def __init__(self) -> None:
-            super().__init__(backlog=True)
-            self.go = asyncio.Event()
-
-        async def group_call(self, g: int, action: str, body: dict[str, Any]) -> dict[str, Any]:
-            await self.go.wait()
-            return await super().group_call(g, action, body)
-
     async def main() -> Settled:
         leaders = Slow()
         c, _, settled = coordinator(leaders)
@@ -281,3 +273,49 @@ def test_messages_no_receiver_is_left_to_take_are_given_back_uncounted() -> None
     settled = asyncio.run(main())
     assert [op for op, _ in settled] == ["release"], settled
     assert len(settled[0][1]) == 2
+
+
+class Slow(Leaders):
+    """Leaders whose receives answer once ``go`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(backlog=True)
+        self.go = asyncio.Event()
+
+    async def group_call(self, g: int, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        await self.go.wait()
+        return await super().group_call(g, action, body)
+
+
+async def abandoned_take(c: ReceiveCoordinator, leaders: Slow) -> None:
+    """A receiver that goes away while its take is under way: the take's 2 messages find nobody."""
+    waiter = Waiter(2, 30_000, time.monotonic() + 5, asyncio.get_running_loop().create_future())
+    c.enqueue(KEY, waiter, lambda: c.target(TOPIC, "sqs", None, None, None))
+    await settle_soon()
+    waiter.future.cancel()
+    leaders.go.set()
+    await settle_soon()
+
+
+def test_messages_given_back_are_tried_again_when_the_give_back_fails() -> None:
+    async def main() -> Settled:
+        leaders = Slow()
+        c, _, settled = coordinator(leaders, fail_first=2)
+        await abandoned_take(c, leaders)
+        await asyncio.sleep(0.5)
+        return settled
+
+    settled = asyncio.run(main())
+    assert [op for op, _ in settled] == ["release"] * 3
+    assert settled[0][1] == settled[2][1] and len(settled[2][1]) == 2
+
+
+def test_a_graceful_stop_waits_for_messages_being_given_back() -> None:
+    async def main() -> list[str]:
+        leaders = Slow()
+        c, _, settled = coordinator(leaders, fail_first=1)  # the first try fails: the next is 50 ms on
+        await abandoned_take(c, leaders)
+        await c.read_ahead.stop()
+        return [op for op, _ in settled]
+
+    assert asyncio.run(main()) == ["release", "release"]
