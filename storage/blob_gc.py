@@ -59,4 +59,7 @@ def piece(db: BlobDb, start: bytes) -> tuple[bytes | None, bytes | None]:
     count = max(1, math.ceil(share * sum(1 for f in files if f["level"] == level)))
     if count >= len(ahead):
         return None, None
-    return bytes(ahead[count - 1]["end_key"]), bytes(ahead[count]["start_key"])
+    last = bytes(ahead[count - 1]["end_key"])
+    # The next piece starts just past this one's last key, not at the next file's first key: files
+    # of other levels between the two would be in neither piece.
+    return last, last + b"\x00"

@@ -103,10 +103,12 @@ _MIN_BLOB_BYTES = 4096
 # Blob files written by a flush are at most a memtable (16 MiB); this bounds the ones a garbage
 # collection writes, so the next one frees the disk file by file.
 _BLOB_FILE_BYTES = 64 << 20
-# SST files hold keys and small values only (the messages are in blob files): files of at most this
-# size (RocksDB's default: 64 MiB) cut a store's key space into ranges of a few hundred MB of
-# messages, the boundaries of the garbage collection's pieces (``blob_gc.piece``).
-_SST_FILE_BYTES = 1 << 20
+# The SST files' target size: RocksDB's default, named. Their boundaries are where the garbage
+# collection can cut its pieces (``blob_gc.piece``); smaller files would cut finer but multiply the
+# files of a store of small messages (they stay in the SST files: 10 GB of them in 1 MiB files is
+# 10,000 files, each held open), so a piece is at least one file's keys: at this size, with the
+# messages in blob files, millions of keys, usually the whole store.
+_SST_FILE_BYTES = 64 << 20
 
 
 def _options() -> Options:

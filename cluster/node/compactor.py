@@ -87,6 +87,9 @@ class Compactor:
             except StoreError as e:  # closed (removed, restarted, stopping): nothing to free there
                 log.warning("freed_range_compaction_failed", group=name, error=str(e))
                 continue
+            except Exception:  # anything else: the other stores' ranges are still compacted
+                log.exception("freed_range_compaction_failed", group=name)
+                continue
             if more:
                 again.append((name, store))
             log.info(
