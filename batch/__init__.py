@@ -12,7 +12,9 @@ the only code that reads or writes them. It is pure (stdlib, crc32c, numpy; pyar
   again) and :meth:`BatchView.records` (lazy), :func:`columns` (Arrow),
   :func:`read_v1` / :func:`v1_to_v2` for values stored before v2.
 
-Every malformed input raises :class:`BadBatch` (code ``bad_batch``), never anything else.
+Every malformed input raises :class:`BadBatch` (code ``bad_batch``), never anything else; but
+:func:`read_stored` trusts the records' structure (its callers turn any error into a corrupt
+record: storage/records.py).
 """
 
 from ._builder import BatchBuilder

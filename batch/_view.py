@@ -1,10 +1,11 @@
 """Viewing a checked v2 batch: :class:`BatchView` (header fields, numpy columns, lazy records),
 :class:`Record` (one message of it) and :func:`stamp` (the leader's fields written into a batch).
 
-A view is made only by the checks of ``_validate.py`` (:func:`read`, :func:`validate`), which
-fill its columns; nothing here checks bytes again. Records are decoded lazily: Python work per
-message is spent only when the caller iterates them, and on delays and TTLs only when asked for
-(:meth:`BatchView.timing`).
+A view is made only by ``_validate.py`` (:func:`read`, :func:`validate` check the bytes;
+:func:`read_stored` checks only CRCs, header and section lengths, for values checked before they
+were stored), which fill its columns; nothing here checks bytes again. Records are decoded
+lazily: Python work per message is spent only when the caller iterates them, and on delays and
+TTLs only when asked for (:meth:`BatchView.timing`).
 """
 
 from __future__ import annotations

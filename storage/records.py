@@ -432,22 +432,27 @@ def _v2_read(data: bytes) -> v2.BatchView:
         return v2.read_stored(data)
     except v2.BadBatch as e:
         raise CorruptRecord(f"v2 record batch: {e.reason}: {e.message}") from None
+    except (ValueError, IndexError) as e:  # read_stored trusts the structure apply's read checked
+        raise CorruptRecord(f"v2 record batch: records unreadable: {e}") from None
 
 
 def _v2_messages(view: v2.BatchView, from_offset: int | None, max_messages: int | None) -> list[Message]:
     """A v2 batch's records as messages: the timestamp is the append time (as v1's), and a TTL
     counts from when the record became deliverable (append time + delay)."""
     at, index = view.append_time_ms, view.raft_index
-    return [
-        Message(
-            r.offset,
-            r.key,
-            r.value,
-            r.binary,
-            r.headers,
-            at,
-            index,
-            at + r.delay_ms + r.ttl_ms if r.ttl_ms else None,
-        )
-        for r in view.records(from_offset, max_messages)
-    ]
+    try:
+        return [
+            Message(
+                r.offset,
+                r.key,
+                r.value,
+                r.binary,
+                r.headers,
+                at,
+                index,
+                at + r.delay_ms + r.ttl_ms if r.ttl_ms else None,
+            )
+            for r in view.records(from_offset, max_messages)
+        ]
+    except (ValueError, IndexError) as e:  # UnicodeDecodeError included: see _v2_read
+        raise CorruptRecord(f"v2 record batch: records unreadable: {e}") from None

@@ -308,6 +308,9 @@ class ReadAhead:
                 results = await self.settle(topic, group, op, left, fields)
             except RaftmqError as e:
                 code: str | None = e.code
+            except Exception:  # not a refusal (a peer's answer without an error body): try again
+                log.exception("settle_failed", topic=topic.name, group=group, op=op)
+                code = errors.INTERNAL.code
             else:
                 done += sum(1 for r in results if r.get("ok"))
                 failed = [

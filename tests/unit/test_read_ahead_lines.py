@@ -69,15 +69,16 @@ Settled = list[tuple[str, list[str]]]
 
 
 def coordinator(
-    leaders: Leaders | None = None, fail_first: int = 0
+    leaders: Leaders | None = None, fail_first: int = 0, failure: Exception | None = None
 ) -> tuple[ReceiveCoordinator, Leaders, Settled]:
-    """A coordinator whose settles are recorded; the first ``fail_first`` raise ``not_leader``."""
+    """A coordinator whose settles are recorded; the first ``fail_first`` raise ``failure``
+    (``not_leader`` unless given)."""
     settled: Settled = []
 
     async def settle(topic: Topic, group: str, op: str, receipts: list[str], fields: Any) -> list[Any]:
         settled.append((op, receipts))
         if len(settled) <= fail_first:
-            raise CatalogError(errors.NOT_LEADER, "the leader moved")
+            raise failure or CatalogError(errors.NOT_LEADER, "the leader moved")
         return [{"receipt": r, "ok": True} for r in receipts]
 
     leaders = leaders or Leaders()
@@ -297,10 +298,15 @@ async def abandoned_take(c: ReceiveCoordinator, leaders: Slow) -> None:
     await settle_soon()
 
 
-def test_messages_given_back_are_tried_again_when_the_give_back_fails() -> None:
+@pytest.mark.parametrize(
+    "failure",
+    [None, ValueError("HTTP 502 without an error body")],
+    ids=["a refusal", "not a refusal"],  # a peer's answer the router cannot read raises ValueError
+)
+def test_messages_given_back_are_tried_again_when_the_give_back_fails(failure: Exception | None) -> None:
     async def main() -> Settled:
         leaders = Slow()
-        c, _, settled = coordinator(leaders, fail_first=2)
+        c, _, settled = coordinator(leaders, fail_first=2, failure=failure)
         await abandoned_take(c, leaders)
         await asyncio.sleep(0.5)
         return settled

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raftmq.batch import BatchBuilder, stamp
+from raftmq.batch._format import CRC_AT, CRC_START
 from raftmq.storage.records import (
     HEADER_SIZE,
     CorruptRecord,
@@ -122,3 +125,27 @@ def test_unknown_format_version_is_rejected() -> None:
 def test_corrupt_record_is_a_store_error() -> None:
     # The state machine lets StoreError escape (a replica with broken storage must stop).
     assert issubclass(CorruptRecord, StoreError)
+
+
+def _with_body_crc(data: bytearray) -> bytes:
+    """``data`` with its body CRC made right again: damage a CRC cannot see."""
+    data[CRC_AT : CRC_AT + 4] = crc32c.crc32c(bytes(data[CRC_START:])).to_bytes(4, "little")
+    return bytes(data)
+
+
+def test_a_stored_v2_batch_whose_records_do_not_read_is_a_corrupt_record() -> None:
+    """Stored values are read without their records checked again (apply's read checked them):
+    one that still does not read (its CRCs right, a key no longer UTF-8) raises CorruptRecord, the
+    storage error that stops a node's apply, not a UnicodeDecodeError a caller would take for a
+    bad request."""
+    builder = BatchBuilder(None, 0, base_timestamp_ms=1_700_000_000_000)
+    builder.append(value=b"v", key="kkkk")
+    stored = bytearray(stamp(builder.finish(), 0, 1_700_000_000_000, 3))
+    assert [m.key for m in decode_messages(bytes(stored), 0, 10)] == ["kkkk"]
+    at = stored.index(b"kkkk")
+    stored[at : at + 4] = b"\xff\xfe\xfd\xfc"
+    damaged = _with_body_crc(stored)
+    with pytest.raises(CorruptRecord):
+        decode_messages(damaged, 0, 10)
+    with pytest.raises(CorruptRecord):
+        decode_batch(damaged)
