@@ -238,8 +238,11 @@ class ReadAhead:
         self.stopping = True
         for key, held in list(self._held.items()):
             self._expire(key, held)
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=STOP_RELEASE_S)
+        # Give-backs can start while it waits (a take under way finds its receivers gone): wait
+        # for those too, within the same bound.
+        end = time.monotonic() + STOP_RELEASE_S
+        while self._tasks and (left := end - time.monotonic()) > 0:
+            await asyncio.wait(list(self._tasks), timeout=left)
 
     def give_back(
         self,

@@ -325,3 +325,24 @@ def test_a_graceful_stop_waits_for_messages_being_given_back() -> None:
         return [op for op, _ in settled]
 
     assert asyncio.run(main()) == ["release", "release"]
+
+
+def test_a_graceful_stop_waits_for_give_backs_that_start_while_it_waits() -> None:
+    """A take still under way when the stop begins finds its receivers gone and gives its
+    messages back after the stop started waiting: the stop waits for that one too."""
+
+    async def main() -> list[str]:
+        # Each one's first try fails: the next is 50 ms on (r2's ends 10 ms after r1's).
+        c, _, settled = coordinator(fail_first=2)
+        c.read_ahead.give_back(TOPIC, "sqs", ["r1"])
+
+        async def late_give_back() -> None:
+            await asyncio.sleep(0.01)  # after the stop began waiting for r1's
+            c.read_ahead.give_back(TOPIC, "sqs", ["r2"])
+
+        late = asyncio.create_task(late_give_back())
+        await c.read_ahead.stop()
+        await late
+        return [r for _, receipts in settled for r in receipts]
+
+    assert sorted(asyncio.run(main())) == ["r1", "r1", "r2", "r2"]  # each tried twice
