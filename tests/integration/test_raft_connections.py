@@ -149,7 +149,9 @@ def test_idle_partial_and_trickling_connections_are_closed_at_the_auth_deadline(
         assert still_open == 0, f"{still_open} of {len(socks)} open {AUTH_TIMEOUT_S + 1.5} s after opening"
         for at in closed.values():
             assert at - opened >= AUTH_TIMEOUT_S - 0.2, "closed before the deadline"
-        wait_until(lambda: descriptors(c, "n1") <= before + 2, 10, what="n1's descriptors back")
+        # Back within a few (RocksDB opens files of its own meanwhile; a rehearsal missed +2 once), far
+        # fewer than the nine connections a leak would keep.
+        wait_until(lambda: descriptors(c, "n1") <= before + 4, 10, what="n1's descriptors back")
         wait_until(
             lambda: refused(c, "n1").get("auth_timeout", 0) >= counted + 9 and not strangers(c, "n1"),
             5,
