@@ -36,7 +36,13 @@ from raftmq.cluster.api.handlers.push import add_push_routes
 from raftmq.cluster.api.handlers.segments import SegmentsApi, add_segment_routes
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi, add_subscription_routes
 from raftmq.cluster.api.handlers.topics import TopicHandlers
-from raftmq.cluster.api.metrics import METRICS_KEY, ReadAheadCollector, metrics_handler, metrics_middleware
+from raftmq.cluster.api.metrics import (
+    METRICS_KEY,
+    ReadAheadCollector,
+    WaitingReceiversCollector,
+    metrics_handler,
+    metrics_middleware,
+)
 from raftmq.cluster.api.openapi.spec import openapi_spec
 from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
@@ -166,6 +172,7 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/metrics", metrics_handler)
     delivery = api.subscriptions
     api.metrics.registry.register(ReadAheadCollector(node, delivery.coordinator.read_ahead.counts))
+    api.metrics.registry.register(WaitingReceiversCollector(node, delivery.coordinator.waiting))
     add_subscription_routes(app, delivery)
     add_internal_routes(app, node, api, delivery)
     add_group_routes(app, node, api)

@@ -24,7 +24,14 @@ from raftmq.cluster.node.read_ahead import ReadAheadCounts
 from raftmq.storage.store import StoreError
 from raftmq.storage.work import background_work
 
-__all__ = ["METRICS_KEY", "Metrics", "ReadAheadCollector", "metrics_handler", "metrics_middleware"]
+__all__ = [
+    "METRICS_KEY",
+    "Metrics",
+    "ReadAheadCollector",
+    "WaitingReceiversCollector",
+    "metrics_handler",
+    "metrics_middleware",
+]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 15)
 
@@ -387,6 +394,26 @@ class ReadAheadCollector(Collector):
             ("unreleased", c.unreleased),
         ):
             family.add_metric([self._node.me.id, outcome], n)
+        yield family
+
+
+class WaitingReceiversCollector(Collector):
+    """The receivers waiting in the lines this node serves (``cluster/node/receive_coordinator.py``):
+    a line's coordinator counts the receives forwarded to it from the other nodes too."""
+
+    def __init__(self, node: Node, waiting: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self._node = node
+        self._waiting = waiting
+
+    def collect(self) -> Iterator[_Family]:
+        family = GaugeMetricFamily(
+            "raftmq_receivers_waiting",
+            "Receives (HTTP long polls, push streams, SQS ReceiveMessage) waiting in the lines this "
+            "node serves, by topic and consumer group",
+            labels=["node_id", "topic", "consumer_group"],
+        )
+        for (topic, group), n in sorted(self._waiting().items()):
+            family.add_metric([self._node.me.id, topic, group], n)
         yield family
 
 

@@ -131,6 +131,18 @@ class ReceiveCoordinator:
         if target.task is None or target.task.done():
             target.task = asyncio.create_task(self._serve(key, target))
 
+    def waiting(self) -> dict[tuple[str, str], int]:
+        """The receivers waiting in this node's lines by (topic, consumer group), lines with none
+        left out: the metric ``raftmq_receivers_waiting``. Called from the metrics thread: the
+        copies (``list`` of a dict's values or a deque) are taken whole under the GIL."""
+        counts: dict[tuple[str, str], int] = {}
+        for target in list(self._targets.values()):
+            n = sum(1 for w in list(target.waiters) if not w.future.done())
+            if n:
+                key = (target.topic.name, target.group)
+                counts[key] = counts.get(key, 0) + n
+        return counts
+
     async def new_leader_known(self, name: str) -> None:
         """Until this node leads group ``name`` again or knows another leader (a leadership transfer
         takes a moment to be seen), at most ``leader_wait_s``."""

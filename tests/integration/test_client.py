@@ -266,7 +266,11 @@ def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(
                         errors.append(e)
 
         def high(node: str | None = None) -> int:
-            return int(c.get("/v1/topics/failover", node).json()["queues"][0]["high_offset"])
+            # null while the queue's group has no leader serving reads (a leader elected late, say):
+            # an AssertionError, "not yet" to wait_until
+            value = c.get("/v1/topics/failover", node).json()["queues"][0]["high_offset"]
+            assert value is not None, "no leader answered"
+            return int(value)
 
         worker = threading.Thread(target=produce)
         worker.start()
@@ -275,7 +279,7 @@ def test_a_producer_retrying_through_a_leader_failover_stores_each_batch_once(
             c.kill(leader)
             c.wait_leader(group, exclude=leader)
             survivor = next(n for n in c.nodes if n != leader)
-            base = high(survivor)
+            base = wait_until(lambda: high(survivor), 30, what="the new leader's high offset")
             wait_until(lambda: high(survivor) > base + 2_000, 60, what="producing after the failover")
         finally:
             stop.set()

@@ -3,6 +3,7 @@ real 3-node cluster (short backoff and max_deliveries = 3 from the cluster file)
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 
 MAX_DELIVERIES = 3
 BACKOFF_MS = 300
+WAITING_BALANCED = re.compile(r'^raftmq_receivers_waiting\{[^}]*topic="balanced"[^}]*\} (\S+)$', re.M)
 MAX_WAIT_MS = 15_000  # limits.max_wait_ms: a long poll for a message that must come costs nothing
 CLOCK_SLACK_S = 0.01  # the node stamps deadlines in whole milliseconds
 DELIVERY = f"[delivery]\nmax_deliveries = {MAX_DELIVERIES}\nbackoff_ms = [{BACKOFF_MS}]\ntick_ms = 100\n"
@@ -348,7 +350,9 @@ def test_waiting_receivers_are_served_round_robin(c: Cluster) -> None:
     batch goes to the receiver at the head of the line, which then acks and queues again.
 
     The producer sends the next batch only once the previous one was received and acked and its
-    receiver has sent its next receive (a closed loop instead of fixed gaps between batches). A
+    receiver's next receive is in the coordinator's line again (``raftmq_receivers_waiting`` counts
+    all four: a receive sent to another node takes a hop to get there; a closed loop instead of
+    fixed gaps between batches). A
     receiver slowed down by a busy machine is then still back in line long before its turn comes
     round again (three batches later), and the long polls (15 s) outlast every gap, so no receiver
     leaves the line by timing out: the counts show the coordinator's order, not the scheduling of
@@ -407,18 +411,30 @@ def test_waiting_receivers_are_served_round_robin(c: Cluster) -> None:
         finally:
             session.close()
 
+    def in_line() -> int:
+        """The receives waiting at the coordinator (the receivers of the other nodes included)."""
+        return sum(
+            int(float(m.group(1)))
+            for n in c.nodes
+            for m in WAITING_BALANCED.finditer(c.get("/metrics", n).text)
+        )
+
     def settled(values: list[str]) -> bool:
         with lock_:
-            return seen.issuperset(values) and not busy
+            if not seen.issuperset(values) or busy:
+                return False
+        return in_line() == receivers
 
     threads = [threading.Thread(target=receiver, args=(i,), daemon=True) for i in range(receivers)]
     for t in threads:
         t.start()
-    wait_until(lambda: len(started) == receivers, 30, what="every receiver waiting")
+    wait_until(
+        lambda: len(started) == receivers and in_line() == receivers, 30, what="every receiver waiting"
+    )
     for b in range(batches):
         values = [f"b{b}-{j}" for j in range(batch)]
         produce(c, "balanced", [{"value": v} for v in values])
-        wait_until(lambda values=values: settled(values), 30, interval_s=0.01, what=f"batch {b} received")
+        wait_until(lambda values=values: settled(values), 30, interval_s=0.02, what=f"batch {b} received")
     # One stop message per receiver, one at a time (each goes to the head of the line).
     stop.set()
     for k in range(receivers):

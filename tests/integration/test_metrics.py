@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import Cluster, wait_until
@@ -225,6 +227,27 @@ def test_in_flight_and_dead_letter_counts_follow_receive_nack_and_redrive(c: Clu
         0,
         3,
     )
+
+
+def test_waiting_receivers_are_counted_at_their_coordinator_until_served(c: Cluster) -> None:
+    """Three long polls, one sent to each node, wait in one line at the coordinator (the leader of
+    queue 0's group), which counts them all; a produce serves them and the count goes back to none."""
+    c.create_topic("polled", queues=1)
+    answers: list[requests.Response] = []
+
+    def poll(node: str) -> None:
+        answers.append(c.post(sub("polled", "pollers", "receive"), {"max": 1, "wait_ms": 14_000}, node=node))
+
+    threads = [threading.Thread(target=poll, args=(n,)) for n in c.nodes]
+    for t in threads:
+        t.start()
+    labels = {"topic": "polled", "consumer_group": "pollers"}
+    wait_until(lambda: values(c, "raftmq_receivers_waiting", **labels) == [3], 15, what="3 receivers waiting")
+    assert c.produce("polled", [{"value": f"p{i}"} for i in range(3)]).status_code == 200
+    for t in threads:
+        t.join(30)
+    assert sorted(len(r.json()["messages"]) for r in answers) == [1, 1, 1], [r.text for r in answers]
+    assert values(c, "raftmq_receivers_waiting", **labels) == []
 
 
 def test_a_failover_counts_a_leader_change_and_moves_the_queue_series(c: Cluster) -> None:
