@@ -5,15 +5,31 @@ garbage. Once garbage is half the blob files' bytes, the store's live values are
 files, one key range of about :data:`PIECE_BYTES` of them per call, so that no compaction rewrites
 a large store at once (it would hold a compaction slot and the disk for minutes).
 
+Where the next piece starts is kept in the store's own directory (:data:`CURSOR_FILE`), so that a
+restart goes on from there instead of rewriting the pieces already done again; it goes with the
+database (a checkpoint does not copy it, a restore replaces the directory). Any key is a valid
+start, so a lost or stale cursor costs rewrites, never data: it is written without an fsync.
+
 No rocksdict here: the database is typed by what these functions read of it (:class:`BlobDb`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from typing import Any, Protocol
 
-__all__ = ["GARBAGE_SHARE", "PIECE_BYTES", "BlobDb", "garbage_due", "piece"]
+__all__ = [
+    "CURSOR_FILE",
+    "GARBAGE_SHARE",
+    "PIECE_BYTES",
+    "BlobDb",
+    "garbage_due",
+    "piece",
+    "read_cursor",
+    "write_cursor",
+]
 
 # Collect once garbage is at least this share of the blob files' bytes: each byte rewritten pays
 # for at least one byte freed, and the blob files never take more than twice their live values for long.
@@ -23,6 +39,9 @@ GARBAGE_SHARE = 0.5
 PIECE_BYTES = 256 << 20
 BLOB_SIZE = "rocksdb.live-blob-file-size"
 BLOB_GARBAGE = "rocksdb.live-blob-file-garbage-size"
+# In the store's directory: the hex of the next piece's start (RocksDB leaves files of names it
+# does not use alone). Absent: no collection under way.
+CURSOR_FILE = "RAFTMQ-BLOB-GC"
 
 
 class BlobDb(Protocol):
@@ -63,3 +82,31 @@ def piece(db: BlobDb, start: bytes) -> tuple[bytes | None, bytes | None]:
     # The next piece starts just past this one's last key, not at the next file's first key: files
     # of other levels between the two would be in neither piece.
     return last, last + b"\x00"
+
+
+def read_cursor(store_dir: str) -> bytes | None:
+    """Where the collection under way in the store at ``store_dir`` goes on (b"": from the start);
+    None when none is (no file, or one that does not read as a key: the next due collection starts
+    anew)."""
+    try:
+        with open(os.path.join(store_dir, CURSOR_FILE), encoding="ascii") as f:
+            return bytes.fromhex(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def write_cursor(store_dir: str, cursor: bytes | None) -> None:
+    """Keep ``cursor`` (None: the collection is done) for the store at ``store_dir``, replaced whole
+    (a new file renamed over the old one). A failure (a full disk) is passed over: a cursor not kept
+    costs rewrites only."""
+    path = os.path.join(store_dir, CURSOR_FILE)
+    try:
+        if cursor is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            return
+        with open(path + ".tmp", "w", encoding="ascii") as f:
+            f.write(cursor.hex())
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass

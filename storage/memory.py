@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import orjson
 
@@ -109,6 +109,10 @@ class MemoryStore:
 
     def compact_range(self, start: bytes, end: bytes) -> bool:
         self._check_open()  # a deleted key takes no space here
+        return False
+
+    def compact_ranges(self, ranges: Iterable[tuple[bytes, bytes]]) -> bool:
+        self._check_open()
         return False
 
     def checkpoint(self, path: str) -> None:

@@ -25,10 +25,8 @@ store pair at 1 GB, and growing with the data held; 3.9x (the write-ahead log an
 each store) with blob files (docs/operations.md, "Disk"). A blob file goes once every value in it
 is deleted; RocksDB's own blob garbage collection, which would rewrite the oldest files' live
 values in every compaction touching them (and, the messages' keys of every queue sharing each
-file, that is every level-1 compaction), stays off. ``compact_range`` (what retention and dropped
-topics call) collects the garbage instead, once it is half the blob files' bytes: in pieces, one key
-range of about ``blob_gc.PIECE_BYTES`` of values per call, so that a large store is never rewritten in
-one compaction (which would hold a compaction slot and the disk for minutes).
+file, that is every level-1 compaction), stays off. ``compact_ranges`` (what retention and dropped
+topics call) collects the garbage instead, in bounded pieces (``blob_gc.py``: when, and where).
 
 Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
 between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
@@ -63,7 +61,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NoReturn
 
 from rocksdict import (
@@ -218,11 +216,10 @@ class RocksStore:
         # users are admitted; a handle is closed only after _db stopped being it and _users reached 0.
         self._db: Rdict | None = db
         self._users = 0
-        self._compactions = 0  # compact_range calls in the gate: _revoke cancels them
-        # Where the blob garbage collection's next piece starts (b"": the first); None while no
-        # collection is under way. Only compact_range reads and writes it, from one thread at a time
-        # (the node's compactor). Not kept across a restart: the next due collection starts anew.
-        self._gc_next: bytes | None = None
+        self._compactions = 0  # compactions in the gate: _revoke cancels them
+        # Where the blob garbage collection's next piece starts (b"": the first; None: none under
+        # way), kept in the store's directory. Only compact_ranges uses it (one thread at a time).
+        self._gc_next: bytes | None = blob_gc.read_cursor(path)
         self._closed = False
         self._cursors: weakref.WeakSet[ScanCursor] = weakref.WeakSet()
         # Serializes close() and restore_from(), which both take the handle away from users.
@@ -422,17 +419,19 @@ class RocksStore:
             self._leave()
 
     def compact_range(self, start: bytes, end: bytes) -> bool:
-        """Compact ``[start, end)`` through every level now (memtable first), dropping what range
-        deletions cover: RocksDB compacts a level only once it outgrows its target, so on a store
-        that stopped growing a deleted backlog stays on disk. Not exclusive (RocksDB's own go on).
-        An empty range (``start >= end``) compacts nothing: the call only goes on with the garbage
-        collection below.
+        """:meth:`compact_ranges` of the one range ``[start, end)``."""
+        return self.compact_ranges(((start, end),))
 
-        The values of the dropped keys are garbage in their blob files, and a blob file goes only
-        once all of it is: when garbage is half the blob files' bytes or more (other queues' or
-        topics' live values keep the files), the store's live values are moved into new blob files,
-        one key range of about ``blob_gc.PIECE_BYTES`` of them per call, and the old files go once the
-        last range is done.
+    def compact_ranges(self, ranges: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Compact each ``[start, end)`` of ``ranges`` through every level now (memtable first),
+        dropping what range deletions cover: RocksDB compacts a level only once it outgrows its
+        target, so on a store that stopped growing a deleted backlog stays on disk. Not exclusive
+        (RocksDB's own go on). An empty range (``start >= end``) only goes on with the below.
+
+        The dropped keys' values are garbage in their blob files (a file goes once all of it is):
+        once it is half their bytes, the live values move into new files, one piece of about
+        ``blob_gc.PIECE_BYTES`` per call however many ranges it compacted (``blob_gc.py``, with the
+        cursor kept across restarts); the old files go once the last piece is done.
 
         A ``close`` or ``restore_from`` meanwhile cancels it (they wait milliseconds, not for the
         compaction): what it did is kept, the rest stays on disk until a later compaction.
@@ -449,10 +448,12 @@ class RocksStore:
             with self._cond:
                 self._compactions += 1
             try:
-                if start < end:
-                    db.compact_range(start, end, opts)
+                for start, end in ranges:
+                    if start < end and self._db is db:
+                        db.compact_range(start, end, opts)
                 if self._db is db and (self._gc_next is not None or blob_gc.garbage_due(db)):
                     self._gc_next = _collect_blob_garbage(db, self._gc_next or b"")
+                    blob_gc.write_cursor(self._path, self._gc_next)
             finally:
                 with self._cond:
                     self._compactions -= 1
@@ -534,7 +535,7 @@ class RocksStore:
             raise
         with self._cond:
             self._db = db
-            self._gc_next = None  # another database: its garbage collection starts anew when due
+            self._gc_next = blob_gc.read_cursor(self._path)  # the cursor goes with the database
         return rolled_back
 
 

@@ -15,7 +15,7 @@ Ownership and errors:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -102,6 +102,11 @@ class Store(Protocol):
 
         Returns True while the store has more of such work under way, which it does in bounded
         pieces, one per call: call again (an empty range, ``start >= end``, does only that)."""
+        ...
+
+    def compact_ranges(self, ranges: Iterable[tuple[bytes, bytes]]) -> bool:
+        """:meth:`compact_range` of each of ``ranges``, with one piece of the work under way in all
+        (not one per range). Returns True while more of it is to do."""
         ...
 
     def checkpoint(self, path: str) -> None:

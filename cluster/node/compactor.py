@@ -14,8 +14,10 @@ greatest end is kept: retention always removes from the queue's start. A close o
 restore of the replica's store cancels a compaction in flight rather than waiting for it
 (``RocksStore.compact_range``: minutes for a large removed backlog); it is logged as failed, and
 what it did not free waits for that removal's next report (a restart's replay reports it again).
-A store that answers that it has more to do (the rewrite of its blob garbage, done a bounded piece
-per call: ``RocksStore.compact_range``) is called again by the next job, with an empty range.
+A job compacts a store's ranges in one call (``Store.compact_ranges``), which does at most one
+bounded piece of the store's other work (the rewrite of its blob garbage, however many ranges were
+freed); a store that answers that it has more to do is called again by the next job, with an empty
+range.
 """
 
 from __future__ import annotations
@@ -80,10 +82,8 @@ class Compactor:
             started = time.monotonic()
             more = False
             try:
-                for start, end in sorted(ranges.items()):
-                    more = store.compact_range(start, end)
-                    if start < end:
-                        self.compacted_ranges += 1
+                more = store.compact_ranges(sorted(ranges.items()))
+                self.compacted_ranges += sum(1 for start, end in ranges.items() if start < end)
             except StoreError as e:  # closed (removed, restarted, stopping): nothing to free there
                 log.warning("freed_range_compaction_failed", group=name, error=str(e))
                 continue

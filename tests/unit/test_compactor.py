@@ -6,6 +6,7 @@ lists the replica in its groups yet."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,17 @@ from raftmq.storage.store import Batch, StoreClosed
 
 class Recording:
     def __init__(self, closed: bool = False, more: int = 0) -> None:
-        self.calls: list[tuple[bytes, bytes]] = []
+        self.calls: list[list[tuple[bytes, bytes]]] = []  # the ranges of each call
         self.closed = closed
         self.more = more  # calls that answer "more to do" (a blob garbage rewrite under way)
 
     def compact_range(self, start: bytes, end: bytes) -> bool:
+        return self.compact_ranges(((start, end),))
+
+    def compact_ranges(self, ranges: Iterable[tuple[bytes, bytes]]) -> bool:
         if self.closed:
             raise StoreClosed("closed")
-        self.calls.append((start, end))
+        self.calls.append(list(ranges))
         self.more -= 1
         return self.more >= 0
 
@@ -59,23 +63,24 @@ def test_freed_ranges_are_compacted_once_each_with_the_greatest_end(monkeypatch:
         ("3", old, ((b"d", b"d1"),)),  # a replica restarted meanwhile: its old store is closed
         ("3", new, ((b"e", b"e1"),)),  # and its new one reports its own
     )
-    assert g0.calls == [(b"a", b"a9"), (b"b", b"b2")]
-    assert g1.calls == [] and closed.calls == [] and old.calls == [] and new.calls == [(b"e", b"e1")]
+    assert g0.calls == [[(b"a", b"a9"), (b"b", b"b2")]]  # one call: one piece of other work at most
+    assert g1.calls == [] and closed.calls == [] and old.calls == [] and new.calls == [[(b"e", b"e1")]]
     assert compactor.compacted_ranges == 3 and compactor.tasks() == []
 
 
 def test_a_store_with_more_to_do_is_called_again_with_an_empty_range_until_it_is_done(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """RocksStore rewrites its blob garbage a bounded piece per compact_range: the compactor calls
-    it again (an empty range: nothing more was freed) for as long as it answers that it has more."""
+    """RocksStore rewrites its blob garbage a bounded piece per compact_ranges call, however many
+    ranges a job freed: the compactor calls it again (an empty range: nothing more was freed) for
+    as long as it answers that it has more."""
     monkeypatch.setattr(compactor_module, "COMPACT_DELAY_S", 0.0)
     busy, idle = Recording(more=3), Recording()
     compactor = Compactor()
-    _compact(compactor, ("0", busy, ((b"a", b"a5"),)), ("1", idle, ((b"b", b"b5"),)))
-    assert busy.calls == [(b"a", b"a5"), (b"", b""), (b"", b""), (b"", b"")]
-    assert idle.calls == [(b"b", b"b5")]
-    assert compactor.compacted_ranges == 2 and compactor.tasks() == []
+    _compact(compactor, ("0", busy, ((b"a", b"a5"), (b"b", b"b5"))), ("1", idle, ((b"b", b"b5"),)))
+    assert busy.calls == [[(b"a", b"a5"), (b"b", b"b5")], [(b"", b"")], [(b"", b"")], [(b"", b"")]]
+    assert idle.calls == [[(b"b", b"b5")]]
+    assert compactor.compacted_ranges == 3 and compactor.tasks() == []
 
 
 def test_a_replica_not_yet_listed_by_the_node_has_its_ranges_compacted_and_a_closed_one_not(

@@ -189,28 +189,57 @@ def test_a_store_with_blob_files_opens_and_reads_in_the_release_before_and_keeps
         old.close()
 
 
-def test_the_blob_garbage_is_rewritten_a_bounded_piece_per_call(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _store_three_quarters_garbage(path: str) -> tuple[RocksStore, rocks.Options, dict[bytes, bytes], int]:
+    """A store of 32 MiB of 4 KiB batches over QUEUES queues, compacted, then three queues of four
+    removed: every blob file three quarters garbage. Returns the store, its options (statistics
+    on), what it keeps and its size before the removal."""
+    store, opts = _open_counting(path)
+    rnd = random.Random(4)  # batches of 4 KiB (the least that goes to a blob file): more keys
+    count = (32 << 20) // 4096
+    pairs = ((_record_key(n % QUEUES, n // QUEUES), rnd.randbytes(4096)) for n in range(count))
+    written = _write(store, pairs)
+    store.compact_range(b"", b"\xff")
+    full = store.approximate_size()
+    store.write(_removal(), sync=True)
+    kept = {k: v for k, v in written.items() if struct.unpack(">I", k[5:9])[0] % 4 == 0}
+    return store, opts, kept, full
+
+
+def _removed_ranges() -> list[tuple[bytes, bytes]]:
+    return [(_record_key(q, 0), _record_key(q, 1 << 62)) for q in range(QUEUES) if q % 4]
+
+
+def _removal() -> Batch:
+    removal = Batch()
+    for start, end in _removed_ranges():
+        removal.delete_range(start, end)
+    return removal
+
+
+def _rewrite_calls(store: RocksStore, first: bool = True, limit: int = 100) -> int:
+    """Calls compact_range (the whole store first, then empty ranges, as the node's compactor does)
+    until the blob garbage rewrite is done, at most ``limit`` times; returns how many it took."""
+    calls, more = 0, True
+    while more and calls < limit:
+        more = store.compact_range(b"", b"\xff") if first and not calls else store.compact_range(b"", b"")
+        calls += 1
+    return calls
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rocks, "_SST_FILE_BYTES", 1 << 10)  # a few SST files of keys to cut at
+    monkeypatch.setattr(blob_gc, "PIECE_BYTES", 2 << 20)
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_the_blob_garbage_is_rewritten_a_bounded_piece_per_call(tmp_path: Path) -> None:
     """Three queues of four removed leave every blob file three quarters garbage: compact_range
     moves the live quarter into new files a key range of about ``blob_gc.PIECE_BYTES`` at a time, asking to be
     called again until the last range is done, so no call rewrites the store at once. Then the
     old files are gone and every kept message reads back."""
-    monkeypatch.setattr(rocks, "_SST_FILE_BYTES", 1 << 10)  # a few SST files of keys to cut at
-    monkeypatch.setattr(blob_gc, "PIECE_BYTES", 2 << 20)
-    store, opts = _open_counting(str(tmp_path / "db"))
+    store, opts, kept, full = _store_three_quarters_garbage(str(tmp_path / "db"))
     try:
-        rnd = random.Random(4)  # batches of 4 KiB (the least that goes to a blob file): more keys
-        count = (32 << 20) // 4096
-        written = _write(
-            store, ((_record_key(n % QUEUES, n // QUEUES), rnd.randbytes(4096)) for n in range(count))
-        )
-        store.compact_range(b"", b"\xff")
-        full = store.approximate_size()
-        removal = Batch()
-        for q in (q for q in range(QUEUES) if q % 4):
-            removal.delete_range(_record_key(q, 0), _record_key(q, 1 << 62))
-        store.write(removal, sync=True)
         calls, more = [], True
         while more and len(calls) < 100:
             before = _bytes_written(opts)
@@ -220,7 +249,59 @@ def test_the_blob_garbage_is_rewritten_a_bounded_piece_per_call(
         assert len(calls) >= 3 and not more, [c >> 10 for c in calls]
         assert max(calls) < live // 4, f"a call wrote {max(calls) >> 20} MiB of {live >> 20} MiB live"
         assert store.approximate_size() < full * 0.7, (store.approximate_size(), full)
-        kept = {k: v for k, v in written.items() if struct.unpack(">I", k[5:9])[0] % 4 == 0}
+        assert dict(store.scan(b"R", b"S")) == kept
+        assert not os.path.exists(os.path.join(tmp_path / "db", blob_gc.CURSOR_FILE))
+    finally:
+        store.close()
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_one_call_rewrites_one_piece_of_blob_garbage_however_many_ranges_it_compacts(tmp_path: Path) -> None:
+    """The node's compactor hands a store every range a job freed in one call (48 queues' here):
+    the call compacts them all and moves one piece of the live values, not one per range."""
+    store, opts, kept, _ = _store_three_quarters_garbage(str(tmp_path / "db"))
+    try:
+        before = _bytes_written(opts)
+        assert store.compact_ranges(_removed_ranges()) is True  # more to do
+        live = 8 << 20
+        assert _bytes_written(opts) - before < live // 4
+        assert _rewrite_calls(store, first=False) >= 2
         assert dict(store.scan(b"R", b"S")) == kept
     finally:
         store.close()
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_a_restart_goes_on_with_the_blob_garbage_rewrite_where_it_stopped(tmp_path: Path) -> None:
+    """Where the rewrite's next piece starts is kept in the store's directory: a store closed and
+    opened again after 3 pieces takes as many calls in all as one that was never closed (starting
+    over would take the whole count again after the 3)."""
+    reference, _, _, _ = _store_three_quarters_garbage(str(tmp_path / "reference"))
+    try:
+        whole = _rewrite_calls(reference)
+    finally:
+        reference.close()
+    assert whole >= 6, whole
+    path = str(tmp_path / "db")
+    store, _, kept, _ = _store_three_quarters_garbage(path)
+    assert _rewrite_calls(store, limit=3) == 3
+    store.close()
+    assert blob_gc.read_cursor(path)  # a key past the start
+    store = RocksStore.open(path)
+    try:
+        rest = _rewrite_calls(store, first=False)
+        assert 3 + rest <= whole + 1, (rest, whole)
+        assert blob_gc.read_cursor(path) is None
+        assert dict(store.scan(b"R", b"S")) == kept
+    finally:
+        store.close()
+
+
+def test_a_blob_garbage_cursor_that_does_not_read_is_none(tmp_path: Path) -> None:
+    blob_gc.write_cursor(str(tmp_path), b"\x00R\xff")
+    assert blob_gc.read_cursor(str(tmp_path)) == b"\x00R\xff"
+    (tmp_path / blob_gc.CURSOR_FILE).write_text("not hex")
+    assert blob_gc.read_cursor(str(tmp_path)) is None
+    blob_gc.write_cursor(str(tmp_path), None)
+    assert not (tmp_path / blob_gc.CURSOR_FILE).exists()
+    blob_gc.write_cursor(str(tmp_path), None)  # none to remove: fine
