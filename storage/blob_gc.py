@@ -86,11 +86,12 @@ def piece(db: BlobDb, start: bytes) -> tuple[bytes | None, bytes | None]:
 
 def read_cursor(store_dir: str) -> bytes | None:
     """Where the collection under way in the store at ``store_dir`` goes on (b"": from the start);
-    None when none is (no file, or one that does not read as a key: the next due collection starts
-    anew)."""
+    None when none is (no file, or one that does not read as a key ending in its newline, such as
+    an empty file a power loss left: the next due collection starts anew)."""
     try:
         with open(os.path.join(store_dir, CURSOR_FILE), encoding="ascii") as f:
-            return bytes.fromhex(f.read())
+            text = f.read()
+        return bytes.fromhex(text[:-1]) if text.endswith("\n") else None
     except (OSError, ValueError):
         return None
 
@@ -106,7 +107,7 @@ def write_cursor(store_dir: str, cursor: bytes | None) -> None:
                 os.remove(path)
             return
         with open(path + ".tmp", "w", encoding="ascii") as f:
-            f.write(cursor.hex())
+            f.write(cursor.hex() + "\n")  # the newline: the file was written whole
         os.replace(path + ".tmp", path)
     except OSError:
         pass

@@ -428,13 +428,11 @@ class RocksStore:
         target, so on a store that stopped growing a deleted backlog stays on disk. Not exclusive
         (RocksDB's own go on). An empty range (``start >= end``) only goes on with the below.
 
-        The dropped keys' values are garbage in their blob files (a file goes once all of it is):
-        once it is half their bytes, the live values move into new files, one piece of about
-        ``blob_gc.PIECE_BYTES`` per call however many ranges it compacted (``blob_gc.py``, with the
-        cursor kept across restarts); the old files go once the last piece is done.
+        The dropped keys' values are garbage in their blob files: once it is half their bytes, the
+        live values move into new files, one piece of about ``blob_gc.PIECE_BYTES`` per call however
+        many ranges it compacted (``blob_gc.py``, the cursor kept across restarts).
 
-        A ``close`` or ``restore_from`` meanwhile cancels it (they wait milliseconds, not for the
-        compaction): what it did is kept, the rest stays on disk until a later compaction.
+        A ``close`` or ``restore_from`` meanwhile cancels it (milliseconds): what it did is kept.
 
         Returns:
             True while a garbage collection is under way: call again (an empty range will do).
@@ -452,8 +450,10 @@ class RocksStore:
                     if start < end and self._db is db:
                         db.compact_range(start, end, opts)
                 if self._db is db and (self._gc_next is not None or blob_gc.garbage_due(db)):
-                    self._gc_next = _collect_blob_garbage(db, self._gc_next or b"")
-                    blob_gc.write_cursor(self._path, self._gc_next)
+                    following = _collect_blob_garbage(db, self._gc_next or b"")
+                    if self._db is db:  # a piece a close cancelled is not passed: done again
+                        self._gc_next = following
+                        blob_gc.write_cursor(self._path, following)
             finally:
                 with self._cond:
                     self._compactions -= 1

@@ -8,14 +8,17 @@ import os
 import random
 import re
 import struct
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from raftmq.storage import blob_gc, rocks
 from raftmq.storage.rocks import RocksStore, destroy_store
-from raftmq.storage.store import Batch
+from raftmq.storage.store import Batch, StoreClosed
 
 QUEUES = 64
 BATCH_BYTES = 16 * 1024  # a record batch of 16 messages of 1 KiB (the client's sticky 16 KiB)
@@ -297,10 +300,45 @@ def test_a_restart_goes_on_with_the_blob_garbage_rewrite_where_it_stopped(tmp_pa
         store.close()
 
 
+@pytest.mark.usefixtures("small_pieces")
+def test_a_piece_a_close_cancelled_is_not_passed_by_the_kept_cursor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close during a piece cancels it (its old blob files stay): the cursor kept for a restart
+    stays where that piece starts, so the piece is done again, not skipped."""
+    path = str(tmp_path / "db")
+    store, _, _, _ = _store_three_quarters_garbage(path)
+    assert _rewrite_calls(store, limit=2) == 2
+    before = blob_gc.read_cursor(path)
+    assert before
+    real = rocks._collect_blob_garbage
+    closing: list[threading.Thread] = []
+
+    def closed_meanwhile(db: Any, start: bytes) -> bytes | None:
+        following = real(db, start)
+        closing.append(threading.Thread(target=store.close))
+        closing[0].start()
+        while store._db is not None:  # the close has revoked the handle (and would cancel)
+            time.sleep(0.001)
+        return following
+
+    monkeypatch.setattr(rocks, "_collect_blob_garbage", closed_meanwhile)
+    with pytest.raises(StoreClosed):
+        store.compact_ranges([(b"", b"")])
+    closing[0].join(10)
+    assert blob_gc.read_cursor(path) == before
+
+
 def test_a_blob_garbage_cursor_that_does_not_read_is_none(tmp_path: Path) -> None:
     blob_gc.write_cursor(str(tmp_path), b"\x00R\xff")
     assert blob_gc.read_cursor(str(tmp_path)) == b"\x00R\xff"
+    blob_gc.write_cursor(str(tmp_path), b"")  # under way from the start
+    assert blob_gc.read_cursor(str(tmp_path)) == b""
     (tmp_path / blob_gc.CURSOR_FILE).write_text("not hex")
+    assert blob_gc.read_cursor(str(tmp_path)) is None
+    (tmp_path / blob_gc.CURSOR_FILE).write_text("")  # a power loss left the new file empty
+    assert blob_gc.read_cursor(str(tmp_path)) is None
+    (tmp_path / blob_gc.CURSOR_FILE).write_text("00ab")  # or cut short: no newline at its end
     assert blob_gc.read_cursor(str(tmp_path)) is None
     blob_gc.write_cursor(str(tmp_path), None)
     assert not (tmp_path / blob_gc.CURSOR_FILE).exists()
