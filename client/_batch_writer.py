@@ -53,8 +53,9 @@ assert _CRC_START + _COVERED.size == HEADER_SIZE and _ENTRY.size == _RECORD.item
 # Up to this many records a batch's table is packed record by record (:func:`_small_table`),
 # above it written by numpy (:func:`_numpy_table`): the same bytes. At ordinary rates nearly every
 # batch holds a few messages, and numpy's fixed cost per call was most of their writing: a whole
-# finish() of 1 keyed 100 B message 14.3 -> 3.3 µs, of 3 13.6 -> 4.6, of 10 17.7 -> 9.4; at 32
-# numpy is cheaper (22.7 against 41.3), about even at 12 (docs/benchmarks.md, issue 23).
+# finish() of 1 keyed 100 B message 13.8 -> 3.3 µs, of 3 13.8 -> 4.6, of 10 17.9 -> 8.9. At 32 the
+# two were even in a quiet run (23.3 against 21.8) and numpy far cheaper beside other load (22.7
+# against 41.3): 12 keeps this path where it surely pays (docs/benchmarks.md, issue 23).
 SMALL_BATCH_RECORDS = 12
 
 _time_ns = time.time_ns
