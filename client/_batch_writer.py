@@ -6,11 +6,12 @@
 accumulator's lock. The producer does not need the bytes until the batch is sent, so
 :class:`ColumnBatch` only keeps each message's value (and key, headers, time) in lists, and
 :meth:`ColumnBatch.finish` writes the batch at once: the values section is one ``str.join`` and
-one encode, the record table one numpy array. A batch with headers is written by
-``BatchBuilder`` itself, record by record (headers are rare on the fast path, and this keeps one
-writer of the header table). ``bench_producer_client.py`` measures both: 0.63 against 0.84 µs
-per 100-byte message, append and write included, and the writing happens on the I/O thread,
-outside the lock the application's ``send`` takes.
+one encode, the record table one numpy array (a ``struct.pack`` per record up to
+:data:`SMALL_BATCH_RECORDS`, where numpy's cost per call would be most of the work). A batch with
+headers is written by ``BatchBuilder`` itself, record by record (headers are rare on the fast
+path, and this keeps one writer of the header table). ``bench_producer_client.py`` measures
+both: 0.63 against 0.84 µs per 100-byte message, append and write included, and the writing
+happens on the I/O thread, outside the lock the application's ``send`` takes.
 
 The bytes are format v2 exactly as docs/format.md defines them and ``BatchBuilder`` writes them:
 a unit test builds the same messages both ways and compares the bytes.
@@ -47,7 +48,15 @@ _RECORD = np.dtype(
         "itemsize": _RECORD_ENTRY_SIZE,
     }
 )
-assert _CRC_START + _COVERED.size == HEADER_SIZE
+_ENTRY = struct.Struct("<BBHIII")  # one record table entry, the fields of _RECORD
+assert _CRC_START + _COVERED.size == HEADER_SIZE and _ENTRY.size == _RECORD.itemsize
+# Up to this many records a batch's table is packed record by record (:func:`_small_table`),
+# above it written by numpy (:func:`_numpy_table`): the same bytes. At ordinary rates nearly every
+# batch holds a few messages, and numpy's fixed cost per call was most of their writing: a whole
+# finish() of 1 keyed 100 B message 13.8 -> 3.3 µs, of 3 13.8 -> 4.6, of 10 17.9 -> 8.9. At 32 the
+# two were even in a quiet run (23.3 against 21.8) and numpy far cheaper beside other load (22.7
+# against 41.3): 12 keeps this path where it surely pays (docs/benchmarks.md, issue 23).
+SMALL_BATCH_RECORDS = 12
 
 _time_ns = time.time_ns
 
@@ -97,30 +106,18 @@ class ColumnBatch:
         n = len(self._values)
         if not n:
             raise ValueError("a batch holds at least one record")
-        millis = np.frombuffer(self._times, dtype=np.int64) // 1_000_000
-        base = int(millis[0])
         if self._headers is not None:
-            return self._finish_with_builder(base, millis)
-        table = np.zeros(n, dtype=_RECORD)
-        np.clip(millis - base, 0, _MAX_U32, out=millis)
-        table["timestamp_delta"] = millis
+            millis = np.frombuffer(self._times, dtype=np.int64) // 1_000_000
+            return self._finish_with_builder(int(millis[0]), millis)
         values, value_lens, binary = _section(self._values)
-        table["value_len"] = value_lens
-        if binary is not None:
-            table["attributes"] = binary
         keys = b""
+        key_lens: list[int] | None = None
         if self._keys is not None:
-            has_key = [k is not None for k in self._keys]
             keys, key_lens, _ = _section([k for k in self._keys if k is not None])
-            if all(has_key):
-                table["key_len"] = key_lens
-                table["attributes"] |= RECORD_KEY
-            else:
-                mask = np.array(has_key, dtype=bool)
-                table["key_len"][mask] = key_lens
-                table["attributes"][mask] |= RECORD_KEY
+        write_table = _small_table if n <= SMALL_BATCH_RECORDS else _numpy_table
+        base, table = write_table(self._times, value_lens, binary, self._keys, key_lens)
         pid = b"" if self._producer_id is None else self._producer_id.encode("utf-8")
-        sections = (pid, table.tobytes(), keys, values)
+        sections = (pid, table, keys, values)
         if any(len(s) > _MAX_U32 for s in sections):
             raise ValueError("a batch section is 4 GiB or more")
         covered = _COVERED.pack(
@@ -154,6 +151,57 @@ class ColumnBatch:
         for value, key, hdrs, ms in zip(self._values, keys, headers, millis.tolist(), strict=True):
             builder.append(value, key, hdrs, timestamp_ms=ms)
         return builder.finish()
+
+
+def _small_table(
+    times: array[int],
+    value_lens: list[int],
+    binary: list[int] | None,
+    keys: list[str | None] | None,
+    key_lens: list[int] | None,
+) -> tuple[int, bytes]:
+    """The base time (ms) and the record table of a small batch, one ``struct.pack`` a record:
+    what :func:`_numpy_table` writes, without numpy's cost per call (about 20 µs a batch)."""
+    base = times[0] // 1_000_000
+    next_key_len = iter(key_lens or ()).__next__
+    entries = []
+    for i, value_len in enumerate(value_lens):
+        attributes = 0 if binary is None else binary[i]
+        key_len = 0
+        if keys is not None and keys[i] is not None:
+            attributes |= RECORD_KEY
+            key_len = next_key_len()
+        delta = min(max(times[i] // 1_000_000 - base, 0), _MAX_U32)
+        entries.append(_ENTRY.pack(attributes, 0, 0, delta, key_len, value_len))
+    return base, b"".join(entries)
+
+
+def _numpy_table(
+    times: array[int],
+    value_lens: list[int],
+    binary: list[int] | None,
+    keys: list[str | None] | None,
+    key_lens: list[int] | None,
+) -> tuple[int, bytes]:
+    """The base time (ms) and the record table of a batch, one numpy array for all records."""
+    millis = np.frombuffer(times, dtype=np.int64) // 1_000_000
+    base = int(millis[0])
+    table = np.zeros(len(value_lens), dtype=_RECORD)
+    np.clip(millis - base, 0, _MAX_U32, out=millis)
+    table["timestamp_delta"] = millis
+    table["value_len"] = value_lens
+    if binary is not None:
+        table["attributes"] = binary
+    if keys is not None:
+        has_key = [k is not None for k in keys]
+        if all(has_key):
+            table["key_len"] = key_lens
+            table["attributes"] |= RECORD_KEY
+        else:
+            mask = np.array(has_key, dtype=bool)
+            table["key_len"][mask] = key_lens
+            table["attributes"][mask] |= RECORD_KEY
+    return base, table.tobytes()
 
 
 def _section(items: list[str | bytes] | list[str]) -> tuple[bytes, list[int], list[int] | None]:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftmq.batch import BatchBuilder, Limits, is_reserved_header, validate
+from raftmq.client import _batch_writer
 from raftmq.client._batch_writer import ColumnBatch
 
 BASE_NS = 1_790_000_000_123 * 1_000_000
@@ -29,21 +30,32 @@ offsets = st.integers(-5_000_000_000, 5_000_000_000_000)
 def both(
     messages: list[tuple[Any, Any, Any, int]], producer_id: str | None, sequence: int
 ) -> tuple[bytes, bytes]:
-    columns = ColumnBatch(producer_id, sequence)
-    for value, key, hdrs, _ in messages:
-        columns.append(value, key, hdrs)
+    """The column writer's bytes and the builder's for ``messages``; the column writer's are
+    checked to be the same whether it writes the record table by numpy or record by record."""
     times = [BASE_NS + (0 if i == 0 else offset) for i, (*_, offset) in enumerate(messages)]
-    columns._times = array("q", times)  # the times of the appends, fixed for the comparison
+    written = []
+    small_up_to = _batch_writer.SMALL_BATCH_RECORDS
+    for threshold in (0, len(messages)):  # numpy's table, then the small batch's
+        columns = ColumnBatch(producer_id, sequence)
+        for value, key, hdrs, _ in messages:
+            columns.append(value, key, hdrs)
+        columns._times = array("q", times)  # the times of the appends, fixed for the comparison
+        _batch_writer.SMALL_BATCH_RECORDS = threshold
+        try:
+            written.append(columns.finish())
+        finally:
+            _batch_writer.SMALL_BATCH_RECORDS = small_up_to
+    assert written[0] == written[1]
     base = times[0] // 1_000_000
     builder = BatchBuilder(producer_id, sequence, base_timestamp_ms=base)
     for (value, key, hdrs, _), t in zip(messages, times, strict=True):
         builder.append(value, key, hdrs, timestamp_ms=t // 1_000_000)
-    return columns.finish(), builder.finish()
+    return written[0], builder.finish()
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(values, keys, headers, offsets), min_size=1, max_size=30),
+    st.lists(st.tuples(values, keys, headers, offsets), min_size=1, max_size=40),
     st.one_of(st.none(), st.just("p-7f3a")),
     st.integers(0, 2**63),
 )
