@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import IDLE_LEAVES, IO_LEAVES, _frame_name
 
-# (category, substrings of a raw frame "func (/path/file.py:line)"); the first category a frame
+# (category, substrings of a raw frame "func (package/file.py:line)"); the first category a frame
 # matches names it; frames matching none (asyncio's transports, aiohttp's shared writer and
 # streams, json) are passed over on the way up.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -38,33 +38,33 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("PipeNotifier", "_read_from_self", "_write_to_self", "call_soon_threadsafe"),
     ),
     ("RocksDB writes", ("RocksStore.write (",)),
-    ("RocksDB reads and other", ("/storage/rocks.py", "/storage/rocks_cursor.py", "rocksdict")),
-    ("batch codec (raftmq.batch)", ("/batch/_",)),
-    ("storage (records, queues, keys)", ("/storage/",)),
-    ("apply (state machines)", ("/cluster/machines/",)),
-    ("auth (SigV4, tokens, rights)", ("/sqs/sigv4.py", "/sqs/access.py", "/cluster/api/auth.py")),
-    ("SQS wire (JSON/query in, answers out)", ("/sqs/wire.py", "/sqs/routes.py")),
-    ("SQS actions (MD5s, ids, messages)", ("/cluster/api/sqs/",)),
+    ("RocksDB reads and other", ("(storage/rocks.py", "(storage/rocks_cursor.py", "rocksdict")),
+    ("batch codec (raftmq.batch)", ("(batch/_",)),
+    ("storage (records, queues, keys)", ("(storage/",)),
+    ("apply (state machines)", ("(cluster/machines/",)),
+    ("auth (SigV4, tokens, rights)", ("(cluster/api/sqs/sigv4.py", "sqs/access.py", "(cluster/api/auth.py")),
+    ("SQS wire (JSON/query in, answers out)", ("(cluster/api/sqs/wire.py", "(cluster/api/sqs/routes.py")),
+    ("SQS actions (MD5s, ids, messages)", ("(cluster/api/sqs/",)),
     (
         "hop: caller (router, aiohttp client)",
-        ("/cluster/node/router.py", "aiohttp/client", "aiohttp/connector"),
+        ("(cluster/node/router.py", "aiohttp/client", "aiohttp/connector"),
     ),
-    ("hop: leader's internal endpoint", ("/api/handlers/internal.py",)),
+    ("hop: leader's internal endpoint", ("(cluster/api/handlers/internal.py",)),
     (
         "receive lines, read-ahead, settle",
         (
-            "/node/receive_coordinator.py",
-            "/node/read_ahead.py",
-            "/node/delivery_actions.py",
-            "/handlers/subscriptions.py",
+            "(cluster/node/receive_coordinator.py",
+            "(cluster/node/read_ahead.py",
+            "(cluster/node/delivery_actions.py",
+            "(cluster/api/handlers/subscriptions.py",
         ),
     ),
-    ("Raft submit and commit (loop)", ("/cluster/node/actions.py", "/cluster/replication/raft.py")),
-    ("Raft (tick thread: pysyncobj, replication)", ("pysyncobj/", "/cluster/replication/")),
-    ("metrics and middlewares", ("/cluster/api/metrics.py", "/cluster/api/app.py", "prometheus_client")),
-    ("logging", ("structlog", "/logging/")),
+    ("Raft submit and commit (loop)", ("(cluster/node/actions.py", "(cluster/replication/raft.py")),
+    ("Raft (tick thread: pysyncobj, replication)", ("pysyncobj/", "(cluster/replication/")),
+    ("metrics and middlewares", ("(cluster/api/metrics.py", "(cluster/api/app.py", "prometheus_client")),
+    ("logging", ("structlog", "(logging/")),
     ("HTTP server (aiohttp: parse, answer)", ("aiohttp/web", "aiohttp/http_parser", "aiohttp/_http")),
-    ("other raftmq code", ("/cluster/",)),
+    ("other raftmq code", ("(cluster/",)),
     ("event loop and sockets (asyncio)", ("asyncio/", "selectors.py")),
 )
 
