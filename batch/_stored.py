@@ -4,10 +4,16 @@ checked before this runs)."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ._format import RECORD_DELAY, RECORD_TTL
-from ._view import BatchView, _bad, _exclusive_cumsum, _header_dtype, _no_headers, _record_dtype
+from ._small import SMALL_RECORDS, view_small
+from ._view import BatchView, _bad
+
+_WORDS = struct.Struct("<4I")  # the first four u32 words of a record table entry
+_HEADER = struct.Struct("<2I")  # a header table entry: name_len, value_len
 
 __all__: list[str] = []  # read_stored (_validate.py) is the public side
 
@@ -24,51 +30,93 @@ def _view_records(
     """Fill the rest of ``view`` as ``_validate._check_records`` does (``read_stored``), checking
     only that the records' lengths and counts add up to their sections: the CRCs say the bytes are
     the ones written, and these totals that no record reaches past its section into the next one
-    (a wrong length is a writer's bug the CRC would carry). The starts computed here are the
-    view's own (kept: the records' reads use them)."""
-    bounds = view.sections
-    table = np.frombuffer(buf, dtype=_record_dtype(rec_stride), count=count, offset=bounds["table"][0])
-    view.table = table
-    view._key_starts = _exclusive_cumsum(table["key_len"])
-    view._value_starts = _exclusive_cumsum(table["value_len"])
-    view._header_starts = _exclusive_cumsum(table["header_count"])
-    if (
-        view._key_starts[-1] != bounds["keys"][1] - bounds["keys"][0]
-        or view._value_starts[-1] != bounds["values"][1] - bounds["values"][0]
-    ):
-        raise _bad("bad_length", "the record lengths do not add up to their sections")
-    if view._header_starts[-1] != header_total:
-        raise _bad("bad_length", "the records' header counts do not add up to the header table")
-    if header_total:
-        headers = np.frombuffer(
-            buf, dtype=_header_dtype(hdr_stride), count=header_total, offset=bounds["header_table"][0]
-        )
-        names, hvalues = headers["name_len"].sum(dtype=np.int64), headers["value_len"].sum(dtype=np.int64)
-        if (
-            names != bounds["header_names"][1] - bounds["header_names"][0]
-            or hvalues != bounds["header_values"][1] - bounds["header_values"][0]
-        ):
-            raise _bad("bad_length", "the header lengths do not add up to their sections")
-        view._headers = headers
+    (a wrong length is a writer's bug the CRC would carry). Up to ``SMALL_RECORDS`` records the
+    totals are summed in Python (numpy's cost per call is more, as for ``_small.py``)."""
+    if count <= SMALL_RECORDS:
+        n_delays = _small_totals(buf, view.sections, count, rec_stride, hdr_stride, header_total)
     else:
-        if bounds["header_names"][1] > bounds["header_names"][0] or (
-            bounds["header_values"][1] > bounds["header_values"][0]
-        ):
-            raise _bad("bad_length", "header bytes without headers")
-        view._headers = _no_headers(hdr_stride)
-    extras_at = bounds["extras"][0]
-    n_delays = n_ttls = 0
-    if extras_bytes:
-        attributes = table["attributes"]
-        n_delays = int(np.count_nonzero(attributes & RECORD_DELAY))
-        n_ttls = int(np.count_nonzero(attributes & RECORD_TTL))
-    elif (table["attributes"] & (RECORD_DELAY | RECORD_TTL)).any():
-        raise _bad("bad_length", "a delay or TTL bit, but no delay or TTL section")
-    if 8 * (n_delays + n_ttls) != extras_bytes:
+        n_delays = _totals(buf, view.sections, count, rec_stride, hdr_stride, header_total)
+    view_small(buf, view, count, rec_stride, hdr_stride, header_total, n_delays)
+
+
+def _small_totals(
+    buf: memoryview,
+    bounds: dict[str, tuple[int, int]],
+    count: int,
+    rec_stride: int,
+    hdr_stride: int,
+    header_total: int,
+) -> int:
+    """:func:`_check_totals` of the totals summed in Python; the number of delays."""
+    unpack = _WORDS.unpack_from
+    at = bounds["table"][0]
+    keys = values = headers = delays = ttls = 0
+    for _ in range(count):
+        word0, _delta, key_len, value_len = unpack(buf, at)
+        at += rec_stride
+        keys += key_len
+        values += value_len
+        headers += (word0 >> 8) & 0xFF
+        delays += 1 if word0 & RECORD_DELAY else 0
+        ttls += 1 if word0 & RECORD_TTL else 0
+    names = header_values = 0
+    at = bounds["header_table"][0]
+    for _ in range(header_total):
+        name_len, value_len = _HEADER.unpack_from(buf, at)
+        at += hdr_stride
+        names += name_len
+        header_values += value_len
+    _check_totals(bounds, header_total, keys, values, headers, names, header_values, delays, ttls)
+    return delays
+
+
+def _totals(
+    buf: memoryview,
+    bounds: dict[str, tuple[int, int]],
+    count: int,
+    rec_stride: int,
+    hdr_stride: int,
+    header_total: int,
+) -> int:
+    """:func:`_check_totals` of the totals summed by numpy; the number of delays."""
+    words = np.frombuffer(buf, dtype="<u4", count=count * (rec_stride // 4), offset=bounds["table"][0])
+    words = words.reshape(count, rec_stride // 4)
+    keys, values = words[:, 2:4].sum(axis=0, dtype=np.int64).tolist()
+    word0 = words[:, 0]
+    headers = int(((word0 >> 8) & 0xFF).sum(dtype=np.int64))
+    delays = int(np.count_nonzero(word0 & RECORD_DELAY))
+    ttls = int(np.count_nonzero(word0 & RECORD_TTL))
+    names = header_values = 0
+    if header_total:
+        hwords = np.frombuffer(
+            buf, dtype="<u4", count=header_total * (hdr_stride // 4), offset=bounds["header_table"][0]
+        ).reshape(header_total, hdr_stride // 4)
+        names, header_values = hwords[:, 0:2].sum(axis=0, dtype=np.int64).tolist()
+    _check_totals(bounds, header_total, keys, values, headers, names, header_values, delays, ttls)
+    return delays
+
+
+def _check_totals(
+    bounds: dict[str, tuple[int, int]],
+    header_total: int,
+    keys: int,
+    values: int,
+    headers: int,
+    names: int,
+    header_values: int,
+    delays: int,
+    ttls: int,
+) -> None:
+    """Raise ``bad_length`` unless the records' and headers' totals are their sections' sizes."""
+
+    def size(name: str) -> int:
+        return bounds[name][1] - bounds[name][0]
+
+    if keys != size("keys") or values != size("values"):
+        raise _bad("bad_length", "the record lengths do not add up to their sections")
+    if headers != header_total:
+        raise _bad("bad_length", "the records' header counts do not add up to the header table")
+    if names != size("header_names") or header_values != size("header_values"):
+        raise _bad("bad_length", "the header lengths do not add up to their sections")
+    if 8 * (delays + ttls) != size("extras"):
         raise _bad("bad_length", "the delay and TTL section does not match the records' bits")
-    if n_delays:
-        view._delays = np.frombuffer(buf, dtype="<u8", count=n_delays, offset=extras_at)
-    if n_ttls:
-        view._ttls = np.frombuffer(buf, dtype="<u8", count=n_ttls, offset=extras_at + 8 * n_delays)
-    bounds["delays"] = (extras_at, extras_at + 8 * n_delays)
-    bounds["ttls"] = (extras_at + 8 * n_delays, bounds["extras"][1])
