@@ -8,13 +8,13 @@ the only code that reads or writes them. It is pure (stdlib, crc32c, numpy; pyar
 - Client: :class:`BatchBuilder` -> ``bytes``; :func:`frame_prefix` / :func:`join_frames`.
 - Node: :func:`split_frames`, then :func:`validate` (vectorised: no per-message Python work but
   for records with a delay or TTL, :meth:`BatchView.timing`), then :func:`stamp` at apply.
-- Readers: :func:`read` (:func:`read_stored`: a value this node stored, its records not checked
-  again) and :meth:`BatchView.records` (lazy), :func:`columns` (Arrow),
-  :func:`read_v1` / :func:`v1_to_v2` for values stored before v2.
+- Readers: :func:`read` (:func:`read_stored`: a value this node stored, its records' contents
+  not checked again, their lengths against their sections are) and :meth:`BatchView.records`
+  (lazy), :func:`columns` (Arrow), :func:`read_v1` / :func:`v1_to_v2` for values stored before v2.
 
 Every malformed input raises :class:`BadBatch` (code ``bad_batch``), never anything else; but
-:func:`read_stored` trusts the records' structure (its callers turn any error into a corrupt
-record: storage/records.py).
+:func:`read_stored` trusts the records' contents (UTF-8, fields; its callers turn any error
+into a corrupt record: storage/records.py, storage/columns.py).
 """
 
 from ._builder import BatchBuilder

@@ -7,19 +7,15 @@ Validation is vectorised: the record table is one ``np.frombuffer`` view, every 
 is one numpy expression over all records, and UTF-8 is checked per section, not per string
 (:func:`_first_bad_utf8`). A failed check raises :class:`BadBatch` naming the first bad record.
 
-A small plain batch (at most :data:`SMALL_RECORDS` records, no headers, delays or TTLs, ASCII keys
-and text values: what a producer sends one message at a time) skips numpy, whose per-call cost is
-most of the check of one record: :func:`_small_plain` checks its records in Python.
-Invariant: that path only accepts, and only what the vectorised checks accept with the same view;
-a batch it does not accept goes through the vectorised checks, which find the error. So both
-paths refuse exactly the same batches, for the same reason and record
-(``tests/unit/test_batch_small.py`` compares them).
+A small batch (at most ``SMALL_RECORDS`` records: what a producer sends one message at a time,
+an SQS send) skips numpy, whose per-call cost is most of the check of a few records: ``_small.py``
+checks its records in Python. Invariant: that path only accepts, and only what the vectorised
+checks accept with the same view; a batch it does not accept goes through the vectorised checks,
+which find the error. So both paths refuse exactly the same batches, for the same reason and
+record (``tests/unit/test_batch_small.py`` compares them).
 """
 
 from __future__ import annotations
-
-import struct
-from dataclasses import dataclass
 
 import crc32c
 import numpy as np
@@ -44,6 +40,9 @@ from ._format import (
     STAMPED,
     U32,
 )
+from ._limits import Limits
+from ._small import SMALL_RECORDS, small_accepts, view_small
+from ._stored import _view_records
 from ._view import (
     _NO_U64,
     I64,
@@ -59,31 +58,6 @@ from ._view import (
 __all__ = ["Limits", "read", "read_stored", "reserved_header_record", "validate"]
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What a produced batch may hold (the node fills it from its ``[limits]``).
-
-    ``max_message_bytes`` counts, per message, the key, every header name and value, and the
-    value, as the JSON API does. ``refuse_reserved_headers``: a header whose name starts with
-    ``raftmq-`` (any ASCII case) is the broker's own and refused (reason ``reserved_header``).
-    """
-
-    max_message_bytes: int = 1024 * 1024
-    max_batch_bytes: int = 4 * 1024 * 1024
-    max_records: int = 10_000
-    max_key_bytes: int = 64 * 1024
-    max_headers: int = 64
-    max_delay_ms: int = 7 * 24 * 3600 * 1000
-    max_ttl_ms: int = 10 * 365 * 24 * 3600 * 1000
-    refuse_reserved_headers: bool = True
-
-
-SMALL_RECORDS = 32
-"""Up to this many records, a plain batch is checked without numpy (:func:`_small_plain`): its
-fixed cost (about 20 µs a batch) is more than the Python loop's (well under 1 µs a record)."""
-_WORDS = struct.Struct("<4I")  # the first four u32 words of a record table entry
-
-
 def read(buf: Buffer) -> BatchView:
     """Check one whole v2 batch (its CRCs, lengths, fields and UTF-8) and view it; no limit is
     applied. For batches already accepted once (stored, replicated, fetched).
@@ -95,14 +69,16 @@ def read(buf: Buffer) -> BatchView:
 
 
 def read_stored(buf: Buffer) -> BatchView:
-    """View a batch this node stored: its CRCs and header checked as :func:`read` does, its
-    records not. Only for bytes that passed :func:`read` or :func:`validate` before they were
+    """View a batch this node stored: its CRCs and header checked as :func:`read` does, and the
+    records' lengths and counts against their sections (so no record reaches past its section),
+    not the records themselves. Only for bytes that passed :func:`read` or :func:`validate` before they were
     stored (a queue group applies a batch only after :func:`read`): a matching CRC says they are
     still those bytes, so the record checks would find nothing new, and they were most of a
     receive's check (numpy's cost per call, for the few records a receive reads).
 
     Raises:
-        BadBatch: a CRC, the header or the sections' lengths do not match (a damaged value).
+        BadBatch: a CRC, the header or the sections' lengths do not match (a damaged value), or
+            the records' lengths and counts do not add up to their sections (``bad_length``).
     """
     return _check(memoryview(buf).cast("B"), None, stored=True)
 
@@ -225,90 +201,14 @@ def _check(
     if stored:
         _view_records(buf, view, count, rec_stride, hdr_stride, header_total, extras_bytes)
         return view
-    if (
-        count <= small_records
-        and not (header_total or names_bytes or hvalues_bytes or extras_bytes)
-        and _small_plain(buf, bounds, count, rec_stride, limits)
-    ):
-        table_at = bounds["table"][0]
-        view.table = np.frombuffer(buf, dtype=_record_dtype(rec_stride), count=count, offset=table_at)
-        view._headers = _no_headers(hdr_stride)
-        extras_at = bounds["extras"][0]
-        bounds["delays"] = bounds["ttls"] = (extras_at, extras_at)
-        return view
+    if count <= small_records:
+        n_delays = small_accepts(buf, bounds, count, rec_stride, hdr_stride, header_total, limits)
+        if n_delays is not None:
+            view_small(buf, view, count, rec_stride, hdr_stride, header_total, n_delays)
+            return view
     sizes = (header_total, keys_bytes, names_bytes, hvalues_bytes, values_bytes, extras_bytes)
     _check_records(buf, limits, view, count, rec_stride, hdr_stride, *sizes)
     return view
-
-
-def _small_plain(
-    buf: memoryview, bounds: dict[str, tuple[int, int]], count: int, rec_stride: int, limits: Limits | None
-) -> bool:
-    """Whether the records of a small batch without headers, delays or TTLs pass every check of
-    :func:`_check_records` (then they do, with the same view), deciding in Python. False is not a
-    refusal: the vectorised checks then decide (and name the error).
-
-    What it asks, per record: no attribute bits but binary and key, no header count, no reserved
-    bits (nothing else is allowed without headers and extras); a key length only with the key
-    bit; within the limits' key and message sizes. Then that the lengths add up to the key and
-    value sections, and that the keys, and the values unless every one is binary, are ASCII
-    (valid UTF-8 cut anywhere; other UTF-8 goes the vectorised way)."""
-    unpack = _WORDS.unpack_from
-    at = bounds["table"][0]
-    max_key = max_message = 1 << 64  # no limit: any u32 length, any sum of two
-    if limits is not None:
-        max_key, max_message = limits.max_key_bytes, limits.max_message_bytes
-    key_sum = value_sum = 0
-    all_binary = True
-    for _ in range(count):
-        word0, _delta, key_len, value_len = unpack(buf, at)
-        at += rec_stride
-        if word0 & ~(RECORD_BINARY | RECORD_KEY):
-            return False
-        if key_len and not word0 & RECORD_KEY:
-            return False
-        if key_len > max_key or key_len + value_len > max_message:
-            return False
-        all_binary = all_binary and bool(word0 & RECORD_BINARY)
-        key_sum += key_len
-        value_sum += value_len
-    k0, k1 = bounds["keys"]
-    v0, v1 = bounds["values"]
-    if key_sum != k1 - k0 or value_sum != v1 - v0:
-        return False
-    if k1 > k0 and not bytes(buf[k0:k1]).isascii():
-        return False
-    return all_binary or v1 == v0 or bytes(buf[v0:v1]).isascii()
-
-
-def _view_records(
-    buf: memoryview,
-    view: BatchView,
-    count: int,
-    rec_stride: int,
-    hdr_stride: int,
-    header_total: int,
-    extras_bytes: int,
-) -> None:
-    """Fill the rest of ``view`` as :func:`_check_records` does, checking nothing (:func:`read_stored`)."""
-    bounds = view.sections
-    view.table = np.frombuffer(buf, dtype=_record_dtype(rec_stride), count=count, offset=bounds["table"][0])
-    view._headers = (
-        np.frombuffer(
-            buf, dtype=_header_dtype(hdr_stride), count=header_total, offset=bounds["header_table"][0]
-        )
-        if header_total
-        else _no_headers(hdr_stride)
-    )
-    extras_at = bounds["extras"][0]
-    n_delays = int(np.count_nonzero(view.table["attributes"] & RECORD_DELAY)) if extras_bytes else 0
-    n_ttls = extras_bytes // 8 - n_delays
-    if n_delays:
-        view._delays = np.frombuffer(buf, dtype="<u8", count=n_delays, offset=extras_at)
-    if n_ttls:
-        view._ttls = np.frombuffer(buf, dtype="<u8", count=n_ttls, offset=extras_at + 8 * n_delays)
-    bounds["delays"] = (extras_at, extras_at + 8 * n_delays)
-    bounds["ttls"] = (extras_at + 8 * n_delays, bounds["extras"][1])
 
 
 def _check_records(

@@ -273,11 +273,20 @@ def _decode_headers(raw: bytes, offset: int) -> list[dict[str, Any]]:
 def _decode_v2(builder: _Builder, data: bytes, from_offset: int, max_rows: int, max_bytes: int | None) -> int:
     """:func:`decode_record_batch` of a v2 batch: the values of the rows wanted are one slice of
     the batch's values section and their lengths one column of its record table, so no Python
-    runs per row unless rows carry keys or headers (those two columns are then built per row)."""
+    runs per row unless rows carry keys or headers (those two columns are then built per row).
+    A stored value was checked whole at apply: ``read_stored`` checks its CRCs and lengths, not
+    its records again (their UTF-8 is then decoded only where a row has a key or headers)."""
     try:
-        view = rb.read(data)
+        return _decode_v2_view(builder, rb.read_stored(data), from_offset, max_rows, max_bytes)
     except rb.BadBatch as e:
         raise CorruptRecord(f"v2 record batch: {e.reason}: {e.message}") from None
+    except (ValueError, IndexError) as e:  # UnicodeDecodeError included: read_stored trusts the records
+        raise CorruptRecord(f"v2 record batch: records unreadable: {e}") from None
+
+
+def _decode_v2_view(
+    builder: _Builder, view: rb.BatchView, from_offset: int, max_rows: int, max_bytes: int | None
+) -> int:
     first = min(max(from_offset - view.base_offset, 0), view.count)
     last = min(view.count, first + max(max_rows, 0))
     if first >= last:

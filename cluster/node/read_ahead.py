@@ -15,11 +15,12 @@ Invariants:
   receive asked and at most the hold longer.
 - What no receive took goes back with ``release`` (visible again at once, its delivery uncounted),
   tried again for at most ``RELEASE_TRY_S``; from a graceful stop on, nothing is read ahead and
-  what is held is released the same way. Only a crash (or releases failing that long) leaves a
-  read-ahead in flight until its visibility deadline, counted once, as a receive whose answer was
-  lost. The queue group's machine takes nothing ahead for a subscription that dead-letters
-  (``delivery.ack_receive``), and the SQS API asks none for a queue with a RedrivePolicy, so such a
-  count never moves a message to a dead-letter queue.
+  what is held is released the same way; whatever still tries ``STOP_RELEASE_S`` after the stop
+  began is ended (nothing of it outlives the node). Only a crash (or releases failing that long,
+  or ended by a stop) leaves a read-ahead in flight until its visibility deadline, counted once,
+  as a receive whose answer was lost. The queue group's machine takes nothing ahead for a
+  subscription that dead-letters (``delivery.ack_receive``), and the SQS API asks none for a queue
+  with a RedrivePolicy, so such a count never moves a message to a dead-letter queue.
 - Fairness: a line reads ahead from the queue group of the delete's receipts (its queues in turn),
   at most ``READ_AHEAD_RUN`` times in a row while another of its groups shows something to hand out
   on this node's replica; then its next receive takes in turn, starting after that group.
@@ -234,7 +235,9 @@ class ReadAhead:
 
     async def stop(self) -> None:
         """A graceful stop: read nothing ahead from now on, release what is held, and wait for
-        the releases and give-backs under way (at most ``STOP_RELEASE_S``)."""
+        the releases and give-backs under way (at most ``STOP_RELEASE_S``). What is still under
+        way then is ended: it must not outlive the node (a give-back started before the stop would
+        go on trying for ``RELEASE_TRY_S``); its messages are counted unreleased."""
         self.stopping = True
         for key, held in list(self._held.items()):
             self._expire(key, held)
@@ -243,6 +246,10 @@ class ReadAhead:
         end = time.monotonic() + STOP_RELEASE_S
         while self._tasks and (left := end - time.monotonic()) > 0:
             await asyncio.wait(list(self._tasks), timeout=left)
+        late = list(self._tasks)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     def give_back(
         self,
@@ -281,48 +288,76 @@ class ReadAhead:
         task.add_done_callback(self._tasks.discard)
 
     async def _release(self, topic: Topic, group: str, receipts: list[str], deadline: float) -> None:
-        """``release`` a read-ahead's ``receipts`` (:meth:`_settle_until`), counted."""
-        done, left, code = await self._settle_until(topic, group, "release", receipts, {}, deadline)
-        self.counts.released += done
-        if left:
-            self.counts.unreleased += len(left)
-            log.warning(
-                "read_ahead_not_released", topic=topic.name, group=group, code=code, messages=len(left)
-            )
+        """``release`` a read-ahead's ``receipts`` (:meth:`_settle_until`), counted (also when a
+        stop ends it)."""
+        progress = _Progress(receipts)
+        try:
+            await self._settle_until(topic, group, "release", progress, {}, deadline)
+        finally:
+            self.counts.released += progress.done
+            if progress.left:
+                self.counts.unreleased += len(progress.left)
+                log.warning(
+                    "read_ahead_not_released",
+                    topic=topic.name,
+                    group=group,
+                    code=progress.code,
+                    messages=len(progress.left),
+                )
 
     async def _give_back(
         self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any], deadline: float
     ) -> None:
-        _, left, code = await self._settle_until(topic, group, op, receipts, fields, deadline)
-        if left:  # in flight until their visibility deadline, as a receive whose answer was lost
-            log.warning(
-                "receive_not_given_back", topic=topic.name, group=group, op=op, code=code, messages=len(left)
-            )
+        progress = _Progress(receipts)
+        try:
+            await self._settle_until(topic, group, op, progress, fields, deadline)
+        finally:
+            if progress.left:  # in flight until their visibility deadline, as a receive whose answer was lost
+                log.warning(
+                    "receive_not_given_back",
+                    topic=topic.name,
+                    group=group,
+                    op=op,
+                    code=progress.code,
+                    messages=len(progress.left),
+                )
 
     async def _settle_until(
-        self, topic: Topic, group: str, op: str, receipts: list[str], fields: dict[str, Any], deadline: float
-    ) -> tuple[int, list[str], str | None]:
-        """Apply ``op`` to the ``receipts``, again to those that failed (a leader change), until
+        self, topic: Topic, group: str, op: str, progress: _Progress, fields: dict[str, Any], deadline: float
+    ) -> None:
+        """Apply ``op`` to ``progress.left``, again to those that failed (a leader change), until
         ``deadline``. A receipt no longer current (acked, expired) has nothing to give back.
-        Returns how many it applied to, the receipts left, and the last failure's code."""
-        left, pause, done = receipts, 0.05, 0
+        ``progress`` says at every moment how many it applied to, the receipts left, and the last
+        failure's code (so a stop that ends it knows what is left)."""
+        pause = 0.05
         while True:
             try:
-                results = await self.settle(topic, group, op, left, fields)
+                results = await self.settle(topic, group, op, progress.left, fields)
             except RaftmqError as e:
-                code: str | None = e.code
+                progress.code = e.code
             except Exception:  # not a refusal (a peer's answer without an error body): try again
                 log.exception("settle_failed", topic=topic.name, group=group, op=op)
-                code = errors.INTERNAL.code
+                progress.code = errors.INTERNAL.code
             else:
-                done += sum(1 for r in results if r.get("ok"))
+                progress.done += sum(1 for r in results if r.get("ok"))
                 failed = [
                     r for r in results if "error" in r and r["error"].get("code") != errors.STALE_RECEIPT.code
                 ]
+                progress.left = [r["receipt"] for r in failed]
                 if not failed:
-                    return done, [], None
-                left, code = [r["receipt"] for r in failed], failed[0]["error"].get("code")
+                    return
+                progress.code = failed[0]["error"].get("code")
             if time.monotonic() + pause > deadline:
-                return done, left, code
+                return
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.5)
+
+
+@dataclass
+class _Progress:
+    """Where a release or give-back stands: the receipts ``left`` to apply its op to, how many
+    it applied to (``done``), and the last failure's ``code``."""
+
+    left: list[str]
+    done: int = 0
+    code: str | None = None

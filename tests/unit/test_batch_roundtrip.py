@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -104,6 +106,56 @@ def test_a_stored_batch_reads_back_as_read_sees_it_and_a_damaged_one_is_refused(
     damaged[data.draw(st.integers(0, len(stored) - 1))] ^= 1 << data.draw(st.integers(0, 7))
     with pytest.raises(BadBatch):
         read_stored(bytes(damaged))
+
+
+def _recrc(batch: bytearray) -> bytes:
+    """The batch with its CRC made to match its (changed) contents: a writer's bug, not damage."""
+    struct.pack_into("<I", batch, 36, crc32c.crc32c(memoryview(batch)[40:]))
+    return bytes(batch)
+
+
+TABLE_AT = 96  # no producer id: the record table follows the 96-byte header
+HEADER_TABLE = 1 << 20  # ``at`` from here on: from the header table's start (after the records')
+
+
+@pytest.mark.parametrize(
+    ("at", "fmt", "change"),
+    [
+        (TABLE_AT + 16 + 12, "<I", 8),  # record 1's value length past the values, into its TTL
+        (TABLE_AT + 12, "<I", -1),  # record 0's value length short of its own
+        (TABLE_AT + 8, "<I", 1),  # record 0's key length past the keys, into the header names
+        (TABLE_AT + 16 + 1, "<B", 1),  # record 1 counts a header the header table does not have
+        (HEADER_TABLE + 4, "<I", 1),  # a header value length past the header values
+        (TABLE_AT, "<B", 0x04),  # record 0 (a key: 0x02) gains the delay bit, no delay in the section
+    ],
+    ids=["value past", "value short", "key past", "header count", "header value past", "delay bit"],
+)
+@pytest.mark.parametrize("more", [0, 40], ids=["small", "numpy"])  # records after the two: either path
+def test_a_stored_batch_whose_lengths_do_not_add_up_to_its_sections_is_refused(
+    at: int, fmt: str, change: int, more: int
+) -> None:
+    """A batch with matching CRCs whose record or header lengths do not add up to their sections
+    (a writer's bug the CRC carries along): read_stored refuses it as read does, rather than
+    hand out a value reaching into the next section."""
+    plain = {"value": b"", "key": None, "headers": None, "delay_ms": 0, "ttl_ms": 0}
+    msgs = [
+        {**plain, "value": "ab", "key": "k", "headers": {"h": "v"}},
+        {**plain, "value": "cd", "ttl_ms": 60_000},
+        *[plain] * more,
+    ]
+    good = stamp(build(msgs), 7, 1_700_000_000_000, 3)
+    assert [r.value for r in read_stored(good)][:2] == [b"ab", b"cd"]
+    if at >= HEADER_TABLE:
+        at += TABLE_AT + 16 * len(msgs) - HEADER_TABLE
+    batch = bytearray(good)
+    (value,) = struct.unpack_from(fmt, batch, at)
+    struct.pack_into(fmt, batch, at, value + change)
+    bad = _recrc(batch)
+    with pytest.raises(BadBatch) as checked:
+        read(bad)
+    with pytest.raises(BadBatch) as stored:
+        read_stored(bad)
+    assert stored.value.reason == checked.value.reason == "bad_length"
 
 
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -1,4 +1,4 @@
-"""The check of a small plain batch without numpy (``raftmq.batch._validate._small_plain``) refuses
+"""The check of a small batch without numpy (``raftmq.batch._small.small_accepts``) refuses
 exactly what the vectorised checks refuse, for the same reason and record, and gives the same view
 of what it accepts: every batch, damaged or not, is checked both ways and the outcomes compared."""
 
@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raftmq.batch import BadBatch, BatchBuilder, BatchView, Limits, read, stamp
-from raftmq.batch._validate import SMALL_RECORDS, _check, _small_plain
+from raftmq.batch._small import SMALL_RECORDS, small_accepts
+from raftmq.batch._validate import _check
 
 TIGHT = Limits(max_message_bytes=40, max_key_bytes=6, max_records=SMALL_RECORDS + 8, max_batch_bytes=4096)
 LIMITS = (None, Limits(), TIGHT)
@@ -200,25 +201,46 @@ def test_bad_utf8_in_a_small_batch_is_found_as_by_the_vectorised_check() -> None
         assert outcome(bad, None, SMALL_RECORDS)[1:4:2] == ("bad_utf8", 1)
 
 
-def plain(n: int, key: str | None = "k1", value: bytes | str = b"x" * 20) -> bytes:
+def plain(n: int, key: str | None = "k1", value: bytes | str = b"x" * 20, **extra: Any) -> bytes:
     b = BatchBuilder("p-1", 7)
     for _ in range(n):
-        b.append(value, key=key)
+        b.append(value, key=key, **extra)
     return b.finish()
 
 
-def test_a_small_plain_batch_is_checked_without_numpy_and_a_larger_one_with_it() -> None:
+SQS_HEADERS = {"sqs-id": "0d9e5d2c-7a4b-4f4e-9a59-3f1b2c4d5e6f", "sqs-attributes": '{"a":["String","b"]}'}
+
+
+def test_a_small_batch_is_checked_without_numpy_and_a_larger_one_with_it() -> None:
     """The comparisons above would pass if the small path were never taken: it is, for the
-    batches it is meant for, and only for them."""
-    for n, key, value, limits, taken in [
-        (1, "k1", b"x" * 20, Limits(), True),
-        (SMALL_RECORDS, None, "text", Limits(), True),
-        (3, "k1", "caf\u00e9", Limits(), False),  # non-ASCII text: the vectorised UTF-8 check
-        (3, "k\u00fc", b"\xff", Limits(), False),  # a non-ASCII key, likewise
-        (3, "k1", b"\xff" * 3, Limits(), True),  # binary values are not text: any bytes
-        (2, "k" * 7, b"x", TIGHT, False),  # over a limit: the vectorised checks name the error
-        (2, "k1", b"x" * 50, TIGHT, False),
+    batches it is meant for (an SQS send's among them: headers and a TTL), and only for them."""
+    for n, key, value, extra, limits, taken in [
+        (1, "k1", b"x" * 20, {}, Limits(), True),
+        (SMALL_RECORDS, None, "text", {}, Limits(), True),
+        (10, None, "x" * 100, {"headers": SQS_HEADERS, "ttl_ms": 345_600_000}, Limits(), True),
+        (3, "k1", b"v", {"delay_ms": 5_000, "ttl_ms": 9}, Limits(), True),
+        (3, "k1", "caf\u00e9", {}, Limits(), False),  # non-ASCII text: the vectorised UTF-8 check
+        (3, "k\u00fc", b"\xff", {}, Limits(), False),  # a non-ASCII key, likewise
+        (3, "k1", b"v", {"headers": {"h": "\u00e9"}}, Limits(), False),  # a non-ASCII header value
+        (3, "k1", b"\xff" * 3, {}, Limits(), True),  # binary values are not text: any bytes
+        (2, "k" * 7, b"x", {}, TIGHT, False),  # over a limit: the vectorised checks name the error
+        (2, "k1", b"x" * 50, {}, TIGHT, False),
+        (2, "k1", b"x", {"headers": {"h": "v" * 40}}, TIGHT, False),  # headers count in a message
+        (2, None, b"x", {"ttl_ms": Limits().max_ttl_ms + 1}, None, True),  # no limits: read
+        (2, None, b"x", {"ttl_ms": Limits().max_ttl_ms + 1}, Limits(), False),
     ]:
-        buf = plain(n, key, value)
+        buf = plain(n, key, value, **extra)
         view = read(buf)
-        assert _small_plain(view.buffer, view.sections, n, 16, limits) is taken, (n, key, value)
+        got = small_accepts(view.buffer, view.sections, n, 16, 8, len(view.header_table), limits)
+        assert (got is not None) is taken, (n, key, value, extra)
+        assert outcome(buf, limits, SMALL_RECORDS) == outcome(buf, limits, 0)
+
+
+def test_a_reserved_header_is_left_to_the_vectorised_check_where_the_limits_refuse_it() -> None:
+    buf = plain(2, None, b"x", headers={"Raftmq-Dlq-Reason": "x"})
+    view = read(buf)
+    for limits, taken in [(None, True), (Limits(refuse_reserved_headers=False), True), (Limits(), False)]:
+        got = small_accepts(view.buffer, view.sections, 2, 16, 8, 2, limits)
+        assert (got is not None) is taken, limits
+        assert outcome(buf, limits, SMALL_RECORDS) == outcome(buf, limits, 0)
+    assert outcome(buf, Limits(), SMALL_RECORDS)[:2] == ("refused", "reserved_header")

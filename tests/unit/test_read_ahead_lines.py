@@ -349,3 +349,50 @@ def test_a_graceful_stop_waits_for_give_backs_that_start_while_it_waits() -> Non
         return [r for _, receipts in settled for r in receipts]
 
     assert sorted(asyncio.run(main())) == ["r1", "r1", "r2", "r2"]  # each tried twice
+
+
+def test_a_graceful_stop_ends_releases_and_give_backs_still_trying_at_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A release and a give-back that keep failing (their leader elects) would try again for
+    RELEASE_TRY_S from their start: a stop waits STOP_RELEASE_S at most, then ends them. Nothing
+    of them runs after it, and the read-ahead's messages are counted unreleased."""
+    monkeypatch.setattr(ra, "STOP_RELEASE_S", 0.3)
+
+    async def main() -> tuple[int, int, ra.ReadAheadCounts]:
+        c, _, settled = coordinator(fail_first=1_000)
+        c.read_ahead.give_back(TOPIC, "sqs", ["r1"])
+        await holding(c, time.monotonic() - 2)  # its hold is over: released at once
+        await c.read_ahead.stop()
+        tries = len(settled)
+        await asyncio.sleep(1.0)  # the retries' pauses by then: 0.05, 0.1, 0.2, 0.4, 0.5
+        return tries, len(settled), c.read_ahead.counts
+
+    tries, later, counts = asyncio.run(main())
+    assert tries >= 4  # both tried, and again, while the stop waited
+    assert later == tries
+    assert (counts.released, counts.unreleased) == (0, len(TAKEN))
+
+
+def test_a_graceful_stop_ends_a_give_back_whose_leader_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ra, "STOP_RELEASE_S", 0.2)
+    ended: list[str] = []
+
+    async def settle(topic: Topic, group: str, op: str, receipts: list[str], fields: Any) -> list[Any]:
+        try:
+            await asyncio.Event().wait()  # a hop to a leader that never answers
+        except asyncio.CancelledError:
+            ended.extend(receipts)
+            raise
+        return []
+
+    async def main() -> None:
+        c = ReceiveCoordinator(Node(), Leaders(), settle)  # type: ignore[arg-type]
+        c.read_ahead.give_back(TOPIC, "sqs", ["r1"])
+        await settle_soon()
+        await asyncio.wait_for(c.read_ahead.stop(), 2)
+        assert ended == ["r1"]  # ended by the stop, before it returned
+
+    asyncio.run(main())

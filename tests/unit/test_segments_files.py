@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -214,3 +215,20 @@ def test_data_loss_and_rate_limit() -> None:
     assert sum(limited["t"][q] - start["t"][q] for q in "012") == 13
     assert limited["t"]["1"] == 10 and limited["t"]["0"] > limited["t"]["2"] - 5
     assert rate_limit(start, end, 10_000) == end
+
+
+def test_a_stored_v2_batch_with_a_key_that_is_not_utf8_is_a_corrupt_record_for_columns() -> None:
+    """read_columns reads stored v2 batches without checking their records again
+    (raftmq.batch.read_stored): a key that is not UTF-8 behind a matching CRC (a writer's bug)
+    is still a CorruptRecord when its row is built, not another error."""
+    value = bytearray(rb.v1_to_v2(encode_batch(1, 1_700_000_000_000, 0, [NewMessage(b"v", key="ab")])))
+    at = bytes(value).index(b"ab")
+    value[at] = 0xFF
+    value[36:40] = crc32c.crc32c(memoryview(value)[40:]).to_bytes(4, "little")
+    store = MemoryStore()
+    b = Batch()
+    b.put(keys.record_key(1, 0, 0), bytes(value))
+    b.put(keys.meta_key(1, 0), QueueMeta(0, 1, len(value)).encode())
+    store.write(b)
+    with pytest.raises(CorruptRecord, match="unreadable"):
+        read_columns(store, 1, "t", 0, 0)
