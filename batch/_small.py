@@ -50,6 +50,12 @@ def small_accepts(
     the limits; keys, header names and values, and the values unless every one is binary, are
     ASCII (valid UTF-8 cut anywhere; other UTF-8 goes the vectorised way); and, where the limits
     refuse them, no header name starts with the reserved prefix."""
+    max_key = max_message = _NO_LIMIT
+    max_headers = 0xFF
+    if limits is not None:
+        max_key, max_message, max_headers = limits.max_key_bytes, limits.max_message_bytes, limits.max_headers
+    if header_total > count * min(max_headers, 0xFF):
+        return None  # more headers than the records may have: refused the vectorised way, not walked
     headers = _header_sizes(buf, bounds, header_total, hdr_stride)
     if headers is None:
         return None
@@ -60,10 +66,6 @@ def small_accepts(
         allowed |= 0xFF00
     if extras_end > extras_at:
         allowed |= RECORD_DELAY | RECORD_TTL
-    max_key = max_message = _NO_LIMIT
-    max_headers = 0xFF
-    if limits is not None:
-        max_key, max_message, max_headers = limits.max_key_bytes, limits.max_message_bytes, limits.max_headers
     unpack = _WORDS.unpack_from
     at = bounds["table"][0]
     key_sum = value_sum = n_delays = n_ttls = h = 0

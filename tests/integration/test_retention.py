@@ -23,6 +23,9 @@ CLI = [sys.executable, "-m", "raftmq.cluster.cli.main"]
 
 def queue_bounds(c: Cluster, topic: str, queue: int) -> tuple[int, int]:
     q = c.get(f"/v1/topics/{topic}").json()["queues"][queue]
+    # null while no leader of the queue's group serves reads (a leadership moving): "not yet" to
+    # wait_until, a failure elsewhere
+    assert q["low_offset"] is not None and q["high_offset"] is not None, q
     return q["low_offset"], q["high_offset"]
 
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftmq.batch import BadBatch, BatchBuilder, BatchView, Limits, read, stamp
+from raftmq.batch import BadBatch, BatchBuilder, BatchView, Limits, _small, read, stamp
+from raftmq.batch._format import COVERED
 from raftmq.batch._small import SMALL_RECORDS, small_accepts
 from raftmq.batch._validate import _check
 
@@ -244,3 +245,29 @@ def test_a_reserved_header_is_left_to_the_vectorised_check_where_the_limits_refu
         assert (got is not None) is taken, limits
         assert outcome(buf, limits, SMALL_RECORDS) == outcome(buf, limits, 0)
     assert outcome(buf, Limits(), SMALL_RECORDS)[:2] == ("refused", "reserved_header")
+
+
+def test_a_header_count_no_record_may_have_is_not_walked_by_the_small_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One record claiming 10,000 headers (their table there, zeroed): refused the vectorised way
+    without the small path reading the table entry by entry in Python (a batch of 4 MiB of such
+    entries took 100 times as long to refuse that way)."""
+    b = BatchBuilder(None, 0)
+    b.append(b"v", headers={"h": "v"})
+    buf = b.finish()
+    table_at = read(buf).sections["header_table"][0]
+    claimed = 10_000
+    out = bytearray(buf[:table_at]) + bytes(8 * (claimed - 1)) + buf[table_at:]
+    covered = list(COVERED.unpack_from(out, 40))
+    covered[6] = claimed  # the header total
+    COVERED.pack_into(out, 40, *covered)
+    struct.pack_into("<I", out, 4, len(out))
+    bad = recrc(out)
+
+    def walked(*args: Any) -> None:
+        raise AssertionError("the small path walked the header table")
+
+    monkeypatch.setattr(_small, "_header_sizes", walked)
+    assert outcome(bad, Limits(), SMALL_RECORDS) == outcome(bad, Limits(), 0)
+    assert outcome(bad, Limits(), 0)[1] in ("bad_length", "too_many_headers")
