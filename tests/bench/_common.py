@@ -737,3 +737,17 @@ def worker_profile(path: Path, threads: dict[str, str], seconds: float) -> dict[
         time.sleep(0.2)
     time.sleep(0.5)
     return summarize_raw_profile(path, threads=threads, seconds=seconds)
+
+
+def timeit(fn: Callable[[], Any], min_time: float = 0.4, min_runs: int = 5) -> float:
+    """Median seconds per call of ``fn``: at least ``min_runs`` calls and ``min_time`` seconds,
+    after one call not counted (a warm-up)."""
+    fn()
+    times = []
+    t_end = time.perf_counter() + min_time
+    while len(times) < min_runs or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]

@@ -18,7 +18,6 @@ import os
 import random
 import string
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, add_quiet_argument, loadavg, quiet_header, table, write_result
+from _common import RESULTS, add_quiet_argument, loadavg, quiet_header, table, timeit, write_result
 
 from raftmq.batch import BatchBuilder, Limits, columns, read, stamp, validate
 from raftmq.cluster.api.validation import parse_produce
@@ -34,19 +33,6 @@ from raftmq.cluster.config.cluster_file import Limits as NodeLimits
 from raftmq.storage.records import NewMessage, decode_messages, encode_batch
 
 NOW_MS = 1_700_000_000_000
-
-
-def timeit(fn: Callable[[], Any], min_time: float, min_runs: int = 5) -> float:
-    """Median seconds per call."""
-    fn()
-    times = []
-    t_end = time.perf_counter() + min_time
-    while len(times) < min_runs or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def measure(records: int, value_bytes: int, keyed: bool, min_time: float) -> dict[str, Any]:

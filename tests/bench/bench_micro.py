@@ -24,14 +24,12 @@ import shutil
 import string
 import sys
 import tempfile
-import time
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, header, loadavg, table, write_result
+from _common import RESULTS, header, loadavg, table, timeit, write_result
 from pysyncobj.encryptor import getEncryptor
 
 from raftmq.cluster import commands
@@ -43,19 +41,6 @@ from raftmq.storage.rocks import RocksStore
 BATCH = 100
 COALESCED = 19
 SECRET = "bench-secret-0123456789abcdef"
-
-
-def timeit(fn: Callable[[], Any], min_time: float = 0.4, min_runs: int = 5) -> float:
-    """Median seconds per call."""
-    fn()
-    times = []
-    t_end = time.perf_counter() + min_time
-    while len(times) < min_runs or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def make_batches(n_batches: int, values: str, rng: random.Random) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, add_quiet_argument, loadavg, quiet_header, table, write_result
+from _common import RESULTS, add_quiet_argument, loadavg, quiet_header, table, timeit, write_result
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj.encryptor import getEncryptor
 
@@ -44,19 +44,6 @@ from raftmq.cluster.replication.pso import RaftConnection, raft_key
 
 SECRET = "bench-secret-0123456789abcdef"
 SIZES = (1024, 10 * 1024, 100 * 1024, 1024 * 1024)
-
-
-def timeit(fn: Callable[[], Any], min_time: float, min_runs: int = 5) -> float:
-    """Median seconds per call."""
-    fn()
-    times = []
-    t_end = time.perf_counter() + min_time
-    while len(times) < min_runs or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def message(command: bytes) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import types
 import uuid
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import header, table, write_result
+from _common import header, table, timeit, write_result
 
 from raftmq import batch as rb
 from raftmq.storage import columns, keys
@@ -33,19 +32,6 @@ from raftmq.storage.store import Batch
 
 NOW_MS = 1_700_000_000_000
 RETENTION_MS = 345_600_000  # an SQS queue's default MessageRetentionPeriod: every message's TTL
-
-
-def timeit(fn: Callable[[], Any], min_time: float, min_runs: int = 5) -> float:
-    """Median seconds per call."""
-    fn()
-    times = []
-    t_end = time.perf_counter() + min_time
-    while len(times) < min_runs or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def sqs_batch(value_size: int, base_offset: int) -> bytes:
