@@ -223,6 +223,9 @@ class TestFaults:
     # While this file says "fail", checkpoint fetches for snapshot installs fail; while it says
     # "stall", each waits (up to 60 s) and then fails (the chaos suite's checkpoint-fetch fault).
     checkpoint_fetch_fault_file: str = ""
+    # A node sending a checkpoint archive waits this long before each chunk (about 1 MiB) of it: a
+    # slow disk, so a large state's archive takes longer than a fetch's timeout to send.
+    checkpoint_send_chunk_delay_ms: int = 0
     # The node with this id plays a node of the version before record-batch format 2: it
     # advertises format 1 only and refuses forwarded binary appends as that version did
     # (invalid_json). The rolling-upgrade test: its groups' leaders must propose JSON commands,
@@ -429,6 +432,8 @@ def parse_config(
         problems.append("raft.retention_max_batches must be from 0 (off) to 4294967295")
     if not 64 * 1024 <= timing.max_follower_backlog_bytes <= 1 << 30:
         problems.append("raft.max_follower_backlog_bytes must be from 65536 to 1073741824 (1 GiB)")
+    if not 100 <= timing.checkpoint_io_timeout_ms <= 3_600_000:
+        problems.append("raft.checkpoint_io_timeout_ms must be from 100 to 3600000 (an hour)")
     if timing.election_min_ms >= timing.election_max_ms:
         problems.append("raft.election_min_ms must be below raft.election_max_ms")
     if timing.heartbeat_ms * 5 > timing.election_min_ms:

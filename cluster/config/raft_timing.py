@@ -33,3 +33,6 @@ class RaftTimingConfig:
     # A leader queues at most about this much for one follower; more goes as the follower reads
     # (docs/architecture.md, "A leader's backlog to a follower").
     max_follower_backlog_bytes: int = 8 * 1024 * 1024
+    # A replica downloading a checkpoint for a snapshot install gives up on a peer that sends
+    # nothing for this long (per socket operation; the archive arrives as the peer makes it).
+    checkpoint_io_timeout_ms: int = 30_000

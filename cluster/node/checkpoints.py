@@ -1,6 +1,7 @@
-"""Checkpoints of a group's state: made for a peer that installs a snapshot (``make_tar``), fetched
-from the group's replicas when this replica installs one (``fetch``, on the group's checkpoint
-thread, blocking), and digests that tests compare across replicas (``store_digest``).
+"""Checkpoints of a group's state: sent to a peer that installs a snapshot (``open_stream``, a
+tar archive made as it is sent), fetched from the group's replicas when this replica installs one
+(``fetch``, on the group's checkpoint thread, blocking), and digests that tests compare across
+replicas (``store_digest``).
 
 A fetched checkpoint is checked before use: its ``meta.json`` names the group, it opens as a store,
 and its applied index covers the snapshot. Archives are extracted with ``base/safe_tar.py``.
@@ -15,6 +16,7 @@ import shutil
 import tarfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -22,6 +24,7 @@ import structlog
 
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.safe_tar import safe_extract
+from raftmq.cluster.base.tar_stream import tar_chunks
 from raftmq.cluster.config.keys import NO_REDIRECTS, PEER_HEADER
 from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
 from raftmq.cluster.node.view import NodeView
@@ -31,7 +34,7 @@ from raftmq.storage.queues import applied_index as queues_applied_index
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Store
 
-__all__ = ["CheckpointBehind", "Checkpoints"]
+__all__ = ["CheckpointBehind", "CheckpointStream", "Checkpoints"]
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +43,26 @@ class CheckpointBehind(RaftmqError):
     """This replica's state is behind the index a checkpoint was asked for."""
 
 
-_CHECKPOINT_TIMEOUT_S = 30.0  # per socket operation of a checkpoint download
+class CheckpointStream:
+    """A checkpoint of one group's state on disk (hard links to the store's files, so it costs
+    little space until the store compacts them away) and its tar archive, produced as it is sent
+    (``chunks``): the first bytes leave at once, however large the state. ``close`` deletes the
+    checkpoint, whether or not the archive was sent whole."""
+
+    def __init__(self, ckpt_dir: str, chunk_delay_s: float = 0.0) -> None:
+        self.dir = ckpt_dir
+        self._chunk_delay_s = chunk_delay_s  # test fault: a slow disk (``[faults]``)
+
+    def chunks(self) -> Iterator[bytes]:
+        for chunk in tar_chunks([(self.dir, "checkpoint"), (self.dir + ".json", "meta.json")]):
+            if self._chunk_delay_s:
+                time.sleep(self._chunk_delay_s)
+            yield chunk
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.dir + ".json")
 
 
 def _check_checkpoint(name: str, dest: str, need: int) -> int:
@@ -76,10 +98,10 @@ class Checkpoints:
     def __init__(self, node: NodeView) -> None:
         self.node = node
 
-    def make_tar(self, name: str, min_index: int = 0) -> str:
-        """Checkpoint group ``name``'s state into a tar file; returns its path (caller deletes).
+    def open_stream(self, name: str, min_index: int = 0) -> CheckpointStream:
+        """A checkpoint of group ``name``'s state, to be sent as a tar archive (the caller closes it).
 
-        The tar holds ``checkpoint/`` (the RocksDB checkpoint) and ``meta.json`` (group, node, the
+        The archive holds ``checkpoint/`` (the RocksDB checkpoint) and ``meta.json`` (group, node, the
         applied index before the checkpoint was taken: the checkpoint holds at least that).
 
         Raises:
@@ -92,21 +114,16 @@ class Checkpoints:
             raise CheckpointBehind(
                 f"node {self.node.me.id} applied group {name} to {applied}, not {min_index}"
             )
-        stamp = f"{name}-{time.time_ns()}"
-        ckpt_dir = os.path.join(self.node.node_dir, "tmp", f"ckpt-{stamp}")
-        tar_path = ckpt_dir + ".tar"
-        local.machine.store.checkpoint(ckpt_dir)
+        ckpt_dir = os.path.join(self.node.node_dir, "tmp", f"ckpt-{name}-{time.time_ns()}")
+        stream = CheckpointStream(ckpt_dir, self.node.config.faults.checkpoint_send_chunk_delay_ms / 1000)
         try:
+            local.machine.store.checkpoint(ckpt_dir)
             with open(ckpt_dir + ".json", "wb") as f:
                 f.write(orjson.dumps({"group": name, "node_id": self.node.me.id, "applied_index": applied}))
-            with tarfile.open(tar_path, "w") as tar:
-                tar.add(ckpt_dir, arcname="checkpoint")
-                tar.add(ckpt_dir + ".json", arcname="meta.json")
-        finally:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(ckpt_dir + ".json")
-        return tar_path
+        except BaseException:
+            stream.close()
+            raise
+        return stream
 
     def fetch(self, name: str, manifest: dict[str, Any]) -> tuple[str, int]:
         """Download and check a checkpoint of group ``name`` covering the snapshot ``manifest``
@@ -135,6 +152,9 @@ class Checkpoints:
             NO_REDIRECTS,
             urllib.request.HTTPSHandler(context=self.node.ssl_context),
         )
+        # Per socket operation: the sender's archive arrives as it is made, so a long download of a
+        # large state never waits this long for its next bytes unless its peer stopped.
+        timeout_s = self.node.config.raft.checkpoint_io_timeout_ms / 1000
         errors = []
         for node in order:
             dest = os.path.join(self.node.node_dir, "tmp", f"incoming-{name}-{time.time_ns()}")
@@ -145,7 +165,7 @@ class Checkpoints:
                     f"{node.http_url}/internal/groups/{name}/checkpoint?min_index={need}",
                     headers={PEER_HEADER: self.node.keys.peer},
                 )
-                with opener.open(request, timeout=_CHECKPOINT_TIMEOUT_S) as resp, open(tar_path, "wb") as f:
+                with opener.open(request, timeout=timeout_s) as resp, open(tar_path, "wb") as f:
                     shutil.copyfileobj(resp, f, 1 << 20)
                 with tarfile.open(tar_path) as tar:
                     _safe_extract(tar, dest)

@@ -6,7 +6,9 @@ See docs/architecture.md, "Snapshots are manifests; state moves out of band".
 
 from __future__ import annotations
 
+import base64
 import functools
+import os
 import signal
 import threading
 from pathlib import Path
@@ -149,11 +151,15 @@ def _snapshot_installs(c: Cluster, nid: str) -> float:
     )
 
 
-def _produce_kib(c: Cluster, node: str, total_bytes: int) -> dict[tuple[int, int], str]:
-    """Requests of 64 messages of 1 KiB to ``node`` until ``total_bytes``; the acknowledged ones."""
+def _produce_kib(
+    c: Cluster, node: str, total_bytes: int, random_values: bool = False
+) -> dict[tuple[int, int], str]:
+    """Requests of 64 messages of 1 KiB to ``node`` until ``total_bytes``; the acknowledged ones.
+    ``random_values``: values the store cannot compress (its state grows by ``total_bytes``)."""
     acked: dict[tuple[int, int], str] = {}
     for b in range(total_bytes // (64 << 10)):
-        values = [f"held-{b}-{i}-".ljust(1024, "x") for i in range(64)]
+        pad = (lambda: base64.b64encode(os.urandom(768)).decode()) if random_values else (lambda: "")
+        values = [f"held-{b}-{i}-{pad()}".ljust(1024, "x")[:1024] for i in range(64)]
         r = c.produce("t", [{"value": v} for v in values], node=node)
         assert r.status_code == 200, r.text
         for v, res in zip(values, r.json()["results"], strict=True):
@@ -188,3 +194,45 @@ def test_a_follower_held_behind_a_due_compaction_gets_the_entries_not_a_snapshot
         assert _snapshot_installs(c, paused) == 0
         assert "snapshot_install" not in c.log(paused)
         assert_all_present(c, "t", acked, paused, read_from="local")
+
+
+# Every node sends a checkpoint archive at about 1 MiB per 0.4 s (a slow disk) and a replica
+# downloading one gives up on a peer silent for 1.5 s; compaction after 20 entries as above.
+SLOW_SEND_TOML = (
+    "[raft]\ncompaction_min_entries = 20\ncompaction_min_time_s = 1\ncheckpoint_io_timeout_ms = 1500\n"
+    "[faults]\ncheckpoint_send_chunk_delay_ms = 400\n"
+)
+STATE_BYTES = 6 << 20  # a state whose archive takes about 2.4 s to send: longer than the timeout
+
+
+def test_a_state_slower_to_archive_than_the_download_timeout_still_installs(tmp_path: Path) -> None:
+    """A replica back after its peers compacted installs a snapshot of a state whose archive
+    takes longer to make than its download's timeout: the archive is made as it is sent, so
+    bytes keep arriving. Before, the peer wrote the whole archive to a file before sending a
+    byte, every download timed out, each retry began another archive, and the replica never came
+    back (a 10 GB backlog run found it: docs/benchmarks.md)."""
+    with start(tmp_path, extra_toml=SLOW_SEND_TOML) as c:
+        c.create_topic("t", queues=2)
+        acked = produce_batches(c, "t", batches=5, size=20)
+        leader = c.wait_leader("0")
+        away, peer = [n for n in c.nodes if n != leader]
+        c.kill(away)
+        acked |= _produce_kib(c, leader, STATE_BYTES, random_values=True)
+        acked |= produce_batches(c, "t", batches=30, size=20, tag="after", node=leader)
+        for nid in (leader, peer):
+            wait_until(functools.partial(_compacted, c, nid), 60, what=f"compaction on {nid}")
+        c.start(away)
+        c.wait_replicas_equal("0", timeout_s=120)
+        log = c.log(away)
+        assert "snapshot_install_done" in log
+        failed = [
+            ln for ln in log.splitlines() if "snapshot_checkpoint_fetch_failed" in ln and "group=0" in ln
+        ]
+        assert not failed, failed[:3]
+        assert_all_present(c, "t", acked, away, read_from="local")
+        # The senders' checkpoints are deleted once sent.
+        for nid in c.nodes:
+            left = (
+                list((c.data_dir / nid / "tmp").glob("ckpt-*")) if (c.data_dir / nid / "tmp").exists() else []
+            )
+            assert not left, (nid, left)

@@ -15,7 +15,7 @@ from raftmq.storage.store import Batch, StoreError
 
 
 def _received(tmp_path: Path, *, group: str = "0", applied: int = 50, said: int | None = None) -> str:
-    """A checkpoint as ``Checkpoints.make_tar`` sends it, extracted: ``checkpoint/`` and ``meta.json``."""
+    """A checkpoint as ``Checkpoints.open_stream`` sends it, extracted: ``checkpoint/`` and ``meta.json``."""
     dest = tmp_path / "incoming"
     store = RocksStore.open(str(tmp_path / "state"))
     batch = Batch()

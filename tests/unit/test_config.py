@@ -186,3 +186,13 @@ def test_offset_retention_defaults_to_a_week_may_be_off_and_is_not_below_the_idl
             parse_config(
                 {"cluster": {"secret": SECRET}, "limits": {"offset_retention_ms": bad}, "nodes": nodes(3)}
             )
+
+
+def test_the_checkpoint_download_timeout_defaults_to_30_s_and_is_range_checked() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
+    assert c.raft.checkpoint_io_timeout_ms == 30_000
+    for bad in (0, 99, 3_600_001):
+        with pytest.raises(ConfigError, match=r"raft\.checkpoint_io_timeout_ms must be from 100"):
+            parse_config(
+                {"cluster": {"secret": SECRET}, "raft": {"checkpoint_io_timeout_ms": bad}, "nodes": nodes(3)}
+            )

@@ -10,7 +10,6 @@ view, and store digests that tests use to compare replicas.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -109,20 +108,21 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
         min_index = query_int(request.query, "min_index", 0, 0, 2**63 - 1)
         loop = asyncio.get_running_loop()
         try:
-            tar_path = await loop.run_in_executor(None, node.checkpoints.make_tar, name, min_index)
+            stream = await loop.run_in_executor(None, node.checkpoints.open_stream, name, min_index)
         except CheckpointBehind as e:
             raise ApiError(errors.UNAVAILABLE, str(e)) from None
         try:
+            # No length: the archive is made as it is sent (chunked), so its first bytes leave at
+            # once however large the state; a download cut short lacks the last chunk and fails.
             response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
-            response.content_length = os.path.getsize(tar_path)
             await response.prepare(request)
-            with open(tar_path, "rb") as f:
-                while chunk := await loop.run_in_executor(None, f.read, 1 << 20):
-                    await response.write(chunk)
+            chunks = stream.chunks()
+            while (chunk := await loop.run_in_executor(None, next, chunks, None)) is not None:
+                await response.write(chunk)
             await response.write_eof()
             return response
         finally:
-            os.remove(tar_path)
+            await loop.run_in_executor(None, stream.close)
 
     async def digest(request: web.Request) -> web.Response:
         local_group(request)
