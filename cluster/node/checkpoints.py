@@ -23,7 +23,7 @@ import orjson
 import structlog
 
 from raftmq.cluster.base.groups import META
-from raftmq.cluster.base.safe_tar import safe_extract
+from raftmq.cluster.base.safe_tar import safe_extract_stream
 from raftmq.cluster.base.tar_stream import tar_chunks
 from raftmq.cluster.config.keys import NO_REDIRECTS, PEER_HEADER
 from raftmq.cluster.machines.metadata import applied_index as metadata_applied_index
@@ -83,13 +83,14 @@ def _check_checkpoint(name: str, dest: str, need: int) -> int:
 
 
 def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
-    """Extract a checkpoint tar under ``dest``: regular files and directories only, never a link
-    or a path outside ``dest``, and nothing at all if any member breaks that (``cluster/base/safe_tar.py``).
+    """Extract a checkpoint's archive under ``dest`` (a new directory) as it is read (``tar`` may be
+    a stream over the download): regular files and directories only, never a link or a path outside
+    ``dest``; a refused or cut-short archive leaves nothing (``cluster/base/safe_tar.py``).
 
     Raises:
         UnsafeArchive: a ValueError naming the member.
     """
-    safe_extract(tar, dest)
+    safe_extract_stream(tar, dest)
 
 
 class Checkpoints:
@@ -158,16 +159,19 @@ class Checkpoints:
         errors = []
         for node in order:
             dest = os.path.join(self.node.node_dir, "tmp", f"incoming-{name}-{time.time_ns()}")
-            tar_path = dest + ".tar"
             try:
                 self._fetch_fault(name)
                 request = urllib.request.Request(
                     f"{node.http_url}/internal/groups/{name}/checkpoint?min_index={need}",
                     headers={PEER_HEADER: self.node.keys.peer},
                 )
-                with opener.open(request, timeout=timeout_s) as resp, open(tar_path, "wb") as f:
-                    shutil.copyfileobj(resp, f, 1 << 20)
-                with tarfile.open(tar_path) as tar:
+                # Extracted as it arrives (no archive on this disk). ``meta.json`` is the archive's
+                # last member, so a download cut short lacks it and fails the check below; a cut
+                # inside a chunk fails the read itself.
+                with (
+                    opener.open(request, timeout=timeout_s) as resp,
+                    tarfile.open(fileobj=resp, mode="r|") as tar,
+                ):
                     _safe_extract(tar, dest)
                 index = _check_checkpoint(name, dest, need)
                 # Written to disk here, so the restore on the group's tick thread finds nothing dirty.
@@ -178,9 +182,6 @@ class Checkpoints:
             except Exception as e:  # try the next replica
                 errors.append(f"{node.id}: {e}")
                 shutil.rmtree(dest, ignore_errors=True)
-            finally:
-                if os.path.exists(tar_path):
-                    os.remove(tar_path)
         raise RuntimeError(f"no replica could send a checkpoint of group {name} at index {need}: {errors}")
 
     def _fetch_fault(self, name: str) -> None:

@@ -1,8 +1,8 @@
 """Tar extraction of checkpoints and backups stays inside its destination (``cluster/base/safe_tar.py``).
 
 Both extractors are run over crafted archives: the snapshot install's (``checkpoints._safe_extract``, a tar
-from a peer) and ``raftmq restore``'s (``backup._safe_extract``). A refused archive must leave
-nothing behind, inside the destination or next to it.
+from a peer, read as a stream as the download arrives) and ``raftmq restore``'s
+(``backup._safe_extract``). A refused archive must leave nothing behind, inside the destination or next to it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from raftmq.cluster.node.checkpoints import _safe_extract as node_extract
 
 Extract = Callable[[tarfile.TarFile, str], None]
 EXTRACTORS = {"node": (node_extract, ValueError), "backup": (backup_extract, BackupError)}
+MODES = {"node": "r|", "backup": "r"}  # the node reads a download in one pass
 
 
 def _file(name: str, data: bytes = b"x", mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
@@ -93,7 +94,7 @@ def test_crafted_archive_is_refused_and_nothing_is_extracted(tmp_path: Path, whi
     dest = outside / "dest"
     dest.mkdir(parents=True)
     archive = _tar(tmp_path / "crafted.tar", CASES[case])
-    with tarfile.open(archive) as tar, pytest.raises(error, match="unsafe entry"):
+    with tarfile.open(archive, MODES[which]) as tar, pytest.raises(error, match="unsafe entry"):
         extract(tar, str(dest))
     assert _everything(outside) == ["dest"]  # nothing inside, nothing next to it
     assert not os.path.lexists("/tmp/raftmq-evil-absolute")
@@ -113,7 +114,7 @@ def test_plain_checkpoint_extracts_with_safe_modes(tmp_path: Path, which: str) -
     )
     dest = tmp_path / "dest"
     dest.mkdir()
-    with tarfile.open(archive) as tar:
+    with tarfile.open(archive, MODES[which]) as tar:
         extract(tar, str(dest))
     assert _everything(dest) == ["checkpoint", "checkpoint/000001.sst", "checkpoint/CURRENT", "meta.json"]
     assert (dest / "checkpoint" / "CURRENT").read_bytes() == b"MANIFEST-000001\n"

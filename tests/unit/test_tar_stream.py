@@ -96,3 +96,35 @@ def test_a_checkpoint_sent_as_a_stream_passes_the_install_checks(tmp_path: Path)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         safe_extract(tar, str(dest))
     assert checkpoints._check_checkpoint("0", str(dest), need=70) == 77
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.9, "before-meta"])
+def test_an_archive_cut_short_never_passes_as_a_checkpoint(tmp_path: Path, keep: float | str) -> None:
+    """A download that ends early (a peer that died mid-send) is read as a stream: either the read
+    fails and nothing stays extracted, or what was extracted lacks ``meta.json`` (the archive's last
+    member) and the install's check refuses it."""
+    store = RocksStore.open(str(tmp_path / "state"))
+    batch = Batch()
+    batch.put(APPLIED, encode_u64(5))
+    for i in range(500):
+        batch.put(b"k%06d" % i, os.urandom(200))
+    store.write(batch, sync=True)
+    ckpt = str(tmp_path / "ckpt")
+    store.checkpoint(ckpt)
+    store.close()
+    Path(ckpt + ".json").write_bytes(orjson.dumps({"group": "0", "node_id": "n1", "applied_index": 5}))
+    archive = b"".join(checkpoints.CheckpointStream(ckpt).chunks())
+    if keep == "before-meta":  # every file of the checkpoint whole, the last member missing
+        with tarfile.open(fileobj=io.BytesIO(archive)) as whole:
+            cut = archive[: whole.getmember("meta.json").offset]
+    else:  # at a block boundary: a member's data cut, or a member boundary
+        cut = archive[: int(len(archive) * float(keep)) // 512 * 512]
+    dest = tmp_path / "incoming"
+    try:
+        with tarfile.open(fileobj=io.BytesIO(cut), mode="r|") as tar:
+            checkpoints._safe_extract(tar, str(dest))
+    except tarfile.TarError:
+        assert not dest.exists()
+        return
+    with pytest.raises(FileNotFoundError):
+        checkpoints._check_checkpoint("0", str(dest), need=1)
