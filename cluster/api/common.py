@@ -24,6 +24,7 @@ from raftmq.storage.store import StoreClosed
 
 __all__ = [
     "Handler",
+    "ResponseAborted",
     "error_middleware",
     "error_response",
     "group_name",
@@ -51,6 +52,12 @@ def error_response(e: RaftmqError) -> web.Response:
     return json_response(e.body(), status=e.status)
 
 
+class ResponseAborted(RaftmqError):
+    """A streamed answer failed after its status and headers were sent: no error answer can follow
+    (it would land inside the body), so the connection is dropped and the client sees the body cut
+    short (aiohttp closes it when a handler raises after ``prepare``)."""
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The one way from an error to an answer: any catalogued error a handler raises (an
@@ -59,6 +66,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     exception is a 500 ``internal`` whose detail stays in the node's log."""
     try:
         return await handler(request)
+    except ResponseAborted:
+        raise
     except StoreClosed as e:
         # A group's store closed under the request: a snapshot install replaced it, or a storage
         # failure stopped the group. The node's state, not a bug: retriable, never a 500. A read

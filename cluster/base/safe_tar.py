@@ -18,6 +18,7 @@ it exists; it still allows links inside the destination, hence the checks here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tarfile
@@ -78,6 +79,8 @@ def safe_extract_stream(tar: tarfile.TarFile, dest: str) -> None:
     """
     made = not os.path.exists(dest)
     os.makedirs(dest, exist_ok=True)
+    if not made and os.listdir(dest):
+        raise ValueError(f"{dest} is not empty: a refused archive could not be told from what was there")
     root = os.path.realpath(dest)
     try:
         for member in tar:
@@ -92,8 +95,9 @@ def safe_extract_stream(tar: tarfile.TarFile, dest: str) -> None:
             shutil.rmtree(dest, ignore_errors=True)
         else:
             for entry in os.scandir(dest):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.remove(entry.path)
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.remove(entry.path)
         raise

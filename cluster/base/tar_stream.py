@@ -15,6 +15,7 @@ mode 0644/0755, no owner, each file read exactly at the size it had when its hea
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 from collections.abc import Iterator, Sequence
 
@@ -34,11 +35,14 @@ def _header(arcname: str, st: os.stat_result, is_dir: bool) -> bytes:
 
 
 def _members(path: str, arcname: str) -> Iterator[tuple[str, str, os.stat_result, bool]]:
-    """``path`` (a file or a directory, walked in name order) as (path, arcname, stat, is_dir)."""
-    st = os.stat(path)
-    if not os.path.isdir(path):
+    """``path`` (a file or a directory, walked in name order) as (path, arcname, stat, is_dir).
+    Anything else (a link, a FIFO, a device) raises: a checkpoint holds none."""
+    st = os.lstat(path)
+    if stat.S_ISREG(st.st_mode):
         yield path, arcname, st, False
         return
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} is neither a regular file nor a directory: not archived")
     yield path, arcname, st, True
     for name in sorted(os.listdir(path)):
         yield from _members(os.path.join(path, name), f"{arcname}/{name}")

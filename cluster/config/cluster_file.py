@@ -432,6 +432,8 @@ def parse_config(
         problems.append("raft.retention_max_batches must be from 0 (off) to 4294967295")
     if not 64 * 1024 <= timing.max_follower_backlog_bytes <= 1 << 30:
         problems.append("raft.max_follower_backlog_bytes must be from 65536 to 1073741824 (1 GiB)")
+    if faults.checkpoint_send_chunk_delay_ms < 0:
+        problems.append("faults.checkpoint_send_chunk_delay_ms must be at least 0")
     if not 100 <= timing.checkpoint_io_timeout_ms <= 3_600_000:
         problems.append("raft.checkpoint_io_timeout_ms must be from 100 to 3600000 (an hour)")
     if timing.election_min_ms >= timing.election_max_ms:

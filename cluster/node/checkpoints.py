@@ -16,7 +16,7 @@ import shutil
 import tarfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import orjson
@@ -53,7 +53,7 @@ class CheckpointStream:
         self.dir = ckpt_dir
         self._chunk_delay_s = chunk_delay_s  # test fault: a slow disk (``[faults]``)
 
-    def chunks(self) -> Iterator[bytes]:
+    def chunks(self) -> Generator[bytes, None, None]:
         for chunk in tar_chunks([(self.dir, "checkpoint"), (self.dir + ".json", "meta.json")]):
             if self._chunk_delay_s:
                 time.sleep(self._chunk_delay_s)
@@ -165,9 +165,9 @@ class Checkpoints:
                     f"{node.http_url}/internal/groups/{name}/checkpoint?min_index={need}",
                     headers={PEER_HEADER: self.node.keys.peer},
                 )
-                # Extracted as it arrives (no archive on this disk). ``meta.json`` is the archive's
-                # last member, so a download cut short lacks it and fails the check below; a cut
-                # inside a chunk fails the read itself.
+                # Extracted as it arrives (no archive on this disk). A download cut short fails the
+                # read (the chunked body lacks its end); and ``meta.json`` is the archive's last
+                # member, so an archive cut before it fails the check below too.
                 with (
                     opener.open(request, timeout=timeout_s) as resp,
                     tarfile.open(fileobj=resp, mode="r|") as tar,

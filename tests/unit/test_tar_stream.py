@@ -92,6 +92,9 @@ def test_a_checkpoint_sent_as_a_stream_passes_the_install_checks(tmp_path: Path)
     finally:
         stream.close()
     assert not os.path.exists(ckpt) and not os.path.exists(ckpt + ".json")  # close deletes it
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r|") as tar:
+        names = [m.name for m in tar]
+    assert names[-1] == "meta.json"  # last: a download cut before it is refused by the check
     dest = tmp_path / "incoming"
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         safe_extract(tar, str(dest))
@@ -116,7 +119,13 @@ def test_an_archive_cut_short_never_passes_as_a_checkpoint(tmp_path: Path, keep:
     archive = b"".join(checkpoints.CheckpointStream(ckpt).chunks())
     if keep == "before-meta":  # every file of the checkpoint whole, the last member missing
         with tarfile.open(fileobj=io.BytesIO(archive)) as whole:
-            cut = archive[: whole.getmember("meta.json").offset]
+            offset = whole.getmember("meta.json").offset
+        assert offset > 0
+        with tarfile.open(fileobj=io.BytesIO(archive[:offset]), mode="r|") as tar:
+            checkpoints._safe_extract(tar, str(tmp_path / "incoming"))
+        with pytest.raises(FileNotFoundError):
+            checkpoints._check_checkpoint("0", str(tmp_path / "incoming"), need=1)
+        return
     else:  # at a block boundary: a member's data cut, or a member boundary
         cut = archive[: int(len(archive) * float(keep)) // 512 * 512]
     dest = tmp_path / "incoming"
@@ -128,3 +137,34 @@ def test_an_archive_cut_short_never_passes_as_a_checkpoint(tmp_path: Path, keep:
         return
     with pytest.raises(FileNotFoundError):
         checkpoints._check_checkpoint("0", str(dest), need=1)
+
+
+def test_a_link_or_anything_but_files_and_directories_is_not_archived(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"x")
+    (src / "b").symlink_to(src / "a")
+    with pytest.raises(OSError, match="neither a regular file nor a directory"):
+        list(tar_chunks([(str(src), "d")]))
+
+
+def test_a_file_that_shrinks_while_archived_fails_the_archive(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"x" * 50_000)  # past what a buffered read takes ahead (8 KiB)
+    chunks = tar_chunks([(str(src), "d")], chunk_bytes=1000)
+    next(chunks)
+    with open(src / "a", "r+b") as f:
+        f.truncate(1500)
+    with pytest.raises(OSError, match="ended"):
+        list(chunks)
+
+
+def test_long_and_non_ascii_names_read_back(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    long_name = "n" * 150 + "-é.bin"
+    (src / long_name).write_bytes(b"data")
+    archive = b"".join(tar_chunks([(str(src), "d")]))
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert tar.extractfile(f"d/{long_name}").read() == b"data"  # type: ignore[union-attr]

@@ -12,16 +12,17 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+import structlog
 from aiohttp import web
 
 from raftmq.cluster import commands
-from raftmq.cluster.api.common import json_response
+from raftmq.cluster.api.common import ResponseAborted, json_response
 from raftmq.cluster.api.handlers.produce import refuse_reserved_headers
 from raftmq.cluster.api.validation import bad, parse_json, query_int
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.base.groups import META
-from raftmq.cluster.node.checkpoints import CheckpointBehind
+from raftmq.cluster.node.checkpoints import CheckpointBehind, CheckpointStream
 from raftmq.cluster.node.node import Node
 from raftmq.storage.queues import committed_offsets, topic_bounds
 
@@ -29,7 +30,53 @@ if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
     from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 
-__all__ = ["add_internal_routes"]
+__all__ = ["add_internal_routes", "send_checkpoint"]
+
+log = structlog.get_logger(__name__)
+
+
+def _close_opened(opened: asyncio.Future[CheckpointStream]) -> None:
+    if not opened.cancelled() and opened.exception() is None:
+        opened.result().close()
+
+
+async def send_checkpoint(
+    request: web.Request, name: str, stream: CheckpointStream, timeout_s: float
+) -> web.StreamResponse:
+    """Send ``stream``'s archive as it is made (chunked: no length, so its first bytes leave at once
+    however large the state; a download cut short lacks the chunked body's end and fails), then
+    close it. A receiver that takes no bytes for ``timeout_s`` is dropped. A failure once the
+    answer has begun drops the connection (:class:`ResponseAborted`); the checkpoint is deleted
+    in every case, once no thread reads it."""
+    loop = asyncio.get_running_loop()
+    chunks = stream.chunks()
+    reading: asyncio.Future[bytes | None] | None = None
+
+    def close() -> None:
+        chunks.close()
+        stream.close()
+
+    try:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
+        await response.prepare(request)
+        while True:
+            reading = loop.run_in_executor(None, next, chunks, None)
+            chunk = await asyncio.shield(reading)
+            reading = None
+            if chunk is None:
+                break
+            async with asyncio.timeout(timeout_s):
+                await response.write(chunk)
+        await response.write_eof()
+        return response
+    except Exception as e:
+        log.warning("checkpoint_send_aborted", group=name, error=repr(e))
+        raise ResponseAborted(f"checkpoint of group {name} cut short: {e!r}") from e
+    finally:
+        if reading is not None and not reading.done():  # cancelled while a thread reads: after it
+            reading.add_done_callback(lambda _f: loop.run_in_executor(None, close))
+        else:
+            await loop.run_in_executor(None, close)
 
 
 def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery: SubscriptionsApi) -> None:
@@ -106,23 +153,17 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
         local_group(request)
         # A replica installing a snapshot asks for a state covering it: a lagging one refuses.
         min_index = query_int(request.query, "min_index", 0, 0, 2**63 - 1)
-        loop = asyncio.get_running_loop()
+        opening = asyncio.get_running_loop().run_in_executor(
+            None, node.checkpoints.open_stream, name, min_index
+        )
         try:
-            stream = await loop.run_in_executor(None, node.checkpoints.open_stream, name, min_index)
+            stream = await asyncio.shield(opening)
         except CheckpointBehind as e:
             raise ApiError(errors.UNAVAILABLE, str(e)) from None
-        try:
-            # No length: the archive is made as it is sent (chunked), so its first bytes leave at
-            # once however large the state; a download cut short lacks the last chunk and fails.
-            response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
-            await response.prepare(request)
-            chunks = stream.chunks()
-            while (chunk := await loop.run_in_executor(None, next, chunks, None)) is not None:
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-        finally:
-            await loop.run_in_executor(None, stream.close)
+        except asyncio.CancelledError:  # the stream still opens in its thread: close it then
+            opening.add_done_callback(_close_opened)
+            raise
+        return await send_checkpoint(request, name, stream, node.config.raft.checkpoint_io_timeout_ms / 1000)
 
     async def digest(request: web.Request) -> web.Response:
         local_group(request)
