@@ -49,6 +49,7 @@ from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
+from raftmq.cluster.replication.compaction_deferral import CompactionDeferrals
 from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.follower_backlog import FollowerBacklog, bound_follower_backlog
 from raftmq.cluster.replication.journal import DurableJournal, Entry
@@ -71,6 +72,7 @@ __all__ = [
     "SyncObjException",
     "TCPNode",
     "answer_uncommitted",
+    "compaction_due",
     "defer_compaction",
     "followers_behind_compaction",
     "hears_a_leader",
@@ -501,15 +503,16 @@ def install_journal_seam() -> None:
 
 
 def install_tick_seams(
-    sync: Any, settings: RaftSettings, busy: Callable[[], bool]
-) -> tuple[PreVote, FollowerBacklog, LeaderReads]:
+    sync: Any, settings: RaftSettings, busy: Callable[[], bool], group: str
+) -> tuple[PreVote, FollowerBacklog, LeaderReads, CompactionDeferrals]:
     """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`), a pre-vote
     before each election (``pre_vote.py``), unless ``settings.prompt_commit_notice`` a leader's
     commit notices (:func:`hold_commit_notices`), and the bound on what a leader queues for each
     follower (``follower_backlog.py``), and the leader's read rule (``leader_reads.py``, a tick
     callback), and a leader's journal compaction deferred while a follower would need a snapshot
     for it (:func:`defer_compaction`). Returns the replica's :class:`PreVote`,
-    :class:`FollowerBacklog` and :class:`LeaderReads`."""
+    :class:`FollowerBacklog`, :class:`LeaderReads` and group ``group``'s
+    :class:`CompactionDeferrals`."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
     # Half the minimum election timeout: a follower that heard its leader that recently (several
     # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
@@ -518,8 +521,8 @@ def install_tick_seams(
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
     backlog = bound_follower_backlog(sync, settings.max_follower_backlog_bytes, CONNECTION_STATE.CONNECTED)
-    defer_compaction(sync, 2 * settings.compaction_max_bytes)
-    return pre_vote, backlog, LeaderReads(sync)
+    deferrals = defer_compaction(sync, 2 * settings.compaction_max_bytes, group)
+    return pre_vote, backlog, LeaderReads(sync), deferrals
 
 
 def hold_commit_notices(sync: Any) -> None:
@@ -543,11 +546,12 @@ def hold_commit_notices(sync: Any) -> None:
     sync._SyncObj__sendAppendEntries = send_unless_only_the_commit_index
 
 
-def defer_compaction(sync: Any, max_bytes: int) -> None:
+def defer_compaction(sync: Any, max_bytes: int, group: str = "") -> CompactionDeferrals:
     """Make the leader ``sync`` start a journal compaction, once pysyncobj's own triggers call for
-    one (entries, time, ``forceLogCompaction``, which stays set until one runs), only when every
-    connected follower was sent the entries up to the cut (:func:`followers_behind_compaction`),
-    or its journal (a DurableJournal) holds more than ``max_bytes``.
+    one (:func:`compaction_due`), only when every connected follower was sent the entries up to the
+    cut (:func:`followers_behind_compaction`), or its journal (a DurableJournal) holds more than
+    ``max_bytes``. Returns the deferrals of group ``group``, counted and logged
+    (``compaction_deferral.py``).
 
     Why: a compaction cuts the journal at the last applied entry, and a follower whose next entries
     were not sent yet (held back under load: ``follower_backlog.py``) then gets a snapshot and
@@ -558,16 +562,35 @@ def defer_compaction(sync: Any, max_bytes: int) -> None:
     try_compaction = sync._SyncObj__tryLogCompaction
     serializer = sync._SyncObj__serializer
     journal = sync._SyncObj__raftLog
+    deferrals = CompactionDeferrals(group, max_bytes)
 
-    def try_compaction_if_no_follower_needs_a_snapshot() -> None:
-        if (
-            serializer._Serializer__pid != 0
-            or journal.size_bytes > max_bytes
-            or followers_behind_compaction(sync) == 0
-        ):
-            try_compaction()
+    def try_compaction_unless_a_follower_needs_a_snapshot() -> None:
+        over_cap = journal.size_bytes > max_bytes
+        behind = 0
+        if serializer._Serializer__pid == 0 and not over_cap and compaction_due(sync):
+            behind = followers_behind_compaction(sync)
+        if behind:
+            deferrals.held(monotonic(), journal.size_bytes, behind)
+            return
+        if deferrals.deferring:
+            deferrals.released(monotonic(), journal.size_bytes, leading=sync._isLeader())
+        try_compaction()
 
-    sync._SyncObj__tryLogCompaction = try_compaction_if_no_follower_needs_a_snapshot
+    sync._SyncObj__tryLogCompaction = try_compaction_unless_a_follower_needs_a_snapshot
+    return deferrals
+
+
+def compaction_due(sync: Any) -> bool:
+    """Whether pysyncobj's own triggers call for a compaction of ``sync``'s journal now: more than
+    ``logCompactionMinEntries`` entries, more than ``logCompactionMinTime`` since the last one, or
+    ``forceLogCompaction`` (the first check of its ``__tryLogCompaction``; not due, it does
+    nothing). raftmq leaves ``logCompactionSplit`` off."""
+    conf = sync._SyncObj__conf
+    return bool(
+        sync._SyncObj__forceLogCompaction
+        or len(sync._SyncObj__raftLog) > conf.logCompactionMinEntries
+        or monotonic() - sync._SyncObj__lastSerializedTime > conf.logCompactionMinTime
+    )
 
 
 def followers_behind_compaction(sync: Any) -> int:
