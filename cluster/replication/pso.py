@@ -18,7 +18,9 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
   the adapter says, not pysyncobj's fixed ``autoTickPeriod`` (:func:`install_deadline_poll`);
 - the object's ``_SyncObj__sendAppendEntries`` (an instance attribute): a leader's message that
   would carry nothing but its commit index waits for its next entries or heartbeat
-  (:func:`hold_commit_notices`).
+  (:func:`hold_commit_notices`);
+- the object's ``_SyncObj__tryLogCompaction`` (an instance attribute): a leader's due compaction
+  waits while a connected follower would need a snapshot for it, counted (:func:`defer_compaction`).
 
 :class:`RaftConnection` replaces how pysyncobj's ``TcpConnection`` frames, buffers and protects
 messages (docs/architecture.md, "The Raft wire"): its frames, their buffers and their AES-256-GCM
