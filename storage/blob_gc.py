@@ -6,7 +6,8 @@ files, one key range of about :data:`PIECE_BYTES` of them per call, so that no c
 a large store at once (it would hold a compaction slot and the disk for minutes).
 
 Where the next piece starts is kept in the store's own directory (:data:`CURSOR_FILE`), so that a
-restart goes on from there instead of rewriting the pieces already done again; it goes with the
+restart goes on from there (the node calls the store again when its replica starts) instead of
+rewriting the pieces already done again; it goes with the
 database (a checkpoint does not copy it, a restore replaces the directory). Any key is a valid
 start, so a lost or stale cursor costs rewrites, never data: it is written without an fsync.
 

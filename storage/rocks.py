@@ -218,7 +218,7 @@ class RocksStore:
         self._users = 0
         self._compactions = 0  # compactions in the gate: _revoke cancels them
         # Where the blob garbage collection's next piece starts (b"": the first; None: none under
-        # way), kept in the store's directory. Only compact_ranges uses it (one thread at a time).
+        # way), kept in the store's directory. Only compact_ranges sets it (one thread at a time).
         self._gc_next: bytes | None = blob_gc.read_cursor(path)
         self._closed = False
         self._cursors: weakref.WeakSet[ScanCursor] = weakref.WeakSet()
@@ -245,6 +245,11 @@ class RocksStore:
     def path(self) -> str:
         """The absolute path of the database directory."""
         return self._path
+
+    @property
+    def blob_gc_under_way(self) -> bool:
+        """A rewrite of blob garbage is under way (its cursor kept): compact_ranges goes on with it."""
+        return self._gc_next is not None
 
     # -- the gate --------------------------------------------------------------------------------
 
@@ -316,12 +321,7 @@ class RocksStore:
         return None if value is None else as_bytes(value)
 
     def scan(
-        self,
-        start: bytes,
-        end: bytes | None = None,
-        *,
-        reverse: bool = False,
-        limit: int | None = None,
+        self, start: bytes, end: bytes | None = None, *, reverse: bool = False, limit: int | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` in key order (descending with ``reverse``), at most ``limit``.
 

@@ -103,6 +103,13 @@ class _RaftCollector(Collector):
             "reached raft.max_follower_backlog_bytes (a follower reading more slowly than it writes)",
             labels=labels,
         )
+        deferrals = CounterMetricFamily(
+            "raftmq_raft_compaction_deferrals",
+            "Times this leader held a due journal compaction back because a connected follower had "
+            "not been sent the entries up to the cut (it would need a snapshot), until it was sent "
+            "them or the journal passed twice raft.compaction_max_bytes",
+            labels=labels,
+        )
         clock_jumps = CounterMetricFamily(
             "raftmq_retention_clock_jumps",
             "Retention ticks proposed here whose time ran too far ahead (age-based removal held back)",
@@ -159,6 +166,7 @@ class _RaftCollector(Collector):
             pre_votes.add_metric(key, local.raft.pre_vote.rounds)
             unanswered.add_metric(key, local.raft.pre_vote.campaigns_unanswered)
             backlog_holds.add_metric(key, local.raft.backlog.holds)
+            deferrals.add_metric(key, local.raft.compaction_deferrals.deferrals)
             snapshot_installs.add_metric(key, local.raft.snapshot_gate.installs)
             snapshot_failures.add_metric(key, local.raft.snapshot_gate.install_failures)
             if name != "meta":
@@ -170,7 +178,7 @@ class _RaftCollector(Collector):
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, pre_votes, unanswered, backlog_holds)
+        yield from (became_leader, pre_votes, unanswered, backlog_holds, deferrals)
         yield from (clock_jumps, group_clock_jumps, seal_checks, snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
         yield from self._shared_bodies(node_id)

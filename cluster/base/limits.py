@@ -45,7 +45,7 @@ have queues)."""
 
 RAFT_MAX_FRAME_BYTES = 256 << 20
 """Longest Raft frame a node sends or accepts: a longer length prefix is garbage to the receiver,
-which drops the connection (``replication/pso.py``)."""
+which drops the connection (``replication/wire.py``)."""
 MAX_REQUEST_BYTES_CEILING = 32 << 20
 """Largest ``limits.max_request_bytes`` a node starts with, so that no Raft message it sends is
 longer than :data:`RAFT_MAX_FRAME_BYTES`. An entry is at most a request plus 64 KiB; a leader sends a

@@ -7,7 +7,7 @@ one key per use, each under its own ``info`` label, so a key that leaks opens on
 secret)::
 
     peer     node-to-node HTTP: X-Raftmq-Peer-Key on every /internal call and forwarded request
-    raft     every Raft connection: AES-256-GCM frames (replication/pso.py; the wire format is
+    raft     every Raft connection: AES-256-GCM frames (replication/wire.py; the wire format is
              pickle, so this key is worth code execution on any node whose Raft port is reachable)
     backup   raftmq backup: X-Raftmq-Backup-Key, accepted only by the routes in BACKUP_ROUTES
     sqs      the AWS secret access key of each API token for the SQS API (:func:`sqs_secret_key`):

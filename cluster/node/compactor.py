@@ -17,7 +17,7 @@ what it did not free waits for that removal's next report (a restart's replay re
 A job compacts a store's ranges in one call (``Store.compact_ranges``), which does at most one
 bounded piece of the store's other work (the rewrite of its blob garbage, however many ranges were
 freed); a store that answers that it has more to do is called again by the next job, with an empty
-range.
+range, and so is one whose rewrite a restart cut short, as its replica starts (``node.py``).
 """
 
 from __future__ import annotations

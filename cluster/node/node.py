@@ -193,6 +193,8 @@ class Node:
         else:
             machine = QueueGroupMachine(store, int(name))
             machine.on_applied = functools.partial(self._on_applied, name, store)
+            if store.blob_gc_under_way:  # cut short by a restart: goes on now, not at the next removal
+                self.compactor.freed(name, store, ((b"", b""),))
             if self.config.faults.previous_release_node == self.me.id:  # TEST FAULT: as that release
                 machine.refuses = previous_release_refuses
         # The seed voters count only while the group's log holds no configuration (a new group).

@@ -5,7 +5,7 @@ follower everything from the follower's next index to the end of its log (``__se
 for up to one heartbeat period of sending), and moves the next index on at the send. A follower
 that reads more slowly than its leader writes (it holds other groups' leaders, a long tick, a slow
 disk) therefore has everything it has not read queued in the leader's memory
-(``RaftConnection``'s :class:`~raftmq.cluster.replication.pso.SendQueue`), with no bound: under
+(``RaftConnection``'s :class:`~raftmq.cluster.replication.wire.SendQueue`), with no bound: under
 saturating load that backlog grew for as long as the load lasted, and what the follower read was
 seconds old (docs/benchmarks.md, "Elections under load").
 

@@ -18,36 +18,30 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
   the adapter says, not pysyncobj's fixed ``autoTickPeriod`` (:func:`install_deadline_poll`);
 - the object's ``_SyncObj__sendAppendEntries`` (an instance attribute): a leader's message that
   would carry nothing but its commit index waits for its next entries or heartbeat
-  (:func:`hold_commit_notices`).
+  (:func:`hold_commit_notices`);
+- the object's ``_SyncObj__tryLogCompaction`` (an instance attribute): a leader's due compaction
+  waits while a connected follower would need a snapshot for it, counted (:func:`defer_compaction`).
 
 :class:`RaftConnection` replaces how pysyncobj's ``TcpConnection`` frames, buffers and protects
-messages (docs/architecture.md, "The Raft wire"): bytearray buffers (pysyncobj's ``bytes`` buffers
-copied the whole backlog on every append, trim and read), no zlib, and AES-256-GCM under the Raft
-key instead of Fernet. pysyncobj's handshake stays as it is: each side sends a random 32-byte key
-first, and every later message must carry the key its receiver chose, so a frame recorded on one
-connection is worthless on another.
+messages (docs/architecture.md, "The Raft wire"): its frames, their buffers and their AES-256-GCM
+are ``wire.py``'s, which needs no pysyncobj; what is here hooks them into pysyncobj's connection.
+pysyncobj's handshake stays as it is: each side sends a random 32-byte key first, and every later
+message must carry the key its receiver chose, so a frame recorded on one connection is worthless
+on another.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
-import hashlib
-import hmac
-import itertools
 import logging
-import os
-import pickle
 import socket
-import struct
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pysyncobj.pickle as pso_pickle
 import pysyncobj.syncobj as pso_syncobj
 import structlog
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.monotonic import monotonic
 from pysyncobj.node import TCPNode
@@ -56,28 +50,16 @@ from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from pysyncobj.transport import TCPTransport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from raftmq.cluster.base.limits import RAFT_MAX_FRAME_BYTES
 from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAdmission
+from raftmq.cluster.replication.compaction_deferral import CompactionDeferrals
 from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.follower_backlog import FollowerBacklog, bound_follower_backlog
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.leader_reads import LeaderReads
 from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, PreVote, install_pre_vote
-from raftmq.cluster.replication.shared_bodies import (
-    ENVELOPE_MAGIC,
-    SALT_BYTES,
-    Envelope,
-    SharedBodies,
-    body_cipher,
-    envelope_plaintext,
-    frame_cipher,
-    handshake_key,
-    nonce,
-    read_envelope,
-    reads_shared_bodies,
-)
+from raftmq.cluster.replication.shared_bodies import SharedBodies, handshake_key
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
-from raftmq.errors import RaftmqError
+from raftmq.cluster.replication.wire import RECV_CHUNK_BYTES, FrameTooLarge, FrameWire, SendQueue, raft_key
 
 log = structlog.get_logger(__name__)
 
@@ -86,13 +68,13 @@ __all__ = [
     "FAIL_REASON",
     "PINNED_PYSYNCOBJ",
     "FlushingTransport",
-    "FrameTooLarge",
     "RaftConnection",
     "SyncObj",
     "SyncObjConf",
     "SyncObjException",
     "TCPNode",
     "answer_uncommitted",
+    "compaction_due",
     "defer_compaction",
     "followers_behind_compaction",
     "hears_a_leader",
@@ -124,204 +106,37 @@ _VOTE_MESSAGES = frozenset({"request_vote", "response_vote"})  # accepted from v
 # own flush, see FlushingTransport) and the index it gave a command forwarded through pysyncobj.
 _LEADER_SENDS_UNFLUSHED = frozenset({"append_entries", "apply_command_response"})
 
-# -- the Raft wire ---------------------------------------------------------------------------------
-
-_LENGTH = struct.Struct("<I")
-_HEADER = struct.Struct("<16sQ")  # the sender's salt for this connection, its frame counter
-_PREFIX = struct.Struct("<I16sQ")  # the length, then the header: a sealed frame's first bytes
-MAX_FRAME_BYTES = RAFT_MAX_FRAME_BYTES  # a longer length prefix is garbage: the connection is dropped
-_SEAL_BYTES = _HEADER.size + 16  # salt, counter and the GCM tag around a sealed pickle
-# Until a frame of a connection has been authenticated, a longer one is refused as soon as its
-# length prefix arrives: pysyncobj's first frame is its handshake key (about 100 bytes), and a
-# stranger must not make a node buffer up to MAX_FRAME_BYTES per connection it opens.
-MAX_FIRST_FRAME_BYTES = 64 << 10
-_RECV_CHUNK = 1 << 16
-# A longer plaintext is sealed straight into its frame's buffer: cryptography's
-# ``AESGCM.encrypt_into``, which the releases before it lack (pyproject asks for >= 42): with one of
-# those every frame is sealed with one concatenation, as small frames always are.
-_SEAL_INTO_BYTES = (8 << 10) if hasattr(AESGCM, "encrypt_into") else None
-_SEND_CHUNKS = 64  # the most chunks one sendmsg takes (Linux allows 1,024)
 # How often a tick looks at the peers' connections (FlushingTransport._onTick): far below
 # pysyncobj's connectionRetryTime (0.5 s by default), so a retry is at most this much later.
 CONNECT_CHECK_S = 0.05
 
-
-def raft_key(password: str | None) -> bytes | None:
-    """The AES-256 key of a Raft password (raftmq passes the derived Raft key, 64 hex digits)."""
-    if password is None:
-        return None
-    try:
-        key = bytes.fromhex(password)
-    except ValueError:
-        key = b""
-    return key if len(key) == 32 else hashlib.sha256(password.encode()).digest()
+# -- the Raft connection ---------------------------------------------------------------------------
 
 
-class SendQueue:
-    """A connection's frames waiting for the socket, kept as they are (no concatenation).
+class RaftConnection(FrameWire, TcpConnection):  # type: ignore[misc]
+    """pysyncobj's connection with cheap buffers, no zlib and AES-GCM frames (``wire.py``).
 
-    One bytearray grown by every frame and trimmed by every send copied the whole backlog when it
-    had to grow: with a follower behind by megabytes, each 200 KB entry moved all of it again
-    (``RaftConnection.send`` was 13-21 µs of node CPU per 1 KiB message in bench_vs_nats). Here a
-    frame is queued as is, and a send takes from the first ones (an envelope and the shared body
-    after it go in one system call).
-    """
-
-    __slots__ = ("_chunks", "_size")
-
-    def __init__(self, initial: bytes | bytearray = b"") -> None:
-        self._chunks: deque[memoryview] = deque()
-        self._size = 0
-        if initial:
-            self.add(bytes(initial))
-
-    def __len__(self) -> int:
-        return self._size
-
-    def add(self, data: bytes | bytearray) -> None:
-        self._chunks.append(memoryview(data))
-        self._size += len(data)
-
-    def send_to(self, sock: socket.socket) -> int:
-        """One ``sock.send`` of (the start of) the first chunk, or one ``sock.sendmsg`` of the
-        first :data:`_SEND_CHUNKS`; the bytes sent (0: nothing).
-
-        Raises:
-            OSError: as ``socket.send`` (EAGAIN: the socket takes nothing now).
-        """
-        chunks = self._chunks
-        if len(chunks) == 1:
-            sent = sock.send(chunks[0])
-        else:
-            sent = sock.sendmsg(itertools.islice(chunks, _SEND_CHUNKS))
-        self._size -= max(sent, 0)
-        left = sent
-        while left > 0:
-            first = chunks[0]
-            if left < len(first):
-                chunks[0] = first[left:]
-                break
-            chunks.popleft()
-            left -= len(first)
-        return sent
-
-
-class FrameTooLarge(RaftmqError, ValueError):
-    """A message whose frame would be longer than the receiver accepts."""
-
-    def __init__(self, frame_bytes: int, max_frame_bytes: int) -> None:
-        super().__init__(f"a Raft frame of {frame_bytes} bytes exceeds {max_frame_bytes}")
-        self.frame_bytes = frame_bytes
-        self.max_frame_bytes = max_frame_bytes
-
-
-class RaftConnection(TcpConnection):  # type: ignore[misc]
-    """pysyncobj's connection with cheap buffers, no zlib and AES-GCM frames.
-
-    A frame is ``length (4 bytes, LE) | salt (16) | counter (8, LE) | AES-GCM(pickle(message))``;
-    without a key (no password) it is ``length | pickle(message)``. Each sender picks a random salt
-    per connection and numbers its frames from 1; the receiver drops the connection (and delivers
-    nothing more) on a bad tag, a salt that changes or equals its own (a reflected frame), a counter
-    that is not the previous one plus 1 (a replayed, reordered or removed frame), a frame over
-    :data:`MAX_FRAME_BYTES` (over :data:`MAX_FIRST_FRAME_BYTES` before one was authenticated) or
-    anything that does not unpickle.
-
-    A leader's entries for several followers go as an envelope (a frame of this connection) and a
-    body sealed once for all of them (``shared_bodies.py``, which says why that is as safe), to a
-    peer that said in the handshake that it reads them (:attr:`shared_bodies` is the transport's).
-
-    Only the methods that touch the buffers are replaced; pysyncobj's connect/poll/timeout logic
-    stays. Its buffers are reset to ``bytes()`` on (dis)connect, so each use makes them bytearrays.
-    Per-connection state lives in class defaults, so a ``TcpConnection`` can be re-classed in place.
+    Its frames are :class:`~raftmq.cluster.replication.wire.FrameWire`'s, queued in a
+    :class:`~raftmq.cluster.replication.wire.SendQueue`; a frame the wire refuses drops the
+    connection and delivers nothing more. Only the methods that touch the buffers are replaced;
+    pysyncobj's connect/poll/timeout logic stays. Its buffers are reset to ``bytes()`` on
+    (dis)connect, so each use makes them bytearrays. Per-connection state lives in class defaults,
+    so a ``TcpConnection`` can be re-classed in place.
     """
 
     _TcpConnection__writeBuffer: bytes | SendQueue  # pysyncobj's private buffers (annotations only)
     _TcpConnection__readBuffer: bytes | bytearray
     _TcpConnection__state: int  # a CONNECTION_STATE
-    raft_key: bytes | None = None
-    max_frame_bytes = MAX_FRAME_BYTES  # the longest frame either side sends or accepts
     # Why this side closed the connection, for RaftAdmission's count (None: the peer closed it).
     drop_reason: str | None = None
-    _send_salt: bytes | None = None
-    _send_cipher: AESGCM | None = None
-    _send_counter = 0
-    _recv_salt: bytes | None = None
-    _recv_cipher: AESGCM | None = None
-    _recv_counter = 0
-    shared_bodies: SharedBodies | None = None  # the transport's (None: frames of its own only)
-    _body: Envelope | None = None  # an envelope read, its body not yet
-    _body_salt: bytes | None = None  # the salt of the peer's bodies, and their cipher
-    _body_cipher: AESGCM | None = None
-
-    def _reset_wire(self) -> None:
-        self._send_salt = self._send_cipher = self._recv_salt = self._recv_cipher = None
-        self._send_counter = self._recv_counter = 0
-        self._body = self._body_salt = self._body_cipher = None
 
     def connect(self, host: str, port: int) -> bool:
-        self._reset_wire()
+        self.reset_wire()
         return bool(super().connect(host, port))
 
     def disconnect(self) -> None:
-        self._reset_wire()
+        self.reset_wire()
         super().disconnect()
-
-    def frame(self, message: Any) -> bytes | bytearray:
-        """The bytes :meth:`send` queues for ``message`` in a frame of its own (advances this
-        connection's counter).
-
-        Raises:
-            FrameTooLarge: the frame would be longer than the receiver accepts
-                (:attr:`max_frame_bytes`); nothing was sealed or counted.
-        """
-        if self.sendRandKey:
-            message = (self.sendRandKey, message)
-        return self._seal(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def _seal(self, data: bytes) -> bytes | bytearray:
-        """The frame of the plaintext ``data``, written into one buffer (no concatenation).
-
-        Raises:
-            FrameTooLarge: as :meth:`frame`.
-        """
-        if self.raft_key is None:
-            if len(data) > self.max_frame_bytes:
-                raise FrameTooLarge(len(data), self.max_frame_bytes)
-            return _LENGTH.pack(len(data)) + data
-        length = len(data) + _SEAL_BYTES
-        if length > self.max_frame_bytes:
-            raise FrameTooLarge(length, self.max_frame_bytes)
-        if self._send_cipher is None:
-            self._send_salt = os.urandom(SALT_BYTES)
-            self._send_cipher = frame_cipher(self.raft_key, self._send_salt)
-        self._send_counter += 1
-        if _SEAL_INTO_BYTES is None or len(data) < _SEAL_INTO_BYTES:  # one small concatenation costs less
-            prefix = _PREFIX.pack(length, self._send_salt, self._send_counter)
-            return prefix + self._send_cipher.encrypt(nonce(self._send_counter), data, prefix[_LENGTH.size :])
-        out = bytearray(_LENGTH.size + length)
-        _PREFIX.pack_into(out, 0, length, self._send_salt, self._send_counter)
-        view = memoryview(out)  # the header is the associated data, the ciphertext goes after it
-        self._send_cipher.encrypt_into(
-            nonce(self._send_counter), data, view[_LENGTH.size : _PREFIX.size], view[_PREFIX.size :]
-        )
-        return out
-
-    def frames(self, message: Any) -> list[bytes | bytearray]:
-        """What :meth:`send` queues for ``message``: a frame of its own, or an envelope and the
-        shared body (an ``append_entries`` the transport sealed once for every follower it is the
-        same for, to a peer that reads them).
-
-        Raises:
-            FrameTooLarge: as :meth:`frame`.
-        """
-        shared = self.shared_bodies
-        if shared is not None and type(message) is dict and reads_shared_bodies(self.sendRandKey):
-            body = shared.body_for(message)
-            if body is not None:
-                if len(body.data) > self.max_frame_bytes:
-                    raise FrameTooLarge(len(body.data), self.max_frame_bytes)
-                return [self._seal(envelope_plaintext(body, self.sendRandKey)), body.data]
-        return [self.frame(message)]
 
     def send(self, message: Any) -> None:
         try:
@@ -429,7 +244,7 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         return sent > 0
 
     def _TcpConnection__processRead(self) -> bool:
-        size: int = max(self._TcpConnection__recvBufferSize, _RECV_CHUNK)
+        size: int = max(self._TcpConnection__recvBufferSize, RECV_CHUNK_BYTES)
         try:
             incoming: bytes = self._TcpConnection__socket.recv(size)
         except OSError as e:
@@ -443,12 +258,10 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if type(buf) is not bytearray:  # pysyncobj's (dis)connect put bytes() back
             buf = self._TcpConnection__readBuffer = bytearray(buf)
         buf += incoming
-        if self.raft_key is not None and self._recv_cipher is None and len(buf) >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(buf)
-            if length > MAX_FIRST_FRAME_BYTES:  # nobody authenticated yet: refuse before buffering it
-                self.drop_reason = BAD_FRAME
-                self.disconnect()
-                return False
+        if self.refuses_first_frame(buf):  # nobody authenticated yet: refuse before buffering it
+            self.drop_reason = BAD_FRAME
+            self.disconnect()
+            return False
         # Read again (pysyncobj's loop) only after a read that filled the buffer: a shorter one took
         # all the socket held, and another would only fail with EAGAIN, a system call and an
         # exception per message. The poll is level-triggered: bytes that come later wake it.
@@ -459,77 +272,11 @@ class RaftConnection(TcpConnection):  # type: ignore[misc]
         if not isinstance(buf, bytearray):  # filled as a bytearray
             return None
         try:
-            if self._body is not None:
-                return self._parse_body(buf)
-            if len(buf) < _LENGTH.size:
-                return None
-            (length,) = _LENGTH.unpack_from(buf)
-            if length > self.max_frame_bytes:
-                raise ValueError("a frame longer than accepted")
-            end = _LENGTH.size + length
-            if len(buf) < end:
-                return None
-            with memoryview(buf) as view:  # read in place: the frame is not copied out first
-                plain = self._open(view[_LENGTH.size : end])
-            del buf[:end]
-            if self.raft_key is not None and plain.startswith(ENVELOPE_MAGIC):
-                if self.shared_bodies is None:  # not offered in the handshake (a release before)
-                    raise ValueError("an envelope this side never offered to read")
-                self._body = read_envelope(plain, self.recvRandKey, self.max_frame_bytes)
-                return self._parse_body(buf)
-            message = pickle.loads(plain)
-            if self.recvRandKey:
-                rand_key, message = message
-                if not hmac.compare_digest(rand_key, self.recvRandKey):
-                    raise ValueError("frame for another connection")
+            return self.parse_frame(buf)
         except Exception:  # forged, replayed, reflected or garbled: the peer is not trusted any more
             self.drop_reason = BAD_FRAME
             self.disconnect()
             return None
-        return message
-
-    def _open(self, data: memoryview) -> bytes:
-        """The plaintext of the frame ``data`` (its bytes after the length prefix).
-
-        Raises:
-            ValueError, cryptography.exceptions.InvalidTag: not the next frame of the peer.
-        """
-        if self.raft_key is None:
-            return bytes(data)
-        salt, counter = _HEADER.unpack_from(data)
-        if self._recv_cipher is None:
-            if salt == self._send_salt:
-                raise ValueError("reflected frame")
-            self._recv_salt, self._recv_cipher = salt, frame_cipher(self.raft_key, salt)
-        elif salt != self._recv_salt:
-            raise ValueError("salt changed within a connection")
-        if counter != self._recv_counter + 1:  # TCP keeps the order: each frame is the next one
-            raise ValueError("replayed, reordered or removed frame")
-        # InvalidTag on a forged frame or a wrong key: the caller drops the connection.
-        plain = self._recv_cipher.decrypt(nonce(counter), data[_HEADER.size :], data[: _HEADER.size])
-        self._recv_counter = counter
-        return plain
-
-    def _parse_body(self, buf: bytearray) -> Any:
-        """The message of the body its envelope announced, once the buffer holds it (else None).
-
-        Raises:
-            ValueError, cryptography.exceptions.InvalidTag: not the body the envelope names.
-        """
-        body = self._body
-        assert body is not None and self.raft_key is not None
-        if len(buf) < body.length:
-            return None
-        if self._body_cipher is None or self._body_salt != body.salt:
-            self._body_salt, self._body_cipher = body.salt, body_cipher(self.raft_key, body.salt)
-        with memoryview(buf) as view:
-            plain = body.open_body(self._body_cipher, view[: body.length])
-        del buf[: body.length]
-        self._body = None
-        message = pickle.loads(plain)
-        if type(message) is not dict or message.get("type") != "append_entries":
-            raise ValueError("a shared body holds entries only")
-        return message
 
 
 # -- transport and journal seams -------------------------------------------------------------------
@@ -758,15 +505,16 @@ def install_journal_seam() -> None:
 
 
 def install_tick_seams(
-    sync: Any, settings: RaftSettings, busy: Callable[[], bool]
-) -> tuple[PreVote, FollowerBacklog, LeaderReads]:
+    sync: Any, settings: RaftSettings, busy: Callable[[], bool], group: str
+) -> tuple[PreVote, FollowerBacklog, LeaderReads, CompactionDeferrals]:
     """The seams of ``sync``'s tick thread: its sleep (:func:`install_deadline_poll`), a pre-vote
     before each election (``pre_vote.py``), unless ``settings.prompt_commit_notice`` a leader's
     commit notices (:func:`hold_commit_notices`), and the bound on what a leader queues for each
     follower (``follower_backlog.py``), and the leader's read rule (``leader_reads.py``, a tick
     callback), and a leader's journal compaction deferred while a follower would need a snapshot
     for it (:func:`defer_compaction`). Returns the replica's :class:`PreVote`,
-    :class:`FollowerBacklog` and :class:`LeaderReads`."""
+    :class:`FollowerBacklog`, :class:`LeaderReads` and group ``group``'s
+    :class:`CompactionDeferrals`."""
     install_deadline_poll(sync, settings.tick_s, settings.max_tick_s, busy)
     # Half the minimum election timeout: a follower that heard its leader that recently (several
     # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
@@ -775,8 +523,8 @@ def install_tick_seams(
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
     backlog = bound_follower_backlog(sync, settings.max_follower_backlog_bytes, CONNECTION_STATE.CONNECTED)
-    defer_compaction(sync, 2 * settings.compaction_max_bytes)
-    return pre_vote, backlog, LeaderReads(sync)
+    deferrals = defer_compaction(sync, 2 * settings.compaction_max_bytes, group)
+    return pre_vote, backlog, LeaderReads(sync), deferrals
 
 
 def hold_commit_notices(sync: Any) -> None:
@@ -800,11 +548,12 @@ def hold_commit_notices(sync: Any) -> None:
     sync._SyncObj__sendAppendEntries = send_unless_only_the_commit_index
 
 
-def defer_compaction(sync: Any, max_bytes: int) -> None:
+def defer_compaction(sync: Any, max_bytes: int, group: str = "") -> CompactionDeferrals:
     """Make the leader ``sync`` start a journal compaction, once pysyncobj's own triggers call for
-    one (entries, time, ``forceLogCompaction``, which stays set until one runs), only when every
-    connected follower was sent the entries up to the cut (:func:`followers_behind_compaction`),
-    or its journal (a DurableJournal) holds more than ``max_bytes``.
+    one (:func:`compaction_due`), only when every connected follower was sent the entries up to the
+    cut (:func:`followers_behind_compaction`), or its journal (a DurableJournal) holds more than
+    ``max_bytes``. Returns the deferrals of group ``group``, counted and logged
+    (``compaction_deferral.py``).
 
     Why: a compaction cuts the journal at the last applied entry, and a follower whose next entries
     were not sent yet (held back under load: ``follower_backlog.py``) then gets a snapshot and
@@ -815,16 +564,35 @@ def defer_compaction(sync: Any, max_bytes: int) -> None:
     try_compaction = sync._SyncObj__tryLogCompaction
     serializer = sync._SyncObj__serializer
     journal = sync._SyncObj__raftLog
+    deferrals = CompactionDeferrals(group, max_bytes)
 
-    def try_compaction_if_no_follower_needs_a_snapshot() -> None:
-        if (
-            serializer._Serializer__pid != 0
-            or journal.size_bytes > max_bytes
-            or followers_behind_compaction(sync) == 0
-        ):
-            try_compaction()
+    def try_compaction_unless_a_follower_needs_a_snapshot() -> None:
+        over_cap = journal.size_bytes > max_bytes
+        behind = 0
+        if serializer._Serializer__pid == 0 and not over_cap and compaction_due(sync):
+            behind = followers_behind_compaction(sync)
+        if behind:
+            deferrals.held(monotonic(), journal.size_bytes, behind)
+            return
+        if deferrals.deferring:
+            deferrals.released(monotonic(), journal.size_bytes, leading=sync._isLeader())
+        try_compaction()
 
-    sync._SyncObj__tryLogCompaction = try_compaction_if_no_follower_needs_a_snapshot
+    sync._SyncObj__tryLogCompaction = try_compaction_unless_a_follower_needs_a_snapshot
+    return deferrals
+
+
+def compaction_due(sync: Any) -> bool:
+    """Whether pysyncobj's own triggers call for a compaction of ``sync``'s journal now: more than
+    ``logCompactionMinEntries`` entries, more than ``logCompactionMinTime`` since the last one, or
+    ``forceLogCompaction`` (the first check of its ``__tryLogCompaction``; not due, it does
+    nothing). raftmq leaves ``logCompactionSplit`` off."""
+    conf = sync._SyncObj__conf
+    return bool(
+        sync._SyncObj__forceLogCompaction
+        or len(sync._SyncObj__raftLog) > conf.logCompactionMinEntries
+        or monotonic() - sync._SyncObj__lastSerializedTime > conf.logCompactionMinTime
+    )
 
 
 def followers_behind_compaction(sync: Any) -> int:

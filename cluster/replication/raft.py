@@ -250,9 +250,10 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        # Metrics read pre_vote, backlog, snapshot_gate and the bodies its transport seals as a
-        # leader (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
-        self.pre_vote, self.backlog, self.reads = install_tick_seams(self._sync, settings, self._busy)
+        # Metrics read pre_vote, backlog, deferrals, snapshot_gate and the bodies its transport seals
+        # as a leader (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
+        seams = install_tick_seams(self._sync, settings, self._busy, name)
+        self.pre_vote, self.backlog, self.reads, self.compaction_deferrals = seams
         self.sealed_bodies: SharedBodies | None = self._sync._SyncObj__transport.shared_bodies
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:

@@ -8,8 +8,9 @@ pickled replicated call around the command bytes. This script repeats those step
 whose command is ``size`` bytes of ``os.urandom`` (a v2 batch of binary or already compressed
 values looks like this to zlib) and, for contrast, of random ASCII letters (text values), and
 times each step per entry, with two alternatives: no zlib, and AES-GCM instead of Fernet; and
-raftmq's own connection (``cluster/replication/pso.py``, ``RaftConnection``), which replaced those
-steps: its ``frame`` (pickle + AES-256-GCM) and its parse of one frame from the read buffer.
+raftmq's own connection (``cluster/replication/pso.py``, ``RaftConnection``, its frames
+``wire.py``'s), which replaced those steps: its ``frame`` (pickle + AES-256-GCM) and its parse of
+one frame from the read buffer.
 A second table times one connection's write buffer per 1 KiB frame with a standing backlog:
 pysyncobj's ``bytes`` (``+=``, then ``[sent:]``) against RaftConnection's bytearray.
 A third (``--followers``, alone) times what a leader pays to queue one new entry for two up-to-date
@@ -40,7 +41,8 @@ from _common import RESULTS, add_quiet_argument, loadavg, quiet_header, table, t
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pysyncobj.encryptor import getEncryptor
 
-from raftmq.cluster.replication.pso import RaftConnection, raft_key
+from raftmq.cluster.replication.pso import RaftConnection
+from raftmq.cluster.replication.wire import raft_key
 
 SECRET = "bench-secret-0123456789abcdef"
 SIZES = (1024, 10 * 1024, 100 * 1024, 1024 * 1024)

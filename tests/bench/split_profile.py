@@ -21,7 +21,7 @@ from _common import IDLE_LEAVES, IO_LEAVES, _frame_name
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "send: pickle + seal",
-        ("RaftConnection.frame", "RaftConnection._seal", "SharedBodies.body_for"),
+        ("FrameWire.frame", "FrameWire._seal", "SharedBodies.body_for"),  # wire.py
     ),
     ("send: socket writes", ("SendQueue.send_to", "RaftConnection._TcpConnection__processSend")),
     (

@@ -104,6 +104,7 @@ def test_metrics_expose_raft_state_latencies_fsyncs_and_message_counts(c: Cluste
         # Exported per group (get finds exactly one sample); a quiet cluster holds no follower back.
         assert get("raftmq_raft_pre_vote_unanswered_campaigns_total", node_id="n1", group_id=group) >= 0
         assert get("raftmq_raft_follower_backlog_holds_total", node_id="n1", group_id=group) == 0
+        assert get("raftmq_raft_compaction_deferrals_total", node_id="n1", group_id=group) == 0
     # Every replica applied the topic's entries (metadata and its queue group) and timed them.
     queue_group = str(c.get("/v1/topics/metered").json()["queue_groups"][0])
     for n in c.nodes:

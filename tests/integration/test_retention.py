@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from raftmq.client import Admin
+from raftmq.storage import blob_gc
 
 from .harness import Cluster, wait_until
 
@@ -196,3 +197,26 @@ def test_a_dropped_topic_is_freed_on_the_disk_of_a_replica_killed_before_it_comp
             interval_s=0.5,
             what=f"the victim's state store freed from {filled} after its restart",
         )
+
+
+def test_a_blob_garbage_rewrite_a_restart_cut_short_goes_on_when_the_store_opens(tmp_path: Path) -> None:
+    """A state store's rewrite of its blob garbage keeps where it goes on in the store's directory
+    (storage/blob_gc.py); a node restarted with one under way goes on with it as the replica
+    starts, not at the group's next removal of messages (there may be none for good)."""
+    with Cluster(tmp_path, queue_groups=1) as c:
+        c.start()
+        c.wait_ready()
+        c.create_topic("kept", queues=1)
+        assert c.produce("kept", [{"value": f"{i}-" + "v" * 5000} for i in range(20)]).status_code == 200
+        c.wait_replicas_equal("0")
+        nid = next(iter(c.nodes))
+        cursor = c.data_dir / nid / "groups" / "0" / "state" / blob_gc.CURSOR_FILE
+        c.terminate(nid)
+        cursor.write_text("\n")  # under way from the store's first key, as a stop leaves it
+        c.start(nid)
+        c.wait_ready([nid])
+        wait_until(
+            lambda: not cursor.exists(), 30, interval_s=0.2, what="the rewrite finished after the restart"
+        )
+        assert "freed_ranges_compacted" in c.log(nid)
+        c.wait_replicas_equal("0")

@@ -32,7 +32,8 @@ from raftmq.client import Admin, Forbidden, Producer, Unauthorized
 from raftmq.cluster.config.cluster_file import parse_config
 from raftmq.cluster.config.keys import derive_keys
 from raftmq.cluster.config.tls import TlsError, client_context, server_context
-from raftmq.cluster.replication.pso import RaftConnection, raft_key
+from raftmq.cluster.replication.pso import RaftConnection
+from raftmq.cluster.replication.wire import raft_key
 
 from .conftest import assert_error
 from .harness import SECRET, Cluster, wait_until

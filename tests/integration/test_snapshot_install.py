@@ -133,11 +133,12 @@ def test_failing_checkpoint_fetches_apply_nothing_unverified_then_catch_up(tmp_p
 
 
 # Connections stay up across a follower's pause (pysyncobj drops one silent for the longest
-# election timeout, 8 s here); a leader holds back what it sends a follower from 64 KiB queued on;
-# compaction after 20 entries as above.
+# election timeout, 20 s here: 8 s was shorter than producing HELD_BYTES on a loaded machine); a
+# leader holds back what it sends a follower from 64 KiB queued on; compaction after 20 entries as
+# above.
 PAUSE_TOML = (
     "[raft]\ncompaction_min_entries = 20\ncompaction_min_time_s = 1\nmax_follower_backlog_bytes = 65536\n"
-    "election_min_ms = 4000\nelection_max_ms = 8000\nleader_fallback_ms = 20000\n"
+    "election_min_ms = 4000\nelection_max_ms = 20000\nleader_fallback_ms = 20000\n"
 )
 HELD_BYTES = 8 << 20  # more than the sockets' buffers take (4 MiB to send, the receiver's 128 KiB)
 
@@ -194,6 +195,58 @@ def test_a_follower_held_behind_a_due_compaction_gets_the_entries_not_a_snapshot
         assert _snapshot_installs(c, paused) == 0
         assert "snapshot_install" not in c.log(paused)
         assert_all_present(c, "t", acked, paused, read_from="local")
+
+
+def _deferrals(c: Cluster, nid: str) -> float:
+    """``nid``'s ``raftmq_raft_compaction_deferrals_total`` for group 0."""
+    metrics = c.get("/metrics", nid).text
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in metrics.splitlines()
+        if ln.startswith("raftmq_raft_compaction_deferrals_total{") and 'group_id="0"' in ln
+    )
+
+
+def _logged(c: Cluster, nid: str, event: str) -> list[str]:
+    """``nid``'s log lines of ``event`` for group 0."""
+    return [ln for ln in c.log(nid).splitlines() if event in ln and "group=0 " in ln]
+
+
+def test_a_deferred_compaction_is_counted_and_logged_when_it_starts_and_when_it_ends(tmp_path: Path) -> None:
+    """A leader holding a due compaction back for a paused follower (SIGSTOP, its connections up)
+    counts one deferral and logs ``journal_compaction_deferred`` once, however many ticks it holds
+    it back; once no connected follower is behind (the follower runs again and was sent the
+    entries), the compaction runs and ``journal_compaction_resumed`` says how long it waited."""
+    with start(tmp_path, extra_toml=PAUSE_TOML) as c:
+        c.create_topic("t", queues=2)
+        produce_batches(c, "t", batches=5, size=20)
+        leader = c.wait_leader("0")
+        paused = next(n for n in c.nodes if n != leader)
+        proc = c.nodes[paused].proc
+        assert proc is not None
+        before = _deferrals(c, leader)  # 0 unless a follower lagged under the load above
+        started_before = len(_logged(c, leader, "journal_compaction_deferred"))
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            _produce_kib(c, leader, HELD_BYTES)
+            wait_until(lambda: _deferrals(c, leader) > before, 60, what=f"a deferral counted on {leader}")
+            # More entries, each a few ticks of the leader with its compaction held back all along.
+            produce_batches(c, "t", batches=5, size=20, tag="more", node=leader)
+            assert _deferrals(c, leader) == before + 1
+            started = _logged(c, leader, "journal_compaction_deferred")
+            assert len(started) == started_before + 1, started
+            assert "followers_behind=1" in started[-1] and "cap_bytes=" in started[-1], started[-1]
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        wait_until(
+            lambda: len(_logged(c, leader, "journal_compaction_resumed")) > started_before,
+            60,
+            what=f"the deferral's end logged on {leader}",
+        )
+        ended = _logged(c, leader, "journal_compaction_resumed")
+        assert len(ended) == started_before + 1, ended
+        assert "reason=no_follower_behind" in ended[-1] and "duration_s=" in ended[-1], ended[-1]
+        assert _deferrals(c, leader) == before + 1
 
 
 # Every node sends a checkpoint archive at about 1 MiB per 0.4 s (a slow disk) and a replica

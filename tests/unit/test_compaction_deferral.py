@@ -4,6 +4,8 @@ connection, every message recorded) and ticked by hand.
 
 A follower counts as behind exactly when a compaction now would send it a snapshot instead of the
 entries it lacks: each boundary test compacts for real and looks at what the leader sends it next.
+A deferral is counted and logged once when it starts and once when it ends, with why
+(``compaction_deferral.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,17 @@ from typing import Any
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.syncobj import _COMMAND_TYPE
+from structlog.testing import capture_logs
 from test_raft_seams import PEERS, SELF, FakeTransport
 
+from raftmq.cluster.replication.compaction_deferral import CAUGHT_UP, NOT_LEADING, OVER_CAP
 from raftmq.cluster.replication.journal import DurableJournal
-from raftmq.cluster.replication.pso import defer_compaction, followers_behind_compaction, install_journal_seam
+from raftmq.cluster.replication.pso import (
+    compaction_due,
+    defer_compaction,
+    followers_behind_compaction,
+    install_journal_seam,
+)
 from raftmq.storage.memory import MemoryStore
 
 ENTRIES = 10  # no-op entries after the leader's own, each of ENTRY_BYTES
@@ -60,6 +69,19 @@ class Leader:
         self.sync.forceLogCompaction()
         self.sync.doTick(0)
         self.sync.doTick(0)
+
+    def step_down(self) -> None:
+        """A peer leads a later term: this leader follows it, its followers' next indexes still set."""
+        heartbeat = {
+            "type": "append_entries",
+            "term": self.sync.raftCurrentTerm + 1,
+            "commit_index": self.sync.raftCommitIndex,
+            "entries": [],
+            "prevLogIdx": self.last_index(),
+            "prevLogTerm": self.sync._SyncObj__raftLog[-1][2],
+        }
+        self.transport._onMessageReceived(self.followers[1], heartbeat)
+        assert not self.sync._isLeader()
 
     def snapshot_sent_to(self, follower: Any) -> bool:
         """Sends every follower what it lacks now; whether ``follower`` got a snapshot (else entries)."""
@@ -157,17 +179,7 @@ def test_a_replica_that_stepped_down_counts_no_follower_behind(make_leader: Call
     leader = make_leader()
     leader.sent_from(1, leader.followers[0])
     assert followers_behind_compaction(leader.sync) == 1
-    # A peer leads a later term: the old leader follows it, its followers' next indexes still set.
-    heartbeat = {
-        "type": "append_entries",
-        "term": leader.sync.raftCurrentTerm + 1,
-        "commit_index": leader.sync.raftCommitIndex,
-        "entries": [],
-        "prevLogIdx": leader.last_index(),
-        "prevLogTerm": leader.sync._SyncObj__raftLog[-1][2],
-    }
-    leader.transport._onMessageReceived(leader.followers[1], heartbeat)
-    assert not leader.sync._isLeader()
+    leader.step_down()
     assert followers_behind_compaction(leader.sync) == 0
 
 
@@ -206,3 +218,80 @@ def test_a_compaction_with_no_follower_behind_is_not_deferred(make_leader: Calla
     cut = leader.cut
     leader.compact()
     assert leader.first_index() == cut
+
+
+def _events(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == event]
+
+
+def test_a_compaction_is_due_exactly_when_pysyncobj_would_start_one(
+    make_leader: Callable[[], Leader],
+) -> None:
+    leader = make_leader()
+    assert not compaction_due(leader.sync)  # the fixture's triggers are out of reach
+    leader.sync.forceLogCompaction()
+    assert compaction_due(leader.sync)
+    leader.sync.doTick(0)  # serializes: pysyncobj clears its flag
+    assert not compaction_due(leader.sync)
+    leader.sync._SyncObj__conf.logCompactionMinEntries = len(leader.journal) - 1
+    assert compaction_due(leader.sync)
+
+
+def test_a_deferral_is_counted_and_logged_once_however_many_ticks_it_holds(
+    make_leader: Callable[[], Leader],
+) -> None:
+    leader = make_leader()
+    cap = 10 * leader.journal.size_bytes
+    deferrals = defer_compaction(leader.sync, cap, "g")
+    follower = leader.followers[0]
+    leader.sent_from(leader.cut, follower)
+    cut = leader.cut
+    with capture_logs() as logs:
+        leader.compact()
+        for _ in range(5):
+            leader.sync.doTick(0)
+        assert deferrals.deferrals == 1
+        [started] = _events(logs, "journal_compaction_deferred")
+        assert started == {
+            "event": "journal_compaction_deferred",
+            "log_level": "info",
+            "group": "g",
+            "journal_bytes": leader.journal.size_bytes,
+            "cap_bytes": cap,
+            "followers_behind": 1,
+        }
+        assert _events(logs, "journal_compaction_resumed") == []
+        leader.sent_from(cut + 1, follower)
+        for _ in range(3):
+            leader.sync.doTick(0)
+    [ended] = _events(logs, "journal_compaction_resumed")
+    assert ended["reason"] == CAUGHT_UP and ended["group"] == "g" and ended["duration_s"] >= 0
+    assert leader.first_index() == cut  # the compaction ran
+    assert deferrals.deferrals == 1 and not deferrals.deferring
+
+
+def test_a_deferral_ends_when_the_journal_passes_the_cap(make_leader: Callable[[], Leader]) -> None:
+    leader = make_leader()
+    deferrals = defer_compaction(leader.sync, leader.journal.size_bytes, "g")
+    leader.sent_from(leader.cut, leader.followers[0])
+    with capture_logs() as logs:
+        leader.compact()
+        assert deferrals.deferring
+        # The journal grows past the cap (an entry written as pysyncobj's append does), then a tick.
+        leader.journal.add(b"x" * ENTRY_BYTES, leader.last_index() + 1, leader.sync.raftCurrentTerm)
+        leader.sync._SyncObj__tryLogCompaction()
+    [ended] = _events(logs, "journal_compaction_resumed")
+    assert ended["reason"] == OVER_CAP and not deferrals.deferring
+
+
+def test_a_deferral_ends_when_the_leader_steps_down(make_leader: Callable[[], Leader]) -> None:
+    leader = make_leader()
+    deferrals = defer_compaction(leader.sync, 10 * leader.journal.size_bytes, "g")
+    leader.sent_from(leader.cut, leader.followers[0])
+    with capture_logs() as logs:
+        leader.compact()
+        assert deferrals.deferring
+        leader.step_down()
+        leader.sync.doTick(0)
+    [ended] = _events(logs, "journal_compaction_resumed")
+    assert ended["reason"] == NOT_LEADING and deferrals.deferrals == 1

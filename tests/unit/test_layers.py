@@ -378,7 +378,7 @@ def test_private_names_stay_in_their_package() -> None:
 # package). The pysyncobj adapter alone may grow past it: it mirrors the library's seams, one
 # place for all of them (it is under the limit today).
 MAX_MODULE_LINES = 600
-LONGER_MODULES: dict[str, int] = {"cluster/replication/pso.py": 1000}
+LONGER_MODULES: dict[str, int] = {"cluster/replication/pso.py": 750}
 
 
 def test_no_module_of_any_package_is_over_600_lines() -> None:

@@ -1,5 +1,5 @@
-"""The Raft wire (cluster/replication/pso.py, :class:`RaftConnection`): real pysyncobj connections
-over real sockets on 127.0.0.1.
+"""The Raft wire (cluster/replication/wire.py, in pso.py's :class:`RaftConnection`): real pysyncobj
+connections over real sockets on 127.0.0.1.
 
 A backlog far larger than the socket buffers arrives intact and in order; a forged, replayed,
 reflected or wrongly keyed frame drops the connection and delivers nothing; no zlib on the wire;
@@ -26,15 +26,10 @@ from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from raft_doubles import Machine, submit_all
 
-from raftmq.cluster.replication import pso
-from raftmq.cluster.replication.pso import (
-    CONNECT_CHECK_S,
-    MAX_FIRST_FRAME_BYTES,
-    FlushingTransport,
-    RaftConnection,
-    raft_key,
-)
+from raftmq.cluster.replication import wire
+from raftmq.cluster.replication.pso import CONNECT_CHECK_S, FlushingTransport, RaftConnection
 from raftmq.cluster.replication.raft import RaftGroup, RaftSettings
+from raftmq.cluster.replication.wire import MAX_FIRST_FRAME_BYTES, raft_key
 from raftmq.storage.memory import MemoryStore
 
 KEY = bytes(range(32))
@@ -301,10 +296,10 @@ def test_large_frames_reach_the_peer_with_or_without_encrypt_into(
 ) -> None:
     """cryptography's AESGCM.encrypt_into is newer than the release pyproject allows: without it
     a large frame is sealed by one concatenation, and the peer reads it the same."""
-    if seal_into and pso._SEAL_INTO_BYTES is None:
+    if seal_into and wire._SEAL_INTO_BYTES is None:
         pytest.skip("this cryptography has no AESGCM.encrypt_into")
     if not seal_into:
-        monkeypatch.setattr(pso, "_SEAL_INTO_BYTES", None)
+        monkeypatch.setattr(wire, "_SEAL_INTO_BYTES", None)
     peer = raw()
     messages = [{"n": 1, "data": os.urandom(16 << 10)}, {"n": 2, "data": b"x" * 100}]
     peer.write(b"".join(bytes(peer.sealer.frame(m)) for m in messages))
@@ -401,6 +396,32 @@ def test_raft_key_takes_the_derived_hex_key() -> None:
     assert raft_key(KEY.hex()) == KEY
     assert raft_key(None) is None
     assert len(raft_key("not hex") or b"") == 32
+
+
+class BareWire(wire.FrameWire):
+    """wire.py's frames with no pysyncobj connection around them (its handshake keys set by hand)."""
+
+    def __init__(self, key: bytes | None, send_rand_key: bytes | None, recv_rand_key: bytes | None) -> None:
+        self.raft_key, self.sendRandKey, self.recvRandKey = key, send_rand_key, recv_rand_key
+
+
+def test_the_wire_frames_and_refuses_without_pysyncobj() -> None:
+    """FrameWire alone: frames open in order on the other side, a replayed one raises (the
+    connection drops it), and a first frame over MAX_FIRST_FRAME_BYTES is refused from its prefix."""
+    a_key, b_key = os.urandom(32), os.urandom(32)
+    sender, receiver = BareWire(KEY, b_key, a_key), BareWire(KEY, a_key, b_key)
+    assert receiver.refuses_first_frame(bytearray(struct.pack("<I", MAX_FIRST_FRAME_BYTES + 1)))
+    first, second = sender.frame({"n": 1}), sender.frame({"n": 2})
+    buf = bytearray(first) + second + first[:3]
+    assert [receiver.parse_frame(buf), receiver.parse_frame(buf), receiver.parse_frame(buf)] == [
+        {"n": 1},
+        {"n": 2},
+        None,  # not whole yet
+    ]
+    assert not receiver.refuses_first_frame(bytearray(struct.pack("<I", MAX_FIRST_FRAME_BYTES + 1)))
+    buf += first[3:]
+    with pytest.raises(ValueError, match="replayed"):
+        receiver.parse_frame(buf)
 
 
 # -- real RaftGroups ---------------------------------------------------------------------------------
