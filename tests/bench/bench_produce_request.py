@@ -13,8 +13,10 @@ runs the HTTP request; ``tick``: the Raft threads), user and system apart, from
 ``/proc/<pid>/task/*/stat``, and the client's round trip. ``--profile``: then the ``leader`` entry
 again under py-spy (``--gil``, idle samples left out) on the leader, its loop thread's GIL time per
 request split by what it was doing (:data:`PARTS`: the middlewares, the handler's parsing and
-checks, the proposal hand-over, the answer, aiohttp itself), in µs per request. Prints tables and
-writes JSON to bench-results/.
+checks, the proposal hand-over, the answer, aiohttp itself): each part's share of the loop's
+samples times the loop's CPU per request measured without the profiler, in µs per request (py-spy
+pauses the process to sample it, so sampled times run long). Prints tables and writes JSON to
+bench-results/.
 
     .venv/bin/python tests/bench/bench_produce_request.py --requests 3000 --profile
 """
@@ -79,6 +81,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
 # Work on the loop that no request asked for (the reconciler, the delivery ticks, the sealer...):
 # a sample under one of these frames, below no part above, is counted apart.
 BACKGROUND = ("Reconciler.", "TickLoops.", "Sealer.", "Coordinator.", "Compactor.", "LagHistory")
+BACKGROUND_PART = "background work (not per request)"
 ASYNCIO = "asyncio: the loop itself (run_once, handles, selector, transports)"
 OTHER = "other on the loop"
 
@@ -155,7 +158,7 @@ def profile_leader(
     cluster: Any, leader: str, url: str, topic: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     """The ``leader`` entry again under py-spy ``--gil`` on the leader; its loop thread's samples
-    split by :data:`PARTS`, in µs of GIL time per request."""
+    counted by :data:`PARTS` (their shares; :func:`scale_profile` turns them into µs)."""
     pid = node_pids(cluster)[leader]
     out = RESULTS / f"profile-produce_request-{leader}.raw.txt"
     value = b"v" * args.value_size
@@ -169,17 +172,30 @@ def profile_leader(
     done = len(asyncio.run(closed_loop(url, topic, 10**9, args.concurrency, value, until=t0 + seconds - 2.0)))
     spy.wait(seconds + 30)
     parts = split_loop_samples(out)
-    sample_s = 1.0 / args.profile_rate
+    background = parts.pop(BACKGROUND_PART, 0)
     loop_total = sum(parts.values())
     return {
         "requests": done,
         "rate_hz": args.profile_rate,
         "loop_samples": loop_total,
-        "us_per_request": {
-            part: round(count * sample_s / max(done, 1) * 1e6, 1) for part, count in parts.most_common()
-        },
+        "background_samples": background,  # left out of the shares: no request asked for it
+        "share": {part: round(count / max(loop_total, 1), 4) for part, count in parts.most_common()},
         "raw": out.name,
     }
+
+
+def scale_profile(result: dict[str, Any]) -> None:
+    """Each part's µs per request: its share of the profiled loop's samples times the leader's
+    loop CPU per request measured without the profiler (the ``leader`` entry, user + system)."""
+    prof, rows = result.get("profile"), [r for r in result["rows"] if r["entry"] == "leader"]
+    if not prof or not rows:
+        return
+    loop = rows[0]["cpu_us_per_request"].get(result["leader"], {}).get("loop")
+    if loop is None:
+        return
+    total = loop["user"] + loop["system"]
+    prof["loop_us_per_request"] = round(total, 1)
+    prof["us_per_request"] = {part: round(share * total, 1) for part, share in prof["share"].items()}
 
 
 def split_loop_samples(path: Path) -> Counter[str]:
@@ -205,7 +221,7 @@ def _part(frames: list[str]) -> str:
             if any(n in frame for n in needles):
                 return name
     if any(b in f for f in frames for b in BACKGROUND):
-        return "background work (not per request)"
+        return BACKGROUND_PART
     return ASYNCIO if "asyncio/" in frames[-1] or "selectors.py" in frames[-1] else OTHER
 
 
@@ -221,11 +237,15 @@ def report(result: dict[str, Any]) -> None:
                 rows.append([node, kind, c["user"], c["system"], c["user"] + c["system"]])
         print(table(rows, ["node", "thread", "user µs/req", "system µs/req", "µs/req"]))
     prof = result.get("profile")
-    if prof:
-        print(f"\nleader's loop thread, GIL time per request (py-spy --gil, {prof['requests']:,} requests)")
-        rows = [[part, us] for part, us in prof["us_per_request"].items()]
-        rows.append(["total", round(sum(prof["us_per_request"].values()), 1)])
-        print(table(rows, ["part", "µs/req"]))
+    if prof and "us_per_request" in prof:
+        print(
+            f"\nthe leader's loop thread by part: share of its GIL samples (py-spy --gil, "
+            f"{prof['requests']:,} requests) times its CPU per request unprofiled "
+            f"({prof['loop_us_per_request']} µs)"
+        )
+        shares = prof["share"]
+        rows = [[part, f"{100 * shares[part]:.1f}%", us] for part, us in prof["us_per_request"].items()]
+        print(table(rows, ["part", "share", "µs/req"]))
 
 
 def main() -> None:
@@ -257,6 +277,7 @@ def main() -> None:
         result["rows"] = [measure(cluster, e, urls[e], topic, args) for e in args.entries]
         if args.profile:
             result["profile"] = profile_leader(cluster, leader, urls["leader"], topic, args)
+            scale_profile(result)
 
 
 if __name__ == "__main__":
