@@ -187,12 +187,11 @@ def auth_middleware(
         match = request.match_info
         resource = match.route.resource
         canonical = None if match.http_exception is not None or resource is None else resource.canonical
-        if canonical is None:
-            rule = route_rule(request.method, None, request.path)
-        else:
-            rule = rules.get((request.method, canonical))
-            if rule is None:
-                rule = rules[request.method, canonical] = route_rule(request.method, canonical, request.path)
+        rule = None if canonical is None else rules.get((request.method, canonical))
+        if rule is None:
+            rule = route_rule(request.method, canonical, request.path)
+            if canonical is not None:
+                rules[request.method, canonical] = rule
         if rule is SQS:  # before the peer key: only a SigV4 signature opens SQS (checked by its handler)
             return await handler(request)
         if LEGACY_HEADER in request.headers:
