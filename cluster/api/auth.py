@@ -177,13 +177,21 @@ def auth_middleware(
     than ``max_topics`` topics (``limits.max_topics_per_request``, which its handler refuses) has
     none of them looked up: the token needs the permission on some topic to be told so."""
     refusals = _RefusalLog()
+    # Read once: the configuration is frozen, and a route's rule depends on its method and pattern
+    # only (a matched route's methods are the registered ones: few keys).
+    tokens_on, metrics_open = security.enabled, security.metrics_open
+    rules: dict[tuple[str, str], Rule] = {}
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         match = request.match_info
         resource = match.route.resource
         canonical = None if match.http_exception is not None or resource is None else resource.canonical
-        rule = route_rule(request.method, canonical, request.path)
+        rule = None if canonical is None else rules.get((request.method, canonical))
+        if rule is None:
+            rule = route_rule(request.method, canonical, request.path)
+            if canonical is not None:
+                rules[request.method, canonical] = rule
         if rule is SQS:  # before the peer key: only a SigV4 signature opens SQS (checked by its handler)
             return await handler(request)
         if LEGACY_HEADER in request.headers:
@@ -210,7 +218,7 @@ def auth_middleware(
             return refusals.refuse(
                 request, errors.UNAUTHORIZED, "no_peer_key", "internal endpoints need the peer key"
             )
-        if rule is OPEN or not security.enabled or (rule is METRICS and security.metrics_open):
+        if rule is OPEN or not tokens_on or (rule is METRICS and metrics_open):
             return await handler(request)
         try:
             grant = security.authenticate(bearer_token(request.headers.get("Authorization")))

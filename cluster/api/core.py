@@ -100,13 +100,13 @@ class ApiCore:
 
     async def topic(self, name: str, *, fresh: bool = False) -> Topic:
         """The topic, from the local metadata replica; a miss is re-checked at the leader."""
-        if validate_topic_name(name):  # no such topic can exist; and never put it into a URL
-            raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         machine = self.node.metadata
         if machine is not None and not fresh:
-            t = machine.topic(name)
+            t = machine.topic(name)  # a found name is valid: the metadata machine checked it
             if t is not None:
                 return t
+        if validate_topic_name(name):  # no such topic can exist; and never put it into a URL
+            raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         t = await self.topic_linearizable(name)
         if t is None:
             raise ApiError(errors.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")

@@ -456,6 +456,21 @@ class Metrics:
         self.registry.register(_RaftCollector(node))
         self.registry.register(_QueueCollector(node))
         self.registry.register(_StorageCollector(node))
+        # (method, route, status) -> its children of ``requests`` and ``latency``: ``labels()``
+        # builds a tuple of strings and takes a lock per call; the children never change.
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """Count one HTTP request and its latency (``route``: its route's pattern)."""
+        key = (method, route, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(method, route, str(status)),
+                self.latency.labels(method, route),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
@@ -467,11 +482,11 @@ async def metrics_middleware(
 ) -> web.StreamResponse:
     start = time.perf_counter()
     response = await handler(request)
-    metrics = request.app[METRICS_KEY]
     info = request.match_info.route.resource
     route = info.canonical if info is not None else "unmatched"
-    metrics.requests.labels(request.method, route, str(response.status)).inc()
-    metrics.latency.labels(request.method, route).observe(time.perf_counter() - start)
+    request.app[METRICS_KEY].observe_request(
+        request.method, route, response.status, time.perf_counter() - start
+    )
     return response
 
 

@@ -464,6 +464,8 @@ def run_anchor(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
+    if args.thread_cpu:  # its py-spy (naming the threads) found on PATH, as this run's
+        cmd += ["--thread-cpu"]
     subprocess.run(cmd, check=True)
     rows: list[dict[str, Any]] = json.loads(Path(rows_file).read_text())
     os.unlink(rows_file)

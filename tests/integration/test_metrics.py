@@ -82,6 +82,8 @@ def test_metrics_expose_raft_state_latencies_fsyncs_and_message_counts(c: Cluste
     r = c.produce("metered", [{"value": f"m{i}"} for i in range(25)], node="n1")
     assert r.status_code == 200
     assert c.get("/v1/topics/metered/queues/0/messages", "n1", params={"offset": 0}).status_code == 200
+    for _ in range(2):  # counted apart from the 200s (the middleware keeps a series per status)
+        assert c.produce("no-such-topic", [{"value": "x"}], node="n1").status_code == 404
 
     text = scrape(c, "n1")
 
@@ -94,6 +96,7 @@ def test_metrics_expose_raft_state_latencies_fsyncs_and_message_counts(c: Cluste
     assert sum(values(c, "raftmq_fetched_messages_total")) >= 25
     route = "/v1/topics/{topic}/messages"
     assert get("raftmq_http_requests_total", route=route, status="200", method="POST") >= 1
+    assert get("raftmq_http_requests_total", route=route, status="404", method="POST") == 2
     assert get("raftmq_http_request_seconds_count", route=route, method="POST") >= 1
     for group in ("meta", "0", "1", "2"):
         assert get("raftmq_raft_term", node_id="n1", group_id=group) >= 1

@@ -21,6 +21,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError, RaftmqError, answerable, error_body
 from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node.node import Node
 
 __all__ = [
     "ProduceHandlers",
@@ -81,8 +82,15 @@ def key_queue(key: str, queues: int) -> int:
 class ProduceHandlers(ApiCore):
     """The produce handler, mixed into ``Api`` (``cluster/api/app.py``)."""
 
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        # The batch limits of a topic's max_message_bytes (None: the node's): built once each.
+        self._limits_by_max: dict[int | None, rb.Limits] = {}
+
     async def produce(self, request: web.Request) -> web.Response:
-        if request.content_type == rb.BATCH_MEDIA_TYPE:
+        # The Producer's exact header first: parsing it (``content_type``) costs more than the rest.
+        raw_type = request.headers.get("Content-Type")
+        if raw_type == rb.BATCH_MEDIA_TYPE or request.content_type == rb.BATCH_MEDIA_TYPE:
             return await self._produce_batches(request)
         topic = await self.topic(request.match_info["topic"])
         max_bytes = topic.max_message_bytes or self.limits.max_message_bytes
@@ -191,29 +199,33 @@ class ProduceHandlers(ApiCore):
         by_group: dict[int, list[int]] = defaultdict(list)
         for i, (_, q, _) in enumerate(items):
             by_group[topic.queue_groups[q]].append(i)
-
-        async def to_group(g: int, which: list[int]) -> list[tuple[int, dict[str, Any] | RaftmqError]]:
-            part = [items[i] for i in which]
-            try:
-                result = await self.router.group_call(
-                    g, "append", {"items": part}, size_hint=sum(len(b) for _, _, b in part)
-                )
-            except RaftmqError as e:
-                failed = answerable(e, write=True)
-                return [(i, failed) for i in which]
-            return list(zip(which, result["results"], strict=True))
-
         outcome: list[dict[str, Any] | RaftmqError | None] = [None] * len(items)
         if len(by_group) == 1:  # the common case: in this task (gather would make one per group)
-            answers = [await to_group(*next(iter(by_group.items())))]
+            answers = [await self._to_group(items, *next(iter(by_group.items())))]
         else:
-            answers = await asyncio.gather(*(to_group(g, which) for g, which in by_group.items()))
+            answers = await asyncio.gather(
+                *(self._to_group(items, g, which) for g, which in by_group.items())
+            )
         for pairs in answers:
             for i, r in pairs:
                 if isinstance(r, dict) and "error" in r:
                     r = ApiError.from_body(r["error"])
                 outcome[i] = r
         return outcome
+
+    async def _to_group(
+        self, items: Sequence[tuple[int, int, bytes | memoryview]], g: int, which: list[int]
+    ) -> list[tuple[int, dict[str, Any] | RaftmqError]]:
+        """The items ``which`` of ``items`` appended at group ``g``'s leader: ``(index, outcome)``."""
+        part = [items[i] for i in which]
+        try:
+            result = await self.router.group_call(
+                g, "append", {"items": part}, size_hint=sum(len(b) for _, _, b in part)
+            )
+        except RaftmqError as e:
+            failed = answerable(e, write=True)
+            return [(i, failed) for i in which]
+        return list(zip(which, result["results"], strict=True))
 
     def _answer(
         self,
@@ -232,6 +244,14 @@ class ProduceHandlers(ApiCore):
         return json_response({"results": results})
 
     def _batch_limits(self, topic_max_message_bytes: int | None) -> rb.Limits:
+        limits = self._limits_by_max.get(topic_max_message_bytes)
+        if limits is None:
+            limits = self._limits_by_max[topic_max_message_bytes] = self._new_batch_limits(
+                topic_max_message_bytes
+            )
+        return limits
+
+    def _new_batch_limits(self, topic_max_message_bytes: int | None) -> rb.Limits:
         lim = self.limits
         return rb.Limits(
             max_message_bytes=topic_max_message_bytes or lim.max_message_bytes,
