@@ -29,8 +29,8 @@ from raftmq.storage.store import OP_DELETE_RANGE, OP_PUT, Batch, Store
 __all__ = ["DEFAULT_CACHE_ENTRIES", "StateCache"]
 
 DEFAULT_CACHE_ENTRIES = 4096
-"""Keys kept per queue group: every queue's bounds and the recent producers' states (a few hundred
-bytes each, about 1 MiB per group when full)."""
+"""Keys kept per queue group: every queue's bounds and the recent producers' states (about 1 KiB
+each with five remembered batches, 4 MiB per group when full)."""
 
 _T = TypeVar("_T")
 
