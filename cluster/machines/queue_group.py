@@ -219,10 +219,17 @@ class QueueGroupMachine:
             if self.refuses is not None and self.refuses(command):
                 raise BadCommand(errors.BAD_REQUEST, "unknown op or field (an older release)")
             before = work.time()
-            cmd, stamped = commands.decode_stamped(command, lambda stamp: advance(before, stamp)[0].now_ms)
+            advanced: dict[int, tuple[GroupTime, int | None]] = {}  # stamp -> advance(before, stamp)
+
+            def time_at(stamp: int) -> int:
+                advanced[stamp] = advance(before, stamp)
+                return advanced[stamp][0].now_ms
+
+            cmd, stamped = commands.decode_stamped(command, time_at)
             if stamped is not None:
                 bound = cmd["max_jump_ms"] if cmd["op"] == "retain" else None
-                after, work.clock_jump_ms = advance(before, stamped, bound)
+                known = advanced.get(stamped) if bound is None else None  # not computed twice
+                after, work.clock_jump_ms = known or advance(before, stamped, bound)
                 work.set_time(after)
             if cmd["op"] == "retain":
                 if stamped is not None:  # its own bound may differ from the stored one
