@@ -60,6 +60,7 @@ class StateCache:
     def read(self, store: Store, key: bytes, decode: Callable[[bytes], _T]) -> _T | None:
         """The store's value at ``key`` decoded by ``decode`` (None: no value), from the cache when
         kept. ``key`` must be of a kept kind, and ``decode`` the same for a key every time."""
+        assert key[:1] in _KINDS, f"{key!r} is not of a kind the write-through keeps up to date"
         value = self._entries.get(key, _UNKNOWN)
         if value is _UNKNOWN:
             data = store.get(key)

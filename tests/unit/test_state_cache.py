@@ -206,3 +206,10 @@ def test_a_written_batch_keeps_only_the_values_it_put_and_forgets_what_it_change
     store.write(dropped)
     cache.written(dropped, {})
     assert len(cache) == 0
+
+
+def test_a_read_of_a_kind_the_write_through_does_not_follow_is_refused() -> None:
+    """A record key (say) would never be updated by :meth:`StateCache.written`: reading it through
+    the cache is a programming error, not a stale answer."""
+    with pytest.raises(AssertionError):
+        StateCache().read(MemoryStore(), keys.record_key(1, 0, 0), bytes)
