@@ -5,7 +5,8 @@ entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read a
 
 from __future__ import annotations
 
-from raftmq.storage import keys, queues
+from raftmq.cluster.machines.cache import StateCache
+from raftmq.storage import keys
 from raftmq.storage.keys import GROUP_MAX_STEP_MS, GROUP_TIME, GroupTime, ProducerState, QueueMeta
 from raftmq.storage.store import Batch, Store
 
@@ -68,13 +69,19 @@ class Apply:
     """The working state of one apply: the batch being built and an overlay of the queue metas and
     producer states it changed, so that later batches of the same command see earlier ones.
 
+    What the overlay has not seen is read through ``cache`` (the machine's, kept between entries:
+    ``cache.py``), which reads the store when it does not hold the key; ``encoded`` tells the cache
+    which of the batch's puts are the encodings of which values.
+
     Invariant: a stored producer state with ``last_used_ms = t`` has exactly one idle-index key, at
     ``t`` (``storage/keys.py``); :meth:`finish` moves it when a state's time changes."""
 
-    def __init__(self, store: Store, index: int) -> None:
+    def __init__(self, store: Store, index: int, cache: StateCache | None = None) -> None:
         self.store = store
         self.index = index
         self.batch = Batch()
+        self.encoded: dict[bytes, tuple[bytes, object]] = {}  # key -> (bytes put, value), by finish
+        self._cache = StateCache(0) if cache is None else cache
         self.grown: dict[tuple[int, int], int] = {}
         self.changed: dict[tuple[int, int], None] = {}  # an ordered set
         self.scheduled = False
@@ -94,7 +101,7 @@ class Apply:
     def time(self) -> GroupTime:
         """The group's applied time, as changed so far in this apply."""
         if self._time is None:
-            self._time = group_time(self.store)
+            self._time = self._cache.read(self.store, GROUP_TIME, GroupTime.decode) or GroupTime()
         return self._time
 
     def set_time(self, time: GroupTime) -> None:
@@ -105,18 +112,20 @@ class Apply:
         ``expire_producers`` on (it writes the sweep key), so that a group never sent one writes
         exactly what releases before producer expiry wrote (a rolling upgrade, a rollback)."""
         if self._producers_timed is None:
-            self._producers_timed = self.store.get(keys.PRODUCER_SWEEP) is not None
+            self._producers_timed = self._cache.read(self.store, keys.PRODUCER_SWEEP, bytes) is not None
         return self._producers_timed
 
     def is_dropped(self, topic_id: int) -> bool:
         if topic_id not in self._dropped:
-            self._dropped[topic_id] = self.store.get(keys.dropped_key(topic_id)) is not None
+            tombstone = self._cache.read(self.store, keys.dropped_key(topic_id), bytes)
+            self._dropped[topic_id] = tombstone is not None
         return self._dropped[topic_id]
 
     def meta(self, topic_id: int, queue: int) -> QueueMeta:
         key = (topic_id, queue)
         if key not in self._metas:
-            self._metas[key] = queues.queue_meta(self.store, topic_id, queue) or QueueMeta()
+            stored = self._cache.read(self.store, keys.meta_key(topic_id, queue), QueueMeta.decode)
+            self._metas[key] = stored or QueueMeta()
         return self._metas[key]
 
     def set_meta(self, topic_id: int, queue: int, meta: QueueMeta) -> None:
@@ -125,10 +134,10 @@ class Apply:
     def producer(self, topic_id: int, queue: int, producer_id: str) -> ProducerState:
         key = (topic_id, queue, producer_id)
         if key not in self._producers:
-            data = self.store.get(keys.producer_key(topic_id, queue, producer_id))
-            state = ProducerState() if data is None else ProducerState.decode(data)
+            stored = self._cache.read(self.store, keys.producer_key(*key), ProducerState.decode)
+            state = ProducerState() if stored is None else stored
             self._producers[key] = state
-            self._stored_last_used[key] = None if data is None else state.last_used_ms
+            self._stored_last_used[key] = None if stored is None else state.last_used_ms
         return self._producers[key]
 
     def set_producer(self, topic_id: int, queue: int, producer_id: str, state: ProducerState) -> None:
@@ -140,14 +149,18 @@ class Apply:
         """The batch with the changed metas and producer states (and their idle-index keys) added,
         in first-change order."""
         if self._time_changed and self._time is not None:
-            self.batch.put(GROUP_TIME, self._time.encode())
+            self._put(GROUP_TIME, self._time.encode(), self._time)
         for (topic_id, queue), meta in self._changed_metas.items():
-            self.batch.put(keys.meta_key(topic_id, queue), meta.encode())
+            self._put(keys.meta_key(topic_id, queue), meta.encode(), meta)
         for key, state in self._changed_producers.items():
-            self.batch.put(keys.producer_key(*key), state.encode())
+            self._put(keys.producer_key(*key), state.encode(), state)
             stored, now = self._stored_last_used[key], state.last_used_ms
             if now is not None and now != stored:
                 if stored is not None:
                     self.batch.delete(keys.producer_idle_key(stored, *key))
                 self.batch.put(keys.producer_idle_key(now, *key), b"")
         return self.batch
+
+    def _put(self, key: bytes, data: bytes, value: object) -> None:
+        self.batch.put(key, data)
+        self.encoded[key] = (data, value)

@@ -33,6 +33,9 @@ check them):
   ``topic_not_found`` per batch (the leader coalesces several requests into one entry, and one
   request names one topic, so a request is still never half-applied), and ack/nack/extend answer
   ``stale_receipt`` per receipt (a stale receipt changes nothing; the others apply).
+- The cache (``cache.py``) of the keys every apply reads (the group's time, queue metas, producer
+  states, tombstones) holds what the store holds: written through from each written batch, and
+  forgotten on a restore and on a failed write. With or without it, the same bytes and results.
 - Bounded work: every command touches a bounded number of keys (its own size, or the ``max`` of
   a ``deliver_tick``/``receive``/``expire_producers``, or the ``max_batches`` of a ``retain``);
   what is left is continued by the next command.
@@ -65,6 +68,7 @@ from raftmq.cluster.commands import (
 from raftmq.cluster.machines import dedup, delivery, producers, segments
 from raftmq.cluster.machines.append import apply_append
 from raftmq.cluster.machines.apply import Apply, advance, group_time
+from raftmq.cluster.machines.cache import DEFAULT_CACHE_ENTRIES, StateCache
 from raftmq.cluster.machines.freed import freed_before, topic_ranges
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import APPLIED, GroupTime, QueueMeta
@@ -129,6 +133,8 @@ class QueueGroupMachine:
         group_id: The queue group's id (for logs).
         max_entry_messages: A produce command with more messages in total is rejected with
             ``request_too_large``.
+        cache_entries: The most store keys the machine keeps decoded between entries
+            (``cache.py``; 0: none, every apply reads the store).
 
     Attributes:
         on_applied: Optional hook called after every applied (written) entry with an
@@ -139,10 +145,19 @@ class QueueGroupMachine:
             refuses an op or field it does not know. None in production.
     """
 
-    def __init__(self, store: Store, group_id: int, *, max_entry_messages: int = 100_000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        group_id: int,
+        *,
+        max_entry_messages: int = 100_000,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    ) -> None:
         if max_entry_messages < 1:
             raise ValueError("max_entry_messages must be at least 1")
         self._store = store
+        # Invariant: holds what the store holds (cache.py); forgotten when the store is replaced.
+        self._cache = StateCache(cache_entries)
         self._group_id = group_id
         self._max_entry_messages = max_entry_messages
         self._applied_index = queues.applied_index(store)
@@ -172,7 +187,10 @@ class QueueGroupMachine:
         restore_from = getattr(self._store, "restore_from", None)
         if restore_from is None:
             raise StoreError(f"{type(self._store).__name__} cannot restore a checkpoint")
-        restore_from(checkpoint_dir)
+        try:
+            restore_from(checkpoint_dir)
+        finally:
+            self._cache.clear()  # the old contents, the new ones, or a closed store: none is cached
         self._applied_index = queues.applied_index(self._store)
 
     def apply(self, index: int, command: bytes) -> dict[str, Any]:
@@ -196,15 +214,22 @@ class QueueGroupMachine:
                 if freed:
                     self._notify(Applied(index, (), freed=freed))
             return {"skipped": True}
-        work = Apply(self._store, index)
+        work = Apply(self._store, index, self._cache)
         try:
             if self.refuses is not None and self.refuses(command):
                 raise BadCommand(errors.BAD_REQUEST, "unknown op or field (an older release)")
             before = work.time()
-            cmd, stamped = commands.decode_stamped(command, lambda stamp: advance(before, stamp)[0].now_ms)
+            advanced: dict[int, tuple[GroupTime, int | None]] = {}  # stamp -> advance(before, stamp)
+
+            def time_at(stamp: int) -> int:
+                advanced[stamp] = advance(before, stamp)
+                return advanced[stamp][0].now_ms
+
+            cmd, stamped = commands.decode_stamped(command, time_at)
             if stamped is not None:
                 bound = cmd["max_jump_ms"] if cmd["op"] == "retain" else None
-                after, work.clock_jump_ms = advance(before, stamped, bound)
+                known = advanced.get(stamped) if bound is None else None  # not computed twice
+                after, work.clock_jump_ms = known or advance(before, stamped, bound)
                 work.set_time(after)
             if cmd["op"] == "retain":
                 if stamped is not None:  # its own bound may differ from the stored one
@@ -214,6 +239,7 @@ class QueueGroupMachine:
                 result = self._dispatch(work, cmd)
             batch = work.finish()
         except StoreError:
+            self._cache.clear()
             raise
         except Exception as e:
             # Whatever went wrong, the partly built batch is dropped: nothing but applied_index
@@ -226,7 +252,12 @@ class QueueGroupMachine:
             work.clock_jump_ms = None
             work.freed.clear()
         batch.put(APPLIED, keys.encode_u64(index))
-        self._store.write(batch, sync=False)
+        try:
+            self._store.write(batch, sync=False)
+        except StoreError:
+            self._cache.clear()  # keeps nothing the store may not hold
+            raise
+        self._cache.written(batch, work.encoded)
         self._applied_index = index
         grown = tuple(QueueHigh(t, q, h) for (t, q), h in work.grown.items())
         self._notify(

@@ -289,3 +289,37 @@ def test_a_state_slower_to_archive_than_the_download_timeout_still_installs(tmp_
                 list((c.data_dir / nid / "tmp").glob("ckpt-*")) if (c.data_dir / nid / "tmp").exists() else []
             )
             assert not left, (nid, left)
+
+
+# As PAUSE_TOML, with the default election timeouts: a leader drops the connection of a follower
+# silent for the longest (1.6 s), and then compacts without it.
+INSTALL_TOML = (
+    "[raft]\ncompaction_min_entries = 20\ncompaction_min_time_s = 1\nmax_follower_backlog_bytes = 65536\n"
+)
+
+
+def test_a_running_follower_applies_after_a_snapshot_install_as_its_peers_do(tmp_path: Path) -> None:
+    """A follower that applied entries, then was paused (SIGSTOP) until its leader held back what it
+    sends it, dropped its connection and compacted, installs a snapshot in the same process, and
+    applies the next entries at the restored queue bounds and group time: its store ends equal to
+    its peers'. Its state machine's cache of those keys (cluster/machines/cache.py), filled by the
+    entries before the pause, must be dropped by the restore."""
+    with start(tmp_path, extra_toml=INSTALL_TOML) as c:
+        c.create_topic("t", queues=2)
+        acked = produce_batches(c, "t", batches=5, size=20)
+        leader = c.wait_leader("0")
+        paused, peer = [n for n in c.nodes if n != leader]
+        c.wait_replicas_equal("0")  # the follower applied them all: its cache holds their keys
+        proc = c.nodes[paused].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            acked |= _produce_kib(c, leader, HELD_BYTES)
+            for nid in (leader, peer):
+                wait_until(functools.partial(_compacted, c, nid), 60, what=f"compaction on {nid}")
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: _snapshot_installs(c, paused) >= 1, 90, what=f"a snapshot install on {paused}")
+        acked |= produce_batches(c, "t", batches=10, size=20, tag="after", node=leader)
+        c.wait_replicas_equal("0", timeout_s=60)
+        assert_all_present(c, "t", acked, paused, read_from="local")

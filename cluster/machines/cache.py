@@ -1,0 +1,105 @@
+"""What the queue-group apply reads again at every entry, kept between entries (:class:`StateCache`):
+the group's time, the queues' bounds, producer states, topic tombstones and the producers' sweep
+key, each of which the previous entry usually just wrote (4-5 store reads per produced batch
+otherwise, docs/benchmarks.md, "A cache of the apply's reads").
+
+Invariants (tests/unit/test_state_cache.py, test_determinism.py):
+
+- NEVER ANSWERS DIFFERENTLY FROM THE STORE. An entry is what the store holds at its key (decoded,
+  or its absence) as of the last write. Reads fill it from the store; a written batch updates it
+  (:meth:`StateCache.written`) op by op, in the batch's order: a put of bytes the apply encoded from
+  an object (``Apply.finish``) keeps that object, any other put or delete of a cached kind of key
+  forgets the key, and a ``delete_range`` reaching into a cached kind forgets everything.
+- Only the machine's apply thread uses it; the store has one writer, that apply.
+- Forgotten whenever the store may hold anything else: a restore (a snapshot install swaps the
+  store's contents), a write that failed (``StoreError``: nothing unwritten is kept).
+- Bounded: at most ``max_entries`` keys, the least recently used forgotten first; 0 disables it.
+  Decoded values are frozen dataclasses, shared safely with the apply's overlay.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar, cast
+
+from raftmq.storage.keys import DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_SWEEP
+from raftmq.storage.store import OP_DELETE_RANGE, OP_PUT, Batch, Store
+
+__all__ = ["DEFAULT_CACHE_ENTRIES", "StateCache"]
+
+DEFAULT_CACHE_ENTRIES = 4096
+"""Keys kept per queue group: every queue's bounds and the recent producers' states (about 1 KiB
+each with five remembered batches, 4 MiB per group when full)."""
+
+_T = TypeVar("_T")
+
+_KINDS: Final = frozenset((DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_SWEEP))
+"""The one-byte prefixes of the keys kept."""
+_KIND_RANGES: Final = tuple((p, bytes([p[0] + 1])) for p in sorted(_KINDS))
+_ABSENT: Final = object()  # the store holds nothing at the key
+_UNKNOWN: Final = object()  # not kept
+
+
+class StateCache:
+    """Decoded values of the store at the keys the apply reads again and again.
+
+    Args:
+        max_entries: The most keys kept (0: none, every read goes to the store).
+    """
+
+    def __init__(self, max_entries: int = DEFAULT_CACHE_ENTRIES) -> None:
+        if max_entries < 0:
+            raise ValueError("max_entries must be at least 0")
+        self._max_entries = max_entries
+        self._entries: OrderedDict[bytes, object] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def read(self, store: Store, key: bytes, decode: Callable[[bytes], _T]) -> _T | None:
+        """The store's value at ``key`` decoded by ``decode`` (None: no value), from the cache when
+        kept. ``key`` must be of a kept kind, and ``decode`` the same for a key every time."""
+        assert key[:1] in _KINDS, f"{key!r} is not of a kind the write-through keeps up to date"
+        value = self._entries.get(key, _UNKNOWN)
+        if value is _UNKNOWN:
+            data = store.get(key)
+            value = _ABSENT if data is None else decode(data)
+            self._keep(key, value)
+        else:
+            self._entries.move_to_end(key)
+        return None if value is _ABSENT else cast(_T, value)
+
+    def written(self, batch: Batch, encoded: Mapping[bytes, tuple[bytes, object]]) -> None:
+        """Bring the cache up to date with ``batch``, which the store has just written.
+
+        ``encoded`` maps a key to ``(bytes, value)`` for the puts whose bytes are ``value``'s
+        encoding; a put is kept only when it is those very bytes (the same object)."""
+        entries = self._entries
+        for op, key, value in batch.ops:
+            if op == OP_DELETE_RANGE:
+                if key < value and _reaches_kept_kind(key, value):
+                    entries.clear()
+                continue
+            if key[:1] not in _KINDS:
+                continue
+            known = encoded.get(key) if op == OP_PUT else None
+            if known is not None and known[0] is value:
+                self._keep(key, known[1])
+            else:
+                entries.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget everything (the store was replaced, or a write failed)."""
+        self._entries.clear()
+
+    def _keep(self, key: bytes, value: object) -> None:
+        entries = self._entries
+        entries[key] = value
+        entries.move_to_end(key)
+        if len(entries) > self._max_entries:
+            entries.popitem(last=False)
+
+
+def _reaches_kept_kind(start: bytes, end: bytes) -> bool:
+    return any(start < kind_end and end > kind for kind, kind_end in _KIND_RANGES)
