@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs.wire import CREDENTIALS_PATH, QUEUE_ROUTE
 from raftmq.cluster.base import errors
@@ -190,7 +190,7 @@ def auth_middleware(
         rule = None if canonical is None else rules.get((request.method, canonical))
         if rule is None:
             rule = route_rule(request.method, canonical, request.path)
-            if canonical is not None:
+            if canonical is not None and request.method in hdrs.METH_ALL:  # only the methods there are
                 rules[request.method, canonical] = rule
         if rule is SQS:  # before the peer key: only a SigV4 signature opens SQS (checked by its handler)
             return await handler(request)

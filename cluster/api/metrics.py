@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -462,6 +462,8 @@ class Metrics:
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         """Count one HTTP request and its latency (``route``: its route's pattern)."""
+        if method not in hdrs.METH_ALL:  # a client's own token (a pure-Python parser takes any)
+            method = "OTHER"
         key = (method, route, status)
         children = self._request_children.get(key)
         if children is None:

@@ -567,13 +567,16 @@ def defer_compaction(sync: Any, max_bytes: int, group: str = "") -> CompactionDe
     deferrals = CompactionDeferrals(group, max_bytes)
 
     def try_compaction_unless_a_follower_needs_a_snapshot() -> None:
-        over_cap = journal.size_bytes > max_bytes
-        behind = 0
-        if serializer._Serializer__pid == 0 and not over_cap and compaction_due(sync):
+        if serializer._Serializer__pid == 0 and journal.size_bytes <= max_bytes:
+            # Nothing serializing: pysyncobj's call does nothing unless a compaction is due, and
+            # one that falls due after this look (the time trigger, a forced one from another
+            # thread) must wait for the next tick's look at the followers, not run past it.
+            if not compaction_due(sync):
+                return
             behind = followers_behind_compaction(sync)
-        if behind:
-            deferrals.held(monotonic(), journal.size_bytes, behind)
-            return
+            if behind:
+                deferrals.held(monotonic(), journal.size_bytes, behind)
+                return
         if deferrals.deferring:
             deferrals.released(monotonic(), journal.size_bytes, leading=sync._isLeader())
         try_compaction()
