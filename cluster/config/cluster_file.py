@@ -177,6 +177,9 @@ class Limits:
     raft_auth_timeout_ms: int = 5_000
     raft_max_unauthenticated: int = 512
     raft_max_unauthenticated_per_source: int = 64
+    # Store values each queue group's apply keeps decoded between entries (cluster/machines/cache.py;
+    # about 0.8 KiB each when full of producer states, per group hosted; 0: off).
+    apply_cache_entries: int = 4096
 
 
 @dataclass(frozen=True)
@@ -434,6 +437,8 @@ def parse_config(
         problems.append("raft.max_follower_backlog_bytes must be from 65536 to 1073741824 (1 GiB)")
     if faults.checkpoint_send_chunk_delay_ms < 0:
         problems.append("faults.checkpoint_send_chunk_delay_ms must be at least 0")
+    if not 0 <= limits.apply_cache_entries <= 1_000_000:
+        problems.append("limits.apply_cache_entries must be from 0 (off) to 1000000")
     if not 100 <= timing.checkpoint_io_timeout_ms <= 3_600_000:
         problems.append("raft.checkpoint_io_timeout_ms must be from 100 to 3600000 (an hour)")
     if timing.election_min_ms >= timing.election_max_ms:

@@ -5,6 +5,8 @@ entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from raftmq.cluster.machines.cache import StateCache
 from raftmq.storage import keys
 from raftmq.storage.keys import GROUP_MAX_STEP_MS, GROUP_TIME, GroupTime, ProducerState, QueueMeta
@@ -148,12 +150,15 @@ class Apply:
     def finish(self) -> Batch:
         """The batch with the changed metas and producer states (and their idle-index keys) added,
         in first-change order."""
+        # Each value is kept for the cache as a read of its bytes gives it back, not as it was
+        # written: the two differ where a decoding normalises (a group time stamped 0 reads back
+        # stamped at its time), and a replica that reads the store must see the same.
         if self._time_changed and self._time is not None:
-            self._put(GROUP_TIME, self._time.encode(), self._time)
+            self._put(GROUP_TIME, self._time.encode(), GroupTime.decode)
         for (topic_id, queue), meta in self._changed_metas.items():
-            self._put(keys.meta_key(topic_id, queue), meta.encode(), meta)
+            self._put(keys.meta_key(topic_id, queue), meta.encode(), QueueMeta.decode)
         for key, state in self._changed_producers.items():
-            self._put(keys.producer_key(*key), state.encode(), state)
+            self._put(keys.producer_key(*key), state.encode(), ProducerState.decode)
             stored, now = self._stored_last_used[key], state.last_used_ms
             if now is not None and now != stored:
                 if stored is not None:
@@ -161,6 +166,6 @@ class Apply:
                 self.batch.put(keys.producer_idle_key(now, *key), b"")
         return self.batch
 
-    def _put(self, key: bytes, data: bytes, value: object) -> None:
+    def _put(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
         self.batch.put(key, data)
-        self.encoded[key] = (data, value)
+        self.encoded[key] = (data, decode(data))

@@ -74,7 +74,8 @@ class StateCache:
         """Bring the cache up to date with ``batch``, which the store has just written.
 
         ``encoded`` maps a key to ``(bytes, value)`` for the puts whose bytes are ``value``'s
-        encoding; a put is kept only when it is those very bytes (the same object)."""
+        encoding (``value`` as a read of those bytes decodes it); a put is kept only when it wrote
+        those bytes."""
         entries = self._entries
         for op, key, value in batch.ops:
             if op == OP_DELETE_RANGE:
@@ -84,7 +85,7 @@ class StateCache:
             if key[:1] not in _KINDS:
                 continue
             known = encoded.get(key) if op == OP_PUT else None
-            if known is not None and known[0] is value:
+            if known is not None and known[0] == value:
                 self._keep(key, known[1])
             else:
                 entries.pop(key, None)

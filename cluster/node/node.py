@@ -191,7 +191,9 @@ class Node:
             machine = MetadataMachine(store)
             machine.on_placement_changed = self._on_placement_changed
         else:
-            machine = QueueGroupMachine(store, int(name))
+            machine = QueueGroupMachine(
+                store, int(name), cache_entries=self.config.limits.apply_cache_entries
+            )
             machine.on_applied = functools.partial(self._on_applied, name, store)
             if store.blob_gc_under_way:  # cut short by a restart: goes on now, not at the next removal
                 self.compactor.freed(name, store, ((b"", b""),))

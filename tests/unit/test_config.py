@@ -196,3 +196,14 @@ def test_the_checkpoint_download_timeout_defaults_to_30_s_and_is_range_checked()
             parse_config(
                 {"cluster": {"secret": SECRET}, "raft": {"checkpoint_io_timeout_ms": bad}, "nodes": nodes(3)}
             )
+
+
+def test_the_apply_cache_size_defaults_to_4096_may_be_off_and_is_range_checked() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
+    assert c.limits.apply_cache_entries == 4096
+    c = parse_config({"cluster": {"secret": SECRET}, "limits": {"apply_cache_entries": 0}, "nodes": nodes(3)})
+    assert c.limits.apply_cache_entries == 0
+    with pytest.raises(ConfigError, match=r"limits\.apply_cache_entries must be from 0"):
+        parse_config(
+            {"cluster": {"secret": SECRET}, "limits": {"apply_cache_entries": 1_000_001}, "nodes": nodes(3)}
+        )

@@ -213,3 +213,39 @@ def test_a_read_of_a_kind_the_write_through_does_not_follow_is_refused() -> None
     the cache is a programming error, not a stale answer."""
     with pytest.raises(AssertionError):
         StateCache().read(MemoryStore(), keys.record_key(1, 0, 0), bytes)
+
+
+def test_a_group_time_stamped_0_is_kept_as_the_store_reads_it_back() -> None:
+    """A command stamped 0 (a leader whose clock reads the epoch) leaves the group's time where it
+    was, written with the stamp 0 that a read of the store turns into the time itself; the next
+    command's jump is then judged from that. The cache kept the value as written (stamp 0), so the
+    next stamp looked like a jump of 56 years and was clamped: different results and bytes from a
+    replica reading its store (a restart, a snapshot install)."""
+    log = [
+        commands.retain(T0, [], max_batches=1),
+        commands.retain(0, [], max_batches=1),
+        commands.retain(T0 + 1_000, [], max_batches=1, max_jump_ms=300_000),
+        append(T0 + 2_000, (1, 0, "p", 0, 2)),
+    ]
+    plain = MemoryStore()
+    expected = apply_log(plain, log, cache_entries=0)
+    cached = MemoryStore()
+    assert apply_log(cached, log, cache_entries=None) == expected
+    assert everything(cached) == everything(plain)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_value_kept_is_what_a_read_of_its_bytes_gives(seed: int) -> None:
+    """The write-through keeps, for each put, the value its bytes decode to: checked over a random
+    log, for every kept key after every entry, against a read of the store."""
+    store = MemoryStore()
+    machine = QueueGroupMachine(store, 1, max_entry_messages=10)
+    decoders = {b"T": keys.GroupTime.decode, b"Q": QueueMeta.decode, b"P": keys.ProducerState.decode}
+    for index, command in enumerate(appends_log(random.Random(seed), 150), start=1):
+        machine.apply(index, command)
+        for key, value in machine._cache._entries.items():
+            data = store.get(key)
+            decode = decoders.get(key[:1])
+            if data is None or decode is None:
+                continue
+            assert decode(data) == value, (key, value)
