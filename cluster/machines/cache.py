@@ -7,8 +7,9 @@ Invariants (tests/unit/test_state_cache.py, test_determinism.py):
 
 - NEVER ANSWERS DIFFERENTLY FROM THE STORE. An entry is what the store holds at its key (decoded,
   or its absence) as of the last write. Reads fill it from the store; a written batch updates it
-  (:meth:`StateCache.written`) op by op, in the batch's order: a put of bytes the apply encoded from
-  an object (``Apply.finish``) keeps that object, any other put or delete of a cached kind of key
+  (:meth:`StateCache.written`) op by op, in the batch's order: a put of bytes the apply encoded
+  (``Apply.finish``) keeps what a read of those bytes decodes to (not the object encoded: a decoding
+  may normalise, as a group time stamped 0 does), any other put or delete of a cached kind of key
   forgets the key, and a ``delete_range`` reaching into a cached kind forgets everything.
 - Only the machine's apply thread uses it; the store has one writer, that apply.
 - Forgotten whenever the store may hold anything else: a restore (a snapshot install swaps the
