@@ -93,6 +93,15 @@ def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
     safe_extract_stream(tar, dest)
 
 
+def _read_to_the_end(resp: Any) -> None:
+    """Read what follows an archive's end in a download (the last record's padding, at most one
+    record) and the chunked body's end: a sender's last bytes are taken, not cut off by a close, and
+    a body cut short fails here (``IncompleteRead``) if the archive's own end did not show it."""
+    left = resp.read(tarfile.RECORDSIZE + 1)
+    if len(left) > tarfile.RECORDSIZE or resp.read(1):
+        raise ValueError("bytes after the checkpoint archive's end")
+
+
 class Checkpoints:
     """Checkpoints of this node's replicas (see the module docstring)."""
 
@@ -168,11 +177,10 @@ class Checkpoints:
                 # Extracted as it arrives (no archive on this disk). A download cut short fails the
                 # read (the chunked body lacks its end); and ``meta.json`` is the archive's last
                 # member, so an archive cut before it fails the check below too.
-                with (
-                    opener.open(request, timeout=timeout_s) as resp,
-                    tarfile.open(fileobj=resp, mode="r|") as tar,
-                ):
-                    _safe_extract(tar, dest)
+                with opener.open(request, timeout=timeout_s) as resp:
+                    with tarfile.open(fileobj=resp, mode="r|") as tar:
+                        _safe_extract(tar, dest)
+                    _read_to_the_end(resp)
                 index = _check_checkpoint(name, dest, need)
                 # Written to disk here, so the restore on the group's tick thread finds nothing dirty.
                 fsync_tree(os.path.join(dest, "checkpoint"))

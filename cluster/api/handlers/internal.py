@@ -45,9 +45,10 @@ async def send_checkpoint(
 ) -> web.StreamResponse:
     """Send ``stream``'s archive as it is made (chunked: no length, so its first bytes leave at once
     however large the state; a download cut short lacks the chunked body's end and fails), then
-    close it. A receiver that takes no bytes for ``timeout_s`` is dropped. A failure once the
-    answer has begun drops the connection (:class:`ResponseAborted`); the checkpoint is deleted
-    in every case, once no thread reads it."""
+    close it. A receiver that goes away, or takes no bytes for ``timeout_s`` (then dropped), ends
+    the transfer quietly (aiohttp closes the connection). Any other failure once the answer has
+    begun drops the connection (:class:`ResponseAborted`): no error answer can follow a body's first
+    bytes. The checkpoint is deleted in every case, once no thread reads it."""
     loop = asyncio.get_running_loop()
     chunks = stream.chunks()
     reading: asyncio.Future[bytes | None] | None = None
@@ -56,8 +57,8 @@ async def send_checkpoint(
         chunks.close()
         stream.close()
 
+    response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
     try:
-        response = web.StreamResponse(headers={"Content-Type": "application/x-tar"})
         await response.prepare(request)
         while True:
             reading = loop.run_in_executor(None, next, chunks, None)
@@ -68,6 +69,11 @@ async def send_checkpoint(
             async with asyncio.timeout(timeout_s):
                 await response.write(chunk)
         await response.write_eof()
+        return response
+    except (ConnectionError, TimeoutError) as e:  # the receiver went away, or stopped reading
+        log.warning("checkpoint_send_aborted", group=name, error=repr(e))
+        if request.transport is not None:
+            request.transport.abort()  # no end of the body can follow: aiohttp's own is refused
         return response
     except Exception as e:
         log.warning("checkpoint_send_aborted", group=name, error=repr(e))
