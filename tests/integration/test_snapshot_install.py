@@ -143,13 +143,17 @@ PAUSE_TOML = (
 HELD_BYTES = 8 << 20  # more than the sockets' buffers take (4 MiB to send, the receiver's 128 KiB)
 
 
-def _snapshot_installs(c: Cluster, nid: str) -> float:
-    metrics = c.get("/metrics", nid).text
+def _group0_total(c: Cluster, nid: str, metric: str) -> float:
+    """``nid``'s counter ``metric`` (its ``_total`` series) for group 0."""
     return sum(
         float(ln.rsplit(" ", 1)[1])
-        for ln in metrics.splitlines()
-        if ln.startswith("raftmq_raft_snapshot_installs_total{") and 'group_id="0"' in ln
+        for ln in c.get("/metrics", nid).text.splitlines()
+        if ln.startswith(f"{metric}_total{{") and 'group_id="0"' in ln
     )
+
+
+def _snapshot_installs(c: Cluster, nid: str) -> float:
+    return _group0_total(c, nid, "raftmq_raft_snapshot_installs")
 
 
 def _produce_kib(
@@ -198,13 +202,7 @@ def test_a_follower_held_behind_a_due_compaction_gets_the_entries_not_a_snapshot
 
 
 def _deferrals(c: Cluster, nid: str) -> float:
-    """``nid``'s ``raftmq_raft_compaction_deferrals_total`` for group 0."""
-    metrics = c.get("/metrics", nid).text
-    return sum(
-        float(ln.rsplit(" ", 1)[1])
-        for ln in metrics.splitlines()
-        if ln.startswith("raftmq_raft_compaction_deferrals_total{") and 'group_id="0"' in ln
-    )
+    return _group0_total(c, nid, "raftmq_raft_compaction_deferrals")
 
 
 def _logged(c: Cluster, nid: str, event: str) -> list[str]:

@@ -75,17 +75,25 @@ def test_a_file_that_changes_size_while_archived_fails_the_archive(tmp_path: Pat
         list(chunks)
 
 
-def test_a_checkpoint_sent_as_a_stream_passes_the_install_checks(tmp_path: Path) -> None:
+def _checkpoint(tmp_path: Path, applied: int, keys: int, value_bytes: int) -> str:
+    """A checkpoint of a real store applied to ``applied``, and its ``meta.json``, as
+    ``Checkpoints.open_stream`` leaves them for the archive."""
     store = RocksStore.open(str(tmp_path / "state"))
     batch = Batch()
-    batch.put(APPLIED, encode_u64(77))
-    for i in range(2000):
-        batch.put(b"k%06d" % i, os.urandom(100))
+    batch.put(APPLIED, encode_u64(applied))
+    for i in range(keys):
+        batch.put(b"k%06d" % i, os.urandom(value_bytes))
     store.write(batch, sync=True)
     ckpt = str(tmp_path / "tmp" / "ckpt-0-1")
     store.checkpoint(ckpt)
     store.close()
-    Path(ckpt + ".json").write_bytes(orjson.dumps({"group": "0", "node_id": "n1", "applied_index": 77}))
+    meta = {"group": "0", "node_id": "n1", "applied_index": applied}
+    Path(ckpt + ".json").write_bytes(orjson.dumps(meta))
+    return ckpt
+
+
+def test_a_checkpoint_sent_as_a_stream_passes_the_install_checks(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, applied=77, keys=2000, value_bytes=100)
     stream = checkpoints.CheckpointStream(ckpt)
     try:
         archive = b"".join(stream.chunks())
@@ -106,16 +114,7 @@ def test_an_archive_cut_short_never_passes_as_a_checkpoint(tmp_path: Path, keep:
     """A download that ends early (a peer that died mid-send) is read as a stream: either the read
     fails and nothing stays extracted, or what was extracted lacks ``meta.json`` (the archive's last
     member) and the install's check refuses it."""
-    store = RocksStore.open(str(tmp_path / "state"))
-    batch = Batch()
-    batch.put(APPLIED, encode_u64(5))
-    for i in range(500):
-        batch.put(b"k%06d" % i, os.urandom(200))
-    store.write(batch, sync=True)
-    ckpt = str(tmp_path / "ckpt")
-    store.checkpoint(ckpt)
-    store.close()
-    Path(ckpt + ".json").write_bytes(orjson.dumps({"group": "0", "node_id": "n1", "applied_index": 5}))
+    ckpt = _checkpoint(tmp_path, applied=5, keys=500, value_bytes=200)
     archive = b"".join(checkpoints.CheckpointStream(ckpt).chunks())
     if keep == "before-meta":  # every file of the checkpoint whole, the last member missing
         with tarfile.open(fileobj=io.BytesIO(archive)) as whole:
