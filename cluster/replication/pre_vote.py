@@ -27,6 +27,8 @@ Invariants:
   messages unanswered and the voters refuse pre-votes while they hear that leader, so only a
   vote request carries its term to the group.
 - A leadership transfer (``timeout_now``) and a lone voter campaign at once, as before.
+- A round's answers count only while its term is above this replica's: once it reached that term
+  otherwise (it voted for a candidate that asked at the same moment), they are stale.
 
 Tick thread only: pysyncobj's ticks and message handlers run there.
 """
@@ -117,6 +119,11 @@ class PreVote:
         """A voter's ``pre_vote_response`` (the caller checked it comes from a voter)."""
         self._capable.add(voter)
         if self._round_term is None or message.get("term") != self._round_term or self._won_term is not None:
+            return
+        if self._round_term <= int(self._sync.raftCurrentTerm):
+            # Stale: this replica reached the round's term otherwise (it voted for another
+            # candidate, or heard a leader of it). Counted, it cut short the timer that vote
+            # started and asked for the next term while the new leader was still unheard.
             return
         self._answered.add(voter)
         if message.get("granted") is True:

@@ -282,3 +282,28 @@ def test_a_voter_seen_answering_that_falls_silent_lets_no_election_start(
     sync.doTick(0)
     assert sync.raftCurrentTerm == 0 and not _sent(sync, "request_vote")
     assert pre_vote.rounds == 3 and pre_vote.campaigns_unanswered == 0
+
+
+def test_a_grant_for_a_round_whose_term_the_replica_reached_otherwise_starts_nothing(
+    replica: tuple[SyncObj, PreVote],
+) -> None:
+    """Two followers time out together and both ask; the other one campaigns first and this one
+    votes for it (its term reaches the round's, its election timer starts again). A grant of its
+    own round arriving after that is stale: it neither cuts the new timer short nor asks again for
+    the next term. It did, and the third voter, which had just voted and not heard the new leader
+    yet, granted that: the new leader was deposed within a millisecond of winning (CI's failure of
+    test_raft_shared_bodies, and 1 start in 40 under load)."""
+    sync, pre_vote = replica
+    sync._SyncObj__raftElectionDeadline = 0
+    sync.doTick(0)
+    assert pre_vote.rounds == 1 and {m["term"] for _, m in _sent(sync, "pre_vote")} == {1}
+    index, term = sync._SyncObj__getCurrentLogIndex(), sync._SyncObj__getCurrentLogTerm()
+    vote_request = {"type": "request_vote", "term": 1, "last_log_index": index, "last_log_term": term}
+    sync._SyncObj__onMessageReceived(TCPNode(PEERS[1]), vote_request)
+    assert sync.raftCurrentTerm == 1 and _sent(sync, "response_vote")  # it voted for the other one
+    timer = sync._SyncObj__raftElectionDeadline
+    pre_vote.on_response(PEERS[0], {"type": "pre_vote_response", "term": 1, "granted": True})
+    sync.doTick(0)
+    assert sync._SyncObj__raftElectionDeadline == timer  # the vote's timer runs on
+    assert pre_vote.rounds == 1 and {m["term"] for _, m in _sent(sync, "pre_vote")} == {1}
+    assert sync.raftCurrentTerm == 1 and not _sent(sync, "request_vote")
