@@ -79,11 +79,11 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> 
 
 
 def settled_leader(groups: Sequence[RaftGroup], timeout: float = 10.0) -> RaftGroup:
-    """The replica that leads once every one of ``groups`` follows it and hears it. Just after an
-    election a replica that has not heard the winner yet still grants pre-votes, and a follower
-    that asks then deposes the new leader (with fast_settings and three replicas under load, 37
-    starts in 100 saw a second leader within 0.1 s of the first; 1 in 80 once all followed it):
-    a test that picks the leader and reads later what only a leader holds picks this one."""
+    """The replica that leads once every one of ``groups`` follows it and hears it. Until a
+    replica has heard the winner of an election it still grants pre-votes, so a follower slowed
+    just then (a long tick under load) can depose the new leader: a test that picks the leader
+    and later reads what only a leader holds picks it here. (While pre-vote read the wrong clock,
+    37 starts in 100 with fast_settings had a second leader within 0.6 s; 1 in 80 after this.)"""
 
     def settled() -> RaftGroup | None:
         leader = next((g for g in groups if g.is_leader()), None)
