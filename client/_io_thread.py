@@ -52,7 +52,9 @@ class LoopThread:
 
     @property
     def in_loop(self) -> bool:
-        return threading.get_ident() == self._thread.ident
+        # The thread object, not its identifier: a thread started after this one ended may get
+        # the same identifier from the OS.
+        return threading.current_thread() is self._thread
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` in the loop and wait for its result (from any other thread)."""

@@ -27,6 +27,8 @@ Invariants:
   messages unanswered and the voters refuse pre-votes while they hear that leader, so only a
   vote request carries its term to the group.
 - A leadership transfer (``timeout_now``) and a lone voter campaign at once, as before.
+- A round's answers count only while its term is above this replica's: once it reached that term
+  otherwise (it voted for a candidate that asked at the same moment), they are stale.
 
 Tick thread only: pysyncobj's ticks and message handlers run there.
 """
@@ -34,7 +36,7 @@ Tick thread only: pysyncobj's ticks and message handlers run there.
 from __future__ import annotations
 
 import math
-from time import monotonic  # pysyncobj's clock (pysyncobj.monotonic is this on Python 3)
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["PRE_VOTE_MESSAGES", "PreVote", "install_pre_vote"]
@@ -45,10 +47,12 @@ PRE_VOTE_MESSAGES = frozenset({"pre_vote", "pre_vote_response"})  # handled here
 class PreVote:
     """The pre-vote state of one replica (its ``SyncObj`` is ``sync``)."""
 
-    def __init__(self, sync: Any, lease_s: float) -> None:
+    def __init__(self, sync: Any, lease_s: float, clock: Callable[[], float]) -> None:
         self._sync = sync
         self.lease_s = lease_s
-        self.heard_leader_at = -math.inf  # monotonic time of the last append_entries of a leader
+        # pysyncobj's clock, the one its deadlines are on (pso.py passes it; not time.monotonic)
+        self._clock = clock
+        self.heard_leader_at = -math.inf  # when the last append_entries of a leader came (clock)
         self._round_term: int | None = None  # the term the last round asked about
         self._answered: set[str] = set()  # voters (and self) that answered that round
         self._granted: set[str] = set()  # voters (and self) that granted it
@@ -69,7 +73,7 @@ class PreVote:
         """At the start of every tick, before pysyncobj's own election check: a due election waits
         for a majority's grants (the round pushes the deadline on)."""
         sync = self._sync
-        if sync._isLeader() or sync._SyncObj__raftElectionDeadline >= monotonic():
+        if sync._isLeader() or sync._SyncObj__raftElectionDeadline >= self._clock():
             return
         if sync._SyncObj__transferInProgress or not sync._SyncObj__otherNodes or sync.selfNode is None:
             return  # a transfer or a lone voter: pysyncobj campaigns at once (a non-voter never)
@@ -103,7 +107,7 @@ class PreVote:
         self._answered, self._granted, self._behind = {me}, {me}, set()
         self.asking = True
         self.rounds += 1
-        sync._SyncObj__raftElectionDeadline = monotonic() + sync._SyncObj__generateRaftTimeout()
+        sync._SyncObj__raftElectionDeadline = self._clock() + sync._SyncObj__generateRaftTimeout()
         message = {
             "type": "pre_vote",
             "term": term,
@@ -117,6 +121,11 @@ class PreVote:
         """A voter's ``pre_vote_response`` (the caller checked it comes from a voter)."""
         self._capable.add(voter)
         if self._round_term is None or message.get("term") != self._round_term or self._won_term is not None:
+            return
+        if self._round_term <= int(self._sync.raftCurrentTerm):
+            # Stale: this replica reached the round's term otherwise (it voted for another
+            # candidate, or heard a leader of it). Counted, it cut short the timer that vote
+            # started and asked for the next term while the new leader was still unheard.
             return
         self._answered.add(voter)
         if message.get("granted") is True:
@@ -140,7 +149,7 @@ class PreVote:
     def heard_leader(self) -> None:
         """An append_entries of a leader at this replica's term or later arrived: a grant from an
         earlier round no longer counts, and this replica refuses pre-votes for ``lease_s``."""
-        self.heard_leader_at = monotonic()
+        self.heard_leader_at = self._clock()
         self._won_term = None
         self.asking = False
 
@@ -156,7 +165,7 @@ class PreVote:
             and (last_term, index)
             >= (sync._SyncObj__getCurrentLogTerm(), sync._SyncObj__getCurrentLogIndex())
             and not sync._isLeader()
-            and monotonic() - self.heard_leader_at >= self.lease_s
+            and self._clock() - self.heard_leader_at >= self.lease_s
         )
         return {
             "type": "pre_vote_response",
@@ -166,11 +175,12 @@ class PreVote:
         }
 
 
-def install_pre_vote(sync: Any, lease_s: float) -> PreVote:
+def install_pre_vote(sync: Any, lease_s: float, clock: Callable[[], float]) -> PreVote:
     """Put pre-vote in front of ``sync``'s elections: its tick (an instance attribute: pysyncobj's
     tick thread and ``doTick`` look ``_onTick`` up on the object) asks first, and
-    ``FlushingTransport`` hands it the pre-vote messages (``sync.raftmq_pre_vote``)."""
-    pre_vote = PreVote(sync, lease_s)
+    ``FlushingTransport`` hands it the pre-vote messages (``sync.raftmq_pre_vote``). ``clock``:
+    pysyncobj's, which its election deadline is on (pso.py's ``monotonic``; not ``time.monotonic``)."""
+    pre_vote = PreVote(sync, lease_s, clock)
     tick = sync._onTick
 
     def on_tick(timeToWait: float = 0.0) -> None:

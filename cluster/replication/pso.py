@@ -519,7 +519,7 @@ def install_tick_seams(
     # Half the minimum election timeout: a follower that heard its leader that recently (several
     # heartbeats) refuses; one asked by a follower whose timer ran out because the leader died heard
     # it about as long ago as the asker, at least the minimum timeout, and grants.
-    pre_vote = install_pre_vote(sync, settings.election_min_s / 2)
+    pre_vote = install_pre_vote(sync, settings.election_min_s / 2, monotonic)
     if not settings.prompt_commit_notice:
         hold_commit_notices(sync)
     backlog = bound_follower_backlog(sync, settings.max_follower_backlog_bytes, CONNECTION_STATE.CONNECTED)

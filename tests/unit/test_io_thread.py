@@ -66,3 +66,25 @@ def test_two_threads_closing_a_client_at_once_both_return() -> None:
             t.join(5)
         assert not any(t.is_alive() for t in closers), f"attempt {attempt}: a close never returned"
         assert failures == [], f"attempt {attempt}: {failures!r}"
+
+
+def test_a_call_from_a_thread_started_after_the_io_thread_ended_is_refused_as_closed() -> None:
+    """A thread started once the I/O thread has ended often gets its identifier (the OS reuses it:
+    40 times in 50 here). Such a call was refused as one from the I/O thread itself (a
+    RuntimeError meant for a delivery callback), not as a call on a closed client; so was, once
+    under load, the second of two closes at once (the test above) started after the first ended."""
+    for attempt in range(20):
+        io = LoopThread(f"ended-{attempt}")
+        io.stop()
+        errors: list[BaseException] = []
+
+        def call(io: LoopThread = io, errors: list[BaseException] = errors) -> None:
+            try:
+                io.run(asyncio.sleep(0))
+            except BaseException as error:
+                errors.append(error)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        caller.join(5)
+        assert [type(e) for e in errors] == [ClientClosed], f"attempt {attempt}: {errors!r}"

@@ -23,7 +23,7 @@ import pysyncobj.pickle as pso_pickle
 import pytest
 from pysyncobj import FAIL_REASON
 from pysyncobj.transport import TCPTransport
-from raft_doubles import Machine, fast_settings, free_port, wait_for
+from raft_doubles import Machine, fast_settings, free_port, settled_leader, wait_for
 
 from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.replication import raft
@@ -340,7 +340,7 @@ def three_groups(tmp_path: Path) -> Iterator[Callable[..., list[RaftGroup]]]:
                     settings=settings or fast_settings(),
                 )
             )
-        wait_for(lambda: any(g.is_leader() for g in groups), "a leader")
+        settled_leader(groups)
         return list(groups)
 
     yield start

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from raft_doubles import Machine, free_port, wait_for
+from raft_doubles import Machine, free_port, settled_leader, wait_for
 
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
@@ -57,7 +57,7 @@ def groups(tmp_path: Path) -> Iterator[Callable[[int, RaftSettings], list[RaftGr
                     settings=settings,
                 )
             )
-        wait_for(lambda: any(g.is_leader() for g in started), "a leader")
+        settled_leader(started)
         return list(started)
 
     yield start

@@ -24,7 +24,7 @@ import pytest
 import structlog
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
-from raft_doubles import Machine, submit_all
+from raft_doubles import Machine, settled_leader, submit_all
 
 from raftmq.cluster.replication import wire
 from raftmq.cluster.replication.pso import CONNECT_CHECK_S, FlushingTransport, RaftConnection
@@ -468,7 +468,7 @@ def test_two_groups_replicate_large_and_small_entries_over_raft_connections(
 ) -> None:
     groups, machines = two_groups
     assert all(isinstance(g._sync._SyncObj__transport, FlushingTransport) for g in groups)
-    leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
+    leader = settled_leader(groups)
     commands = [os.urandom(100 * 1024) for _ in range(20)] + [os.urandom(1024) for _ in range(500)]
     outcomes = submit_all(leader, commands)
     assert all(o.error is None for o in outcomes)
@@ -483,7 +483,7 @@ def test_a_node_with_the_wrong_key_gets_its_connection_closed_and_applies_nothin
     two_groups: tuple[list[RaftGroup], list[Machine]],
 ) -> None:
     groups, machines = two_groups
-    leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
+    leader = settled_leader(groups)
     submit_all(leader, [b"before"])
     wait_for(lambda: all(b"before" in m.commands() for m in machines), "both replicas")
     applied = [list(m.applied) for m in machines]
@@ -519,7 +519,7 @@ def test_a_tick_looks_at_the_peers_connections_at_most_every_connect_check_perio
     """pysyncobj's transport looked at every peer's connection (to bind, connect, retry) on every
     tick, several per entry on a busy leader; it now looks every CONNECT_CHECK_S."""
     groups, _ = two_groups
-    leader = wait_for(lambda: next((g for g in groups if g.is_leader()), None), "a leader")
+    leader = settled_leader(groups)
     transport = leader._sync._SyncObj__transport
     looks: list[float] = []
     ticks: list[float] = []
