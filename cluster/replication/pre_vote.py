@@ -147,10 +147,12 @@ class PreVote:
     # -- every replica ------------------------------------------------------------------------------
 
     def heard_leader(self) -> None:
-        """An append_entries of a leader at this replica's term or later arrived: a grant from an
-        earlier round no longer counts, and this replica refuses pre-votes for ``lease_s``."""
+        """An append_entries of a leader at this replica's term or later arrived: the round under
+        way ends (a grant of it arriving later, asked while the leader's message sat unread, would
+        depose the leader this replica hears), one already won no longer counts, and this replica
+        refuses pre-votes for ``lease_s``."""
         self.heard_leader_at = self._clock()
-        self._won_term = None
+        self._round_term = self._won_term = None
         self.asking = False
 
     def answer(self, message: dict[str, Any]) -> dict[str, Any]:

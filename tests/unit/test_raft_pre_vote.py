@@ -162,9 +162,11 @@ def test_followers_that_hear_their_leader_ask_nothing_whatever_clock_pysyncobj_k
             monkeypatch.setattr(module, name, behind)
     groups = three_groups()
     leader = settled_leader(groups)
-    rounds = [g.pre_vote.rounds for g in groups]
+    rounds = sum(g.pre_vote.rounds for g in groups)
     time.sleep(1.0)  # some 30 heartbeats, each of which pushes a follower's deadline on
-    assert [g.pre_vote.rounds for g in groups] == rounds
+    # None, or one or two where the machine stalled a tick thread past a timeout (0.3 s): on the
+    # wrong clock a follower asks at every tick, rounds without end.
+    assert sum(g.pre_vote.rounds for g in groups) - rounds <= 2
     assert leader.is_leader() and all(g.leader() == leader.self_addr for g in groups)
 
 
@@ -332,3 +334,27 @@ def test_a_grant_for_a_round_whose_term_the_replica_reached_otherwise_starts_not
     assert sync._SyncObj__raftElectionDeadline == timer  # the vote's timer runs on
     assert pre_vote.rounds == 1 and {m["term"] for _, m in _sent(sync, "pre_vote")} == {1}
     assert sync.raftCurrentTerm == 1 and not _sent(sync, "request_vote")
+
+
+def test_a_grant_arriving_after_the_leader_was_heard_starts_nothing(replica: tuple[SyncObj, PreVote]) -> None:
+    """A follower's deadline passed while its leader's heartbeat sat unread: the tick asks (it looks
+    at the deadline before it reads the socket), then reads the heartbeat. A grant of that round
+    arriving afterwards (from a voter that has not heard the leader yet, as just after an election)
+    is stale: counted, it made this replica campaign and depose the leader it hears."""
+    sync, pre_vote = replica
+    leader = TCPNode(PEERS[0])
+    heartbeat = {"type": "append_entries", "term": 1, "commit_index": sync._SyncObj__raftCommitIndex}
+    pre_vote.heard_leader()
+    sync._SyncObj__onMessageReceived(leader, heartbeat)
+    assert sync.raftCurrentTerm == 1 and sync._SyncObj__raftLeader == leader
+    sync._SyncObj__raftElectionDeadline = 0
+    sync.doTick(0)
+    assert pre_vote.rounds == 1 and {m["term"] for _, m in _sent(sync, "pre_vote")} == {2}
+    pre_vote.heard_leader()  # the heartbeat that sat unread
+    sync._SyncObj__onMessageReceived(leader, heartbeat)
+    timer = sync._SyncObj__raftElectionDeadline
+    pre_vote.on_response(PEERS[1], {"type": "pre_vote_response", "term": 2, "granted": True})
+    sync.doTick(0)
+    assert sync._SyncObj__raftElectionDeadline == timer  # the leader's timer runs on
+    assert sync.raftCurrentTerm == 1 and not _sent(sync, "request_vote")
+    assert sync._SyncObj__raftLeader == leader
