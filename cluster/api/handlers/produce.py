@@ -96,45 +96,35 @@ class ProduceHandlers(ApiCore):
         max_bytes = topic.max_message_bytes or self.limits.max_message_bytes
         now = now_ms()
         req = parse_produce(parse_json(await request.read()), self.limits, max_bytes, now)
-        sticky = next(self._sticky) % topic.queues
+        n_queues = topic.queues
+        sticky = next(self._sticky) % n_queues
         # per message: (queue, position among the batch's undelayed messages, or its due time)
         placed: list[tuple[int, int | None, int | None]] = []
         undelayed: dict[int, int] = defaultdict(int)
         # One record batch per queue (format v2, docs/format.md), proposed as binary as the binary
         # path's: the replicas then check and store it without a Python step per message.
         batches: dict[int, rb.BatchBuilder] = {}
-        for i, m in enumerate(req.messages):
-            if m.queue is not None:
-                if m.queue >= topic.queues:
-                    raise ApiError(
-                        errors.QUEUE_NOT_FOUND,
-                        f"messages[{i}].queue {m.queue}: topic has {topic.queues} queues",
-                    )
-                q = m.queue
-            elif m.key is not None:
-                q = key_queue(m.key, topic.queues)
-            else:
-                q = sticky  # unkeyed messages of one request stay together: one entry, one batch
+        for i, (value, key, q, _, headers, deliver_at_ms, ttl_ms) in enumerate(req.messages):
+            if q is None:
+                # unkeyed messages of one request stay together: one entry, one batch
+                q = sticky if key is None else key_queue(key, n_queues)
+            elif q >= n_queues:
+                message = f"messages[{i}].queue {q}: topic has {n_queues} queues"
+                raise ApiError(errors.QUEUE_NOT_FOUND, message)
             batch = batches.get(q)
             if batch is None:
                 batch = batches[q] = rb.BatchBuilder(
                     req.producer_id, req.sequence or 0, base_timestamp_ms=now, timestamps=False
                 )
-            if m.deliver_at_ms is None:
+            if deliver_at_ms is None:
                 placed.append((q, undelayed[q], None))
                 undelayed[q] += 1
+                batch.append(value, key, headers, ttl_ms=ttl_ms)
             else:
-                placed.append((q, None, m.deliver_at_ms))
-            body = m.body
-            batch.append(
-                body["value"] if m.data is None else m.data,
-                m.key,
-                body.get("headers"),
+                placed.append((q, None, deliver_at_ms))
                 # A due time is in the future (parse_produce); as a delay it counts from the
                 # leader's append time, a few ms later at most: never earlier than asked.
-                delay_ms=0 if m.deliver_at_ms is None else m.deliver_at_ms - now,
-                ttl_ms=body.get("ttl_ms", 0),
-            )
+                batch.append(value, key, headers, delay_ms=deliver_at_ms - now, ttl_ms=ttl_ms)
         queues = list(batches)
         outcome = await self._append(topic, [(topic.id, q, batches[q].finish()) for q in queues])
         by_queue = dict(zip(queues, outcome, strict=True))
