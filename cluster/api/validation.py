@@ -64,12 +64,13 @@ def _check_fields(obj: dict[str, Any], allowed: set[str] | frozenset[str], where
 
 
 class ProduceMessage(NamedTuple):  # a tuple: built per produced message, so cheap to make
-    body: dict[str, Any]  # the message as carried in the produce command
+    value: str | bytes  # a text value, or the bytes of value_b64 (decoded once, here)
     key: str | None
     queue: int | None
     size: int  # bytes counted against max_message_bytes
-    deliver_at_ms: int | None = None  # a delayed message: when it is due (also in ``body``)
-    data: bytes | None = None  # the value's bytes when given as value_b64 (decoded once, here)
+    headers: dict[str, str] | None = None  # None when absent or empty
+    deliver_at_ms: int | None = None  # a delayed message: when it is due (in the future)
+    ttl_ms: int = 0  # 0: no TTL
 
 
 @dataclass(frozen=True)
@@ -106,14 +107,45 @@ def parse_produce(body: Any, limits: Limits, max_message_bytes: int, now_ms: int
         raise bad("'sequence' must be a non-negative integer")
     if (producer_id is None) != (sequence is None):
         raise bad("'producer_id' and 'sequence' go together")
-    messages = [_parse_message(m, i, max_message_bytes, limits, now_ms) for i, m in enumerate(raw)]
-    return ProduceRequest(messages, producer_id, sequence)
+    return ProduceRequest(_parse_messages(raw, max_message_bytes, limits, now_ms), producer_id, sequence)
 
 
 _MESSAGE_FIELDS = frozenset(
     {"value", "value_b64", "key", "headers", "queue", "delay_ms", "deliver_at_ms", "ttl_ms"}
 )
 _TIMING_FIELDS = frozenset({"delay_ms", "deliver_at_ms", "ttl_ms"})
+_PLAIN_FIELDS = frozenset({"value", "key", "queue"})
+
+
+def _parse_messages(
+    raw: list[Any], max_message_bytes: int, limits: Limits, now_ms: int
+) -> list[ProduceMessage]:
+    """Every message of a produce body checked, in order: a plain one (a text value, maybe a key
+    and a queue, nothing else) in one pass of a few type checks, any other by
+    :func:`_parse_message`, which checks it field by field and names its first problem.
+
+    Invariant: the plain path only accepts, and only what :func:`_parse_message` accepts, with
+    the same :class:`ProduceMessage`; anything in doubt (text that is not ASCII, whose UTF-8
+    length needs an encode; a wrong type; a size near a limit) goes the long way, which decides.
+    ``str.isascii`` reads a flag CPython keeps, and an ASCII string's length is its UTF-8 length
+    (tests/unit/test_parse_produce.py compares the two paths)."""
+    out: list[ProduceMessage] = []
+    append = out.append
+    for i, m in enumerate(raw):
+        if type(m) is dict and m.keys() <= _PLAIN_FIELDS:
+            value, key, queue = m.get("value"), m.get("key"), m.get("queue")
+            if (
+                type(value) is str
+                and value.isascii()
+                and (queue is None or (type(queue) is int and queue >= 0))
+                and (key is None or (type(key) is str and key.isascii() and len(key) <= MAX_KEY_BYTES))
+            ):
+                size = len(value) if key is None else len(value) + len(key)
+                if size <= max_message_bytes:
+                    append(ProduceMessage(value, key, queue, size))
+                    continue
+        append(_parse_message(m, i, max_message_bytes, limits, now_ms))
+    return out
 
 
 def _present_int(raw: dict[str, Any], name: str, lo: int, hi: int, where: str) -> int | None:
@@ -126,21 +158,20 @@ def _present_int(raw: dict[str, Any], name: str, lo: int, hi: int, where: str) -
     return int(value)
 
 
-def _timing(raw: dict[str, Any], where: str, limits: Limits, now_ms: int) -> dict[str, int]:
-    """The command fields for ``delay_ms`` / ``deliver_at_ms`` / ``ttl_ms`` (none when absent)."""
+def _timing(raw: dict[str, Any], where: str, limits: Limits, now_ms: int) -> tuple[int | None, int]:
+    """``deliver_at_ms`` (None: not delayed) and ``ttl_ms`` (0: none) from ``delay_ms`` /
+    ``deliver_at_ms`` / ``ttl_ms``."""
     if "delay_ms" in raw and "deliver_at_ms" in raw:
         raise bad(f"{where}: give delay_ms or deliver_at_ms, not both")
-    out: dict[str, int] = {}
+    deliver_at_ms: int | None = None
     delay = _present_int(raw, "delay_ms", 0, limits.max_delay_ms, where)
     if delay:
-        out["deliver_at_ms"] = now_ms + delay
+        deliver_at_ms = now_ms + delay
     at = _present_int(raw, "deliver_at_ms", 0, now_ms + limits.max_delay_ms, where)
     if at is not None and at > now_ms:  # a due time in the past delivers at once
-        out["deliver_at_ms"] = at
+        deliver_at_ms = at
     ttl = _present_int(raw, "ttl_ms", 1, limits.max_ttl_ms, where)
-    if ttl is not None:
-        out["ttl_ms"] = ttl
-    return out
+    return deliver_at_ms, ttl or 0
 
 
 def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now_ms: int) -> ProduceMessage:
@@ -150,8 +181,10 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
     fields = raw.keys()
     if not fields <= _MESSAGE_FIELDS:
         _check_fields(raw, _MESSAGE_FIELDS, where)
-    body: dict[str, Any] = {} if fields.isdisjoint(_TIMING_FIELDS) else _timing(raw, where, limits, now_ms)
-    data: bytes | None = None
+    deliver_at_ms, ttl_ms = (None, 0)
+    if not fields.isdisjoint(_TIMING_FIELDS):
+        deliver_at_ms, ttl_ms = _timing(raw, where, limits, now_ms)
+    value: str | bytes
     if ("value" in raw) == ("value_b64" in raw):
         raise bad(f"{where} needs exactly one of 'value' (a string) or 'value_b64' (base64)")
     if "value" in raw:
@@ -159,17 +192,15 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
         if not isinstance(value, str):
             raise bad(f"{where}.value must be a string (use value_b64 for binary)")
         size = _utf8_len(value, f"{where}.value")
-        body["value"] = value
     else:
         text = raw["value_b64"]
         if not isinstance(text, str):
             raise bad(f"{where}.value_b64 must be a base64 string")
         try:
-            data = base64.b64decode(text, validate=True)
+            value = base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
             raise bad(f"{where}.value_b64 is not valid base64") from None
-        size = len(data)
-        body["value_b64"] = text
+        size = len(value)
     key = raw.get("key")
     if key is not None:
         if not isinstance(key, str):
@@ -178,7 +209,6 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
         if key_len > MAX_KEY_BYTES:
             raise bad(f"{where}.key is longer than {MAX_KEY_BYTES} bytes")
         size += key_len
-        body["key"] = key
     headers = raw.get("headers")
     if headers is not None:
         if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
@@ -195,8 +225,6 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
                     header=hk,
                 )
             size += _utf8_len(hk, f"{where}.headers") + _utf8_len(hv, f"{where}.headers")
-        if headers:
-            body["headers"] = headers
     queue = raw.get("queue")
     if queue is not None and (not _is_int(queue) or queue < 0):
         raise bad(f"{where}.queue must be a non-negative integer")
@@ -207,14 +235,7 @@ def _parse_message(raw: Any, i: int, max_message_bytes: int, limits: Limits, now
             index=i,
             limit=max_message_bytes,
         )
-    return ProduceMessage(
-        body=body,
-        key=key,
-        queue=queue,
-        size=size,
-        deliver_at_ms=body.get("deliver_at_ms"),
-        data=None if "value" in body else data,
-    )
+    return ProduceMessage(value, key, queue, size, headers or None, deliver_at_ms, ttl_ms)
 
 
 def _utf8_len(text: str, where: str) -> int:

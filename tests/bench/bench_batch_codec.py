@@ -69,16 +69,11 @@ def measure(records: int, value_bytes: int, keyed: bool, min_time: float) -> dic
     body = json_encode()
     parsed = orjson.loads(body)
     request = parse_produce(parsed, node_limits, node_limits.max_message_bytes, NOW_MS)
-    news = [
-        NewMessage(m.body["value"].encode(), False, m.key, m.body.get("headers")) for m in request.messages
-    ]
+    news = [NewMessage(m.value.encode(), False, m.key, m.headers) for m in request.messages]
     v1 = encode_batch(42, NOW_MS, 1_000, news)
 
     def v1_encode() -> bytes:
-        msgs = [
-            NewMessage(m.body["value"].encode(), False, m.key, m.body.get("headers"))
-            for m in request.messages
-        ]
+        msgs = [NewMessage(m.value.encode(), False, m.key, m.headers) for m in request.messages]
         return encode_batch(42, NOW_MS, 1_000, msgs)
 
     steps: dict[str, Callable[[], Any]] = {

@@ -16,7 +16,13 @@ from aiohttp import web
 from raftmq import batch as rb
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
-from raftmq.cluster.api.validation import MAX_HEADERS, MAX_KEY_BYTES, parse_json, parse_produce
+from raftmq.cluster.api.validation import (
+    MAX_HEADERS,
+    MAX_KEY_BYTES,
+    ProduceRequest,
+    parse_json,
+    parse_produce,
+)
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import ApiError, RaftmqError, answerable, error_body
@@ -26,6 +32,8 @@ from raftmq.cluster.node.node import Node
 __all__ = [
     "ProduceHandlers",
     "bad_batch",
+    "json_batches",
+    "json_results",
     "key_queue",
     "refuse_reserved_headers",
     "split_frames_or_400",
@@ -79,6 +87,63 @@ def key_queue(key: str, queues: int) -> int:
     return h % queues
 
 
+# Where a JSON message went: (queue, its position among the queue's undelayed messages of the
+# request, or None for a delayed one, then its due time).
+Placement = tuple[int, int | None, int | None]
+
+
+def json_batches(
+    req: ProduceRequest, queues: int, sticky: int, now: int
+) -> tuple[dict[int, bytes], list[Placement]]:
+    """The checked messages of a JSON produce as one record batch per queue (format v2,
+    docs/format.md), proposed as the binary path's are: the replicas then check and store them
+    without a Python step per message. Routing: the message's queue (``queue_not_found`` past the
+    topic's), else its key's, else ``sticky`` (a request's unkeyed messages stay together: one
+    entry, one batch)."""
+    placed: list[Placement] = []
+    undelayed: dict[int, int] = defaultdict(int)
+    builders: dict[int, rb.BatchBuilder] = {}
+    for i, (value, key, q, _, headers, deliver_at_ms, ttl_ms) in enumerate(req.messages):
+        if q is None:
+            q = sticky if key is None else key_queue(key, queues)
+        elif q >= queues:
+            raise ApiError(errors.QUEUE_NOT_FOUND, f"messages[{i}].queue {q}: topic has {queues} queues")
+        batch = builders.get(q)
+        if batch is None:
+            batch = builders[q] = rb.BatchBuilder(
+                req.producer_id, req.sequence or 0, base_timestamp_ms=now, timestamps=False
+            )
+        if deliver_at_ms is None:
+            placed.append((q, undelayed[q], None))
+            undelayed[q] += 1
+            batch.append(value, key, headers, ttl_ms=ttl_ms)
+        else:
+            placed.append((q, None, deliver_at_ms))
+            # A due time is in the future (parse_produce); as a delay it counts from the
+            # leader's append time, a few ms later at most: never earlier than asked.
+            batch.append(value, key, headers, delay_ms=deliver_at_ms - now, ttl_ms=ttl_ms)
+    return {q: b.finish() for q, b in builders.items()}, placed
+
+
+def json_results(
+    placed: list[Placement], by_queue: dict[int, dict[str, Any] | RaftmqError | None]
+) -> list[dict[str, Any] | None]:
+    """One result per JSON message, in the request's order, from its queue's batch's outcome:
+    its offset (the batch's base offset plus its position), or its due time when it is delayed,
+    or None when its batch failed."""
+    results: list[dict[str, Any] | None] = []
+    for q, pos, deliver_at_ms in placed:
+        r = by_queue[q]
+        if not isinstance(r, dict):
+            results.append(None)
+        elif pos is None:
+            results.append({"queue": q, "offset": None, "deliver_at_ms": deliver_at_ms})
+        else:
+            base = r["base_offset"]  # None only under the ack_before_replication test fault
+            results.append({"queue": q, "offset": None if base is None else base + pos})
+    return results
+
+
 class ProduceHandlers(ApiCore):
     """The produce handler, mixed into ``Api`` (``cluster/api/app.py``)."""
 
@@ -97,57 +162,10 @@ class ProduceHandlers(ApiCore):
         now = now_ms()
         req = parse_produce(parse_json(await request.read()), self.limits, max_bytes, now)
         sticky = next(self._sticky) % topic.queues
-        # per message: (queue, position among the batch's undelayed messages, or its due time)
-        placed: list[tuple[int, int | None, int | None]] = []
-        undelayed: dict[int, int] = defaultdict(int)
-        # One record batch per queue (format v2, docs/format.md), proposed as binary as the binary
-        # path's: the replicas then check and store it without a Python step per message.
-        batches: dict[int, rb.BatchBuilder] = {}
-        for i, m in enumerate(req.messages):
-            if m.queue is not None:
-                if m.queue >= topic.queues:
-                    raise ApiError(
-                        errors.QUEUE_NOT_FOUND,
-                        f"messages[{i}].queue {m.queue}: topic has {topic.queues} queues",
-                    )
-                q = m.queue
-            elif m.key is not None:
-                q = key_queue(m.key, topic.queues)
-            else:
-                q = sticky  # unkeyed messages of one request stay together: one entry, one batch
-            batch = batches.get(q)
-            if batch is None:
-                batch = batches[q] = rb.BatchBuilder(
-                    req.producer_id, req.sequence or 0, base_timestamp_ms=now, timestamps=False
-                )
-            if m.deliver_at_ms is None:
-                placed.append((q, undelayed[q], None))
-                undelayed[q] += 1
-            else:
-                placed.append((q, None, m.deliver_at_ms))
-            body = m.body
-            batch.append(
-                body["value"] if m.data is None else m.data,
-                m.key,
-                body.get("headers"),
-                # A due time is in the future (parse_produce); as a delay it counts from the
-                # leader's append time, a few ms later at most: never earlier than asked.
-                delay_ms=0 if m.deliver_at_ms is None else m.deliver_at_ms - now,
-                ttl_ms=body.get("ttl_ms", 0),
-            )
+        batches, placed = json_batches(req, topic.queues, sticky, now)
         queues = list(batches)
-        outcome = await self._append(topic, [(topic.id, q, batches[q].finish()) for q in queues])
-        by_queue = dict(zip(queues, outcome, strict=True))
-        results: list[dict[str, Any] | None] = []
-        for q, pos, deliver_at_ms in placed:
-            r = by_queue[q]
-            if not isinstance(r, dict):
-                results.append(None)
-            elif pos is None:
-                results.append({"queue": q, "offset": None, "deliver_at_ms": deliver_at_ms})
-            else:
-                base = r["base_offset"]  # None only under the ack_before_replication test fault
-                results.append({"queue": q, "offset": None if base is None else base + pos})
+        outcome = await self._append(topic, [(topic.id, q, batches[q]) for q in queues])
+        results = json_results(placed, dict(zip(queues, outcome, strict=True)))
         return self._answer(outcome, results, len(results))
 
     async def _produce_batches(self, request: web.Request) -> web.Response:
