@@ -12,6 +12,11 @@ import pytest
 from raftmq.cluster.api.validation import MAX_KEY_BYTES, ApiError, _parse_message, parse_produce
 from raftmq.cluster.config.cluster_file import Limits
 
+
+class Text(str):
+    pass
+
+
 LIMITS = Limits()
 MAX = 1000  # the topic's max_message_bytes in these tests
 NOW_MS = 1_700_000_000_000
@@ -34,6 +39,9 @@ ACCEPTED = [
     {"value": "v", "delay_ms": 10, "ttl_ms": 5, "key": "k"},
     {"value": "v", "deliver_at_ms": NOW_MS - 1},
     {"value_b64": "YQ=="},
+    {"value": "v", "headers": {}},
+    {"value": "v", "headers": None},
+    {"value": Text("v")},  # a str subclass: the long way
 ]
 
 REFUSED = [
@@ -56,6 +64,7 @@ REFUSED = [
     {"value": "v", "queue": 1.0},
     {"value": "v", "queue": "1"},
     {"value": "v", "value_b64": "dg=="},
+    {"value": b"v"},  # bytes have isascii() too (orjson never makes them; a caller could)
 ]
 
 
@@ -67,15 +76,21 @@ def full_check(message: Any, index: int, max_bytes: int = MAX) -> Any:
     return _parse_message(message, index, max_bytes, LIMITS, NOW_MS)
 
 
+def typed(messages: list[Any]) -> list[Any]:
+    """Each message's fields with their types: ``==`` alone takes True for 1 and a subclass for str."""
+    return [[(type(f), f) for f in m] for m in messages]
+
+
 @pytest.mark.parametrize("message", ACCEPTED, ids=repr)
 def test_an_accepted_message_is_read_as_the_full_check_reads_it(message: dict[str, Any]) -> None:
-    assert produce({"value": "first"}, message) == [full_check({"value": "first"}, 0), full_check(message, 1)]
+    expected = [full_check({"value": "first"}, 0), full_check(message, 1)]
+    assert typed(produce({"value": "first"}, message)) == typed(expected)
 
 
 def test_a_key_at_its_limit_is_accepted_and_one_byte_more_refused() -> None:
     at_limit = {"value": "v", "key": "k" * MAX_KEY_BYTES}
     big = 2 * MAX_KEY_BYTES
-    assert produce(at_limit, max_bytes=big) == [full_check(at_limit, 0, big)]
+    assert typed(produce(at_limit, max_bytes=big)) == typed([full_check(at_limit, 0, big)])
     with pytest.raises(ApiError) as e:
         produce({"value": "v", "key": "k" * (MAX_KEY_BYTES + 1)}, max_bytes=big)
     assert e.value.message == f"messages[0].key is longer than {MAX_KEY_BYTES} bytes"
@@ -92,3 +107,9 @@ def test_a_refused_message_gets_the_full_checks_error(message: Any) -> None:
         expected.value.message,
         expected.value.details,
     )
+
+
+def test_empty_or_null_headers_are_no_headers() -> None:
+    messages = produce({"value": "v", "headers": {}}, {"value": "v", "headers": None})
+    assert [m.headers for m in messages] == [None, None]
+    assert produce({"value": "v", "headers": {"h": "1"}})[0].headers == {"h": "1"}
