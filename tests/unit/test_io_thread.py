@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -46,19 +48,28 @@ def test_a_call_after_stop_is_refused() -> None:
         io.run(asyncio.sleep(0))
 
 
+def _raising_into(
+    errors: list[BaseException], call: Callable[[Coroutine[Any, Any, None]], object], sleep_s: float
+) -> Callable[[], None]:
+    """A thread's target that hands ``call`` a coroutine sleeping ``sleep_s`` (made in that
+    thread) and keeps what it raises in ``errors``."""
+
+    def target() -> None:
+        try:
+            call(asyncio.sleep(sleep_s))
+        except BaseException as error:
+            errors.append(error)
+
+    return target
+
+
 def test_two_threads_closing_a_client_at_once_both_return() -> None:
     for attempt in range(100):
         io = LoopThread(f"close-{attempt}")
         client = SyncClient.__new__(SyncClient)
         client._io = io
         failures: list[BaseException] = []
-
-        def close(client: SyncClient = client, failures: list[BaseException] = failures) -> None:
-            try:
-                client._shut_down(asyncio.sleep(0.001))
-            except BaseException as e:
-                failures.append(e)
-
+        close = _raising_into(failures, client._shut_down, 0.001)
         closers = [threading.Thread(target=close, daemon=True) for _ in range(2)]
         for t in closers:
             t.start()
@@ -77,14 +88,7 @@ def test_a_call_from_a_thread_started_after_the_io_thread_ended_is_refused_as_cl
         io = LoopThread(f"ended-{attempt}")
         io.stop()
         errors: list[BaseException] = []
-
-        def call(io: LoopThread = io, errors: list[BaseException] = errors) -> None:
-            try:
-                io.run(asyncio.sleep(0))
-            except BaseException as error:
-                errors.append(error)
-
-        caller = threading.Thread(target=call)
+        caller = threading.Thread(target=_raising_into(errors, io.run, 0))
         caller.start()
         caller.join(5)
         assert [type(e) for e in errors] == [ClientClosed], f"attempt {attempt}: {errors!r}"
