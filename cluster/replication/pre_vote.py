@@ -15,6 +15,13 @@ grants of a majority (itself included) the follower campaigns as pysyncobj does;
 again once another election timeout has passed. A follower kept at its leader's term reads that
 leader's backlog as current messages, each of which pushes its deadline on.
 
+A follower whose connection to its leader closes (the leader's process ended: its kernel closes
+every socket at once, so both followers see it within milliseconds) does not wait out its election
+timeout (``leader_lost``): it stops counting the leader as heard, so it grants pre-votes, and asks
+itself soon, the survivors one after the other by address (``LOST_STEP`` of the lease apart), so
+two of them rarely campaign at once and split the vote. A leader that is alive and whose
+connection only failed is still heard by the others, who refuse: nothing changes.
+
 Invariants:
 - Nothing here changes a term, a vote or a log entry: a pre-vote only decides *whether*
   pysyncobj's own election starts now, so Raft's safety is pysyncobj's.
@@ -36,12 +43,14 @@ Tick thread only: pysyncobj's ticks and message handlers run there.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from typing import Any
 
 __all__ = ["PRE_VOTE_MESSAGES", "PreVote", "install_pre_vote"]
 
 PRE_VOTE_MESSAGES = frozenset({"pre_vote", "pre_vote_response"})  # handled here, never by pysyncobj
+LOST_STEP = 0.25  # after a leader's connection closed, the survivors ask this share of the lease apart
 
 
 class PreVote:
@@ -66,6 +75,7 @@ class PreVote:
         self.asking = False
         self.rounds = 0  # rounds started (tests and metrics)
         self.campaigns_unanswered = 0  # campaigns after a round a majority left unanswered
+        self.leaders_lost = 0  # the leader's connection closed (leader_lost): tests and metrics
 
     # -- the replica whose election deadline passed -----------------------------------------------
 
@@ -154,6 +164,25 @@ class PreVote:
         self.heard_leader_at = self._clock()
         self._round_term = self._won_term = None
         self.asking = False
+
+    def leader_lost(self, leader: str) -> None:
+        """The connection to ``leader``, the leader this replica follows, closed. It is no longer
+        heard (this replica grants pre-votes), and this replica asks, unless its timer runs out
+        first, after ``rank`` steps of ``LOST_STEP`` x the lease plus up to half a step at random:
+        ``rank`` is its place by address among the voters but the lost leader, so the survivors
+        ask one after the other and the second, asked by the first, grants. Once per leader heard:
+        the reconnects that fail after it change nothing more."""
+        if self.heard_leader_at == -math.inf:
+            return
+        sync = self._sync
+        me = str(sync.selfNode.id)
+        voters = sorted({str(node.id) for node in sync._SyncObj__otherNodes} - {leader} | {me})
+        step = LOST_STEP * self.lease_s
+        due = self._clock() + step * (voters.index(me) + random.random() / 2)
+        self.heard_leader_at = -math.inf
+        self.leaders_lost += 1
+        if due < sync._SyncObj__raftElectionDeadline:
+            sync._SyncObj__raftElectionDeadline = due
 
     def answer(self, message: dict[str, Any]) -> dict[str, Any]:
         """The ``pre_vote_response`` to a voter's ``pre_vote``. Changes nothing here."""

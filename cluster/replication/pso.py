@@ -7,7 +7,8 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
   is used as is (:func:`install_journal_seam`);
 - ``transportClass=`` (constructor argument): :class:`FlushingTransport`, which flushes the journal
   before any message but a leader's entries leaves and before a follower's acknowledgement is read,
-  filters votes from non-voters and connects to hinted peers;
+  filters votes from non-voters, connects to hinted peers and tells pre-vote when the leader's
+  connection closes;
 - the transport's two connection factories, ``TCPTransport.addNode`` (outgoing) and
   ``TCPTransport._onNewIncomingConnection`` (incoming, from ``TcpServer``): each connection is
   turned into a :class:`RaftConnection` before it sends or reads a byte;
@@ -36,7 +37,7 @@ import errno
 import functools
 import logging
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import pysyncobj.pickle as pso_pickle
@@ -54,11 +55,10 @@ from raftmq.cluster.replication.admission import AUTH_TIMEOUT, BAD_FRAME, RaftAd
 from raftmq.cluster.replication.compaction_deferral import CompactionDeferrals
 from raftmq.cluster.replication.contract import RaftSettings
 from raftmq.cluster.replication.follower_backlog import FollowerBacklog, bound_follower_backlog
-from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.journal import DurableJournal
 from raftmq.cluster.replication.leader_reads import LeaderReads
 from raftmq.cluster.replication.pre_vote import PRE_VOTE_MESSAGES, PreVote, install_pre_vote
 from raftmq.cluster.replication.shared_bodies import SharedBodies, handshake_key
-from raftmq.cluster.replication.snapshot_gate import entry_from_json
 from raftmq.cluster.replication.wire import RECV_CHUNK_BYTES, FrameTooLarge, FrameWire, SendQueue, raft_key
 
 log = structlog.get_logger(__name__)
@@ -83,8 +83,6 @@ __all__ = [
     "install_journal_seam",
     "install_log_filter",
     "install_tick_seams",
-    "members_after",
-    "members_on_start",
     "membership_change",
     "monotonic",
     "only_the_commit_index_to_send",
@@ -377,6 +375,10 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
         stranger = self._strangers.pop(conn, None)
         if stranger is not None:  # closed before it authenticated: by whom and why
             self.admission.release(stranger[0], conn.drop_reason)
+        sync, node = self._syncObj, self._connToNode(conn)
+        pre_vote = getattr(sync, "raftmq_pre_vote", None)
+        if pre_vote is not None and node is not None and node == sync._getLeader() and not sync._isLeader():
+            pre_vote.leader_lost(str(node.id))  # its process ended, most likely: elect without waiting
         super()._onDisconnected(conn)
 
     def _onTick(self) -> None:
@@ -713,38 +715,3 @@ def membership_change(command: bytes) -> tuple[str, str] | None:
         return None
     request = pso_pickle.loads(command[1:])  # ["add" | "rem", node id (= address), node]
     return str(request[0]), str(request[1])
-
-
-def members_after(
-    base: Iterable[str], entries: Iterable[Entry], after_index: int, upto_index: int | None = None
-) -> list[str]:
-    """The voters once the membership entries of ``entries`` with an index in
-    ``(after_index, upto_index]`` are applied, in log order, to the voters ``base``."""
-    members = set(base)
-    for command, index, _term in entries:
-        if index <= after_index or (upto_index is not None and index > upto_index):
-            continue
-        change = membership_change(command)
-        if change is not None:
-            action, addr = change
-            if action == "add":
-                members.add(addr)
-            elif action == "rem":
-                members.discard(addr)
-    return sorted(members)
-
-
-def members_on_start(
-    manifest: dict[str, Any] | None, entries: list[Entry], seed: list[str]
-) -> tuple[int, list[str], list[str]]:
-    """(base index, voters at it, voters now) from a group's snapshot ``manifest`` and journal
-    ``entries``, as pysyncobj will load them: the entries after the snapshot count only if the
-    journal holds the snapshot's prev and last entries (otherwise pysyncobj clears it)."""
-    if manifest is None:
-        return 0, seed, members_after(seed, entries, 0)
-    last, prev = entry_from_json(manifest["last"]), entry_from_json(manifest["prev"])
-    base = list(manifest.get("cluster") or seed)
-    held = {(e[1], e[2]) for e in entries}
-    if (prev[1], prev[2]) in held and (last[1], last[2]) in held:
-        return last[1], base, members_after(base, entries, last[1])
-    return last[1], base, base

@@ -64,6 +64,7 @@ from raftmq.cluster.replication.contract import (
     StateMachine,
 )
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.members import members_after, members_on_start
 from raftmq.cluster.replication.pso import (
     FAIL_REASON,
     PINNED_PYSYNCOBJ,
@@ -77,8 +78,6 @@ from raftmq.cluster.replication.pso import (
     install_journal_seam,
     install_log_filter,
     install_tick_seams,
-    members_after,
-    members_on_start,
     membership_change,
     monotonic,
     replicated,

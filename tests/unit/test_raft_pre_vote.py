@@ -21,7 +21,7 @@ from pysyncobj.transport import TCPTransport, Transport
 from raft_doubles import fast_settings, settled_leader, start_three, wait_for
 
 from raftmq.cluster.replication.journal import DurableJournal
-from raftmq.cluster.replication.pre_vote import PreVote, install_pre_vote
+from raftmq.cluster.replication.pre_vote import LOST_STEP, PreVote, install_pre_vote
 from raftmq.cluster.replication.pso import FlushingTransport, install_journal_seam, monotonic
 from raftmq.cluster.replication.raft import RaftGroup
 from raftmq.storage.memory import MemoryStore
@@ -131,6 +131,78 @@ def test_a_group_whose_leader_is_gone_elects_another_after_a_granted_pre_vote(
     assert ("pre_vote", campaigns[first_vote][1]) in campaigns[:first_vote]
 
 
+@pytest.fixture
+def slow_groups(tmp_path: Path) -> Iterator[Callable[[], list[RaftGroup]]]:
+    """Three replicas whose election timeout (2.5-3 s) is far longer than what a lost leader's
+    connection should take to replace it."""
+    groups: list[RaftGroup] = []
+
+    def start() -> list[RaftGroup]:
+        settings = dataclasses.replace(
+            fast_settings(), election_min_s=2.5, election_max_s=3.0, heartbeat_s=0.05
+        )
+        return start_three(tmp_path, settings, groups)
+
+    yield start
+    for group in groups:
+        group.destroy()
+
+
+def test_a_leader_whose_connections_close_is_replaced_before_any_election_timeout(
+    slow_groups: Callable[[], list[RaftGroup]],
+) -> None:
+    """A leader's process that ends closes its sockets, and the followers see it at once: they
+    elect without waiting out their timer (issue 23's failover). Before, no replica could
+    campaign before 2.5 s after the leader's last heartbeat."""
+    groups = slow_groups()
+    leader = settled_leader(groups)
+    term = leader.status().term
+    rest = [g for g in groups if g is not leader]
+    started = time.monotonic()
+    leader.destroy()
+    winner = wait_for(lambda: next((g for g in rest if g.is_leader()), None), "a new leader", timeout=5)
+    assert time.monotonic() - started < 1.8  # more than 2.45 s before: a timeout of 2.5 s at least
+    assert winner.status().term == term + 1  # one election, no split vote
+    assert [g.pre_vote.leaders_lost for g in rest] == [1, 1]
+
+
+def test_a_follower_whose_connection_to_a_live_leader_fails_deposes_nobody(
+    slow_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection can fail with its leader alive: the follower asks at once (its connection stays
+    down for a second here: a reconnect at once would let it hear the leader before it asks), the
+    other follower (which hears the leader) refuses, no term changes, and it follows the leader
+    again."""
+    deaf: dict[Any, float] = {}  # SyncObj -> until when it closes its leader's connections
+    receive = FlushingTransport._onMessageReceived
+
+    def dropping_receive(self: Any, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            until = deaf.get(self._syncObj)
+            if until is not None and time.monotonic() < until:
+                self._connections[node].disconnect()  # on its tick thread
+                return
+        receive(self, node, message)
+
+    # Before the start: each connection binds its transport's handler when it is made.
+    monkeypatch.setattr(FlushingTransport, "_onMessageReceived", dropping_receive)
+    groups = slow_groups()
+    leader = settled_leader(groups)
+    term = leader.status().term
+    follower = next(g for g in groups if g is not leader)
+    rounds = follower.pre_vote.rounds
+    deaf[follower._sync] = time.monotonic() + 1.0
+    wait_for(lambda: follower.pre_vote.rounds > rounds, "the follower asks", timeout=2)
+    assert follower.pre_vote.leaders_lost == 1
+
+    def follows() -> bool:
+        return follower.status().hears_leader and follower.leader() == leader.self_addr
+
+    wait_for(follows, "it follows again")
+    time.sleep(0.5)
+    assert leader.is_leader() and all(g.status().term == term for g in groups)
+
+
 def test_a_leadership_transfer_campaigns_at_once_without_asking(
     three_groups: Callable[[], list[RaftGroup]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -236,6 +308,49 @@ def test_a_voter_grants_a_pre_vote_only_to_an_up_to_date_log_when_no_leader_is_h
     pre_vote.heard_leader_at -= 0.5
     assert pre_vote.answer(ask)["granted"] is True
     assert sync.raftCurrentTerm == 0 and sync._SyncObj__votedForNodeId is None  # nothing changed
+
+
+def test_a_lost_leaders_survivors_ask_one_after_the_other_by_address(
+    replica: tuple[SyncObj, PreVote],
+) -> None:
+    sync, pre_vote = replica
+    ask = {
+        "type": "pre_vote",
+        "term": sync.raftCurrentTerm + 1,
+        "last_log_index": sync._SyncObj__getCurrentLogIndex(),
+        "last_log_term": sync._SyncObj__getCurrentLogTerm(),
+    }
+    pre_vote.heard_leader()
+    assert pre_vote.answer(ask)["granted"] is False
+    step = LOST_STEP * pre_vote.lease_s
+    for lost in PEERS:  # SELF sorts first of the two survivors either way: it asks within half a step
+        pre_vote.heard_leader()
+        sync._SyncObj__raftElectionDeadline = monotonic() + 60
+        pre_vote.leader_lost(lost)
+        assert sync._SyncObj__raftElectionDeadline <= monotonic() + step / 2
+        assert pre_vote.answer(ask)["granted"] is True  # the lost leader is no longer heard
+    sync._SyncObj__raftElectionDeadline = far = monotonic() + 60
+    pre_vote.leader_lost(PEERS[0])  # a reconnect that failed after it: nothing more
+    assert pre_vote.leaders_lost == 2 and sync._SyncObj__raftElectionDeadline == far
+
+
+def test_the_second_survivor_asks_a_step_later() -> None:
+    install_journal_seam()
+    sync = SyncObj(
+        PEERS[1],
+        [SELF, PEERS[0]],
+        conf=SyncObjConf(autoTick=False, journalFile=DurableJournal(MemoryStore())),
+        transportClass=RecordingTransport,
+    )
+    try:
+        pre_vote = install_pre_vote(sync, lease_s=0.4, clock=monotonic)
+        pre_vote.heard_leader()
+        sync._SyncObj__raftElectionDeadline = far = monotonic() + 60
+        pre_vote.leader_lost(PEERS[0])  # survivors SELF and PEERS[1]: this one is second
+        wait = sync._SyncObj__raftElectionDeadline - monotonic()
+        assert 0.1 * 0.95 <= wait <= 0.15 and sync._SyncObj__raftElectionDeadline < far
+    finally:
+        sync.destroy()
 
 
 def test_a_timed_out_follower_campaigns_only_with_a_majority_of_grants(
