@@ -91,6 +91,12 @@ class _RaftCollector(Collector):
             "other voters hear a leader: a follower behind it, not an election)",
             labels=labels,
         )
+        leaders_lost = CounterMetricFamily(
+            "raftmq_raft_leader_connections_lost",
+            "Times this follower's connection to its leader closed and it asked for an election at "
+            "once instead of waiting out its election timeout (a killed leader's sockets close)",
+            labels=labels,
+        )
         unanswered = CounterMetricFamily(
             "raftmq_raft_pre_vote_unanswered_campaigns",
             "Elections this replica started without a majority's pre-vote grants because a majority "
@@ -165,6 +171,7 @@ class _RaftCollector(Collector):
             became_leader.add_metric(key, local.raft.became_leader_count)
             pre_votes.add_metric(key, local.raft.pre_vote.rounds)
             unanswered.add_metric(key, local.raft.pre_vote.campaigns_unanswered)
+            leaders_lost.add_metric(key, local.raft.pre_vote.leaders_lost)
             backlog_holds.add_metric(key, local.raft.backlog.holds)
             deferrals.add_metric(key, local.raft.compaction_deferrals.deferrals)
             snapshot_installs.add_metric(key, local.raft.snapshot_gate.installs)
@@ -178,7 +185,7 @@ class _RaftCollector(Collector):
             _add_histogram(apply_s, key, local.raft.apply_latency)
             _add_histogram(fsync_s, key, local.raft.fsync_latency)
         yield from gauges.values()
-        yield from (became_leader, pre_votes, unanswered, backlog_holds, deferrals)
+        yield from (became_leader, pre_votes, unanswered, leaders_lost, backlog_holds, deferrals)
         yield from (clock_jumps, group_clock_jumps, seal_checks, snapshot_installs, snapshot_failures)
         yield from self._raft_connections(node_id)
         yield from self._shared_bodies(node_id)

@@ -17,6 +17,8 @@ Phases:
                 ``--probe-ms`` ms to each surviving node, kill -9 g's leader, and measure the time
                 from the kill to the first successful produce *sent after the kill*; then restart
                 the node and wait until it is ready and leaders are back on their preferred nodes.
+                ``--failover-load`` messages/s go to every queue through the live nodes meanwhile
+                (open loop, requests of 100 messages): a failover under load.
 
     .venv/bin/python tests/bench/bench_http.py                     # ~2.5 min, all phases
     .venv/bin/python tests/bench/bench_http.py --phases max --profile   # py-spy on every node
@@ -248,6 +250,39 @@ class Prober:
         await asyncio.gather(*tasks)
 
 
+class Background:
+    """Open-loop load through a failover: ``rate`` messages/s in requests of ``BATCH`` to every
+    queue, spread over the nodes in ``nodes`` (the caller takes a killed node out)."""
+
+    def __init__(self, load: Load, session: aiohttp.ClientSession, rate: float, nodes: list[str]) -> None:
+        self.load, self.session, self.nodes = load, session, nodes
+        self.interval = BATCH / rate
+        self.statuses: dict[int, int] = {}
+        self._task = asyncio.create_task(self._run())
+
+    async def _one(self, node: str, queue: int) -> None:
+        status, _ = await self.load.post(self.session, node, queue)
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    async def _run(self) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        start, k = time.perf_counter(), 0
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                nodes = list(self.nodes)
+                task = asyncio.create_task(self._one(nodes[k % len(nodes)], k % QUEUES))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                k += 1
+                await asyncio.sleep(max(0.0, start + k * self.interval - time.perf_counter()))
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def stop(self) -> dict[str, int]:
+        self._task.cancel()
+        await self._task
+        return {str(k): v for k, v in sorted(self.statuses.items())}
+
+
 def caught_up(cluster: Cluster, node: str) -> bool:
     mine = cluster.status(node)["groups"]
     for name, g in mine.items():
@@ -291,6 +326,8 @@ async def phase_failover(
 ) -> dict[str, Any]:
     cluster = load.cluster
     kills: list[dict[str, Any]] = []
+    live = list(cluster.nodes)
+    background = Background(load, session, args.failover_load, live) if args.failover_load else None
     for i in range(args.kills):
         g = i % 3
         queues = load.queues_by_group[g]
@@ -302,6 +339,7 @@ async def phase_failover(
         after = asyncio.create_task(prober.run(alive, args.failover_timeout + 1))
         await asyncio.sleep(0.2)
         t_kill = time.perf_counter()
+        live[:] = alive
         await asyncio.to_thread(cluster.kill, victim)
         watcher = asyncio.create_task(watch_election(cluster, str(g), victim, alive, t_kill))
         deadline = t_kill + args.failover_timeout
@@ -368,8 +406,11 @@ async def phase_failover(
         with contextlib.suppress(AssertionError):  # the next kill takes whatever leader there is
             await asyncio.to_thread(wait_until, lambda: leaders_settled(cluster, 3), 15, 0.25, "leaders")
         kills[-1]["restart_ready_s"] = round(time.perf_counter() - t_restart, 2)
+        live[:] = list(cluster.nodes)
     rec = [k["recovery_s"] for k in kills if k["recovery_s"] is not None]
     return {
+        "background_msgs_per_s": args.failover_load,
+        "background_statuses": await background.stop() if background else {},
         "kills": kills,
         "recovered": len(rec),
         "p50_s": percentile(rec, 50),
@@ -557,6 +598,12 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--probe-ms", type=float, default=50.0)
     ap.add_argument("--failover-timeout", type=float, default=15.0)
+    ap.add_argument(
+        "--failover-load",
+        type=float,
+        default=0.0,
+        help="messages/s offered to every queue through the live nodes during 'failover' (open loop)",
+    )
     ap.add_argument("--raft", action="append", default=[], help="[raft] setting KEY=VALUE (experiments)")
     ap.add_argument("--profile", action="store_true", help="py-spy every node during 'max'")
     add_run_arguments(ap, keep="keep the cluster's data and logs")

@@ -1,0 +1,64 @@
+"""A killed leader is replaced without waiting out the election timeout (issue 23's failover).
+
+A process killed with SIGKILL has its sockets closed by its kernel at once, so its followers see
+their leader's Raft connection close within milliseconds; they stop counting it as heard and ask
+for pre-votes straight away, one after the other (``cluster/replication/pre_vote.py``,
+``leader_lost``). The election timeout here is 3-3.5 s: before, no survivor could lead until 3 s
+after the leader's last heartbeat. Real node processes, a real kill.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+RAFT = "[raft]\nelection_min_ms = 3000\nelection_max_ms = 3500\nheartbeat_ms = 100"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, queue_groups=3, extra_toml=RAFT)
+    with c:
+        c.start()
+        c.wait_ready(timeout_s=60)
+        yield c
+
+
+def leaders_lost(c: Cluster, node: str, group: str) -> float:
+    """``node``'s raftmq_raft_leader_connections_lost_total for ``group``."""
+    r = c.get("/metrics", node)
+    assert r.status_code == 200, r.text[:300]
+    (count,) = [
+        s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+        if s.name == "raftmq_raft_leader_connections_lost_total" and s.labels.get("group_id") == group
+    ]
+    return count
+
+
+def test_a_killed_leader_is_replaced_well_before_the_election_timeout(cluster: Cluster) -> None:
+    leader = cluster.wait_leader("0")
+    survivors = [n for n in cluster.nodes if n != leader]
+
+    def followed() -> bool:
+        return all(cluster.status(n)["groups"]["0"]["leader"] == leader for n in survivors)
+
+    wait_until(followed, 30, what="every replica follows the leader of group 0")
+    assert [leaders_lost(cluster, n, "0") for n in survivors] == [0, 0]
+    killed = time.monotonic()
+    cluster.kill(leader)
+    new_leader = cluster.wait_leader("0", timeout_s=15, exclude=leader)
+    took = time.monotonic() - killed
+    assert new_leader in survivors
+    assert took < 2.0, f"a new leader {took:.2f} s after the kill: the election timeout was waited out"
+    # Each survivor saw its leader's connection close once (the failed reconnects count nothing).
+    assert [leaders_lost(cluster, n, "0") for n in survivors] == [1, 1]
