@@ -51,7 +51,8 @@ class PortBlocks:
 
     def __init__(self, block_ports: int = BLOCK_PORTS) -> None:
         low, high = _REGION[0], min(_REGION[1], ephemeral_ports().start)
-        self._bases = range(low + -low % block_ports, high - block_ports + 1, block_ports)
+        first = -(-low // block_ports) * block_ports  # blocks start at multiples of block_ports
+        self._bases = range(first, high - block_ports + 1, block_ports)
         if not self._bases:
             raise RuntimeError(f"no block of {block_ports} ports between {low} and {high}")
         self._block_ports = block_ports
