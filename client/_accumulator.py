@@ -50,6 +50,7 @@ an even split.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import random
 import threading
@@ -125,7 +126,7 @@ class Batch:
         wire: Wire = "binary",
         producer_id: str | None = None,
         sequence: int | None = None,
-        loop_thread: int | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.topic = topic
         self.queue = queue
@@ -148,7 +149,7 @@ class Batch:
         self.node: object = None  # the leader it was taken for (with node_of)
         self.claim: _Claim | None = None  # its request's hold on ``node``, until its first answer
         self.waiters: list[Callable[[], None]] = []  # called once done
-        self.outcome = BatchOutcome(topic, queue, loop_thread)
+        self.outcome = BatchOutcome(topic, queue, loop)
         self._body: bytes | None = None
 
     @property
@@ -246,8 +247,8 @@ class Accumulator:
     Args:
         wire: ``"binary"`` (format v2 batches) or ``"json"`` (the JSON API's messages).
         producer_id: The idempotent producer's id (batches are numbered per queue), or None.
-        loop_thread: The id of the thread that completes batches (the producer's I/O thread):
-            a handle refuses to block there.
+        loop: The event loop that completes batches (the producer's): a handle refuses to block
+            the thread running it.
         max_requests_per_leader: With ``linger_s`` 0 and ``node_of``, the requests in flight to
             one leader (first attempts) below which a queue's batch goes at once.
     """
@@ -264,7 +265,7 @@ class Accumulator:
         message_bytes: int | None = None,
         wire: Wire = "binary",
         producer_id: str | None = None,
-        loop_thread: int | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
         max_requests_per_leader: int = MAX_REQUESTS_PER_LEADER,
     ) -> None:
         self.linger_s = linger_s
@@ -274,7 +275,7 @@ class Accumulator:
         self.max_buffer_bytes = max_buffer_bytes
         self.wire: Wire = wire
         self.producer_id = producer_id
-        self.loop_thread = loop_thread
+        self.loop = loop
         self._lock = threading.Lock()
         self.space = threading.Condition(self._lock)  # notified when buffered bytes drop
         self._queues: dict[QueueKey, deque[Batch]] = {}
@@ -409,7 +410,7 @@ class Accumulator:
             wire=self.wire,
             producer_id=self.producer_id,
             sequence=sequence,
-            loop_thread=self.loop_thread,
+            loop=self.loop,
         )
         self._open[qkey] = batch
         dq = self._queues.get(qkey)

@@ -1,6 +1,7 @@
 """The plumbing of the sync clients: an event loop in an I/O thread of the client's own
 (:class:`LoopThread`), and :class:`SyncClient`, the base of every sync twin of an asyncio client
-(``Admin``, ``Producer``, ``Consumer``, ``Subscriber``): start, close, ``with``."""
+(``Admin``, ``Producer``, ``Consumer``, ``Subscriber``): start, close, ``with``; and
+:func:`runs_loop`, how code that knows a loop (not its thread) tells the loop's thread."""
 
 from __future__ import annotations
 
@@ -13,9 +14,19 @@ from typing import Any, Self, TypeVar
 
 from .errors import ClientClosed
 
-__all__ = ["LoopThread", "SyncClient"]
+__all__ = ["LoopThread", "SyncClient", "runs_loop"]
 
 T = TypeVar("T")
+
+
+def runs_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """The calling thread is running ``loop`` now (it would wait for itself if it blocked on the
+    loop). Asked of the thread, not matched on an identifier kept: the OS gives an ended
+    thread's identifier to threads started after it, and a loop may run in another thread later."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:  # no loop runs in this thread
+        return False
 
 
 class LoopThread:

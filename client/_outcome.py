@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
+from ._io_thread import runs_loop
 from ._types import RecordMetadata
 from .errors import RaftmqError
 
@@ -50,8 +51,8 @@ class BatchOutcome:
     """The outcome of one batch, shared by the handles of its messages.
 
     Written once, by the producer's I/O thread (:meth:`resolve` or :meth:`fail`); read from any
-    thread. ``loop_thread`` is the I/O thread's id: a handle refuses to block there (it would
-    wait for itself).
+    thread. ``loop`` is the producer's event loop: a handle refuses to block the thread running
+    it (it would wait for itself).
     """
 
     __slots__ = (
@@ -61,15 +62,15 @@ class BatchOutcome:
         "callbacks",
         "done",
         "error",
-        "loop_thread",
+        "loop",
         "queue",
         "topic",
     )
 
-    def __init__(self, topic: str, queue: int, loop_thread: int | None) -> None:
+    def __init__(self, topic: str, queue: int, loop: asyncio.AbstractEventLoop | None) -> None:
         self.topic = topic
         self.queue = queue
-        self.loop_thread = loop_thread
+        self.loop = loop
         self.done = False
         self.base_offset = 0
         self._offsets: list[int] | None = None
@@ -126,7 +127,7 @@ class BatchOutcome:
         """Block until finished; False on timeout."""
         if self.done:
             return True
-        if threading.get_ident() == self.loop_thread:
+        if self.loop is not None and runs_loop(self.loop):
             raise asyncio.InvalidStateError(
                 "the message is not stored yet; its producer's I/O thread cannot wait for it"
             )

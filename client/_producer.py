@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import ssl as _ssl
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from raftmq.batch import BATCH_MEDIA_TYPE, RESERVED_HEADER_PREFIX, is_reserved_h
 
 from ._accumulator import MAX_REQUESTS_PER_LEADER, Accumulator, Batch, Wire, buffer_full, message_size
 from ._api import connect
+from ._io_thread import runs_loop
 from ._metadata import ClusterMetadata, key_queue
 from ._outcome import DeliveryCallback, FutureRecord
 from ._producer_config import ProducerConfig
@@ -60,7 +60,6 @@ class ProducerCore:
         config.check()
         self.config = config
         self.loop = asyncio.get_running_loop()
-        self.loop_thread = threading.get_ident()
         self.api = connect(
             bootstrap, config, retry_timeout_ms=config.request_timeout_ms, address_map=config.address_map
         )
@@ -76,7 +75,7 @@ class ProducerCore:
             max_buffer_bytes=config.max_buffer_bytes,
             wire=config.wire,
             producer_id=self.producer_id,
-            loop_thread=self.loop_thread,
+            loop=self.loop,
         )
         self.wire: Wire = config.wire  # "json" once a node refused the binary format
         self.space = asyncio.Event()
@@ -173,7 +172,7 @@ class ProducerCore:
         return handle
 
     def wake(self) -> None:
-        if threading.get_ident() == self.loop_thread:
+        if runs_loop(self.loop):
             self._wakeup.set()
         else:
             self.loop.call_soon_threadsafe(self._wakeup.set)

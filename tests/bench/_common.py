@@ -309,6 +309,16 @@ def py_spy() -> str | None:
     return shutil.which("py-spy")
 
 
+def require_py_spy(ap: argparse.ArgumentParser) -> None:
+    """Stop now, with argparse's usage error, when ``--profile`` is asked and py-spy is missing:
+    the run would go on unprofiled, and print and record no profile."""
+    if py_spy() is None:
+        ap.error(
+            f"--profile needs py-spy, found neither next to {PYTHON} nor on PATH; "
+            f"install it ({PYTHON} -m pip install py-spy) or run without --profile"
+        )
+
+
 def start_py_spy(
     pid: int, seconds: float, out: Path, rate: int = 200, gil: bool = False
 ) -> subprocess.Popen[bytes] | None:

@@ -63,6 +63,7 @@ from _common import (  # noqa: E402
     node_pids,
     profile_nodes,
     recorded_run,
+    require_py_spy,
     settle_leaders,
     start_py_spy,
     table,
@@ -379,7 +380,9 @@ def report(result: dict[str, Any]) -> None:
                   + ", ".join(f"{f} {s}%" for f, s in p["self"][:8]))  # fmt: skip
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """The options and the targets; a usage error (exit 2) for an unknown target, or for
+    ``--profile`` without py-spy or without raftmq among the targets (it profiles raftmq's run)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default=",".join(TARGETS), help="comma list of: moto, raftmq")
     ap.add_argument("--seconds", type=float, default=20.0, help="the measured window per target")
@@ -389,14 +392,23 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="py-spy the nodes and the client (raftmq)")
     ap.add_argument("--setup-only", action="store_true", help="install moto[server] and exit")
     add_run_arguments(ap)
-    args = ap.parse_args()
-    if args.setup_only:
-        ensure_moto()
-        return
+    args = ap.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     unknown = set(targets) - set(TARGETS)
     if unknown:
         ap.error(f"unknown targets {sorted(unknown)}")
+    if args.profile and not args.setup_only:
+        if "raftmq" not in targets:
+            ap.error("--profile profiles raftmq's run: add raftmq to --targets")
+        require_py_spy(ap)
+    return args, targets
+
+
+def main() -> None:
+    args, targets = parse_args()
+    if args.setup_only:
+        ensure_moto()
+        return
     if "moto" in targets:
         ensure_moto()  # before the quiet wait: pip is not part of the measure
     base, fs = data_folder(args)

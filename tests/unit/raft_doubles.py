@@ -5,12 +5,13 @@ a polling wait, a leader every replica follows, and three RaftGroups on localhos
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from local_ports import PortBlocks
 
 from raftmq.cluster.replication.raft import Outcome, RaftGroup, RaftSettings
 from raftmq.storage.memory import MemoryStore
@@ -60,10 +61,13 @@ def fast_settings() -> RaftSettings:
     )
 
 
+_PORTS = PortBlocks()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 for a replica to bind: never handed out twice, and no ephemeral bind
+    (another test's port 0, a connection's local port) can take it first (see local_ports)."""
+    return _PORTS.take()
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:

@@ -24,7 +24,7 @@ import pytest
 import structlog
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
-from raft_doubles import Machine, settled_leader, submit_all
+from raft_doubles import Machine, free_port, settled_leader, submit_all
 
 from raftmq.cluster.replication import wire
 from raftmq.cluster.replication.pso import CONNECT_CHECK_S, FlushingTransport, RaftConnection
@@ -425,12 +425,6 @@ def test_the_wire_frames_and_refuses_without_pysyncobj() -> None:
 
 
 # -- real RaftGroups ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings(key: bytes) -> RaftSettings:
