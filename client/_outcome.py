@@ -131,6 +131,8 @@ class BatchOutcome:
             raise asyncio.InvalidStateError(
                 "the message is not stored yet; its producer's I/O thread cannot wait for it"
             )
+        if self.loop is not None and self.loop.is_closed():  # nothing will ever finish it
+            raise asyncio.InvalidStateError("the message is not stored, and its producer's loop is closed")
         with _lock:
             if self.done:
                 return True

@@ -19,8 +19,10 @@ A follower whose connection to its leader closes (the leader's process ended: it
 every socket at once, so both followers see it within milliseconds) does not wait out its election
 timeout (``leader_lost``): it stops counting the leader as heard, so it grants pre-votes, and asks
 itself soon, the survivors one after the other by address (``LOST_STEP`` of the lease apart), so
-two of them rarely campaign at once and split the vote. A leader that is alive and whose
-connection only failed is still heard by the others, who refuse: nothing changes.
+two of them rarely campaign at once and split the vote; one that grants another's pre-vote first
+waits a whole timeout. A leader that is alive and whose connection only failed is still heard by
+the others, who refuse: the follower's round is refused, and it grants pre-votes until it hears
+its leader again (as it would once the lease ran out).
 
 Invariants:
 - Nothing here changes a term, a vote or a log entry: a pre-vote only decides *whether*
@@ -76,6 +78,7 @@ class PreVote:
         self.rounds = 0  # rounds started (tests and metrics)
         self.campaigns_unanswered = 0  # campaigns after a round a majority left unanswered
         self.leaders_lost = 0  # the leader's connection closed (leader_lost): tests and metrics
+        self._asks_early = False  # leader_lost brought this replica's deadline forward
 
     # -- the replica whose election deadline passed -----------------------------------------------
 
@@ -164,17 +167,19 @@ class PreVote:
         self.heard_leader_at = self._clock()
         self._round_term = self._won_term = None
         self.asking = False
+        self._asks_early = False
 
     def leader_lost(self, leader: str) -> None:
         """The connection to ``leader``, the leader this replica follows, closed. It is no longer
         heard (this replica grants pre-votes), and this replica asks, unless its timer runs out
         first, after ``rank`` steps of ``LOST_STEP`` x the lease plus up to half a step at random:
         ``rank`` is its place by address among the voters but the lost leader, so the survivors
-        ask one after the other and the second, asked by the first, grants. Once per leader heard:
-        the reconnects that fail after it change nothing more."""
-        if self.heard_leader_at == -math.inf:
-            return
+        ask one after the other and the second, asked by the first, grants (and then waits a whole
+        election timeout: ``answer``). Once per leader heard: the reconnects that fail after it
+        change nothing more."""
         sync = self._sync
+        if self.heard_leader_at == -math.inf or sync.selfNode is None:
+            return
         me = str(sync.selfNode.id)
         voters = sorted({str(node.id) for node in sync._SyncObj__otherNodes} - {leader} | {me})
         step = LOST_STEP * self.lease_s
@@ -183,9 +188,12 @@ class PreVote:
         self.leaders_lost += 1
         if due < sync._SyncObj__raftElectionDeadline:
             sync._SyncObj__raftElectionDeadline = due
+            self._asks_early = True
 
     def answer(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The ``pre_vote_response`` to a voter's ``pre_vote``. Changes nothing here."""
+        """The ``pre_vote_response`` to a voter's ``pre_vote``. Changes no term, vote or entry; a
+        grant after ``leader_lost`` brought this replica's own deadline forward puts it back a whole
+        election timeout on."""
         sync = self._sync
         term, index, last_term = (message.get(k) for k in ("term", "last_log_index", "last_log_term"))
         granted = (
@@ -198,6 +206,13 @@ class PreVote:
             and not sync._isLeader()
             and self._clock() - self.heard_leader_at >= self.lease_s
         )
+        if granted and self._asks_early:
+            # Another survivor of a lost leader asks first: it will campaign, so this one waits a
+            # whole election timeout rather than asking soon itself and splitting the vote.
+            self._asks_early = False
+            sync._SyncObj__raftElectionDeadline = max(
+                sync._SyncObj__raftElectionDeadline, self._clock() + sync._SyncObj__generateRaftTimeout()
+            )
         return {
             "type": "pre_vote_response",
             "term": term if type(term) is int else None,

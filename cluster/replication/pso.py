@@ -377,9 +377,11 @@ class FlushingTransport(TCPTransport):  # type: ignore[misc]
             self.admission.release(stranger[0], conn.drop_reason)
         sync, node = self._syncObj, self._connToNode(conn)
         pre_vote = getattr(sync, "raftmq_pre_vote", None)
-        if pre_vote is not None and node is not None and node == sync._getLeader() and not sync._isLeader():
-            pre_vote.leader_lost(str(node.id))  # its process ended, most likely: elect without waiting
-        super()._onDisconnected(conn)
+        try:
+            if pre_vote and node is not None and node == sync._getLeader() and not sync._isLeader():
+                pre_vote.leader_lost(str(node.id))  # its process ended, most likely: elect at once
+        finally:
+            super()._onDisconnected(conn)
 
     def _onTick(self) -> None:
         now = monotonic()

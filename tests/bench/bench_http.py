@@ -17,8 +17,8 @@ Phases:
                 ``--probe-ms`` ms to each surviving node, kill -9 g's leader, and measure the time
                 from the kill to the first successful produce *sent after the kill*; then restart
                 the node and wait until it is ready and leaders are back on their preferred nodes.
-                ``--failover-load`` messages/s go to every queue through the live nodes meanwhile
-                (open loop, requests of 100 messages): a failover under load.
+                ``--failover-load`` messages/s in all (round robin over the queues, requests of
+                100 messages, open loop) go through the live nodes meanwhile: a failover under load.
 
     .venv/bin/python tests/bench/bench_http.py                     # ~2.5 min, all phases
     .venv/bin/python tests/bench/bench_http.py --phases max --profile   # py-spy on every node
@@ -251,8 +251,8 @@ class Prober:
 
 
 class Background:
-    """Open-loop load through a failover: ``rate`` messages/s in requests of ``BATCH`` to every
-    queue, spread over the nodes in ``nodes`` (the caller takes a killed node out)."""
+    """Open-loop load through a failover: ``rate`` messages/s in all, in requests of ``BATCH``
+    round robin over the queues and the nodes in ``nodes`` (the caller takes a killed node out)."""
 
     def __init__(self, load: Load, session: aiohttp.ClientSession, rate: float, nodes: list[str]) -> None:
         self.load, self.session, self.nodes = load, session, nodes
@@ -602,7 +602,7 @@ def main() -> None:
         "--failover-load",
         type=float,
         default=0.0,
-        help="messages/s offered to every queue through the live nodes during 'failover' (open loop)",
+        help="messages/s in all, round robin over the queues, through the live nodes during 'failover'",
     )
     ap.add_argument("--raft", action="append", default=[], help="[raft] setting KEY=VALUE (experiments)")
     ap.add_argument("--profile", action="store_true", help="py-spy every node during 'max'")

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from client_producer_fakes import FakeCluster, start_producer
 
 from raftmq.client import AsyncProducer, FutureRecord
+from raftmq.client._outcome import BatchOutcome
 from raftmq.client._producer import ProducerCore
 
 T = TypeVar("T")
@@ -97,3 +98,14 @@ def test_a_thread_given_the_ended_loop_thread_s_identifier_wakes_the_sender_thre
     would not wake a loop waiting in ``select``: the wake-up would be lost)."""
     reused = sum(_wakes_the_sender() for _ in range(20))
     assert reused, "no new thread got the ended thread's identifier: nothing was shown"
+
+
+def test_a_handle_whose_producers_loop_is_closed_refuses_to_wait_for_ever() -> None:
+    """Nothing will finish a batch once its producer's loop is closed (an ``AsyncProducer`` left
+    unclosed when ``asyncio.run`` returned): waiting for it, from any thread, would block for
+    ever. It is refused as waiting in the loop's own thread is."""
+    loop = asyncio.new_event_loop()
+    outcome = BatchOutcome("t", 0, loop)
+    loop.close()
+    _, raised = _in_a_new_thread(lambda: outcome.wait(2.0))  # before: False after 2 s
+    assert isinstance(raised[0], asyncio.InvalidStateError), raised

@@ -334,7 +334,7 @@ def test_a_lost_leaders_survivors_ask_one_after_the_other_by_address(
     assert pre_vote.leaders_lost == 2 and sync._SyncObj__raftElectionDeadline == far
 
 
-def test_the_second_survivor_asks_a_step_later() -> None:
+def test_the_second_survivor_asks_a_step_later_and_waits_once_it_granted_the_first() -> None:
     install_journal_seam()
     sync = SyncObj(
         PEERS[1],
@@ -342,13 +342,22 @@ def test_the_second_survivor_asks_a_step_later() -> None:
         conf=SyncObjConf(autoTick=False, journalFile=DurableJournal(MemoryStore())),
         transportClass=RecordingTransport,
     )
+    now = 1000.0  # a clock the test holds still
     try:
-        pre_vote = install_pre_vote(sync, lease_s=0.4, clock=monotonic)
+        pre_vote = install_pre_vote(sync, lease_s=0.4, clock=lambda: now)
         pre_vote.heard_leader()
-        sync._SyncObj__raftElectionDeadline = far = monotonic() + 60
+        sync._SyncObj__raftElectionDeadline = 1060.0
         pre_vote.leader_lost(PEERS[0])  # survivors SELF and PEERS[1]: this one is second
-        wait = sync._SyncObj__raftElectionDeadline - monotonic()
-        assert 0.1 * 0.95 <= wait <= 0.15 and sync._SyncObj__raftElectionDeadline < far
+        assert now + 0.1 <= sync._SyncObj__raftElectionDeadline <= now + 0.15  # one step, half at random
+        ask = {
+            "type": "pre_vote",
+            "term": sync.raftCurrentTerm + 1,
+            "last_log_index": sync._SyncObj__getCurrentLogIndex(),
+            "last_log_term": sync._SyncObj__getCurrentLogTerm(),
+        }
+        assert pre_vote.answer(ask)["granted"] is True  # the first survivor asks: granted
+        # It will campaign: this one no longer asks a step after the loss, but a timeout later.
+        assert sync._SyncObj__raftElectionDeadline >= now + sync._SyncObj__conf.raftMinTimeout
     finally:
         sync.destroy()
 
