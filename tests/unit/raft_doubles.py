@@ -61,13 +61,15 @@ def fast_settings() -> RaftSettings:
     )
 
 
-_PORTS = PortBlocks()
+_PORTS: list[PortBlocks] = []  # made at the first call: a module that imports this starts none
 
 
 def free_port() -> int:
     """A port on 127.0.0.1 for a replica to bind: never handed out twice, and no ephemeral bind
     (another test's port 0, a connection's local port) can take it first (see local_ports)."""
-    return _PORTS.take()
+    if not _PORTS:
+        _PORTS.append(PortBlocks())  # raises, saying why, when no block fits below the ephemeral range
+    return _PORTS[0].take()
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
