@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from raftmq.cluster.config.keys import PEER_HEADER, derive_keys
 
@@ -329,6 +330,19 @@ class Cluster:
         r.raise_for_status()
         result: dict[str, Any] = r.json()
         return result
+
+    def group_counter(self, node_id: str, counter: str, group: str) -> float:
+        """``node_id``'s Raft counter ``counter`` (its ``_total`` sample) for queue group ``group``
+        (exactly one sample: a counter not exported fails)."""
+        r = self.get("/metrics", node_id)
+        assert r.status_code == 200, r.text[:300]
+        (value,) = [
+            s.value
+            for family in text_string_to_metric_families(r.text)
+            for s in family.samples
+            if s.name == f"{counter}_total" and s.labels.get("group_id") == group
+        ]
+        return float(value)
 
     def leader(self, group: str, among: list[str] | None = None) -> str | None:
         """The node that claims leadership of ``group`` with the highest term (None if none)."""

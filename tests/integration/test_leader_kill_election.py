@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import Cluster, wait_until
 
@@ -34,16 +33,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def leaders_lost(c: Cluster, node: str, group: str) -> float:
-    """``node``'s raftmq_raft_leader_connections_lost_total for ``group``."""
-    r = c.get("/metrics", node)
-    assert r.status_code == 200, r.text[:300]
-    (count,) = [
-        s.value
-        for family in text_string_to_metric_families(r.text)
-        for s in family.samples
-        if s.name == "raftmq_raft_leader_connections_lost_total" and s.labels.get("group_id") == group
-    ]
-    return count
+    return c.group_counter(node, "raftmq_raft_leader_connections_lost", group)
 
 
 def test_a_killed_leader_is_replaced_well_before_the_election_timeout(cluster: Cluster) -> None:

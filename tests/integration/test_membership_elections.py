@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster_changes import QUEUES, TOPIC, Traffic, placement, run_change
 from .harness import Cluster, wait_until
@@ -52,15 +51,7 @@ def terms(c: Cluster) -> dict[str, int]:
 
 def pre_vote_rounds(c: Cluster, node: str) -> float:
     """The pre-vote rounds ``node``'s replica of group 0 started (raftmq_raft_pre_votes_total)."""
-    r = c.get("/metrics", node)
-    assert r.status_code == 200, r.text[:300]
-    (rounds,) = [
-        s.value
-        for family in text_string_to_metric_families(r.text)
-        for s in family.samples
-        if s.name == "raftmq_raft_pre_votes_total" and s.labels.get("group_id") == "0"
-    ]
-    return rounds
+    return c.group_counter(node, "raftmq_raft_pre_votes", "0")
 
 
 def deleted(c: Cluster, node: str) -> bool:

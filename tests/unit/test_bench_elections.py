@@ -4,15 +4,11 @@ per group between two samples."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "bench_elections.py"
+from bench_scripts import loaded_bench
 
 METRICS = """\
 # HELP raftmq_raft_term Current Raft term of the replica
@@ -31,20 +27,7 @@ raftmq_raft_is_leader{group_id="1",node_id="n1"} 1.0
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    """The script as a module; the import path entries it adds are taken out again."""
-    path, modules = list(sys.path), set(sys.modules)
-    spec = importlib.util.spec_from_file_location("bench_elections", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path
-    yield module
-    for name in ("bench_elections", "_common"):
-        if name not in modules:
-            sys.modules.pop(name, None)
+    yield from loaded_bench("bench_elections")
 
 
 def test_counters_are_read_for_the_metadata_group_and_every_queue_group(bench: ModuleType) -> None:

@@ -4,7 +4,6 @@ saying so (it ran the whole benchmark unprofiled, printing and recording no prof
 
 from __future__ import annotations
 
-import importlib.util
 import stat
 import sys
 from collections.abc import Iterator
@@ -12,26 +11,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "bench_sqs.py"
+from bench_scripts import loaded_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    """The script as a module; the import path entries it adds are taken out again."""
-    path, modules = list(sys.path), set(sys.modules)
-    spec = importlib.util.spec_from_file_location("bench_sqs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path
-    yield module
-    for name in ("bench_sqs", "_common"):
-        if name not in modules:
-            sys.modules.pop(name, None)
+    yield from loaded_bench("bench_sqs")
 
 
 @pytest.fixture

@@ -3,35 +3,18 @@ figures it reports (best, median, the ratios raftmq / NATS)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "bench_vs_nats.py"
+from bench_scripts import loaded_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    """The script as a module; the import path entries it adds (tests/bench and the repository,
-    whose docker/ folder would shadow docker-py) are taken out again."""
-    path, modules = list(sys.path), set(sys.modules)
-    spec = importlib.util.spec_from_file_location("bench_vs_nats", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = path
-    yield module
-    for name in ("bench_vs_nats", "_common"):
-        if name not in modules:
-            sys.modules.pop(name, None)
+    yield from loaded_bench("bench_vs_nats")
 
 
 def run(rate: float) -> dict[str, float]:

@@ -27,20 +27,24 @@ from raftmq.cluster.replication.raft import RaftGroup
 from raftmq.storage.memory import MemoryStore
 
 
-@pytest.fixture
-def three_groups(tmp_path: Path) -> Iterator[Callable[[], list[RaftGroup]]]:
+def _groups_starter(
+    tmp_path: Path, election_min_s: float, election_max_s: float, heartbeat_s: float
+) -> Iterator[Callable[[], list[RaftGroup]]]:
+    """A fixture's body: a function that starts three replicas with these timings (after the test
+    patched what it patches), destroyed at the end."""
     groups: list[RaftGroup] = []
-
-    def start() -> list[RaftGroup]:
-        # Heartbeats well inside the election timeout, so that only the deaf follower times out.
-        settings = dataclasses.replace(
-            fast_settings(), election_min_s=0.3, election_max_s=0.5, heartbeat_s=0.03
-        )
-        return start_three(tmp_path, settings, groups)
-
-    yield start
+    settings = dataclasses.replace(
+        fast_settings(), election_min_s=election_min_s, election_max_s=election_max_s, heartbeat_s=heartbeat_s
+    )
+    yield lambda: start_three(tmp_path, settings, groups)
     for group in groups:
         group.destroy()
+
+
+@pytest.fixture
+def three_groups(tmp_path: Path) -> Iterator[Callable[[], list[RaftGroup]]]:
+    # Heartbeats well inside the election timeout, so that only the deaf follower times out.
+    yield from _groups_starter(tmp_path, 0.3, 0.5, 0.03)
 
 
 def _record_campaigns(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, str, int]]:
@@ -135,17 +139,7 @@ def test_a_group_whose_leader_is_gone_elects_another_after_a_granted_pre_vote(
 def slow_groups(tmp_path: Path) -> Iterator[Callable[[], list[RaftGroup]]]:
     """Three replicas whose election timeout (2.5-3 s) is far longer than what a lost leader's
     connection should take to replace it."""
-    groups: list[RaftGroup] = []
-
-    def start() -> list[RaftGroup]:
-        settings = dataclasses.replace(
-            fast_settings(), election_min_s=2.5, election_max_s=3.0, heartbeat_s=0.05
-        )
-        return start_three(tmp_path, settings, groups)
-
-    yield start
-    for group in groups:
-        group.destroy()
+    yield from _groups_starter(tmp_path, 2.5, 3.0, 0.05)
 
 
 def test_a_leader_whose_connections_close_is_replaced_before_any_election_timeout(
