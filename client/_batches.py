@@ -242,7 +242,9 @@ def make_messages(
         else:
             values = (str(raw[x:y], "utf-8") for x, y in pairwise(cuts))
         topics, queues, offsets, keys = repeat(topic), repeat(queue), range(first, last), repeat(None)
-        messages = list(map(Message, topics, queues, offsets, values, keys, repeat(_EMPTY), repeat(ts)))
+        messages = list(
+            map(Message, topics, queues, offsets, values, keys, repeat(_EMPTY), repeat(ts), repeat(window))
+        )
     else:
         messages = [
             Message(
@@ -253,12 +255,10 @@ def make_messages(
                 r.key,
                 r.headers or _EMPTY,
                 ts,
+                window,
             )
             for r in view.records(first, last - first)
         ]
-    if window is not None:
-        for m in messages:
-            m._window = window
     return messages
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from ._consumer_config import ConsumerConfig, FetchWire, Mode, Reset, TopicQueue
 from ._consumer_core import ConsumerCore
 from ._limits import check_concurrency
 from ._transport import AddressMap
-from ._types import Message
+from ._types import Message, ack_messages
 from .errors import ClientClosed
 
 __all__ = ["AsyncConsumer", "ConsumerConfig", "ConsumerCore", "Mode", "Reset", "TopicQueue"]
@@ -283,6 +283,16 @@ class AsyncConsumer:
                 await asyncio.gather(*running, return_exceptions=True)
         if failure:
             raise failure[0]
+
+    def ack(self, messages: Iterable[Message]) -> None:
+        """Ack every one of ``messages``, as ``msg.ack()`` each but cheaper: each queue's window
+        is locked once and its committed offset moved once (at-least-once as before: a queue's
+        committed offset still passes only messages that were acked, with every earlier one).
+
+        Thread-safe and idempotent, like :meth:`Message.ack`; after a rebalance took a message's
+        queue away its ack does nothing.
+        """
+        ack_messages(messages)
 
     async def commit(self) -> None:
         """Commit finished offsets now (also done every ``auto_commit_interval_ms``)."""

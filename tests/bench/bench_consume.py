@@ -9,14 +9,17 @@ Phases:
 - ``throughput``: ``--messages`` messages of 100 bytes are produced first (raw HTTP, 1,000 per
   request, to each queue's leader), over ``--queues`` queues. Then 3 consumer processes of one
   group start and join; once every one owns its share of the queues (the group has formed) they
-  are told "go", and each iterates ``Consumer.poll`` and acks every message. Before "go" each has
+  are told "go", and each iterates ``Consumer.poll`` and acks every polled list with
+  ``consumer.ack(batch)`` (``--ack each``: ``msg.ack()`` message by message). Before "go" each has
   prefetched up to ``max_backlog`` messages per queue. Every consumer reports (time, messages,
   queues owned) every 50 ms. Figures:
 
   - ``steady msgs/s``: messages per second of the whole group from 0.5 s after "go" until the
     first consumer runs dry (the rate the group sustains);
   - ``drain msgs/s``: (messages - those prefetched before "go") / (last message - "go");
-  - every message arrives (distinct (queue, offset) pairs = ``--messages``); duplicates counted;
+  - every message arrives (distinct (queue, offset) pairs = ``--messages``); duplicates counted
+    (each consumer keeps the pairs in two int arrays and sends back per-queue ranges; the parent
+    merges them: ``_offset_ranges.py``);
   - CPU per message of the nodes and of the consumers (from "go" on).
 
 - ``latency``: an open-loop producer (``raftmq.client.AsyncProducer``, ``--linger-ms`` 5, the
@@ -41,7 +44,9 @@ import json
 import os
 import sys
 import time
+from array import array
 from collections import Counter
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +76,7 @@ from _common import (  # noqa: E402
     worker_command,
     worker_profile,
 )
+from _offset_ranges import distinct, merge_ranges, ranges_of  # noqa: E402
 
 from tests.integration.harness import Cluster  # noqa: E402
 
@@ -121,7 +127,10 @@ def consumer_main(args: argparse.Namespace) -> None:
         start_py_spy(os.getpid(), args.profile_s, Path(args.spy_out))
     cpu_start = sum(os.times()[:2])
     count = 0
-    seen: Counter[tuple[int, int]] = Counter()
+    # Every (queue, offset) received, kept as two int arrays (see _offset_ranges.py)
+    seen_queues, seen_offsets = array("q"), array("q")
+    queue_of, offset_of = attrgetter("queue"), attrgetter("offset")
+    ack_list = args.ack == "list"
     latencies: list[float] = []
     from_append: list[float] = []  # receive time - the broker's append timestamp
     last_sample = 0.0
@@ -136,13 +145,18 @@ def consumer_main(args: argparse.Namespace) -> None:
                 first_at = now
             last_at = now
             idle_since = time.monotonic()
-            for m in batch:
-                if args.role == "latency":
+            if args.role == "latency":
+                for m in batch:
                     latencies.append(now - float(str(m.value)[:20]))
                     from_append.append(now - m.timestamp_ms / 1000)
-                else:
-                    seen[(m.queue, m.offset)] += 1
-                m.ack()
+            else:
+                seen_queues.extend(map(queue_of, batch))
+                seen_offsets.extend(map(offset_of, batch))
+            if ack_list:
+                consumer.ack(batch)
+            else:
+                for m in batch:
+                    m.ack()
             count += len(batch)
         if now - last_sample >= 0.05:
             last_sample = now
@@ -162,8 +176,9 @@ def consumer_main(args: argparse.Namespace) -> None:
         "prefetched": prefetched,
     }
     if args.role == "throughput":
-        summary["distinct"] = [[q, o] for q, o in seen]  # the parent checks the union
-        summary["duplicates"] = sum(n - 1 for n in seen.values())
+        ranges, repeats = ranges_of(seen_queues, seen_offsets)
+        summary["ranges"] = ranges  # the parent merges every consumer's
+        summary["repeats"] = repeats
     else:
         summary["latencies"] = latencies
         summary["from_append"] = from_append
@@ -189,6 +204,7 @@ def consumer_command(
         max_backlog=args.max_backlog,
         reset="latest" if role == "latency" else "earliest",
         wire=args.wire,
+        ack=args.ack,
         stop_file=stop_file,
         spy_out=spy_out,
         profile_s=args.profile_s,
@@ -246,10 +262,11 @@ def phase_throughput(cluster: Cluster, args: argparse.Namespace) -> dict[str, An
     wall = time.time() - t_go
     summaries = workers.summaries()
     samples = workers.samples(t_go)
-    distinct = {(q, o) for s in summaries for q, o in s["distinct"]}
+    merged, overlap = merge_ranges(s["ranges"] for s in summaries)
     received = sum(s["count"] for s in summaries)
     prefetched = sum(s["prefetched"] for s in summaries)
-    duplicates = received - len(distinct)
+    covered = distinct(merged)
+    duplicates = overlap + sum(s["repeats"] for s in summaries)
     last_msg = max(s["last_at"] for s in summaries)
     dry_at = min(s["last_at"] for s in summaries)  # the first consumer to run out of messages
     drain_s = last_msg - t_go
@@ -273,8 +290,9 @@ def phase_throughput(cluster: Cluster, args: argparse.Namespace) -> dict[str, An
         "group_formed_s": round(group_formed_s, 2),
         "prefetched_before_go": prefetched,
         "received": received,
-        "distinct": len(distinct),
-        "lost": total - len(distinct),
+        "ack": args.ack,
+        "distinct": covered,
+        "lost": total - covered,
         "duplicates": duplicates,
         "per_consumer": [s["count"] for s in summaries],
         "drain_s": round(drain_s, 3),
@@ -441,6 +459,12 @@ def main() -> None:
         choices=("binary", "json"),
         default="binary",
         help="the consumers' fetch answer (client default: binary)",
+    )
+    ap.add_argument(
+        "--ack",
+        choices=("list", "each"),
+        default="list",
+        help="the consumers ack each poll's list at once (consumer.ack) or message by message",
     )
     ap.add_argument("--rate", type=int, default=5_000, help="offered messages/s in 'latency'")
     ap.add_argument("--linger-ms", type=int, default=5, help="the latency producer's linger_ms")

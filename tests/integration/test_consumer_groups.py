@@ -276,6 +276,57 @@ def test_fetching_pauses_while_the_local_backlog_is_full(cluster: Cluster) -> No
         assert more, "fetching resumed once the backlog drained"
 
 
+def test_acking_a_polled_list_commits_up_to_the_first_message_left_out_of_it(cluster: Cluster) -> None:
+    create(cluster, "acklist", 2)
+    with Producer(urls(cluster)) as producer:
+        for i in range(400):
+            producer.send("acklist", f"v{i}", queue=i % 2)
+        producer.flush()
+    with (
+        Consumer(
+            urls(cluster), group="al", topics="acklist", max_batch=16, max_backlog=64, wait_ms=100
+        ) as consumer,
+        Admin(urls(cluster)) as admin,
+    ):
+        got: list[Message] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2 * 64 and time.monotonic() < deadline:
+            got += consumer.poll(timeout_ms=100)
+        assert len(got) == 2 * 64, "each queue fills its backlog"
+        held = next(m for m in got if m.queue == 0 and m.offset == 10)
+        consumer.ack([m for m in got if m is not held])  # one list, both queues
+        assert not held.acked and all(m.acked for m in got if m is not held)
+        more = consumer.poll(timeout_ms=30_000)
+        assert more, "fetching resumed once the list's acks drained the backlog"
+        consumer.commit()
+        assert admin.committed_offsets("al", "acklist") == {0: 10, 1: 64}
+        consumer.ack([held, *more])
+        consumer.commit()
+        committed = admin.committed_offsets("al", "acklist")
+        assert committed[0] is not None and committed[0] >= 64, committed
+        assert sum(o or 0 for o in committed.values()) == 2 * 64 + len(more)
+
+
+def test_an_async_consumer_acks_a_list_and_a_restart_resumes_after_it(cluster: Cluster) -> None:
+    create(cluster, "acklist-a", 3)
+    values = [f"v{i}" for i in range(600)]
+    produce(cluster, "acklist-a", values)
+
+    async def consume(count: int) -> list[Message]:
+        got: list[Message] = []
+        async with AsyncConsumer(urls(cluster), group="ala", topics="acklist-a", wait_ms=200) as consumer:
+            while len(got) < count:
+                batch = await consumer.getmany(count - len(got), timeout_ms=30_000)
+                assert batch, "no message within 30 s"
+                consumer.ack(batch)
+                got += batch
+        return got
+
+    first = asyncio.run(consume(250))
+    rest = asyncio.run(consume(350))  # closing committed every list acked: no message again
+    assert sorted(str(m.value) for m in first + rest) == sorted(values)
+
+
 def test_reset_latest_skips_what_was_there_before_the_first_start(cluster: Cluster) -> None:
     create(cluster, "latest-t", 2)
     produce(cluster, "latest-t", ["old"] * 50)

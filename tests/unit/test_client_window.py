@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from raftmq.client._types import Message, ack_messages
 from raftmq.client._window import OffsetWindow
 
 
@@ -121,3 +122,92 @@ def test_acks_from_many_threads_all_count() -> None:
     for t in threads:
         t.join()
     assert (w.low_edge, w.size) == (n, 0)
+
+
+def test_ack_many_of_the_next_offsets_moves_the_edge_past_them_and_wakes_once() -> None:
+    w = OffsetWindow(0)
+    calls: list[int] = []
+    w.set_on_shrink(lambda: calls.append(w.low_edge))
+    w.add(0, 10)
+    assert w.ack_many([0, 1, 2, 3]) is True
+    assert (w.low_edge, w.size, calls) == (4, 6, [4])
+    assert w.ack_many(range(4, 10)) is True
+    assert (w.low_edge, w.size, calls) == (10, 0, [4, 10])
+
+
+def test_ack_many_behind_an_unfinished_offset_holds_the_edge() -> None:
+    w = OffsetWindow(0)
+    w.add(0, 10)
+    assert w.ack_many([1, 2, 3]) is False
+    assert (w.low_edge, w.size) == (0, 10)
+    assert w.ack_many([0]) is True
+    assert (w.low_edge, w.size) == (4, 6)
+
+
+def test_ack_many_ignores_repeated_unknown_and_duplicated_offsets() -> None:
+    w = OffsetWindow(5)
+    w.add(5, 4)  # 5..8
+    # as long as a contiguous run, but with a duplicate: 5, 5, 7 is not 5, 6, 7
+    assert w.ack_many([5, 5, 7]) is True
+    assert w.low_edge == 6  # 6 was never acked
+    assert w.ack_many([-1, 4, 5, 99]) is False
+    assert w.ack_many([6, 8]) is True
+    assert (w.low_edge, w.size) == (9, 0)
+
+
+def test_ack_many_after_a_forward_jump_crosses_the_skipped_range() -> None:
+    w = OffsetWindow(0)
+    w.add(0, 3)
+    w.jump(50)
+    w.add(50, 2)
+    assert w.ack_many([0, 1, 2, 50]) is True
+    assert (w.low_edge, w.size) == (51, 1)
+    assert w.ack_many([10, 20]) is False  # skipped, never delivered
+    assert w.ack_many([51]) is True
+    assert (w.low_edge, w.size) == (52, 0)
+
+
+def test_ack_many_of_a_revoked_window_does_nothing() -> None:
+    w = OffsetWindow(0)
+    w.add(0, 3)
+    w.revoke()
+    assert w.ack_many([0, 1, 2]) is False
+    assert w.low_edge == 0
+
+
+@given(
+    st.integers(0, 1000),
+    st.integers(1, 200),
+    st.lists(st.lists(st.integers(-5, 210), max_size=40), max_size=20),
+)
+def test_ack_many_finishes_what_acks_one_by_one_finish(
+    start: int, count: int, lists: list[list[int]]
+) -> None:
+    one, many = OffsetWindow(start), OffsetWindow(start)
+    one.add(start, count)
+    many.add(start, count)
+    for offsets in lists:
+        shifted = [start + o for o in offsets]
+        moved = [one.ack(o) for o in shifted]
+        assert many.ack_many(shifted) is any(moved)
+        assert (many.low_edge, many.size) == (one.low_edge, one.size)
+
+
+def test_acking_a_list_moves_each_queues_window_once_and_acks_every_message() -> None:
+    a, b = OffsetWindow(0), OffsetWindow(100)
+    moves: list[str] = []
+    a.set_on_shrink(lambda: moves.append("a"))
+    b.set_on_shrink(lambda: moves.append("b"))
+    a.add(0, 4)
+    b.add(100, 3)
+    in_a = [Message("t", 0, o, "v", _window=a) for o in range(4)]
+    in_b = [Message("t", 1, o, "v", _window=b) for o in range(100, 103)]
+    # a poll's list: runs of one queue, interleaved; one of b's held back (not acked)
+    ack_messages([*in_a[:2], *in_b[:1], *in_a[2:], in_b[2]])
+    assert all(m.acked for m in in_a) and not in_b[1].acked
+    assert (a.low_edge, b.low_edge) == (4, 101)  # b's 102 finished, behind the unacked 101
+    assert sorted(moves) == ["a", "b"]
+    ack_messages(in_a)  # repeated: nothing moves
+    assert sorted(moves) == ["a", "b"]
+    in_b[1].ack()
+    assert b.low_edge == 103
