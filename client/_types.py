@@ -105,17 +105,21 @@ def ack_messages(messages: Iterable[Message]) -> None:
     windows: dict[OffsetWindow, list[int]] = {}
     window: OffsetWindow | None = None
     offsets: list[int] = []
-    for m in messages:
-        w = m._window
-        if w is None:
-            continue
-        m._window = None
-        if w is not window:  # a poll's messages come in runs of one queue
-            window = w
-            offsets = windows.setdefault(w, [])
-        offsets.append(m.offset)
-    for w, acked in windows.items():
-        w.ack_many(acked)
+    try:
+        for m in messages:
+            w = m._window
+            if w is None:
+                continue
+            m._window = None
+            if w is not window:  # a poll's messages come in runs of one queue
+                window = w
+                offsets = windows.setdefault(w, [])
+            offsets.append(m.offset)
+    finally:
+        # Also when ``messages`` raised part way (a generator, an item that is no Message): the
+        # messages taken so far look acked (their window is cleared), so their windows must hear it.
+        for w, acked in windows.items():
+            w.ack_many(acked)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,3 +63,10 @@ def merge_ranges(parts: Iterable[Ranges]) -> tuple[Ranges, int]:
 def distinct(merged: Ranges) -> int:
     """Pairs the ranges cover."""
     return sum(end - first for ranges in merged.values() for first, end in ranges)
+
+
+def holes(merged: Ranges) -> int:
+    """Offsets missing below each queue's highest one received (every queue of the benchmark's
+    topic starts at offset 0 and has no gap): a loss that a count alone would miss when a stray
+    pair (a wrong queue or an offset past the end) made up for it."""
+    return sum(ranges[-1][1] - distinct({queue: ranges}) for queue, ranges in merged.items() if ranges)

@@ -76,7 +76,7 @@ from _common import (  # noqa: E402
     worker_command,
     worker_profile,
 )
-from _offset_ranges import distinct, merge_ranges, ranges_of  # noqa: E402
+from _offset_ranges import distinct, holes, merge_ranges, ranges_of  # noqa: E402
 
 from tests.integration.harness import Cluster  # noqa: E402
 
@@ -292,7 +292,7 @@ def phase_throughput(cluster: Cluster, args: argparse.Namespace) -> dict[str, An
         "received": received,
         "ack": args.ack,
         "distinct": covered,
-        "lost": total - covered,
+        "lost": max(total - covered, holes(merged)),
         "duplicates": duplicates,
         "per_consumer": [s["count"] for s in summaries],
         "drain_s": round(drain_s, 3),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
@@ -211,3 +212,20 @@ def test_acking_a_list_moves_each_queues_window_once_and_acks_every_message() ->
     assert sorted(moves) == ["a", "b"]
     in_b[1].ack()
     assert b.low_edge == 103
+
+
+def test_acking_an_iterable_that_raises_part_way_acks_the_messages_taken_before() -> None:
+    """They look acked (a second ack does nothing), so their window must have heard: else the
+    queue's committed offset stayed behind them for good and its fetches paused once full."""
+    window = OffsetWindow(0)
+    window.add(0, 3)
+    messages = [Message("t", 0, o, "v", _window=window) for o in range(3)]
+
+    def processed() -> Iterator[Message]:
+        yield from messages[:2]
+        raise RuntimeError("the handler of the third failed")
+
+    with pytest.raises(RuntimeError):
+        ack_messages(processed())
+    assert messages[0].acked and messages[1].acked and not messages[2].acked
+    assert (window.low_edge, window.size) == (2, 1)
