@@ -427,13 +427,8 @@ class Consumer(SyncClient):
             raise failure[0]
 
     def ack(self, messages: Iterable[Message]) -> None:
-        """Ack every one of ``messages``, as ``msg.ack()`` each but cheaper: each queue's window
-        is locked once and its committed offset moved once (at-least-once as before: a queue's
-        committed offset still passes only messages that were acked, with every earlier one).
-
-        Thread-safe and idempotent, like :meth:`Message.ack`; after a rebalance took a message's
-        queue away its ack does nothing.
-        """
+        """Ack every one of ``messages`` at once: :meth:`AsyncConsumer.ack` (it runs in the
+        calling thread, not the I/O thread)."""
         ack_messages(messages)
 
     def commit(self) -> None:
