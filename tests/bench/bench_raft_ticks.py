@@ -200,27 +200,22 @@ def main() -> None:
     profiled = run_pass(min(args.entries, 1000), args.size, profile=True)
     result.update(timed=timed, profiled=profiled)
     rows = [
-        ["timed", f"{t['tick_cpu_us_per_entry']:.0f}", "", "", f"{t['p50_ms']:.2f}", f"{t['p99_ms']:.2f}"]
+        ["timed", f"{t['tick_cpu_us_per_entry']:.0f}", f"{t['p50_ms']:.2f} / {t['p99_ms']:.2f}"]
         for t in timed
     ]
+    figures = ("calls_per_entry", "ticks_per_entry", "calls_per_tick", "node_method_calls_per_entry")
     for role in ("leader", "follower"):
-        p = profiled[role]
-        rows.append(
-            [f"profiled {role}", "", f"{p['calls_per_entry']:.0f}", f"{p['ticks_per_entry']:.2f}", "", ""]
-        )
-    print(
-        table(
-            rows,
-            [
-                "pass",
-                "tick CPU us/entry (3 threads)",
-                "Python calls/entry",
-                "ticks/entry",
-                "p50 ms",
-                "p99 ms",
-            ],
-        )
-    )
+        rows.append([role, "", "", *(f"{profiled[role][k]:.2f}" for k in figures)])
+    heads = [
+        "pass",
+        "tick CPU us/entry",
+        "p50 / p99 ms",
+        "calls/entry",
+        "ticks/entry",
+        "calls/tick",
+        "Node calls/entry",
+    ]
+    print(table(rows, heads))
     print(f"wrote {write_result('raft_ticks', result)}")
 
 
