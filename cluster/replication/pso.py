@@ -5,6 +5,7 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
 
 - ``syncobj.createJournal`` (module attribute): a :class:`DurableJournal` passed as ``journalFile``
   is used as is (:func:`install_journal_seam`);
+- ``nodeClass=`` (constructor argument): :class:`RaftNode`, hashed in C (:class:`RaftNodeSyncObj`);
 - ``transportClass=`` (constructor argument): :class:`FlushingTransport`, which flushes the journal
   before any message but a leader's entries leaves and before a follower's acknowledgement is read,
   filters votes from non-voters, connects to hinted peers and tells pre-vote when the leader's
@@ -116,7 +117,7 @@ class RaftNode(str, TCPNode):  # type: ignore[misc]
     """pysyncobj's ``TCPNode`` that is also its address as a ``str``: hashed and compared in C.
 
     pysyncobj keys its per-peer state by node, and a ``TCPNode`` hashes and compares in Python
-    (its ``id`` property): about 40 hashes per entry on a leader. ``str``'s methods come first in
+    (its ``id`` property): about 50 hashes per entry on a leader. ``str``'s methods come first in
     this MRO; for a mixed pair ``str`` declines and ``Node.__eq__`` answers, so it equals and hashes
     like a ``TCPNode`` of its address. It pickles as that ``TCPNode``. It also equals its address
     as a plain ``str`` (pysyncobj compares the two only in its admin utility's removal, unused).
