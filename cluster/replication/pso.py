@@ -5,6 +5,7 @@ pysyncobj (pinned exactly) lets a subclass or a module attribute in:
 
 - ``syncobj.createJournal`` (module attribute): a :class:`DurableJournal` passed as ``journalFile``
   is used as is (:func:`install_journal_seam`);
+- ``nodeClass=`` (constructor argument): :class:`RaftNode`, hashed in C (:class:`RaftNodeSyncObj`);
 - ``transportClass=`` (constructor argument): :class:`FlushingTransport`, which flushes the journal
   before any message but a leader's entries leaves and before a follower's acknowledgement is read,
   filters votes from non-voters, connects to hinted peers and tells pre-vote when the leader's
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import errno
 import functools
-import logging
+import operator
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,8 @@ __all__ = [
     "PINNED_PYSYNCOBJ",
     "FlushingTransport",
     "RaftConnection",
+    "RaftNode",
+    "RaftNodeSyncObj",
     "SyncObj",
     "SyncObjConf",
     "SyncObjException",
@@ -81,7 +84,6 @@ __all__ = [
     "hold_commit_notices",
     "install_deadline_poll",
     "install_journal_seam",
-    "install_log_filter",
     "install_tick_seams",
     "membership_change",
     "monotonic",
@@ -107,6 +109,50 @@ _LEADER_SENDS_UNFLUSHED = frozenset({"append_entries", "apply_command_response"}
 # How often a tick looks at the peers' connections (FlushingTransport._onTick): far below
 # pysyncobj's connectionRetryTime (0.5 s by default), so a retry is at most this much later.
 CONNECT_CHECK_S = 0.05
+
+# -- the nodes -------------------------------------------------------------------------------------
+
+
+class RaftNode(str, TCPNode):  # type: ignore[misc]
+    """pysyncobj's ``TCPNode`` that is also its address as a ``str``: hashed and compared in C.
+
+    pysyncobj keys its per-peer state by node, and a ``TCPNode`` hashes and compares in Python
+    (its ``id`` property): about 50 hashes per entry on a leader. ``str``'s methods come first in
+    this MRO; for a mixed pair ``str`` declines and ``Node.__eq__`` answers, so it equals and hashes
+    like a ``TCPNode`` of its address. It pickles as that ``TCPNode``. It also equals its address
+    as a plain ``str`` (pysyncobj compares the two only in its admin utility's removal, unused).
+    """
+
+    def __new__(cls, address: str, **_kwargs: Any) -> RaftNode:
+        return super().__new__(cls, address)
+
+    id = property(operator.attrgetter("_id"))  # TCPNode's, read in C
+    __repr__ = TCPNode.__repr__
+
+    def __reduce_ex__(self, _protocol: Any) -> tuple[Any, ...]:
+        return TCPNode, (str(self),)
+
+
+class RaftNodeSyncObj(SyncObj):  # type: ignore[misc]
+    """pysyncobj's object on :class:`RaftNode` s: its ``nodeClass`` unless told otherwise. A
+    membership entry pickles pysyncobj's own ``TCPNode`` (the entry's bytes as ever), and the voter
+    such an entry brings in is a ``RaftNode`` like the others once applied."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("nodeClass", RaftNode)
+        super().__init__(*args, **kwargs)
+
+    def addNodeToCluster(self, node: Any, callback: Any = None) -> None:
+        super().addNodeToCluster(TCPNode(str(node)), callback)
+
+    def removeNodeFromCluster(self, node: Any, callback: Any = None) -> None:
+        super().removeNodeFromCluster(TCPNode(str(node)), callback)
+
+    def _SyncObj__doChangeCluster(self, request: list[Any], reverse: bool = False) -> Any:
+        if len(request) >= 3 and type(request[2]) is TCPNode:
+            request = [request[0], request[1], RaftNode(str(request[1]))]
+        return super()._SyncObj__doChangeCluster(request, reverse)
+
 
 # -- the Raft connection ---------------------------------------------------------------------------
 
@@ -472,25 +518,6 @@ def _source_address(conn: Any) -> str:
         return str(conn._TcpConnection__socket.getpeername()[0])
     except (OSError, AttributeError, TypeError):
         return "?"
-
-
-class _MatchingTruncationFilter(logging.Filter):
-    """Drops pysyncobj's CRITICAL "truncating already-applied log entries" line.
-
-    pysyncobj logs it whenever a follower truncates from below its applied index (hazard 5). With
-    DurableJournal that truncation keeps every entry that matches the leader (a current-term suffix
-    is kept; committed entries always match the leader's), so nothing applied is lost or replayed
-    differently; the line would only alarm operators. tests/unit/test_journal.py covers the cases.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("truncating already-applied log entries")
-
-
-def install_log_filter() -> None:
-    logger = logging.getLogger("pysyncobj.syncobj")
-    if not any(isinstance(f, _MatchingTruncationFilter) for f in logger.filters):
-        logger.addFilter(_MatchingTruncationFilter())
 
 
 def install_journal_seam() -> None:

@@ -64,19 +64,19 @@ from raftmq.cluster.replication.contract import (
     StateMachine,
 )
 from raftmq.cluster.replication.journal import DurableJournal, Entry
+from raftmq.cluster.replication.log_filter import install_log_filter
 from raftmq.cluster.replication.members import members_after, members_on_start
 from raftmq.cluster.replication.pso import (
     FAIL_REASON,
     PINNED_PYSYNCOBJ,
     FlushingTransport,
-    SyncObj,
+    RaftNode,
+    RaftNodeSyncObj,
     SyncObjConf,
     SyncObjException,
-    TCPNode,
     answer_uncommitted,
     hears_a_leader,
     install_journal_seam,
-    install_log_filter,
     install_tick_seams,
     membership_change,
     monotonic,
@@ -135,7 +135,7 @@ _FAILURES: dict[int, tuple[str, bool]] = {
 }
 
 
-class _GroupSyncObj(SyncObj):  # type: ignore[misc]
+class _GroupSyncObj(RaftNodeSyncObj):
     """pysyncobj's object with exactly one replicated method taking bytes (never add another:
     pysyncobj numbers replicated methods by sorted name)."""
 
@@ -354,9 +354,9 @@ class RaftGroup:
             voters = {str(n.id) for n in self._sync.otherNodes}
             present = {str(n.id) for n in transport._nodes}  # a snapshot load may have dropped one
             for addr in sorted(wanted - voters - present):
-                transport.addNode(TCPNode(addr))
+                transport.addNode(RaftNode(addr))
             for addr in sorted((self._hinted - wanted - voters) & present):
-                transport.dropNode(TCPNode(addr))
+                transport.dropNode(RaftNode(addr))
             self._hinted = wanted
 
         self._on_tick_thread(apply, wake=wanted != self._hinted)  # the same again: the next tick

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from raftmq.cluster.node import checkpoints as checkpoints_module
-from raftmq.cluster.replication import pso
+from raftmq.cluster.replication import log_filter
 from raftmq.cluster.replication.journal import DurableJournal
 from raftmq.storage.memory import MemoryStore
 from raftmq.storage.store import Batch, StoreError
@@ -42,10 +42,10 @@ def test_a_failing_journal_write_reports_the_storage_failure_instead_of_retrying
 
 
 def test_pysyncobj_truncation_alarm_is_filtered_and_other_messages_pass() -> None:
-    pso.install_log_filter()
-    pso.install_log_filter()  # idempotent
+    log_filter.install_log_filter()
+    log_filter.install_log_filter()  # idempotent
     logger = logging.getLogger("pysyncobj.syncobj")
-    assert sum(isinstance(f, pso._MatchingTruncationFilter) for f in logger.filters) == 1
+    assert sum(isinstance(f, log_filter.MatchingTruncationFilter) for f in logger.filters) == 1
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
