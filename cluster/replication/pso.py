@@ -120,11 +120,15 @@ class RaftNode(str, TCPNode):  # type: ignore[misc]
     (its ``id`` property): about 50 hashes per entry on a leader. ``str``'s methods come first in
     this MRO; for a mixed pair ``str`` declines and ``Node.__eq__`` answers, so it equals and hashes
     like a ``TCPNode`` of its address. It pickles as that ``TCPNode``. It also equals its address
-    as a plain ``str`` (pysyncobj compares the two only in its admin utility's removal, unused).
+    as a plain ``str``, where a ``TCPNode`` never does (pysyncobj's snapshot load then drops its
+    own address, which raftmq's deserializer leaves out anyway).
     """
 
-    def __new__(cls, address: str, **_kwargs: Any) -> RaftNode:
-        return super().__new__(cls, address)
+    def __new__(cls, address: str, **kwargs: Any) -> RaftNode:
+        return super().__new__(cls, str(address))
+
+    def __init__(self, address: str, **kwargs: Any) -> None:  # a str: the handshake pickles it
+        super().__init__(str(address), **kwargs)
 
     id = property(operator.attrgetter("_id"))  # TCPNode's, read in C
     __repr__ = TCPNode.__repr__

@@ -592,5 +592,6 @@ class RaftGroup:
             # The gate lets an installed snapshot through only once the state covers it, so this
             # is a start whose state is behind its own snapshot (see SnapshotGate.install_blocking).
             self.snapshot_gate.install_blocking(manifest, self._reset_election_deadline)
-        # pysyncobj drops its own address from this list only when given Node objects: leave it out.
+        # pysyncobj drops its own address from this list only if its self node equals a str (a
+        # RaftNode does, a TCPNode does not): leave it out here either way.
         return last, prev, [m for m in members if m != self.self_addr]

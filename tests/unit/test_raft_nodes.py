@@ -30,6 +30,14 @@ def test_a_raft_node_hashes_and_compares_in_c_as_its_address() -> None:
     assert repr(node) == "RaftNode('127.0.0.1:4321')"
 
 
+def test_a_raft_node_made_of_a_node_holds_a_plain_address() -> None:
+    # The handshake pickles ``address`` and the peer looks it up among plain strings: a node there
+    # (pickled as a TCPNode) would make every peer hang up on it.
+    node = RaftNode(RaftNode(ADDR))
+    assert type(node.address) is str and type(node.id) is str and node == RaftNode(ADDR)
+    assert pickle.loads(pickle.dumps(node.address)) == ADDR
+
+
 def test_a_raft_node_and_a_tcp_node_of_one_address_are_one_key() -> None:
     raft, tcp, other = RaftNode(ADDR), TCPNode(ADDR), TCPNode("127.0.0.1:4322")
     assert raft == tcp and tcp == raft and (raft != tcp) is False and (tcp != raft) is False
