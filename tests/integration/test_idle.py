@@ -112,14 +112,20 @@ def test_the_lag_history_has_every_topic_with_a_group_however_many_topics(c: Clu
     assert c.get("/v1/topics/lag-203/groups/lag").json()["groups"] == []
 
 
-def applied_indexes(c: Cluster) -> dict[str, int]:
-    """Each queue group's applied index on every node."""
+def terms_and_applied(c: Cluster) -> dict[str, tuple[int, int]]:
+    """Each queue group's term and applied index on every node."""
     return {
-        f"{nid}/{g}": s["applied_index"]
+        f"{nid}/{g}": (s["term"], s["applied_index"])
         for nid in c.nodes
         for g, s in c.status(nid)["groups"].items()
         if g != "meta"
     }
+
+
+def proposed(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Entries each replica applied in between, less one per term: an election a loaded machine
+    may hold meanwhile appends its leader's no-op, which no queue asked for."""
+    return {k: (after[k][1] - before[k][1]) - (after[k][0] - before[k][0]) for k in before}
 
 
 def test_idle_queues_with_retention_add_no_entries_and_an_aged_message_still_goes(c: Cluster) -> None:
@@ -133,9 +139,11 @@ def test_idle_queues_with_retention_add_no_entries_and_an_aged_message_still_goe
     # Retention checks every 200 ms: the aged message goes, the queue keeps its high offset.
     wait_until(lambda: sorted(low_high())[-1] == (1, 1), 30, what="the aged message removed")
     time.sleep(0.5)  # the leaders look once more after their own retain
-    before = applied_indexes(c)
+    before = terms_and_applied(c)
     time.sleep(1.5)
-    assert applied_indexes(c) == before, "entries proposed for idle queues"
+    after = terms_and_applied(c)
+    extra = proposed(before, after)
+    assert max(extra.values()) <= 0, f"entries proposed for idle queues: {extra}, {before} -> {after}"
     # Within its byte bound a queue keeps its messages; over it, the oldest go at the next tick.
     r = c.produce("kept-04", [{"key": "k", "value": "v" * 6_000}])
     queue = r.json()["results"][0]["queue"]
@@ -174,4 +182,7 @@ def test_idle_nodes_do_not_ask_each_other_for_the_placement_and_a_change_still_r
     assert r.status_code == 202, r.text
     wait_until(lambda: c.leader(group) == target, timeout_s=30)
     time.sleep(5.0)
-    assert c.leader(group) == target
+    # Waited for, not read once: a loaded machine may hold an election meanwhile, after which the
+    # balancer hands the leadership back to the preferred replica. With the old placement the
+    # balancer would have moved it back to the old leader and kept it there: this times out.
+    wait_until(lambda: c.leader(group) == target, 30, what=f"{target} still leading group {group}")

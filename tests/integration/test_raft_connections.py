@@ -27,7 +27,12 @@ from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-AUTH_TIMEOUT_S = 1.5
+# The product's default. A shorter deadline left a loaded CI machine too little time: the cap test
+# must do all it does (a dozen socket waits, two metrics reads, a produce) before the connections
+# it holds time out, and each "at once" must be told apart from "at the deadline".
+AUTH_TIMEOUT_S = 5.0
+AT_ONCE_S = 1.5  # "closed at once": well before AUTH_TIMEOUT_S, when a kept one would be closed
+LATE_S = 5.0  # slack past the deadline for the node's sweep on a loaded machine (a leak: never)
 PER_SOURCE = 6
 PER_NODE = 10
 LIMITS = f"""[limits]
@@ -143,10 +148,12 @@ def test_idle_partial_and_trickling_connections_are_closed_at_the_auth_deadline(
     sender.start()
     socks = idle + partial + trickling
     try:
-        wait_until(lambda: descriptors(c, "n1") >= before + len(socks), 1.0, what="n1 holds the connections")
-        closed = wait_closed(socks, opened + AUTH_TIMEOUT_S + 1.5)
+        wait_until(
+            lambda: descriptors(c, "n1") >= before + len(socks), AUTH_TIMEOUT_S - 1, what="n1 holds them"
+        )
+        closed = wait_closed(socks, opened + AUTH_TIMEOUT_S + LATE_S)
         still_open = len(socks) - len(closed)
-        assert still_open == 0, f"{still_open} of {len(socks)} open {AUTH_TIMEOUT_S + 1.5} s after opening"
+        assert still_open == 0, f"{still_open} of {len(socks)} open {AUTH_TIMEOUT_S + LATE_S} s after opening"
         for at in closed.values():
             assert at - opened >= AUTH_TIMEOUT_S - 0.2, "closed before the deadline"
         # Back within a few (RocksDB opens files of its own meanwhile; a rehearsal missed +2 once), far
@@ -176,12 +183,12 @@ def test_over_the_caps_a_new_connection_is_closed_at_once(cluster: Cluster) -> N
         # (All of this within AUTH_TIMEOUT_S of opening them: later they are closed anyway.)
         assert wait_closed(held, time.monotonic() + 0.3) == {}, "a connection under the caps was closed"
         over_source = connect(ports[0], "127.0.0.2")
-        assert closed_by_peer(over_source, 1.0), "a connection over the per-source cap was kept"
+        assert closed_by_peer(over_source, AT_ONCE_S), "a connection over the per-source cap was kept"
         held.append(connect(ports[2], "127.0.0.4"))  # the node's last place
         assert not closed_by_peer(held[-1], 0.3), "the node's last place was refused"
         assert strangers(c, "n1") == PER_NODE
         over_node = connect(ports[1], "127.0.0.5")
-        assert closed_by_peer(over_node, 1.0), "a connection over the node's cap was kept"
+        assert closed_by_peer(over_node, AT_ONCE_S), "a connection over the node's cap was kept"
         assert not any(closed_by_peer(s, 0.0) for s in held), "a connection under the caps was closed"
         after = refused(c, "n1")  # counted before they were closed
         assert after.get("source_limit", 0) - before.get("source_limit", 0) >= 1
@@ -207,7 +214,7 @@ def test_a_garbage_frame_is_closed_at_once_and_counted(cluster: Cluster) -> None
     for port in raft_ports(c, "n1"):
         s = connect(port, "127.0.0.6")
         s.sendall(struct.pack("<I", 200) + os.urandom(200))  # whole, but sealed with no key
-        assert closed_by_peer(s, 1.0), port
+        assert closed_by_peer(s, AT_ONCE_S), port
         s.close()
     # (The node counts a connection just after it closed it.)
     wait_until(lambda: refused(c, "n1").get("bad_frame", 0) - counted >= 3, 5, what="3 bad frames counted")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError
 
-from .harness import Cluster
+from .harness import Cluster, wait_until
 from .sqs_clients import sqs_client
 
 
@@ -44,10 +44,15 @@ def test_a_leader_killed_while_sending_loses_no_acknowledged_send(tmp_path: Path
 
         sender = threading.Thread(target=send)
         sender.start()
+        # The sends run 3 s before the kill and 8 s after it, and each phase waits for one
+        # acknowledged at least: on a loaded machine boto3's first send, or one retried through
+        # the election, may take longer than the phase.
         time.sleep(3)
+        wait_until(lambda: acked, 60, what="a send acknowledged before the kill")
         before = len(acked)
         c.kill(victim)
         time.sleep(8)
+        wait_until(lambda: len(acked) > before, 60, what="a send acknowledged after the kill")
         stop.set()
         sender.join(timeout=60)
         assert before > 0 and len(acked) > before, (before, len(acked), failed)
