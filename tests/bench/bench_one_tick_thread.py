@@ -1,8 +1,9 @@
 """One Raft tick thread per node instead of one per group: a prototype measured, no product change
 (issue 23, docs/benchmarks.md "One tick thread per node, prototyped in a benchmark").
 
-One process holds three nodes, each with ``--groups`` replicas of ``RaftGroup`` (RocksDB journals,
-fsync on, a trivial state machine): 12 pysyncobj objects by default. Two arms, one cluster each:
+Three nodes, each a process of its own (this script with ``--worker-node``), each with its
+replica of ``--groups`` ``RaftGroup`` s (RocksDB journals, fsync on, a trivial state machine):
+4 pysyncobj objects per node by default. Two arms, one cluster each:
 
 - ``per-group`` (today): every object ticks on its own thread, as pysyncobj starts it;
 - ``one``: every node's objects are ticked by ONE thread: each object's poller is a thin view of
@@ -12,17 +13,17 @@ fsync on, a trivial state machine): 12 pysyncobj objects by default. Two arms, o
 
 Entries of ``--size`` bytes are offered at fixed rates (``--rates``, entries/s over all groups,
 spread round-robin, each to its group's leader) for ``--seconds`` each. Per rate and arm: on-CPU
-time per entry of the tick threads (``/proc/self/task/<tid>/schedstat``) and of the whole process,
-context switches per entry (voluntary + involuntary, ``/proc/self/task/<tid>/status``) of the tick
-threads and the process, journal fsyncs per entry and their mean time, and submit-to-applied
-(on the leader) p50/p99. Then a micro-measure of what sharing the fsyncs would need: ``--groups``
-journals in separate RocksDBs (one ``flush_wal`` each, today) against one RocksDB holding them
-all (one ``flush_wal`` for all).
+time per entry of the tick threads (``/proc/self/task/<tid>/schedstat``) and of the node
+processes, context switches per entry (voluntary + involuntary, ``/proc/self/task/<tid>/status``)
+of the tick threads and the processes, pysyncobj ticks and waits on a poll per entry, journal
+fsyncs per entry and their mean time, and submit-to-applied (on the leader) p50/p99. Then a
+micro-measure of what sharing the fsyncs would need: ``--groups`` journals in separate RocksDBs
+(one ``flush_wal`` each, today) against one RocksDB holding them all (one ``flush_wal`` for all).
 
-What one process hides: the three nodes share one GIL here (a real node has its own), so a wake-up
-may also wait for another node's thread; both arms pay that, the per-group arm with more threads.
+``--one-process`` puts the three nodes in this process instead: they share one GIL there (a
+real node has its own), so a wake-up may also wait for another node's thread.
 
-    flock /tmp/raftmq-heavy.lock .venv/bin/python tests/bench/bench_one_tick_thread.py   # ~90 s
+    flock /tmp/raftmq-heavy.lock .venv/bin/python tests/bench/bench_one_tick_thread.py   # ~80 s
 
 Prints a table and writes JSON to bench-results/.
 """
@@ -30,8 +31,11 @@ Prints a table and writes JSON to bench-results/.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -103,6 +107,7 @@ class _NodeDriver:
         self.shared = PollPoller()
         self.syncs: list[tuple[Any, _GroupPoller]] = []
         self.next_tick: list[float] = []
+        self.ticked: set[int] = set()  # the objects ticked once: due at once when one fires
         self.tid = 0
         self.polls = 0  # its waits on the shared poll: one wake-up each when it slept
         self._lock = threading.Lock()
@@ -113,11 +118,20 @@ class _NodeDriver:
     def adopt(self, sync: Any) -> None:
         with self._lock:
             self.syncs.append((sync, sync._poller))
-            self.next_tick.append(0.0)
+            # pysyncobj's own tick thread waits 0.1 s before its first tick: RaftGroup installs
+            # its seams on the object meanwhile
+            self.next_tick.append(time.monotonic() + 0.1)
 
     def stop(self) -> None:
         self._stop = True
         self._thread.join()
+
+    @staticmethod
+    def _tick(sync: Any) -> None:
+        try:
+            sync._onTick(0)
+        except Exception:  # as pysyncobj's tick thread: log it and go on
+            logging.getLogger(__name__).exception("tick_failed")
 
     def _run(self) -> None:
         self.tid = threading.get_native_id()
@@ -125,13 +139,17 @@ class _NodeDriver:
             with self._lock:
                 syncs = list(enumerate(self.syncs))
             for i, (sync, poller) in syncs:
-                if poller.due or time.monotonic() >= self.next_tick[i]:
+                if time.monotonic() >= self.next_tick[i] or (poller.due and i in self.ticked):
+                    self.ticked.add(i)
                     poller.due = False
-                    sync._onTick(0)  # its last step records its sleep in poller.wait_s
+                    self._tick(sync)  # its last step records its sleep in poller.wait_s
                     self.next_tick[i] = time.monotonic() + poller.wait_s
             wait_s = min(self.next_tick, default=0.05) - time.monotonic()
             self.polls += 1
-            self.shared.poll(min(max(wait_s, 0.0), 0.05))
+            try:
+                self.shared.poll(min(max(wait_s, 0.0), 0.05))
+            except Exception:  # a callback's failure, as pysyncobj's tick thread: log it, go on
+                logging.getLogger(__name__).exception("poll_failed")
         for sync, _ in self.syncs:
             sync._doDestroy()
 
@@ -154,10 +172,9 @@ class _TickCount:
 
 
 @contextmanager
-def _tick_arm(arm: str, drivers: dict[str, _NodeDriver], tids: list[int]) -> Iterator[list[str]]:
-    """pysyncobj patched in this process for ``arm``; yields the list whose last item names the node
-    whose objects are being built (the one-thread arm gives each its node's shared poll)."""
-    building: list[str] = []
+def _tick_arm(arm: str, driver: _NodeDriver | None, tids: list[int]) -> Iterator[None]:
+    """pysyncobj patched in this process for ``arm`` while one node's objects are built: each on
+    its own thread (its id into ``tids``), or handed to ``driver`` with a view of its shared poll."""
     run, create = pso_syncobj.SyncObj._autoTickThread, pso_syncobj.createPoller
 
     def own_thread(sync: Any) -> None:
@@ -169,90 +186,208 @@ def _tick_arm(arm: str, drivers: dict[str, _NodeDriver], tids: list[int]) -> Ite
             sync._SyncObj__transport.tryGetReady()
         finally:
             sync._SyncObj__initialised.set()
-        drivers[str(sync.selfNode.id)].adopt(sync)
+        assert driver is not None
+        driver.adopt(sync)
 
-    if arm == "one":
+    if driver is not None:
         pso_syncobj.SyncObj._autoTickThread = hand_to_driver
-        pso_syncobj.createPoller = lambda _kind: _GroupPoller(drivers[building[-1]].shared)
+        pso_syncobj.createPoller = lambda _kind: _GroupPoller(driver.shared)
     else:
         pso_syncobj.SyncObj._autoTickThread = own_thread
     try:
-        yield building
+        yield
     finally:
         pso_syncobj.SyncObj._autoTickThread, pso_syncobj.createPoller = run, create
 
 
-# -- the cluster -----------------------------------------------------------------------------------
+# -- a node: its replica of every group ------------------------------------------------------------
 
 
-class _Cluster:
-    """``groups`` Raft groups over three nodes in this process, ticked as ``arm`` says."""
+class _Node:
+    """Node ``n``'s replica of each group (``addrs[g][n]`` its address), ticked as ``arm`` says."""
 
-    def __init__(self, base: Path, arm: str, groups: int) -> None:
+    def __init__(self, base: Path, arm: str, addrs: list[list[str]], n: int) -> None:
         self.tids: list[int] = []
-        addrs = [[f"127.0.0.1:{p}" for p in free_ports(NODES)] for _ in range(groups)]
-        nodes = [[a[n] for a in addrs] for n in range(NODES)]
-        self.drivers: dict[str, _NodeDriver] = {}  # a replica's address -> its node's driver
-        for node in nodes if arm == "one" else []:
-            driver = _NodeDriver()
-            self.drivers.update((a, driver) for a in node)
+        self.driver = _NodeDriver() if arm == "one" else None
         self.stores: list[RocksStore] = []
-        self.groups: list[list[RaftGroup]] = []
+        self.replicas: list[RaftGroup] = []
         settings = RaftSettings(password="b" * 16, prompt_commit_notice=False)  # as a queue group's
-        with _tick_arm(arm, self.drivers, self.tids) as building:
+        with _tick_arm(arm, self.driver, self.tids):
             for g, group_addrs in enumerate(addrs):
-                replicas = []
-                for n, addr in enumerate(group_addrs):
-                    building.append(addr)
-                    self.stores.append(RocksStore.open(str(base / f"n{n}" / f"g{g}")))
-                    replicas.append(
-                        RaftGroup(
-                            name=f"g{g}",
-                            node_id=f"n{n + 1}",
-                            self_addr=addr,
-                            peer_addrs=[a for a in group_addrs if a != addr],
-                            journal_store=self.stores[-1],
-                            machine=_Machine(),
-                            snapshot_file=str(base / f"n{n}" / f"g{g}.snapshot"),
-                            settings=settings,
-                        )
+                self.stores.append(RocksStore.open(str(base / f"n{n}" / f"g{g}")))
+                self.replicas.append(
+                    RaftGroup(
+                        name=f"g{g}",
+                        node_id=f"n{n + 1}",
+                        self_addr=group_addrs[n],
+                        peer_addrs=[a for a in group_addrs if a != group_addrs[n]],
+                        journal_store=self.stores[-1],
+                        machine=_Machine(),
+                        snapshot_file=str(base / f"n{n}" / f"g{g}.snapshot"),
+                        settings=settings,
                     )
-                self.groups.append(replicas)
-        if arm == "one":
-            self.tids[:] = []
+                )
+        if self.driver is not None:
             time.sleep(0.1)
-            self.tids.extend({d.tid for d in self.drivers.values()})
+            self.tids[:] = [self.driver.tid]
 
-    def leaders(self) -> list[RaftGroup]:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            found = [next((r for r in rs if r.is_leader()), None) for rs in self.groups]
-            settled = [
-                ld
-                for ld, rs in zip(found, self.groups, strict=True)
-                if ld is not None and all(r.leader() == ld.self_addr for r in rs)
-            ]
-            if len(settled) == len(self.groups):
-                return settled
-            time.sleep(0.01)
-        raise RuntimeError("no leader in some group")
+    def roles(self) -> list[list[Any]]:
+        """Per group: whether this replica leads, and the leader it knows."""
+        return [[r.is_leader(), r.leader()] for r in self.replicas]
 
-    def polls(self, ticks: int) -> int:
-        """Waits on a poll so far: one per tick when each object has its thread."""
-        return sum(d.polls for d in set(self.drivers.values())) if self.drivers else ticks
+    def counters(self, ticks: int) -> dict[str, float]:
+        """Cumulative: tick threads' CPU and switches, the process's, ticks, polls, fsyncs."""
+        journals = [r._journal for r in self.replicas]
+        return {
+            "tick_cpu_us": _cpu_ns(self.tids) / 1e3,
+            "tick_switches": _switches(self.tids),
+            "ticks": ticks,
+            "polls": self.driver.polls if self.driver is not None else ticks,
+            "fsyncs": sum(j.syncs for j in journals),
+            "fsync_s": sum(j.sync_seconds for j in journals),
+        }
 
-    def syncs(self) -> tuple[int, float]:
-        journals = [r._journal for rs in self.groups for r in rs]
-        return sum(j.syncs for j in journals), sum(j.sync_seconds for j in journals)
+    def offer(self, rate: float, seconds: float, size: int) -> list[float]:
+        """Offer this node's share of ``rate`` (entries/s over all groups) to the groups it leads."""
+        leaders = [r for r in self.replicas if r.is_leader()]
+        share = rate * len(leaders) / len(self.replicas)
+        return _offer(leaders, share, seconds, os.urandom(size)) if leaders else []
 
     def close(self) -> None:
-        for driver in set(self.drivers.values()):
-            driver.stop()
-        for rs in self.groups:
-            for r in rs:
-                r.destroy()
+        if self.driver is not None:
+            self.driver.stop()
+        for r in self.replicas:
+            r.destroy()
         for store in self.stores:
             store.close()
+
+
+def _process_counters() -> dict[str, float]:
+    return {"process_cpu_us": time.process_time() * 1e6, "process_switches": _switches(_all_tids())}
+
+
+# -- the cluster: three nodes in this process, or each in its own ----------------------------------
+
+
+class _InProcess:
+    """Three nodes in this process (one GIL for all)."""
+
+    def __init__(self, base: Path, arm: str, addrs: list[list[str]]) -> None:
+        self.counter = _TickCount()
+        self.nodes = [_Node(base, arm, addrs, n) for n in range(NODES)]
+
+    def roles(self) -> list[list[list[Any]]]:
+        return [node.roles() for node in self.nodes]
+
+    def counters(self) -> list[dict[str, float]]:
+        # every node's ticks are counted together here: they go to the first
+        per_node = [node.counters(self.counter.ticks if n == 0 else 0) for n, node in enumerate(self.nodes)]
+        if self.nodes[0].driver is None:
+            for c in per_node[1:]:
+                c["polls"] = 0
+        per_node[0].update(_process_counters())
+        return per_node
+
+    def offer(self, rate: float, seconds: float, size: int) -> list[float]:
+        took: list[list[float]] = [[] for _ in self.nodes]
+
+        def one(n: int) -> None:
+            took[n] = self.nodes[n].offer(rate, seconds, size)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in range(NODES)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [x for node_took in took for x in node_took]
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+        self.counter.restore()
+
+
+class _Processes:
+    """Each node in a process of its own (this script with ``--worker-node``), spoken to by lines
+    of JSON on its stdin and stdout."""
+
+    def __init__(self, base: Path, arm: str, addrs: list[list[str]]) -> None:
+        script, spec = str(Path(__file__).resolve()), json.dumps(addrs)
+        self.procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    script,
+                    "--worker-node",
+                    str(n),
+                    "--arm",
+                    arm,
+                    "--addrs",
+                    spec,
+                    "--data-dir",
+                    str(base),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
+            )
+            for n in range(NODES)
+        ]
+        for proc in self.procs:
+            self._read(proc)  # ready
+
+    def _read(self, proc: subprocess.Popen[str]) -> Any:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("a node process ended")
+        return json.loads(line)
+
+    def _ask_all(self, request: dict[str, Any]) -> list[Any]:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(request) + "\n")
+        return [self._read(proc) for proc in self.procs]
+
+    def roles(self) -> list[list[list[Any]]]:
+        return self._ask_all({"op": "roles"})
+
+    def counters(self) -> list[dict[str, float]]:
+        return self._ask_all({"op": "counters"})
+
+    def offer(self, rate: float, seconds: float, size: int) -> list[float]:
+        answers = self._ask_all({"op": "offer", "rate": rate, "seconds": seconds, "size": size})
+        return [x for took in answers for x in took]
+
+    def close(self) -> None:
+        self._ask_all({"op": "quit"})
+        for proc in self.procs:
+            proc.wait(30)
+
+
+def _worker(args: argparse.Namespace) -> None:
+    """One node in this process: answers ``roles``, ``counters``, ``offer`` and ``quit``."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # logging and stray prints must not reach the channel
+    counter = _TickCount()
+    node = _Node(Path(args.data_dir), args.arm, json.loads(args.addrs), args.worker_node)
+    channel.write('"ready"\n')
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request["op"]
+        if op == "roles":
+            answer: Any = node.roles()
+        elif op == "counters":
+            answer = {**node.counters(counter.ticks), **_process_counters()}
+        elif op == "offer":
+            answer = node.offer(request["rate"], request["seconds"], request["size"])
+        else:
+            break
+        channel.write(json.dumps(answer) + "\n")
+    node.close()
+    channel.write('"bye"\n')
 
 
 # -- measuring -------------------------------------------------------------------------------------
@@ -269,8 +404,11 @@ def _cpu_ns(tids: list[int]) -> int:
 def _switches(tids: list[int]) -> int:
     total = 0
     for tid in tids:
-        with open(f"/proc/self/task/{tid}/status") as f:
-            total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
     return total
 
 
@@ -279,8 +417,8 @@ def _all_tids() -> list[int]:
 
 
 def _offer(leaders: list[RaftGroup], rate: float, seconds: float, command: bytes) -> list[float]:
-    """Submit at ``rate`` entries/s round-robin over the groups' leaders; each entry's
-    submit-to-applied seconds (on the leader), in the order answered."""
+    """Submit at ``rate`` entries/s round-robin over ``leaders``; each entry's submit-to-applied
+    seconds (on the leader), in the order answered."""
     took: list[float] = []
     answered = threading.Semaphore(0)
     count = int(rate * seconds)
@@ -303,41 +441,53 @@ def _offer(leaders: list[RaftGroup], rate: float, seconds: float, command: bytes
     return took
 
 
+def _settle(cluster: _InProcess | _Processes, groups: int) -> list[int]:
+    """Waits until every group has one leader that all its replicas know; leaders per node."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        roles = cluster.roles()  # [node][group] -> [leads, leader known]
+        leading = [sum(1 for g in range(groups) if roles[n][g][0]) for n in range(NODES)]
+        agreed = all(len({roles[n][g][1] for n in range(NODES)} - {None}) == 1 for g in range(groups))
+        if sum(leading) == groups and agreed:
+            return leading
+        time.sleep(0.05)
+    raise RuntimeError("no leader in some group")
+
+
+def _delta(after: list[dict[str, float]], before: list[dict[str, float]], key: str) -> float:
+    return sum(a.get(key, 0) - b.get(key, 0) for a, b in zip(after, before, strict=True))
+
+
 def run_arm(arm: str, args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
     folder = Path(tempfile.mkdtemp(prefix=f"bench-one-tick-{arm}-", dir=base))
-    counter = _TickCount()
-    cluster = _Cluster(folder, arm, args.groups)
+    ports = free_ports(NODES * args.groups)  # one call: ports of separate calls may repeat
+    addrs = [[f"127.0.0.1:{p}" for p in ports[g * NODES : (g + 1) * NODES]] for g in range(args.groups)]
+    cluster = (_InProcess if args.one_process else _Processes)(folder, arm, addrs)
     try:
-        leaders = cluster.leaders()
-        command = os.urandom(args.size)
-        _offer(leaders, 500, 1.0, command)  # warm-up
+        leading = _settle(cluster, args.groups)
+        cluster.offer(500, 1.0, args.size)  # warm-up
         rows = []
         for rate in args.rates:
-            tids, every = list(cluster.tids), _all_tids()
-            cpu0, sw0, all_sw0 = _cpu_ns(tids), _switches(tids), _switches(every)
-            proc0, (syncs0, sync_s0) = time.process_time(), cluster.syncs()
-            ticks0, polls0 = counter.ticks, cluster.polls(counter.ticks)
-            took = _offer(leaders, rate, args.seconds, command)
+            before = cluster.counters()
+            took = cluster.offer(rate, args.seconds, args.size)
             time.sleep(0.2)  # the followers' last acknowledgements
-            n = len(took)
-            syncs1, sync_s1 = cluster.syncs()
+            after, n = cluster.counters(), len(took)
+            fsyncs = _delta(after, before, "fsyncs")
             rows.append(
                 {
                     "arm": arm,
                     "rate": rate,
                     "entries": n,
-                    "tick_threads": len(tids),
-                    "leaders_per_node": sorted(
-                        sum(1 for ld in leaders if ld.node_id == f"n{k + 1}") for k in range(NODES)
-                    ),
-                    "tick_cpu_us_per_entry": (_cpu_ns(tids) - cpu0) / 1e3 / n,
-                    "process_cpu_us_per_entry": (time.process_time() - proc0) * 1e6 / n,
-                    "tick_switches_per_entry": (_switches(tids) - sw0) / n,
-                    "process_switches_per_entry": (_switches(every) - all_sw0) / n,
-                    "ticks_per_entry": (counter.ticks - ticks0) / n,
-                    "polls_per_entry": (cluster.polls(counter.ticks) - polls0) / n,
-                    "fsyncs_per_entry": (syncs1 - syncs0) / n,
-                    "fsync_ms_mean": (sync_s1 - sync_s0) * 1e3 / max(syncs1 - syncs0, 1),
+                    "tick_threads": NODES * (1 if arm == "one" else args.groups),
+                    "leaders_per_node": leading,
+                    "tick_cpu_us_per_entry": _delta(after, before, "tick_cpu_us") / n,
+                    "process_cpu_us_per_entry": _delta(after, before, "process_cpu_us") / n,
+                    "tick_switches_per_entry": _delta(after, before, "tick_switches") / n,
+                    "process_switches_per_entry": _delta(after, before, "process_switches") / n,
+                    "ticks_per_entry": _delta(after, before, "ticks") / n,
+                    "polls_per_entry": _delta(after, before, "polls") / n,
+                    "fsyncs_per_entry": fsyncs / n,
+                    "fsync_ms_mean": _delta(after, before, "fsync_s") * 1e3 / max(fsyncs, 1),
                     "p50_ms": percentile(took, 50) * 1e3,
                     "p99_ms": percentile(took, 99) * 1e3,
                 }
@@ -345,7 +495,6 @@ def run_arm(arm: str, args: argparse.Namespace, base: Path) -> list[dict[str, An
         return rows
     finally:
         cluster.close()
-        counter.restore()
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -383,8 +532,15 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=300, help="bytes per entry")
     ap.add_argument("--repeat", type=int, default=2, help="passes of both arms, alternated")
     ap.add_argument("--data-dir", default="", help="where the journals go (a disk; default: temp dir)")
+    ap.add_argument("--one-process", action="store_true", help="the three nodes in this process (one GIL)")
+    ap.add_argument("--worker-node", type=int, help=argparse.SUPPRESS)  # a node process's own
+    ap.add_argument("--arm", help=argparse.SUPPRESS)
+    ap.add_argument("--addrs", help=argparse.SUPPRESS)
     add_quiet_argument(ap)
     args = ap.parse_args()
+    if args.worker_node is not None:
+        _worker(args)
+        return
     result = quiet_header("one_tick_thread", vars(args), args.wait_quiet)
     base = Path(args.data_dir or tempfile.gettempdir())
     passes = [run_arm(arm, args, base) for _ in range(args.repeat) for arm in ("per-group", "one")]
