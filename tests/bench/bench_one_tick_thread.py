@@ -56,6 +56,7 @@ from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch
 
 NODES = 3
+LONG_ROUND_S = 0.004
 
 
 class _Machine:
@@ -110,6 +111,11 @@ class _NodeDriver:
         self.ticked: set[int] = set()  # the objects ticked once: due at once when one fires
         self.tid = 0
         self.polls = 0  # its waits on the shared poll: one wake-up each when it slept
+        # Rounds of ticks that took over LONG_ROUND_S (every object of the node waited for them):
+        # how many, their seconds and the journals' fsync seconds in them.
+        self.long_rounds = 0
+        self.long_round_s = 0.0
+        self.long_round_fsync_s = 0.0
         self._lock = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="node-driver", daemon=True)
@@ -126,6 +132,9 @@ class _NodeDriver:
         self._stop = True
         self._thread.join()
 
+    def _fsync_s(self) -> float:
+        return sum(sync.raftmq_journal.sync_seconds for sync, _ in self.syncs)
+
     @staticmethod
     def _tick(sync: Any) -> None:
         try:
@@ -138,12 +147,18 @@ class _NodeDriver:
         while not self._stop:
             with self._lock:
                 syncs = list(enumerate(self.syncs))
+            started, fsync_s = time.perf_counter(), self._fsync_s()
             for i, (sync, poller) in syncs:
                 if time.monotonic() >= self.next_tick[i] or (poller.due and i in self.ticked):
                     self.ticked.add(i)
                     poller.due = False
                     self._tick(sync)  # its last step records its sleep in poller.wait_s
                     self.next_tick[i] = time.monotonic() + poller.wait_s
+            took_s = time.perf_counter() - started
+            if took_s > LONG_ROUND_S:
+                self.long_rounds += 1
+                self.long_round_s += took_s
+                self.long_round_fsync_s += self._fsync_s() - fsync_s
             wait_s = min(self.next_tick, default=0.05) - time.monotonic()
             self.polls += 1
             try:
@@ -231,6 +246,16 @@ class _Node:
             time.sleep(0.1)
             self.tids[:] = [self.driver.tid]
 
+    def _long_rounds(self) -> dict[str, float]:
+        if self.driver is None:
+            return {}
+        d = self.driver
+        return {
+            "long_rounds": d.long_rounds,
+            "long_round_s": d.long_round_s,
+            "long_round_fsync_s": d.long_round_fsync_s,
+        }
+
     def roles(self) -> list[list[Any]]:
         """Per group: whether this replica leads, and the leader it knows."""
         return [[r.is_leader(), r.leader()] for r in self.replicas]
@@ -245,6 +270,7 @@ class _Node:
             "polls": self.driver.polls if self.driver is not None else ticks,
             "fsyncs": sum(j.syncs for j in journals),
             "fsync_s": sum(j.sync_seconds for j in journals),
+            **self._long_rounds(),
         }
 
     def offer(self, rate: float, seconds: float, size: int) -> list[float]:
@@ -487,6 +513,9 @@ def run_arm(arm: str, args: argparse.Namespace, base: Path) -> list[dict[str, An
                     "ticks_per_entry": _delta(after, before, "ticks") / n,
                     "polls_per_entry": _delta(after, before, "polls") / n,
                     "fsyncs_per_entry": fsyncs / n,
+                    "long_rounds": _delta(after, before, "long_rounds"),
+                    "long_round_ms": _delta(after, before, "long_round_s") * 1e3,
+                    "long_round_fsync_ms": _delta(after, before, "long_round_fsync_s") * 1e3,
                     "fsync_ms_mean": _delta(after, before, "fsync_s") * 1e3 / max(fsyncs, 1),
                     "p50_ms": percentile(took, 50) * 1e3,
                     "p99_ms": percentile(took, 99) * 1e3,
@@ -562,6 +591,12 @@ def main() -> None:
     rows = [[r["arm"], r["rate"], r["tick_threads"], *(f"{r[k]:.2f}" for k in keys)] for r in measured]
     heads = ["arm", "entries/s", "threads", "tick CPU us", "proc CPU us", "tick cs", "proc cs", "ticks"]
     print(table(rows, [*heads, "polls", "fsyncs", "fsync ms", "p50 ms", "p99 ms"]))
+    for r in measured:
+        if r["arm"] == "one":
+            print(
+                f"one, {r['rate']:.0f}/s: {r['long_rounds']:.0f} rounds over {LONG_ROUND_S * 1e3:.0f} ms,"
+                f" {r['long_round_ms']:.1f} ms, of it fsync {r['long_round_fsync_ms']:.1f} ms"
+            )
     print("per entry; fsync sharing, us per round of one entry per group:", result["fsync_share"])
     print(f"wrote {write_result('one_tick_thread', result)}")
 
