@@ -13,12 +13,13 @@ replica of ``--groups`` ``RaftGroup`` s (RocksDB journals, fsync on, a trivial s
 
 Entries of ``--size`` bytes are offered at fixed rates (``--rates``, entries/s over all groups,
 spread round-robin, each to its group's leader) for ``--seconds`` each. Per rate and arm: on-CPU
-time per entry of the tick threads (``/proc/self/task/<tid>/schedstat``) and of the node
-processes, context switches per entry (voluntary + involuntary, ``/proc/self/task/<tid>/status``)
-of the tick threads and the processes, pysyncobj ticks and waits on a poll per entry, journal
-fsyncs per entry and their mean time, and submit-to-applied (on the leader) p50/p99. Then a
-micro-measure of what sharing the fsyncs would need: ``--groups`` journals in separate RocksDBs
-(one ``flush_wal`` each, today) against one RocksDB holding them all (one ``flush_wal`` for all).
+time per entry of the tick threads (``/proc/self/task/<tid>/schedstat``, and their time runnable
+but waiting for a core) and of the node processes, context switches per entry (voluntary +
+involuntary, ``/proc/self/task/<tid>/status``) of the tick threads and the processes, pysyncobj
+ticks and waits on a poll per entry, journal fsyncs per entry and their mean time, and
+submit-to-applied (on the leader) p50/p99. Then a micro-measure of what sharing the fsyncs would
+need: ``--groups`` journals in separate RocksDBs (one ``flush_wal`` each, today) against one
+RocksDB holding them all (one ``flush_wal`` for all).
 
 ``--one-process`` puts the three nodes in this process instead: they share one GIL there (a
 real node has its own), so a wake-up may also wait for another node's thread.
@@ -265,6 +266,7 @@ class _Node:
         journals = [r._journal for r in self.replicas]
         return {
             "tick_cpu_us": _cpu_ns(self.tids) / 1e3,
+            "tick_runqueue_us": _cpu_ns(self.tids, field=1) / 1e3,
             "tick_switches": _switches(self.tids),
             "ticks": ticks,
             "polls": self.driver.polls if self.driver is not None else ticks,
@@ -419,11 +421,12 @@ def _worker(args: argparse.Namespace) -> None:
 # -- measuring -------------------------------------------------------------------------------------
 
 
-def _cpu_ns(tids: list[int]) -> int:
+def _cpu_ns(tids: list[int], field: int = 0) -> int:
+    """Nanoseconds the threads ``tids`` ran (``field`` 0) or waited on a run queue, runnable (1)."""
     total = 0
     for tid in tids:
         with open(f"/proc/self/task/{tid}/schedstat") as f:
-            total += int(f.read().split()[0])
+            total += int(f.read().split()[field])
     return total
 
 
@@ -507,6 +510,7 @@ def run_arm(arm: str, args: argparse.Namespace, base: Path) -> list[dict[str, An
                     "tick_threads": NODES * (1 if arm == "one" else args.groups),
                     "leaders_per_node": leading,
                     "tick_cpu_us_per_entry": _delta(after, before, "tick_cpu_us") / n,
+                    "tick_runqueue_us_per_entry": _delta(after, before, "tick_runqueue_us") / n,
                     "process_cpu_us_per_entry": _delta(after, before, "process_cpu_us") / n,
                     "tick_switches_per_entry": _delta(after, before, "tick_switches") / n,
                     "process_switches_per_entry": _delta(after, before, "process_switches") / n,
@@ -577,6 +581,7 @@ def main() -> None:
     result["fsync_share"] = fsync_share(base, args.groups, 300, args.size)
     keys = (
         "tick_cpu_us_per_entry",
+        "tick_runqueue_us_per_entry",
         "process_cpu_us_per_entry",
         "tick_switches_per_entry",
         "process_switches_per_entry",
@@ -589,8 +594,17 @@ def main() -> None:
     )
     measured = [r for arm_rows in passes for r in arm_rows]
     rows = [[r["arm"], r["rate"], r["tick_threads"], *(f"{r[k]:.2f}" for k in keys)] for r in measured]
-    heads = ["arm", "entries/s", "threads", "tick CPU us", "proc CPU us", "tick cs", "proc cs", "ticks"]
-    print(table(rows, [*heads, "polls", "fsyncs", "fsync ms", "p50 ms", "p99 ms"]))
+    heads = [
+        "arm",
+        "entries/s",
+        "threads",
+        "tick CPU us",
+        "tick runq us",
+        "proc CPU us",
+        "tick cs",
+        "proc cs",
+    ]
+    print(table(rows, [*heads, "ticks", "polls", "fsyncs", "fsync ms", "p50 ms", "p99 ms"]))
     for r in measured:
         if r["arm"] == "one":
             print(
