@@ -88,10 +88,15 @@ def test_an_idle_group_ticks_for_its_heartbeats_only(
 def test_a_proposal_and_a_call_for_the_tick_thread_wake_a_sleeping_group_at_once(
     groups: Callable[[int, RaftSettings], list[RaftGroup]],
 ) -> None:
-    # A one-voter group whose leader sleeps 1 s between heartbeats when nothing happens
-    # (pysyncobj wants the election timeout above 3 heartbeats: it elects itself after 3 s).
+    # A one-voter group whose leader sleeps 2 s between heartbeats when nothing happens
+    # (pysyncobj wants the election timeout above 3 heartbeats: it elects itself after 6 s).
     slow = dataclasses.replace(
-        SETTINGS, election_min_s=3.1, election_max_s=3.2, heartbeat_s=1.0, max_tick_s=5.0
+        SETTINGS,
+        election_min_s=6.1,
+        election_max_s=6.2,
+        heartbeat_s=2.0,
+        max_tick_s=5.0,
+        leader_fallback_s=7.0,
     )
     (group,) = groups(1, slow)
     counter = TickCounter(group)
@@ -103,16 +108,21 @@ def test_a_proposal_and_a_call_for_the_tick_thread_wake_a_sleeping_group_at_once
         outcomes.append(outcome)
         done.set()
 
+    # Proposed just after a tick, so without the wake-up it waits about a whole heartbeat (2 s);
+    # 1.5 s is room for a loaded machine.
+    ticks = counter.count
+    wait_for(lambda: counter.count > ticks, "a heartbeat's tick", timeout=5)
     group.submit(b"command", on_done)
-    # Well under the 1 s heartbeat, with room for a loaded machine.
-    assert done.wait(0.5), "the proposal waited for the next heartbeat"
+    assert done.wait(1.5), "the proposal waited for the next heartbeat"
     assert outcomes[0].error is None, outcomes
     hint = f"127.0.0.1:{free_port()}"
+    ticks = counter.count
+    wait_for(lambda: counter.count > ticks, "a heartbeat's tick", timeout=5)
     started = time.monotonic()
     group.hint_peers([hint])
     transport = group._sync._SyncObj__transport
-    wait_for(lambda: any(str(n.id) == hint for n in transport._nodes), "the hint applied", timeout=0.5)
-    assert time.monotonic() - started < 0.5
+    wait_for(lambda: any(str(n.id) == hint for n in transport._nodes), "the hint applied", timeout=1.5)
+    assert time.monotonic() - started < 1.5
     # The same hints again (every node's reconciler repeats them each second) wait for the next
     # tick instead of waking the group.
     before = counter.count
