@@ -53,6 +53,14 @@ def test_a_follower_wakes_its_loop_for_applies_only_while_a_long_poll_waits_ther
         last = _applied(c, leader)
         wait_until(lambda: _applied(c, follower) >= last, 10, what="the follower applied every entry")
         quiet = _wakeups(c, follower) - before
+        # Its own reads show the last message before the long poll asks past it (CI once saw the
+        # follower's status report the entry applied while a local read still ended at 39).
+        tail = f"/v1/topics/w/queues/0/messages?offset={ENTRIES - 1}&read_from=local"
+        wait_until(
+            lambda: [m["value"] for m in c.get(tail, follower).json()["messages"]] == [f"m{ENTRIES - 1}"],
+            10,
+            what="the follower's local read showing the last message",
+        )
         assert quiet < ENTRIES / 4, f"{quiet} loop wake-ups on a follower for {ENTRIES} entries"
 
         # A long poll on the follower's own replica waits: the apply that brings the next
