@@ -49,30 +49,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pysyncobj.syncobj as pso_syncobj
 from _common import add_quiet_argument, free_ports, percentile, quiet_header, table, write_result
+from bench_raft_ticks import NullMachine
 from pysyncobj.poller import PollPoller
 
 from raftmq.cluster.replication.raft import RaftGroup, RaftSettings
-from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch
 
 NODES = 3
 LONG_ROUND_S = 0.004
-
-
-class _Machine:
-    """Applies nothing: the entry's Raft work alone."""
-
-    def __init__(self) -> None:
-        self.store = MemoryStore()
-        self.applied_index = 0
-
-    def apply(self, index: int, command: bytes) -> Any:
-        self.applied_index = index
-        return None
-
-    def restore(self, checkpoint_dir: str) -> None:
-        raise NotImplementedError
 
 
 # -- the one-thread arm: a node's shared poll and its driver ---------------------------------------
@@ -238,7 +223,7 @@ class _Node:
                         self_addr=group_addrs[n],
                         peer_addrs=[a for a in group_addrs if a != group_addrs[n]],
                         journal_store=self.stores[-1],
-                        machine=_Machine(),
+                        machine=NullMachine(),
                         snapshot_file=str(base / f"n{n}" / f"g{g}.snapshot"),
                         settings=settings,
                     )

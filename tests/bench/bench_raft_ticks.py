@@ -38,7 +38,7 @@ from raftmq.storage.memory import MemoryStore
 from raftmq.storage.rocks import RocksStore
 
 
-class _Machine:
+class NullMachine:
     """Applies nothing: the entry's Raft work alone."""
 
     def __init__(self) -> None:
@@ -101,7 +101,7 @@ def _start(base: Path) -> tuple[list[RaftGroup], list[RocksStore]]:
                 self_addr=addr,
                 peer_addrs=[a for a in addrs if a != addr],
                 journal_store=stores[-1],
-                machine=_Machine(),
+                machine=NullMachine(),
                 snapshot_file=str(base / f"n{i + 1}" / "g.snapshot"),
                 settings=settings,
             )
