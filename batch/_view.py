@@ -276,6 +276,33 @@ class BatchView:
         )
         # (strict=False: the columns that are absent are endless repeats)
 
+    def header_values(
+        self, name: str, from_offset: int | None = None, max_records: int | None = None
+    ) -> list[str | None]:
+        """The value of header ``name`` of each record :meth:`records` would give (None: the
+        record has no such header; of a name given twice, the last value, as its ``headers``
+        dict has it), without building the records: per-record Python only when the name's
+        bytes occur in the header names at all."""
+        first, last = self._range(from_offset, max_records)
+        out: list[str | None] = [None] * max(0, last - first)
+        if not out:
+            return out
+        starts = self.header_starts
+        a, b = int(starts[first]), int(starts[last])
+        wanted = name.encode("utf-8")
+        n0, n1 = self.sections["header_names"]
+        if a == b or wanted not in self.buffer[n0:n1].tobytes():
+            return out
+        buf, h0 = self.buffer, self.sections["header_values"][0]
+        name_at = _exclusive_cumsum(self._headers["name_len"]).tolist()
+        value_at = _exclusive_cumsum(self._headers["value_len"]).tolist()
+        record_starts = starts[first : last + 1].tolist()
+        for i, (h_first, h_end) in enumerate(pairwise(record_starts)):
+            for j in range(h_first, h_end):
+                if buf[n0 + name_at[j] : n0 + name_at[j + 1]] == wanted:
+                    out[i] = str(buf[h0 + value_at[j] : h0 + value_at[j + 1]], "utf-8")
+        return out
+
     def values(self, from_offset: int | None = None, max_records: int | None = None) -> Iterator[bytes]:
         """Only the values, as :meth:`records` would give them (C-level slicing, no tuple per
         record): the cheapest way to consume a batch."""

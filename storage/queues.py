@@ -275,22 +275,29 @@ def message_steps(
 
 
 def read_delivery_fields(
-    store: Store, topic_id: int, queue: int, offset: int, max_messages: int
-) -> list[tuple[int, int, int | None, bytes]]:
+    store: Store, topic_id: int, queue: int, offset: int, max_messages: int, header: str
+) -> list[tuple[int, int, int | None, str | None]]:
     """What a receive needs to decide whether to hand out each of up to ``max_messages``
     consecutive messages from ``offset`` on, without building them: ``(offset, timestamp_ms,
-    expires_at_ms, headers)`` (``headers``: the stored JSON, ``b""`` for none). Same ranges,
-    errors and CRC checks as :func:`read_messages`; batches are fetched one, two, four... at a
-    time (a receive usually needs part of one).
+    expires_at_ms, value of header ``header`` or None)``. Same ranges, errors and CRC checks as
+    :func:`read_messages`; batches are fetched one, two, four... at a time (a receive usually
+    needs part of one).
 
     Raises:
         OffsetOutOfRange: ``offset < low_offset`` or ``offset > high_offset``.
         CorruptRecord: a stored batch failed its checks.
     """
-    out: list[tuple[int, int, int | None, bytes]] = []
+    out: list[tuple[int, int, int | None, str | None]] = []
     if max_messages <= 0:
         _check_offset(store, topic_id, queue, offset)
         return out
+    for batch_header, value, from_offset in _batches_from(store, topic_id, queue, offset, 1):
+        timestamp_ms = batch_header.append_time_ms
+        fields = decode_delivery_fields(value, from_offset, max_messages - len(out), header)
+        out += [(o, timestamp_ms, expires_at_ms, found) for o, expires_at_ms, found in fields]
+        if len(out) >= max_messages:
+            break
+    return out
     for header, value, from_offset in _batches_from(store, topic_id, queue, offset, 1):
         timestamp_ms = header.append_time_ms
         fields = decode_delivery_fields(value, from_offset, max_messages - len(out))

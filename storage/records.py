@@ -244,28 +244,28 @@ def decode_messages(data: bytes, from_offset: int, max_messages: int) -> list[Me
 
 
 def decode_delivery_fields(
-    data: bytes, from_offset: int, max_messages: int
-) -> list[tuple[int, int | None, bytes]]:
+    data: bytes, from_offset: int, max_messages: int, header: str
+) -> list[tuple[int, int | None, str | None]]:
     """What a receive needs to decide whether to hand a message out, without building messages:
-    ``(offset, expires_at_ms, headers)`` of the records of batch ``data`` at offsets
-    ``>= from_offset`` (at most ``max_messages``); ``headers`` is the stored JSON (``b""`` for
-    none). The CRCs of the returned records are checked, as :func:`decode_messages` does.
+    ``(offset, expires_at_ms, value of header ``header`` or None)`` of the records of batch
+    ``data`` at offsets ``>= from_offset`` (at most ``max_messages``): what
+    :func:`decode_messages` gives as ``offset``, ``expires_at_ms`` and ``headers.get(header)``.
+    The CRCs of the returned records are checked, as :func:`decode_messages` does (a v2 batch's
+    CRC covers the whole batch).
 
     Raises:
         CorruptRecord: as :func:`decode_messages`, for the records read.
     """
     if data[:1] == _V2_MAGIC:
-        return [
-            (m.offset, m.expires_at_ms, b"" if m.headers is None else orjson.dumps(m.headers))
-            for m in _v2_messages(_v2_read(data), from_offset, max(0, max_messages))
-        ]
-    header = decode_header(data)
+        return _v2_delivery_fields(_v2_read(data), from_offset, max(0, max_messages), header)
+    wanted = orjson.dumps(header)  # a v1 record's headers are stored as JSON, names never escaped
+    batch_header = decode_header(data)
     view = memoryview(data)
     size = len(data)
-    end_offset = header.end_offset
-    pos, offset = _skip_records(data, HEADER_SIZE, header.base_offset, min(from_offset, end_offset))
+    end_offset = batch_header.end_offset
+    pos, offset = _skip_records(data, HEADER_SIZE, batch_header.base_offset, min(from_offset, end_offset))
     last = min(end_offset, offset + max(0, max_messages))
-    out: list[tuple[int, int | None, bytes]] = []
+    out: list[tuple[int, int | None, str | None]] = []
     flags_key_len, u32, crc = _FLAGS_KEY_LEN.unpack_from, _U32.unpack_from, crc32c.crc32c
     try:
         while offset < last:  # _record_bounds inlined, then the fields wanted (this runs per message)
@@ -287,7 +287,9 @@ def decode_delivery_fields(
                 raise CorruptRecord(f"record ends at byte {p} of a {size}-byte batch")
             if crc(view[pos + _U32.size : p]) != u32(data, pos)[0]:
                 raise CorruptRecord(f"CRC mismatch in the record at offset {offset}")
-            out.append((offset, expires_at_ms, data[headers_at : headers_at + headers_len]))
+            stored = data[headers_at : headers_at + headers_len]
+            found = orjson.loads(stored).get(header) if wanted in stored else None
+            out.append((offset, expires_at_ms, found))
             pos = p
             offset += 1
     except struct.error as e:
@@ -434,6 +436,28 @@ def _v2_read(data: bytes) -> v2.BatchView:
         raise CorruptRecord(f"v2 record batch: {e.reason}: {e.message}") from None
     except (ValueError, IndexError) as e:  # read_stored trusts the structure apply's read checked
         raise CorruptRecord(f"v2 record batch: records unreadable: {e}") from None
+
+
+def _v2_delivery_fields(
+    view: v2.BatchView, from_offset: int, max_messages: int, header: str
+) -> list[tuple[int, int | None, str | None]]:
+    """:func:`decode_delivery_fields` of a v2 batch: what :func:`_v2_messages` gives as offsets,
+    expiry times and that header, from the view's columns (no record built)."""
+    first = min(max(from_offset - view.base_offset, 0), view.count)
+    last = min(view.count, first + max_messages)
+    try:
+        values = view.header_values(header, from_offset, max_messages)
+    except (ValueError, IndexError) as e:  # UnicodeDecodeError included: see _v2_read
+        raise CorruptRecord(f"v2 record batch: records unreadable: {e}") from None
+    offsets = range(view.base_offset + first, view.base_offset + last)
+    if not len(view.ttls):
+        return [(o, None, h) for o, h in zip(offsets, values, strict=True)]
+    at = view.append_time_ms
+    ttls = view.ttl_ms()[first:last].tolist()
+    delays = view.delay_ms()[first:last].tolist() if len(view.delays) else [0] * len(ttls)
+    return [
+        (o, at + d + t if t else None, h) for o, d, t, h in zip(offsets, delays, ttls, values, strict=True)
+    ]
 
 
 def _v2_messages(view: v2.BatchView, from_offset: int | None, max_messages: int | None) -> list[Message]:

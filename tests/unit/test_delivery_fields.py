@@ -1,17 +1,18 @@
 """The light read a receive makes (``read_delivery_fields``, ``decode_delivery_fields``): the same
-offsets, expiry times and headers as reading whole messages, the same errors, and the same
-hand-out decisions (``delivery._deliverable_fields`` against ``delivery._deliverable``)."""
+offsets, expiry times and redrive header as reading whole messages (v1 and v2 batches), the same
+errors, and the same hand-out decisions (``delivery._deliverable_fields`` against
+``delivery._deliverable``)."""
 
 from __future__ import annotations
 
 import base64
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raftmq import batch as rb
 from raftmq.cluster import commands
 from raftmq.cluster.machines.delivery import REDRIVE_GROUP_HEADER, _deliverable, _deliverable_fields
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
@@ -26,6 +27,7 @@ from raftmq.storage.records import (
     encode_batch,
 )
 
+REDRIVE = REDRIVE_GROUP_HEADER
 texts = st.text(max_size=30)
 header_maps = st.none() | st.dictionaries(
     st.sampled_from(["a", "raftmq-dlq-topic", REDRIVE_GROUP_HEADER, "x" * 40]),
@@ -42,9 +44,9 @@ def new_messages(draw: st.DrawFn) -> NewMessage:
     return NewMessage(value, binary, draw(st.none() | texts), draw(header_maps), expires)
 
 
-def fields_of(messages: list[Message]) -> list[tuple[int, int, int | None, bytes]]:
+def fields_of(messages: list[Message]) -> list[tuple[int, int, int | None, str | None]]:
     return [
-        (m.offset, m.timestamp_ms, m.expires_at_ms, b"" if m.headers is None else orjson.dumps(m.headers))
+        (m.offset, m.timestamp_ms, m.expires_at_ms, (m.headers or {}).get(REDRIVE_GROUP_HEADER))
         for m in messages
     ]
 
@@ -55,17 +57,52 @@ def test_decoded_fields_are_those_of_the_decoded_messages(
     batch: list[NewMessage], start: int, count: int
 ) -> None:
     data = encode_batch(7, 1_000, 100, batch)
-    got = [(o, 1_000, e, h) for o, e, h in decode_delivery_fields(data, 100 + start, count)]
+    got = [
+        (o, 1_000, e, h) for o, e, h in decode_delivery_fields(data, 100 + start, count, REDRIVE_GROUP_HEADER)
+    ]
     assert got == fields_of(decode_messages(data, 100 + start, count))
+
+
+v2_records = st.lists(
+    st.tuples(
+        texts,  # value
+        st.none() | texts,  # key
+        header_maps,
+        st.sampled_from([0, 0, 5, 3_000]),  # delay_ms
+        st.sampled_from([0, 0, 1, 700]),  # ttl_ms
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(v2_records, st.integers(0, 14), st.integers(0, 14))
+def test_a_v2_batch_s_fields_are_those_of_its_decoded_messages(
+    records: list[tuple[str, str | None, dict[str, str] | None, int, int]], start: int, count: int
+) -> None:
+    builder = rb.BatchBuilder()
+    for value, key, headers, delay_ms, ttl_ms in records:
+        builder.append(value, key=key, headers=headers, delay_ms=delay_ms, ttl_ms=ttl_ms)
+    data = rb.stamp(builder.finish(), 100, 1_000, 7)
+    got = [
+        (o, 1_000, e, h) for o, e, h in decode_delivery_fields(data, 100 + start, count, REDRIVE_GROUP_HEADER)
+    ]
+    assert got == fields_of(decode_messages(data, 100 + start, count))
+    view = rb.read_stored(data)
+    for name in ("a", "x" * 40, "absent", REDRIVE_GROUP_HEADER):
+        expected = [(r.headers or {}).get(name) for r in view.records(100 + start, count)]
+        assert view.header_values(name, 100 + start, count) == expected
 
 
 def test_a_damaged_record_is_detected_as_when_reading_messages() -> None:
     data = bytearray(encode_batch(1, 1, 0, [NewMessage(b"first"), NewMessage(b"second")]))
     data[-3] ^= 0x01  # inside the second record's value
-    assert len(decode_delivery_fields(bytes(data), 0, 1)) == 1  # records not returned are not checked
-    for decode in (decode_messages, decode_delivery_fields):
-        with pytest.raises(CorruptRecord):
-            decode(bytes(data), 0, 2)
+    assert len(decode_delivery_fields(bytes(data), 0, 1, "h")) == 1  # records not returned are not checked
+    with pytest.raises(CorruptRecord):
+        decode_messages(bytes(data), 0, 2)
+    with pytest.raises(CorruptRecord):
+        decode_delivery_fields(bytes(data), 0, 2, "h")
 
 
 @settings(max_examples=60, deadline=None)
@@ -88,9 +125,9 @@ def test_reading_a_queue_gives_the_fields_of_the_messages_read(
     high = sum(len(b) for b in batches)
     if offset > high:
         with pytest.raises(OffsetOutOfRange):
-            read_delivery_fields(store, 1, 0, offset, count)
+            read_delivery_fields(store, 1, 0, offset, count, REDRIVE_GROUP_HEADER)
         return
-    assert read_delivery_fields(store, 1, 0, offset, count) == fields_of(
+    assert read_delivery_fields(store, 1, 0, offset, count, REDRIVE_GROUP_HEADER) == fields_of(
         read_messages(store, 1, 0, offset, count)
     )
 
@@ -121,6 +158,6 @@ def test_the_hand_out_decision_from_fields_is_the_one_from_the_message(
     headers: dict[str, str] | None, expires_at_ms: int | None, now_ms: int, max_age_ms: int | None, group: str
 ) -> None:
     message = Message(5, None, b"v", False, headers, 1_000, 3, expires_at_ms)
-    stored = b"" if headers is None else orjson.dumps(headers)
-    from_fields = _deliverable_fields(1_000, expires_at_ms, stored, group, now_ms, max_age_ms)
+    redrive_group = (headers or {}).get(REDRIVE_GROUP_HEADER)
+    from_fields = _deliverable_fields(1_000, expires_at_ms, redrive_group, group, now_ms, max_age_ms)
     assert from_fields == _deliverable(message, group, now_ms, max_age_ms)

@@ -265,15 +265,16 @@ def _receive(w: _Work, cmd: ReceiveCommand, index: int, ordered: bool) -> list[d
             sub.cursor = low if sub.floor is None else sub.floor
         sub.cursor = max(sub.cursor, low)  # retention removed what was never handed out
         while sub.cursor < high and len(out) < limit and budget > 0:
-            found = read_delivery_fields(w.store, topic_id, queue, sub.cursor, min(limit - len(out), budget))
+            wanted = min(limit - len(out), budget)
+            found = read_delivery_fields(w.store, topic_id, queue, sub.cursor, wanted, REDRIVE_GROUP_HEADER)
             if not found:
                 break
             budget -= len(found)
             sub.cursor = found[-1][0] + 1
             fresh = [
                 o
-                for o, ts, exp, headers in found
-                if _deliverable_fields(ts, exp, headers, group, now_ms, max_age_ms)
+                for o, ts, exp, redrive_group in found
+                if _deliverable_fields(ts, exp, redrive_group, group, now_ms, max_age_ms)
             ]
             w.put_fresh(topic_id, queue, group, fresh, first)  # above the cursor: no record yet
             out += [

@@ -413,28 +413,21 @@ def _deliverable(message: Message, group: str, now_ms: int, max_age_ms: int | No
     return target is None or target == group
 
 
-_REDRIVE_GROUP_JSON = orjson.dumps(REDRIVE_GROUP_HEADER)
-
-
 def _deliverable_fields(
     timestamp_ms: int,
     expires_at_ms: int | None,
-    headers: bytes,
+    redrive_group: str | None,
     group: str,
     now_ms: int,
     max_age_ms: int | None,
 ) -> bool:
-    """:func:`_deliverable` from ``storage.queues.read_delivery_fields``' fields (headers as
-    stored: orjson never escapes the header's name, so a message without it is told apart
-    without decoding its headers)."""
+    """:func:`_deliverable` from ``storage.queues.read_delivery_fields``' fields (``redrive_group``:
+    the message's :data:`REDRIVE_GROUP_HEADER`, None without one)."""
     if expires_at_ms is not None and expires_at_ms <= now_ms:
         return False
     if max_age_ms is not None and timestamp_ms + max_age_ms <= now_ms:
         return False
-    if headers and _REDRIVE_GROUP_JSON in headers:
-        target = orjson.loads(headers).get(REDRIVE_GROUP_HEADER)
-        return target is None or target == group
-    return True
+    return redrive_group is None or redrive_group == group
 
 
 def _check_topic(work: Apply, topic_id: int) -> None:
