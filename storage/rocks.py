@@ -351,7 +351,8 @@ class RocksStore:
             # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor owns
             # `ro` and `end` while the iterator lives (a freed bound silently gives the wrong keys).
             cursor.pin(ro, end)
-            self._register(cursor)
+            if cursor.prime():  # the first chunk read in this visit; a short scan ends here
+                self._register(cursor)
         return cursor
 
     def last_before(self, key: bytes, floor: bytes) -> tuple[bytes, bytes] | None:

@@ -94,19 +94,35 @@ class ScanCursor:
             self._it = None
             self._revoked = True
 
+    def prime(self) -> bool:
+        """Read the first chunk now, inside the gate the store's ``scan`` holds; True when the scan
+        is not over (the store then registers the cursor: only a live iterator needs revoking).
+        A scan of a few pairs is read whole here, with no second visit to the gate."""
+        it = self._it
+        assert it is not None and not self._positioned
+        self._position(it)
+        self._read_chunk(it)
+        if self._exhausted(it):
+            self._it = None
+            return False
+        return True
+
+    def _position(self, it: RawIterator) -> None:
+        # Forward: seek to start (the upper bound ends it). Reverse: the last key below the upper
+        # bound; the lower limit is checked in _read_chunk (rocksdict's lower bound is broken).
+        if self._reverse:
+            it.seek_to_last()
+        else:
+            it.seek(self._start)
+        self._positioned = True
+
     def _refill(self) -> None:
         with self._gate():
             it = self._it
             if it is None:  # revoked between the check in __next__ and the gate
                 return
             if not self._positioned:
-                # Forward: seek to start (the upper bound ends it). Reverse: the last key below the
-                # upper bound; the lower limit is checked below (rocksdict's lower bound is broken).
-                if self._reverse:
-                    it.seek_to_last()
-                else:
-                    it.seek(self._start)
-                self._positioned = True
+                self._position(it)
             self._read_chunk(it)
             if self._exhausted(it):
                 self._it = None
