@@ -154,6 +154,11 @@ class PreVote:
             self._won_term = self._round_term
             self._sync._SyncObj__raftElectionDeadline = 0.0  # campaign at the next tick
 
+    def won(self, term: int) -> bool:
+        """Whether a majority granted this replica's round for ``term`` (its campaign for that
+        term then followed their grants: ``term_record.py`` names the cause)."""
+        return self._won_term == term
+
     def _majority(self, voters: set[str]) -> bool:
         return len(voters) > (len(self._sync._SyncObj__otherNodes) + 1) / 2
 
