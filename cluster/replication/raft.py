@@ -263,7 +263,7 @@ class RaftGroup:
         # as a leader (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
         seams = install_tick_seams(self._sync, settings, self._busy, name)
         self.pre_vote, self.backlog, self.reads, self.compaction_deferrals = seams
-        self.terms.pre_vote_won = self.pre_vote.won
+        self.terms.pre_vote_granted = self.pre_vote.granted
         self.sealed_bodies: SharedBodies | None = self._sync._SyncObj__transport.shared_bodies
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:

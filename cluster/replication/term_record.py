@@ -33,7 +33,8 @@ __all__ = [
 
 # Its own election: a majority granted its pre-vote (pre_vote.py) ...
 PRE_VOTE_GRANTED = "pre_vote_granted"
-# ... or not asked for: a leadership transfer, a lone voter, a round a majority left unanswered.
+# ... or not: a leadership transfer, a lone voter, a round a majority left unanswered, or answered
+# with terms behind its own (pysyncobj drops a lower-term leader's messages: only a campaign helps).
 CAMPAIGN = "campaign"
 VOTE_REQUEST = "vote_request"  # a voter's candidacy
 # A candidacy from outside its voters: the transport lets one through only when the candidate's log
@@ -53,7 +54,7 @@ class TermRecord:
         self.term: int | None = None
         self.hinted: frozenset[str] = frozenset()  # peers the placement lists besides the voters
         # Whether a majority granted its pre-vote for a term (pre_vote.py; none: never).
-        self.pre_vote_won: Callable[[int], bool] = lambda _term: False
+        self.pre_vote_granted: Callable[[int], bool] = lambda _term: False
         self._rises: dict[tuple[str, str], int] = {}
         self._deposed: dict[tuple[str, str], int] = {}
 
@@ -61,7 +62,7 @@ class TermRecord:
         """The term now, between messages: above the one last seen, it is the replica's own
         campaign (no message raised it since)."""
         if self.term is not None and term > self.term:
-            cause = PRE_VOTE_GRANTED if self.pre_vote_won(term) else CAMPAIGN
+            cause = PRE_VOTE_GRANTED if self.pre_vote_granted(term) else CAMPAIGN
             self._count(self._rises, (cause, self.self_addr))
         self.term = term
 

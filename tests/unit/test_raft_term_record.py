@@ -52,7 +52,7 @@ def test_the_record_counts_own_campaigns_messages_and_depositions() -> None:
     record.look(4)
     record.raised(5, "request_vote", "peer:2", voter=True, deposed=False)
     record.look(5)  # the message's rise is counted once, not again as a campaign
-    record.pre_vote_won = lambda term: term == 6
+    record.pre_vote_granted = lambda term: term == 6
     record.look(6)
     record.look(7)  # a transfer's campaign, say: no round won
     record.hinted = frozenset({"peer:4"})
