@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster_changes import QUEUES, TOPIC, Traffic, placement, run_change
 from .harness import Cluster, wait_until
@@ -86,6 +87,19 @@ def outsiders(rises: dict[str, list[dict[str, Any]]]) -> list[tuple[str, dict[st
 def elections(rises: dict[str, list[dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """The rises a voter brought (its own campaign, its vote request, its leadership): printed."""
     return [(node, row) for node, rows in rises.items() for row in rows]
+
+
+def own_campaigns(c: Cluster, node: str) -> float:
+    """``node``'s own campaigns for group 0 without a majority's pre-vote grants, from /metrics."""
+    r = c.get("/metrics", node)
+    assert r.status_code == 200, r.text[:300]
+    want = {"group_id": "0", "cause": "campaign", "peer": raft_addr(c, node)}
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+        if s.name == "raftmq_raft_term_rises_total" and want.items() <= s.labels.items()
+    )
 
 
 def deleted(c: Cluster, node: str) -> bool:
@@ -157,6 +171,7 @@ def test_a_removed_voter_left_placed_cannot_depose_the_leader(cluster: Cluster) 
         # x tries to be elected while still placed: it asks its peers for pre-votes every election
         # timeout, they no longer answer a non-voter, and it campaigns (its term rises).
         wait_until(lambda: int(c.status(x)["groups"]["0"]["term"]) > x_term, 90, what=f"{x} campaigning")
+        assert own_campaigns(c, x) >= 1  # counted as what it is: its own, no majority granted it
         traffic.nodes.append(x)
         run_change(c, "POST", "/v1/cluster/groups/meta/leader", {"node": x})
         traffic.wait_for(50)
