@@ -187,6 +187,7 @@ class _RaftCollector(Collector):
         yield from gauges.values()
         yield from (became_leader, pre_votes, unanswered, leaders_lost, backlog_holds, deferrals)
         yield from (clock_jumps, group_clock_jumps, seal_checks, snapshot_installs, snapshot_failures)
+        yield from self._term_rises(node_id)
         yield from self._raft_connections(node_id)
         yield from self._shared_bodies(node_id)
         yield from (commit_s, apply_s, fsync_s)
@@ -200,6 +201,31 @@ class _RaftCollector(Collector):
         calls = self._node.loop_calls
         wakeups.add_metric([node_id], calls.wakeups if calls is not None else 0)
         yield wakeups
+
+    def _term_rises(self, node_id: str) -> Iterator[_Family]:
+        """Who raised each replica's term and why, and which rises deposed it as the leader
+        (cluster/replication/term_record.py): an election a replica outside the voters caused
+        shows as its own cause."""
+        labels = ["node_id", "group_id", "cause", "peer"]
+        rises = CounterMetricFamily(
+            "raftmq_raft_term_rises",
+            "Times this replica's term rose, by cause (its own campaign with or without a majority's "
+            "pre-vote grants, a voter's or non-voter's vote request, a leader's append_entries) and "
+            "the peer that brought it (its Raft address, or other)",
+            labels=labels,
+        )
+        deposed = CounterMetricFamily(
+            "raftmq_raft_leader_deposed",
+            "Times this leader stepped down because a peer's message had a higher term, by cause and peer",
+            labels=labels,
+        )
+        for name, local in list(self._node.groups.items()):
+            for row in local.raft.terms.rows():
+                key = [node_id, name, row.cause, row.peer]
+                rises.add_metric(key, row.count)
+                if row.deposed:
+                    deposed.add_metric(key, row.deposed)
+        yield from (rises, deposed)
 
     def _shared_bodies(self, node_id: str) -> Iterator[_Family]:
         """A leader's entries sealed once for several followers (cluster/replication/

@@ -348,6 +348,11 @@ class Node:
                 "journal_entries": s.journal_entries,
                 "replicas": [r.id for r in self.replicas(name)],
                 "members": list(s.members),  # the Raft voters (addresses) this replica uses
+                # Who raised this replica's term and why (cluster/replication/term_record.py).
+                "term_rises": [
+                    {"cause": r.cause, "peer": r.peer, "count": r.count, "deposed": r.deposed}
+                    for r in s.term_rises
+                ],
             }
         status: dict[str, Any] = {
             "node_id": self.me.id,

@@ -1,7 +1,8 @@
 """What the Raft adapter (``raft.py``) offers and asks, free of pysyncobj: the state machine it
 replicates into (:class:`StateMachine`), a group's settings (:class:`RaftSettings`), how a
-submitted command ended (:class:`Outcome`), a replica's status (:class:`GroupStatus`), and
-:class:`RaftBindError`. Callers import these without loading pysyncobj's types.
+submitted command ended (:class:`Outcome`), a replica's status (:class:`GroupStatus`, with who
+raised its term: :class:`TermRise`), and :class:`RaftBindError`. Callers import these without
+loading pysyncobj's types.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 from raftmq.errors import RaftmqError
 from raftmq.storage.store import Store
 
-__all__ = ["GroupStatus", "Outcome", "RaftBindError", "RaftSettings", "StateMachine"]
+__all__ = ["GroupStatus", "Outcome", "RaftBindError", "RaftSettings", "StateMachine", "TermRise"]
 
 
 class StateMachine(Protocol):
@@ -87,6 +88,17 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class TermRise:
+    """Times a replica's term rose for one ``cause`` that ``peer`` (a Raft address, or ``"other"``)
+    brought; ``deposed``: how many of them ended its leadership (``term_record.py``)."""
+
+    cause: str
+    peer: str
+    count: int
+    deposed: int = 0
+
+
+@dataclass(frozen=True)
 class GroupStatus:
     name: str
     leader: str | None  # Raft address of the leader this replica knows, if any
@@ -101,3 +113,4 @@ class GroupStatus:
     # It leads, or its leader reached it within its election timeout (every message from the
     # leader pushes that deadline on): what it applies is current, not a cut-off replica's.
     hears_leader: bool = False
+    term_rises: tuple[TermRise, ...] = ()  # since this replica started, by (cause, peer)

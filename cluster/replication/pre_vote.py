@@ -68,6 +68,7 @@ class PreVote:
         self._answered: set[str] = set()  # voters (and self) that answered that round
         self._granted: set[str] = set()  # voters (and self) that granted it
         self._won_term: int | None = None  # a majority granted this term: campaign for it
+        self._won_by_grants = False  # that majority granted it (not voters behind this term)
         # Voters seen answering a pre-vote: their silence means slow or cut off, not a release
         # from before pre-vote, so it lets no election start.
         self._capable: set[str] = set()
@@ -152,7 +153,13 @@ class PreVote:
         # the group adopt its term, as plain Raft would; the voters still vote on the logs.
         if self._majority(self._granted) or self._majority(self._granted | self._behind):
             self._won_term = self._round_term
+            self._won_by_grants = self._majority(self._granted)
             self._sync._SyncObj__raftElectionDeadline = 0.0  # campaign at the next tick
+
+    def granted(self, term: int) -> bool:
+        """Whether a majority granted this replica's round for ``term`` (its campaign for that
+        term followed their grants, not answers behind its term: ``term_record.py``)."""
+        return self._won_term == term and self._won_by_grants
 
     def _majority(self, voters: set[str]) -> bool:
         return len(voters) > (len(self._sync._SyncObj__otherNodes) + 1) / 2

@@ -32,7 +32,9 @@ its removal cannot depose the leader with its campaigns. A group's voters are wh
 the snapshot manifest records the voters as of its last entry (pysyncobj would store the live set,
 which may include an uncommitted change), and on start the voters are that set plus the membership
 entries after it in the journal (Raft's rule: the latest configuration in the log counts, committed
-or not). ``peer_addrs`` only seeds a group whose log holds no configuration yet.
+or not). ``peer_addrs`` only seeds a group whose log holds no configuration yet. Every term rise is
+recorded by cause and sender (``term_record.py``: the term before and after each message; a rise
+between messages is the replica's own campaign), for its status and metrics.
 
 Reads that must see every acknowledged write wait for ``reads.ready()`` (``leader_reads.py``).
 Threading: every apply, callback, journal write and snapshot hook runs on the group's tick thread;
@@ -51,7 +53,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import structlog
 
 from raftmq.cluster.base.timing import LatencyHistogram
@@ -92,8 +93,11 @@ from raftmq.cluster.replication.snapshot_gate import (
     entry_from_json,
     entry_to_json,
     fsync_dir,
+    read_durable_manifest,
     read_manifest,
+    write_manifest,
 )
+from raftmq.cluster.replication.term_record import TermRecord
 from raftmq.storage.durable_dirs import make_dirs_durable
 from raftmq.storage.store import Store, StoreError
 
@@ -144,6 +148,7 @@ class _GroupSyncObj(RaftNodeSyncObj):
         self.raftmq_group = group
         self.raftmq_journal = journal
         super().__init__(**kwargs)
+        group.terms.look(self._SyncObj__raftCurrentTerm)  # as loaded: a campaign is a timeout away
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Any:
@@ -153,10 +158,14 @@ class _GroupSyncObj(RaftNodeSyncObj):
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         # SyncObj.__init__ registers self.__onMessageReceived with the transport: this override is
         # what it finds. Snapshot messages pass through RaftGroup's gate first (see snapshot_gate.py).
+        # Who raises the term (term_record.py): one comparison per message, more only on a rise.
+        terms, term, leading = self.raftmq_group.terms, self._SyncObj__raftCurrentTerm, self._isLeader()
+        terms.look(term)  # risen since the last look, by no message: its own campaign
         gate = self.raftmq_group.snapshot_gate
-        super()._SyncObj__onMessageReceived(
-            node, gate.gate(int(self.raftCurrentTerm), int(self.raftCommitIndex), message)
-        )
+        super()._SyncObj__onMessageReceived(node, gate.gate(int(term), int(self.raftCommitIndex), message))
+        if self._SyncObj__raftCurrentTerm != term:
+            voter, deposed = node in self._SyncObj__otherNodes, leading and not self._isLeader()
+            terms.raised(self._SyncObj__raftCurrentTerm, message["type"], str(node.id), voter, deposed)
 
 
 class RaftGroup:
@@ -209,6 +218,7 @@ class RaftGroup:
         self._loading_on_start = os.path.exists(snapshot_file)
         self._membership_in_flight: _MembershipChange | None = None  # tick thread only
         self.votes_ignored = 0  # vote requests and votes dropped from non-voters (tick thread)
+        self.terms = TermRecord(self_addr)  # who raised this replica's term (tick thread writes)
         self._vote_log_at = 0.0  # tick thread
         self._hinted: frozenset[str] = frozenset()  # tick thread only
         self._tick_calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -253,6 +263,7 @@ class RaftGroup:
         # as a leader (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
         seams = install_tick_seams(self._sync, settings, self._busy, name)
         self.pre_vote, self.backlog, self.reads, self.compaction_deferrals = seams
+        self.terms.pre_vote_granted = self.pre_vote.granted
         self.sealed_bodies: SharedBodies | None = self._sync._SyncObj__transport.shared_bodies
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
@@ -310,6 +321,7 @@ class RaftGroup:
             journal_entries=len(self._journal),
             members=self._members,
             hears_leader=hears_a_leader(s),
+            term_rises=self.terms.rows(),
         )
 
     def members(self) -> tuple[str, ...]:
@@ -357,7 +369,7 @@ class RaftGroup:
                 transport.addNode(RaftNode(addr))
             for addr in sorted((self._hinted - wanted - voters) & present):
                 transport.dropNode(RaftNode(addr))
-            self._hinted = wanted
+            self._hinted = self.terms.hinted = wanted
 
         self._on_tick_thread(apply, wake=wanted != self._hinted)  # the same again: the next tick
 
@@ -398,9 +410,8 @@ class RaftGroup:
 
     def _membership_done(self, change: _MembershipChange, _result: Any, error: int) -> None:
         if error == FAIL_REASON.SUCCESS:
-            self._answer_membership(
-                change, Outcome(result={"changed": True, "members": self._live_members()})
-            )
+            members = self._live_members()
+            self._answer_membership(change, Outcome(result={"changed": True, "members": members}))
         else:
             code, definite = _FAILURES.get(error, ("unknown_outcome", False))
             self._answer_membership(change, Outcome(error=code, definite=definite))
@@ -476,6 +487,7 @@ class RaftGroup:
 
     def _after_tick(self) -> None:
         self._journal.flush()
+        self.terms.look(self._sync._SyncObj__raftCurrentTerm)  # this tick's campaign (messages follow)
         if self._journal.size_bytes > self._settings.compaction_max_bytes:
             self._sync.forceLogCompaction()
         if self._quiet:
@@ -561,21 +573,12 @@ class RaftGroup:
             "prev": entry_to_json(prev),
             "cluster": members,
         }
-        with open(tmp_path, "wb") as f:
-            f.write(orjson.dumps(manifest))
-            f.flush()
-            os.fsync(f.fileno())
+        write_manifest(tmp_path, manifest)
 
     def _deserialize(self, path: str) -> tuple[Entry, Entry, list[str]]:
         # The log gives way to a snapshot: a voter change's entry under it is never applied here.
         self._abandon_membership("snapshot_loaded")
-        # A snapshot received from the leader was written and renamed by pysyncobj without fsync;
-        # make it durable before pysyncobj replaces the journal with the snapshot's two entries.
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-        fsync_dir(os.path.dirname(path))
-        with open(path, "rb") as f:
-            manifest = orjson.loads(f.read())
+        manifest = read_durable_manifest(path)  # before pysyncobj replaces the journal with its entries
         last = entry_from_json(manifest["last"])
         prev = entry_from_json(manifest["prev"])
         self._journal.align_to_snapshot(prev, last)

@@ -42,7 +42,9 @@ __all__ = [
     "entry_from_json",
     "entry_to_json",
     "fsync_dir",
+    "read_durable_manifest",
     "read_manifest",
+    "write_manifest",
 ]
 
 # Logged under the adapter's name, as before the gate had a module of its own.
@@ -246,6 +248,24 @@ def read_manifest(path: str) -> dict[str, Any] | None:
     except ValueError:  # written and fsynced before its rename, so never torn; pysyncobj logs it too
         log.error("snapshot_manifest_unreadable", path=path)
         return None
+
+
+def write_manifest(path: str, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` to ``path`` and fsync it (pysyncobj then renames it into place)."""
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(manifest))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_durable_manifest(path: str) -> dict[str, Any]:
+    """The manifest at ``path``, once it and its directory entry are synced (pysyncobj writes and
+    renames a snapshot received from the leader without fsync)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        manifest: dict[str, Any] = orjson.loads(f.read())
+    fsync_dir(os.path.dirname(path))
+    return manifest
 
 
 def entry_to_json(entry: Entry) -> list[Any]:
