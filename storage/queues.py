@@ -298,13 +298,6 @@ def read_delivery_fields(
         if len(out) >= max_messages:
             break
     return out
-    for header, value, from_offset in _batches_from(store, topic_id, queue, offset, 1):
-        timestamp_ms = header.append_time_ms
-        fields = decode_delivery_fields(value, from_offset, max_messages - len(out))
-        out += [(o, timestamp_ms, expires_at_ms, headers) for o, expires_at_ms, headers in fields]
-        if len(out) >= max_messages:
-            break
-    return out
 
 
 def batch_span(value: bytes) -> tuple[int, int]:

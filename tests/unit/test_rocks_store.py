@@ -18,6 +18,7 @@ from raftmq.storage.rocks import (
     RocksStore,
     destroy_store,
 )
+from raftmq.storage.rocks_cursor import CHUNK_PAIRS
 from raftmq.storage.store import Batch, StoreClosed, StoreError
 from raftmq.storage.work import background_work
 
@@ -366,6 +367,17 @@ def test_an_abandoned_scan_does_not_keep_the_database_open_after_close(tmp_path:
         list(pairs)
 
 
+def test_a_scan_read_whole_when_it_was_made_keeps_its_snapshot_after_close(tmp_path: Path) -> None:
+    """A scan of at most a chunk is read in the call that makes it (one visit to the store), so
+    closing the store afterwards takes nothing from it: it still yields the snapshot it took."""
+    store = RocksStore.open(str(tmp_path / "db"))
+    for n in range(10):
+        _put(store, _key(n), b"v")
+    pairs = store.scan(b"")
+    store.close()
+    assert [k for k, _ in pairs] == [_key(n) for n in range(10)]
+
+
 def test_a_scan_in_progress_during_restore_raises_store_closed(tmp_path: Path) -> None:
     store = RocksStore.open(str(tmp_path / "db"))
     for n in range(300):
@@ -496,15 +508,18 @@ def test_a_scan_with_a_temporary_end_bound_returns_exactly_the_range(tmp_path: P
     store = RocksStore.open(str(tmp_path / "db"))
     try:
         batch = Batch()
-        for i in range(100):
+        for i in range(300):
             batch.put(b"K" + struct.pack(">Q", i), b"v")
             batch.put(b"Z" + struct.pack(">Q", i), b"z")
         store.write(batch)
+        # More keys than the first chunk the scan reads while its caller still holds the bound
+        # (CHUNK_PAIRS): the rest is read after the temporary is gone.
+        assert CHUNK_PAIRS < 200
         for _ in range(30):
-            cursor = store.scan(b"K", b"K" + struct.pack(">Q", 50))  # the bound is a temporary
+            cursor = store.scan(b"K", b"K" + struct.pack(">Q", 200))  # the bound is a temporary
             gc.collect()
             _churn = [bytes(range(256)) * 4 for _ in range(1000)]  # reuse the freed memory
             keys = [k for k, _ in cursor]
-            assert keys == [b"K" + struct.pack(">Q", i) for i in range(50)]
+            assert keys == [b"K" + struct.pack(">Q", i) for i in range(200)]
     finally:
         store.close()
