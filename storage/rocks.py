@@ -325,10 +325,8 @@ class RocksStore:
     ) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` in key order (descending with ``reverse``), at most ``limit``.
 
-        The iterator reads a snapshot taken by this call, whose first chunk (``CHUNK_PAIRS``
-        pairs, ``CHUNK_BYTES`` bytes) is read by the call itself: a scan no longer than that is
-        read whole and yields its snapshot whatever happens to the store afterwards. A longer
-        one raises StoreClosed if the store is closed or restored before it is exhausted.
+        It reads a snapshot taken by this call, which reads its first chunk (a scan of one chunk, whole:
+        it outlives a close); a longer one raises StoreClosed if the store is closed or restored first.
         """
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
@@ -340,9 +338,8 @@ class RocksStore:
             ro.set_iterate_upper_bound(end)
         with self._using() as db:
             # The iterator pins the database's state as of now: this is the scan's snapshot.
-            it = db.iter(ro)
             cursor = ScanCursor(
-                it,
+                db.iter(ro),  # only the cursor holds it: revoked at close while registered
                 start,
                 reverse=reverse,
                 limit=limit,
@@ -353,11 +350,8 @@ class RocksStore:
             # rocksdict keeps a pointer to the upper bound's bytes without a reference: the cursor owns
             # `ro` and `end` while the iterator lives (a freed bound silently gives the wrong keys).
             cursor.pin(ro, end)
-            try:
-                if cursor.prime():  # the first chunk read in this visit; a short scan ends here
-                    self._register(cursor)
-            finally:
-                del it  # only a registered cursor may hold the iterator past the gate (close revokes it)
+            if cursor.prime():  # the first chunk read in this visit; a short scan ends here
+                self._register(cursor)
         return cursor
 
     def last_before(self, key: bytes, floor: bytes) -> tuple[bytes, bytes] | None:

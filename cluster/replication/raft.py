@@ -156,16 +156,17 @@ class _GroupSyncObj(RaftNodeSyncObj):
         return self.raftmq_group._apply(self.raftLastApplied + 1, data)
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
-        # SyncObj.__init__ registers self.__onMessageReceived with the transport: this override is
-        # what it finds. Snapshot messages pass through RaftGroup's gate first (see snapshot_gate.py).
-        # Who raises the term (term_record.py): one comparison per message, more only on a rise.
+        # SyncObj.__init__ registers self.__onMessageReceived: this override is what it finds. The
+        # snapshot gate sees messages first; term rises are recorded (term_record.py).
         terms, term, leading = self.raftmq_group.terms, self._SyncObj__raftCurrentTerm, self._isLeader()
         terms.look(term)  # risen since the last look, by no message: its own campaign
-        gate = self.raftmq_group.snapshot_gate
-        super()._SyncObj__onMessageReceived(node, gate.gate(int(term), int(self.raftCommitIndex), message))
-        if self._SyncObj__raftCurrentTerm != term:
-            voter, deposed = node in self._SyncObj__otherNodes, leading and not self._isLeader()
-            terms.raised(self._SyncObj__raftCurrentTerm, message["type"], str(node.id), voter, deposed)
+        gated = self.raftmq_group.snapshot_gate.gate(int(term), int(self.raftCommitIndex), message)
+        try:
+            super()._SyncObj__onMessageReceived(node, gated)
+        finally:  # a rise by a message whose handling then failed is still the sender's
+            if self._SyncObj__raftCurrentTerm != term:
+                voter, deposed = node in self._SyncObj__otherNodes, leading and not self._isLeader()
+                terms.raised(self._SyncObj__raftCurrentTerm, message["type"], str(node.id), voter, deposed)
 
 
 class RaftGroup:
@@ -595,6 +596,5 @@ class RaftGroup:
             # The gate lets an installed snapshot through only once the state covers it, so this
             # is a start whose state is behind its own snapshot (see SnapshotGate.install_blocking).
             self.snapshot_gate.install_blocking(manifest, self._reset_election_deadline)
-        # pysyncobj drops its own address from this list only if its self node equals a str (a
-        # RaftNode does, a TCPNode does not): leave it out here either way.
+        # pysyncobj drops its own address only if its self node equals a str (a RaftNode): drop it here.
         return last, prev, [m for m in members if m != self.self_addr]

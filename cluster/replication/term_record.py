@@ -81,7 +81,9 @@ class TermRecord:
 
     def rows(self) -> tuple[TermRise, ...]:
         """Every (cause, peer) counted so far, sorted (any thread: the dicts are copied whole)."""
-        rises, deposed = dict(self._rises), dict(self._deposed)
+        # Deposed first: the tick thread counts a rise before its deposition, so no row shows more
+        # depositions than rises.
+        deposed, rises = dict(self._deposed), dict(self._rises)
         return tuple(TermRise(c, p, n, deposed.get((c, p), 0)) for (c, p), n in sorted(rises.items()))
 
     @staticmethod
