@@ -398,3 +398,42 @@ def test_an_unknown_action_signed_by_any_token_is_invalid_action_and_touches_not
         )
         assert r.status_code == 400 and "<Code>InvalidAction</Code>" in r.text, r.text
     assert "orders-unknown" not in _topics(secure)
+
+
+def test_the_rest_api_cannot_set_the_sqs_apis_attributes(secure: Cluster) -> None:
+    """A RedrivePolicy PATCHed in as the topic attribute ``sqs.RedrivePolicy`` skipped every check
+    SetQueueAttributes makes: receives then moved the auditor's queue's messages into
+    ``orders-paid``, which the auditor may not produce to, and a value that is no policy made every
+    receive an InternalError."""
+    admin, auditor = _client(secure, "admin"), _client(secure, "auditor", "n2")
+    paid = admin.create_queue(QueueName="orders-paid")["QueueUrl"]
+    url = auditor.create_queue(QueueName="audit-patched")["QueueUrl"]
+    arn = "arn:aws:sqs:eu-west-1:000000000000:orders-paid"
+    as_auditor = {"Authorization": f"Bearer {TOKENS['auditor']}"}
+    for attributes in (
+        {"sqs.RedrivePolicy": f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":1}}'},
+        {"sqs.RedrivePolicy": "not a policy"},
+        {"sqs.CreatedTimestamp": None},
+    ):
+        for node in ("n1", "n3"):
+            r = secure.session.patch(
+                secure.url(node) + "/v1/topics/audit-patched",
+                json={"attributes": attributes},
+                headers=as_auditor,
+                timeout=30,
+            )
+            assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request"), r.text
+    r = secure.post(
+        "/v1/topics", {"name": "audit-made", "attributes": {"sqs.CreatedTimestamp": "1"}}, headers=as_auditor
+    )
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request"), r.text
+    assert "audit-made" not in _topics(secure)
+    assert (
+        "RedrivePolicy"
+        not in auditor.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    )
+    admin.send_message(QueueUrl=url, MessageBody="stays here")
+    for _ in range(2):  # received twice, not moved anywhere
+        got = admin.receive_message(QueueUrl=url, VisibilityTimeout=0, WaitTimeSeconds=5)["Messages"]
+        assert [m["Body"] for m in got] == ["stays here"]
+    assert "Messages" not in admin.receive_message(QueueUrl=paid, WaitTimeSeconds=1)
