@@ -1,8 +1,9 @@
 """The REST API cannot set or remove the attributes the SQS API owns (``sqs.*``): the SQS API
 stores them only after its own checks (a RedrivePolicy's target and the caller's rights on it,
 the values its actions parse), so ``PATCH /v1/topics/{topic}`` and ``POST /v1/topics`` refuse
-them (400 ``bad_request``); other attributes pass as before. The same hole through real nodes and
-boto3: ``tests/integration/test_sqs_auth.py``."""
+them (400 ``bad_request``); other attributes pass as before. A value stored that way before is
+read as no policy (a RedriveAllowPolicy: as allowing no source), not an error of every action.
+The same hole through real nodes and boto3: ``tests/integration/test_sqs_auth.py``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from raftmq.cluster.api.sqs.queues import RedrivePolicy, allows_redrive_from, redrive_policy
 from raftmq.cluster.api.validation import parse_create_topic, parse_create_topics, parse_topic_patch
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.cluster_file import Limits
+from raftmq.cluster.machines.metadata import Topic
 
 POLICY = '{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:000000000000:payments","maxReceiveCount":1}'
 
@@ -52,3 +55,20 @@ def test_other_attributes_still_pass() -> None:
     assert parse_create_topic({"name": "t", "attributes": {"owner": "a"}}, Limits())["attributes"] == {
         "owner": "a"
     }
+
+
+def _queue(**attributes: str) -> Topic:
+    fields = {"name": "q", "id": 7, "queues": 1, "queue_groups": [0], "retention_ms": None}
+    fields |= {"retention_bytes": None, "max_message_bytes": None, "created_ms": 1}
+    return Topic.from_json({**fields, "attributes": {"sqs.CreatedTimestamp": "1", **attributes}})
+
+
+@pytest.mark.parametrize(
+    "stored", ["not json", "[]", "5", "null", '{"maxReceiveCount": 1}', '{"deadLetterTargetArn": 5}']
+)
+def test_a_policy_stored_unchecked_before_is_none_and_allows_no_source(stored: str) -> None:
+    """Before, json.loads raised: every ReceiveMessage of the queue, and every StartMessageMoveTask
+    of the cluster (it reads every queue's policy), answered InternalError."""
+    assert redrive_policy(_queue(**{"sqs.RedrivePolicy": stored})) is None
+    assert not allows_redrive_from(_queue(**{"sqs.RedriveAllowPolicy": stored}), "arn:aws:sqs:r:0:q")
+    assert redrive_policy(_queue(**{"sqs.RedrivePolicy": POLICY})) == RedrivePolicy("payments", 1)
