@@ -107,9 +107,10 @@ def test_errors_are_awss_and_change_nothing(sqs: Any, cluster: Cluster) -> None:
     missing = f"{cluster.url('n2')}/000000000000/no-such-queue"
     with pytest.raises(sqs.exceptions.QueueDoesNotExist):
         sqs.send_message(QueueUrl=missing, MessageBody="x")
-    with pytest.raises(ClientError) as e:
-        sqs.create_queue(QueueName="bad name!")
-    assert _code(e) == "InvalidParameterValue"
+    for name in ("bad name!", "bad-newline\n"):  # "$" of the name's pattern once let the newline in
+        with pytest.raises(ClientError) as e:
+            sqs.create_queue(QueueName=name)
+        assert _code(e) == "InvalidParameterValue"
     with pytest.raises(ClientError) as e:
         sqs.create_queue(QueueName="bad-attribute", Attributes={"VisibilityTimeout": "43201"})
     assert _code(e) == "InvalidAttributeValue"

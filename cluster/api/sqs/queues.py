@@ -52,7 +52,7 @@ PREFIX = "sqs."
 CREATED = PREFIX + "CreatedTimestamp"
 MODIFIED = PREFIX + "LastModifiedTimestamp"
 # 1-80 characters, of which a FIFO queue's name has its suffix .fifo.
-QUEUE_NAME = re.compile(r"^(?=.{1,80}$)[A-Za-z0-9_-]+(?:\.fifo)?$")
+QUEUE_NAME = re.compile(r"^(?=.{1,80}$)[A-Za-z0-9_-]+(?:\.fifo)?\Z")
 FIFO_SUFFIX = ".fifo"
 FIFO = PREFIX + "FifoQueue"
 

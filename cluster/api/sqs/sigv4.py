@@ -45,10 +45,10 @@ MAX_SKEW_S = 300  # a request dated more than 5 minutes from the node's clock is
 MAX_EXPIRES_S = 604_800  # a presigned request's X-Amz-Expires: at most 7 days, as AWS
 _TIMESTAMP = "%Y%m%dT%H%M%SZ"
 _CREDENTIAL = re.compile(
-    r"^([A-Za-z0-9_.-]{1,128})/(\d{8})/([a-z0-9-]{1,32})/([a-z0-9-]{1,32})/aws4_request$"
+    r"^([A-Za-z0-9_.-]{1,128})/(\d{8})/([a-z0-9-]{1,32})/([a-z0-9-]{1,32})/aws4_request\Z"
 )
-_SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
-_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+_SIGNATURE = re.compile(r"^[0-9a-f]{64}\Z")
+_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
 _UNRESERVED = "-_.~"
 _AUTHORIZATION_FORM = "the Authorization header must be Credential=..., SignedHeaders=..., Signature=..."
 _QUERY_KEYS = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-SignedHeaders", "X-Amz-Signature")
