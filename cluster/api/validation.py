@@ -253,6 +253,8 @@ def _refuse_front_end_attributes(attributes: dict[str, Any]) -> None:
     RedrivePolicy moved a queue's messages into a queue the token could not produce to, and a bad
     value made every ReceiveMessage fail."""
     for name in attributes:
+        if name.endswith("\n"):  # the metadata machine's pattern ends in "$" (see parse_create_topic)
+            raise bad(f"attribute {name!r}: attribute names are 1-128 characters of A-Z a-z 0-9 . _ : -")
         if name.lower().startswith(SQS_PREFIX.lower()):
             raise bad(
                 f"attribute {name!r}: names starting with {SQS_PREFIX!r} are set through the SQS API only"

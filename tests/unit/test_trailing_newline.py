@@ -11,7 +11,7 @@ import re
 import pytest
 
 from raftmq.cluster.api.sqs import message_actions, messages, move_task_records, queues, sigv4
-from raftmq.cluster.api.validation import parse_create_topic
+from raftmq.cluster.api.validation import parse_create_topic, parse_topic_patch
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.cluster_file import Limits
 
@@ -40,3 +40,14 @@ def test_a_topic_name_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(ApiError) as e:
         parse_create_topic({"name": "orders\n"}, Limits())
     assert e.value.error.code == "bad_request"
+
+
+def test_an_attribute_name_with_a_trailing_newline_is_refused() -> None:
+    assert parse_topic_patch({"attributes": {"team": "a"}})["attributes"] == {"team": "a"}
+    for call in (
+        lambda: parse_topic_patch({"attributes": {"team\n": "a"}}),
+        lambda: parse_create_topic({"name": "t", "attributes": {"team\n": "a"}}, Limits()),
+    ):
+        with pytest.raises(ApiError) as e:
+            call()
+        assert e.value.error.code == "bad_request"
