@@ -164,6 +164,19 @@ def test_a_bearer_token_or_the_peer_key_does_not_open_sqs(secure: Cluster) -> No
     assert "orders-locked-out" not in _topics(secure)
 
 
+def test_a_presigned_expiry_that_is_no_number_is_incomplete_not_an_internal_error(secure: Cluster) -> None:
+    """X-Amz-Expires=² passed str.isdigit and made int() raise: a 500 and a traceback in the node's
+    log for each such request, which needs no credential."""
+    query = (
+        "Action=ListQueues&X-Amz-Algorithm=AWS4-HMAC-SHA256"
+        "&X-Amz-Credential=admin%2F20261130%2Feu-west-1%2Fsqs%2Faws4_request&X-Amz-Date=20261130T000000Z"
+        f"&X-Amz-Expires=%C2%B2&X-Amz-SignedHeaders=host&X-Amz-Signature={'0' * 64}"
+    )
+    r = requests.post(secure.url("n1") + "/?" + query, timeout=10)
+    assert r.status_code == 400 and "<Code>IncompleteSignature</Code>" in r.text, r.text
+    assert "sqs_action_failed" not in secure.log("n1")
+
+
 def test_an_old_request_replayed_is_expired(secure: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request signed and captured 6 minutes ago, sent again now: RequestExpired, nothing done. The
     same request replayed within the window is accepted, as AWS does."""
