@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -175,6 +176,25 @@ def test_a_presigned_expiry_that_is_no_number_is_incomplete_not_an_internal_erro
     r = requests.post(secure.url("n1") + "/?" + query, timeout=10)
     assert r.status_code == 400 and "<Code>IncompleteSignature</Code>" in r.text, r.text
     assert "sqs_action_failed" not in secure.log("n1")
+
+
+def test_a_body_cut_short_before_its_signature_is_read_logs_no_traceback(secure: Cluster) -> None:
+    """A client that leaves mid-body, unsigned: reading the body raised ConnectionResetError, logged
+    as sqs_action_failed with a traceback, one per connection anyone could open."""
+    host, port = secure.nodes["n2"].http.split(":")
+    logged = len(secure.log("n2"))
+    for framing in (b"Content-Length: 1000\r\n", b"Transfer-Encoding: chunked\r\n"):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
+                b"X-Amz-Target: AmazonSQS.ListQueues\r\n" + framing + b"\r\n5\r\n{}"
+            )
+            s.shutdown(socket.SHUT_WR)  # the client is gone before the body ends
+            s.recv(4096)
+    r = requests.post(secure.url("n2") + "/", data={"Action": "ListQueues"}, timeout=10)
+    assert r.status_code == 403  # the node serves on (MissingAuthenticationToken)
+    since = secure.log("n2")[logged:]
+    assert "sqs_action_failed" not in since and "Traceback" not in since, since
 
 
 def test_an_old_request_replayed_is_expired(secure: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:

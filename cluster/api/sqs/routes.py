@@ -133,6 +133,11 @@ class SqsHandler:
         except web.HTTPRequestEntityTooLarge:
             e2 = SqsError("InvalidParameterValue", "The request is larger than the node's limit.")
             return json_error(e2, request_id) if json_wire else query_error(e2, request_id)
+        except ConnectionError:
+            # The client left before its body was read (its signature not yet checked): nobody to
+            # answer, and no traceback to log, or anyone could fill the log with them.
+            e4 = SqsError("MalformedQueryString", "The request body was cut short.")
+            return json_error(e4, request_id) if json_wire else query_error(e4, request_id)
         except Exception:
             log.exception("sqs_action_failed", action=action[:64], request_id=request_id)
             e3 = SqsError("InternalError", f"internal error; see the node's log (request {request_id})")
