@@ -178,23 +178,29 @@ def test_a_presigned_expiry_that_is_no_number_is_incomplete_not_an_internal_erro
     assert "sqs_action_failed" not in secure.log("n1")
 
 
-def test_a_body_cut_short_before_its_signature_is_read_logs_no_traceback(secure: Cluster) -> None:
-    """A client that leaves mid-body, unsigned: reading the body raised ConnectionResetError, logged
-    as sqs_action_failed with a traceback, one per connection anyone could open."""
+def test_a_body_cut_short_before_any_credential_is_checked_logs_nothing(secure: Cluster) -> None:
+    """A client that leaves mid-body where nothing checked a credential yet (the SQS API reads the
+    body before its signature; POST /internal/proof is open): the read raised ConnectionResetError,
+    logged as sqs_action_failed with a traceback, or as peer_call_failed, a line per connection
+    that anyone could open."""
     host, port = secure.nodes["n2"].http.split(":")
     logged = len(secure.log("n2"))
-    for framing in (b"Content-Length: 1000\r\n", b"Transfer-Encoding: chunked\r\n"):
-        with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(
-                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
-                b"X-Amz-Target: AmazonSQS.ListQueues\r\n" + framing + b"\r\n5\r\n{}"
-            )
-            s.shutdown(socket.SHUT_WR)  # the client is gone before the body ends
-            s.recv(4096)
+    requests_cut_short = [
+        (b"/", b"Content-Type: application/x-amz-json-1.0\r\nX-Amz-Target: AmazonSQS.ListQueues\r\n"),
+        (b"/", b"Content-Type: application/x-www-form-urlencoded\r\n"),
+        (b"/internal/proof", b"Content-Type: application/json\r\n"),
+    ]
+    for path, headers in requests_cut_short:
+        for framing in (b"Content-Length: 1000\r\n", b"Transfer-Encoding: chunked\r\n"):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n" + headers + framing + b"\r\n5\r\n{}")
+                s.shutdown(socket.SHUT_WR)  # the client is gone before the body ends
+                s.recv(4096)
     r = requests.post(secure.url("n2") + "/", data={"Action": "ListQueues"}, timeout=10)
     assert r.status_code == 403  # the node serves on (MissingAuthenticationToken)
     since = secure.log("n2")[logged:]
-    assert "sqs_action_failed" not in since and "Traceback" not in since, since
+    assert "sqs_action_failed" not in since and "peer_call_failed" not in since, since
+    assert "Traceback" not in since, since
 
 
 def test_an_old_request_replayed_is_expired(secure: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
