@@ -25,6 +25,7 @@ from raftmq.storage.store import StoreClosed
 __all__ = [
     "Handler",
     "ResponseAborted",
+    "client_gone",
     "error_middleware",
     "error_response",
     "group_name",
@@ -95,6 +96,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except asyncio.CancelledError:
         raise
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+        if client_gone(request):  # it left mid-body: nobody to answer, and nothing to warn about
+            return error_response(ApiError(errors.BAD_REQUEST, "the request was cut short"))
         # A call to another node that its handler did not map (router.peer_call does): the peer is
         # gone or slow, which is the cluster's state, not a bug; never a 500 ``internal``, which
         # clients rightly do not retry.
@@ -103,6 +106,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("request_failed", method=request.method, path=request.path)
         return error_response(ApiError(errors.INTERNAL, "internal error; see the node's log"))
+
+
+def client_gone(request: web.Request) -> bool:
+    """Whether the client's connection is closed or closing (it left before its request was read
+    whole). A reset of the request's own connection is no peer's failure and no bug: logging it
+    would let anyone who reaches the port add a line to the log per connection, unauthenticated
+    on the open routes and on the SQS API, which reads a body before its signature."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def group_name(request: web.Request) -> str:

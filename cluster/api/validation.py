@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from raftmq.batch import RESERVED_HEADER_PREFIX, is_reserved_header
+from raftmq.cluster.api.sqs.queues import PREFIX as SQS_PREFIX
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.cluster_file import Limits
@@ -245,6 +246,21 @@ def _utf8_len(text: str, where: str) -> int:
         raise bad(f"{where} is not valid Unicode (lone surrogate)") from None
 
 
+def _refuse_front_end_attributes(attributes: dict[str, Any]) -> None:
+    """Attributes named ``sqs.`` (any ASCII case) are the SQS API's: it sets them only after its
+    own checks (a RedrivePolicy's target, its rights and RedriveAllowPolicy, the values its
+    actions parse), so the REST API may neither set nor remove them. Set through this route, a
+    RedrivePolicy moved a queue's messages into a queue the token could not produce to, and a bad
+    value made every ReceiveMessage fail."""
+    for name in attributes:
+        if name.endswith("\n"):  # the metadata machine's pattern ends in "$" (see parse_create_topic)
+            raise bad(f"attribute {name!r}: attribute names are 1-128 characters of A-Z a-z 0-9 . _ : -")
+        if name.lower().startswith(SQS_PREFIX.lower()):
+            raise bad(
+                f"attribute {name!r}: names starting with {SQS_PREFIX!r} are set through the SQS API only"
+            )
+
+
 def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
     """Validate ``{"name", "queues"=8, "retention_ms"?, "retention_bytes"?, "max_message_bytes"?,
     "attributes"?}``."""
@@ -254,6 +270,10 @@ def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
         body, {"name", "queues", "retention_ms", "retention_bytes", "max_message_bytes", "attributes"}, "body"
     )
     problem = validate_topic_name(body.get("name"))
+    if problem is None and body["name"].endswith("\n"):
+        # The metadata machine's pattern ends in "$", which matches before a final newline; the
+        # name is refused here, where no replica of an older release can disagree.
+        problem = "topic names are 1-200 characters of A-Z a-z 0-9 . _ - (no newline)"
     if problem:
         raise bad(problem)
     queues = body.get("queues", 8)
@@ -273,6 +293,7 @@ def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
         problem = validate_attributes(body["attributes"], removals=False)
         if problem:
             raise bad(problem)
+        _refuse_front_end_attributes(body["attributes"])
         out["attributes"] = body["attributes"]
     return out
 
@@ -324,6 +345,7 @@ def parse_topic_patch(body: Any) -> dict[str, Any]:
         problem = validate_attributes(body.get("attributes"), removals=True)
         if problem:
             raise bad(problem)
+        _refuse_front_end_attributes(body["attributes"])
         return {"op": "set_topic_attributes", "attributes": body["attributes"]}
     for key, v in retention.items():
         if v is not None and (not _is_int(v) or v < 1):

@@ -197,6 +197,7 @@ CREATE_CASES = [
     T({"name": "é"}, *B400, "name-accent"),
     T({"name": "名前"}, *B400, "name-cjk"),
     T({"name": "a\u0000"}, *B400, "name-nul"),
+    T({"name": "a\n"}, *B400, "name-trailing-newline"),  # the name pattern's "$" matched before it
     T({"name": 5}, *B400, "name-number"),
     T({"queues": 2}, *B400, "name-missing"),
     T({"name": "q", "queues": 0}, *B400, "queues-zero"),
@@ -271,6 +272,14 @@ ROUTE_CASES = [
         400,
         "bad_request",
         "patch-bad-name",
+    ),
+    case(
+        "PATCH",
+        f"/v1/topics/{TOPIC}",
+        {"json": {"attributes": {"team\n": "x"}}},
+        400,
+        "bad_request",
+        "patch-name-trailing-newline",
     ),
     case("PUT", f"/v1/topics/{TOPIC}", {"json": {}}, 405, "method_not_allowed", "put-topic"),
     case("DELETE", "/v1/topics", {}, 405, "method_not_allowed", "delete-all-topics"),

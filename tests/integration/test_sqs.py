@@ -10,6 +10,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import requests
 from botocore.exceptions import ClientError
@@ -106,9 +107,10 @@ def test_errors_are_awss_and_change_nothing(sqs: Any, cluster: Cluster) -> None:
     missing = f"{cluster.url('n2')}/000000000000/no-such-queue"
     with pytest.raises(sqs.exceptions.QueueDoesNotExist):
         sqs.send_message(QueueUrl=missing, MessageBody="x")
-    with pytest.raises(ClientError) as e:
-        sqs.create_queue(QueueName="bad name!")
-    assert _code(e) == "InvalidParameterValue"
+    for name in ("bad name!", "bad-newline\n"):  # "$" of the name's pattern once let the newline in
+        with pytest.raises(ClientError) as e:
+            sqs.create_queue(QueueName=name)
+        assert _code(e) == "InvalidParameterValue"
     with pytest.raises(ClientError) as e:
         sqs.create_queue(QueueName="bad-attribute", Attributes={"VisibilityTimeout": "43201"})
     assert _code(e) == "InvalidAttributeValue"
@@ -179,6 +181,15 @@ def test_wire_errors_without_boto3(cluster: Cluster) -> None:
         headers={"Content-Type": "multipart/form-data; boundary=x"},
     )
     assert r.status_code == 400 and "<Code>MalformedQueryString</Code>" in r.text, r.text
+    for bad_url in ("http://[::1/000000000000/any", "http://[zz]/000000000000/any"):  # once a 500
+        r = requests.post(
+            cluster.url("n3") + "/",
+            data=orjson.dumps({"QueueUrl": bad_url, "MessageBody": "x"}),
+            headers={**json_type, "X-Amz-Target": "AmazonSQS.SendMessage"},
+        )
+        assert r.status_code == 404 and r.json()["__type"].endswith("#InvalidAddress"), r.text
+        r = requests.post(cluster.url("n3") + "/", data={"Action": "DeleteQueue", "QueueUrl": bad_url})
+        assert r.status_code == 404 and "<Code>InvalidAddress</Code>" in r.text, r.text
     still_the_console = requests.get(cluster.url("n2") + "/", allow_redirects=False)
     assert still_the_console.status_code == 302
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -162,6 +163,44 @@ def test_a_bearer_token_or_the_peer_key_does_not_open_sqs(secure: Cluster) -> No
     )
     assert r.status_code == 403 and "<Code>MissingAuthenticationToken</Code>" in r.text
     assert "orders-locked-out" not in _topics(secure)
+
+
+def test_a_presigned_expiry_that_is_no_number_is_incomplete_not_an_internal_error(secure: Cluster) -> None:
+    """X-Amz-Expires=² passed str.isdigit and made int() raise: a 500 and a traceback in the node's
+    log for each such request, which needs no credential."""
+    query = (
+        "Action=ListQueues&X-Amz-Algorithm=AWS4-HMAC-SHA256"
+        "&X-Amz-Credential=admin%2F20261130%2Feu-west-1%2Fsqs%2Faws4_request&X-Amz-Date=20261130T000000Z"
+        f"&X-Amz-Expires=%C2%B2&X-Amz-SignedHeaders=host&X-Amz-Signature={'0' * 64}"
+    )
+    r = requests.post(secure.url("n1") + "/?" + query, timeout=10)
+    assert r.status_code == 400 and "<Code>IncompleteSignature</Code>" in r.text, r.text
+    assert "sqs_action_failed" not in secure.log("n1")
+
+
+def test_a_body_cut_short_before_any_credential_is_checked_logs_nothing(secure: Cluster) -> None:
+    """A client that leaves mid-body where nothing checked a credential yet (the SQS API reads the
+    body before its signature; POST /internal/proof is open): the read raised ConnectionResetError,
+    logged as sqs_action_failed with a traceback, or as peer_call_failed, a line per connection
+    that anyone could open."""
+    host, port = secure.nodes["n2"].http.split(":")
+    logged = len(secure.log("n2"))
+    requests_cut_short = [
+        (b"/", b"Content-Type: application/x-amz-json-1.0\r\nX-Amz-Target: AmazonSQS.ListQueues\r\n"),
+        (b"/", b"Content-Type: application/x-www-form-urlencoded\r\n"),
+        (b"/internal/proof", b"Content-Type: application/json\r\n"),
+    ]
+    for path, headers in requests_cut_short:
+        for framing in (b"Content-Length: 1000\r\n", b"Transfer-Encoding: chunked\r\n"):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n" + headers + framing + b"\r\n5\r\n{}")
+                s.shutdown(socket.SHUT_WR)  # the client is gone before the body ends
+                s.recv(4096)
+    r = requests.post(secure.url("n2") + "/", data={"Action": "ListQueues"}, timeout=10)
+    assert r.status_code == 403  # the node serves on (MissingAuthenticationToken)
+    since = secure.log("n2")[logged:]
+    assert "sqs_action_failed" not in since and "peer_call_failed" not in since, since
+    assert "Traceback" not in since, since
 
 
 def test_an_old_request_replayed_is_expired(secure: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -398,3 +437,42 @@ def test_an_unknown_action_signed_by_any_token_is_invalid_action_and_touches_not
         )
         assert r.status_code == 400 and "<Code>InvalidAction</Code>" in r.text, r.text
     assert "orders-unknown" not in _topics(secure)
+
+
+def test_the_rest_api_cannot_set_the_sqs_apis_attributes(secure: Cluster) -> None:
+    """A RedrivePolicy PATCHed in as the topic attribute ``sqs.RedrivePolicy`` skipped every check
+    SetQueueAttributes makes: receives then moved the auditor's queue's messages into
+    ``orders-paid``, which the auditor may not produce to, and a value that is no policy made every
+    receive an InternalError."""
+    admin, auditor = _client(secure, "admin"), _client(secure, "auditor", "n2")
+    paid = admin.create_queue(QueueName="orders-paid")["QueueUrl"]
+    url = auditor.create_queue(QueueName="audit-patched")["QueueUrl"]
+    arn = "arn:aws:sqs:eu-west-1:000000000000:orders-paid"
+    as_auditor = {"Authorization": f"Bearer {TOKENS['auditor']}"}
+    for attributes in (
+        {"sqs.RedrivePolicy": f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":1}}'},
+        {"sqs.RedrivePolicy": "not a policy"},
+        {"sqs.CreatedTimestamp": None},
+    ):
+        for node in ("n1", "n3"):
+            r = secure.session.patch(
+                secure.url(node) + "/v1/topics/audit-patched",
+                json={"attributes": attributes},
+                headers=as_auditor,
+                timeout=30,
+            )
+            assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request"), r.text
+    r = secure.post(
+        "/v1/topics", {"name": "audit-made", "attributes": {"sqs.CreatedTimestamp": "1"}}, headers=as_auditor
+    )
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "bad_request"), r.text
+    assert "audit-made" not in _topics(secure)
+    assert (
+        "RedrivePolicy"
+        not in auditor.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    )
+    admin.send_message(QueueUrl=url, MessageBody="stays here")
+    for _ in range(2):  # received twice, not moved anywhere
+        got = admin.receive_message(QueueUrl=url, VisibilityTimeout=0, WaitTimeSeconds=5)["Messages"]
+        assert [m["Body"] for m in got] == ["stays here"]
+    assert "Messages" not in admin.receive_message(QueueUrl=paid, WaitTimeSeconds=1)

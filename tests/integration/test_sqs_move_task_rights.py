@@ -153,3 +153,41 @@ def test_move_tasks_need_consume_on_the_dead_letter_queue_and_produce_where_they
         return _count(admin, dest) == moved and _count(admin, dlq) == 9 - moved
 
     wait_until(settled, 45, 0.3, "nothing lost: moved in the destination, the rest dead letters")
+
+
+def test_a_dead_letter_goes_back_only_to_a_queue_whose_redrive_policy_names_the_dead_letter_queue(
+    secure: Cluster,
+) -> None:
+    """The header ``sqs-dead-letter-source`` is no credential: a producer on the dead-letter queue
+    (here through the REST API, where ``sqs-`` headers are not reserved) wrote one naming a queue it
+    may not produce to, and a task without a DestinationArn, started by a token that may, sent the
+    message there. Now such a message fails the task, is left in the dead-letter queue and nothing
+    reaches that queue."""
+    admin = _client(secure, "admin")
+    dlq_name = "moves-forged-dlq"
+    dlq = admin.create_queue(QueueName=dlq_name)["QueueUrl"]
+    policy = json.dumps({"deadLetterTargetArn": ARN + dlq_name, "maxReceiveCount": 1})
+    admin.create_queue(QueueName="moves-forged-src", Attributes={"RedrivePolicy": policy})
+    elsewhere = admin.create_queue(QueueName="elsewhere")["QueueUrl"]  # the sender may not produce here
+    forged = {"value": "forged", "headers": {"sqs-dead-letter-source": ARN + "elsewhere"}}
+    r = secure.post(
+        f"/v1/topics/{dlq_name}/messages",
+        {"messages": [forged]},
+        "n2",
+        headers={"Authorization": f"Bearer {TOKENS['sender'][0]}"},
+    )
+    assert r.status_code == 200, r.text
+    admin.start_message_move_task(SourceArn=ARN + dlq_name)
+    task: dict[str, Any] = wait_until(
+        lambda: (
+            (t := admin.list_message_move_tasks(SourceArn=ARN + dlq_name)["Results"])
+            and t[0]["Status"] != "RUNNING"
+            and t[0]
+        ),
+        60,
+        0.3,
+        "the task's end",
+    )
+    assert task["Status"] == "FAILED" and "RedrivePolicy" in task["FailureReason"], task
+    assert _count(admin, elsewhere) == 0
+    wait_until(lambda: _count(admin, dlq) == 1, 45, 0.3, "the message back in the dead-letter queue")

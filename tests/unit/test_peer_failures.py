@@ -1,16 +1,19 @@
 """A call to another node that fails is a retriable 503, never a 500 ``internal`` (issue 21, item
 1): ``router.peer_call`` around a call, and the error middleware for a failure a handler left
 unmapped. Nothing sent, or a read: ``unavailable``; a write whose answer was lost:
-``unknown_outcome``."""
+``unknown_outcome``. The client's own connection closed under the request (it left mid-body) is
+no peer's failure: answered 400 to nobody, and not logged."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from unittest import mock
 
 import aiohttp
 import orjson
 import pytest
+import structlog
 from aiohttp import web
 from aiohttp.client_reqrep import ConnectionKey
 from aiohttp.test_utils import make_mocked_request
@@ -39,15 +42,26 @@ def _expected(method: str, failure: str) -> str:
     return "unavailable" if failure == "refused" or method == "GET" else "unknown_outcome"
 
 
+def _transport(closing: bool) -> mock.Mock:
+    """The request's connection: open, or closing (the client left)."""
+    return mock.Mock(is_closing=mock.Mock(return_value=closing))
+
+
 def _answer(
-    method: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    method: str,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    client_left: bool = False,
+    status: int = 503,
 ) -> dict[str, object]:
     async def run() -> web.StreamResponse:
-        return await error_middleware(make_mocked_request(method, "/v1/groups/duo/offsets"), handler)
+        request = make_mocked_request(method, "/v1/groups/duo/offsets", transport=_transport(client_left))
+        return await error_middleware(request, handler)
 
     response = asyncio.run(run())
     assert isinstance(response, web.Response) and response.body is not None
-    assert response.status == 503, response.body
+    assert response.status == status, response.body
+    if status != 503:
+        return dict(orjson.loads(response.body)["error"])
     error: dict[str, object] = orjson.loads(response.body)["error"]
     assert error["retriable"] is True
     return error
@@ -62,6 +76,19 @@ def test_a_peer_failure_a_handler_left_unmapped_is_a_retriable_503(method: str, 
     error = _answer(method, handler)
     assert error["code"] == _expected(method, failure)
     assert error["definite"] is (error["code"] == "unavailable")
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_the_clients_own_connection_reset_is_a_400_and_logs_nothing(method: str) -> None:
+    """Before, it was logged as peer_call_failed: a line per connection, unauthenticated on the
+    open POST /internal/proof (and the SQS API, which reads a body before its signature)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        raise ConnectionResetError("Connection lost")  # reading the body of a client that left
+
+    with structlog.testing.capture_logs() as logs:
+        error = _answer(method, handler, client_left=True, status=400)
+    assert error["code"] == "bad_request" and logs == []
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])

@@ -81,3 +81,5 @@ def test_the_queue_a_url_names_is_its_last_path_segment_whatever_its_host() -> N
     assert queue_name_of("http://a:1/000000000000/q?x=/b#/c", "QueueUrl") == "q"
     assert queue_name_of("http://a:1/", "QueueUrl") is None
     assert queue_name_of(5, "QueueUrl") is None
+    assert queue_name_of("http://[::1/000000000000/q", "QueueUrl") is None  # urlsplit raised: a 500
+    assert queue_name_of("http://a:99999999999/000000000000/q", "QueueUrl") == "q"

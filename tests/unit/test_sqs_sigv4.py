@@ -117,6 +117,22 @@ def test_botocores_presigned_query_string_verifies_until_it_expires() -> None:
     assert e.value.aws.code == "RequestExpired"
 
 
+@pytest.mark.parametrize("expires", ["%C2%B2", "1%C2%B2", "%D9%A1%D9%A2", "-5", "0", "604801", ""])
+def test_a_presigned_request_with_an_expiry_of_no_ascii_digits_is_incomplete(expires: str) -> None:
+    """ "²" passed str.isdigit and made int() raise: an InternalError (500) and a logged traceback
+    for a request anyone could send without a credential."""
+    request = _signed("http://127.0.0.1:8081/000000000000/orders", body=b"", headers={}, query_form=True)
+    url = request.url.replace("X-Amz-Expires=60", f"X-Amz-Expires={expires}")
+    assert url != request.url
+    _refused(request, "IncompleteSignature", url=url)
+
+
+def test_a_credential_date_of_other_digits_is_incomplete() -> None:
+    request = _signed()
+    header = request.headers["Authorization"].replace(request.headers["X-Amz-Date"][:8], "١٢٣٤٥٦٧٨")
+    _refused(request, "IncompleteSignature", headers={"Authorization": header})
+
+
 def test_anything_changed_after_signing_does_not_match() -> None:
     request = _signed()
     _refused(request, "SignatureDoesNotMatch", body=BODY.replace(b"hi", b"ho"))

@@ -17,11 +17,12 @@ def _attributes(removals: bool) -> Schema:
     value = _str(**{"x-raftmq-max-utf8-bytes": MAX_ATTRIBUTE_VALUE_BYTES})
     return {
         "type": "object",
-        "propertyNames": {"pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+        "propertyNames": {"pattern": "^(?![Ss][Qq][Ss]\\.)[A-Za-z0-9._:-]{1,128}$"},
         "additionalProperties": _nullable(value) if removals else value,
         "maxProperties": MAX_ATTRIBUTES,
         "description": "The topic's own settings, names to strings (the SQS API keeps a queue's "
-        "attributes here, under names starting with sqs.)" + ("; null removes one" if removals else ""),
+        "attributes here, under names starting with sqs., which only it sets: refused here)"
+        + ("; null removes one" if removals else ""),
     }
 
 

@@ -83,7 +83,11 @@ def queue_name_of(value: Any, source: str) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     if source == "QueueUrl":
-        return urllib.parse.urlsplit(value).path.rstrip("/").rsplit("/", 1)[-1] or None
+        try:
+            path = urllib.parse.urlsplit(value).path
+        except ValueError:  # no URL ("http://[::1/..."): no queue, refused as InvalidAddress, not a 500
+            return None
+        return path.rstrip("/").rsplit("/", 1)[-1] or None
     if source == "SourceArn":
         return value.rsplit(":", 1)[-1] or None
     if source == "TaskHandle":  # <queue>:<task id>, the handle the move tasks are to hand out

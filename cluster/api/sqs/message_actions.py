@@ -51,11 +51,11 @@ log = structlog.get_logger(__name__)
 RECEIVE_SLICE_S = 5.0  # one take's long poll; a longer wait takes again
 DEAD_LETTER_HOLD_MS = 30_000  # a receive on a queue with a RedrivePolicy takes for at least this
 # MessageGroupId and MessageDeduplicationId: 1-128 of alphanumerics and punctuation, as AWS.
-_FIFO_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
+_FIFO_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}\Z")
 _NOT_FOR_QUEUE_TYPE = "The request include parameter that is not valid for this queue type"
-_ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+_ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}\Z")
 _RECEIPT = re.compile(
-    r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,19})\.(0|[1-9][0-9]{0,19})$"
+    r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,19})\.(0|[1-9][0-9]{0,19})\Z"
 )
 
 

@@ -47,8 +47,8 @@ ATTRIBUTES_HEADER = "sqs-attributes"
 DEDUP_HEADER = "sqs-dedup-id"  # a FIFO message's MessageDeduplicationId (given or content-based)
 SOURCE_HEADER = "sqs-dead-letter-source"  # on a message a RedrivePolicy moved: its source queue
 MAX_MESSAGE_ATTRIBUTES = 10
-_NAME = re.compile(r"^(?!aws\.|amazon\.)(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}$", re.IGNORECASE)
-_DATA_TYPE = re.compile(r"^(String|Number|Binary)(\.[^\s]{1,250})?$")
+_NAME = re.compile(r"^(?!aws\.|amazon\.)(?!\.)(?!.*\.\.)(?!.*\.$)[A-Za-z0-9_.-]{1,256}\Z", re.IGNORECASE)
+_DATA_TYPE = re.compile(r"^(String|Number|Binary)(\.[^\s]{1,250})?\Z")
 # What AWS accepts in a body or a String value: #x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD |
 # #x10000-#x10FFFF (the XML 1.0 characters).
 _NOT_XML_CHAR = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

@@ -48,7 +48,7 @@ LEASE_MS = 30_000  # a heartbeat older than this: the node running the task stop
 ACTIVE = ("RUNNING", "CANCELLING")
 NODE_STOPPED = "the node running the task stopped; start a new task to move what is left"
 _STATUSES = frozenset({*ACTIVE, "COMPLETED", "CANCELLED", "FAILED"})
-_TASK_ID = re.compile(r"^[0-9a-f]{32}$")
+_TASK_ID = re.compile(r"^[0-9a-f]{32}\Z")
 _MAX_REASON = 200
 
 

@@ -62,6 +62,10 @@ _NO_SOURCE = (
     "a message in the dead-letter queue names no source queue (it was sent there, not moved by a "
     "RedrivePolicy): give a DestinationArn"
 )
+_NOT_A_SOURCE = (
+    "a message in the dead-letter queue names a source queue whose RedrivePolicy does not name this "
+    "dead-letter queue: give a DestinationArn"
+)
 
 
 class _Failed(RaftmqError):
@@ -442,6 +446,8 @@ class MoveTasks:
         for name, messages in by_queue.items():
             try:
                 target = await self.sqs._queue_named(name)
+                if task.destination is None and not _redrives_to(target, source):
+                    raise _Failed(_NOT_A_SOURCE)
                 if grant is not None and not await self._may_produce(grant, name):
                     raise SqsError("AccessDenied", f"{grant.name!r} lacks produce permission on {name!r}")
                 if qs.is_fifo(target) != qs.is_fifo(source):  # a source queue made again since
@@ -452,6 +458,9 @@ class MoveTasks:
                     await self.sqs._append_fifo(target, [_moved_fifo(m, source, target) for m in messages])
                 else:
                     await self.sqs._append(target, [_moved(m, target) for m in messages])
+            except _Failed:
+                await self._release(source, pending)
+                raise
             except SqsError as e:
                 await self._release(source, pending)
                 raise _Failed(e.aws.code) from None
@@ -497,3 +506,12 @@ def _moved_fifo(m: dict[str, Any], source: Topic, target: Topic) -> dict[str, An
     its place in ``source``, so a batch moved again after a failed delete is stored once."""
     retention_ms = qs.queue_setting(target, "MessageRetentionPeriod") * 1000
     return moved_fifo(m, source.id, moved_headers(m, fifo=True), retention_ms)
+
+
+def _redrives_to(queue: Topic, dead_letter_queue: Topic) -> bool:
+    """Whether ``queue``'s RedrivePolicy names ``dead_letter_queue``. A message goes back to the
+    queue its header ``sqs-dead-letter-source`` names only then: any producer on the dead-letter
+    queue can write that header (``sqs-`` headers are not reserved on the REST API), and the task's
+    starter was checked for ``produce`` on those queues alone (``access.authorize``)."""
+    policy = qs.redrive_policy(queue)
+    return policy is not None and policy.target == dead_letter_queue.name

@@ -52,7 +52,7 @@ PREFIX = "sqs."
 CREATED = PREFIX + "CreatedTimestamp"
 MODIFIED = PREFIX + "LastModifiedTimestamp"
 # 1-80 characters, of which a FIFO queue's name has its suffix .fifo.
-QUEUE_NAME = re.compile(r"^(?=.{1,80}$)[A-Za-z0-9_-]+(?:\.fifo)?$")
+QUEUE_NAME = re.compile(r"^(?=.{1,80}$)[A-Za-z0-9_-]+(?:\.fifo)?\Z")
 FIFO_SUFFIX = ".fifo"
 FIFO = PREFIX + "FifoQueue"
 
@@ -180,23 +180,32 @@ def reads_ahead(topic: Topic) -> bool:
 
 
 def redrive_policy(topic: Topic) -> RedrivePolicy | None:
-    """The queue's RedrivePolicy (stored checked: see :func:`check_redrive_policy`), or None."""
+    """The queue's RedrivePolicy, or None. The SQS API stores it checked
+    (:func:`check_redrive_policy`); one the REST API stored unchecked, before it refused ``sqs.``
+    names, is no policy rather than an InternalError of every receive and move task start."""
     raw = topic.attributes.get(PREFIX + "RedrivePolicy")
     if not raw:
         return None
-    policy = json.loads(raw)
-    return RedrivePolicy(policy["deadLetterTargetArn"].rsplit(":", 1)[-1], int(policy["maxReceiveCount"]))
+    try:
+        policy = json.loads(raw)
+        return RedrivePolicy(policy["deadLetterTargetArn"].rsplit(":", 1)[-1], int(policy["maxReceiveCount"]))
+    except (ValueError, TypeError, KeyError, AttributeError):  # none, or none the SQS API stored
+        return None
 
 
 def allows_redrive_from(target: Topic, source_arn: str) -> bool:
-    """The dead-letter queue ``target``'s RedriveAllowPolicy lets ``source_arn`` send it dead letters."""
+    """The dead-letter queue ``target``'s RedriveAllowPolicy lets ``source_arn`` send it dead letters
+    (a stored policy that cannot be read, see :func:`redrive_policy`, lets none)."""
     raw = target.attributes.get(PREFIX + "RedriveAllowPolicy")
     if not raw:
         return True
-    policy = json.loads(raw)
-    if policy["redrivePermission"] == "byQueue":
-        return source_arn in policy["sourceQueueArns"]
-    return bool(policy["redrivePermission"] == "allowAll")
+    try:
+        policy = json.loads(raw)
+        if policy["redrivePermission"] == "byQueue":
+            return source_arn in policy["sourceQueueArns"]
+        return bool(policy["redrivePermission"] == "allowAll")
+    except (ValueError, TypeError, KeyError):
+        return False
 
 
 def is_queue(topic: Topic) -> bool:

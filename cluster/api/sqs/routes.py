@@ -10,6 +10,7 @@ import structlog
 from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL
+from raftmq.cluster.api.common import client_gone
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import sigv4
@@ -133,7 +134,11 @@ class SqsHandler:
         except web.HTTPRequestEntityTooLarge:
             e2 = SqsError("InvalidParameterValue", "The request is larger than the node's limit.")
             return json_error(e2, request_id) if json_wire else query_error(e2, request_id)
-        except Exception:
+        except Exception as e:
+            if isinstance(e, ConnectionError) and client_gone(request):
+                # It left mid-body, its signature not yet checked (common.client_gone): no traceback.
+                e4 = SqsError("MalformedQueryString", "The request body was cut short.")
+                return json_error(e4, request_id) if json_wire else query_error(e4, request_id)
             log.exception("sqs_action_failed", action=action[:64], request_id=request_id)
             e3 = SqsError("InternalError", f"internal error; see the node's log (request {request_id})")
             return json_error(e3, request_id) if json_wire else query_error(e3, request_id)

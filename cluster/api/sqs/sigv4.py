@@ -45,10 +45,10 @@ MAX_SKEW_S = 300  # a request dated more than 5 minutes from the node's clock is
 MAX_EXPIRES_S = 604_800  # a presigned request's X-Amz-Expires: at most 7 days, as AWS
 _TIMESTAMP = "%Y%m%dT%H%M%SZ"
 _CREDENTIAL = re.compile(
-    r"^([A-Za-z0-9_.-]{1,128})/(\d{8})/([a-z0-9-]{1,32})/([a-z0-9-]{1,32})/aws4_request$"
+    r"^([A-Za-z0-9_.-]{1,128})/([0-9]{8})/([a-z0-9-]{1,32})/([a-z0-9-]{1,32})/aws4_request\Z"
 )
-_SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
-_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+_SIGNATURE = re.compile(r"^[0-9a-f]{64}\Z")
+_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
 _UNRESERVED = "-_.~"
 _AUTHORIZATION_FORM = "the Authorization header must be Credential=..., SignedHeaders=..., Signature=..."
 _QUERY_KEYS = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-SignedHeaders", "X-Amz-Signature")
@@ -123,7 +123,9 @@ def _claim(headers: Mapping[str, str], query: Sequence[tuple[str, str]]) -> _Cla
         credential, signed = params["X-Amz-Credential"], params["X-Amz-SignedHeaders"]
         signature, timestamp = params["X-Amz-Signature"], params["X-Amz-Date"]
         raw_expires = params.get("X-Amz-Expires", "")
-        if not raw_expires.isdigit() or not 1 <= int(raw_expires) <= MAX_EXPIRES_S:
+        # isdigit alone takes "²", which int() refuses: a 500 and a traceback for anyone unsigned.
+        digits = raw_expires.isascii() and raw_expires.isdigit()
+        if not digits or not 1 <= int(raw_expires) <= MAX_EXPIRES_S:
             raise _incomplete(f"X-Amz-Expires must be from 1 to {MAX_EXPIRES_S} seconds")
         expires_s = int(raw_expires)
     match = _CREDENTIAL.match(credential)

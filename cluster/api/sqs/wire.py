@@ -62,7 +62,7 @@ _INTS = {
     "MaxResults",
     "MaxNumberOfMessagesPerSecond",
 }
-_INDEXED = re.compile(r"^([A-Za-z]+)\.(\d{1,3})(?:\.(.+))?$")
+_INDEXED = re.compile(r"^([A-Za-z]+)\.(\d{1,3})(?:\.(.+))?\Z")
 # XML element names of list members in answers (flattened, as AWS writes them).
 _XML_LISTS = {
     "QueueUrls": "QueueUrl",
