@@ -155,6 +155,7 @@ class ReceiveCoordinator:
 
     async def _serve(self, key: TargetKey, target: _Target) -> None:
         """Serve the waiting receivers of one target, the head of the line first."""
+        woken: set[int] = set()  # queue groups whose leader said, while the line waited, it has some
         try:
             while True:
                 self._drop_done(target)
@@ -175,7 +176,8 @@ class ReceiveCoordinator:
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
                 got = self.read_ahead.claim(key, head.visibility_ms, demand)
                 if not got:
-                    got = await self._take(key, target, demand, head.visibility_ms, head.delay_ms)
+                    got = await self._take(key, target, demand, head.visibility_ms, head.delay_ms, woken)
+                woken = set()
                 self._hand_out(target, got, head.visibility_ms)
                 now = time.monotonic()
                 for w in list(target.waiters):
@@ -185,7 +187,7 @@ class ReceiveCoordinator:
                             w.future.set_result([])
                 if got or not target.waiters:
                     continue
-                await self._wait(target, min(w.deadline for w in target.waiters))
+                woken = await self._wait(target, min(w.deadline for w in target.waiters))
         except RaftmqError as e:
             self._fail(target, answerable(e, write=True))
         except Exception:
@@ -262,20 +264,28 @@ class ReceiveCoordinator:
         self.read_ahead.give_back(target.topic, target.group, receipts, op, fields)
 
     async def _take(
-        self, key: TargetKey, target: _Target, demand: int, visibility_ms: int, delay_ms: int = 0
+        self,
+        key: TargetKey,
+        target: _Target,
+        demand: int,
+        visibility_ms: int,
+        delay_ms: int = 0,
+        woken: set[int] | None = None,
     ) -> list[dict[str, Any]]:
         """Receive up to ``demand`` messages from the queue groups, one after the other, in turn:
         the line's turns (kept while the line is empty, ``read_ahead.LineTurns``) start it after
         the group it last took from (or read ahead from), and each group's queues one further each
-        time it is asked, so no queue is always served first. A line of this node's own asks first
-        the groups whose replica here shows something to hand out (still in turn), so a receive is
-        seldom forwarded to a leader with nothing for it; ``delay_ms``: an ordered receive's delay."""
+        time it is asked, so no queue is always served first. A line that is neither locked nor
+        ordered asks only the groups whose replica here shows something to hand out (or that have
+        none here) and those whose leader said so while the line waited (``woken``: a replica here
+        may lag its leader by a heartbeat), in turn, so an empty queue costs no receive at its
+        leaders; ``delay_ms``: an ordered receive's delay."""
         turns = self.read_ahead.turns(key)
         groups = sorted(target.by_group)
         start = turns.group % len(groups)
         order = groups[start:] + groups[:start]
-        if target.coordinator is None and target.epoch is None and not target.ordered:
-            order.sort(key=lambda g: not self._seen_available(target, g))  # stable: in turn
+        if target.epoch is None and not target.ordered:
+            order = [g for g in order if g in (woken or ()) or self._seen_available(target, g)]
         turns.run = 0
         turns.group = start + 1  # the next take starts after this one's first group ...
         got: list[dict[str, Any]] = []
@@ -327,28 +337,41 @@ class ReceiveCoordinator:
         now = group_now(store, now_ms())
         return available(store, group, topic.id, queues, now)[0]
 
-    async def _wait(self, target: _Target, until: float) -> None:
+    async def _wait(self, target: _Target, until: float) -> set[int]:
         """Until something may be available in one of the target's queue groups, a new receiver
-        arrives, or ``until``."""
-        timeout = min(until - time.monotonic(), LEADERSHIP_CHECK_S)
+        arrives, a coordinator's leadership moves (looked at every ``LEADERSHIP_CHECK_S``), or
+        ``until``, at most ``MAX_REMOTE_AWAIT_S``: each wait arms an ``await`` at every queue
+        group led elsewhere, a hop each. Returns the queue groups whose leader said it has
+        something to hand out."""
+        timeout = min(until - time.monotonic(), MAX_REMOTE_AWAIT_S)
         if timeout <= 0:
-            return
-        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(target.arrived.wait())]
-        for g, queues in target.by_group.items():
-            tasks.append(asyncio.create_task(self._await_group(g, target, queues, timeout)))
+            return set()
+        awaits = {
+            g: asyncio.create_task(self._await_group(g, target, queues, timeout))
+            for g, queues in target.by_group.items()
+        }
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(target.arrived.wait()), *awaits.values()]
+        if target.coordinator is not None:
+            tasks.append(asyncio.create_task(self._until_not_leading(target.coordinator)))
         try:
             await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        done = [(g, t) for g, t in awaits.items() if t.done() and not t.cancelled()]
+        return {g for g, t in done if t.exception() is None and t.result()}  # a failed await: no news
 
-    async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> None:
+    async def _until_not_leading(self, name: str) -> None:
+        while self.router.leads(name):
+            await asyncio.sleep(LEADERSHIP_CHECK_S)
+
+    async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> bool:
         name = str(g)
         # An ordered line is served for its head (one receiver a take), with the head's delay.
         delay_ms = target.waiters[0].delay_ms if target.ordered and target.waiters else 0
         if self.router.leads(name):
-            await await_available(
+            return await await_available(
                 self.node,
                 name,
                 target.topic.id,
@@ -359,7 +382,6 @@ class ReceiveCoordinator:
                 target.ordered,
                 delay_ms,
             )
-            return
         body = {
             "group": target.group,
             "topic_id": target.topic.id,
@@ -372,8 +394,9 @@ class ReceiveCoordinator:
             if delay_ms:
                 body["delay_ms"] = delay_ms
         try:
-            await self.router.group_call(g, "await", body)
+            return (await self.router.group_call(g, "await", body)).get("available") is True
         except RaftmqError:
             await asyncio.sleep(0.2)  # the group is electing; try again a little later
+            return False
 
     # -- ack, nack, extend ------------------------------------------------------------------------

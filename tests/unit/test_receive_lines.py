@@ -10,8 +10,11 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.machines.metadata import Topic
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, TargetKey, Waiter
+from raftmq.storage.memory import MemoryStore
 
 TOPIC = Topic(7, "t", 1, (1,), None, None, None, 0)
 KEY: TargetKey = (TOPIC.id, "g", None, None, False, True)  # a key of its line
@@ -60,3 +63,106 @@ def test_messages_taken_for_one_visibility_timeout_go_only_to_receivers_that_ask
 
     first, long, last = asyncio.run(main())
     assert [len(first), len(long), len(last)] == [1, 0, 10]
+
+
+class IdleLeaders:
+    """Two queue groups led elsewhere: ``await`` answers after its wait whether the leader has
+    something (``available``: the groups that do), ``receive`` hands out one message of such a
+    group; every call is recorded."""
+
+    def __init__(self, available: set[int]) -> None:
+        self.available = available
+        self.calls: list[tuple[str, int]] = []
+
+    def leads(self, name: str) -> bool:
+        return False
+
+    async def group_call(self, g: int, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((action, g))
+        if action == "await":
+            if g not in self.available:
+                await asyncio.sleep(body["wait_ms"] / 1000)
+            return {"available": g in self.available}
+        assert action == "receive"
+        found = g in self.available
+        self.available.discard(g)
+        return {"messages": [{"receipt": f"8.{g - 1}.0.1", "queue": g - 1, "offset": 0}] if found else []}
+
+
+def _empty_replicas() -> SimpleNamespace:
+    """A node with a replica of queue groups 1 and 2 showing nothing to hand out (it may lag its
+    leaders)."""
+    return SimpleNamespace(
+        groups={str(g): SimpleNamespace(machine=SimpleNamespace(store=MemoryStore())) for g in (1, 2)}
+    )
+
+
+TWO_GROUPS = Topic(8, "idle", 2, (1, 2), None, None, None, 0)
+IDLE_KEY: TargetKey = (TWO_GROUPS.id, "g", None, None, False, True)
+
+
+def _one_receiver(leaders: IdleLeaders, wait_s: float) -> list[dict[str, Any]]:
+    async def main() -> list[dict[str, Any]]:
+        c = ReceiveCoordinator(_empty_replicas(), leaders, _no_settle)  # type: ignore[arg-type]
+        waiter = Waiter(10, 30_000, time.monotonic() + wait_s, asyncio.get_running_loop().create_future())
+        c.enqueue(IDLE_KEY, waiter, lambda: c.target(TWO_GROUPS, "g", None, None, None))
+        return await asyncio.wait_for(waiter.future, wait_s + 5)
+
+    return asyncio.run(main())
+
+
+async def _no_settle(*_: Any) -> list[Any]:
+    raise AssertionError("nothing is given back")
+
+
+def test_a_long_poll_on_an_empty_queue_asks_no_leader_to_receive() -> None:
+    """A line of this node's own whose replicas here show nothing waits on its leaders' ``await``
+    only: before, every round of the wait asked each leader for a ``receive`` as well (an SQS
+    receiver polling an empty queue cost a hop to each leader every second)."""
+    leaders = IdleLeaders(available=set())
+    assert _one_receiver(leaders, 1.5) == []
+    assert [c for c in leaders.calls if c[0] == "receive"] == []
+    assert sorted(leaders.calls) == [("await", 1), ("await", 2)]  # one round: the wait is 1.5 s
+
+
+def test_a_leader_that_says_it_has_messages_is_asked_though_the_replica_here_shows_none() -> None:
+    """The replica here may lag its leader: the group whose ``await`` said it has something is
+    asked to receive at once."""
+    leaders = IdleLeaders(available={2})
+    got = _one_receiver(leaders, 10)
+    assert [m["receipt"] for m in got] == ["8.1.0.1"]
+    assert ("receive", 2) in leaders.calls and ("receive", 1) not in leaders.calls
+
+
+class MovingLeadership(IdleLeaders):
+    """Leads the coordinator's group ``"1"`` until ``moved`` is set; queue group 2 is led
+    elsewhere and has nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(available=set())
+        self.moved = False
+
+    def leads(self, name: str) -> bool:
+        return name == "1" and not self.moved
+
+
+def test_a_coordinator_whose_leadership_moves_fails_its_waiters_within_a_look() -> None:
+    """A coordinator's wait lasts up to MAX_REMOTE_AWAIT_S (5 s) between its leaders' ``await``s,
+    but it looks every LEADERSHIP_CHECK_S (1 s) whether it still leads: its receivers are sent
+    to the new coordinator then, not after the whole wait."""
+    topic = Topic(9, "moving", 1, (2,), None, None, None, 0)
+    key: TargetKey = (topic.id, "g", None, None, False, False)
+
+    async def main() -> tuple[BaseException | None, float]:
+        leaders = MovingLeadership()
+        c = ReceiveCoordinator(SimpleNamespace(groups={}), leaders, _no_settle)  # type: ignore[arg-type]
+        waiter = Waiter(10, 30_000, time.monotonic() + 30, asyncio.get_running_loop().create_future())
+        c.enqueue(key, waiter, lambda: c.target(topic, "g", None, None, "1"))
+        await asyncio.sleep(0.3)  # it took nothing and waits
+        leaders.moved, moved_at = True, time.monotonic()
+        await asyncio.wait([waiter.future], timeout=10)
+        return waiter.future.exception() if waiter.future.done() else None, time.monotonic() - moved_at
+
+    failure, after_s = asyncio.run(main())
+    assert isinstance(failure, CatalogError) and failure.code == errors.NOT_LEADER.code, failure
+    assert after_s < 3.5, f"the waiters learnt of the move {after_s:.1f} s after it"
