@@ -344,6 +344,16 @@ class Cluster:
         ]
         return float(value)
 
+    def requests_served(self, route: str) -> int:
+        """Requests for ``route`` (an HTTP route's pattern) the nodes answered so far, summed."""
+        total = 0
+        for nid in self.nodes:
+            for family in text_string_to_metric_families(self.get("/metrics", nid).text):
+                for s in family.samples:
+                    if s.name == "raftmq_http_requests_total" and s.labels.get("route") == route:
+                        total += int(s.value)
+        return total
+
     def leader(self, group: str, among: list[str] | None = None) -> str | None:
         """The node that claims leadership of ``group`` with the highest term (None if none)."""
         best: tuple[int, str] | None = None

@@ -153,25 +153,14 @@ def test_idle_queues_with_retention_add_no_entries_and_an_aged_message_still_goe
     )
 
 
-def served(c: Cluster, route: str) -> int:
-    """Requests for ``route`` the nodes answered so far."""
-    total = 0
-    for nid in c.nodes:
-        for family in text_string_to_metric_families(c.get("/metrics", nid).text):
-            for s in family.samples:
-                if s.name == "raftmq_http_requests_total" and s.labels.get("route") == route:
-                    total += int(s.value)
-    return total
-
-
 def test_idle_nodes_do_not_ask_each_other_for_the_placement_and_a_change_still_reaches_them(
     c: Cluster,
 ) -> None:
     # Every metadata replica hears from its leader: the reconcilers read their own replica
     # (they asked both peers every second before: 6 requests a second in this cluster).
-    before = served(c, "/internal/placement")
+    before = c.requests_served("/internal/placement")
     time.sleep(3.0)
-    assert served(c, "/internal/placement") == before
+    assert c.requests_served("/internal/placement") == before
     # A placement change still reaches the nodes: a queue group's leadership moved to another
     # replica stays there, so that replica's node knows it is now the preferred leader (with
     # the old placement its leader balancer would hand the leadership back within 3 s).

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import Cluster
 from .sqs_clients import sqs_client
@@ -32,13 +31,7 @@ MOST_HOPS = 14
 
 
 def _hops(c: Cluster) -> int:
-    total = 0
-    for nid in c.nodes:
-        for family in text_string_to_metric_families(c.get("/metrics", nid).text):
-            for s in family.samples:
-                if s.name == "raftmq_http_requests_total" and s.labels.get("route") == ACTION_ROUTE:
-                    total += int(s.value)
-    return total
+    return c.requests_served(ACTION_ROUTE)
 
 
 def _terms(c: Cluster) -> dict[str, int]:
