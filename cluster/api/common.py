@@ -95,6 +95,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(ApiError(errors.BAD_REQUEST, e.reason))
     except asyncio.CancelledError:
         raise
+    except web.RequestPayloadError:  # a body aiohttp could not read (a broken gzip stream, chunk)
+        return error_response(ApiError(errors.BAD_REQUEST, "the request body could not be read"))
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
         if client_gone(request):  # it left mid-body: nobody to answer, and nothing to warn about
             return error_response(ApiError(errors.BAD_REQUEST, "the request was cut short"))

@@ -49,6 +49,24 @@ def test_stored_attributes_come_back_the_same() -> None:
     )
 
 
+def test_a_forged_attributes_header_keeps_only_what_send_message_could_have_stored() -> None:
+    """Any REST producer can write ``sqs-attributes``: entries SendMessage could not have stored
+    are left out, so the receive that renders the message (its MD5 above all) cannot fail."""
+    forged = {
+        "ok": ["String", "v"],
+        "bin": ["Binary", "AP8="],
+        "number-value": ["String", 5],
+        "short": ["String"],
+        "not-a-list": "String",
+        "bad-type": ["Text", "v"],
+        "bad-base64": ["Binary", "%%%"],
+    }
+    kept = attributes_from_header(orjson.dumps(forged).decode())
+    assert kept == {"ok": ("String", "v"), "bin": ("Binary", b"\x00\xff")}
+    assert len(attributes_md5(kept)) == 32
+    assert attributes_from_header(orjson.dumps({"x": None}).decode()) == {}
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -13,15 +13,21 @@ from raftmq.cluster.machines.metadata import (
 )
 
 
-def _attributes(removals: bool) -> Schema:
+def _attributes(removals: bool, answer: bool = False) -> Schema:
+    """A request's attributes (names starting with ``sqs.`` refused), or (``answer``) a topic's
+    as the API answers them (an SQS queue's carry ``sqs.`` names)."""
     value = _str(**{"x-raftmq-max-utf8-bytes": MAX_ATTRIBUTE_VALUE_BYTES})
+    if answer:
+        names, said = "^[A-Za-z0-9._:-]{1,128}$", "the SQS API's, which only it sets"
+    else:
+        names, said = "^(?![Ss][Qq][Ss]\\.)[A-Za-z0-9._:-]{1,128}$", "which only it sets: refused here"
     return {
         "type": "object",
-        "propertyNames": {"pattern": "^(?![Ss][Qq][Ss]\\.)[A-Za-z0-9._:-]{1,128}$"},
+        "propertyNames": {"pattern": names},
         "additionalProperties": _nullable(value) if removals else value,
         "maxProperties": MAX_ATTRIBUTES,
         "description": "The topic's own settings, names to strings (the SQS API keeps a queue's "
-        "attributes here, under names starting with sqs., which only it sets: refused here)"
+        f"attributes here, under names starting with sqs., {said})"
         + ("; null removes one" if removals else ""),
     }
 
@@ -51,7 +57,7 @@ def _topic(queues: Schema, **extra: Schema) -> Schema:
             "retention_bytes": nullable_pos,
             "max_message_bytes": nullable_pos,
             "created_ms": _int(0),
-            "attributes": _attributes(False),
+            "attributes": _attributes(False, answer=True),
             "tags": _tags(),
             **extra,
         },

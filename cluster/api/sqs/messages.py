@@ -143,14 +143,33 @@ def stored_attributes(attributes: dict[str, tuple[str, str | bytes]]) -> str:
 
 
 def attributes_from_header(header: str | None) -> dict[str, tuple[str, str | bytes]]:
-    """The attributes kept in an ``sqs-attributes`` header (none when absent or not ours)."""
+    """The attributes kept in an ``sqs-attributes`` header (none when absent or not ours). Any
+    producer over REST can write the header: an entry that SendMessage could not have stored (a
+    name or data type it refuses, a value that is not a string, a Binary value that is not
+    base64) is left out, so a forged one cannot fail the receives that render it."""
     if not header:
         return {}
     try:
         raw = orjson.loads(header)
-        return {n: (t, base64.b64decode(v) if t.startswith("Binary") else v) for n, (t, v) in raw.items()}
-    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError, binascii.Error):
+    except orjson.JSONDecodeError:
         return {}  # a header a raftmq producer wrote: not SQS attributes
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, tuple[str, str | bytes]] = {}
+    for name, entry in raw.items():
+        if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry)):
+            continue
+        data_type, value = entry
+        if not _DATA_TYPE.match(data_type):
+            continue
+        if data_type.startswith("Binary"):
+            try:
+                out[name] = (data_type, base64.b64decode(value, validate=True))
+            except (ValueError, binascii.Error):
+                continue
+        else:
+            out[name] = (data_type, value)
+    return out
 
 
 def message_ids(n: int) -> list[str]:

@@ -255,7 +255,8 @@ def check_fifo_settings(attributes: dict[str, str]) -> None:
 
 def queue_setting(topic: Topic, name: str, cap: int | None = None) -> int:
     """A settable attribute of the queue (its default when never set), at most ``cap``. A value
-    set through the REST API (admin) outside AWS's bounds counts as the nearest bound."""
+    outside AWS's bounds (set through the REST API before it refused ``sqs.`` names) counts as
+    the nearest bound."""
     bound = SETTABLE[name]
     raw = topic.attributes.get(PREFIX + name)
     value = int(raw) if raw is not None and raw.isascii() and raw.isdigit() else bound.default

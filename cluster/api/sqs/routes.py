@@ -134,6 +134,9 @@ class SqsHandler:
         except web.HTTPRequestEntityTooLarge:
             e2 = SqsError("InvalidParameterValue", "The request is larger than the node's limit.")
             return json_error(e2, request_id) if json_wire else query_error(e2, request_id)
+        except web.RequestPayloadError:  # a body aiohttp could not read, signature not yet checked
+            e5 = SqsError("MalformedQueryString", "The request body could not be read.")
+            return json_error(e5, request_id) if json_wire else query_error(e5, request_id)
         except Exception as e:
             if isinstance(e, ConnectionError) and client_gone(request):
                 # It left mid-body, its signature not yet checked (common.client_gone): no traceback.
