@@ -158,7 +158,11 @@ def test_a_coordinator_whose_leadership_moves_fails_its_waiters_within_a_look() 
         c = ReceiveCoordinator(SimpleNamespace(groups={}), leaders, _no_settle)  # type: ignore[arg-type]
         waiter = Waiter(10, 30_000, time.monotonic() + 30, asyncio.get_running_loop().create_future())
         c.enqueue(key, waiter, lambda: c.target(topic, "g", None, None, "1"))
-        await asyncio.sleep(0.3)  # it took nothing and waits
+        for _ in range(500):  # until it took nothing and waits on the leader's await (5 s at most)
+            if ("await", 2) in leaders.calls:
+                break
+            await asyncio.sleep(0.01)
+        assert ("await", 2) in leaders.calls, leaders.calls
         leaders.moved, moved_at = True, time.monotonic()
         await asyncio.wait([waiter.future], timeout=10)
         return waiter.future.exception() if waiter.future.done() else None, time.monotonic() - moved_at
