@@ -246,14 +246,21 @@ def _utf8_len(text: str, where: str) -> int:
         raise bad(f"{where} is not valid Unicode (lone surrogate)") from None
 
 
+def _ends_in_newline(name: Any) -> bool:
+    """The metadata machine's name patterns end in ``$``, which matches before a final newline, so
+    they take ``"name\n"``; such a name is refused here, at the API, where no replica of an older
+    release can disagree (the machine's patterns stay as every release applies them)."""
+    return isinstance(name, str) and name.endswith("\n")
+
+
 def _refuse_front_end_attributes(attributes: dict[str, Any]) -> None:
     """Attributes named ``sqs.`` (any ASCII case) are the SQS API's: it sets them only after its
     own checks (a RedrivePolicy's target, its rights and RedriveAllowPolicy, the values its
     actions parse), so the REST API may neither set nor remove them. Set through this route, a
     RedrivePolicy moved a queue's messages into a queue the token could not produce to, and a bad
-    value made every ReceiveMessage fail."""
+    value made every ReceiveMessage fail. (A name ending in a newline is refused too.)"""
     for name in attributes:
-        if name.endswith("\n"):  # the metadata machine's pattern ends in "$" (see parse_create_topic)
+        if _ends_in_newline(name):
             raise bad(f"attribute {name!r}: attribute names are 1-128 characters of A-Z a-z 0-9 . _ : -")
         if name.lower().startswith(SQS_PREFIX.lower()):
             raise bad(
@@ -270,9 +277,7 @@ def parse_create_topic(body: Any, limits: Limits) -> dict[str, Any]:
         body, {"name", "queues", "retention_ms", "retention_bytes", "max_message_bytes", "attributes"}, "body"
     )
     problem = validate_topic_name(body.get("name"))
-    if problem is None and body["name"].endswith("\n"):
-        # The metadata machine's pattern ends in "$", which matches before a final newline; the
-        # name is refused here, where no replica of an older release can disagree.
+    if problem is None and _ends_in_newline(body["name"]):
         problem = "topic names are 1-200 characters of A-Z a-z 0-9 . _ - (no newline)"
     if problem:
         raise bad(problem)
