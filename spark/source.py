@@ -136,7 +136,7 @@ def _parse_offsets(raw: str, topics: list[str], name: str) -> str | dict[str, di
             raise ValueError(f"option {name!r}: topic {topic!r} needs an object of queue -> offset")
         parsed: dict[int, int] = {}
         for q, off in queues.items():
-            if not str(q).isdigit() or type(off) is not int or off < -2:
+            if not (str(q).isascii() and str(q).isdigit()) or type(off) is not int or off < -2:
                 raise ValueError(f"option {name!r}: bad entry {q!r}: {off!r} for topic {topic!r}")
             parsed[int(q)] = off
         out[topic] = parsed

@@ -369,7 +369,7 @@ class _Bound(click.ParamType[int | None]):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
         if value is None or value == "off" or isinstance(value, int):
             return None if value == "off" else value
-        if not str(value).isdigit() or int(value) < 1:
+        if not (str(value).isascii() and str(value).isdigit()) or int(value) < 1:
             self.fail(f"{value!r} is neither a positive integer nor 'off'", param, ctx)
         return int(value)
 

@@ -532,7 +532,7 @@ def _with_tls(nodes: list[NodeConfig], tls: TlsConfig, problems: list[str]) -> l
 
 def _valid_addr(addr: str) -> bool:
     host, sep, port = addr.rpartition(":")
-    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
+    return bool(sep and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)
 
 
 def _apply_env(

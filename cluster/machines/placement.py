@@ -359,7 +359,7 @@ def _parse_placement(raw: Any) -> Placement:
 
 def _valid_addr(addr: str) -> bool:
     host, sep, port = addr.rpartition(":")
-    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
+    return bool(sep and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)
 
 
 def _str(d: dict[str, Any], key: str) -> str:

@@ -45,6 +45,7 @@ def test_every_problem_is_listed_at_once() -> None:
             {"id": "n1", "http": "127.0.0.1:8001", "raft": "127.0.0.1:7001", "data_dir": "/d"},
             {"id": "n1", "http": "127.0.0.1:99999", "raft": "nohost", "data_dir": ""},
             {"id": "bad id!", "http": "x", "raft": "y", "data_dir": "/d"},
+            {"id": "n4", "http": "127.0.0.1:8004", "raft": "127.0.0.1:\u00b2", "data_dir": "/d"},
         ],
         "extra": {},
     }
@@ -64,6 +65,7 @@ def test_every_problem_is_listed_at_once() -> None:
         "raft must be host:port",
         "data_dir",
         "nodes[2].id",
+        "node n4: raft must be host:port",
         "unknown section [extra]",
     ):
         assert expected in text, f"{expected!r} not reported in:\n{text}"

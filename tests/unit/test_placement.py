@@ -166,6 +166,8 @@ def test_a_move_places_the_target_beside_the_source_then_unplaces_the_source(met
         {"kind": "add_node", "node": {"id": "n9", "http": "127.0.0.1:8001", "raft": "127.0.0.1:10"}},
         {"kind": "add_node", "node": {"id": "bad id", "http": "127.0.0.1:9", "raft": "127.0.0.1:10"}},
         {"kind": "add_node", "node": {"id": "n9", "http": "nohost", "raft": "127.0.0.1:10"}},
+        # A superscript two is a digit to str.isdigit, not to int(): an error inside the apply before.
+        {"kind": "add_node", "node": {"id": "n9", "http": "127.0.0.1:\u00b2", "raft": "127.0.0.1:10"}},
         {"kind": "remove_node", "node": "n1"},  # 3 nodes, 3 replicas: nowhere to move them
         {"kind": "remove_node", "node": "n9"},
         {"kind": "rename_node"},

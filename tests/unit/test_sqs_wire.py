@@ -10,6 +10,7 @@ import uuid
 import orjson
 import pytest
 
+from raftmq.cluster.api.sqs.actions import int_param
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.api.sqs.message_actions import sqs_message
 from raftmq.cluster.api.sqs.messages import (
@@ -75,6 +76,7 @@ def test_a_forged_attributes_header_keeps_only_what_send_message_could_have_stor
         {"a..b": {"DataType": "String", "StringValue": "v"}},
         {"x": {"DataType": "Text", "StringValue": "v"}},
         {"x": {"DataType": "Number", "StringValue": "twelve"}},
+        {"x": {"DataType": "Number", "StringValue": "\u0663"}},  # an Arabic-Indic 3: AWS takes ASCII digits
         {"x": {"DataType": "String", "StringValue": ""}},
         {"x": {"DataType": "Binary", "BinaryValue": "%%%"}},
         {f"k{i}": {"DataType": "String", "StringValue": "v"} for i in range(11)},
@@ -126,6 +128,28 @@ def test_query_members_become_the_json_shape() -> None:
     assert params == {"Attributes": {"DelaySeconds": "3"}, "AttributeNames": ["All"]}
     with pytest.raises(SqsError):
         query_params({"QueueName": "q"})
+
+
+ARABIC_30 = "\u0663\u0660"  # digits to Python's \\d and int(), not to AWS
+
+
+def test_numbers_are_ascii_digits_only() -> None:
+    """A number in other scripts' digits is refused (or left as text) wherever AWS takes a number."""
+    _, params = query_params({"Action": "ReceiveMessage", "QueueUrl": "u", "WaitTimeSeconds": ARABIC_30})
+    assert params["WaitTimeSeconds"] == ARABIC_30  # text, which the action refuses as not a number
+    with pytest.raises(SqsError) as e:
+        int_param(params, "WaitTimeSeconds", 0, 20, 0)
+    assert e.value.aws.code == "InvalidParameterValue"
+    # An entry's index: not an entry, an unknown parameter the action refuses.
+    _, params = query_params({"Action": "SendMessageBatch", "SendMessageBatchRequestEntry.\u0661.Id": "a"})
+    assert params == {"SendMessageBatchRequestEntry.\u0661.Id": "a"}
+    with pytest.raises(SqsError) as e:
+        check_attributes({"VisibilityTimeout": ARABIC_30}, 1 << 20)
+    assert e.value.aws.code == "InvalidAttributeValue"
+    policy = f'{{"deadLetterTargetArn": "{ARN}dlq", "maxReceiveCount": "\u0665"}}'
+    with pytest.raises(SqsError) as e:
+        check_attributes({"RedrivePolicy": policy}, 1 << 20, "eu-west-1")
+    assert e.value.aws.code == "InvalidParameterValue"
 
 
 def test_xml_answers_escape_what_clients_sent() -> None:

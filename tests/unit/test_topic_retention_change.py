@@ -110,6 +110,7 @@ def test_set_topic_retention_is_gated_for_a_rolling_upgrade() -> None:
     [
         (["--retention-ms", "soon"], "neither a positive integer nor 'off'"),
         (["--retention-bytes", "0"], "neither a positive integer nor 'off'"),
+        (["--retention-bytes", "\u00b2"], "neither a positive integer nor 'off'"),  # a digit to isdigit only
     ],
 )
 def test_the_cli_refuses_a_bound_it_cannot_send_before_any_request(args: list[str], complaint: str) -> None:

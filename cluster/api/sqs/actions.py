@@ -84,7 +84,7 @@ def int_param(params: dict[str, Any], name: str, low: int, high: int, default: i
     value = params.get(name)
     if value is None:
         return default
-    if isinstance(value, str) and re.fullmatch(r"-?\d{1,10}", value):
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,10}", value):
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise SqsError(

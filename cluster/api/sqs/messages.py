@@ -112,7 +112,7 @@ def parse_message_attributes(raw: Any) -> dict[str, tuple[str, str | bytes]]:
             if _NOT_XML_CHAR.search(data):
                 raise SqsError("InvalidParameterValue", f"Message attribute '{name}' has invalid characters.")
             if data_type.startswith("Number") and not re.fullmatch(
-                r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", data
+                r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", data
             ):
                 raise SqsError("InvalidParameterValue", f"Message attribute '{name}' is not a number.")
         if not data:

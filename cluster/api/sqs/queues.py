@@ -131,7 +131,7 @@ def check_redrive_policy(value: str, region: str) -> str:
     if target is None:
         raise _bad("RedrivePolicy", value, f"deadLetterTargetArn must be the ARN of a queue in {region}")
     count = policy["maxReceiveCount"]
-    if isinstance(count, str) and re.fullmatch(r"\d{1,4}", count):
+    if isinstance(count, str) and re.fullmatch(r"[0-9]{1,4}", count):
         count = int(count)
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RECEIVE_COUNT:
         raise _bad("RedrivePolicy", value, f"maxReceiveCount must be from 1 to {MAX_RECEIVE_COUNT}")
@@ -305,7 +305,7 @@ def check_attributes(
         elif name in SETTABLE:
             bound = SETTABLE[name]
             high = min(bound.high, max_message_bytes) if name == "MaximumMessageSize" else bound.high
-            if not re.fullmatch(r"\d{1,10}", value) or not bound.low <= int(value) <= high:
+            if not re.fullmatch(r"[0-9]{1,10}", value) or not bound.low <= int(value) <= high:
                 raise SqsError(
                     "InvalidAttributeValue",
                     f"Invalid value for the parameter {name}: "

@@ -62,7 +62,7 @@ _INTS = {
     "MaxResults",
     "MaxNumberOfMessagesPerSecond",
 }
-_INDEXED = re.compile(r"^([A-Za-z]+)\.(\d{1,3})(?:\.(.+))?\Z")
+_INDEXED = re.compile(r"^([A-Za-z]+)\.([0-9]{1,3})(?:\.(.+))?\Z")
 # XML element names of list members in answers (flattened, as AWS writes them).
 _XML_LISTS = {
     "QueueUrls": "QueueUrl",
@@ -78,7 +78,7 @@ def is_json_request(request: web.Request) -> bool:
 
 
 def _int_or_text(name: str, value: str) -> Any:
-    if name in _INTS and re.fullmatch(r"-?\d{1,10}", value):
+    if name in _INTS and re.fullmatch(r"-?[0-9]{1,10}", value):
         return int(value)
     return value
 
