@@ -203,6 +203,40 @@ def test_a_body_cut_short_before_any_credential_is_checked_logs_nothing(secure: 
     assert "Traceback" not in since, since
 
 
+def test_a_request_without_a_known_key_is_refused_before_its_body_is_read(secure: Cluster) -> None:
+    """Unsigned, an unknown key or a stale date: the answer comes while the body is still unsent
+    (the node read up to the request limit first, for anyone, before it looked at the headers)."""
+    host, port = secure.nodes["n2"].http.split(":")
+    now = datetime.datetime.now(datetime.UTC)
+    stale = now - datetime.timedelta(hours=1)
+
+    def authorization(key: str, at: datetime.datetime) -> bytes:
+        scope = f"{key}/{at:%Y%m%d}/eu-west-1/sqs/aws4_request"
+        return (
+            f"Authorization: AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=content-type;host;x-amz-date;"
+            f"x-amz-target, Signature={'0' * 64}\r\nX-Amz-Date: {at:%Y%m%dT%H%M%SZ}\r\n"
+        ).encode()
+
+    cases = [
+        (b"", "MissingAuthenticationToken"),
+        (authorization("nobody", now), "InvalidClientTokenId"),
+        (authorization("admin", stale), "RequestExpired"),
+    ]
+    for signed, code in cases:
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
+                b"X-Amz-Target: AmazonSQS.ListQueues\r\n" + signed + b"Content-Length: 1000000\r\n\r\n{"
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer:  # a timeout here: the node waits for the body first
+                chunk = s.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 4"), answer
+            assert code.encode() in answer.split(b"\r\n\r\n")[0], answer  # x-amzn-query-error
+
+
 def test_an_old_request_replayed_is_expired(secure: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request signed and captured 6 minutes ago, sent again now: RequestExpired, nothing done. The
     same request replayed within the window is accepted, as AWS does."""

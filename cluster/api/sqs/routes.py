@@ -56,17 +56,21 @@ class SqsHandler:
 
     async def _authenticate(self, request: web.Request) -> TokenGrant:
         """The token whose SigV4 signature the request carries (a cluster with tokens only)."""
-        body = await request.read()  # aiohttp keeps the bytes for the form or JSON reading
-        verified = sigv4.verify(
-            request.method,
-            request.rel_url.raw_path,
+        claimed = sigv4.check_claim(
             request.rel_url.raw_query_string,
             request.headers,
-            lambda name: request.headers.getall(name, []),
-            body,
             datetime.datetime.now(datetime.UTC),
             self.node.config.sqs.region,
             self.credentials,
+        )
+        # Only a request with a known key, a fresh date and its headers signed gets its body read.
+        body = await request.read()  # aiohttp keeps the bytes for the form or JSON reading
+        verified = sigv4.check_signature(
+            claimed,
+            request.method,
+            request.rel_url.raw_path,
+            lambda name: request.headers.getall(name, []),
+            body,
         )
         return verified.principal
 

@@ -37,7 +37,17 @@ from typing import Generic, TypeVar
 
 from raftmq.cluster.api.sqs.errors import SqsError
 
-__all__ = ["ALGORITHM", "MAX_SKEW_S", "SERVICE", "canonical_request", "signing_key", "verify"]
+__all__ = [
+    "ALGORITHM",
+    "MAX_SKEW_S",
+    "SERVICE",
+    "Claimed",
+    "canonical_request",
+    "check_claim",
+    "check_signature",
+    "signing_key",
+    "verify",
+]
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 SERVICE = "sqs"
@@ -195,33 +205,28 @@ def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
     return key
 
 
-def verify(
-    method: str,
-    raw_path: str,
+@dataclass(frozen=True)
+class Claimed(Generic[P]):
+    """A request whose signature's claims passed every check the headers allow (:func:`check_claim`):
+    the body's hash and the signature itself are left (:func:`check_signature`)."""
+
+    claim: _Claim
+    query: list[tuple[str, str]]
+    secret: str
+    principal: P
+
+
+def check_claim(
     raw_query: str,
     headers: Mapping[str, str],
-    all_values: Callable[[str], list[str]],
-    body: bytes,
     now: datetime.datetime,
     region: str,
     credentials: Callable[[str], tuple[str, P] | None],
-) -> Verified[P]:
-    """Check a request's SigV4 signature; its principal when it matches.
-
-    Args:
-        headers: the request's headers (case-insensitive lookups); ``all_values(name)`` every value
-            of the lower-case header ``name``.
-        now: the node's clock (aware, UTC).
-        region: the only region a credential scope may name.
-        credentials: the secret access key and principal of an access key id (None: unknown).
-
-    Raises:
-        SqsError: MissingAuthenticationToken (no signature at all), IncompleteSignature (a malformed
-            one), InvalidClientTokenId (an unknown access key id, or a session token, which raftmq
-            never issues), SignatureDoesNotMatch (a wrong signature, region or service),
-            RequestExpired (dated more than MAX_SKEW_S from ``now``, or a presigned request past
-            its X-Amz-Expires).
-    """
+) -> Claimed[P]:
+    """Everything of a SigV4 check that needs no body: the signature's form, a known access key id,
+    the scope and the clock, the headers that must be signed. A caller reads the body only after it
+    (an unknown key or a stale date is refused before anyone's body is read), then calls
+    :func:`check_signature`. Arguments and errors as :func:`verify`'s."""
     query = _query_pairs(raw_query)
     if headers.get("Authorization") is None and not any(k == "X-Amz-Signature" for k, _ in query):
         raise SqsError(
@@ -260,13 +265,21 @@ def verify(
     unsigned = sorted(required - set(claim.signed_headers))
     if unsigned:
         raise SqsError("SignatureDoesNotMatch", f"The header {unsigned[0]} must be signed (SignedHeaders).")
-    signed_query = [(k, v) for k, v in query if k != "X-Amz-Signature"]
+    return Claimed(claim, query, secret, principal)
+
+
+def check_signature(
+    claimed: Claimed[P], method: str, raw_path: str, all_values: Callable[[str], list[str]], body: bytes
+) -> Verified[P]:
+    """The signature of a request :func:`check_claim` passed, over its body as received."""
+    claim = claimed.claim
+    signed_query = [(k, v) for k, v in claimed.query if k != "X-Amz-Signature"]
     canonical = canonical_request(
         method, raw_path, signed_query, all_values, claim.signed_headers, hashlib.sha256(body).hexdigest()
     )
     scope = f"{claim.date}/{claim.region}/{claim.service}/aws4_request"
     to_sign = "\n".join([ALGORITHM, claim.timestamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-    key = signing_key(secret, claim.date, claim.region, claim.service)
+    key = signing_key(claimed.secret, claim.date, claim.region, claim.service)
     expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, claim.signature):
         raise SqsError(
@@ -274,4 +287,36 @@ def verify(
             "The request signature we calculated does not match the signature you provided. "
             "Check your AWS Secret Access Key and signing method.",
         )
-    return Verified(principal, claim.access_key_id, claim.region)
+    return Verified(claimed.principal, claim.access_key_id, claim.region)
+
+
+def verify(
+    method: str,
+    raw_path: str,
+    raw_query: str,
+    headers: Mapping[str, str],
+    all_values: Callable[[str], list[str]],
+    body: bytes,
+    now: datetime.datetime,
+    region: str,
+    credentials: Callable[[str], tuple[str, P] | None],
+) -> Verified[P]:
+    """Check a request's SigV4 signature; its principal when it matches (:func:`check_claim`, then
+    :func:`check_signature`).
+
+    Args:
+        headers: the request's headers (case-insensitive lookups); ``all_values(name)`` every value
+            of the lower-case header ``name``.
+        now: the node's clock (aware, UTC).
+        region: the only region a credential scope may name.
+        credentials: the secret access key and principal of an access key id (None: unknown).
+
+    Raises:
+        SqsError: MissingAuthenticationToken (no signature at all), IncompleteSignature (a malformed
+            one), InvalidClientTokenId (an unknown access key id, or a session token, which raftmq
+            never issues), SignatureDoesNotMatch (a wrong signature, region or service),
+            RequestExpired (dated more than MAX_SKEW_S from ``now``, or a presigned request past
+            its X-Amz-Expires).
+    """
+    claimed = check_claim(raw_query, headers, now, region, credentials)
+    return check_signature(claimed, method, raw_path, all_values, body)
