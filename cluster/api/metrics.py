@@ -486,6 +486,11 @@ class Metrics:
             "Messages returned by fetch requests on this node",
             registry=self.registry,
         )
+        self.malformed = Counter(
+            "raftmq_http_malformed_requests",
+            "Requests the HTTP parser refused as malformed (answered 400; cluster/api/server_log.py)",
+            registry=self.registry,
+        )
         self.registry.register(_RaftCollector(node))
         self.registry.register(_QueueCollector(node))
         self.registry.register(_StorageCollector(node))
