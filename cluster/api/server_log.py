@@ -17,8 +17,11 @@ import time
 from collections.abc import Callable
 
 import structlog
+from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import Counter
+
+from raftmq.cluster.api.metrics import METRICS_KEY
 
 __all__ = ["MalformedRequests", "server_logger"]
 
@@ -60,11 +63,11 @@ class MalformedRequests(logging.Filter):
         return False
 
 
-def server_logger(counter: Counter) -> logging.Logger:
-    """A logger for aiohttp's ``RequestHandler`` (``AppRunner(logger=...)``): named and handled as
-    ``aiohttp.server``, with :class:`MalformedRequests` on it. It is not registered by name, so two
-    applications in one process (tests) each count their own."""
+def server_logger(app: web.Application) -> logging.Logger:
+    """A logger for the ``RequestHandler`` of the node's application ``app`` (``AppRunner(logger=...)``):
+    named and handled as ``aiohttp.server``, with :class:`MalformedRequests` counting into the app's
+    metrics. It is not registered by name, so two applications in one process each count their own."""
     logger = logging.Logger("aiohttp.server")
     logger.parent = logging.getLogger("aiohttp.server")
-    logger.addFilter(MalformedRequests(counter))
+    logger.addFilter(MalformedRequests(app[METRICS_KEY].malformed))
     return logger

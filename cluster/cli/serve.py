@@ -182,7 +182,6 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     from aiohttp import web
 
     from raftmq.cluster.api.app import create_app
-    from raftmq.cluster.api.metrics import METRICS_KEY
     from raftmq.cluster.api.server_log import server_logger
     from raftmq.cluster.config.tls import TlsError, server_context
     from raftmq.cluster.node.node import Node
@@ -217,11 +216,8 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
         except Exception as stop_error:
             log.warning("stop_after_failed_start_failed", node_id=node_id, error=str(stop_error))
         raise CannotOpenStores(_cannot_open(node_id, e)) from None
-    app = create_app(node)
-    # aiohttp's 400s for malformed HTTP are counted, not logged one by one (cluster/api/server_log.py).
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, logger=server_logger(app[METRICS_KEY].malformed)
-    )
+    app = create_app(node)  # its log: aiohttp's 400s for malformed HTTP counted (cluster/api/server_log.py)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=server_logger(app))
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)
     site = web.TCPSite(runner, host, int(port), reuse_address=True, ssl_context=ssl_context)

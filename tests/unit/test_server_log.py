@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import SimpleNamespace
 
+from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, InvalidURLError
 from prometheus_client import CollectorRegistry, Counter
 from structlog.testing import capture_logs
 
+from raftmq.cluster.api.metrics import METRICS_KEY
 from raftmq.cluster.api.server_log import MalformedRequests, server_logger
 
 
@@ -53,7 +56,10 @@ def test_everything_else_aiohttp_logs_passes() -> None:
 
 
 def test_the_logger_is_aiohttp_servers_own_per_application() -> None:
-    a, b = server_logger(counter()), server_logger(counter())
+    apps = [web.Application(), web.Application()]
+    for app in apps:
+        app[METRICS_KEY] = SimpleNamespace(malformed=counter())  # type: ignore[assignment]
+    a, b = server_logger(apps[0]), server_logger(apps[1])
     assert a is not b and a.name == "aiohttp.server"
     assert a.parent is logging.getLogger("aiohttp.server")  # handled (and levelled) as before
     assert len(a.filters) == 1 and not logging.getLogger("aiohttp.server").filters
