@@ -344,6 +344,15 @@ class Cluster:
         ]
         return float(value)
 
+    def metric_sum(self, node_id: str, sample: str) -> float:
+        """The sum of ``node_id``'s samples named ``sample`` (0 when there is none)."""
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(self.get("/metrics", node_id).text)
+            for s in family.samples
+            if s.name == sample
+        )
+
     def requests_served(self, route: str) -> int:
         """Requests for ``route`` (an HTTP route's pattern) the nodes answered so far, summed."""
         total = 0

@@ -15,7 +15,6 @@ from typing import Any
 
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import assert_error, fetch, high_offsets
 from .harness import Cluster
@@ -362,22 +361,13 @@ def test_valid_unicode_round_trips_exactly(c: Cluster, encoding: str) -> None:
             assert got["key"] == m.get("key") and got["headers"] == m.get("headers", {})
 
 
+MALFORMED_METRIC = "raftmq_http_malformed_requests_total"
 MALFORMED_HTTP = [
     b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",  # a bad header value
     b"GET / HTTP/1.1\r\n\r\n",  # no Host
     b"GET /\x00 HTTP/1.1\r\nHost: x\r\n\r\n",  # a bad URL
     b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # bad chunking
 ]
-
-
-def malformed_counted(c: Cluster, node: str) -> float:
-    text = c.get("/metrics", node).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "raftmq_http_malformed_requests_total"
-    )
 
 
 def test_malformed_http_is_a_400_counted_not_a_log_line_each(c: Cluster) -> None:
@@ -387,13 +377,13 @@ def test_malformed_http_is_a_400_counted_not_a_log_line_each(c: Cluster) -> None
     rounds = 5
     for node in c.nodes:
         host, port = c.nodes[node].http.split(":")
-        logged, counted = len(c.log(node)), malformed_counted(c, node)
+        logged, counted = len(c.log(node)), c.metric_sum(node, MALFORMED_METRIC)
         for _ in range(rounds):
             for raw in MALFORMED_HTTP:
                 with socket.create_connection((host, int(port)), timeout=10) as s:
                     s.sendall(raw)
                     assert s.recv(4096).startswith(b"HTTP/1.0 400 Bad Request"), raw
-        assert malformed_counted(c, node) - counted == rounds * len(MALFORMED_HTTP)
+        assert c.metric_sum(node, MALFORMED_METRIC) - counted == rounds * len(MALFORMED_HTTP)
         since = c.log(node)[logged:]
         assert "Traceback" not in since and "Error handling request" not in since, since
         assert since.count("malformed_http_requests") <= 1, since

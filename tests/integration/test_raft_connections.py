@@ -80,13 +80,7 @@ def sockets_from(c: Cluster, node: str, sources: set[str]) -> int:
 
 
 def strangers(c: Cluster, node: str) -> float:
-    text = c.get("/metrics", node).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "raftmq_raft_unauthenticated_connections"
-    )
+    return c.metric_sum(node, "raftmq_raft_unauthenticated_connections")
 
 
 def refused(c: Cluster, node: str) -> dict[str, float]:
