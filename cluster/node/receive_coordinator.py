@@ -42,7 +42,7 @@ __all__ = ["ReceiveCoordinator", "TargetKey", "Waiter", "local_key", "queues_by_
 
 log = structlog.get_logger(__name__)
 
-MAX_REMOTE_AWAIT_S = 5.0  # a remote ``await`` is re-armed at least this often
+MAX_REMOTE_AWAIT_S = 5.0  # how long an ``await`` waits at a queue group (a line arms the next after)
 LEADERSHIP_CHECK_S = 1.0  # a waiting coordinator checks at least this often that it still leads
 
 
@@ -83,6 +83,8 @@ class _Target:
     waiters: deque[Waiter] = field(default_factory=deque)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # Queue groups whose leader's ``await`` said, since the line last looked, it has something.
+    news: set[int] = field(default_factory=set)
 
 
 def local_key(topic_id: int, group: str) -> TargetKey:
@@ -99,6 +101,10 @@ class ReceiveCoordinator:
         self.router = router
         self._settle = settle
         self._targets: dict[TargetKey, _Target] = {}
+        # The ``await`` armed for a line at each queue group (key, group, delay), kept across the
+        # line's waits until it answers, so receivers that come and go (a push stream's short
+        # takes, loops of short polls) do not arm another each time (``_arm``).
+        self._armed: dict[tuple[TargetKey, int, int], asyncio.Task[bool]] = {}
         # Every line's turns (kept while it is empty: its next receive goes on in turn) and the
         # read-aheads of the lines of this node's own (read_ahead.py).
         self.read_ahead = ReadAhead(settle)
@@ -187,7 +193,7 @@ class ReceiveCoordinator:
                             w.future.set_result([])
                 if got or not target.waiters:
                     continue
-                woken = await self._wait(target, min(w.deadline for w in target.waiters))
+                woken = await self._wait(key, target, min(w.deadline for w in target.waiters))
         except RaftmqError as e:
             self._fail(target, answerable(e, write=True))
         except Exception:
@@ -337,39 +343,69 @@ class ReceiveCoordinator:
         now = group_now(store, now_ms())
         return available(store, group, topic.id, queues, now)[0]
 
-    async def _wait(self, target: _Target, until: float) -> set[int]:
+    async def _wait(self, key: TargetKey, target: _Target, until: float) -> set[int]:
         """Until something may be available in one of the target's queue groups, a new receiver
-        arrives, a coordinator's leadership moves (looked at every ``LEADERSHIP_CHECK_S``), or
-        ``until``, at most ``MAX_REMOTE_AWAIT_S``: each wait arms an ``await`` at every queue
-        group led elsewhere, a hop each. Returns the queue groups whose leader said it has
+        arrives, a coordinator's leadership moves (looked at every ``LEADERSHIP_CHECK_S``), an
+        ``await`` ends, or ``until`` (at most ``MAX_REMOTE_AWAIT_S``). An ``await`` is armed at
+        each queue group (a hop for each led elsewhere) for ``MAX_REMOTE_AWAIT_S`` and kept across
+        waits until it answers (:meth:`_arm`). Returns the queue groups whose leader said it has
         something to hand out."""
+        if target.news:
+            return self._news(target)
+        # (At most an await's time: one that hangs, a peer unreachable, is not waited for longer.)
         timeout = min(until - time.monotonic(), MAX_REMOTE_AWAIT_S)
         if timeout <= 0:
             return set()
-        awaits = {
-            g: asyncio.create_task(self._await_group(g, target, queues, timeout))
-            for g, queues in target.by_group.items()
-        }
-        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(target.arrived.wait()), *awaits.values()]
+        awaits = [self._arm(key, target, g, queues) for g, queues in target.by_group.items()]
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(target.arrived.wait())]
         if target.coordinator is not None:
             tasks.append(asyncio.create_task(self._until_not_leading(target.coordinator)))
         try:
-            await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*tasks, *awaits], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks:
+            for task in tasks:  # (not the awaits: the line's next wait keeps them)
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        done = [(g, t) for g, t in awaits.items() if t.done() and not t.cancelled()]
-        return {g for g, t in done if t.exception() is None and t.result()}  # a failed await: no news
+        return self._news(target)
+
+    @staticmethod
+    def _news(target: _Target) -> set[int]:
+        news, target.news = target.news, set()
+        return news
+
+    def _arm(self, key: TargetKey, target: _Target, g: int, queues: list[int]) -> asyncio.Task[bool]:
+        """The ``await`` of the line ``key`` at queue group ``g``: the one armed before while it
+        has not answered, else a new one. When it answers, it leaves ``_armed``, and a yes goes to
+        the line's news (the line's target then, if it has one) and wakes it."""
+        # An ordered line is served for its head (one receiver a take), with the head's delay.
+        delay_ms = target.waiters[0].delay_ms if target.ordered and target.waiters else 0
+        armed_key = (key, g, delay_ms)
+        task = self._armed.get(armed_key)
+        if task is not None:
+            return task
+        task = asyncio.create_task(self._await_group(g, target, queues, delay_ms))
+
+        def answered(done: asyncio.Task[bool]) -> None:
+            if self._armed.get(armed_key) is done:
+                del self._armed[armed_key]
+            if done.cancelled() or done.exception() is not None or not done.result():
+                return  # no news (a failed await: the next wait arms another)
+            line = self._targets.get(key)
+            if line is not None:
+                line.news.add(g)
+                line.arrived.set()
+
+        task.add_done_callback(answered)
+        self._armed[armed_key] = task
+        return task
 
     async def _until_not_leading(self, name: str) -> None:
         while self.router.leads(name):
             await asyncio.sleep(LEADERSHIP_CHECK_S)
 
-    async def _await_group(self, g: int, target: _Target, queues: list[int], timeout: float) -> bool:
+    async def _await_group(self, g: int, target: _Target, queues: list[int], delay_ms: int) -> bool:
         name = str(g)
-        # An ordered line is served for its head (one receiver a take), with the head's delay.
-        delay_ms = target.waiters[0].delay_ms if target.ordered and target.waiters else 0
+        timeout = MAX_REMOTE_AWAIT_S
         if self.router.leads(name):
             return await await_available(
                 self.node,
@@ -387,7 +423,7 @@ class ReceiveCoordinator:
             "topic_id": target.topic.id,
             "queues": queues,
             "epoch": target.epoch,
-            "wait_ms": int(min(timeout, MAX_REMOTE_AWAIT_S) * 1000),
+            "wait_ms": int(timeout * 1000),
         }
         if target.ordered:
             body["ordered"] = True
