@@ -488,7 +488,7 @@ class Metrics:
         )
         self.malformed = Counter(
             "raftmq_http_malformed_requests",
-            "Requests the HTTP parser refused as malformed (answered 400; cluster/api/server_log.py)",
+            "HTTP requests the parser refused as malformed (answered 400; cluster/api/server_log.py)",
             registry=self.registry,
         )
         self.registry.register(_RaftCollector(node))

@@ -6,7 +6,9 @@ credential is looked at: anyone who reaches the port could write the node's log 
 bytes of log per byte sent. The node's HTTP server logs through :func:`server_logger` instead:
 such refusals are counted (``raftmq_http_malformed_requests_total``) and summed up in one
 ``malformed_http_requests`` warning a minute at most; everything else aiohttp logs (a handler's
-unexpected error, above all) goes on as before.
+unexpected error, above all) goes on as before. (What is not HTTP at all, TLS or another protocol
+on the port, aiohttp answers 400 and logs at debug only, as the first request of a connection: not
+counted.)
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ __all__ = ["ReceiveCoordinator", "TargetKey", "Waiter", "local_key", "queues_by_
 log = structlog.get_logger(__name__)
 
 MAX_REMOTE_AWAIT_S = 5.0  # how long an ``await`` waits at a queue group (a line arms the next after)
+AWAIT_GRACE_S = 1.0  # past its time, an ``await`` whose peer has not answered is given up
+DISARM_AFTER_S = 1.0  # a line's awaits outlive it this long (a receiver looping comes back sooner)
 LEADERSHIP_CHECK_S = 1.0  # a waiting coordinator checks at least this often that it still leads
 
 
@@ -101,10 +103,10 @@ class ReceiveCoordinator:
         self.router = router
         self._settle = settle
         self._targets: dict[TargetKey, _Target] = {}
-        # The ``await`` armed for a line at each queue group (key, group, delay), kept across the
-        # line's waits until it answers, so receivers that come and go (a push stream's short
-        # takes, loops of short polls) do not arm another each time (``_arm``).
-        self._armed: dict[tuple[TargetKey, int, int], asyncio.Task[bool]] = {}
+        # The ``await`` armed for a line at each queue group, with the delay it was armed for, kept
+        # across the line's waits until it answers, so receivers that come and go (a push stream's
+        # short takes, loops of short polls) do not arm another each time (``_arm``).
+        self._armed: dict[tuple[TargetKey, int], tuple[int, asyncio.Task[bool]]] = {}
         # Every line's turns (kept while it is empty: its next receive goes on in turn) and the
         # read-aheads of the lines of this node's own (read_ahead.py).
         self.read_ahead = ReadAhead(settle)
@@ -166,12 +168,12 @@ class ReceiveCoordinator:
             while True:
                 self._drop_done(target)
                 if not target.waiters:
-                    self._targets.pop(key, None)
+                    self._line_gone(key)
                     return
                 if target.coordinator is not None and not self.router.leads(target.coordinator):
                     # Leadership moved: the new leader coordinates, and the waiters move there
                     # (serving them here too would break the line).
-                    self._targets.pop(key, None)
+                    self._line_gone(key)
                     self._fail(target, CatalogError(errors.NOT_LEADER, "the receive coordinator moved"))
                     return
                 target.arrived.clear()
@@ -201,7 +203,20 @@ class ReceiveCoordinator:
             self._fail(target, CatalogError(errors.INTERNAL, "internal error; see the node's log"))
         finally:
             if self._targets.get(key) is target and not target.waiters:
-                self._targets.pop(key, None)
+                self._line_gone(key)
+
+    def _line_gone(self, key: TargetKey) -> None:
+        """The line ``key`` has no receiver left: forgotten now, its awaits a moment later unless
+        a receiver comes back to the line by then (:meth:`_disarm`)."""
+        self._targets.pop(key, None)
+        asyncio.get_running_loop().call_later(DISARM_AFTER_S, self._disarm, key)
+
+    def _disarm(self, key: TargetKey) -> None:
+        if key in self._targets:
+            return
+        for (line, _), (_, task) in list(self._armed.items()):
+            if line == key:
+                task.cancel()  # (its done callback forgets it)
 
     @staticmethod
     def _drop_done(target: _Target) -> None:
@@ -377,16 +392,19 @@ class ReceiveCoordinator:
         """The ``await`` of the line ``key`` at queue group ``g``: the one armed before while it
         has not answered, else a new one. When it answers, it leaves ``_armed``, and a yes goes to
         the line's news (the line's target then, if it has one) and wakes it."""
-        # An ordered line is served for its head (one receiver a take), with the head's delay.
+        # An ordered line is served for its head (one receiver a take), with the head's delay: an
+        # await armed for another head's is replaced.
         delay_ms = target.waiters[0].delay_ms if target.ordered and target.waiters else 0
-        armed_key = (key, g, delay_ms)
-        task = self._armed.get(armed_key)
-        if task is not None:
-            return task
+        armed_key = (key, g)
+        armed = self._armed.get(armed_key)
+        if armed is not None:
+            if armed[0] == delay_ms:
+                return armed[1]
+            armed[1].cancel()
         task = asyncio.create_task(self._await_group(g, target, queues, delay_ms))
 
         def answered(done: asyncio.Task[bool]) -> None:
-            if self._armed.get(armed_key) is done:
+            if self._armed.get(armed_key, (0, None))[1] is done:
                 del self._armed[armed_key]
             if done.cancelled() or done.exception() is not None or not done.result():
                 return  # no news (a failed await: the next wait arms another)
@@ -396,7 +414,7 @@ class ReceiveCoordinator:
                 line.arrived.set()
 
         task.add_done_callback(answered)
-        self._armed[armed_key] = task
+        self._armed[armed_key] = (delay_ms, task)
         return task
 
     async def _until_not_leading(self, name: str) -> None:
@@ -430,8 +448,13 @@ class ReceiveCoordinator:
             if delay_ms:
                 body["delay_ms"] = delay_ms
         try:
-            return (await self.router.group_call(g, "await", body)).get("available") is True
-        except RaftmqError:
+            # Given up past its time (a peer that does not answer): the line's next wait arms
+            # another, at whoever leads the group by then.
+            answer = await asyncio.wait_for(
+                self.router.group_call(g, "await", body), MAX_REMOTE_AWAIT_S + AWAIT_GRACE_S
+            )
+            return answer.get("available") is True
+        except (RaftmqError, TimeoutError):
             await asyncio.sleep(0.2)  # the group is electing; try again a little later
             return False
 

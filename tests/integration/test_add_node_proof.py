@@ -124,6 +124,19 @@ def test_add_node_at_a_recording_server_is_refused_and_no_credential_reaches_it(
     assert "x" not in nodes_in_placement(c)
 
 
+@pytest.mark.parametrize("port", ["\u0661\u0662\u0663\u0664", "\u00b2", "", "0x10"])
+def test_a_port_that_is_not_ascii_digits_is_refused_before_any_probe(cluster: Cluster, port: str) -> None:
+    """Arabic-Indic digits are a port to int(), a superscript two is a digit to str.isdigit only."""
+    c = cluster
+    before = placement(c)
+    for key in ("http", "raft"):
+        node = {"id": "x", "http": "127.0.0.1:9", "raft": "127.0.0.1:10", key: f"127.0.0.1:{port}"}
+        r = c.post("/v1/cluster/nodes", node)
+        assert_error(r, 400, "bad_request")
+        assert f"node {key} must be host:port" in r.json()["error"]["message"], r.text
+    assert placement(c)["placement"] == before["placement"]
+
+
 def test_a_proof_relayed_from_a_real_node_does_not_add_the_relay(cluster: Cluster) -> None:
     """The recorder passes the nonce on to n4 (running, not yet added) and returns n4's real
     answer, claiming n4's id and Raft address for its own http address: the proof names n4's own

@@ -6,6 +6,7 @@ The queue groups' leaders are a stand-in router (the replicated receive is the d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.machines.metadata import Topic
+from raftmq.cluster.node import receive_coordinator
 from raftmq.cluster.node.receive_coordinator import ReceiveCoordinator, TargetKey, Waiter
 from raftmq.storage.memory import MemoryStore
 
@@ -170,3 +172,117 @@ def test_a_coordinator_whose_leadership_moves_fails_its_waiters_within_a_look() 
     failure, after_s = asyncio.run(main())
     assert isinstance(failure, CatalogError) and failure.code == errors.NOT_LEADER.code, failure
     assert after_s < 3.5, f"the waiters learnt of the move {after_s:.1f} s after it"
+
+
+class PatientLeaders:
+    """Queue groups 1 and 2 led elsewhere. ``await`` waits its ``wait_ms`` for its group to have
+    something (``fill``), or hangs for good while the group is in ``silent``; ``receive`` hands out
+    one message of a group that has some. Calls, and awaits cancelled by the caller, are recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.cancelled: list[int] = []
+        self.silent: set[int] = set()
+        self.has = {1: asyncio.Event(), 2: asyncio.Event()}
+
+    def leads(self, name: str) -> bool:
+        return False
+
+    def fill(self, g: int) -> None:
+        self.has[g].set()
+
+    async def group_call(self, g: int, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((action, g))
+        if action == "receive":
+            found = self.has[g].is_set()
+            self.has[g].clear()
+            return {"messages": [{"receipt": f"8.{g - 1}.0.1", "queue": g - 1, "offset": 0}] if found else []}
+        assert action == "await"
+        try:
+            if g in self.silent:
+                self.silent.discard(g)  # (the next await at it answers)
+                await asyncio.sleep(3600)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.has[g].wait(), body["wait_ms"] / 1000)
+        except asyncio.CancelledError:
+            self.cancelled.append(g)
+            raise
+        return {"available": self.has[g].is_set()}
+
+    def awaits(self, g: int) -> int:
+        return self.calls.count(("await", g))
+
+
+async def _receive(c: ReceiveCoordinator, wait_s: float) -> list[dict[str, Any]]:
+    waiter = Waiter(10, 30_000, time.monotonic() + wait_s, asyncio.get_running_loop().create_future())
+    c.enqueue(IDLE_KEY, waiter, lambda: c.target(TWO_GROUPS, "g", None, None, None))
+    return await asyncio.wait_for(waiter.future, wait_s + 10)
+
+
+def test_receivers_that_come_and_go_share_the_lines_awaits() -> None:
+    """Three polls of 0.5 s in a row arm one ``await`` at each group (5 s each), not one a poll
+    (a push stream's 1 s takes, a client's loop of short polls: 20-22 hops in 10 s before)."""
+    leaders = PatientLeaders()
+
+    async def main() -> list[list[dict[str, Any]]]:
+        c = ReceiveCoordinator(_empty_replicas(), leaders, _no_settle)  # type: ignore[arg-type]
+        return [await _receive(c, 0.5) for _ in range(3)]
+
+    assert asyncio.run(main()) == [[], [], []]
+    assert (leaders.awaits(1), leaders.awaits(2)) == (1, 1), leaders.calls
+    assert [c for c in leaders.calls if c[0] == "receive"] == []
+
+
+def test_an_await_answered_after_its_receiver_left_wakes_the_next_one() -> None:
+    """The ``await`` armed while the first receiver waited answers yes while the second waits:
+    the second gets the message at once, with no other ``await`` armed."""
+    leaders = PatientLeaders()
+
+    async def main() -> tuple[list[dict[str, Any]], float]:
+        c = ReceiveCoordinator(_empty_replicas(), leaders, _no_settle)  # type: ignore[arg-type]
+        assert await _receive(c, 0.5) == []
+        asyncio.get_running_loop().call_later(0.5, leaders.fill, 2)
+        started = time.monotonic()
+        got = await _receive(c, 4)
+        return got, time.monotonic() - started
+
+    got, took_s = asyncio.run(main())
+    assert [m["receipt"] for m in got] == ["8.1.0.1"]
+    assert took_s < 2, f"the second receiver waited {took_s:.1f} s"
+    assert leaders.awaits(2) == 1, leaders.calls
+
+
+def test_an_await_whose_peer_never_answers_is_given_up_and_armed_again(monkeypatch: Any) -> None:
+    """A peer that does not answer (the group's old leader, unreachable) holds no line past an
+    await's time and grace: the next await goes out, and the message it finds comes."""
+    monkeypatch.setattr(receive_coordinator, "MAX_REMOTE_AWAIT_S", 0.3)
+    monkeypatch.setattr(receive_coordinator, "AWAIT_GRACE_S", 0.2)
+    leaders = PatientLeaders()
+    leaders.silent.add(2)
+    leaders.fill(2)  # there all along; the first await at group 2 never says so
+
+    async def main() -> tuple[list[dict[str, Any]], float]:
+        c = ReceiveCoordinator(_empty_replicas(), leaders, _no_settle)  # type: ignore[arg-type]
+        started = time.monotonic()
+        got = await _receive(c, 5)
+        return got, time.monotonic() - started
+
+    got, took_s = asyncio.run(main())
+    assert [m["receipt"] for m in got] == ["8.1.0.1"]
+    assert took_s < 3, f"{took_s:.1f} s behind a peer that never answered"
+    assert leaders.awaits(2) == 2 and leaders.cancelled.count(2) == 1, (leaders.calls, leaders.cancelled)
+
+
+def test_a_lines_awaits_are_dropped_soon_after_its_last_receiver(monkeypatch: Any) -> None:
+    monkeypatch.setattr(receive_coordinator, "DISARM_AFTER_S", 0.1)
+    leaders = PatientLeaders()
+
+    async def main() -> ReceiveCoordinator:
+        c = ReceiveCoordinator(_empty_replicas(), leaders, _no_settle)  # type: ignore[arg-type]
+        assert await _receive(c, 0.3) == []
+        await asyncio.sleep(0.5)
+        return c
+
+    c = asyncio.run(main())
+    assert c._armed == {}
+    assert sorted(leaders.cancelled) == [1, 2]  # not left waiting at the leaders for their 5 s

@@ -79,6 +79,11 @@ class ClusterApi:
 
     async def add_node(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"id", "http", "raft"}, {"id", "http", "raft"})
+        for key in ("http", "raft"):
+            # ASCII digits only (the placement machine's rule stays as it was: old log entries).
+            port = body[key].rpartition(":")[2]
+            if not (port.isascii() and port.isdigit()):
+                raise bad(f"node {key} must be host:port with a port from 1 to 65535")
         if not self.api.router.leads(META):
             return await self.api.forward(request, META, orjson.dumps(body))
         await self._check_answers(body)
