@@ -44,15 +44,17 @@ from raftmq.cluster.api.metrics import (
     metrics_middleware,
 )
 from raftmq.cluster.api.openapi.spec import openapi_spec
+from raftmq.cluster.api.server_log import server_logger
 from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import META, group_sort_key
+from raftmq.cluster.config.cluster_file import Limits
 from raftmq.cluster.node.actions import METADATA_INDEX_HEADER
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.router import FORWARDED
 
-__all__ = ["create_app", "key_queue"]
+__all__ = ["create_app", "create_runner", "key_queue"]
 
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
 API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
@@ -184,3 +186,18 @@ def create_app(node: Node) -> web.Application:
     add_console_routes(app, api.cluster_view, tokens_required=node.config.security.enabled)
     add_sqs_routes(app, node, api, delivery)  # the Amazon SQS API: POST / (cluster/api/sqs/)
     return app
+
+
+def create_runner(app: web.Application, limits: Limits) -> web.AppRunner:
+    """The runner that serves ``app``: no access log; aiohttp's 400s for malformed HTTP counted, not
+    logged each (cluster/api/server_log.py); a connection with no request under way for
+    ``limits.http_idle_timeout_ms`` closed, from its accept on (an idle one, headers trickled) as
+    between requests (aiohttp's default here is an hour: a descriptor an hour per connection for
+    anyone who reaches the port, before any credential)."""
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        logger=server_logger(app),
+        keepalive_timeout=limits.http_idle_timeout_ms / 1000,
+    )

@@ -181,8 +181,7 @@ def _cannot_listen(who: str, problems: list[str]) -> str:
 async def _serve(config: ClusterConfig, node_id: str) -> None:
     from aiohttp import web
 
-    from raftmq.cluster.api.app import create_app
-    from raftmq.cluster.api.server_log import server_logger
+    from raftmq.cluster.api.app import create_app, create_runner
     from raftmq.cluster.config.tls import TlsError, server_context
     from raftmq.cluster.node.node import Node
     from raftmq.cluster.replication.raft import RaftBindError
@@ -216,8 +215,7 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
         except Exception as stop_error:
             log.warning("stop_after_failed_start_failed", node_id=node_id, error=str(stop_error))
         raise CannotOpenStores(_cannot_open(node_id, e)) from None
-    app = create_app(node)  # its log: aiohttp's 400s for malformed HTTP counted (cluster/api/server_log.py)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=server_logger(app))
+    runner = create_runner(create_app(node), node.config.limits)
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)
     site = web.TCPSite(runner, host, int(port), reuse_address=True, ssl_context=ssl_context)
