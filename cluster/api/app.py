@@ -25,6 +25,7 @@ from aiohttp import web
 
 from raftmq.cluster.api.auth import auth_middleware
 from raftmq.cluster.api.common import error_middleware, json_response
+from raftmq.cluster.api.connections import IDLE_KEY, IdleConnections, idle_middleware
 from raftmq.cluster.api.console import add_console_routes
 from raftmq.cluster.api.handlers.cluster import add_cluster_routes
 from raftmq.cluster.api.handlers.consumers import add_consumer_routes
@@ -133,9 +134,11 @@ def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
 
     api = Api(node)
+    idle = IdleConnections(node.config.limits.http_max_idle_connections, api.metrics.idle_closed.inc)
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
         middlewares=[
+            idle_middleware(idle),  # first: a request served in any middleware is one under way
             metrics_middleware,
             error_middleware,
             auth_middleware(
@@ -147,6 +150,7 @@ def create_app(node: Node) -> web.Application:
         ],
     )
     app[METRICS_KEY] = api.metrics
+    app[IDLE_KEY] = idle  # the listener counts connections in it (connections.listen)
 
     async def metadata_index(request: web.Request, response: web.StreamResponse) -> None:
         # A write a peer passed on: the metadata applied here after it, for the peer to wait for

@@ -179,9 +179,8 @@ def _cannot_listen(who: str, problems: list[str]) -> str:
 
 
 async def _serve(config: ClusterConfig, node_id: str) -> None:
-    from aiohttp import web
-
     from raftmq.cluster.api.app import create_app, create_runner
+    from raftmq.cluster.api.connections import listen
     from raftmq.cluster.config.tls import TlsError, server_context
     from raftmq.cluster.node.node import Node
     from raftmq.cluster.replication.raft import RaftBindError
@@ -218,9 +217,8 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
     runner = create_runner(create_app(node), node.config.limits)
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)
-    site = web.TCPSite(runner, host, int(port), reuse_address=True, ssl_context=ssl_context)
     try:
-        await site.start()
+        http = await listen(runner, host, int(port), ssl_context)  # idle connections bounded
     except OSError as e:
         await runner.cleanup()
         await node.stop()
@@ -234,6 +232,7 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping", node_id=node_id)
+    http.close()
     await runner.cleanup()
     await node.stop()
 
