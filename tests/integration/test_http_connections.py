@@ -7,11 +7,14 @@ that trickles its head a byte at a time and one left open after a complete reque
 once the idle time has passed (aiohttp's default under the node's runner was an hour each: a
 descriptor an hour per connection); over the cap of idle connections the oldest are closed at once
 (each could hold a request head of 1 MiB: 200 took 385 MB of a node); a long poll longer than the
-idle time, or under way while the cap is reached, is answered, not cut.
+idle time, or under way while the cap is reached, is answered, not cut. The open route that reads a
+body (``POST /internal/proof``) takes a small one only, and in time: a stranger's 4 MiB bodies
+(50 took 200 MB of a node), or a trickled one, held a request under way for good.
 """
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import threading
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.timeout(180)
 
 IDLE_S = 8.0
 MAX_IDLE = 8
+BODY_S = 3.0  # request_timeout_ms: a stranger's body must arrive within it
 LATE_S = 15.0  # slack past the idle time for a loaded machine (a leak: never closed)
 
 
@@ -36,6 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp: Path = tmp_path_factory.mktemp("cluster")
     limits = (
         f"[limits]\nhttp_idle_timeout_ms = {int(IDLE_S * 1000)}\nhttp_max_idle_connections = {MAX_IDLE}\n"
+        f"request_timeout_ms = {int(BODY_S * 1000)}\n"
     )
     with Cluster(tmp, nodes=1, queue_groups=1, extra_toml=limits) as c:
         c.start()
@@ -133,3 +138,30 @@ def test_over_the_cap_of_idle_connections_the_oldest_are_closed_and_requests_und
     closed = cluster.metric_sum("n1", "raftmq_http_idle_connections_closed_total") - closed_before
     assert closed >= 2 * MAX_IDLE
     assert cluster.get("/v1/topics/idle").status_code == 200
+
+
+def answer_of(s: socket.socket, within_s: float) -> bytes:
+    """What the node sends on ``s`` until it closes it or ``within_s`` passes."""
+    s.settimeout(within_s)
+    got = b""
+    with contextlib.suppress(TimeoutError, ConnectionResetError):
+        while chunk := s.recv(65536):
+            got += chunk
+    return got
+
+
+def test_open_proof_route_refuses_a_large_body_unread_and_a_trickled_one_in_time(cluster: Cluster) -> None:
+    head = b"POST /internal/proof HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    large, slow = connect(cluster), connect(cluster)
+    try:
+        large.sendall(head + b"Content-Length: 4000000\r\n\r\n" + b"a" * 65536)
+        slow.sendall(head + b"Content-Length: 60\r\n\r\n" + b'{"nonce": "')
+        assert b" 413 " in answer_of(large, 10).split(b"\r\n")[0]
+        answered = answer_of(slow, BODY_S + LATE_S)
+        assert answered.startswith(b"HTTP/1.1 400 ") and b"did not arrive" in answered, answered[:300]
+    finally:
+        large.close()
+        slow.close()
+    nonce = "n" * 32
+    r = cluster.post("/internal/proof", json={"nonce": nonce})  # the route still serves its callers
+    assert r.status_code == 200 and r.json()["proof"], r.text
