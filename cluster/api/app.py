@@ -25,6 +25,7 @@ from aiohttp import web
 
 from raftmq.cluster.api.auth import auth_middleware
 from raftmq.cluster.api.common import error_middleware, json_response
+from raftmq.cluster.api.connections import IDLE_KEY, IdleConnections, idle_middleware
 from raftmq.cluster.api.console import add_console_routes
 from raftmq.cluster.api.handlers.cluster import add_cluster_routes
 from raftmq.cluster.api.handlers.consumers import add_consumer_routes
@@ -44,15 +45,17 @@ from raftmq.cluster.api.metrics import (
     metrics_middleware,
 )
 from raftmq.cluster.api.openapi.spec import openapi_spec
+from raftmq.cluster.api.server_log import server_logger
 from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
 from raftmq.cluster.base.groups import META, group_sort_key
+from raftmq.cluster.config.cluster_file import Limits
 from raftmq.cluster.node.actions import METADATA_INDEX_HEADER
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.router import FORWARDED
 
-__all__ = ["create_app", "key_queue"]
+__all__ = ["create_app", "create_runner", "key_queue"]
 
 NODE_KEY: web.AppKey[Node] = web.AppKey("node", Node)
 API_KEY: web.AppKey[Api] = web.AppKey("api", object)  # type: ignore[arg-type]
@@ -131,9 +134,11 @@ def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
 
     api = Api(node)
+    idle = IdleConnections(node.config.limits.http_max_idle_connections, api.metrics.idle_closed.inc)
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
         middlewares=[
+            idle_middleware(idle),  # first: a request served in any middleware is one under way
             metrics_middleware,
             error_middleware,
             auth_middleware(
@@ -145,6 +150,7 @@ def create_app(node: Node) -> web.Application:
         ],
     )
     app[METRICS_KEY] = api.metrics
+    app[IDLE_KEY] = idle  # the listener counts connections in it (connections.listen)
 
     async def metadata_index(request: web.Request, response: web.StreamResponse) -> None:
         # A write a peer passed on: the metadata applied here after it, for the peer to wait for
@@ -184,3 +190,18 @@ def create_app(node: Node) -> web.Application:
     add_console_routes(app, api.cluster_view, tokens_required=node.config.security.enabled)
     add_sqs_routes(app, node, api, delivery)  # the Amazon SQS API: POST / (cluster/api/sqs/)
     return app
+
+
+def create_runner(app: web.Application, limits: Limits) -> web.AppRunner:
+    """The runner that serves ``app``: no access log; aiohttp's 400s for malformed HTTP counted, not
+    logged each (cluster/api/server_log.py); a connection with no request under way for
+    ``limits.http_idle_timeout_ms`` closed, from its accept on (an idle one, headers trickled) as
+    between requests (aiohttp's default here is an hour: a descriptor an hour per connection for
+    anyone who reaches the port, before any credential)."""
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        logger=server_logger(app),
+        keepalive_timeout=limits.http_idle_timeout_ms / 1000,
+    )

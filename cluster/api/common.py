@@ -31,6 +31,7 @@ __all__ = [
     "group_name",
     "json_response",
     "message_item",
+    "read_unknown_sender",
 ]
 
 log = structlog.get_logger(__name__)
@@ -128,3 +129,25 @@ def group_name(request: web.Request) -> str:
     if not 1 <= size <= commands.MAX_NAME_BYTES:
         raise bad(f"consumer group names are 1-{commands.MAX_NAME_BYTES} UTF-8 bytes")
     return group
+
+
+async def read_unknown_sender(request: web.Request, within_s: float, max_bytes: int | None = None) -> bytes:
+    """The body of a request whose sender is not known yet (an open route; SQS before its signature
+    is checked), within ``within_s`` (``limits.request_timeout_ms``) and, given ``max_bytes``, of a
+    ``Content-Length`` of at most that: a stranger can neither hold the request open by trickling
+    its body nor make the node buffer more than the route needs.
+
+    Raises:
+        ApiError: ``request_too_large`` over ``max_bytes`` (or no length given where it is
+            required), ``bad_request`` when the body did not arrive in time.
+    """
+    length = request.content_length
+    if max_bytes is not None and (length is None or length > max_bytes):
+        raise ApiError(
+            errors.REQUEST_TOO_LARGE, f"this route takes a body with a Content-Length of at most {max_bytes}"
+        )
+    try:
+        async with asyncio.timeout(within_s):
+            return await request.read()
+    except TimeoutError:
+        raise bad(f"the request body did not arrive within {within_s:g} s") from None

@@ -491,6 +491,11 @@ class Metrics:
             "HTTP requests the parser refused as malformed (answered 400; cluster/api/server_log.py)",
             registry=self.registry,
         )
+        self.idle_closed = Counter(
+            "raftmq_http_idle_connections_closed",
+            "HTTP connections with no request under way closed over limits.http_max_idle_connections",
+            registry=self.registry,
+        )
         self.registry.register(_RaftCollector(node))
         self.registry.register(_QueueCollector(node))
         self.registry.register(_StorageCollector(node))

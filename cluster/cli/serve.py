@@ -179,10 +179,8 @@ def _cannot_listen(who: str, problems: list[str]) -> str:
 
 
 async def _serve(config: ClusterConfig, node_id: str) -> None:
-    from aiohttp import web
-
-    from raftmq.cluster.api.app import create_app
-    from raftmq.cluster.api.server_log import server_logger
+    from raftmq.cluster.api.app import create_app, create_runner
+    from raftmq.cluster.api.connections import listen
     from raftmq.cluster.config.tls import TlsError, server_context
     from raftmq.cluster.node.node import Node
     from raftmq.cluster.replication.raft import RaftBindError
@@ -216,13 +214,11 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
         except Exception as stop_error:
             log.warning("stop_after_failed_start_failed", node_id=node_id, error=str(stop_error))
         raise CannotOpenStores(_cannot_open(node_id, e)) from None
-    app = create_app(node)  # its log: aiohttp's 400s for malformed HTTP counted (cluster/api/server_log.py)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=server_logger(app))
+    runner = create_runner(create_app(node), node.config.limits)
     await runner.setup()
     host, port = node.me.http.rsplit(":", 1)
-    site = web.TCPSite(runner, host, int(port), reuse_address=True, ssl_context=ssl_context)
     try:
-        await site.start()
+        http = await listen(runner, host, int(port), ssl_context)  # idle connections bounded
     except OSError as e:
         await runner.cleanup()
         await node.stop()
@@ -236,6 +232,7 @@ async def _serve(config: ClusterConfig, node_id: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping", node_id=node_id)
+    http.close()
     await runner.cleanup()
     await node.stop()
 

@@ -508,3 +508,28 @@ def test_streams_opening_and_closing_are_not_logged_at_the_default_level(c: Clus
     for nid in c.nodes:
         log = c.log(nid)
         assert "push_stream_opened" not in log and "push_stream_closed" not in log, nid
+
+
+def test_a_stream_asking_for_a_subprotocol_is_refused_before_upgrading_and_not_logged(c: Cluster) -> None:
+    """aiohttp logged each subprotocol it did not know, twice, the header quoted whole: a line per
+    request of any token holder, at twice the bytes it sent."""
+    c.create_topic("subprotocol", queues=1)
+    before = {nid: c.log(nid).count("Client protocols") for nid in c.nodes}
+
+    async def run() -> list[int]:
+        statuses = []
+        async with aiohttp.ClientSession() as session:
+            for i in range(3):
+                try:
+                    async with session.ws_connect(
+                        ws_url(c, stream_path("subprotocol", "g")), protocols=[f"{'x' * 4000}{i}"]
+                    ):
+                        statuses.append(101)
+                except aiohttp.WSServerHandshakeError as e:
+                    statuses.append(e.status)
+        return statuses
+
+    assert asyncio.run(asyncio.wait_for(run(), 60)) == [400, 400, 400]
+    headers = {"Sec-WebSocket-Protocol": "chat"}
+    assert_error(c.get(stream_path("subprotocol", "g"), headers=headers), 400, "bad_request")
+    assert {nid: c.log(nid).count("Client protocols") for nid in c.nodes} == before

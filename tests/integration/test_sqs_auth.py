@@ -237,6 +237,31 @@ def test_a_request_without_a_known_key_is_refused_before_its_body_is_read(secure
             assert code.encode() in answer.split(b"\r\n\r\n")[0], answer  # x-amzn-query-error
 
 
+def test_a_body_trickled_under_a_known_key_is_refused_at_the_request_timeout(secure: Cluster) -> None:
+    """A known key and a fresh date get the body read, before the signature can be checked: a body
+    that never arrives is answered after ``limits.request_timeout_ms`` (10 s here; the node waited
+    for it for good before), not held with the bytes it buffered."""
+    host, port = secure.nodes["n2"].http.split(":")
+    now = datetime.datetime.now(datetime.UTC)
+    scope = f"admin/{now:%Y%m%d}/eu-west-1/sqs/aws4_request"
+    signed = (
+        f"Authorization: AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=content-type;host;x-amz-date;"
+        f"x-amz-target, Signature={'0' * 64}\r\nX-Amz-Date: {now:%Y%m%dT%H%M%SZ}\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=40) as s:
+        s.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
+            b"X-Amz-Target: AmazonSQS.ListQueues\r\n" + signed + b"Content-Length: 1000000\r\n\r\n{"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:  # a timeout here: the node still waits for the body
+            chunk = s.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert b"did not arrive" in answer, answer
+
+
 def test_an_old_request_replayed_is_expired(secure: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request signed and captured 6 minutes ago, sent again now: RequestExpired, nothing done. The
     same request replayed within the window is accepted, as AWS does."""

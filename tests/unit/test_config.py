@@ -171,6 +171,19 @@ def test_unauthenticated_raft_connection_limits_have_defaults_and_bounds() -> No
     assert "limits.raft_auth_timeout_ms" in text and "limits.raft_max_unauthenticated" in text
 
 
+def test_http_idle_timeout_and_idle_connections_have_defaults_and_bounds() -> None:
+    c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
+    assert (c.limits.http_idle_timeout_ms, c.limits.http_max_idle_connections) == (75_000, 1024)
+    for key, wrong in [
+        ("http_idle_timeout_ms", 999),
+        ("http_idle_timeout_ms", 3_600_001),
+        ("http_max_idle_connections", 0),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3), "limits": {key: wrong}})
+        assert any(f"limits.{key}" in p for p in e.value.problems), e.value.problems
+
+
 def test_offset_retention_defaults_to_a_week_may_be_off_and_is_not_below_the_idle_time() -> None:
     c = parse_config({"cluster": {"secret": SECRET}, "nodes": nodes(3)})
     assert c.limits.offset_retention_ms == 7 * 24 * 3600 * 1000

@@ -32,7 +32,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from raftmq.cluster.api.common import json_response
+from raftmq.cluster.api.common import json_response, read_unknown_sender
 from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
 
 __all__ = ["ClusterApi", "add_cluster_routes"]
+
+MAX_PROOF_BODY_BYTES = 1024  # {"nonce": at most 128 characters}: a stranger's body, kept small
 
 
 class ClusterApi:
@@ -198,7 +200,8 @@ class ClusterApi:
         and addresses it asks about; a stranger learns no address of this node here (the proof is
         an HMAC under the peer key: it tells nothing of what it covers)."""
 
-        body = parse_json(await request.read())
+        within_s = self.node.config.limits.request_timeout_ms / 1000  # a stranger's body: small, in time
+        body = parse_json(await read_unknown_sender(request, within_s, MAX_PROOF_BODY_BYTES))
         nonce = body.get("nonce") if isinstance(body, dict) else None
         if not isinstance(nonce, str) or not 32 <= len(nonce) <= 128 or not nonce.isascii():
             raise bad('body must be {"nonce": "<32 to 128 characters>"}')

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, hdrs, web
 
 from raftmq.cluster import commands
 from raftmq.cluster.api.validation import bad, query_int
@@ -118,6 +118,11 @@ class PushApi:
         unknown = set(query) - {"visibility_ms", "heartbeat_ms"}
         if unknown:
             raise bad(f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+        if hdrs.SEC_WEBSOCKET_PROTOCOL in request.headers:
+            # aiohttp logs each subprotocol it does not know (twice, the header quoted whole): a
+            # line per request for any token holder. None is spoken, and a client asking for one
+            # fails a handshake that selects none anyway (RFC 6455, 4.1).
+            raise bad("the stream speaks no WebSocket subprotocol: send no Sec-WebSocket-Protocol")
         visibility_ms = query_int(
             query, "visibility_ms", limits.default_visibility_ms, 1, limits.max_visibility_ms
         )

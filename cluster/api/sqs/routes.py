@@ -10,7 +10,7 @@ import structlog
 from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL
-from raftmq.cluster.api.common import client_gone
+from raftmq.cluster.api.common import client_gone, read_unknown_sender
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import sigv4
@@ -64,7 +64,8 @@ class SqsHandler:
             self.credentials,
         )
         # Only a request with a known key, a fresh date and its headers signed gets its body read.
-        body = await request.read()  # aiohttp keeps the bytes for the form or JSON reading
+        # In time: the sender is not known yet (aiohttp keeps the bytes for the form or JSON reading).
+        body = await read_unknown_sender(request, self.node.config.limits.request_timeout_ms / 1000)
         verified = sigv4.check_signature(
             claimed,
             request.method,
