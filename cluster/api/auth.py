@@ -314,18 +314,27 @@ def _only_visible_topics(response: web.StreamResponse, grant: TokenGrant) -> web
     if not isinstance(response.body, bytes):
         return response
     data = orjson.loads(response.body)
-    data["topics"] = [t for t in data.get("topics", []) if grant.allows_any(_permission_name(t))]
+    topics = data.get("topics", [])
+    by_name = {str(t.get("name")): t for t in topics}
+    data["topics"] = [t for t in topics if grant.allows_any(_permission_name(t, by_name))]
     return web.Response(
         body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE), status=200, content_type="application/json"
     )
 
 
-def _permission_name(item: dict[str, Any]) -> str:
-    """The name a listed topic's permissions go by: a dead-letter topic's source (the list names it)."""
-    source = item.get("dead_letter_of")
-    if isinstance(source, dict) and isinstance(source.get("topic"), str):
-        return str(source["topic"])
-    return str(item.get("name"))
+def _permission_name(item: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
+    """The name a listed topic's permissions go by, as ``machines.topics.permission_names`` finds
+    it: a dead-letter topic's source (the list names it), followed through the sources the list
+    shows as dead-letter topics themselves."""
+    name, seen = str(item.get("name")), set()
+    while name not in seen:
+        seen.add(name)
+        source = item.get("dead_letter_of")
+        if not (isinstance(source, dict) and isinstance(source.get("topic"), str)):
+            break
+        name = source["topic"]
+        item = by_name.get(name, {})
+    return name
 
 
 class _RefusalLog:

@@ -25,6 +25,7 @@ from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
+from raftmq.cluster.machines.topics import permission_names
 from raftmq.cluster.node.actions import raft_error
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.router import FORWARDED, Forwarded, LeaderRouter, body_error
@@ -113,26 +114,13 @@ class ApiCore:
         return t
 
     async def permission_names(self, name: str, creating: bool = False) -> list[str]:
-        """The topic names a token's permissions on topic ``name`` are checked against
-        (``cluster/api/auth.py``): a recorded dead-letter topic answers for its source, so the name
-        it was built from (``<source>.<group>.dlq``, which a pattern such as ``payments.*`` matches)
-        grants nothing on ``payments``'s dead letters. A dead-letter topic whose source was deleted
-        is a topic of its own. ``creating``: the name of a topic to create, which must also be
-        allowed on every existing topic it could be the dead-letter topic of (a topic made first
-        under that name would make the source's dead letters answer ``dead_letter_topic_conflict``).
-        """
+        """The topic names a token's permissions on topic ``name`` are checked against: on every
+        road (``cluster/api/auth.py``, the SQS API's ``access.py``, the handlers that weigh a token
+        themselves), :func:`~raftmq.cluster.machines.topics.permission_names` over every topic
+        (a dead-letter topic answers for its first source). ``creating``: ``name`` is to be made."""
         if not name.endswith(".dlq") or validate_topic_name(name):
-            return [name]  # only ensure_dlq_topic records sources, and its names end in .dlq
-        topics = await self._topic_table(None if creating else name)
-        if creating:
-            stem = name[: -len(".dlq")]
-            sources = [stem[:i] for i in range(1, len(stem) - 1) if stem[i] == "." and stem[:i] in topics]
-            return [name, *sources]
-        t = topics.get(name)
-        if t is None or t.dead_letter_of is None:
             return [name]
-        source = next((s for s in topics.values() if s.id == t.dead_letter_of[0]), None)
-        return [name if source is None else source.name]
+        return permission_names(name, await self._topic_table(None if creating else name), creating=creating)
 
     async def _topic_table(self, wanted: str | None) -> dict[str, Topic]:
         """Every topic by name, from this node's metadata replica; from the metadata leader's where

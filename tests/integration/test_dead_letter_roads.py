@@ -100,3 +100,11 @@ def test_a_node_without_a_metadata_replica_guards_a_dead_letter_topic_by_its_sou
     eu = dead_letter_one(c, "ledger.eu", "eu-secret")
     r = c.call_as(GLOB, "GET", f"/v1/topics/{eu}/queues/0/messages?offset=0&max=100", NO_META)
     assert r.status_code == 200 and [m["value"] for m in r.json()["messages"]] == ["eu-secret"], r.text
+
+
+def test_the_dead_letters_of_a_dead_letter_topic_go_by_the_first_sources_name(c: Cluster) -> None:
+    dlq = dead_letter_one(c, "ledger", "ledger-secret", group="vault")  # ledger.vault.dlq
+    nested = dead_letter_one(c, dlq, "nested-secret", group="g")  # ledger.vault.dlq.g.dlq: ledger's too
+    glob_refused_everywhere(c, nested, list(c.nodes))
+    r = c.get(f"/v1/topics/{nested}/queues/0/messages?offset=0&max=100")
+    assert [m["value"] for m in r.json()["messages"]] == ["nested-secret"], r.text  # nothing injected
