@@ -122,6 +122,13 @@ class ApiCore:
             return [name]
         return permission_names(name, await self._topic_table(None if creating else name), creating=creating)
 
+    def permission_names_here(self, name: str) -> list[str]:
+        """:meth:`permission_names` from this node's metadata replica alone: for the checks of the
+        metadata leader (the group coordinator's), which holds the replica and must not wait."""
+        machine = self.node.metadata
+        assert machine is not None, "only a node with a metadata replica checks here"
+        return permission_names(name, {t.name: t for t in machine.topics()})
+
     async def _topic_table(self, wanted: str | None) -> dict[str, Topic]:
         """Every topic by name, from this node's metadata replica; from the metadata leader's where
         this node holds none (a node beyond the metadata group's five, or added later) or its

@@ -5,9 +5,11 @@ metadata group (n4, added to three nodes later), as through the others. ``ledger
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from .cluster_changes import placement, run_change
 from .harness import Cluster, tokens_toml
@@ -16,9 +18,13 @@ pytestmark = pytest.mark.timeout(300)
 
 ADMIN = "admin-token-Hq7Wd2Lm9Xc4Vb8Nz"
 GLOB = "ledger-glob-token-Pk3Rt6Yu1Ao5Se"  # everything on ledger.* (ledger.eu, ...), nothing on ledger
+OWNER = "ledger-owner-token-Mz8Qw2Er5Ty9Ui"  # consume and produce on ledger (and its dead letters)
+MIXED = "ledger-mixed-token-Lk4Jh7Gf1Ds3Ap"  # consume on ledger, admin on ledger.* only
 TOKENS = [
     ("admin", ADMIN, '["*"]', '["*"]', '["*"]'),
     ("ledger-glob", GLOB, '["ledger.*"]', '["ledger.*"]', '["ledger.*"]'),
+    ("ledger-owner", OWNER, "[]", '["ledger"]', '["ledger"]'),
+    ("ledger-mixed", MIXED, '["ledger.*"]', "[]", '["ledger"]'),
 ]
 CONFIG = "[delivery]\nmax_deliveries = 1\nbackoff_ms = [100]\ntick_ms = 100\n" + tokens_toml(TOKENS)
 NO_META = "n4"
@@ -108,3 +114,36 @@ def test_the_dead_letters_of_a_dead_letter_topic_go_by_the_first_sources_name(c:
     glob_refused_everywhere(c, nested, list(c.nodes))
     r = c.get(f"/v1/topics/{nested}/queues/0/messages?offset=0&max=100")
     assert [m["value"] for m in r.json()["messages"]] == ["nested-secret"], r.text  # nothing injected
+
+
+def test_a_token_with_admin_on_a_pattern_matching_a_dead_letter_name_cannot_act_on_its_group_members(
+    c: Cluster,
+) -> None:
+    dlq = dead_letter_one(c, "ledger", "member-secret", group="members")  # ledger.members.dlq
+    r = c.post("/v1/topics", {"name": "ledger.eu", "queues": 1})
+    assert r.status_code in (201, 409), r.text
+
+    def join(token: str, topics: list[str], node: str | None = None) -> requests.Response:
+        body = {"member_id": "m-owner", "topics": topics}
+        return c.call_as(token, "POST", "/v1/groups/grp/members", node, json=body)
+
+    assert join(OWNER, [dlq]).status_code == 200
+    for node in c.nodes:  # the coordinator and forwarding nodes alike
+        leave = c.call_as(GLOB, "DELETE", "/v1/groups/grp/members/m-owner", node)
+        for r in (leave, join(GLOB, ["ledger.eu"], node)):
+            assert r.status_code == 403 and r.json()["error"]["code"] == "member_not_owned", (node, r.text)
+    r = join(OWNER, [dlq])  # its owner's member, untouched: still consuming ledger's dead letters
+    assert r.status_code == 200 and r.json()["assignment"] == {dlq: [0]}, r.text
+    r = c.call_as(OWNER, "DELETE", "/v1/groups/grp/members/m-owner")
+    assert r.status_code == 200 and r.json()["left"] is True, r.text
+
+
+def test_admin_on_a_pattern_matching_a_dead_letter_name_configures_no_group_there(c: Cluster) -> None:
+    dlq = dead_letter_one(c, "ledger", "made-secret", group="made")  # ledger.made.dlq: MIXED consumes it
+    r = c.call_as(MIXED, "POST", sub(dlq, "h", "receive"), json={"wait_ms": 10_000, "max": 1})
+    assert r.status_code == 200, r.text
+    (m,) = r.json()["messages"]
+    r = c.call_as(MIXED, "POST", sub(dlq, "h", "nack"), json={"receipts": [m["receipt"]]})
+    assert r.json()["results"] == [{"receipt": m["receipt"], "ok": True, "parked": True}], r.text
+    time.sleep(3)  # looked at again after 1 s and reported: a consumer's group creates no topic
+    assert f"{dlq}.h.dlq" not in {t["name"] for t in c.get("/v1/topics").json()["topics"]}
