@@ -48,7 +48,7 @@ from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs.wire import CREDENTIALS_PATH, QUEUE_ROUTE
 from raftmq.cluster.base import errors
-from raftmq.cluster.base.errors import ErrorCode, error_body
+from raftmq.cluster.base.errors import ApiError, ErrorCode, error_body
 from raftmq.cluster.config.keys import (
     BACKUP_HEADER,
     BACKUP_ROUTES,
@@ -174,8 +174,9 @@ def auth_middleware(
 ) -> Any:
     """The middleware for a node with the cluster's keys ``keys`` and tokens ``security``;
     ``names`` maps a topic to the names its permissions are checked against. A request naming more
-    than ``max_topics`` topics (``limits.max_topics_per_request``, which its handler refuses) has
-    none of them looked up: the token needs the permission on some topic to be told so."""
+    than ``max_topics`` topics (``limits.max_topics_per_request``) has none of them looked up and
+    is refused here (413 ``request_too_large``; 403 for a token with the permission on no topic),
+    whatever limit its handler has: no request reaches a handler with a topic left unchecked."""
     refusals = _RefusalLog()
     # Read once: the configuration is frozen, and a route's rule depends on its method and pattern
     # only (a matched route's methods are the registered ones: few keys).
@@ -241,7 +242,8 @@ def auth_middleware(
 async def _missing_permission(
     rule: Rule, grant: TokenGrant, request: web.Request, names: TopicNames, max_topics: int
 ) -> str | None:
-    """None when ``grant`` may make the request, else why not (without any secret)."""
+    """None when ``grant`` may make the request, else why not (without any secret); a request
+    naming more than ``max_topics`` topics raises ``request_too_large`` once the token passes."""
     if rule.kind in ("token", "metrics"):
         return None
     if rule.kind != "topic":
@@ -250,7 +252,8 @@ async def _missing_permission(
         return f'token {grant.name!r} lacks cluster admin (admin = ["*"]) for {request.method} {request.path}'
     creating = rule.source == CREATE_SOURCE
     topics = await _topics(rule.source, request)
-    if len(topics) > max_topics:
+    count = len(topics)
+    if count > max_topics:  # none is looked up, and the request goes no further (below)
         topics = [None]
     checked: list[str | None] = []
     for topic in topics:
@@ -261,6 +264,12 @@ async def _missing_permission(
             what = " or ".join(rule.needs) if rule.any_of else " and ".join(rule.needs)
             on = "any topic" if topic is None else f"topic {topic!r}"
             return f"token {grant.name!r} lacks {what} permission on {on}"
+    if count > max_topics:  # refused here, whatever the handler's own limit: no topic goes unchecked
+        raise ApiError(
+            errors.REQUEST_TOO_LARGE,
+            f"{count} topics in one request; the limit is {max_topics}",
+            limit=max_topics,
+        )
     return None
 
 
@@ -314,18 +323,27 @@ def _only_visible_topics(response: web.StreamResponse, grant: TokenGrant) -> web
     if not isinstance(response.body, bytes):
         return response
     data = orjson.loads(response.body)
-    data["topics"] = [t for t in data.get("topics", []) if grant.allows_any(_permission_name(t))]
+    topics = data.get("topics", [])
+    by_name = {str(t.get("name")): t for t in topics}
+    data["topics"] = [t for t in topics if grant.allows_any(_permission_name(t, by_name))]
     return web.Response(
         body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE), status=200, content_type="application/json"
     )
 
 
-def _permission_name(item: dict[str, Any]) -> str:
-    """The name a listed topic's permissions go by: a dead-letter topic's source (the list names it)."""
-    source = item.get("dead_letter_of")
-    if isinstance(source, dict) and isinstance(source.get("topic"), str):
-        return str(source["topic"])
-    return str(item.get("name"))
+def _permission_name(item: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
+    """The name a listed topic's permissions go by, as ``machines.topics.permission_names`` finds
+    it: a dead-letter topic's source (the list names it), followed through the sources the list
+    shows as dead-letter topics themselves."""
+    name, seen = str(item.get("name")), set()
+    while name not in seen:
+        seen.add(name)
+        source = item.get("dead_letter_of")
+        if not (isinstance(source, dict) and isinstance(source.get("topic"), str)):
+            break
+        name = source["topic"]
+        item = by_name.get(name, {})
+    return name
 
 
 class _RefusalLog:

@@ -25,6 +25,7 @@ from raftmq.cluster.base.errors import ApiError, RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
+from raftmq.cluster.machines.topics import permission_names
 from raftmq.cluster.node.actions import raft_error
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.router import FORWARDED, Forwarded, LeaderRouter, body_error
@@ -113,57 +114,73 @@ class ApiCore:
         return t
 
     async def permission_names(self, name: str, creating: bool = False) -> list[str]:
-        """The topic names a token's permissions on topic ``name`` are checked against
-        (``cluster/api/auth.py``): a recorded dead-letter topic answers for its source, so the name
-        it was built from (``<source>.<group>.dlq``, which a pattern such as ``payments.*`` matches)
-        grants nothing on ``payments``'s dead letters. A dead-letter topic whose source was deleted
-        is a topic of its own. ``creating``: the name of a topic to create, which must also be
-        allowed on every existing topic it could be the dead-letter topic of (a topic made first
-        under that name would make the source's dead letters answer ``dead_letter_topic_conflict``).
-        """
+        """The topic names a token's permissions on topic ``name`` are checked against: on every
+        road (``cluster/api/auth.py``, the SQS API's ``access.py``, the handlers that weigh a token
+        themselves), :func:`~raftmq.cluster.machines.topics.permission_names` over every topic
+        (a dead-letter topic answers for its first source). ``creating``: ``name`` is to be made."""
         if not name.endswith(".dlq") or validate_topic_name(name):
-            return [name]  # only ensure_dlq_topic records sources, and its names end in .dlq
-        machine = self.node.metadata
-        if creating:  # a lookup per dot, not a pass over every topic: a bulk create asks per name
-            stem = name[: -len(".dlq")]
-            sources = [
-                stem[:i]
-                for i in range(1, len(stem) - 1)
-                if stem[i] == "." and machine is not None and machine.topic(stem[:i]) is not None
-            ]
-            return [name, *sources]
-        topics = {} if machine is None else {t.name: t for t in machine.topics()}
-        t = topics.get(name)
-        if t is None:  # not seen here yet (a lagging replica): ask the metadata leader
-            t = await self.topic_linearizable(name)
-        if t is None or t.dead_letter_of is None:
             return [name]
-        source = next((s for s in topics.values() if s.id == t.dead_letter_of[0]), None)
-        return [name if source is None else source.name]
+        return permission_names(name, await self._topic_table(None if creating else name), creating=creating)
+
+    def permission_names_here(self, name: str) -> list[str]:
+        """:meth:`permission_names` from this node's metadata replica alone: for the checks of the
+        metadata leader (the group coordinator's), which holds the replica and must not wait."""
+        machine = self.node.metadata
+        assert machine is not None, "only a node with a metadata replica checks here"
+        return permission_names(name, {t.name: t for t in machine.topics()})
+
+    async def _topic_table(self, wanted: str | None) -> dict[str, Topic]:
+        """Every topic by name, from this node's metadata replica; from the metadata leader's where
+        this node holds none (a node beyond the metadata group's five, or added later) or its
+        replica does not know ``wanted`` yet (a lagging replica). Never an empty table for want of
+        a replica: a dead-letter topic would then go by its own name on this node."""
+        machine = self.node.metadata
+        if machine is not None:
+            table = {t.name: t for t in machine.topics()}
+            if wanted is None or wanted in table:
+                return table
+        return {t.name: t for t in await self.topics_at_leader()}
+
+    async def topics_at_leader(self) -> list[Topic]:
+        """Every topic in the metadata leader's replica (here: after a barrier)."""
+        if self.router.leads(META):
+            await self._metadata_barrier()
+            assert self.node.metadata is not None
+            return self.node.metadata.topics()
+        data = await self._at_metadata_leader("/internal/topics", "the topic list")
+        assert data is not None
+        return [Topic.from_json(t) for t in orjson.loads(data)["topics"]]
 
     async def topic_linearizable(self, name: str) -> Topic | None:
         if self.router.leads(META):
-            outcome = await self.node.propose(META, commands.noop())  # barrier: see all earlier writes
-            if outcome.error:
-                raise raft_error(outcome.error, "metadata barrier failed", outcome.definite)
+            await self._metadata_barrier()
             assert self.node.metadata is not None
             return self.node.metadata.topic(name)
+        path = f"/internal/topics/{urllib.parse.quote(name, safe='')}"
+        data = await self._at_metadata_leader(path, f"topic {name!r}")
+        return None if data is None else Topic.from_json(orjson.loads(data))
+
+    async def _metadata_barrier(self) -> None:
+        outcome = await self.node.propose(META, commands.noop())  # barrier: see all earlier writes
+        if outcome.error:
+            raise raft_error(outcome.error, "metadata barrier failed", outcome.definite)
+
+    async def _at_metadata_leader(self, path: str, what: str) -> bytes | None:
+        """The answer of the metadata leader's ``GET path`` (None: 404)."""
         leader = await self.router.wait_leader(META, 3.0)
         try:
-            status, data, _ = await self.node.peer_request(
-                "GET", leader, f"/internal/topics/{urllib.parse.quote(name, safe='')}", timeout_s=5.0
-            )
+            status, data, _ = await self.node.peer_request("GET", leader, path, timeout_s=5.0)
         except (aiohttp.ClientError, TimeoutError, OSError):
             # The leader known here is gone (killed, or cut off): a read, so nothing was done.
             self.node.forget_peer_status()
             raise ApiError(
-                errors.UNAVAILABLE, f"cannot reach the metadata leader {leader.id} to look up topic {name!r}"
+                errors.UNAVAILABLE, f"cannot reach the metadata leader {leader.id} to look up {what}"
             ) from None
         if status == 404:
             return None
         if status != 200:
             raise body_error(status, data)
-        return Topic.from_json(orjson.loads(data))
+        return data
 
     async def describe(self, topic: Topic) -> dict[str, Any]:
         """The topic and its queues (leader, replicas, low and high offsets), as ``GET

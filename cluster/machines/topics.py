@@ -6,6 +6,7 @@ No I/O, no clock."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "migrate_dead_letter_records",
     "new_topic",
     "opt_int",
+    "permission_names",
     "validate_attributes",
     "validate_tags",
     "validate_topic_name",
@@ -125,6 +127,32 @@ def migrate_dead_letter_records(topics: dict[str, Topic]) -> dict[str, Topic]:
                 out[t.name] = replace(t, dead_letter_of=(source.id, group))
                 break
     return out
+
+
+def permission_names(name: str, topics: Mapping[str, Topic], *, creating: bool = False) -> list[str]:
+    """The topic names a token's permission on topic ``name`` is checked against, given every topic
+    by name (``docs/security.md``, "Permissions"). A dead-letter topic answers for its source, found
+    by its record (never by its name, which ``payments.*`` matches in ``payments.billing.dlq``), and
+    followed to a topic that records none: the dead-letter topic of a dead-letter topic
+    (``payments.billing.dlq.g.dlq``) answers for ``payments`` too. A source that was deleted ends the
+    walk: the last topic found goes by its own name. ``creating``: a topic to create must also be
+    allowed on every existing topic it could be the dead-letter topic of (each as it answers). Pure."""
+    if not name.endswith(".dlq") or validate_topic_name(name):
+        return [name]  # only ensure_dlq_topic records sources, and its names end in .dlq
+    if creating:
+        stem = name[: -len(".dlq")]
+        sources = [stem[:i] for i in range(1, len(stem) - 1) if stem[i] == "." and stem[:i] in topics]
+        return [name, *(n for source in sources for n in permission_names(source, topics))]
+    topic = topics.get(name)
+    by_id = {t.id: t for t in topics.values()} if topic is not None and topic.dead_letter_of else {}
+    seen: set[int] = set()
+    while topic is not None and topic.dead_letter_of is not None and topic.id not in seen:
+        seen.add(topic.id)
+        source = by_id.get(topic.dead_letter_of[0])
+        if source is None:
+            break
+        topic = source
+    return [name if topic is None else topic.name]
 
 
 def validate_attributes(attributes: Any, *, removals: bool) -> str | None:

@@ -28,6 +28,7 @@ SECURITY_TOML = f"""
 [limits]
 max_members_per_token = 3
 max_members_per_topic = 5
+max_topics_per_request = 2
 
 [security]
 [[security.tokens]]
@@ -146,6 +147,16 @@ def test_another_token_can_neither_rejoin_nor_remove_a_member_unless_admin_on_al
     r = leave(c, OPS_TOKEN, "billing", "ledger-1", "n3")
     assert r.status_code == 200 and r.json()["left"] is True, r.text
     assert members(c, ADMIN_TOKEN, "payments", "billing")["state"] == "empty"
+
+
+def test_a_join_naming_more_topics_than_a_request_may_is_refused_whole(c: Cluster) -> None:
+    # Over limits.max_topics_per_request (2) the names are not looked up one by one: the join must
+    # then go no further, though the coordinator itself takes up to 100 topics.
+    for node in c.nodes:
+        r = join(c, INTRUDER_TOKEN, "billing", "intruder-many", ["payments", "payments.eu", "crowded"], node)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", (node, r.text)
+    r = leave(c, ADMIN_TOKEN, "billing", "intruder-many")
+    assert r.status_code == 200 and r.json()["left"] is False, r.text  # never joined
 
 
 def test_a_client_body_cannot_name_the_token_a_member_acts_for(c: Cluster) -> None:

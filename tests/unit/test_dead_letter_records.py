@@ -11,6 +11,7 @@ from test_delivery_storage import meta_apply
 
 from raftmq.cluster import commands
 from raftmq.cluster.machines.metadata import MetadataMachine, Topic
+from raftmq.cluster.machines.topics import permission_names
 from raftmq.cluster.machines.views import consumer_queues
 from raftmq.storage import keys
 from raftmq.storage.memory import MemoryStore
@@ -70,6 +71,31 @@ def test_a_dead_letter_topic_records_its_source_and_a_dotted_group_cannot_take_a
         again.dead_letter_topic(eu.id, "billing") == dlq
         and again.topic("payments.ops.dlq").dead_letter_of is None
     )  # type: ignore[union-attr]
+
+
+def test_a_dead_letter_topic_of_a_dead_letter_topic_answers_for_the_first_source() -> None:
+    machine = MetadataMachine(MemoryStore())
+    topics(machine, "ledger", "ledger.eu")
+    ensure(machine, "ledger", "billing")
+    ensure(machine, "ledger.billing.dlq", "g")
+    ensure(machine, "ledger.billing.dlq.g.dlq", "h")
+    table = {t.name: t for t in machine.topics()}
+    # ledger.* matches every one of these names: each must answer for ledger itself.
+    for name in ("ledger.billing.dlq", "ledger.billing.dlq.g.dlq", "ledger.billing.dlq.g.dlq.h.dlq"):
+        assert permission_names(name, table) == ["ledger"], name
+    assert permission_names("ledger.eu", table) == ["ledger.eu"]
+    assert permission_names("ledger.other.dlq", table) == ["ledger.other.dlq"]  # no such topic
+    # Creating under a dead-letter name: also each existing topic it could be the dead letters of.
+    assert permission_names("ledger.billing.dlq.x.dlq", table, creating=True) == [
+        "ledger.billing.dlq.x.dlq",
+        "ledger",
+        "ledger",  # ledger.billing.dlq, as it answers
+    ]
+    # A source deleted ends the walk: the last topic found goes by its own name.
+    meta_apply(machine, machine.applied_index + 1, op="delete_topic", name="ledger")
+    table = {t.name: t for t in machine.topics()}
+    assert permission_names("ledger.billing.dlq.g.dlq", table) == ["ledger.billing.dlq"]
+    assert permission_names("ledger.billing.dlq", table) == ["ledger.billing.dlq"]
 
 
 def test_a_deleted_source_leaves_its_dead_letter_topic_to_no_new_topic_of_that_name() -> None:

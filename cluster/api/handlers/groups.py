@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -145,11 +145,18 @@ def _caller(node: Node, request: web.Request, forwarded_body: bytes) -> TokenGra
     return grant
 
 
-def _check_owner(grant: TokenGrant | None, member: Member | None, group: str) -> None:
+def _allows(api: ApiCore, grant: TokenGrant, permission: str, topics: Iterable[str]) -> bool:
+    """``grant`` has ``permission`` on every topic of ``topics`` as the routes check it (a
+    dead-letter topic by its source's name: ``ApiCore.permission_names``). At the coordinator,
+    which holds the metadata replica."""
+    return all(grant.allows(permission, n) for t in topics for n in api.permission_names_here(t))
+
+
+def _check_owner(api: ApiCore, grant: TokenGrant | None, member: Member | None, group: str) -> None:
     """Refuse ``grant`` acting on another token's ``member`` unless it is admin on all its topics."""
     if grant is None or member is None or member.owner is None or member.owner == grant.name:
         return
-    if member.topics and all(grant.allows(ADMIN, t) for t in member.topics):
+    if member.topics and _allows(api, grant, ADMIN, member.topics):
         return
     raise ApiError(
         errors.MEMBER_NOT_OWNED,
@@ -206,7 +213,7 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         # No await from here on: the owner and cap checks hold for the heartbeat they guard.
         membership.set_term(coordinator_term())
         now = now_ms()
-        _check_owner(grant, membership.member(group, member_id, now), group)
+        _check_owner(api, grant, membership.member(group, member_id, now), group)
         owner = None if grant is None else grant.name
         over = membership.admit(group, member_id, topics, owner, now)
         if over is not None:
@@ -228,11 +235,11 @@ def add_group_routes(app: web.Application, node: Node, api: ApiCore) -> None:
         grant = _caller(node, request, await request.read())
         membership.set_term(coordinator_term())
         member = membership.member(group, member_id, now_ms())
-        _check_owner(grant, member, group)
+        _check_owner(api, grant, member, group)
         topics = member.topics if member is not None else ()
         if grant is not None:
             for topic in topics:
-                if not grant.allows(CONSUME, topic):
+                if not _allows(api, grant, CONSUME, [topic]):
                     raise ApiError(
                         errors.FORBIDDEN,
                         f"token {grant.name!r} lacks consume permission on topic {topic!r}, "

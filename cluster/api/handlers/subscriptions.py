@@ -129,7 +129,7 @@ class SubscriptionsApi:
         )
         return None if result is None else Topic.from_json(result["topic"])
 
-    def _made_by(self, request: web.Request | None, topic: Topic) -> tuple[bool, str | None]:
+    async def _made_by(self, request: web.Request | None, topic: Topic) -> tuple[bool, str | None]:
         """``(configured, creator)`` of a subscription a receive or push stream makes: configured
         without tokens or for a token with ``admin`` on the topic; else made by the token. A request
         a peer forwarded carries no token: the entry node stored the subscription before forwarding."""
@@ -138,8 +138,8 @@ class SubscriptionsApi:
         grant = None if request is None else request.get(PRINCIPAL)
         if grant is None:
             return False, None
-        if grant.allows(ADMIN, topic.name):
-            return True, None
+        if all(grant.allows(ADMIN, n) for n in await self.api.permission_names(topic.name)):
+            return True, None  # as the routes check it: a dead-letter topic by its source's name
         return False, grant.name
 
     def known(self, topic: Topic, group: str) -> bool:
@@ -157,7 +157,7 @@ class SubscriptionsApi:
         key = (topic.id, group)
         if self._subscribed.fresh(key, time.monotonic()):
             return
-        configured, creator = self._made_by(request, topic)
+        configured, creator = await self._made_by(request, topic)
         await self._subscribe(
             topic, group, None, None, create_dlq=False, configured=configured, creator=creator
         )
