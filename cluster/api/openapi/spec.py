@@ -467,8 +467,9 @@ def _paths(limits: Limits) -> dict[str, Any]:
                 "Join a consumer group or heartbeat; answers this member's queues (clustering mode). "
                 "With tokens a member belongs to the token that created it: another token's heartbeat "
                 "under its id is 403 member_not_owned (unless admin on all its topics); a new member "
-                "beyond limits.max_members_per_token or max_members_per_topic is 409 too_many_members",
-                {"200": _json(_ref("Membership"), "assignment"), **_errors(400, 404, 409, *RAFT_ERRORS)},
+                "beyond limits.max_members_per_token or max_members_per_topic is 409 too_many_members; "
+                "more topics than limits.max_topics_per_request is 413 request_too_large",
+                {"200": _json(_ref("Membership"), "assignment"), **_errors(400, 404, 409, 413, *RAFT_ERRORS)},
                 params=(GROUP,),
                 body=_obj(
                     {
