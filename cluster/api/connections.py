@@ -26,6 +26,7 @@ from aiohttp.typedefs import Middleware
 __all__ = ["IDLE_KEY", "IdleConnections", "idle_middleware", "listen"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+TLS_HANDSHAKE_S = 10.0  # a TLS handshake not done by then is dropped (it is not counted as idle)
 
 
 class IdleConnections:
@@ -74,6 +75,8 @@ def idle_middleware(idle: IdleConnections) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         idle.busy(request.protocol)
         try:
+            # (An answer aiohttp writes after this returns is in the transport's buffer, which
+            # closing the connection for the cap flushes first: it is not cut.)
             return await handler(request)
         finally:
             idle.done(request.protocol)
@@ -116,6 +119,15 @@ async def listen(
     ``IDLE_KEY``. Close the returned server before ``runner.cleanup()``, as a site is stopped."""
     server, idle = runner.server, runner.app[IDLE_KEY]
     assert server is not None, "the runner is set up"
+    # A TLS connection is made (and counted) once its handshake is done: a handshake gets
+    # TLS_HANDSHAKE_S, not asyncio's default minute.
+    handshake_s = TLS_HANDSHAKE_S if ssl_context is not None else None
     return await asyncio.get_running_loop().create_server(
-        lambda: _Counted(server(), idle), host, port, ssl=ssl_context, reuse_address=True, backlog=128
+        lambda: _Counted(server(), idle),
+        host,
+        port,
+        ssl=ssl_context,
+        reuse_address=True,
+        backlog=128,
+        ssl_handshake_timeout=handshake_s,
     )

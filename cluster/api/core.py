@@ -139,7 +139,16 @@ class ApiCore:
             table = {t.name: t for t in machine.topics()}
             if wanted is None or wanted in table:
                 return table
-        return {t.name: t for t in await self.topics_at_leader()}
+            if await self.topic_linearizable(wanted) is None:
+                return table  # no such topic at the leader either: no list fetched for a made-up name
+        table = {t.name: t for t in await self.topics_at_leader()}
+        if wanted is not None and wanted not in table:
+            # The list is any replica's at the leader's node, which may not have applied the
+            # topic yet: the topic itself read after a barrier, so a new one goes by its source.
+            found = await self.topic_linearizable(wanted)
+            if found is not None:
+                table[found.name] = found
+        return table
 
     async def topics_at_leader(self) -> list[Topic]:
         """Every topic in the metadata leader's replica (here: after a barrier)."""

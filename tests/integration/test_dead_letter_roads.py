@@ -147,3 +147,20 @@ def test_admin_on_a_pattern_matching_a_dead_letter_name_configures_no_group_ther
     assert r.json()["results"] == [{"receipt": m["receipt"], "ok": True, "parked": True}], r.text
     time.sleep(3)  # looked at again after 1 s and reported: a consumer's group creates no topic
     assert f"{dlq}.h.dlq" not in {t["name"] for t in c.get("/v1/topics").json()["topics"]}
+
+
+def test_a_made_up_dead_letter_name_costs_no_topic_list_at_the_leader(c: Cluster) -> None:
+    """A name that looks like a dead-letter topic and is none, through a node with a replica that
+    does not know it: the node asks the metadata leader for that one topic, not for every topic
+    (any token could repeat the request, and a large cluster's list is megabytes to serialise)."""
+    meta = c.wait_leader("meta")
+    entry = next(n for n in ("n1", "n2", "n3") if n != meta)
+    lists = c.requests_served("/internal/topics")
+    for i in range(5):
+        r = requests.get(
+            c.url(entry) + f"/v1/topics/nope{i}.billing.dlq",
+            headers={"Authorization": f"Bearer {GLOB}"},
+            timeout=30,
+        )
+        assert r.status_code in (403, 404), r.text
+    assert c.requests_served("/internal/topics") == lists
