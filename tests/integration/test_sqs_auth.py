@@ -203,61 +203,54 @@ def test_a_body_cut_short_before_any_credential_is_checked_logs_nothing(secure: 
     assert "Traceback" not in since, since
 
 
+def _claimed_signature(key: str, at: datetime.datetime) -> bytes:
+    """The headers of a SigV4 claim by ``key`` dated ``at`` (its signature is zeros: only what a
+    node checks before the body can pass)."""
+    scope = f"{key}/{at:%Y%m%d}/eu-west-1/sqs/aws4_request"
+    return (
+        f"Authorization: AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=content-type;host;x-amz-date;"
+        f"x-amz-target, Signature={'0' * 64}\r\nX-Amz-Date: {at:%Y%m%dT%H%M%SZ}\r\n"
+    ).encode()
+
+
+def _head_of_answer_to_unsent_body(c: Cluster, signed: bytes, timeout_s: float) -> bytes:
+    """The answer's head to a ListQueues claiming a 1 MB body of which one byte is sent (a socket
+    timeout here: the node still waits for the body)."""
+    host, port = c.nodes["n2"].http.split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+        s.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
+            b"X-Amz-Target: AmazonSQS.ListQueues\r\n" + signed + b"Content-Length: 1000000\r\n\r\n{"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = s.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    return answer
+
+
 def test_a_request_without_a_known_key_is_refused_before_its_body_is_read(secure: Cluster) -> None:
     """Unsigned, an unknown key or a stale date: the answer comes while the body is still unsent
     (the node read up to the request limit first, for anyone, before it looked at the headers)."""
-    host, port = secure.nodes["n2"].http.split(":")
     now = datetime.datetime.now(datetime.UTC)
-    stale = now - datetime.timedelta(hours=1)
-
-    def authorization(key: str, at: datetime.datetime) -> bytes:
-        scope = f"{key}/{at:%Y%m%d}/eu-west-1/sqs/aws4_request"
-        return (
-            f"Authorization: AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=content-type;host;x-amz-date;"
-            f"x-amz-target, Signature={'0' * 64}\r\nX-Amz-Date: {at:%Y%m%dT%H%M%SZ}\r\n"
-        ).encode()
-
     cases = [
         (b"", "MissingAuthenticationToken"),
-        (authorization("nobody", now), "InvalidClientTokenId"),
-        (authorization("admin", stale), "RequestExpired"),
+        (_claimed_signature("nobody", now), "InvalidClientTokenId"),
+        (_claimed_signature("admin", now - datetime.timedelta(hours=1)), "RequestExpired"),
     ]
     for signed, code in cases:
-        with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(
-                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
-                b"X-Amz-Target: AmazonSQS.ListQueues\r\n" + signed + b"Content-Length: 1000000\r\n\r\n{"
-            )
-            answer = b""
-            while b"\r\n\r\n" not in answer:  # a timeout here: the node waits for the body first
-                chunk = s.recv(65536)
-                assert chunk, answer
-                answer += chunk
-            assert answer.startswith(b"HTTP/1.1 4"), answer
-            assert code.encode() in answer.split(b"\r\n\r\n")[0], answer  # x-amzn-query-error
+        answer = _head_of_answer_to_unsent_body(secure, signed, 10)
+        assert answer.startswith(b"HTTP/1.1 4"), answer
+        assert code.encode() in answer.split(b"\r\n\r\n")[0], answer  # x-amzn-query-error
 
 
 def test_a_body_trickled_under_a_known_key_is_refused_at_the_request_timeout(secure: Cluster) -> None:
     """A known key and a fresh date get the body read, before the signature can be checked: a body
     that never arrives is answered after ``limits.request_timeout_ms`` (10 s here; the node waited
     for it for good before), not held with the bytes it buffered."""
-    host, port = secure.nodes["n2"].http.split(":")
-    now = datetime.datetime.now(datetime.UTC)
-    scope = f"admin/{now:%Y%m%d}/eu-west-1/sqs/aws4_request"
-    signed = (
-        f"Authorization: AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=content-type;host;x-amz-date;"
-        f"x-amz-target, Signature={'0' * 64}\r\nX-Amz-Date: {now:%Y%m%dT%H%M%SZ}\r\n"
-    ).encode()
-    with socket.create_connection((host, int(port)), timeout=40) as s:
-        s.sendall(
-            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
-            b"X-Amz-Target: AmazonSQS.ListQueues\r\n" + signed + b"Content-Length: 1000000\r\n\r\n{"
-        )
-        answer = b""
-        while b"\r\n\r\n" not in answer:  # a timeout here: the node still waits for the body
-            chunk = s.recv(65536)
-            assert chunk, answer
-            answer += chunk
+    signed = _claimed_signature("admin", datetime.datetime.now(datetime.UTC))
+    answer = _head_of_answer_to_unsent_body(secure, signed, 40)
     assert answer.startswith(b"HTTP/1.1 400 "), answer
     assert b"did not arrive" in answer, answer
 
