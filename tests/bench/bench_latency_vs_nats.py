@@ -318,8 +318,10 @@ def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[s
     out = []
     with three_node_cluster(base, "latvsnats-", 'durability = "fsync"', keep=args.keep) as cluster:
         settle_leaders(cluster)
-        time.sleep(args.settle)  # the balancer's last moves land a moment after the leaders do
         urls = [n.url for n in cluster.nodes.values()]
+        if args.prefill_mb:
+            prefill(cluster, urls, args.prefill_mb)
+        time.sleep(args.settle)  # the balancer's last moves land a moment after the leaders do
         lingers: list[int | None] = list(args.linger_ms) if args.linger_ms else [None]
         limits: list[int | None] = list(args.leader_requests) if args.leader_requests else [None]
         variants = [(linger, limit) for linger in lingers for limit in limits]
@@ -330,6 +332,25 @@ def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[s
                         row = _measure(cluster, urls, mode, rate, variant, system, args, rep)
                         out.append(row)
     return out
+
+
+def prefill(cluster: Any, urls: list[str], megabytes: int) -> None:
+    """Write ``megabytes`` of 64 KiB messages to a topic with a queue on every group, and wait for
+    the stores to settle: every journal's write-ahead log has then been rolled over (a memtable is
+    16 MiB), as on a node that has run for a while, not the fresh files of a new cluster."""
+    from raftmq.client import Producer
+
+    r = cluster.post("/v1/topics", {"name": "prefill", "queues": 6})
+    if r.status_code != 201:
+        raise RuntimeError(f"cannot create prefill: {r.status_code} {r.text}")
+    value = b"p" * 65536
+    started = time.monotonic()
+    with Producer(urls) as producer:
+        for i in range(megabytes * 16):
+            producer.send("prefill", value, key=str(i % 6))
+        producer.flush()
+    print(f"  prefilled {megabytes} MB in {time.monotonic() - started:.1f} s", flush=True)
+    time.sleep(5)  # the memtable flushes and the journals' compactions
 
 
 def _settings(variant: tuple[int | None, int | None]) -> dict[str, int]:
@@ -461,6 +482,7 @@ def run_anchor(args: argparse.Namespace) -> list[dict[str, Any]]:
         *("--duration", str(args.duration), "--warmup", str(args.warmup), "--queues", str(args.queues)),
         *("--value-size", str(args.value_size), "--wait-quiet", "0", "--rows-out", rows_file),
         *("--system-name", "anchor", "--repeat", str(args.repeat)),
+        *("--prefill-mb", str(args.prefill_mb)),
     ]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
@@ -486,6 +508,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0, help="timed seconds per rate and mode")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds offered before the timed part")
     ap.add_argument("--repeat", type=int, default=1, help="measure every raftmq row this many times")
+    ap.add_argument(
+        "--prefill-mb", type=int, default=0, help="write this many MB first (journals past their first logs)"
+    )
     ap.add_argument("--settle", type=float, default=3.0, help="seconds to wait after leaders settled")
     ap.add_argument("--queues", type=int, default=6, help="the raftmq topic's queues")
     ap.add_argument("--value-size", type=int, default=100)
