@@ -27,7 +27,7 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available
+from raftmq.cluster.machines.delivery import available, refuse_new_group_over_caps
 from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
@@ -101,7 +101,9 @@ class DeliveryActions:
             await self.node.await_group_supports(name, "commit_offsets.advance")
             fields = gated_fields(self.node, name, store, action, fields)
             command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
-            commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
+            decoded = commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
+            if decoded["op"] == "subscribe":  # too_many_groups: nothing proposed
+                refuse_new_group_over_caps(store, decoded)
             return await propose(name, command)
         if action == "dlq_list":
             return dlq_list(store, body["topic_id"], body["queues"], body["max"])
