@@ -37,7 +37,14 @@ from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
 
-__all__ = ["DELIVERY_ACTIONS", "DeliveryActions", "await_available", "check_lock", "dlq_list"]
+__all__ = [
+    "DELIVERY_ACTIONS",
+    "DeliveryActions",
+    "answered_here",
+    "await_available",
+    "check_lock",
+    "dlq_list",
+]
 
 Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
 """Propose a command to a group led here; its result, or a :class:`RaftmqError`."""
@@ -101,10 +108,8 @@ class DeliveryActions:
             await self.node.await_group_supports(name, "commit_offsets.advance")
             fields = gated_fields(self.node, name, store, action, fields)
             command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
-            decoded = commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
-            if decoded["op"] == "subscribe":  # too_many_groups: nothing proposed
-                refuse_new_group_over_caps(store, decoded)
-            return await propose(name, command)
+            answer = answered_here(store, commands.decode(command))  # BadCommand: nothing proposed
+            return answer if answer is not None else await propose(name, command)
         if action == "dlq_list":
             return dlq_list(store, body["topic_id"], body["queues"], body["max"])
         raise CatalogError(errors.NOT_FOUND, f"unknown action {action}")
@@ -233,6 +238,43 @@ def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) 
                 message_item({"queue": q}, m) for m in read_messages(store, topic_id, q, start, room)
             ]
     return {"queues": out_queues, "messages": messages}
+
+
+def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
+    """What the apply would answer ``cmd`` without writing anything (a refusal, raised, or a
+    no-op's result), from the leader's state, which holds every acknowledged write; None: the
+    command is proposed. So a request that changes nothing costs no Raft entry: a consumer
+    polling for a lock another holds, an unlock or a fenced commit with a stale epoch, a new group
+    past the caps (each was an entry, refused by the apply, before). The apply checks again."""
+    if cmd["op"] == "subscribe":
+        refuse_new_group_over_caps(store, cmd)
+    elif cmd["op"] == "lock":
+        current = lock_state(store, cmd["group"], cmd["topic_id"], cmd["queue"])
+        now = group_now(store, cmd["now_ms"])  # the apply's time: leases are on the group's time
+        if current is not None and current.holder != cmd["consumer"] and current.live(now):
+            raise CatalogError(
+                errors.LOCK_HELD,
+                f"queue {cmd['queue']} is locked by another consumer",
+                holder=current.holder,
+                lease_until_ms=current.lease_until_ms,
+            )
+    elif cmd["op"] == "unlock":
+        current = lock_state(store, cmd["group"], cmd["topic_id"], cmd["queue"])
+        if current is None or current.holder != cmd["consumer"] or current.epoch != cmd["epoch"]:
+            return {"released": False}
+        if current.lease_until_ms == 0:
+            return {"released": True}
+    elif cmd["op"] == "commit_fenced":
+        for q in sorted(cmd["offsets"]):
+            current = lock_state(store, cmd["group"], cmd["topic_id"], q)
+            if current is None or current.epoch != cmd["epoch"]:
+                raise CatalogError(
+                    errors.STALE_EPOCH,
+                    f"epoch {cmd['epoch']} is not the lock epoch of queue {q}",
+                    queue=q,
+                    epoch=None if current is None else current.epoch,
+                )
+    return None
 
 
 def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:

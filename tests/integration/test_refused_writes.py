@@ -71,3 +71,44 @@ def test_receives_and_commits_over_the_group_cap_propose_nothing(c: Cluster) -> 
     # The cap still lets a known group on.
     r = c.call_as(CONSUMER, "POST", "/v1/topics/capped/subscriptions/g0/receive", json={})
     assert r.status_code == 200, r.text
+
+
+def test_lock_contention_and_stale_epochs_propose_nothing(c: Cluster) -> None:
+    """A consumer polling for a queue lock another holds, an unlock or a fenced commit with a
+    stale epoch: each changes nothing and is answered by the queue group's leader from its state
+    (before, each was an entry the apply refused or found nothing to do for)."""
+    c.create_topic("locked", queues=1)
+    assert c.produce("locked", [{"value": "m"}]).status_code == 200
+    nodes = list(c.nodes)
+    path = "/v1/topics/locked/queues/0/locks/ordered"
+    r = c.post(path, {"consumer": "a", "lease_ms": 60000})
+    assert r.status_code == 200, r.text
+    epoch = r.json()["epoch"]
+
+    def contend(node: str) -> None:
+        assert_error(c.post(path, {"consumer": "b", "lease_ms": 60000}, node), 409, "lock_held")
+        for consumer, e in (("b", epoch), ("a", epoch + 5)):
+            query = {"consumer": consumer, "epoch": e}
+            r = c.session.delete(f"{c.url(node)}{path}", params=query, timeout=30)
+            assert r.status_code == 200 and r.json()["released"] is False, r.text
+        body = {"topic": "locked", "offsets": {"0": 1}, "epoch": epoch + 1}
+        r = c.session.put(f"{c.url(node)}/v1/groups/ordered/offsets", json=body, timeout=30)
+        assert_error(r, 409, "stale_epoch")
+
+    for node in nodes:  # each node records the group as used once (a subscribe entry), then not again
+        contend(node)
+    before = _commit_indexes(c)
+    for i in range(10):
+        contend(nodes[i % 3])
+    after = _commit_indexes(c)
+    assert {g: after[g] - before[g] for g in ("0", "1", "2")} == {"0": 0, "1": 0, "2": 0}
+
+    # The holder still renews, commits under its epoch and releases.
+    r = c.post(path, {"consumer": "a", "lease_ms": 60000})
+    assert r.status_code == 200 and r.json()["epoch"] == epoch, r.text
+    body = {"topic": "locked", "offsets": {"0": 1}, "epoch": epoch}
+    assert c.session.put(f"{c.url()}/v1/groups/ordered/offsets", json=body, timeout=30).status_code == 200
+    r = c.session.delete(f"{c.url()}{path}", params={"consumer": "a", "epoch": epoch}, timeout=30)
+    assert r.status_code == 200 and r.json()["released"] is True, r.text
+    r = c.session.delete(f"{c.url()}{path}", params={"consumer": "a", "epoch": epoch}, timeout=30)
+    assert r.status_code == 200 and r.json()["released"] is True, r.text  # released already: as before
