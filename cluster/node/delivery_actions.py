@@ -244,8 +244,9 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     """What the apply would answer ``cmd`` without writing anything (a refusal, raised, or a
     no-op's result), from the leader's state, which holds every acknowledged write; None: the
     command is proposed. So a request that changes nothing costs no Raft entry: a consumer
-    polling for a lock another holds, an unlock or a fenced commit with a stale epoch, a new group
-    past the caps (each was an entry, refused by the apply, before). The apply checks again."""
+    polling for a lock another holds, an unlock, a fenced commit or a fenced ack, nack or extend
+    with a stale epoch, a new group past the caps (each was an entry, refused by the apply,
+    before). The apply checks again."""
     if cmd["op"] == "subscribe":
         refuse_new_group_over_caps(store, cmd)
     elif cmd["op"] == "lock":
@@ -265,16 +266,25 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
         if current.lease_until_ms == 0:
             return {"released": True}
     elif cmd["op"] == "commit_fenced":
-        for q in sorted(cmd["offsets"]):
-            current = lock_state(store, cmd["group"], cmd["topic_id"], q)
-            if current is None or current.epoch != cmd["epoch"]:
-                raise CatalogError(
-                    errors.STALE_EPOCH,
-                    f"epoch {cmd['epoch']} is not the lock epoch of queue {q}",
-                    queue=q,
-                    epoch=None if current is None else current.epoch,
-                )
+        _check_fence(store, cmd["group"], cmd["topic_id"], sorted(cmd["offsets"]), cmd["epoch"])
+    elif (cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend") and cmd["epoch"] is not None:
+        queues = sorted({r.queue for r in cmd["receipts"]})
+        _check_fence(store, cmd["group"], cmd["topic_id"], queues, cmd["epoch"])
     return None
+
+
+def _check_fence(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
+    """``stale_epoch`` unless each queue's lock has ``epoch``, live or not (the apply's fence,
+    ``cluster/machines/delivery/locks.py``)."""
+    for q in queues:
+        current = lock_state(store, group, topic_id, q)
+        if current is None or current.epoch != epoch:
+            raise CatalogError(
+                errors.STALE_EPOCH,
+                f"epoch {epoch} is not the lock epoch of queue {q}",
+                queue=q,
+                epoch=None if current is None else current.epoch,
+            )
 
 
 def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:

@@ -74,8 +74,8 @@ def test_receives_and_commits_over_the_group_cap_propose_nothing(c: Cluster) -> 
 
 
 def test_lock_contention_and_stale_epochs_propose_nothing(c: Cluster) -> None:
-    """A consumer polling for a queue lock another holds, an unlock or a fenced commit with a
-    stale epoch: each changes nothing and is answered by the queue group's leader from its state
+    """A consumer polling for a queue lock another holds, an unlock, a fenced commit or a fenced
+    ack with a stale epoch: each changes nothing and is answered by the queue group's leader from its state
     (before, each was an entry the apply refused or found nothing to do for)."""
     c.create_topic("locked", queues=1)
     assert c.produce("locked", [{"value": "m"}]).status_code == 200
@@ -84,6 +84,8 @@ def test_lock_contention_and_stale_epochs_propose_nothing(c: Cluster) -> None:
     r = c.post(path, {"consumer": "a", "lease_ms": 60000})
     assert r.status_code == 200, r.text
     epoch = r.json()["epoch"]
+    topics = c.internal("GET", "/internal/topics", nodes[0]).json()["topics"]
+    topic_id = next(t["id"] for t in topics if t["name"] == "locked")
 
     def contend(node: str) -> None:
         assert_error(c.post(path, {"consumer": "b", "lease_ms": 60000}, node), 409, "lock_held")
@@ -93,6 +95,9 @@ def test_lock_contention_and_stale_epochs_propose_nothing(c: Cluster) -> None:
             assert r.status_code == 200 and r.json()["released"] is False, r.text
         body = {"topic": "locked", "offsets": {"0": 1}, "epoch": epoch + 1}
         r = c.session.put(f"{c.url(node)}/v1/groups/ordered/offsets", json=body, timeout=30)
+        assert_error(r, 409, "stale_epoch")
+        acks = {"receipts": [f"{topic_id}.0.0.1"], "epoch": epoch + 1}
+        r = c.session.post(f"{c.url(node)}/v1/topics/locked/subscriptions/ordered/ack", json=acks, timeout=30)
         assert_error(r, 409, "stale_epoch")
 
     for node in nodes:  # each node records the group as used once (a subscribe entry), then not again
