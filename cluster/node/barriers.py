@@ -65,10 +65,13 @@ class Barriers:
                 self.counts.entries[name] = self.counts.entries.get(name, 0) + 1
                 try:
                     outcome = await self._propose(name, self._noop)
-                except BaseException:  # cancelled (the node stops): its waiters are cancelled too
+                except asyncio.CancelledError:  # the node stops: its waiters are cancelled too
                     round_.cancel()
                     raise
-                round_.set_result(outcome)
+                except Exception as e:  # each waiter raises it, as its own proposal would have
+                    round_.set_exception(e)
+                else:
+                    round_.set_result(outcome)
         finally:
             del self._running[name]
             pending = self._next.pop(name, None)  # only when cancelled: the loop drains it otherwise

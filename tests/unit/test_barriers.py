@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from raftmq.cluster.node.barriers import Barriers
 from raftmq.cluster.replication.raft import Outcome
 
@@ -55,5 +57,24 @@ def test_a_read_that_gives_up_does_not_cancel_the_others() -> None:
         await asyncio.sleep(0)
         commit.set_result(None)
         assert (await kept).result == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_proposal_fails_its_round_and_the_next_round_proposes_again() -> None:
+    async def scenario() -> None:
+        calls: list[int] = []
+
+        async def propose(name: str, command: bytes) -> Outcome:
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyError(name)  # e.g. the group left this node meanwhile
+            return Outcome(error="not_leader")
+
+        barriers = Barriers(propose, b"noop")
+        with pytest.raises(KeyError):
+            await barriers.wait("0")
+        assert (await barriers.wait("0")).error == "not_leader"  # a new round, a new proposal
+        assert len(calls) == 2
 
     asyncio.run(scenario())
