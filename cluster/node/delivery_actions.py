@@ -34,6 +34,7 @@ from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
 from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.node.waiters import until_woken
 from raftmq.cluster.replication.settle_commit import SettleCommitter
+from raftmq.storage import keys
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
 
@@ -245,8 +246,8 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     no-op's result), from the leader's state, which holds every acknowledged write; None: the
     command is proposed. So a request that changes nothing costs no Raft entry: a consumer
     polling for a lock another holds, an unlock, a fenced commit or a fenced ack, nack or extend
-    with a stale epoch, a new group past the caps (each was an entry, refused by the apply,
-    before). The apply checks again."""
+    with a stale epoch, a new group past the caps, a redrive with nothing to redrive (each was an
+    entry, refused by the apply or changing nothing, before). The apply checks again."""
     if cmd["op"] == "subscribe":
         refuse_new_group_over_caps(store, cmd)
     elif cmd["op"] == "lock":
@@ -270,7 +271,25 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     elif (cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend") and cmd["epoch"] is not None:
         queues = sorted({r.queue for r in cmd["receipts"]})
         _check_fence(store, cmd["group"], cmd["topic_id"], queues, cmd["epoch"])
+    elif cmd["op"] == "redrive":
+        return _nothing_to_redrive(store, cmd["topic_id"], cmd["dlq_topic_id"], cmd["queues"])
     return None
+
+
+def _nothing_to_redrive(store: Store, topic_id: int, dlq: int, queues: list[int]) -> dict[str, Any] | None:
+    """The apply's answer to a redrive that finds every queue's dead letters redriven already (its
+    redrive offset at or past the queue's high and low offsets: nothing moved, nothing written),
+    or None (``cluster/machines/delivery/dead_letters.py``; a dropped topic: the apply refuses)."""
+    if any(store.get(keys.dropped_key(t)) is not None for t in (topic_id, dlq)):
+        return None
+    results = []
+    for queue in queues:
+        low, high = queue_bounds(store, dlq, queue)
+        stored = redrive_offset(store, dlq, queue)
+        if stored is None or stored < max(low, high):
+            return None
+        results.append({"queue": queue, "count": 0, "redrive_offset": stored, "high_offset": high})
+    return {"queues": results, "more": False}
 
 
 def _check_fence(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:

@@ -117,3 +117,22 @@ def test_lock_contention_and_stale_epochs_propose_nothing(c: Cluster) -> None:
     assert r.status_code == 200 and r.json()["released"] is True, r.text
     r = c.session.delete(f"{c.url()}{path}", params={"consumer": "a", "epoch": epoch}, timeout=30)
     assert r.status_code == 200 and r.json()["released"] is True, r.text  # released already: as before
+
+
+def test_a_redrive_with_nothing_to_redrive_proposes_nothing(c: Cluster) -> None:
+    """Consumers that redrive their dead letters on a timer write nothing while there are none
+    (before, each redrive was an entry in every queue group of the topic)."""
+    c.create_topic("redriven", queues=3)
+    r = c.session.put(f"{c.url()}/v1/topics/redriven/subscriptions/workers", json={"max_deliveries": 3})
+    assert r.status_code == 200, r.text  # an admin's settings: the group's dead-letter topic is made
+    path = "/v1/topics/redriven/subscriptions/workers/dlq/redrive"
+    r = c.post(path, {})
+    assert r.status_code == 200 and r.json()["dead_letter_topic"] == "redriven.workers.dlq", r.text
+    before = _commit_indexes(c)
+    for node in [*c.nodes] * 3:
+        r = c.post(path, {}, node)
+        assert r.status_code == 200, r.text
+        assert r.json()["redriven"] == 0 and not r.json()["more"], r.text
+        assert [q["queue"] for q in r.json()["queues"]] == [0, 1, 2], r.text
+    after = _commit_indexes(c)
+    assert {g: after[g] - before[g] for g in ("0", "1", "2")} == {"0": 0, "1": 0, "2": 0}
