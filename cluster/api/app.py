@@ -39,6 +39,7 @@ from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi, add_subs
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.metrics import (
     METRICS_KEY,
+    BarrierCollector,
     ReadAheadCollector,
     WaitingReceiversCollector,
     metrics_handler,
@@ -177,6 +178,7 @@ def create_app(node: Node) -> web.Application:
     r.add_get("/openapi.json", api.openapi)
     r.add_get("/metrics", metrics_handler)
     delivery = api.subscriptions
+    api.metrics.registry.register(BarrierCollector(node, api.router.actions.barriers.counts))
     api.metrics.registry.register(ReadAheadCollector(node, delivery.coordinator.read_ahead.counts))
     api.metrics.registry.register(WaitingReceiversCollector(node, delivery.coordinator.waiting))
     add_subscription_routes(app, delivery)

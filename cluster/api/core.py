@@ -17,7 +17,6 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from raftmq.cluster import commands
 from raftmq.cluster.api.delayed_counts import DelayedCounts
 from raftmq.cluster.api.metrics import Metrics
 from raftmq.cluster.base import errors
@@ -26,7 +25,6 @@ from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.machines.topics import permission_names
-from raftmq.cluster.node.actions import raft_error
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.router import FORWARDED, Forwarded, LeaderRouter, body_error
 from raftmq.storage.queues import queue_bounds
@@ -170,9 +168,9 @@ class ApiCore:
         return None if data is None else Topic.from_json(orjson.loads(data))
 
     async def _metadata_barrier(self) -> None:
-        outcome = await self.node.propose(META, commands.noop())  # barrier: see all earlier writes
-        if outcome.error:
-            raise raft_error(outcome.error, "metadata barrier failed", outcome.definite)
+        """See every earlier metadata write (one ``noop`` shared by the lookups waiting at once:
+        ``cluster/node/barriers.py``; a client's lookups cost no entry each)."""
+        await self.router.barrier(META)
 
     async def _at_metadata_leader(self, path: str, what: str) -> bytes | None:
         """The answer of the metadata leader's ``GET path`` (None: 404)."""

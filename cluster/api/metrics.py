@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.base.timing import LatencyHistogram
 from raftmq.cluster.machines.views import consumer_queues, queue_metas
+from raftmq.cluster.node.barriers import BarrierCounts
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.read_ahead import ReadAheadCounts
 from raftmq.storage.store import StoreError
@@ -26,6 +27,7 @@ from raftmq.storage.work import background_work
 
 __all__ = [
     "METRICS_KEY",
+    "BarrierCollector",
     "Metrics",
     "ReadAheadCollector",
     "WaitingReceiversCollector",
@@ -436,6 +438,32 @@ class ReadAheadCollector(Collector):
         ):
             family.add_metric([self._node.me.id, outcome], n)
         yield family
+
+
+class BarrierCollector(Collector):
+    """The read barriers of this node's led groups (``cluster/node/barriers.py``): the reads that
+    waited for one, and the ``noop`` entries proposed for them (fewer: reads waiting at once
+    share one)."""
+
+    def __init__(self, node: Node, counts: BarrierCounts) -> None:
+        self._node = node
+        self._counts = counts
+
+    def collect(self) -> Iterator[_Family]:
+        labels = ["node_id", "group_id"]
+        reads = CounterMetricFamily(
+            "raftmq_read_barrier_reads", "Linearizable reads that waited for a barrier entry", labels=labels
+        )
+        entries = CounterMetricFamily(
+            "raftmq_read_barrier_entries",
+            "Barrier (noop) entries proposed for linearizable reads; reads waiting at once share one",
+            labels=labels,
+        )
+        for family, counts in ((reads, self._counts.reads), (entries, self._counts.entries)):
+            for group, n in sorted(counts.items()):
+                family.add_metric([self._node.me.id, group], n)
+        yield reads
+        yield entries
 
 
 class WaitingReceiversCollector(Collector):

@@ -14,7 +14,8 @@ action             what the leader does
                    window (``dedup_produce``: the SQS API's FIFO queues)
 ``drop``           ``drop_topic`` of a deleted topic's queues
 ``commit``         a consumer group's offsets (``commit_offsets``)
-``barrier``        a ``noop``: every earlier write is applied here once it returns
+``barrier``        a ``noop``: every earlier write is applied here once it returns (shared by
+                   the barriers waiting at once: ``barriers.py``)
 ``topic_command``  at the metadata leader: ``create_topic``, ``set_topic_attributes``,
                    ``set_topic_tags``, ``set_topic_retention``, ``delete_topic`` (the leader
                    adds the time and the group count)
@@ -37,6 +38,7 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError, ProduceFailed, RaftmqError
 from raftmq.cluster.base.groups import META
+from raftmq.cluster.node.barriers import Barriers
 from raftmq.cluster.node.delivery_actions import DELIVERY_ACTIONS, DeliveryActions
 from raftmq.cluster.node.node import Node, set_if_pending
 from raftmq.cluster.replication.raft import Outcome
@@ -58,6 +60,17 @@ def raft_error(code: str, message: str, definite: bool) -> RaftmqError:
     return CatalogError(errors.outcome_code(code, definite), message)
 
 
+def _checked(name: str, outcome: Outcome) -> dict[str, Any]:
+    """The applied result of a proposal to group ``name``; a failed proposal, or a result that is
+    an error body, raises its :class:`RaftmqError`."""
+    if outcome.error:
+        raise raft_error(outcome.error, f"group {name}: {outcome.error}", outcome.definite)
+    result: dict[str, Any] = outcome.result
+    if "error" in result:
+        raise CatalogError.from_body(result["error"])
+    return result
+
+
 class LeaderActions:
     """The actions of one node as a group's leader (one instance per node, the router's)."""
 
@@ -65,6 +78,7 @@ class LeaderActions:
         self.node = node
         self.limits = node.config.limits
         self.delivery = DeliveryActions(node, self.propose_checked)
+        self.barriers = Barriers(lambda name, command: node.propose(name, command), commands.noop())
         # How long a new leader's reads and actions wait for it to apply its term's first entry:
         # one election timeout (at least a second), after which it is no leader a client can use.
         self.read_wait_s = max(1.0, node.config.raft.election_max_ms / 1000)
@@ -96,13 +110,12 @@ class LeaderActions:
     async def propose_checked(self, name: str, command: bytes) -> dict[str, Any]:
         """Propose ``command`` to group ``name`` (led here) and return its applied result; a
         failed proposal, or a result that is an error body, raises its :class:`RaftmqError`."""
-        outcome = await self.node.propose(name, command)
-        if outcome.error:
-            raise raft_error(outcome.error, f"group {name}: {outcome.error}", outcome.definite)
-        result: dict[str, Any] = outcome.result
-        if "error" in result:
-            raise CatalogError.from_body(result["error"])
-        return result
+        return _checked(name, await self.node.propose(name, command))
+
+    async def barrier(self, name: str) -> dict[str, Any]:
+        """A read barrier of group ``name`` (led here): a ``noop`` proposed after this call,
+        shared with the other reads of the group waiting at the same time (``barriers.py``)."""
+        return _checked(name, await self.barriers.wait(name))
 
     async def run(
         self, name: str, action: str, body: dict[str, Any], size_hint: int | None = None
@@ -143,7 +156,7 @@ class LeaderActions:
                 name, commands.commit_offsets(body["group"], int(body["topic_id"]), offsets, advance=advance)
             )
         if action == "barrier":
-            return await self.propose_checked(name, commands.noop())
+            return await self.barrier(name)
         if action == "topic_command" and name == META:
             # A compare-and-set only once every metadata voter applies it: an older replica would
             # ignore expect and merge where the others refuse (docs/operations.md, rolling upgrades).

@@ -27,17 +27,25 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available
+from raftmq.cluster.machines.delivery import available, refuse_new_group_over_caps
 from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
 from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.node.waiters import until_woken
 from raftmq.cluster.replication.settle_commit import SettleCommitter
+from raftmq.storage import keys
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
 
-__all__ = ["DELIVERY_ACTIONS", "DeliveryActions", "await_available", "check_lock", "dlq_list"]
+__all__ = [
+    "DELIVERY_ACTIONS",
+    "DeliveryActions",
+    "answered_here",
+    "await_available",
+    "check_lock",
+    "dlq_list",
+]
 
 Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
 """Propose a command to a group led here; its result, or a :class:`RaftmqError`."""
@@ -101,8 +109,8 @@ class DeliveryActions:
             await self.node.await_group_supports(name, "commit_offsets.advance")
             fields = gated_fields(self.node, name, store, action, fields)
             command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
-            commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
-            return await propose(name, command)
+            answer = answered_here(store, commands.decode(command))  # BadCommand: nothing proposed
+            return answer if answer is not None else await propose(name, command)
         if action == "dlq_list":
             return dlq_list(store, body["topic_id"], body["queues"], body["max"])
         raise CatalogError(errors.NOT_FOUND, f"unknown action {action}")
@@ -231,6 +239,71 @@ def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) 
                 message_item({"queue": q}, m) for m in read_messages(store, topic_id, q, start, room)
             ]
     return {"queues": out_queues, "messages": messages}
+
+
+def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
+    """What the apply would answer ``cmd`` without writing anything (a refusal, raised, or a
+    no-op's result), from the leader's state, which holds every acknowledged write; None: the
+    command is proposed. So a request that changes nothing costs no Raft entry: a consumer
+    polling for a lock another holds, an unlock, a fenced commit or a fenced ack, nack or extend
+    with a stale epoch, a new group past the caps, a redrive with nothing to redrive (each was an
+    entry, refused by the apply or changing nothing, before). The apply checks again."""
+    if cmd["op"] == "subscribe":
+        refuse_new_group_over_caps(store, cmd)
+    elif cmd["op"] == "lock":
+        current = lock_state(store, cmd["group"], cmd["topic_id"], cmd["queue"])
+        now = group_now(store, cmd["now_ms"])  # the apply's time: leases are on the group's time
+        if current is not None and current.holder != cmd["consumer"] and current.live(now):
+            raise CatalogError(
+                errors.LOCK_HELD,
+                f"queue {cmd['queue']} is locked by another consumer",
+                holder=current.holder,
+                lease_until_ms=current.lease_until_ms,
+            )
+    elif cmd["op"] == "unlock":
+        current = lock_state(store, cmd["group"], cmd["topic_id"], cmd["queue"])
+        if current is None or current.holder != cmd["consumer"] or current.epoch != cmd["epoch"]:
+            return {"released": False}
+        if current.lease_until_ms == 0:
+            return {"released": True}
+    elif cmd["op"] == "commit_fenced":
+        _check_fence(store, cmd["group"], cmd["topic_id"], sorted(cmd["offsets"]), cmd["epoch"])
+    elif (cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend") and cmd["epoch"] is not None:
+        queues = sorted({r.queue for r in cmd["receipts"]})
+        _check_fence(store, cmd["group"], cmd["topic_id"], queues, cmd["epoch"])
+    elif cmd["op"] == "redrive":
+        return _nothing_to_redrive(store, cmd["topic_id"], cmd["dlq_topic_id"], cmd["queues"])
+    return None
+
+
+def _nothing_to_redrive(store: Store, topic_id: int, dlq: int, queues: list[int]) -> dict[str, Any] | None:
+    """The apply's answer to a redrive that finds every queue's dead letters redriven already (its
+    redrive offset at or past the queue's high and low offsets: nothing moved, nothing written),
+    or None (``cluster/machines/delivery/dead_letters.py``; a dropped topic: the apply refuses)."""
+    if any(store.get(keys.dropped_key(t)) is not None for t in (topic_id, dlq)):
+        return None
+    results = []
+    for queue in queues:
+        low, high = queue_bounds(store, dlq, queue)
+        stored = redrive_offset(store, dlq, queue)
+        if stored is None or stored < max(low, high):
+            return None
+        results.append({"queue": queue, "count": 0, "redrive_offset": stored, "high_offset": high})
+    return {"queues": results, "more": False}
+
+
+def _check_fence(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
+    """``stale_epoch`` unless each queue's lock has ``epoch``, live or not (the apply's fence,
+    ``cluster/machines/delivery/locks.py``)."""
+    for q in queues:
+        current = lock_state(store, group, topic_id, q)
+        if current is None or current.epoch != epoch:
+            raise CatalogError(
+                errors.STALE_EPOCH,
+                f"epoch {epoch} is not the lock epoch of queue {q}",
+                queue=q,
+                epoch=None if current is None else current.epoch,
+            )
 
 
 def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:

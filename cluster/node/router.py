@@ -309,6 +309,11 @@ class LeaderRouter:
         """Propose ``command`` to group ``name``, which this node leads (:class:`LeaderActions`)."""
         return await self.actions.propose_checked(name, command)
 
+    async def barrier(self, name: str) -> dict[str, Any]:
+        """A read barrier of group ``name``, which this node leads: one ``noop`` shared by the reads
+        waiting at once (:meth:`LeaderActions.barrier`, ``barriers.py``)."""
+        return await self.actions.barrier(name)
+
     async def group_call(
         self,
         g: int | str,

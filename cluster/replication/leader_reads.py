@@ -13,8 +13,9 @@ offsets and its lag read from it may be behind what clients were told.
 
 This costs no Raft entry per read (the no-op is one per term), and holds for a replica that leads.
 A leader cut off from its group goes on leading for up to ``leader_fallback_s`` and may miss writes
-a newer leader acknowledged meanwhile: a read that must exclude that too commits a barrier entry of
-its own (``LeaderActions`` ``barrier``), as the committed offsets do.
+a newer leader acknowledged meanwhile: a read that must exclude that too waits for a barrier entry
+proposed after it arrived (``LeaderActions.barrier``, shared by the reads waiting at once:
+``cluster/node/barriers.py``), as the committed offsets do.
 
 Invariant: :meth:`LeaderReads.ready` is True only while the replica leads in the very term in which
 its tick thread saw the no-op of that term applied (the term is published by the tick thread, and

@@ -13,7 +13,6 @@ import orjson
 import structlog
 from aiohttp import web
 
-from raftmq.cluster import commands
 from raftmq.cluster.api.common import group_name, json_response
 from raftmq.cluster.api.core import ApiCore, GroupRecords
 from raftmq.cluster.api.handlers.fetch_arrow import ARROW
@@ -160,7 +159,7 @@ class FetchHandlers(ApiCore):
             name = str(g)
             queues = [q for q, qg in enumerate(topic.queue_groups) if qg == g]
             if self.router.leads(name):
-                await self.router.propose_checked(name, commands.noop())  # linearizable: barrier first
+                await self.router.barrier(name)  # linearizable: a (shared) barrier first
                 store = self.node.groups[name].machine.store
                 for q in queues:
                     result[str(q)] = committed_offset(store, group, topic.id, q)

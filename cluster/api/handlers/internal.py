@@ -145,10 +145,10 @@ def add_internal_routes(app: web.Application, node: Node, api: ApiCore, delivery
     async def offsets(request: web.Request) -> web.Response:
         local = local_group(request)
         name = request.match_info["group"]
-        await api.router.actions.run(name, "barrier", {})
         group, topic_id = request.query.get("group"), query_int(request.query, "topic_id", None, 0, 2**32 - 1)
         if not group:
-            raise bad("query parameter 'group' is required")
+            raise bad("query parameter 'group' is required")  # refused before the barrier: no entry
+        await api.router.actions.run(name, "barrier", {})
         store = local.machine.store
         committed = committed_offsets(store, group, topic_id)
         queues = sorted(set(topic_bounds(store, topic_id)) | set(committed))

@@ -14,7 +14,6 @@ import orjson
 import structlog
 from aiohttp import web
 
-from raftmq.cluster import commands
 from raftmq.cluster.api.common import json_response
 from raftmq.cluster.api.core import ApiCore
 from raftmq.cluster.api.validation import (
@@ -105,7 +104,7 @@ class TopicHandlers(ApiCore):
 
     async def list_topics(self, request: web.Request) -> web.Response:
         if self.router.leads(META):
-            await self.router.propose_checked(META, commands.noop())
+            await self.router.barrier(META)
             assert self.node.metadata is not None
             return json_response({"topics": topic_list(self.node.metadata.topics())})
         return await self.forward(request, META)

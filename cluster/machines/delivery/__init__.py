@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         SubscribeCommand,
     )
     from raftmq.cluster.machines.apply import Apply
+    from raftmq.storage.store import Store
 
 __all__ = [
     "DEFAULT_BACKOFF_MS",
@@ -102,6 +103,7 @@ __all__ = [
     "receive",
     "receive_ordered",
     "redrive",
+    "refuse_new_group_over_caps",
     "release",
     "store_delayed",
     "subscribe",
@@ -110,6 +112,17 @@ __all__ = [
 ]
 
 # -- subscribe ----------------------------------------------------------------------------------
+
+
+def refuse_new_group_over_caps(store: Store, cmd: SubscribeCommand) -> None:
+    """At the leader, before proposing a ``subscribe``: refuse (``too_many_groups``) the one the
+    apply would refuse over its caps (:func:`subscribe`), from the leader's state, which holds
+    every acknowledged write. A refused request then costs no entry in every queue group of the
+    topic (a client looping receives under new group names past its cap wrote one each before).
+    The apply checks again: an entry in flight may have taken the last place."""
+    configured = cmd["overwrite"] or cmd["configured"]
+    if not configured and read_subscription(store, cmd["topic_id"], cmd["group"]) is None:
+        check_group_limits(store, cmd)
 
 
 def subscribe(work: Apply, cmd: SubscribeCommand) -> dict[str, Any]:

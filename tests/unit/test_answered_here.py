@@ -1,0 +1,64 @@
+"""What a queue group's leader answers without proposing (``DeliveryActions``' ``answered_here``)
+is what the apply answers for the same state, and the apply writes nothing for it: a refusal
+or no-op answered at the leader changes no behaviour, it only costs no Raft entry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raftmq.cluster import commands
+from raftmq.cluster.base.errors import CatalogError
+from raftmq.cluster.node.delivery_actions import answered_here
+from tests.unit.test_delivery import DLQ, G, Machine, T
+
+
+def _here(m: Machine, command: bytes) -> dict[str, Any] | None:
+    """The leader's answer (an error as its body), or None: proposed."""
+    try:
+        return answered_here(m.store, commands.decode(command))
+    except CatalogError as e:
+        return e.body()
+
+
+def _same_as_the_apply(m: Machine, command: bytes) -> None:
+    here = _here(m, command)
+    assert here is not None, "answered at the leader"
+    before = m.pairs()
+    applied = m.apply(command)
+    assert m.pairs() == before  # the apply wrote nothing either
+    if "error" in here:
+        assert {k: applied["error"][k] for k in here["error"]} == here["error"], (here, applied)
+    else:
+        assert applied == here
+
+
+def test_each_answer_at_the_leader_is_the_applys() -> None:
+    m = Machine()
+    m.subscribe()
+    m.produce(0, "a", "b")
+    assert m.apply(commands.lock(0, G, T, 0, "a", 100))["epoch"] == 1
+    _same_as_the_apply(m, commands.lock(50, G, T, 0, "b", 100))  # lock_held
+    _same_as_the_apply(m, commands.unlock(G, T, 0, "b", 1))  # not the holder
+    _same_as_the_apply(m, commands.unlock(G, T, 0, "a", 2))  # not the epoch
+    _same_as_the_apply(m, commands.commit_fenced(G, T, {0: 1}, 2))  # stale_epoch
+    _same_as_the_apply(m, commands.ack(60, G, T, [(0, 0, 1)], epoch=2))
+    _same_as_the_apply(m, commands.nack(60, G, T, [(0, 0, 1)], epoch=2))
+    assert m.apply(commands.unlock(G, T, 0, "a", 1)) == {"released": True}
+    _same_as_the_apply(m, commands.unlock(G, T, 0, "a", 1))  # released already
+    # Proposed: what changes something.
+    assert _here(m, commands.lock(70, G, T, 0, "b", 100)) is None  # the lock is free
+    assert _here(m, commands.commit_fenced(G, T, {0: 1}, 1)) is None
+    assert _here(m, commands.redrive(80, G, T, DLQ, [0], 10)) is None  # no redrive offset yet
+    assert m.apply(commands.redrive(80, G, T, DLQ, [0, 1], 10))["queues"][0]["count"] == 0
+    _same_as_the_apply(m, commands.redrive(90, G, T, DLQ, [0, 1], 10))  # nothing to redrive
+
+
+def test_a_redrive_with_dead_letters_is_proposed() -> None:
+    m = Machine()
+    m.subscribe(max_deliveries=1)
+    m.produce(0, "poison")
+    got = m.receive(now=0)
+    m.op("nack", 10, got)  # its last delivery: to the dead-letter topic
+    assert _here(m, commands.redrive(20, G, T, DLQ, [0], 10)) is None
+    assert m.apply(commands.redrive(20, G, T, DLQ, [0], 10))["queues"][0]["count"] == 1
+    _same_as_the_apply(m, commands.redrive(30, G, T, DLQ, [0], 10))
