@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from test_delivery import DLQ, G, Machine, T
+
 from raftmq.cluster import commands
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.node.delivery_actions import answered_here
-from tests.unit.test_delivery import DLQ, G, Machine, T
 
 
 def _here(m: Machine, command: bytes) -> dict[str, Any] | None:
