@@ -124,8 +124,7 @@ def _options() -> Options:
     opts.set_max_write_buffer_number(2)
     # After a crash, recover every WAL record before a torn tail and drop the tail, instead of refusing
     # to open (absolute_consistency). RocksDB's default, but our durability argument rests on it.
-    # recycle_log_file_num stays 0: RocksDB 9 recovers recycled logs point in time, but measured
-    # (docs/benchmarks.md, "Recycled write-ahead logs") it moved no figure of the cluster.
+    # recycle_log_file_num stays 0: measured, it moved no figure (docs/benchmarks.md, "Recycled").
     opts.set_wal_recovery_mode(DBRecoveryMode.point_in_time())
     # Every open rolls the info LOG to LOG.old.<time>; keep a few, not all of them.
     opts.set_keep_log_file_num(4)
