@@ -11,14 +11,16 @@ nodes' Raft addresses.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from raftmq.client import Producer
 
-from .harness import Cluster, running, tokens_toml
+from .harness import Cluster, running, tokens_toml, wait_until
 from .sqs_clients import sqs_client
 
 pytestmark = pytest.mark.timeout(240)
@@ -77,3 +79,65 @@ def test_a_token_without_cluster_admin_sees_no_raft_address(c: Cluster) -> None:
         sent = [producer.send("orders", f"m{q}", queue=q) for q in range(3)]
         assert [f.result(30).queue for f in sent] == [0, 1, 2]
     assert sum(len(c.fetch_all("orders", q)) for q in range(3)) == 3
+
+
+def _setup_queues(c: Cluster) -> None:
+    """SRC sends its dead letters to DLQ, which lets SRC alone do so; an admin's move task moved
+    DLQ's messages to DEST, which neither DLQ_TOKEN nor SRC_TOKEN may touch."""
+    admin = _sqs(c, ADMIN_TOKEN)
+    admin.create_queue(QueueName=DEST)
+    dlq_url = admin.create_queue(QueueName=DLQ)["QueueUrl"]
+    admin.create_queue(
+        QueueName=SRC,
+        Attributes={"RedrivePolicy": json.dumps({"deadLetterTargetArn": ARN + DLQ, "maxReceiveCount": 1})},
+    )
+    allow = {"redrivePermission": "byQueue", "sourceQueueArns": [ARN + SRC, ARN + DEST]}
+    admin.set_queue_attributes(QueueUrl=dlq_url, Attributes={"RedriveAllowPolicy": json.dumps(allow)})
+    admin.send_message(QueueUrl=dlq_url, MessageBody="dead")
+    admin.start_message_move_task(SourceArn=ARN + DLQ, DestinationArn=ARN + DEST)
+    wait_until(
+        lambda: admin.list_message_move_tasks(SourceArn=ARN + DLQ)["Results"][0]["Status"] == "COMPLETED",
+        60,
+        0.3,
+        "the move task's end",
+    )
+
+
+def test_queue_attributes_name_only_queues_the_token_has_a_right_on(c: Cluster) -> None:
+    _setup_queues(c)
+    # An admin sees every name, on every road.
+    admin = c.get(f"/v1/topics/{DLQ}").json()["attributes"]
+    assert DEST in admin["sqs.MessageMoveTasks"] and DEST in admin["sqs.RedriveAllowPolicy"], admin
+    # The dead-letter queue's consumer: its own queue's move tasks and allow policy, without DEST.
+    for node in c.nodes:
+        r = c.call_as(DLQ_TOKEN, "GET", f"/v1/topics/{DLQ}", node)
+        assert r.status_code == 200, r.text
+        assert DEST not in r.text and SRC not in r.text, r.text
+        listed = c.call_as(DLQ_TOKEN, "GET", "/v1/topics", node)
+        assert [t["name"] for t in listed.json()["topics"]] == [DLQ]
+        assert DEST not in listed.text and SRC not in listed.text, listed.text
+    dlq_reader = _sqs(c, DLQ_TOKEN)
+    attrs = dlq_reader.get_queue_attributes(QueueUrl=c.url() + f"/000000000000/{DLQ}", AttributeNames=["All"])
+    assert DEST not in json.dumps(attrs) and SRC not in json.dumps(attrs), attrs
+    tasks = dlq_reader.list_message_move_tasks(SourceArn=ARN + DLQ, MaxResults=10)["Results"]
+    assert tasks == [], tasks  # the one task moved to DEST
+    sources = dlq_reader.list_dead_letter_source_queues(QueueUrl=c.url() + f"/000000000000/{DLQ}")
+    assert sources["queueUrls"] == [], sources
+    # A task back to the sources it may not send to is refused without naming them.
+    with pytest.raises(ClientError) as refused:
+        dlq_reader.start_message_move_task(SourceArn=ARN + DLQ)
+    assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    assert SRC not in str(refused.value.response), refused.value.response
+    # The source queue's producer: no RedrivePolicy naming DLQ.
+    src = _sqs(c, SRC_TOKEN)
+    got = src.get_queue_attributes(QueueUrl=c.url() + f"/000000000000/{SRC}", AttributeNames=["All"])
+    assert "RedrivePolicy" not in got["Attributes"] and DLQ not in json.dumps(got), got
+    r = c.call_as(SRC_TOKEN, "GET", f"/v1/topics/{SRC}")
+    assert r.status_code == 200 and DLQ not in r.text, r.text
+    # A token with a right on SRC and DLQ but not DEST: the names it has a right on, not DEST.
+    both = _sqs(c, BOTH_TOKEN)
+    got = both.get_queue_attributes(QueueUrl=c.url() + f"/000000000000/{DLQ}", AttributeNames=["All"])
+    allowed = json.loads(got["Attributes"]["RedriveAllowPolicy"])
+    assert allowed == {"redrivePermission": "byQueue", "sourceQueueArns": [ARN + SRC]}, allowed
+    got = both.get_queue_attributes(QueueUrl=c.url() + f"/000000000000/{SRC}", AttributeNames=["All"])
+    assert json.loads(got["Attributes"]["RedrivePolicy"])["deadLetterTargetArn"] == ARN + DLQ
