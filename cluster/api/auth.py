@@ -7,7 +7,8 @@ Every request is classified by its route (:func:`route_rule`):
 - ``/internal/...``: peers only (the peer key in ``X-Raftmq-Peer-Key``); ``raftmq backup``'s three
   routes also take the backup key (``X-Raftmq-Backup-Key``); ``POST /internal/proof`` is open (a
   node being added proves it holds the peer key there; ``cluster/config/keys.py``).
-- ``/metrics``: a token, unless ``security.metrics_open``.
+- ``/metrics``: a token, unless ``security.metrics_open``; in full to a cluster admin or a token
+  with ``metrics = true``, else only the token's topics and no Raft address (``visibility.py``).
 - ``POST /`` and ``POST /{account}/{queue}``: the SQS API (``cluster/api/sqs/``), which authenticates
   its requests itself: open without tokens (any AWS credentials, as the emulators do); with tokens
   an AWS SigV4 signature by a token's SQS credentials, then the token's permissions on the queue
@@ -48,7 +49,12 @@ import structlog
 from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs.wire import CREDENTIALS_PATH, QUEUE_ROUTE
-from raftmq.cluster.api.visibility import grant_sees, visible_topic_answer, visible_topic_list
+from raftmq.cluster.api.visibility import (
+    grant_sees,
+    visible_metrics,
+    visible_topic_answer,
+    visible_topic_list,
+)
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError, ErrorCode, error_body
 from raftmq.cluster.config.keys import (
@@ -236,6 +242,8 @@ def auth_middleware(
         response = await handler(request)
         if rule is LIST_TOPICS:
             return await visible_topic_list(response, grant, grant_sees(grant, names))
+        if rule is METRICS:
+            return await visible_metrics(response, grant, grant_sees(grant, names))
         if canonical == _T and request.method in ("GET", "HEAD", "PATCH"):
             return await visible_topic_answer(response, grant_sees(grant, names))
         return response

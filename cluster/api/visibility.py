@@ -15,22 +15,33 @@ attributes hold are SQS queue names (no dots, so never a dead-letter topic's ``<
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs import move_task_records as records
 from raftmq.cluster.api.sqs.queues import PREFIX
 from raftmq.cluster.config.tokens import TokenGrant
 
-__all__ = ["Sees", "grant_sees", "visible_attributes", "visible_topic_answer", "visible_topic_list"]
+__all__ = [
+    "Sees",
+    "grant_sees",
+    "visible_attributes",
+    "visible_metrics",
+    "visible_topic_answer",
+    "visible_topic_list",
+]
 
 Sees = Callable[[str], Awaitable[bool]]
 TopicNames = Callable[[str, bool], Awaitable[list[str]]]
 REDRIVE_POLICY = PREFIX + "RedrivePolicy"
 REDRIVE_ALLOW_POLICY = PREFIX + "RedriveAllowPolicy"
+# A sample's topic label (topic names hold no quote or backslash), and a label holding a Raft address.
+_TOPIC_LABEL = re.compile(rb'[{,]topic="([^"\\]*)"')
+_PEER_LABEL = re.compile(rb"[{,]peer=")
 
 
 def grant_sees(grant: TokenGrant | None, names: TopicNames) -> Sees:
@@ -114,6 +125,38 @@ async def visible_topic_list(
     shown = [t for t in topics if grant.allows_any(_permission_name(t, by_name))]
     data["topics"] = [await _visible_topic(t, sees) for t in shown]
     return _answer(data)
+
+
+async def visible_metrics(response: web.StreamResponse, grant: TokenGrant, sees: Sees) -> web.StreamResponse:
+    """``GET /metrics`` as ``grant`` may see it: in full for a cluster admin or a token with
+    ``metrics = true``; for any other token without the samples of topics it has no right on
+    (their topic and consumer group names) and without those labelled with a Raft address
+    (``peer``). The families' ``# HELP``/``# TYPE`` lines stay: they name no topic."""
+    if (
+        grant.cluster_admin
+        or grant.metrics
+        or response.status != 200
+        or not isinstance(response, web.Response)
+    ):
+        return response
+    if not isinstance(response.body, bytes):
+        return response
+    seen: dict[str, bool] = {}
+    kept = []
+    for line in response.body.split(b"\n"):
+        if not line.startswith(b"#"):
+            if _PEER_LABEL.search(line):
+                continue
+            topic = _TOPIC_LABEL.search(line)
+            if topic is not None:
+                name = topic.group(1).decode()
+                if name not in seen:
+                    seen[name] = await sees(name)
+                if not seen[name]:
+                    continue
+        kept.append(line)
+    content_type = response.headers.get(hdrs.CONTENT_TYPE, "text/plain")
+    return web.Response(body=b"\n".join(kept), headers={hdrs.CONTENT_TYPE: content_type})
 
 
 def _json_answer(response: web.StreamResponse) -> dict[str, Any] | None:

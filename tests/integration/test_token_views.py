@@ -42,9 +42,13 @@ TOKENS = {
 }
 
 
+SCRAPER_TOKEN = "views-scraper-token-0123456789abc"  # metrics = true, no permission on any topic
+SCRAPER_TOML = f'[[security.tokens]]\nname = "scraper"\ntoken = "{SCRAPER_TOKEN}"\nmetrics = true\n'
+
+
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    security = tokens_toml((name, *spec) for name, spec in TOKENS.items())
+    security = tokens_toml((name, *spec) for name, spec in TOKENS.items()) + SCRAPER_TOML
     cluster = Cluster(tmp_path_factory.mktemp("token-views"), extra_toml=security)
     with running(cluster, ADMIN_TOKEN):  # the harness's own calls as admin
         yield cluster
@@ -141,3 +145,39 @@ def test_queue_attributes_name_only_queues_the_token_has_a_right_on(c: Cluster) 
     assert allowed == {"redrivePermission": "byQueue", "sourceQueueArns": [ARN + SRC]}, allowed
     got = both.get_queue_attributes(QueueUrl=c.url() + f"/000000000000/{SRC}", AttributeNames=["All"])
     assert json.loads(got["Attributes"]["RedrivePolicy"])["deadLetterTargetArn"] == ARN + DLQ
+
+
+def _metric_lines(c: Cluster, token: str) -> list[str]:
+    """Every sample line of every node's ``/metrics`` read with ``token``."""
+    lines = []
+    for node in c.nodes:
+        r = c.call_as(token, "GET", "/metrics", node)
+        assert r.status_code == 200, r.text
+        lines += [line for line in r.text.splitlines() if not line.startswith("#")]
+    return lines
+
+
+def test_metrics_name_only_the_token_s_topics_and_no_raft_address(c: Cluster) -> None:
+    c.post("/v1/topics", {"name": "orders", "queues": 3})
+    c.post("/v1/topics", {"name": "elsewhere", "queues": 3})
+    for topic in ("orders", "elsewhere"):
+        assert c.produce(topic, [{"value": "v", "queue": q} for q in range(3)]).status_code == 200
+    every = wait_until(
+        lambda: (
+            (lines := _metric_lines(c, ADMIN_TOKEN))
+            and any('topic="elsewhere"' in x for x in lines)
+            and lines
+        ),
+        20,
+        0.5,
+        "the queues' metrics",
+    )
+    assert any('peer="127.0.0.1:' in line for line in every)  # term rises: Raft addresses
+    scraped = _metric_lines(c, SCRAPER_TOKEN)  # metrics = true: every metric, as an admin
+    assert any('topic="elsewhere"' in line for line in scraped) and any("peer=" in line for line in scraped)
+    shown = _metric_lines(c, PRODUCER_TOKEN)
+    assert any('topic="orders"' in line for line in shown), shown
+    assert any(line.startswith("raftmq_raft_term{") for line in shown)  # the node's own metrics stay
+    topics = {part.split('"')[1] for line in shown for part in line.split("topic=")[1:]}
+    assert topics == {"orders"}, topics
+    assert not [line for line in shown if "peer=" in line]

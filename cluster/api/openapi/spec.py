@@ -531,7 +531,9 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/metrics": {
             "get": _op(
                 "metrics",
-                "Prometheus metrics",
+                "Prometheus metrics: in full to a cluster admin, a token with metrics = true, or anyone with "
+                "security.metrics_open; to any other token only the series of topics it has some "
+                "permission on and none labelled with a Raft address (peer)",
                 {
                     "200": {
                         "description": "Prometheus text format",
