@@ -33,12 +33,14 @@ DLQ_TOKEN = "views-dlq-token-0123456789abcdef"  # consume on the dead-letter que
 SRC_TOKEN = "views-src-token-0123456789abcdef"  # produce on the source queue only
 BOTH_TOKEN = "views-both-token-0123456789abcde"  # consume on every views-* queue
 REPLICA_FIELDS = {"node_id", "is_leader", "term", "commit_index", "applied_index", "has_quorum"}
+GLOB_TOKEN = "views-glob-token-0123456789abcdef"  # every right on payments.*, none on payments
 TOKENS = {
     "admin": (ADMIN_TOKEN, '["*"]', '["*"]', '["*"]'),
     "producer": (PRODUCER_TOKEN, "[]", '["orders"]', "[]"),
     "dlq-reader": (DLQ_TOKEN, "[]", "[]", f'["{DLQ}"]'),
     "src-producer": (SRC_TOKEN, "[]", f'["{SRC}"]', "[]"),
     "both": (BOTH_TOKEN, "[]", "[]", '["views-*"]'),
+    "payments-glob": (GLOB_TOKEN, '["payments.*"]', '["payments.*"]', '["payments.*"]'),
 }
 
 
@@ -181,3 +183,29 @@ def test_metrics_name_only_the_token_s_topics_and_no_raft_address(c: Cluster) ->
     topics = {part.split('"')[1] for line in shown for part in line.split("topic=")[1:]}
     assert topics == {"orders"}, topics
     assert not [line for line in shown if "peer=" in line]
+
+
+def test_a_dead_letter_topic_one_may_not_see_answers_as_a_missing_name_does(c: Cluster) -> None:
+    """``payments.*`` matches ``payments.billing.dlq`` but has no right on ``payments``, its source:
+    every road answers that name exactly as a name no topic has (``payments.nothing.dlq``), so the
+    token cannot tell which groups of ``payments`` have dead letters."""
+    c.post("/v1/topics", {"name": "payments", "queues": 1})
+    settings = {"max_deliveries": 2, "backoff_ms": [100]}
+    r = c.session.put(c.url() + "/v1/topics/payments/subscriptions/billing", json=settings, timeout=30)
+    assert r.status_code == 200, r.text
+    assert c.get("/v1/topics/payments.billing.dlq").status_code == 200
+    roads = [
+        ("GET", "/v1/topics/{t}", None),
+        ("GET", "/v1/topics/{t}/queues/0/messages", None),
+        ("POST", "/v1/topics/{t}/messages", {"messages": [{"value": "x"}]}),
+        ("POST", "/v1/topics/{t}/subscriptions/g/receive", {"wait_ms": 0}),
+        ("GET", "/v1/topics/{t}/groups", None),
+        ("DELETE", "/v1/topics/{t}", None),
+    ]
+    for node in c.nodes:
+        for method, path, body in roads:
+            existing = c.call_as(GLOB_TOKEN, method, path.format(t="payments.billing.dlq"), node, json=body)
+            missing = c.call_as(GLOB_TOKEN, method, path.format(t="payments.nothing.dlq"), node, json=body)
+            assert existing.status_code == 403, (path, existing.text)
+            assert (missing.status_code, missing.json()) == (existing.status_code, existing.json()), path
+    assert c.get("/v1/topics/payments.billing.dlq").status_code == 200  # nothing deleted
