@@ -244,7 +244,7 @@ def auth_middleware(
             return await visible_topic_list(response, grant, grant_sees(grant, names))
         if rule is METRICS:
             return await visible_metrics(response, grant, grant_sees(grant, names))
-        if canonical == _T and request.method in ("GET", "HEAD", "PATCH"):
+        if canonical == _T and request.method in ("GET", "HEAD", "PATCH") and not grant.cluster_admin:
             return await visible_topic_answer(response, grant_sees(grant, names))
         return response
 
