@@ -220,7 +220,7 @@ class TopicDescription:
 class NodeInfo:
     id: str
     http: str
-    raft: str
+    raft: str  # "" unless the token is cluster admin (the server shows Raft addresses to no other)
     reachable: bool
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from raftmq.cluster.api.auth import auth_middleware
+from raftmq.cluster.api.auth import PRINCIPAL, auth_middleware
 from raftmq.cluster.api.common import error_middleware, json_response
 from raftmq.cluster.api.connections import IDLE_KEY, IdleConnections, idle_middleware
 from raftmq.cluster.api.console import add_console_routes
@@ -91,7 +91,11 @@ class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
         return json_response({"status": "ready", "node_id": self.node.me.id})
 
     async def cluster(self, request: web.Request) -> web.Response:
-        return json_response(await self.cluster_view())
+        """``GET /v1/cluster``: all of it to a cluster admin (and without tokens); to any other
+        token what a client routes by (:func:`routing_view`)."""
+        view = await self.cluster_view()
+        grant = request.get(PRINCIPAL)
+        return json_response(view if grant is None or grant.cluster_admin else routing_view(view))
 
     async def cluster_view(self) -> dict[str, Any]:
         """``GET /v1/cluster``'s answer: the nodes, and every group with its replicas' indexes."""
@@ -129,6 +133,31 @@ class Api(TopicHandlers, ProduceHandlers, FetchHandlers):
 
     async def openapi(self, request: web.Request) -> web.Response:
         return json_response(openapi_spec(self.limits))
+
+
+_NODE_FIELDS = ("id", "http", "reachable")
+_GROUP_FIELDS = ("group_id", "leader", "term", "placement")
+_REPLICA_FIELDS = ("node_id", "is_leader", "term", "commit_index", "applied_index", "has_quorum")
+
+
+def routing_view(view: dict[str, Any]) -> dict[str, Any]:
+    """``GET /v1/cluster`` as a token without cluster admin sees it: the nodes' ids and HTTP
+    addresses (a client routes by them), each group's leader, term, replicas' indexes and
+    placement (node ids); never a Raft address (``nodes[].raft``, a replica's ``members`` and the
+    peers of its ``term_rises``), which only the Raft network needs (docs/security.md, "What a
+    token can see")."""
+    return {
+        "node_id": view["node_id"],
+        "nodes": [{k: n[k] for k in _NODE_FIELDS} for n in view["nodes"]],
+        "groups": [
+            {
+                **{k: g[k] for k in _GROUP_FIELDS},
+                "replicas": [{k: r[k] for k in _REPLICA_FIELDS if k in r} for r in g["replicas"]],
+            }
+            for g in view["groups"]
+        ],
+        "tokens_required": view["tokens_required"],
+    }
 
 
 def create_app(node: Node) -> web.Application:

@@ -7,7 +7,8 @@ Every request is classified by its route (:func:`route_rule`):
 - ``/internal/...``: peers only (the peer key in ``X-Raftmq-Peer-Key``); ``raftmq backup``'s three
   routes also take the backup key (``X-Raftmq-Backup-Key``); ``POST /internal/proof`` is open (a
   node being added proves it holds the peer key there; ``cluster/config/keys.py``).
-- ``/metrics``: a token, unless ``security.metrics_open``.
+- ``/metrics``: a token, unless ``security.metrics_open``; in full to a cluster admin or a token
+  with ``metrics = true``, else only the token's topics and no Raft address (``visibility.py``).
 - ``POST /`` and ``POST /{account}/{queue}``: the SQS API (``cluster/api/sqs/``), which authenticates
   its requests itself: open without tokens (any AWS credentials, as the emulators do); with tokens
   an AWS SigV4 signature by a token's SQS credentials, then the token's permissions on the queue
@@ -28,6 +29,7 @@ Dead-letter topics: a topic that records its source (``Topic.dead_letter_of``) i
 its source's name on every route (``TopicNames``, ``ApiCore.permission_names``), never against its
 own ``<source>.<group>.dlq``; creating a topic needs admin on each existing topic it could be the
 dead-letter topic of, too. The topic list shows a dead-letter topic to the tokens that see its source.
+A topic's answers name no other topic the token has no right on (``visibility.py``).
 
 Refusals: 401 ``unauthorized`` (no, malformed or unknown credentials; with ``WWW-Authenticate``),
 403 ``forbidden`` (a valid token without the permission). Nothing here logs or returns a header's
@@ -47,6 +49,12 @@ import structlog
 from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs.wire import CREDENTIALS_PATH, QUEUE_ROUTE
+from raftmq.cluster.api.visibility import (
+    grant_sees,
+    visible_metrics,
+    visible_topic_answer,
+    visible_topic_list,
+)
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError, ErrorCode, error_body
 from raftmq.cluster.config.keys import (
@@ -233,7 +241,11 @@ def auth_middleware(
         request[PRINCIPAL] = grant
         response = await handler(request)
         if rule is LIST_TOPICS:
-            return _only_visible_topics(response, grant)
+            return await visible_topic_list(response, grant, grant_sees(grant, names))
+        if rule is METRICS:
+            return await visible_metrics(response, grant, grant_sees(grant, names))
+        if canonical == _T and request.method in ("GET", "HEAD", "PATCH") and not grant.cluster_admin:
+            return await visible_topic_answer(response, grant_sees(grant, names))
         return response
 
     return middleware
@@ -315,35 +327,6 @@ def _created_topics(body: Any) -> list[str | None]:
         name = spec.get("name") if isinstance(spec, dict) else None
         found.append(name if isinstance(name, str) else None)
     return found
-
-
-def _only_visible_topics(response: web.StreamResponse, grant: TokenGrant) -> web.StreamResponse:
-    if grant.cluster_admin or response.status != 200 or not isinstance(response, web.Response):
-        return response
-    if not isinstance(response.body, bytes):
-        return response
-    data = orjson.loads(response.body)
-    topics = data.get("topics", [])
-    by_name = {str(t.get("name")): t for t in topics}
-    data["topics"] = [t for t in topics if grant.allows_any(_permission_name(t, by_name))]
-    return web.Response(
-        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE), status=200, content_type="application/json"
-    )
-
-
-def _permission_name(item: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
-    """The name a listed topic's permissions go by, as ``machines.topics.permission_names`` finds
-    it: a dead-letter topic's source (the list names it), followed through the sources the list
-    shows as dead-letter topics themselves."""
-    name, seen = str(item.get("name")), set()
-    while name not in seen:
-        seen.add(name)
-        source = item.get("dead_letter_of")
-        if not (isinstance(source, dict) and isinstance(source.get("topic"), str)):
-            break
-        name = source["topic"]
-        item = by_name.get(name, {})
-    return name
 
 
 class _RefusalLog:

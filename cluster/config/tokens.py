@@ -13,6 +13,7 @@ The cluster file lists tokens under ``[security]``::
     produce = ["orders.*"]               # shell-style patterns of topic names
     consume = ["orders.*", "audit"]
     admin = []                           # ["*"] also allows the cluster-wide admin routes
+    metrics = false                      # true: GET /metrics shows every topic (a scraper's token)
 
 ``RAFTMQ_TOKEN_<NAME>`` (the name upper-cased, ``-`` and ``.`` as ``_``) sets the token of the entry
 named NAME from the environment (it replaces ``sha256``/``token`` of the file). Authentication is on
@@ -74,6 +75,9 @@ class TokenGrant:
     produce: tuple[str, ...] = ()
     consume: tuple[str, ...] = ()
     admin: tuple[str, ...] = ()
+    # GET /metrics in full (every topic's and group's names, Raft addresses); without it (and
+    # without cluster admin) only the topics the token has some right on (api/visibility.py).
+    metrics: bool = False
 
     def allows(self, permission: str, topic: str | None) -> bool:
         """True if this token has ``permission`` on ``topic``; with ``topic=None``, on any topic
@@ -198,7 +202,8 @@ def _parse_grant(i: int, entry: Any, env: Mapping[str, str], problems: list[str]
         problems.append(f"{where} must be a table")
         return None
     problems += [
-        f"unknown key {where}.{k}" for k in sorted(set(entry) - {"name", "sha256", "token", *PERMISSIONS})
+        f"unknown key {where}.{k}"
+        for k in sorted(set(entry) - {"name", "sha256", "token", "metrics", *PERMISSIONS})
     ]
     name = entry.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
@@ -206,6 +211,10 @@ def _parse_grant(i: int, entry: Any, env: Mapping[str, str], problems: list[str]
         return None
     where = f"token {name!r}"
     grants = {p: _patterns(entry.get(p, []), f"{where}: {p}", problems) for p in PERMISSIONS}
+    metrics = entry.get("metrics", False)
+    if not isinstance(metrics, bool):
+        problems.append(f"{where}: metrics must be true or false")
+        return None
     token, sha256 = env.get(env_var(name)), entry.get("sha256")
     if token is None:
         token = entry.get("token")
@@ -225,7 +234,7 @@ def _parse_grant(i: int, entry: Any, env: Mapping[str, str], problems: list[str]
         return None
     else:
         digest = bytes.fromhex(sha256)
-    return TokenGrant(name=name, digest=digest, **grants)
+    return TokenGrant(name=name, digest=digest, metrics=metrics, **grants)
 
 
 def _patterns(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:

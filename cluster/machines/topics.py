@@ -136,10 +136,13 @@ def permission_names(name: str, topics: Mapping[str, Topic], *, creating: bool =
     followed to a topic that records none: the dead-letter topic of a dead-letter topic
     (``payments.billing.dlq.g.dlq``) answers for ``payments`` too. A source that was deleted ends the
     walk: the last topic found goes by its own name. ``creating``: a topic to create must also be
-    allowed on every existing topic it could be the dead-letter topic of (each as it answers). Pure."""
+    allowed on every existing topic it could be the dead-letter topic of (each as it answers); so
+    must a name no topic has, so that a token without a right on ``payments`` gets the same answer
+    for ``payments.billing.dlq`` whether that group has dead letters or not (before, 403 or 404
+    told it). Pure."""
     if not name.endswith(".dlq") or validate_topic_name(name):
         return [name]  # only ensure_dlq_topic records sources, and its names end in .dlq
-    if creating:
+    if creating or name not in topics:
         stem = name[: -len(".dlq")]
         sources = [stem[:i] for i in range(1, len(stem) - 1) if stem[i] == "." and stem[:i] in topics]
         return [name, *(n for source in sources for n in permission_names(source, topics))]

@@ -189,6 +189,24 @@ def test_the_environment_replaces_a_token_of_the_file() -> None:
     assert security.authenticate("other-token-0123456789") is not None
 
 
+def test_a_token_reads_every_metric_only_with_metrics_true() -> None:
+    problems: list[str] = []
+    security = parse_security(
+        {
+            "tokens": [
+                {"name": "scraper", "token": TOKEN_A, "metrics": True},
+                {"name": "svc", "token": "svc-token-0123456789ab", "produce": ["orders"]},
+                {"name": "bad", "token": "bad-token-0123456789ab", "metrics": "yes"},
+            ]
+        },
+        {},
+        problems,
+    )
+    assert problems == ["token 'bad': metrics must be true or false"]
+    scraper, svc = security.tokens
+    assert scraper.metrics and not scraper.allows_any("orders") and not svc.metrics
+
+
 def test_no_tokens_means_authentication_off() -> None:
     problems: list[str] = []
     assert not parse_security(None, {}, problems).enabled

@@ -84,7 +84,9 @@ def test_a_dead_letter_topic_of_a_dead_letter_topic_answers_for_the_first_source
     for name in ("ledger.billing.dlq", "ledger.billing.dlq.g.dlq", "ledger.billing.dlq.g.dlq.h.dlq"):
         assert permission_names(name, table) == ["ledger"], name
     assert permission_names("ledger.eu", table) == ["ledger.eu"]
-    assert permission_names("ledger.other.dlq", table) == ["ledger.other.dlq"]  # no such topic
+    # No such topic: as if it were created (a token without a right on ledger learns nothing).
+    assert permission_names("ledger.other.dlq", table) == ["ledger.other.dlq", "ledger"]
+    assert permission_names("nowhere.other.dlq", table) == ["nowhere.other.dlq"]
     # Creating under a dead-letter name: also each existing topic it could be the dead letters of.
     assert permission_names("ledger.billing.dlq.x.dlq", table, creating=True) == [
         "ledger.billing.dlq.x.dlq",

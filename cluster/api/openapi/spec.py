@@ -284,8 +284,13 @@ def _schemas(limits: Limits) -> dict[str, Schema]:
                 "node_id": _str(),
                 "nodes": _array(
                     _obj(
-                        {"id": _str(), "http": _str(), "raft": _str(), "reachable": {"type": "boolean"}},
-                        required=("id", "http", "raft", "reachable"),
+                        {
+                            "id": _str(),
+                            "http": _str(),
+                            "raft": _str(description="cluster admin only"),
+                            "reachable": {"type": "boolean"},
+                        },
+                        required=("id", "http", "reachable"),
                     )
                 ),
                 "groups": _array(
@@ -364,7 +369,13 @@ def _paths(limits: Limits) -> dict[str, Any]:
             )
         },
         "/v1/cluster": {
-            "get": _op("getCluster", "Nodes and groups", {"200": _json(_ref("Cluster"), "cluster view")})
+            "get": _op(
+                "getCluster",
+                "Nodes and groups. Raft addresses (nodes[].raft, a replica's members and term_rises) "
+                "only for a cluster admin: any other token gets node ids, HTTP addresses, "
+                "reachability and each group's leader, term, placement and replicas' indexes",
+                {"200": _json(_ref("Cluster"), "cluster view")},
+            )
         },
         "/v1/topics": {
             "post": _op(
@@ -520,7 +531,9 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/metrics": {
             "get": _op(
                 "metrics",
-                "Prometheus metrics",
+                "Prometheus metrics: in full to a cluster admin, a token with metrics = true, or anyone with "
+                "security.metrics_open; to any other token only the series of topics it has some "
+                "permission on and none labelled with a Raft address (peer)",
                 {
                     "200": {
                         "description": "Prometheus text format",

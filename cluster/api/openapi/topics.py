@@ -28,6 +28,12 @@ def _attributes(removals: bool, answer: bool = False) -> Schema:
         "maxProperties": MAX_ATTRIBUTES,
         "description": "The topic's own settings, names to strings (the SQS API keeps a queue's "
         f"attributes here, under names starting with sqs., {said})"
+        + (
+            "; sqs.RedrivePolicy, sqs.RedriveAllowPolicy and sqs.MessageMoveTasks name other queues only "
+            "where the token has some permission on them (docs/security.md, What a token can see)"
+            if answer
+            else ""
+        )
         + ("; null removes one" if removals else ""),
     }
 

@@ -43,6 +43,7 @@ from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.access import queue_name_of
 from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.visibility import grant_sees, visible_attributes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
@@ -410,9 +411,13 @@ class QueueActions:
         for name in qs.SETTABLE:
             cap = self.limits.max_message_bytes if name == "MaximumMessageSize" else None
             values[name] = str(qs.queue_setting(topic, name, cap))
+        # A redrive policy names other queues: only those the token has a right on (visibility.py).
+        shown = await visible_attributes(
+            topic.attributes, grant_sees(request.get(PRINCIPAL), self.api.permission_names)
+        )
         for name in (*qs.REDRIVE, *qs.STORED):
-            if topic.attributes.get(qs.PREFIX + name):  # "" : removed
-                values[name] = topic.attributes[qs.PREFIX + name]
+            if shown.get(qs.PREFIX + name):  # "" : removed
+                values[name] = shown[qs.PREFIX + name]
         if qs.is_fifo(topic):
             values["FifoQueue"] = "true"
             for name in qs.FIFO_SETTINGS:

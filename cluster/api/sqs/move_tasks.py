@@ -40,6 +40,7 @@ from raftmq.cluster.api.sqs.actions import GROUP, Action, int_param
 from raftmq.cluster.api.sqs.errors import SQS_ERRORS, SqsError, from_raftmq_error
 from raftmq.cluster.api.sqs.message_actions import SqsActions
 from raftmq.cluster.api.sqs.messages import SOURCE_HEADER, moved_fifo, moved_headers
+from raftmq.cluster.api.visibility import grant_sees, visible_attributes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
@@ -207,12 +208,15 @@ class MoveTasks:
             rate = int_param(params, "MaxNumberOfMessagesPerSecond", 1, MAX_RATE, 1)
         grant = request.get(PRINCIPAL)
         if grant is not None:  # access.py checked consume on the source and produce on a destination
+            sees = grant_sees(grant, self.sqs.api.permission_names)
             for name in [] if destination is not None else sources:
                 if not await self._may_produce(grant, name):
+                    # A source the token has no right on stays unnamed (visibility.py).
+                    named = f"{name!r}, " if await sees(name) else ""
                     raise SqsError(
                         "AccessDenied",
                         f"Access to the resource is denied: token {grant.name!r} lacks produce "
-                        f"permission on {name!r}, a source queue the messages would go back to.",
+                        f"permission on {named}a source queue the messages would go back to.",
                     )
         await self.sqs._ensure_subscription(source)  # the takes' (SQS's redelivery, no dead letters)
         visible, _, _ = await self.sqs._counts(source, with_delayed=False)
@@ -289,7 +293,10 @@ class MoveTasks:
         count = int_param(params, "MaxResults", 1, records.KEEP, 1)
         now = now_ms()
         arn = self.sqs.queue_arn(source.name)
-        tasks = records.load(source.attributes.get(records.ATTRIBUTE))[:count]
+        # A task to a queue the token has no right on is not shown: it would name that queue.
+        sees = grant_sees(request.get(PRINCIPAL), self.sqs.api.permission_names)
+        shown = await visible_attributes(source.attributes, sees)
+        tasks = records.load(shown.get(records.ATTRIBUTE))[:count]
         return {"Results": [records.entry(self._effective(t, now), source.name, arn) for t in tasks]}
 
     # -- running a task ---------------------------------------------------------------------------

@@ -249,7 +249,7 @@ function showCluster(view) {
         { "data-node": n.id },
         el("td", {}, el("strong", { text: n.id }), n.id === view.node_id ? el("span", { class: "muted", text: " (this node)" }) : null),
         el("td", { text: n.http }),
-        el("td", { text: n.raft }),
+        el("td", { text: n.raft ?? "–" }), // shown to a cluster admin only
         el("td", {}, n.reachable ? badge("up", "good") : badge("unreachable", "bad")),
         el("td", { text: (leads.get(n.id) || []).join(", ") || "–" }),
       ),

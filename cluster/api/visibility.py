@@ -1,0 +1,189 @@
+"""What a token sees of topics it has no right on: nothing, not even their names (docs/security.md,
+"What a token can see").
+
+A topic's answer may name other topics in the attributes the SQS API keeps: a queue's
+``sqs.RedrivePolicy`` names its dead-letter queue, ``sqs.RedriveAllowPolicy`` the queues that may
+use it as theirs, ``sqs.MessageMoveTasks`` each task's destination. A token sees such a name only
+with some right on that queue (:data:`Sees`); otherwise the RedrivePolicy is left out, the allow
+policy lists only the queues it sees, and a move task to a queue it does not see is left out. The
+REST answers (``GET``/``PATCH /v1/topics/{topic}``, ``GET /v1/topics``, filtered by the
+authentication middleware at the entry node) and the SQS actions (GetQueueAttributes,
+ListMessageMoveTasks) go through :func:`visible_attributes` alike. The queue names these
+attributes hold are SQS queue names (no dots, so never a dead-letter topic's ``<source>.<group>.dlq``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import hdrs, web
+
+from raftmq.cluster.api.sqs import move_task_records as records
+from raftmq.cluster.api.sqs.queues import PREFIX
+from raftmq.cluster.config.tokens import TokenGrant
+
+__all__ = [
+    "Sees",
+    "grant_sees",
+    "visible_attributes",
+    "visible_metrics",
+    "visible_topic_answer",
+    "visible_topic_list",
+]
+
+Sees = Callable[[str], Awaitable[bool]]
+TopicNames = Callable[[str, bool], Awaitable[list[str]]]
+REDRIVE_POLICY = PREFIX + "RedrivePolicy"
+REDRIVE_ALLOW_POLICY = PREFIX + "RedriveAllowPolicy"
+# A sample's topic label (topic names hold no quote or backslash), and a label holding a Raft address.
+_TOPIC_LABEL = re.compile(rb'[{,]topic="([^"\\]*)"')
+_PEER_LABEL = re.compile(rb"[{,]peer=")
+
+
+def grant_sees(grant: TokenGrant | None, names: TopicNames) -> Sees:
+    """Whether ``grant`` (None: no tokens, or a peer) may see a topic's name: some right on every
+    name its permissions go by (``ApiCore.permission_names``), or cluster admin."""
+
+    async def sees(name: str) -> bool:
+        if grant is None or grant.cluster_admin:
+            return True
+        return all(grant.allows_any(n) for n in await names(name, False))
+
+    return sees
+
+
+def _arn_queue(arn: Any) -> str | None:
+    return arn.rsplit(":", 1)[-1] if isinstance(arn, str) and arn else None
+
+
+async def visible_attributes(attributes: dict[str, str], sees: Sees) -> dict[str, str]:
+    """``attributes`` without the names of queues ``sees`` refuses; a value that cannot be read is
+    left out whole (it could name anything)."""
+    out = dict(attributes)
+    if out.get(REDRIVE_POLICY):
+        try:
+            target = _arn_queue(json.loads(out[REDRIVE_POLICY]).get("deadLetterTargetArn"))
+        except (ValueError, AttributeError):
+            target = None
+        if target is None or not await sees(target):
+            del out[REDRIVE_POLICY]
+    if out.get(REDRIVE_ALLOW_POLICY):
+        try:
+            policy = json.loads(out[REDRIVE_ALLOW_POLICY])
+            arns = policy.get("sourceQueueArns", [])
+        except (ValueError, AttributeError):
+            policy, arns = None, None
+        if not isinstance(arns, list) or policy is None:
+            del out[REDRIVE_ALLOW_POLICY]
+        else:
+            kept = [a for a in arns if (q := _arn_queue(a)) is not None and await sees(q)]
+            if kept != arns:
+                policy["sourceQueueArns"] = kept
+                out[REDRIVE_ALLOW_POLICY] = json.dumps(policy, separators=(",", ":"))
+    if out.get(records.ATTRIBUTE):
+        tasks = records.load(out[records.ATTRIBUTE])
+        kept_tasks = [t for t in tasks if t.destination is None or await _sees_arn(t.destination, sees)]
+        if kept_tasks != tasks:
+            out[records.ATTRIBUTE] = records.dump(kept_tasks) if kept_tasks else "[]"
+    return out
+
+
+async def _sees_arn(arn: str, sees: Sees) -> bool:
+    queue = _arn_queue(arn)
+    return queue is not None and await sees(queue)
+
+
+async def _visible_topic(item: dict[str, Any], sees: Sees) -> dict[str, Any]:
+    attributes = item.get("attributes")
+    if not isinstance(attributes, dict) or not attributes:
+        return item
+    return {**item, "attributes": await visible_attributes(attributes, sees)}
+
+
+async def visible_topic_answer(response: web.StreamResponse, sees: Sees) -> web.StreamResponse:
+    """A topic's answer (``GET``/``PATCH /v1/topics/{topic}``) as the token may see it."""
+    data = _json_answer(response)
+    if data is None or not isinstance(data.get("attributes"), dict):
+        return response
+    return _answer(await _visible_topic(data, sees))
+
+
+async def visible_topic_list(
+    response: web.StreamResponse, grant: TokenGrant, sees: Sees
+) -> web.StreamResponse:
+    """``GET /v1/topics`` as ``grant`` may see it: only topics it has some right on (a dead-letter
+    topic by its source's name, :func:`_permission_name`), their attributes as it may see them."""
+    data = _json_answer(response)
+    if data is None or grant.cluster_admin:
+        return response
+    topics = data.get("topics", [])
+    by_name = {str(t.get("name")): t for t in topics}
+    shown = [t for t in topics if grant.allows_any(_permission_name(t, by_name))]
+    data["topics"] = [await _visible_topic(t, sees) for t in shown]
+    return _answer(data)
+
+
+async def visible_metrics(response: web.StreamResponse, grant: TokenGrant, sees: Sees) -> web.StreamResponse:
+    """``GET /metrics`` as ``grant`` may see it: in full for a cluster admin or a token with
+    ``metrics = true``; for any other token without the samples of topics it has no right on
+    (their topic and consumer group names) and without those labelled with a Raft address
+    (``peer``). The families' ``# HELP``/``# TYPE`` lines stay: they name no topic."""
+    if (
+        grant.cluster_admin
+        or grant.metrics
+        or response.status != 200
+        or not isinstance(response, web.Response)
+    ):
+        return response
+    if not isinstance(response.body, bytes):
+        return response
+    seen: dict[str, bool] = {}
+    kept = []
+    for line in response.body.split(b"\n"):
+        if not line.startswith(b"#"):
+            if _PEER_LABEL.search(line):
+                continue
+            topic = _TOPIC_LABEL.search(line)
+            if topic is not None:
+                name = topic.group(1).decode()
+                if name not in seen:
+                    seen[name] = await sees(name)
+                if not seen[name]:
+                    continue
+        kept.append(line)
+    content_type = response.headers.get(hdrs.CONTENT_TYPE, "text/plain")
+    return web.Response(body=b"\n".join(kept), headers={hdrs.CONTENT_TYPE: content_type})
+
+
+def _json_answer(response: web.StreamResponse) -> dict[str, Any] | None:
+    if response.status != 200 or not isinstance(response, web.Response):
+        return None
+    if not isinstance(response.body, bytes):
+        return None
+    data = orjson.loads(response.body)
+    return data if isinstance(data, dict) else None
+
+
+def _answer(data: dict[str, Any]) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE), status=200, content_type="application/json"
+    )
+
+
+def _permission_name(item: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
+    """The name a listed topic's permissions go by, as ``machines.topics.permission_names`` finds
+    it: a dead-letter topic's source (the list names it), followed through the sources the list
+    shows as dead-letter topics themselves."""
+    name, seen = str(item.get("name")), set()
+    while name not in seen:
+        seen.add(name)
+        source = item.get("dead_letter_of")
+        if not (isinstance(source, dict) and isinstance(source.get("topic"), str)):
+            break
+        name = source["topic"]
+        item = by_name.get(name, {})
+    return name

@@ -1,0 +1,85 @@
+"""What a token sees of topics it has no right on (``cluster/api/visibility.py``): the SQS attributes
+that name other queues, and the samples of ``/metrics``. Pure: a made-up ``sees``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from raftmq.cluster.api.sqs import move_task_records as records
+from raftmq.cluster.api.visibility import visible_attributes, visible_metrics
+from raftmq.cluster.config.tokens import TokenGrant
+
+ARN = "arn:aws:sqs:us-east-1:000000000000:"
+MINE = {"mine", "dlq"}
+
+
+async def sees(name: str) -> bool:
+    return name in MINE
+
+
+def task(task_id: str, destination: str | None) -> dict[str, object]:
+    return {
+        "id": task_id * 32,
+        "status": "COMPLETED",
+        "owner": "n1",
+        "started_ms": 1,
+        "heartbeat_ms": 2,
+        "destination": destination,
+        "rate": None,
+        "moved": 0,
+        "to_move": 0,
+        "reason": None,
+    }
+
+
+def visible(attributes: dict[str, str]) -> dict[str, str]:
+    return asyncio.run(visible_attributes(attributes, sees))
+
+
+def test_redrive_policies_name_only_the_queues_the_token_sees() -> None:
+    policy = json.dumps({"deadLetterTargetArn": ARN + "dlq", "maxReceiveCount": 3})
+    hidden = json.dumps({"deadLetterTargetArn": ARN + "theirs", "maxReceiveCount": 3})
+    allow = json.dumps({"redrivePermission": "byQueue", "sourceQueueArns": [ARN + "mine", ARN + "theirs"]})
+    assert visible({"sqs.RedrivePolicy": policy, "other": "x"}) == {"sqs.RedrivePolicy": policy, "other": "x"}
+    assert visible({"sqs.RedrivePolicy": hidden, "other": "x"}) == {"other": "x"}
+    assert visible({"sqs.RedrivePolicy": "not json"}) == {}  # unreadable: could name anything
+    shown = json.loads(visible({"sqs.RedriveAllowPolicy": allow})["sqs.RedriveAllowPolicy"])
+    assert shown == {"redrivePermission": "byQueue", "sourceQueueArns": [ARN + "mine"]}
+    every = json.dumps({"redrivePermission": "allowAll"})
+    assert visible({"sqs.RedriveAllowPolicy": every}) == {"sqs.RedriveAllowPolicy": every}
+
+
+def test_move_tasks_to_a_queue_the_token_does_not_see_are_left_out() -> None:
+    raw = json.dumps([task("a", ARN + "theirs"), task("b", None), task("c", ARN + "mine")])
+    shown = records.load(visible({records.ATTRIBUTE: raw})[records.ATTRIBUTE])
+    assert [t.id[0] for t in shown] == ["b", "c"]
+    only_hidden = json.dumps([task("a", ARN + "theirs")])
+    assert visible({records.ATTRIBUTE: only_hidden}) == {records.ATTRIBUTE: "[]"}
+
+
+def test_metrics_keep_the_node_s_series_and_the_token_s_topics() -> None:
+    body = (
+        "# HELP raftmq_queue_messages Messages retained\n"
+        "# TYPE raftmq_queue_messages gauge\n"
+        'raftmq_queue_messages{topic="mine",queue="0",group_id="1"} 3.0\n'
+        'raftmq_queue_messages{topic="theirs",queue="0",group_id="1"} 4.0\n'
+        # a group name that spells a topic label (escaped by the exposition format)
+        'raftmq_consumer_lag_messages{topic="theirs",queue="0",consumer_group="a,topic=\\"mine\\""} 1.0\n'
+        'raftmq_raft_term_rises_total{node_id="n1",group_id="0",cause="campaign",peer="10.0.0.1:7101"} 1.0\n'
+        'raftmq_raft_term{node_id="n1",group_id="0"} 2.0\n'
+    )
+    response = web.Response(body=body.encode(), headers={"Content-Type": "text/plain; version=0.0.4"})
+    grant = TokenGrant(name="svc", digest=b"", consume=("mine",))
+    shown = asyncio.run(visible_metrics(response, grant, sees))
+    assert isinstance(shown, web.Response) and isinstance(shown.body, bytes)
+    assert shown.body.decode().splitlines() == [
+        "# HELP raftmq_queue_messages Messages retained",
+        "# TYPE raftmq_queue_messages gauge",
+        'raftmq_queue_messages{topic="mine",queue="0",group_id="1"} 3.0',
+        'raftmq_raft_term{node_id="n1",group_id="0"} 2.0',
+    ]
+    scraper = TokenGrant(name="scraper", digest=b"", metrics=True)
+    assert asyncio.run(visible_metrics(response, scraper, sees)) is response
