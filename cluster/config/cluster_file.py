@@ -181,6 +181,7 @@ class Limits:
     http_idle_timeout_ms: int = 75_000
     http_max_idle_connections: int = 1024
     http_write_timeout_ms: int = 30_000
+    http_max_requests: int = 4096
     # Store values each queue group's apply keeps decoded between entries (cluster/machines/cache.py;
     # about 0.8 KiB each when full of producer states, per group hosted; 0: off).
     apply_cache_entries: int = 4096

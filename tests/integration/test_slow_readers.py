@@ -6,7 +6,9 @@ reads its socket made each handler wait on the transport's drain for good (no wr
 task, up to the transport's buffers and a descriptor each, as long as the client liked. Its
 connection is aborted once its writes stay paused that long, counted in
 ``raftmq_http_write_timeouts_total``, while a normal client is served meanwhile; a client that
-reads slowly but steadily gets its whole answer.
+reads slowly but steadily gets its whole answer. Clients' requests in the application at once are
+capped (``limits.http_max_requests``): one more is refused 429 ``too_many_requests`` at once, a
+peer's call is not.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 
 from .harness import Cluster
 
@@ -24,13 +28,17 @@ pytestmark = pytest.mark.timeout(180)
 
 WRITE_S = 2.0  # http_write_timeout_ms
 LATE_S = 10.0  # slack for a loaded machine
+MAX_REQUESTS = 8  # http_max_requests
 SPEC = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n"  # an answer of about 100 KiB
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp: Path = tmp_path_factory.mktemp("cluster")
-    limits = f"[limits]\nhttp_write_timeout_ms = {int(WRITE_S * 1000)}\nrequest_timeout_ms = 3000\n"
+    limits = (
+        f"[limits]\nhttp_write_timeout_ms = {int(WRITE_S * 1000)}\nrequest_timeout_ms = 3000\n"
+        f"http_max_requests = {MAX_REQUESTS}\n"
+    )
     with Cluster(tmp, nodes=1, queue_groups=1, extra_toml=limits) as c:
         c.start()
         c.wait_ready()
@@ -104,3 +112,21 @@ def test_a_client_that_reads_slowly_but_steadily_gets_every_answer(cluster: Clus
             got += len(chunk)
             time.sleep(0.01)  # about 1.6 MB/s at most: slower than the node writes
     assert got >= count * answer_bytes, f"cut at {got} bytes of {count * answer_bytes}"
+
+
+def test_clients_requests_over_the_cap_are_refused_429_and_peers_calls_are_not(cluster: Cluster) -> None:
+    poll_url = cluster.url("n1") + "/v1/topics/readers/queues/0/messages"
+
+    def long_poll() -> requests.Response:
+        return requests.get(poll_url, params={"offset": 0, "wait_ms": 6000}, timeout=30)
+
+    with ThreadPoolExecutor(MAX_REQUESTS) as pool:
+        polls = [pool.submit(long_poll) for _ in range(MAX_REQUESTS)]
+        time.sleep(2)  # every long poll is under way
+        refused = cluster.get("/v1/topics/readers")
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "too_many_requests", refused.text
+        peer = cluster.internal("GET", "/internal/status", "n1")  # another node's call is served
+        assert peer.status_code == 200, peer.text
+        assert all(p.result(timeout=30).status_code == 200 for p in polls)
+    assert cluster.get("/v1/topics/readers").status_code == 200  # served again once they are done
