@@ -13,6 +13,8 @@ peer's call is not.
 
 from __future__ import annotations
 
+import base64
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -130,3 +132,34 @@ def test_clients_requests_over_the_cap_are_refused_429_and_peers_calls_are_not(c
         assert peer.status_code == 200, peer.text
         assert all(p.result(timeout=30).status_code == 200 for p in polls)
     assert cluster.get("/v1/topics/readers").status_code == 200  # served again once they are done
+
+
+def test_a_push_stream_whose_client_never_reads_is_cut_after_the_write_timeout(cluster: Cluster) -> None:
+    cluster.create_topic("pushed", queues=1)
+    value = "v" * (512 * 1024)
+    for _ in range(10):  # 40 messages of 512 KiB: about 20 MiB to push
+        r = cluster.produce("pushed", [{"value": value}] * 4)
+        assert r.status_code == 200, r.text
+    before = cluster.metric_sum("n1", "raftmq_http_write_timeouts_total")
+    s = connect(cluster)
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        s.sendall(
+            b"GET /v1/topics/pushed/subscriptions/g/stream?heartbeat_ms=60000 HTTP/1.1\r\nHost: x\r\n"
+            + f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n".encode()
+            + b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        rdy, mask = b'{"op":"rdy","n":40}', os.urandom(4)
+        s.sendall(bytes([0x81, 0x80 | len(rdy)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(rdy)))
+        time.sleep(2 * WRITE_S + LATE_S / 2)  # its frames are never read
+        got, closed = read_until_closed(s, LATE_S)
+        assert closed, "a push stream whose frames were never read was kept"
+        assert got < 40 * len(value), "every frame was sent: the client was waited for"
+    finally:
+        s.close()
+    assert cluster.metric_sum("n1", "raftmq_http_write_timeouts_total") > before
+    assert cluster.get("/v1/topics/pushed").status_code == 200
