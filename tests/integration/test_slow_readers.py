@@ -163,3 +163,20 @@ def test_a_push_stream_whose_client_never_reads_is_cut_after_the_write_timeout(c
         s.close()
     assert cluster.metric_sum("n1", "raftmq_http_write_timeouts_total") > before
     assert cluster.get("/v1/topics/pushed").status_code == 200
+
+
+def test_an_sqs_body_trickled_without_tokens_is_refused_in_sqs_terms_in_time(cluster: Cluster) -> None:
+    """Without tokens SQS reads its body unsigned: past ``request_timeout_ms`` (3 s here) the late
+    body is an SQS ``InvalidParameterValue`` (as with tokens, before the signature), not a 5xx."""
+    s = connect(cluster)
+    try:
+        s.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-amz-json-1.0\r\n"
+            b"X-Amz-Target: AmazonSQS.ListQueues\r\nContent-Length: 1000\r\n\r\n{"
+        )
+        s.settimeout(3 + LATE_S)
+        answer = s.recv(65536)
+    finally:
+        s.close()
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert b"InvalidParameterValue" in answer and b"did not arrive" in answer, answer
