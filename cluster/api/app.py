@@ -143,7 +143,7 @@ def create_app(node: Node) -> web.Application:
     api = Api(node)
     limits = node.config.limits
     idle = IdleConnections(limits.http_max_idle_connections, api.metrics.idle_closed.inc)
-    writes = WriteDeadline(idle, limits.http_write_timeout_ms / 1000, api.metrics.write_timeouts.inc)
+    writes = WriteDeadline(limits.http_write_timeout_ms / 1000, api.metrics.write_timeouts.inc)
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
         middlewares=[
@@ -152,7 +152,7 @@ def create_app(node: Node) -> web.Application:
             error_middleware,
             request_cap_middleware(limits.http_max_requests, node.keys),  # clients' (not peers') requests
             # a body read (the handlers', and auth's of a body-scoped permission) past the deadline: 408
-            body_deadline_middleware(node.config.limits.request_timeout_ms / 1000),
+            body_deadline_middleware(limits.request_timeout_ms / 1000),
             auth_middleware(
                 node.keys,
                 node.config.security,

@@ -81,8 +81,7 @@ class IdleConnections:
 class WriteDeadline:
     """The node's connections by aiohttp's protocol, each with the deadline of its unsent bytes."""
 
-    def __init__(self, idle: IdleConnections, within_s: float, on_timeout: Callable[[], None]) -> None:
-        self.idle = idle
+    def __init__(self, within_s: float, on_timeout: Callable[[], None]) -> None:
         self.within_s = within_s
         self.on_timeout = on_timeout
         self._by_protocol: dict[asyncio.BaseProtocol, _Counted] = {}

@@ -30,7 +30,7 @@ ANSWER = 48 * 1024  # under the high-water mark: the writes never pause
 async def _unsent_answer_is_aborted() -> tuple[int, bool, int]:
     aborted: list[int] = []
     idle = IdleConnections(16, lambda: None)
-    writes = WriteDeadline(idle, WITHIN_S, lambda: aborted.append(1))
+    writes = WriteDeadline(WITHIN_S, lambda: aborted.append(1))
     transports: list[asyncio.Transport] = []
 
     async def answer(request: web.Request) -> web.Response:
