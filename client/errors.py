@@ -25,6 +25,7 @@ Class tree::
     ├── TopicNotFound           topic_not_found      404
     ├── QueueNotFound           queue_not_found      404
     ├── MethodNotAllowed        method_not_allowed   405
+    ├── RequestTimeout          request_timeout      408  retriable (the body did not arrive in time)
     ├── TopicExists             topic_exists         409
     ├── StaleReceipt            stale_receipt        409
     ├── StaleEpoch              stale_epoch          409
@@ -77,6 +78,7 @@ from raftmq.errors import (
     NOT_FOUND,
     NOT_LEADER,
     QUEUE_NOT_FOUND,
+    REQUEST_TIMEOUT,
     REQUEST_TOO_LARGE,
     RESERVED_HEADER,
     STALE_EPOCH,
@@ -124,6 +126,7 @@ __all__ = [
     "OffsetOutOfRange",
     "QueueNotFound",
     "RaftmqError",
+    "RequestTimeout",
     "RequestTooLarge",
     "ReservedHeader",
     "StaleEpoch",
@@ -192,6 +195,12 @@ class QueueNotFound(RaftmqError):
 
 class MethodNotAllowed(RaftmqError):
     error = METHOD_NOT_ALLOWED
+
+
+class RequestTimeout(RaftmqError):
+    """The request's body did not all arrive within the node's time for it; nothing was done."""
+
+    error = REQUEST_TIMEOUT
 
 
 class TopicExists(RaftmqError):
@@ -349,6 +358,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     TopicNotFound,
     QueueNotFound,
     MethodNotAllowed,
+    RequestTimeout,
     TopicExists,
     StaleReceipt,
     StaleEpoch,

@@ -51,6 +51,7 @@ __all__ = [
     "NOT_LEADER",
     "OFFSET_OUT_OF_RANGE",
     "QUEUE_NOT_FOUND",
+    "REQUEST_TIMEOUT",
     "REQUEST_TOO_LARGE",
     "RESERVED_HEADER",
     "STALE_EPOCH",
@@ -132,6 +133,14 @@ NOT_FOUND = ErrorCode("not_found", 404, False, True, "No such route.")
 TOPIC_NOT_FOUND = ErrorCode("topic_not_found", 404, False, True, "The topic does not exist.")
 QUEUE_NOT_FOUND = ErrorCode("queue_not_found", 404, False, True, "The topic has no queue with this number.")
 METHOD_NOT_ALLOWED = ErrorCode("method_not_allowed", 405, False, True, "The route does not take this method.")
+REQUEST_TIMEOUT = ErrorCode(
+    "request_timeout",
+    408,
+    True,
+    True,
+    "The request's body did not arrive within limits.request_timeout_ms; nothing was done"
+    " (the connection is closed).",
+)
 TOPIC_EXISTS = ErrorCode("topic_exists", 409, False, True, "A topic with this name already exists.")
 MESSAGE_TOO_LARGE = ErrorCode("message_too_large", 413, False, True, "A message exceeds the size limit.")
 REQUEST_TOO_LARGE = ErrorCode(
@@ -249,6 +258,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             TOPIC_NOT_FOUND,
             QUEUE_NOT_FOUND,
             METHOD_NOT_ALLOWED,
+            REQUEST_TIMEOUT,
             TOPIC_EXISTS,
             MESSAGE_TOO_LARGE,
             REQUEST_TOO_LARGE,

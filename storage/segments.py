@@ -19,7 +19,7 @@ import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import crc32c
 import pyarrow as pa
@@ -119,6 +119,14 @@ def verify_crc(data: Any, expected: int | None, what: str) -> None:
     """Raise CorruptRecord when ``data``'s CRC32C is not ``expected`` (None: not checked)."""
     if expected is not None and crc32c.crc32c(data) != expected:
         raise CorruptRecord(f"{what}: CRC32C mismatch (the file is damaged or not the sealed one)")
+
+
+class Readable(Protocol):
+    """A file open for reading (a local file, or pyarrow's)."""
+
+    def read(self, size: int) -> bytes: ...
+
+    def close(self) -> None: ...
 
 
 class SegmentStore:
@@ -222,14 +230,15 @@ class SegmentStore:
                 self.fs.delete_file(tmp)
             raise
 
-    def read_bytes(self, rel: str) -> bytes:
-        """The whole file ``rel``. Raises FileNotFoundError (or OSError) when it is not there."""
+    def open_file(self, rel: str) -> tuple[Readable, int]:
+        """``rel`` open for reading (the caller closes it), and its size: a segment of up to
+        ``max_bytes`` is sent part by part, never held whole for a client that reads slowly.
+        Raises FileNotFoundError (or OSError) when it is not there."""
         if self.local:
-            with open(self._path(rel), "rb") as f:
-                return f.read()
-        with self.fs.open_input_stream(self._path(rel)) as f:
-            data: bytes = f.read()
-            return data
+            f = open(self._path(rel), "rb")  # noqa: SIM115 (closed by the caller)
+            return f, os.fstat(f.fileno()).st_size
+        remote = self.fs.open_input_file(self._path(rel))
+        return remote, remote.size()
 
     def exists(self, rel: str) -> bool:
         return bool(self.fs.get_file_info(self._path(rel)).type == pafs.FileType.File)

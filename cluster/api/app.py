@@ -25,7 +25,13 @@ from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL, auth_middleware
 from raftmq.cluster.api.common import error_middleware, json_response
-from raftmq.cluster.api.connections import IDLE_KEY, IdleConnections, idle_middleware
+from raftmq.cluster.api.connections import (
+    IDLE_KEY,
+    WRITES_KEY,
+    IdleConnections,
+    WriteDeadline,
+    idle_middleware,
+)
 from raftmq.cluster.api.console import add_console_routes
 from raftmq.cluster.api.handlers.cluster import add_cluster_routes
 from raftmq.cluster.api.handlers.consumers import add_consumer_routes
@@ -47,6 +53,7 @@ from raftmq.cluster.api.metrics import (
 )
 from raftmq.cluster.api.openapi.spec import openapi_spec
 from raftmq.cluster.api.server_log import server_logger
+from raftmq.cluster.api.slow_clients import body_deadline_middleware, request_cap_middleware
 from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
@@ -164,13 +171,18 @@ def create_app(node: Node) -> web.Application:
     """The node's aiohttp application: public API v1 plus the internal peer API."""
 
     api = Api(node)
-    idle = IdleConnections(node.config.limits.http_max_idle_connections, api.metrics.idle_closed.inc)
+    limits = node.config.limits
+    idle = IdleConnections(limits.http_max_idle_connections, api.metrics.idle_closed.inc)
+    writes = WriteDeadline(limits.http_write_timeout_ms / 1000, api.metrics.write_timeouts.inc)
     app = web.Application(
         client_max_size=node.config.limits.max_request_bytes,
         middlewares=[
-            idle_middleware(idle),  # first: a request served in any middleware is one under way
+            idle_middleware(idle, writes),  # first: a request served in any middleware is one under way
             metrics_middleware,
             error_middleware,
+            request_cap_middleware(limits.http_max_requests, node.keys),  # clients' (not peers') requests
+            # a body read (the handlers', and auth's of a body-scoped permission) past the deadline: 408
+            body_deadline_middleware(limits.request_timeout_ms / 1000),
             auth_middleware(
                 node.keys,
                 node.config.security,
@@ -181,6 +193,7 @@ def create_app(node: Node) -> web.Application:
     )
     app[METRICS_KEY] = api.metrics
     app[IDLE_KEY] = idle  # the listener counts connections in it (connections.listen)
+    app[WRITES_KEY] = writes  # and holds their writes to its deadline
 
     async def metadata_index(request: web.Request, response: web.StreamResponse) -> None:
         # A write a peer passed on: the metadata applied here after it, for the peer to wait for

@@ -524,6 +524,12 @@ class Metrics:
             "HTTP connections with no request under way closed over limits.http_max_idle_connections",
             registry=self.registry,
         )
+        self.write_timeouts = Counter(
+            "raftmq_http_write_timeouts",
+            "HTTP connections aborted because an answer or push frame stayed unsent for"
+            " limits.http_write_timeout_ms (a client that does not read)",
+            registry=self.registry,
+        )
         self.registry.register(_RaftCollector(node))
         self.registry.register(_QueueCollector(node))
         self.registry.register(_StorageCollector(node))

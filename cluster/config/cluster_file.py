@@ -177,11 +177,11 @@ class Limits:
     raft_auth_timeout_ms: int = 5_000
     raft_max_unauthenticated: int = 512
     raft_max_unauthenticated_per_source: int = 64
-    # HTTP connections with no request under way (cluster/api/connections.py): closed after this
-    # long, from the accept as between requests (aiohttp's default was an hour), and at most this
-    # many kept, one more closing the one idle the longest (each may hold a 1 MiB request head).
+    # What HTTP clients may hold: idle connections, unsent answers, requests (docs/operations.md).
     http_idle_timeout_ms: int = 75_000
     http_max_idle_connections: int = 1024
+    http_write_timeout_ms: int = 30_000
+    http_max_requests: int = 4096
     # Store values each queue group's apply keeps decoded between entries (cluster/machines/cache.py;
     # about 0.8 KiB each when full of producer states, per group hosted; 0: off).
     apply_cache_entries: int = 4096
@@ -428,10 +428,10 @@ def parse_config(
         problems.append(f"limits.max_topics_per_request must be from 1 to {MAX_TOPICS_PER_ENTRY}")
     if not 100 <= limits.raft_auth_timeout_ms <= 60_000:
         problems.append("limits.raft_auth_timeout_ms must be from 100 to 60000")
-    if not 1_000 <= limits.http_idle_timeout_ms <= 3_600_000:
-        problems.append("limits.http_idle_timeout_ms must be from 1000 to 3600000")
-    if not 1 <= limits.http_max_idle_connections <= 1_000_000:
-        problems.append("limits.http_max_idle_connections must be from 1 to 1000000")
+    for name in (f.name for f in fields(limits) if f.name.startswith("http_")):
+        least, most = (1_000, 3_600_000) if name.endswith("_ms") else (1, 10**6)
+        if not least <= getattr(limits, name) <= most:
+            problems.append(f"limits.{name} must be from {least} to {most}")
     if limits.raft_max_unauthenticated < 1 or limits.raft_max_unauthenticated_per_source < 1:
         problems.append(
             "limits.raft_max_unauthenticated and raft_max_unauthenticated_per_source must be at least 1"

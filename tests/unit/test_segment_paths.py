@@ -46,7 +46,7 @@ def layout(tmp_path: Path) -> tuple[SegmentStore, Path]:
 def _every_operation(store: SegmentStore, rel: str) -> list[tuple[str, Any]]:
     batch: list[pa.RecordBatch] = [empty_batch()]
     return [
-        ("read_bytes", lambda: store.read_bytes(rel)),
+        ("open_file", lambda: store.open_file(rel)),
         ("exists", lambda: store.exists(rel)),
         ("delete", lambda: store.delete(rel)),
         ("location", lambda: store.location(rel)),

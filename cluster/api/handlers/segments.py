@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from raftmq.cluster.api.common import json_response
+from raftmq.cluster.api.common import ResponseAborted, json_response
 from raftmq.cluster.api.handlers.fetch_core import only_params, queue_number
 from raftmq.cluster.api.validation import MAX_OFFSET, bad, query_int
 from raftmq.cluster.base import errors
@@ -38,6 +38,7 @@ from raftmq.cluster.node.sealer import locate, segment_root
 if TYPE_CHECKING:
     from raftmq.cluster.api.core import ApiCore
     from raftmq.cluster.machines.metadata import Topic
+    from raftmq.storage.segments import Readable
 
 __all__ = ["ARROW_FILE", "CRC32C", "PARQUET", "SegmentsApi", "add_segment_routes"]
 
@@ -165,14 +166,13 @@ class SegmentsApi:
                 if entry["node"] == self.node.me.id and self.node.sealer is not None
                 else SegmentStore(segment_root(settings.store, writer or self.node.me))
             )
-            loop = asyncio.get_running_loop()
             try:
-                data = await loop.run_in_executor(None, store.read_bytes, rel)
+                opened, size = await asyncio.get_running_loop().run_in_executor(None, store.open_file, rel)
             except (FileNotFoundError, OSError):
                 raise ApiError(
                     errors.NOT_FOUND, f"the {fmt} file of the segment at {base} is gone (retention?)"
                 ) from None
-            return web.Response(body=data, content_type=content_type, headers=headers)
+            return await send_file(request, opened, size, content_type, headers)
         if writer is None or request.headers.get(FORWARDED):
             raise ApiError(errors.UNAVAILABLE, f"segment at {base} was written by {entry['node']}, not here")
         return await self.api.forward_to(
@@ -219,3 +219,36 @@ def add_segment_routes(app: web.Application, s: SegmentsApi) -> None:
     r.add_get("/internal/groups/{group}/segments", s.internal_manifest)
     r.add_post("/internal/segments/seal", s.internal_seal)
     r.add_post("/internal/segments/gc", s.internal_gc)
+
+
+SEND_PART_BYTES = 1 << 20
+
+
+async def send_file(
+    request: web.Request, opened: Readable, size: int, content_type: str, headers: dict[str, str]
+) -> web.StreamResponse:
+    """``opened`` (``size`` bytes) as the answer, a part of ``SEND_PART_BYTES`` at a time, each
+    written before the next is read: a segment (up to ``segments.max_bytes``, 64 MiB) read whole
+    was held for as long as its client took to read it, so many downloads that read slowly held
+    their whole segments at once. A client that goes away (or is cut for not reading,
+    ``limits.http_write_timeout_ms``) ends the answer; a file that ends short drops the
+    connection, as no error can follow the first bytes. The file is closed in every case."""
+    loop = asyncio.get_running_loop()
+    response = web.StreamResponse(headers=headers)
+    response.content_type = content_type
+    response.content_length = size
+    try:
+        await response.prepare(request)
+        sent = 0
+        while sent < size:
+            part = await loop.run_in_executor(None, opened.read, min(SEND_PART_BYTES, size - sent))
+            if not part:
+                raise ResponseAborted(f"the file ended at {sent} of its {size} bytes")
+            await response.write(part)
+            sent += len(part)
+        await response.write_eof()
+    except ConnectionError:  # the client left, or was cut: the rest has nowhere to go
+        pass
+    finally:
+        await loop.run_in_executor(None, opened.close)
+    return response

@@ -3,7 +3,8 @@ needs a token (per :data:`raftmq.cluster.api.auth.ROUTES`), its 401/403 answers.
 
 Authentication is off until the cluster file lists a token (docs/security.md), so each secured
 operation accepts the bearer scheme *or* nothing (``{}``); the 401/403 answers apply once tokens
-are configured.
+are configured. And what any operation may answer whoever calls it, from the bounds on what slow
+clients hold (cluster/api/slow_clients.py): 429 over the node's cap of requests, 408 for a late body.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from raftmq.cluster.api.auth import OPEN, route_rule
 from raftmq.cluster.api.openapi.base import _errors
 
-__all__ = ["add_security"]
+__all__ = ["add_node_bounds", "add_security"]
 
 SCHEME = "bearerToken"
 _METHODS = ("get", "put", "post", "delete", "patch")
@@ -38,4 +39,20 @@ def add_security(spec: dict[str, Any]) -> dict[str, Any]:
             op["security"] = [{SCHEME: []}, {}]
             for status, answer in refused.items():
                 op["responses"].setdefault(status, answer)
+    return spec
+
+
+def add_node_bounds(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with the answers of the node's bounds on every operation (in place): 429
+    ``too_many_requests`` past ``limits.http_max_requests`` clients' requests at once, and on one
+    taking a body 408 ``request_timeout`` when it is not all sent within ``limits.request_timeout_ms``."""
+    busy, late = _errors(429)["429"], _errors(408)["408"]
+    for item in spec["paths"].values():
+        for method in _METHODS:
+            op = item.get(method)
+            if op is None:
+                continue
+            op["responses"].setdefault("429", busy)
+            if "requestBody" in op:
+                op["responses"].setdefault("408", late)
     return spec

@@ -35,7 +35,7 @@ from raftmq.cluster.api.openapi.cluster import _cluster_paths, _cluster_schemas
 from raftmq.cluster.api.openapi.console import _console_paths, _console_schemas
 from raftmq.cluster.api.openapi.delivery import _delivery_paths, _delivery_schemas
 from raftmq.cluster.api.openapi.messages import VALUE_OR_B64, _handed_out, _max_messages_param
-from raftmq.cluster.api.openapi.security import add_security
+from raftmq.cluster.api.openapi.security import add_node_bounds, add_security
 from raftmq.cluster.api.openapi.segments import _fetch_ok, _segment_paths, _segment_schemas
 from raftmq.cluster.api.openapi.sqs import sqs_paths, sqs_schemas
 from raftmq.cluster.api.openapi.topics import _attributes, _topic
@@ -576,7 +576,7 @@ def openapi_spec(limits: Limits | None = None) -> dict[str, Any]:
             }
         },
     }
-    return add_security(spec)
+    return add_node_bounds(add_security(spec))
 
 
 # -- receive/ack, dead letters, locks (cluster/api/handlers/subscriptions.py, docs/delivery.md) ---

@@ -13,6 +13,7 @@ from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.common import client_gone, read_unknown_sender
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
+from raftmq.cluster.api.slow_clients import BodyTimeout
 from raftmq.cluster.api.sqs import sigv4
 from raftmq.cluster.api.sqs.access import authorize, bind_path_queue, refuse_unknown
 from raftmq.cluster.api.sqs.errors import SqsError, from_raftmq_error
@@ -133,6 +134,9 @@ class SqsHandler:
             result = await run(request, params)
         except SqsError as e:
             return json_error(e, request_id) if json_wire else query_error(e, request_id)
+        except BodyTimeout as e:  # a body trickled past limits.request_timeout_ms: no traceback
+            e6 = SqsError("InvalidParameterValue", str(e))
+            return json_error(e6, request_id) if json_wire else query_error(e6, request_id)
         except RaftmqError as e:
             mapped = from_raftmq_error(e)
             return json_error(mapped, request_id) if json_wire else query_error(mapped, request_id)

@@ -1,0 +1,92 @@
+"""What slow clients can make a node hold while their requests are served: a request body trickled
+after the head (a token holder's, or a stranger's on an open route) is bounded in time here, and
+the number of clients' requests in the application at once.
+
+Once a request's head reaches the application its connection is no longer idle
+(cluster/api/connections.py), so nothing else closes it: a handler awaiting a body sent a byte a
+second, under a large ``Content-Length``, held a task, its buffers and a descriptor for as long as
+the client liked. Every handler reads its body through the request's payload stream (``read()``,
+``json()``, ``post()``, multipart), so one deadline on that stream covers them all.
+
+Nothing capped the requests in the application: each holds a task and what its handler holds (a
+body of up to ``max_request_bytes``, an answer being written), for up to ``request_timeout_ms`` or
+``http_write_timeout_ms`` a slow client's, or a long poll's wait, or a push stream's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import StreamReader, web
+from aiohttp.typedefs import Middleware
+
+from raftmq.cluster.api.common import Handler, error_response
+from raftmq.cluster.base import errors
+from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.config.keys import PEER_HEADER, ClusterKeys
+
+__all__ = ["BodyTimeout", "body_deadline_middleware", "request_cap_middleware"]
+
+
+class BodyTimeout(ApiError, TimeoutError):
+    """``request_timeout``: set on a request's payload stream whose body did not all arrive in
+    time, a handler's read raises it at once. A ``TimeoutError`` too, so aiohttp's discarding of the
+    unread rest after the handler stops at once and closes the connection (it would wait 10 s for a
+    trickle otherwise)."""
+
+
+def body_deadline_middleware(within_s: float) -> Middleware:
+    """A request's body must all arrive within ``within_s`` (``limits.request_timeout_ms``) from
+    its head: a read of it past that answers 408 ``request_timeout`` and the connection is closed.
+    A handler that reads no body is not cut (a long poll is not); its connection is closed after
+    its answer, as the rest of the body is never waited for."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        payload = request.content
+        if not request.body_exists or payload.is_eof():
+            return await handler(request)
+        late = BodyTimeout(errors.REQUEST_TIMEOUT, f"the request body did not arrive within {within_s:g} s")
+        timer = asyncio.get_running_loop().call_later(within_s, _expire, payload, late)
+        try:
+            return await handler(request)
+        except BodyTimeout as e:
+            answer = error_response(e)
+            answer.force_close()
+            return answer
+        finally:
+            timer.cancel()
+
+    return middleware
+
+
+def _expire(payload: StreamReader, late: BodyTimeout) -> None:
+    """Fail the reads of a body not all received (one received in time is left alone)."""
+    if not payload.is_eof():
+        payload.set_exception(late)
+
+
+def request_cap_middleware(most: int, keys: ClusterKeys) -> Middleware:
+    """At most ``most`` (``limits.http_max_requests``) clients' requests in the application at once:
+    one more is answered 429 ``too_many_requests`` at once, nothing read or done. A peer's call
+    (the peer key) is not counted nor refused: a node forwarding its clients' requests, or asking
+    for a group's state, must not be stopped by another's clients (their requests count where they
+    entered)."""
+    under_way = 0
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal under_way
+        if PEER_HEADER in request.headers and keys.authorizes(request.headers):
+            return await handler(request)
+        if under_way >= most:
+            raise ApiError(
+                errors.TOO_MANY_REQUESTS, f"this node serves at most {most} requests at once; retry later"
+            )
+        under_way += 1
+        try:
+            return await handler(request)
+        finally:
+            under_way -= 1
+
+    return middleware
