@@ -77,8 +77,9 @@ class LeaderActions:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.limits = node.config.limits
-        self.delivery = DeliveryActions(node, self.propose_checked)
-        self.barriers = Barriers(lambda name, command: node.propose(name, command), commands.noop())
+        timeout_s = self.limits.request_timeout_ms / 1000
+        self.barriers = Barriers(node.propose, commands.noop(), timeout_s)
+        self.delivery = DeliveryActions(node, self.propose_checked, self.barrier)
         # How long a new leader's reads and actions wait for it to apply its term's first entry:
         # one election timeout (at least a second), after which it is no leader a client can use.
         self.read_wait_s = max(1.0, node.config.raft.election_max_ms / 1000)

@@ -38,9 +38,10 @@ class BarrierCounts:
 class Barriers:
     """The read barriers of one node, one round at a time per group (the module's docstring)."""
 
-    def __init__(self, propose: Propose, noop: bytes) -> None:
+    def __init__(self, propose: Propose, noop: bytes, timeout_s: float) -> None:
         self._propose = propose
         self._noop = noop
+        self._timeout_s = timeout_s  # a read's own wait: the round it joins may follow a slow one
         self._next: dict[str, asyncio.Future[Outcome]] = {}  # the round the reads arriving now join
         self._running: dict[str, asyncio.Task[None]] = {}  # the group's proposing task
         self.counts = BarrierCounts()
@@ -54,8 +55,13 @@ class Barriers:
             round_ = self._next[name] = asyncio.get_running_loop().create_future()
             if name not in self._running:
                 self._running[name] = asyncio.get_running_loop().create_task(self._rounds(name))
-        # shield: a read that gives up (its client went away) must not cancel the others' round.
-        return await asyncio.shield(round_)
+        # shield: a read that gives up (its client went away, or its time is up) must not cancel
+        # the others' round. Its time counts from its arrival: a round in flight at a leader cut
+        # off from its group takes a proposal's whole timeout before the read's round is proposed.
+        try:
+            return await asyncio.wait_for(asyncio.shield(round_), self._timeout_s)
+        except TimeoutError:
+            return Outcome(error="timeout", definite=False)
 
     async def _rounds(self, name: str) -> None:
         """Propose one barrier per round while reads wait for one; a round's reads are the ones that

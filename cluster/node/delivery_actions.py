@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
+Barrier = Callable[[str], Awaitable[dict[str, Any]]]
 """Propose a command to a group led here; its result, or a :class:`RaftmqError`."""
 
 _STAMPED_ACTIONS = frozenset(
@@ -63,9 +64,10 @@ class DeliveryActions:
     """The delivery actions of one node; :class:`~raftmq.cluster.node.actions.LeaderActions`
     hands them over."""
 
-    def __init__(self, node: Node, propose: Propose) -> None:
+    def __init__(self, node: Node, propose: Propose, barrier: Barrier) -> None:
         self.node = node
         self._propose = propose
+        self._barrier = barrier
         self._settlers: dict[str, SettleCommitter] = {}  # per queue group led here
 
     async def run(self, name: str, action: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -109,11 +111,34 @@ class DeliveryActions:
             await self.node.await_group_supports(name, "commit_offsets.advance")
             fields = gated_fields(self.node, name, store, action, fields)
             command = orjson.dumps({"v": commands.VERSION, "op": action, **fields})
-            answer = answered_here(store, commands.decode(command))  # BadCommand: nothing proposed
+            answer = await self._answered_here(name, store, commands.decode(command))
             return answer if answer is not None else await propose(name, command)
         if action == "dlq_list":
             return dlq_list(store, body["topic_id"], body["queues"], body["max"])
         raise CatalogError(errors.NOT_FOUND, f"unknown action {action}")
+
+    async def _answered_here(self, name: str, store: Store, cmd: commands.Command) -> dict[str, Any] | None:
+        """:func:`answered_here`, given at once when :func:`_stands` says so, else confirmed after
+        a read barrier of the group (shared: one entry per round trip at most): a leader cut off
+        from its group still leads for up to ``leader_fallback_ms``, and its state may miss what a
+        new leader acknowledged since (a newer lock granted to the consumer asking). A
+        subscribe's cap check counts the group's subscriptions: off the event loop."""
+
+        async def ask() -> dict[str, Any] | None:
+            if cmd["op"] == "subscribe":
+                return await asyncio.to_thread(answered_here, store, cmd)
+            return answered_here(store, cmd)
+
+        try:
+            answer = await ask()
+        except CatalogError as e:
+            if _stands(store, cmd, e):
+                raise
+        else:
+            if answer is None or _stands(store, cmd, None):
+                return answer
+        await self._barrier(name)
+        return await ask()
 
     async def _receive(self, name: str, local: LocalGroup, body: dict[str, Any]) -> list[dict[str, Any]]:
         """A ``receive`` command, proposed only when something is available; the messages it
@@ -243,11 +268,16 @@ def dlq_list(store: Store, topic_id: int, queues: list[int], max_messages: int) 
 
 def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     """What the apply would answer ``cmd`` without writing anything (a refusal, raised, or a
-    no-op's result), from the leader's state, which holds every acknowledged write; None: the
-    command is proposed. So a request that changes nothing costs no Raft entry: a consumer
-    polling for a lock another holds, an unlock, a fenced commit or a fenced ack, nack or extend
-    with a stale epoch, a new group past the caps, a redrive with nothing to redrive (each was an
-    entry, refused by the apply or changing nothing, before). The apply checks again."""
+    no-op's result), from the leader's state; None: the command is proposed (so is one of a topic
+    dropped here: the apply refuses it first, ``topic_not_found``). So a request that changes
+    nothing costs no Raft entry of its own: a consumer polling for a lock another holds, an
+    unlock, a fenced commit or a fenced ack, nack or extend with a stale epoch, a new group past
+    the caps, a redrive with nothing to redrive (each was an entry, refused by the apply or
+    changing nothing, before). :meth:`DeliveryActions._answered_here` confirms all but
+    ``lock_held`` after a shared read barrier. The apply checks again."""
+    topic_id = cmd.get("topic_id")
+    if isinstance(topic_id, int) and store.get(keys.dropped_key(topic_id)) is not None:
+        return None
     if cmd["op"] == "subscribe":
         refuse_new_group_over_caps(store, cmd)
     elif cmd["op"] == "lock":
@@ -274,6 +304,34 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     elif cmd["op"] == "redrive":
         return _nothing_to_redrive(store, cmd["topic_id"], cmd["dlq_topic_id"], cmd["queues"])
     return None
+
+
+def _stands(store: Store, cmd: commands.Command, error: CatalogError | None) -> bool:
+    """Whether the leader's answer to ``cmd`` (``error``, or its result when None) may be given
+    without a barrier. Lock epochs only grow, so these hold whatever a newer leader wrote: a lock
+    epoch newer than the command's (``stale_epoch``), an unlock of a lock that has moved on to a
+    newer epoch or that another consumer holds under that epoch (``{"released": false}``). These
+    a client takes as "not now" and asks again: a lock another holds (``lock_held``), a new group
+    past the caps (``too_many_groups``: wrong only if a group of the token expired at a new
+    leader in that window), a redrive that finds nothing (one that a timer repeats; dead letters
+    stored meanwhile go with the next). What would end a consumer's lock for good when a new
+    leader granted it a newer one (``stale_epoch`` or an unlock against an older or missing lock
+    here) is confirmed first."""
+    fields: Mapping[str, Any] = cmd  # the fields these ops share (``epoch``; an unlock's lock)
+    if error is not None:
+        newer = error.details.get("epoch")
+        return error.code in (errors.LOCK_HELD.code, errors.TOO_MANY_GROUPS.code) or (
+            error.code == errors.STALE_EPOCH.code and isinstance(newer, int) and newer > fields["epoch"]
+        )
+    if fields["op"] == "redrive":
+        return True
+    if fields["op"] != "unlock":
+        return False
+    current = lock_state(store, fields["group"], fields["topic_id"], fields["queue"])
+    epoch = fields["epoch"]
+    return current is not None and (
+        current.epoch > epoch or (current.epoch == epoch and current.holder != fields["consumer"])
+    )
 
 
 def _nothing_to_redrive(store: Store, topic_id: int, dlq: int, queues: list[int]) -> dict[str, Any] | None:

@@ -63,3 +63,21 @@ def test_a_redrive_with_dead_letters_is_proposed() -> None:
     assert _here(m, commands.redrive(20, G, T, DLQ, [0], 10)) is None
     assert m.apply(commands.redrive(20, G, T, DLQ, [0], 10))["queues"][0]["count"] == 1
     _same_as_the_apply(m, commands.redrive(30, G, T, DLQ, [0], 10))
+
+
+def test_a_settlement_of_a_dropped_topic_is_proposed_for_the_apply_to_refuse() -> None:
+    """The apply refuses an ack, nack or extend of a dropped topic first (``topic_not_found``);
+    the drop deleted its locks, so the fence alone said ``stale_epoch`` (review of the leader's
+    answers: it answered that here)."""
+    m = Machine()
+    m.subscribe()
+    m.produce(0, "a")
+    assert m.apply(commands.lock(0, G, T, 0, "a", 100))["epoch"] == 1
+    m.apply(commands.drop_topic(T))
+    for command in (
+        commands.ack(60, G, T, [(0, 0, 1)], epoch=1),
+        commands.nack(60, G, T, [(0, 0, 1)], epoch=1),
+        commands.extend(60, G, T, [(0, 0, 1)], 100, epoch=1),
+    ):
+        assert _here(m, command) is None
+        assert m.apply(command)["error"]["code"] == "topic_not_found"

@@ -116,10 +116,11 @@ __all__ = [
 
 def refuse_new_group_over_caps(store: Store, cmd: SubscribeCommand) -> None:
     """At the leader, before proposing a ``subscribe``: refuse (``too_many_groups``) the one the
-    apply would refuse over its caps (:func:`subscribe`), from the leader's state, which holds
-    every acknowledged write. A refused request then costs no entry in every queue group of the
-    topic (a client looping receives under new group names past its cap wrote one each before).
-    The apply checks again: an entry in flight may have taken the last place."""
+    apply would refuse over its caps (:func:`subscribe`), from the leader's state (a leader cut
+    off from its group could miss a group expired since: a refusal the client may ask again). A
+    refused request then costs no entry in every queue group of the topic (a client looping
+    receives under new group names past its cap wrote one each before). The apply checks again:
+    an entry in flight may have taken the last place."""
     configured = cmd["overwrite"] or cmd["configured"]
     if not configured and read_subscription(store, cmd["topic_id"], cmd["group"]) is None:
         check_group_limits(store, cmd)
