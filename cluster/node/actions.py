@@ -78,7 +78,7 @@ class LeaderActions:
         self.node = node
         self.limits = node.config.limits
         timeout_s = self.limits.request_timeout_ms / 1000
-        self.barriers = Barriers(node.propose, commands.noop(), timeout_s)
+        self.barriers = Barriers(lambda name, cmd: node.propose(name, cmd), commands.noop(), timeout_s)
         self.delivery = DeliveryActions(node, self.propose_checked, self.barrier)
         # How long a new leader's reads and actions wait for it to apply its term's first entry:
         # one election timeout (at least a second), after which it is no leader a client can use.
