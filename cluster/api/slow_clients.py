@@ -20,6 +20,7 @@ import asyncio
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Middleware
 
+from raftmq.cluster.api.auth import METRICS, OPEN, route_rule
 from raftmq.cluster.api.common import Handler, error_response
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -71,13 +72,15 @@ def request_cap_middleware(most: int, keys: ClusterKeys) -> Middleware:
     one more is answered 429 ``too_many_requests`` at once, nothing read or done. A peer's call
     (the peer key) is not counted nor refused: a node forwarding its clients' requests, or asking
     for a group's state, must not be stopped by another's clients (their requests count where they
-    entered)."""
+    entered). Nor is a ``GET`` of an open route or of ``/metrics`` (:func:`_uncounted`): a node
+    holding ``most`` long polls answered 429 to its own health check, and its orchestrator
+    restarted it."""
     under_way = 0
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         nonlocal under_way
-        if PEER_HEADER in request.headers and keys.authorizes(request.headers):
+        if _uncounted(request) or (PEER_HEADER in request.headers and keys.authorizes(request.headers)):
             return await handler(request)
         if under_way >= most:
             raise ApiError(
@@ -90,3 +93,16 @@ def request_cap_middleware(most: int, keys: ClusterKeys) -> Middleware:
             under_way -= 1
 
     return middleware
+
+
+def _uncounted(request: web.Request) -> bool:
+    """Whether ``request`` is a health check, a probe, a scrape or a console file: a ``GET`` (or
+    ``HEAD``) of an open route or ``/metrics``, which reads no body and is answered at once, so it
+    holds nothing for long (``POST /internal/proof``, open but reading a body, is counted)."""
+    if request.method not in ("GET", "HEAD"):
+        return False
+    match = request.match_info
+    resource = match.route.resource
+    if match.http_exception is not None or resource is None:
+        return False
+    return route_rule(request.method, resource.canonical, request.path) in (OPEN, METRICS)
