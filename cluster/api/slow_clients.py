@@ -26,7 +26,13 @@ from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.keys import PEER_HEADER, ClusterKeys
 
-__all__ = ["BodyTimeout", "body_deadline_middleware", "request_cap_middleware"]
+__all__ = [
+    "MIN_BODY_BYTES_PER_S",
+    "BodyTimeout",
+    "body_deadline_middleware",
+    "body_deadline_s",
+    "request_cap_middleware",
+]
 
 
 class BodyTimeout(ApiError, TimeoutError):
@@ -36,19 +42,32 @@ class BodyTimeout(ApiError, TimeoutError):
     trickle otherwise)."""
 
 
-def body_deadline_middleware(within_s: float) -> Middleware:
-    """A request's body must all arrive within ``within_s`` (``limits.request_timeout_ms``) from
-    its head: a read of it past that answers 408 ``request_timeout`` and the connection is closed.
-    A handler that reads no body is not cut (a long poll is not); its connection is closed after
-    its answer, as the rest of the body is never waited for."""
+MIN_BODY_BYTES_PER_S = 64 * 1024  # the slowest steady upload a body's deadline allows for
+
+
+def body_deadline_s(within_s: float, declared: int | None, max_bytes: int) -> float:
+    """The time a body of ``declared`` bytes (``Content-Length``; None when chunked) gets from its
+    head: ``within_s`` (``limits.request_timeout_ms``) plus its size at ``MIN_BODY_BYTES_PER_S``.
+    A fixed ``within_s`` made a 4 MiB body need 3.4 Mbit/s, so a slow but steady upload of a large
+    body never completed. The size counts up to ``max_bytes`` (``limits.max_request_bytes``): a
+    larger one is refused once read, and must not buy a trickle more time."""
+    return within_s + min(declared or 0, max_bytes) / MIN_BODY_BYTES_PER_S
+
+
+def body_deadline_middleware(within_s: float, max_bytes: int) -> Middleware:
+    """A request's body must all arrive within :func:`body_deadline_s` from its head: a read of it
+    past that answers 408 ``request_timeout`` and the connection is closed. A handler that reads
+    no body is not cut (a long poll is not); its connection is closed after its answer, as the
+    rest of the body is never waited for."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         payload = request.content
         if not request.body_exists or payload.is_eof():
             return await handler(request)
-        late = BodyTimeout(errors.REQUEST_TIMEOUT, f"the request body did not arrive within {within_s:g} s")
-        timer = asyncio.get_running_loop().call_later(within_s, _expire, payload, late)
+        deadline_s = body_deadline_s(within_s, request.content_length, max_bytes)
+        late = BodyTimeout(errors.REQUEST_TIMEOUT, f"the request body did not arrive within {deadline_s:g} s")
+        timer = asyncio.get_running_loop().call_later(deadline_s, _expire, payload, late)
         try:
             return await handler(request)
         except BodyTimeout as e:

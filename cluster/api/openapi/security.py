@@ -46,7 +46,7 @@ def add_node_bounds(spec: dict[str, Any]) -> dict[str, Any]:
     """``spec`` with the answers of the node's bounds on every operation (in place): 429
     ``too_many_requests`` past ``limits.http_max_requests`` clients' requests at once (not on a
     ``GET`` of an open route or ``/metrics``, never counted), and on one taking a body 408
-    ``request_timeout`` when it is not all sent within ``limits.request_timeout_ms``."""
+    ``request_timeout`` when it is not all sent in time (``slow_clients.body_deadline_s``)."""
     busy, late = _errors(429)["429"], _errors(408)["408"]
     for path, item in spec["paths"].items():
         for method in _METHODS:
