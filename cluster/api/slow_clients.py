@@ -9,8 +9,9 @@ the client liked. Every handler reads its body through the request's payload str
 ``json()``, ``post()``, multipart), so one deadline on that stream covers them all.
 
 Nothing capped the requests in the application: each holds a task and what its handler holds (a
-body of up to ``max_request_bytes``, an answer being written), for up to ``request_timeout_ms`` or
-``http_write_timeout_ms`` a slow client's, or a long poll's wait, or a push stream's life.
+body of up to ``max_request_bytes``, an answer being written), for as long as a slow client's body
+is in time (:func:`body_deadline_s`) or its answer moves (``http_write_timeout_ms``), or a long
+poll's wait, or a push stream's life.
 """
 
 from __future__ import annotations
