@@ -182,7 +182,7 @@ def create_app(node: Node) -> web.Application:
             error_middleware,
             request_cap_middleware(limits.http_max_requests, node.keys),  # clients' (not peers') requests
             # a body read (the handlers', and auth's of a body-scoped permission) past the deadline: 408
-            body_deadline_middleware(limits.request_timeout_ms / 1000),
+            body_deadline_middleware(limits.request_timeout_ms / 1000, limits.max_request_bytes),
             auth_middleware(
                 node.keys,
                 node.config.security,

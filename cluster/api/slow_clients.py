@@ -9,8 +9,9 @@ the client liked. Every handler reads its body through the request's payload str
 ``json()``, ``post()``, multipart), so one deadline on that stream covers them all.
 
 Nothing capped the requests in the application: each holds a task and what its handler holds (a
-body of up to ``max_request_bytes``, an answer being written), for up to ``request_timeout_ms`` or
-``http_write_timeout_ms`` a slow client's, or a long poll's wait, or a push stream's life.
+body of up to ``max_request_bytes``, an answer being written), for as long as a slow client's body
+is in time (:func:`body_deadline_s`) or its answer moves (``http_write_timeout_ms``), or a long
+poll's wait, or a push stream's life.
 """
 
 from __future__ import annotations
@@ -20,12 +21,19 @@ import asyncio
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Middleware
 
+from raftmq.cluster.api.auth import METRICS, OPEN, route_rule
 from raftmq.cluster.api.common import Handler, error_response
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
 from raftmq.cluster.config.keys import PEER_HEADER, ClusterKeys
 
-__all__ = ["BodyTimeout", "body_deadline_middleware", "request_cap_middleware"]
+__all__ = [
+    "MIN_BODY_BYTES_PER_S",
+    "BodyTimeout",
+    "body_deadline_middleware",
+    "body_deadline_s",
+    "request_cap_middleware",
+]
 
 
 class BodyTimeout(ApiError, TimeoutError):
@@ -35,19 +43,32 @@ class BodyTimeout(ApiError, TimeoutError):
     trickle otherwise)."""
 
 
-def body_deadline_middleware(within_s: float) -> Middleware:
-    """A request's body must all arrive within ``within_s`` (``limits.request_timeout_ms``) from
-    its head: a read of it past that answers 408 ``request_timeout`` and the connection is closed.
-    A handler that reads no body is not cut (a long poll is not); its connection is closed after
-    its answer, as the rest of the body is never waited for."""
+MIN_BODY_BYTES_PER_S = 64 * 1024  # the slowest steady upload a body's deadline allows for
+
+
+def body_deadline_s(within_s: float, declared: int | None, max_bytes: int) -> float:
+    """The time a body of ``declared`` bytes (``Content-Length``; None when chunked) gets from its
+    head: ``within_s`` (``limits.request_timeout_ms``) plus its size at ``MIN_BODY_BYTES_PER_S``.
+    A fixed ``within_s`` made a 4 MiB body need 3.4 Mbit/s, so a slow but steady upload of a large
+    body never completed. The size counts up to ``max_bytes`` (``limits.max_request_bytes``): a
+    larger one is refused once read, and must not buy a trickle more time."""
+    return within_s + min(declared or 0, max_bytes) / MIN_BODY_BYTES_PER_S
+
+
+def body_deadline_middleware(within_s: float, max_bytes: int) -> Middleware:
+    """A request's body must all arrive within :func:`body_deadline_s` from its head: a read of it
+    past that answers 408 ``request_timeout`` and the connection is closed. A handler that reads
+    no body is not cut (a long poll is not); its connection is closed after its answer, as the
+    rest of the body is never waited for."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         payload = request.content
         if not request.body_exists or payload.is_eof():
             return await handler(request)
-        late = BodyTimeout(errors.REQUEST_TIMEOUT, f"the request body did not arrive within {within_s:g} s")
-        timer = asyncio.get_running_loop().call_later(within_s, _expire, payload, late)
+        deadline_s = body_deadline_s(within_s, request.content_length, max_bytes)
+        late = BodyTimeout(errors.REQUEST_TIMEOUT, f"the request body did not arrive within {deadline_s:g} s")
+        timer = asyncio.get_running_loop().call_later(deadline_s, _expire, payload, late)
         try:
             return await handler(request)
         except BodyTimeout as e:
@@ -71,13 +92,15 @@ def request_cap_middleware(most: int, keys: ClusterKeys) -> Middleware:
     one more is answered 429 ``too_many_requests`` at once, nothing read or done. A peer's call
     (the peer key) is not counted nor refused: a node forwarding its clients' requests, or asking
     for a group's state, must not be stopped by another's clients (their requests count where they
-    entered)."""
+    entered). Nor is a ``GET`` of an open route or of ``/metrics`` (:func:`_uncounted`): a node
+    holding ``most`` long polls answered 429 to its own health check, and its orchestrator
+    restarted it."""
     under_way = 0
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         nonlocal under_way
-        if PEER_HEADER in request.headers and keys.authorizes(request.headers):
+        if _uncounted(request) or (PEER_HEADER in request.headers and keys.authorizes(request.headers)):
             return await handler(request)
         if under_way >= most:
             raise ApiError(
@@ -90,3 +113,16 @@ def request_cap_middleware(most: int, keys: ClusterKeys) -> Middleware:
             under_way -= 1
 
     return middleware
+
+
+def _uncounted(request: web.Request) -> bool:
+    """Whether ``request`` is a health check, a probe, a scrape or a console file: a ``GET`` (or
+    ``HEAD``) of an open route or ``/metrics``, which reads no body and is answered at once, so it
+    holds nothing for long (``POST /internal/proof``, open but reading a body, is counted)."""
+    if request.method not in ("GET", "HEAD"):
+        return False
+    match = request.match_info
+    resource = match.route.resource
+    if match.http_exception is not None or resource is None:
+        return False
+    return route_rule(request.method, resource.canonical, request.path) in (OPEN, METRICS)

@@ -70,3 +70,57 @@ def test_an_answer_left_unsent_after_its_request_is_aborted_in_time() -> None:
     unsent, closed, aborted = asyncio.run(_unsent_answer_is_aborted())
     assert 0 < unsent < 64 * 1024, f"the premise: {unsent} bytes wait, the writes not paused"
     assert aborted == 1 and closed, "the connection with an unsent answer was kept"
+
+
+LARGE = 4 * 1024 * 1024  # one write, far over the high-water mark: the writes pause at once
+STEADY_S = 0.02  # the client reads 32 KiB each STEADY_S: about 1.6 MB/s, 4 MiB in about 2.6 s
+
+
+async def _steady_reader_gets_all() -> tuple[int, int]:
+    """A 4 MiB answer written at once, a 0.5 s deadline, and a client that reads it steadily over
+    about five deadlines: the bytes move all the time, so nothing may cut it."""
+    aborted: list[int] = []
+    idle = IdleConnections(16, lambda: None)
+    writes = WriteDeadline(WITHIN_S, lambda: aborted.append(1))
+
+    async def answer(request: web.Request) -> web.Response:
+        assert isinstance(request.transport, asyncio.Transport)
+        request.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        return web.Response(body=b"x" * LARGE)
+
+    app = web.Application(middlewares=[idle_middleware(idle, writes)])
+    app[IDLE_KEY], app[WRITES_KEY] = idle, writes
+    app.router.add_get("/", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    server = await listen(runner, "127.0.0.1", 0, None)
+    port = server.sockets[0].getsockname()[1]
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    client.setblocking(False)
+    received = 0
+    try:
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(client, ("127.0.0.1", port))
+        await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        while received < LARGE:
+            await asyncio.sleep(STEADY_S)
+            try:
+                part = await asyncio.wait_for(loop.sock_recv(client, 32768), WITHIN_S * 4)
+            except (ConnectionError, TimeoutError):
+                break
+            if not part:
+                break
+            received += len(part)
+        return received, len(aborted)
+    finally:
+        client.close()
+        server.close()
+        await server.wait_closed()
+        await runner.cleanup()
+
+
+def test_a_client_reading_a_large_answer_steadily_is_not_cut() -> None:
+    received, aborted = asyncio.run(_steady_reader_gets_all())
+    assert aborted == 0, f"a client still reading was cut after {received} bytes"
+    assert received >= LARGE, f"only {received} bytes of the answer arrived"

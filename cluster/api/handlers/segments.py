@@ -230,25 +230,38 @@ async def send_file(
     """``opened`` (``size`` bytes) as the answer, a part of ``SEND_PART_BYTES`` at a time, each
     written before the next is read: a segment (up to ``segments.max_bytes``, 64 MiB) read whole
     was held for as long as its client took to read it, so many downloads that read slowly held
-    their whole segments at once. A client that goes away (or is cut for not reading,
-    ``limits.http_write_timeout_ms``) ends the answer; a file that ends short drops the
-    connection, as no error can follow the first bytes. The file is closed in every case."""
+    their whole segments at once. A ``HEAD`` gets the headers only (aiohttp's ``StreamResponse``
+    would send the whole file after them, read by the client as its next answer). A client that
+    goes away (or is cut for not reading, ``limits.http_write_timeout_ms``) ends the answer; a
+    file that ends short or fails to read (an ``OSError``) drops the connection, as no error can
+    follow the first bytes (the error middleware wrote a whole 500 inside the 200's body). The
+    file is closed in every case."""
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(headers=headers)
     response.content_type = content_type
     response.content_length = size
     try:
         await response.prepare(request)
-        sent = 0
-        while sent < size:
-            part = await loop.run_in_executor(None, opened.read, min(SEND_PART_BYTES, size - sent))
-            if not part:
-                raise ResponseAborted(f"the file ended at {sent} of its {size} bytes")
-            await response.write(part)
-            sent += len(part)
+        if request.method != "HEAD":
+            await _send_parts(response, opened, size)
         await response.write_eof()
     except ConnectionError:  # the client left, or was cut: the rest has nowhere to go
         pass
     finally:
         await loop.run_in_executor(None, opened.close)
     return response
+
+
+async def _send_parts(response: web.StreamResponse, opened: Readable, size: int) -> None:
+    """Write ``size`` bytes of ``opened`` to the prepared ``response``, a part at a time."""
+    loop = asyncio.get_running_loop()
+    sent = 0
+    while sent < size:
+        try:
+            part = await loop.run_in_executor(None, opened.read, min(SEND_PART_BYTES, size - sent))
+        except OSError as e:  # a disk's EIO: the body cannot be completed
+            raise ResponseAborted(f"reading the file failed at {sent} of its {size} bytes: {e!r}") from e
+        if not part:
+            raise ResponseAborted(f"the file ended at {sent} of its {size} bytes")
+        await response.write(part)
+        sent += len(part)

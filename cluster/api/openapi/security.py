@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftmq.cluster.api.auth import OPEN, route_rule
+from raftmq.cluster.api.auth import METRICS, OPEN, route_rule
 from raftmq.cluster.api.openapi.base import _errors
 
 __all__ = ["add_node_bounds", "add_security"]
@@ -44,15 +44,17 @@ def add_security(spec: dict[str, Any]) -> dict[str, Any]:
 
 def add_node_bounds(spec: dict[str, Any]) -> dict[str, Any]:
     """``spec`` with the answers of the node's bounds on every operation (in place): 429
-    ``too_many_requests`` past ``limits.http_max_requests`` clients' requests at once, and on one
-    taking a body 408 ``request_timeout`` when it is not all sent within ``limits.request_timeout_ms``."""
+    ``too_many_requests`` past ``limits.http_max_requests`` clients' requests at once (not on a
+    ``GET`` of an open route or ``/metrics``, never counted), and on one taking a body 408
+    ``request_timeout`` when it is not all sent in time (``slow_clients.body_deadline_s``)."""
     busy, late = _errors(429)["429"], _errors(408)["408"]
-    for item in spec["paths"].values():
+    for path, item in spec["paths"].items():
         for method in _METHODS:
             op = item.get(method)
             if op is None:
                 continue
-            op["responses"].setdefault("429", busy)
+            if method != "get" or route_rule("GET", path, path) not in (OPEN, METRICS):
+                op["responses"].setdefault("429", busy)
             if "requestBody" in op:
                 op["responses"].setdefault("408", late)
     return spec

@@ -115,7 +115,11 @@ def _segment_paths() -> dict[str, Any]:
                 "One sealed segment's file (Arrow IPC file or Parquet), from any node",
                 {
                     "200": {
-                        "description": "the file; its CRC32C in `X-Raftmq-Crc32c`",
+                        "description": (
+                            "the file; its CRC32C in `X-Raftmq-Crc32c`. `HEAD` answers these headers"
+                            " and `Content-Length` only. A read of the file failing after the headers"
+                            " drops the connection: the body ends short of `Content-Length`"
+                        ),
                         "content": {
                             "application/vnd.apache.arrow.file": {"schema": BINARY},
                             "application/vnd.apache.parquet": {"schema": BINARY},
