@@ -14,9 +14,10 @@ attributes hold are SQS queue names (no dots, so never a dead-letter topic's ``<
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -25,10 +26,13 @@ from aiohttp import hdrs, web
 from raftmq.cluster.api.sqs import move_task_records as records
 from raftmq.cluster.api.sqs.queues import PREFIX
 from raftmq.cluster.config.tokens import TokenGrant
+from raftmq.cluster.machines.topics import Topic, permission_names
 
 __all__ = [
     "Sees",
+    "TopicTable",
     "grant_sees",
+    "table_sees",
     "visible_attributes",
     "visible_metrics",
     "visible_topic_answer",
@@ -37,6 +41,7 @@ __all__ = [
 
 Sees = Callable[[str], Awaitable[bool]]
 TopicNames = Callable[[str, bool], Awaitable[list[str]]]
+TopicTable = Callable[[], Awaitable[Mapping[str, Topic]]]  # every topic by name (ApiCore.topic_table)
 REDRIVE_POLICY = PREFIX + "RedrivePolicy"
 REDRIVE_ALLOW_POLICY = PREFIX + "RedriveAllowPolicy"
 # A sample's topic label (topic names hold no quote or backslash), and a label holding a Raft address.
@@ -52,6 +57,23 @@ def grant_sees(grant: TokenGrant | None, names: TopicNames) -> Sees:
         if grant is None or grant.cluster_admin:
             return True
         return all(grant.allows_any(n) for n in await names(name, False))
+
+    return sees
+
+
+def table_sees(grant: TokenGrant | None, table: Mapping[str, Topic]) -> Callable[[str], bool]:
+    """:func:`grant_sees` over one snapshot of the topic table, for many names at once: pure (no
+    fetch, no await, so it runs off the event loop), the table walked once for all names, and each
+    name weighed once."""
+    by_id = {t.id: t for t in table.values()}
+    seen: dict[str, bool] = {}
+
+    def sees(name: str) -> bool:
+        if grant is None or grant.cluster_admin:
+            return True
+        if name not in seen:
+            seen[name] = all(grant.allows_any(n) for n in permission_names(name, table, by_id=by_id))
+        return seen[name]
 
     return sees
 
@@ -85,10 +107,11 @@ async def visible_attributes(attributes: dict[str, str], sees: Sees) -> dict[str
                 policy["sourceQueueArns"] = kept
                 out[REDRIVE_ALLOW_POLICY] = json.dumps(policy, separators=(",", ":"))
     if out.get(records.ATTRIBUTE):
+        # Shown as the dump of the records kept, never the stored text: ``load`` drops an entry it
+        # cannot read, whose destination the raw text would still name.
         tasks = records.load(out[records.ATTRIBUTE])
         kept_tasks = [t for t in tasks if t.destination is None or await _sees_arn(t.destination, sees)]
-        if kept_tasks != tasks:
-            out[records.ATTRIBUTE] = records.dump(kept_tasks) if kept_tasks else "[]"
+        out[records.ATTRIBUTE] = records.dump(kept_tasks) if kept_tasks else "[]"
     return out
 
 
@@ -127,11 +150,15 @@ async def visible_topic_list(
     return _answer(data)
 
 
-async def visible_metrics(response: web.StreamResponse, grant: TokenGrant, sees: Sees) -> web.StreamResponse:
+async def visible_metrics(
+    response: web.StreamResponse, grant: TokenGrant, table: TopicTable
+) -> web.StreamResponse:
     """``GET /metrics`` as ``grant`` may see it: in full for a cluster admin or a token with
     ``metrics = true``; for any other token without the samples of topics it has no right on
     (their topic and consumer group names) and without those labelled with a Raft address
-    (``peer``). The families' ``# HELP``/``# TYPE`` lines stay: they name no topic."""
+    (``peer``). The families' ``# HELP``/``# TYPE`` lines stay: they name no topic. Any token may
+    scrape, so the cost is bounded: the topic table is read once per scrape (only when a
+    dead-letter topic's name is among the labels), and the text is read off the event loop."""
     if (
         grant.cluster_admin
         or grant.metrics
@@ -139,24 +166,33 @@ async def visible_metrics(response: web.StreamResponse, grant: TokenGrant, sees:
         or not isinstance(response, web.Response)
     ):
         return response
-    if not isinstance(response.body, bytes):
+    body = response.body
+    if not isinstance(body, bytes):
         return response
-    seen: dict[str, bool] = {}
+    loop = asyncio.get_running_loop()
+    dead_letter = await loop.run_in_executor(None, _names_dead_letter_topic, body)
+    snapshot = await table() if dead_letter else {}
+    kept = await loop.run_in_executor(None, _visible_lines, body, table_sees(grant, snapshot))
+    content_type = response.headers.get(hdrs.CONTENT_TYPE, "text/plain")
+    return web.Response(body=kept, headers={hdrs.CONTENT_TYPE: content_type})
+
+
+def _names_dead_letter_topic(body: bytes) -> bool:
+    return any(name.endswith(b".dlq") for name in _TOPIC_LABEL.findall(body))
+
+
+def _visible_lines(body: bytes, sees: Callable[[str], bool]) -> bytes:
+    """``body`` without the samples labelled with a Raft address or a topic ``sees`` refuses."""
     kept = []
-    for line in response.body.split(b"\n"):
+    for line in body.split(b"\n"):
         if not line.startswith(b"#"):
             if _PEER_LABEL.search(line):
                 continue
             topic = _TOPIC_LABEL.search(line)
-            if topic is not None:
-                name = topic.group(1).decode()
-                if name not in seen:
-                    seen[name] = await sees(name)
-                if not seen[name]:
-                    continue
+            if topic is not None and not sees(topic.group(1).decode()):
+                continue
         kept.append(line)
-    content_type = response.headers.get(hdrs.CONTENT_TYPE, "text/plain")
-    return web.Response(body=b"\n".join(kept), headers={hdrs.CONTENT_TYPE: content_type})
+    return b"\n".join(kept)
 
 
 def _json_answer(response: web.StreamResponse) -> dict[str, Any] | None:

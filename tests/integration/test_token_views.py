@@ -11,6 +11,7 @@ nodes' Raft addresses.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +35,7 @@ SRC_TOKEN = "views-src-token-0123456789abcdef"  # produce on the source queue on
 BOTH_TOKEN = "views-both-token-0123456789abcde"  # consume on every views-* queue
 REPLICA_FIELDS = {"node_id", "is_leader", "term", "commit_index", "applied_index", "has_quorum"}
 GLOB_TOKEN = "views-glob-token-0123456789abcdef"  # every right on payments.*, none on payments
+OTHER_GLOB_TOKEN = "views-other-glob-token-0123456789"  # every right on orders.*: neither name nor source
 TOKENS = {
     "admin": (ADMIN_TOKEN, '["*"]', '["*"]', '["*"]'),
     "producer": (PRODUCER_TOKEN, "[]", '["orders"]', "[]"),
@@ -41,6 +43,7 @@ TOKENS = {
     "src-producer": (SRC_TOKEN, "[]", f'["{SRC}"]', "[]"),
     "both": (BOTH_TOKEN, "[]", "[]", '["views-*"]'),
     "payments-glob": (GLOB_TOKEN, '["payments.*"]', '["payments.*"]', '["payments.*"]'),
+    "orders-glob": (OTHER_GLOB_TOKEN, '["orders.*"]', '["orders.*"]', '["orders.*"]'),
 }
 
 
@@ -186,9 +189,11 @@ def test_metrics_name_only_the_token_s_topics_and_no_raft_address(c: Cluster) ->
 
 
 def test_a_dead_letter_topic_one_may_not_see_answers_as_a_missing_name_does(c: Cluster) -> None:
-    """``payments.*`` matches ``payments.billing.dlq`` but has no right on ``payments``, its source:
-    every road answers that name exactly as a name no topic has (``payments.nothing.dlq``), so the
-    token cannot tell which groups of ``payments`` have dead letters."""
+    """``payments.*`` matches ``payments.billing.dlq`` but has no right on ``payments``, its source;
+    ``orders.*`` matches neither: every road answers that name exactly as a name no topic has
+    (``payments.nothing.dlq``), the name asked for aside, so neither token can tell which groups of
+    ``payments`` have dead letters (before, the 403 named ``payments`` for the existing one and the
+    name itself for the missing one to ``orders.*``)."""
     c.post("/v1/topics", {"name": "payments", "queues": 1})
     settings = {"max_deliveries": 2, "backoff_ms": [100]}
     r = c.session.put(c.url() + "/v1/topics/payments/subscriptions/billing", json=settings, timeout=30)
@@ -202,10 +207,11 @@ def test_a_dead_letter_topic_one_may_not_see_answers_as_a_missing_name_does(c: C
         ("GET", "/v1/topics/{t}/groups", None),
         ("DELETE", "/v1/topics/{t}", None),
     ]
-    for node in c.nodes:
+    for token, node in itertools.product((GLOB_TOKEN, OTHER_GLOB_TOKEN), c.nodes):
         for method, path, body in roads:
-            existing = c.call_as(GLOB_TOKEN, method, path.format(t="payments.billing.dlq"), node, json=body)
-            missing = c.call_as(GLOB_TOKEN, method, path.format(t="payments.nothing.dlq"), node, json=body)
+            existing = c.call_as(token, method, path.format(t="payments.billing.dlq"), node, json=body)
+            missing = c.call_as(token, method, path.format(t="payments.nothing.dlq"), node, json=body)
             assert existing.status_code == 403, (path, existing.text)
-            assert (missing.status_code, missing.json()) == (existing.status_code, existing.json()), path
+            as_existing = json.loads(missing.text.replace("payments.nothing.dlq", "payments.billing.dlq"))
+            assert (missing.status_code, as_existing) == (existing.status_code, existing.json()), path
     assert c.get("/v1/topics/payments.billing.dlq").status_code == 200  # nothing deleted
