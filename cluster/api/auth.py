@@ -51,6 +51,7 @@ from aiohttp import hdrs, web
 from raftmq.cluster.api.sqs.wire import CREDENTIALS_PATH, QUEUE_ROUTE
 from raftmq.cluster.api.visibility import (
     TopicTable,
+    grant_owns,
     grant_sees,
     visible_metrics,
     visible_topic_answer,
@@ -251,7 +252,8 @@ def auth_middleware(
         if rule is METRICS:
             return await visible_metrics(response, grant, table)
         if canonical == _T and request.method in ("GET", "HEAD", "PATCH") and not grant.cluster_admin:
-            return await visible_topic_answer(response, grant_sees(grant, names))
+            owner = await grant_owns(grant, names, request.match_info["topic"])
+            return await visible_topic_answer(response, grant_sees(grant, names), owner)
         return response
 
     return middleware

@@ -6,6 +6,9 @@ A topic's answer may name other topics in the attributes the SQS API keeps: a qu
 use it as theirs, ``sqs.MessageMoveTasks`` each task's destination. A token sees such a name only
 with some right on that queue (:data:`Sees`); otherwise the RedrivePolicy is left out, the allow
 policy lists only the queues it sees, and a move task to a queue it does not see is left out. The
+allow policy is shown whole to a token with ``admin`` on the queue that holds it (``owner``): it is
+that admin's own text, which tools read, change and write back (filtered, a write-back would drop
+the sources hidden from it). The
 REST answers (``GET``/``PATCH /v1/topics/{topic}``, ``GET /v1/topics``, filtered by the
 authentication middleware at the entry node) and the SQS actions (GetQueueAttributes,
 ListMessageMoveTasks) go through :func:`visible_attributes` alike. The queue names these
@@ -25,12 +28,13 @@ from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs import move_task_records as records
 from raftmq.cluster.api.sqs.queues import PREFIX
-from raftmq.cluster.config.tokens import TokenGrant
+from raftmq.cluster.config.tokens import ADMIN, TokenGrant
 from raftmq.cluster.machines.topics import Topic, permission_names
 
 __all__ = [
     "Sees",
     "TopicTable",
+    "grant_owns",
     "grant_sees",
     "table_sees",
     "visible_attributes",
@@ -61,6 +65,13 @@ def grant_sees(grant: TokenGrant | None, names: TopicNames) -> Sees:
     return sees
 
 
+async def grant_owns(grant: TokenGrant | None, names: TopicNames, topic: str) -> bool:
+    """Whether ``grant`` has ``admin`` on ``topic`` (on every name its permissions go by)."""
+    if grant is None or grant.cluster_admin:
+        return True
+    return all(grant.allows(ADMIN, n) for n in await names(topic, False))
+
+
 def table_sees(grant: TokenGrant | None, table: Mapping[str, Topic]) -> Callable[[str], bool]:
     """:func:`grant_sees` over one snapshot of the topic table, for many names at once: pure (no
     fetch, no await, so it runs off the event loop), the table walked once for all names, and each
@@ -82,9 +93,12 @@ def _arn_queue(arn: Any) -> str | None:
     return arn.rsplit(":", 1)[-1] if isinstance(arn, str) and arn else None
 
 
-async def visible_attributes(attributes: dict[str, str], sees: Sees) -> dict[str, str]:
+async def visible_attributes(
+    attributes: dict[str, str], sees: Sees, *, owner: bool = False
+) -> dict[str, str]:
     """``attributes`` without the names of queues ``sees`` refuses; a value that cannot be read is
-    left out whole (it could name anything)."""
+    left out whole (it could name anything). ``owner``: the token has ``admin`` on the queue these
+    attributes are of, whose RedriveAllowPolicy it then sees as written."""
     out = dict(attributes)
     if out.get(REDRIVE_POLICY):
         try:
@@ -93,7 +107,7 @@ async def visible_attributes(attributes: dict[str, str], sees: Sees) -> dict[str
             target = None
         if target is None or not await sees(target):
             del out[REDRIVE_POLICY]
-    if out.get(REDRIVE_ALLOW_POLICY):
+    if out.get(REDRIVE_ALLOW_POLICY) and not owner:
         try:
             policy = json.loads(out[REDRIVE_ALLOW_POLICY])
             arns = policy.get("sourceQueueArns", [])
@@ -120,19 +134,20 @@ async def _sees_arn(arn: str, sees: Sees) -> bool:
     return queue is not None and await sees(queue)
 
 
-async def _visible_topic(item: dict[str, Any], sees: Sees) -> dict[str, Any]:
+async def _visible_topic(item: dict[str, Any], sees: Sees, owner: bool) -> dict[str, Any]:
     attributes = item.get("attributes")
     if not isinstance(attributes, dict) or not attributes:
         return item
-    return {**item, "attributes": await visible_attributes(attributes, sees)}
+    return {**item, "attributes": await visible_attributes(attributes, sees, owner=owner)}
 
 
-async def visible_topic_answer(response: web.StreamResponse, sees: Sees) -> web.StreamResponse:
-    """A topic's answer (``GET``/``PATCH /v1/topics/{topic}``) as the token may see it."""
+async def visible_topic_answer(response: web.StreamResponse, sees: Sees, owner: bool) -> web.StreamResponse:
+    """A topic's answer (``GET``/``PATCH /v1/topics/{topic}``) as the token may see it; ``owner``:
+    it has ``admin`` on that topic."""
     data = _json_answer(response)
     if data is None or not isinstance(data.get("attributes"), dict):
         return response
-    return _answer(await _visible_topic(data, sees))
+    return _answer(await _visible_topic(data, sees, owner))
 
 
 async def visible_topic_list(
@@ -146,7 +161,9 @@ async def visible_topic_list(
     topics = data.get("topics", [])
     by_name = {str(t.get("name")): t for t in topics}
     shown = [t for t in topics if grant.allows_any(_permission_name(t, by_name))]
-    data["topics"] = [await _visible_topic(t, sees) for t in shown]
+    data["topics"] = [
+        await _visible_topic(t, sees, grant.allows(ADMIN, _permission_name(t, by_name))) for t in shown
+    ]
     return _answer(data)
 
 

@@ -49,6 +49,9 @@ def test_redrive_policies_name_only_the_queues_the_token_sees() -> None:
     assert visible({"sqs.RedrivePolicy": "not json"}) == {}  # unreadable: could name anything
     shown = json.loads(visible({"sqs.RedriveAllowPolicy": allow})["sqs.RedriveAllowPolicy"])
     assert shown == {"redrivePermission": "byQueue", "sourceQueueArns": [ARN + "mine"]}
+    # The dead-letter queue's admin reads its own allow policy as written (a tool writes it back).
+    whole = asyncio.run(visible_attributes({"sqs.RedriveAllowPolicy": allow}, sees, owner=True))
+    assert whole == {"sqs.RedriveAllowPolicy": allow}
     every = json.dumps({"redrivePermission": "allowAll"})
     assert visible({"sqs.RedriveAllowPolicy": every}) == {"sqs.RedriveAllowPolicy": every}
 
