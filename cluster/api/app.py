@@ -187,6 +187,7 @@ def create_app(node: Node) -> web.Application:
                 node.keys,
                 node.config.security,
                 api.permission_names,
+                api.topic_table,
                 max_topics=node.config.limits.max_topics_per_request,
             ),
         ],

@@ -50,6 +50,8 @@ from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs.wire import CREDENTIALS_PATH, QUEUE_ROUTE
 from raftmq.cluster.api.visibility import (
+    TopicTable,
+    grant_owns,
     grant_sees,
     visible_metrics,
     visible_topic_answer,
@@ -178,10 +180,15 @@ def route_rule(method: str, canonical: str | None, path: str) -> Rule:
 
 
 def auth_middleware(
-    keys: ClusterKeys, security: SecurityConfig, names: TopicNames, max_topics: int = 1000
+    keys: ClusterKeys,
+    security: SecurityConfig,
+    names: TopicNames,
+    table: TopicTable,
+    max_topics: int = 1000,
 ) -> Any:
     """The middleware for a node with the cluster's keys ``keys`` and tokens ``security``;
-    ``names`` maps a topic to the names its permissions are checked against. A request naming more
+    ``names`` maps a topic to the names its permissions are checked against, ``table`` gives every
+    topic at once (for ``/metrics``, which weighs many names per request). A request naming more
     than ``max_topics`` topics (``limits.max_topics_per_request``) has none of them looked up and
     is refused here (413 ``request_too_large``; 403 for a token with the permission on no topic),
     whatever limit its handler has: no request reaches a handler with a topic left unchecked."""
@@ -243,9 +250,10 @@ def auth_middleware(
         if rule is LIST_TOPICS:
             return await visible_topic_list(response, grant, grant_sees(grant, names))
         if rule is METRICS:
-            return await visible_metrics(response, grant, grant_sees(grant, names))
+            return await visible_metrics(response, grant, table)
         if canonical == _T and request.method in ("GET", "HEAD", "PATCH") and not grant.cluster_admin:
-            return await visible_topic_answer(response, grant_sees(grant, names))
+            owner = await grant_owns(grant, names, request.match_info["topic"])
+            return await visible_topic_answer(response, grant_sees(grant, names), owner)
         return response
 
     return middleware
@@ -267,15 +275,14 @@ async def _missing_permission(
     count = len(topics)
     if count > max_topics:  # none is looked up, and the request goes no further (below)
         topics = [None]
-    checked: list[str | None] = []
+    checked: list[tuple[str | None, str | None]] = []  # (the topic asked for, a name checked)
     for topic in topics:
-        checked.extend([None] if topic is None else await names(topic, creating))
-    for topic in checked:
+        found = [None] if topic is None else await names(topic, creating)
+        checked.extend((topic, n) for n in found)
+    for asked, topic in checked:
         granted = [p for p in rule.needs if grant.allows(p, topic)]
         if (rule.any_of and not granted) or (not rule.any_of and len(granted) < len(rule.needs)):
-            what = " or ".join(rule.needs) if rule.any_of else " and ".join(rule.needs)
-            on = "any topic" if topic is None else f"topic {topic!r}"
-            return f"token {grant.name!r} lacks {what} permission on {on}"
+            return _refusal(grant, rule, asked)
     if count > max_topics:  # refused here, whatever the handler's own limit: no topic goes unchecked
         raise ApiError(
             errors.REQUEST_TOO_LARGE,
@@ -283,6 +290,17 @@ async def _missing_permission(
             limit=max_topics,
         )
     return None
+
+
+def _refusal(grant: TokenGrant, rule: Rule, asked: str | None) -> str:
+    """Why ``grant`` may not: naming the topic asked for, never the name checked, which for a
+    dead-letter topic is its source where it exists and the name itself where it does not (a
+    token with no right on either would tell an existing dead-letter topic from a missing one)."""
+    what = " or ".join(rule.needs) if rule.any_of else " and ".join(rule.needs)
+    if asked is None:
+        return f"token {grant.name!r} lacks {what} permission on any topic"
+    why = " (a dead-letter topic goes by its source topic's permissions)" if asked.endswith(".dlq") else ""
+    return f"token {grant.name!r} lacks {what} permission on topic {asked!r}{why}"
 
 
 async def _topics(source: str, request: web.Request) -> list[str | None]:

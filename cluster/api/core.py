@@ -127,6 +127,11 @@ class ApiCore:
         assert machine is not None, "only a node with a metadata replica checks here"
         return permission_names(name, {t.name: t for t in machine.topics()})
 
+    async def topic_table(self) -> dict[str, Topic]:
+        """Every topic by name (a copy), as :meth:`permission_names` reads it: for a caller weighing
+        many names at once (``/metrics``), one table for all, never one per name."""
+        return await self._topic_table(None)
+
     async def _topic_table(self, wanted: str | None) -> dict[str, Topic]:
         """Every topic by name, from this node's metadata replica; from the metadata leader's where
         this node holds none (a node beyond the metadata group's five, or added later) or its

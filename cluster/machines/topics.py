@@ -129,7 +129,13 @@ def migrate_dead_letter_records(topics: dict[str, Topic]) -> dict[str, Topic]:
     return out
 
 
-def permission_names(name: str, topics: Mapping[str, Topic], *, creating: bool = False) -> list[str]:
+def permission_names(
+    name: str,
+    topics: Mapping[str, Topic],
+    *,
+    creating: bool = False,
+    by_id: Mapping[int, Topic] | None = None,
+) -> list[str]:
     """The topic names a token's permission on topic ``name`` is checked against, given every topic
     by name (``docs/security.md``, "Permissions"). A dead-letter topic answers for its source, found
     by its record (never by its name, which ``payments.*`` matches in ``payments.billing.dlq``), and
@@ -139,15 +145,17 @@ def permission_names(name: str, topics: Mapping[str, Topic], *, creating: bool =
     allowed on every existing topic it could be the dead-letter topic of (each as it answers); so
     must a name no topic has, so that a token without a right on ``payments`` gets the same answer
     for ``payments.billing.dlq`` whether that group has dead letters or not (before, 403 or 404
-    told it). Pure."""
+    told it). ``by_id``: ``topics`` by id, for a caller asking of many names (built here otherwise,
+    a walk over every topic per name). Pure."""
     if not name.endswith(".dlq") or validate_topic_name(name):
         return [name]  # only ensure_dlq_topic records sources, and its names end in .dlq
     if creating or name not in topics:
         stem = name[: -len(".dlq")]
         sources = [stem[:i] for i in range(1, len(stem) - 1) if stem[i] == "." and stem[:i] in topics]
-        return [name, *(n for source in sources for n in permission_names(source, topics))]
+        return [name, *(n for source in sources for n in permission_names(source, topics, by_id=by_id))]
     topic = topics.get(name)
-    by_id = {t.id: t for t in topics.values()} if topic is not None and topic.dead_letter_of else {}
+    if by_id is None:
+        by_id = {t.id: t for t in topics.values()} if topic is not None and topic.dead_letter_of else {}
     seen: set[int] = set()
     while topic is not None and topic.dead_letter_of is not None and topic.id not in seen:
         seen.add(topic.id)

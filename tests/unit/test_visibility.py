@@ -11,6 +11,7 @@ from aiohttp import web
 from raftmq.cluster.api.sqs import move_task_records as records
 from raftmq.cluster.api.visibility import visible_attributes, visible_metrics
 from raftmq.cluster.config.tokens import TokenGrant
+from raftmq.cluster.machines.topics import Topic
 
 ARN = "arn:aws:sqs:us-east-1:000000000000:"
 MINE = {"mine", "dlq"}
@@ -48,6 +49,9 @@ def test_redrive_policies_name_only_the_queues_the_token_sees() -> None:
     assert visible({"sqs.RedrivePolicy": "not json"}) == {}  # unreadable: could name anything
     shown = json.loads(visible({"sqs.RedriveAllowPolicy": allow})["sqs.RedriveAllowPolicy"])
     assert shown == {"redrivePermission": "byQueue", "sourceQueueArns": [ARN + "mine"]}
+    # The dead-letter queue's admin reads its own allow policy as written (a tool writes it back).
+    whole = asyncio.run(visible_attributes({"sqs.RedriveAllowPolicy": allow}, sees, owner=True))
+    assert whole == {"sqs.RedriveAllowPolicy": allow}
     every = json.dumps({"redrivePermission": "allowAll"})
     assert visible({"sqs.RedriveAllowPolicy": every}) == {"sqs.RedriveAllowPolicy": every}
 
@@ -58,6 +62,12 @@ def test_move_tasks_to_a_queue_the_token_does_not_see_are_left_out() -> None:
     assert [t.id[0] for t in shown] == ["b", "c"]
     only_hidden = json.dumps([task("a", ARN + "theirs")])
     assert visible({records.ATTRIBUTE: only_hidden}) == {records.ATTRIBUTE: "[]"}
+    # An entry ``load`` cannot read (here: a bad id) is left out of the text shown, destination and all.
+    unreadable = json.dumps([{**task("a", ARN + "theirs"), "id": "bad"}, task("c", ARN + "mine")])
+    shown_text = visible({records.ATTRIBUTE: unreadable})[records.ATTRIBUTE]
+    assert "theirs" not in shown_text and [t.id[0] for t in records.load(shown_text)] == ["c"]
+    only_unreadable = json.dumps([{"destination": ARN + "theirs"}])
+    assert visible({records.ATTRIBUTE: only_unreadable}) == {records.ATTRIBUTE: "[]"}
 
 
 def test_metrics_keep_the_node_s_series_and_the_token_s_topics() -> None:
@@ -73,7 +83,7 @@ def test_metrics_keep_the_node_s_series_and_the_token_s_topics() -> None:
     )
     response = web.Response(body=body.encode(), headers={"Content-Type": "text/plain; version=0.0.4"})
     grant = TokenGrant(name="svc", digest=b"", consume=("mine",))
-    shown = asyncio.run(visible_metrics(response, grant, sees))
+    shown = asyncio.run(visible_metrics(response, grant, no_table))
     assert isinstance(shown, web.Response) and isinstance(shown.body, bytes)
     assert shown.body.decode().splitlines() == [
         "# HELP raftmq_queue_messages Messages retained",
@@ -82,4 +92,48 @@ def test_metrics_keep_the_node_s_series_and_the_token_s_topics() -> None:
         'raftmq_raft_term{node_id="n1",group_id="0"} 2.0',
     ]
     scraper = TokenGrant(name="scraper", digest=b"", metrics=True)
-    assert asyncio.run(visible_metrics(response, scraper, sees)) is response
+    assert asyncio.run(visible_metrics(response, scraper, no_table)) is response
+
+
+async def no_table() -> dict[str, Topic]:
+    raise AssertionError("no dead-letter topic among the labels: no table needed")
+
+
+class CountedTable(dict[str, Topic]):
+    """A topic table that counts the walks over all of it."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[override]
+        CountedTable.walks += 1
+        return super().values()
+
+
+def test_a_scrape_reads_the_topic_table_once_whatever_its_dead_letter_topics() -> None:
+    """Review finding: each ``.dlq`` label cost a copy of the whole topic table (and, on a node
+    without a metadata replica, a call to the metadata leader): 5k dead-letter topics took seconds
+    of event-loop time per scrape, for any token. Now one table per scrape, walked once."""
+    count = 500
+    topics = [Topic(i, f"t{i}", 1, (1,), None, None, None, 1) for i in range(count)]
+    dead = [Topic(count + i, f"t{i}.g.dlq", 1, (1,), None, None, None, 1, (i, "g")) for i in range(count)]
+    table = CountedTable({t.name: t for t in topics + dead})
+    fetched = 0
+
+    async def fetch() -> dict[str, Topic]:
+        nonlocal fetched
+        fetched += 1
+        return table
+
+    lines = [f'raftmq_queue_messages{{topic="{t.name}",queue="0"}} 1.0' for t in topics + dead]
+    response = web.Response(body="\n".join(lines).encode())
+    grant = TokenGrant(name="svc", digest=b"", consume=("t1", "t2"))  # their dead-letter topics too
+    CountedTable.walks = 0
+    shown = asyncio.run(visible_metrics(response, grant, fetch))
+    assert isinstance(shown, web.Response) and isinstance(shown.body, bytes)
+    assert [line.split('"')[1] for line in shown.body.decode().splitlines()] == [
+        "t1",
+        "t2",
+        "t1.g.dlq",
+        "t2.g.dlq",
+    ]
+    assert (fetched, CountedTable.walks) == (1, 1)

@@ -43,7 +43,7 @@ from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.access import queue_name_of
 from raftmq.cluster.api.sqs.errors import SqsError
-from raftmq.cluster.api.visibility import grant_sees, visible_attributes
+from raftmq.cluster.api.visibility import grant_owns, grant_sees, visible_attributes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import RaftmqError
@@ -412,9 +412,10 @@ class QueueActions:
             cap = self.limits.max_message_bytes if name == "MaximumMessageSize" else None
             values[name] = str(qs.queue_setting(topic, name, cap))
         # A redrive policy names other queues: only those the token has a right on (visibility.py).
-        shown = await visible_attributes(
-            topic.attributes, grant_sees(request.get(PRINCIPAL), self.api.permission_names)
-        )
+        # Its own RedriveAllowPolicy whole to an admin of the queue (a tool writes it back).
+        grant, names = request.get(PRINCIPAL), self.api.permission_names
+        owner = await grant_owns(grant, names, topic.name)
+        shown = await visible_attributes(topic.attributes, grant_sees(grant, names), owner=owner)
         for name in (*qs.REDRIVE, *qs.STORED):
             if shown.get(qs.PREFIX + name):  # "" : removed
                 values[name] = shown[qs.PREFIX + name]
