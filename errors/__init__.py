@@ -139,7 +139,7 @@ REQUEST_TIMEOUT = ErrorCode(
     True,
     True,
     "The request's body did not arrive within limits.request_timeout_ms plus a second per 64 KiB of its"
-    " Content-Length; nothing was done"
+    " Content-Length (counted up to limits.max_request_bytes); nothing was done"
     " (the connection is closed).",
 )
 TOPIC_EXISTS = ErrorCode("topic_exists", 409, False, True, "A topic with this name already exists.")

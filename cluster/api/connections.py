@@ -17,9 +17,10 @@ answer's (or a push stream's frame's) write waits on the transport's drain, whic
 an answer left in the transport's buffer kept its connection open after the node closed it (asyncio
 flushes a buffer before it lets go). :class:`WriteDeadline` aborts a connection whose writes are
 paused (its buffer over the high-water mark, 64 KiB), or that has no request in the application
-and still unsent bytes after its last answer, when not a byte of its buffer left for
-``limits.http_write_timeout_ms`` (``raftmq_http_write_timeouts_total``): a client that reads, however
-slowly, is not cut, whatever the answer's size. A long poll or a push
+and still unsent bytes after its last answer, when less of its buffer left in
+``limits.http_write_timeout_ms`` than ``MIN_WRITE_BYTES_PER_S`` would send
+(``raftmq_http_write_timeouts_total``): a client that reads steadily at that rate is not cut,
+whatever the answer's size; one reading a trickle is. A long poll or a push
 stream that waits for messages writes nothing, and is not cut.
 """
 
@@ -36,6 +37,7 @@ from aiohttp.typedefs import Middleware
 __all__ = ["IDLE_KEY", "WRITES_KEY", "IdleConnections", "WriteDeadline", "idle_middleware", "listen"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MIN_WRITE_BYTES_PER_S = 64 * 1024  # the slowest steady reading the write deadline allows for
 TLS_HANDSHAKE_S = 10.0  # a TLS handshake not done by then is dropped (it is not counted as idle)
 
 
@@ -164,12 +166,14 @@ class _Counted(asyncio.Protocol):
             self._timer = None
 
     def _check(self) -> None:
-        """Abort the connection if nothing of its buffer left since the check was set and its
+        """Abort the connection if too little of its buffer left since the check was set and its
         writes are still paused, or bytes are still unsent with no request in the application
         (the answer of the last one: no later write of a request under way is judged here). A
-        buffer that went down is a client still reading, however large the answer: the check is
-        set again (a 4 MiB answer read steadily at 1.6 MB/s was cut at 0.4 MB by a 1 s deadline
-        on the whole write)."""
+        buffer that went down by ``MIN_WRITE_BYTES_PER_S`` over the deadline (or emptied) is a
+        client still reading, however large the answer: the check is set again (a 4 MiB answer
+        read steadily at 1.6 MB/s was cut at 0.4 MB by a 1 s deadline on the whole write); one
+        that reads a trickle is cut (a packet per deadline would hold it, and its answer, for
+        ever)."""
         self._timer = None
         transport = self._transport
         if transport is None:
@@ -177,7 +181,8 @@ class _Counted(asyncio.Protocol):
         unsent = transport.get_write_buffer_size()
         if not self._paused and not (unsent and self._idle.between_requests(self._inner, transport)):
             return
-        if unsent < self._unsent_when_set:
+        moved = self._unsent_when_set - unsent
+        if moved >= min(MIN_WRITE_BYTES_PER_S * self._writes.within_s, self._unsent_when_set):
             self.check_later(fresh=True)
             return
         transport.abort()  # not close(): that would wait to flush what the client never reads

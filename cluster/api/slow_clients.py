@@ -21,7 +21,6 @@ import asyncio
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Middleware
 
-from raftmq.cluster.api.auth import METRICS, OPEN, route_rule
 from raftmq.cluster.api.common import Handler, error_response
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import ApiError
@@ -43,6 +42,7 @@ class BodyTimeout(ApiError, TimeoutError):
     trickle otherwise)."""
 
 
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})  # never counted by the cap: _uncounted
 MIN_BODY_BYTES_PER_S = 64 * 1024  # the slowest steady upload a body's deadline allows for
 
 
@@ -116,13 +116,14 @@ def request_cap_middleware(most: int, keys: ClusterKeys) -> Middleware:
 
 
 def _uncounted(request: web.Request) -> bool:
-    """Whether ``request`` is a health check, a probe, a scrape or a console file: a ``GET`` (or
-    ``HEAD``) of an open route or ``/metrics``, which reads no body and is answered at once, so it
-    holds nothing for long (``POST /internal/proof``, open but reading a body, is counted)."""
+    """Whether ``request`` is a health or readiness check (``GET``/``HEAD`` ``/healthz`` or
+    ``/readyz``), answered at once from what the node holds, so a node at its cap still tells its
+    supervisor it lives. Everything else is counted: ``/metrics`` reads every led group's store in
+    the executor, the console asks the peers (review: exempt, they were unbounded)."""
     if request.method not in ("GET", "HEAD"):
         return False
     match = request.match_info
     resource = match.route.resource
     if match.http_exception is not None or resource is None:
         return False
-    return route_rule(request.method, resource.canonical, request.path) in (OPEN, METRICS)
+    return resource.canonical in HEALTH_PATHS

@@ -2,7 +2,8 @@
 ``request_cap_middleware``): a real aiohttp server with the node's error middleware and real HTTP.
 
 A node holding ``limits.http_max_requests`` long polls answered 429 to its own health check
-(``deploy/docker/healthcheck.py`` then restarted it) and to the metrics scrape that would show why.
+(``deploy/docker/healthcheck.py`` then restarted it). The scrape stays counted: it reads every led
+group's store in the executor, and uncounted it would be unbounded (a review of the exemption).
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ async def _statuses_while_full() -> dict[str, int]:
         await runner.cleanup()
 
 
-def test_health_checks_and_the_scrape_are_answered_at_the_cap() -> None:
+def test_health_checks_are_answered_at_the_cap() -> None:
     statuses = asyncio.run(_statuses_while_full())
     assert statuses["/healthz"] == 200 and statuses["/readyz"] == 200, statuses
-    assert statuses["/metrics"] == 200, statuses
+    assert statuses["/metrics"] == 429, f"the scrape is counted: {statuses}"
     assert statuses["/v1/cluster"] == 429 and statuses[POLL] == 429, f"the cap held nothing: {statuses}"
     assert statuses["held"] == 200

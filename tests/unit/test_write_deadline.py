@@ -76,12 +76,15 @@ LARGE = 4 * 1024 * 1024  # one write, far over the high-water mark: the writes p
 STEADY_S = 0.02  # the client reads 32 KiB each STEADY_S: about 1.6 MB/s, 4 MiB in about 2.6 s
 
 
-async def _steady_reader_gets_all() -> tuple[int, int]:
-    """A 4 MiB answer written at once, a 0.5 s deadline, and a client that reads it steadily over
-    about five deadlines: the bytes move all the time, so nothing may cut it."""
+async def _steady_reader_gets_all(
+    chunk: int = 32768, pause_s: float = STEADY_S, within_s: float = WITHIN_S, give_up_s: float = 60.0
+) -> tuple[int, int]:
+    """A 4 MiB answer written at once, a 0.5 s deadline, and a client that reads ``chunk`` bytes
+    every ``pause_s`` (by default it reads the answer steadily over about five deadlines: the bytes
+    move all the time, so nothing may cut it)."""
     aborted: list[int] = []
     idle = IdleConnections(16, lambda: None)
-    writes = WriteDeadline(WITHIN_S, lambda: aborted.append(1))
+    writes = WriteDeadline(within_s, lambda: aborted.append(1))
 
     async def answer(request: web.Request) -> web.Response:
         assert isinstance(request.transport, asyncio.Transport)
@@ -103,10 +106,11 @@ async def _steady_reader_gets_all() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         await loop.sock_connect(client, ("127.0.0.1", port))
         await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        while received < LARGE:
-            await asyncio.sleep(STEADY_S)
+        give_up = loop.time() + give_up_s
+        while received < LARGE and loop.time() < give_up:
+            await asyncio.sleep(pause_s)
             try:
-                part = await asyncio.wait_for(loop.sock_recv(client, 32768), WITHIN_S * 4)
+                part = await asyncio.wait_for(loop.sock_recv(client, chunk), WITHIN_S * 4)
             except (ConnectionError, TimeoutError):
                 break
             if not part:
@@ -124,3 +128,11 @@ def test_a_client_reading_a_large_answer_steadily_is_not_cut() -> None:
     received, aborted = asyncio.run(_steady_reader_gets_all())
     assert aborted == 0, f"a client still reading was cut after {received} bytes"
     assert received >= LARGE, f"only {received} bytes of the answer arrived"
+
+
+def test_a_client_that_reads_a_trickle_is_cut() -> None:
+    """Reading 8 KiB every 0.2 s (40 KiB/s) moves the buffer in every deadline, below the floor of
+    ``MIN_WRITE_BYTES_PER_S``: such a client would hold its connection and its answer for as long
+    as it liked (review: a byte per deadline was enough to re-arm it)."""
+    received, aborted = asyncio.run(_steady_reader_gets_all(8192, 0.2, within_s=1.0, give_up_s=4.0))
+    assert aborted == 1 and received < LARGE, (received, aborted)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftmq.cluster.api.auth import METRICS, OPEN, route_rule
+from raftmq.cluster.api.auth import OPEN, route_rule
 from raftmq.cluster.api.openapi.base import _errors
+from raftmq.cluster.api.slow_clients import HEALTH_PATHS
 
 __all__ = ["add_node_bounds", "add_security"]
 
@@ -45,7 +46,7 @@ def add_security(spec: dict[str, Any]) -> dict[str, Any]:
 def add_node_bounds(spec: dict[str, Any]) -> dict[str, Any]:
     """``spec`` with the answers of the node's bounds on every operation (in place): 429
     ``too_many_requests`` past ``limits.http_max_requests`` clients' requests at once (not on a
-    ``GET`` of an open route or ``/metrics``, never counted), and on one taking a body 408
+    ``GET`` of ``/healthz`` or ``/readyz``, never counted), and on one taking a body 408
     ``request_timeout`` when it is not all sent in time (``slow_clients.body_deadline_s``)."""
     busy, late = _errors(429)["429"], _errors(408)["408"]
     for path, item in spec["paths"].items():
@@ -53,7 +54,7 @@ def add_node_bounds(spec: dict[str, Any]) -> dict[str, Any]:
             op = item.get(method)
             if op is None:
                 continue
-            if method != "get" or route_rule("GET", path, path) not in (OPEN, METRICS):
+            if method != "get" or path not in HEALTH_PATHS:
                 op["responses"].setdefault("429", busy)
             if "requestBody" in op:
                 op["responses"].setdefault("408", late)
