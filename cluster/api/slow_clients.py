@@ -92,9 +92,8 @@ def request_cap_middleware(most: int, keys: ClusterKeys) -> Middleware:
     one more is answered 429 ``too_many_requests`` at once, nothing read or done. A peer's call
     (the peer key) is not counted nor refused: a node forwarding its clients' requests, or asking
     for a group's state, must not be stopped by another's clients (their requests count where they
-    entered). Nor is a ``GET`` of an open route or of ``/metrics`` (:func:`_uncounted`): a node
-    holding ``most`` long polls answered 429 to its own health check, and its orchestrator
-    restarted it."""
+    entered). Nor is a ``GET`` of ``/healthz`` or ``/readyz`` (:func:`_uncounted`): a node holding
+    ``most`` long polls answered 429 to its own health check, and its orchestrator restarted it."""
     under_way = 0
 
     @web.middleware

@@ -48,8 +48,9 @@ __all__ = [
 ]
 
 Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
-Barrier = Callable[[str], Awaitable[dict[str, Any]]]
 """Propose a command to a group led here; its result, or a :class:`RaftmqError`."""
+Barrier = Callable[[str], Awaitable[dict[str, Any]]]
+"""A read barrier of a group led here, shared with the reads waiting at once (``barriers.py``)."""
 
 _STAMPED_ACTIONS = frozenset(
     {"ack", "nack", "extend", "release", "lock", "redrive", "subscribe", "touch_subscriptions"}
@@ -273,8 +274,9 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     nothing costs no Raft entry of its own: a consumer polling for a lock another holds, an
     unlock, a fenced commit or a fenced ack, nack or extend with a stale epoch, a new group past
     the caps, a redrive with nothing to redrive (each was an entry, refused by the apply or
-    changing nothing, before). :meth:`DeliveryActions._answered_here` confirms all but
-    ``lock_held`` after a shared read barrier. The apply checks again."""
+    changing nothing, before). :meth:`DeliveryActions._answered_here` gives what a newer leader
+    could not have undone at once and confirms the rest after a shared read barrier
+    (:func:`_stands`). The apply checks again."""
     topic_id = cmd.get("topic_id")
     if isinstance(topic_id, int) and store.get(keys.dropped_key(topic_id)) is not None:
         return None
