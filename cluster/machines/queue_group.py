@@ -322,7 +322,8 @@ class QueueGroupMachine:
         if cmd["op"] == "unlock":
             return delivery.unlock(work, cmd)
         if cmd["op"] == "commit_fenced":
-            delivery.check_fence(work, cmd["group"], cmd["topic_id"], sorted(cmd["offsets"]), cmd["epoch"])
+            fenced = sorted(cmd["offsets"])
+            delivery.check_fence(work.store, cmd["group"], cmd["topic_id"], fenced, cmd["epoch"])
             return self._commit_offsets(work, cmd)
         if cmd["op"] == "redrive":
             return delivery.redrive(work, cmd)

@@ -27,7 +27,7 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available, refuse_new_group_over_caps
+from raftmq.cluster.machines.delivery import available, check_fence, refuse_new_group_over_caps
 from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
@@ -299,10 +299,10 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
         if current.lease_until_ms == 0:
             return {"released": True}
     elif cmd["op"] == "commit_fenced":
-        _check_fence(store, cmd["group"], cmd["topic_id"], sorted(cmd["offsets"]), cmd["epoch"])
+        check_fence(store, cmd["group"], cmd["topic_id"], sorted(cmd["offsets"]), cmd["epoch"])
     elif (cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend") and cmd["epoch"] is not None:
         queues = sorted({r.queue for r in cmd["receipts"]})
-        _check_fence(store, cmd["group"], cmd["topic_id"], queues, cmd["epoch"])
+        check_fence(store, cmd["group"], cmd["topic_id"], queues, cmd["epoch"])
     elif cmd["op"] == "redrive":
         return _nothing_to_redrive(store, cmd["topic_id"], cmd["dlq_topic_id"], cmd["queues"])
     return None
@@ -350,20 +350,6 @@ def _nothing_to_redrive(store: Store, topic_id: int, dlq: int, queues: list[int]
             return None
         results.append({"queue": queue, "count": 0, "redrive_offset": stored, "high_offset": high})
     return {"queues": results, "more": False}
-
-
-def _check_fence(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:
-    """``stale_epoch`` unless each queue's lock has ``epoch``, live or not (the apply's fence,
-    ``cluster/machines/delivery/locks.py``)."""
-    for q in queues:
-        current = lock_state(store, group, topic_id, q)
-        if current is None or current.epoch != epoch:
-            raise CatalogError(
-                errors.STALE_EPOCH,
-                f"epoch {epoch} is not the lock epoch of queue {q}",
-                queue=q,
-                epoch=None if current is None else current.epoch,
-            )
 
 
 def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch: int) -> None:

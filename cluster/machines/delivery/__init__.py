@@ -320,7 +320,7 @@ def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
     topic_id, group, now_ms, op = cmd["topic_id"], cmd["group"], cmd["now_ms"], cmd["op"]
     _check_topic(work, topic_id)
     if cmd["epoch"] is not None:
-        check_fence(work, group, topic_id, sorted({r.queue for r in cmd["receipts"]}), cmd["epoch"])
+        check_fence(work.store, group, topic_id, sorted({r.queue for r in cmd["receipts"]}), cmd["epoch"])
     w = _Work(work, now_ms)
     by_queue: dict[int, list[int]] = {}
     for r in cmd["receipts"]:

@@ -16,13 +16,15 @@ from raftmq.storage.keys import LockState
 if TYPE_CHECKING:
     from raftmq.cluster.commands import LockCommand, UnlockCommand
     from raftmq.cluster.machines.apply import Apply
+    from raftmq.storage.store import Store
 
 
-def check_fence(work: Apply, group: str, topic_id: int, queue_list: Iterable[int], epoch: int) -> None:
+def check_fence(store: Store, group: str, topic_id: int, queue_list: Iterable[int], epoch: int) -> None:
     """Refuse (``stale_epoch``) unless every queue's lock for ``group`` has ``epoch``. The lease
-    need not be live: while nobody else took the lock, its holder's epoch is still the newest."""
+    need not be live: while nobody else took the lock, its holder's epoch is still the newest.
+    (The apply's fence, and a queue group's leader's before it proposes: ``answered_here``.)"""
     for queue in queue_list:
-        lock_state = queues.lock_state(work.store, group, topic_id, queue)
+        lock_state = queues.lock_state(store, group, topic_id, queue)
         if lock_state is None or lock_state.epoch != epoch:
             raise Refused(
                 errors.STALE_EPOCH,
