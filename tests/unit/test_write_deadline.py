@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -27,18 +30,31 @@ WITHIN_S = 0.5
 ANSWER = 48 * 1024  # under the high-water mark: the writes never pause
 
 
-async def _unsent_answer_is_aborted() -> tuple[int, bool, int]:
-    aborted: list[int] = []
+@dataclass
+class _Served:
+    """A node-like server answering ``GET /`` with ``size`` bytes through the write deadline, and a
+    client socket connected to it (both with kernel buffers of ``buffer`` bytes)."""
+
+    client: socket.socket
+    aborted: list[int] = field(default_factory=list)
+    transports: list[asyncio.Transport] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def _served(size: int, buffer: int, within_s: float = WITHIN_S) -> AsyncIterator[_Served]:
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    client.setblocking(False)
+    served = _Served(client)
     idle = IdleConnections(16, lambda: None)
-    writes = WriteDeadline(WITHIN_S, lambda: aborted.append(1))
-    transports: list[asyncio.Transport] = []
+    writes = WriteDeadline(within_s, lambda: served.aborted.append(1))
 
     async def answer(request: web.Request) -> web.Response:
         assert isinstance(request.transport, asyncio.Transport)
-        transports.append(request.transport)
+        served.transports.append(request.transport)
         # a small kernel buffer, so most of the answer stays in the node's
-        request.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        return web.Response(body=b"x" * ANSWER)
+        request.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+        return web.Response(body=b"x" * size)
 
     app = web.Application(middlewares=[idle_middleware(idle, writes)])
     app[IDLE_KEY], app[WRITES_KEY] = idle, writes
@@ -46,24 +62,26 @@ async def _unsent_answer_is_aborted() -> tuple[int, bool, int]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     server = await listen(runner, "127.0.0.1", 0, None)
-    port = server.sockets[0].getsockname()[1]
-    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    client.setblocking(False)
     try:
-        loop = asyncio.get_running_loop()
-        await loop.sock_connect(client, ("127.0.0.1", port))
-        await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        await asyncio.sleep(WITHIN_S / 5)
-        (transport,) = transports
-        unsent = transport.get_write_buffer_size()  # the premise: some waits, not paused
-        await asyncio.sleep(WITHIN_S * 3)
-        return unsent, transport.is_closing(), len(aborted)
+        await asyncio.get_running_loop().sock_connect(
+            client, ("127.0.0.1", server.sockets[0].getsockname()[1])
+        )
+        yield served
     finally:
         client.close()
         server.close()
         await server.wait_closed()
         await runner.cleanup()
+
+
+async def _unsent_answer_is_aborted() -> tuple[int, bool, int]:
+    async with _served(ANSWER, 4096) as served:
+        await asyncio.get_running_loop().sock_sendall(served.client, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(WITHIN_S / 5)
+        (transport,) = served.transports
+        unsent = transport.get_write_buffer_size()  # the premise: some waits, not paused
+        await asyncio.sleep(WITHIN_S * 3)
+        return unsent, transport.is_closing(), len(served.aborted)
 
 
 def test_an_answer_left_unsent_after_its_request_is_aborted_in_time() -> None:
@@ -82,46 +100,21 @@ async def _steady_reader_gets_all(
     """A 4 MiB answer written at once, a 0.5 s deadline, and a client that reads ``chunk`` bytes
     every ``pause_s`` (by default it reads the answer steadily over about five deadlines: the bytes
     move all the time, so nothing may cut it)."""
-    aborted: list[int] = []
-    idle = IdleConnections(16, lambda: None)
-    writes = WriteDeadline(within_s, lambda: aborted.append(1))
-
-    async def answer(request: web.Request) -> web.Response:
-        assert isinstance(request.transport, asyncio.Transport)
-        request.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
-        return web.Response(body=b"x" * LARGE)
-
-    app = web.Application(middlewares=[idle_middleware(idle, writes)])
-    app[IDLE_KEY], app[WRITES_KEY] = idle, writes
-    app.router.add_get("/", answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    server = await listen(runner, "127.0.0.1", 0, None)
-    port = server.sockets[0].getsockname()[1]
-    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-    client.setblocking(False)
     received = 0
-    try:
+    async with _served(LARGE, 16384, within_s) as served:
         loop = asyncio.get_running_loop()
-        await loop.sock_connect(client, ("127.0.0.1", port))
-        await loop.sock_sendall(client, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await loop.sock_sendall(served.client, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         give_up = loop.time() + give_up_s
         while received < LARGE and loop.time() < give_up:
             await asyncio.sleep(pause_s)
             try:
-                part = await asyncio.wait_for(loop.sock_recv(client, chunk), WITHIN_S * 4)
+                part = await asyncio.wait_for(loop.sock_recv(served.client, chunk), WITHIN_S * 4)
             except (ConnectionError, TimeoutError):
                 break
             if not part:
                 break
             received += len(part)
-        return received, len(aborted)
-    finally:
-        client.close()
-        server.close()
-        await server.wait_closed()
-        await runner.cleanup()
+        return received, len(served.aborted)
 
 
 def test_a_client_reading_a_large_answer_steadily_is_not_cut() -> None:
