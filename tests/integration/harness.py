@@ -489,3 +489,20 @@ def running(cluster: Cluster, token: str | None = None) -> Iterator[Cluster]:
         yield cluster
         for nid in cluster.nodes:
             assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
+
+
+def answer_of(s: socket.socket, within_s: float) -> tuple[bytes, bool]:
+    """What the node sends on ``s`` within ``within_s``, and whether it closed ``s`` by then."""
+    s.settimeout(0.5)
+    got, deadline = b"", time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return got, True
+        if not chunk:
+            return got, True
+        got += chunk
+    return got, False

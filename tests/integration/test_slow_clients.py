@@ -21,7 +21,7 @@ import pytest
 
 from raftmq.cluster.api.slow_clients import body_deadline_s
 
-from .harness import Cluster
+from .harness import Cluster, answer_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -58,23 +58,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def connect(c: Cluster) -> socket.socket:
     host, port = c.nodes["n1"].http.rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=5)
-
-
-def answer_of(s: socket.socket, within_s: float) -> tuple[bytes, bool]:
-    """What the node sends on ``s`` within ``within_s``, and whether it closed ``s`` by then."""
-    s.settimeout(0.5)
-    got, deadline = b"", time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            chunk = s.recv(65536)
-        except TimeoutError:
-            continue
-        except ConnectionResetError:
-            return got, True
-        if not chunk:
-            return got, True
-        got += chunk
-    return got, False
 
 
 class Trickle:

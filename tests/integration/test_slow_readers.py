@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from .harness import Cluster
+from .harness import Cluster, answer_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -60,23 +60,6 @@ def connect(c: Cluster, rcvbuf: int = 4096) -> socket.socket:
     return s
 
 
-def read_until_closed(s: socket.socket, within_s: float) -> tuple[int, bool]:
-    """The bytes the node sends on ``s`` until it closes it (True) or ``within_s`` passes."""
-    s.settimeout(0.5)
-    got, deadline = 0, time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            chunk = s.recv(1 << 20)
-        except TimeoutError:
-            continue
-        except ConnectionResetError:
-            return got, True
-        if not chunk:
-            return got, True
-        got += len(chunk)
-    return got, False
-
-
 def test_a_client_that_never_reads_its_answers_is_cut_after_the_write_timeout(cluster: Cluster) -> None:
     before = cluster.metric_sum("n1", "raftmq_http_write_timeouts_total")
     answer_bytes = len(cluster.get("/openapi.json").content)
@@ -89,9 +72,9 @@ def test_a_client_that_never_reads_its_answers_is_cut_after_the_write_timeout(cl
         assert cluster.get("/v1/topics/readers").status_code == 200  # a normal client is served
         time.sleep(WRITE_S + LATE_S / 2)  # nothing read: the node gives up on them meanwhile
         for s in sockets:
-            got, closed = read_until_closed(s, LATE_S)
+            got, closed = answer_of(s, LATE_S)
             assert closed, "a connection whose answers were never read was kept"
-            assert got < count * answer_bytes, "every answer was sent: the client was waited for"
+            assert len(got) < count * answer_bytes, "every answer was sent: the client was waited for"
     finally:
         for s in sockets:
             s.close()
@@ -156,9 +139,9 @@ def test_a_push_stream_whose_client_never_reads_is_cut_after_the_write_timeout(c
         rdy, mask = b'{"op":"rdy","n":40}', os.urandom(4)
         s.sendall(bytes([0x81, 0x80 | len(rdy)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(rdy)))
         time.sleep(2 * WRITE_S + LATE_S / 2)  # its frames are never read
-        got, closed = read_until_closed(s, LATE_S)
+        got, closed = answer_of(s, LATE_S)
         assert closed, "a push stream whose frames were never read was kept"
-        assert got < 40 * len(value), "every frame was sent: the client was waited for"
+        assert len(got) < 40 * len(value), "every frame was sent: the client was waited for"
     finally:
         s.close()
     assert cluster.metric_sum("n1", "raftmq_http_write_timeouts_total") > before
