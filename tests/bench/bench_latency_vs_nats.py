@@ -316,7 +316,8 @@ def _node_means_ms(
 
 def run_raftmq(base: Path, args: argparse.Namespace, system: str) -> list[dict[str, Any]]:
     out = []
-    with three_node_cluster(base, "latvsnats-", 'durability = "fsync"', keep=args.keep) as cluster:
+    durability = f'durability = "{args.durability}"'
+    with three_node_cluster(base, "latvsnats-", durability, keep=args.keep) as cluster:
         settle_leaders(cluster)
         urls = [n.url for n in cluster.nodes.values()]
         if args.prefill_mb:
@@ -534,6 +535,12 @@ def main() -> None:
         "--thread-cpu",
         action="store_true",
         help="per raftmq row, each node's CPU per message by kind of thread (loop, tick, ...): user, system",
+    )
+    ap.add_argument(
+        "--durability",
+        choices=("fsync", "os"),
+        default="fsync",
+        help='the cluster\'s durability; "os" (no fsync) bounds what any change of the flushes could gain',
     )
     ap.add_argument("--rows-out", default="", help=argparse.SUPPRESS)
     ap.add_argument("--system-name", default="raftmq", help=argparse.SUPPRESS)
