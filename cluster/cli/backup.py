@@ -45,7 +45,6 @@ import click
 
 from raftmq.cluster.base.groups import META, port_offset
 from raftmq.cluster.base.safe_tar import UnsafeArchive, safe_extract
-from raftmq.cluster.cli.common import dev_cluster_file
 from raftmq.cluster.config.cluster_file import ClusterConfig, ConfigError, NodeConfig, load_config
 from raftmq.cluster.config.keys import BACKUP_HEADER, NO_REDIRECTS, derive_keys
 from raftmq.cluster.config.tls import TlsError, client_context
@@ -422,23 +421,13 @@ def _safe_extract(tar: tarfile.TarFile, dest: str) -> None:
 
 # -- command line (hooked into ``raftmq`` by cluster/cli/main.py) -----------------------------------------
 
-
-def _config_or_dev_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    """--config, else $RAFTMQ_CONFIG (click reads both), else a raftmq dev folder's cluster file."""
-    found = value or dev_cluster_file()
-    if found is None:
-        raise click.MissingParameter(ctx=ctx, param=param)
-    return found
-
-
 config_option = click.option(
     "--config",
     "config_path",
+    required=True,
     envvar="RAFTMQ_CONFIG",
-    callback=_config_or_dev_file,
     type=click.Path(dir_okay=False),
-    help="The cluster file. Default: $RAFTMQ_CONFIG, else ./.raftmq/cluster.toml when every node "
-    "in it is on a loopback address (a raftmq dev folder).",
+    help="The cluster file (default: $RAFTMQ_CONFIG).",
 )
 
 

@@ -47,23 +47,6 @@ def dev_cluster_urls(path: str = DEV_CLUSTER_FILE) -> list[str]:
     return [n.http_url for n in nodes if _loopback_literal(n.http.rsplit(":", 1)[0])]
 
 
-def dev_cluster_file(path: str = DEV_CLUSTER_FILE) -> str | None:
-    """``path`` when it is a raftmq dev folder's cluster file: it loads and every node's HTTP and Raft
-    address is on loopback, else None. The default --config of ``raftmq backup``/``restore``/
-    ``repair-journal``: a file in the working folder naming another host must not receive the
-    backup key derived from a $RAFTMQ_SECRET the user set for their own cluster."""
-    if not os.path.isfile(path):
-        return None
-    from raftmq.cluster.config.cluster_file import ConfigError, load_config
-
-    try:
-        nodes = load_config(path).nodes
-    except (ConfigError, OSError, ValueError):
-        return None
-    hosts = [address.rsplit(":", 1)[0] for n in nodes for address in (n.http, n.raft)]
-    return path if hosts and all(_loopback_literal(h) for h in hosts) else None
-
-
 def _loopback_literal(host: str) -> bool:
     """``host`` is ``localhost`` or a loopback IP address, written out (no name is resolved)."""
     import ipaddress

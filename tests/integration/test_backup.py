@@ -5,7 +5,6 @@ where the old log left off, and its replicas agree."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tarfile
@@ -17,15 +16,9 @@ from .harness import Cluster, wait_until
 TOPICS = {"orders": 4, "audit": 2}
 
 
-def raftmq(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAFTMQ_CONFIG"}
+def raftmq(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "raftmq.cluster.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=cwd,
-        env=env,
+        [sys.executable, "-m", "raftmq.cluster.cli.main", *args], capture_output=True, text=True, timeout=180
     )
 
 
@@ -113,23 +106,3 @@ def test_backup_wipe_restore_brings_back_exactly_the_backup(tmp_path: Path) -> N
         )
         for g in ("0", "1", "2"):
             c.wait_replicas_equal(g, timeout_s=60)
-
-
-def test_backup_in_a_dev_folder_needs_no_config(tmp_path: Path) -> None:
-    """operations.md's `raftmq backup -o FILE`, run where `raftmq dev` runs, backs up that cluster
-    (it said "Missing option '--config'" while `raftmq status` there needed nothing)."""
-    (tmp_path / "cluster").mkdir()
-    with Cluster(tmp_path / "cluster", nodes=3) as c:
-        c.start()
-        c.wait_ready()
-        c.create_topic("orders", queues=2)
-        produce_one = c.produce("orders", [{"key": "k", "value": "v"}])
-        assert produce_one.status_code == 200, produce_one.text
-        work = tmp_path / "work"
-        (work / ".raftmq").mkdir(parents=True)
-        (work / ".raftmq" / "cluster.toml").symlink_to(c.config_path)
-        done = raftmq("backup", "-o", "backup.tar", cwd=work)
-        assert done.returncode == 0, done.stderr
-        assert "backup of 4 groups written to backup.tar" in done.stdout
-        refused = raftmq("restore", "--node", "n1", "backup.tar", cwd=work)  # the same file: n1 runs
-        assert refused.returncode != 0 and "stop it first" in refused.stderr, refused.stderr

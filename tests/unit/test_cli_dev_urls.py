@@ -55,30 +55,3 @@ def test_given_addresses_win_and_a_non_loopback_file_falls_back_to_the_default(
     )
     monkeypatch.chdir(tmp_path)
     assert resolve_urls((), env={}) == [DEFAULT_URL]
-
-
-def test_the_file_commands_default_to_a_dev_folders_cluster_file_only_on_loopback(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`raftmq backup`/`restore`/`repair-journal` in a `raftmq dev` folder need no --config (a
-    newcomer following operations.md got "Missing option '--config'"); a file naming any node off
-    loopback is never the default: with $RAFTMQ_SECRET set, the backup key derived from it would go
-    to the hosts of a file the user never named."""
-    from click.testing import CliRunner
-
-    from raftmq.cluster.cli.main import main as cli
-
-    monkeypatch.delenv("RAFTMQ_CONFIG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / ".raftmq").mkdir()
-    dev_file = tmp_path / ".raftmq" / "cluster.toml"
-    backup = tmp_path / "backup.tar"
-    backup.write_bytes(b"")
-    dev_file.write_text(Path(cluster_file(tmp_path, ["127.0.0.1", "127.0.0.1", "localhost"])).read_text())
-    found = CliRunner().invoke(cli, ["restore", "--node", "n9", str(backup)])
-    assert found.exit_code == 1 and "node 'n9' is not in .raftmq/cluster.toml" in found.output, found.output
-    dev_file.write_text(Path(cluster_file(tmp_path, ["127.0.0.1", "203.0.113.7", "127.0.0.1"])).read_text())
-    for args in (["backup", "-o", "out.tar"], ["restore", "--node", "n1", str(backup)]):
-        refused = CliRunner().invoke(cli, args)
-        assert refused.exit_code == 2 and "Missing option '--config'" in refused.output, refused.output
-    assert not (tmp_path / "out.tar").exists()
