@@ -469,8 +469,12 @@ def _run_dev(directory: str) -> None:
     path = os.path.abspath(write_dev_config(directory))
     config = _load(path)
     busy = [p for n in config.nodes for p in unavailable_addresses(listen_addresses(config, n.id))]
-    if busy:
-        raise click.ClickException(_cannot_listen("the dev cluster", busy))
+    if busy:  # the docs say 8081-8083; a newcomer whose ports are taken needs the way out
+        hint = f"\nStop it, or edit the `http` and `raft` ports in {path} (`raftmq dev` keeps it)."
+        ran = [n.id for n in config.nodes if os.path.isdir(os.path.join(os.path.dirname(path), n.id))]
+        if ran:  # a node's addresses never change once it ran: its data must go with the old ports
+            hint += f" Nodes {', '.join(ran)} ran on the old ports: delete their folders beside it first."
+        raise click.ClickException(_cannot_listen("the dev cluster", busy) + hint)
     stops = 0
 
     def stop_all(*_: Any) -> None:

@@ -227,6 +227,20 @@ def test_consumer_group_offsets_are_replicated_per_group_and_range_checked(clust
     assert get("g1", "n3") == {"0": 3, "1": 5, "2": None}
 
 
+def test_committed_offsets_are_listed_in_queue_order(cluster: Cluster) -> None:
+    """The README's `GET /v1/groups/billing/offsets?topic=orders` answered
+    {"2":null,"0":null,"3":1,"1":null} (queues by queue group): a reader's queues go 0, 1, 2, ..."""
+    c = cluster
+    c.create_topic("offs-order", queues=7)  # more queues than queue groups: each group holds several
+    assert c.produce("offs-order", [{"value": "v", "queue": 5}]).status_code == 200
+    r = c.session.put(c.url() + "/v1/groups/g/offsets", json={"topic": "offs-order", "offsets": {"5": 1}})
+    assert r.status_code == 200, r.text
+    for nid in c.nodes:
+        r = c.get("/v1/groups/g/offsets", nid, params={"topic": "offs-order"})
+        assert r.status_code == 200, r.text
+        assert list(r.json()["offsets"].items()) == [(str(q), 1 if q == 5 else None) for q in range(7)]
+
+
 # -- cluster view, health, metrics ------------------------------------------------------------
 
 

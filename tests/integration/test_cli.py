@@ -227,6 +227,36 @@ def test_serve_reports_busy_http_and_raft_ports(tmp_path: Path) -> None:
 # -- dev ----------------------------------------------------------------------------------------
 
 
+def test_dev_on_busy_ports_says_how_to_use_others_and_honours_the_edited_file(tmp_path: Path) -> None:
+    """A newcomer whose 8081 is taken was told only "Is another raftmq node running?": the answer
+    now says that the ports are in the cluster file `dev` keeps, and `dev` uses that file's ports."""
+    base = free_port_block(9)
+    folder = tmp_path / ".raftmq"
+    lines = ["[cluster]", 'secret = "0123456789abcdef0123"', "queue_groups = 1"]
+    for i in range(3):
+        http, raft = base + i, base + 3 + 2 * i  # raft: the metadata group's port, queue group 0's next
+        lines += [f'[[nodes]]\nid = "n{i + 1}"\nhttp = "127.0.0.1:{http}"\nraft = "127.0.0.1:{raft}"']
+        lines.append(f'data_dir = "{folder}"')
+    folder.mkdir()
+    cluster_file = folder / "cluster.toml"
+    cluster_file.write_text("\n".join(lines) + "\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 1))
+        taken.listen()
+        r = subprocess.run(
+            [sys.executable, "-m", "raftmq.cluster.cli.main", "dev"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert r.returncode == 1, r.stderr
+    assert f"127.0.0.1:{base + 1} (HTTP): address already in use" in r.stderr  # the edited file's port
+    assert "8081" not in r.stderr.split("Is another")[0]
+    assert f"edit the `http` and `raft` ports in {cluster_file}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def port_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

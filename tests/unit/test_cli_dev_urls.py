@@ -1,5 +1,6 @@
-"""The commands' default addresses from a dev folder's cluster file: loopback nodes only, so a file
-in the working folder cannot send the API token to a host the user never named."""
+"""The commands' default addresses, and backup/restore's default cluster file, from a dev folder's
+cluster file: loopback nodes only, so a file in the working folder cannot send the API token (or
+the backup key) to a host the user never named."""
 
 from __future__ import annotations
 

@@ -153,7 +153,7 @@ class FetchHandlers(ApiCore):
 
     async def _committed(self, topic: Topic, group: str) -> dict[str, int | None]:
         """``group``'s committed offset of each queue of ``topic`` (None: none), read at each
-        queue group's leader after a barrier (linearizable)."""
+        queue group's leader after a barrier (linearizable), listed by queue as a reader expects."""
         result: dict[str, int | None] = {}
         for g in sorted(set(topic.queue_groups)):
             name = str(g)
@@ -175,7 +175,7 @@ class FetchHandlers(ApiCore):
                     got = orjson.loads(data)["offsets"]
                 for q in queues:
                     result[str(q)] = got.get(str(q))
-        return result
+        return {str(q): result[str(q)] for q in range(len(topic.queue_groups))}  # in queue order
 
     async def _offsets_read(self, topic: Topic, group: str) -> None:
         """A read of ``group``'s committed offsets is a use: its record is refreshed (at most once

@@ -467,7 +467,7 @@ def _paths(limits: Limits) -> dict[str, Any]:
             ),
             "get": _op(
                 "getOffsets",
-                "A consumer group's committed offsets (linearizable; null where none)",
+                "A consumer group's committed offsets, in queue order (linearizable; null where none)",
                 {"200": _json(_ref("Offsets"), "offsets"), **_errors(400, 404, *RAFT_ERRORS)},
                 params=(GROUP, _param("topic", "query", _str(pattern=TOPIC_NAME_PATTERN), "Topic.", True)),
             ),
