@@ -52,6 +52,7 @@ FORWARDED = "X-Raftmq-Forwarded"
 NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # Everything a call to another node can fail with: no connection, a reset, a timeout, a broken or
 # undecodable answer (orjson's error is a ValueError).
+FILE_POOL_WAIT_S = 5.0  # how long a file passed on waits for a connection of its pool (open_at)
 PEER_FAILURES = (TimeoutError, aiohttp.ClientError, OSError, ValueError)
 # Methods that change nothing: whatever happened to the call, nothing was done.
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -260,9 +261,13 @@ class LeaderRouter:
         waits at most ``read_timeout_s`` for the peer's next bytes (not while the reader has
         paused it). A call that fails before the answer's head is :func:`peer_error`; ``what``
         names the peer in its message. The connection is released on leaving."""
-        session = self.node.peer_session
+        session = self.node.file_session
         assert session is not None
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=read_timeout_s)
+        # connect: the wait for one of the pool's connections, then the peer's (the pool full of
+        # slow downloads: a retriable 503 after it, not a wait without end).
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=FILE_POOL_WAIT_S, sock_connect=1.0, sock_read=read_timeout_s
+        )
         with peer_call(method, what):
             resp = await session.request(
                 method,

@@ -47,6 +47,11 @@ class HeldAnswers:
         for index in sorted(i for i in waiting if i > commit):
             self._held += [(deadline, index, entry) for entry in waiting[index]]
 
+    def answer_all(self) -> None:
+        """Answer every command still held, unknown (the replica stops: its tick thread is gone)."""
+        self._held = [(0.0, index, entry) for _, index, entry in self._held]  # all past due
+        self._after_tick()
+
     def _after_tick(self) -> None:
         """Forget the held commands pysyncobj answered; answer those past their deadline."""
         if not self._held:

@@ -260,13 +260,13 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        # Metrics read pre_vote, backlog, deferrals, snapshot_gate and the bodies its transport seals
-        # as a leader (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
+        # Metrics read pre_vote, backlog, deferrals, snapshot_gate, the bodies sealed as a leader
+        # (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
         seams = install_tick_seams(self._sync, settings, self._busy, name)
         self.pre_vote, self.backlog, self.reads, self.compaction_deferrals = seams
         self.terms.pre_vote_granted = self.pre_vote.granted
         self.sealed_bodies: SharedBodies | None = self._sync._SyncObj__transport.shared_bodies
-        self._held = HeldAnswers(self._sync, settings)  # a lost leadership's submits (pso.py)
+        self._held = HeldAnswers(self._sync, settings)  # a lost leadership's submits (held_answers.py)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
@@ -467,6 +467,7 @@ class RaftGroup:
         if not self._destroyed.is_set():
             self._destroyed.set()
             stop_tick_thread(self._sync)
+            self._held.answer_all()  # the tick thread is gone: nothing would answer them
 
     # -- tick thread ------------------------------------------------------------------------------
 
@@ -482,8 +483,7 @@ class RaftGroup:
             self.apply_latency.observe(time.perf_counter() - started)
 
     def _journal_storage_failed(self, error: StoreError) -> None:
-        # Disk full or broken: pysyncobj would retry the write every tick forever. Stop instead;
-        # the other replicas carry on, and this node recovers from them once restarted.
+        # Disk full or broken: pysyncobj would retry every tick; stop (the others carry on, it recovers).
         log.critical("journal_storage_failure_stopping", group=self.name, error=str(error))
         os._exit(EXIT_STORAGE_FAILURE)
 

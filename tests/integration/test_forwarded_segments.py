@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from raftmq.cluster.node.node import FILE_PASS_CONNECTIONS
+from raftmq.cluster.node.router import FILE_POOL_WAIT_S
+
 from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -124,3 +127,42 @@ def test_slow_downloads_through_another_node_hold_a_part_of_the_segment_there(
         for s in sockets:
             s.close()
     assert grown < 2 * size, f"{node} grew by {grown >> 20} MiB for {READERS} downloads of {size >> 20} MiB"
+
+
+def test_stalled_downloads_through_a_node_take_only_its_file_pool_not_its_calls(
+    cluster: Cluster, segment: dict[str, Any]
+) -> None:
+    """A download passed on holds a connection to the holder for as long as its client reads; they
+    shared the node's pool of peer connections (100) with every forward and group call, so slow
+    downloads could starve other clients' writes through that node, and a download past the pool
+    waited for a connection without end. They have a pool of their own now: past it a download
+    gets a retriable 503 after ``FILE_POOL_WAIT_S``, and the node's calls go on."""
+    node = segment["other"]
+    host, port = cluster.nodes[node].http.rsplit(":", 1)
+    sockets = []
+    try:
+        for _ in range(FILE_PASS_CONNECTIONS):  # each holds one connection of the pool, reading nothing
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect((host, int(port)))
+            s.sendall(f"GET {segment['path']} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            sockets.append(s)
+        time.sleep(2)  # every download under way
+        started = time.monotonic()
+        over = cluster.get(segment["path"], node=node)
+        assert over.status_code == 503, (over.status_code, over.text[:300])
+        assert over.json()["error"]["code"] == "unavailable"
+        assert time.monotonic() - started < FILE_POOL_WAIT_S + 5
+        # A write through that node (forwarded to the group's leader when it is not the leader).
+        r = cluster.produce("big", [{"value": "x"}], node=node)
+        assert r.status_code == 200, r.text
+    finally:
+        for s in sockets:
+            s.close()
+    # Freed: the next download through it is served whole.
+    again = wait_until(
+        lambda: (r := cluster.get(segment["path"], node=node)).status_code == 200 and r,
+        timeout_s=30,
+        what="a download after the stalled ones",
+    )
+    assert len(again.content) > 16 * 1024 * 1024

@@ -83,3 +83,26 @@ def test_a_leader_that_loses_its_leadership_answers_an_entry_the_next_leader_set
     else:
         assert (outcome.error, outcome.definite) == ("not_leader", True), outcome
         assert not any(applied), applied
+
+
+def test_a_replica_stopped_while_it_holds_answers_gives_them_at_once(
+    tmp_path: Path, groups: list[RaftGroup]
+) -> None:
+    """A leader that lost its leadership holds its uncommitted submits' answers for two election
+    timeouts; a replica stopped meanwhile (the group moved off the node, the node stopping) has
+    no tick thread left to answer them: they are answered ``unknown_outcome`` by the stop, not
+    left to their callers' timeouts (before, they were never answered)."""
+    settings = dataclasses.replace(fast_settings(), leader_fallback_s=1.0, election_max_s=3.0)
+    start_three(tmp_path, settings, groups)
+    leader = next(g for g in groups if g.is_leader())
+    for g in groups:
+        if g is not leader:
+            g.destroy()
+    outcomes: list[Outcome] = []
+    for command in (b"a", b"b"):
+        leader.submit(command, outcomes.append)
+    wait_for(lambda: not leader.is_leader(), "the leader's fallback", timeout=10)
+    assert not outcomes  # held: the grace is 6 s
+    leader.destroy()
+    wait_for(lambda: len(outcomes) == 2, "both answered by the stop", timeout=2)
+    assert [(o.error, o.definite) for o in outcomes] == [("unknown_outcome", False)] * 2
