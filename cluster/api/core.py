@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from raftmq.cluster.api.common import ResponseAborted
 from raftmq.cluster.api.delayed_counts import DelayedCounts
 from raftmq.cluster.api.metrics import Metrics
 from raftmq.cluster.base import errors
@@ -26,7 +27,14 @@ from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.machines.metadata import Topic, validate_topic_name
 from raftmq.cluster.machines.topics import permission_names
 from raftmq.cluster.node.node import Node
-from raftmq.cluster.node.router import FORWARDED, Forwarded, LeaderRouter, body_error
+from raftmq.cluster.node.router import (
+    FORWARDED,
+    PEER_FAILURES,
+    Forwarded,
+    LeaderRouter,
+    body_error,
+    peer_call,
+)
 from raftmq.storage.queues import queue_bounds
 
 
@@ -40,6 +48,8 @@ class GroupRecords(Protocol):
 
 
 __all__ = ["ApiCore", "GroupRecords"]
+
+PASS_PART_BYTES = 1 << 20  # a file passed on from another node, at most this much at a time
 
 
 class ApiCore:
@@ -86,14 +96,39 @@ class ApiCore:
         peer: NodeConfig,
         what: str,
         keep_headers: tuple[str, ...],
-        timeout_s: float,
-    ) -> web.Response:
-        """Proxy ``request`` (a read) to node ``peer`` itself (:meth:`LeaderRouter.forward_to`) and
-        answer with its answer unchanged."""
-        answer = await self.router.forward_to(
-            peer, what, request.method, request.path_qs, keep_headers=keep_headers, timeout_s=timeout_s
-        )
-        return _response(answer)
+        read_timeout_s: float,
+    ) -> web.StreamResponse:
+        """Proxy ``request`` (a ``GET`` or ``HEAD`` of a file) to node ``peer`` itself and answer
+        with its answer: an error as it came; a success passed on a part at a time as it arrives
+        (:meth:`LeaderRouter.open_at`; ``read_timeout_s`` for each part), so a large file to a
+        slow client is never held whole here, its ``Content-Length`` (a ``HEAD``'s too: the
+        peer's) and ``keep_headers`` kept. The write deadline of this node's clients applies as to
+        any answer (``limits.http_write_timeout_ms``). A peer that fails once the body has begun
+        (it stopped sending for ``read_timeout_s``, or went away) drops the client's connection:
+        the body ends short of its length (:class:`ResponseAborted`)."""
+        method = request.method
+        async with self.router.open_at(
+            peer, what, method, request.path_qs, read_timeout_s=read_timeout_s
+        ) as resp:
+            kept = {k: v for k, v in resp.headers.items() if k in keep_headers}
+            if resp.status != 200:
+                with peer_call(method, what):
+                    body = await resp.read()
+                    if resp.status >= 500 and resp.content_type != "application/json":
+                        raise ValueError(f"HTTP {resp.status} without an error body")  # a broken answer
+                return _response(Forwarded(resp.status, body, resp.content_type, kept))
+            response = web.StreamResponse(headers=kept)
+            response.content_type = resp.content_type
+            if resp.content_length is not None:
+                response.content_length = resp.content_length
+            try:
+                await response.prepare(request)
+                if method != "HEAD":
+                    await _pass_body(resp, response, what)
+                await response.write_eof()
+            except ConnectionError:  # the client left, or was cut: the rest has nowhere to go
+                pass
+            return response
 
     # -- topics -----------------------------------------------------------------------------------
 
@@ -242,6 +277,19 @@ class ApiCore:
         described = {**topic.to_json(), "queues": queues}
         described.pop("dead_letter_of", None)  # ids; the topic list names a dead-letter topic's source
         return described
+
+
+async def _pass_body(resp: aiohttp.ClientResponse, response: web.StreamResponse, what: str) -> None:
+    """The peer's body to the prepared ``response``, up to ``PASS_PART_BYTES`` at a time, each
+    written before the next is read (the peer's sending waits meanwhile)."""
+    while True:
+        try:
+            part = await resp.content.read(PASS_PART_BYTES)
+        except PEER_FAILURES as e:
+            raise ResponseAborted(f"{what} stopped sending: {e!r}") from e
+        if not part:
+            return
+        await response.write(part)
 
 
 def _response(answer: Forwarded) -> web.Response:

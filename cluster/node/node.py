@@ -77,6 +77,7 @@ fetched again when a forward finds no leader (``router.py``) and by the leader b
 log = structlog.get_logger(__name__)
 
 PROBE_MAX_BYTES = 64 * 1024  # an answer read from an address that came from a request
+FILE_PASS_CONNECTIONS = 32  # files passed on from peers at once: their own pool, never the calls'
 
 
 class Node:
@@ -114,6 +115,7 @@ class Node:
         self.loop_calls: LoopCalls | None = None  # how tick threads reach the loop (one wake-up for many)
         self._session: aiohttp.ClientSession | None = None  # carries the peer key: known nodes only
         self._probe_session: aiohttp.ClientSession | None = None  # no credential: addresses from requests
+        self._file_session: aiohttp.ClientSession | None = None  # files passed on (LeaderRouter.open_at)
         self._peer_status: dict[str, dict[str, Any]] = {}
         self._peer_status_at: dict[str, float] = {}  # when each was fetched (time.monotonic)
         self._binary_voters: set[tuple[str, frozenset[str]]] = set()  # (group, voters) reading format 2
@@ -135,10 +137,14 @@ class Node:
         """The session of calls to known nodes (it carries the peer key); None before ``start``."""
         return self._session
 
+    @property
+    def file_session(self) -> aiohttp.ClientSession | None:
+        """Peer calls passing files on (segments), held while a client reads: a pool of their own."""
+        return self._file_session
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.loop_calls = LoopCalls(self._loop)
-        os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
         shutil.rmtree(os.path.join(self.node_dir, "tmp"), ignore_errors=True)
         os.makedirs(os.path.join(self.node_dir, "tmp"), exist_ok=True)
         self._session = aiohttp.ClientSession(
@@ -150,6 +156,11 @@ class Node:
             timeout=aiohttp.ClientTimeout(
                 total=self.config.limits.request_timeout_ms / 1000 + 20, sock_connect=1.0
             ),
+        )
+        self._file_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self.ssl_context or True, limit=FILE_PASS_CONNECTIONS),
+            headers={PEER_HEADER: self.keys.peer},
+            trust_env=False,
         )
         # Invariant: a request that names an address (a node to add) is answered by calls on this
         # session only; it has no credential headers, no cookies kept between calls, no proxy.
@@ -274,7 +285,7 @@ class Node:
         for local in list(self.groups.values()):
             await loop.run_in_executor(None, local.raft.destroy)
             await loop.run_in_executor(None, local.close_stores)
-        for session in (self._session, self._probe_session):
+        for session in (self._session, self._probe_session, self._file_session):
             if session is not None:
                 await session.close()
         log.info("node_stopped", node_id=self.me.id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -52,6 +52,7 @@ FORWARDED = "X-Raftmq-Forwarded"
 NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 # Everything a call to another node can fail with: no connection, a reset, a timeout, a broken or
 # undecodable answer (orjson's error is a ValueError).
+FILE_POOL_WAIT_S = 5.0  # how long a file passed on waits for a connection of its pool (open_at)
 PEER_FAILURES = (TimeoutError, aiohttp.ClientError, OSError, ValueError)
 # Methods that change nothing: whatever happened to the call, nothing was done.
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -250,23 +251,35 @@ class LeaderRouter:
         while self.node.metadata.applied_index < index and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
 
-    async def forward_to(
-        self,
-        peer: NodeConfig,
-        what: str,
-        method: str,
-        path_qs: str,
-        *,
-        keep_headers: tuple[str, ...] = (),
-        timeout_s: float | None = None,
-    ) -> Forwarded:
-        """Send a request to node ``peer`` itself (not a group's leader: e.g. the node holding a
-        file) and return its answer unchanged, as :meth:`forward` does, once (no leader to look
-        for again). ``what`` names the peer in an error's message."""
-        answer, _ = await self._pass_on(
-            peer, what, method, path_qs, None, keep_headers=keep_headers, timeout_s=timeout_s
+    @contextlib.asynccontextmanager
+    async def open_at(
+        self, peer: NodeConfig, what: str, method: str, path_qs: str, *, read_timeout_s: float
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A request to node ``peer`` itself (not a group's leader: e.g. the node holding a file),
+        its answer's body left to be read as it comes (a file passed on a part at a time, not held
+        whole). No total timeout (a large body to a slow reader takes what it takes): each read
+        waits at most ``read_timeout_s`` for the peer's next bytes (not while the reader has
+        paused it). A call that fails before the answer's head is :func:`peer_error`; ``what``
+        names the peer in its message. The connection is released on leaving."""
+        session = self.node.file_session
+        assert session is not None
+        # connect: the wait for one of the pool's connections, then the peer's (the pool full of
+        # slow downloads: a retriable 503 after it, not a wait without end).
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=FILE_POOL_WAIT_S, sock_connect=1.0, sock_read=read_timeout_s
         )
-        return answer
+        with peer_call(method, what):
+            resp = await session.request(
+                method,
+                peer.http_url + path_qs,
+                headers={FORWARDED: self.node.me.id},
+                allow_redirects=False,  # the peer key goes to that node only
+                timeout=timeout,
+            )
+        try:
+            yield resp
+        finally:
+            resp.close()  # (a body read to its end gave its connection back already)
 
     async def _pass_on(
         self,

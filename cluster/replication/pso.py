@@ -76,7 +76,6 @@ __all__ = [
     "SyncObjConf",
     "SyncObjException",
     "TCPNode",
-    "answer_uncommitted",
     "compaction_due",
     "defer_compaction",
     "followers_behind_compaction",
@@ -709,22 +708,6 @@ def hears_a_leader(sync: Any) -> bool:
     if pre_vote is not None and pre_vote.asking:
         return False
     return sync._getLeader() is not None and own_deadline_s(sync) > 0
-
-
-def answer_uncommitted(sync: Any) -> None:
-    """Answer ``LEADER_CHANGED`` to the commands waiting for an entry above the commit index
-    (tick thread; a leader that just lost its leadership). pysyncobj answers a command only when
-    this replica applies the entry's index, which comes when the next leader's log grows that far:
-    in an idle group or one without a quorum, never. Such an entry may yet commit under another
-    leader or vanish; what is at or below the commit index is applied, and answered, as before."""
-    waiting = sync._SyncObj__commandsWaitingCommit
-    commit = int(sync.raftCommitIndex)
-    for index in sorted(i for i in waiting if i > commit):
-        for _term, callback in waiting.pop(index):
-            try:  # inside pysyncobj's state change: one failing callback must not cut it short
-                callback(None, FAIL_REASON.LEADER_CHANGED)
-            except Exception:
-                log.exception("uncommitted_answer_failed", index=index)
 
 
 def stop_tick_thread(sync: Any) -> None:

@@ -64,6 +64,7 @@ from raftmq.cluster.replication.contract import (
     RaftSettings,
     StateMachine,
 )
+from raftmq.cluster.replication.held_answers import HeldAnswers
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.log_filter import install_log_filter
 from raftmq.cluster.replication.members import members_after, members_on_start
@@ -75,7 +76,6 @@ from raftmq.cluster.replication.pso import (
     RaftNodeSyncObj,
     SyncObjConf,
     SyncObjException,
-    answer_uncommitted,
     hears_a_leader,
     install_journal_seam,
     install_tick_seams,
@@ -260,12 +260,13 @@ class RaftGroup:
             conf=conf,
             transportClass=FlushingTransport,
         )
-        # Metrics read pre_vote, backlog, deferrals, snapshot_gate and the bodies its transport seals
-        # as a leader (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
+        # Metrics read pre_vote, backlog, deferrals, snapshot_gate, the bodies sealed as a leader
+        # (None: it offers none); reads.ready() is Raft's read rule (leader_reads.py).
         seams = install_tick_seams(self._sync, settings, self._busy, name)
         self.pre_vote, self.backlog, self.reads, self.compaction_deferrals = seams
         self.terms.pre_vote_granted = self.pre_vote.granted
         self.sealed_bodies: SharedBodies | None = self._sync._SyncObj__transport.shared_bodies
+        self._held = HeldAnswers(self._sync, settings)  # a lost leadership's submits (held_answers.py)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
@@ -466,6 +467,7 @@ class RaftGroup:
         if not self._destroyed.is_set():
             self._destroyed.set()
             stop_tick_thread(self._sync)
+            self._held.answer_all()  # the tick thread is gone: nothing would answer them
 
     # -- tick thread ------------------------------------------------------------------------------
 
@@ -481,8 +483,7 @@ class RaftGroup:
             self.apply_latency.observe(time.perf_counter() - started)
 
     def _journal_storage_failed(self, error: StoreError) -> None:
-        # Disk full or broken: pysyncobj would retry the write every tick forever. Stop instead;
-        # the other replicas carry on, and this node recovers from them once restarted.
+        # Disk full or broken: pysyncobj would retry every tick; stop (the others carry on, it recovers).
         log.critical("journal_storage_failure_stopping", group=self.name, error=str(error))
         os._exit(EXIT_STORAGE_FAILURE)
 
@@ -526,11 +527,10 @@ class RaftGroup:
         if new == 2:
             self.became_leader_count += 1
         elif old == 2:
-            # A change this leader proposed may now commit or vanish anywhere; if its entry ends up
-            # under a snapshot here, pysyncobj never calls back. Answer it now, deterministically;
-            # and every submit whose entry is not committed yet (unknown_outcome: pso.py).
+            # A change this leader proposed is answered now (its entry may end up under a snapshot
+            # here: never called back); other submits once applied here, or after a grace (held_answers.py).
             self._abandon_membership("leadership_lost")
-            answer_uncommitted(self._sync)
+            self._held.hold()
         log.info(
             "raft_state_changed",
             group=self.name,

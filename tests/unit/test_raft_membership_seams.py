@@ -22,11 +22,13 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport, Transport
 
+from raftmq.cluster.replication.held_answers import HeldAnswers
 from raftmq.cluster.replication.journal import DurableJournal
 from raftmq.cluster.replication.pso import FlushingTransport, RaftNode, install_journal_seam
 from raftmq.cluster.replication.raft import (
     Outcome,
     RaftGroup,
+    RaftSettings,
     members_after,
     membership_change,
 )
@@ -172,6 +174,7 @@ class Replica:
         )
         self.sync.raftmq_group = group  # what FlushingTransport reports dropped votes to
         group._sync = self.sync
+        group._held = HeldAnswers(self.sync, RaftSettings(password="x" * 16))
         # The filter under test, in front of pysyncobj's handler as TCPTransport would put it.
         self.inbound = FlushingTransport.__new__(FlushingTransport)
         Transport.__init__(self.inbound, self.sync, None, [])

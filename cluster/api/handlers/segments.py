@@ -45,8 +45,8 @@ __all__ = ["ARROW_FILE", "CRC32C", "PARQUET", "SegmentsApi", "add_segment_routes
 ARROW_FILE = "application/vnd.apache.arrow.file"
 PARQUET = "application/vnd.apache.parquet"
 CRC32C = "X-Raftmq-Crc32c"  # a segment file's checksum, as the manifest has it
-# Reading a segment from the node that wrote it: up to the whole file, over the network.
-SEGMENT_PROXY_TIMEOUT_S = 120.0
+# A segment passed on from the node that wrote it: how long its next bytes may take to come.
+SEGMENT_PROXY_READ_S = 30.0
 
 
 class SegmentsApi:
@@ -176,7 +176,7 @@ class SegmentsApi:
         if writer is None or request.headers.get(FORWARDED):
             raise ApiError(errors.UNAVAILABLE, f"segment at {base} was written by {entry['node']}, not here")
         return await self.api.forward_to(
-            request, writer, f"{writer.id}, which holds the segment", (CRC32C,), SEGMENT_PROXY_TIMEOUT_S
+            request, writer, f"{writer.id}, which holds the segment", (CRC32C,), SEGMENT_PROXY_READ_S
         )
 
     # -- internal -----------------------------------------------------------------------------------

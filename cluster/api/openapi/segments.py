@@ -117,8 +117,11 @@ def _segment_paths() -> dict[str, Any]:
                     "200": {
                         "description": (
                             "the file; its CRC32C in `X-Raftmq-Crc32c`. `HEAD` answers these headers"
-                            " and `Content-Length` only. A read of the file failing after the headers"
-                            " drops the connection: the body ends short of `Content-Length`"
+                            " and `Content-Length` only (the file's size, also through a node that"
+                            " passes the request on to the segment's writer). A read of the file"
+                            " failing after the headers (or the writer, for a download passed on,"
+                            " sending nothing for 30 s) drops the connection: the body ends short of"
+                            " `Content-Length`"
                         ),
                         "content": {
                             "application/vnd.apache.arrow.file": {"schema": BINARY},

@@ -1,0 +1,75 @@
+"""A leader's submits left unanswered when it loses its leadership (:class:`HeldAnswers`).
+
+pysyncobj answers a leader's command when its replica applies the entry's index (its result, or
+``DISCARDED`` when another entry took the index). A leader that lost its leadership applies that
+index only when the next leader's log reaches it: under a leadership transfer within an election;
+in an idle group or one without a quorum, never. The commands are held for a grace instead of
+answered at once, so that one the next leader commits is answered with its result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from raftmq.cluster.replication.contract import RaftSettings
+from raftmq.cluster.replication.pso import FAIL_REASON, monotonic
+
+__all__ = ["HeldAnswers"]
+
+log = structlog.get_logger(__name__)
+
+
+class HeldAnswers:
+    """The commands of a leader that lost its leadership with their entries above its commit
+    index (tick thread; :meth:`hold` at the loss). pysyncobj answers a command only when this
+    replica applies the entry's index, which comes when the next leader's log grows that far:
+    in an idle group or one without a quorum, never. Such an entry may yet commit under the next
+    leader (often this replica again, or the one a transfer handed over to) or vanish: each is
+    held for ``grace_s`` (about an election and the new leader's first commit), answered by
+    pysyncobj meanwhile if its index is applied here (its result, or ``DISCARDED`` for another
+    entry there), else ``LEADER_CHANGED`` (an unknown outcome) at the end (``grace_s``: two
+    election timeouts). Answered unknown at once, a ``receive`` that then committed leased its
+    messages to nobody for a visibility timeout (a push stream stalled 30 s across a transfer)."""
+
+    def __init__(self, sync: Any, settings: RaftSettings) -> None:
+        self._sync = sync
+        self._grace_s = 2 * settings.election_max_s
+        self._held: list[tuple[float, int, Any]] = []  # (deadline, index, (term, callback))
+        sync.addOnTickCallback(self._after_tick)
+
+    def hold(self) -> None:
+        """The leader just lost its leadership: hold what waits above its commit index."""
+        waiting = self._sync._SyncObj__commandsWaitingCommit
+        commit = int(self._sync.raftCommitIndex)
+        deadline = monotonic() + self._grace_s
+        for index in sorted(i for i in waiting if i > commit):
+            self._held += [(deadline, index, entry) for entry in waiting[index]]
+
+    def answer_all(self) -> None:
+        """Answer every command still held, unknown (the replica stops: its tick thread is gone)."""
+        self._held = [(0.0, index, entry) for _, index, entry in self._held]  # all past due
+        self._after_tick()
+
+    def _after_tick(self) -> None:
+        """Forget the held commands pysyncobj answered; answer those past their deadline."""
+        if not self._held:
+            return
+        waiting = self._sync._SyncObj__commandsWaitingCommit
+        now, kept = monotonic(), []
+        for deadline, index, entry in self._held:
+            entries = waiting.get(index)
+            if entries is None or entry not in entries:
+                continue  # applied here (pysyncobj answered it)
+            if now < deadline:
+                kept.append((deadline, index, entry))
+                continue
+            entries.remove(entry)
+            if not entries:
+                del waiting[index]
+            try:  # one failing callback must not cut the others short
+                entry[1](None, FAIL_REASON.LEADER_CHANGED)
+            except Exception:
+                log.exception("uncommitted_answer_failed", index=index)
+        self._held = kept

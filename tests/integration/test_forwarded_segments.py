@@ -1,0 +1,168 @@
+"""A segment download asked of a node that does not hold the segment is passed through that node as
+it comes (cluster/api/core.py, ``ApiCore.forward_to``), on a real 3-node cluster without a shared
+segment store.
+
+The forwarding node read the holder's whole answer (a segment: up to ``segments.max_bytes``,
+64 MiB) into memory before answering, and held it for as long as its client took to read it: 6
+downloads of an 18 MiB segment that read nothing for 4 s grew it by 259 MiB (9 MiB since). And the
+answer passed on lost the holder's ``Content-Length`` (a ``HEAD``: 0, the holder sends it no body)
+where the holder itself answers the file's size.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftmq.cluster.node.node import FILE_PASS_CONNECTIONS
+from raftmq.cluster.node.router import FILE_POOL_WAIT_S
+
+from .harness import Cluster, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+VALUE = "s" * (900 * 1024)
+TOML = """
+[segments]
+max_messages = 20
+max_bytes = 67108864
+check_ms = 200
+parquet = false
+"""
+READERS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp: Path = tmp_path_factory.mktemp("cluster")
+    with Cluster(tmp, nodes=3, queue_groups=1, extra_toml=TOML) as c:
+        c.start()
+        c.wait_ready()
+        c.wait_balanced()
+        yield c
+        for nid in c.nodes:
+            assert c.alive(nid), f"{nid} died:\n{c.log(nid)[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def segment(cluster: Cluster) -> dict[str, Any]:
+    """A sealed segment of about 18 MiB: its manifest entry, the node holding it and another."""
+    cluster.create_topic("big", queues=1)
+    for _ in range(5):  # 20 messages of 900 KiB
+        r = cluster.produce("big", [{"value": VALUE}] * 4)
+        assert r.status_code == 200, r.text
+
+    def sealed() -> list[dict[str, Any]]:
+        return list(cluster.get("/v1/topics/big/segments").json()["queues"][0]["segments"])
+
+    entry = wait_until(lambda: sealed()[0] if sealed() else None, timeout_s=30, what="the segment sealed")
+    other = next(n for n in cluster.nodes if n != entry["node"])
+    return {**entry, "other": other, "path": f"/v1/topics/big/segments/0/{entry['base']}"}
+
+
+def resident_bytes(c: Cluster, node: str) -> int:
+    proc = c.nodes[node].proc
+    assert proc is not None
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_download_through_another_node_gets_the_same_bytes_and_head_the_real_length(
+    cluster: Cluster, segment: dict[str, Any]
+) -> None:
+    direct = cluster.get(segment["path"], node=segment["node"])
+    assert direct.status_code == 200, direct.text[:300]
+    passed_on = cluster.get(segment["path"], node=segment["other"])
+    assert passed_on.status_code == 200, passed_on.text[:300]
+    assert passed_on.content == direct.content
+    assert len(direct.content) > 16 * 1024 * 1024
+    assert passed_on.headers["Content-Type"] == direct.headers["Content-Type"]
+    assert passed_on.headers["X-Raftmq-Crc32c"] == direct.headers["X-Raftmq-Crc32c"]
+    assert int(passed_on.headers["Content-Length"]) == len(direct.content)
+    for node in (segment["node"], segment["other"]):
+        head = cluster.session.head(cluster.url(node) + segment["path"], timeout=30)
+        assert head.status_code == 200, (node, head.status_code)
+        assert int(head.headers["Content-Length"]) == len(direct.content), (node, dict(head.headers))
+        assert head.content == b""
+    # An error of the holder comes back as it was (a segment it has no file of).
+    missing = cluster.get(segment["path"] + "?format=parquet", node=segment["other"])
+    assert missing.status_code == 404, missing.text[:300]
+    assert missing.json()["error"]["code"] == "not_found"
+
+
+def test_slow_downloads_through_another_node_hold_a_part_of_the_segment_there(
+    cluster: Cluster, segment: dict[str, Any]
+) -> None:
+    size = len(cluster.get(segment["path"], node=segment["node"]).content)
+    node = segment["other"]
+    host, port = cluster.nodes[node].http.rsplit(":", 1)
+    before = resident_bytes(cluster, node)
+    sockets = []
+    try:
+        for _ in range(READERS):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect((host, int(port)))
+            s.sendall(f"GET {segment['path']} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            sockets.append(s)
+        time.sleep(4)  # every download under way, none read yet
+        grown = resident_bytes(cluster, node) - before
+        assert cluster.get("/v1/topics/big", node=node).status_code == 200  # a normal client is served
+        for s in sockets:  # each then reads its whole answer
+            s.settimeout(30)
+            got = b""
+            while chunk := s.recv(1 << 20):
+                got += chunk
+            head, _, body = got.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head[:200]
+            assert len(body) == size, f"{len(body)} of {size} bytes"
+    finally:
+        for s in sockets:
+            s.close()
+    assert grown < 2 * size, f"{node} grew by {grown >> 20} MiB for {READERS} downloads of {size >> 20} MiB"
+
+
+def test_stalled_downloads_through_a_node_take_only_its_file_pool_not_its_calls(
+    cluster: Cluster, segment: dict[str, Any]
+) -> None:
+    """A download passed on holds a connection to the holder for as long as its client reads; they
+    shared the node's pool of peer connections (100) with every forward and group call, so slow
+    downloads could starve other clients' writes through that node, and a download past the pool
+    waited for a connection without end. They have a pool of their own now: past it a download
+    gets a retriable 503 after ``FILE_POOL_WAIT_S``, and the node's calls go on."""
+    node = segment["other"]
+    host, port = cluster.nodes[node].http.rsplit(":", 1)
+    sockets = []
+    try:
+        for _ in range(FILE_PASS_CONNECTIONS):  # each holds one connection of the pool, reading nothing
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect((host, int(port)))
+            s.sendall(f"GET {segment['path']} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            sockets.append(s)
+        time.sleep(2)  # every download under way
+        started = time.monotonic()
+        over = cluster.get(segment["path"], node=node)
+        assert over.status_code == 503, (over.status_code, over.text[:300])
+        assert over.json()["error"]["code"] == "unavailable"
+        assert time.monotonic() - started < FILE_POOL_WAIT_S + 5
+        # A write through that node (forwarded to the group's leader when it is not the leader).
+        r = cluster.produce("big", [{"value": "x"}], node=node)
+        assert r.status_code == 200, r.text
+    finally:
+        for s in sockets:
+            s.close()
+    # Freed: the next download through it is served whole.
+    again = wait_until(
+        lambda: (r := cluster.get(segment["path"], node=node)).status_code == 200 and r,
+        timeout_s=30,
+        what="a download after the stalled ones",
+    )
+    assert len(again.content) > 16 * 1024 * 1024
