@@ -55,11 +55,17 @@ def client(c: Cluster, wire: str, tmp: Path, **config: Any) -> Any:
 @contextmanager
 def cap_held(c: Cluster, hold_s: float) -> Iterator[None]:
     """The node's ``MAX_REQUESTS`` taken by REST long polls of ``hold_s``, from when a request is
-    refused until they end."""
+    refused until they end. A poll refused (the probe took its place a moment) is sent again."""
     poll_url = c.url("n1") + "/v1/topics/held/queues/0/messages"
     params = {"offset": 0, "wait_ms": int(hold_s * 1000)}
+
+    def poll() -> requests.Response:
+        while (r := requests.get(poll_url, params=params, timeout=60)).status_code == 429:
+            time.sleep(0.05)
+        return r
+
     with ThreadPoolExecutor(MAX_REQUESTS) as pool:
-        polls = [pool.submit(requests.get, poll_url, params=params, timeout=60) for _ in range(MAX_REQUESTS)]
+        polls = [pool.submit(poll) for _ in range(MAX_REQUESTS)]
         until("the cap taken", lambda: c.get("/v1/topics/held").status_code == 429, timeout_s=20)
         yield
         assert all(p.result(timeout=60).status_code == 200 for p in polls)
@@ -79,6 +85,15 @@ def test_over_the_cap_an_sqs_client_without_retries_gets_request_throttled(
     assert "at most" in answer["Error"]["Message"], answer
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
     assert attributes["Attributes"]["ApproximateNumberOfMessages"] == "0"  # nothing was sent
+
+
+def test_over_the_cap_a_post_to_a_queue_url_gets_request_throttled_in_xml(cluster: Cluster) -> None:
+    """The query protocol's other route, ``POST /{account}/{queue}`` (an SDK that posts to the queue
+    URL; botocore posts to ``/``): refused in XML too, before the body is read."""
+    url = sqs_client(cluster.url("n1")).create_queue(QueueName="throttled-path")["QueueUrl"]
+    with cap_held(cluster, 5.0):
+        r = requests.post(url, data={"Action": "SendMessage", "MessageBody": "refused"}, timeout=10)
+    assert r.status_code == 403 and "<Code>RequestThrottled</Code>" in r.text, r.text
 
 
 @pytest.mark.parametrize("mode", ["legacy", "standard"])
