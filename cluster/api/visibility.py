@@ -1,5 +1,5 @@
 """What a token sees of topics it has no right on: nothing, not even their names (docs/security.md,
-"What a token can see").
+"What a token can see"), but for the policies set on a queue its admin reads as written (below).
 
 A topic's answer may name other topics in the attributes the SQS API keeps: a queue's
 ``sqs.RedrivePolicy`` names its dead-letter queue, ``sqs.RedriveAllowPolicy`` the queues that may

@@ -3,7 +3,8 @@
 The node's cap on requests (``limits.http_max_requests``, ``slow_clients.request_cap_middleware``)
 refuses a request before any handler reads it. Its raftmq answer (a JSON 429 ``too_many_requests``)
 was nothing an SQS client knows: botocore on the query protocol failed to parse it as XML (a
-``ClientError`` without a code, never retried), and on the JSON protocol raised a bare ``429``. An
+``ResponseParserError``, never retried), and on the JSON protocol, its retries spent, raised code
+``'429'``. An
 SQS request gets it here as the handler answers its own refusals (``errors.from_raftmq_error``:
 403 ``RequestThrottled``, which botocore retries).
 
