@@ -54,6 +54,7 @@ from raftmq.cluster.api.metrics import (
 from raftmq.cluster.api.openapi.spec import openapi_spec
 from raftmq.cluster.api.server_log import server_logger
 from raftmq.cluster.api.slow_clients import body_deadline_middleware, request_cap_middleware
+from raftmq.cluster.api.sqs.refusals import sqs_refusal_middleware
 from raftmq.cluster.api.sqs.routes import add_sqs_routes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import error_body
@@ -180,6 +181,7 @@ def create_app(node: Node) -> web.Application:
             idle_middleware(idle, writes),  # first: a request served in any middleware is one under way
             metrics_middleware,
             error_middleware,
+            sqs_refusal_middleware,  # the refusals below, to an SQS request, in its wire
             request_cap_middleware(limits.http_max_requests, node.keys),  # clients' (not peers') requests
             # a body read (the handlers', and auth's of a body-scoped permission) past the deadline: 408
             body_deadline_middleware(limits.request_timeout_ms / 1000, limits.max_request_bytes),

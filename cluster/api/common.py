@@ -132,10 +132,10 @@ def group_name(request: web.Request) -> str:
 
 
 async def read_unknown_sender(request: web.Request, within_s: float, max_bytes: int | None = None) -> bytes:
-    """The body of a request whose sender is not known yet (an open route; SQS before its signature
-    is checked), within ``within_s`` (``limits.request_timeout_ms``) and, given ``max_bytes``, of a
-    ``Content-Length`` of at most that: a stranger can neither hold the request open by trickling
-    its body nor make the node buffer more than the route needs.
+    """The body of a request whose sender is not known yet (an open route), within ``within_s``
+    (``limits.request_timeout_ms``) and, given ``max_bytes``, of a ``Content-Length`` of at most
+    that: a stranger can neither hold the request open by trickling its body nor make the node
+    buffer more than the route needs.
 
     Raises:
         ApiError: ``request_too_large`` over ``max_bytes`` (or no length given where it is

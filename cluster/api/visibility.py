@@ -1,14 +1,19 @@
 """What a token sees of topics it has no right on: nothing, not even their names (docs/security.md,
-"What a token can see").
+"What a token can see"), but for the policies set on a queue its admin reads as written (below).
 
 A topic's answer may name other topics in the attributes the SQS API keeps: a queue's
 ``sqs.RedrivePolicy`` names its dead-letter queue, ``sqs.RedriveAllowPolicy`` the queues that may
 use it as theirs, ``sqs.MessageMoveTasks`` each task's destination. A token sees such a name only
 with some right on that queue (:data:`Sees`); otherwise the RedrivePolicy is left out, the allow
-policy lists only the queues it sees, and a move task to a queue it does not see is left out. The
-allow policy is shown whole to a token with ``admin`` on the queue that holds it (``owner``): it is
-that admin's own text, which tools read, change and write back (filtered, a write-back would drop
-the sources hidden from it). The
+policy lists only the queues it sees, and a move task to a queue it does not see is left out. Both
+policies are shown as written to a token with ``admin`` on the queue that holds them (``owner``):
+each is that queue's admin's own setting. The allow policy is text tools read, change and write
+back (filtered, a write-back would drop the sources hidden from it); the RedrivePolicy says where
+the queue's own messages go after ``maxReceiveCount`` receives (hidden, its admin saw a queue
+without one whose messages vanished, and a tool saw drift and set it again, which needs a right
+on the dead-letter queue). The name it shows was put there by a token with ``produce`` or
+``admin`` on the dead-letter queue (``access.authorize``): a source's admin cannot make it name a
+queue it has no right on, so it learns only where its own messages are sent. The
 REST answers (``GET``/``PATCH /v1/topics/{topic}``, ``GET /v1/topics``, filtered by the
 authentication middleware at the entry node) and the SQS actions (GetQueueAttributes,
 ListMessageMoveTasks) go through :func:`visible_attributes` alike. The queue names these
@@ -98,9 +103,9 @@ async def visible_attributes(
 ) -> dict[str, str]:
     """``attributes`` without the names of queues ``sees`` refuses; a value that cannot be read is
     left out whole (it could name anything). ``owner``: the token has ``admin`` on the queue these
-    attributes are of, whose RedriveAllowPolicy it then sees as written."""
+    attributes are of, whose RedrivePolicy and RedriveAllowPolicy it then sees as written."""
     out = dict(attributes)
-    if out.get(REDRIVE_POLICY):
+    if out.get(REDRIVE_POLICY) and not owner:
         try:
             target = _arn_queue(json.loads(out[REDRIVE_POLICY]).get("deadLetterTargetArn"))
         except (ValueError, AttributeError):

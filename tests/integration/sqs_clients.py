@@ -79,9 +79,10 @@ def _query_model() -> dict[str, Any]:
 
 
 def query_sqs_client(
-    url: str, tmp: Path, credentials: tuple[str, str] = ANY_KEY, region: str = "eu-west-1"
+    url: str, tmp: Path, credentials: tuple[str, str] = ANY_KEY, region: str = "eu-west-1", **config: Any
 ) -> Any:
-    """A botocore SQS client that speaks the query protocol (form posts, XML answers)."""
+    """A botocore SQS client that speaks the query protocol (form posts, XML answers); ``config``
+    as :func:`sqs_client`'s."""
     folder = tmp / "models" / "sqs" / "2012-11-05"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "service-2.json").write_text(json.dumps(_query_model()))
@@ -93,6 +94,7 @@ def query_sqs_client(
         region_name=region,
         aws_access_key_id=credentials[0],
         aws_secret_access_key=credentials[1],
+        config=Config(**config),
     )
 
 

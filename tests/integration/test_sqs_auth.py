@@ -248,10 +248,12 @@ def test_a_request_without_a_known_key_is_refused_before_its_body_is_read(secure
 def test_a_body_trickled_under_a_known_key_is_refused_at_the_request_timeout(secure: Cluster) -> None:
     """A known key and a fresh date get the body read, before the signature can be checked: a body
     that never arrives is answered after ``limits.request_timeout_ms`` (10 s here; the node waited
-    for it for good before), not held with the bytes it buffered."""
+    for it for good before), not held with the bytes it buffered. ``RequestTimeout``, which botocore's
+    standard mode retries (it was ``InvalidParameterValue``, which no SDK retries)."""
     signed = _claimed_signature("admin", datetime.datetime.now(datetime.UTC))
     answer = _head_of_answer_to_unsent_body(secure, signed, 40)
     assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert b"x-amzn-query-error: RequestTimeout;Sender" in answer, answer
     assert b"did not arrive" in answer, answer
 
 

@@ -6,7 +6,8 @@ nodes' Raft addresses.
   addresses, reachability, group leaders) and no Raft address; the Python client routes with it.
 - An SQS queue's attributes name other queues (RedrivePolicy, RedriveAllowPolicy, its move tasks'
   destinations): ``GET /v1/topics/{topic}``, ``GET /v1/topics``, GetQueueAttributes and
-  ListMessageMoveTasks show each such name only to a token with some right on it.
+  ListMessageMoveTasks show each such name only to a token with some right on it, but a queue's
+  two policies whole to that queue's admin (its own settings).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ DLQ_TOKEN = "views-dlq-token-0123456789abcdef"  # consume on the dead-letter que
 SRC_TOKEN = "views-src-token-0123456789abcdef"  # produce on the source queue only
 BOTH_TOKEN = "views-both-token-0123456789abcde"  # consume on every views-* queue
 DLQ_ADMIN_TOKEN = "views-dlq-admin-token-0123456789"  # admin on the dead-letter queue only
+SRC_ADMIN_TOKEN = "views-src-admin-token-0123456789"  # admin on the source queue only
 REPLICA_FIELDS = {"node_id", "is_leader", "term", "commit_index", "applied_index", "has_quorum"}
 GLOB_TOKEN = "views-glob-token-0123456789abcdef"  # every right on payments.*, none on payments
 OTHER_GLOB_TOKEN = "views-other-glob-token-0123456789"  # every right on orders.*: neither name nor source
@@ -44,6 +46,7 @@ TOKENS = {
     "src-producer": (SRC_TOKEN, "[]", f'["{SRC}"]', "[]"),
     "both": (BOTH_TOKEN, "[]", "[]", '["views-*"]'),
     "dlq-admin": (DLQ_ADMIN_TOKEN, f'["{DLQ}"]', "[]", "[]"),
+    "src-admin": (SRC_ADMIN_TOKEN, f'["{SRC}"]', "[]", "[]"),
     "payments-glob": (GLOB_TOKEN, '["payments.*"]', '["payments.*"]', '["payments.*"]'),
     "orders-glob": (OTHER_GLOB_TOKEN, '["orders.*"]', '["orders.*"]', '["orders.*"]'),
 }
@@ -155,6 +158,7 @@ def test_queue_attributes_name_only_queues_the_token_has_a_right_on(c: Cluster) 
     got = both.get_queue_attributes(QueueUrl=c.url() + f"/000000000000/{SRC}", AttributeNames=["All"])
     assert json.loads(got["Attributes"]["RedrivePolicy"])["deadLetterTargetArn"] == ARN + DLQ
     _the_dead_letter_queue_s_admin_reads_its_allow_policy_whole(c)
+    _the_source_queue_s_admin_reads_its_redrive_policy_as_written(c)
 
 
 def _the_dead_letter_queue_s_admin_reads_its_allow_policy_whole(c: Cluster) -> None:
@@ -173,6 +177,28 @@ def _the_dead_letter_queue_s_admin_reads_its_allow_policy_whole(c: Cluster) -> N
     dlq_admin.set_queue_attributes(QueueUrl=url, Attributes={"RedriveAllowPolicy": got["RedriveAllowPolicy"]})
     kept = c.get(f"/v1/topics/{DLQ}").json()["attributes"]["sqs.RedriveAllowPolicy"]
     assert json.loads(kept) == ALLOW, kept
+
+
+def _the_source_queue_s_admin_reads_its_redrive_policy_as_written(c: Cluster) -> None:
+    """The RedrivePolicy says where the source's own messages go: hidden from its admin (no right
+    on DLQ), the queue looked as if it had none while its messages were moved away. Its admin sees
+    it as written on every road; setting it (the same value too) still needs a right on DLQ."""
+    src_admin, url = _sqs(c, SRC_ADMIN_TOKEN), c.url() + f"/000000000000/{SRC}"
+    stored = c.get(f"/v1/topics/{SRC}").json()["attributes"]["sqs.RedrivePolicy"]
+    got = src_admin.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert got.get("RedrivePolicy") == stored, got
+    assert json.loads(stored) == {"deadLetterTargetArn": ARN + DLQ, "maxReceiveCount": 1}, stored
+    for node in c.nodes:
+        r = c.call_as(SRC_ADMIN_TOKEN, "GET", f"/v1/topics/{SRC}", node)
+        assert r.json()["attributes"]["sqs.RedrivePolicy"] == stored, r.text
+        listed = c.call_as(SRC_ADMIN_TOKEN, "GET", "/v1/topics", node).json()["topics"]
+        assert [t["attributes"]["sqs.RedrivePolicy"] for t in listed] == [stored], listed
+    with pytest.raises(ClientError) as refused:
+        src_admin.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": stored})
+    assert refused.value.response["Error"]["Code"] == "AccessDenied", refused.value.response
+    # Still hidden from a token without admin on SRC and without a right on DLQ.
+    src = _sqs(c, SRC_TOKEN)
+    assert "RedrivePolicy" not in src.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
 
 
 def _metric_lines(c: Cluster, token: str) -> list[str]:

@@ -52,6 +52,9 @@ def test_redrive_policies_name_only_the_queues_the_token_sees() -> None:
     # The dead-letter queue's admin reads its own allow policy as written (a tool writes it back).
     whole = asyncio.run(visible_attributes({"sqs.RedriveAllowPolicy": allow}, sees, owner=True))
     assert whole == {"sqs.RedriveAllowPolicy": allow}
+    # The source queue's admin reads its own RedrivePolicy as written: where its messages go.
+    own = asyncio.run(visible_attributes({"sqs.RedrivePolicy": hidden}, sees, owner=True))
+    assert own == {"sqs.RedrivePolicy": hidden}
     every = json.dumps({"redrivePermission": "allowAll"})
     assert visible({"sqs.RedriveAllowPolicy": every}) == {"sqs.RedriveAllowPolicy": every}
 

@@ -30,8 +30,9 @@ def _attributes(removals: bool, answer: bool = False) -> Schema:
         f"attributes here, under names starting with sqs., {said})"
         + (
             "; sqs.RedrivePolicy, sqs.RedriveAllowPolicy and sqs.MessageMoveTasks name other queues only "
-            "where the token has some permission on them, but sqs.RedriveAllowPolicy is shown whole to a "
-            "token with admin on the topic, its own text (docs/security.md, What a token can see)"
+            "where the token has some permission on them, but sqs.RedrivePolicy and sqs.RedriveAllowPolicy "
+            "are shown as written to a token with admin on the topic, its own settings (docs/security.md, "
+            "What a token can see)"
             if answer
             else ""
         )

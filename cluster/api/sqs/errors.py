@@ -16,6 +16,7 @@ from raftmq.errors import (
     BAD_REQUEST,
     DEDUP_WINDOW_FULL,
     MESSAGE_TOO_LARGE,
+    REQUEST_TIMEOUT,
     REQUEST_TOO_LARGE,
     TOO_MANY_REQUESTS,
     TOPIC_NOT_FOUND,
@@ -68,6 +69,7 @@ SQS_ERRORS: dict[str, SqsErrorCode] = {
         _e("RequestExpired"),
         _e("AccessDenied", 403),
         _e("RequestThrottled", 403),
+        _e("RequestTimeout"),
         _e("ServiceUnavailable", 503, sender=False),
         _e("InternalError", 500, sender=False),
     )
@@ -76,7 +78,7 @@ SQS_ERRORS: dict[str, SqsErrorCode] = {
 
 class SqsError(RaftmqError):
     """An SQS refusal: ``shape`` names its :data:`SQS_ERRORS` entry (``aws``), which its own wire
-    renders (``wire.json_error``, ``wire.query_error``), not raftmq's error body."""
+    renders (``wire.error_answer``), not raftmq's error body."""
 
     def __init__(self, shape: str, message: str) -> None:
         super().__init__(message)
@@ -91,7 +93,11 @@ def from_raftmq_error(e: RaftmqError) -> SqsError:
     if e.error in (MESSAGE_TOO_LARGE, REQUEST_TOO_LARGE, BAD_REQUEST, BAD_BATCH):
         return SqsError("InvalidParameterValue", e.message)
     if e.error is TOO_MANY_REQUESTS or e.error is DEDUP_WINDOW_FULL:
+        # 403 RequestThrottled, as AWS: botocore retries it in its legacy mode (its SQS rule wants
+        # that code and status) and standard mode (a throttling code); raftmq's 429 was neither.
         return SqsError("RequestThrottled", e.message)
+    if e.error is REQUEST_TIMEOUT:  # a body trickled past its deadline: botocore's standard mode
+        return SqsError("RequestTimeout", e.message)  # retries this code (a transient error)
     if e.retriable and e.definite:
         return SqsError("ServiceUnavailable", e.message)
     # internal, unknown_outcome, timeout: the write may have happened; a retry may duplicate it

@@ -3,6 +3,7 @@ and ``GET /v1/sqs/credentials`` (a token's SigV4 credentials)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 import orjson
@@ -10,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from raftmq.cluster.api.auth import PRINCIPAL
-from raftmq.cluster.api.common import client_gone, read_unknown_sender
+from raftmq.cluster.api.common import client_gone
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.slow_clients import BodyTimeout
@@ -23,11 +24,10 @@ from raftmq.cluster.api.sqs.move_tasks import MoveTasks
 from raftmq.cluster.api.sqs.wire import (
     CREDENTIALS_PATH,
     QUEUE_PATH,
+    error_answer,
     is_json_request,
     json_answer,
-    json_error,
     query_answer,
-    query_error,
     query_params,
 )
 from raftmq.cluster.base.errors import RaftmqError
@@ -66,7 +66,13 @@ class SqsHandler:
         )
         # Only a request with a known key, a fresh date and its headers signed gets its body read.
         # In time: the sender is not known yet (aiohttp keeps the bytes for the form or JSON reading).
-        body = await read_unknown_sender(request, self.node.config.limits.request_timeout_ms / 1000)
+        within_s = self.node.config.limits.request_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(within_s):
+                body = await request.read()
+        except TimeoutError:  # this timeout, or the body deadline's BodyTimeout
+            late = f"The request body did not arrive within {within_s:g} s."
+            raise SqsError("RequestTimeout", late) from None
         verified = sigv4.check_signature(
             claimed,
             request.method,
@@ -114,7 +120,7 @@ class SqsHandler:
             else:
                 try:
                     form = await request.post()
-                except web.HTTPRequestEntityTooLarge:
+                except (web.HTTPRequestEntityTooLarge, BodyTimeout):  # answered below as such
                     raise
                 except Exception:  # a body aiohttp cannot read as a form (bad multipart, encoding)
                     raise SqsError("MalformedQueryString", "The request body is not a form.") from None
@@ -133,27 +139,23 @@ class SqsHandler:
                 raise SqsError("InvalidAction", f"The action {action} is not valid for this endpoint.")
             result = await run(request, params)
         except SqsError as e:
-            return json_error(e, request_id) if json_wire else query_error(e, request_id)
-        except BodyTimeout as e:  # a body trickled past limits.request_timeout_ms: no traceback
-            e6 = SqsError("InvalidParameterValue", str(e))
-            return json_error(e6, request_id) if json_wire else query_error(e6, request_id)
-        except RaftmqError as e:
-            mapped = from_raftmq_error(e)
-            return json_error(mapped, request_id) if json_wire else query_error(mapped, request_id)
+            return error_answer(e, request_id, json_wire)
+        except RaftmqError as e:  # a body trickled past its deadline (BodyTimeout) is RequestTimeout
+            return error_answer(from_raftmq_error(e), request_id, json_wire)
         except web.HTTPRequestEntityTooLarge:
             e2 = SqsError("InvalidParameterValue", "The request is larger than the node's limit.")
-            return json_error(e2, request_id) if json_wire else query_error(e2, request_id)
+            return error_answer(e2, request_id, json_wire)
         except web.RequestPayloadError:  # a body aiohttp could not read, signature not yet checked
             e5 = SqsError("MalformedQueryString", "The request body could not be read.")
-            return json_error(e5, request_id) if json_wire else query_error(e5, request_id)
+            return error_answer(e5, request_id, json_wire)
         except Exception as e:
             if isinstance(e, ConnectionError) and client_gone(request):
                 # It left mid-body, its signature not yet checked (common.client_gone): no traceback.
                 e4 = SqsError("MalformedQueryString", "The request body was cut short.")
-                return json_error(e4, request_id) if json_wire else query_error(e4, request_id)
+                return error_answer(e4, request_id, json_wire)
             log.exception("sqs_action_failed", action=action[:64], request_id=request_id)
             e3 = SqsError("InternalError", f"internal error; see the node's log (request {request_id})")
-            return json_error(e3, request_id) if json_wire else query_error(e3, request_id)
+            return error_answer(e3, request_id, json_wire)
         return json_answer(result, request_id) if json_wire else query_answer(action, result, request_id)
 
 

@@ -26,11 +26,10 @@ __all__ = [
     "JSON_TYPE",
     "QUEUE_PATH",
     "QUEUE_ROUTE",
+    "error_answer",
     "is_json_request",
     "json_answer",
-    "json_error",
     "query_answer",
-    "query_error",
     "query_params",
 ]
 
@@ -154,7 +153,16 @@ def json_answer(result: dict[str, Any], request_id: str) -> web.Response:
     )
 
 
-def json_error(e: SqsError, request_id: str) -> web.Response:
+def error_answer(e: SqsError, request_id: str, json_wire: bool) -> web.Response:
+    """``e`` in the request's wire. A ``RequestTimeout`` closes the connection: the rest of its body
+    is never read, and aiohttp would otherwise wait for it before the next request."""
+    answer = _json_error(e, request_id) if json_wire else _query_error(e, request_id)
+    if e.aws.code == "RequestTimeout":
+        answer.force_close()
+    return answer
+
+
+def _json_error(e: SqsError, request_id: str) -> web.Response:
     side = "Sender" if e.aws.sender else "Receiver"
     return web.Response(
         body=orjson.dumps({"__type": f"com.amazonaws.sqs#{e.aws.shape}", "message": e.message}),
@@ -207,7 +215,7 @@ def query_answer(action: str, result: dict[str, Any], request_id: str) -> web.Re
     return web.Response(body=xml.encode(), content_type="text/xml")
 
 
-def query_error(e: SqsError, request_id: str) -> web.Response:
+def _query_error(e: SqsError, request_id: str) -> web.Response:
     side = "Sender" if e.aws.sender else "Receiver"
     xml = (
         f'<?xml version="1.0"?><ErrorResponse xmlns="{XMLNS}"><Error><Type>{side}</Type>'
