@@ -27,7 +27,7 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available, check_fence, refuse_new_group_over_caps
+from raftmq.cluster.machines.delivery import available, check_fence, refuse_new_group_over_caps, stale_receipt
 from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
@@ -35,6 +35,7 @@ from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.node.waiters import until_woken
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage import keys
+from raftmq.storage.keys import STATE_INFLIGHT, PendingRecord
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
 
@@ -215,6 +216,9 @@ class DeliveryActions:
         request it would have been merged with."""
         fields = {k: v for k, v in body.items() if v is not None}
         commands.validate({"v": commands.VERSION, "op": action, "now_ms": 0, **fields})
+        stale = await self._all_stale(name, body["topic_id"], body["group"], body["receipts"])
+        if stale is not None:
+            return stale
         settler = self._settlers.get(name)
         if settler is None:
             propose = self._propose
@@ -223,6 +227,48 @@ class DeliveryActions:
             inflight = self.node.config.raft.group_commit_inflight
             settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms, inflight)
         return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
+
+    async def _all_stale(
+        self, name: str, topic_id: int, group: str, receipts: list[list[int]]
+    ) -> list[dict[str, Any]] | None:
+        """The apply's answer to a settle whose every receipt names nothing in flight at this
+        leader (:func:`stale_results`), after a shared read barrier when a receipt's token is
+        above the index this replica has applied (a newer leader, or an entry not applied here
+        yet, could have handed it out); None: the settle is proposed. So a client sending made-up
+        or spent receipts makes no entry (at most the barriers' one per round trip)."""
+        local = self.node.groups[name]
+        answer, confirmed = stale_results(
+            local.machine.store, local.machine.applied_index, topic_id, group, receipts
+        )
+        if answer is None or confirmed:
+            return answer
+        await self._barrier(name)
+        answer, confirmed = stale_results(
+            local.machine.store, local.machine.applied_index, topic_id, group, receipts
+        )
+        return answer if confirmed else None
+
+
+def stale_results(
+    store: Store, applied: int, topic_id: int, group: str, receipts: list[list[int]]
+) -> tuple[list[dict[str, Any]] | None, bool]:
+    """What the apply of an ack, nack, extend or release of ``receipts`` answers when none is in
+    flight in ``store`` under its token (``stale_receipt`` each, nothing written but the
+    subscription's time in use, which a receipt holding nothing need not move), and whether that
+    stands: each token at most ``applied`` (the index ``store`` had applied when asked), whose
+    receive was applied here, so its delivery can never be in flight again (tokens are unique).
+    (None, False): one is in flight, or the topic was dropped (the apply refuses it)."""
+    if store.get(keys.dropped_key(topic_id)) is not None:
+        return None, False
+    results = []
+    for queue, offset, token in receipts:
+        data = store.get(keys.pending_key(topic_id, queue, group, offset))
+        if data is not None:
+            rec = PendingRecord.decode(data)
+            if rec.state == STATE_INFLIGHT and rec.token == token:
+                return None, False
+        results.append(stale_receipt(queue, offset))
+    return results, all(token <= applied for _, _, token in receipts)
 
 
 def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:
