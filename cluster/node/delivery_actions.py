@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -250,7 +250,7 @@ class DeliveryActions:
 
 
 def stale_results(
-    store: Store, applied: int, topic_id: int, group: str, receipts: list[list[int]]
+    store: Store, applied: int, topic_id: int, group: str, receipts: Sequence[Sequence[int]]
 ) -> tuple[list[dict[str, Any]] | None, bool]:
     """What the apply of an ack, nack, extend or release of ``receipts`` answers when none is in
     flight in ``store`` under its token (``stale_receipt`` each, nothing written but the
@@ -318,9 +318,11 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     no-op's result), from the leader's state; None: the command is proposed (so is one of a topic
     dropped here: the apply refuses it first, ``topic_not_found``). So a request that changes
     nothing costs no Raft entry of its own: a consumer polling for a lock another holds, an
-    unlock, a fenced commit or a fenced ack, nack or extend with a stale epoch, a new group past
-    the caps, a redrive with nothing to redrive (each was an entry, refused by the apply or
-    changing nothing, before). :meth:`DeliveryActions._answered_here` gives what a newer leader
+    unlock, a fenced commit or a fenced ack, nack or extend with a stale epoch or whose every
+    receipt names nothing in flight (:func:`stale_results`; an unfenced one is answered before
+    its settle committer, :meth:`DeliveryActions._all_stale`), a new group past the caps, a
+    redrive with nothing to redrive (each was an entry, refused by the apply or changing nothing,
+    before). :meth:`DeliveryActions._answered_here` gives what a newer leader
     could not have undone at once and confirms the rest after a shared read barrier
     (:func:`_stands`). The apply checks again."""
     topic_id = cmd.get("topic_id")
@@ -349,6 +351,8 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     elif (cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend") and cmd["epoch"] is not None:
         queues = sorted({r.queue for r in cmd["receipts"]})
         check_fence(store, cmd["group"], cmd["topic_id"], queues, cmd["epoch"])
+        results, _ = stale_results(store, 0, cmd["topic_id"], cmd["group"], cmd["receipts"])
+        return None if results is None else {"results": results}
     elif cmd["op"] == "redrive":
         return _nothing_to_redrive(store, cmd["topic_id"], cmd["dlq_topic_id"], cmd["queues"])
     return None

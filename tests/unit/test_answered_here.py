@@ -44,6 +44,8 @@ def test_each_answer_at_the_leader_is_the_applys() -> None:
     _same_as_the_apply(m, commands.commit_fenced(G, T, {0: 1}, 2))  # stale_epoch
     _same_as_the_apply(m, commands.ack(60, G, T, [(0, 0, 1)], epoch=2))
     _same_as_the_apply(m, commands.nack(60, G, T, [(0, 0, 1)], epoch=2))
+    _same_as_the_apply(m, commands.ack(60, G, T, [(0, 0, 1), (0, 7, 2)], epoch=1))  # none in flight
+    _same_as_the_apply(m, commands.extend(60, G, T, [(0, 1, 1)], 100, epoch=1))
     assert m.apply(commands.unlock(G, T, 0, "a", 1)) == {"released": True}
     _same_as_the_apply(m, commands.unlock(G, T, 0, "a", 1))  # released already
     # Proposed: what changes something.
