@@ -13,6 +13,7 @@ from raftmq.cluster.base.errors import BadCommand
 from raftmq.cluster.base.limits import MAX_PRODUCER_STATES
 from raftmq.cluster.commands.producers import expire_producers
 from raftmq.cluster.machines.producers import expiry_due
+from raftmq.cluster.replication.upgrade import CAPABILITIES, previous_release_refuses
 from raftmq.storage import keys
 from raftmq.storage.store import Store
 
@@ -116,3 +117,9 @@ def test_a_bad_max_states_is_refused(bad: object) -> None:
     command = {"v": 1, "op": "expire_producers", "now_ms": 1, "idle_ms": 1, "max": 1, "max_states": bad}
     with pytest.raises(BadCommand):
         commands.validate(command)
+
+
+def test_a_replica_of_the_release_before_refuses_the_field_so_it_is_gated() -> None:
+    assert previous_release_refuses(expire_producers(1, DAY_MS, max_states=5))
+    assert not previous_release_refuses(expire_producers(1, DAY_MS))
+    assert "expire_producers.max_states" in CAPABILITIES
