@@ -124,10 +124,13 @@ class DeliveryActions:
         a read barrier of the group (shared: one entry per round trip at most): a leader cut off
         from its group still leads for up to ``leader_fallback_ms``, and its state may miss what a
         new leader acknowledged since (a newer lock granted to the consumer asking). A
-        subscribe's cap check counts the group's subscriptions: off the event loop."""
+        subscribe's cap check counts the group's subscriptions, a settle of many receipts reads
+        each: off the event loop."""
+
+        fields: Mapping[str, Any] = cmd  # a settle's receipts
 
         async def ask() -> dict[str, Any] | None:
-            if cmd["op"] == "subscribe":
+            if cmd["op"] == "subscribe" or len(fields.get("receipts", ())) > INLINE_RECEIPTS:
                 return await asyncio.to_thread(answered_here, store, cmd)
             return answered_here(store, cmd)
 
@@ -236,16 +239,21 @@ class DeliveryActions:
         above the index this replica has applied (a newer leader, or an entry not applied here
         yet, could have handed it out); None: the settle is proposed. So a client sending made-up
         or spent receipts makes no entry (at most the barriers' one per round trip)."""
-        local = self.node.groups[name]
-        answer, confirmed = stale_results(
-            local.machine.store, local.machine.applied_index, topic_id, group, receipts
-        )
+        machine = self.node.groups[name].machine
+
+        async def ask() -> tuple[list[dict[str, Any]] | None, bool]:
+            applied = machine.applied_index  # before the store's reads
+            if len(receipts) > INLINE_RECEIPTS:
+                return await asyncio.to_thread(
+                    stale_results, machine.store, applied, topic_id, group, receipts
+                )
+            return stale_results(machine.store, applied, topic_id, group, receipts)
+
+        answer, confirmed = await ask()
         if answer is None or confirmed:
             return answer
         await self._barrier(name)
-        answer, confirmed = stale_results(
-            local.machine.store, local.machine.applied_index, topic_id, group, receipts
-        )
+        answer, confirmed = await ask()
         return answer if confirmed else None
 
 
@@ -416,6 +424,10 @@ def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch
                 epoch=None if state is None else state.epoch,
             )
 
+
+INLINE_RECEIPTS = 64
+"""Receipts a leader looks up on the event loop before a settle; more are looked up off it (up to
+10,000 store reads)."""
 
 ORDERED_LOOK_S = 0.2
 """How often a wait for ``receive_ordered`` looks again: an ack that frees a message group wakes

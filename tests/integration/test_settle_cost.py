@@ -76,6 +76,8 @@ def test_settles_of_unknown_or_spent_receipts_make_no_entry(c: Cluster) -> None:
         assert _settle(c, "ack", [spent, *made_up], node) == ["stale_receipt"] * 4
         assert _settle(c, "nack", made_up, node, delay_ms=0) == ["stale_receipt"] * 3
         assert _settle(c, "extend", [spent], node, visibility_ms=1000) == ["stale_receipt"]
+    many = [f"{topic_id}.{queue}.{offset + 100 + i}.{token}" for i in range(200)]  # read off the loop
+    assert _settle(c, "ack", many, "n1") == ["stale_receipt"] * 200
     assert _commit_index(c) - before <= SLACK, "a settle that changes nothing was proposed"
     # A token the leader has not applied yet is answered the same after a barrier.
     future = f"{topic_id}.{queue}.{offset + 1}.{10**9}"
