@@ -237,8 +237,11 @@ class DeliveryActions:
         """The apply's answer to a settle whose every receipt names nothing in flight at this
         leader (:func:`stale_results`), after a shared read barrier when a receipt's token is
         above the index this replica has applied (a newer leader, or an entry not applied here
-        yet, could have handed it out); None: the settle is proposed. So a client sending made-up
-        or spent receipts makes no entry (at most the barriers' one per round trip)."""
+        yet, could have handed it out); None: the settle is proposed. After the barrier (proposed
+        once the settle arrived) every receive whose answer the client could hold is applied here:
+        a token still above is a receive not committed when the settle came, which the settle is
+        ordered before, so stale is the answer. A client sending made-up or spent receipts thus
+        makes no entry (at most the barriers' one per round trip)."""
         machine = self.node.groups[name].machine
 
         async def ask() -> tuple[list[dict[str, Any]] | None, bool]:
@@ -253,8 +256,8 @@ class DeliveryActions:
         if answer is None or confirmed:
             return answer
         await self._barrier(name)
-        answer, confirmed = await ask()
-        return answer if confirmed else None
+        answer, _ = await ask()
+        return answer
 
 
 def stale_results(

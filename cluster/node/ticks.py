@@ -248,13 +248,14 @@ class TickLoops:
     async def _expire_producers(self, name: str, local: LocalGroup) -> None:
         """Propose ``expire_producers`` steps while this leader's store shows idle producer states
         are due (``limits.producer_idle_ms``, 0: never), or the group does not hold the cap
-        ``limits.max_producer_states`` yet (sent once every voter applies the field); at most 100
+        ``limits.max_producer_states`` yet (sent once every voter applies the field; also when
+        states are never forgotten for idleness: the cap bounds them then too); at most 100
         steps, the next tick goes on."""
         limits = self.node.config.limits
-        idle_ms, expired = limits.producer_idle_ms, 0
-        capped = idle_ms > 0 and await self.node.await_group_supports(name, "expire_producers.max_states")
+        idle_ms, expired = limits.producer_idle_ms or MAX_DURATION_MS, 0  # 0: never (as good as)
+        capped = await self.node.await_group_supports(name, "expire_producers.max_states")
         cap = limits.max_producer_states if capped else None
-        for _ in range(100 if idle_ms else 0):
+        for _ in range(100):
             now = group_now(local.state_store, now_ms())  # producer states are timed on the group's time
             machine = local.machine
             states = machine.counted_producer_states if isinstance(machine, QueueGroupMachine) else None

@@ -16,11 +16,15 @@ pytestmark = pytest.mark.timeout(120)
 
 CAP = 5
 PRODUCERS = [f"p{i:02}" for i in range(40)]
-CONFIG = f"[limits]\nmax_producer_states = {CAP}\n[raft]\nretention_check_ms = 200\n"
+CONFIG = "[limits]\nmax_producer_states = {cap}\nproducer_idle_ms = {idle}\n"
+CONFIG += "[raft]\nretention_check_ms = 200\n"
 
 
-def test_new_producer_ids_past_the_cap_forget_the_least_recently_used(tmp_path: Path) -> None:
-    with Cluster(tmp_path, queue_groups=1, extra_toml=CONFIG) as c:
+# producer_idle_ms = 0 (states never forgotten for idleness) held no cap at first (review): the cap
+# is what bounds them then.
+@pytest.mark.parametrize("idle_ms", [7 * 24 * 3600 * 1000, 0])
+def test_new_producer_ids_past_the_cap_forget_the_least_recently_used(tmp_path: Path, idle_ms: int) -> None:
+    with Cluster(tmp_path, queue_groups=1, extra_toml=CONFIG.format(cap=CAP, idle=idle_ms)) as c:
         c.start()
         c.wait_ready()
         c.create_topic("t", queues=1)

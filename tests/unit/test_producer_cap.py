@@ -54,6 +54,22 @@ def test_a_producer_using_its_state_again_forgets_nothing(store: Store) -> None:
     assert _states(h) == ["p0", "p2", "p3"]  # p1 was the least recently used
 
 
+def test_an_entry_at_the_same_group_time_never_forgets_a_state_it_uses(store: Store) -> None:
+    """One producer appending again in the same group millisecond keeps its idle key where it was:
+    the cap must not pick that key (found in review: ``a``'s state, just written, was forgotten,
+    and its acknowledged batch's retry stored again, while the least recently used ``b`` stayed)."""
+    h = _capped(store, 2)
+    h.produce("a", 0, now_ms=10)
+    h.produce("b", 0, now_ms=10)
+    b = {"topic_id": 1, "queue": 0, "messages": [{"value": "v"}]}
+    h.apply(
+        commands.produce(
+            10, [{**b, "producer_id": "a", "sequence": 1}, {**b, "producer_id": "c", "sequence": 0}]
+        )
+    )
+    assert _states(h) == ["a", "c"]
+
+
 def test_one_entry_of_several_new_producers_keeps_the_newest(store: Store) -> None:
     h = _capped(store, 4)
     for i in range(4):
