@@ -15,6 +15,7 @@ key                                                     value
 ``P`` topic_id queue producer_id                        :class:`ProducerState` (last sequences)
 ``W`` last_used_ms topic_id queue producer_id           empty: producer idle index, by last use
 ``G``                                                   producer sweep cursor (see below)
+``K``                                                   u64: the cap on ``W`` keys (see below)
 ``T``                                                   :class:`GroupTime` (leader time applied)
 ``Q`` topic_id queue                                    :class:`QueueMeta`
 ``R`` topic_id queue base_offset                        one record batch (``storage/records.py``)
@@ -40,7 +41,9 @@ expires idle producer states through it). ``G`` is written by the group's first
 ``expire_producers``, which starts a one-time sweep giving every ``P`` state a time: its value is
 the next ``P`` key to look at, or empty when the sweep is done. Until ``G`` exists, producer states
 are written in the old encoding (no time) and there are no ``W`` keys, exactly as releases before
-producer expiry wrote them.
+producer expiry wrote them. ``K`` is written by the first ``expire_producers`` carrying a
+``max_states`` (``cluster/machines/producers.py``); while it exists an append that would make more
+``W`` keys than it holds forgets the least recently used states first.
 
 The topic id comes first after the prefix byte in every per-topic key (all but ``E``, ``L`` and
 ``W``), so dropping a topic is one ``delete_range`` per prefix (:func:`topic_range`).
@@ -79,6 +82,7 @@ __all__ = [
     "OFFSET",
     "PENDING",
     "PRODUCER",
+    "PRODUCER_CAP",
     "PRODUCER_IDLE",
     "PRODUCER_SEQUENCES_KEPT",
     "PRODUCER_SWEEP",
@@ -143,6 +147,8 @@ SEGMENT = b"s"
 """Sealed segments of a queue (cluster/machines/segments.py)."""
 PRODUCER_IDLE = b"W"
 """Producer states by last use (``cluster/machines/producers.py``)."""
+PRODUCER_CAP = b"K"
+"""The cap on live producer states of the group (``cluster/machines/producers.py``)."""
 PRODUCER_SWEEP = b"G"
 """The one-time sweep that gives producer states of the old encoding a time
 (``cluster/machines/producers.py``)."""

@@ -11,6 +11,7 @@ __all__ = [
     "MAX_BACKOFF_LEVELS",
     "MAX_DURATION_MS",
     "MAX_NAME_BYTES",
+    "MAX_PRODUCER_STATES",
     "MAX_RECEIPTS",
     "MAX_RECEIVE",
     "MAX_REQUEST_BYTES_CEILING",
@@ -33,6 +34,8 @@ MAX_RECEIPTS = 10_000
 MAX_TICK_ITEMS = 100_000
 """Largest ``max`` of a ``deliver_tick``."""
 MAX_BACKOFF_LEVELS = 64
+MAX_PRODUCER_STATES = 10_000_000
+"""Largest ``limits.max_producer_states`` (an ``expire_producers``' ``max_states``)."""
 MAX_TOPICS_PER_ENTRY = 10_000
 """Most topics one ``create_topics`` entry creates (``limits.max_topics_per_request`` is at most
 this)."""

@@ -268,6 +268,9 @@ FIELD_LEVELS: tuple[str, ...] = (
     # receive_ordered's delay_ms (an SQS FIFO queue's DelaySeconds: a message is handed out first no
     # earlier than its timestamp plus the delay); an older replica refused the field
     "receive_ordered.delay",
+    # expire_producers' max_states (the group's cap on live producer states: an append past it
+    # forgets the least recently used); an older replica refused the field
+    "expire_producers.max_states",
 )
 
 

@@ -70,9 +70,11 @@ from raftmq.cluster.base.limits import (
     DEFAULT_MAX_MEMBERS_PER_TOKEN,
     DEFAULT_MAX_MEMBERS_PER_TOPIC,
     MAX_DURATION_MS,
+    MAX_PRODUCER_STATES,
     MAX_REQUEST_BYTES_CEILING,
     MAX_TOPICS_PER_ENTRY,
 )
+from raftmq.cluster.config.nodes import NodeConfig, parse_nodes
 from raftmq.cluster.config.raft_timing import RaftTimingConfig
 from raftmq.cluster.config.tokens import SecurityConfig, parse_security
 from raftmq.errors import RaftmqError
@@ -92,7 +94,6 @@ __all__ = [
     "parse_config",
 ]
 
-_NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 MAX_METADATA_VOTERS = 5
 
 
@@ -102,34 +103,6 @@ class ConfigError(RaftmqError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("invalid cluster configuration:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    id: str
-    http: str  # host:port of the HTTP API
-    raft: str  # host:port; base of this node's Raft ports
-    data_dir: str
-    raft_bind: str = ""  # host the Raft ports listen on ("": the host of ``raft``)
-    tls_cert_file: str = ""  # set (with tls_key_file): the HTTP API is served over HTTPS
-    tls_key_file: str = ""
-    join: bool = False  # not in the first placement: added to the running cluster later
-
-    @property
-    def http_url(self) -> str:
-        return f"{'https' if self.tls_cert_file else 'http'}://{self.http}"
-
-    def raft_addr(self, port_offset: int) -> str:
-        host, port = self.raft.rsplit(":", 1)
-        return f"{host}:{int(port) + port_offset}"
-
-    def raft_bind_addr(self, port_offset: int) -> str:
-        """Where the Raft port ``port_offset`` listens: never all interfaces unless configured."""
-        host, port = self.raft.rsplit(":", 1)
-        return f"{self.raft_bind or host}:{int(port) + port_offset}"
-
-    def node_dir(self) -> str:
-        return os.path.join(self.data_dir, self.id)
 
 
 @dataclass(frozen=True)
@@ -152,6 +125,9 @@ class Limits:
     # An idempotent producer's state on a queue not used for this long is forgotten (0: kept
     # forever); a retry later than this may be stored again (cluster/machines/producers.py).
     producer_idle_ms: int = 7 * 24 * 3600 * 1000
+    # The most idempotent producer states a queue group keeps (0: no cap); a new one past it
+    # forgets the least recently used (cluster/machines/producers.py). Sent with the expiry.
+    max_producer_states: int = 100_000
     # Every node samples each consumer group's lag this often for the console's charts
     # (cluster/node/lag_history.py; the last 15 minutes are kept).
     lag_sample_ms: int = 10_000
@@ -354,7 +330,7 @@ def parse_config(
     }
     problems += [f"unknown section [{k}]" for k in sorted(unknown)]
 
-    nodes = _parse_nodes(raw.get("nodes"), problems)
+    nodes = parse_nodes(raw.get("nodes"), problems)
     secret = cluster.get("secret")
     if not isinstance(secret, str) or len(secret) < 16:
         problems.append("cluster.secret must be a string of at least 16 characters (or set RAFTMQ_SECRET)")
@@ -438,6 +414,8 @@ def parse_config(
         )
     if limits.producer_idle_ms > MAX_DURATION_MS:
         problems.append(f"limits.producer_idle_ms must be at most {MAX_DURATION_MS} (0: never forget)")
+    if not 0 <= limits.max_producer_states <= MAX_PRODUCER_STATES:
+        problems.append(f"limits.max_producer_states must be from 0 (no cap) to {MAX_PRODUCER_STATES}")
     if not 0 <= timing.retention_max_jump_ms <= MAX_DURATION_MS:
         problems.append("raft.retention_max_jump_ms must be from 0 (off) to 2**40")
     if not 0 <= timing.retention_max_batches <= 0xFFFF_FFFF:
@@ -478,51 +456,6 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _parse_nodes(raw: Any, problems: list[str]) -> list[NodeConfig]:
-    if not isinstance(raw, list) or not raw:
-        problems.append("at least one [[nodes]] entry is required")
-        return []
-    nodes: list[NodeConfig] = []
-    seen: dict[str, set[str]] = {"id": set(), "http": set(), "raft": set()}
-    for i, entry in enumerate(raw):
-        where = f"nodes[{i}]"
-        if not isinstance(entry, dict):
-            problems.append(f"{where} must be a table")
-            continue
-        unknown = set(entry) - {"id", "http", "raft", "data_dir", "join", *_NODE_OPTIONS}
-        problems += [f"unknown key {where}.{k}" for k in sorted(unknown)]
-        node_id, http, raft, data_dir = (entry.get(k) for k in ("id", "http", "raft", "data_dir"))
-        if not isinstance(node_id, str) or not _NODE_ID.match(node_id):
-            problems.append(f"{where}.id must be 1-32 characters of A-Z a-z 0-9 _ -")
-            continue
-        where = f"node {node_id}"
-        for key, value in (("http", http), ("raft", raft)):
-            if not isinstance(value, str) or not _valid_addr(value):
-                problems.append(f"{where}: {key} must be host:port with a port from 1 to 65535")
-        if not isinstance(data_dir, str) or not data_dir:
-            problems.append(f"{where}: data_dir must be a non-empty path")
-        for key, value in (("id", node_id), ("http", http), ("raft", raft)):
-            if isinstance(value, str):
-                if value in seen[key]:
-                    problems.append(f"{where}: duplicate {key} {value!r}")
-                seen[key].add(value)
-        join = entry.get("join", False)
-        if not isinstance(join, bool):
-            problems.append(f"{where}: join must be true or false")
-        options = {k: entry[k] for k in _NODE_OPTIONS if k in entry}
-        for key, value in options.items():
-            if not isinstance(value, str) or (key == "raft_bind" and (not value or ":" in value)):
-                problems.append(f"{where}: {key} must be a " + ("host" if key == "raft_bind" else "path"))
-        if isinstance(http, str) and isinstance(raft, str) and isinstance(data_dir, str):
-            node = NodeConfig(id=node_id, http=http, raft=raft, data_dir=data_dir, join=join is True)
-            strings: dict[str, Any] = {k: v for k, v in options.items() if isinstance(v, str)}
-            nodes.append(replace(node, **strings))
-    return nodes
-
-
-_NODE_OPTIONS = ("raft_bind", "tls_cert_file", "tls_key_file")
-
-
 def _with_tls(nodes: list[NodeConfig], tls: TlsConfig, problems: list[str]) -> list[NodeConfig]:
     """Nodes with [tls]'s cert_file/key_file where they set none; HTTPS is all nodes or none."""
     out = [
@@ -537,11 +470,6 @@ def _with_tls(nodes: list[NodeConfig], tls: TlsConfig, problems: list[str]) -> l
     if len({bool(n.tls_cert_file) for n in out}) > 1:
         problems.append("TLS must be set for every node or for none (peers call each other by URL)")
     return out
-
-
-def _valid_addr(addr: str) -> bool:
-    host, sep, port = addr.rpartition(":")
-    return bool(sep and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)
 
 
 def _apply_env(

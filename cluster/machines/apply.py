@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from raftmq.cluster.machines.cache import StateCache
+from raftmq.cluster.machines.producers import forget_least_used
 from raftmq.storage import keys
 from raftmq.storage.keys import GROUP_MAX_STEP_MS, GROUP_TIME, GroupTime, ProducerState, QueueMeta
 from raftmq.storage.store import Batch, Store
@@ -117,6 +118,10 @@ class Apply:
             self._producers_timed = self._cache.read(self.store, keys.PRODUCER_SWEEP, bytes) is not None
         return self._producers_timed
 
+    def producer_states(self) -> int:
+        """The live producer states (``W`` keys) the store holds before this apply."""
+        return self._cache.producer_states(self.store)
+
     def is_dropped(self, topic_id: int) -> bool:
         if topic_id not in self._dropped:
             tombstone = self._cache.read(self.store, keys.dropped_key(topic_id), bytes)
@@ -157,14 +162,31 @@ class Apply:
             self._put(GROUP_TIME, self._time.encode(), GroupTime.decode)
         for (topic_id, queue), meta in self._changed_metas.items():
             self._put(keys.meta_key(topic_id, queue), meta.encode(), QueueMeta.decode)
+        new_states, used = 0, set()
         for key, state in self._changed_producers.items():
             self._put(keys.producer_key(*key), state.encode(), ProducerState.decode)
             stored, now = self._stored_last_used[key], state.last_used_ms
+            if stored is not None:  # its idle key, moved or not (the same time), is this entry's
+                used.add(keys.producer_idle_key(stored, *key))
             if now is not None and now != stored:
-                if stored is not None:
+                if stored is None:
+                    new_states += 1
+                else:
                     self.batch.delete(keys.producer_idle_key(stored, *key))
                 self.batch.put(keys.producer_idle_key(now, *key), b"")
+        if new_states:
+            self._cap_producers(new_states, used)
         return self.batch
+
+    def _cap_producers(self, new_states: int, used: set[bytes]) -> None:
+        """Forget as many least recently used states as ``new_states`` pass the group's cap by
+        (at most that many: a lowered cap is reached by expiry steps), never one this apply wrote
+        (``used``: their idle keys as stored, also when the entry kept the same time; the new
+        states' keys are not in the store yet) (``producers.py``, the cap)."""
+        cap = self._cache.read(self.store, keys.PRODUCER_CAP, keys.decode_u64)
+        if cap:
+            over = self.producer_states() + new_states - cap
+            forget_least_used(self.store, self.batch, min(over, new_states), keys.PRODUCER_IDLE, used)
 
     def _put(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
         self.batch.put(key, data)

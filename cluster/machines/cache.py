@@ -16,6 +16,11 @@ Invariants (tests/unit/test_state_cache.py, test_determinism.py):
   store's contents), a write that failed (``StoreError``: nothing unwritten is kept).
 - Bounded: at most ``max_entries`` keys, the least recently used forgotten first; 0 disables it.
   Decoded values are frozen dataclasses, shared safely with the apply's overlay.
+- It also keeps how many producer idle-index (``W``) keys the store holds, the live producer
+  states the group's cap counts (``producers.py``): counted with one scan when first asked, then
+  moved by each written put (a new key: the apply never puts one that exists) and delete (of a
+  key that exists) of a ``W`` key; forgotten with the rest, and by a ``delete_range`` reaching
+  ``W``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Final, TypeVar, cast
 
-from raftmq.storage.keys import DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_SWEEP
+from raftmq.storage.keys import (
+    DROPPED,
+    GROUP_TIME,
+    META,
+    PRODUCER,
+    PRODUCER_CAP,
+    PRODUCER_IDLE,
+    PRODUCER_SWEEP,
+)
 from raftmq.storage.store import OP_DELETE_RANGE, OP_PUT, Batch, Store
 
 __all__ = ["DEFAULT_CACHE_ENTRIES", "StateCache"]
@@ -35,9 +48,10 @@ each with five remembered batches, 4 MiB per group when full)."""
 
 _T = TypeVar("_T")
 
-_KINDS: Final = frozenset((DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_SWEEP))
+_KINDS: Final = frozenset((DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_CAP, PRODUCER_SWEEP))
 """The one-byte prefixes of the keys kept."""
 _KIND_RANGES: Final = tuple((p, bytes([p[0] + 1])) for p in sorted(_KINDS))
+_IDLE_END: Final = bytes([PRODUCER_IDLE[0] + 1])
 _ABSENT: Final = object()  # the store holds nothing at the key
 _UNKNOWN: Final = object()  # not kept
 
@@ -54,6 +68,7 @@ class StateCache:
             raise ValueError("max_entries must be at least 0")
         self._max_entries = max_entries
         self._entries: OrderedDict[bytes, object] = OrderedDict()
+        self._idle_keys: int | None = None  # W keys in the store; None: not counted
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -71,6 +86,17 @@ class StateCache:
             self._entries.move_to_end(key)
         return None if value is _ABSENT else cast(_T, value)
 
+    def producer_states(self, store: Store) -> int:
+        """How many ``W`` keys ``store`` holds (one scan the first time)."""
+        if self._idle_keys is None:
+            self._idle_keys = sum(1 for _ in store.scan(PRODUCER_IDLE, _IDLE_END))
+        return self._idle_keys
+
+    @property
+    def counted_producer_states(self) -> int | None:
+        """:meth:`producer_states` if counted (another thread may look: a hint, not a read)."""
+        return self._idle_keys
+
     def written(self, batch: Batch, encoded: Mapping[bytes, tuple[bytes, object]]) -> None:
         """Bring the cache up to date with ``batch``, which the store has just written.
 
@@ -78,10 +104,17 @@ class StateCache:
         encoding (``value`` as a read of those bytes decodes it); a put is kept only when it wrote
         those bytes."""
         entries = self._entries
+        idle = PRODUCER_IDLE[0]
         for op, key, value in batch.ops:
             if op == OP_DELETE_RANGE:
                 if key < value and _reaches_kept_kind(key, value):
                     entries.clear()
+                if key < value and key < _IDLE_END and value > PRODUCER_IDLE:
+                    self._idle_keys = None
+                continue
+            if key[0] == idle:
+                if self._idle_keys is not None:
+                    self._idle_keys += 1 if op == OP_PUT else -1
                 continue
             if key[:1] not in _KINDS:
                 continue
@@ -94,6 +127,7 @@ class StateCache:
     def clear(self) -> None:
         """Forget everything (the store was replaced, or a write failed)."""
         self._entries.clear()
+        self._idle_keys = None
 
     def _keep(self, key: bytes, value: object) -> None:
         entries = self._entries

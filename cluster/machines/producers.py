@@ -26,6 +26,14 @@ the next command (the result says ``more``).
    its producer writes again. From then on every append records its time. ``G`` is empty when the
    sweep is done.
 
+3. The cap: an ``expire_producers`` carrying ``max_states`` (``limits.max_producer_states``, the
+   field level ``expire_producers.max_states``) stores it in the ``K`` key (0: none, the key
+   deleted). While it is set, the group holds at most that many live states (``W`` keys, counted
+   by the machine's cache): an append whose new states would pass it forgets the least recently
+   used ones first, as many as it adds (:func:`forget_least_used`, the first keys of the idle
+   index; never one the same entry uses); a lowered cap is reached by the expiry steps, ``max``
+   keys each. Until a group applies such a command, appends apply exactly as before.
+
 A forgotten producer is a new producer to the queue: a retry arriving later than the idle time
 is stored again, and an old sequence is no longer refused as ``stale_sequence``. Only appends use a
 state: a retry answered as a duplicate, or refused as stale, changes nothing (and so does not keep
@@ -39,10 +47,10 @@ from typing import Any, Protocol
 
 from raftmq.cluster.commands.producers import ExpireProducersCommand
 from raftmq.storage import keys, queues
-from raftmq.storage.keys import PRODUCER_IDLE, PRODUCER_SWEEP, ProducerState
+from raftmq.storage.keys import PRODUCER_CAP, PRODUCER_IDLE, PRODUCER_SWEEP, ProducerState
 from raftmq.storage.store import Batch, Store
 
-__all__ = ["apply_expire_producers", "expiry_due"]
+__all__ = ["apply_expire_producers", "expiry_due", "forget_least_used", "stored_cap"]
 
 
 class _Work(Protocol):
@@ -51,17 +59,31 @@ class _Work(Protocol):
     store: Store
     batch: Batch
 
+    def producer_states(self) -> int: ...
+
 
 # -- leader side ---------------------------------------------------------------------------------
 
 
-def expiry_due(store: Store, now_ms: int, idle_ms: int) -> bool:
+def expiry_due(
+    store: Store, now_ms: int, idle_ms: int, max_states: int | None = None, states: int | None = None
+) -> bool:
     """Whether an ``expire_producers`` would find work in this replica's ``store`` (the leader asks
-    before proposing, so an idle group adds no entries)."""
+    before proposing, so an idle group adds no entries): idle states, the sweep, or with
+    ``max_states`` (the cap to propose; None: the group's voters cannot apply it yet) a cap the
+    group does not hold yet, or ``states`` (the live states counted here, if known) above it."""
+    if max_states is not None and (stored_cap(store) != max_states or (states or 0) > max_states > 0):
+        return True
     if _sweep_start(store) is not None:
         return True
     start, end = _due_range(now_ms - idle_ms)
     return next(iter(store.scan(start, end, limit=1)), None) is not None
+
+
+def stored_cap(store: Store) -> int:
+    """The group's cap on live producer states (0: none)."""
+    data = store.get(PRODUCER_CAP)
+    return 0 if data is None else keys.decode_u64(data)
 
 
 # -- the pure apply ------------------------------------------------------------------------------
@@ -78,6 +100,7 @@ def apply_expire_producers(work: _Work, cmd: ExpireProducersCommand) -> dict[str
     expired = 0
     start, end = _due_range(cmd["now_ms"] - cmd["idle_ms"])
     due = list(work.store.scan(start, end, limit=budget))
+    over = _set_cap(work, cmd["max_states"]) - len(due) if "max_states" in cmd else 0
     for index_key, _ in due:
         last_used_ms, topic_id, queue, producer_id = keys.decode_producer_idle_key(index_key)
         work.batch.delete(index_key)
@@ -87,10 +110,48 @@ def apply_expire_producers(work: _Work, cmd: ExpireProducersCommand) -> dict[str
             work.batch.delete(state_key)
             expired += 1
     budget -= len(due)
-    more = budget == 0
+    if over > 0 and budget > 0:
+        after = due[-1][0] + b"\x00" if due else PRODUCER_IDLE
+        forgotten = forget_least_used(work.store, work.batch, min(over, budget), after, set())
+        expired, over, budget = expired + forgotten, over - forgotten, budget - forgotten
+    more = budget == 0 or over > 0
     if budget > 0:
-        more = _sweep(work, cmd["now_ms"], budget)
+        more = _sweep(work, cmd["now_ms"], budget) or over > 0
     return {"expired": expired, "more": more}
+
+
+def _set_cap(work: _Work, max_states: int) -> int:
+    """Store the group's cap (0: none); how many live states are above it."""
+    if stored_cap(work.store) != max_states:
+        if max_states:
+            work.batch.put(PRODUCER_CAP, keys.encode_u64(max_states))
+        else:
+            work.batch.delete(PRODUCER_CAP)
+    return work.producer_states() - max_states if max_states else 0
+
+
+def forget_least_used(store: Store, batch: Batch, count: int, start: bytes, skip: set[bytes]) -> int:
+    """Delete the first ``count`` idle-index keys from ``start`` on, but those in ``skip`` (an
+    apply's own), each with its state (unless dangling); returns how many were deleted."""
+    forgotten = 0
+    if count <= 0:
+        return 0
+    for index_key, _ in store.scan(start, _IDLE_END):
+        if index_key in skip:
+            continue
+        last_used_ms, topic_id, queue, producer_id = keys.decode_producer_idle_key(index_key)
+        batch.delete(index_key)
+        state_key = keys.producer_key(topic_id, queue, producer_id)
+        data = store.get(state_key)
+        if data is not None and ProducerState.decode(data).last_used_ms == last_used_ms:
+            batch.delete(state_key)
+        forgotten += 1
+        if forgotten == count:
+            break
+    return forgotten
+
+
+_IDLE_END = bytes([PRODUCER_IDLE[0] + 1])
 
 
 def _due_range(cutoff_ms: int) -> tuple[bytes, bytes]:

@@ -170,6 +170,12 @@ class QueueGroupMachine:
         return self._applied_index
 
     @property
+    def counted_producer_states(self) -> int | None:
+        """The live producer states of the group, if the apply counted them (a hint for the
+        leader's expiry: read off the apply thread)."""
+        return self._cache.counted_producer_states
+
+    @property
     def store(self) -> Store:
         """The group's store (readers outside the apply thread use ``storage/queues.py`` on it)."""
         return self._store

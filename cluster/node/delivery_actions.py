@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -27,7 +27,7 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.machines.apply import group_now
-from raftmq.cluster.machines.delivery import available, check_fence, refuse_new_group_over_caps
+from raftmq.cluster.machines.delivery import available, check_fence, refuse_new_group_over_caps, stale_receipt
 from raftmq.cluster.node.messages import message_item, read_offsets
 from raftmq.cluster.node.node import Node
 from raftmq.cluster.node.upgrade_gate import ensure_dlq_command, gated_fields
@@ -35,6 +35,7 @@ from raftmq.cluster.node.view import LocalGroup
 from raftmq.cluster.node.waiters import until_woken
 from raftmq.cluster.replication.settle_commit import SettleCommitter
 from raftmq.storage import keys
+from raftmq.storage.keys import STATE_INFLIGHT, PendingRecord
 from raftmq.storage.queues import lock_state, queue_bounds, read_messages, redrive_offset
 from raftmq.storage.store import Store
 
@@ -123,10 +124,13 @@ class DeliveryActions:
         a read barrier of the group (shared: one entry per round trip at most): a leader cut off
         from its group still leads for up to ``leader_fallback_ms``, and its state may miss what a
         new leader acknowledged since (a newer lock granted to the consumer asking). A
-        subscribe's cap check counts the group's subscriptions: off the event loop."""
+        subscribe's cap check counts the group's subscriptions, a settle of many receipts reads
+        each: off the event loop."""
+
+        fields: Mapping[str, Any] = cmd  # a settle's receipts
 
         async def ask() -> dict[str, Any] | None:
-            if cmd["op"] == "subscribe":
+            if cmd["op"] == "subscribe" or len(fields.get("receipts", ())) > INLINE_RECEIPTS:
                 return await asyncio.to_thread(answered_here, store, cmd)
             return answered_here(store, cmd)
 
@@ -215,6 +219,9 @@ class DeliveryActions:
         request it would have been merged with."""
         fields = {k: v for k, v in body.items() if v is not None}
         commands.validate({"v": commands.VERSION, "op": action, "now_ms": 0, **fields})
+        stale = await self._all_stale(name, body["topic_id"], body["group"], body["receipts"])
+        if stale is not None:
+            return stale
         settler = self._settlers.get(name)
         if settler is None:
             propose = self._propose
@@ -223,6 +230,56 @@ class DeliveryActions:
             inflight = self.node.config.raft.group_commit_inflight
             settler = self._settlers[name] = SettleCommitter(lambda c: propose(name, c), now_ms, inflight)
         return await settler.settle(action, body["topic_id"], body["group"], body["receipts"], fields)
+
+    async def _all_stale(
+        self, name: str, topic_id: int, group: str, receipts: list[list[int]]
+    ) -> list[dict[str, Any]] | None:
+        """The apply's answer to a settle whose every receipt names nothing in flight at this
+        leader (:func:`stale_results`), after a shared read barrier when a receipt's token is
+        above the index this replica has applied (a newer leader, or an entry not applied here
+        yet, could have handed it out); None: the settle is proposed. After the barrier (proposed
+        once the settle arrived) every receive whose answer the client could hold is applied here:
+        a token still above is a receive not committed when the settle came, which the settle is
+        ordered before, so stale is the answer. A client sending made-up or spent receipts thus
+        makes no entry (at most the barriers' one per round trip)."""
+        machine = self.node.groups[name].machine
+
+        async def ask() -> tuple[list[dict[str, Any]] | None, bool]:
+            applied = machine.applied_index  # before the store's reads
+            if len(receipts) > INLINE_RECEIPTS:
+                return await asyncio.to_thread(
+                    stale_results, machine.store, applied, topic_id, group, receipts
+                )
+            return stale_results(machine.store, applied, topic_id, group, receipts)
+
+        answer, confirmed = await ask()
+        if answer is None or confirmed:
+            return answer
+        await self._barrier(name)
+        answer, _ = await ask()
+        return answer
+
+
+def stale_results(
+    store: Store, applied: int, topic_id: int, group: str, receipts: Sequence[Sequence[int]]
+) -> tuple[list[dict[str, Any]] | None, bool]:
+    """What the apply of an ack, nack, extend or release of ``receipts`` answers when none is in
+    flight in ``store`` under its token (``stale_receipt`` each, nothing written but the
+    subscription's time in use, which a receipt holding nothing need not move), and whether that
+    stands: each token at most ``applied`` (the index ``store`` had applied when asked), whose
+    receive was applied here, so its delivery can never be in flight again (tokens are unique).
+    (None, False): one is in flight, or the topic was dropped (the apply refuses it)."""
+    if store.get(keys.dropped_key(topic_id)) is not None:
+        return None, False
+    results = []
+    for queue, offset, token in receipts:
+        data = store.get(keys.pending_key(topic_id, queue, group, offset))
+        if data is not None:
+            rec = PendingRecord.decode(data)
+            if rec.state == STATE_INFLIGHT and rec.token == token:
+                return None, False
+        results.append(stale_receipt(queue, offset))
+    return results, all(token <= applied for _, _, token in receipts)
 
 
 def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -272,9 +329,11 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     no-op's result), from the leader's state; None: the command is proposed (so is one of a topic
     dropped here: the apply refuses it first, ``topic_not_found``). So a request that changes
     nothing costs no Raft entry of its own: a consumer polling for a lock another holds, an
-    unlock, a fenced commit or a fenced ack, nack or extend with a stale epoch, a new group past
-    the caps, a redrive with nothing to redrive (each was an entry, refused by the apply or
-    changing nothing, before). :meth:`DeliveryActions._answered_here` gives what a newer leader
+    unlock, a fenced commit or a fenced ack, nack or extend with a stale epoch or whose every
+    receipt names nothing in flight (:func:`stale_results`; an unfenced one is answered before
+    its settle committer, :meth:`DeliveryActions._all_stale`), a new group past the caps, a
+    redrive with nothing to redrive (each was an entry, refused by the apply or changing nothing,
+    before). :meth:`DeliveryActions._answered_here` gives what a newer leader
     could not have undone at once and confirms the rest after a shared read barrier
     (:func:`_stands`). The apply checks again."""
     topic_id = cmd.get("topic_id")
@@ -303,6 +362,8 @@ def answered_here(store: Store, cmd: commands.Command) -> dict[str, Any] | None:
     elif (cmd["op"] == "ack" or cmd["op"] == "nack" or cmd["op"] == "extend") and cmd["epoch"] is not None:
         queues = sorted({r.queue for r in cmd["receipts"]})
         check_fence(store, cmd["group"], cmd["topic_id"], queues, cmd["epoch"])
+        results, _ = stale_results(store, 0, cmd["topic_id"], cmd["group"], cmd["receipts"])
+        return None if results is None else {"results": results}
     elif cmd["op"] == "redrive":
         return _nothing_to_redrive(store, cmd["topic_id"], cmd["dlq_topic_id"], cmd["queues"])
     return None
@@ -366,6 +427,10 @@ def check_lock(store: Store, group: str, topic_id: int, queues: list[int], epoch
                 epoch=None if state is None else state.epoch,
             )
 
+
+INLINE_RECEIPTS = 64
+"""Receipts a leader looks up on the event loop before a settle; more are looked up off it (up to
+10,000 store reads)."""
 
 ORDERED_LOOK_S = 0.2
 """How often a wait for ``receive_ordered`` looks again: an ack that frees a message group wakes

@@ -27,7 +27,7 @@ from raftmq.cluster.machines.apply import group_now, group_time
 from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
 from raftmq.cluster.machines.delivery.expiry import next_expiry_ms
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.machines.queue_group import retention_due
+from raftmq.cluster.machines.queue_group import QueueGroupMachine, retention_due
 from raftmq.cluster.node.view import LocalGroup, NodeView
 from raftmq.storage.keys import GROUP_MAX_STEP_MS
 from raftmq.storage.queues import next_due_ms
@@ -247,18 +247,30 @@ class TickLoops:
 
     async def _expire_producers(self, name: str, local: LocalGroup) -> None:
         """Propose ``expire_producers`` steps while this leader's store shows idle producer states
-        are due (``limits.producer_idle_ms``, 0: never); at most 100 steps, the next tick goes on."""
-        idle_ms = self.node.config.limits.producer_idle_ms
-        expired = 0
-        for _ in range(100 if idle_ms else 0):
+        are due (``limits.producer_idle_ms``, 0: never), or the group does not hold the cap
+        ``limits.max_producer_states`` yet (sent once every voter applies the field; also when
+        states are never forgotten for idleness: the cap bounds them then too); at most 100
+        steps, the next tick goes on."""
+        limits = self.node.config.limits
+        idle_ms, expired = limits.producer_idle_ms or MAX_DURATION_MS, 0  # 0: never (as good as)
+        capped = await self.node.await_group_supports(name, "expire_producers.max_states")
+        cap = limits.max_producer_states if capped else None
+        for _ in range(100):
             now = group_now(local.state_store, now_ms())  # producer states are timed on the group's time
-            if not local.raft.is_leader() or not producers.expiry_due(local.machine.store, now, idle_ms):
+            machine = local.machine
+            states = machine.counted_producer_states if isinstance(machine, QueueGroupMachine) else None
+            if not local.raft.is_leader() or not producers.expiry_due(
+                local.machine.store, now, idle_ms, cap, states
+            ):
                 break
-            outcome = await self.node.propose(name, expire_producers(now_ms(), idle_ms))
+            new_cap = cap is not None and producers.stored_cap(local.machine.store) != cap
+            outcome = await self.node.propose(name, expire_producers(now_ms(), idle_ms, max_states=cap))
             result = outcome.result
             if outcome.error or not isinstance(result, dict) or "error" in result:
                 log.warning("expire_producers_not_applied", group=name, error=outcome.error or result)
                 break
+            if new_cap:
+                log.info("producer_cap_set", group=name, max_states=cap)
             expired += result["expired"]
         if expired:
             log.info("producers_expired", group=name, count=expired)

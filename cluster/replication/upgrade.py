@@ -124,8 +124,8 @@ def gated_fields_of(capability: str, command: bytes) -> list[str]:
 
 def previous_release_refuses(command: bytes) -> bool:
     """Whether a queue-group replica of the release before capabilities refuses ``command``: an op
-    it did not know, or ``subscribe``, ``deliver_tick``, ``commit_offsets`` or ``commit_fenced`` with a
-    field it did not know (its decoder
+    it did not know, or ``subscribe``, ``deliver_tick``, ``commit_offsets``, ``commit_fenced`` or
+    ``expire_producers`` with a field it did not know (its decoder
     rejected unknown fields). The test fault ``previous_release_node`` plays that replica with it."""
     if is_append(command):
         return False
@@ -142,6 +142,8 @@ def previous_release_refuses(command: bytes) -> bool:
         return "expiry_backoff" in obj  # written only as false, the rule after issue 21
     if op == "commit_offsets" or op == "commit_fenced":
         return "advance" in obj
+    if op == "expire_producers":
+        return "max_states" in obj
     return isinstance(op, str) and op in CAPABILITIES and op not in BEFORE_CAPABILITIES
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_delivery import DLQ, G, Machine, T
+from test_delivery import DLQ, G, Machine, T, codes
 
 from raftmq.cluster import commands
 from raftmq.cluster.base.errors import CatalogError
-from raftmq.cluster.node.delivery_actions import answered_here
+from raftmq.cluster.node.delivery_actions import answered_here, stale_results
 
 
 def _here(m: Machine, command: bytes) -> dict[str, Any] | None:
@@ -44,6 +44,8 @@ def test_each_answer_at_the_leader_is_the_applys() -> None:
     _same_as_the_apply(m, commands.commit_fenced(G, T, {0: 1}, 2))  # stale_epoch
     _same_as_the_apply(m, commands.ack(60, G, T, [(0, 0, 1)], epoch=2))
     _same_as_the_apply(m, commands.nack(60, G, T, [(0, 0, 1)], epoch=2))
+    _same_as_the_apply(m, commands.ack(60, G, T, [(0, 0, 1), (0, 7, 2)], epoch=1))  # none in flight
+    _same_as_the_apply(m, commands.extend(60, G, T, [(0, 1, 1)], 100, epoch=1))
     assert m.apply(commands.unlock(G, T, 0, "a", 1)) == {"released": True}
     _same_as_the_apply(m, commands.unlock(G, T, 0, "a", 1))  # released already
     # Proposed: what changes something.
@@ -81,3 +83,29 @@ def test_a_settlement_of_a_dropped_topic_is_proposed_for_the_apply_to_refuse() -
     ):
         assert _here(m, command) is None
         assert m.apply(command)["error"]["code"] == "topic_not_found"
+
+
+def test_a_settlement_of_receipts_none_in_flight_is_answered_as_the_apply_answers_it() -> None:
+    """Spent and made-up receipts: the leader's answer is the apply's, which writes nothing; it
+    stands at once for tokens the replica applied, not for a token above (a newer leader's)."""
+    m = Machine()
+    m.subscribe()
+    m.produce(0, "a", "b")
+    got = m.receive(now=0)
+    assert codes(m.op("ack", 10, got[:1])) == ["ok"]
+    token = got[0]["token"]
+    for op, kw in (
+        ("ack", {}),
+        ("nack", {"delay_ms": 0}),
+        ("extend", {"visibility_ms": 10}),
+        ("release", {}),
+    ):
+        receipts = [(0, 0, token), (0, 1, token - 1), (0, 9, token), (0, 1, 1)]
+        here, stands = stale_results(m.store, m.index, T, G, [list(r) for r in receipts])
+        assert stands and here is not None
+        before = m.pairs()
+        applied = m.apply(getattr(commands, op)(20, G, T, receipts, **kw))["results"]
+        assert m.pairs() == before and codes(applied) == codes(here) == ["stale_receipt"] * 4
+        assert [r["error"] for r in applied] == [r["error"] for r in here]
+    assert stale_results(m.store, m.index, T, G, [[0, 1, m.index + 1]]) == ([here[1]], False)
+    assert stale_results(m.store, m.index, T, G, [[0, 1, 1], [0, 1, token]]) == (None, False)  # in flight

@@ -105,6 +105,7 @@ __all__ = [
     "redrive",
     "refuse_new_group_over_caps",
     "release",
+    "stale_receipt",
     "store_delayed",
     "subscribe",
     "touch_subscriptions",
@@ -339,7 +340,7 @@ def ack_nack_extend(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
         key = w._prefix(topic_id, queue, group) + keys.encode_u64(offset)
         rec = w.pending_at(key)
         if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
-            results.append(_stale(queue, offset))
+            results.append(stale_receipt(queue, offset))
             continue
         if op == "extend":
             deadline_ms = now_ms + cmd["visibility_ms"]
@@ -418,7 +419,7 @@ def release(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
     for queue, offset, token in cmd["receipts"]:
         rec = w.pending(topic_id, queue, group, offset)
         if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
-            results.append(_stale(queue, offset))
+            results.append(stale_receipt(queue, offset))
             continue
         w.retry(topic_id, queue, group, offset, replace(rec, attempts=max(0, rec.attempts - 1)), now_ms)
         results.append({"ok": True})
@@ -427,7 +428,9 @@ def release(work: Apply, cmd: ReceiptsCommand) -> dict[str, Any]:
     return {"results": results}
 
 
-def _stale(queue: int, offset: int) -> dict[str, Any]:
+def stale_receipt(queue: int, offset: int) -> dict[str, Any]:
+    """The result of a receipt that names nothing in flight (the leader answers an all-stale
+    settle with it too: ``cluster/node/delivery_actions.py``)."""
     return error_body(
         errors.STALE_RECEIPT,
         f"the receipt of queue {queue} offset {offset} is no longer valid (acked, redelivered or unknown)",
@@ -450,7 +453,7 @@ def _ack(w: _Work, topic_id: int, group: str, receipts: list[Receipt]) -> list[d
         key = prefix + o
         rec = w.pending_at(key)
         if rec is None or rec.state != STATE_INFLIGHT or rec.token != token:
-            results.append(_stale(queue, offset))
+            results.append(stale_receipt(queue, offset))
             continue
         delete(w._deadline_prefix(rec.time_ms, topic_id, queue, group) + o)
         delete(key)
