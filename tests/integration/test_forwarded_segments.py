@@ -11,7 +11,6 @@ where the holder itself answers the file's size.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,18 +21,11 @@ import pytest
 from raftmq.cluster.node.node import FILE_PASS_CONNECTIONS
 from raftmq.cluster.node.router import FILE_POOL_WAIT_S
 
+from .big_segments import TOML, resident_bytes, sealed_big_segment, stalled_downloads
 from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-VALUE = "s" * (900 * 1024)
-TOML = """
-[segments]
-max_messages = 20
-max_bytes = 67108864
-check_ms = 200
-parquet = false
-"""
 READERS = 6
 
 
@@ -52,26 +44,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def segment(cluster: Cluster) -> dict[str, Any]:
     """A sealed segment of about 18 MiB: its manifest entry, the node holding it and another."""
-    cluster.create_topic("big", queues=1)
-    for _ in range(5):  # 20 messages of 900 KiB
-        r = cluster.produce("big", [{"value": VALUE}] * 4)
-        assert r.status_code == 200, r.text
-
-    def sealed() -> list[dict[str, Any]]:
-        return list(cluster.get("/v1/topics/big/segments").json()["queues"][0]["segments"])
-
-    entry = wait_until(lambda: sealed()[0] if sealed() else None, timeout_s=30, what="the segment sealed")
-    other = next(n for n in cluster.nodes if n != entry["node"])
-    return {**entry, "other": other, "path": f"/v1/topics/big/segments/0/{entry['base']}"}
-
-
-def resident_bytes(c: Cluster, node: str) -> int:
-    proc = c.nodes[node].proc
-    assert proc is not None
-    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    entry = sealed_big_segment(cluster)
+    return {**entry, "other": next(n for n in cluster.nodes if n != entry["node"])}
 
 
 def test_a_download_through_another_node_gets_the_same_bytes_and_head_the_real_length(
@@ -102,16 +76,9 @@ def test_slow_downloads_through_another_node_hold_a_part_of_the_segment_there(
 ) -> None:
     size = len(cluster.get(segment["path"], node=segment["node"]).content)
     node = segment["other"]
-    host, port = cluster.nodes[node].http.rsplit(":", 1)
     before = resident_bytes(cluster, node)
-    sockets = []
+    sockets = stalled_downloads(cluster, node, segment["path"], READERS)
     try:
-        for _ in range(READERS):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect((host, int(port)))
-            s.sendall(f"GET {segment['path']} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-            sockets.append(s)
         time.sleep(4)  # every download under way, none read yet
         grown = resident_bytes(cluster, node) - before
         assert cluster.get("/v1/topics/big", node=node).status_code == 200  # a normal client is served
@@ -138,15 +105,9 @@ def test_stalled_downloads_through_a_node_take_only_its_file_pool_not_its_calls(
     waited for a connection without end. They have a pool of their own now: past it a download
     gets a retriable 503 after ``FILE_POOL_WAIT_S``, and the node's calls go on."""
     node = segment["other"]
-    host, port = cluster.nodes[node].http.rsplit(":", 1)
-    sockets = []
+    # Each holds one connection of the pool, reading nothing.
+    sockets = stalled_downloads(cluster, node, segment["path"], FILE_PASS_CONNECTIONS)
     try:
-        for _ in range(FILE_PASS_CONNECTIONS):  # each holds one connection of the pool, reading nothing
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect((host, int(port)))
-            s.sendall(f"GET {segment['path']} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-            sockets.append(s)
         time.sleep(2)  # every download under way
         started = time.monotonic()
         over = cluster.get(segment["path"], node=node)

@@ -9,25 +9,16 @@ node, real sockets: the node's resident memory grows by a small part of what the
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .harness import Cluster, wait_until
+from .big_segments import TOML, resident_bytes, sealed_big_segment, stalled_downloads
+from .harness import Cluster
 
 pytestmark = pytest.mark.timeout(180)
-
-VALUE = "s" * (900 * 1024)
-TOML = """
-[segments]
-max_messages = 20
-max_bytes = 67108864
-check_ms = 200
-parquet = false
-"""
 
 
 @pytest.fixture(scope="module")
@@ -40,40 +31,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         assert c.alive("n1"), c.log("n1")[-3000:]
 
 
-def resident_bytes(c: Cluster) -> int:
-    proc = c.nodes["n1"].proc
-    assert proc is not None
-    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_downloads_that_never_read_hold_a_part_of_their_segment_each(cluster: Cluster) -> None:
-    cluster.create_topic("big", queues=1)
-    for _ in range(5):  # 20 messages of 900 KiB: one segment of about 18 MiB
-        r = cluster.produce("big", [{"value": VALUE}] * 4)
-        assert r.status_code == 200, r.text
-
-    def sealed() -> list[dict[str, object]]:
-        return list(cluster.get("/v1/topics/big/segments").json()["queues"][0]["segments"])
-
-    wait_until(lambda: sealed(), timeout_s=30, what="the segment sealed")
-    base = sealed()[0]["base"]
-    size = len(cluster.get(f"/v1/topics/big/segments/0/{base}").content)
+    path = sealed_big_segment(cluster)["path"]
+    size = len(cluster.get(path).content)
     assert size > 16 * 1024 * 1024
-    host, port = cluster.nodes["n1"].http.rsplit(":", 1)
-    before = resident_bytes(cluster)
-    sockets = []
+    before = resident_bytes(cluster, "n1")
+    sockets = stalled_downloads(cluster, "n1", path, 12)
     try:
-        for _ in range(12):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect((host, int(port)))
-            s.sendall(f"GET /v1/topics/big/segments/0/{base} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            sockets.append(s)
         time.sleep(3)  # every download under way, none read
-        grown = resident_bytes(cluster) - before
+        grown = resident_bytes(cluster, "n1") - before
         assert cluster.get("/v1/topics/big").status_code == 200  # a normal client is served
     finally:
         for s in sockets:

@@ -1,0 +1,58 @@
+"""A sealed segment of about 18 MiB and downloads of it that read nothing: what the tests of
+segment downloads (``test_slow_segment_readers.py``, ``test_forwarded_segments.py``) measure a
+node's memory and pools against."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from .harness import Cluster, wait_until
+
+VALUE = "s" * (900 * 1024)
+TOML = """
+[segments]
+max_messages = 20
+max_bytes = 67108864
+check_ms = 200
+parquet = false
+"""
+
+
+def sealed_big_segment(c: Cluster, topic: str = "big") -> dict[str, Any]:
+    """A topic of one queue with 20 messages of 900 KiB, sealed in one segment: its manifest entry
+    (``base``, ``node`` that wrote it, ...) and ``path``, the segment's download path."""
+    c.create_topic(topic, queues=1)
+    for _ in range(5):
+        r = c.produce(topic, [{"value": VALUE}] * 4)
+        assert r.status_code == 200, r.text
+
+    def sealed() -> list[dict[str, Any]]:
+        return list(c.get(f"/v1/topics/{topic}/segments").json()["queues"][0]["segments"])
+
+    entry = wait_until(lambda: sealed()[0] if sealed() else None, timeout_s=30, what="the segment sealed")
+    return {**entry, "path": f"/v1/topics/{topic}/segments/0/{entry['base']}"}
+
+
+def resident_bytes(c: Cluster, node: str) -> int:
+    proc = c.nodes[node].proc
+    assert proc is not None
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def stalled_downloads(c: Cluster, node: str, path: str, count: int) -> list[socket.socket]:
+    """``count`` GETs of ``path`` at ``node`` whose clients read nothing (a receive buffer of 4 KiB):
+    the caller closes them, or reads them to their end."""
+    host, port = c.nodes[node].http.rsplit(":", 1)
+    sockets = []
+    for _ in range(count):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((host, int(port)))
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        sockets.append(s)
+    return sockets
