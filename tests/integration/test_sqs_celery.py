@@ -50,7 +50,8 @@ def _queue_counts(sqs: Any, url: str) -> dict[str, str]:
 
 EMPTY = {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
 # The sender: every task sent until its send is acknowledged (a send that raised is sent again: at
-# least once), the count of acknowledged sends in $SENT after each.
+# least once), the count of acknowledged sends in $SENT after each (replaced whole: the test read
+# it empty, between write_text's truncation and its write, in one CI run).
 _SENDER = f"""
 import os, sys, time
 from pathlib import Path
@@ -66,7 +67,8 @@ for n in range({TASKS}):
             failures += 1
             print("send", n, "failed:", repr(e)[:300], file=sys.stderr, flush=True)
             time.sleep(0.2)
-    sent.write_text(str(n + 1))
+    Path(f"{{sent}}.new").write_text(str(n + 1))
+    os.replace(f"{{sent}}.new", sent)  # whole: a reader never sees it truncated
 print("send failures", failures, flush=True)
 """
 
