@@ -4,9 +4,8 @@ The node's cap on requests (``limits.http_max_requests``, ``slow_clients.request
 refuses a request before any handler reads it. Its raftmq answer (a JSON 429 ``too_many_requests``)
 was nothing an SQS client knows: botocore on the query protocol failed to parse it as XML (a
 ``ResponseParserError``, never retried), and on the JSON protocol, its retries spent, raised code
-``'429'``. An
-SQS request gets it here as the handler answers its own refusals (``errors.from_raftmq_error``:
-403 ``RequestThrottled``, which botocore retries).
+``'429'``. An SQS request gets it here as the handler answers its own refusals
+(``errors.from_raftmq_error``: 403 ``RequestThrottled``, which botocore retries).
 
 An SQS request is a ``POST`` to ``/`` or to a queue's URL: the routes only the SQS handler serves.
 Its wire is the handler's choice, by ``Content-Type`` alone (nothing of the body is read for it).
