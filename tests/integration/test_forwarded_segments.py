@@ -22,7 +22,7 @@ from raftmq.cluster.node.node import FILE_PASS_CONNECTIONS
 from raftmq.cluster.node.router import FILE_POOL_WAIT_S
 
 from .big_segments import TOML, resident_bytes, sealed_big_segment, stalled_downloads
-from .harness import Cluster, wait_until
+from .harness import Cluster, running, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,13 +32,8 @@ READERS = 6
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp: Path = tmp_path_factory.mktemp("cluster")
-    with Cluster(tmp, nodes=3, queue_groups=1, extra_toml=TOML) as c:
-        c.start()
-        c.wait_ready()
-        c.wait_balanced()
+    with running(Cluster(tmp, nodes=3, queue_groups=1, extra_toml=TOML)) as c:
         yield c
-        for nid in c.nodes:
-            assert c.alive(nid), f"{nid} died:\n{c.log(nid)[-3000:]}"
 
 
 @pytest.fixture(scope="module")

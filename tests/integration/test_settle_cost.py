@@ -13,7 +13,7 @@ import pytest
 from botocore.exceptions import ClientError
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import Cluster
+from .harness import Cluster, running
 from .sqs_clients import sqs_client
 
 pytestmark = pytest.mark.timeout(180)
@@ -25,13 +25,10 @@ SLACK = 3  # entries the group's own timers may commit meanwhile (each request m
 @pytest.fixture(scope="module")
 def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Three nodes, one queue group on all three."""
-    with Cluster(tmp_path_factory.mktemp("settle"), nodes=3, queue_groups=1, replication=3) as cluster:
-        cluster.start()
-        cluster.wait_ready()
-        cluster.wait_balanced()
+    with running(
+        Cluster(tmp_path_factory.mktemp("settle"), nodes=3, queue_groups=1, replication=3)
+    ) as cluster:
         yield cluster
-        for nid in cluster.nodes:
-            assert cluster.alive(nid), f"{nid} died:\n{cluster.log(nid)[-3000:]}"
 
 
 def _commit_index(c: Cluster) -> int:
