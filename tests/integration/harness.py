@@ -353,6 +353,17 @@ class Cluster:
             if s.name == sample
         )
 
+    def commit_index(self, group: str) -> int:
+        """The commit index of ``group`` as its leader reports it (``raftmq_raft_commit_index``)."""
+        text = self.get("/metrics", self.wait_leader(group)).text
+        (value,) = [
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "raftmq_raft_commit_index" and s.labels.get("group_id") == group
+        ]
+        return int(value)
+
     def requests_served(self, route: str) -> int:
         """Requests for ``route`` (an HTTP route's pattern) the nodes answered so far, summed."""
         total = 0

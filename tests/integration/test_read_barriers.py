@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import assert_error
 from .harness import Cluster
@@ -34,19 +33,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.create_topic("t", queues=1)
         assert c.produce("t", [{"value": f"m{i}"} for i in range(500)]).status_code == 200
         yield c
-
-
-def _commit_index(c: Cluster, group: str) -> int:
-    """The commit index of ``group`` at its leader."""
-    leader = c.wait_leader(group)
-    text = c.get("/metrics", leader).text
-    (value,) = [
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "raftmq_raft_commit_index" and s.labels.get("group_id") == group
-    ]
-    return int(value)
 
 
 def _hammer(c: Cluster, read: Callable[[requests.Session, str], None]) -> int:
@@ -88,9 +74,9 @@ def _run_threads(targets: list[Callable[[], None]]) -> None:
 
 def _reads_cost(c: Cluster, group: str, read: Callable[[requests.Session, str], None]) -> tuple[int, int]:
     """The reads ``_hammer`` made, and the entries group ``group`` committed meanwhile."""
-    before = _commit_index(c, group)
+    before = c.commit_index(group)
     reads = _hammer(c, read)
-    return reads, _commit_index(c, group) - before
+    return reads, c.commit_index(group) - before
 
 
 def test_concurrent_offset_reads_share_their_barrier_entries(cluster: Cluster) -> None:
@@ -127,13 +113,13 @@ def test_concurrent_lookups_of_a_missing_topic_share_their_barrier_entries(clust
 
 def test_a_name_that_cannot_exist_proposes_nothing(cluster: Cluster) -> None:
     c = cluster
-    before = _commit_index(c, "meta")
+    before = c.commit_index("meta")
     for nid in c.nodes:
         for _ in range(20):
             assert_error(c.get("/v1/topics/bad%20name!", nid), 404, "topic_not_found")
             r = c.get("/v1/groups/g/offsets", nid, params={"topic": "bad name!"})
             assert_error(r, 404, "topic_not_found")
-    assert _commit_index(c, "meta") == before
+    assert c.commit_index("meta") == before
 
 
 def test_a_read_after_a_write_sees_it_while_reads_share_barriers(cluster: Cluster) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import assert_error
 from .harness import Cluster, running, tokens_toml
@@ -35,16 +34,7 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def _commit_indexes(c: Cluster) -> dict[str, int]:
     """Every group's commit index, as its leader reports it."""
-    found: dict[str, int] = {}
-    for group in ("meta", *(str(g) for g in range(3))):
-        text = c.get("/metrics", c.wait_leader(group)).text
-        (found[group],) = [
-            int(s.value)
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "raftmq_raft_commit_index" and s.labels.get("group_id") == group
-        ]
-    return found
+    return {group: c.commit_index(group) for group in ("meta", *(str(g) for g in range(3)))}
 
 
 def test_receives_and_commits_over_the_group_cap_propose_nothing(c: Cluster) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import Cluster, running
 from .sqs_clients import sqs_client
@@ -29,18 +28,6 @@ def c(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         Cluster(tmp_path_factory.mktemp("settle"), nodes=3, queue_groups=1, replication=3)
     ) as cluster:
         yield cluster
-
-
-def _commit_index(c: Cluster) -> int:
-    """The commit index of queue group 0 at its leader."""
-    text = c.get("/metrics", c.wait_leader("0")).text
-    (value,) = [
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "raftmq_raft_commit_index" and s.labels.get("group_id") == "0"
-    ]
-    return int(value)
 
 
 def _sub(action: str) -> str:
@@ -67,7 +54,7 @@ def test_settles_of_unknown_or_spent_receipts_make_no_entry(c: Cluster) -> None:
         f"{topic_id}.{queue}.{offset + 50}.{token}",  # past the queue's end
         f"{topic_id}.{queue}.{offset + 2}.1",
     ]
-    before = _commit_index(c)
+    before = c.commit_index("0")
     for i in range(ROUNDS):
         node = list(c.nodes)[i % 3]  # forwarded to the leader from the others
         assert _settle(c, "ack", [spent, *made_up], node) == ["stale_receipt"] * 4
@@ -75,14 +62,14 @@ def test_settles_of_unknown_or_spent_receipts_make_no_entry(c: Cluster) -> None:
         assert _settle(c, "extend", [spent], node, visibility_ms=1000) == ["stale_receipt"]
     many = [f"{topic_id}.{queue}.{offset + 100 + i}.{token}" for i in range(200)]  # read off the loop
     assert _settle(c, "ack", many, "n1") == ["stale_receipt"] * 200
-    assert _commit_index(c) - before <= SLACK, "a settle that changes nothing was proposed"
+    assert c.commit_index("0") - before <= SLACK, "a settle that changes nothing was proposed"
     # A token the leader has not applied is answered the same after a shared barrier: its one
     # entry, no settle entry after it (review: a made-up token of 10**9 made both).
     future = f"{topic_id}.{queue}.{offset + 1}.{10**9}"
-    before = _commit_index(c)
+    before = c.commit_index("0")
     for i in range(ROUNDS):
         assert _settle(c, "ack", [future], list(c.nodes)[i % 3]) == ["stale_receipt"]
-    assert _commit_index(c) - before <= ROUNDS + SLACK, "a settle of a made-up token was proposed"
+    assert c.commit_index("0") - before <= ROUNDS + SLACK, "a settle of a made-up token was proposed"
     # The real receipts still settle, alone or among stale ones.
     assert _settle(c, "extend", [got[1]["receipt"]], "n3", visibility_ms=60_000) == ["ok"]
     assert _settle(c, "ack", [made_up[0], got[1]["receipt"], got[2]["receipt"]], "n2") == [
@@ -100,7 +87,7 @@ def test_sqs_settles_of_a_spent_handle_make_no_entry(c: Cluster) -> None:
     first = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5, VisibilityTimeout=1)["Messages"][0]
     second = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=10, VisibilityTimeout=60)["Messages"][0]
     assert second["ReceiptHandle"] != first["ReceiptHandle"]
-    before = _commit_index(c)
+    before = c.commit_index("0")
     for _ in range(ROUNDS):
         sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])  # accepted, deletes nothing
         with pytest.raises(ClientError) as e:
@@ -108,6 +95,6 @@ def test_sqs_settles_of_a_spent_handle_make_no_entry(c: Cluster) -> None:
                 QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=5
             )
         assert e.value.response["Error"]["Code"] == "AWS.SimpleQueueService.MessageNotInflight"
-    assert _commit_index(c) - before <= SLACK, "a settle that changes nothing was proposed"
+    assert c.commit_index("0") - before <= SLACK, "a settle that changes nothing was proposed"
     sqs.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])
     assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=2, VisibilityTimeout=0)
