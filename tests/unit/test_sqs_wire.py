@@ -133,6 +133,16 @@ def test_query_members_become_the_json_shape() -> None:
 ARABIC_30 = "\u0663\u0660"  # digits to Python's \\d and int(), not to AWS
 
 
+def test_an_entry_field_naming_entries_again_is_an_unknown_field_not_a_recursion() -> None:
+    """Read as entries at every level, 2,000 of them ran out of Python's stack (an InternalError)."""
+    nested = "SendMessageBatchRequestEntry.1." * 2000 + "Id"
+    _, params = query_params(
+        {"Action": "SendMessageBatch", nested: "a", "SendMessageBatchRequestEntry.1.Id": "b"}
+    )
+    (entry,) = params["Entries"]
+    assert entry == {"Id": "b", nested.split(".", 2)[2]: "a"}
+
+
 def test_numbers_are_ascii_digits_only() -> None:
     """A number in other scripts' digits is refused (or left as text) wherever AWS takes a number."""
     _, params = query_params({"Action": "ReceiveMessage", "QueueUrl": "u", "WaitTimeSeconds": ARABIC_30})
