@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import requests
 from botocore.auth import SigV4Auth
@@ -56,9 +57,12 @@ def _credentials(c: Cluster, token: str) -> tuple[str, str]:
     return answer["access_key_id"], answer["secret_access_key"]
 
 
-def _signed(c: Cluster, token: str, body: bytes) -> requests.Response:
-    """A query-wire POST to ``/`` signed with ``token``'s SQS credentials by botocore's signer."""
+def _signed(c: Cluster, token: str, body: bytes, action: str | None = None) -> requests.Response:
+    """A POST to ``/`` signed with ``token``'s SQS credentials by botocore's signer: the query wire,
+    or the JSON wire's ``action``."""
     headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    if action is not None:
+        headers = {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": f"AmazonSQS.{action}"}
     request = AWSRequest(method="POST", url=c.url("n1") + "/", data=body, headers=headers)
     SigV4Auth(Credentials(*_credentials(c, token)), "sqs", "us-east-1").add_auth(request)
     prepared = request.prepare()
@@ -115,5 +119,101 @@ def test_a_batch_entry_nested_in_entries_is_refused_by_any_token_and_sends_nothi
         assert r.status_code == status and f"<Code>{code}</Code>" in r.text, r.text[:500]
     high = c.get("/v1/topics/audit-batches").json()["queues"]
     assert all(q["high_offset"] == 0 for q in high), high
+    for node in c.nodes:
+        assert "sqs_action_failed" not in c.log(node), c.log(node)[-3000:]
+
+
+DEEPEST = "@deepest@"  # in a body: an array nested 1,000 deep (the JSON wire's parser reads 1,024)
+
+
+# (token, action, parameters, AWS's code): each value nested as deep as the JSON wire reads it.
+NESTED_VALUES = (
+    (NOBODY_TOKEN, "ListQueues", {"MaxResults": DEEPEST}, "InvalidParameterValue"),
+    (NOBODY_TOKEN, "ListQueues", {"NextToken": DEEPEST}, "InvalidParameterValue"),
+    (
+        AUDIT_TOKEN,
+        "ListDeadLetterSourceQueues",
+        {"QueueUrl": "@url@", "MaxResults": DEEPEST},
+        "InvalidParameterValue",
+    ),
+    (
+        AUDIT_TOKEN,
+        "ReceiveMessage",
+        {"QueueUrl": "@url@", "WaitTimeSeconds": DEEPEST},
+        "InvalidParameterValue",
+    ),
+    (
+        AUDIT_TOKEN,
+        "SendMessage",
+        {"QueueUrl": "@url@", "MessageBody": "x", "DelaySeconds": DEEPEST},
+        "InvalidParameterValue",
+    ),
+    (
+        AUDIT_TOKEN,
+        "SendMessage",
+        {"QueueUrl": "@fifo@", "MessageBody": "x", "MessageGroupId": DEEPEST},
+        "InvalidParameterValue",
+    ),
+    (
+        AUDIT_TOKEN,
+        "SendMessage",
+        {"QueueUrl": "@fifo@", "MessageBody": "x", "MessageGroupId": "g", "DelaySeconds": DEEPEST},
+        "InvalidParameterValue",
+    ),
+    (
+        AUDIT_TOKEN,
+        "SendMessageBatch",
+        {"QueueUrl": "@url@", "Entries": [{"Id": "a", "MessageBody": DEEPEST}]},
+        None,
+    ),
+    (
+        AUDIT_TOKEN,
+        "ChangeMessageVisibility",
+        {"QueueUrl": "@url@", "ReceiptHandle": "1.0.0.1", "VisibilityTimeout": DEEPEST},
+        "InvalidParameterValue",
+    ),
+    (
+        AUDIT_TOKEN,
+        "DeleteMessageBatch",
+        {"QueueUrl": "@url@", "Entries": [{"Id": "a", "ReceiptHandle": DEEPEST}]},
+        None,
+    ),
+    (
+        AUDIT_TOKEN,
+        "ChangeMessageVisibilityBatch",
+        {"QueueUrl": "@url@", "Entries": [{"Id": "a", "ReceiptHandle": DEEPEST, "VisibilityTimeout": 1}]},
+        None,
+    ),
+    (AUDIT_TOKEN, "StartMessageMoveTask", {"SourceArn": DEEPEST}, "InvalidParameterValue"),
+    (AUDIT_TOKEN, "ListMessageMoveTasks", {"SourceArn": DEEPEST}, "InvalidParameterValue"),
+)
+
+
+def test_a_value_nested_where_a_text_or_number_belongs_is_refused_and_changes_nothing(c: Cluster) -> None:
+    """Each such value was quoted in its error message with ``str()``, which ran out of Python's
+    stack: ListQueues' ``MaxResults`` or ``NextToken`` by a token with no right on any queue."""
+    sqs = sqs_client(c.url(), _credentials(c, AUDIT_TOKEN), "us-east-1")
+    urls = {
+        b'"@url@"': orjson.dumps(sqs.create_queue(QueueName="audit-values")["QueueUrl"]),
+        b'"@fifo@"': orjson.dumps(
+            sqs.create_queue(QueueName="audit-values.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+        ),
+        b'"@deepest@"': b"[" * 1000 + b"]" * 1000,
+    }
+    for token, action, params, code in NESTED_VALUES:
+        body = orjson.dumps(params)
+        for placeholder, value in urls.items():
+            body = body.replace(placeholder, value)
+        r = _signed(c, token, body, action)
+        if code is None:  # a batch: the entry fails, the request is answered
+            assert r.status_code == 200 and len(r.json()["Failed"]) == 1, (action, r.text[:300])
+        else:
+            assert (r.status_code, r.json()["__type"]) == (400, f"com.amazonaws.sqs#{code}"), (
+                action,
+                r.text[:300],
+            )
+    for name in ("audit-values", "audit-values.fifo"):
+        queues = c.get(f"/v1/topics/{name}").json()["queues"]
+        assert all(q["high_offset"] == 0 for q in queues), (name, queues)
     for node in c.nodes:
         assert "sqs_action_failed" not in c.log(node), c.log(node)[-3000:]

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from raftmq.cluster.api.sqs.actions import int_param
-from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.errors import SqsError, quoted
 from raftmq.cluster.api.sqs.message_actions import sqs_message
 from raftmq.cluster.api.sqs.messages import (
     attributes_from_header,
@@ -141,6 +141,16 @@ def test_an_entry_field_naming_entries_again_is_an_unknown_field_not_a_recursion
     )
     (entry,) = params["Entries"]
     assert entry == {"Id": "b", nested.split(".", 2)[2]: "a"}
+
+
+def test_a_nested_value_where_a_number_belongs_is_quoted_by_its_type() -> None:
+    """``str()`` of an array 1,000 deep (the JSON wire's parser reads 1,024) ran out of the stack."""
+    deep = orjson.loads("[" * 1000 + "]" * 1000)
+    with pytest.raises(SqsError) as e:
+        int_param({"MaxResults": deep}, "MaxResults", 1, 1000, 1000)
+    assert e.value.message.startswith("Value (an array) for parameter MaxResults is invalid.")
+    assert quoted({"a": 1}) == "(an object)" and quoted(None) == "null" and quoted(True) == "true"
+    assert quoted(12) == "12" and quoted("x" * 300) == "x" * 300
 
 
 def test_numbers_are_ascii_digits_only() -> None:
