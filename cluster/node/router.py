@@ -416,7 +416,9 @@ def as_routed(peer: NodeConfig, path_qs: str) -> yarl.URL:
     ``..`` (a consumer group or member id a client named ``%2E%2E``) encoded again, and nothing
     normalized. Given as text, the HTTP client removed such segments as a URL's dot segments are,
     and the peer, which takes the peer key as a check made, served another route than the one
-    checked here (``/v1/groups/../members`` became ``/v1/members``)."""
+    checked here (``/v1/groups/../members`` became ``/v1/members``). The peer's base is parsed
+    apart first: taken as encoded, a host beyond ASCII would go out without its IDNA encoding."""
     path, mark, query = path_qs.partition("?")
     segments = ("%2E" * len(s) if s in (".", "..") else s for s in path.split("/"))
-    return yarl.URL(peer.http_url + "/".join(segments) + mark + query, encoded=True)
+    base = str(yarl.URL(peer.http_url))
+    return yarl.URL(base + "/".join(segments) + mark + query, encoded=True)

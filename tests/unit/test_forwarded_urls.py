@@ -41,3 +41,13 @@ def test_a_routed_path_reaches_the_peer_as_it_was_routed_here() -> None:
     assert as_routed(PEER, "/v1/topics/t/queues/0/messages?offset=3").raw_path_qs == (
         "/v1/topics/t/queues/0/messages?offset=3"
     )
+
+
+def test_a_peer_host_beyond_ascii_is_sent_idna_encoded() -> None:
+    """The peer's address is a URL's host, IDNA-encoded as the HTTP client needs it; the path is
+    still sent as routed."""
+    peer = NodeConfig("n3", "bücher.example:8082", "bücher.example:9082", "/tmp/n3")
+    url = as_routed(peer, "/v1/groups/%2E%2E/members")
+    assert url.raw_host == "xn--bcher-kva.example"
+    assert url.host == "bücher.example"
+    assert str(url) == "http://xn--bcher-kva.example:8082/v1/groups/%2E%2E/members"
