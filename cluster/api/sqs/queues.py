@@ -204,17 +204,19 @@ def redrive_policy(topic: Topic) -> RedrivePolicy | None:
 
 def allows_redrive_from(target: Topic, source_arn: str) -> bool:
     """The dead-letter queue ``target``'s RedriveAllowPolicy lets ``source_arn`` send it dead letters
-    (a stored policy that cannot be read, see :func:`redrive_policy`, lets none)."""
+    (a stored policy that cannot be read, see :func:`redrive_policy`, lets none). The sources must
+    be a list: ``in`` a text stored there would match any part of it."""
     raw = target.attributes.get(PREFIX + "RedriveAllowPolicy")
     if not raw:
         return True
     policy = read_json(raw)
-    try:
-        if policy["redrivePermission"] == "byQueue":
-            return source_arn in policy["sourceQueueArns"]
-        return bool(policy["redrivePermission"] == "allowAll")
-    except (ValueError, TypeError, KeyError):
+    if not isinstance(policy, dict):
         return False
+    permission = policy.get("redrivePermission")
+    if permission == "byQueue":
+        sources = policy.get("sourceQueueArns")
+        return isinstance(sources, list) and source_arn in sources
+    return permission == "allowAll"
 
 
 def is_queue(topic: Topic) -> bool:
