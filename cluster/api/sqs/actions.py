@@ -351,12 +351,13 @@ class QueueActions:
         after = ""
         token = params.get("NextToken")
         if token is not None:
+            bad = SqsError("InvalidParameterValue", "Invalid NextToken value.")
+            if not isinstance(token, str):
+                raise bad
             try:
-                if not isinstance(token, str):
-                    raise ValueError(token)
                 after = base64.urlsafe_b64decode(token.encode()).decode()
-            except (ValueError, UnicodeDecodeError):
-                raise SqsError("InvalidParameterValue", "Invalid NextToken value.") from None
+            except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+                raise bad from None
         grant = request.get(PRINCIPAL)
         names = sorted(
             t.name
