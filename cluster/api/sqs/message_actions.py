@@ -17,6 +17,7 @@ import structlog
 from aiohttp import web
 
 from raftmq import batch as rb
+from raftmq.cluster.api.handlers.subscription_bodies import receipt_numbers
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
@@ -54,9 +55,6 @@ DEAD_LETTER_HOLD_MS = 30_000  # a receive on a queue with a RedrivePolicy takes 
 _FIFO_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}\Z")
 _NOT_FOR_QUEUE_TYPE = "The request include parameter that is not valid for this queue type"
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}\Z")
-_RECEIPT = re.compile(
-    r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,19})\.(0|[1-9][0-9]{0,19})\Z"
-)
 
 
 def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -395,8 +393,8 @@ class SqsActions(QueueActions):
         out: list[SqsError | None] = [None] * len(handles)
         good: list[int] = []
         for i, handle in enumerate(handles):
-            match = _RECEIPT.match(handle) if isinstance(handle, str) else None
-            if match is None or int(match.group(1)) != topic.id or int(match.group(2)) >= topic.queues:
+            numbers = receipt_numbers(handle)  # an offset past 2^64 too: not the whole batch's 400
+            if numbers is None or numbers[0] != topic.id or numbers[1] >= topic.queues:
                 out[i] = SqsError(
                     "ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not valid.'
                 )
