@@ -32,7 +32,7 @@ import orjson
 from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs import move_task_records as records
-from raftmq.cluster.api.sqs.queues import PREFIX
+from raftmq.cluster.api.sqs.queues import PREFIX, read_json
 from raftmq.cluster.config.tokens import ADMIN, TokenGrant
 from raftmq.cluster.machines.topics import Topic, permission_names
 
@@ -106,18 +106,13 @@ async def visible_attributes(
     attributes are of, whose RedrivePolicy and RedriveAllowPolicy it then sees as written."""
     out = dict(attributes)
     if out.get(REDRIVE_POLICY) and not owner:
-        try:
-            target = _arn_queue(json.loads(out[REDRIVE_POLICY]).get("deadLetterTargetArn"))
-        except (ValueError, AttributeError):
-            target = None
+        policy = read_json(out[REDRIVE_POLICY])
+        target = _arn_queue(policy.get("deadLetterTargetArn")) if isinstance(policy, dict) else None
         if target is None or not await sees(target):
             del out[REDRIVE_POLICY]
     if out.get(REDRIVE_ALLOW_POLICY) and not owner:
-        try:
-            policy = json.loads(out[REDRIVE_ALLOW_POLICY])
-            arns = policy.get("sourceQueueArns", [])
-        except (ValueError, AttributeError):
-            policy, arns = None, None
+        policy = read_json(out[REDRIVE_ALLOW_POLICY])
+        arns = policy.get("sourceQueueArns", []) if isinstance(policy, dict) else None
         if not isinstance(arns, list) or policy is None:
             del out[REDRIVE_ALLOW_POLICY]
         else:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
+import yarl
 
 from raftmq.cluster import commands
 from raftmq.cluster.base import errors
@@ -41,6 +42,7 @@ __all__ = [
     "Forwarded",
     "Here",
     "LeaderRouter",
+    "as_routed",
     "body_error",
     "peer_call",
     "peer_error",
@@ -271,7 +273,7 @@ class LeaderRouter:
         with peer_call(method, what):
             resp = await session.request(
                 method,
-                peer.http_url + path_qs,
+                as_routed(peer, path_qs),
                 headers={FORWARDED: self.node.me.id},
                 allow_redirects=False,  # the peer key goes to that node only
                 timeout=timeout,
@@ -304,7 +306,7 @@ class LeaderRouter:
         with peer_call(method, what):
             async with session.request(
                 method,
-                peer.http_url + path_qs,
+                as_routed(peer, path_qs),
                 data=body,
                 headers=headers,
                 allow_redirects=False,  # the peer key goes to that node only
@@ -406,3 +408,17 @@ class LeaderRouter:
         if name == META:  # read back here what was written there
             await self._metadata_applied(result.get(METADATA_INDEX))
         return result
+
+
+def as_routed(peer: NodeConfig, path_qs: str) -> yarl.URL:
+    """The URL at ``peer`` of a request this node routed (``path_qs``: aiohttp's, percent-encoded
+    but for the characters that need none, dots included), sent as it is: a segment ``.`` or
+    ``..`` (a consumer group or member id a client named ``%2E%2E``) encoded again, and nothing
+    normalized. Given as text, the HTTP client removed such segments as a URL's dot segments are,
+    and the peer, which takes the peer key as a check made, served another route than the one
+    checked here (``/v1/groups/../members`` became ``/v1/members``). The peer's base is parsed
+    apart first: taken as encoded, a host beyond ASCII would go out without its IDNA encoding."""
+    path, mark, query = path_qs.partition("?")
+    segments = ("%2E" * len(s) if s in (".", "..") else s for s in path.split("/"))
+    base = str(yarl.URL(peer.http_url))
+    return yarl.URL(base + "/".join(segments) + mark + query, encoded=True)

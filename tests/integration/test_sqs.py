@@ -303,6 +303,44 @@ def test_batches_and_their_partial_failures(sqs: Any) -> None:
     )
 
 
+def test_a_handle_whose_numbers_overflow_fails_its_entry_only(sqs: Any) -> None:
+    """A handle of the queue whose offset or token is 2^64 or more failed the whole batch (400,
+    from the receipts' parser) and settled none of its other entries; AWS fails that entry only."""
+    url = sqs.create_queue(QueueName="overflowing-handles")["QueueUrl"]
+    sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": i, "MessageBody": i} for i in "abcd"])
+    got = [m["ReceiptHandle"] for m in _receive_all(sqs, url, 4, VisibilityTimeout=60)]
+    topic, queue, offset, token = got[0].split(".")
+    overflowing = [f"{topic}.{queue}.{2**64}.{token}", f"{topic}.{queue}.{offset}.{2**64}"]
+    for handle in overflowing:
+        with pytest.raises(sqs.exceptions.ReceiptHandleIsInvalid) as e:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=handle)
+        assert _status(e) == 404  # AWS's status for it (docs/sqs.md, Errors)
+        with pytest.raises(sqs.exceptions.ReceiptHandleIsInvalid):
+            sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=handle, VisibilityTimeout=0)
+    changed = sqs.change_message_visibility_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": "x", "ReceiptHandle": got[0], "VisibilityTimeout": 120},
+            {"Id": "y", "ReceiptHandle": overflowing[0], "VisibilityTimeout": 0},
+        ],
+    )
+    assert [s["Id"] for s in changed["Successful"]] == ["x"]
+    assert [(f["Id"], f["SenderFault"], f["Code"]) for f in changed["Failed"]] == [
+        ("y", True, "ReceiptHandleIsInvalid")
+    ]
+    entries = [(got[1], "x"), (overflowing[0], "y"), (overflowing[1], "z"), (got[2], "w")]
+    deleted = sqs.delete_message_batch(
+        QueueUrl=url, Entries=[{"Id": i, "ReceiptHandle": h} for h, i in entries]
+    )
+    assert sorted(s["Id"] for s in deleted["Successful"]) == ["w", "x"]
+    assert sorted((f["Id"], f["SenderFault"], f["Code"]) for f in deleted["Failed"]) == [
+        ("y", True, "ReceiptHandleIsInvalid"),
+        ("z", True, "ReceiptHandleIsInvalid"),
+    ]
+    counts = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"])
+    assert counts["Attributes"] == {"ApproximateNumberOfMessagesNotVisible": "2"}  # the 1st and the 4th
+
+
 def test_change_visibility_batch(sqs: Any) -> None:
     url = sqs.create_queue(QueueName="visibility-batch")["QueueUrl"]
     sqs.send_message_batch(

@@ -72,3 +72,16 @@ def test_a_policy_stored_unchecked_before_is_none_and_allows_no_source(stored: s
     assert redrive_policy(_queue(**{"sqs.RedrivePolicy": stored})) is None
     assert not allows_redrive_from(_queue(**{"sqs.RedriveAllowPolicy": stored}), "arn:aws:sqs:r:0:q")
     assert redrive_policy(_queue(**{"sqs.RedrivePolicy": POLICY})) == RedrivePolicy("payments", 1)
+
+
+@pytest.mark.parametrize(
+    "sources",
+    ['"arn:aws:sqs:r:0:q-and-more"', '{"arn:aws:sqs:r:0:q": 1}', "5", '["x", ["arn:aws:sqs:r:0:q"]]'],
+)
+def test_a_stored_allow_policy_lets_only_the_sources_of_its_list(sources: str) -> None:
+    """A text holding the ARN matched as a part of it (``in`` a string): that source was let in."""
+    stored = f'{{"redrivePermission": "byQueue", "sourceQueueArns": {sources}}}'
+    assert not allows_redrive_from(_queue(**{"sqs.RedriveAllowPolicy": stored}), "arn:aws:sqs:r:0:q")
+    listed = '{"redrivePermission": "byQueue", "sourceQueueArns": ["arn:aws:sqs:r:0:q"]}'
+    assert allows_redrive_from(_queue(**{"sqs.RedriveAllowPolicy": listed}), "arn:aws:sqs:r:0:q")
+    assert allows_redrive_from(_queue(**{"sqs.RedriveAllowPolicy": '{"redrivePermission": "allowAll"}'}), "a")

@@ -127,6 +127,20 @@ def test_a_presigned_request_with_an_expiry_of_no_ascii_digits_is_incomplete(exp
     _refused(request, "IncompleteSignature", url=url)
 
 
+def test_a_plus_in_a_signed_query_is_a_space_as_the_action_reads_it() -> None:
+    """The action reads ``+`` in a query as a space (aiohttp's query), the signature read it as a
+    ``+``: ``%2B`` and ``+`` were the same signed text and different parameters, so anyone holding
+    a presigned URL (handed out to be used by others) could turn its ``%2B`` into spaces."""
+    url = "http://127.0.0.1:8081/000000000000/orders?Action=SendMessage&MessageBody=1%2B1"
+    request = _signed(url, body=b"", headers={}, query_form=True)
+    assert _verify(request) == f"grant {KEY_ID}"
+    tampered = request.url.replace("MessageBody=1%2B1", "MessageBody=1+1")
+    assert tampered != request.url
+    _refused(request, "SignatureDoesNotMatch", url=tampered)
+    spaced = _signed(url.replace("1%2B1", "1%201"), body=b"", headers={}, query_form=True)
+    assert _verify(spaced, url=spaced.url.replace("1%201", "1+1")) == f"grant {KEY_ID}"  # a space
+
+
 def test_a_credential_date_of_other_digits_is_incomplete() -> None:
     request = _signed()
     header = request.headers["Authorization"].replace(request.headers["X-Amz-Date"][:8], "١٢٣٤٥٦٧٨")

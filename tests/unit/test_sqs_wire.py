@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from raftmq.cluster.api.sqs.actions import int_param
-from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.errors import SqsError, quoted
 from raftmq.cluster.api.sqs.message_actions import sqs_message
 from raftmq.cluster.api.sqs.messages import (
     attributes_from_header,
@@ -131,6 +131,32 @@ def test_query_members_become_the_json_shape() -> None:
 
 
 ARABIC_30 = "\u0663\u0660"  # digits to Python's \\d and int(), not to AWS
+
+
+def test_an_entry_field_naming_entries_again_is_an_unknown_field_not_a_recursion() -> None:
+    """Read as entries at every level, 2,000 of them ran out of Python's stack (an InternalError)."""
+    nested = "SendMessageBatchRequestEntry.1." * 2000 + "Id"
+    _, params = query_params(
+        {"Action": "SendMessageBatch", nested: "a", "SendMessageBatchRequestEntry.1.Id": "b"}
+    )
+    (entry,) = params["Entries"]
+    assert entry == {"Id": "b", nested.split(".", 2)[2]: "a"}
+
+
+def test_a_nested_value_where_a_number_belongs_is_quoted_by_its_type() -> None:
+    """``str()`` of an array 1,000 deep (the JSON wire's parser reads 1,024) ran out of Python
+    3.11's stack; later Pythons' ``str()`` reads deeper, so the test's array is 50,000 deep, past
+    every supported Python's (checked first, or the test could not fail)."""
+    deep: list[object] = []
+    for _ in range(50_000):
+        deep = [deep]
+    with pytest.raises(RecursionError):
+        str(deep)
+    with pytest.raises(SqsError) as e:
+        int_param({"MaxResults": deep}, "MaxResults", 1, 1000, 1000)
+    assert e.value.message.startswith("Value (an array) for parameter MaxResults is invalid.")
+    assert quoted({"a": 1}) == "(an object)" and quoted(None) == "null" and quoted(True) == "true"
+    assert quoted(12) == "12" and quoted("x" * 300) == "x" * 300
 
 
 def test_numbers_are_ascii_digits_only() -> None:

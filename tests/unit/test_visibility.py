@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from aiohttp import web
 
 from raftmq.cluster.api.sqs import move_task_records as records
+from raftmq.cluster.api.sqs.queues import allows_redrive_from, redrive_policy
 from raftmq.cluster.api.visibility import visible_attributes, visible_metrics
 from raftmq.cluster.config.tokens import TokenGrant
 from raftmq.cluster.machines.topics import Topic
@@ -140,3 +142,18 @@ def test_a_scrape_reads_the_topic_table_once_whatever_its_dead_letter_topics() -
         "t2.g.dlq",
     ]
     assert (fetched, CountedTable.walks) == (1, 1)
+
+
+def test_stored_policies_nested_past_the_parser_are_unreadable_not_a_failure() -> None:
+    """A policy text the REST API stored before it refused ``sqs.`` names (up to 8 KiB, so 8,000
+    ``[``: past Python 3.11's parser) raised RecursionError in every answer that showed its topic
+    (GET /v1/topics for every token that sees it), and made every receive and move task start of
+    the queue fail. 50,000 ``[`` here: past every supported Python's parser (checked first)."""
+    deep = "[" * 50_000
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    stored = {"sqs.RedrivePolicy": deep, "sqs.RedriveAllowPolicy": deep, records.ATTRIBUTE: deep}
+    assert visible(stored) == {records.ATTRIBUTE: "[]"}
+    topic = Topic(1, "q", 1, (0,), None, None, None, 1, attributes=stored)
+    assert redrive_policy(topic) is None
+    assert not allows_redrive_from(topic, ARN + "mine")

@@ -43,11 +43,21 @@ _NUMBER = "(0|[1-9][0-9]{0,19})"  # no sign, no leading zero, ASCII digits only
 _RECEIPT = re.compile(r"\.".join([_NUMBER] * 4))
 
 
-def parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
+def receipt_numbers(text: Any) -> tuple[int, int, int, int] | None:
+    """A receipt's numbers, or None where ``text`` is none: numbers past what a command holds
+    (2^32 for a topic id or queue, 2^64 for an offset or token) included. The SQS API's receipt
+    handles are these too: one read here fails its own batch entry only."""
     match = _RECEIPT.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise bad(f"receipts[{i}] is not a receipt")
+        return None
     topic_id, queue, offset, token = map(int, match.groups())
     if topic_id >= 2**32 or queue >= 2**32 or offset >= 2**64 or token >= 2**64:
-        raise bad(f"receipts[{i}] is not a receipt")
+        return None
     return topic_id, queue, offset, token
+
+
+def parse_receipt(text: Any, i: int) -> tuple[int, int, int, int]:
+    numbers = receipt_numbers(text)
+    if numbers is None:
+        raise bad(f"receipts[{i}] is not a receipt")
+    return numbers

@@ -19,13 +19,13 @@ queue's topic id, which the action checks against the queue the request names.
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.queues import read_json
 from raftmq.cluster.config.tokens import ADMIN, CONSUME, PERMISSIONS, PRODUCE, TokenGrant
 
 __all__ = ["RIGHTS", "Right", "authorize", "bind_path_queue", "queue_name_of", "refuse_unknown"]
@@ -147,10 +147,7 @@ async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, name
 
 def _redrive_target(raw: Any) -> str | None:
     """The dead-letter queue a RedrivePolicy names (None: none readable; the action checks it)."""
-    try:
-        policy = json.loads(raw) if isinstance(raw, str) and raw else None
-    except ValueError:
-        return None
+    policy = read_json(raw) if isinstance(raw, str) and raw else None
     arn = policy.get("deadLetterTargetArn") if isinstance(policy, dict) else None
     return queue_name_of(arn, "SourceArn") if isinstance(arn, str) else None
 

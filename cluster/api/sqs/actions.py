@@ -42,7 +42,7 @@ from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.access import queue_name_of
-from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.errors import SqsError, quoted
 from raftmq.cluster.api.visibility import grant_owns, grant_sees, visible_attributes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -90,7 +90,8 @@ def int_param(params: dict[str, Any], name: str, low: int, high: int, default: i
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise SqsError(
             "InvalidParameterValue",
-            f"Value {value} for parameter {name} is invalid. Reason: Must be between {low} and {high}.",
+            f"Value {quoted(value)[:200]} for parameter {name} is invalid. "
+            f"Reason: Must be between {low} and {high}.",
         )
     return value
 
@@ -348,11 +349,15 @@ class QueueActions:
         paged = params.get("MaxResults") is not None or params.get("NextToken") is not None
         max_results = int_param(params, "MaxResults", 1, 1000, 1000)
         after = ""
-        if params.get("NextToken") is not None:
+        token = params.get("NextToken")
+        if token is not None:
+            bad = SqsError("InvalidParameterValue", "Invalid NextToken value.")
+            if not isinstance(token, str):
+                raise bad
             try:
-                after = base64.urlsafe_b64decode(str(params["NextToken"]).encode()).decode()
-            except (ValueError, UnicodeDecodeError):
-                raise SqsError("InvalidParameterValue", "Invalid NextToken value.") from None
+                after = base64.urlsafe_b64decode(token.encode()).decode()
+            except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+                raise bad from None
         grant = request.get(PRINCIPAL)
         names = sorted(
             t.name

@@ -10,6 +10,7 @@ name and ``Error.Code`` from the header, as against AWS. The query protocol answ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from raftmq.errors import (
     BAD_BATCH,
@@ -23,7 +24,7 @@ from raftmq.errors import (
     RaftmqError,
 )
 
-__all__ = ["SQS_ERRORS", "SqsError", "SqsErrorCode", "from_raftmq_error"]
+__all__ = ["SQS_ERRORS", "SqsError", "SqsErrorCode", "from_raftmq_error", "quoted"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,20 @@ SQS_ERRORS: dict[str, SqsErrorCode] = {
         _e("InternalError", 500, sender=False),
     )
 }
+
+
+def quoted(value: Any) -> str:
+    """A client's parameter as an error message quotes it (the caller cuts it short): a string or a
+    number as written, anything else by its JSON type. ``str()`` of an array or object nested 1,000
+    deep, which the JSON wire's parser reads, ran out of Python's stack (an InternalError, by any
+    token: ListQueues' MaxResults)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return {list: "(an array)", dict: "(an object)", type(None): "null"}.get(type(value), "(a value)")
 
 
 class SqsError(RaftmqError):

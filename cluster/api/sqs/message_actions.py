@@ -17,11 +17,12 @@ import structlog
 from aiohttp import web
 
 from raftmq import batch as rb
+from raftmq.cluster.api.handlers.subscription_bodies import receipt_numbers
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.actions import GROUP, MAX_BATCH, MAX_BATCH_BYTES, Action, QueueActions, int_param
-from raftmq.cluster.api.sqs.errors import SqsError
+from raftmq.cluster.api.sqs.errors import SqsError, quoted
 from raftmq.cluster.api.sqs.messages import (
     ATTRIBUTES_HEADER,
     DEDUP_HEADER,
@@ -54,9 +55,6 @@ DEAD_LETTER_HOLD_MS = 30_000  # a receive on a queue with a RedrivePolicy takes 
 _FIFO_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}\Z")
 _NOT_FOR_QUEUE_TYPE = "The request include parameter that is not valid for this queue type"
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}\Z")
-_RECEIPT = re.compile(
-    r"^(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,9})\.(0|[1-9][0-9]{0,19})\.(0|[1-9][0-9]{0,19})\Z"
-)
 
 
 def _entries(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -132,10 +130,10 @@ class SqsActions(QueueActions):
             )
         fifo = qs.is_fifo(topic)
         if fifo and entry.get("DelaySeconds") is not None:
-            value = str(entry["DelaySeconds"])[:20]
             raise SqsError(
                 "InvalidParameterValue",
-                f"Value {value} for parameter DelaySeconds is invalid. Reason: {_NOT_FOR_QUEUE_TYPE}.",
+                f"Value {quoted(entry['DelaySeconds'])[:20]} for parameter DelaySeconds is invalid. "
+                f"Reason: {_NOT_FOR_QUEUE_TYPE}.",
             )
         if not fifo and entry.get("MessageDeduplicationId") is not None:
             raise SqsError(
@@ -211,7 +209,7 @@ class SqsActions(QueueActions):
     async def send_message_batch(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
         topic = await self._queue(params)
         entries = _entries(params)
-        total = sum(len(str(e.get("MessageBody", "")).encode("utf-8", "replace")) for e in entries)
+        total = sum(len(quoted(e.get("MessageBody", "")).encode("utf-8", "replace")) for e in entries)
         if total > MAX_BATCH_BYTES:
             raise SqsError(
                 "BatchRequestTooLong", f"Batch requests cannot be longer than {MAX_BATCH_BYTES} bytes."
@@ -395,8 +393,8 @@ class SqsActions(QueueActions):
         out: list[SqsError | None] = [None] * len(handles)
         good: list[int] = []
         for i, handle in enumerate(handles):
-            match = _RECEIPT.match(handle) if isinstance(handle, str) else None
-            if match is None or int(match.group(1)) != topic.id or int(match.group(2)) >= topic.queues:
+            numbers = receipt_numbers(handle)  # an offset past 2^64 too: not the whole batch's 400
+            if numbers is None or numbers[0] != topic.id or numbers[1] >= topic.queues:
                 out[i] = SqsError(
                     "ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is not valid.'
                 )
@@ -430,7 +428,7 @@ class SqsActions(QueueActions):
     async def delete_message_batch(self, request: web.Request, params: dict[str, Any]) -> dict[str, Any]:
         topic = await self._queue(params)
         entries = _entries(params)
-        handles = [str(e.get("ReceiptHandle", "")) for e in entries]
+        handles = [quoted(e.get("ReceiptHandle", ""))[:200] for e in entries]
         outcome = await self._settle(topic, "ack", handles, {}, read_ahead=qs.reads_ahead(topic))
         return _batch_answer(entries, outcome)
 
@@ -476,7 +474,7 @@ class SqsActions(QueueActions):
             except SqsError as err:
                 outcome[i] = err
                 continue
-            handles.append(str(e.get("ReceiptHandle", "")))
+            handles.append(quoted(e.get("ReceiptHandle", ""))[:200])
             positions.append(i)
         for i, r in zip(positions, await self._change(topic, handles, timeouts), strict=True):
             outcome[i] = r
@@ -563,7 +561,7 @@ def _fifo_id(entry: dict[str, Any], name: str) -> str | None:
     if not isinstance(value, str) or not _FIFO_ID.match(value):
         raise SqsError(
             "InvalidParameterValue",
-            f"Value {str(value)[:200]} for parameter {name} is invalid. Reason: it must be 1 to 128 "
+            f"Value {quoted(value)[:200]} for parameter {name} is invalid. Reason: it must be 1 to 128 "
             "alphanumeric or punctuation characters.",
         )
     return value

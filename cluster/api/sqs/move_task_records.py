@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from raftmq.cluster.api.sqs.queues import PREFIX, QUEUE_NAME
+from raftmq.cluster.api.sqs.queues import PREFIX, QUEUE_NAME, read_json
 from raftmq.cluster.machines.metadata import MAX_ATTRIBUTE_VALUE_BYTES
 
 __all__ = [
@@ -93,10 +93,7 @@ def load(raw: str | None) -> list[MoveTask]:
     """The records of a queue's attribute (newest first); what is not a record is left out."""
     if not raw:
         return []
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        return []
+    parsed = read_json(raw)
     if not isinstance(parsed, list):
         return []
     return [t for t in (_task(d) for d in parsed[:KEEP]) if t is not None]

@@ -37,7 +37,7 @@ from raftmq.cluster.api.auth import PRINCIPAL
 from raftmq.cluster.api.sqs import move_task_records as records
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.actions import GROUP, Action, int_param
-from raftmq.cluster.api.sqs.errors import SQS_ERRORS, SqsError, from_raftmq_error
+from raftmq.cluster.api.sqs.errors import SQS_ERRORS, SqsError, from_raftmq_error, quoted
 from raftmq.cluster.api.sqs.message_actions import SqsActions
 from raftmq.cluster.api.sqs.messages import SOURCE_HEADER, moved_fifo, moved_headers
 from raftmq.cluster.api.visibility import grant_sees, visible_attributes
@@ -156,8 +156,8 @@ class MoveTasks:
             raise SqsError("MissingParameter", f"The request must contain the parameter {name}.")
         parts = arn.split(":") if isinstance(arn, str) else []
         if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"]:
-            arn = str(arn)
-            raise SqsError("InvalidParameterValue", f"Value {arn[:200]} for parameter {name} is invalid.")
+            shown = quoted(arn)[:200]
+            raise SqsError("InvalidParameterValue", f"Value {shown} for parameter {name} is invalid.")
         queue = qs.arn_queue(arn, self.sqs.region)
         missing = SqsError(
             "ResourceNotFoundException",

@@ -43,6 +43,7 @@ __all__ = [
     "is_queue",
     "needs_fifo_release",
     "queue_setting",
+    "read_json",
     "reads_ahead",
     "redrive_policy",
 ]
@@ -110,11 +111,19 @@ def arn_queue(arn: Any, region: str) -> str | None:
     return parts[5] if QUEUE_NAME.match(parts[5]) else None
 
 
-def _json_map(name: str, value: str) -> dict[str, Any]:
+def read_json(text: str) -> Any:
+    """The JSON value of a policy's text, or None when it is none. Python's parser raises
+    ``RecursionError``, not ``ValueError``, for arrays or objects nested past its stack (a
+    RedrivePolicy of 50,000 ``[`` is 50 KB): caught here, as every reader of a client's or a stored
+    policy must, or the request failed with InternalError and a traceback in the node's log."""
     try:
-        parsed = json.loads(value)
-    except ValueError:
-        parsed = None
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _json_map(name: str, value: str) -> dict[str, Any]:
+    parsed = read_json(value)
     if not isinstance(parsed, dict):
         raise _bad(name, value, f"{name} is not a valid JSON map")
     return parsed
@@ -186,8 +195,8 @@ def redrive_policy(topic: Topic) -> RedrivePolicy | None:
     raw = topic.attributes.get(PREFIX + "RedrivePolicy")
     if not raw:
         return None
+    policy = read_json(raw)
     try:
-        policy = json.loads(raw)
         return RedrivePolicy(policy["deadLetterTargetArn"].rsplit(":", 1)[-1], int(policy["maxReceiveCount"]))
     except (ValueError, TypeError, KeyError, AttributeError):  # none, or none the SQS API stored
         return None
@@ -195,17 +204,19 @@ def redrive_policy(topic: Topic) -> RedrivePolicy | None:
 
 def allows_redrive_from(target: Topic, source_arn: str) -> bool:
     """The dead-letter queue ``target``'s RedriveAllowPolicy lets ``source_arn`` send it dead letters
-    (a stored policy that cannot be read, see :func:`redrive_policy`, lets none)."""
+    (a stored policy that cannot be read, see :func:`redrive_policy`, lets none). The sources must
+    be a list: ``in`` a text stored there would match any part of it."""
     raw = target.attributes.get(PREFIX + "RedriveAllowPolicy")
     if not raw:
         return True
-    try:
-        policy = json.loads(raw)
-        if policy["redrivePermission"] == "byQueue":
-            return source_arn in policy["sourceQueueArns"]
-        return bool(policy["redrivePermission"] == "allowAll")
-    except (ValueError, TypeError, KeyError):
+    policy = read_json(raw)
+    if not isinstance(policy, dict):
         return False
+    permission = policy.get("redrivePermission")
+    if permission == "byQueue":
+        sources = policy.get("sourceQueueArns")
+        return isinstance(sources, list) and source_arn in sources
+    return permission == "allowAll"
 
 
 def is_queue(topic: Topic) -> bool:

@@ -10,7 +10,8 @@ The canonical request follows AWS's specification for every service but S3 (what
 - the URI is the path as sent, dot segments and empty segments removed, each character outside
   ``A-Z a-z 0-9 - _ . ~ /`` percent-encoded again (so ``%2F`` is signed as ``%252F``, as AWS does
   for every service but S3);
-- the query's pairs decoded, encoded again (``A-Z a-z 0-9 - _ . ~`` kept), sorted; the presigned
+- the query's pairs decoded as the actions read them (``+`` a space), encoded again
+  (``A-Z a-z 0-9 - _ . ~`` kept), sorted; the presigned
   form leaves ``X-Amz-Signature`` out;
 - headers lower-cased, values trimmed with inner runs of spaces made one, repeated ones joined by
   ``,``; the payload hash is the SHA-256 of the body as received (a signature over
@@ -94,11 +95,14 @@ def _incomplete(detail: str) -> SqsError:
 
 
 def _query_pairs(raw_query: str) -> list[tuple[str, str]]:
+    """The query's pairs decoded as the actions read them (aiohttp's query: ``+`` is a space). Read
+    with ``+`` as a ``+``, a value's ``%2B`` and ``+`` were the same signed text but different
+    parameters: a presigned URL's holder could turn its ``+`` into spaces under its signature."""
     pairs = []
     for part in raw_query.split("&"):
         if part:
             key, _, value = part.partition("=")
-            pairs.append((urllib.parse.unquote(key), urllib.parse.unquote(value)))
+            pairs.append((urllib.parse.unquote_plus(key), urllib.parse.unquote_plus(value)))
     return pairs
 
 

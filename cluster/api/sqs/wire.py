@@ -97,7 +97,11 @@ def _message_attributes(fields: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _members(form: Mapping[str, str]) -> dict[str, Any]:
+def _members(form: Mapping[str, str], entry: bool = False) -> dict[str, Any]:
+    """The JSON shape of flattened ``form`` fields; ``entry``: the fields of one batch entry, read
+    one level down only (a field naming an entry again, ``...Entry.1.SendMessageBatchRequestEntry.1.``
+    over and over, is an unknown field of the entry: read as entries, it recursed once per level
+    until Python's stack ran out, an InternalError for any signed form)."""
     params: dict[str, Any] = {}
     lists: dict[str, dict[int, str]] = {}
     maps: dict[str, dict[int, dict[str, str]]] = {}
@@ -115,7 +119,7 @@ def _members(form: Mapping[str, str]) -> dict[str, Any]:
             maps.setdefault(name, {}).setdefault(index, {})[rest] = value
         elif name == "MessageAttribute" and rest is not None:
             message_attributes[key] = value
-        elif name in _ENTRIES and rest is not None:
+        elif name in _ENTRIES and rest is not None and not entry:
             entries.setdefault(name, {}).setdefault(index, {})[rest] = value
         else:
             params[key] = value  # unknown: the action refuses what it does not take
@@ -128,7 +132,7 @@ def _members(form: Mapping[str, str]) -> dict[str, Any]:
     if message_attributes:
         params["MessageAttributes"] = _message_attributes(message_attributes)
     for name, by_index in entries.items():
-        params[_ENTRIES[name]] = [_members(by_index[i]) for i in sorted(by_index)]
+        params[_ENTRIES[name]] = [_members(by_index[i], entry=True) for i in sorted(by_index)]
     return params
 
 
