@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from raftmq.cluster.api.handlers.subscription_bodies import receipt_numbers
 from raftmq.cluster.api.sqs import message_actions, messages, move_task_records, queues, sigv4
 from raftmq.cluster.api.validation import parse_create_topic, parse_topic_patch
 from raftmq.cluster.base.errors import ApiError
@@ -21,7 +22,6 @@ GOOD = [
     (messages._DATA_TYPE, "Number.int"),
     (message_actions._FIFO_ID, "group-1"),
     (message_actions._ENTRY_ID, "entry_1"),
-    (message_actions._RECEIPT, "1.2.3.4"),
     (move_task_records._TASK_ID, "0" * 32),
     (sigv4._SIGNATURE, "a" * 64),
     (sigv4._HEADER_NAME, "x-amz-date"),
@@ -33,6 +33,11 @@ GOOD = [
 def test_the_sqs_apis_patterns_refuse_a_trailing_newline(pattern: re.Pattern[str], good: str) -> None:
     assert pattern.match(good)
     assert not pattern.match(good + "\n")
+
+
+def test_a_receipt_handle_with_a_trailing_newline_is_refused() -> None:
+    assert receipt_numbers("1.2.3.4") == (1, 2, 3, 4)
+    assert receipt_numbers("1.2.3.4\n") is None
 
 
 def test_a_topic_name_with_a_trailing_newline_is_refused() -> None:
