@@ -4,6 +4,7 @@ node's memory and pools against."""
 
 from __future__ import annotations
 
+import select
 import socket
 from pathlib import Path
 from typing import Any
@@ -44,15 +45,51 @@ def resident_bytes(c: Cluster, node: str) -> int:
     raise AssertionError("no VmRSS")
 
 
-def stalled_downloads(c: Cluster, node: str, path: str, count: int) -> list[socket.socket]:
+def stalled_downloads(
+    c: Cluster, node: str, path: str, count: int, *, keep_alive: bool = False
+) -> list[socket.socket]:
     """``count`` GETs of ``path`` at ``node`` whose clients read nothing (a receive buffer of 4 KiB):
-    the caller closes them, or reads them to their end."""
+    the caller closes them, or reads them to their end. ``keep_alive``: the connections ask to be
+    kept open after the answer (the node then closes one only when its answer failed)."""
+    connection = "keep-alive" if keep_alive else "close"
     host, port = c.nodes[node].http.rsplit(":", 1)
     sockets = []
     for _ in range(count):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect((host, int(port)))
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: {connection}\r\n\r\n".encode())
         sockets.append(s)
     return sockets
+
+
+def wait_answering(sockets: list[socket.socket], what: str = "every download answering") -> None:
+    """Wait until each of ``sockets`` has bytes of its answer to read (reading none of them): the
+    node has begun every answer, so each download holds what it holds while under way."""
+
+    def all_readable() -> bool:
+        readable, _, _ = select.select(sockets, [], [], 0)
+        return len(readable) == len(sockets)
+
+    wait_until(all_readable, timeout_s=30, what=what)
+
+
+def read_head(s: socket.socket) -> tuple[bytes, bytes]:
+    """The answer's head on ``s`` (read up to its blank line) and the body bytes read with it."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise AssertionError(f"the connection closed before the answer's head: {got[:200]!r}")
+        got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    return head, body
+
+
+def content_length(head: bytes) -> int:
+    """The ``Content-Length`` of an answer's head."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    raise AssertionError(f"no Content-Length in {head[:300]!r}")
