@@ -36,7 +36,7 @@ from raftmq.cluster.api.common import json_response, read_unknown_sender
 from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_matches
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["ClusterApi", "add_cluster_routes"]
 
 MAX_PROOF_BODY_BYTES = 1024  # {"nonce": at most 128 characters}: a stranger's body, kept small
+NOTHING_TO_CANCEL = "no cluster change is in progress: nothing to cancel"
 
 
 class ClusterApi:
@@ -142,11 +143,18 @@ class ClusterApi:
             return await self.api.forward(request, META)
         machine = self.node.metadata
         change = None if machine is None else machine.change()
+        # Nothing to cancel is the cluster's state, not a malformed request: a conflict (409), as
+        # a change refused while another runs.
         if change is None:
-            raise bad("no cluster change is in progress")
-        result = await self.api.router.propose_checked(
-            META, orjson.dumps(command("cancel_change", change_id=change.id))
-        )
+            raise ApiError(errors.NO_CHANGE_IN_PROGRESS, NOTHING_TO_CANCEL)
+        try:  # (the change may end before the entry applies)
+            result = await self.api.router.propose_checked(
+                META, orjson.dumps(command("cancel_change", change_id=change.id))
+            )
+        except CatalogError as e:  # the machine's one refusal of it: that change is no longer on
+            if e.error is not errors.BAD_REQUEST:
+                raise
+            raise ApiError(errors.NO_CHANGE_IN_PROGRESS, NOTHING_TO_CANCEL) from e
         self.coordinator.wake()
         return json_response(result, status=202)
 
