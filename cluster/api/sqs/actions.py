@@ -41,7 +41,7 @@ from raftmq.cluster.api.handlers.consumers import not_due_counts
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
-from raftmq.cluster.api.sqs.access import queue_name_of
+from raftmq.cluster.api.sqs.access import authorize_redrive_target, queue_name_of
 from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.api.visibility import grant_owns, grant_sees, visible_attributes
 from raftmq.cluster.base import errors
@@ -120,6 +120,27 @@ class QueueActions:
     def queue_arn(self, name: str) -> str:
         """The queue's ARN, in the cluster's region (``[sqs] region``)."""
         return f"arn:aws:sqs:{self.region}:{qs.ACCOUNT}:{name}"
+
+    async def _redrive_change(
+        self, request: web.Request, topic: Topic, changes: dict[str, str]
+    ) -> dict[str, str]:
+        """``changes`` without a RedrivePolicy that is the queue's current one (the same dead-letter
+        queue and maxReceiveCount, however written): a tool writing back what it read changes
+        nothing there and needs no right on that queue, which its admin may lack. Another policy
+        needs ``produce`` or ``admin`` there, checked before its target is looked up (an answer
+        about a queue the token has no right on would tell of it); removing one ("") needs none."""
+        key = qs.PREFIX + "RedrivePolicy"
+        wanted = qs.parse_redrive_policy(changes.get(key))
+        if wanted is None:
+            return changes
+        if wanted == qs.redrive_policy(topic):  # what this write would read back: dropped
+            return {k: v for k, v in changes.items() if k != key}
+        grant = request.get(PRINCIPAL)
+        if grant is not None:
+            await authorize_redrive_target(
+                "SetQueueAttributes", grant, self.api.permission_names, wanted.target
+            )
+        return changes
 
     async def _check_redrive_target(self, source: str, attributes: dict[str, str], fifo: bool) -> None:
         """A RedrivePolicy being set names an existing queue other than ``source`` of the source's
@@ -385,6 +406,7 @@ class QueueActions:
         )
         if fifo:
             qs.check_fifo_settings({**topic.attributes, **changes})
+        changes = await self._redrive_change(request, topic, changes)
         await self._check_redrive_target(topic.name, changes, fifo)
         await self._check_fifo_release(fifo, changes)
         command = {
