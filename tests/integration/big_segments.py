@@ -21,11 +21,12 @@ parquet = false
 """
 
 
-def sealed_big_segment(c: Cluster, topic: str = "big") -> dict[str, Any]:
-    """A topic of one queue with 20 messages of 900 KiB, sealed in one segment: its manifest entry
-    (``base``, ``node`` that wrote it, ...) and ``path``, the segment's download path."""
+def sealed_big_segment(c: Cluster, topic: str = "big", batches: int = 5) -> dict[str, Any]:
+    """A topic of one queue with ``batches`` of 4 messages of 900 KiB (20: ``TOML``'s
+    ``max_messages``), sealed in one segment: its manifest entry (``base``, ``node`` that wrote
+    it, ...) and ``path``, the segment's download path."""
     c.create_topic(topic, queues=1)
-    for _ in range(5):
+    for _ in range(batches):
         r = c.produce(topic, [{"value": VALUE}] * 4)
         assert r.status_code == 200, r.text
 
