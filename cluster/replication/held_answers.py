@@ -31,7 +31,7 @@ class HeldAnswers:
     held for ``grace_s`` (about an election and the new leader's first commit), answered by
     pysyncobj meanwhile if its index is applied here (its result, or ``DISCARDED`` for another
     entry there), else ``LEADER_CHANGED`` (an unknown outcome) at the end (``grace_s``: two
-    election timeouts from the last loss; none while this replica leads again, :meth:`lead`).
+    election timeouts from the last loss; none while this replica leads again).
     Answered unknown at once, a ``receive`` that then committed leased its messages to nobody
     for a visibility timeout (a push stream stalled 30 s across a transfer)."""
 
@@ -53,26 +53,27 @@ class HeldAnswers:
         earlier = [(index, entry) for _, index, entry in self._held if (index, id(entry)) not in seen]
         self._held = [(deadline, index, entry) for index, entry in earlier + fresh]
 
-    def lead(self) -> None:
-        """This replica leads again: what it holds waits without a deadline, answered by its own
-        commit (its no-op commits every entry of its log below it; an entry another leader
-        replaced meanwhile is answered ``DISCARDED`` when its index is applied here). Counted
-        from the first loss, the grace could end just before that commit and answer
-        ``LEADER_CHANGED`` (unknown) for an entry that then committed; it restarts at the next
-        loss (:meth:`hold`), and a stop answers them all (:meth:`answer_all`)."""
-        self._held = [(math.inf, index, entry) for _, index, entry in self._held]
-
     def answer_all(self) -> None:
         """Answer every command still held, unknown (the replica stops: its tick thread is gone)."""
         self._held = [(0.0, index, entry) for _, index, entry in self._held]  # all past due
-        self._after_tick()
+        self._answer(leading=False)
 
     def _after_tick(self) -> None:
+        """After each tick (a state change comes within one, before this reads a deadline)."""
+        if self._held:
+            self._answer(leading=self._sync._isLeader())
+
+    def _answer(self, leading: bool) -> None:
         """Forget the held commands pysyncobj answered; answer those past their deadline, and
         those whose index this replica passed without applying it (a checkpoint installed over
-        it: pysyncobj never answers them; leading again, they have no deadline)."""
-        if not self._held:
-            return
+        it: pysyncobj never answers them). ``leading``: this replica leads again, so what it
+        holds waits without a deadline, answered by its own commit (its no-op commits every
+        entry of its log below it; one another leader replaced meanwhile is answered
+        ``DISCARDED`` when its index is applied here); counted from the first loss, the grace
+        could end just before that commit and answer ``LEADER_CHANGED`` (unknown) for an entry
+        that then committed. It restarts at the next loss (:meth:`hold`)."""
+        if leading:
+            self._held = [(math.inf, index, entry) for _, index, entry in self._held]
         waiting = self._sync._SyncObj__commandsWaitingCommit
         now, kept, applied = monotonic(), [], int(self._sync.raftLastApplied)
         for deadline, index, entry in self._held:

@@ -526,8 +526,6 @@ class RaftGroup:
         names = {0: "follower", 1: "candidate", 2: "leader"}
         if new == 2:
             self.became_leader_count += 1
-            if hasattr(self, "_held"):  # (none before it exists: a first election may come first)
-                self._held.lead()  # what it held since a loss: answered by its own commit now
         elif old == 2:
             # A change this leader proposed is answered now (its entry may end up under a snapshot
             # here: never called back); other submits once applied here, or after a grace (held_answers.py).
