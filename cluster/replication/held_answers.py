@@ -31,7 +31,8 @@ class HeldAnswers:
     held for ``grace_s`` (about an election and the new leader's first commit), answered by
     pysyncobj meanwhile if its index is applied here (its result, or ``DISCARDED`` for another
     entry there), else ``LEADER_CHANGED`` (an unknown outcome) at the end (``grace_s``: two
-    election timeouts from the last loss; none while this replica leads again).
+    election timeouts from the last loss; none while this replica leads again with the entry
+    still in its log).
     Answered unknown at once, a ``receive`` that then committed leased its messages to nobody
     for a visibility timeout (a push stream stalled 30 s across a transfer)."""
 
@@ -66,14 +67,20 @@ class HeldAnswers:
     def _answer(self, leading: bool) -> None:
         """Forget the held commands pysyncobj answered; answer those past their deadline, and
         those whose index this replica passed without applying it (a checkpoint installed over
-        it: pysyncobj never answers them). ``leading``: this replica leads again, so what it
-        holds waits without a deadline, answered by its own commit (its no-op commits every
-        entry of its log below it; one another leader replaced meanwhile is answered
-        ``DISCARDED`` when its index is applied here); counted from the first loss, the grace
-        could end just before that commit and answer ``LEADER_CHANGED`` (unknown) for an entry
-        that then committed. It restarts at the next loss (:meth:`hold`)."""
+        it: pysyncobj never answers them). ``leading``: this replica leads again, so an entry
+        still in its log (its index and term there) waits without a deadline, answered by its
+        own commit (its no-op commits every entry of its log below it); counted from the first
+        loss, the grace could end just before that commit and answer ``LEADER_CHANGED``
+        (unknown) for an entry that then committed. It restarts at the next loss (:meth:`hold`).
+        One its log lost while it followed (another leader's entries cut it) keeps its grace:
+        no commit of this replica answers it (its index holds another entry, or is past the log
+        and applied only when the log grows that far: in an idle group, never), and it is not
+        provably gone either (a replica that holds it may yet lead and commit it)."""
         if leading:
-            self._held = [(math.inf, index, entry) for _, index, entry in self._held]
+            self._held = [
+                (math.inf if self._in_log(index, entry) else deadline, index, entry)
+                for deadline, index, entry in self._held
+            ]
         waiting = self._sync._SyncObj__commandsWaitingCommit
         now, kept, applied = monotonic(), [], int(self._sync.raftLastApplied)
         for deadline, index, entry in self._held:
@@ -91,3 +98,8 @@ class HeldAnswers:
             except Exception:
                 log.exception("uncommitted_answer_failed", index=index)
         self._held = kept
+
+    def _in_log(self, index: int, entry: Any) -> bool:
+        """The held entry is still in this replica's log: its index there has the entry's term."""
+        there = self._sync._SyncObj__getEntries(index, 1)  # [] below the log's first or past its last
+        return bool(there) and int(there[0][2]) == int(entry[0])

@@ -212,3 +212,38 @@ def test_a_leader_elected_again_answers_an_entry_a_checkpoint_passed_over(
     leader._on_tick_thread(submit_lose_skip_and_win_again)
     wait_for(lambda: outcomes, "the passed-over entry answered", timeout=1.0)
     assert [(o.error, o.definite) for o in outcomes] == [("unknown_outcome", False)]
+
+
+def test_a_leader_elected_again_holds_an_entry_its_log_lost_for_a_grace_only(
+    tmp_path: Path, groups: list[RaftGroup]
+) -> None:
+    """Held entries at n+1..n+3; while the replica follows, another leader's no-op at n+1 cuts
+    them from its log; elected again, its own no-op takes n+2. No commit of its own answers them
+    (n+1, n+2 hold other entries now; n+3 is past its log, answered by pysyncobj only when the
+    log grows that far: in an idle group, never), nor is any provably gone (a replica holding them
+    may yet lead and commit them): each keeps its grace from the loss and is answered
+    ``unknown_outcome`` at its end, before the followers answer again. Before, all waited without
+    a deadline while it led; n+3 for ever."""
+    leader, _ = _cut_off_leader(tmp_path, groups, cut_s=4.0)
+    outcomes: list[Outcome] = []
+
+    def submit_lose_be_cut_and_win_again() -> None:
+        sync = leader._sync
+        for command in (b"p", b"q", b"r"):
+            leader.submit(command, outcomes.append)
+        sync._checkCommandsToApply()
+        first = min(sync._SyncObj__commandsWaitingCommit)
+        _lose(leader, elected_again=False)
+        term = int(sync.raftCurrentTerm) + 1  # another leader's term: its no-op cuts the held entries
+        sync._SyncObj__setCurrentTerm(term, None)
+        sync._SyncObj__deleteEntriesFrom(first)
+        sync._SyncObj__raftLog.add(b"\x01", first, term)  # pysyncobj's NO_OP command
+        sync._SyncObj__setCurrentTerm(term + 1, sync._SyncObj__selfNode.id)
+        sync._SyncObj__onBecomeLeader()  # its no-op at first + 1
+
+    started = time.monotonic()
+    leader._on_tick_thread(submit_lose_be_cut_and_win_again)
+    wait_for(lambda: len(outcomes) == 3, "the three answered at the grace's end", timeout=8.0)
+    assert time.monotonic() - started < 4.0, "answered only once the followers answered"
+    assert leader.is_leader()
+    assert [(o.error, o.definite) for o in outcomes] == [("unknown_outcome", False)] * 3
