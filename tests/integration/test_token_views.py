@@ -208,7 +208,9 @@ def _the_source_queue_s_admin_writes_back_what_it_read(c: Cluster) -> None:
     change: the RedrivePolicy among them is the queue's current one, which changes nothing and
     needs no right on DLQ (the whole write was AccessDenied). However written (keys in another
     order, spaces, the count as a string) the same policy is no change; another count or another
-    dead-letter queue still needs that right, and its refusal changes nothing."""
+    dead-letter queue still needs that right, and its refusal changes nothing. A dead-letter queue
+    that does not exist is refused for the right too (AccessDenied), before it is looked up: an
+    answer saying it does not exist would tell of queues the token has no right on."""
     src_admin, url = _sqs(c, SRC_ADMIN_TOKEN), c.url("n2") + f"/000000000000/{SRC}"
     stored = c.get(f"/v1/topics/{SRC}").json()["attributes"]["sqs.RedrivePolicy"]
 
@@ -229,6 +231,7 @@ def _the_source_queue_s_admin_writes_back_what_it_read(c: Cluster) -> None:
     for other in (
         {"deadLetterTargetArn": ARN + DLQ, "maxReceiveCount": 2},
         {"deadLetterTargetArn": ARN + DEST, "maxReceiveCount": 1},
+        {"deadLetterTargetArn": ARN + "views-no-such-dlq", "maxReceiveCount": 1},  # the right first
     ):
         with pytest.raises(ClientError) as refused:
             src_admin.set_queue_attributes(

@@ -124,22 +124,30 @@ class QueueActions:
     async def _redrive_change(
         self, request: web.Request, topic: Topic, changes: dict[str, str]
     ) -> dict[str, str]:
-        """``changes`` without a RedrivePolicy that is the queue's current one (the same dead-letter
-        queue and maxReceiveCount, however written): a tool writing back what it read changes
-        nothing there and needs no right on that queue, which its admin may lack. Another policy
-        needs ``produce`` or ``admin`` there, checked before its target is looked up (an answer
-        about a queue the token has no right on would tell of it); removing one ("") needs none."""
+        """``changes`` as sent, once the token may set its RedrivePolicy: another dead-letter
+        queue needs ``produce`` or ``admin`` there, checked before its target is looked up (an
+        answer about a queue the token has no right on would tell of it); removing one ("")
+        needs none. A token refused there may still write back the queue's current policy (the
+        same dead-letter queue and maxReceiveCount, however written: a tool writing back what it
+        read, as the queue's admin who lacks that right): it changes nothing and is dropped. The
+        current policy is read at the metadata leader: this node's replica may lag, and a write
+        dropped for a stale match would be lost while answered success."""
         key = qs.PREFIX + "RedrivePolicy"
         wanted = qs.parse_redrive_policy(changes.get(key))
-        if wanted is None:
-            return changes
-        if wanted == qs.redrive_policy(topic):  # what this write would read back: dropped
-            return {k: v for k, v in changes.items() if k != key}
         grant = request.get(PRINCIPAL)
-        if grant is not None:
+        if wanted is None or grant is None:
+            return changes
+        try:
             await authorize_redrive_target(
                 "SetQueueAttributes", grant, self.api.permission_names, wanted.target
             )
+        except SqsError as refused:
+            if refused.aws.code != "AccessDenied":
+                raise
+            current = await self.api.topic(topic.name, fresh=True)
+            if wanted != qs.redrive_policy(current):
+                raise
+            return {k: v for k, v in changes.items() if k != key}
         return changes
 
     async def _check_redrive_target(self, source: str, attributes: dict[str, str], fifo: bool) -> None:
