@@ -40,7 +40,7 @@ from raftmq.cluster.base.errors import ApiError, CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_matches
-from raftmq.cluster.machines.placement import command
+from raftmq.cluster.machines.placement import Change, command
 from raftmq.cluster.machines.rebalance import plan
 from raftmq.cluster.node.changes import Coordinator
 from raftmq.cluster.node.node import Node
@@ -52,6 +52,18 @@ __all__ = ["ClusterApi", "add_cluster_routes"]
 
 MAX_PROOF_BODY_BYTES = 1024  # {"nonce": at most 128 characters}: a stranger's body, kept small
 NOTHING_TO_CANCEL = "no cluster change is in progress: nothing to cancel"
+
+
+def _ended_before_cancel(cancelled: int, now: Change | None) -> ApiError:
+    """The answer to a cancel refused because its change ended before the entry applied: another
+    change may have begun meanwhile (read after the refusal), which was not the one to cancel."""
+    if now is None:
+        return ApiError(errors.NO_CHANGE_IN_PROGRESS, NOTHING_TO_CANCEL)
+    return ApiError(
+        errors.CHANGE_IN_PROGRESS,
+        f"change {cancelled} ended before its cancel applied; change {now.id} ({now.kind}) began "
+        "since and is in progress: cancel again to cancel it",
+    )
 
 
 class ClusterApi:
@@ -154,7 +166,7 @@ class ClusterApi:
         except CatalogError as e:  # the machine's one refusal of it: that change is no longer on
             if e.error is not errors.BAD_REQUEST:
                 raise
-            raise ApiError(errors.NO_CHANGE_IN_PROGRESS, NOTHING_TO_CANCEL) from e
+            raise _ended_before_cancel(change.id, None if machine is None else machine.change()) from e
         self.coordinator.wake()
         return json_response(result, status=202)
 

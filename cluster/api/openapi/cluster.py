@@ -151,7 +151,8 @@ def _cluster_paths() -> dict[str, Any]:
             "delete": _op(
                 "cancelChange",
                 "Cancel the change in progress (a move not yet removing its source is rolled back);"
-                " 409 `no_change_in_progress` when there is none",
+                " 409 `no_change_in_progress` when there is none, `change_in_progress` when the"
+                " change read ended before the cancel applied and another began since (not cancelled)",
                 {**accepted, **_errors(409, *RAFT_ERRORS)},
             )
         },
