@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import select
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,44 @@ def stalled_downloads(
     return sockets
 
 
-def wait_answering(sockets: list[socket.socket], what: str = "every download answering") -> None:
-    """Wait until each of ``sockets`` has bytes of its answer to read (reading none of them): the
-    node has begun every answer, so each download holds what it holds while under way."""
+def wait_answered_ok(sockets: list[socket.socket], what: str = "every download answering 200") -> None:
+    """Wait until each of ``sockets`` has the start of a 200 answer to read (peeked: none is
+    consumed). A socket the node closed, or whose answer is an error, fails at once: it holds no
+    download, and a test counting on it would measure nothing."""
 
-    def all_readable() -> bool:
+    def all_answering() -> bool:
         readable, _, _ = select.select(sockets, [], [], 0)
+        for s in readable:
+            start = s.recv(12, socket.MSG_PEEK)  # raises if the node reset the connection
+            if not start:
+                raise AssertionError("the node closed a download's connection before any answer")
+            if len(start) == 12 and not start.startswith(b"HTTP/1.1 200"):
+                raise AssertionError(f"a download answered {start!r}, not 200")
         return len(readable) == len(sockets)
 
-    wait_until(all_readable, timeout_s=30, what=what)
+    wait_until(all_answering, timeout_s=30, what=what)
+
+
+SETTLED_GROWTH = 1 << 20  # at most this much more resident memory over SETTLED_S: settled
+SETTLED_S = 1.0
+
+
+def wait_resident_settled(c: Cluster, node: str, timeout_s: float = 30.0) -> int:
+    """``node``'s resident bytes once they stop growing (less than ``SETTLED_GROWTH`` over
+    ``SETTLED_S``): a download's first bytes come before the node has buffered what it will, so a
+    measure taken then would miss a read-ahead without backpressure. Fails if it still grows at
+    ``timeout_s`` (that regression, reading every segment whole into memory)."""
+    deadline = time.monotonic() + timeout_s
+    samples = [(time.monotonic(), resident_bytes(c, node))]
+    while True:
+        time.sleep(0.2)
+        now, rss = time.monotonic(), resident_bytes(c, node)
+        samples.append((now, rss))
+        earlier = [value for at, value in samples if now - at >= SETTLED_S]
+        if earlier and rss - earlier[-1] < SETTLED_GROWTH:
+            return rss
+        if now > deadline:
+            raise AssertionError(f"{node}'s memory still grows after {timeout_s} s: {rss >> 20} MiB")
 
 
 def read_head(s: socket.socket) -> tuple[bytes, bytes]:

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from .big_segments import TOML, resident_bytes, sealed_big_segment, stalled_downloads, wait_answering
+from .big_segments import (
+    TOML,
+    resident_bytes,
+    sealed_big_segment,
+    stalled_downloads,
+    wait_answered_ok,
+    wait_resident_settled,
+)
 from .harness import Cluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,8 +44,8 @@ def test_downloads_that_never_read_hold_a_part_of_their_segment_each(cluster: Cl
     before = resident_bytes(cluster, "n1")
     sockets = stalled_downloads(cluster, "n1", path, 12)
     try:
-        wait_answering(sockets)  # every download under way, none read
-        grown = resident_bytes(cluster, "n1") - before
+        wait_answered_ok(sockets)  # every download under way, none read
+        grown = wait_resident_settled(cluster, "n1") - before  # what they hold once buffered
         assert cluster.get("/v1/topics/big").status_code == 200  # a normal client is served
     finally:
         for s in sockets:
