@@ -34,7 +34,7 @@ Class tree::
     ├── DeadLetterTopicConflict dead_letter_topic_conflict 409
     ├── TooManyMembers          too_many_members     409  (a token's or topic's member cap)
     ├── ChangeInProgress        change_in_progress   409  retriable (another cluster change)
-    ├── NoChangeInProgress      no_change_in_progress 409 (no cluster change to cancel)
+    ├── NoChangeInProgress      no_change_in_progress 409 (the change to cancel is not in progress)
     ├── MessageTooLarge         message_too_large    413
     ├── RequestTooLarge         request_too_large    413
     ├── OffsetOutOfRange        offset_out_of_range  416  (low_offset, high_offset)

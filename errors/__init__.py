@@ -223,7 +223,8 @@ NO_CHANGE_IN_PROGRESS = ErrorCode(
     409,
     False,
     True,
-    "No cluster change is in progress, so there is none to cancel; nothing was done.",
+    "The change to cancel is not in progress (none is, or the one read ended before the cancel "
+    "applied; another begun since is left as is); nothing was done.",
 )
 NOT_LEADER = ErrorCode("not_leader", 421, True, True, "This node does not lead the group; nothing was done.")
 TOO_MANY_REQUESTS = ErrorCode(

@@ -1,9 +1,9 @@
 """``DELETE /v1/cluster/change`` when the change it read ends before its cancel entry applies: the
-metadata machine refuses the cancel (that change is no longer the one in progress). The answer
-says what holds then: 409 ``no_change_in_progress`` if nothing runs, 409 ``change_in_progress``
-(naming it) if another change began meanwhile; before, always ``no_change_in_progress``, though a
-change ran. A real metadata machine under a stand-in node and router, whose proposal lets the
-race's entries apply first."""
+metadata machine refuses the cancel (that change is no longer the one in progress). The answer is
+409 ``no_change_in_progress`` (not retriable) whether or not another change began meanwhile: one
+that did is named and left running. ``change_in_progress`` there (retriable in the catalogue)
+would have a client retry the cancel and cancel the new change it never read. A real metadata
+machine under a stand-in node and router, whose proposal lets the race's entries apply first."""
 
 from __future__ import annotations
 
@@ -65,12 +65,14 @@ def test_a_cancel_whose_change_ended_meanwhile_answers_nothing_in_progress() -> 
     assert (refused.error.code, refused.error.status) == ("no_change_in_progress", 409), refused
 
 
-def test_a_cancel_whose_change_another_replaced_meanwhile_answers_change_in_progress() -> None:
+def test_a_cancel_whose_change_another_replaced_meanwhile_answers_not_retriable() -> None:
     meta, change_id = _meta_with_a_change()
     ended = {"op": "end_change", "change_id": change_id, "outcome": "failed", "now_ms": 6}
     other = {"kind": "transfer_leader", "group": "0", "target": "n2"}
     refused = _cancel(meta, [ended, {"op": "begin_change", "now_ms": 7, "change": other}])
-    assert (refused.error.code, refused.error.status) == ("change_in_progress", 409), refused
+    assert (refused.error.code, refused.error.status) == ("no_change_in_progress", 409), refused
+    assert not refused.error.retriable  # a client following the catalogue does not cancel again
     running = meta.machine.change()
     assert running is not None and running.id != change_id and not running.cancel  # left to run
-    assert str(running.id) in refused.message, refused.message
+    assert f"change {running.id} (transfer_leader)" in refused.message, refused.message
+    assert "left as is" in refused.message, refused.message

@@ -55,14 +55,16 @@ NOTHING_TO_CANCEL = "no cluster change is in progress: nothing to cancel"
 
 
 def _ended_before_cancel(cancelled: int, now: Change | None) -> ApiError:
-    """The answer to a cancel refused because its change ended before the entry applied: another
-    change may have begun meanwhile (read after the refusal), which was not the one to cancel."""
+    """The answer to a cancel refused because its change ended before the entry applied: the change
+    it was aimed at is no longer in progress. Another may have begun meanwhile (read after the
+    refusal); it is named but left running, and the code is the non-retriable one, so a client
+    retrying by the catalogue does not cancel a change nobody asked to cancel."""
     if now is None:
         return ApiError(errors.NO_CHANGE_IN_PROGRESS, NOTHING_TO_CANCEL)
     return ApiError(
-        errors.CHANGE_IN_PROGRESS,
-        f"change {cancelled} ended before its cancel applied; change {now.id} ({now.kind}) began "
-        "since and is in progress: cancel again to cancel it",
+        errors.NO_CHANGE_IN_PROGRESS,
+        f"change {cancelled} ended before its cancel applied: nothing cancelled; change {now.id} "
+        f"({now.kind}) began since and was left as is",
     )
 
 

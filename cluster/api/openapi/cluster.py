@@ -151,8 +151,8 @@ def _cluster_paths() -> dict[str, Any]:
             "delete": _op(
                 "cancelChange",
                 "Cancel the change in progress (a move not yet removing its source is rolled back);"
-                " 409 `no_change_in_progress` when there is none, `change_in_progress` when the"
-                " change read ended before the cancel applied and another began since (not cancelled)",
+                " 409 `no_change_in_progress` when there is none, or when the change read ended before the"
+                " cancel applied (another begun since is named in the message and left as is)",
                 {**accepted, **_errors(409, *RAFT_ERRORS)},
             )
         },
