@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .harness import Cluster, wait_until
 
 VALUE = "s" * (900 * 1024)
@@ -67,17 +69,18 @@ def stalled_downloads(
 
 def wait_answered_ok(sockets: list[socket.socket], what: str = "every download answering 200") -> None:
     """Wait until each of ``sockets`` has the start of a 200 answer to read (peeked: none is
-    consumed). A socket the node closed, or whose answer is an error, fails at once: it holds no
-    download, and a test counting on it would measure nothing."""
+    consumed). A socket the node closed, or whose answer is an error, fails the test at once
+    (``pytest.fail``, which ``wait_until`` does not take for "not yet" as it does an
+    AssertionError): it holds no download, and a test counting on it would measure nothing."""
 
     def all_answering() -> bool:
         readable, _, _ = select.select(sockets, [], [], 0)
         for s in readable:
             start = s.recv(12, socket.MSG_PEEK)  # raises if the node reset the connection
             if not start:
-                raise AssertionError("the node closed a download's connection before any answer")
+                pytest.fail("the node closed a download's connection before any answer")
             if len(start) == 12 and not start.startswith(b"HTTP/1.1 200"):
-                raise AssertionError(f"a download answered {start!r}, not 200")
+                pytest.fail(f"a download answered {start!r}, not 200")
         return len(readable) == len(sockets)
 
     wait_until(all_answering, timeout_s=30, what=what)
