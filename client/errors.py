@@ -34,6 +34,7 @@ Class tree::
     ├── DeadLetterTopicConflict dead_letter_topic_conflict 409
     ├── TooManyMembers          too_many_members     409  (a token's or topic's member cap)
     ├── ChangeInProgress        change_in_progress   409  retriable (another cluster change)
+    ├── NoChangeInProgress      no_change_in_progress 409 (the change to cancel is not in progress)
     ├── MessageTooLarge         message_too_large    413
     ├── RequestTooLarge         request_too_large    413
     ├── OffsetOutOfRange        offset_out_of_range  416  (low_offset, high_offset)
@@ -75,6 +76,7 @@ from raftmq.errors import (
     MEMBER_NOT_OWNED,
     MESSAGE_TOO_LARGE,
     METHOD_NOT_ALLOWED,
+    NO_CHANGE_IN_PROGRESS,
     NOT_FOUND,
     NOT_LEADER,
     QUEUE_NOT_FOUND,
@@ -121,6 +123,7 @@ __all__ = [
     "MemberNotOwned",
     "MessageTooLarge",
     "MethodNotAllowed",
+    "NoChangeInProgress",
     "NotFound",
     "NotLeader",
     "OffsetOutOfRange",
@@ -266,6 +269,12 @@ class ChangeInProgress(RaftmqError):
     error = CHANGE_IN_PROGRESS
 
 
+class NoChangeInProgress(RaftmqError):
+    """No cluster change is in progress: a cancel has nothing to cancel; nothing was done."""
+
+    error = NO_CHANGE_IN_PROGRESS
+
+
 class MessageTooLarge(RaftmqError):
     error = MESSAGE_TOO_LARGE
 
@@ -368,6 +377,7 @@ _SERVER_CLASSES: tuple[type[RaftmqError], ...] = (
     DedupWindowFull,
     TooManyMembers,
     ChangeInProgress,
+    NoChangeInProgress,
     MessageTooLarge,
     RequestTooLarge,
     OffsetOutOfRange,

@@ -49,6 +49,7 @@ __all__ = [
     "METHOD_NOT_ALLOWED",
     "NOT_FOUND",
     "NOT_LEADER",
+    "NO_CHANGE_IN_PROGRESS",
     "OFFSET_OUT_OF_RANGE",
     "QUEUE_NOT_FOUND",
     "REQUEST_TIMEOUT",
@@ -217,6 +218,14 @@ CHANGE_IN_PROGRESS = ErrorCode(
     True,
     "Another cluster change (node, replica or leadership move) is in progress; nothing was done.",
 )
+NO_CHANGE_IN_PROGRESS = ErrorCode(
+    "no_change_in_progress",
+    409,
+    False,
+    True,
+    "The change to cancel is not in progress (none is, or the one read ended before the cancel "
+    "applied; another begun since is left as is); nothing was done.",
+)
 NOT_LEADER = ErrorCode("not_leader", 421, True, True, "This node does not lead the group; nothing was done.")
 TOO_MANY_REQUESTS = ErrorCode(
     "too_many_requests", 429, True, True, "The node is overloaded; nothing was done."
@@ -272,6 +281,7 @@ BY_CODE: Mapping[str, ErrorCode] = MappingProxyType(
             DEDUP_WINDOW_FULL,
             TOO_MANY_MEMBERS,
             CHANGE_IN_PROGRESS,
+            NO_CHANGE_IN_PROGRESS,
             NOT_LEADER,
             TOO_MANY_GROUPS,
             TOO_MANY_REQUESTS,

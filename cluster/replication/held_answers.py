@@ -9,6 +9,7 @@ answered at once, so that one the next leader commits is answered with its resul
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import structlog
@@ -30,8 +31,10 @@ class HeldAnswers:
     held for ``grace_s`` (about an election and the new leader's first commit), answered by
     pysyncobj meanwhile if its index is applied here (its result, or ``DISCARDED`` for another
     entry there), else ``LEADER_CHANGED`` (an unknown outcome) at the end (``grace_s``: two
-    election timeouts). Answered unknown at once, a ``receive`` that then committed leased its
-    messages to nobody for a visibility timeout (a push stream stalled 30 s across a transfer)."""
+    election timeouts from the last loss; none while this replica leads again with the entry
+    still in its log).
+    Answered unknown at once, a ``receive`` that then committed leased its messages to nobody
+    for a visibility timeout (a push stream stalled 30 s across a transfer)."""
 
     def __init__(self, sync: Any, settings: RaftSettings) -> None:
         self._sync = sync
@@ -40,29 +43,51 @@ class HeldAnswers:
         sync.addOnTickCallback(self._after_tick)
 
     def hold(self) -> None:
-        """The leader just lost its leadership: hold what waits above its commit index."""
+        """The leader just lost its leadership: hold what waits above its commit index, and what
+        it still held from an earlier loss (it led again meanwhile), for a grace from now."""
         waiting = self._sync._SyncObj__commandsWaitingCommit
         commit = int(self._sync.raftCommitIndex)
         deadline = monotonic() + self._grace_s
-        for index in sorted(i for i in waiting if i > commit):
-            self._held += [(deadline, index, entry) for entry in waiting[index]]
+        above = sorted(i for i in waiting if i > commit)
+        fresh = [(index, entry) for index in above for entry in waiting[index]]
+        seen = {(index, id(entry)) for index, entry in fresh}
+        earlier = [(index, entry) for _, index, entry in self._held if (index, id(entry)) not in seen]
+        self._held = [(deadline, index, entry) for index, entry in earlier + fresh]
 
     def answer_all(self) -> None:
         """Answer every command still held, unknown (the replica stops: its tick thread is gone)."""
         self._held = [(0.0, index, entry) for _, index, entry in self._held]  # all past due
-        self._after_tick()
+        self._answer(leading=False)
 
     def _after_tick(self) -> None:
-        """Forget the held commands pysyncobj answered; answer those past their deadline."""
-        if not self._held:
-            return
+        """After each tick (a state change comes within one, before this reads a deadline)."""
+        if self._held:
+            self._answer(leading=self._sync._isLeader())
+
+    def _answer(self, leading: bool) -> None:
+        """Forget the held commands pysyncobj answered; answer those past their deadline, and
+        those whose index this replica passed without applying it (a checkpoint installed over
+        it: pysyncobj never answers them). ``leading``: this replica leads again, so an entry
+        still in its log (its index and term there) waits without a deadline, answered by its
+        own commit (its no-op commits every entry of its log below it); counted from the first
+        loss, the grace could end just before that commit and answer ``LEADER_CHANGED``
+        (unknown) for an entry that then committed. It restarts at the next loss (:meth:`hold`).
+        One its log lost while it followed (another leader's entries cut it) keeps its grace:
+        no commit of this replica answers it (its index holds another entry, or is past the log
+        and applied only when the log grows that far: in an idle group, never), and it is not
+        provably gone either (a replica that holds it may yet lead and commit it)."""
+        if leading:
+            self._held = [
+                (math.inf if self._in_log(index, entry) else deadline, index, entry)
+                for deadline, index, entry in self._held
+            ]
         waiting = self._sync._SyncObj__commandsWaitingCommit
-        now, kept = monotonic(), []
+        now, kept, applied = monotonic(), [], int(self._sync.raftLastApplied)
         for deadline, index, entry in self._held:
             entries = waiting.get(index)
             if entries is None or entry not in entries:
                 continue  # applied here (pysyncobj answered it)
-            if now < deadline:
+            if now < deadline and index > applied:
                 kept.append((deadline, index, entry))
                 continue
             entries.remove(entry)
@@ -73,3 +98,8 @@ class HeldAnswers:
             except Exception:
                 log.exception("uncommitted_answer_failed", index=index)
         self._held = kept
+
+    def _in_log(self, index: int, entry: Any) -> bool:
+        """The held entry is still in this replica's log: its index there has the entry's term."""
+        there = self._sync._SyncObj__getEntries(index, 1)  # [] below the log's first or past its last
+        return bool(there) and int(there[0][2]) == int(entry[0])

@@ -183,6 +183,21 @@ def test_invalid_input_is_a_usage_or_server_error(cluster: Cluster) -> None:
     assert r.returncode == 1 and r.stderr.startswith("error bad_request: "), r.stderr
 
 
+def test_cancel_with_no_change_in_progress_is_a_conflict_and_says_so(cluster: Cluster) -> None:
+    """Nothing to cancel is the cluster's state, not a malformed request: 409 with its own code
+    (as ``change_in_progress`` is), in the API and in the CLI's one line."""
+    before = cluster.get("/v1/cluster/placement").json()
+    assert before["change"] is None
+    r = cluster.session.delete(cluster.url("n2") + "/v1/cluster/change", timeout=30)
+    assert r.status_code == 409, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["retriable"], error["definite"]) == ("no_change_in_progress", False, True)
+    done = raftmq("cluster", "cancel", "--url", cluster.url("n3"))
+    assert done.returncode == 1, done
+    assert done.stderr == "error no_change_in_progress: no cluster change is in progress: nothing to cancel\n"
+    assert cluster.get("/v1/cluster/placement").json() == before  # nothing changed
+
+
 # -- serve --------------------------------------------------------------------------------------
 
 

@@ -21,7 +21,14 @@ import pytest
 from raftmq.cluster.node.node import FILE_PASS_CONNECTIONS
 from raftmq.cluster.node.router import FILE_POOL_WAIT_S
 
-from .big_segments import TOML, resident_bytes, sealed_big_segment, stalled_downloads
+from .big_segments import (
+    TOML,
+    resident_bytes,
+    sealed_big_segment,
+    stalled_downloads,
+    wait_answered_ok,
+    wait_resident_settled,
+)
 from .harness import Cluster, running, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -74,8 +81,8 @@ def test_slow_downloads_through_another_node_hold_a_part_of_the_segment_there(
     before = resident_bytes(cluster, node)
     sockets = stalled_downloads(cluster, node, segment["path"], READERS)
     try:
-        time.sleep(4)  # every download under way, none read yet
-        grown = resident_bytes(cluster, node) - before
+        wait_answered_ok(sockets)  # every download under way, none read yet
+        grown = wait_resident_settled(cluster, node) - before  # what they hold once buffered
         assert cluster.get("/v1/topics/big", node=node).status_code == 200  # a normal client is served
         for s in sockets:  # each then reads its whole answer
             s.settimeout(30)
@@ -103,7 +110,7 @@ def test_stalled_downloads_through_a_node_take_only_its_file_pool_not_its_calls(
     # Each holds one connection of the pool, reading nothing.
     sockets = stalled_downloads(cluster, node, segment["path"], FILE_PASS_CONNECTIONS)
     try:
-        time.sleep(2)  # every download under way
+        wait_answered_ok(sockets)  # every download under way: each holds its connection
         started = time.monotonic()
         over = cluster.get(segment["path"], node=node)
         assert over.status_code == 503, (over.status_code, over.text[:300])

@@ -288,7 +288,9 @@ def test_a_move_stuck_on_a_dead_target_is_cancelled_and_rolled_back(cluster: Clu
         assert (record["outcome"], record["error"]) == ("failed", "cancelled"), record
         assert placement(c)["placement"]["groups"]["2"] == ["n3", "n1", "n2"]
         assert members(c, "2") == {"n1", "n2", "n3"}
-        assert_error(c.session.delete(c.url() + "/v1/cluster/change", timeout=30), 400, "bad_request")
+        assert_error(
+            c.session.delete(c.url() + "/v1/cluster/change", timeout=30), 409, "no_change_in_progress"
+        )
         run_change(c, "POST", "/v1/cluster/groups/2/leader", {"node": "n1"})  # the next change runs
         traffic.wait_for(100)
         restart_all_and_check(c, traffic, ["n1", "n2", "n3", "n4"])
@@ -318,7 +320,7 @@ def test_the_cli_makes_changes_and_follows_them(cluster: Cluster) -> None:
     table = cli(c, "placement")
     assert table.returncode == 0 and "no change in progress" in table.stdout, table.stdout
     refused = cli(c, "cancel")
-    assert refused.returncode == 1 and "bad_request" in refused.stderr, refused.stderr
+    assert refused.returncode == 1 and "no_change_in_progress" in refused.stderr, refused.stderr
     refused = cli(c, "remove-node", "n9", "--yes")
     assert refused.returncode == 1 and "no node 'n9'" in refused.stderr, refused.stderr
 

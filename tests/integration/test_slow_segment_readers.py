@@ -9,13 +9,19 @@ node, real sockets: the node's resident memory grows by a small part of what the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .big_segments import TOML, resident_bytes, sealed_big_segment, stalled_downloads
+from .big_segments import (
+    TOML,
+    resident_bytes,
+    sealed_big_segment,
+    stalled_downloads,
+    wait_answered_ok,
+    wait_resident_settled,
+)
 from .harness import Cluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -38,8 +44,8 @@ def test_downloads_that_never_read_hold_a_part_of_their_segment_each(cluster: Cl
     before = resident_bytes(cluster, "n1")
     sockets = stalled_downloads(cluster, "n1", path, 12)
     try:
-        time.sleep(3)  # every download under way, none read
-        grown = resident_bytes(cluster, "n1") - before
+        wait_answered_ok(sockets)  # every download under way, none read
+        grown = wait_resident_settled(cluster, "n1") - before  # what they hold once buffered
         assert cluster.get("/v1/topics/big").status_code == 200  # a normal client is served
     finally:
         for s in sockets:

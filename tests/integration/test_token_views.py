@@ -159,6 +159,7 @@ def test_queue_attributes_name_only_queues_the_token_has_a_right_on(c: Cluster) 
     assert json.loads(got["Attributes"]["RedrivePolicy"])["deadLetterTargetArn"] == ARN + DLQ
     _the_dead_letter_queue_s_admin_reads_its_allow_policy_whole(c)
     _the_source_queue_s_admin_reads_its_redrive_policy_as_written(c)
+    _the_source_queue_s_admin_writes_back_what_it_read(c)
 
 
 def _the_dead_letter_queue_s_admin_reads_its_allow_policy_whole(c: Cluster) -> None:
@@ -182,7 +183,8 @@ def _the_dead_letter_queue_s_admin_reads_its_allow_policy_whole(c: Cluster) -> N
 def _the_source_queue_s_admin_reads_its_redrive_policy_as_written(c: Cluster) -> None:
     """The RedrivePolicy says where the source's own messages go: hidden from its admin (no right
     on DLQ), the queue looked as if it had none while its messages were moved away. Its admin sees
-    it as written on every road; setting it (the same value too) still needs a right on DLQ."""
+    it as written on every road; setting another still needs a right on DLQ (writing it back
+    unchanged does not: :func:`_the_source_queue_s_admin_writes_back_what_it_read`)."""
     src_admin, url = _sqs(c, SRC_ADMIN_TOKEN), c.url() + f"/000000000000/{SRC}"
     stored = c.get(f"/v1/topics/{SRC}").json()["attributes"]["sqs.RedrivePolicy"]
     got = src_admin.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
@@ -193,12 +195,51 @@ def _the_source_queue_s_admin_reads_its_redrive_policy_as_written(c: Cluster) ->
         assert r.json()["attributes"]["sqs.RedrivePolicy"] == stored, r.text
         listed = c.call_as(SRC_ADMIN_TOKEN, "GET", "/v1/topics", node).json()["topics"]
         assert [t["attributes"]["sqs.RedrivePolicy"] for t in listed] == [stored], listed
-    with pytest.raises(ClientError) as refused:
-        src_admin.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": stored})
-    assert refused.value.response["Error"]["Code"] == "AccessDenied", refused.value.response
     # Still hidden from a token without admin on SRC and without a right on DLQ.
     src = _sqs(c, SRC_TOKEN)
     assert "RedrivePolicy" not in src.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+
+
+READ_ONLY = {"QueueArn", "CreatedTimestamp", "LastModifiedTimestamp"}  # and Approximate*
+
+
+def _the_source_queue_s_admin_writes_back_what_it_read(c: Cluster) -> None:
+    """A tool (Terraform) reads every attribute of the queue and writes them all back with its
+    change: the RedrivePolicy among them is the queue's current one, which changes nothing and
+    needs no right on DLQ (the whole write was AccessDenied). However written (keys in another
+    order, spaces, the count as a string) the same policy is no change; another count or another
+    dead-letter queue still needs that right, and its refusal changes nothing. A dead-letter queue
+    that does not exist is refused for the right too (AccessDenied), before it is looked up: an
+    answer saying it does not exist would tell of queues the token has no right on."""
+    src_admin, url = _sqs(c, SRC_ADMIN_TOKEN), c.url("n2") + f"/000000000000/{SRC}"
+    stored = c.get(f"/v1/topics/{SRC}").json()["attributes"]["sqs.RedrivePolicy"]
+
+    def attributes() -> dict[str, str]:
+        got = src_admin.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        return dict(got)
+
+    writable = {
+        k: v for k, v in attributes().items() if k not in READ_ONLY and not k.startswith("Approximate")
+    }
+    assert writable["RedrivePolicy"] == stored, writable
+    src_admin.set_queue_attributes(QueueUrl=url, Attributes={**writable, "VisibilityTimeout": "45"})
+    assert attributes()["VisibilityTimeout"] == "45"
+    same = json.dumps({"maxReceiveCount": "1", "deadLetterTargetArn": ARN + DLQ}, indent=2)
+    src_admin.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": same})
+    assert c.get(f"/v1/topics/{SRC}").json()["attributes"]["sqs.RedrivePolicy"] == stored
+    before = attributes()
+    for other in (
+        {"deadLetterTargetArn": ARN + DLQ, "maxReceiveCount": 2},
+        {"deadLetterTargetArn": ARN + DEST, "maxReceiveCount": 1},
+        {"deadLetterTargetArn": ARN + "views-no-such-dlq", "maxReceiveCount": 1},  # the right first
+    ):
+        with pytest.raises(ClientError) as refused:
+            src_admin.set_queue_attributes(
+                QueueUrl=url, Attributes={"RedrivePolicy": json.dumps(other), "VisibilityTimeout": "50"}
+            )
+        assert refused.value.response["Error"]["Code"] == "AccessDenied", refused.value.response
+    assert attributes() == before
+    assert c.get(f"/v1/topics/{SRC}").json()["attributes"]["sqs.RedrivePolicy"] == stored
 
 
 def _metric_lines(c: Cluster, token: str) -> list[str]:

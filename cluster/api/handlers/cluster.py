@@ -36,11 +36,11 @@ from raftmq.cluster.api.common import json_response, read_unknown_sender
 from raftmq.cluster.api.validation import bad, parse_json
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
-from raftmq.cluster.base.errors import ApiError
+from raftmq.cluster.base.errors import ApiError, CatalogError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.config.cluster_file import NodeConfig
 from raftmq.cluster.config.keys import PROOF_PATH, new_nonce, node_proof, proof_matches
-from raftmq.cluster.machines.placement import command
+from raftmq.cluster.machines.placement import Change, command
 from raftmq.cluster.machines.rebalance import plan
 from raftmq.cluster.node.changes import Coordinator
 from raftmq.cluster.node.node import Node
@@ -51,6 +51,21 @@ if TYPE_CHECKING:
 __all__ = ["ClusterApi", "add_cluster_routes"]
 
 MAX_PROOF_BODY_BYTES = 1024  # {"nonce": at most 128 characters}: a stranger's body, kept small
+NOTHING_TO_CANCEL = "no cluster change is in progress: nothing to cancel"
+
+
+def _ended_before_cancel(cancelled: int, now: Change | None) -> ApiError:
+    """The answer to a cancel refused because its change ended before the entry applied: the change
+    it was aimed at is no longer in progress. Another may have begun meanwhile (read after the
+    refusal); it is named but left running, and the code is the non-retriable one, so a client
+    retrying by the catalogue does not cancel a change nobody asked to cancel."""
+    if now is None:
+        return ApiError(errors.NO_CHANGE_IN_PROGRESS, NOTHING_TO_CANCEL)
+    return ApiError(
+        errors.NO_CHANGE_IN_PROGRESS,
+        f"change {cancelled} ended before its cancel applied: nothing cancelled; change {now.id} "
+        f"({now.kind}) began since and was left as is",
+    )
 
 
 class ClusterApi:
@@ -142,11 +157,18 @@ class ClusterApi:
             return await self.api.forward(request, META)
         machine = self.node.metadata
         change = None if machine is None else machine.change()
+        # Nothing to cancel is the cluster's state, not a malformed request: a conflict (409), as
+        # a change refused while another runs.
         if change is None:
-            raise bad("no cluster change is in progress")
-        result = await self.api.router.propose_checked(
-            META, orjson.dumps(command("cancel_change", change_id=change.id))
-        )
+            raise ApiError(errors.NO_CHANGE_IN_PROGRESS, NOTHING_TO_CANCEL)
+        try:  # (the change may end before the entry applies)
+            result = await self.api.router.propose_checked(
+                META, orjson.dumps(command("cancel_change", change_id=change.id))
+            )
+        except CatalogError as e:  # the machine's one refusal of it: that change is no longer on
+            if e.error is not errors.BAD_REQUEST:
+                raise
+            raise _ended_before_cancel(change.id, None if machine is None else machine.change()) from e
         self.coordinator.wake()
         return json_response(result, status=202)
 

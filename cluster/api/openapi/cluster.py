@@ -150,8 +150,10 @@ def _cluster_paths() -> dict[str, Any]:
         "/v1/cluster/change": {
             "delete": _op(
                 "cancelChange",
-                "Cancel the change in progress (a move not yet removing its source is rolled back)",
-                {**accepted, **_errors(400, *RAFT_ERRORS)},
+                "Cancel the change in progress (a move not yet removing its source is rolled back);"
+                " 409 `no_change_in_progress` when there is none, or when the change read ended before the"
+                " cancel applied (another begun since is named in the message and left as is)",
+                {**accepted, **_errors(409, *RAFT_ERRORS)},
             )
         },
         "/v1/cluster/groups/{group}/move": {

@@ -120,8 +120,8 @@ def _segment_paths() -> dict[str, Any]:
                             " and `Content-Length` only (the file's size, also through a node that"
                             " passes the request on to the segment's writer). A read of the file"
                             " failing after the headers (or the writer, for a download passed on,"
-                            " sending nothing for 30 s) drops the connection: the body ends short of"
-                            " `Content-Length`"
+                            " going away or sending nothing for 30 s) drops the connection: the body"
+                            " ends short of `Content-Length`, never a file that looks whole"
                         ),
                         "content": {
                             "application/vnd.apache.arrow.file": {"schema": BINARY},

@@ -28,7 +28,15 @@ from raftmq.cluster.api.sqs.errors import SqsError
 from raftmq.cluster.api.sqs.queues import read_json
 from raftmq.cluster.config.tokens import ADMIN, CONSUME, PERMISSIONS, PRODUCE, TokenGrant
 
-__all__ = ["RIGHTS", "Right", "authorize", "bind_path_queue", "queue_name_of", "refuse_unknown"]
+__all__ = [
+    "RIGHTS",
+    "Right",
+    "authorize",
+    "authorize_redrive_target",
+    "bind_path_queue",
+    "queue_name_of",
+    "refuse_unknown",
+]
 
 TopicNames = Callable[[str, bool], Awaitable[list[str]]]
 
@@ -123,9 +131,10 @@ def bind_path_queue(action: str, params: dict[str, Any], url: str, queue: str) -
 
 async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, names: TopicNames) -> None:
     """Raise AccessDenied unless ``grant`` may run ``action`` with ``params`` (InvalidAction for an
-    action not in :data:`RIGHTS`). A RedrivePolicy set by CreateQueue or SetQueueAttributes also
-    needs ``produce`` or ``admin`` on its dead-letter queue (the source's dead letters are sent
-    there); a StartMessageMoveTask with a DestinationArn ``produce`` on that queue."""
+    action not in :data:`RIGHTS`). A RedrivePolicy set by CreateQueue also needs the right of
+    :func:`authorize_redrive_target` (SetQueueAttributes checks it itself: only a policy other than
+    the queue's current one needs it); a StartMessageMoveTask with a DestinationArn ``produce`` on
+    that queue."""
     right = refuse_unknown(action)
     if right.source is None:
         return
@@ -135,14 +144,20 @@ async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, name
     checked = [None] if queue is None else await names(queue, right.creating)
     await _check(action, grant, right, checked)
     attributes = params.get("Attributes")
-    if action in ("CreateQueue", "SetQueueAttributes") and isinstance(attributes, dict):
+    if action == "CreateQueue" and isinstance(attributes, dict):
         target = _redrive_target(attributes.get("RedrivePolicy"))
         if target is not None:
-            await _check(action, grant, Right((PRODUCE, ADMIN), any_of=True), await names(target, False))
+            await authorize_redrive_target(action, grant, names, target)
     destination = params.get("DestinationArn")
     if action == "StartMessageMoveTask" and destination is not None:
         target = queue_name_of(destination, "SourceArn")
         await _check(action, grant, _PRODUCE, [None] if target is None else await names(target, False))
+
+
+async def authorize_redrive_target(action: str, grant: TokenGrant, names: TopicNames, target: str) -> None:
+    """Raise AccessDenied unless ``grant`` has ``produce`` or ``admin`` on ``target``, the
+    dead-letter queue of a RedrivePolicy it sets: the source's dead letters are sent there."""
+    await _check(action, grant, Right((PRODUCE, ADMIN), any_of=True), await names(target, False))
 
 
 def _redrive_target(raw: Any) -> str | None:

@@ -41,7 +41,7 @@ from raftmq.cluster.api.handlers.consumers import not_due_counts
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
-from raftmq.cluster.api.sqs.access import queue_name_of
+from raftmq.cluster.api.sqs.access import authorize_redrive_target, queue_name_of
 from raftmq.cluster.api.sqs.errors import SqsError, quoted
 from raftmq.cluster.api.visibility import grant_owns, grant_sees, visible_attributes
 from raftmq.cluster.base import errors
@@ -121,6 +121,35 @@ class QueueActions:
     def queue_arn(self, name: str) -> str:
         """The queue's ARN, in the cluster's region (``[sqs] region``)."""
         return f"arn:aws:sqs:{self.region}:{qs.ACCOUNT}:{name}"
+
+    async def _redrive_change(
+        self, request: web.Request, topic: Topic, changes: dict[str, str]
+    ) -> dict[str, str]:
+        """``changes`` as sent, once the token may set its RedrivePolicy: another dead-letter
+        queue needs ``produce`` or ``admin`` there, checked before its target is looked up (an
+        answer about a queue the token has no right on would tell of it); removing one ("")
+        needs none. A token refused there may still write back the queue's current policy (the
+        same dead-letter queue and maxReceiveCount, however written: a tool writing back what it
+        read, as the queue's admin who lacks that right): it changes nothing and is dropped. The
+        current policy is read at the metadata leader: this node's replica may lag, and a write
+        dropped for a stale match would be lost while answered success."""
+        key = qs.PREFIX + "RedrivePolicy"
+        wanted = qs.parse_redrive_policy(changes.get(key))
+        grant = request.get(PRINCIPAL)
+        if wanted is None or grant is None:
+            return changes
+        try:
+            await authorize_redrive_target(
+                "SetQueueAttributes", grant, self.api.permission_names, wanted.target
+            )
+        except SqsError as refused:
+            if refused.aws.code != "AccessDenied":
+                raise
+            current = await self.api.topic(topic.name, fresh=True)
+            if wanted != qs.redrive_policy(current):
+                raise
+            return {k: v for k, v in changes.items() if k != key}
+        return changes
 
     async def _check_redrive_target(self, source: str, attributes: dict[str, str], fifo: bool) -> None:
         """A RedrivePolicy being set names an existing queue other than ``source`` of the source's
@@ -390,6 +419,7 @@ class QueueActions:
         )
         if fifo:
             qs.check_fifo_settings({**topic.attributes, **changes})
+        changes = await self._redrive_change(request, topic, changes)
         await self._check_redrive_target(topic.name, changes, fifo)
         await self._check_fifo_release(fifo, changes)
         command = {

@@ -42,6 +42,7 @@ __all__ = [
     "is_fifo",
     "is_queue",
     "needs_fifo_release",
+    "parse_redrive_policy",
     "queue_setting",
     "read_json",
     "reads_ahead",
@@ -192,13 +193,18 @@ def redrive_policy(topic: Topic) -> RedrivePolicy | None:
     """The queue's RedrivePolicy, or None. The SQS API stores it checked
     (:func:`check_redrive_policy`); one the REST API stored unchecked, before it refused ``sqs.``
     names, is no policy rather than an InternalError of every receive and move task start."""
-    raw = topic.attributes.get(PREFIX + "RedrivePolicy")
+    return parse_redrive_policy(topic.attributes.get(PREFIX + "RedrivePolicy"))
+
+
+def parse_redrive_policy(raw: str | None) -> RedrivePolicy | None:
+    """A stored or checked (:func:`check_redrive_policy`) RedrivePolicy's meaning, however written
+    (None: none, or none the SQS API stored)."""
     if not raw:
         return None
     policy = read_json(raw)
     try:
         return RedrivePolicy(policy["deadLetterTargetArn"].rsplit(":", 1)[-1], int(policy["maxReceiveCount"]))
-    except (ValueError, TypeError, KeyError, AttributeError):  # none, or none the SQS API stored
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
