@@ -659,6 +659,8 @@ def install_deadline_poll(sync: Any, tick_s: float, max_tick_s: float, busy: Cal
     poll = poller.poll
 
     def sleep_s() -> float:
+        if commits_alone(sync):
+            return 0.0  # nothing would wake it: a lone voter's next tick commits (else tick_s later)
         left = own_deadline_s(sync)
         return tick_s if busy() or left <= 0 else min(left, max_tick_s)
 
@@ -675,6 +677,15 @@ def voters_now(sync: Any, self_addr: str, known: tuple[str, ...]) -> tuple[str, 
         return known
     sync.raftmq_voters_seen = frozenset(nodes)
     return tuple(sorted({str(n.id) for n in nodes} | {self_addr}))
+
+
+def commits_alone(sync: Any) -> bool:
+    """Whether ``sync`` leads with no other voter and has entries above its commit index: their
+    commit waits for no acknowledgement, only the next tick (the tick that added them flushed them
+    at its end, before this poll), so nothing else would wake the poll for it."""
+    if sync._SyncObj__otherNodes or not sync._isLeader():
+        return False
+    return bool(sync._SyncObj__getCurrentLogIndex() > sync.raftCommitIndex)
 
 
 def own_deadline_s(sync: Any) -> float:

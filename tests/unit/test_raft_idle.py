@@ -6,6 +6,7 @@ message, a proposal, a call queued for the tick thread). Real pysyncobj groups o
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -145,3 +146,30 @@ def test_a_follower_cut_off_from_every_peer_no_longer_hears_a_leader(
     # Connected to no peer, it does not campaign, and pysyncobj still names the old leader.
     wait_for(lambda: not follower.status().hears_leader, "the follower cut off", timeout=3.0)
     assert follower.status().leader is not None
+
+
+def test_a_lone_voters_entry_commits_at_its_next_tick_not_a_tick_period_later(
+    groups: Callable[[int, RaftSettings], list[RaftGroup]],
+) -> None:
+    # A one-voter group (replication 1) waits for no acknowledgement: nothing but its own next tick
+    # commits an entry. With entries awaiting a commit it used to sleep `tick_s` (50 ms by default:
+    # every produce to a one-node cluster took 53 ms); here `tick_s` is 1.5 s, so a wait for it
+    # shows plainly.
+    slow = dataclasses.replace(
+        SETTINGS,
+        election_min_s=6.1,
+        election_max_s=6.2,
+        heartbeat_s=2.0,
+        tick_s=1.5,
+        max_tick_s=5.0,
+        leader_fallback_s=7.0,
+    )
+    (group,) = groups(1, slow)
+    for i in range(3):
+        outcomes: queue.Queue[Outcome] = queue.Queue()
+        group.submit(b"command %d" % i, outcomes.put)
+        try:
+            outcome = outcomes.get(timeout=0.75)
+        except queue.Empty:
+            pytest.fail(f"entry {i} waited for the tick period")
+        assert outcome.error is None, outcome
