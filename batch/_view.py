@@ -214,12 +214,16 @@ class BatchView:
 
     def delay_ms(self) -> npt.NDArray[np.int64]:
         """Each record's delay (0: none), one per record."""
+        if len(self._delays) == self.count:  # every record has one: no mask to build
+            return self._delays.astype(np.int64)
         out = np.zeros(self.count, dtype=np.int64)
         out[(self.attributes & RECORD_DELAY) != 0] = self._delays
         return out
 
     def ttl_ms(self) -> npt.NDArray[np.int64]:
         """Each record's TTL (0: none), one per record."""
+        if len(self._ttls) == self.count:  # every record has one (an SQS send's retention)
+            return self._ttls.astype(np.int64)
         out = np.zeros(self.count, dtype=np.int64)
         out[(self.attributes & RECORD_TTL) != 0] = self._ttls
         return out
@@ -287,11 +291,12 @@ class BatchView:
         out: list[str | None] = [None] * max(0, last - first)
         if not out:
             return out
-        starts = self.header_starts
-        a, b = int(starts[first]), int(starts[last])
         wanted = name.encode("utf-8")
         n0, n1 = self.sections["header_names"]
-        if a == b or wanted not in self.buffer[n0:n1].tobytes():
+        if wanted not in self.buffer[n0:n1].tobytes():  # before the starts: a receive's usual case
+            return out
+        starts = self.header_starts
+        if starts[first] == starts[last]:
             return out
         buf, h0 = self.buffer, self.sections["header_values"][0]
         name_at = _exclusive_cumsum(self._headers["name_len"]).tolist()
