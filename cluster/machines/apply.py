@@ -6,6 +6,7 @@ entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from raftmq.cluster.machines.cache import StateCache
 from raftmq.cluster.machines.producers import forget_least_used
@@ -14,6 +15,8 @@ from raftmq.storage.keys import GROUP_MAX_STEP_MS, GROUP_TIME, GroupTime, Produc
 from raftmq.storage.store import Batch, Store
 
 __all__ = ["Apply", "advance", "group_now", "group_time"]
+
+_T = TypeVar("_T")
 
 
 def group_time(store: Store) -> GroupTime:
@@ -127,6 +130,11 @@ class Apply:
             tombstone = self._cache.read(self.store, keys.dropped_key(topic_id), bytes)
             self._dropped[topic_id] = tombstone is not None
         return self._dropped[topic_id]
+
+    def read_kept(self, key: bytes, decode: Callable[[bytes], _T]) -> _T | None:
+        """The stored value at ``key``, of a kind the machine's cache keeps (``cache.py``), decoded
+        by ``decode`` (the same for a key every time), as of before this apply."""
+        return self._cache.read(self.store, key, decode)
 
     def meta(self, topic_id: int, queue: int) -> QueueMeta:
         key = (topic_id, queue)

@@ -145,7 +145,12 @@ class Subscription:
 def read_subscription(store: Store, topic_id: int, group: str) -> Subscription | None:
     """The stored subscription of ``group`` on ``topic_id``, or None."""
     data = store.get(keys.subscription_key(topic_id, group))
-    return None if data is None else Subscription.from_json(orjson.loads(data))
+    return None if data is None else decode_subscription(data)
+
+
+def decode_subscription(data: bytes) -> Subscription:
+    """A stored subscription's bytes decoded."""
+    return Subscription.from_json(orjson.loads(data))
 
 
 # -- the working state of one apply -------------------------------------------------------------
@@ -241,8 +246,9 @@ class _Work:
 
     def subscription(self, topic_id: int, group: str) -> Subscription | None:
         k = (topic_id, group)
-        if k not in self._subscriptions:
-            self._subscriptions[k] = read_subscription(self.store, topic_id, group)
+        if k not in self._subscriptions:  # through the machine's cache: an op reads it every time
+            key = keys.subscription_key(topic_id, group)
+            self._subscriptions[k] = self.work.read_kept(key, decode_subscription)
         return self._subscriptions[k]
 
     def settings(self, topic_id: int, group: str) -> Subscription:
