@@ -91,6 +91,7 @@ class Apply:
         self.grown: dict[tuple[int, int], int] = {}
         self.changed: dict[tuple[int, int], None] = {}  # an ordered set
         self.scheduled = False
+        self.due_ms: int | None = None  # Applied.due_ms
         self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
         self.clock_jump_ms: int | None = None  # Applied.clock_jump_ms
         self.freed: list[tuple[bytes, bytes]] = []  # Applied.freed
@@ -130,6 +131,11 @@ class Apply:
             tombstone = self._cache.read(self.store, keys.dropped_key(topic_id), bytes)
             self._dropped[topic_id] = tombstone is not None
         return self._dropped[topic_id]
+
+    def add_due(self, due_ms: int) -> None:
+        """A delayed message or an in-flight deadline due at ``due_ms`` was put (``Applied.due_ms``)."""
+        if self.due_ms is None or due_ms < self.due_ms:
+            self.due_ms = due_ms
 
     def read_kept(self, key: bytes, decode: Callable[[bytes], _T]) -> _T | None:
         """The stored value at ``key``, of a kind the machine's cache keeps (``cache.py``), decoded

@@ -299,8 +299,10 @@ class _Work:
             self.batch.put(_index_key(topic_id, queue, group, offset, new), index_value)
             if new.state == STATE_RETRY:
                 self.work.changed[(topic_id, queue)] = None
-            elif new.time_ms - self.now_ms < WAKE_WITHIN_MS:
-                self.work.scheduled = True
+            else:
+                self.work.add_due(new.time_ms)
+                if new.time_ms - self.now_ms < WAKE_WITHIN_MS:
+                    self.work.scheduled = True
         self._pending[key] = new
         sub = self.sub(topic_id, queue, group)
         sub.touched = True
@@ -330,6 +332,7 @@ class _Work:
             put(key, value)
             put(index_prefix + o, token)
             pending[key] = rec
+        self.work.add_due(rec.time_ms)
         if rec.time_ms - self.now_ms < WAKE_WITHIN_MS:
             self.work.scheduled = True
         sub = self.sub(topic_id, queue, group)
