@@ -35,9 +35,9 @@ REDRIVE_GROUP_HEADER = "raftmq-redrive-group"
 
 WAKE_WITHIN_MS = 1000
 """An in-flight deadline closer than this to the command's ``now_ms`` wakes the leader's tick loop
-(``Applied.scheduled``); a later one is seen when the loop next looks, which it does at least every
-``delivery.tick_ms`` (200 ms), so it is still expired on time. Waking the loop for every receive
-would make it look up the earliest deadline after every receive."""
+(``Applied.scheduled``); a later one the loop learns from ``Applied.due_ms`` when it next wakes
+(at least every 800 ms), so it is still expired on time. Waking the loop for every receive would
+make it look up the earliest deadline after every receive."""
 READ_GAP = 16
 """Receipts of one queue whose offsets are at most this far apart are looked up with one scan of
 the pending records between them rather than one read each (a delivery's offsets are mostly
