@@ -429,10 +429,11 @@ class TickLoops:
     def _known_due(self, name: str, local: LocalGroup, now: int) -> tuple[bool, int | None]:
         """``(True, due)`` when group ``name``'s next due time is known without a look at the store
         (its deadline index scan passes over every settled entry's tombstone): nothing was applied
-        since the last look, or nothing that woke the loop (an entry added without waking it is due
-        ``WAKE_WITHIN_MS`` after its command at the earliest, so one look in that time, a tick
-        early, finds it on time). A cached time may be early (settled since): the look then finds
-        the real one."""
+        since the last look, or every apply since said what it scheduled (``added_dues.py``: the
+        earlier of that and the cached time), or nothing that woke the loop (an entry added
+        without waking it is due ``WAKE_WITHIN_MS`` after its command at the earliest, so one look
+        in that time, a tick early, finds it on time). A cached time may be early (settled since):
+        the look then finds the real one."""
         cached = self._due_cache.get(name)
         if cached is None:
             return False, None
