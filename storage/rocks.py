@@ -159,28 +159,44 @@ def _translate(exc: BaseException) -> StoreError | None:
     return None
 
 
-@contextlib.contextmanager
-def _store_errors() -> Iterator[None]:
-    try:
-        yield
-    except StoreError:
-        raise
-    except Exception as exc:
-        translated = _translate(exc)
-        if translated is None:
-            raise
-        raise translated from exc
-
-
 def _raise_translated(exc: Exception) -> NoReturn:
-    """Raise what :func:`_store_errors` would for ``exc`` (the hot paths' form of it, without a
-    generator per call)."""
+    """Raise what :class:`_StoreErrors` would for ``exc`` (the hot paths' form: no object per call)."""
     if isinstance(exc, StoreError):
         raise exc
     translated = _translate(exc)
     if translated is None:
         raise exc
     raise translated from exc
+
+
+class _StoreErrors:
+    """``with _StoreErrors():`` a rocksdict or OS failure raised as a StoreError (a class: _Gate's)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> object:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        translated = None if exc is None else _translate(exc)  # None for a StoreError
+        if translated is not None:
+            raise translated from exc
+
+
+class _Gate(_StoreErrors):
+    """``with store._using() as db``: the handle through the store's gate (no generator: 1 µs less)."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: RocksStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> Rdict:
+        return self._store._enter()
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        self._store._leave()
+        _StoreErrors.__exit__(self, kind, exc, tb)
 
 
 def _to_write_batch(batch: Batch) -> WriteBatch:
@@ -269,14 +285,8 @@ class RocksStore:
             if self._users == 0 and self._db is None:
                 self._cond.notify_all()
 
-    @contextlib.contextmanager
-    def _using(self) -> Iterator[Rdict]:
-        db = self._enter()
-        try:
-            with _store_errors():
-                yield db
-        finally:
-            self._leave()
+    def _using(self) -> _Gate:
+        return _Gate(self)
 
     def _revoke(self) -> tuple[Rdict | None, bool]:
         """Stop admitting users, cancel a compaction in flight, wait for in-flight users, drop
@@ -310,7 +320,7 @@ class RocksStore:
 
     def get(self, key: bytes) -> bytes | None:
         """The value stored at ``key``, or None."""
-        # The gate without _using's two generators: a get is several per applied entry.
+        # The gate inline, not a _Gate object: a get is several per applied entry.
         db = self._enter()
         try:
             value = db.get(key)
@@ -400,23 +410,13 @@ class RocksStore:
                 self.sync()
             return
         wb = _to_write_batch(batch)
-        db = self._enter()  # as in get: every journal append and every apply writes
-        try:
+        with self._using() as db:
             db.write(wb, self._wo_sync if sync else self._wo_nosync)
-        except Exception as exc:
-            _raise_translated(exc)
-        finally:
-            self._leave()
 
     def sync(self) -> None:
         """Make every write made so far durable (fsync of the write-ahead log)."""
-        db = self._enter()
-        try:
+        with self._using() as db:
             db.flush_wal(sync=True)
-        except Exception as exc:
-            _raise_translated(exc)
-        finally:
-            self._leave()
 
     def compact_range(self, start: bytes, end: bytes) -> bool:
         """:meth:`compact_ranges` of the one range ``[start, end)``."""
@@ -559,7 +559,7 @@ def _collect_blob_garbage(db: Rdict, start: bytes) -> bytes | None:
 
 
 def _open_rdict(path: str) -> Rdict:
-    with _store_errors():
+    with _StoreErrors():
         # The default column family's options named, not left to rocksdict: for a database that
         # exists it takes them from the database's last OPTIONS file (what the release that wrote
         # it set) and applies ours only to the database-wide ones, so a change here never reached
@@ -572,7 +572,7 @@ def _close_rdict(db: Rdict, *, cancelled: bool = False) -> None:
     (the memtable is not flushed: its writes are in the write-ahead log, replayed at the next
     open) and the handle is released all the same."""
     try:
-        with _store_errors():
+        with _StoreErrors():
             db.close()
     except StoreError as e:
         if not (cancelled and str(e).startswith("Shutdown in progress")):

@@ -6,6 +6,7 @@ entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from raftmq.cluster.machines.cache import StateCache
 from raftmq.cluster.machines.producers import forget_least_used
@@ -14,6 +15,8 @@ from raftmq.storage.keys import GROUP_MAX_STEP_MS, GROUP_TIME, GroupTime, Produc
 from raftmq.storage.store import Batch, Store
 
 __all__ = ["Apply", "advance", "group_now", "group_time"]
+
+_T = TypeVar("_T")
 
 
 def group_time(store: Store) -> GroupTime:
@@ -88,6 +91,7 @@ class Apply:
         self.grown: dict[tuple[int, int], int] = {}
         self.changed: dict[tuple[int, int], None] = {}  # an ordered set
         self.scheduled = False
+        self.due_ms: int | None = None  # Applied.due_ms
         self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
         self.clock_jump_ms: int | None = None  # Applied.clock_jump_ms
         self.freed: list[tuple[bytes, bytes]] = []  # Applied.freed
@@ -127,6 +131,16 @@ class Apply:
             tombstone = self._cache.read(self.store, keys.dropped_key(topic_id), bytes)
             self._dropped[topic_id] = tombstone is not None
         return self._dropped[topic_id]
+
+    def add_due(self, due_ms: int) -> None:
+        """A delayed message or an in-flight deadline due at ``due_ms`` was put (``Applied.due_ms``)."""
+        if self.due_ms is None or due_ms < self.due_ms:
+            self.due_ms = due_ms
+
+    def read_kept(self, key: bytes, decode: Callable[[bytes], _T]) -> _T | None:
+        """The stored value at ``key``, of a kind the machine's cache keeps (``cache.py``), decoded
+        by ``decode`` (the same for a key every time), as of before this apply."""
+        return self._cache.read(self.store, key, decode)
 
     def meta(self, topic_id: int, queue: int) -> QueueMeta:
         key = (topic_id, queue)

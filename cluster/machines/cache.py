@@ -1,7 +1,8 @@
 """What the queue-group apply reads again at every entry, kept between entries (:class:`StateCache`):
-the group's time, the queues' bounds, producer states, topic tombstones and the producers' sweep
-key, each of which the previous entry usually just wrote (4-5 store reads per produced batch
-otherwise, docs/benchmarks.md, "A cache of the apply's reads").
+the group's time, the queues' bounds, producer states, topic tombstones, the producers' sweep
+key and the subscriptions (every receive and settlement reads its group's), each of which the
+previous entry usually just wrote or read (4-5 store reads per produced batch otherwise,
+docs/benchmarks.md, "A cache of the apply's reads").
 
 Invariants (tests/unit/test_state_cache.py, test_determinism.py):
 
@@ -37,6 +38,7 @@ from raftmq.storage.keys import (
     PRODUCER_CAP,
     PRODUCER_IDLE,
     PRODUCER_SWEEP,
+    SUBSCRIPTION,
 )
 from raftmq.storage.store import OP_DELETE_RANGE, OP_PUT, Batch, Store
 
@@ -48,7 +50,7 @@ each with five remembered batches, 4 MiB per group when full)."""
 
 _T = TypeVar("_T")
 
-_KINDS: Final = frozenset((DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_CAP, PRODUCER_SWEEP))
+_KINDS: Final = frozenset((DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_CAP, PRODUCER_SWEEP, SUBSCRIPTION))
 """The one-byte prefixes of the keys kept."""
 _KIND_RANGES: Final = tuple((p, bytes([p[0] + 1])) for p in sorted(_KINDS))
 _IDLE_END: Final = bytes([PRODUCER_IDLE[0] + 1])

@@ -99,6 +99,9 @@ class Applied:
             may find something (a retry scheduled, a cursor rewound, a lock released).
         scheduled: A delayed message or an in-flight deadline was added: the leader's tick may
             have to run earlier than it planned.
+        due_ms: The earliest due time of the delayed messages and in-flight deadlines added
+            (None: none), however far ahead: the leader's tick knows its schedule without a look
+            at the store (``cluster/node/ticks.py``).
         parked: ``(topic_id, topic, consumer group)`` of dead letters parked because their
             subscription has no dead-letter topic (its leader creates it: ``docs/delivery.md``).
         clock_jump_ms: The entry's stamp was this far ahead of the group's previous stamp, beyond
@@ -114,6 +117,7 @@ class Applied:
     parked: tuple[tuple[int, str, str], ...] = ()
     clock_jump_ms: int | None = None
     freed: tuple[tuple[bytes, bytes], ...] = ()
+    due_ms: int | None = None
 
     def news(self) -> bool:
         """Whether the node has something to do about this apply: wake, seal, schedule, park or
@@ -254,6 +258,7 @@ class QueueGroupMachine:
             work.grown.clear()
             work.changed.clear()
             work.scheduled = False
+            work.due_ms = None
             work.parked.clear()
             work.clock_jump_ms = None
             work.freed.clear()
@@ -275,6 +280,7 @@ class QueueGroupMachine:
                 tuple(work.parked),
                 work.clock_jump_ms,
                 tuple(work.freed),
+                work.due_ms,
             )
         )
         return result

@@ -574,9 +574,7 @@ class Node:
     # -- long polling -----------------------------------------------------------------------------
 
     def _on_applied(self, name: str, store: RocksStore, applied: Applied) -> None:  # tick thread
-        if applied.clock_jump_ms is not None:
-            self.ticks.group_clock_jumps[name] = self.ticks.group_clock_jumps.get(name, 0) + 1
-            log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
+        self.ticks.applied(name, applied)  # its clock jump counted, what it scheduled recorded
         if self.loop_calls is None or not applied.news():
             return
         if applied.only_grown() and not self.waiters.watching:

@@ -27,7 +27,8 @@ from raftmq.cluster.machines.apply import group_now, group_time
 from raftmq.cluster.machines.delivery import WAKE_WITHIN_MS
 from raftmq.cluster.machines.delivery.expiry import next_expiry_ms
 from raftmq.cluster.machines.metadata import Topic
-from raftmq.cluster.machines.queue_group import QueueGroupMachine, retention_due
+from raftmq.cluster.machines.queue_group import Applied, QueueGroupMachine, retention_due
+from raftmq.cluster.node.added_dues import AddedDues
 from raftmq.cluster.node.view import LocalGroup, NodeView
 from raftmq.storage.keys import GROUP_MAX_STEP_MS
 from raftmq.storage.queues import next_due_ms
@@ -54,6 +55,7 @@ class TickLoops:
         # Per led queue group: (applied index, scheduled_seq, now_ms) at its last look at the
         # schedule, and the due time it found (deliver_once's cache).
         self._due_cache: dict[str, tuple[int, int, int, int | None]] = {}
+        self.added_dues = AddedDues()  # what the applies since each look scheduled (the apply hook)
         # Per queue group: retain ticks this node proposed whose time jumped too far ahead.
         self.retention_clock_jumps: dict[str, int] = {}
         # Per queue group: entries this replica applied whose stamp the group's time clamped.
@@ -67,6 +69,14 @@ class TickLoops:
         # something, nothing falls due before that time: the tick skips the look.
         self._retention_next: dict[str, tuple[int, int, int | None]] = {}
         self._expiry_next: dict[str, tuple[int, int | None, int | None]] = {}
+
+    def applied(self, name: str, applied: Applied) -> None:
+        """An apply of queue group ``name`` (on its tick thread): a clamped clock counted, the due
+        times it added recorded for the delivery loop (``added_dues.py``)."""
+        self.added_dues.applied(name, applied.index, applied.due_ms)
+        if applied.clock_jump_ms is not None:
+            self.group_clock_jumps[name] = self.group_clock_jumps.get(name, 0) + 1
+            log.warning("group_clock_jump", group=name, index=applied.index, jump_ms=applied.clock_jump_ms)
 
     def scheduled(self) -> None:
         """An apply scheduled something (on the event loop): the delivery loop looks again."""
@@ -389,7 +399,8 @@ class TickLoops:
                 now = group_now(local.state_store, wall)
                 known, due = self._known_due(name, local, now)
                 if not known:
-                    index, seq = local.machine.applied_index, self.scheduled_seq
+                    seq = self.scheduled_seq
+                    index = self.added_dues.looked(name, local.machine)
                     due = next_due_ms(local.machine.store)
                     self._due_cache[name] = (index, seq, now, due)
                 if due is None or due > now:
@@ -418,18 +429,24 @@ class TickLoops:
     def _known_due(self, name: str, local: LocalGroup, now: int) -> tuple[bool, int | None]:
         """``(True, due)`` when group ``name``'s next due time is known without a look at the store
         (its deadline index scan passes over every settled entry's tombstone): nothing was applied
-        since the last look, or nothing that woke the loop (an entry added without waking it is due
-        ``WAKE_WITHIN_MS`` after its command at the earliest, so one look in that time, a tick
-        early, finds it on time). A cached time may be early (settled since): the look then finds
-        the real one."""
+        since the last look, or every apply since said what it scheduled (``added_dues.py``: the
+        earlier of that and the cached time), or nothing that woke the loop (an entry added
+        without waking it is due ``WAKE_WITHIN_MS`` after its command at the earliest, so one look
+        in that time, a tick early, finds it on time). A cached time may be early (settled since):
+        the look then finds the real one."""
         cached = self._due_cache.get(name)
         if cached is None:
             return False, None
         index, seq, looked_ms, due = cached
         if due is not None and due <= now:
             return False, None
-        if local.machine.applied_index == index:
+        applied = local.machine.applied_index
+        if applied == index:
             return True, due
+        complete, added = self.added_dues.since(name, index, applied)
+        if complete:  # every apply since the look told what it scheduled
+            earliest = due if added is None else added if due is None else min(due, added)
+            return (True, earliest) if earliest is None or earliest > now else (False, None)
         horizon = looked_ms + WAKE_WITHIN_MS - self.node.config.delivery.tick_ms
         if seq != self.scheduled_seq or now >= horizon:
             return False, None

@@ -15,6 +15,7 @@ from raftmq.batch import (
     BatchBuilder,
     Limits,
     Record,
+    _view,
     columns,
     is_reserved_header,
     read,
@@ -266,3 +267,20 @@ def test_an_empty_builder_cannot_finish_and_a_sequence_needs_a_producer() -> Non
         BatchBuilder(None, 5)
     with pytest.raises(UnicodeEncodeError):
         BatchBuilder().append("\ud800")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages(), min_size=1, max_size=32), st.integers(0, 34), st.integers(0, 34))
+def test_a_small_batch_read_in_python_gives_the_records_of_the_numpy_path(
+    msgs: list[dict[str, Any]], start: int, count: int
+) -> None:
+    """``BatchView.records`` reads a batch of at most ``SMALL_READ`` records without numpy (issue
+    24: a ReceiveMessage's answer reads one or two of 10): the same records, from any offset."""
+    view = read(stamp(build(msgs), 100, 1_700_000_000_000, 7))
+    small = list(view.records(100 + start, count))
+    _view.SMALL_READ, kept = 0, _view.SMALL_READ
+    try:
+        assert small == list(view.records(100 + start, count))
+    finally:
+        _view.SMALL_READ = kept
+    assert len(small) == max(0, min(count, len(msgs) - start))

@@ -161,3 +161,17 @@ def test_the_hand_out_decision_from_fields_is_the_one_from_the_message(
     redrive_group = (headers or {}).get(REDRIVE_GROUP_HEADER)
     from_fields = _deliverable_fields(1_000, expires_at_ms, redrive_group, group, now_ms, max_age_ms)
     assert from_fields == _deliverable(message, group, now_ms, max_age_ms)
+
+
+def test_a_receive_s_read_builds_no_header_index_when_no_record_has_the_header() -> None:
+    """The usual SQS batch (an ``sqs-id`` header on each message, no redrive header) is read for
+    the redrive header without the per-record header index (issue 24: a numpy cumsum on every
+    replica's ``ack_receive`` apply); TTLs on every record are read without a mask."""
+    builder = rb.BatchBuilder(base_timestamp_ms=1_000, timestamps=False)
+    for i in range(10):
+        builder.append(f"m{i}", headers={"sqs-id": f"id-{i}"}, ttl_ms=345_600_000)
+    view = rb.read_stored(builder.finish())
+    assert view.header_values(REDRIVE, 3, 5) == [None] * 5
+    assert view._header_starts is None
+    assert view.ttl_ms().tolist() == [345_600_000] * 10
+    assert view.header_values("sqs-id", 3, 2) == ["id-3", "id-4"]  # a header that is there: read

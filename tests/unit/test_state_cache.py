@@ -249,3 +249,37 @@ def test_every_value_kept_is_what_a_read_of_its_bytes_gives(seed: int) -> None:
             if data is None or decode is None:
                 continue
             assert decode(data) == value, (key, value)
+
+
+class CountedGets(MemoryStore):
+    """A memory store that counts the reads of each key (the real store otherwise)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets: dict[bytes, int] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        self.gets[key] = self.gets.get(key, 0) + 1
+        return super().get(key)
+
+
+def test_a_receiver_s_entries_read_their_subscription_once_then_from_the_cache() -> None:
+    """Every receive and settlement reads its group's subscription (issue 24: an ``ack_receive``
+    per DeleteMessageBatch on every replica): kept as a read of its bytes gives it, the store read
+    again only after a write changed it (before: once per entry)."""
+    from raftmq.cluster.machines.delivery.state import decode_subscription
+
+    store = CountedGets()
+    machine = QueueGroupMachine(store, 1)
+    log = [commands.subscribe("g", 1, "t", None, 2**32 - 1, [0], now_ms=T0), append(T0, (1, 0, None, 0, 8))]
+    log += [commands.receive(T0 + 1, "g", 1, [0], 1, 30_000)]
+    log += [commands.ack_receive(T0 + 2 + i, "g", 1, [(0, i, 3 + i)], [0], 1, 30_000) for i in range(6)]
+    key = keys.subscription_key(1, "g")
+    for index, command in enumerate(log, start=1):
+        result = machine.apply(index, command)
+        assert "error" not in result, result
+        if key in machine._cache._entries:
+            assert machine._cache._entries[key] == decode_subscription(MemoryStore.get(store, key) or b"")
+    # The subscribe's own read, the receive's (into the cache), one after the receive wrote it
+    # (its time in use moved): not one per entry.
+    assert store.gets[key] == 3

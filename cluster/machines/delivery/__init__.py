@@ -275,7 +275,8 @@ def _receive(w: _Work, cmd: ReceiveCommand, index: int, ordered: bool) -> list[d
         if len(out) >= limit or budget <= 0:
             break
         sub = w.sub(topic_id, queue, group)
-        low, high = queues.queue_bounds(w.store, topic_id, queue)
+        meta = w.work.meta(topic_id, queue)  # the store's, through the machine's cache
+        low, high = meta.low_offset, meta.high_offset
         if sub.cursor is None:  # first receive: start at the committed offset, else the oldest
             sub.cursor = low if sub.floor is None else sub.floor
         sub.cursor = max(sub.cursor, low)  # retention removed what was never handed out

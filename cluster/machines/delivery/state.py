@@ -35,9 +35,9 @@ REDRIVE_GROUP_HEADER = "raftmq-redrive-group"
 
 WAKE_WITHIN_MS = 1000
 """An in-flight deadline closer than this to the command's ``now_ms`` wakes the leader's tick loop
-(``Applied.scheduled``); a later one is seen when the loop next looks, which it does at least every
-``delivery.tick_ms`` (200 ms), so it is still expired on time. Waking the loop for every receive
-would make it look up the earliest deadline after every receive."""
+(``Applied.scheduled``); a later one the loop learns from ``Applied.due_ms`` when it next wakes
+(at least every 800 ms), so it is still expired on time. Waking the loop for every receive would
+make it look up the earliest deadline after every receive."""
 READ_GAP = 16
 """Receipts of one queue whose offsets are at most this far apart are looked up with one scan of
 the pending records between them rather than one read each (a delivery's offsets are mostly
@@ -145,7 +145,12 @@ class Subscription:
 def read_subscription(store: Store, topic_id: int, group: str) -> Subscription | None:
     """The stored subscription of ``group`` on ``topic_id``, or None."""
     data = store.get(keys.subscription_key(topic_id, group))
-    return None if data is None else Subscription.from_json(orjson.loads(data))
+    return None if data is None else decode_subscription(data)
+
+
+def decode_subscription(data: bytes) -> Subscription:
+    """A stored subscription's bytes decoded."""
+    return Subscription.from_json(orjson.loads(data))
 
 
 # -- the working state of one apply -------------------------------------------------------------
@@ -241,8 +246,9 @@ class _Work:
 
     def subscription(self, topic_id: int, group: str) -> Subscription | None:
         k = (topic_id, group)
-        if k not in self._subscriptions:
-            self._subscriptions[k] = read_subscription(self.store, topic_id, group)
+        if k not in self._subscriptions:  # through the machine's cache: an op reads it every time
+            key = keys.subscription_key(topic_id, group)
+            self._subscriptions[k] = self.work.read_kept(key, decode_subscription)
         return self._subscriptions[k]
 
     def settings(self, topic_id: int, group: str) -> Subscription:
@@ -293,8 +299,10 @@ class _Work:
             self.batch.put(_index_key(topic_id, queue, group, offset, new), index_value)
             if new.state == STATE_RETRY:
                 self.work.changed[(topic_id, queue)] = None
-            elif new.time_ms - self.now_ms < WAKE_WITHIN_MS:
-                self.work.scheduled = True
+            else:
+                self.work.add_due(new.time_ms)
+                if new.time_ms - self.now_ms < WAKE_WITHIN_MS:
+                    self.work.scheduled = True
         self._pending[key] = new
         sub = self.sub(topic_id, queue, group)
         sub.touched = True
@@ -324,6 +332,7 @@ class _Work:
             put(key, value)
             put(index_prefix + o, token)
             pending[key] = rec
+        self.work.add_due(rec.time_ms)
         if rec.time_ms - self.now_ms < WAKE_WITHIN_MS:
             self.work.scheduled = True
         sub = self.sub(topic_id, queue, group)

@@ -84,6 +84,7 @@ def store_delayed(
     key = keys.delayed_key(due_ms, topic_id, queue, work.index, position)
     work.batch.put(key, encode_batch(work.index, now_ms, 0, [message]))
     work.scheduled = True
+    work.add_due(due_ms)
 
 
 # -- offsets committed by offset consumers ------------------------------------------------------

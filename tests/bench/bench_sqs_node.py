@@ -1,0 +1,166 @@
+"""The CPU the entry node spends per SQS call it answers (issue 24): the request path of
+``bench_sqs.py``'s calls (aiohttp, the SQS wire, the action, MD5s and ids, the answer), its
+replica's apply and the leader's Raft work, with one client making one call at a time (no
+second client competing for the cores), so that a change of a few per cent shows.
+
+3 nodes, 1 queue group (replication 3, ``durability = "fsync"``); one boto3 client in this
+process, on the group's leader, runs the receiver's cycle with a sender's call before it:
+SendMessageBatch of 10 bodies of ``--value-size`` bytes, ReceiveMessage of 10 (``WaitTimeSeconds``
+0; served from the read-ahead the delete before took, docs/sqs.md), and DeleteMessageBatch of
+what it got. Each node's CPU (user + system, /proc) over ``--seconds`` is divided by the calls
+made: the entry node's, and the two followers' (their applies and Raft work) apart; ``--rounds``
+windows, the median printed. ``--profile``: py-spy on the entry node during one more window,
+split as ``split_sqs_profile.py`` splits ``bench_sqs.py``'s.
+
+    .venv/bin/python tests/bench/bench_sqs_node.py                        # ~40 s
+    PYTHONPATH=/tmp/base .venv/bin/python tests/bench/bench_sqs_node.py   # another tree's code
+    .venv/bin/python tests/bench/bench_sqs_node.py --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+from _common import (  # noqa: E402
+    RESULTS,
+    CpuMeter,
+    add_run_arguments,
+    data_folder,
+    node_pids,
+    recorded_run,
+    require_py_spy,
+    start_py_spy,
+    table,
+)
+from split_sqs_profile import split  # noqa: E402
+
+ACTIONS = ("SendMessageBatch", "ReceiveMessage", "DeleteMessageBatch")
+
+
+def _client(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.session.Session().client(
+        "sqs", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id="bench", aws_secret_access_key="bench",
+    )  # fmt: skip
+
+
+def cycles(sqs: Any, url: str, body: str, seconds: float) -> dict[str, list[float]]:
+    """Send, receive and delete for ``seconds``; each call's wall time (s) by action."""
+    entries = [{"Id": str(i), "MessageBody": body} for i in range(10)]
+    times: dict[str, list[float]] = {a: [] for a in ACTIONS}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        sent = sqs.send_message_batch(QueueUrl=url, Entries=entries)
+        t1 = time.perf_counter()
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+        t2 = time.perf_counter()
+        messages = got.get("Messages", [])
+        assert len(sent["Successful"]) == 10, sent
+        times["SendMessageBatch"].append(t1 - t0)
+        times["ReceiveMessage"].append(t2 - t1)
+        if messages:
+            handles = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+            done = sqs.delete_message_batch(QueueUrl=url, Entries=handles)
+            times["DeleteMessageBatch"].append(time.perf_counter() - t2)
+            assert not done.get("Failed"), done
+    return times
+
+
+def window(sqs: Any, url: str, body: str, pids: dict[str, int], entry: str, seconds: float) -> dict[str, Any]:
+    meter = CpuMeter(pids).start()
+    times = cycles(sqs, url, body, seconds)
+    cores = meter.stop()
+    calls = max(1, sum(len(t) for t in times.values()))
+    followers = sum(cores[n] for n in pids if n != entry)
+    return {
+        "calls": calls,
+        "node_cpu_us_per_call": round(1e6 * cores[entry] * seconds / calls, 1),
+        "followers_cpu_us_per_call": round(1e6 * followers * seconds / calls, 1),
+        "node_cores": cores[entry],
+        "other_cores": cores["other"],
+        "p50_ms": {a: round(1e3 * statistics.median(t), 2) for a, t in times.items() if t},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10.0, help="one measured window")
+    ap.add_argument("--rounds", type=int, default=3, help="measured windows (the median is printed)")
+    ap.add_argument("--warmup-s", type=float, default=3.0)
+    ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument("--profile", action="store_true", help="py-spy the entry node during one more window")
+    ap.add_argument("--profile-rate", type=int, default=200, help="py-spy's samples a second")
+    add_run_arguments(ap)
+    args = ap.parse_args()
+    if args.profile:
+        require_py_spy(ap)
+    from tests.integration.harness import Cluster, wait_until
+
+    base, fs = data_folder(args)
+    notes = "3 nodes, 1 queue group; 1 boto3 client on its leader: send 10, receive 10, delete them"
+    with recorded_run("sqs_node", args, notes=notes, data_fs=fs, report=report) as result:
+        from raftmq.cluster.api.sqs import message_actions
+
+        result["tree"] = str(Path(message_actions.__file__).parents[3])  # the nodes run this code
+        folder = Path(tempfile.mkdtemp(prefix="sqs-node-", dir=base))
+        cluster = Cluster(folder, nodes=3, queue_groups=1, replication=3, extra_toml='durability = "fsync"')
+        try:
+            cluster.start()
+            cluster.wait_ready(timeout_s=60)
+            wait_until(lambda: cluster.leader("0") == "n1", 30, 0.25, "n1 leads group 0 (its balancer)")
+            entry = cluster.leader("0")
+            assert entry is not None, "no leader of queue group 0"
+            result["entry_node"] = entry
+            sqs = _client(cluster.url(entry))
+            url = sqs.create_queue(QueueName="bench")["QueueUrl"]
+            body, pids = "x" * args.value_size, node_pids(cluster)
+            cycles(sqs, url, body, args.warmup_s)
+            windows = [window(sqs, url, body, pids, entry, args.seconds) for _ in range(args.rounds)]
+            result["windows"] = windows
+            result["node_cpu_us_per_call"] = statistics.median(w["node_cpu_us_per_call"] for w in windows)
+            if args.profile:
+                out = RESULTS / "profile-sqs_node-entry.raw.txt"
+                spy = start_py_spy(pids[entry], args.seconds, out, rate=args.profile_rate)
+                result["profiled_window"] = window(sqs, url, body, pids, entry, args.seconds)
+                if spy is not None:
+                    spy.wait(30)
+                counts, fsync = split(out)
+                busy = max(1, sum(counts.values()))
+                us = result["profiled_window"]["node_cpu_us_per_call"]
+                result["profile_us_per_call"] = {k: round(us * n / busy, 1) for k, n in counts.most_common()}
+                result["profile_fsync_share"] = round(fsync / busy, 3)
+        finally:
+            cluster.stop()
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cells(w: dict[str, Any]) -> list[Any]:
+    keys = ("calls", "node_cpu_us_per_call", "followers_cpu_us_per_call", "node_cores", "other_cores")
+    return [w[k] for k in keys]
+
+
+def report(result: dict[str, Any]) -> None:
+    print(f"\nbench_sqs_node  commit {result['commit']}  {result['params']['tag']}  tree {result['tree']}")
+    rows = [[*_cells(w), *(w["p50_ms"].get(a, "") for a in ACTIONS)] for w in result["windows"]]
+    names = ["calls", "entry µs/call", "followers µs/call", "entry cores", "other cores"]
+    print(table(rows, names + [f"{a} p50 ms" for a in ACTIONS]))
+    print(f"median: {result['node_cpu_us_per_call']} µs of the entry node's CPU per SQS call")
+    for name, us in (result.get("profile_us_per_call") or {}).items():
+        print(f"  {us:8.1f} µs  {name}")
+
+
+if __name__ == "__main__":
+    main()
