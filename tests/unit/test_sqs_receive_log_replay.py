@@ -6,11 +6,14 @@ A receive reads of each batch it hands out from only what it decides on (``stora
 group's header) through the store's gate (``storage/rocks.py``), and those reads are cut for CPU
 (issue 24: an ``ack_receive`` apply runs on every replica for each DeleteMessageBatch). The fixed
 log below is what boto3 senders and receivers make through the SQS API and more: batches whose
-records all carry a TTL (a queue's retention) or only some, delays on all, some or none, the
+records all carry a TTL (a queue's retention) or only some, delays on all, some or none (the
+delayed records are held at the append and never released here: the log has no ``deliver_tick``,
+so the receive's reads of delay columns are not covered), the
 ``sqs-id`` header on each message or no headers at all, the redrive header naming this group or
-another, then receives, ``ack_receive`` cycles (the read-ahead), nacks and releases while TTLs
-run out. Its digest was taken at ``5489c58`` (before the cuts, on a real RocksDB); a replay by
-this code must give it again: every key and value of the store and every result.
+another, then receives, ``ack_receive`` cycles (the read-ahead), nacks (the only retries here) and
+releases while TTLs run out. Its digest was taken at ``5489c58`` (before the cuts, on a real
+RocksDB); a replay by this code must give it again: every key and value of the store and every
+result.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ def receiver_log(folder: Path, entries: int = 400, seed: int = 24) -> list[bytes
             entry = commands.append(now, [(TOPIC, rng.randint(0, 2), _batch(rng, now, serial))])
         elif roll < 0.6 or not held:
             most = rng.randint(1, 10)
-            visibility_ms = rng.choice([100, 30_000])  # 100: some come back as retries
+            visibility_ms = rng.choice(
+                [100, 30_000]
+            )  # 100: expired before the next receive (no deliver_tick here: no retry from it)
             entry = commands.receive(now, GROUP, TOPIC, [0, 1, 2], most, visibility_ms)
         elif roll < 0.85:
             entry = commands.ack_receive(now, GROUP, TOPIC, held, [0, 1, 2], 10, 30_000)
