@@ -69,9 +69,8 @@ def receiver_log(folder: Path, entries: int = 400, seed: int = 24) -> list[bytes
             entry = commands.append(now, [(TOPIC, rng.randint(0, 2), _batch(rng, now, serial))])
         elif roll < 0.6 or not held:
             most = rng.randint(1, 10)
-            visibility_ms = rng.choice(
-                [100, 30_000]
-            )  # 100: expired before the next receive (no deliver_tick here: no retry from it)
+            # 100: expired before the next receive (no deliver_tick here: no retry from it)
+            visibility_ms = rng.choice([100, 30_000])
             entry = commands.receive(now, GROUP, TOPIC, [0, 1, 2], most, visibility_ms)
         elif roll < 0.85:
             entry = commands.ack_receive(now, GROUP, TOPIC, held, [0, 1, 2], 10, 30_000)
