@@ -3,14 +3,25 @@ reads them): what ``raft.py`` needs on start and after a snapshot."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from raftmq.cluster.replication.contract import Outcome
 from raftmq.cluster.replication.journal import Entry
 from raftmq.cluster.replication.pso import membership_change
 from raftmq.cluster.replication.snapshot_gate import entry_from_json
 
-__all__ = ["members_after", "members_on_start"]
+__all__ = ["MembershipChange", "members_after", "members_on_start"]
+
+
+@dataclass(eq=False)
+class MembershipChange:
+    """A voter change a leader proposed and has not answered yet (compared by identity)."""
+
+    action: str
+    addr: str
+    on_done: Callable[[Outcome], None]
 
 
 def members_after(

@@ -6,8 +6,9 @@ neutralises each", and what neutralises it):
 
 1. No fsync → :class:`~raftmq.cluster.replication.journal.DurableJournal` replaces the journal through
    the ``createJournal`` seam; the transport flushes it before every message but a leader's entries, and
-   before it hands a follower's acknowledgement to pysyncobj, and a tick callback after every tick, so
-   an entry is synced before it is acknowledged or counted (a leader's own fsync overlaps the followers').
+   before it hands a follower's acknowledgement to pysyncobj, and a tick callback after every tick (and
+   each tick begins so: one that failed before its end did not, and a lone voter counts itself at once),
+   so an entry is synced before it is acknowledged or counted (a leader's own fsync overlaps the followers').
 2. Snapshot/compaction crash window → the deserializer aligns the journal to the snapshot before
    pysyncobj compares them, and compaction fsyncs the snapshot's directory first.
 3. ``journalFile`` without ``fullDumpFile`` → both are always set here.
@@ -50,7 +51,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -67,7 +67,7 @@ from raftmq.cluster.replication.contract import (
 from raftmq.cluster.replication.held_answers import HeldAnswers
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.log_filter import install_log_filter
-from raftmq.cluster.replication.members import members_after, members_on_start
+from raftmq.cluster.replication.members import MembershipChange, members_after, members_on_start
 from raftmq.cluster.replication.pso import (
     FAIL_REASON,
     PINNED_PYSYNCOBJ,
@@ -118,15 +118,6 @@ log = structlog.get_logger(__name__)
 _VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
 
 
-@dataclass(eq=False)
-class _MembershipChange:
-    """A voter change this leader proposed and has not answered yet (compared by identity)."""
-
-    action: str
-    addr: str
-    on_done: Callable[[Outcome], None]
-
-
 # pysyncobj failure reason -> (error code, definite)
 _FAILURES: dict[int, tuple[str, bool]] = {
     FAIL_REASON.QUEUE_FULL: ("unavailable", True),
@@ -149,6 +140,10 @@ class _GroupSyncObj(RaftNodeSyncObj):
         self.raftmq_journal = journal
         super().__init__(**kwargs)
         group.terms.look(self._SyncObj__raftCurrentTerm)  # as loaded: a campaign is a timeout away
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        self.raftmq_journal.flush()  # a no-op unless the last tick failed before its end (hazard 1)
+        super()._onTick(timeToWait)
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_command(self, data: bytes) -> Any:
@@ -217,7 +212,7 @@ class RaftGroup:
         self.peer_addrs = [a for a in members if a != self_addr]
         self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
         self._loading_on_start = os.path.exists(snapshot_file)
-        self._membership_in_flight: _MembershipChange | None = None  # tick thread only
+        self._membership_in_flight: MembershipChange | None = None  # tick thread only
         self.votes_ignored = 0  # vote requests and votes dropped from non-voters (tick thread)
         self.terms = TermRecord(self_addr)  # who raised this replica's term (tick thread writes)
         self._vote_log_at = 0.0  # tick thread
@@ -397,7 +392,7 @@ class RaftGroup:
             elif (action == "add") == (addr in members):
                 on_done(Outcome(result={"changed": False, "members": members}))
             else:
-                change = self._membership_in_flight = _MembershipChange(action, addr, on_done)
+                change = self._membership_in_flight = MembershipChange(action, addr, on_done)
                 log.info("membership_change", group=self.name, action=action, addr=addr)
                 propose = self._sync.addNodeToCluster if action == "add" else self._sync.removeNodeFromCluster
                 propose(addr, callback=functools.partial(self._membership_done, change))
@@ -410,7 +405,7 @@ class RaftGroup:
         if wake:
             wake_tick_thread(self._sync)
 
-    def _membership_done(self, change: _MembershipChange, _result: Any, error: int) -> None:
+    def _membership_done(self, change: MembershipChange, _result: Any, error: int) -> None:
         if error == FAIL_REASON.SUCCESS:
             members = self._live_members()
             self._answer_membership(change, Outcome(result={"changed": True, "members": members}))
@@ -418,7 +413,7 @@ class RaftGroup:
             code, definite = _FAILURES.get(error, ("unknown_outcome", False))
             self._answer_membership(change, Outcome(error=code, definite=definite))
 
-    def _answer_membership(self, change: _MembershipChange, outcome: Outcome) -> None:
+    def _answer_membership(self, change: MembershipChange, outcome: Outcome) -> None:
         """Tick thread: answer ``change`` once and let the next one start. pysyncobj's callback
         comes only when the entry is applied through the log; ``_abandon_membership`` answers first
         when it may never come, and the late callback (if any) is then ignored here."""

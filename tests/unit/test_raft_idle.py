@@ -173,3 +173,47 @@ def test_a_lone_voters_entry_commits_at_its_next_tick_not_a_tick_period_later(
         except queue.Empty:
             pytest.fail(f"entry {i} waited for the tick period")
         assert outcome.error is None, outcome
+
+
+def test_a_tick_that_fails_before_its_end_leaves_no_entry_to_commit_unflushed(tmp_path: Path) -> None:
+    # A tick's end flushes the journal (a tick callback); a tick that failed before it (here a
+    # callback ahead of it, once) left the entries it added unflushed, and a lone voter's next tick
+    # counted them as committed at once: applied, and answered, before they were on disk.
+    dirty_at_apply: list[bool] = []
+    group: RaftGroup | None = None
+
+    def check(_index: int) -> None:
+        assert group is not None
+        dirty_at_apply.append(group._journal._dirty)
+
+    addr = f"127.0.0.1:{free_port()}"
+    group = RaftGroup(
+        name="g",
+        node_id="n1",
+        self_addr=addr,
+        peer_addrs=[addr],
+        journal_store=MemoryStore(),
+        machine=Machine(check=check),
+        snapshot_file=str(tmp_path / "g.snapshot"),
+        settings=SETTINGS,
+    )
+    try:
+        settled_leader([group])
+        wait_for(lambda: group._sync.raftLastApplied >= group._sync.raftCommitIndex > 0, "the no-op applied")
+        fail_once = threading.Event()
+
+        def fail_a_tick() -> None:
+            if fail_once.is_set():
+                fail_once.clear()
+                raise RuntimeError("a tick that fails before its end (the test's)")
+
+        group._sync._SyncObj__onTickCallbacks.insert(0, fail_a_tick)
+        dirty_at_apply.clear()
+        for i in range(5):
+            outcomes: queue.Queue[Outcome] = queue.Queue()
+            fail_once.set()
+            group.submit(b"entry %d" % i, outcomes.put)
+            assert outcomes.get(timeout=5).error is None
+        assert dirty_at_apply == [False] * 5, dirty_at_apply
+    finally:
+        group.destroy()
