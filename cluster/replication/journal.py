@@ -283,7 +283,8 @@ class DurableJournal:
 
     def flush(self) -> None:
         """Make every entry added so far durable. Called before a message that vouches for this log
-        leaves the node, before a follower's acknowledgement is read, and after every tick."""
+        leaves the node, before a follower's acknowledgement is read, after every tick and at the
+        start of every tick (a no-op unless the tick before failed ahead of its end)."""
         if self._dirty:
             if self._fsync:
                 started = time.perf_counter()
