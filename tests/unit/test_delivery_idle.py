@@ -90,19 +90,17 @@ def test_an_idle_group_is_looked_at_once_and_the_loop_sleeps_800_ms() -> None:
     assert store.scans == looked  # nothing applied: the cached due time, no read
 
 
-def test_a_deadline_set_without_waking_the_loop_still_expires_on_time() -> None:
-    m = subscribed()
-    proposed: list[dict[str, Any]] = []
-    loops, _store = leader(m, proposed)
+def expires_on_time(m: Machine, loops: TickLoops, proposed: list[dict[str, Any]]) -> None:
+    """A receive applied while the loop sleeps, its deadline 1.2 s away (an apply that far ahead
+    does not wake the loop: nothing here calls ``loops.scheduled()``), is expired on time: not
+    before the deadline, and well before the idle loop's 800 ms sleep would end (two ticks of
+    slack for a loaded machine)."""
 
     async def run() -> int:
         task = asyncio.create_task(loops.deliver_forever())
         await asyncio.sleep(0.3)  # the loop looked: nothing due, it sleeps
-        # A receive applied while it sleeps, its deadline 1.2 s away: an apply that far ahead
-        # does not wake the loop (nothing here calls loops.scheduled()).
         received_at = now_ms()
-        result = m.apply(commands.receive(received_at, "g", T, [0], 10, 1200))
-        assert len(result["messages"]) == 2, result
+        assert len(m.apply(commands.receive(received_at, "g", T, [0], 10, 1200))["messages"]) == 2
         for _ in range(300):
             if proposed:
                 break
@@ -113,9 +111,14 @@ def test_a_deadline_set_without_waking_the_loop_still_expires_on_time() -> None:
     deadline = asyncio.run(run())
     ticks = [p for p in proposed if p["op"] == "deliver_tick"]
     assert ticks, "the deadline was never expired"
-    # On time: not before the deadline, and well before the idle loop's 800 ms sleep would end
-    # (two ticks of slack for a loaded machine).
     assert deadline <= ticks[0]["now_ms"] <= deadline + 2 * TICK_MS, ticks[0]["now_ms"] - deadline
+
+
+def test_a_deadline_set_without_waking_the_loop_still_expires_on_time() -> None:
+    m = subscribed()
+    proposed: list[dict[str, Any]] = []
+    loops, _store = leader(m, proposed)
+    expires_on_time(m, loops, proposed)
     assert m.tick(now_ms())["expired"] == 0  # the tick already expired both deliveries
 
 
@@ -153,22 +156,7 @@ def test_a_deadline_known_from_the_applies_expires_on_time() -> None:
     proposed: list[dict[str, Any]] = []
     loops, _store = leader(m, proposed)
     hooked(m, loops)
-
-    async def run() -> int:
-        task = asyncio.create_task(loops.deliver_forever())
-        await asyncio.sleep(0.3)
-        received_at = now_ms()
-        assert len(m.apply(commands.receive(received_at, "g", T, [0], 10, 1200))["messages"]) == 2
-        for _ in range(300):
-            if proposed:
-                break
-            await asyncio.sleep(0.01)
-        task.cancel()
-        return received_at + 1200
-
-    deadline = asyncio.run(run())
-    ticks = [p for p in proposed if p["op"] == "deliver_tick"]
-    assert ticks and deadline <= ticks[0]["now_ms"] <= deadline + 2 * TICK_MS
+    expires_on_time(m, loops, proposed)
 
 
 def test_the_runs_of_applies_account_for_every_entry_or_for_none() -> None:

@@ -21,6 +21,11 @@ from raftmq.storage.memory import MemoryStore
 SETTINGS = RaftSettings(
     password="x" * 16, election_min_s=0.4, election_max_s=0.8, heartbeat_s=0.05, tick_s=0.01
 )
+# A one-voter group whose leader sleeps 2 s between heartbeats when nothing happens (pysyncobj wants
+# the election timeout above 3 heartbeats: it elects itself after 6 s).
+LONE = dataclasses.replace(
+    SETTINGS, election_min_s=6.1, election_max_s=6.2, heartbeat_s=2.0, max_tick_s=5.0, leader_fallback_s=7.0
+)
 
 
 class TickCounter:
@@ -89,17 +94,7 @@ def test_an_idle_group_ticks_for_its_heartbeats_only(
 def test_a_proposal_and_a_call_for_the_tick_thread_wake_a_sleeping_group_at_once(
     groups: Callable[[int, RaftSettings], list[RaftGroup]],
 ) -> None:
-    # A one-voter group whose leader sleeps 2 s between heartbeats when nothing happens
-    # (pysyncobj wants the election timeout above 3 heartbeats: it elects itself after 6 s).
-    slow = dataclasses.replace(
-        SETTINGS,
-        election_min_s=6.1,
-        election_max_s=6.2,
-        heartbeat_s=2.0,
-        max_tick_s=5.0,
-        leader_fallback_s=7.0,
-    )
-    (group,) = groups(1, slow)
+    (group,) = groups(1, LONE)
     counter = TickCounter(group)
     assert counter.over(1.5) <= 3  # asleep between heartbeats
     done = threading.Event()
@@ -155,16 +150,7 @@ def test_a_lone_voters_entry_commits_at_its_next_tick_not_a_tick_period_later(
     # commits an entry. With entries awaiting a commit it used to sleep `tick_s` (50 ms by default:
     # every produce to a one-node cluster took 53 ms); here `tick_s` is 1.5 s, so a wait for it
     # shows plainly.
-    slow = dataclasses.replace(
-        SETTINGS,
-        election_min_s=6.1,
-        election_max_s=6.2,
-        heartbeat_s=2.0,
-        tick_s=1.5,
-        max_tick_s=5.0,
-        leader_fallback_s=7.0,
-    )
-    (group,) = groups(1, slow)
+    (group,) = groups(1, dataclasses.replace(LONE, tick_s=1.5))
     for i in range(3):
         outcomes: queue.Queue[Outcome] = queue.Queue()
         group.submit(b"command %d" % i, outcomes.put)
@@ -175,45 +161,28 @@ def test_a_lone_voters_entry_commits_at_its_next_tick_not_a_tick_period_later(
         assert outcome.error is None, outcome
 
 
-def test_a_tick_that_fails_before_its_end_leaves_no_entry_to_commit_unflushed(tmp_path: Path) -> None:
+def test_a_tick_that_fails_before_its_end_leaves_no_entry_to_commit_unflushed(
+    groups: Callable[[int, RaftSettings], list[RaftGroup]],
+) -> None:
     # A tick's end flushes the journal (a tick callback); a tick that failed before it (here a
-    # callback ahead of it, once) left the entries it added unflushed, and a lone voter's next tick
-    # counted them as committed at once: applied, and answered, before they were on disk.
-    dirty_at_apply: list[bool] = []
-    group: RaftGroup | None = None
+    # callback ahead of it, in the tick that added the entry) left the entry unflushed, and a lone
+    # voter's next tick counted it as committed at once: applied, and answered, before it was on disk.
+    (group,) = groups(1, SETTINGS)
+    journal = group._journal
+    fail_next = threading.Event()
 
-    def check(_index: int) -> None:
-        assert group is not None
-        dirty_at_apply.append(group._journal._dirty)
+    def fail_the_tick_that_added_it() -> None:
+        if fail_next.is_set() and journal._dirty:  # before _after_tick's flush: this tick added it
+            fail_next.clear()
+            raise RuntimeError("a tick that fails before its end (the test's)")
 
-    addr = f"127.0.0.1:{free_port()}"
-    group = RaftGroup(
-        name="g",
-        node_id="n1",
-        self_addr=addr,
-        peer_addrs=[addr],
-        journal_store=MemoryStore(),
-        machine=Machine(check=check),
-        snapshot_file=str(tmp_path / "g.snapshot"),
-        settings=SETTINGS,
-    )
-    try:
-        settled_leader([group])
-        wait_for(lambda: group._sync.raftLastApplied >= group._sync.raftCommitIndex > 0, "the no-op applied")
-        fail_once = threading.Event()
-
-        def fail_a_tick() -> None:
-            if fail_once.is_set():
-                fail_once.clear()
-                raise RuntimeError("a tick that fails before its end (the test's)")
-
-        group._sync._SyncObj__onTickCallbacks.insert(0, fail_a_tick)
-        dirty_at_apply.clear()
-        for i in range(5):
-            outcomes: queue.Queue[Outcome] = queue.Queue()
-            fail_once.set()
-            group.submit(b"entry %d" % i, outcomes.put)
-            assert outcomes.get(timeout=5).error is None
-        assert dirty_at_apply == [False] * 5, dirty_at_apply
-    finally:
-        group.destroy()
+    group._sync._SyncObj__onTickCallbacks.insert(0, fail_the_tick_that_added_it)
+    for i in range(5):
+        # Answered on the tick thread as the entry is applied: whether the journal was dirty then.
+        answers: queue.Queue[tuple[Outcome, bool]] = queue.Queue()
+        fail_next.set()
+        group.submit(b"entry %d" % i, lambda outcome, q=answers: q.put((outcome, journal._dirty)))
+        outcome, dirty = answers.get(timeout=5)
+        assert outcome.error is None, outcome
+        assert not fail_next.is_set(), "no tick failed"
+        assert not dirty, f"entry {i} applied before it was flushed"
