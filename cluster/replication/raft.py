@@ -266,6 +266,11 @@ class RaftGroup:
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
             self._sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.join_quiet_s
+        elif not joining and not self.peer_addrs:
+            # A lone voter (replication 1): no other replica can lead or vote, so it campaigns at its
+            # first tick, as pysyncobj would once an election timeout had passed (0.8-1.6 s after
+            # every start without a leader, each write waiting).
+            self._sync._SyncObj__raftElectionDeadline = 0.0
         try:
             self._sync.waitBinded()
         except SyncObjException:

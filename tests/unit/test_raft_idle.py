@@ -186,3 +186,31 @@ def test_a_tick_that_fails_before_its_end_leaves_no_entry_to_commit_unflushed(
         assert outcome.error is None, outcome
         assert not fail_next.is_set(), "no tick failed"
         assert not dirty, f"entry {i} applied before it was flushed"
+
+
+def test_a_lone_voter_leads_at_its_first_tick_after_a_start_and_a_restart(tmp_path: Path) -> None:
+    # A one-voter group campaigned only once its election timeout had passed (0.8-1.6 s by default,
+    # 6.1 s here): after every start of a one-node cluster, writes waited that long for a leader.
+    addr, store = f"127.0.0.1:{free_port()}", MemoryStore()
+    for start in ("start", "restart"):
+        began = time.monotonic()
+        group = RaftGroup(
+            name="g",
+            node_id="n1",
+            self_addr=addr,
+            peer_addrs=[addr],
+            journal_store=store,
+            machine=Machine(),
+            snapshot_file=str(tmp_path / "g.snapshot"),
+            settings=LONE,
+        )
+        try:
+            leads = f"the lone voter leads after its {start}"
+            wait_for(lambda g=group: g.status().is_leader, leads, timeout=2.0)
+            assert time.monotonic() - began < LONE.election_min_s / 3
+            outcomes: queue.Queue[Outcome] = queue.Queue()
+            group.submit(b"after the " + start.encode(), outcomes.put)
+            assert outcomes.get(timeout=2.0).error is None
+        finally:
+            group.destroy()
+    assert len(group._journal) > 2  # the restart read the first start's journal
