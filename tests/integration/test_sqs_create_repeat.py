@@ -14,6 +14,7 @@ the right checked before the dead-letter queue is looked up), and other differin
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ def test_create_queue_repeating_the_current_redrive_policy_needs_no_right_on_the
 ) -> None:
     wanted = _setup(c)
     before = {name: _stored(c, name) for name in wanted}
+    time.sleep(1.1)  # LastModifiedTimestamp counts seconds: a write from here on would move it
     src_admin = {
         "json": _json(c, SRC_ADMIN_TOKEN, "n2"),
         "query": _query(c, SRC_ADMIN_TOKEN, tmp_path, "n3"),
