@@ -12,7 +12,7 @@ back (filtered, a write-back would drop the sources hidden from it); the Redrive
 the queue's own messages go after ``maxReceiveCount`` receives (hidden, its admin saw a queue
 without one whose messages vanished, and a tool saw drift and set it again, which needs a right
 on the dead-letter queue). The name it shows was put there by a token with ``produce`` or
-``admin`` on the dead-letter queue (``access.authorize``): a source's admin cannot make it name a
+``admin`` on the dead-letter queue (``sqs/redrive_rights.py``): a source's admin cannot make it name a
 queue it has no right on, so it learns only where its own messages are sent. The
 REST answers (``GET``/``PATCH /v1/topics/{topic}``, ``GET /v1/topics``, filtered by the
 authentication middleware at the entry node) and the SQS actions (GetQueueAttributes,

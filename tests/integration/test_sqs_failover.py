@@ -1,6 +1,6 @@
 """The SQS API on a cluster of its own: a queue group's leader killed while boto3 sends loses no
 acknowledged send; a node whose metadata replica lags writes the RedrivePolicy it is sent, and
-refuses a token's write-back of a policy no longer in force (SigV4 on a cluster with tokens:
+refuses a token's write-back (or CreateQueue) of a policy no longer in force (SigV4 on a cluster with tokens:
 test_sqs_auth.py)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,8 @@ def test_a_lagging_node_refuses_a_stale_write_back_of_the_redrive_policy(tmp_pat
     (dropped: no change), compared with the policy at the metadata leader. Compared with the
     node's own replica, a node that missed a change to policy B took a write-back of the former
     policy A by such a token for no change, answered success, and wrote nothing: the token passed
-    a check meant for the policy in force. It is refused (AccessDenied) and B stays."""
+    a check meant for the policy in force. It is refused (AccessDenied) and B stays; so is a
+    CreateQueue repeating policy A, which the node's replica answered with the queue's URL."""
     tokens = tokens_toml(
         [
             ("admin", ADMIN_TOKEN, '["*"]', '["*"]', '["*"]'),
@@ -214,16 +216,30 @@ def test_a_lagging_node_refuses_a_stale_write_back_of_the_redrive_policy(tmp_pat
             return sqs_client(c.url(node), keys, region="us-east-1", retries=retries)
 
         url, policy = _queues(c, client("n1", ADMIN_TOKEN), "tok")
-        writers = {node: client(node, SRC_ADMIN_TOKEN, 1) for node in c.nodes}  # before any pause
+        # Before any pause: a client per node for each of the two calls, sent at once.
+        writers = {node: client(node, SRC_ADMIN_TOKEN, 1) for node in c.nodes}
+        creators = {node: client(node, SRC_ADMIN_TOKEN, 1) for node in c.nodes}
+        stale = {"RedrivePolicy": policy("tok-dlq-a")}
+
+        def write_back(node: str) -> list[Any]:
+            """SetQueueAttributes and CreateQueue (a tool ensuring the queue exists with its
+            attributes) with policy A, both while the node still holds it: their outcomes."""
+            with ThreadPoolExecutor(2) as pool:
+                calls = [
+                    pool.submit(writers[node].set_queue_attributes, QueueUrl=url, Attributes=stale),
+                    pool.submit(creators[node].create_queue, QueueName="tok-src", Attributes=stale),
+                ]
+            return [call.exception() or call.result() for call in calls]
+
         answers = _write_through_a_lagging_node(
             c,
             lambda leader: client(leader, ADMIN_TOKEN).set_queue_attributes(
                 QueueUrl=url, Attributes={"RedrivePolicy": policy("tok-dlq-b")}
             ),
-            lambda node: writers[node].set_queue_attributes(
-                QueueUrl=url, Attributes={"RedrivePolicy": policy("tok-dlq-a")}
-            ),
+            write_back,
         )
-        assert len(answers) == 1 and isinstance(answers[0], ClientError), answers
-        assert answers[0].response["Error"]["Code"] == "AccessDenied", answers[0].response
+        assert len(answers) == 1 and len(answers[0]) == 2, answers
+        for answer in answers[0]:
+            assert isinstance(answer, ClientError), answers
+            assert answer.response["Error"]["Code"] == "AccessDenied", answer.response
         _wait_stored(c, "tok-src", "tok-dlq-b")

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftmq.cluster.api.sqs.errors import SqsError
-from raftmq.cluster.api.sqs.queues import read_json
 from raftmq.cluster.config.tokens import ADMIN, CONSUME, PERMISSIONS, PRODUCE, TokenGrant
 
 __all__ = [
@@ -131,10 +130,10 @@ def bind_path_queue(action: str, params: dict[str, Any], url: str, queue: str) -
 
 async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, names: TopicNames) -> None:
     """Raise AccessDenied unless ``grant`` may run ``action`` with ``params`` (InvalidAction for an
-    action not in :data:`RIGHTS`). A RedrivePolicy set by CreateQueue also needs the right of
-    :func:`authorize_redrive_target` (SetQueueAttributes checks it itself: only a policy other than
-    the queue's current one needs it); a StartMessageMoveTask with a DestinationArn ``produce`` on
-    that queue."""
+    action not in :data:`RIGHTS`); a StartMessageMoveTask with a DestinationArn ``produce`` on
+    that queue. A RedrivePolicy set by CreateQueue or SetQueueAttributes also needs the right of
+    :func:`authorize_redrive_target`, which the actions check (``redrive_rights.py``: a policy the
+    queue already has needs none)."""
     right = refuse_unknown(action)
     if right.source is None:
         return
@@ -143,11 +142,6 @@ async def authorize(action: str, params: dict[str, Any], grant: TokenGrant, name
     # permission on some queue, as the REST API does with a malformed request.
     checked = [None] if queue is None else await names(queue, right.creating)
     await _check(action, grant, right, checked)
-    attributes = params.get("Attributes")
-    if action == "CreateQueue" and isinstance(attributes, dict):
-        target = _redrive_target(attributes.get("RedrivePolicy"))
-        if target is not None:
-            await authorize_redrive_target(action, grant, names, target)
     destination = params.get("DestinationArn")
     if action == "StartMessageMoveTask" and destination is not None:
         target = queue_name_of(destination, "SourceArn")
@@ -158,13 +152,6 @@ async def authorize_redrive_target(action: str, grant: TokenGrant, names: TopicN
     """Raise AccessDenied unless ``grant`` has ``produce`` or ``admin`` on ``target``, the
     dead-letter queue of a RedrivePolicy it sets: the source's dead letters are sent there."""
     await _check(action, grant, Right((PRODUCE, ADMIN), any_of=True), await names(target, False))
-
-
-def _redrive_target(raw: Any) -> str | None:
-    """The dead-letter queue a RedrivePolicy names (None: none readable; the action checks it)."""
-    policy = read_json(raw) if isinstance(raw, str) and raw else None
-    arn = policy.get("deadLetterTargetArn") if isinstance(policy, dict) else None
-    return queue_name_of(arn, "SourceArn") if isinstance(arn, str) else None
 
 
 async def _check(action: str, grant: TokenGrant, right: Right, checked: Sequence[str | None]) -> None:

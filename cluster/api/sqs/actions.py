@@ -41,8 +41,9 @@ from raftmq.cluster.api.handlers.consumers import not_due_counts
 from raftmq.cluster.api.handlers.subscriptions import SubscriptionsApi
 from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
-from raftmq.cluster.api.sqs.access import authorize_redrive_target, queue_name_of
+from raftmq.cluster.api.sqs.access import queue_name_of
 from raftmq.cluster.api.sqs.errors import SqsError, quoted
+from raftmq.cluster.api.sqs.redrive_rights import REDRIVE_POLICY, current_policy_repeated
 from raftmq.cluster.api.visibility import grant_owns, grant_sees, visible_attributes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -121,35 +122,6 @@ class QueueActions:
     def queue_arn(self, name: str) -> str:
         """The queue's ARN, in the cluster's region (``[sqs] region``)."""
         return f"arn:aws:sqs:{self.region}:{qs.ACCOUNT}:{name}"
-
-    async def _redrive_change(
-        self, request: web.Request, topic: Topic, changes: dict[str, str]
-    ) -> dict[str, str]:
-        """``changes`` as sent, once the token may set its RedrivePolicy: another dead-letter
-        queue needs ``produce`` or ``admin`` there, checked before its target is looked up (an
-        answer about a queue the token has no right on would tell of it); removing one ("")
-        needs none. A token refused there may still write back the queue's current policy (the
-        same dead-letter queue and maxReceiveCount, however written: a tool writing back what it
-        read, as the queue's admin who lacks that right): it changes nothing and is dropped. The
-        current policy is read at the metadata leader: this node's replica may lag, and a write
-        dropped for a stale match would be lost while answered success."""
-        key = qs.PREFIX + "RedrivePolicy"
-        wanted = qs.parse_redrive_policy(changes.get(key))
-        grant = request.get(PRINCIPAL)
-        if wanted is None or grant is None:
-            return changes
-        try:
-            await authorize_redrive_target(
-                "SetQueueAttributes", grant, self.api.permission_names, wanted.target
-            )
-        except SqsError as refused:
-            if refused.aws.code != "AccessDenied":
-                raise
-            current = await self.api.topic(topic.name, fresh=True)
-            if wanted != qs.redrive_policy(current):
-                raise
-            return {k: v for k, v in changes.items() if k != key}
-        return changes
 
     async def _check_redrive_target(self, source: str, attributes: dict[str, str], fifo: bool) -> None:
         """A RedrivePolicy being set names an existing queue other than ``source`` of the source's
@@ -234,13 +206,15 @@ class QueueActions:
         if fifo:
             qs.check_fifo_settings(wanted)
         tags = qs.check_tags(params["tags"], name) if params.get("tags") is not None else {}
-        await self._check_redrive_target(name, wanted, fifo)
-        try:
-            topic = await self.api.topic(name)
-        except RaftmqError as e:
-            if e.error is not errors.TOPIC_NOT_FOUND:
-                raise
-            topic = await self._create_topic(name, wanted, tags)
+        # The queue's current RedrivePolicy repeated by a token refused on its dead-letter queue:
+        # the queue as read at the metadata leader, compared below, nothing created or written.
+        repeated = await current_policy_repeated(
+            "CreateQueue", request.get(PRINCIPAL), self.api, name, wanted
+        )
+        if repeated is None:
+            topic = await self._existing_or_created(name, wanted, tags, fifo)
+        else:
+            topic = repeated
         if not qs.is_queue(topic):
             raise SqsError("QueueNameExists", f"A raftmq topic named {name} exists and is not an SQS queue.")
         if qs.is_fifo(topic) != fifo:
@@ -264,6 +238,20 @@ class QueueActions:
             raise SqsError("QueueNameExists", "A queue already exists with the same name and different tags.")
         await self._ensure_subscription(topic)
         return {"QueueUrl": self.queue_url(request, name)}
+
+    async def _existing_or_created(
+        self, name: str, wanted: dict[str, str], tags: dict[str, str], fifo: bool
+    ) -> Topic:
+        """The queue ``name`` (compared with ``wanted`` by the caller), created when missing, once
+        the dead-letter queue of its RedrivePolicy is checked: a token with the right there (or no
+        token) has a repeated policy checked as any other, as AWS does."""
+        await self._check_redrive_target(name, wanted, fifo)
+        try:
+            return await self.api.topic(name)
+        except RaftmqError as e:
+            if e.error is not errors.TOPIC_NOT_FOUND:
+                raise
+        return await self._create_topic(name, wanted, tags)
 
     async def cluster_applies(self, capability: str) -> bool:
         """Whether every node of the cluster applies ``capability`` (each configured node, not only
@@ -419,7 +407,10 @@ class QueueActions:
         )
         if fifo:
             qs.check_fifo_settings({**topic.attributes, **changes})
-        changes = await self._redrive_change(request, topic, changes)
+        grant = request.get(PRINCIPAL)
+        repeated = await current_policy_repeated("SetQueueAttributes", grant, self.api, topic.name, changes)
+        if repeated is not None:  # the queue's current policy, for a token refused on its target
+            changes = {k: v for k, v in changes.items() if k != REDRIVE_POLICY}
         await self._check_redrive_target(topic.name, changes, fifo)
         await self._check_fifo_release(fifo, changes)
         command = {
