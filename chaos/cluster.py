@@ -1,4 +1,4 @@
-"""A raftmq cluster of 3 or 5 nodes as containers, through testcontainers, with the knobs faults need.
+"""A raftmq cluster of 1, 3 or 5 nodes as containers, through testcontainers, with the knobs faults need.
 
 Shape of one cluster:
 
@@ -243,7 +243,7 @@ class ChaosCluster:
             "[cluster]",
             f'secret = "{SECRET}"',
             f"queue_groups = {self.queue_groups}",
-            f"replication = {min(3, len(self.node_ids))}",
+            f"replication = {min(3, len(self.node_ids))}",  # one node: 1, a lone voter
             "[limits]",
             f"request_timeout_ms = {self.request_timeout_ms}",
             # The nodes serve HTTP on their addresses of the run's own docker network (not loopback),

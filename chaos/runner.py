@@ -35,7 +35,7 @@ from .history import NEMESIS, History, HistoryFile, fault_windows, nemesis_ops
 from .images import APP_IMAGE
 from .load import LoadConfig, LoadProcesses
 from .logscan import scan_logs
-from .nemesis import FAULTS, schedule
+from .nemesis import FAULTS, parse_faults, schedule
 from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
 from .receive import ReceiveConfig, Receivers
 from .report import write_report
@@ -56,7 +56,7 @@ WORKLOADS = ("queue", "receive", "both", "sqs", "all")
 @dataclass(frozen=True)
 class ChaosSpec:
     name: str = "chaos"
-    nodes: int = 3
+    nodes: int = 3  # one of nemesis.TOPOLOGIES: 1 (replication 1), 3 or 5
     faults: tuple[str, ...] = tuple(FAULTS)
     time_limit_s: float = 60.0
     seed: int = 0
@@ -239,9 +239,7 @@ async def _final_committed(group: GroupConsumers, tries: int = 20) -> dict[str, 
 
 
 async def _run(spec: ChaosSpec) -> RunResult:
-    unknown = [f for f in spec.faults if f not in FAULTS]
-    if unknown:
-        raise ValueError(f"unknown nemeses {unknown}; known: {', '.join(FAULTS)}")
+    parse_faults(",".join(spec.faults), spec.nodes)  # raises on a fault this topology cannot run
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     directory = spec.store / spec.name / stamp
     directory.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raftmq.chaos.nemesis import time_for_each
-from raftmq.chaos.runner import ChaosSpec, run
+from raftmq.chaos.runner import ChaosSpec, RunResult, run
 
 POWER_LOSS_FAULTS = ["power-loss-all"]
 
@@ -52,17 +52,14 @@ def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_an_early_
     assert not sq["valid"]
 
 
-def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_acking_before_fsync(
-    chaos_images: str, store: Path
-) -> None:
-    """``durability = "os"`` acknowledges what is replicated to a majority's page cache, not to its
-    disks: a whole-cluster power loss must lose acknowledged messages, or the power loss does not
-    bite (issue 22)."""
-    quiet_s, fault_s = (2.0, 3.0), (3.0, 4.0)
+def _run_durability_os(name: str, nodes: int, quiet_s: tuple[float, float], fault_s: tuple[float, float],
+                       store: Path) -> RunResult:  # fmt: skip
+    """About 3 power losses of the whole cluster, its nodes acknowledging before their fsync."""
     spec = ChaosSpec(
-        name="mutation-durability-os",
+        name=name,
+        nodes=nodes,
         faults=tuple(POWER_LOSS_FAULTS),
-        time_limit_s=3 * time_for_each(POWER_LOSS_FAULTS, quiet_s, fault_s),  # about 3 power losses
+        time_limit_s=3 * time_for_each(POWER_LOSS_FAULTS, quiet_s, fault_s),
         seed=1,
         quiet_s=quiet_s,
         fault_s=fault_s,
@@ -77,6 +74,30 @@ def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_acking_be
     )
     result = run(spec)
     print((result.directory / "summary.txt").read_text())
+    return result
+
+
+def test_the_total_queue_checker_catches_acknowledged_messages_lost_by_acking_before_fsync(
+    chaos_images: str, store: Path
+) -> None:
+    """``durability = "os"`` acknowledges what is replicated to a majority's page cache, not to its
+    disks: a whole-cluster power loss must lose acknowledged messages, or the power loss does not
+    bite (issue 22)."""
+    result = _run_durability_os("mutation-durability-os", 3, (2.0, 3.0), (3.0, 4.0), store)
+    assert_lost_acknowledged(result)
+
+
+def test_the_one_node_run_catches_acknowledged_messages_lost_by_acking_before_fsync(
+    chaos_images: str, store: Path
+) -> None:
+    """The one-node twin (test_faults.py, the one-node power losses): a lone voter under
+    ``durability = "os"`` commits what is in its page cache alone, and its power losses must lose
+    acknowledged messages."""
+    result = _run_durability_os("mutation-one-node-durability-os", 1, (2.0, 3.0), (1.0, 2.0), store)
+    assert_lost_acknowledged(result)
+
+
+def assert_lost_acknowledged(result: RunResult) -> None:
     tq = result.checks["total_queue"]
     assert tq["acknowledged_count"] > 0
     assert tq["lost_count"] > 0, f"a power loss under durability os lost nothing; see {result.directory}"
