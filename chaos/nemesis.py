@@ -29,9 +29,11 @@ comes from the seeded ``rng``, except where it depends on the cluster (the curre
 The power-loss faults are in ``powerloss_nemesis`` (they need the power-loss file system).
 
 Topologies: a run has 1, 3 or 5 nodes (``TOPOLOGIES``). A fault that needs peers (a partition,
-packet loss between nodes, one node's clock apart from the others', compaction by the others) has
-``min_nodes = 2``; ``faults_for(nodes)`` lists those a cluster of that size can run, which is
-what ``all`` and the shorthands expand to, and naming one it cannot run is an error. On one node
+packet loss between nodes, a minority's clocks apart from the others', compaction by the others) has
+``min_nodes = 2``; a leader's clock days ahead (``clock-jump-leader``) needs none: what it checks is
+the state machine's bound on its group's time, and its heal restarts the node alone.
+``faults_for(nodes)`` lists the faults a cluster of that size can run, which is what ``all`` and
+the shorthands expand to, and naming one it cannot run is an error. On one node
 the others all hit that node: it leads every group, so a kill, a leader's kill, a majority's kill
 are one fault, and so are the three power losses.
 
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,7 @@ __all__ = [
     "TOPOLOGIES",
     "Fault",
     "Planned",
+    "check_faults",
     "faults_for",
     "parse_faults",
     "schedule",
@@ -322,7 +325,6 @@ FAULTS: dict[str, Fault] = {
             _clock_jump_leader,
             _clock_jump_heal,
             "move a queue group leader's clock 3 days ahead, then back (and restart it)",
-            min_nodes=2,
         ),
         Fault("disk-full", _disk_full, _disk_free, "fill one node's volume"),
         Fault(
@@ -372,12 +374,27 @@ def parse_faults(spec: str, nodes: int = 3) -> list[str]:
             names += [n for n in usable if n.startswith("power-loss")]
         elif word in usable:
             names.append(word)
-        elif word in FAULTS:
-            raise ValueError(f"nemesis {word!r} needs at least {FAULTS[word].min_nodes} nodes, not {nodes}")
         else:
-            known = f"all, partition, kills, power-losses, {', '.join(usable)}"
-            raise ValueError(f"unknown nemesis {word!r} (known: {known})")
+            raise ValueError(
+                _refusal(word, nodes, f"all, partition, kills, power-losses, {', '.join(usable)}")
+            )
     return list(dict.fromkeys(names))
+
+
+def check_faults(names: Iterable[str], nodes: int) -> None:
+    """Raise ValueError unless ``nodes`` is a topology and each name is a fault it can run: names,
+    not shorthands (the runner looks each one up in ``FAULTS``), and refused before any container
+    starts, not at the fault's time."""
+    usable = faults_for(nodes)
+    for name in names:
+        if name not in usable:
+            raise ValueError(_refusal(name, nodes, ", ".join(usable)))
+
+
+def _refusal(word: str, nodes: int, known: str) -> str:
+    if word in FAULTS:
+        return f"nemesis {word!r} needs at least {FAULTS[word].min_nodes} nodes, not {nodes}"
+    return f"unknown nemesis {word!r} (known: {known})"
 
 
 @dataclass(frozen=True)
