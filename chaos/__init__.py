@@ -3,7 +3,7 @@
 The rooms are Jepsen's, and each is a module that knows nothing of the others' insides:
 
 - ``images``: the container images (a Debian base from debootstrap, raftmq from a local wheelhouse).
-- ``cluster``: 3 or 5 nodes as containers through testcontainers, with the knobs faults need.
+- ``cluster``: 1, 3 or 5 nodes as containers through testcontainers, with the knobs faults need.
 - ``history``: the operations of a run, one JSON object per line (invoke / ok / fail / info).
 - ``client``: the workload's view of the broker through ``raftmq.client`` (produce, fetch,
   receive, ack) with every outcome classified.

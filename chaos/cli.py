@@ -50,7 +50,13 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     help="all, none, or a comma list of: partition, kills, power-losses, or single nemesis names.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the fault schedule and targets.")
-@click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True)
+@click.option(
+    "--nodes",
+    type=click.Choice(["1", "3", "5"]),
+    default="3",
+    show_default=True,
+    help="1: replication 1 (a lone voter in every group; faults that need peers are left out), 3 or 5.",
+)
 @click.option("--rate", type=float, default=120.0, show_default=True, help="Produce attempts per second.")
 @click.option("--producers", type=int, default=None, help="Producer workers (default 8 per node).")
 @click.option(
@@ -171,7 +177,7 @@ def main(
     from .nemesis import parse_faults
 
     try:
-        faults = parse_faults(nemesis)
+        faults = parse_faults(nemesis, int(nodes))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--nemesis") from None
     if build or build_only:

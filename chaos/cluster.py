@@ -1,4 +1,4 @@
-"""A raftmq cluster of 3 or 5 nodes as containers, through testcontainers, with the knobs faults need.
+"""A raftmq cluster of 1, 3 or 5 nodes as containers, through testcontainers, with the knobs faults need.
 
 Shape of one cluster:
 
@@ -243,7 +243,7 @@ class ChaosCluster:
             "[cluster]",
             f'secret = "{SECRET}"',
             f"queue_groups = {self.queue_groups}",
-            f"replication = {min(3, len(self.node_ids))}",
+            f"replication = {min(3, len(self.node_ids))}",  # one node: 1, a lone voter
             "[limits]",
             f"request_timeout_ms = {self.request_timeout_ms}",
             # The nodes serve HTTP on their addresses of the run's own docker network (not loopback),
@@ -391,7 +391,13 @@ class ChaosCluster:
 
     def leader(self, group: str) -> str | None:
         """The running node that claims to lead ``group`` ("meta" or "0", "1", ...) with the highest
-        term, or None."""
+        term, or None. One node is its groups' only voter, so their leader whenever it runs, or about
+        to be: the first one-node runs found it leaderless for 1-1.6 s after each restart (an
+        election timeout; since fixed in the raft layer, commit 553ad54), and a leader's fault
+        planned then hit nothing. Not asking also spares a status request to a node replaying
+        its journal under load."""
+        if len(self.node_ids) == 1:
+            return self.node_ids[0] if self.running(self.node_ids[0]) else None
         best: tuple[int, str] | None = None
         for nid in self.node_ids:
             try:

@@ -28,6 +28,15 @@ comes from the seeded ``rng``, except where it depends on the cluster (the curre
 
 The power-loss faults are in ``powerloss_nemesis`` (they need the power-loss file system).
 
+Topologies: a run has 1, 3 or 5 nodes (``TOPOLOGIES``). A fault that needs peers (a partition,
+packet loss between nodes, a minority's clocks apart from the others', compaction by the others) has
+``min_nodes = 2``; a leader's clock days ahead (``clock-jump-leader``) needs none: what it checks is
+the state machine's bound on its group's time, and its heal restarts the node alone.
+``faults_for(nodes)`` lists the faults a cluster of that size can run, which is what ``all`` and
+the shorthands expand to, and naming one it cannot run is an error. On one node
+the others all hit that node: it leads every group, so a kill, a leader's kill, a majority's kill
+are one fault, and so are the three power losses.
+
 Partitions are iptables DROP rules inside the containers on traffic from peers; clients on the host
 always reach every node, as in Jepsen.
 """
@@ -36,7 +45,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +53,26 @@ from .cluster import ChaosCluster
 from .powerloss_nemesis import power_loss_all, power_loss_leader, power_loss_one, power_restore
 from .strangers import RaftStrangers, refused_by_node
 
-__all__ = ["FAULTS", "Fault", "Planned", "parse_faults", "schedule", "time_for_each"]
+__all__ = [
+    "FAULTS",
+    "TOPOLOGIES",
+    "Fault",
+    "Planned",
+    "check_faults",
+    "faults_for",
+    "parse_faults",
+    "schedule",
+    "time_for_each",
+]
 
 Value = dict[str, Any]
 ALONE_S = 1.5  # how long isolate-kill-leader lets the cut-off leader run before killing it
 COMPACT_AFTER_S = 1.0  # checkpoint-fetch: writes the killed node misses before the others compact
 STALL_S = 2.0  # checkpoint-fetch: how long the restarted node's fetches hang before they fail
 CLOCK_JUMP_S = 3 * 24 * 3600  # clock-jump-leader: how far ahead the leader's clock moves
+# The cluster sizes a run may have: one node (replication 1, a lone voter in every group), or an
+# odd majority of 3 or 5 (replication 3).
+TOPOLOGIES = (1, 3, 5)
 
 
 @dataclass(frozen=True)
@@ -59,6 +81,7 @@ class Fault:
     start: Callable[[ChaosCluster, random.Random], Value]
     stop: Callable[[ChaosCluster, Value], None]
     description: str
+    min_nodes: int = 1  # 2: it needs peers to cut, skew apart or compact
 
 
 def _running(c: ChaosCluster) -> list[str]:
@@ -266,18 +289,37 @@ FAULTS: dict[str, Fault] = {
         Fault("kill-leader", _kill_leader, _restart, "SIGKILL the leader of a random queue group"),
         Fault("kill-majority", _kill_majority, _restart, "SIGKILL a majority of nodes, then start them"),
         Fault("pause", _pause, _unpause, "freeze one node with the cgroup freezer, then thaw it"),
-        Fault("partition-one", _partition_one, _heal, "cut one node off from the others"),
-        Fault("partition-halves", _partition_halves, _heal, "split into a random majority and minority"),
-        Fault("partition-bridge", _partition_bridge, _heal, "two halves joined only through one node"),
-        Fault("partition-leader", _partition_leader, _heal, "cut off the leader of a random queue group"),
+        Fault("partition-one", _partition_one, _heal, "cut one node off from the others", min_nodes=2),
+        Fault(
+            "partition-halves",
+            _partition_halves,
+            _heal,
+            "split into a random majority and minority",
+            min_nodes=2,
+        ),
+        Fault(
+            "partition-bridge",
+            _partition_bridge,
+            _heal,
+            "two halves joined only through one node",
+            min_nodes=2,
+        ),
+        Fault(
+            "partition-leader",
+            _partition_leader,
+            _heal,
+            "cut off the leader of a random queue group",
+            min_nodes=2,
+        ),
         Fault(
             "isolate-kill-leader",
             _isolate_kill_leader,
             _heal_restart,
             "cut off a queue group's leader, then SIGKILL it",
+            min_nodes=2,
         ),
-        Fault("packet-loss", _packet_loss, _heal, "drop 10-30% of packets between nodes"),
-        Fault("clock-skew", _clock_skew, _clock_reset, "jump the clocks of a minority of nodes"),
+        Fault("packet-loss", _packet_loss, _heal, "drop 10-30% of packets between nodes", min_nodes=2),
+        Fault("clock-skew", _clock_skew, _clock_reset, "jump the clocks of a minority of nodes", min_nodes=2),
         Fault(
             "clock-jump-leader",
             _clock_jump_leader,
@@ -290,6 +332,7 @@ FAULTS: dict[str, Fault] = {
             _checkpoint_fetch,
             _checkpoint_fetch_heal,
             "snapshot installs on one node while its checkpoint fetches stall, then fail",
+            min_nodes=2,
         ),
         Fault("power-loss", power_loss_one, power_restore, "one node loses power and its unsynced writes"),
         Fault("power-loss-leader", power_loss_leader, power_restore, "a queue group's leader loses power"),
@@ -304,28 +347,54 @@ FAULTS: dict[str, Fault] = {
 }
 
 
-def parse_faults(spec: str) -> list[str]:
+def faults_for(nodes: int) -> list[str]:
+    """The faults a cluster of ``nodes`` can run, in ``FAULTS`` order."""
+    if nodes not in TOPOLOGIES:
+        raise ValueError(f"a chaos cluster has {', '.join(map(str, TOPOLOGIES))} nodes, not {nodes}")
+    return [name for name, f in FAULTS.items() if nodes >= f.min_nodes]
+
+
+def parse_faults(spec: str, nodes: int = 3) -> list[str]:
     """``all``, ``none`` or a comma-separated list of fault names (``partition`` = every partition,
-    ``kills`` = every kill, ``power-losses`` = every power loss)."""
+    ``kills`` = every kill, ``power-losses`` = every power loss), of the faults a cluster of
+    ``nodes`` can run: the shorthands leave the others out, a name of one of them is an error."""
     if spec in ("", "none"):
         return []
+    usable = faults_for(nodes)
     names: list[str] = []
     for word in spec.split(","):
         word = word.strip()
         if word == "all":
-            names += list(FAULTS)
+            names += usable
         elif word in ("partition", "partitions"):
-            names += [n for n in FAULTS if n.startswith("partition")]
+            names += [n for n in usable if n.startswith("partition")]
         elif word == "kills":
-            names += [n for n in FAULTS if "kill" in n]
+            names += [n for n in usable if "kill" in n]
         elif word == "power-losses":
-            names += [n for n in FAULTS if n.startswith("power-loss")]
-        elif word in FAULTS:
+            names += [n for n in usable if n.startswith("power-loss")]
+        elif word in usable:
             names.append(word)
         else:
-            known = f"all, partition, kills, power-losses, {', '.join(FAULTS)}"
-            raise ValueError(f"unknown nemesis {word!r} (known: {known})")
+            raise ValueError(
+                _refusal(word, nodes, f"all, partition, kills, power-losses, {', '.join(usable)}")
+            )
     return list(dict.fromkeys(names))
+
+
+def check_faults(names: Iterable[str], nodes: int) -> None:
+    """Raise ValueError unless ``nodes`` is a topology and each name is a fault it can run: names,
+    not shorthands (the runner looks each one up in ``FAULTS``), and refused before any container
+    starts, not at the fault's time."""
+    usable = faults_for(nodes)
+    for name in names:
+        if name not in usable:
+            raise ValueError(_refusal(name, nodes, ", ".join(usable)))
+
+
+def _refusal(word: str, nodes: int, known: str) -> str:
+    if word in FAULTS:
+        return f"nemesis {word!r} needs at least {FAULTS[word].min_nodes} nodes, not {nodes}"
+    return f"unknown nemesis {word!r} (known: {known})"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from .history import NEMESIS, History, HistoryFile, fault_windows, nemesis_ops
 from .images import APP_IMAGE
 from .load import LoadConfig, LoadProcesses
 from .logscan import scan_logs
-from .nemesis import FAULTS, schedule
+from .nemesis import FAULTS, check_faults, schedule
 from .powerloss_nemesis import POWER_LOSS_FAULTS, power_loss_figures
 from .receive import ReceiveConfig, Receivers
 from .report import write_report
@@ -56,7 +56,9 @@ WORKLOADS = ("queue", "receive", "both", "sqs", "all")
 @dataclass(frozen=True)
 class ChaosSpec:
     name: str = "chaos"
-    nodes: int = 3
+    nodes: int = 3  # one of nemesis.TOPOLOGIES: 1 (replication 1), 3 or 5
+    # Fault names (not shorthands: nemesis.parse_faults expands those). The default, every fault,
+    # suits 3 and 5 nodes; one node must name its own (nemesis.faults_for(1)), or the run is refused.
     faults: tuple[str, ...] = tuple(FAULTS)
     time_limit_s: float = 60.0
     seed: int = 0
@@ -68,7 +70,7 @@ class ChaosSpec:
     # client processes: a producer stuck on one request (a cut-off leader) says nothing about the
     # others, and a fault then hits many requests in flight at once.
     producers: int | None = None
-    consumers: int | None = None  # default: 1 per node
+    consumers: int | None = None  # default: 1 per node; 0: none (only the drain reads)
     workload: str = "queue"
     receivers: int | None = None  # default: 1 per node (receive and both)
     producer_client: str = "mixed"  # attempt | producer | mixed (see workload)
@@ -130,10 +132,11 @@ def run(spec: ChaosSpec) -> RunResult:
 
 def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
     rest = spec.workload != "sqs"  # the REST producers run unless the SQS workload runs alone
+    consumers = spec.nodes if spec.consumers is None else spec.consumers  # 0 is none, not the default
     return WorkloadConfig(
         queues=spec.queues or 2 * spec.nodes,
         producers=(spec.producers or 8 * spec.nodes) if rest else 0,
-        consumers=(spec.consumers or spec.nodes) if spec.workload in ("queue", "both", "all") else 0,
+        consumers=consumers if spec.workload in ("queue", "both", "all") else 0,
         rate=spec.rate,
         producer_client=spec.producer_client,
         replica_catch_up_s=spec.replica_catch_up_s,
@@ -239,9 +242,7 @@ async def _final_committed(group: GroupConsumers, tries: int = 20) -> dict[str, 
 
 
 async def _run(spec: ChaosSpec) -> RunResult:
-    unknown = [f for f in spec.faults if f not in FAULTS]
-    if unknown:
-        raise ValueError(f"unknown nemeses {unknown}; known: {', '.join(FAULTS)}")
+    check_faults(spec.faults, spec.nodes)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     directory = spec.store / spec.name / stamp
     directory.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.chaos.nemesis import FAULTS, time_for_each
+from raftmq.chaos.nemesis import FAULTS, faults_for, parse_faults, time_for_each
 from raftmq.chaos.runner import ChaosSpec, RunResult, run
 
 QUIET_S = (2.0, 4.0)
@@ -56,17 +56,64 @@ def test_the_groups_cover_every_nemesis() -> None:
     assert sorted(f for group in GROUPS.values() for f in group) == sorted(FAULTS)
 
 
+def test_one_node_runs_the_faults_that_need_no_peer() -> None:
+    """A one-node topology: ``all`` and the shorthands leave out what needs peers (partitions,
+    packet loss, a minority's clocks apart from the others', compaction by the others), and naming
+    such a fault is refused, by the runner too, before any container starts. A leader's clock days
+    ahead needs no peer (the state machine bounds its group's time; the heal restarts the node)."""
+    alone = ["kill", "kill-leader", "kill-majority", "pause", "clock-jump-leader", "disk-full"]
+    alone += ["power-loss", "power-loss-leader", "power-loss-all", "raft-strangers"]
+    assert faults_for(1) == alone
+    assert parse_faults("all", 1) == alone and parse_faults("partition", 1) == []
+    assert parse_faults("power-losses", 1) == GROUPS["power-losses"]
+    assert faults_for(3) == faults_for(5) == list(FAULTS) == parse_faults("all")
+    with pytest.raises(ValueError, match="needs at least 2 nodes"):
+        parse_faults("kill,partition-one", 1)
+    with pytest.raises(ValueError, match="needs at least 2 nodes"):
+        run(ChaosSpec(nodes=1, faults=("power-loss", "packet-loss"), store=Path("/nonexistent")))
+    with pytest.raises(ValueError, match="1, 3, 5 nodes, not 2"):
+        faults_for(2)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "faults", "refusal"),
+    [
+        # Shorthands are the CLI's (parse_faults expands them); the runner takes fault names, and
+        # "all" would have passed its check only to fail looking itself up at the fault's time.
+        (3, ("kill", "all"), "unknown nemesis 'all'"),
+        (1, ("kills",), "unknown nemesis 'kills'"),
+        (1, ("partition-one",), "needs at least 2 nodes, not 1"),
+        # A topology the cluster does not have is refused with no fault to look at.
+        (2, (), "1, 3, 5 nodes, not 2"),
+        (4, (), "1, 3, 5 nodes, not 4"),
+    ],
+)
+def test_the_runner_refuses_a_spec_before_any_container_starts(
+    nodes: int, faults: tuple[str, ...], refusal: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=refusal):
+        run(ChaosSpec(nodes=nodes, faults=faults, store=tmp_path))
+    assert not any(tmp_path.iterdir()), "the run began (its report directory exists)"
+
+
 def run_chaos(
-    name: str, faults: list[str], store: Path, nodes: int = 3, seed: int = 1, **kw: object
+    name: str,
+    faults: list[str],
+    store: Path,
+    nodes: int = 3,
+    seed: int = 1,
+    quiet_s: tuple[float, float] = QUIET_S,
+    fault_s: tuple[float, float] = FAULT_S,
+    **kw: object,
 ) -> RunResult:
     spec = ChaosSpec(
         name=name,
         nodes=nodes,
         faults=tuple(faults),
-        time_limit_s=time_for_each(faults, QUIET_S, FAULT_S),
+        time_limit_s=time_for_each(faults, quiet_s, fault_s),
         seed=seed,
-        quiet_s=QUIET_S,
-        fault_s=FAULT_S,
+        quiet_s=quiet_s,
+        fault_s=fault_s,
         store=store,
         **kw,  # type: ignore[arg-type]
     )
@@ -159,3 +206,24 @@ def test_at_least_once_on_five_nodes_under_partitions_and_majority_kills(
 ) -> None:
     faults = ["partition-bridge", "partition-halves", "kill-majority", "pause"]
     assert_at_least_once(run_chaos("suite-five-nodes", faults, store, nodes=5, producers=20, rate=100))
+
+
+# One node (replication 1): the node is every group's lone voter, which counts itself a majority
+# and commits alone (the deadline poll that does not sleep, the flush at each tick's start:
+# docs/architecture.md). Its power is cut every 3-5 s, for 1-2 s, under the production load;
+# the three power losses are one fault here (the node is the leader and the whole cluster).
+ONE_NODE_QUIET_S, ONE_NODE_FAULT_S = (2.0, 3.0), (1.0, 2.0)
+
+
+def test_at_least_once_on_one_node_under_power_losses(chaos_images: str, store: Path) -> None:
+    faults = GROUPS["power-losses"]
+    result = run_chaos("suite-one-node-power-losses", faults, store, nodes=1, quiet_s=ONE_NODE_QUIET_S,
+                       fault_s=ONE_NODE_FAULT_S, **SETTINGS["power-losses"])  # fmt: skip
+    assert_at_least_once(result)
+    # A cut drops unsynced bytes: a loss that dropped none (all its volumes' counts 0) cut nothing.
+    cuts = [
+        p
+        for p in result.results["run"]["power_losses"]
+        if sum(b or 0 for b in p["dropped_bytes"].values()) > 0
+    ]
+    assert len(cuts) >= 3, f"the node lost power {len(cuts)} times: {result.results['run']['power_losses']}"
