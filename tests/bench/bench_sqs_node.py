@@ -14,7 +14,7 @@ split as ``split_sqs_profile.py`` splits ``bench_sqs.py``'s.
 
     .venv/bin/python tests/bench/bench_sqs_node.py                        # ~40 s
     PYTHONPATH=/tmp/base .venv/bin/python tests/bench/bench_sqs_node.py   # another tree's code
-    .venv/bin/python tests/bench/bench_sqs_node.py --profile
+    .venv/bin/python tests/bench/bench_sqs_node.py --profile --gil
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--profile", action="store_true", help="py-spy the entry node during one more window")
     ap.add_argument("--profile-rate", type=int, default=200, help="py-spy's samples a second")
+    ap.add_argument("--gil", action="store_true", help="py-spy --gil: the thread holding the GIL only")
     add_run_arguments(ap)
     args = ap.parse_args()
     if args.profile:
@@ -133,7 +134,7 @@ def main() -> None:
             result["node_cpu_us_per_call"] = statistics.median(w["node_cpu_us_per_call"] for w in windows)
             if args.profile:
                 out = RESULTS / "profile-sqs_node-entry.raw.txt"
-                spy = start_py_spy(pids[entry], args.seconds, out, rate=args.profile_rate)
+                spy = start_py_spy(pids[entry], args.seconds, out, rate=args.profile_rate, gil=args.gil)
                 result["profiled_window"] = window(sqs, url, body, pids, entry, args.seconds)
                 if spy is not None:
                     spy.wait(30)
