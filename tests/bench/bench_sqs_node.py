@@ -6,11 +6,12 @@ second client competing for the cores), so that a change of a few per cent shows
 3 nodes, 1 queue group (replication 3, ``durability = "fsync"``); one boto3 client in this
 process, on the group's leader, runs the receiver's cycle with a sender's call before it:
 SendMessageBatch of 10 bodies of ``--value-size`` bytes, ReceiveMessage of 10 (``WaitTimeSeconds``
-0; served from the read-ahead the delete before took, docs/sqs.md), and DeleteMessageBatch of
-what it got. Each node's CPU (user + system, /proc) over ``--seconds`` is divided by the calls
-made: the entry node's, and the two followers' (their applies and Raft work) apart; ``--rounds``
-windows, the median printed. ``--profile``: py-spy on the entry node during one more window,
-split as ``split_sqs_profile.py`` splits ``bench_sqs.py``'s.
+0; a ``receive`` entry of its own: the delete before found the queue empty, so its read-ahead,
+docs/sqs.md, took nothing), and DeleteMessageBatch of what it got. Each node's CPU (user +
+system, /proc) over ``--seconds`` is divided by the calls made: the entry node's, and the two
+followers' (their applies and Raft work) apart; ``--rounds`` windows, the median printed.
+``--profile``: py-spy on the entry node during one more window, split as ``split_sqs_profile.py``
+splits ``bench_sqs.py``'s (``split_sqs_stages.py`` splits its raw file by the stage of a call).
 
     .venv/bin/python tests/bench/bench_sqs_node.py                        # ~40 s
     PYTHONPATH=/tmp/base .venv/bin/python tests/bench/bench_sqs_node.py   # another tree's code
