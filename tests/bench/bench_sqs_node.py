@@ -91,6 +91,7 @@ def window(sqs: Any, url: str, body: str, pids: dict[str, int], entry: str, seco
         "node_cpu_us_per_call": round(1e6 * cores[entry] * seconds / calls, 1),
         "followers_cpu_us_per_call": round(1e6 * followers * seconds / calls, 1),
         "node_cores": cores[entry],
+        "cores_by_node": {n: cores[n] for n in pids},
         "other_cores": cores["other"],
         "p50_ms": {a: round(1e3 * statistics.median(t), 2) for a, t in times.items() if t},
     }
@@ -105,6 +106,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="py-spy the entry node during one more window")
     ap.add_argument("--profile-rate", type=int, default=200, help="py-spy's samples a second")
     ap.add_argument("--gil", action="store_true", help="py-spy --gil: the thread holding the GIL only")
+    ap.add_argument("--profile-node", default="", help="profile this node (n2, n3: a follower)")
     add_run_arguments(ap)
     args = ap.parse_args()
     if args.profile:
@@ -134,14 +136,15 @@ def main() -> None:
             result["windows"] = windows
             result["node_cpu_us_per_call"] = statistics.median(w["node_cpu_us_per_call"] for w in windows)
             if args.profile:
-                out = RESULTS / "profile-sqs_node-entry.raw.txt"
-                spy = start_py_spy(pids[entry], args.seconds, out, rate=args.profile_rate, gil=args.gil)
-                result["profiled_window"] = window(sqs, url, body, pids, entry, args.seconds)
+                who = args.profile_node or entry
+                out = RESULTS / f"profile-sqs_node-{'entry' if who == entry else who}.raw.txt"
+                spy = start_py_spy(pids[who], args.seconds, out, rate=args.profile_rate, gil=args.gil)
+                profiled = result["profiled_window"] = window(sqs, url, body, pids, entry, args.seconds)
                 if spy is not None:
                     spy.wait(30)
                 counts, fsync = split(out)
                 busy = max(1, sum(counts.values()))
-                us = result["profiled_window"]["node_cpu_us_per_call"]
+                us = round(1e6 * profiled["cores_by_node"][who] * args.seconds / profiled["calls"], 1)
                 result["profile_us_per_call"] = {k: round(us * n / busy, 1) for k, n in counts.most_common()}
                 result["profile_fsync_share"] = round(fsync / busy, 3)
         finally:
