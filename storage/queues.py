@@ -387,8 +387,7 @@ def _batches_from(
         return
     prefix = record_prefix(topic_id, queue)
     found = store.last_before(record_key(topic_id, queue, offset), prefix)
-    header = None if found is None else decode_header(found[1])
-    if found is None or header is None or header.end_offset <= offset:
+    if found is None or (header := decode_header(found[1])).end_offset <= offset:
         # Retention removed the batch after we read the bounds.
         low, high = queue_bounds(store, topic_id, queue)
         raise OffsetOutOfRange(offset, low, high)

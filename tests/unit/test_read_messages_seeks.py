@@ -73,3 +73,15 @@ def test_a_read_inside_one_batch_needs_no_scan(store: CountingStore) -> None:
     got = read_messages(store, TOPIC, QUEUE, 33, 5, first_chunk=1)
     assert [m.offset for m in got] == [33, 34, 35, 36, 37]
     assert store.seeks == 1
+
+
+@pytest.mark.parametrize("first_chunk", [0, 1, 16])
+def test_a_read_ends_at_a_gap_right_after_its_first_batch(store: CountingStore, first_chunk: int) -> None:
+    """Retention removed the second batch under the read: the read ends with the first batch (the
+    one its seek found), never skipping to the third."""
+    gap = Batch()
+    gap.delete(keys.record_key(TOPIC, QUEUE, PER_BATCH))
+    store.write(gap)
+    got = read_messages(store, TOPIC, QUEUE, 3, 1000, first_chunk=first_chunk)
+    assert [m.offset for m in got] == list(range(3, PER_BATCH))
+    assert read_offsets(store, TOPIC, QUEUE, [8, 9, 10, 11, 25]).keys() == {8, 9, 25}
