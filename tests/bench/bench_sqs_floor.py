@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import shutil
 import statistics
@@ -45,9 +46,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 from _common import (  # noqa: E402
+    _TICK,
     PYTHON,
     RESULTS,
-    CpuMeter,
+    _proc_ticks,
     add_run_arguments,
     data_folder,
     free_ports,
@@ -138,15 +140,22 @@ def start_bare(value_size: int) -> tuple[subprocess.Popen[bytes], str]:
     (port,) = free_ports(1)
     cmd = [PYTHON, __file__, "--serve", "aiohttp", "--port", str(port), "--value-size", str(value_size)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"listening", (
-        "the floor did not start"
-    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"listening":
+        stop_proc(proc)
+        raise RuntimeError("the floor did not start")
     return proc, f"http://127.0.0.1:{port}"
+
+
+def stop_proc(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(10)
 
 
 def start_stack(base: Path, value_size: int) -> Any:
     """A one-node cluster whose node runs :func:`_serve_stack`; the harness's ``Cluster`` (its
-    ``stop`` kills the node)."""
+    ``stop`` kills the node). A node that does not get ready is stopped here: the caller has
+    nothing to stop yet."""
     from tests.integration.harness import Cluster
 
     cluster = Cluster(
@@ -159,7 +168,12 @@ def start_stack(base: Path, value_size: int) -> Any:
         n.proc = subprocess.Popen(
             [*cmd, "--value-size", str(value_size)], stdout=log, stderr=subprocess.STDOUT
         )
-    cluster.wait_ready(timeout_s=60)
+    try:
+        cluster.wait_ready(timeout_s=60)
+    except BaseException:
+        cluster.stop()
+        shutil.rmtree(cluster.dir, ignore_errors=True)
+        raise
     return cluster
 
 
@@ -173,11 +187,13 @@ def measured(server: Server, body: str, seconds: float) -> dict[str, Any]:
     return w
 
 
-def idle_us_per_s(pid: int, seconds: float = 3.0) -> float:
-    """The CPU (µs a second) ``pid`` spends with no request."""
-    meter = CpuMeter({"p": pid}).start()
+def idle_us_per_s(pid: int, seconds: float = 5.0) -> float:
+    """The CPU (µs a second) ``pid`` spends with no request, from /proc's clock ticks as they are
+    (``CpuMeter`` rounds to 0.01 cores, 10,000 µs a second): one tick over the window is
+    ``1e6 / SC_CLK_TCK / seconds`` (2,000 µs a second at 100 ticks a second over 5 s)."""
+    t0, ticks0 = time.monotonic(), _proc_ticks(pid)
     time.sleep(seconds)
-    return round(1e6 * meter.stop()["p"], 1)
+    return round(1e6 * (_proc_ticks(pid) - ticks0) / _TICK / (time.monotonic() - t0), 1)
 
 
 # -- the run -----------------------------------------------------------------------------------------
@@ -216,56 +232,64 @@ def run(args: argparse.Namespace) -> None:
     base, fs = data_folder(args)
     notes = "1 boto3 client, one call at a time: send 10, receive 10, delete them; 3 servers alternating"
     ignored = ("serve", "port", "config", "node")
-    with recorded_run("sqs_floor", args, notes=notes, data_fs=fs, report=report, internal=ignored) as result:
+    with (
+        recorded_run("sqs_floor", args, notes=notes, data_fs=fs, report=report, internal=ignored) as result,
+        contextlib.ExitStack() as started,  # what started is stopped, in reverse, whatever fails
+    ):
         bare, bare_url = start_bare(args.value_size)
+        started.callback(stop_proc, bare)
         stack = start_stack(base, args.value_size)
+        started.callback(shutil.rmtree, stack.dir, ignore_errors=True)
+        started.callback(stack.stop)
         folder = Path(tempfile.mkdtemp(prefix="sqs-node-", dir=base))
+        started.callback(shutil.rmtree, folder, ignore_errors=True)
         cluster = Cluster(folder, nodes=3, queue_groups=1, replication=3, extra_toml='durability = "fsync"')
-        try:
-            cluster.start()
-            cluster.wait_ready(timeout_s=60)
-            wait_until(lambda: cluster.leader("0") == "n1", 30, 0.25, "n1 leads group 0 (its balancer)")
-            entry = cluster.leader("0")
-            assert entry is not None, "no leader of queue group 0"
-            body = "x" * args.value_size
-            raft_sqs = _client(cluster.url(entry))
-            stack_pid = node_pids(stack)["n1"]
-            stack_url = stack.url("n1")
-            raft_url = raft_sqs.create_queue(QueueName="bench")["QueueUrl"]
-            servers: dict[str, Server] = {
-                "aiohttp": (_client(bare_url), f"{bare_url}/0/bench", {"s": bare.pid}, "s"),
-                "raftmq stack": (_client(stack_url), f"{stack_url}/0/bench", {"s": stack_pid}, "s"),
-                "raftmq": (raft_sqs, raft_url, node_pids(cluster), entry),
-            }
-            result["idle_us_per_s"] = {
-                "aiohttp": idle_us_per_s(bare.pid),
-                "raftmq stack": idle_us_per_s(stack_pid),
-            }
-            for sqs, url, _, _ in servers.values():
-                cycles(sqs, url, body, args.warmup_s)
-            windows: dict[str, list[dict[str, Any]]] = {t: [] for t in TARGETS}
-            for _ in range(args.rounds):
-                for t, server in servers.items():
-                    windows[t].append(measured(server, body, args.seconds))
-            result["windows"] = windows
-            result["median_us_per_call"] = {
-                t: statistics.median(w["node_cpu_us_per_call"] for w in ws) for t, ws in windows.items()
-            }
-            result["client_median_us_per_call"] = statistics.median(
-                w["client_cpu_us_per_call"] for ws in windows.values() for w in ws
-            )
-            result["followers_median_us_per_call"] = statistics.median(
-                w["followers_cpu_us_per_call"] for w in windows["raftmq"]
-            )
-            if args.profile:
-                result["profiles"] = {t: profile(servers[t], body, args) for t in TARGETS[:2]}
-        finally:
-            cluster.stop()
-            stack.stop()
-            bare.kill()
-            bare.wait(10)
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.rmtree(stack.dir, ignore_errors=True)
+        started.callback(cluster.stop)
+        cluster.start()
+        cluster.wait_ready(timeout_s=60)
+        wait_until(lambda: cluster.leader("0") == "n1", 30, 0.25, "n1 leads group 0 (its balancer)")
+        entry = cluster.leader("0")
+        assert entry is not None, "no leader of queue group 0"
+        body = "x" * args.value_size
+        raft_sqs = _client(cluster.url(entry))
+        stack_pid = node_pids(stack)["n1"]
+        stack_url = stack.url("n1")
+        raft_url = raft_sqs.create_queue(QueueName="bench")["QueueUrl"]
+        servers: dict[str, Server] = {
+            "aiohttp": (_client(bare_url), f"{bare_url}/0/bench", {"s": bare.pid}, "s"),
+            "raftmq stack": (_client(stack_url), f"{stack_url}/0/bench", {"s": stack_pid}, "s"),
+            "raftmq": (raft_sqs, raft_url, node_pids(cluster), entry),
+        }
+        result["idle_us_per_s"] = {
+            "aiohttp": idle_us_per_s(bare.pid),
+            "raftmq stack": idle_us_per_s(stack_pid),
+        }
+        result.update(measure_all(servers, body, args))
+
+
+def measure_all(servers: dict[str, Server], body: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The warm-up, then ``--rounds`` windows of each server in turn, their medians, and the
+    floors' profiles (``--profile``)."""
+    result: dict[str, Any] = {}
+    for sqs, url, _, _ in servers.values():
+        cycles(sqs, url, body, args.warmup_s)
+    windows: dict[str, list[dict[str, Any]]] = {t: [] for t in TARGETS}
+    for _ in range(args.rounds):
+        for t, server in servers.items():
+            windows[t].append(measured(server, body, args.seconds))
+    result["windows"] = windows
+    result["median_us_per_call"] = {
+        t: statistics.median(w["node_cpu_us_per_call"] for w in ws) for t, ws in windows.items()
+    }
+    result["client_median_us_per_call"] = statistics.median(
+        w["client_cpu_us_per_call"] for ws in windows.values() for w in ws
+    )
+    result["followers_median_us_per_call"] = statistics.median(
+        w["followers_cpu_us_per_call"] for w in windows["raftmq"]
+    )
+    if args.profile:
+        result["profiles"] = {t: profile(servers[t], body, args) for t in TARGETS[:2]}
+    return result
 
 
 def profile(server: Server, body: str, args: argparse.Namespace) -> dict[str, Any]:

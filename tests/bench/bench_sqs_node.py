@@ -6,12 +6,13 @@ second client competing for the cores), so that a change of a few per cent shows
 3 nodes, 1 queue group (replication 3, ``durability = "fsync"``); one boto3 client in this
 process, on the group's leader, runs the receiver's cycle with a sender's call before it:
 SendMessageBatch of 10 bodies of ``--value-size`` bytes, ReceiveMessage of 10 (``WaitTimeSeconds``
-0; a ``receive`` entry of its own: the delete before found the queue empty, so its read-ahead,
-docs/sqs.md, took nothing), and DeleteMessageBatch of what it got. Each node's CPU (user +
-system, /proc) over ``--seconds`` is divided by the calls made: the entry node's, and the two
-followers' (their applies and Raft work) apart; ``--rounds`` windows, the median printed.
-``--profile``: py-spy on the entry node during one more window, split as ``split_sqs_profile.py``
-splits ``bench_sqs.py``'s (``split_sqs_stages.py`` splits its raw file by the stage of a call).
+0), and DeleteMessageBatch of what it got. That is 3 Raft entries per cycle, not 2: the delete
+empties the queue, so its read-ahead (docs/sqs.md) takes nothing and the next ReceiveMessage is a
+``receive`` entry of its own. Each node's CPU (user + system, /proc) over ``--seconds`` is divided
+by the calls made: the entry node's, and the two followers' (their applies and Raft work) apart;
+``--rounds`` windows, the median printed. ``--profile``: py-spy on the entry node (or on
+``--profile-node``) during one more window, split as ``split_sqs_profile.py`` splits
+``bench_sqs.py``'s (``split_sqs_stages.py`` splits its raw file by the stage of a call).
 
     .venv/bin/python tests/bench/bench_sqs_node.py                        # ~40 s
     PYTHONPATH=/tmp/base .venv/bin/python tests/bench/bench_sqs_node.py   # another tree's code
@@ -103,7 +104,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="measured windows (the median is printed)")
     ap.add_argument("--warmup-s", type=float, default=3.0)
     ap.add_argument("--value-size", type=int, default=100)
-    ap.add_argument("--profile", action="store_true", help="py-spy the entry node during one more window")
+    ap.add_argument("--profile", action="store_true", help="py-spy a node during one more window")
     ap.add_argument("--profile-rate", type=int, default=200, help="py-spy's samples a second")
     ap.add_argument("--gil", action="store_true", help="py-spy --gil: the thread holding the GIL only")
     ap.add_argument("--profile-node", default="", help="profile this node (n2, n3: a follower)")

@@ -1,5 +1,7 @@
-"""An entry node's py-spy profile (``bench_sqs_node.py --profile --gil``) split by the stage of an
-SQS call its busy samples are in, in µs of CPU per call: what ``bench_sqs_floor.py``'s floors
+"""A node's py-spy profile (``bench_sqs_node.py --profile --gil``: the entry node's, or a
+follower's with ``--profile-node``) split by the stage of an SQS call its busy samples are in, in
+µs of CPU per call (the second argument: that node's CPU per call, from the same run's unprofiled
+window, since py-spy's sampling inflates the profiled window's): what ``bench_sqs_floor.py``'s floors
 also spend (aiohttp and the loop), raftmq's middlewares, the SQS wire, auth, the actions, the
 leader actions and committers (``group_call``), the receive coordinator, the store's reads on the
 loop, the Raft submit, the wake-ups between the threads, and the Raft tick thread (its applies,
@@ -9,8 +11,10 @@ A tick thread's sample (under ``_autoTickThread``) goes to the first of its stag
 loop sample to the stage of its innermost frame that names one (walking from the leaf up), as
 ``split_sqs_profile.py`` does, so a RocksDB read under a receive's answer is a store read, and a
 frame of aiohttp under none of ours is the floor's. Idle samples and fsync waits are left out.
+It also prints the tick thread's share of the busy samples (with ``--gil``: of the GIL's time).
 
     .venv/bin/python tests/bench/split_sqs_stages.py bench-results/profile-sqs_node-entry.raw.txt 1133
+    .venv/bin/python tests/bench/split_sqs_stages.py bench-results/profile-sqs_node-n2.raw.txt 436
 """
 
 from __future__ import annotations
@@ -74,9 +78,10 @@ def stage_of(frames: list[str]) -> str:
     return FLOOR
 
 
-def split(raw: Path) -> tuple[Counter[str], int]:
-    """Busy samples per stage, and all busy samples, of one raw py-spy profile."""
+def split(raw: Path) -> tuple[Counter[str], int, int]:
+    """Busy samples per stage, all busy samples, and the tick thread's, of one raw py-spy profile."""
     counts: Counter[str] = Counter()
+    tick = 0
     for line in raw.read_text().splitlines():
         stack, _, count_s = line.rpartition(" ")
         frames = [f for f in stack.split(";") if f]
@@ -88,13 +93,15 @@ def split(raw: Path) -> tuple[Counter[str], int]:
         ):
             continue
         counts[stage_of(frames)] += int(count_s)
-    return counts, sum(counts.values())
+        tick += int(count_s) if any("_autoTickThread" in f for f in frames) else 0
+    return counts, sum(counts.values()), tick
 
 
 def main() -> None:
     raw, us_per_call = Path(sys.argv[1]), float(sys.argv[2])
-    counts, busy = split(raw)
-    print(f"{busy} busy samples; µs per call as shares of {us_per_call:g}")
+    counts, busy, tick = split(raw)
+    print(f"{busy} busy samples, {100 * tick / busy:.1f} % in the Raft tick thread")
+    print(f"µs per call as shares of {us_per_call:g}")
     for name, n in counts.most_common():
         print(f"| {name} | {100 * n / busy:.1f} % | {us_per_call * n / busy:.0f} |")
 
