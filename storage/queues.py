@@ -371,7 +371,8 @@ def _batches_from(
 ) -> Iterator[tuple[BatchHeader, bytes, int]]:
     """``(header, value, first offset wanted)`` of the record batches from the one holding
     ``offset`` on, in order, ending before a gap (retention removed batches under our feet: never
-    return a gap). Scans fetch ``first_chunk`` batches, then twice as many up to ``_SCAN_CHUNK``;
+    return a gap). The first batch is the one the seek for ``offset`` read (not read again); the
+    scans after it fetch ``first_chunk`` batches, then twice as many up to ``_SCAN_CHUNK``;
     ``first_chunk=0``: one scan, read lazily (each new scan is a seek, which costs as much as
     reading a large batch).
 
@@ -386,13 +387,17 @@ def _batches_from(
         return
     prefix = record_prefix(topic_id, queue)
     found = store.last_before(record_key(topic_id, queue, offset), prefix)
-    if found is None or decode_header(found[1]).end_offset <= offset:
+    if found is None or (header := decode_header(found[1])).end_offset <= offset:
         # Retention removed the batch after we read the bounds.
         low, high = queue_bounds(store, topic_id, queue)
         raise OffsetOutOfRange(offset, low, high)
+    # The seek read the batch holding ``offset``: it is the first, and the scans start after it.
+    if found[0] != record_key(topic_id, queue, header.base_offset):
+        raise CorruptRecord(f"record batch at key {found[0].hex()} has base offset {header.base_offset}")
+    yield header, found[1], offset
+    next_offset = header.end_offset
     _, end = queue_range(_RECORD_PREFIX_BYTE, topic_id, queue)
-    next_offset = offset
-    start_key = found[0]
+    start_key = found[0] + b"\x00"
     chunk_size = first_chunk
     while True:
         if chunk_size == 0:

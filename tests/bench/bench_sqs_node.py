@@ -6,15 +6,17 @@ second client competing for the cores), so that a change of a few per cent shows
 3 nodes, 1 queue group (replication 3, ``durability = "fsync"``); one boto3 client in this
 process, on the group's leader, runs the receiver's cycle with a sender's call before it:
 SendMessageBatch of 10 bodies of ``--value-size`` bytes, ReceiveMessage of 10 (``WaitTimeSeconds``
-0; served from the read-ahead the delete before took, docs/sqs.md), and DeleteMessageBatch of
-what it got. Each node's CPU (user + system, /proc) over ``--seconds`` is divided by the calls
-made: the entry node's, and the two followers' (their applies and Raft work) apart; ``--rounds``
-windows, the median printed. ``--profile``: py-spy on the entry node during one more window,
-split as ``split_sqs_profile.py`` splits ``bench_sqs.py``'s.
+0), and DeleteMessageBatch of what it got. That is 3 Raft entries per cycle, not 2: the delete
+empties the queue, so its read-ahead (docs/sqs.md) takes nothing and the next ReceiveMessage is a
+``receive`` entry of its own. Each node's CPU (user + system, /proc) over ``--seconds`` is divided
+by the calls made: the entry node's, and the two followers' (their applies and Raft work) apart;
+``--rounds`` windows, the median printed. ``--profile``: py-spy on the entry node (or on
+``--profile-node``) during one more window, split as ``split_sqs_profile.py`` splits
+``bench_sqs.py``'s (``split_sqs_stages.py`` splits its raw file by the stage of a call).
 
     .venv/bin/python tests/bench/bench_sqs_node.py                        # ~40 s
     PYTHONPATH=/tmp/base .venv/bin/python tests/bench/bench_sqs_node.py   # another tree's code
-    .venv/bin/python tests/bench/bench_sqs_node.py --profile
+    .venv/bin/python tests/bench/bench_sqs_node.py --profile --gil
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def window(sqs: Any, url: str, body: str, pids: dict[str, int], entry: str, seco
         "node_cpu_us_per_call": round(1e6 * cores[entry] * seconds / calls, 1),
         "followers_cpu_us_per_call": round(1e6 * followers * seconds / calls, 1),
         "node_cores": cores[entry],
+        "cores_by_node": {n: cores[n] for n in pids},
         "other_cores": cores["other"],
         "p50_ms": {a: round(1e3 * statistics.median(t), 2) for a, t in times.items() if t},
     }
@@ -101,8 +104,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="measured windows (the median is printed)")
     ap.add_argument("--warmup-s", type=float, default=3.0)
     ap.add_argument("--value-size", type=int, default=100)
-    ap.add_argument("--profile", action="store_true", help="py-spy the entry node during one more window")
+    ap.add_argument("--profile", action="store_true", help="py-spy a node during one more window")
     ap.add_argument("--profile-rate", type=int, default=200, help="py-spy's samples a second")
+    ap.add_argument("--gil", action="store_true", help="py-spy --gil: the thread holding the GIL only")
+    ap.add_argument("--profile-node", default="", help="profile this node (n2, n3: a follower)")
     add_run_arguments(ap)
     args = ap.parse_args()
     if args.profile:
@@ -132,14 +137,15 @@ def main() -> None:
             result["windows"] = windows
             result["node_cpu_us_per_call"] = statistics.median(w["node_cpu_us_per_call"] for w in windows)
             if args.profile:
-                out = RESULTS / "profile-sqs_node-entry.raw.txt"
-                spy = start_py_spy(pids[entry], args.seconds, out, rate=args.profile_rate)
-                result["profiled_window"] = window(sqs, url, body, pids, entry, args.seconds)
+                who = args.profile_node or entry
+                out = RESULTS / f"profile-sqs_node-{'entry' if who == entry else who}.raw.txt"
+                spy = start_py_spy(pids[who], args.seconds, out, rate=args.profile_rate, gil=args.gil)
+                profiled = result["profiled_window"] = window(sqs, url, body, pids, entry, args.seconds)
                 if spy is not None:
                     spy.wait(30)
                 counts, fsync = split(out)
                 busy = max(1, sum(counts.values()))
-                us = result["profiled_window"]["node_cpu_us_per_call"]
+                us = round(1e6 * profiled["cores_by_node"][who] * args.seconds / profiled["calls"], 1)
                 result["profile_us_per_call"] = {k: round(us * n / busy, 1) for k, n in counts.most_common()}
                 result["profile_fsync_share"] = round(fsync / busy, 3)
         finally:
