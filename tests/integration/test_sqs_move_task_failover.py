@@ -11,9 +11,14 @@ from .harness import Cluster
 from .sqs_clients import sqs_client, until
 from .test_sqs_move_tasks import ARN, _dead_letter, _queues, _task
 
+# sqs.move_task_lease_ms: 6 s, not the 30 s default (the test waited it out twice). Six heartbeats
+# (every second) fit in it; a task of a dead node that is never failed, or messages it took that
+# never come back, still fail the waits below.
+LEASE = "[sqs]\nmove_task_lease_ms = 6000\n"
+
 
 def test_a_task_whose_node_dies_is_failed_and_loses_no_message(tmp_path: Path) -> None:
-    with Cluster(tmp_path, nodes=3) as c:
+    with Cluster(tmp_path, nodes=3, extra_toml=LEASE) as c:
         c.start()
         c.wait_ready()
         c.wait_balanced()
@@ -29,13 +34,13 @@ def test_a_task_whose_node_dies_is_failed_and_loses_no_message(tmp_path: Path) -
         )
         until("a moved message", lambda: _task(other, "die-dlq")["ApproximateNumberOfMessagesMoved"] >= 1)
         c.kill("n3")
-        # No heartbeat any more: listed FAILED once the lease (30 s) is over, by the nodes left.
+        # No heartbeat any more: listed FAILED once the lease (6 s) is over, by the nodes left.
         failed = _task(other, "die-dlq", "FAILED", timeout_s=120)
         assert "stopped" in failed["FailureReason"]
         c.start("n3")
         c.wait_ready()
         assert _task(runner, "die-dlq")["Status"] == "FAILED"  # its own node, restarted, too
-        # What the dead node held in flight is back after its visibility timeout (30 s): every
+        # What the dead node held in flight is back after the lease (6 s): every
         # message is in the destination or still a dead letter (at least once: maybe both).
         seen: set[str] = set()
 

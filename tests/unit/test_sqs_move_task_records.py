@@ -41,6 +41,13 @@ def test_an_active_task_whose_heartbeat_is_older_than_the_lease_is_failed() -> N
     assert cancelling.status == "CANCELLED"
 
 
+def test_the_lease_is_the_clusters_setting_when_given() -> None:
+    """``sqs.move_task_lease_ms`` (a test's cluster waits 5 s, not 30, for a dead node's task)."""
+    task = _task()
+    assert records.effective(task, 1_000 + 5_000, orphaned=False, lease_ms=5_000) == task
+    assert records.effective(task, 1_000 + 5_001, orphaned=False, lease_ms=5_000).status == "FAILED"
+
+
 def test_a_task_its_own_node_no_longer_runs_is_failed_at_once() -> None:
     assert records.effective(_task(), 1_001, orphaned=True).status == "FAILED"
 

@@ -44,7 +44,7 @@ __all__ = [
 ATTRIBUTE = PREFIX + "MessageMoveTasks"
 KEEP = 10  # records per queue, newest first (ListMessageMoveTasks shows up to 10, as AWS)
 PROGRESS_MS = 1_000  # the running node writes progress and its heartbeat at least this often
-LEASE_MS = 30_000  # a heartbeat older than this: the node running the task stopped
+LEASE_MS = 30_000  # a heartbeat older than this: the node running the task stopped (sqs.move_task_lease_ms)
 ACTIVE = ("RUNNING", "CANCELLING")
 NODE_STOPPED = "the node running the task stopped; start a new task to move what is left"
 _STATUSES = frozenset({*ACTIVE, "COMPLETED", "CANCELLED", "FAILED"})
@@ -113,11 +113,11 @@ def dump(tasks: list[MoveTask]) -> str:
         kept = kept[:-1]
 
 
-def effective(task: MoveTask, now_ms: int, orphaned: bool) -> MoveTask:
+def effective(task: MoveTask, now_ms: int, orphaned: bool, lease_ms: int = LEASE_MS) -> MoveTask:
     """``task`` as it is: an active task whose owner no longer runs it (``orphaned``: the owner is
-    the caller's node, which does not run it) or whose heartbeat is older than :data:`LEASE_MS`
-    is FAILED (a CANCELLING one CANCELLED)."""
-    if task.status not in ACTIVE or not (orphaned or now_ms - task.heartbeat_ms > LEASE_MS):
+    the caller's node, which does not run it) or whose heartbeat is older than ``lease_ms`` is
+    FAILED (a CANCELLING one CANCELLED)."""
+    if task.status not in ACTIVE or not (orphaned or now_ms - task.heartbeat_ms > lease_ms):
         return task
     if task.status == "CANCELLING":
         return dataclasses.replace(task, status="CANCELLED")
