@@ -83,9 +83,11 @@ def test_a_rest_long_poll_of_an_empty_queue_costs_few_hops(cluster: Cluster) -> 
         assert hops <= MOST_HOPS, f"{hops} hops between the nodes in a {LONG_POLL_S} s long poll on {nid}"
 
 
-# Ten 1 s polls (or a push stream's ten 1 s takes) keep the awaits they armed for 5 s: two rounds
-# at the two or three groups led elsewhere; before, each poll armed its own: 20-22 for the polls,
-# 13-21 for a push stream, the first poll's round still waiting at the leaders when the next came.
+# Six 1 s polls (or a push stream's ten 1 s takes) keep the awaits they armed for 5 s: two rounds
+# at the two or three groups led elsewhere; before, each poll armed its own: 20-22 for ten polls
+# (12 for six with awaits of 1 s), 13-21 for a push stream, the first poll's round still waiting
+# at the leaders when the next came.
+SHORT_POLLS = 6
 MOST_HOPS_SHORT = 8
 
 
@@ -96,13 +98,13 @@ def test_short_rest_polls_in_a_loop_cost_few_hops(cluster: Cluster) -> None:
     for nid in cluster.nodes:
 
         def polls(n: str = nid) -> None:
-            for _ in range(POLL_S):
+            for _ in range(SHORT_POLLS):
                 r = cluster.post(path, {"max": 10, "wait_ms": 1000}, node=n, timeout=30)
                 assert r.status_code == 200 and r.json()["messages"] == [], r.text
 
         hops = _hops_of(cluster, polls)
-        print(f"{nid}: {hops} hops in {POLL_S} REST polls of 1 s of an empty queue")
-        assert hops <= MOST_HOPS_SHORT, f"{hops} hops in {POLL_S} polls of 1 s on {nid}"
+        print(f"{nid}: {hops} hops in {SHORT_POLLS} REST polls of 1 s of an empty queue")
+        assert hops <= MOST_HOPS_SHORT, f"{hops} hops in {SHORT_POLLS} polls of 1 s on {nid}"
 
 
 def test_a_message_sent_between_short_polls_comes_with_the_next(cluster: Cluster) -> None:
