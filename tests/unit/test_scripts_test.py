@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -91,24 +90,12 @@ def test_the_whole_run_sets_up_every_extra_and_runs_lint_types_chaos_deploy_and_
 ) -> None:
     repo = _repo(tmp_path, stamp_extras="chaos,spark,test")  # set up: no pip
     calls = _run(repo)
-    whole = ["ruff", "mypy", "pytest --collect-only", "chaos", "deploy-test", "pytest", "pytest"]
+    whole = ["ruff", "mypy", "pytest --collect-only", "chaos", "deploy-test", "pytest"]
     assert [_tool(c) for c in calls] == whole, calls
-    _assert_unit_tests_apart_on_two_workers(calls[-2:])
     repo = _repo(tmp_path / "fresh", stamp_extras=None)
     calls = _run(repo)
     assert calls[0].startswith("pip") and calls[0].endswith("-e .[test,spark,chaos]"), calls
     assert [_tool(c) for c in calls[1:]] == whole
-
-
-def _assert_unit_tests_apart_on_two_workers(runs: list[str]) -> None:
-    """The unit tests on two workers (pytest-xdist), then the integration and Spark tests one at a
-    time: together every folder of pyproject's ``testpaths``, each once."""
-    unit, rest = (run.split() for run in runs)
-    assert unit[1:4] == ["tests/unit", "-n", "2"], unit
-    assert "-n" not in rest, rest
-    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    ran = [w for w in unit[1:] + rest[1:] if w.startswith("tests/")]
-    assert sorted(ran) == sorted(testpaths["testpaths"]), ran
 
 
 def _tool(call: str) -> str:
