@@ -6,15 +6,15 @@ The task's records (``move_task_records.py``) are replicated in the metadata gro
 the task itself runs on the node that started it, as this loop:
 
 1. take up to a batch of messages from the dead-letter queue's ``sqs`` subscription, held in flight
-   for ``sqs.move_task_lease_ms`` (30 s; a take that finds nothing completes the task);
+   for ``sqs.move_task_lease_ms`` (30 s by default; a take that finds nothing completes the task);
 2. append them to their destination queue (with their MessageId, body and message attributes) and
    only then ack them in the dead-letter queue.
 
 Invariant: a message leaves the dead-letter queue only after its append to the destination was
 committed on a majority, so no step loses one: a move that fails releases what it took (visible
 again at once), and a node that dies mid-batch leaves its messages in flight, visible again after
-``sqs.move_task_lease_ms`` (30 s). A message appended whose ack did not happen is delivered from
-both queues: at least once, as everything in SQS. A task whose node stops is FAILED (that lease
+``sqs.move_task_lease_ms`` (30 s by default). A message appended whose ack did not happen is
+delivered from both queues: at least once, as everything in SQS. A task whose node stops is FAILED (that lease
 after its last heartbeat, or at once when its node restarts); a new task moves what is left.
 
 MaxNumberOfMessagesPerSecond paces the takes: the batch that would move the n-th message starts no
