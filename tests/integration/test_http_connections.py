@@ -115,9 +115,9 @@ def test_over_the_cap_of_idle_connections_the_oldest_are_closed_and_requests_und
     closed_before = cluster.metric_sum("n1", "raftmq_http_idle_connections_closed_total")
     head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"a" * 8000 + b"\r\n"
     with ThreadPoolExecutor(1) as pool:
-        poll = pool.submit(
-            cluster.get, "/v1/topics/idle/queues/0/messages", params={"offset": 0, "wait_ms": 4000}
-        )
+        # The poll lasts the idle time: still under way while the connections over the cap close.
+        wait = {"offset": 0, "wait_ms": int(IDLE_S * 1000)}
+        poll = pool.submit(cluster.get, "/v1/topics/idle/queues/0/messages", params=wait)
         time.sleep(0.5)  # the long poll is under way
         sockets = []
         try:

@@ -32,10 +32,11 @@ TOKENS = [
     ("member", MEMBER, "[]", "[]", '["membered"]'),
 ]
 SECURITY = tokens_toml(TOKENS)
-# offset_retention_ms: the least the cluster file allows above subscription_idle_ms with a dormant
-# phase (5 s) between them, and six of the coordinator's touches (every 2.5 s, a quarter of the idle
-# time) in one retention: a group that only reads, or only has a live member, loses its offsets by
-# the time the control group does if the read or the touch were not a use.
+# offset_retention_ms: 15 s, 5 s above subscription_idle_ms (the cluster file allows as little as
+# subscription_idle_ms itself, 10 s, with no dormant phase), so a dormant phase (5 s) lies between
+# them, and six of the coordinator's touches (every 2.5 s, a quarter of the idle time) fall in one
+# retention: a group that only reads, or only has a live member, loses its offsets by the time the
+# control group does if the read or the touch were not a use.
 CONFIG = (
     "[limits]\nsubscription_idle_ms = 10000\noffset_retention_ms = 15000\nmax_visibility_ms = 8000\n"
     "default_visibility_ms = 1000\nmax_groups_per_topic = 6\nmax_groups_per_token = 4\n"
