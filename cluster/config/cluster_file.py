@@ -228,6 +228,12 @@ class SqsConfig:
     ARNs it answers and, on a cluster with tokens, the only region a SigV4 signature may be scoped to."""
 
     region: str = "us-east-1"
+    # A message move task whose heartbeat (every second) is older than this is FAILED, and the
+    # messages its node took are held in flight this long (a node that dies mid-task). At least
+    # 10 s: the heartbeat is written between batches, and a batch's append or the heartbeat's
+    # write can outlast a few seconds across an election; a live task shown FAILED would let a
+    # second one start while its messages come back mid-append (duplicates).
+    move_task_lease_ms: int = 30_000
 
 
 @dataclass(frozen=True)
@@ -359,6 +365,8 @@ def parse_config(
     sqs = _parse_section(SqsConfig, raw.get("sqs", {}), "sqs", env, problems)
     if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", sqs.region) or len(sqs.region) > 32:
         problems.append('sqs.region must be an AWS-style region name such as "us-east-1"')
+    if not 10_000 <= sqs.move_task_lease_ms <= 3_600_000:
+        problems.append("sqs.move_task_lease_ms must be from 10000 (10 s) to 3600000 (an hour)")
     nodes = _with_tls(nodes, tls, problems)
     if segments.max_messages < 1 or segments.max_bytes < 1 or segments.check_ms < 1:
         problems.append("segments.max_messages, max_bytes and check_ms must be at least 1")

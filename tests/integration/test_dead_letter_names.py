@@ -38,9 +38,11 @@ TOKENS = [
     ("ledger-glob", GLOB, '["ledger.*"]', '["ledger.*"]', '["ledger.*"]'),
 ]
 SECURITY = tokens_toml(TOKENS)
+# subscription_idle_ms 8 s (the least with max_visibility_ms 8 s): the expiry test waits for it; the
+# other tests make and use their groups within 4 s (the caps test its 30 in 0.1 s).
 CONFIG = (
     "[delivery]\nmax_deliveries = 2\nbackoff_ms = [100]\ntick_ms = 100\n"
-    "[limits]\nsubscription_idle_ms = 15000\nmax_visibility_ms = 15000\ndefault_visibility_ms = 1000\n"
+    "[limits]\nsubscription_idle_ms = 8000\nmax_visibility_ms = 8000\ndefault_visibility_ms = 1000\n"
     "max_groups_per_topic = 30\nmax_groups_per_token = 25\n"
     "[raft]\nretention_check_ms = 500\n" + SECURITY
 )

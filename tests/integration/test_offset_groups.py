@@ -32,8 +32,13 @@ TOKENS = [
     ("member", MEMBER, "[]", "[]", '["membered"]'),
 ]
 SECURITY = tokens_toml(TOKENS)
+# offset_retention_ms: 15 s, 5 s above subscription_idle_ms (the cluster file allows as little as
+# subscription_idle_ms itself, 10 s, with no dormant phase), so a dormant phase (5 s) lies between
+# them, and six of the coordinator's touches (every 2.5 s, a quarter of the idle time) fall in one
+# retention: a group that only reads, or only has a live member, loses its offsets by the time the
+# control group does if the read or the touch were not a use.
 CONFIG = (
-    "[limits]\nsubscription_idle_ms = 10000\noffset_retention_ms = 45000\nmax_visibility_ms = 8000\n"
+    "[limits]\nsubscription_idle_ms = 10000\noffset_retention_ms = 15000\nmax_visibility_ms = 8000\n"
     "default_visibility_ms = 1000\nmax_groups_per_topic = 6\nmax_groups_per_token = 4\n"
     "[raft]\nretention_check_ms = 500\n" + SECURITY
 )
@@ -112,7 +117,7 @@ def test_an_unused_invented_groups_offsets_expire_and_read_or_configured_ones_st
         assert committed(c, "forgetful", "reader") == {"0": 1, "1": 2}  # a read is a use
         return "forgotten" not in groups_of(c, "forgetful")
 
-    # Nobody commits or reads "forgotten": after offset_retention_ms (45 s) its offsets go.
+    # Nobody commits or reads "forgotten": after offset_retention_ms (15 s) its offsets go.
     wait_until(forgotten_gone, 180, interval_s=1, what="the unused invented group's offsets to expire")
     assert committed(c, "forgetful", "forgotten") == {"0": None, "1": None}
     assert committed(c, "forgetful", "kept") == {"0": 1, "1": 2}  # configured: never expires
@@ -145,7 +150,7 @@ def test_an_idle_consumer_groups_offsets_stay_while_it_has_a_live_member(c: Clus
         assert len(got) == 4
         assert commit(c, MEMBER, "membered", "unused").status_code == 200  # the control group
         # Idle from here: no message comes, so the member commits nothing and nobody reads its
-        # offsets. The control group goes after offset_retention_ms (45 s) ...
+        # offsets. The control group goes after offset_retention_ms (15 s) ...
         wait_until(
             lambda: "unused" not in groups_of(c, "membered"),
             180,

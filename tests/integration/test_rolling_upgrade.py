@@ -20,8 +20,10 @@ pytestmark = pytest.mark.timeout(300)
 
 ADMIN = "admin-token-Up7Gr4De9Qw2Er5Ty"
 READER = "reader-token-Up3Lk8Mn1Bv6Cx4Z"  # consume on orders
+# subscription_idle_ms 8 s (max_visibility_ms may not exceed it): the first test waits for the
+# reader's invented group to expire after the upgrade; nothing uses that group meanwhile.
 CONFIG = (
-    "[limits]\nsubscription_idle_ms = 15000\nmax_visibility_ms = 15000\ndefault_visibility_ms = 1000\n"
+    "[limits]\nsubscription_idle_ms = 8000\nmax_visibility_ms = 8000\ndefault_visibility_ms = 1000\n"
     "[raft]\nretention_check_ms = 500\n"
     "[security]\n"
     f'[[security.tokens]]\nname = "admin"\ntoken = "{ADMIN}"\n'

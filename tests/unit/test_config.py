@@ -222,3 +222,12 @@ def test_the_apply_cache_size_defaults_to_4096_may_be_off_and_is_range_checked()
         parse_config(
             {"cluster": {"secret": SECRET}, "limits": {"apply_cache_entries": 1_000_001}, "nodes": nodes(3)}
         )
+
+
+def test_the_sqs_move_task_lease_is_30_s_unless_set_from_10_s_to_an_hour() -> None:
+    base: dict[str, Any] = {"cluster": {"secret": SECRET}, "nodes": nodes(1)}
+    assert parse_config(base).sqs.move_task_lease_ms == 30_000
+    assert parse_config({**base, "sqs": {"move_task_lease_ms": 10_000}}).sqs.move_task_lease_ms == 10_000
+    for bad in (9_999, 3_600_001):
+        with pytest.raises(ConfigError, match=r"sqs\.move_task_lease_ms must be from 10000"):
+            parse_config({**base, "sqs": {"move_task_lease_ms": bad}})

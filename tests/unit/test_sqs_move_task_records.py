@@ -17,6 +17,7 @@ from raftmq.cluster.config.tokens import TokenGrant
 from raftmq.cluster.machines.metadata import MAX_ATTRIBUTE_VALUE_BYTES
 
 ARN = "arn:aws:sqs:us-east-1:000000000000:"
+LEASE_MS = 12_000  # a lease other than the default, so a default left in the code shows
 
 
 def _task(n: int = 0, **kw: object) -> records.MoveTask:
@@ -32,23 +33,24 @@ def _task(n: int = 0, **kw: object) -> records.MoveTask:
 
 
 def test_an_active_task_whose_heartbeat_is_older_than_the_lease_is_failed() -> None:
+    """The lease is the one given (``sqs.move_task_lease_ms``), here 12 s, not the 30 s default."""
     task = _task(moved=3)
-    fresh = 1_000 + records.LEASE_MS
-    assert records.effective(task, fresh, orphaned=False) == task
-    stale = records.effective(task, fresh + 1, orphaned=False)
+    fresh = 1_000 + LEASE_MS
+    assert records.effective(task, fresh, orphaned=False, lease_ms=LEASE_MS) == task
+    stale = records.effective(task, fresh + 1, orphaned=False, lease_ms=LEASE_MS)
     assert (stale.status, stale.reason, stale.moved) == ("FAILED", records.NODE_STOPPED, 3)
-    cancelling = records.effective(_task(status="CANCELLING"), fresh + 1, orphaned=False)
+    cancelling = records.effective(_task(status="CANCELLING"), fresh + 1, orphaned=False, lease_ms=LEASE_MS)
     assert cancelling.status == "CANCELLED"
 
 
 def test_a_task_its_own_node_no_longer_runs_is_failed_at_once() -> None:
-    assert records.effective(_task(), 1_001, orphaned=True).status == "FAILED"
+    assert records.effective(_task(), 1_001, orphaned=True, lease_ms=LEASE_MS).status == "FAILED"
 
 
 def test_a_finished_task_stays_as_it_ended() -> None:
     for status in ("COMPLETED", "CANCELLED", "FAILED"):
         task = _task(status=status)
-        assert records.effective(task, 10**12, orphaned=True) == task
+        assert records.effective(task, 10**12, orphaned=True, lease_ms=LEASE_MS) == task
 
 
 def test_the_records_keep_the_newest_ten_and_fit_an_attribute_value() -> None:

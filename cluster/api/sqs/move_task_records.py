@@ -9,9 +9,10 @@ the running node writes never overwrite each other.
 
 A task runs on the node that started it (its ``owner``), which writes its progress and a heartbeat
 at least every :data:`PROGRESS_MS`. Invariant: a task is active (RUNNING or CANCELLING) only while
-its owner runs it: a record whose heartbeat is older than :data:`LEASE_MS`, or that its owner no
-longer runs (the node restarted), is shown and kept as FAILED (a CANCELLING one as CANCELLED), and
-no longer counts as the source's one active task. No clock is read here: callers pass ``now_ms``.
+its owner runs it: a record whose heartbeat is older than the lease (the cluster's
+``sqs.move_task_lease_ms``, which callers pass), or that its owner no longer runs (the node
+restarted), is shown and kept as FAILED (a CANCELLING one as CANCELLED), and no longer counts as the
+source's one active task. No clock is read here: callers pass ``now_ms``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ __all__ = [
     "ACTIVE",
     "ATTRIBUTE",
     "KEEP",
-    "LEASE_MS",
     "NODE_STOPPED",
     "PROGRESS_MS",
     "MoveTask",
@@ -44,7 +44,6 @@ __all__ = [
 ATTRIBUTE = PREFIX + "MessageMoveTasks"
 KEEP = 10  # records per queue, newest first (ListMessageMoveTasks shows up to 10, as AWS)
 PROGRESS_MS = 1_000  # the running node writes progress and its heartbeat at least this often
-LEASE_MS = 30_000  # a heartbeat older than this: the node running the task stopped
 ACTIVE = ("RUNNING", "CANCELLING")
 NODE_STOPPED = "the node running the task stopped; start a new task to move what is left"
 _STATUSES = frozenset({*ACTIVE, "COMPLETED", "CANCELLED", "FAILED"})
@@ -113,11 +112,11 @@ def dump(tasks: list[MoveTask]) -> str:
         kept = kept[:-1]
 
 
-def effective(task: MoveTask, now_ms: int, orphaned: bool) -> MoveTask:
+def effective(task: MoveTask, now_ms: int, orphaned: bool, lease_ms: int) -> MoveTask:
     """``task`` as it is: an active task whose owner no longer runs it (``orphaned``: the owner is
-    the caller's node, which does not run it) or whose heartbeat is older than :data:`LEASE_MS`
-    is FAILED (a CANCELLING one CANCELLED)."""
-    if task.status not in ACTIVE or not (orphaned or now_ms - task.heartbeat_ms > LEASE_MS):
+    the caller's node, which does not run it) or whose heartbeat is older than ``lease_ms`` is
+    FAILED (a CANCELLING one CANCELLED)."""
+    if task.status not in ACTIVE or not (orphaned or now_ms - task.heartbeat_ms > lease_ms):
         return task
     if task.status == "CANCELLING":
         return dataclasses.replace(task, status="CANCELLED")

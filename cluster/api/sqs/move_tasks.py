@@ -6,15 +6,15 @@ The task's records (``move_task_records.py``) are replicated in the metadata gro
 the task itself runs on the node that started it, as this loop:
 
 1. take up to a batch of messages from the dead-letter queue's ``sqs`` subscription, held in flight
-   for :data:`VISIBILITY_MS` (a take that finds nothing completes the task);
+   for ``sqs.move_task_lease_ms`` (30 s by default; a take that finds nothing completes the task);
 2. append them to their destination queue (with their MessageId, body and message attributes) and
    only then ack them in the dead-letter queue.
 
 Invariant: a message leaves the dead-letter queue only after its append to the destination was
 committed on a majority, so no step loses one: a move that fails releases what it took (visible
 again at once), and a node that dies mid-batch leaves its messages in flight, visible again after
-:data:`VISIBILITY_MS`. A message appended whose ack did not happen is delivered from both queues: at
-least once, as everything in SQS. A task whose node stops is FAILED (``move_task_records.LEASE_MS``
+``sqs.move_task_lease_ms`` (30 s by default). A message appended whose ack did not happen is
+delivered from both queues: at least once, as everything in SQS. A task whose node stops is FAILED (that lease
 after its last heartbeat, or at once when its node restarts); a new task moves what is left.
 
 MaxNumberOfMessagesPerSecond paces the takes: the batch that would move the n-th message starts no
@@ -54,7 +54,6 @@ log = structlog.get_logger(__name__)
 
 MAX_RATE = 500  # MaxNumberOfMessagesPerSecond, as AWS
 BATCH = 10  # messages per take (at most the rate)
-VISIBILITY_MS = 30_000  # how long a taken message stays in flight if its node dies mid-move
 TAKE_WAIT_MS = 500  # a take that finds nothing in this long: the queue is drained
 RETRY_S = 0.5  # after a retriable failure (a leader change)
 _CAS_ROUNDS = 20
@@ -103,7 +102,7 @@ class MoveTasks:
 
     def _effective(self, task: records.MoveTask, now: int) -> records.MoveTask:
         orphaned = task.owner == self.node.me.id and task.id not in self._running
-        return records.effective(task, now, orphaned)
+        return records.effective(task, now, orphaned, self.node.config.sqs.move_task_lease_ms)
 
     async def _change(
         self, source: Topic, change: Callable[[list[records.MoveTask]], list[records.MoveTask] | None]
@@ -394,7 +393,7 @@ class MoveTasks:
             "topic": source.name,
             "topic_id": source.id,
             "group": GROUP,
-            "visibility_ms": VISIBILITY_MS,
+            "visibility_ms": self.node.config.sqs.move_task_lease_ms,
         }
         if qs.is_fifo(source):
             # By message group, as a receive: a group's messages in order, none of a group that a
