@@ -373,17 +373,26 @@ async def _run(spec: ChaosSpec) -> RunResult:
     t = time.monotonic()
     checks, run_info["checker"] = check_file(recorded.path)
     run_info["checker"] |= {"seconds": round(time.monotonic() - t, 1), **_peak_rss()}
-    valid = (
+    valid = verdict(checks, run_info)
+    spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}
+    results = {"test": spec.name, "valid": valid, "spec": spec_json, "run": run_info, "checks": checks}
+    write_report(directory, spec.name, recorded, results, (fault_windows(nemesis), end))
+    return RunResult(directory, results)
+
+
+def verdict(checks: dict[str, Any], run_info: dict[str, Any]) -> bool:
+    """A run is valid when every checker passed, the cluster recovered after the heal, every drain
+    finished, and every replica read caught up with what was acknowledged (a replica that cannot be
+    read from its first offset has lost what the others hold, even when the checkers, which read
+    through the leaders, saw nothing lost)."""
+    return bool(
         checks["valid"]
         and run_info["recovery_s"] is not None
         and run_info["drain"]["complete"]
         and run_info.get("receive_drain", {"complete": True})["complete"]
         and run_info.get("sqs_drain", {"complete": True})["complete"]
+        and not run_info.get("replicas", {}).get("lagging_replicas")
     )
-    spec_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}
-    results = {"test": spec.name, "valid": valid, "spec": spec_json, "run": run_info, "checks": checks}
-    write_report(directory, spec.name, recorded, results, (fault_windows(nemesis), end))
-    return RunResult(directory, results)
 
 
 def _peak_rss() -> dict[str, int]:
