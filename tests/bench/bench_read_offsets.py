@@ -25,25 +25,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import header, write_result
-from bench_stored_reads import sqs_batch
+from bench_stored_reads import queue_of
 
 from raftmq.cluster.node.messages import read_offsets
-from raftmq.storage import keys, queues
-from raftmq.storage.keys import QueueMeta
+from raftmq.storage import queues
 from raftmq.storage.rocks import RocksStore
-from raftmq.storage.store import Batch
 
 
 def filled(path: Path, batches: int, value_size: int) -> RocksStore:
     """A RocksDB store holding one queue of ``batches`` SQS batches of 10 messages."""
-    store, b, total = RocksStore.open(str(path)), Batch(), 0
-    for i in range(batches):
-        value = sqs_batch(value_size, 10 * i)
-        b.put(keys.record_key(1, 0, 10 * i), value)
-        total += len(value)
-    b.put(keys.meta_key(1, 0), QueueMeta(0, 10 * batches, total).encode())
-    store.write(b)
-    return store
+    return queue_of(batches, value_size, RocksStore.open(str(path)))
 
 
 def one_pass(store: RocksStore, batches: int, calls: int) -> float:

@@ -19,7 +19,7 @@ import types
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import header, table, timeit, write_result
@@ -28,7 +28,7 @@ from raftmq import batch as rb
 from raftmq.storage import columns, keys
 from raftmq.storage.keys import QueueMeta
 from raftmq.storage.memory import MemoryStore
-from raftmq.storage.store import Batch
+from raftmq.storage.store import Batch, Store
 
 NOW_MS = 1_700_000_000_000
 RETENTION_MS = 345_600_000  # an SQS queue's default MessageRetentionPeriod: every message's TTL
@@ -49,8 +49,12 @@ def plain_batch(value_size: int) -> bytes:
     return rb.stamp(b.finish(), 0, NOW_MS, 1)
 
 
-def queue_of(batches: int, value_size: int) -> MemoryStore:
-    store, b, total = MemoryStore(), Batch(), 0
+S = TypeVar("S", bound=Store)
+
+
+def queue_of(batches: int, value_size: int, store: S) -> S:
+    """``store`` holding one queue (topic 1, queue 0) of ``batches`` SQS batches of 10 messages."""
+    b, total = Batch(), 0
     for i in range(batches):
         value = sqs_batch(value_size, 10 * i)
         b.put(keys.record_key(1, 0, 10 * i), value)
@@ -71,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
 
     sqs, plain = sqs_batch(args.value_size, 0), plain_batch(args.value_size)
-    store = queue_of(args.batches, args.value_size)
+    store = queue_of(args.batches, args.value_size, MemoryStore())
     messages = 10 * args.batches
 
     def whole_queue() -> None:
