@@ -143,6 +143,16 @@ def client_security() -> dict[str, Any]:
     return {"token": meta.get("raftmq.token"), "ca_file": meta.get("raftmq.ca_file")}
 
 
+def error_line(code: str, message: str) -> str:
+    """The line a node's error becomes on stderr. ``unauthorized`` also says how this command sends
+    a token: the node's message speaks HTTP ("send 'Authorization: Bearer <token>'"), and a newcomer
+    who added tokens to the dev cluster's file was left to guess the option."""
+    line = f"error {code}: {message}"
+    if code == "unauthorized":
+        line += " (give this command a token with --token or $RAFTMQ_TOKEN)"
+    return line
+
+
 def admin_command(f: Callable[..., None]) -> Callable[..., None]:
     """Give a command the shared --url, --token and --ca-file options and an :class:`AdminHttp` as
     first argument; an admin error becomes one line on stderr and exit status 1."""
@@ -154,7 +164,7 @@ def admin_command(f: Callable[..., None]) -> Callable[..., None]:
         try:
             f(AdminHttp(resolved, **client_security()), *args, **kwargs)
         except ServerError as e:
-            click.echo(f"error {e.code}: {e.message}", err=True)
+            click.echo(error_line(e.code, e.message), err=True)
             sys.exit(1)
         except AdminError as e:
             click.echo(f"error: {e}", err=True)
@@ -192,7 +202,7 @@ def client_command(f: Callable[..., None]) -> Callable[..., None]:
         try:
             f(resolved, *args, **kwargs)
         except RaftmqError as e:
-            click.echo(f"error {e.code}: {e.message}", err=True)
+            click.echo(error_line(e.code, e.message), err=True)
             sys.exit(1)
 
     return security_options(click.option("--url", "urls", multiple=True, metavar="URL", help=URL_HELP)(run))

@@ -491,6 +491,8 @@ def test_the_cli_with_token_and_ca_file(secure: Secure) -> None:
     assert by_env.returncode == 0 and "orders.a" in by_env.stdout and "audit.log" not in by_env.stdout
     missing = _cli("status", "--url", url, "--ca-file", ca)
     assert missing.returncode == 1 and "error unauthorized" in missing.stderr
+    # ... and says how to give this command a token (the node's message speaks of HTTP headers)
+    assert "--token or $RAFTMQ_TOKEN" in missing.stderr, missing.stderr
     produce = subprocess.run(
         [
             sys.executable,
