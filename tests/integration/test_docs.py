@@ -13,7 +13,10 @@ How the blocks run (docs/index.md says this to writers):
 - The cluster is started as ``./scripts/dev`` starts it (3 nodes, no tokens, fsync) on free ports:
   ``localhost:8081``-``8083`` and ``127.0.0.1:8081``-``8083`` in a block are replaced by its ports
   (another run may hold 8081-8083), and the working folder holds ``.raftmq/cluster.toml`` and
-  ``.venv``, as the repository does after ``./scripts/dev``, with ``.venv/bin`` on PATH.
+  ``.venv``, as the repository does after ``./scripts/dev``. ``.venv/bin`` is NOT on PATH (taken
+  off it when the venv is active), as for a reader who ran ``./scripts/dev``: a block calls
+  ``.venv/bin/raftmq`` and ``.venv/bin/python`` (a newcomer typing client.md's ``raftmq produce``
+  got "command not found").
 - A ``curl`` answer with an HTTP error fails its block (curl itself exits 0 on those), except
   ``409 topic_exists``: README.md and quickstart.md both walk through creating ``orders``, as a
   second run of either would. Each block has 60 seconds.
@@ -142,8 +145,11 @@ def _workdir(tmp: Path, cluster: Cluster) -> Path:
 
 
 def _env(work: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
-    env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    """A reader's shell: no RAFTMQ_ variable, no active venv (its bin off PATH)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_") and k != "VIRTUAL_ENV"}
+    venv_bins = {str(ROOT / ".venv" / "bin"), str(Path(sys.executable).parent)}
+    path = [d for d in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if d and d not in venv_bins]
+    env["PATH"] = os.pathsep.join(path)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
