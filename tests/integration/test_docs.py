@@ -147,8 +147,11 @@ def _workdir(tmp: Path, cluster: Cluster) -> Path:
 def _env(work: Path) -> dict[str, str]:
     """A reader's shell: no RAFTMQ_ variable, no active venv (its bin off PATH)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_") and k != "VIRTUAL_ENV"}
-    venv_bins = {str(ROOT / ".venv" / "bin"), str(Path(sys.executable).parent)}
-    path = [d for d in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if d and d not in venv_bins]
+    venv_bins = {os.path.realpath(ROOT / ".venv" / "bin")}
+    if sys.prefix != sys.base_prefix:  # run from a venv: its bin too (never /usr/bin of a system python)
+        venv_bins.add(os.path.realpath(Path(sys.executable).parent))
+    dirs = env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+    path = [d for d in dirs if d and os.path.realpath(d) not in venv_bins]
     env["PATH"] = os.pathsep.join(path)
     env["PYTHONUNBUFFERED"] = "1"
     return env
