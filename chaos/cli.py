@@ -58,7 +58,12 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     help="1: replication 1 (a lone voter in every group; faults that need peers are left out), 3 or 5.",
 )
 @click.option("--rate", type=float, default=120.0, show_default=True, help="Produce attempts per second.")
-@click.option("--producers", type=int, default=None, help="Producer workers (default 8 per node).")
+@click.option(
+    "--producers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Producer workers (default 8 per node; 0: none, with --load-rate or the SQS workload writing).",
+)
 @click.option(
     "--workload",
     type=click.Choice(["queue", "receive", "both", "sqs", "all"]),

@@ -1,0 +1,58 @@
+"""What a chaos spec's counts mean: None is the default, 0 is none, and a spec the run cannot honour
+is refused before the report directory (and so any container) exists. No docker: the refusals come
+first, and the accepted specs are only turned into the workers' configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raftmq.chaos import runner
+from raftmq.chaos.runner import ChaosSpec
+
+
+@pytest.mark.parametrize(
+    ("counts", "refusal"),
+    [
+        ({"queues": 0}, "queues must be at least 1"),
+        ({"producers": -1}, "producers must be at least 0"),
+        ({"workload": "receive", "receivers": -2}, "receivers must be at least 0"),
+        # The workload's producers are the only writers: 0 of them is a run that checks nothing.
+        ({"producers": 0}, "nothing would write"),
+        ({"workload": "sqs", "sqs_senders": 0}, "nothing would write"),
+        ({"producers": 0, "load_rate": 100.0, "load_producers": 0}, "nothing would write"),
+        ({"workload": "bogus"}, "workload must be one of"),
+    ],
+)
+def test_a_spec_the_run_cannot_honour_is_refused_before_its_report_directory(
+    counts: dict[str, object], refusal: str, tmp_path: Path
+) -> None:
+    # A file where the report directory would go: a run that began would fail making it
+    # (NotADirectoryError), before any container starts.
+    store = tmp_path / "store"
+    store.write_text("")
+    with pytest.raises(ValueError, match=refusal):
+        runner.run(ChaosSpec(faults=(), store=store, **counts))  # type: ignore[arg-type]
+
+
+def test_zero_workers_of_a_kind_are_none_not_the_default() -> None:
+    """A consume-only workload (the load writes), receivers or SQS workers 0: none of them."""
+    only_load = ChaosSpec(faults=(), producers=0, load_rate=100.0)
+    runner.check_spec(only_load)
+    config = runner._workload_config(only_load)
+    assert (config.producers, config.consumers, config.queues) == (0, 3, 6)
+    quiet = ChaosSpec(faults=(), workload="all", receivers=0, sqs_senders=0, sqs_receivers=0)
+    runner.check_spec(quiet)
+    receive, sqs = runner._receive_config(quiet), runner._sqs_config(quiet)
+    assert receive is not None and receive.receivers == 0
+    assert sqs is not None and (sqs.senders, sqs.receivers) == (0, 0)
+
+
+def test_none_is_the_default_per_node() -> None:
+    spec = ChaosSpec(nodes=5, faults=(), workload="all")
+    config = runner._workload_config(spec)
+    receive, sqs = runner._receive_config(spec), runner._sqs_config(spec)
+    assert (config.queues, config.producers, config.consumers) == (10, 40, 5)
+    assert receive is not None and receive.receivers == 5
+    assert sqs is not None and (sqs.senders, sqs.receivers) == (5, 5)
