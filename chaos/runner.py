@@ -135,8 +135,9 @@ def run(spec: ChaosSpec) -> RunResult:
 def check_spec(spec: ChaosSpec) -> None:
     """Raise ValueError for a spec the run cannot honour, before any container starts (or the
     report directory exists): its faults (``check_faults``), its workload, a count below what it
-    counts (a topic has at least one queue; 0 workers of a kind is none of them) and a run that
-    writes nothing (its checkers would pass on an empty history: a run that cannot fail)."""
+    counts (a topic has at least one queue; 0 workers of a kind is none of them), writers with no
+    rate to write at, and a run that writes nothing (its checkers would pass on an empty history: a
+    run that cannot fail), the SQS workload's included (the REST load beside it is not its)."""
     check_faults(spec.faults, spec.nodes)
     if spec.workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {spec.workload!r}")
@@ -146,9 +147,23 @@ def check_spec(spec: ChaosSpec) -> None:
         count = getattr(spec, name)
         if count is not None and count < 0:
             raise ValueError(f"{name} must be at least 0 (0: none; None: the default), not {count}")
-    writers = _workload_config(spec).producers + (spec.load_producers if spec.load_rate > 0 else 0)
-    sqs = _sqs_config(spec)
-    if writers + (sqs.senders if sqs else 0) < 1:
+    for name in ("load_rate", "load_producers", "load_processes", "load_consumers"):
+        if getattr(spec, name) < 0:
+            raise ValueError(f"{name} must be at least 0 (0: none), not {getattr(spec, name)}")
+    _check_writers(spec)
+
+
+def _check_writers(spec: ChaosSpec) -> None:
+    """Each kind of writer has a rate above 0, and something writes (the counts are at least 0)."""
+    producers, sqs = _workload_config(spec).producers, _sqs_config(spec)
+    senders = sqs.senders if sqs else 0
+    if producers > 0 and spec.rate <= 0:
+        raise ValueError(f"rate must be above 0 with {producers} producers, not {spec.rate}")
+    if senders > 0 and spec.sqs_rate <= 0:
+        raise ValueError(f"sqs_rate must be above 0 with {senders} sqs_senders, not {spec.sqs_rate}")
+    if spec.workload == "sqs" and senders < 1:
+        raise ValueError("nothing would write: the sqs workload needs sqs_senders (the load is not SQS)")
+    if producers + (spec.load_producers if spec.load_rate > 0 else 0) + senders < 1:
         raise ValueError(
             "nothing would write: give producers, sqs_senders or a load_rate (and load_producers)"
         )

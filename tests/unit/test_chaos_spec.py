@@ -23,6 +23,19 @@ from raftmq.chaos.runner import ChaosSpec
         ({"workload": "sqs", "sqs_senders": 0}, "nothing would write"),
         ({"producers": 0, "load_rate": 100.0, "load_producers": 0}, "nothing would write"),
         ({"workload": "bogus"}, "workload must be one of"),
+        # Writers with no rate: producers that never produce, senders that never send.
+        ({"rate": 0.0}, "rate must be above 0"),
+        ({"rate": -5.0, "load_rate": 100.0}, "rate must be above 0"),
+        ({"workload": "sqs", "sqs_rate": 0.0}, "sqs_rate must be above 0"),
+        ({"workload": "all", "sqs_rate": -1.0}, "sqs_rate must be above 0"),
+        # A negative load count: none, or (load_producers) one that cancelled a real writer.
+        ({"load_rate": 100.0, "load_producers": -3}, "load_producers must be at least 0"),
+        ({"producers": 1, "load_rate": 100.0, "load_producers": -1}, "load_producers must be at least 0"),
+        ({"load_rate": 100.0, "load_processes": -1}, "load_processes must be at least 0"),
+        ({"load_rate": 100.0, "load_consumers": -1}, "load_consumers must be at least 0"),
+        ({"load_rate": -1.0}, "load_rate must be at least 0"),
+        # The load writes through the REST API: the SQS workload's checker would see no send.
+        ({"workload": "sqs", "sqs_senders": 0, "load_rate": 100.0}, "the sqs workload needs sqs_senders"),
     ],
 )
 def test_a_spec_the_run_cannot_honour_is_refused_before_its_report_directory(
