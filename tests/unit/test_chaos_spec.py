@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from raftmq.chaos import runner
+from raftmq.chaos.cli import main
 from raftmq.chaos.runner import ChaosSpec
 
 
@@ -69,3 +71,28 @@ def test_none_is_the_default_per_node() -> None:
     assert (config.queues, config.producers, config.consumers) == (10, 40, 5)
     assert receive is not None and receive.receivers == 5
     assert sqs is not None and (sqs.senders, sqs.receivers) == (5, 5)
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (["--producers", "-1"], "Invalid value for '--producers'"),  # the option's IntRange
+        (["--producers", "0"], "nothing would write"),  # check_spec: no load, no SQS workload
+        (["--workload", "sqs", "--sqs-rate", "5", "--load-rate", "100"], None),  # accepted: runs
+    ],
+)
+def test_the_cli_refuses_a_spec_as_a_usage_error_before_building_images(
+    args: list[str], refusal: str | None, tmp_path: Path
+) -> None:
+    """A refused spec is a usage error (click's exit status 2 with its usage line), told before any
+    image is built, not a harness failure logged after the build. ``--no-build`` and a file where
+    the run's folder would go: an accepted spec fails making its report directory, before any
+    container starts."""
+    (tmp_path / "blocked").write_text("")
+    options = ["--no-build", "--store", str(tmp_path), "--name", "blocked", "--nemesis", "none"]
+    got = CliRunner().invoke(main, [*args, *options])
+    if refusal is None:
+        assert got.exit_code == 2 and "Usage:" not in got.output, got.output  # the run's failure
+        return
+    assert got.exit_code == 2, got.output
+    assert "Usage: " in got.output and refusal in got.output, got.output
