@@ -10,11 +10,6 @@ hints never show a token itself: they are printed to a terminal, a scrollback or
 
 from __future__ import annotations
 
-import os
-import tomllib
-from collections.abc import Mapping
-from typing import Any
-
 from raftmq.cluster.config.cluster_file import ClusterConfig
 from raftmq.cluster.config.tokens import ADMIN, TokenGrant, env_var
 
@@ -31,40 +26,32 @@ def config_first_http(config: ClusterConfig) -> str:
     return f"localhost:{port}" if host == "127.0.0.1" else config.nodes[0].http
 
 
-def ready_hints(
-    config: ClusterConfig, path: str, status: str, restart_hint: str, env: Mapping[str, str] = os.environ
-) -> list[str]:
+def ready_hints(config: ClusterConfig, path: str, status: str, restart_hint: str) -> list[str]:
     """The lines to print: where the token is when the cluster file ``path`` lists some, then
     ``Try:`` with the curl (the README's own line when there are no tokens), ``status`` and the
-    restart."""
+    restart. Only ``config`` is read, as loaded when the dev cluster started: the file edited to
+    invalid TOML or removed while it runs must not stop it when it says "ready"."""
     first = config_first_http(config)
     tokens = config.security.tokens
     bearer = f" {_BEARER}" if tokens else ""
     return [
-        *([_token_line(tokens, path, env)] if tokens else []),
+        *([_token_line(tokens, path)] if tokens else []),
         f"Try: curl -s -XPOST {first}/v1/topics{bearer} {_CREATE}",
         f"     {status}",
         f"     kill -9 a node's pid, then: {restart_hint} <node>",
     ]
 
 
-def _token_line(tokens: tuple[TokenGrant, ...], path: str, env: Mapping[str, str]) -> str:
+def _token_line(tokens: tuple[TokenGrant, ...], path: str) -> str:
     """Which token the hints take (one that may create the topic when there is one) and where it
     is: the variable the nodes read it from, else the file's ``token``, else only its digest."""
     grant = next((g for g in tokens if g.allows(ADMIN, TOPIC)), tokens[0])
     line = f"API tokens are on: the commands below take one in $RAFTMQ_TOKEN ({grant.name!r}"
     if not grant.allows(ADMIN, TOPIC):
         line += f", though no token of the file has admin on {TOPIC}, which the curl needs"
-    var = env_var(grant.name)
-    if var in env:
+    if grant.source == "env":
+        var = env_var(grant.name)
         return line + f'): export RAFTMQ_TOKEN="${var}" (the dev cluster took it from ${var})'
-    if "token" in _raw_entry(path, grant.name):
+    if grant.source == "token":
         return line + f"): export RAFTMQ_TOKEN=<its token = in {path}>"
     return line + f"): {path} keeps only its sha256; export RAFTMQ_TOKEN=<the token you hashed>"
-
-
-def _raw_entry(path: str, name: str) -> dict[str, Any]:
-    """The ``[[security.tokens]]`` table named ``name`` as written (the config keeps no token)."""
-    with open(path, "rb") as f:
-        entries = tomllib.load(f).get("security", {}).get("tokens", [])
-    return next((e for e in entries if isinstance(e, dict) and e.get("name") == name), {})

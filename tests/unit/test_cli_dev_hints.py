@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from raftmq.cluster.cli.dev_hints import ready_hints
 from raftmq.cluster.config.cluster_file import load_config
 
@@ -22,7 +24,7 @@ def hints(tmp_path: Path, tokens: str = "", env: dict[str, str] | None = None) -
         f'raft = "127.0.0.1:7200"\ndata_dir = "{tmp_path}"\n'
     )
     config = load_config(str(path), env or {})
-    return ready_hints(config, str(path), "raftmq status", "raftmq dev restart", env or {})
+    return ready_hints(config, str(path), "raftmq status", "raftmq dev restart")
 
 
 def entry(name: str, secret: str, admin: str = '["*"]') -> str:
@@ -63,3 +65,22 @@ def test_a_digest_only_says_so_and_a_token_without_admin_on_orders_is_flagged(tm
     lines = hints(tmp_path, "[security]\n" + entry("reader", f'sha256 = "{digest}"', admin='["audit"]'))
     assert "('reader', though no token of the file has admin on orders, which the curl needs)" in lines[0]
     assert lines[0].endswith("keeps only its sha256; export RAFTMQ_TOKEN=<the token you hashed>")
+
+
+@pytest.mark.parametrize("edit", ["invalid TOML", "removed"])
+@pytest.mark.parametrize("secret", [f'token = "{TOKEN}"', f'sha256 = "{"ab" * 32}"'])
+def test_the_file_edited_or_removed_after_the_start_does_not_stop_the_hints(
+    tmp_path: Path, edit: str, secret: str
+) -> None:
+    """The hints are printed at "ready", seconds after the dev cluster loaded its file: they come
+    from the config as loaded then (it read the file again, and an edit in between raised)."""
+    path = tmp_path / "cluster.toml"
+    hints(tmp_path, "[security]\n" + entry("ops", secret))
+    config = load_config(str(path), {})
+    if edit == "removed":
+        path.unlink()
+    else:
+        path.write_text("[security\n")
+    lines = ready_hints(config, str(path), "raftmq status", "raftmq dev restart")
+    where = f"<its token = in {path}>" if secret.startswith("token") else "keeps only its sha256"
+    assert where in lines[0] and lines[1].startswith("Try: curl")
