@@ -46,7 +46,7 @@ def _token_line(tokens: tuple[TokenGrant, ...], path: str) -> str:
     """Which token the hints take (one that may create the topic when there is one) and where it
     is: the variable the nodes read it from, else the file's ``token``, else only its digest."""
     grant = next((g for g in tokens if g.allows(ADMIN, TOPIC)), tokens[0])
-    line = f"API tokens are on: the commands below take one in $RAFTMQ_TOKEN ({grant.name!r}"
+    line = f"API tokens are on: the curl and the status command below send $RAFTMQ_TOKEN ({grant.name!r}"
     if not grant.allows(ADMIN, TOPIC):
         line += f", though no token of the file has admin on {TOPIC}, which the curl needs"
     if grant.source == "env":

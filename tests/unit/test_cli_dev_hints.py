@@ -41,7 +41,7 @@ def test_a_token_of_the_file_is_named_not_shown(tmp_path: Path) -> None:
     readonly = entry("reader", f'token = "{TOKEN}-r"', admin="[]")
     lines = hints(tmp_path, "[security]\n" + readonly + entry("ops", f'token = "{TOKEN}"'))
     assert lines[0] == (
-        "API tokens are on: the commands below take one in $RAFTMQ_TOKEN ('ops'): "
+        "API tokens are on: the curl and the status command below send $RAFTMQ_TOKEN ('ops'): "
         f"export RAFTMQ_TOKEN=<its token = in {tmp_path / 'cluster.toml'}>"
     )
     bearer = ' -H "Authorization: Bearer $RAFTMQ_TOKEN" -d'
