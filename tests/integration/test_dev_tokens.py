@@ -1,4 +1,5 @@
-"""``raftmq dev`` on a cluster file that lists API tokens: its hints work as printed, and show none.
+"""``raftmq dev`` on a cluster file that lists API tokens: its hints work as printed, and show none
+(nor does the node's log).
 
 Before, the ``Try:`` curl had no Authorization header: run as printed it got 401 unauthorized, and
 nothing said which token to send or where it is (docs/security.md, API tokens)."""
@@ -65,6 +66,10 @@ def test_dev_hints_send_the_token_and_say_where_it_is_without_showing_it(tmp_pat
             assert described.status_code == 200, described.text
             dev.send_signal(signal.SIGINT)
             assert dev.wait(40) == 0
+            # Nor in the node's log (the path dev printed), which saw the file and the requests.
+            (log,) = re.findall(r"^\s+n1\s+\S+\s+pid \d+\s+log (\S+)$", output, re.M)
+            logged = Path(log).read_text()
+            assert "n1" in logged and TOKEN not in logged, log
         finally:
             if dev.poll() is None:
                 dev.kill()
