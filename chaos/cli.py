@@ -7,7 +7,8 @@
     raftmq-chaos --recheck store/chaos/20250101T000000/     # check a history again, redraw
     raftmq-chaos --build-only                               # just build the images
 
-Exit status: 0 valid, 1 invalid (a checker failed, or no recovery), 2 the harness failed.
+Exit status: 0 valid, 1 invalid (a checker failed, or no recovery), 2 a usage error (an option or
+a spec ``check_spec`` refuses, before any image is built) or the harness failed.
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
     help="1: replication 1 (a lone voter in every group; faults that need peers are left out), 3 or 5.",
 )
 @click.option("--rate", type=float, default=120.0, show_default=True, help="Produce attempts per second.")
-@click.option("--producers", type=int, default=None, help="Producer workers (default 8 per node).")
+@click.option(
+    "--producers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Producer workers (default 8 per node; 0: none, with --load-rate or the SQS workload writing).",
+)
 @click.option(
     "--workload",
     type=click.Choice(["queue", "receive", "both", "sqs", "all"]),
@@ -180,13 +186,7 @@ def main(
         faults = parse_faults(nemesis, int(nodes))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--nemesis") from None
-    if build or build_only:
-        from .images import build_images
-
-        build_images()
-        if build_only:
-            return
-    from .runner import ChaosSpec, run
+    from .runner import ChaosSpec, check_spec, run
 
     spec = ChaosSpec(
         name=name or f"chaos-{_prefix(workload)}{nemesis.replace(',', '+')}-n{nodes}",
@@ -210,6 +210,16 @@ def main(
         disk_mb=disk_mb,
         store=store,
     )
+    try:  # a spec the run cannot honour is the caller's mistake: refused before any image is built
+        check_spec(spec)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if build or build_only:
+        from .images import build_images
+
+        build_images()
+        if build_only:
+            return
     started = time.monotonic()
     try:
         result = run(spec)

@@ -44,7 +44,7 @@ from .sqs import SqsConfig, SqsWorkload
 from .streaming import check_file
 from .workload import Workload, WorkloadConfig
 
-__all__ = ["WORKLOADS", "ChaosSpec", "RunResult", "run"]
+__all__ = ["WORKLOADS", "ChaosSpec", "RunResult", "check_spec", "run"]
 
 log = logging.getLogger("raftmq.chaos.runner")
 
@@ -65,6 +65,8 @@ class ChaosSpec:
     quiet_s: tuple[float, float] = (3.0, 6.0)
     fault_s: tuple[float, float] = (6.0, 10.0)
     rate: float = 120.0  # produce attempts per second, all producers together
+    # The counts below: None is each one's default, 0 none of them (check_spec refuses 0 queues, a
+    # count below 0 and a run in which nothing writes).
     queues: int | None = None  # default: 2 per node
     # default: 8 per node. Many slow producers rather than a few fast ones, as Jepsen runs many
     # client processes: a producer stuck on one request (a cut-off leader) says nothing about the
@@ -72,7 +74,7 @@ class ChaosSpec:
     producers: int | None = None
     consumers: int | None = None  # default: 1 per node; 0: none (only the drain reads)
     workload: str = "queue"
-    receivers: int | None = None  # default: 1 per node (receive and both)
+    receivers: int | None = None  # default: 1 per node (receive and both); 0: none (only the drain)
     producer_client: str = "mixed"  # attempt | producer | mixed (see workload)
     # The SQS workload (sqs, all): messages a second offered through SendMessageBatch by all
     # senders; senders and receivers default to 1 per node each.
@@ -130,13 +132,54 @@ def run(spec: ChaosSpec) -> RunResult:
     return asyncio.run(_run(spec))
 
 
+def check_spec(spec: ChaosSpec) -> None:
+    """Raise ValueError for a spec the run cannot honour, before any container starts (or the
+    report directory exists): its faults (``check_faults``), its workload, a count below what it
+    counts (a topic has at least one queue; 0 workers of a kind is none of them), writers with no
+    rate to write at, and a run that writes nothing (its checkers would pass on an empty history: a
+    run that cannot fail), the SQS workload's included (the REST load beside it is not its)."""
+    check_faults(spec.faults, spec.nodes)
+    if spec.workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {spec.workload!r}")
+    if spec.queues is not None and spec.queues < 1:
+        raise ValueError(f"queues must be at least 1 (None: 2 per node), not {spec.queues}")
+    for name in ("producers", "consumers", "receivers", "sqs_senders", "sqs_receivers"):
+        count = getattr(spec, name)
+        if count is not None and count < 0:
+            raise ValueError(f"{name} must be at least 0 (0: none; None: the default), not {count}")
+    for name in ("load_rate", "load_producers", "load_processes", "load_consumers"):
+        if getattr(spec, name) < 0:
+            raise ValueError(f"{name} must be at least 0 (0: none), not {getattr(spec, name)}")
+    _check_writers(spec)
+
+
+def _check_writers(spec: ChaosSpec) -> None:
+    """Each kind of writer has a rate above 0, and something writes (the counts are at least 0)."""
+    producers, sqs = _workload_config(spec).producers, _sqs_config(spec)
+    senders = sqs.senders if sqs else 0
+    if producers > 0 and spec.rate <= 0:
+        raise ValueError(f"rate must be above 0 with {producers} producers, not {spec.rate}")
+    if senders > 0 and spec.sqs_rate <= 0:
+        raise ValueError(f"sqs_rate must be above 0 with {senders} sqs_senders, not {spec.sqs_rate}")
+    if spec.workload == "sqs" and senders < 1:
+        raise ValueError("nothing would write: the sqs workload needs sqs_senders (the load is not SQS)")
+    if producers + (spec.load_producers if spec.load_rate > 0 else 0) + senders < 1:
+        raise ValueError(
+            "nothing would write: give producers, sqs_senders or a load_rate (and load_producers)"
+        )
+
+
+def _count(value: int | None, default: int) -> int:
+    """A worker count of the spec: None is the default, 0 is none."""
+    return default if value is None else value
+
+
 def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
     rest = spec.workload != "sqs"  # the REST producers run unless the SQS workload runs alone
-    consumers = spec.nodes if spec.consumers is None else spec.consumers  # 0 is none, not the default
     return WorkloadConfig(
-        queues=spec.queues or 2 * spec.nodes,
-        producers=(spec.producers or 8 * spec.nodes) if rest else 0,
-        consumers=consumers if spec.workload in ("queue", "both", "all") else 0,
+        queues=_count(spec.queues, 2 * spec.nodes),
+        producers=_count(spec.producers, 8 * spec.nodes) if rest else 0,
+        consumers=_count(spec.consumers, spec.nodes) if spec.workload in ("queue", "both", "all") else 0,
         rate=spec.rate,
         producer_client=spec.producer_client,
         replica_catch_up_s=spec.replica_catch_up_s,
@@ -145,17 +188,16 @@ def _workload_config(spec: ChaosSpec) -> WorkloadConfig:
 
 
 def _receive_config(spec: ChaosSpec) -> ReceiveConfig | None:
-    if spec.workload not in WORKLOADS:
-        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {spec.workload!r}")
     if spec.workload in ("queue", "sqs"):
         return None
-    return ReceiveConfig(receivers=spec.receivers or spec.nodes)
+    return ReceiveConfig(receivers=_count(spec.receivers, spec.nodes))
 
 
 def _sqs_config(spec: ChaosSpec) -> SqsConfig | None:
     if spec.workload not in ("sqs", "all"):
         return None
-    return SqsConfig(senders=spec.sqs_senders or spec.nodes, receivers=spec.sqs_receivers or spec.nodes,
+    return SqsConfig(senders=_count(spec.sqs_senders, spec.nodes),
+                     receivers=_count(spec.sqs_receivers, spec.nodes),
                      rate=spec.sqs_rate, client_timeout_s=spec.client_timeout_s)  # fmt: skip
 
 
@@ -242,7 +284,7 @@ async def _final_committed(group: GroupConsumers, tries: int = 20) -> dict[str, 
 
 
 async def _run(spec: ChaosSpec) -> RunResult:
-    check_faults(spec.faults, spec.nodes)
+    check_spec(spec)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     directory = spec.store / spec.name / stamp
     directory.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ import orjson
 from aiohttp import hdrs, web
 
 from raftmq.cluster.api.sqs import move_task_records as records
-from raftmq.cluster.api.sqs.queues import PREFIX, read_json
+from raftmq.cluster.api.sqs.queues import REDRIVE_ALLOW_POLICY, REDRIVE_POLICY, read_json
 from raftmq.cluster.config.tokens import ADMIN, TokenGrant
 from raftmq.cluster.machines.topics import Topic, permission_names
 
@@ -51,8 +51,6 @@ __all__ = [
 Sees = Callable[[str], Awaitable[bool]]
 TopicNames = Callable[[str, bool], Awaitable[list[str]]]
 TopicTable = Callable[[], Awaitable[Mapping[str, Topic]]]  # every topic by name (ApiCore.topic_table)
-REDRIVE_POLICY = PREFIX + "RedrivePolicy"
-REDRIVE_ALLOW_POLICY = PREFIX + "RedriveAllowPolicy"
 # A sample's topic label (topic names hold no quote or backslash), and a label holding a Raft address.
 _TOPIC_LABEL = re.compile(rb'[{,]topic="([^"\\]*)"')
 _PEER_LABEL = re.compile(rb"[{,]peer=")

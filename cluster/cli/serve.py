@@ -23,6 +23,7 @@ from typing import Any
 import click
 import structlog
 
+from raftmq.cluster.cli.dev_hints import ready_hints
 from raftmq.cluster.config.cluster_file import ClusterConfig, ConfigError, load_config
 from raftmq.cluster.replication.journal import JournalCorruptError
 from raftmq.errors import RaftmqError
@@ -503,7 +504,7 @@ def _run_dev(directory: str) -> None:
 
 def _watch(cluster: DevCluster, stopping: Any) -> None:
     """Until ``stopping()``: say "ready" once every node answers, report exits, serve restarts."""
-    config, first = cluster.config, config_first_http(cluster.config)
+    config = cluster.config
     started, ready, warned = time.monotonic(), False, False
     while not stopping():
         cluster.report_exits()
@@ -519,10 +520,8 @@ def _watch(cluster: DevCluster, stopping: Any) -> None:
             status = f"{cluster.command} status"
             if cluster.directory != DEV_DIR:
                 status += " --url " + ",".join(n.http for n in config.nodes)
-            # The README's and quickstart's first command, so that their walk through goes on from it.
-            click.echo(f'Try: curl -s -XPOST {first}/v1/topics -d \'{{"name": "orders", "queues": 4}}\'')
-            click.echo(f"     {status}")
-            click.echo(f"     kill -9 a node's pid, then: {cluster.restart_hint} <node>")
+            for line in ready_hints(config, cluster.path, status, cluster.restart_hint):
+                click.echo(line)
             click.echo("Ctrl-C stops the cluster.")
         elif not ready and not warned and time.monotonic() - started > READY_WAIT_S:
             warned = True
@@ -530,12 +529,6 @@ def _watch(cluster: DevCluster, stopping: Any) -> None:
             click.echo(f"still waiting for {waiting} to answer /readyz; see the logs in {cluster.directory}")
         cluster.serve_requests()
         time.sleep(0.2)
-
-
-def config_first_http(config: ClusterConfig) -> str:
-    """The first node's HTTP address as curl takes it (``localhost:8081`` for a loopback one)."""
-    host, port = config.nodes[0].http.rsplit(":", 1)
-    return f"localhost:{port}" if host == "127.0.0.1" else config.nodes[0].http
 
 
 @dev.command("restart")

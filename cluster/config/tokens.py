@@ -78,6 +78,9 @@ class TokenGrant:
     # GET /metrics in full (every topic's and group's names, Raft addresses); without it (and
     # without cluster admin) only the topics the token has some right on (api/visibility.py).
     metrics: bool = False
+    # Where the secret came from: "env" (its RAFTMQ_TOKEN_* variable), "token" or "sha256" (the
+    # file's key). Never the secret: ``raftmq dev``'s hint says where to find it (cli/dev_hints.py).
+    source: str = "sha256"
 
     def allows(self, permission: str, topic: str | None) -> bool:
         """True if this token has ``permission`` on ``topic``; with ``topic=None``, on any topic
@@ -216,6 +219,7 @@ def _parse_grant(i: int, entry: Any, env: Mapping[str, str], problems: list[str]
         problems.append(f"{where}: metrics must be true or false")
         return None
     token, sha256 = env.get(env_var(name)), entry.get("sha256")
+    source = "env" if token is not None else "token" if "token" in entry else "sha256"
     if token is None:
         token = entry.get("token")
         if (token is None) == (sha256 is None):
@@ -234,7 +238,7 @@ def _parse_grant(i: int, entry: Any, env: Mapping[str, str], problems: list[str]
         return None
     else:
         digest = bytes.fromhex(sha256)
-    return TokenGrant(name=name, digest=digest, metrics=metrics, **grants)
+    return TokenGrant(name=name, digest=digest, metrics=metrics, source=source, **grants)
 
 
 def _patterns(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:

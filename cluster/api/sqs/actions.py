@@ -43,7 +43,7 @@ from raftmq.cluster.api.handlers.topics import TopicHandlers
 from raftmq.cluster.api.sqs import queues as qs
 from raftmq.cluster.api.sqs.access import queue_name_of
 from raftmq.cluster.api.sqs.errors import SqsError, quoted
-from raftmq.cluster.api.sqs.redrive_rights import REDRIVE_POLICY, current_policy_repeated
+from raftmq.cluster.api.sqs.redrive_rights import current_policy_repeated
 from raftmq.cluster.api.visibility import grant_owns, grant_sees, visible_attributes
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.clock import now_ms
@@ -127,7 +127,7 @@ class QueueActions:
         """A RedrivePolicy being set names an existing queue other than ``source`` of the source's
         type (a FIFO queue's dead-letter queue is a FIFO queue, a standard queue's a standard queue)
         whose RedriveAllowPolicy lets ``source`` send it dead letters (as AWS checks it)."""
-        raw = attributes.get(qs.PREFIX + "RedrivePolicy")
+        raw = attributes.get(qs.REDRIVE_POLICY)
         if not raw:
             return
         policy = orjson.loads(raw)
@@ -410,7 +410,7 @@ class QueueActions:
         grant = request.get(PRINCIPAL)
         repeated = await current_policy_repeated("SetQueueAttributes", grant, self.api, topic.name, changes)
         if repeated is not None:  # the queue's current policy, for a token refused on its target
-            changes = {k: v for k, v in changes.items() if k != REDRIVE_POLICY}
+            changes = {k: v for k, v in changes.items() if k != qs.REDRIVE_POLICY}
         await self._check_redrive_target(topic.name, changes, fifo)
         await self._check_fifo_release(fifo, changes)
         command = {

@@ -27,6 +27,8 @@ __all__ = [
     "FIFO_SUFFIX",
     "QUEUE_NAME",
     "REDRIVE",
+    "REDRIVE_ALLOW_POLICY",
+    "REDRIVE_POLICY",
     "SETTABLE",
     "STORED",
     "UNSUPPORTED",
@@ -78,6 +80,8 @@ SETTABLE: dict[str, Bound] = {
 STORED = frozenset({"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds", "SqsManagedSseEnabled"})
 # Dead-letter queues: checked here, kept normalized (compact JSON), acted on by the actions.
 REDRIVE = ("RedrivePolicy", "RedriveAllowPolicy")
+# Their topic attributes: the one spelling of these keys for every module that reads or filters them.
+REDRIVE_POLICY, REDRIVE_ALLOW_POLICY = (PREFIX + name for name in REDRIVE)
 MAX_RECEIVE_COUNT = 1000
 MAX_SOURCE_ARNS = 10
 # The settings of FIFO queues only (a standard queue knows none of them), with AWS's values; the
@@ -193,7 +197,7 @@ def redrive_policy(topic: Topic) -> RedrivePolicy | None:
     """The queue's RedrivePolicy, or None. The SQS API stores it checked
     (:func:`check_redrive_policy`); one the REST API stored unchecked, before it refused ``sqs.``
     names, is no policy rather than an InternalError of every receive and move task start."""
-    return parse_redrive_policy(topic.attributes.get(PREFIX + "RedrivePolicy"))
+    return parse_redrive_policy(topic.attributes.get(REDRIVE_POLICY))
 
 
 def parse_redrive_policy(raw: str | None) -> RedrivePolicy | None:
@@ -212,7 +216,7 @@ def allows_redrive_from(target: Topic, source_arn: str) -> bool:
     """The dead-letter queue ``target``'s RedriveAllowPolicy lets ``source_arn`` send it dead letters
     (a stored policy that cannot be read, see :func:`redrive_policy`, lets none). The sources must
     be a list: ``in`` a text stored there would match any part of it."""
-    raw = target.attributes.get(PREFIX + "RedriveAllowPolicy")
+    raw = target.attributes.get(REDRIVE_ALLOW_POLICY)
     if not raw:
         return True
     policy = read_json(raw)
@@ -253,7 +257,7 @@ def needs_fifo_release(changes: dict[str, str]) -> bool:
     """Whether a FIFO queue's ``changes`` (as :func:`check_attributes` returns them) set what only
     nodes of :data:`FIFO_RELEASE` serve: a DelaySeconds other than 0 or a RedrivePolicy."""
     delay = changes.get(PREFIX + "DelaySeconds", "0")
-    return delay != "0" or bool(changes.get(PREFIX + "RedrivePolicy"))
+    return delay != "0" or bool(changes.get(REDRIVE_POLICY))
 
 
 def check_fifo_settings(attributes: dict[str, str]) -> None:
@@ -330,9 +334,9 @@ def check_attributes(
                 )
             out[PREFIX + name] = str(int(value))
         elif name == "RedrivePolicy":
-            out[PREFIX + name] = check_redrive_policy(value, region)
+            out[REDRIVE_POLICY] = check_redrive_policy(value, region)
         elif name == "RedriveAllowPolicy":
-            out[PREFIX + name] = check_redrive_allow_policy(value, region)
+            out[REDRIVE_ALLOW_POLICY] = check_redrive_allow_policy(value, region)
         elif name in STORED:
             if len(value.encode("utf-8", "replace")) > 8192:
                 raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")

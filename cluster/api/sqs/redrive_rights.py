@@ -21,9 +21,7 @@ from raftmq.cluster.base.errors import RaftmqError
 from raftmq.cluster.config.tokens import TokenGrant
 from raftmq.cluster.machines.metadata import Topic
 
-__all__ = ["REDRIVE_POLICY", "current_policy_repeated"]
-
-REDRIVE_POLICY = qs.PREFIX + "RedrivePolicy"
+__all__ = ["current_policy_repeated"]
 
 
 async def current_policy_repeated(
@@ -36,7 +34,7 @@ async def current_policy_repeated(
     no token, or no policy is set: removing one ("") needs no right); AccessDenied otherwise,
     the queue missing too. Read at the leader: the answering node's replica may lag, and a
     policy taken as no change for matching a stale one was lost while answered success."""
-    wanted = qs.parse_redrive_policy(attributes.get(REDRIVE_POLICY))
+    wanted = qs.parse_redrive_policy(attributes.get(qs.REDRIVE_POLICY))
     if wanted is None or grant is None:
         return None
     try:
