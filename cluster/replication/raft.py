@@ -181,6 +181,7 @@ class RaftGroup:
         fetch_checkpoint: Callable[[dict[str, Any]], tuple[str, int]] | None = None,
         bind_addr: str | None = None,
         joining: bool = False,
+        campaign_first: bool = False,
         admission: RaftAdmission | None = None,
     ) -> None:
         install_journal_seam()
@@ -266,10 +267,9 @@ class RaftGroup:
         if self._quiet:
             # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
             self._sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.join_quiet_s
-        elif not joining and not self.peer_addrs:
-            # A lone voter (replication 1): no other replica can lead or vote, so it campaigns at its
-            # first tick, as pysyncobj would once an election timeout had passed (0.8-1.6 s after
-            # every start without a leader, each write waiting).
+        elif not joining and (campaign_first or not self.peer_addrs):
+            # A start waits no election timeout: a lone voter campaigns at its first tick, the preferred
+            # replica asks through pre-vote once connected (voters that hear a leader refuse).
             self._sync._SyncObj__raftElectionDeadline = 0.0
         try:
             self._sync.waitBinded()
