@@ -36,6 +36,8 @@ Invariants:
   messages unanswered and the voters refuse pre-votes while they hear that leader, so only a
   vote request carries its term to the group.
 - A leadership transfer (``timeout_now``) and a lone voter campaign at once, as before.
+- A group's preferred replica that starts (``ask_first``) asks as soon as a majority of the voters
+  is connected, not at its deadline, and refuses others' pre-votes until that round is over.
 - A round's answers count only while its term is above this replica's: once it reached that term
   otherwise (it voted for a candidate that asked at the same moment), they are stale.
 
@@ -76,6 +78,9 @@ class PreVote:
         # A round started and no leader was heard since: the deadline the round pushed on says
         # nothing about a leader (pso.hears_a_leader).
         self.asking = False
+        # ask_first: until when this starting preferred replica asks early and refuses others (clock)
+        self._first_until: float | None = None
+        self._first_asked = False
         self.rounds = 0  # rounds started (tests and metrics)
         self.campaigns_unanswered = 0  # campaigns after a round a majority left unanswered
         self.leaders_lost = 0  # the leader's connection closed (leader_lost): tests and metrics
@@ -87,6 +92,8 @@ class PreVote:
         """At the start of every tick, before pysyncobj's own election check: a due election waits
         for a majority's grants (the round pushes the deadline on)."""
         sync = self._sync
+        if self._first_until is not None:
+            self._first_tick()
         if sync._isLeader() or sync._SyncObj__raftElectionDeadline >= self._clock():
             return
         if sync._SyncObj__transferInProgress or not sync._SyncObj__otherNodes or sync.selfNode is None:
@@ -108,6 +115,31 @@ class PreVote:
             self.campaigns_unanswered += 1
             return
         self._ask(term)
+
+    def ask_first(self) -> None:
+        """This replica is its group's preferred one (where the leader balancer moves the leadership)
+        and starts: it asks at its first tick connected to a majority of the voters instead of at its
+        election deadline, and until that round is over (a leader heard, or the round's own deadline
+        passed) it refuses the others' pre-votes, so a replica that was already waiting to ask when
+        it started does not win a split vote with it. A leader is never deposed by it: the voters
+        that hear one refuse, and a majority connected answers (none counts as a release before
+        pre-vote). If no majority connects before its first election deadline, nothing changes."""
+        self._first_until = self._clock() + self._sync._SyncObj__conf.raftMaxTimeout
+
+    def _first_tick(self) -> None:
+        sync, now = self._sync, self._clock()
+        assert self._first_until is not None
+        if self.heard_leader_at != -math.inf or now > self._first_until:
+            self._first_until = None  # a leader is heard, or the early round (or its chance) is over
+            return
+        if self._first_asked:
+            return  # its round is under way
+        me = str(sync.selfNode.id)
+        connected = sync._SyncObj__connectedNodes
+        if self._majority({str(n.id) for n in sync._SyncObj__otherNodes if n in connected} | {me}):
+            self._first_asked = True
+            sync._SyncObj__raftElectionDeadline = 0.0  # ask in this tick
+            self._first_until = now + sync._SyncObj__generateRaftTimeout()  # the round's own deadline
 
     def _maybe_old(self) -> set[str]:
         """The voters that left this round unanswered and never answered one."""
@@ -175,6 +207,7 @@ class PreVote:
         self._round_term = self._won_term = None
         self.asking = False
         self._asks_early = False
+        self._first_until = None
 
     def leader_lost(self, leader: str) -> None:
         """The connection to ``leader``, the leader this replica follows, closed. It is no longer
@@ -212,6 +245,7 @@ class PreVote:
             >= (sync._SyncObj__getCurrentLogTerm(), sync._SyncObj__getCurrentLogIndex())
             and not sync._isLeader()
             and self._clock() - self.heard_leader_at >= self.lease_s
+            and (self._first_until is None or self._clock() > self._first_until)
         )
         if granted and self._asks_early:
             # Another survivor of a lost leader asks first: it will campaign, so this one waits a

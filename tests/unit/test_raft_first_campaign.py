@@ -6,8 +6,9 @@ of 6 s so that a wait for one shows plainly."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,18 @@ from raftmq.storage.memory import MemoryStore
 SLOW_ELECTIONS = RaftSettings(
     password="x" * 16, election_min_s=6.1, election_max_s=6.2, heartbeat_s=0.05, tick_s=0.01
 )
+SHORT_ELECTIONS = dataclasses.replace(SLOW_ELECTIONS, election_min_s=1.0, election_max_s=1.1)
 
 
-class Three:
-    """Three replicas of one group; the first is its preferred replica (``campaign_first``)."""
+class Replicas:
+    """The replicas of one group; the first is its preferred replica (``campaign_first``)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, n: int = 3, settings: RaftSettings = SLOW_ELECTIONS) -> None:
         self.tmp_path = tmp_path
-        self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-        self.stores = [MemoryStore() for _ in range(3)]
-        self.replicas: list[RaftGroup | None] = [None, None, None]
+        self.settings = settings
+        self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+        self.stores = [MemoryStore() for _ in range(n)]
+        self.replicas: list[RaftGroup | None] = [None] * n
 
     def start(self, i: int) -> RaftGroup:
         group = RaftGroup(
@@ -39,7 +42,7 @@ class Three:
             journal_store=self.stores[i],
             machine=Machine(),
             snapshot_file=str(self.tmp_path / f"n{i + 1}" / "g.snapshot"),
-            settings=SLOW_ELECTIONS,
+            settings=self.settings,
             campaign_first=i == 0,
         )
         self.replicas[i] = group
@@ -55,39 +58,69 @@ class Three:
 
 
 @pytest.fixture
-def three(tmp_path: Path) -> Iterator[Three]:
-    replicas = Three(tmp_path)
-    yield replicas
-    for group in replicas.running():
-        group.destroy()
+def groups(tmp_path: Path) -> Iterator[Callable[..., Replicas]]:
+    made: list[Replicas] = []
+
+    def make(n: int = 3, settings: RaftSettings = SLOW_ELECTIONS) -> Replicas:
+        made.append(Replicas(tmp_path / str(len(made)), n, settings))
+        return made[-1]
+
+    yield make
+    for replicas in made:
+        for group in replicas.running():
+            group.destroy()
 
 
-def test_the_preferred_replica_leads_at_once_after_a_start(three: Three) -> None:
+@pytest.mark.parametrize("n", [3, 5])
+def test_the_preferred_replica_leads_at_once_after_a_start(groups: Callable[..., Replicas], n: int) -> None:
     # Before, every replica waited out its election timeout (6.1 s here, 0.8-1.6 s by default) and
     # any of them could win: the balancer then moved the leadership, seconds after every start.
+    replicas = groups(n)
     began = time.monotonic()
-    for i in range(3):
-        three.start(i)
-    leader = settled_leader(three.running(), timeout=SLOW_ELECTIONS.election_min_s + 2)
+    for i in range(n):
+        replicas.start(i)
+    leader = settled_leader(replicas.running(), timeout=SLOW_ELECTIONS.election_min_s + 2)
     took = time.monotonic() - began
-    assert leader is three.replicas[0], f"{leader.node_id} leads, not the preferred replica"
+    assert leader is replicas.replicas[0], f"{leader.node_id} leads, not the preferred replica"
     assert took < 2.0, f"a leader after {took:.1f} s: an election timeout was waited out"
     assert leader.status().term == 1
 
 
-def test_a_preferred_replica_restarted_under_a_leader_deposes_nobody(three: Three) -> None:
+def test_a_replica_waiting_to_ask_when_the_preferred_one_starts_splits_no_vote(
+    groups: Callable[..., Replicas],
+) -> None:
+    # n2 starts alone and its election deadline passes while no voter is there to ask; then the
+    # preferred n1 starts (n3 stays down). Both asked at their first connection and granted each
+    # other's pre-vote: both campaigned for term 1, each voted for itself, and nobody won until a
+    # whole timeout later. The starting preferred replica refuses others' pre-votes until its own
+    # round is over, so it wins at once.
+    replicas = groups(3, SHORT_ELECTIONS)
+    waiting = replicas.start(1)
+    time.sleep(SHORT_ELECTIONS.election_max_s + 0.3)
+    assert not waiting.is_leader()
+    replicas.start(0)
+    leader = settled_leader(replicas.running(), timeout=SHORT_ELECTIONS.election_max_s * 3)
+    assert leader is replicas.replicas[0], f"{leader.node_id} leads, not the preferred replica"
+    assert leader.status().term == 1, "a split vote (or another election) came first"
+
+
+def test_a_preferred_replica_restarted_under_a_leader_deposes_nobody(groups: Callable[..., Replicas]) -> None:
+    replicas = groups(3)
     for i in range(3):
-        three.start(i)
-    settled_leader(three.running(), timeout=SLOW_ELECTIONS.election_min_s + 2)
-    three.stop(0)  # the survivors see its connections close and elect one of themselves
-    leader = settled_leader(three.running(), timeout=SLOW_ELECTIONS.election_min_s * 2 + 2)
+        replicas.start(i)
+    settled_leader(replicas.running(), timeout=SLOW_ELECTIONS.election_min_s + 2)
+    replicas.stop(0)  # the survivors see its connections close and elect one of themselves
+    leader = settled_leader(replicas.running(), timeout=SLOW_ELECTIONS.election_min_s * 2 + 2)
     term = leader.status().term
-    restarted = three.start(0)
-    # It asks at its first tick connected (a pre-vote round), and the voters, hearing their
-    # leader, refuse: no term moves, the leadership stays.
-    wait_for(lambda: restarted.pre_vote.rounds >= 1, "the restarted replica asked", timeout=3.0)
-    wait_for(lambda: restarted.leader() == leader.self_addr, "it follows the leader", timeout=3.0)
-    time.sleep(1.0)
-    assert leader.is_leader() and not restarted.is_leader()
-    assert [g.status().term for g in three.running()] == [term] * 3
-    assert restarted.status().hears_leader
+    for restart in range(3):
+        # From the second restart on it comes back at the group's term (it heard the leader before
+        # its stop): only the voters' refusal keeps it from starting an election. Its round asks
+        # as soon as a majority is connected; a voter that hears a leader refuses.
+        restarted = replicas.start(0)
+        wait_for(lambda r=restarted: r.pre_vote.rounds >= 1, f"restart {restart}: it asked", timeout=3.0)
+        wait_for(lambda r=restarted: r.leader() == leader.self_addr, "it follows the leader", timeout=3.0)
+        time.sleep(0.5)
+        assert leader.is_leader() and not restarted.is_leader()
+        assert [g.status().term for g in replicas.running()] == [term] * 3, f"restart {restart}"
+        replicas.stop(0)
+        time.sleep(0.2)
