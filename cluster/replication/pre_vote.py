@@ -37,7 +37,8 @@ Invariants:
   vote request carries its term to the group.
 - A leadership transfer (``timeout_now``) and a lone voter campaign at once, as before.
 - A group's preferred replica that starts (``ask_first``) asks as soon as a majority of the voters
-  is connected, not at its deadline, and refuses others' pre-votes until that round is over.
+  is connected, if that comes before its deadline, and refuses others' pre-votes until that round
+  is over; an ordinary round of its own under way (its deadline came first) is never cut short.
 - A round's answers count only while its term is above this replica's: once it reached that term
   otherwise (it voted for a candidate that asked at the same moment), they are stale.
 
@@ -118,22 +119,29 @@ class PreVote:
 
     def ask_first(self) -> None:
         """This replica is its group's preferred one (where the leader balancer moves the leadership)
-        and starts: it asks at its first tick connected to a majority of the voters instead of at its
-        election deadline, and until that round is over (a leader heard, or the round's own deadline
-        passed) it refuses the others' pre-votes, so a replica that was already waiting to ask when
-        it started does not win a split vote with it. A leader is never deposed by it: the voters
-        that hear one refuse, and a majority connected answers (none counts as a release before
-        pre-vote). If no majority connects before its first election deadline, nothing changes."""
+        and starts: if a majority of the voters is connected before its election deadline passes, it
+        asks at once instead of at the deadline, and until that round is over (a leader heard, a
+        majority's answers without a majority's grants, or the round's own deadline) it refuses the
+        others' pre-votes, so a replica that was already waiting to ask when it started does not
+        split the vote with it. The round reaches a majority, whose answers count (none is taken for
+        a release before pre-vote), and the voters that hear a leader refuse. If its deadline passes
+        first, it goes on as any replica."""
         self._first_until = self._clock() + self._sync._SyncObj__conf.raftMaxTimeout
 
     def _first_tick(self) -> None:
         sync, now = self._sync, self._clock()
         assert self._first_until is not None
-        if self.heard_leader_at != -math.inf or now > self._first_until:
-            self._first_until = None  # a leader is heard, or the early round (or its chance) is over
-            return
         if self._first_asked:
-            return  # its round is under way
+            if self.heard_leader_at != -math.inf or now > self._first_until:
+                self._first_until = None
+            return
+        if (
+            self.heard_leader_at != -math.inf
+            or sync._SyncObj__raftElectionDeadline < now
+            or self._round_term is not None
+        ):
+            self._first_until = None  # a leader is heard, or its deadline came first: as any replica
+            return
         me = str(sync.selfNode.id)
         connected = sync._SyncObj__connectedNodes
         if self._majority({str(n.id) for n in sync._SyncObj__otherNodes if n in connected} | {me}):
@@ -176,6 +184,8 @@ class PreVote:
         self._answered.add(voter)
         if message.get("granted") is True:
             self._granted.add(voter)
+        elif self._first_asked and self._majority(self._answered) and not self._majority(self._granted):
+            self._first_until = None  # the early round lost (a leader heard, or its log behind)
         voter_term = message.get("voter_term")
         if type(voter_term) is int and voter_term < int(self._sync.raftCurrentTerm):
             self._behind.add(voter)
