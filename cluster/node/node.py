@@ -274,6 +274,7 @@ class Node:
             fetch_checkpoint=lambda manifest: self.checkpoints.fetch(name, manifest),
             bind_addr=self.me.raft_bind_addr(port_offset(name)),  # pysyncobj's default is 0.0.0.0
             joining=joining,
+            campaign_first=self.replicas(name)[0].id == self.me.id,  # the placement's first replica
             admission=self.raft_admission,
         )
         return LocalGroup(name, raft, machine, store, journal_store)

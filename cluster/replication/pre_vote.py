@@ -36,6 +36,9 @@ Invariants:
   messages unanswered and the voters refuse pre-votes while they hear that leader, so only a
   vote request carries its term to the group.
 - A leadership transfer (``timeout_now``) and a lone voter campaign at once, as before.
+- A group's preferred replica that starts (``ask_first``) asks as soon as a majority of the voters
+  is connected, if that comes before its deadline, and refuses others' pre-votes until that round
+  is over; an ordinary round of its own under way (its deadline came first) is never cut short.
 - A round's answers count only while its term is above this replica's: once it reached that term
   otherwise (it voted for a candidate that asked at the same moment), they are stale.
 
@@ -76,6 +79,9 @@ class PreVote:
         # A round started and no leader was heard since: the deadline the round pushed on says
         # nothing about a leader (pso.hears_a_leader).
         self.asking = False
+        # ask_first: until when this starting preferred replica asks early and refuses others (clock)
+        self._first_until: float | None = None
+        self._first_asked = False
         self.rounds = 0  # rounds started (tests and metrics)
         self.campaigns_unanswered = 0  # campaigns after a round a majority left unanswered
         self.leaders_lost = 0  # the leader's connection closed (leader_lost): tests and metrics
@@ -87,6 +93,8 @@ class PreVote:
         """At the start of every tick, before pysyncobj's own election check: a due election waits
         for a majority's grants (the round pushes the deadline on)."""
         sync = self._sync
+        if self._first_until is not None:
+            self._first_tick()
         if sync._isLeader() or sync._SyncObj__raftElectionDeadline >= self._clock():
             return
         if sync._SyncObj__transferInProgress or not sync._SyncObj__otherNodes or sync.selfNode is None:
@@ -108,6 +116,38 @@ class PreVote:
             self.campaigns_unanswered += 1
             return
         self._ask(term)
+
+    def ask_first(self) -> None:
+        """This replica is its group's preferred one (where the leader balancer moves the leadership)
+        and starts: if a majority of the voters is connected before its election deadline passes, it
+        asks at once instead of at the deadline, and until that round is over (a leader heard, a
+        majority's answers without a majority's grants, or the round's own deadline) it refuses the
+        others' pre-votes, so a replica that was already waiting to ask when it started does not
+        split the vote with it. The round reaches a majority, whose answers count (none is taken for
+        a release before pre-vote), and the voters that hear a leader refuse. If its deadline passes
+        first, it goes on as any replica."""
+        self._first_until = self._clock() + self._sync._SyncObj__conf.raftMaxTimeout
+
+    def _first_tick(self) -> None:
+        sync, now = self._sync, self._clock()
+        assert self._first_until is not None
+        if self._first_asked:
+            if self.heard_leader_at != -math.inf or now > self._first_until:
+                self._first_until = None
+            return
+        if (
+            self.heard_leader_at != -math.inf
+            or sync._SyncObj__raftElectionDeadline < now
+            or self._round_term is not None
+        ):
+            self._first_until = None  # a leader is heard, or its deadline came first: as any replica
+            return
+        me = str(sync.selfNode.id)
+        connected = sync._SyncObj__connectedNodes
+        if self._majority({str(n.id) for n in sync._SyncObj__otherNodes if n in connected} | {me}):
+            self._first_asked = True
+            sync._SyncObj__raftElectionDeadline = 0.0  # ask in this tick
+            self._first_until = now + sync._SyncObj__generateRaftTimeout()  # the round's own deadline
 
     def _maybe_old(self) -> set[str]:
         """The voters that left this round unanswered and never answered one."""
@@ -144,6 +184,8 @@ class PreVote:
         self._answered.add(voter)
         if message.get("granted") is True:
             self._granted.add(voter)
+        elif self._first_asked and self._majority(self._answered) and not self._majority(self._granted):
+            self._first_until = None  # the early round lost (a leader heard, or its log behind)
         voter_term = message.get("voter_term")
         if type(voter_term) is int and voter_term < int(self._sync.raftCurrentTerm):
             self._behind.add(voter)
@@ -175,6 +217,7 @@ class PreVote:
         self._round_term = self._won_term = None
         self.asking = False
         self._asks_early = False
+        self._first_until = None
 
     def leader_lost(self, leader: str) -> None:
         """The connection to ``leader``, the leader this replica follows, closed. It is no longer
@@ -212,6 +255,7 @@ class PreVote:
             >= (sync._SyncObj__getCurrentLogTerm(), sync._SyncObj__getCurrentLogIndex())
             and not sync._isLeader()
             and self._clock() - self.heard_leader_at >= self.lease_s
+            and (self._first_until is None or self._clock() > self._first_until)
         )
         if granted and self._asks_early:
             # Another survivor of a lost leader asks first: it will campaign, so this one waits a

@@ -181,6 +181,7 @@ class RaftGroup:
         fetch_checkpoint: Callable[[dict[str, Any]], tuple[str, int]] | None = None,
         bind_addr: str | None = None,
         joining: bool = False,
+        campaign_first: bool = False,
         admission: RaftAdmission | None = None,
     ) -> None:
         install_journal_seam()
@@ -263,14 +264,13 @@ class RaftGroup:
         self.sealed_bodies: SharedBodies | None = self._sync._SyncObj__transport.shared_bodies
         self._held = HeldAnswers(self._sync, settings)  # a lost leadership's submits (held_answers.py)
         self._quiet = joining and fresh  # tick thread: until a leader reaches this replica
-        if self._quiet:
-            # Set before the first election deadline (pysyncobj's tick thread sleeps 0.1 s first).
+        if self._quiet:  # set before the first election deadline (the tick thread sleeps 0.1 s first)
             self._sync._SyncObj__raftElectionDeadline = monotonic() + self._settings.join_quiet_s
         elif not joining and not self.peer_addrs:
-            # A lone voter (replication 1): no other replica can lead or vote, so it campaigns at its
-            # first tick, as pysyncobj would once an election timeout had passed (0.8-1.6 s after
-            # every start without a leader, each write waiting).
+            # A lone voter campaigns at its first tick (nobody else can lead or vote: a start waited).
             self._sync._SyncObj__raftElectionDeadline = 0.0
+        elif not joining and campaign_first:
+            self.pre_vote.ask_first()  # the group's preferred replica asks early (pre_vote.py)
         try:
             self._sync.waitBinded()
         except SyncObjException:
