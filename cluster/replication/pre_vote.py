@@ -122,7 +122,8 @@ class PreVote:
         and starts: if a majority of the voters is connected before its election deadline passes, it
         asks at once instead of at the deadline, and until that round is over (a leader heard, a
         majority's answers without a majority's grants, or the round's own deadline) it refuses the
-        others' pre-votes, so a replica that was already waiting to ask when it started does not
+        others' pre-votes (from this call on, before its round is sent too), so a replica that was
+        already waiting to ask when it started does not
         split the vote with it. The round reaches a majority, whose answers count (none is taken for
         a release before pre-vote), and the voters that hear a leader refuse. If its deadline passes
         first, it goes on as any replica."""
@@ -184,8 +185,9 @@ class PreVote:
         self._answered.add(voter)
         if message.get("granted") is True:
             self._granted.add(voter)
-        elif self._first_asked and self._majority(self._answered) and not self._majority(self._granted):
-            self._first_until = None  # the early round lost (a leader heard, or its log behind)
+        voters = {str(node.id) for node in self._sync._SyncObj__otherNodes} | {str(self._sync.selfNode.id)}
+        if self._first_asked and not self._majority(voters - (self._answered - self._granted)):
+            self._first_until = None  # the early round lost: its refusals leave no majority to grant
         voter_term = message.get("voter_term")
         if type(voter_term) is int and voter_term < int(self._sync.raftCurrentTerm):
             self._behind.add(voter)

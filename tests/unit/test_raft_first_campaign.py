@@ -137,11 +137,17 @@ def test_an_early_ask_never_judges_an_ordinary_round_its_unconnected_voters_miss
     # the leader and refuses). Its election deadline passes first: an ordinary round reaches that
     # voter only. A majority connects next: the early ask judged that round at once, counted the
     # three voters it never reached as releases before pre-vote and campaigned against the live
-    # leader. The ordinary round runs its course instead (a whole timeout, as for any replica).
+    # leader at once. The ordinary round is judged a whole timeout later instead, as any replica's
+    # (by when the leader's heartbeats have usually come; main's own rule after that). Timeouts of
+    # 30 s: the two ticks must fall inside one.
     install_journal_seam()
     peers = [f"127.0.0.1:{port}" for port in range(2, 6)]
     conf = SyncObjConf(
-        autoTick=False, journalFile=DurableJournal(MemoryStore()), raftMinTimeout=0.8, raftMaxTimeout=1.6
+        autoTick=False,
+        journalFile=DurableJournal(MemoryStore()),
+        raftMinTimeout=30,
+        raftMaxTimeout=31,
+        connectionTimeout=31,
     )
     sync = SyncObj("127.0.0.1:1", peers, conf=conf, transportClass=RecordingTransport)
     try:
