@@ -62,7 +62,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from rocksdict import (
     BottommostLevelCompaction,
@@ -329,6 +329,19 @@ class RocksStore:
         finally:
             self._leave()
         return None if value is None else as_bytes(value)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values stored at ``keys``, in their order (None where none is): one RocksDB
+        multi-get, cheaper than a scan for a few keys (no iterator to build and seek)."""
+        wanted: list[str | int | float | bytes | bool] = list(keys)  # rocksdict's type of a key list
+        db = self._enter()
+        try:
+            values = cast("list[object]", db.get(wanted))  # a list of keys: a list, never None
+        except Exception as exc:
+            _raise_translated(exc)
+        finally:
+            self._leave()
+        return [None if value is None else as_bytes(value) for value in values]
 
     def scan(
         self, start: bytes, end: bytes | None = None, *, reverse: bool = False, limit: int | None = None
