@@ -142,6 +142,11 @@ class Apply:
         by ``decode`` (the same for a key every time), as of before this apply."""
         return self._cache.read(self.store, key, decode)
 
+    def retries(self, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """The first ``limit`` pairs of a subscription queue's retry index (``prefix``) as of
+        before this apply, through the machine's cache (which knows the empty ones)."""
+        return self._cache.retries(self.store, prefix, limit)
+
     def meta(self, topic_id: int, queue: int) -> QueueMeta:
         key = (topic_id, queue)
         if key not in self._metas:

@@ -22,6 +22,11 @@ Invariants (tests/unit/test_state_cache.py, test_determinism.py):
   moved by each written put (a new key: the apply never puts one that exists) and delete (of a
   key that exists) of a ``W`` key; forgotten with the rest, and by a ``delete_range`` reaching
   ``W``.
+- It also keeps which subscription queues' retry indexes (``Y`` keys under a ``sub_key(RETRY,
+  ...)`` prefix) the store holds no key under: learnt when a scan finds none, forgotten by each
+  written put of a ``Y`` key under the prefix (a delete cannot make an empty prefix hold a key),
+  and with the rest. Every receive looks there first, and the index is empty unless a delivery
+  was nacked or released (docs/benchmarks.md, "A follower's applies").
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from raftmq.storage.keys import (
     PRODUCER_CAP,
     PRODUCER_IDLE,
     PRODUCER_SWEEP,
+    RETRY,
     SUBSCRIPTION,
 )
+from raftmq.storage.queues import scan_prefix
 from raftmq.storage.store import OP_DELETE_RANGE, OP_PUT, Batch, Store
 
 __all__ = ["DEFAULT_CACHE_ENTRIES", "StateCache"]
@@ -54,6 +61,7 @@ _KINDS: Final = frozenset((DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_CAP, PR
 """The one-byte prefixes of the keys kept."""
 _KIND_RANGES: Final = tuple((p, bytes([p[0] + 1])) for p in sorted(_KINDS))
 _IDLE_END: Final = bytes([PRODUCER_IDLE[0] + 1])
+_RETRY_TAIL: Final = 16  # a retry-index key: its subscription queue's prefix, due_ms u64, offset u64
 _ABSENT: Final = object()  # the store holds nothing at the key
 _UNKNOWN: Final = object()  # not kept
 
@@ -71,6 +79,7 @@ class StateCache:
         self._max_entries = max_entries
         self._entries: OrderedDict[bytes, object] = OrderedDict()
         self._idle_keys: int | None = None  # W keys in the store; None: not counted
+        self._no_retries: set[bytes] = set()  # retry-index prefixes the store holds no key under
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -94,6 +103,18 @@ class StateCache:
             self._idle_keys = sum(1 for _ in store.scan(PRODUCER_IDLE, _IDLE_END))
         return self._idle_keys
 
+    def retries(self, store: Store, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """The first ``limit`` pairs of the retry index under ``prefix`` (a subscription queue's),
+        with no scan when an earlier one found none and no key was put under it since."""
+        if prefix in self._no_retries:
+            return []
+        found = list(scan_prefix(store, prefix, limit=limit))
+        if not found and self._max_entries:
+            if len(self._no_retries) >= self._max_entries:
+                self._no_retries.clear()
+            self._no_retries.add(prefix)
+        return found
+
     @property
     def counted_producer_states(self) -> int | None:
         """:meth:`producer_states` if counted (another thread may look: a hint, not a read)."""
@@ -106,7 +127,8 @@ class StateCache:
         encoding (``value`` as a read of those bytes decodes it); a put is kept only when it wrote
         those bytes."""
         entries = self._entries
-        idle = PRODUCER_IDLE[0]
+        idle, retry = PRODUCER_IDLE[0], RETRY[0]
+        no_retries = self._no_retries
         for op, key, value in batch.ops:
             if op == OP_DELETE_RANGE:
                 if key < value and _reaches_kept_kind(key, value):
@@ -117,6 +139,10 @@ class StateCache:
             if key[0] == idle:
                 if self._idle_keys is not None:
                     self._idle_keys += 1 if op == OP_PUT else -1
+                continue
+            if key[0] == retry:
+                if op == OP_PUT and no_retries:
+                    no_retries.discard(key[:-_RETRY_TAIL])
                 continue
             if key[:1] not in _KINDS:
                 continue
@@ -130,6 +156,7 @@ class StateCache:
         """Forget everything (the store was replaced, or a write failed)."""
         self._entries.clear()
         self._idle_keys = None
+        self._no_retries.clear()
 
     def _keep(self, key: bytes, value: object) -> None:
         entries = self._entries

@@ -283,3 +283,38 @@ def test_a_receiver_s_entries_read_their_subscription_once_then_from_the_cache()
     # The subscribe's own read, the receive's (into the cache), one after the receive wrote it
     # (its time in use moved): not one per entry.
     assert store.gets[key] == 3
+
+
+class CountedRetryScans(MemoryStore):
+    """A MemoryStore counting the scans of retry indexes (``Y`` keys)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retry_scans = 0
+
+    def scan(self, start: bytes, *args: Any, **kwargs: Any) -> Any:
+        self.retry_scans += start.startswith(keys.RETRY)
+        return super().scan(start, *args, **kwargs)
+
+
+def test_an_empty_retry_index_is_scanned_once_until_a_retry_is_put() -> None:
+    """Every receive looks for due retries first, and the index is empty unless something was
+    nacked or released: a scan that found none is kept, until a put of a retry under that
+    subscription queue (the nack below) makes the next receive scan again and find it."""
+    store = CountedRetryScans()
+    machine = QueueGroupMachine(store, 1)
+    log = [commands.subscribe("g", 1, "t", None, 2**32 - 1, [0], now_ms=T0), append(T0, (1, 0, None, 0, 4))]
+    for index, command in enumerate(log, start=1):
+        assert "error" not in machine.apply(index, command)
+    first = machine.apply(3, commands.receive(T0 + 1, "g", 1, [0], 2, 30_000))
+    second = machine.apply(4, commands.receive(T0 + 2, "g", 1, [0], 1, 30_000))
+    assert [m["offset"] for m in first["messages"] + second["messages"]] == [0, 1, 2]
+    assert store.retry_scans == 1
+    nacked = machine.apply(5, commands.nack(T0 + 3, "g", 1, [(0, 1, 3)], delay_ms=0))
+    assert nacked["results"] == [{"ok": True}]
+    again = machine.apply(6, commands.receive(T0 + 4, "g", 1, [0], 2, 30_000))
+    assert [(m["offset"], m["attempt"]) for m in again["messages"]] == [(1, 2), (3, 1)]
+    assert store.retry_scans == 2
+    machine.apply(7, commands.receive(T0 + 5, "g", 1, [0], 1, 30_000))  # the retry taken: empty again
+    machine.apply(8, commands.receive(T0 + 6, "g", 1, [0], 1, 30_000))
+    assert store.retry_scans == 3

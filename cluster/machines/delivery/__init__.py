@@ -64,7 +64,7 @@ from raftmq.cluster.machines.delivery.state import (
 from raftmq.cluster.machines.delivery.timers import available, deliver_tick, on_commit, store_delayed
 from raftmq.storage import keys, queues
 from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord
-from raftmq.storage.queues import read_delivery_fields, scan_prefix
+from raftmq.storage.queues import read_delivery_fields
 
 if TYPE_CHECKING:
     from raftmq.cluster.commands import (
@@ -199,7 +199,7 @@ def _due_retries(
     found: list[tuple[int, int, int, int]] = []
     for position, queue in enumerate(open_queues):
         prefix = keys.sub_key(keys.RETRY, topic_id, queue, group)
-        for key, _ in scan_prefix(w.store, prefix, limit=limit):
+        for key, _ in w.work.retries(prefix, limit):
             due_ms, offset = keys.decode_u64(key[len(prefix) : -8]), keys.decode_u64(key[-8:])
             if due_ms > now_ms:
                 break
