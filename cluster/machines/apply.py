@@ -207,6 +207,11 @@ class Apply:
             over = self.producer_states() + new_states - cap
             forget_least_used(self.store, self.batch, min(over, new_states), keys.PRODUCER_IDLE, used)
 
+    def put_kept(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
+        """Put ``data`` at ``key``, of a kind the machine's cache keeps, and have the cache keep it
+        as a read of ``data`` decodes it (not read again by the next entry)."""
+        self._put(key, data, decode)
+
     def _put(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
         self.batch.put(key, data)
         self.encoded[key] = (data, decode(data))

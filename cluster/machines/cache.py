@@ -1,8 +1,9 @@
 """What the queue-group apply reads again at every entry, kept between entries (:class:`StateCache`):
 the group's time, the queues' bounds, producer states, topic tombstones, the producers' sweep
-key and the subscriptions (every receive and settlement reads its group's), each of which the
-previous entry usually just wrote or read (4-5 store reads per produced batch otherwise,
-docs/benchmarks.md, "A cache of the apply's reads").
+key, the subscriptions (every receive and settlement reads its group's) and the cursor, floor
+and lock of each subscription queue (a receive reads the three, a settlement the first two),
+each of which the previous entry usually just wrote or read (4-5 store reads per produced batch
+otherwise, docs/benchmarks.md, "A cache of the apply's reads").
 
 Invariants (tests/unit/test_state_cache.py, test_determinism.py):
 
@@ -38,12 +39,15 @@ from typing import Final, TypeVar, cast
 from raftmq.storage.keys import (
     DROPPED,
     GROUP_TIME,
+    LOCK,
     META,
+    OFFSET,
     PRODUCER,
     PRODUCER_CAP,
     PRODUCER_IDLE,
     PRODUCER_SWEEP,
     RETRY,
+    SUB_CURSOR,
     SUBSCRIPTION,
 )
 from raftmq.storage.queues import scan_prefix
@@ -57,7 +61,20 @@ each with five remembered batches, 4 MiB per group when full)."""
 
 _T = TypeVar("_T")
 
-_KINDS: Final = frozenset((DROPPED, GROUP_TIME, META, PRODUCER, PRODUCER_CAP, PRODUCER_SWEEP, SUBSCRIPTION))
+_KINDS: Final = frozenset(
+    (
+        DROPPED,
+        GROUP_TIME,
+        LOCK,
+        META,
+        OFFSET,
+        PRODUCER,
+        PRODUCER_CAP,
+        PRODUCER_SWEEP,
+        SUB_CURSOR,
+        SUBSCRIPTION,
+    )
+)
 """The one-byte prefixes of the keys kept."""
 _KIND_RANGES: Final = tuple((p, bytes([p[0] + 1])) for p in sorted(_KINDS))
 _IDLE_END: Final = bytes([PRODUCER_IDLE[0] + 1])

@@ -235,13 +235,21 @@ def test_a_group_time_stamped_0_is_kept_as_the_store_reads_it_back() -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_every_value_kept_is_what_a_read_of_its_bytes_gives(seed: int) -> None:
+@pytest.mark.parametrize("logs", ["appends", "delivery"])
+def test_every_value_kept_is_what_a_read_of_its_bytes_gives(seed: int, logs: str) -> None:
     """The write-through keeps, for each put, the value its bytes decode to: checked over a random
     log, for every kept key after every entry, against a read of the store."""
     store = MemoryStore()
     machine = QueueGroupMachine(store, 1, max_entry_messages=10)
-    decoders = {b"T": keys.GroupTime.decode, b"Q": QueueMeta.decode, b"P": keys.ProducerState.decode}
-    for index, command in enumerate(appends_log(random.Random(seed), 150), start=1):
+    decoders: dict[bytes, Any] = {
+        b"T": keys.GroupTime.decode,
+        b"Q": QueueMeta.decode,
+        b"P": keys.ProducerState.decode,
+    }
+    decoders.update({b"S": keys.decode_u64, b"O": keys.decode_u64, b"X": keys.LockState.decode})
+    rng = random.Random(seed)
+    log = appends_log(rng, 150) if logs == "appends" else seeded_log(rng, 300)
+    for index, command in enumerate(log, start=1):
         machine.apply(index, command)
         for key, value in machine._cache._entries.items():
             data = store.get(key)
@@ -318,3 +326,25 @@ def test_an_empty_retry_index_is_scanned_once_until_a_retry_is_put() -> None:
     machine.apply(7, commands.receive(T0 + 5, "g", 1, [0], 1, 30_000))  # the retry taken: empty again
     machine.apply(8, commands.receive(T0 + 6, "g", 1, [0], 1, 30_000))
     assert store.retry_scans == 3
+
+
+def test_a_receiver_s_cycle_reads_its_cursor_floor_and_lock_from_the_cache() -> None:
+    """A receive reads its subscription queue's cursor, floor and lock, a settlement the first
+    two (issue 24: every replica, every SQS call): kept as written, so after the first receive
+    none is read from the store again (before: each at every entry)."""
+    store = CountedGets()
+    machine = QueueGroupMachine(store, 1)
+    log = [commands.subscribe("g", 1, "t", None, 2**32 - 1, [0], now_ms=T0)]
+    for cycle in range(5):
+        now_ms = T0 + 10 * cycle
+        log.append(append(now_ms, (1, 0, None, 0, 3)))
+        log.append(commands.receive(now_ms + 1, "g", 1, [0], 3, 30_000))
+        token = len(log)  # the receive's index
+        log.append(commands.ack(now_ms + 2, "g", 1, [(0, 3 * cycle + i, token) for i in range(3)]))
+    for index, command in enumerate(log, start=1):
+        result = machine.apply(index, command)
+        assert "error" not in result and all("error" not in r for r in result.get("results", [])), result
+    cursor, floor = keys.sub_key(keys.SUB_CURSOR, 1, 0, "g"), keys.offset_key(1, 0, "g")
+    assert keys.decode_u64(MemoryStore.get(store, cursor) or b"") == 15
+    assert keys.decode_u64(MemoryStore.get(store, floor) or b"") == 15
+    assert [store.gets.get(k, 0) for k in (cursor, floor, keys.lock_key(1, 0, "g"))] == [1, 1, 1]

@@ -62,8 +62,8 @@ from raftmq.cluster.machines.delivery.state import (
     read_subscription,
 )
 from raftmq.cluster.machines.delivery.timers import available, deliver_tick, on_commit, store_delayed
-from raftmq.storage import keys, queues
-from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord
+from raftmq.storage import keys
+from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, LockState, PendingRecord
 from raftmq.storage.queues import read_delivery_fields
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ def _open_queues(w: _Work, cmd: ReceiveCommand) -> list[int]:
     topic_id, group, now_ms, epoch = cmd["topic_id"], cmd["group"], cmd["now_ms"], cmd["epoch"]
     out = []
     for queue in cmd["queues"]:
-        lock_state = queues.lock_state(w.store, group, topic_id, queue)
+        lock_state = w.work.read_kept(keys.lock_key(topic_id, queue, group), LockState.decode)
         if epoch is not None:
             if lock_state is None or lock_state.epoch != epoch or not lock_state.live(now_ms):
                 raise Refused(

@@ -16,7 +16,7 @@ import orjson
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused
 from raftmq.cluster.base.limits import DEFAULT_BACKOFF_MS as DEFAULT_BACKOFF_MS
-from raftmq.storage import keys, queues
+from raftmq.storage import keys
 from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord, QueueMeta
 from raftmq.storage.queues import OffsetOutOfRange, read_messages, scan_prefix
 from raftmq.storage.records import Message, NewMessage, encode_batch
@@ -225,9 +225,11 @@ class _Work:
 
     def sub(self, topic_id: int, queue: int, group: str) -> _Sub:
         k = (topic_id, queue, group)
-        if k not in self._subs:
-            cursor = queues.sub_cursor(self.store, group, topic_id, queue)
-            floor = queues.committed_offset(self.store, group, topic_id, queue)
+        if k not in self._subs:  # through the machine's cache: every receive and settle reads them
+            cursor = self.work.read_kept(
+                keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group), keys.decode_u64
+            )
+            floor = self.work.read_kept(keys.offset_key(topic_id, queue, group), keys.decode_u64)
             self._subs[k] = _Sub(cursor, floor, cursor, floor)
         return self._subs[k]
 
@@ -361,14 +363,15 @@ class _Work:
         for (topic_id, queue, group), sub in self._subs.items():
             if sub.cursor is None:
                 continue
+            put, decode = self.work.put_kept, keys.decode_u64
             if sub.cursor != sub.stored_cursor:
-                self.batch.put(
-                    keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group), keys.encode_u64(sub.cursor)
+                put(
+                    keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group), keys.encode_u64(sub.cursor), decode
                 )
             if sub.touched or sub.cursor != sub.stored_cursor:
                 sub.floor = self._lowest_pending(topic_id, queue, group, sub)
             if sub.floor != sub.stored_floor and sub.floor is not None:
-                self.batch.put(keys.offset_key(topic_id, queue, group), keys.encode_u64(sub.floor))
+                put(keys.offset_key(topic_id, queue, group), keys.encode_u64(sub.floor), decode)
 
     def _lowest_pending(self, topic_id: int, queue: int, group: str, sub: _Sub) -> int:
         """``min(lowest pending offset, cursor)``, seeing this apply's changes. Only records
