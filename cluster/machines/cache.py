@@ -27,7 +27,7 @@ Invariants (tests/unit/test_state_cache.py, test_determinism.py):
   ...)`` prefix) the store holds no key under: learnt when a scan finds none, forgotten by each
   written put of a ``Y`` key under the prefix (a delete cannot make an empty prefix hold a key),
   and with the rest. Every receive looks there first, and the index is empty unless a delivery
-  was nacked or released (docs/benchmarks.md, "A follower's applies").
+  was nacked or released (docs/benchmarks.md, "A follower's applies of the SQS cycle").
 """
 
 from __future__ import annotations

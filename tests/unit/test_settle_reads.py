@@ -3,9 +3,9 @@ its receipts' records with one multi-get, not a scan, and the floor is not looke
 when the cursor or an offset this apply handed out is at or below where that look-up would start
 (``cluster/machines/delivery/state.py``). SQS's cycle (SendMessageBatch, ReceiveMessage,
 DeleteMessageBatch) ran three scans of the pending records per cycle on every replica before
-(docs/benchmarks.md, "A follower's applies"). What each apply decides is unchanged: the floors
-below are the lowest offset still in flight, and ``test_sqs_receive_log_replay.py`` replays a log
-to its digest from before.
+(docs/benchmarks.md, "A follower's applies of the SQS cycle"). What each apply decides is
+unchanged: the floors below are the lowest offset still in flight, and
+``test_sqs_receive_log_replay.py`` replays a log to its digest from before.
 """
 
 from __future__ import annotations
