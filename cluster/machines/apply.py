@@ -5,7 +5,7 @@ entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from raftmq.cluster.machines.cache import StateCache
@@ -142,9 +142,9 @@ class Apply:
         by ``decode`` (the same for a key every time), as of before this apply."""
         return self._cache.read(self.store, key, decode)
 
-    def retries(self, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+    def retries(self, prefix: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
         """The first ``limit`` pairs of a subscription queue's retry index (``prefix``) as of
-        before this apply, through the machine's cache (which knows the empty ones)."""
+        before this apply, read lazily, through the machine's cache (which knows the empty ones)."""
         return self._cache.retries(self.store, prefix, limit)
 
     def meta(self, topic_id: int, queue: int) -> QueueMeta:

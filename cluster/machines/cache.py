@@ -33,7 +33,8 @@ Invariants (tests/unit/test_state_cache.py, test_determinism.py):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from itertools import chain
 from typing import Final, TypeVar, cast
 
 from raftmq.storage.keys import (
@@ -120,17 +121,22 @@ class StateCache:
             self._idle_keys = sum(1 for _ in store.scan(PRODUCER_IDLE, _IDLE_END))
         return self._idle_keys
 
-    def retries(self, store: Store, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+    def retries(self, store: Store, prefix: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
         """The first ``limit`` pairs of the retry index under ``prefix`` (a subscription queue's),
-        with no scan when an earlier one found none and no key was put under it since."""
+        with no scan when an earlier one found none and no key was put under it since. Read
+        lazily: a receive stops at the first retry not due yet, and a queue's backed-off retries
+        may be thousands."""
         if prefix in self._no_retries:
-            return []
-        found = list(scan_prefix(store, prefix, limit=limit))
-        if not found and self._max_entries:
+            return iter(())
+        found = scan_prefix(store, prefix, limit=limit)
+        first = next(found, None)
+        if first is not None:
+            return chain((first,), found)
+        if self._max_entries:
             if len(self._no_retries) >= self._max_entries:
                 self._no_retries.clear()
             self._no_retries.add(prefix)
-        return found
+        return iter(())
 
     @property
     def counted_producer_states(self) -> int | None:

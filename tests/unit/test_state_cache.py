@@ -6,6 +6,7 @@ gone from it too; bounded."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +327,37 @@ def test_an_empty_retry_index_is_scanned_once_until_a_retry_is_put() -> None:
     machine.apply(7, commands.receive(T0 + 5, "g", 1, [0], 1, 30_000))  # the retry taken: empty again
     machine.apply(8, commands.receive(T0 + 6, "g", 1, [0], 1, 30_000))
     assert store.retry_scans == 3
+
+
+class CountedRetryPairs(MemoryStore):
+    """A MemoryStore counting the pairs its scans of retry indexes (``Y`` keys) hand out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retry_pairs = 0
+
+    def scan(self, start: bytes, *args: Any, **kwargs: Any) -> Iterator[tuple[bytes, bytes]]:
+        for pair in super().scan(start, *args, **kwargs):
+            self.retry_pairs += start.startswith(keys.RETRY)
+            yield pair
+
+
+def test_a_receive_reads_its_retry_index_up_to_the_first_retry_not_due() -> None:
+    """A queue's retries waiting for their backoff (nacked with a delay) are not due yet: a receive
+    stops at the first, as the scan did before the cache knew the empty indexes (it read up to
+    ``max`` of them, up to 4,096, on every replica at every receive)."""
+    store = CountedRetryPairs()
+    machine = QueueGroupMachine(store, 1)
+    log = [commands.subscribe("g", 1, "t", None, 2**32 - 1, [0], now_ms=T0), append(T0, (1, 0, None, 0, 50))]
+    log += [commands.receive(T0 + 1, "g", 1, [0], 50, 30_000)]
+    log += [commands.nack(T0 + 2, "g", 1, [(0, i, 3) for i in range(50)], delay_ms=3_600_000)]
+    for index, command in enumerate(log, start=1):
+        result = machine.apply(index, command)
+        assert "error" not in result and all("error" not in r for r in result.get("results", [])), result
+    store.retry_pairs = 0
+    got = machine.apply(5, commands.receive(T0 + 3, "g", 1, [0], 100, 30_000))
+    assert got["messages"] == []
+    assert store.retry_pairs == 1
 
 
 def test_a_receiver_s_cycle_reads_its_cursor_floor_and_lock_from_the_cache() -> None:
