@@ -16,7 +16,9 @@ Invariants (tests/unit/test_state_cache.py, test_determinism.py):
 - Only the machine's apply thread uses it; the store has one writer, that apply.
 - Forgotten whenever the store may hold anything else: a restore (a snapshot install swaps the
   store's contents), a write that failed (``StoreError``: nothing unwritten is kept).
-- Bounded: at most ``max_entries`` keys, the least recently used forgotten first; 0 disables it.
+- Bounded: at most ``max_entries`` keys, the least recently used forgotten first, and at most
+  ``max_entries`` empty retry prefixes (below: at most 265 bytes each), all forgotten when one
+  more would pass that; 0 disables both.
   Decoded values are frozen dataclasses, shared safely with the apply's overlay.
 - It also keeps how many producer idle-index (``W``) keys the store holds, the live producer
   states the group's cap counts (``producers.py``): counted with one scan when first asked, then
@@ -58,7 +60,8 @@ __all__ = ["DEFAULT_CACHE_ENTRIES", "StateCache"]
 
 DEFAULT_CACHE_ENTRIES = 4096
 """Keys kept per queue group: every queue's bounds and the recent producers' states (about 1 KiB
-each with five remembered batches, 4 MiB per group when full)."""
+each with five remembered batches, 4 MiB per group when full), and as many empty retry prefixes
+(up to 1.3 MiB more with the longest consumer group names, docs/operations.md)."""
 
 _T = TypeVar("_T")
 
