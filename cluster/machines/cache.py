@@ -52,6 +52,8 @@ from raftmq.storage.keys import (
     RETRY,
     SUB_CURSOR,
     SUBSCRIPTION,
+    retry_key,
+    sub_key,
 )
 from raftmq.storage.queues import scan_prefix
 from raftmq.storage.store import OP_DELETE_RANGE, OP_PUT, Batch, Store
@@ -82,7 +84,8 @@ _KINDS: Final = frozenset(
 """The one-byte prefixes of the keys kept."""
 _KIND_RANGES: Final = tuple((p, bytes([p[0] + 1])) for p in sorted(_KINDS))
 _IDLE_END: Final = bytes([PRODUCER_IDLE[0] + 1])
-_RETRY_TAIL: Final = 16  # a retry-index key: its subscription queue's prefix, due_ms u64, offset u64
+_RETRY_TAIL: Final = len(retry_key(0, 0, "", 0, 0)) - len(sub_key(RETRY, 0, 0, ""))
+"""What a retry-index key adds to its subscription queue's prefix (its due time and offset)."""
 _ABSENT: Final = object()  # the store holds nothing at the key
 _UNKNOWN: Final = object()  # not kept
 

@@ -334,6 +334,16 @@ def test_an_empty_retry_index_is_scanned_once_until_a_retry_is_put() -> None:
     assert store.retry_scans == 3
 
 
+def test_the_cache_cuts_a_retry_key_to_its_subscription_queue_s_prefix() -> None:
+    """A put of a retry forgets its queue's emptiness by the key's prefix: the cut must follow
+    ``keys.retry_key``'s layout, whatever the group's name."""
+    from raftmq.cluster.machines.cache import _RETRY_TAIL
+
+    for group in ("", "g", "é" * 127):
+        key = keys.retry_key(7, 3, group, 2**63, 99)
+        assert key[:-_RETRY_TAIL] == keys.sub_key(keys.RETRY, 7, 3, group)
+
+
 class CountedRetryPairs(MemoryStore):
     """A MemoryStore counting the pairs its scans of retry indexes (``Y`` keys) hand out."""
 
