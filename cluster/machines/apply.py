@@ -178,12 +178,12 @@ class Apply:
         # written: the two differ where a decoding normalises (a group time stamped 0 reads back
         # stamped at its time), and a replica that reads the store must see the same.
         if self._time_changed and self._time is not None:
-            self._put(GROUP_TIME, self._time.encode(), GroupTime.decode)
+            self.put_kept(GROUP_TIME, self._time.encode(), GroupTime.decode)
         for (topic_id, queue), meta in self._changed_metas.items():
-            self._put(keys.meta_key(topic_id, queue), meta.encode(), QueueMeta.decode)
+            self.put_kept(keys.meta_key(topic_id, queue), meta.encode(), QueueMeta.decode)
         new_states, used = 0, set()
         for key, state in self._changed_producers.items():
-            self._put(keys.producer_key(*key), state.encode(), ProducerState.decode)
+            self.put_kept(keys.producer_key(*key), state.encode(), ProducerState.decode)
             stored, now = self._stored_last_used[key], state.last_used_ms
             if stored is not None:  # its idle key, moved or not (the same time), is this entry's
                 used.add(keys.producer_idle_key(stored, *key))
@@ -210,8 +210,5 @@ class Apply:
     def put_kept(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
         """Put ``data`` at ``key``, of a kind the machine's cache keeps, and have the cache keep it
         as a read of ``data`` decodes it (not read again by the next entry)."""
-        self._put(key, data, decode)
-
-    def _put(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
         self.batch.put(key, data)
         self.encoded[key] = (data, decode(data))
