@@ -50,6 +50,10 @@ class MemoryStore:
         self._check_open()
         return self._data.get(key)
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        self._check_open()
+        return [self._data.get(key) for key in keys]
+
     def scan(
         self,
         start: bytes,

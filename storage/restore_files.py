@@ -16,6 +16,7 @@ from .store import StoreError
 __all__ = [
     "RESTORE_FAILED_SUFFIX",
     "RESTORE_OLD_SUFFIX",
+    "check_restorable",
     "destroy_store",
     "is_database",
     "remove_tree",
@@ -41,6 +42,17 @@ def _os_errors() -> Iterator[None]:
 def is_database(path: str) -> bool:
     """``path`` holds a RocksDB database (its ``CURRENT`` file)."""
     return os.path.isfile(os.path.join(path, "CURRENT"))
+
+
+def check_restorable(src: str, path: str) -> None:
+    """Raise StoreError unless ``src`` is a checkpoint the store at ``path`` can swap in: a
+    database, not inside ``path``, on its filesystem (the swap is renames)."""
+    if not is_database(src):
+        raise StoreError(f"{src} is not a RocksDB checkpoint (no CURRENT file)")
+    if os.path.commonpath([src, path]) == path:
+        raise StoreError(f"checkpoint {src} lies inside the store it would replace")
+    if os.stat(src).st_dev != os.stat(os.path.dirname(path)).st_dev:
+        raise StoreError(f"checkpoint {src} is on another filesystem than {path}")
 
 
 def roll_back(path: str) -> None:

@@ -62,7 +62,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from rocksdict import (
     BottommostLevelCompaction,
@@ -83,6 +83,7 @@ from .durable_dirs import make_dirs_durable
 from .restore_files import (
     RESTORE_FAILED_SUFFIX,
     RESTORE_OLD_SUFFIX,
+    check_restorable,
     destroy_store,
     is_database,
     remove_tree,
@@ -330,6 +331,13 @@ class RocksStore:
             self._leave()
         return None if value is None else as_bytes(value)
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values at ``keys``, in their order (None: none), read by one RocksDB multi-get."""
+        wanted: list[str | int | float | bytes | bool] = list(keys)  # rocksdict's type of a key list
+        with self._using() as db:
+            values = cast("list[object]", db.get(wanted))  # for a list of keys, a list
+        return [None if value is None else as_bytes(value) for value in values]
+
     def scan(
         self, start: bytes, end: bytes | None = None, *, reverse: bool = False, limit: int | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
@@ -506,7 +514,7 @@ class RocksStore:
         with self._admin:
             if self._closed:
                 raise StoreClosed(f"store {self._path} is closed")
-            self._check_restorable(src)
+            check_restorable(src, self._path)
             db, cancelled = self._revoke()
             assert db is not None  # only close() and restore_from() revoke, and _admin serializes them
             try:
@@ -517,14 +525,6 @@ class RocksStore:
                 raise StoreError(f"restore of {self._path} from {src} failed: {exc}") from exc
             if self._reopen():
                 raise StoreError(f"checkpoint {src} did not open; {self._path} kept its old contents")
-
-    def _check_restorable(self, src: str) -> None:
-        if not is_database(src):
-            raise StoreError(f"{src} is not a RocksDB checkpoint (no CURRENT file)")
-        if os.path.commonpath([src, self._path]) == self._path:
-            raise StoreError(f"checkpoint {src} lies inside the store it would replace")
-        if os.stat(src).st_dev != os.stat(os.path.dirname(self._path)).st_dev:
-            raise StoreError(f"checkpoint {src} is on another filesystem than {self._path}")
 
     def _reopen(self) -> bool:
         """Reopen after a swap (finishing or undoing it). True if the restore was rolled back."""

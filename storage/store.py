@@ -67,6 +67,11 @@ class Store(Protocol):
         """The value stored at ``key``, or None."""
         ...
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values stored at ``keys``, in their order (None where none is), read at one point
+        in time: :meth:`get` of each, in one call."""
+        ...
+
     def scan(
         self,
         start: bytes,

@@ -5,7 +5,7 @@ entry; the op families (``delivery/``, ``producers.py``, ``segments.py``) read a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from raftmq.cluster.machines.cache import StateCache
@@ -142,6 +142,11 @@ class Apply:
         by ``decode`` (the same for a key every time), as of before this apply."""
         return self._cache.read(self.store, key, decode)
 
+    def retries(self, prefix: bytes, limit: int) -> Iterator[tuple[bytes, bytes]]:
+        """The first ``limit`` pairs of a subscription queue's retry index (``prefix``) as of
+        before this apply, read lazily, through the machine's cache (which knows the empty ones)."""
+        return self._cache.retries(self.store, prefix, limit)
+
     def meta(self, topic_id: int, queue: int) -> QueueMeta:
         key = (topic_id, queue)
         if key not in self._metas:
@@ -173,12 +178,12 @@ class Apply:
         # written: the two differ where a decoding normalises (a group time stamped 0 reads back
         # stamped at its time), and a replica that reads the store must see the same.
         if self._time_changed and self._time is not None:
-            self._put(GROUP_TIME, self._time.encode(), GroupTime.decode)
+            self.put_kept(GROUP_TIME, self._time.encode(), GroupTime.decode)
         for (topic_id, queue), meta in self._changed_metas.items():
-            self._put(keys.meta_key(topic_id, queue), meta.encode(), QueueMeta.decode)
+            self.put_kept(keys.meta_key(topic_id, queue), meta.encode(), QueueMeta.decode)
         new_states, used = 0, set()
         for key, state in self._changed_producers.items():
-            self._put(keys.producer_key(*key), state.encode(), ProducerState.decode)
+            self.put_kept(keys.producer_key(*key), state.encode(), ProducerState.decode)
             stored, now = self._stored_last_used[key], state.last_used_ms
             if stored is not None:  # its idle key, moved or not (the same time), is this entry's
                 used.add(keys.producer_idle_key(stored, *key))
@@ -202,6 +207,8 @@ class Apply:
             over = self.producer_states() + new_states - cap
             forget_least_used(self.store, self.batch, min(over, new_states), keys.PRODUCER_IDLE, used)
 
-    def _put(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
+    def put_kept(self, key: bytes, data: bytes, decode: Callable[[bytes], object]) -> None:
+        """Put ``data`` at ``key``, of a kind the machine's cache keeps, and have the cache keep it
+        as a read of ``data`` decodes it (not read again by the next entry)."""
         self.batch.put(key, data)
         self.encoded[key] = (data, decode(data))

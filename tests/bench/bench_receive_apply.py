@@ -12,6 +12,19 @@ through to its end.
     .venv/bin/python tests/bench/bench_receive_apply.py                      # ~10 s
     ../base/.venv/bin/python tests/bench/bench_receive_apply.py --tag base   # another tree's machine
 
+``--cycle``: instead, ``bench_sqs_node.py``'s cycle on one store, ``--messages`` / 10 times:
+the ``append`` of a SendMessageBatch of 10, a ``receive`` of them, and an ``ack`` of the 10 (a
+DeleteMessageBatch whose read-ahead takes nothing: the queue is empty), the entries a follower
+applies per cycle there (docs/benchmarks.md, "A follower's applies").
+
+    .venv/bin/python tests/bench/bench_receive_apply.py --cycle
+    PYTHONPATH=/tmp/base .venv/bin/python tests/bench/bench_receive_apply.py --cycle --tag base
+
+``--backoff``: the cost of a receive over a retry index of many retries not due yet (nacked with
+an hour's delay, ``--messages`` of them): 1,000 receives of up to 1,000 that find none due.
+
+    .venv/bin/python tests/bench/bench_receive_apply.py --backoff --messages 5000 --rounds 3
+
 Prints CPU µs per apply of each kind (the thread's: RocksDB's writes run in it; median of
 ``--rounds`` rounds, each on a new store; the wall clock's alongside) and writes JSON to
 bench-results/.
@@ -99,11 +112,92 @@ def one_round(tmp: Path, sends: list[bytes]) -> dict[str, tuple[float, float, in
     return {op: (cpu[op] * 1e6 / count[op], wall[op] * 1e6 / count[op], count[op]) for op in count}
 
 
+def cycle_round(tmp: Path, messages: int, value_size: int) -> dict[str, tuple[float, float, int]]:
+    """``op -> (CPU µs, wall µs, count)`` per apply of ``--cycle``'s entries, on a new store."""
+    path = tmp / f"state-{time.monotonic_ns()}"
+    store = RocksStore.open(str(path))
+    cpu: dict[str, float] = defaultdict(float)
+    wall: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    machine = QueueGroupMachine(store, 1)
+    now, value = START_MS, "x" * value_size
+
+    def apply(op: str, entry: bytes) -> dict[str, Any]:
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        result = machine.apply(sum(count.values()) + 1, entry)
+        cpu[op] += time.thread_time() - cpu0
+        wall[op] += time.perf_counter() - t0
+        count[op] += 1
+        assert "error" not in result, result
+        return result
+
+    try:
+        apply("subscribe", commands.subscribe(GROUP, TOPIC_ID, "bench", None, 2**32 - 1, [0], now_ms=now))
+        for _ in range(messages // 10):
+            now += 3
+            builder = rb.BatchBuilder(base_timestamp_ms=now)
+            for _ in range(10):
+                builder.append(value, headers={"sqs-id": str(uuid.uuid4())}, ttl_ms=RETENTION_MS)
+            apply("append", commands.append(now, [(TOPIC_ID, 0, builder.finish())]))
+            got = apply("receive", commands.receive(now + 1, GROUP, TOPIC_ID, [0], 10, VISIBILITY_MS))
+            receipts = [(m["queue"], m["offset"], got["token"]) for m in got["messages"]]
+            acked = apply("ack", commands.ack(now + 2, GROUP, TOPIC_ID, receipts))
+            assert len(receipts) == 10 and all(r.get("ok") for r in acked["results"]), acked
+    finally:
+        store.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return {op: (cpu[op] * 1e6 / count[op], wall[op] * 1e6 / count[op], count[op]) for op in count}
+
+
+def backoff_round(tmp: Path, retries: int, value_size: int) -> dict[str, tuple[float, float, int]]:
+    """``op -> (CPU µs, wall µs, count)`` of ``--backoff``'s receives, on a new store: ``retries``
+    messages nacked with an hour's delay, then 1,000 receives of up to 1,000 with none due."""
+    path = tmp / f"state-{time.monotonic_ns()}"
+    store = RocksStore.open(str(path))
+    cpu: dict[str, float] = defaultdict(float)
+    wall: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    machine = QueueGroupMachine(store, 1)
+    now, index = START_MS, 0
+
+    def apply(op: str, entry: bytes) -> dict[str, Any]:
+        nonlocal index
+        index += 1
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        result = machine.apply(index, entry)
+        if op == "receive":
+            cpu[op] += time.thread_time() - cpu0
+            wall[op] += time.perf_counter() - t0
+            count[op] += 1
+        assert "error" not in result, result
+        return result
+
+    try:
+        apply("subscribe", commands.subscribe(GROUP, TOPIC_ID, "bench", None, 2**32 - 1, [0], now_ms=now))
+        for entry in send_entries(retries, value_size):
+            apply("append", entry)
+        while retries > 0:
+            got = apply("fill", commands.receive(now, GROUP, TOPIC_ID, [0], 1_000, VISIBILITY_MS))
+            receipts = [(m["queue"], m["offset"], got["token"]) for m in got["messages"]]
+            apply("nack", commands.nack(now, GROUP, TOPIC_ID, receipts, delay_ms=3_600_000))
+            retries -= len(receipts)
+        for _ in range(1_000):
+            now += 1
+            got = apply("receive", commands.receive(now, GROUP, TOPIC_ID, [0], 1_000, VISIBILITY_MS))
+            assert not got["messages"], got
+    finally:
+        store.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return {op: (cpu[op] * 1e6 / count[op], wall[op] * 1e6 / count[op], count[op]) for op in count}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=10_000, help="messages sent, then received and deleted")
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cycle", action="store_true", help="bench_sqs_node.py's cycle: append, receive, ack")
+    ap.add_argument("--backoff", action="store_true", help="receives over --messages retries not due")
     ap.add_argument("--tag", default="", help="free text stored in the JSON (e.g. which tree)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-receive-apply-"))
@@ -111,13 +205,19 @@ def main() -> None:
         "receive_apply", {**vars(args), "tree": str(Path(inspect.getfile(QueueGroupMachine)).parents[2])}
     )
     result["loadavg_start"] = loadavg()
-    sends = send_entries(args.messages, args.value_size)
+    sends = [] if args.cycle or args.backoff else send_entries(args.messages, args.value_size)
     try:
-        rounds = [one_round(tmp, sends) for _ in range(args.rounds)]
+        if args.backoff:
+            rounds = [backoff_round(tmp, args.messages, args.value_size) for _ in range(args.rounds)]
+        elif args.cycle:
+            rounds = [cycle_round(tmp, args.messages, args.value_size) for _ in range(args.rounds)]
+        else:
+            rounds = [one_round(tmp, sends) for _ in range(args.rounds)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ops = {}
-    for op in ("append", "receive", "ack_receive"):
+    kinds = ("receive",) if args.backoff else ("append", "receive", "ack") if args.cycle else None
+    for op in kinds or ("append", "receive", "ack_receive"):
         ops[op] = {
             "cpu_us": round(statistics.median(r[op][0] for r in rounds), 1),
             "wall_us": round(statistics.median(r[op][1] for r in rounds), 1),

@@ -6,6 +6,7 @@ gone from it too; bounded."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,12 @@ from test_determinism import everything, seeded_log
 from raftmq import batch as rb
 from raftmq.cluster import commands
 from raftmq.cluster.commands.producers import expire_producers
-from raftmq.cluster.machines.cache import StateCache
+from raftmq.cluster.machines.cache import _ABSENT, StateCache
 from raftmq.cluster.machines.queue_group import QueueGroupMachine
 from raftmq.storage import keys
 from raftmq.storage.keys import QueueMeta
 from raftmq.storage.memory import MemoryStore
+from raftmq.storage.queues import scan_prefix
 from raftmq.storage.rocks import RocksStore
 from raftmq.storage.store import Batch, Store, StoreError
 
@@ -235,20 +237,32 @@ def test_a_group_time_stamped_0_is_kept_as_the_store_reads_it_back() -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_every_value_kept_is_what_a_read_of_its_bytes_gives(seed: int) -> None:
+@pytest.mark.parametrize("logs", ["appends", "delivery"])
+def test_every_value_kept_is_what_a_read_of_its_bytes_gives(seed: int, logs: str) -> None:
     """The write-through keeps, for each put, the value its bytes decode to: checked over a random
     log, for every kept key after every entry, against a read of the store."""
     store = MemoryStore()
     machine = QueueGroupMachine(store, 1, max_entry_messages=10)
-    decoders = {b"T": keys.GroupTime.decode, b"Q": QueueMeta.decode, b"P": keys.ProducerState.decode}
-    for index, command in enumerate(appends_log(random.Random(seed), 150), start=1):
+    decoders: dict[bytes, Any] = {
+        b"T": keys.GroupTime.decode,
+        b"Q": QueueMeta.decode,
+        b"P": keys.ProducerState.decode,
+    }
+    decoders.update({b"S": keys.decode_u64, b"O": keys.decode_u64, b"X": keys.LockState.decode})
+    rng = random.Random(seed)
+    log = appends_log(rng, 150) if logs == "appends" else seeded_log(rng, 300)
+    for index, command in enumerate(log, start=1):
         machine.apply(index, command)
         for key, value in machine._cache._entries.items():
             data = store.get(key)
-            decode = decoders.get(key[:1])
-            if data is None or decode is None:
+            if data is None:  # a deleted key is forgotten or kept as absent, never as its old value
+                assert value is _ABSENT, (key, value)
                 continue
-            assert decode(data) == value, (key, value)
+            decode = decoders.get(key[:1])
+            if decode is not None:
+                assert decode(data) == value, (key, value)
+        for prefix in machine._cache._no_retries:  # known empty: the store holds no retry there
+            assert list(scan_prefix(store, prefix, limit=1)) == [], prefix
 
 
 class CountedGets(MemoryStore):
@@ -283,3 +297,101 @@ def test_a_receiver_s_entries_read_their_subscription_once_then_from_the_cache()
     # The subscribe's own read, the receive's (into the cache), one after the receive wrote it
     # (its time in use moved): not one per entry.
     assert store.gets[key] == 3
+
+
+class CountedRetryScans(MemoryStore):
+    """A MemoryStore counting the scans of retry indexes (``Y`` keys)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retry_scans = 0
+
+    def scan(self, start: bytes, *args: Any, **kwargs: Any) -> Any:
+        self.retry_scans += start.startswith(keys.RETRY)
+        return super().scan(start, *args, **kwargs)
+
+
+def test_an_empty_retry_index_is_scanned_once_until_a_retry_is_put() -> None:
+    """Every receive looks for due retries first, and the index is empty unless something was
+    nacked or released: a scan that found none is kept, until a put of a retry under that
+    subscription queue (the nack below) makes the next receive scan again and find it."""
+    store = CountedRetryScans()
+    machine = QueueGroupMachine(store, 1)
+    log = [commands.subscribe("g", 1, "t", None, 2**32 - 1, [0], now_ms=T0), append(T0, (1, 0, None, 0, 4))]
+    for index, command in enumerate(log, start=1):
+        assert "error" not in machine.apply(index, command)
+    first = machine.apply(3, commands.receive(T0 + 1, "g", 1, [0], 2, 30_000))
+    second = machine.apply(4, commands.receive(T0 + 2, "g", 1, [0], 1, 30_000))
+    assert [m["offset"] for m in first["messages"] + second["messages"]] == [0, 1, 2]
+    assert store.retry_scans == 1
+    nacked = machine.apply(5, commands.nack(T0 + 3, "g", 1, [(0, 1, 3)], delay_ms=0))
+    assert nacked["results"] == [{"ok": True}]
+    again = machine.apply(6, commands.receive(T0 + 4, "g", 1, [0], 2, 30_000))
+    assert [(m["offset"], m["attempt"]) for m in again["messages"]] == [(1, 2), (3, 1)]
+    assert store.retry_scans == 2
+    machine.apply(7, commands.receive(T0 + 5, "g", 1, [0], 1, 30_000))  # the retry taken: empty again
+    machine.apply(8, commands.receive(T0 + 6, "g", 1, [0], 1, 30_000))
+    assert store.retry_scans == 3
+
+
+def test_the_cache_cuts_a_retry_key_to_its_subscription_queue_s_prefix() -> None:
+    """A put of a retry forgets its queue's emptiness by the key's prefix: the cut must follow
+    ``keys.retry_key``'s layout, whatever the group's name."""
+    from raftmq.cluster.machines.cache import _RETRY_TAIL
+
+    for group in ("", "g", "é" * 127):
+        key = keys.retry_key(7, 3, group, 2**63, 99)
+        assert key[:-_RETRY_TAIL] == keys.sub_key(keys.RETRY, 7, 3, group)
+
+
+class CountedRetryPairs(MemoryStore):
+    """A MemoryStore counting the pairs its scans of retry indexes (``Y`` keys) hand out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retry_pairs = 0
+
+    def scan(self, start: bytes, *args: Any, **kwargs: Any) -> Iterator[tuple[bytes, bytes]]:
+        for pair in super().scan(start, *args, **kwargs):
+            self.retry_pairs += start.startswith(keys.RETRY)
+            yield pair
+
+
+def test_a_receive_reads_its_retry_index_up_to_the_first_retry_not_due() -> None:
+    """A queue's retries waiting for their backoff (nacked with a delay) are not due yet: a receive
+    stops at the first, as the scan did before the cache knew the empty indexes (it read up to
+    ``max`` of them, up to 4,096, on every replica at every receive)."""
+    store = CountedRetryPairs()
+    machine = QueueGroupMachine(store, 1)
+    log = [commands.subscribe("g", 1, "t", None, 2**32 - 1, [0], now_ms=T0), append(T0, (1, 0, None, 0, 50))]
+    log += [commands.receive(T0 + 1, "g", 1, [0], 50, 30_000)]
+    log += [commands.nack(T0 + 2, "g", 1, [(0, i, 3) for i in range(50)], delay_ms=3_600_000)]
+    for index, command in enumerate(log, start=1):
+        result = machine.apply(index, command)
+        assert "error" not in result and all("error" not in r for r in result.get("results", [])), result
+    store.retry_pairs = 0
+    got = machine.apply(5, commands.receive(T0 + 3, "g", 1, [0], 100, 30_000))
+    assert got["messages"] == []
+    assert store.retry_pairs == 1
+
+
+def test_a_receiver_s_cycle_reads_its_cursor_floor_and_lock_from_the_cache() -> None:
+    """A receive reads its subscription queue's cursor, floor and lock, a settlement the first
+    two (issue 24: every replica, every SQS call): kept as written, so after the first receive
+    none is read from the store again (before: each at every entry)."""
+    store = CountedGets()
+    machine = QueueGroupMachine(store, 1)
+    log = [commands.subscribe("g", 1, "t", None, 2**32 - 1, [0], now_ms=T0)]
+    for cycle in range(5):
+        now_ms = T0 + 10 * cycle
+        log.append(append(now_ms, (1, 0, None, 0, 3)))
+        log.append(commands.receive(now_ms + 1, "g", 1, [0], 3, 30_000))
+        token = len(log)  # the receive's index
+        log.append(commands.ack(now_ms + 2, "g", 1, [(0, 3 * cycle + i, token) for i in range(3)]))
+    for index, command in enumerate(log, start=1):
+        result = machine.apply(index, command)
+        assert "error" not in result and all("error" not in r for r in result.get("results", [])), result
+    cursor, floor = keys.sub_key(keys.SUB_CURSOR, 1, 0, "g"), keys.offset_key(1, 0, "g")
+    assert keys.decode_u64(MemoryStore.get(store, cursor) or b"") == 15
+    assert keys.decode_u64(MemoryStore.get(store, floor) or b"") == 15
+    assert [store.gets.get(k, 0) for k in (cursor, floor, keys.lock_key(1, 0, "g"))] == [1, 1, 1]

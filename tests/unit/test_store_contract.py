@@ -104,6 +104,13 @@ def test_put_then_get_and_overwrite(store: Store) -> None:
     assert _all(store) == [(b"k", b"v2")]
 
 
+def test_get_many_answers_each_key_in_order_none_where_missing(store: Store) -> None:
+    _put(store, (b"a", b"1"), (b"c", b""), (b"\x00\xff", b"3"))
+    wanted = [b"c", b"nope", b"a", b"\x00\xff", b"a", b""]
+    assert store.get_many(wanted) == [b"", None, b"1", b"3", b"1", None]
+    assert store.get_many([]) == []
+
+
 def test_empty_value_is_stored_and_differs_from_missing(store: Store) -> None:
     _put(store, (b"k", b""))
     assert store.get(b"k") == b""
@@ -347,6 +354,7 @@ def test_a_closed_store_raises_store_closed_everywhere(abc_store: Store, tmp_pat
     abc_store.close()  # closing twice is harmless
     calls: list[Callable[[], object]] = [
         lambda: abc_store.get(b"a"),
+        lambda: abc_store.get_many([b"a", b"b"]),
         lambda: list(abc_store.scan(b"")),
         lambda: list(abc_store.scan(b"", reverse=True, limit=1)),
         lambda: abc_store.last_before(b"z", b""),

@@ -62,9 +62,9 @@ from raftmq.cluster.machines.delivery.state import (
     read_subscription,
 )
 from raftmq.cluster.machines.delivery.timers import available, deliver_tick, on_commit, store_delayed
-from raftmq.storage import keys, queues
-from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord
-from raftmq.storage.queues import read_delivery_fields, scan_prefix
+from raftmq.storage import keys
+from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, LockState, PendingRecord
+from raftmq.storage.queues import read_delivery_fields
 
 if TYPE_CHECKING:
     from raftmq.cluster.commands import (
@@ -175,7 +175,7 @@ def _open_queues(w: _Work, cmd: ReceiveCommand) -> list[int]:
     topic_id, group, now_ms, epoch = cmd["topic_id"], cmd["group"], cmd["now_ms"], cmd["epoch"]
     out = []
     for queue in cmd["queues"]:
-        lock_state = queues.lock_state(w.store, group, topic_id, queue)
+        lock_state = w.work.read_kept(keys.lock_key(topic_id, queue, group), LockState.decode)
         if epoch is not None:
             if lock_state is None or lock_state.epoch != epoch or not lock_state.live(now_ms):
                 raise Refused(
@@ -199,7 +199,7 @@ def _due_retries(
     found: list[tuple[int, int, int, int]] = []
     for position, queue in enumerate(open_queues):
         prefix = keys.sub_key(keys.RETRY, topic_id, queue, group)
-        for key, _ in scan_prefix(w.store, prefix, limit=limit):
+        for key, _ in w.work.retries(prefix, limit):
             due_ms, offset = keys.decode_u64(key[len(prefix) : -8]), keys.decode_u64(key[-8:])
             if due_ms > now_ms:
                 break

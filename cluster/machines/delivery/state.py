@@ -16,7 +16,7 @@ import orjson
 from raftmq.cluster.base import errors
 from raftmq.cluster.base.errors import Refused
 from raftmq.cluster.base.limits import DEFAULT_BACKOFF_MS as DEFAULT_BACKOFF_MS
-from raftmq.storage import keys, queues
+from raftmq.storage import keys
 from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, PendingRecord, QueueMeta
 from raftmq.storage.queues import OffsetOutOfRange, read_messages, scan_prefix
 from raftmq.storage.records import Message, NewMessage, encode_batch
@@ -38,10 +38,6 @@ WAKE_WITHIN_MS = 1000
 (``Applied.scheduled``); a later one the loop learns from ``Applied.due_ms`` when it next wakes
 (at least every 800 ms), so it is still expired on time. Waking the loop for every receive would
 make it look up the earliest deadline after every receive."""
-READ_GAP = 16
-"""Receipts of one queue whose offsets are at most this far apart are looked up with one scan of
-the pending records between them rather than one read each (a delivery's offsets are mostly
-consecutive); a scan reads at most this many records per receipt."""
 SCAN_BUDGET = 4096
 """Most index entries and messages one ``receive`` looks at (dangling entries and skipped
 messages count), so one command does bounded work; the next one continues."""
@@ -215,32 +211,25 @@ class _Work:
         return rec
 
     def load_pending(self, topic_id: int, queue: int, group: str, offsets: Iterable[int]) -> None:
-        """Read the pending records of ``offsets`` into the overlay with few store calls: offsets at
-        most ``READ_GAP`` apart are read with one scan (only a cost: the records read are the same)."""
+        """Read the pending records of ``offsets`` into the overlay with one store call (a
+        multi-get: for the few receipts of a settle it costs less than a scan, which builds and
+        seeks an iterator; the records read are the same)."""
         prefix = self._prefix(topic_id, queue, group)
-        todo = sorted({o for o in offsets if prefix + keys.encode_u64(o) not in self._pending})
-        i = 0
-        while i < len(todo):
-            j = i
-            while j + 1 < len(todo) and todo[j + 1] - todo[j] <= READ_GAP:
-                j += 1
-            if i == j:
-                self.pending(topic_id, queue, group, todo[i])
-            else:
-                wanted = {prefix + keys.encode_u64(o) for o in todo[i : j + 1]}
-                end = prefix + keys.encode_u64(todo[j] + 1)  # a local: the scan's bound stays alive
-                for key, data in self.store.scan(prefix + keys.encode_u64(todo[i]), end):
-                    if key in wanted:
-                        self._pending[key] = self._decode(data)
-                for key in wanted:
-                    self._pending.setdefault(key, None)
-            i = j + 1
+        pending = self._pending
+        todo = [key for key in {prefix + keys.encode_u64(o) for o in offsets} if key not in pending]
+        if not todo:
+            return
+        decode = self._decode
+        for key, data in zip(todo, self.store.get_many(todo), strict=True):
+            pending[key] = None if data is None else decode(data)
 
     def sub(self, topic_id: int, queue: int, group: str) -> _Sub:
         k = (topic_id, queue, group)
-        if k not in self._subs:
-            cursor = queues.sub_cursor(self.store, group, topic_id, queue)
-            floor = queues.committed_offset(self.store, group, topic_id, queue)
+        if k not in self._subs:  # through the machine's cache: every receive and settle reads them
+            cursor = self.work.read_kept(
+                keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group), keys.decode_u64
+            )
+            floor = self.work.read_kept(keys.offset_key(topic_id, queue, group), keys.decode_u64)
             self._subs[k] = _Sub(cursor, floor, cursor, floor)
         return self._subs[k]
 
@@ -374,14 +363,15 @@ class _Work:
         for (topic_id, queue, group), sub in self._subs.items():
             if sub.cursor is None:
                 continue
+            put, decode = self.work.put_kept, keys.decode_u64
             if sub.cursor != sub.stored_cursor:
-                self.batch.put(
-                    keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group), keys.encode_u64(sub.cursor)
+                put(
+                    keys.sub_key(keys.SUB_CURSOR, topic_id, queue, group), keys.encode_u64(sub.cursor), decode
                 )
             if sub.touched or sub.cursor != sub.stored_cursor:
                 sub.floor = self._lowest_pending(topic_id, queue, group, sub)
             if sub.floor != sub.stored_floor and sub.floor is not None:
-                self.batch.put(keys.offset_key(topic_id, queue, group), keys.encode_u64(sub.floor))
+                put(keys.offset_key(topic_id, queue, group), keys.encode_u64(sub.floor), decode)
 
     def _lowest_pending(self, topic_id: int, queue: int, group: str, sub: _Sub) -> int:
         """``min(lowest pending offset, cursor)``, seeing this apply's changes. Only records
@@ -391,21 +381,26 @@ class _Work:
         starting at the prefix would step over the deletion marks of every record acked since the
         store last compacted (RocksDB keeps them until then). It starts past the offsets from the
         floor on that this apply finished (typically: an ack of the oldest messages), which the
-        store still holds until the apply's batch is written."""
+        store still holds until the apply's batch is written.
+
+        The scan finds no offset below where it starts, so when the cursor or an offset put in
+        this apply is at or below that start, the answer is known without it: the common case of
+        a receive from the floor on, and of an ack of everything from the floor to the cursor."""
         assert sub.cursor is not None
-        lowest = sub.cursor
-        prefix = self._prefix(topic_id, queue, group)
+        lowest = min(sub.cursor, *sub.new) if sub.new else sub.cursor
         start = sub.stored_floor or 0
         while start in sub.gone:
             start += 1
+        if lowest <= start:
+            return lowest
+        prefix = self._prefix(topic_id, queue, group)
         skippable = sum(1 for o in sub.gone if o > start)
         start_key = prefix + keys.encode_u64(start)
         for key, _ in scan_prefix(self.store, prefix, start=start_key, limit=skippable + 1):
             if key in self._pending and self._pending[key] is None:
                 continue
-            lowest = min(lowest, keys.decode_u64(key[len(prefix) :]))
-            break
-        return min(lowest, *sub.new) if sub.new else lowest
+            return min(lowest, keys.decode_u64(key[len(prefix) :]))
+        return lowest
 
 
 def _index_key(topic_id: int, queue: int, group: str, offset: int, rec: PendingRecord) -> bytes:
