@@ -61,8 +61,8 @@ from raftmq.storage.store import OP_DELETE_RANGE, OP_PUT, Batch, Store
 __all__ = ["DEFAULT_CACHE_ENTRIES", "StateCache"]
 
 DEFAULT_CACHE_ENTRIES = 4096
-"""Keys kept per queue group: every queue's bounds and the recent producers' states (about 1 KiB
-each with five remembered batches, 4 MiB per group when full), and as many empty retry prefixes
+"""Keys kept per queue group: every queue's bounds and the recent producers' states (about 0.8 KiB
+each with five remembered batches, up to ~3.3 MiB per group when full), and as many empty retry prefixes
 (up to 1.3 MiB more with the longest consumer group names, docs/operations.md)."""
 
 _T = TypeVar("_T")
