@@ -120,13 +120,13 @@ class PreVote:
     def ask_first(self) -> None:
         """This replica is its group's preferred one (where the leader balancer moves the leadership)
         and starts: if a majority of the voters is connected before its election deadline passes, it
-        asks at once instead of at the deadline, and until that round is over (a leader heard, a
-        majority's answers without a majority's grants, or the round's own deadline) it refuses the
+        asks at once instead of at the deadline, and until that round is over (a leader heard,
+        refusals that leave no majority to grant, or the round's own deadline) it refuses the
         others' pre-votes (from this call on, before its round is sent too), so a replica that was
-        already waiting to ask when it started does not
-        split the vote with it. The round reaches a majority, whose answers count (none is taken for
-        a release before pre-vote), and the voters that hear a leader refuse. If its deadline passes
-        first, it goes on as any replica."""
+        already waiting to ask when it started does not split the vote with it. The round reaches a
+        majority, whose answers count (none is taken for a release before pre-vote), and the voters
+        that hear a leader refuse. If its deadline passes first, it goes on as any replica. (raftmq's
+        replicas always have a ``selfNode``: no read-only pysyncobj node asks.)"""
         self._first_until = self._clock() + self._sync._SyncObj__conf.raftMaxTimeout
 
     def _first_tick(self) -> None:
