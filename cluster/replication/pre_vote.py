@@ -185,9 +185,11 @@ class PreVote:
         self._answered.add(voter)
         if message.get("granted") is True:
             self._granted.add(voter)
-        voters = {str(node.id) for node in self._sync._SyncObj__otherNodes} | {str(self._sync.selfNode.id)}
-        if self._first_asked and not self._majority(voters - (self._answered - self._granted)):
-            self._first_until = None  # the early round lost: its refusals leave no majority to grant
+        if self._first_asked and self._first_until is not None:  # the starting preferred replica only
+            sync = self._sync
+            voters = {str(node.id) for node in sync._SyncObj__otherNodes} | {str(sync.selfNode.id)}
+            if not self._majority(voters - (self._answered - self._granted)):
+                self._first_until = None  # the early round lost: its refusals leave no majority to grant
         voter_term = message.get("voter_term")
         if type(voter_term) is int and voter_term < int(self._sync.raftCurrentTerm):
             self._behind.add(voter)
