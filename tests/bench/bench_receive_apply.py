@@ -72,123 +72,96 @@ def send_entries(messages: int, value_size: int) -> list[bytes]:
     return out
 
 
-def one_round(tmp: Path, sends: list[bytes]) -> dict[str, tuple[float, float, int]]:
-    """``op -> (CPU µs, wall µs, count)`` per apply, on a new store."""
-    path = tmp / f"state-{time.monotonic_ns()}"
-    store = RocksStore.open(str(path))
-    cpu: dict[str, float] = defaultdict(float)
-    wall: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    index = 0
-    now = START_MS
+class Applies:
+    """A new store and queue-group machine under ``tmp`` whose applies are timed per kind
+    (only the kinds in ``timed`` when given); removed on leaving."""
 
-    def apply(op: str, entry: bytes) -> dict[str, Any]:
-        nonlocal index
-        index += 1
+    def __init__(self, tmp: Path, timed: frozenset[str] | None = None) -> None:
+        self.path = tmp / f"state-{time.monotonic_ns()}"
+        self.store = RocksStore.open(str(self.path))
+        self.machine = QueueGroupMachine(self.store, 1)
+        self.timed = timed
+        self.index = 0
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.wall: dict[str, float] = defaultdict(float)
+        self.count: dict[str, int] = defaultdict(int)
+
+    def __enter__(self) -> Applies:
+        self.apply(
+            "subscribe", commands.subscribe(GROUP, TOPIC_ID, "bench", None, 2**32 - 1, [0], now_ms=START_MS)
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def apply(self, op: str, entry: bytes) -> dict[str, Any]:
+        self.index += 1
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        result = machine.apply(index, entry)
-        cpu[op] += time.thread_time() - cpu0
-        wall[op] += time.perf_counter() - t0
-        count[op] += 1
+        result = self.machine.apply(self.index, entry)
+        if self.timed is None or op in self.timed:
+            self.cpu[op] += time.thread_time() - cpu0
+            self.wall[op] += time.perf_counter() - t0
+            self.count[op] += 1
         assert "error" not in result, result
         return result
 
-    try:
-        machine = QueueGroupMachine(store, 1)
-        apply("subscribe", commands.subscribe(GROUP, TOPIC_ID, "bench", None, 2**32 - 1, [0], now_ms=now))
+    def figures(self) -> dict[str, tuple[float, float, int]]:
+        """``op -> (CPU µs, wall µs, count)`` per apply."""
+        return {op: (self.cpu[op] * 1e6 / n, self.wall[op] * 1e6 / n, n) for op, n in self.count.items()}
+
+
+def one_round(tmp: Path, sends: list[bytes]) -> dict[str, tuple[float, float, int]]:
+    """``op -> (CPU µs, wall µs, count)`` per apply, on a new store."""
+    with Applies(tmp) as a:
         for entry in sends:
-            apply("append", entry)
-        now += 1_000
-        got = apply("receive", commands.receive(now, GROUP, TOPIC_ID, [0], 10, VISIBILITY_MS))
+            a.apply("append", entry)
+        now = START_MS + 1_000
+        got = a.apply("receive", commands.receive(now, GROUP, TOPIC_ID, [0], 10, VISIBILITY_MS))
         while got["messages"]:
             receipts = [(m["queue"], m["offset"], got["token"]) for m in got["messages"]]
             now += 2
             entry = commands.ack_receive(now, GROUP, TOPIC_ID, receipts, [0], 10, VISIBILITY_MS)
-            got = apply("ack_receive", entry)
+            got = a.apply("ack_receive", entry)
             assert all(r.get("ok") for r in got["results"]), got["results"]
-    finally:
-        store.close()
-        shutil.rmtree(path, ignore_errors=True)
-    return {op: (cpu[op] * 1e6 / count[op], wall[op] * 1e6 / count[op], count[op]) for op in count}
+        return a.figures()
 
 
 def cycle_round(tmp: Path, messages: int, value_size: int) -> dict[str, tuple[float, float, int]]:
     """``op -> (CPU µs, wall µs, count)`` per apply of ``--cycle``'s entries, on a new store."""
-    path = tmp / f"state-{time.monotonic_ns()}"
-    store = RocksStore.open(str(path))
-    cpu: dict[str, float] = defaultdict(float)
-    wall: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    machine = QueueGroupMachine(store, 1)
     now, value = START_MS, "x" * value_size
-
-    def apply(op: str, entry: bytes) -> dict[str, Any]:
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        result = machine.apply(sum(count.values()) + 1, entry)
-        cpu[op] += time.thread_time() - cpu0
-        wall[op] += time.perf_counter() - t0
-        count[op] += 1
-        assert "error" not in result, result
-        return result
-
-    try:
-        apply("subscribe", commands.subscribe(GROUP, TOPIC_ID, "bench", None, 2**32 - 1, [0], now_ms=now))
+    with Applies(tmp) as a:
         for _ in range(messages // 10):
             now += 3
             builder = rb.BatchBuilder(base_timestamp_ms=now)
             for _ in range(10):
                 builder.append(value, headers={"sqs-id": str(uuid.uuid4())}, ttl_ms=RETENTION_MS)
-            apply("append", commands.append(now, [(TOPIC_ID, 0, builder.finish())]))
-            got = apply("receive", commands.receive(now + 1, GROUP, TOPIC_ID, [0], 10, VISIBILITY_MS))
+            a.apply("append", commands.append(now, [(TOPIC_ID, 0, builder.finish())]))
+            got = a.apply("receive", commands.receive(now + 1, GROUP, TOPIC_ID, [0], 10, VISIBILITY_MS))
             receipts = [(m["queue"], m["offset"], got["token"]) for m in got["messages"]]
-            acked = apply("ack", commands.ack(now + 2, GROUP, TOPIC_ID, receipts))
+            acked = a.apply("ack", commands.ack(now + 2, GROUP, TOPIC_ID, receipts))
             assert len(receipts) == 10 and all(r.get("ok") for r in acked["results"]), acked
-    finally:
-        store.close()
-        shutil.rmtree(path, ignore_errors=True)
-    return {op: (cpu[op] * 1e6 / count[op], wall[op] * 1e6 / count[op], count[op]) for op in count}
+        return a.figures()
 
 
 def backoff_round(tmp: Path, retries: int, value_size: int) -> dict[str, tuple[float, float, int]]:
     """``op -> (CPU µs, wall µs, count)`` of ``--backoff``'s receives, on a new store: ``retries``
     messages nacked with an hour's delay, then 1,000 receives of up to 1,000 with none due."""
-    path = tmp / f"state-{time.monotonic_ns()}"
-    store = RocksStore.open(str(path))
-    cpu: dict[str, float] = defaultdict(float)
-    wall: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    machine = QueueGroupMachine(store, 1)
-    now, index = START_MS, 0
-
-    def apply(op: str, entry: bytes) -> dict[str, Any]:
-        nonlocal index
-        index += 1
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        result = machine.apply(index, entry)
-        if op == "receive":
-            cpu[op] += time.thread_time() - cpu0
-            wall[op] += time.perf_counter() - t0
-            count[op] += 1
-        assert "error" not in result, result
-        return result
-
-    try:
-        apply("subscribe", commands.subscribe(GROUP, TOPIC_ID, "bench", None, 2**32 - 1, [0], now_ms=now))
+    now = START_MS
+    with Applies(tmp, timed=frozenset({"receive"})) as a:
         for entry in send_entries(retries, value_size):
-            apply("append", entry)
+            a.apply("append", entry)
         while retries > 0:
-            got = apply("fill", commands.receive(now, GROUP, TOPIC_ID, [0], 1_000, VISIBILITY_MS))
+            got = a.apply("fill", commands.receive(now, GROUP, TOPIC_ID, [0], 1_000, VISIBILITY_MS))
             receipts = [(m["queue"], m["offset"], got["token"]) for m in got["messages"]]
-            apply("nack", commands.nack(now, GROUP, TOPIC_ID, receipts, delay_ms=3_600_000))
+            a.apply("nack", commands.nack(now, GROUP, TOPIC_ID, receipts, delay_ms=3_600_000))
             retries -= len(receipts)
         for _ in range(1_000):
             now += 1
-            got = apply("receive", commands.receive(now, GROUP, TOPIC_ID, [0], 1_000, VISIBILITY_MS))
+            got = a.apply("receive", commands.receive(now, GROUP, TOPIC_ID, [0], 1_000, VISIBILITY_MS))
             assert not got["messages"], got
-    finally:
-        store.close()
-        shutil.rmtree(path, ignore_errors=True)
-    return {op: (cpu[op] * 1e6 / count[op], wall[op] * 1e6 / count[op], count[op]) for op in count}
+        return a.figures()
 
 
 def main() -> None:
