@@ -42,6 +42,11 @@ __all__ = ["TickLoops"]
 # has no now_ms.
 EXPIRY_GRACE_S = 120.0
 
+# How long after a node's start it asks unheard peers for their release quickly, and how often
+# (``TickLoops.learn_peer_releases``).
+PEER_RELEASE_QUICK_S = 30.0
+PEER_RELEASE_QUICK_POLL_S = 0.1
+
 log = structlog.get_logger(__name__)
 
 
@@ -99,7 +104,15 @@ class TickLoops:
         """Ask every peer for its status until each has answered once (new peers too, as the
         configuration grows): the release a voter advertised is kept while it is down, so a node
         that becomes leader after a peer died still knows what that peer applies
-        (``Node.group_supports``) instead of refusing gated writes until it comes back."""
+        (``Node.group_supports``) instead of refusing gated writes until it comes back.
+
+        For ``PEER_RELEASE_QUICK_S`` after this node's start it asks every ``PEER_RELEASE_QUICK_POLL_S``
+        (then once a second): on a new cluster the nodes start together, and a peer that dies soon
+        after its start must have been heard first (with a poll a second apart, one that lived
+        about a second could die unheard, and its queue groups' gated writes were refused until it
+        came back). A peer that is down refuses at once on a LAN, or fails within the 1 s connect
+        timeout, so the quick polls cost one connection attempt each."""
+        started = time.monotonic()
         while True:
             peers = {n.id for n in self.node.config.nodes} - {self.node.me.id}
             if peers - self.node.heard_from():
@@ -107,7 +120,8 @@ class TickLoops:
                     await self.node.refresh_peer_status()
                 except Exception:
                     log.exception("peer_status_failed")
-                await asyncio.sleep(1.0)
+                quick = time.monotonic() - started < PEER_RELEASE_QUICK_S
+                await asyncio.sleep(PEER_RELEASE_QUICK_POLL_S if quick else 1.0)
             else:
                 await asyncio.sleep(10.0)
 
