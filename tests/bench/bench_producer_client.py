@@ -16,6 +16,11 @@ Before the runs, the two batch writers alone (no producer, no I/O): µs per mess
 2,000 values and write the batch, ``raftmq.batch.BatchBuilder`` against the producer's
 ``ColumnBatch`` (``client/_batch_writer.py``).
 
+``--closed-loop N`` then sends N messages one at a time (each waits for its delivery callback
+before the next is sent, keyed over the queues: every message its own request, as at a low rate),
+and reports the client's CPU µs and wall µs per request: the fixed cost of one produce request
+in the client (issue 23), without the cluster's.
+
 ``--profile S`` then records one more run of the first wire with py-spy (this process, the
 thread holding the GIL: the application thread and the I/O thread take turns) and prints where
 the client's time goes, in µs per message.
@@ -160,6 +165,32 @@ def produce(url: str, wire: str, values: list[str], messages: int) -> tuple[floa
         return time.perf_counter() - t0, _cpu_s() - cpu0
 
 
+def closed_loop(url: str, value: str, requests: int, queues: int) -> dict[str, float]:
+    """One message at a time (the next sent from the delivery callback's wake-up), keyed over
+    ``queues``: client CPU µs and wall µs per request, the best of three rounds."""
+    import threading
+
+    from raftmq.client import Producer
+
+    answered = threading.Event()
+    keys = [f"key-{q}" for q in range(queues)]
+    best = {"client_us_per_request": float("inf"), "wall_us_per_request": float("inf")}
+    with Producer(url) as producer:
+        for i in range(500):  # warm-up: connections, metadata
+            producer.send("bench", value, key=keys[i % queues]).result(10)
+        for _ in range(3):
+            cpu0, t0 = _cpu_s(), time.perf_counter()
+            for i in range(requests):
+                answered.clear()
+                producer.send("bench", value, key=keys[i % queues], callback=lambda m, e: answered.set())
+                if not answered.wait(10):
+                    raise RuntimeError("no answer within 10 s")
+            cpu, wall = _cpu_s() - cpu0, time.perf_counter() - t0
+            best["client_us_per_request"] = min(best["client_us_per_request"], cpu / requests * 1e6)
+            best["wall_us_per_request"] = min(best["wall_us_per_request"], wall / requests * 1e6)
+    return {k: round(v, 1) for k, v in best.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=500_000)
@@ -167,6 +198,7 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=8, help="queues of the stub's topic")
     ap.add_argument("--wire", action="append", choices=["binary", "json"], help="default: both")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per wire (the best is kept)")
+    ap.add_argument("--closed-loop", type=int, default=0, help="then this many requests one at a time")
     ap.add_argument("--profile", type=float, default=0.0, help="then py-spy a run for this many s")
     ap.add_argument("--tag", default="", help="free text stored in the JSON")
     ap.add_argument("--role", default="", help=argparse.SUPPRESS)
@@ -218,6 +250,12 @@ def main() -> None:
         result["runs"] = runs
         print(f"\n{args.messages:,} messages of {args.value_size} B, one sync Producer, {args.queues} queues")
         print(table(rows, ["wire", "msgs/s", "client CPU µs/msg", "stub node CPU µs/msg"]))
+        if args.closed_loop > 0:
+            result["closed_loop"] = c = closed_loop(url, values[0], args.closed_loop, args.queues)
+            print(
+                f"\none message per request, {args.closed_loop:,} in turn (best of 3): client CPU "
+                f"{c['client_us_per_request']:.0f} µs/request, round trip {c['wall_us_per_request']:.0f} µs"
+            )
         if args.profile > 0:
             result["profile"] = _profile(url, wires[0], values, args, runs[wires[0]]["client_us_per_msg"])
         path = write_result(BENCH, result)
