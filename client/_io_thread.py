@@ -22,11 +22,11 @@ T = TypeVar("T")
 def runs_loop(loop: asyncio.AbstractEventLoop) -> bool:
     """The calling thread is running ``loop`` now (it would wait for itself if it blocked on the
     loop). Asked of the thread, not matched on an identifier kept: the OS gives an ended
-    thread's identifier to threads started after it, and a loop may run in another thread later."""
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:  # no loop runs in this thread
-        return False
+    thread's identifier to threads started after it, and a loop may run in another thread later.
+    Asked without an exception in a thread that runs no loop (``asyncio._get_running_loop``, public
+    in ``asyncio.__all__``): the sync producer's application thread asks at every batch it opens,
+    and a raised ``RuntimeError`` cost it twice the self-pipe write that wakes the loop."""
+    return asyncio._get_running_loop() is loop
 
 
 class LoopThread:

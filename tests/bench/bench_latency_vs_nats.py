@@ -21,8 +21,10 @@ coordinated omission). ``--warmup`` seconds are offered first and not counted. r
 left to settle on their preferred nodes before anything is measured (the balancer moves them in the
 first seconds of a cluster), and the run records whether a leader changed during the measurement.
 Prints p50 / p90 / p99 / max per system, mode and rate, the CPU per message and the produce
-requests per message, and writes JSON to bench-results/. ``--profile``: py-spy each node and the
-client during every raftmq row (top self frames printed, the summaries in the JSON).
+requests per message, and for raftmq the CPU per produce request (all processes, and the client's
+apart: ``client_cpu_us_per_request``), and writes JSON to bench-results/. ``--profile``: py-spy
+each node and the client during every raftmq row (top self frames printed, the summaries in the
+JSON).
 
     .venv/bin/python tests/bench/bench_latency_vs_nats.py
     .venv/bin/python tests/bench/bench_latency_vs_nats.py --anchor-tree ../raftmq-base --duration 5
@@ -415,6 +417,8 @@ def _measure(
         **_stats(got["latencies"]),
         # the nodes' CPU covers the warm-up too (counted against raftmq)
         "cpu_us_per_msg": round((node_cpu + got["client_cpu_s"]) / max(n, 1) * 1e6, 1),
+        # the client's (this process: the application thread and the producer's I/O thread), timed part
+        "client_cpu_us_per_msg": round(got["client_cpu_s"] / max(n, 1) * 1e6, 1),
         "max_send_late_ms": round(got["late_ms"], 2),
         "failures": len(got["failures"]),
         "failure_codes": dict(collections.Counter(got["failures"])),
@@ -428,6 +432,9 @@ def _measure(
         # at the leader (submit to applied there), one apply and one fsync on any replica
         "node_ms": node_means,
     }
+    per_request = max(row["requests_per_msg"], 1e-9)  # CPU per produce request: per message / requests
+    row["cpu_us_per_request"] = round(row["cpu_us_per_msg"] / per_request, 1)
+    row["client_cpu_us_per_request"] = round(row["client_cpu_us_per_msg"] / per_request, 1)
     if threads:  # µs per message timed, by node and kind of thread (the warm-up's CPU included)
         row["thread_cpu_us_per_msg"] = {
             node: {
@@ -453,7 +460,9 @@ def _measure(
         f"  {system} {mode}{_variant_name(row)} {rate:,.0f}/s: p50 {row['p50_ms']} p99 {row['p99_ms']} ms"
         f" max {row['max_ms']}; in the producer p50 {wait.get('p50')} p99 {wait.get('p99')},"
         f" request p50 {request.get('p50')} p99 {request.get('p99')} mean {request.get('mean')};"
-        f" at the nodes (means) {node_means}; {row['requests_per_msg']} requests/msg"
+        f" at the nodes (means) {node_means}; {row['requests_per_msg']} requests/msg;"
+        f" CPU µs per request {row['cpu_us_per_request']:.0f}, of it the client's"
+        f" {row['client_cpu_us_per_request']:.0f} ({row['client_cpu_us_per_msg']:.0f} per message)"
         + (f"  LEADERS CHANGED {row['leader_changes']}" if row["leader_changes"] else ""),
         flush=True,
     )

@@ -16,6 +16,19 @@ Before the runs, the two batch writers alone (no producer, no I/O): µs per mess
 2,000 values and write the batch, ``raftmq.batch.BatchBuilder`` against the producer's
 ``ColumnBatch`` (``client/_batch_writer.py``).
 
+``--closed-loop N`` then sends N messages one at a time (each waits for its delivery callback
+before the next is sent, keyed over the queues: every message its own request, as at a low rate),
+and reports the client's CPU µs and wall µs per request: the fixed cost of one produce request
+in the client (issue 23), without the cluster's.
+
+``--transport-floor N`` then times N one-frame produce requests in turn in one asyncio loop, twice:
+through the client's ``Transport.request`` (aiohttp) and through a bare ``asyncio.Protocol`` that
+writes the same request bytes on one kept-alive connection and reads the answer by its
+``Content-Length`` (the same socket calls, none of the HTTP library's objects): the client's CPU µs
+per request of each, best of three rounds. Their difference is what the HTTP library costs a
+request (a figure for choosing, not a client to use: the protocol handles none of the transport's
+failures).
+
 ``--profile S`` then records one more run of the first wire with py-spy (this process, the
 thread holding the GIL: the application thread and the I/O thread take turns) and prints where
 the client's time goes, in µs per message.
@@ -160,6 +173,106 @@ def produce(url: str, wire: str, values: list[str], messages: int) -> tuple[floa
         return time.perf_counter() - t0, _cpu_s() - cpu0
 
 
+def closed_loop(url: str, value: str, requests: int, queues: int) -> dict[str, float]:
+    """One message at a time (the next sent from the delivery callback's wake-up), keyed over
+    ``queues``: client CPU µs and wall µs per request, the best of three rounds."""
+    import threading
+
+    from raftmq.client import Producer
+
+    answered = threading.Event()
+    keys = [f"key-{q}" for q in range(queues)]
+    best = {"client_us_per_request": float("inf"), "wall_us_per_request": float("inf")}
+    with Producer(url) as producer:
+        for i in range(500):  # warm-up: connections, metadata
+            producer.send("bench", value, key=keys[i % queues]).result(10)
+        for _ in range(3):
+            cpu0, t0 = _cpu_s(), time.perf_counter()
+            for i in range(requests):
+                answered.clear()
+                producer.send("bench", value, key=keys[i % queues], callback=lambda m, e: answered.set())
+                if not answered.wait(10):
+                    raise RuntimeError("no answer within 10 s")
+            cpu, wall = _cpu_s() - cpu0, time.perf_counter() - t0
+            best["client_us_per_request"] = min(best["client_us_per_request"], cpu / requests * 1e6)
+            best["wall_us_per_request"] = min(best["wall_us_per_request"], wall / requests * 1e6)
+    return {k: round(v, 1) for k, v in best.items()}
+
+
+def transport_floor(url: str, requests: int) -> dict[str, float]:
+    """Client CPU µs per one-frame produce request in turn: ``Transport.request`` against a bare
+    protocol on one connection (best of three rounds each, after 300 not timed)."""
+    import asyncio
+    from urllib.parse import urlsplit
+
+    import orjson
+
+    from raftmq.batch import BATCH_MEDIA_TYPE, join_frames
+    from raftmq.client._batch_writer import ColumnBatch
+    from raftmq.client._transport import Transport
+
+    writer = ColumnBatch("p-floor", 0)
+    writer.append("x" * 100, "key-0", None)
+    body = join_frames([(1, None, writer.finish())])
+    path = "/v1/topics/bench/messages"
+
+    class Bare(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.buf = b""
+            self.answer: asyncio.Future[bytes] | None = None
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            head, sep, rest = self.buf.partition(b"\r\n\r\n")
+            at = head.lower().find(b"content-length:")
+            if not sep or at < 0:
+                return
+            length = int(head[at + 15 : head.index(b"\r\n", at)])
+            if len(rest) >= length and self.answer is not None:
+                self.buf = rest[length:]
+                self.answer.set_result(rest[:length])
+
+    async def rounds(one: Any) -> float:
+        for _ in range(300):
+            await one()
+        best = float("inf")
+        for _ in range(3):
+            cpu0 = _cpu_s()
+            for _ in range(requests):
+                await one()
+            best = min(best, (_cpu_s() - cpu0) / requests * 1e6)
+        return round(best, 1)
+
+    async def run() -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+        transport = Transport(url)
+
+        async def via_transport() -> None:
+            await transport.request(
+                "POST", path, body=body, content_type=BATCH_MEDIA_TYPE, node_url=url, idempotent=True
+            )
+
+        aiohttp_us = await rounds(via_transport)
+        await transport.close()
+        where = urlsplit(url)
+        sock, bare = await loop.create_connection(Bare, where.hostname or "127.0.0.1", where.port or 80)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: {BATCH_MEDIA_TYPE}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+
+        async def via_protocol() -> None:
+            bare.answer = loop.create_future()
+            sock.write(head + body)
+            orjson.loads(await bare.answer)
+
+        bare_us = await rounds(via_protocol)
+        sock.close()
+        return {"transport_us_per_request": aiohttp_us, "bare_protocol_us_per_request": bare_us}
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=500_000)
@@ -167,6 +280,8 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=8, help="queues of the stub's topic")
     ap.add_argument("--wire", action="append", choices=["binary", "json"], help="default: both")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per wire (the best is kept)")
+    ap.add_argument("--closed-loop", type=int, default=0, help="then this many requests one at a time")
+    ap.add_argument("--transport-floor", type=int, default=0, help="then this many requests: aiohttp or not")
     ap.add_argument("--profile", type=float, default=0.0, help="then py-spy a run for this many s")
     ap.add_argument("--tag", default="", help="free text stored in the JSON")
     ap.add_argument("--role", default="", help=argparse.SUPPRESS)
@@ -218,6 +333,19 @@ def main() -> None:
         result["runs"] = runs
         print(f"\n{args.messages:,} messages of {args.value_size} B, one sync Producer, {args.queues} queues")
         print(table(rows, ["wire", "msgs/s", "client CPU µs/msg", "stub node CPU µs/msg"]))
+        if args.closed_loop > 0:
+            result["closed_loop"] = c = closed_loop(url, values[0], args.closed_loop, args.queues)
+            print(
+                f"\none message per request, {args.closed_loop:,} in turn (best of 3): client CPU "
+                f"{c['client_us_per_request']:.0f} µs/request, round trip {c['wall_us_per_request']:.0f} µs"
+            )
+        if args.transport_floor > 0:
+            result["transport_floor"] = f = transport_floor(url, args.transport_floor)
+            print(
+                f"\none-frame produce requests in turn, client CPU µs/request (best of 3): "
+                f"Transport.request {f['transport_us_per_request']:.0f}, "
+                f"a bare protocol {f['bare_protocol_us_per_request']:.0f}"
+            )
         if args.profile > 0:
             result["profile"] = _profile(url, wires[0], values, args, runs[wires[0]]["client_us_per_msg"])
         path = write_result(BENCH, result)
