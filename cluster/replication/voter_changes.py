@@ -8,7 +8,7 @@ unanswered. pysyncobj calls a change back only once its entry is applied through
 so the change in flight is answered ``unknown_outcome`` when its leader loses the leadership or a
 snapshot replaces the log (:meth:`VoterChanges.abandon`); the late callback, if any, is ignored.
 
-Tick thread only: every method runs there, pysyncobj's callbacks too.
+Tick thread only: every method but the constructor runs there, pysyncobj's callbacks too.
 """
 
 from __future__ import annotations

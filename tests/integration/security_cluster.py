@@ -114,6 +114,16 @@ def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]
         for nid in c.nodes:
             assert c.alive(nid), f"{nid} died during the module:\n{c.log(nid)[-3000:]}"
         assert_no_secret_in_logs(c)
+        assert_no_secret_in_answers()
+        ANSWERS.clear()  # the next module's cluster starts a list of its own
+
+
+def assert_no_secret_in_answers() -> None:
+    """No secret in any answer the module's tests kept in :data:`ANSWERS` (bodies, headers, and
+    what the CLI printed)."""
+    for value in SECRETS:
+        for answer in ANSWERS:
+            assert value not in answer, "a secret is in an answer"
 
 
 def assert_no_secret_in_logs(c: Cluster) -> dict[str, str]:

@@ -14,18 +14,19 @@ from typing import Any
 
 import aiohttp
 import pytest
+import requests
 
 from .conftest import assert_error
 from .harness import SECRET
 from .security_cluster import (
     ADMIN_TOKEN,
-    ANSWERS,
     AUDIT_TOKEN,
     CONSUMER_TOKEN,
     MONITOR_TOKEN,
     PRODUCER_TOKEN,
     SECRETS,
     Secure,
+    assert_no_secret_in_answers,
     cli,
     secure_cluster,
 )
@@ -82,8 +83,12 @@ def test_missing_or_bad_credentials_are_401_unauthorized(
 
 
 def test_a_header_beyond_the_parser_limit_is_refused_and_the_node_lives_on(secure: Secure) -> None:
-    r = secure.call("GET", "/v1/cluster", node="n2", headers={"Authorization": "Bearer " + "A" * 70_000})
-    assert 400 <= r.status_code < 500 and r.status_code != 200
+    try:
+        r = secure.call("GET", "/v1/cluster", node="n2", headers={"Authorization": "Bearer " + "A" * 70_000})
+    except requests.exceptions.ConnectionError:  # SSLError is one: closed while the header was sent
+        pass  # refused before the client finished sending (1 run in 3 under load)
+    else:
+        assert 400 <= r.status_code < 500
     assert secure.call("GET", "/v1/cluster", MONITOR_TOKEN, node="n2").status_code == 200
 
 
@@ -337,8 +342,7 @@ def test_no_secret_in_any_log_answer_or_metric(secure: Secure) -> None:
     for value in SECRETS:
         for nid, text in logs.items():
             assert value not in text, f"a secret is in {nid}'s log"
-        for answer in ANSWERS:
-            assert value not in answer, "a secret is in an answer"
+    assert_no_secret_in_answers()
     # The digests in the cluster file are not secret, but nothing prints them either.
     digest = hashlib.sha256(ADMIN_TOKEN.encode()).hexdigest()
     assert all(digest not in text for text in logs.values())
