@@ -137,7 +137,8 @@ def check_spec(spec: ChaosSpec) -> None:
     report directory exists): its faults (``check_faults``), its workload, a count below what it
     counts (a topic has at least one queue; 0 workers of a kind is none of them), writers with no
     rate to write at, and a run that writes nothing (its checkers would pass on an empty history: a
-    run that cannot fail), the SQS workload's included (the REST load beside it is not its)."""
+    run that cannot fail), the SQS workload's included (the REST load beside it is not its), alone or
+    in the ``all`` workload."""
     check_faults(spec.faults, spec.nodes)
     if spec.workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {spec.workload!r}")
@@ -163,6 +164,8 @@ def _check_writers(spec: ChaosSpec) -> None:
         raise ValueError(f"sqs_rate must be above 0 with {senders} sqs_senders, not {spec.sqs_rate}")
     if spec.workload == "sqs" and senders < 1:
         raise ValueError("nothing would write: the sqs workload needs sqs_senders (the load is not SQS)")
+    if spec.workload == "all" and senders < 1:  # the REST producers write, but no SQS message
+        raise ValueError("the all workload needs sqs_senders: its SQS checker would pass on nothing sent")
     if producers + (spec.load_producers if spec.load_rate > 0 else 0) + senders < 1:
         raise ValueError(
             "nothing would write: give producers, sqs_senders or a load_rate (and load_producers)"

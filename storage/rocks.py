@@ -28,11 +28,8 @@ values in every compaction touching them (and, the messages' keys of every queue
 file, that is every level-1 compaction), stays off. ``compact_ranges`` (what retention and dropped
 topics call) collects the garbage instead, in bounded pieces (``blob_gc.py``: when, and where).
 
-Threads: one writer and many readers may call in at once. Every use of the rocksdict handle happens
-between ``_enter``/``_leave``. ``close`` and ``restore_from`` stop admitting users, wait until the
-in-flight ones have left, and only then close the handle. So a reader never touches a closed
-database: during a swap it gets :class:`StoreClosed`. They cancel a compaction in flight first
-(minutes on a large removed backlog), so they wait milliseconds for it, not all of it.
+Threads: one writer and many readers may call in at once, through the gate ``RocksStore`` is built
+on (``store_gate.py``): a close or a restore takes the handle away only once no user is inside.
 
 Restore protocol (``restore_from``). Every step is one atomic rename on one filesystem, made durable
 by an fsync of the directories involved; ``<path>.restore-old`` existing marks an unfinished restore:
@@ -57,10 +54,8 @@ database. ``restore_from`` ends with the same recovery step, and raises ``StoreE
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-import weakref
 from collections.abc import Iterable, Iterator
 from typing import NoReturn, cast
 
@@ -92,6 +87,7 @@ from .restore_files import (
 )
 from .rocks_cursor import ScanCursor, as_bytes
 from .store import OP_DELETE, OP_DELETE_RANGE, OP_PUT, Batch, StoreClosed, StoreError
+from .store_gate import HandleGate
 
 __all__ = ["RESTORE_FAILED_SUFFIX", "RESTORE_OLD_SUFFIX", "RocksStore", "destroy_store"]
 
@@ -217,28 +213,18 @@ def _to_write_batch(batch: Batch) -> WriteBatch:
     return wb
 
 
-class RocksStore:
-    """A :class:`Store` in one RocksDB directory. Safe for one writer and many reader threads.
+class RocksStore(HandleGate[Rdict]):
+    """A :class:`Store` in one RocksDB directory. Safe for one writer and many reader threads (the gate).
 
     Create with :meth:`open`. Scan iterators are not themselves thread-safe (use each from one thread).
     """
 
     def __init__(self, path: str, db: Rdict) -> None:
-        self._path = path
-        # A plain lock (nothing holds it twice), taken as itself on the hot paths (_enter, _leave):
-        # every call takes it twice, and the Condition's own __enter__ is Python code.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        # Invariant: _users counts threads between _enter and _leave; _db is not None exactly while new
-        # users are admitted; a handle is closed only after _db stopped being it and _users reached 0.
-        self._db: Rdict | None = db
-        self._users = 0
-        self._compactions = 0  # compactions in the gate: _revoke cancels them
+        super().__init__(path, db)
         # Where the blob garbage collection's next piece starts (b"": the first; None: none under
         # way), kept in the store's directory. Only compact_ranges sets it (one thread at a time).
         self._gc_next: bytes | None = blob_gc.read_cursor(path)
         self._closed = False
-        self._cursors: weakref.WeakSet[ScanCursor] = weakref.WeakSet()
         # Serializes close() and restore_from(), which both take the handle away from users.
         self._admin = threading.Lock()
         self._wo_sync = _write_options(sync=True)
@@ -268,54 +254,8 @@ class RocksStore:
         """A rewrite of blob garbage is under way (its cursor kept): compact_ranges goes on with it."""
         return self._gc_next is not None
 
-    # -- the gate --------------------------------------------------------------------------------
-
-    def _enter(self) -> Rdict:
-        with self._lock:
-            db = self._db
-            if db is None:
-                raise StoreClosed(f"store {self._path} is closed")
-            self._users += 1
-            return db
-
-    def _leave(self) -> None:
-        with self._lock:
-            self._users -= 1
-            # Only _revoke waits, and it stops admitting (_db = None) before it does: a leaver
-            # while users are admitted has nobody to wake.
-            if self._users == 0 and self._db is None:
-                self._cond.notify_all()
-
     def _using(self) -> _Gate:
         return _Gate(self)
-
-    def _revoke(self) -> tuple[Rdict | None, bool]:
-        """Stop admitting users, cancel a compaction in flight, wait for in-flight users, drop
-        every live scan iterator. Returns the handle, now used by nobody (None if the store was
-        already closed), and whether its background work was cancelled."""
-        with self._cond:
-            db, self._db = self._db, None
-            cancelled = False
-            if db is not None and self._compactions > 0:
-                cancelled = True
-                # Ends the compaction within milliseconds; the handle is closed next, so what the
-                # cancel leaves on it is moot. Should it fail, the wait is for the whole compaction.
-                with contextlib.suppress(Exception):
-                    db.cancel_all_background(False)
-            self._cond.wait_for(lambda: self._users == 0)
-            cursors = list(self._cursors)
-            self._cursors.clear()
-        for cursor in cursors:
-            cursor.revoke()
-        return db, cancelled
-
-    def _register(self, cursor: ScanCursor) -> None:
-        with self._cond:
-            self._cursors.add(cursor)
-
-    def _unregister(self, cursor: ScanCursor) -> None:
-        with self._cond:
-            self._cursors.discard(cursor)
 
     # -- reads -----------------------------------------------------------------------------------
 

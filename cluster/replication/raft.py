@@ -23,11 +23,8 @@ That install is all or nothing: pysyncobj sees the snapshot only once a verified
 restored (``snapshot_gate.py``); until then the follower's state, journal and commit index stay as
 they were and the leader sends the snapshot again.
 
-Membership (``dynamicMembershipChange``): single-server changes, effective on every replica as soon as
-the entry is appended. pysyncobj's guard against a second change in flight is dead code, so
-:meth:`RaftGroup.change_membership` refuses one while a membership entry is uncommitted or its own
-change is unanswered; that change is answered ``unknown_outcome`` when its leader loses the leadership
-or a snapshot replaces the log (pysyncobj would never call it back). Votes count only between voters:
+Membership (``dynamicMembershipChange``): single-server changes, one at a time
+(:meth:`RaftGroup.change_membership`; ``voter_changes.py``). Votes count only between voters:
 the transport drops vote requests and votes from non-voters, so a removed voter that never learnt of
 its removal cannot depose the leader with its campaigns. A group's voters are what its own log says:
 the snapshot manifest records the voters as of its last entry (pysyncobj would store the live set,
@@ -45,7 +42,6 @@ install's checkpoint is fetched and checked on a background thread of its own.
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import threading
@@ -64,10 +60,11 @@ from raftmq.cluster.replication.contract import (
     RaftSettings,
     StateMachine,
 )
+from raftmq.cluster.replication.failures import failure_outcome
 from raftmq.cluster.replication.held_answers import HeldAnswers
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.log_filter import install_log_filter
-from raftmq.cluster.replication.members import MembershipChange, members_after, members_on_start
+from raftmq.cluster.replication.members import members_after, members_on_start
 from raftmq.cluster.replication.pso import (
     FAIL_REASON,
     PINNED_PYSYNCOBJ,
@@ -98,6 +95,7 @@ from raftmq.cluster.replication.snapshot_gate import (
     write_manifest,
 )
 from raftmq.cluster.replication.term_record import TermRecord
+from raftmq.cluster.replication.voter_changes import VoterChanges, live_members
 from raftmq.storage.durable_dirs import make_dirs_durable
 from raftmq.storage.store import Store, StoreError
 
@@ -116,18 +114,6 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 _VOTE_LOG_EVERY_S = 10.0  # ignored votes are counted always, logged at most this often per group
-
-
-# pysyncobj failure reason -> (error code, definite)
-_FAILURES: dict[int, tuple[str, bool]] = {
-    FAIL_REASON.QUEUE_FULL: ("unavailable", True),
-    FAIL_REASON.MISSING_LEADER: ("unavailable", True),
-    FAIL_REASON.DISCARDED: ("not_leader", True),  # another entry won this index: ours is gone
-    FAIL_REASON.NOT_LEADER: ("not_leader", True),
-    FAIL_REASON.LEADER_CHANGED: ("unknown_outcome", False),
-    FAIL_REASON.REQUEST_DENIED: ("unavailable", True),
-    FAIL_REASON.UNKNOWN_OUTCOME: ("unknown_outcome", False),
-}
 
 
 class _GroupSyncObj(RaftNodeSyncObj):
@@ -213,7 +199,7 @@ class RaftGroup:
         self.peer_addrs = [a for a in members if a != self_addr]
         self._members: tuple[str, ...] = tuple(members)  # published by the tick thread
         self._loading_on_start = os.path.exists(snapshot_file)
-        self._membership_in_flight: MembershipChange | None = None  # tick thread only
+        self._voter_changes = VoterChanges(name, self_addr, self._journal)  # tick thread only
         self.votes_ignored = 0  # vote requests and votes dropped from non-voters (tick thread)
         self.terms = TermRecord(self_addr)  # who raised this replica's term (tick thread writes)
         self._vote_log_at = 0.0  # tick thread
@@ -292,8 +278,7 @@ class RaftGroup:
                     self.commit_latency.observe(time.perf_counter() - submitted)
                     on_done(Outcome(result=result))
                 else:
-                    code, definite = _FAILURES.get(error, ("unknown_outcome", False))
-                    on_done(Outcome(error=code, definite=definite))
+                    on_done(failure_outcome(error))
             except Exception:
                 log.exception("submit_callback_failed", group=self.name)
 
@@ -384,65 +369,13 @@ class RaftGroup:
         the change is committed (``changed=False``: it was so already, committed), on the tick
         thread. A leader cannot remove itself (``bad_request``): transfer leadership first.
         """
-
-        def start() -> None:
-            members = self._live_members()
-            if not self.is_leader():
-                on_done(Outcome(error="not_leader"))
-            elif action not in ("add", "remove") or (action == "remove" and addr == self.self_addr):
-                on_done(Outcome(error="bad_request"))
-            elif self._membership_in_flight is not None or self._uncommitted_membership():
-                # Also when the change asked for is the one in flight: "already so" must mean committed.
-                on_done(Outcome(error="unavailable"))
-            elif (action == "add") == (addr in members):
-                on_done(Outcome(result={"changed": False, "members": members}))
-            else:
-                change = self._membership_in_flight = MembershipChange(action, addr, on_done)
-                log.info("membership_change", group=self.name, action=action, addr=addr)
-                propose = self._sync.addNodeToCluster if action == "add" else self._sync.removeNodeFromCluster
-                propose(addr, callback=functools.partial(self._membership_done, change))
-
-        self._on_tick_thread(start)
+        self._on_tick_thread(lambda: self._voter_changes.start(self._sync, action, addr, on_done))
 
     def _on_tick_thread(self, call: Callable[[], None], wake: bool = True) -> None:
         """Run ``call`` at the tick thread's next tick, waking it unless ``wake`` is False."""
         self._tick_calls.put(call)
         if wake:
             wake_tick_thread(self._sync)
-
-    def _membership_done(self, change: MembershipChange, _result: Any, error: int) -> None:
-        if error == FAIL_REASON.SUCCESS:
-            members = self._live_members()
-            self._answer_membership(change, Outcome(result={"changed": True, "members": members}))
-        else:
-            code, definite = _FAILURES.get(error, ("unknown_outcome", False))
-            self._answer_membership(change, Outcome(error=code, definite=definite))
-
-    def _answer_membership(self, change: MembershipChange, outcome: Outcome) -> None:
-        """Tick thread: answer ``change`` once and let the next one start. pysyncobj's callback
-        comes only when the entry is applied through the log; ``_abandon_membership`` answers first
-        when it may never come, and the late callback (if any) is then ignored here."""
-        if self._membership_in_flight is not change:
-            return
-        self._membership_in_flight = None
-        try:
-            change.on_done(outcome)
-        except Exception:  # an exception escaping a pysyncobj callback applies the entry twice
-            log.exception("membership_callback_failed", group=self.name)
-
-    def _abandon_membership(self, reason: str) -> None:
-        """Tick thread: answer the change in flight as ``unknown_outcome`` (it may still commit
-        under another leader; the caller checks the voters and retries, which is idempotent)."""
-        change = self._membership_in_flight
-        if change is not None:
-            log.info(
-                "membership_change_abandoned",
-                group=self.name,
-                action=change.action,
-                addr=change.addr,
-                reason=reason,
-            )
-            self._answer_membership(change, Outcome(error="unknown_outcome", definite=False))
 
     def _vote_ignored(self, node: Any, message: dict[str, Any]) -> None:
         """Tick thread: a vote request or vote from ``node``, not a voter here, was dropped."""
@@ -513,15 +446,6 @@ class RaftGroup:
         waiting = len(self._journal) > 0 and self._journal[-1][1] > self._sync.raftCommitIndex
         return waiting or self._quiet or not self._tick_calls.empty()
 
-    def _live_members(self) -> list[str]:
-        return sorted({str(n.id) for n in self._sync.otherNodes} | {self.self_addr})
-
-    def _uncommitted_membership(self) -> bool:
-        """A membership entry after the commit index is in the log (tick thread)."""
-        commit = int(self._sync.raftCommitIndex)
-        tail = self._journal[-64:]  # one change at a time: an uncommitted one is near the end
-        return any(e[1] > commit and membership_change(e[0]) is not None for e in tail)
-
     def _on_state_changed(self, old: int, new: int) -> None:
         names = {0: "follower", 1: "candidate", 2: "leader"}
         if new == 2:
@@ -529,7 +453,7 @@ class RaftGroup:
         elif old == 2:
             # A change this leader proposed is answered now (its entry may end up under a snapshot
             # here: never called back); other submits once applied here, or after a grace (held_answers.py).
-            self._abandon_membership("leadership_lost")
+            self._voter_changes.abandon("leadership_lost")
             self._held.hold()
         log.info(
             "raft_state_changed",
@@ -578,14 +502,14 @@ class RaftGroup:
 
     def _deserialize(self, path: str) -> tuple[Entry, Entry, list[str]]:
         # The log gives way to a snapshot: a voter change's entry under it is never applied here.
-        self._abandon_membership("snapshot_loaded")
+        self._voter_changes.abandon("snapshot_loaded")
         manifest = read_durable_manifest(path)  # before pysyncobj replaces the journal with its entries
         last = entry_from_json(manifest["last"])
         prev = entry_from_json(manifest["prev"])
         self._journal.align_to_snapshot(prev, last)
         restart, self._loading_on_start = self._loading_on_start, False
         # A manifest from before membership changes has no "cluster": keep the voters in use.
-        base = list(manifest.get("cluster") or self._live_members())
+        base = list(manifest.get("cluster") or live_members(self._sync, self.self_addr))
         entries = self._journal[:]
         if restart and len(entries) >= 2 and entries[0] == prev and entries[1] == last:
             members = members_after(base, entries, last[1])  # pysyncobj keeps this journal

@@ -38,6 +38,8 @@ from raftmq.chaos.runner import ChaosSpec
         ({"load_rate": -1.0}, "load_rate must be at least 0"),
         # The load writes through the REST API: the SQS workload's checker would see no send.
         ({"workload": "sqs", "sqs_senders": 0, "load_rate": 100.0}, "the sqs workload needs sqs_senders"),
+        # The REST producers write, but the SQS checker would pass on an empty history.
+        ({"workload": "all", "sqs_senders": 0}, "the all workload needs sqs_senders"),
     ],
 )
 def test_a_spec_the_run_cannot_honour_is_refused_before_its_report_directory(
@@ -57,11 +59,17 @@ def test_zero_workers_of_a_kind_are_none_not_the_default() -> None:
     runner.check_spec(only_load)
     config = runner._workload_config(only_load)
     assert (config.producers, config.consumers, config.queues) == (0, 3, 6)
-    quiet = ChaosSpec(faults=(), workload="all", receivers=0, sqs_senders=0, sqs_receivers=0)
+    quiet = ChaosSpec(faults=(), workload="all", receivers=0, sqs_senders=1, sqs_receivers=0)
     runner.check_spec(quiet)
     receive, sqs = runner._receive_config(quiet), runner._sqs_config(quiet)
     assert receive is not None and receive.receivers == 0
-    assert sqs is not None and (sqs.senders, sqs.receivers) == (0, 0)
+    assert sqs is not None and (sqs.senders, sqs.receivers) == (1, 0)
+    # 0 SQS senders are none too, which is why that spec is refused (an SQS history left empty).
+    silent = ChaosSpec(faults=(), workload="all", sqs_senders=0)
+    sqs = runner._sqs_config(silent)
+    assert sqs is not None and sqs.senders == 0
+    with pytest.raises(ValueError, match="needs sqs_senders"):
+        runner.check_spec(silent)
 
 
 def test_none_is_the_default_per_node() -> None:

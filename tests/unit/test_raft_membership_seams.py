@@ -32,6 +32,7 @@ from raftmq.cluster.replication.raft import (
     members_after,
     membership_change,
 )
+from raftmq.cluster.replication.voter_changes import VoterChanges
 from raftmq.storage.memory import MemoryStore
 
 SELF = "127.0.0.1:1"
@@ -159,7 +160,7 @@ class Replica:
         group._vote_log_at = 0.0
         group._journal = self.journal
         group._tick_calls = queue.SimpleQueue()
-        group._membership_in_flight = None
+        group._voter_changes = VoterChanges("g", SELF, self.journal)
         self.group = group
         self.sync = SyncObj(
             SELF,

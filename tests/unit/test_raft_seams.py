@@ -31,6 +31,7 @@ from pysyncobj.version import VERSION
 from raft_doubles import Machine, fast_settings
 
 from raftmq.cluster.replication import raft
+from raftmq.cluster.replication.failures import FAILURES
 from raftmq.cluster.replication.journal import DurableJournal, Entry
 from raftmq.cluster.replication.pso import FlushingTransport, install_journal_seam
 from raftmq.cluster.replication.raft import (
@@ -446,7 +447,7 @@ def test_serializer_does_not_fork_with_a_custom_serializer(tmp_path: Path) -> No
 
 def test_every_failure_reason_is_mapped() -> None:
     reasons = {v for k, v in vars(FAIL_REASON).items() if k.isupper() and isinstance(v, int)}
-    assert reasons - {FAIL_REASON.SUCCESS} == set(raft._FAILURES)
+    assert reasons - {FAIL_REASON.SUCCESS} == set(FAILURES)
 
 
 def test_leader_with_a_repaired_journal_does_not_apply_unreplicated_entries(

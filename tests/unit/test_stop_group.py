@@ -1,5 +1,5 @@
 """Stopping a replica closes its stores off the event loop: a close waits for the threads still
-in a store (cluster/node/node.py, Node.stop_group and Node.stop; storage/rocks.py's gate)."""
+in a store (cluster/node/node.py, Node.stop_group and Node.stop; storage/store_gate.py)."""
 
 from __future__ import annotations
 
