@@ -53,10 +53,13 @@ def _batch(rng: random.Random, now_ms: int, serial: int) -> bytes:
     return builder.finish()
 
 
-def receiver_log(folder: Path, entries: int = 400, seed: int = 24) -> list[bytes]:
+def receiver_log(folder: Path, entries: int = 400, seed: int = 24, takes: bool = False) -> list[bytes]:
     """Sends, receives and settlements in a fixed order; the receipts are those a machine in
-    ``folder`` handed out as the log was written (the replay's give the same)."""
+    ``folder`` handed out as the log was written (the replay's give the same). ``takes``: half the
+    sends carry a take-along (``append.take``: a receive waiting at the leader), drawn from a
+    random source of their own (the log without them is the one whose digest is fixed)."""
     rng = random.Random(seed)
+    take_rng = random.Random(seed + 1)
     now = START_MS
     log = [commands.subscribe(GROUP, TOPIC, "q", None, 2**32 - 1, [0], now_ms=now)]
     held: list[tuple[int, int, int]] = []  # receipts the replay's last take handed out
@@ -66,7 +69,18 @@ def receiver_log(folder: Path, entries: int = 400, seed: int = 24) -> list[bytes
         now += rng.randint(1, 60)
         roll = rng.random()
         if roll < 0.4:
-            entry = commands.append(now, [(TOPIC, rng.randint(0, 2), _batch(rng, now, serial))])
+            items = [(TOPIC, rng.randint(0, 2), _batch(rng, now, serial))]
+            take = None
+            if takes and take_rng.random() < 0.5:
+                take = {
+                    "group": GROUP,
+                    "topic_id": TOPIC,
+                    "queues": [0, 1, 2],
+                    "max": take_rng.randint(1, 10),
+                    "visibility_ms": take_rng.choice([100, 30_000]),
+                    "max_age_ms": None,
+                }
+            entry = commands.append(now, items, take)
         elif roll < 0.6 or not held:
             most = rng.randint(1, 10)
             # 100: expired before the next receive (no deliver_tick here: no retry from it)
@@ -122,3 +136,19 @@ def test_an_sqs_receiver_log_replays_to_the_state_before_the_read_cuts(tmp_path:
     print(counts)
     assert min(counts.get(op, 0) for op in ("append", "receive", "ack_receive", "nack", "release")) >= 10
     assert replay_digest(log, tmp_path / "replay") == BEFORE_THE_CUTS_DIGEST
+
+
+def test_a_log_with_take_alongs_replays_to_the_same_bytes_on_every_replica(tmp_path: Path) -> None:
+    """Determinism of ``append.take``: the sends' take-alongs read the batches of their own entry
+    (not yet in the store) and hand out the same records, results and bytes on every replica."""
+    log = receiver_log(tmp_path / "writer", takes=True)
+    taking = [e for e in log if commands.has_take(e)]
+    assert len(taking) >= 20
+    replayer, handed = _Replayer(tmp_path / "count"), 0
+    for entry in log:
+        result = replayer.apply(entry)
+        if commands.has_take(entry):
+            handed += len(result["messages"])
+    replayer.close()
+    assert handed > 0
+    assert replay_digest(log, tmp_path / "a") == replay_digest(log, tmp_path / "b")
