@@ -258,6 +258,59 @@ class ReceiveCoordinator:
             key, by_group, candidates, lambda g: self._shows(topic, key[1], g, by_group[g])
         )
 
+    async def append(
+        self, topic: Topic, group: str, queue: int, data: bytes, take_along: bool
+    ) -> dict[str, Any]:
+        """Append the binary batch ``data`` to ``queue`` of ``topic`` (the ``append`` action at
+        its queue group); ``take_along`` (a standard SQS queue with no RedrivePolicy, as a delete's
+        read-ahead): when this node leads that group, every voter of it applies ``append.take`` and
+        receivers of ``group`` wait in the line of this node's own (:meth:`take_along_wanted`),
+        the entry also takes messages along for them (``delivery.take_along``), handed to them at
+        once (:meth:`put_ahead`), given back if they went away. The action's answer."""
+        g = topic.queue_groups[queue]
+        key = local_key(topic.id, group)
+        plan = None
+        if take_along and self.router.leads(str(g)) and self.node.group_supports(str(g), "append.take"):
+            plan = self.take_along_wanted(key, topic, g)
+        body: dict[str, Any] = {"items": [(topic.id, queue, data)]}
+        if plan is not None:
+            body["take"] = {
+                "group": group,
+                "topic_id": topic.id,
+                "queues": plan.queues,
+                "max": plan.max,
+                "visibility_ms": plan.taken_ms,
+                "max_age_ms": topic.retention_ms,
+            }
+        started = time.monotonic()
+        taken: list[dict[str, Any]] = []
+        try:
+            result = await self.router.group_call(g, "append", body, size_hint=len(data))
+            taken = result.get("messages") or []
+        finally:
+            if plan is not None:
+                self.put_ahead(key, topic, group, taken, plan, started)
+        return result
+
+    def take_along_wanted(self, key: TargetKey, topic: Topic, g: int) -> Plan | None:
+        """What a send of ``topic`` whose entry goes to queue group ``g`` may take along for the
+        receivers waiting now in the line ``key`` of this node's own (:func:`local_key`): the
+        waiters asking the head's visibility timeout, up to their ``max`` in all
+        (``ReadAhead.wanted_by_send``); None when nobody waits there. A caller given a plan must
+        call :meth:`put_ahead` (the waiting receivers take what it got at once)."""
+        target = self._targets.get(key)
+        if target is None or not key[5] or target.ordered or target.epoch is not None:
+            return None
+        self._drop_done(target)
+        queues = target.by_group.get(g)
+        if not target.waiters or not queues:
+            return None
+        head = target.waiters[0]
+        demand = sum(w.max for w in target.waiters if w.visibility_ms == head.visibility_ms)
+        return self.read_ahead.wanted_by_send(
+            key, g, queues, min(demand, commands.MAX_RECEIVE), head.visibility_ms
+        )
+
     def put_ahead(
         self,
         key: TargetKey,

@@ -1,0 +1,63 @@
+"""Group commit and take-alongs (``GroupCommitter.append_taking``, the field level
+``append.take``): a send's take-along merges with other sends' batches into one entry, at most one
+take-along an entry, and its messages go back to the request that asked. Entries are applied by
+the real state machine on a MemoryStore, in order, as a Raft group would."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from test_group_commit_delayed import AppliedInOrder
+
+from raftmq import batch as rb
+from raftmq.cluster import commands
+from raftmq.cluster.machines.delivery import NEVER_DEAD_LETTERED
+from raftmq.cluster.replication.group_commit import GroupCommitter
+
+TAKE = {"group": "g", "topic_id": 1, "queues": [0], "max": 10, "visibility_ms": 30_000, "max_age_ms": None}
+
+
+def items(*values: str) -> list[tuple[int, int, bytes]]:
+    b = rb.BatchBuilder(base_timestamp_ms=1)
+    for v in values:
+        b.append(v)
+    return [(1, 0, b.finish())]
+
+
+def test_take_alongs_merge_with_plain_sends_one_an_entry_and_answer_the_request_that_asked() -> None:
+    async def main() -> tuple[AppliedInOrder, list[Any]]:
+        group = AppliedInOrder()
+        subscribe = commands.subscribe("g", 1, "t", None, NEVER_DEAD_LETTERED, [0], now_ms=1)
+        group.entries.append(subscribe)
+        assert "subscription" in group.machine.apply(1, subscribe)
+        committer = GroupCommitter(
+            group,  # type: ignore[arg-type]
+            asyncio.get_running_loop(),
+            now_ms=lambda: 10_000,
+            max_entry_bytes=1 << 20,
+            max_inflight=1,
+        )
+        first = asyncio.ensure_future(committer.append(items("x"), 10))
+        await asyncio.sleep(0)  # in flight: the next requests wait and may be merged
+        calls = [
+            committer.append(items("a"), 10),
+            committer.append_taking(items("b", "c"), 10, TAKE),
+            committer.append_taking(items("d"), 10, TAKE),  # a second take-along: the next entry
+            committer.append(items("e"), 10),
+        ]
+        pending = [asyncio.ensure_future(c) for c in calls]
+        for _ in range(10):
+            await asyncio.sleep(0)
+            group.release()
+        return group, await asyncio.gather(first, *pending)
+
+    group, (_, _, (_, taken_b), (_, taken_d), _) = asyncio.run(main())
+    # x; then a, b+c (with its take-along); then d (with its own) and e
+    assert len(group.entries) == 4  # (the subscribe first)
+    assert [commands.has_take(e) for e in group.entries[1:]] == [False, True, True]
+    # The first take-along took everything visible then (x, a, b, c: offsets 0-3); the second
+    # what its entry appended before it (d; e comes after it in the entry, and is taken too).
+    assert [m["offset"] for m in taken_b["messages"]] == [0, 1, 2, 3]
+    assert [m["offset"] for m in taken_d["messages"]] == [4, 5]
+    assert taken_b["token"] == 3 and taken_d["token"] == 4
