@@ -1,6 +1,8 @@
 """Read-ahead of a node's own receive lines (the SQS API's standard queues, ``docs/sqs.md``): a
 delete takes the line's next messages along in its entry (``ack_receive``), and the line's next
-receive hands them out with no entry and no hop of its own.
+receive hands them out with no entry and no hop of its own. A send to a queue group this node
+leads does the same for the receives waiting in the line then (``append.take``,
+:meth:`ReadAhead.wanted_by_send`): held and handed out, or given back, as a delete's read-ahead.
 
 What it owns: per line, what its receives asked lately and where its turns stand (``LineTurns``,
 shared with the line's takes in ``receive_coordinator.py``), the read-ahead held (at most one a
