@@ -3,7 +3,8 @@ a SendMessageBatch to a node where a ReceiveMessage of the queue waits (long pol
 messages to that receive in the send's own Raft entry (``append.take``), so the receive writes no
 entry of its own; and a node killed while its receivers and senders cycle loses no acknowledged
 send (what its entries took along for receives that died with it comes back at its visibility
-deadline). Each test checks the node's ``raftmq_read_ahead_messages`` counters."""
+deadline); while a voter runs the release before ``append.take``, a send takes nothing along.
+Each test checks the node's ``raftmq_read_ahead_messages`` counters."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 from prometheus_client.parser import text_string_to_metric_families
 
+from .conftest import describe
 from .harness import Cluster, wait_until
 from .sqs_clients import sqs_client
 from .test_sqs_read_ahead import COUNT, _delete, _entries, _read_ahead
@@ -145,3 +147,48 @@ def test_a_node_killed_mid_cycle_loses_no_acknowledged_send(tmp_path: Path) -> N
         missing = set(acked) - received
         print(f"acknowledged {len(acked)}, received {len(received)}")
         assert acked and not missing, f"{len(missing)} acknowledged sends lost: {sorted(missing)[:10]}"
+
+
+def test_while_a_voter_runs_the_release_before_a_send_takes_nothing_along(tmp_path: Path) -> None:
+    """n4 plays the release before capabilities (no ``append.take``): a node whose every led queue
+    group has n4 as a voter writes plain appends, and its waiting receives are served as before
+    (an entry of their own); nothing is lost or received twice."""
+    fault = '[faults]\nprevious_release_node = "n4"\n'
+    with Cluster(tmp_path, nodes=4, replication=3, queue_groups=4, extra_toml=fault) as c:
+        c.start()
+        c.wait_ready()
+        c.wait_balanced()
+        assert "append.take" not in c.status("n4").get("capabilities", [])
+        name = "take-along-upgrade"
+        sqs_client(c.url("n1")).create_queue(QueueName=name)
+        queues = describe(c, name)["queues"]
+        entry = next(
+            (
+                nid
+                for nid in ("n1", "n2", "n3")
+                if any(q["leader"] == nid for q in queues)
+                and all("n4" in q["replicas"] for q in queues if q["leader"] == nid)
+            ),
+            None,
+        )
+        if entry is None:
+            pytest.skip(f"no node other than n4 leads only groups n4 is a voter of: {queues}")
+        sqs = sqs_client(c.url(entry))
+        url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        before = _read_ahead(c, entry)
+        seen: list[dict[str, Any]] = []
+        for cycle in range(3):
+            receiver = Receiver(sqs, url)
+            wait_until(lambda: _waiting(c, entry, name) >= 1, 30, what=f"the receive waiting at {entry}")
+            entries = [{"Id": str(i), "MessageBody": f"c{cycle}-{i}"} for i in range(10)]
+            assert len(sqs.send_message_batch(QueueUrl=url, Entries=entries)["Successful"]) == 10
+            got = receiver.messages()
+            for _ in range(10):  # the rest at the next receives (a receive takes what it finds)
+                if len(got) == 10:
+                    break
+                more = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10 - len(got), WaitTimeSeconds=1)
+                got += more.get("Messages", [])
+            seen += got
+            _delete(sqs, url, got)
+        assert _read_ahead(c, entry).get("taken_by_send", 0) == before.get("taken_by_send", 0)
+        assert sorted(m["Body"] for m in seen) == sorted(f"c{c_}-{i}" for c_ in range(3) for i in range(10))
