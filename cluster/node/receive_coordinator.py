@@ -87,6 +87,9 @@ class _Target:
     task: asyncio.Task[None] | None = None
     # Queue groups whose leader's ``await`` said, since the line last looked, it has something.
     news: set[int] = field(default_factory=set)
+    # The line's own take (its receives at the queue groups) is on its way: it takes for the
+    # waiters in line now, so a send takes nothing along for them meanwhile.
+    taking: bool = False
 
 
 def local_key(topic_id: int, group: str) -> TargetKey:
@@ -184,7 +187,11 @@ class ReceiveCoordinator:
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
                 got = self.read_ahead.claim(key, head.visibility_ms, demand)
                 if not got:
-                    got = await self._take(key, target, demand, head.visibility_ms, head.delay_ms, woken)
+                    target.taking = True
+                    try:
+                        got = await self._take(key, target, demand, head.visibility_ms, head.delay_ms, woken)
+                    finally:
+                        target.taking = False
                 woken = set()
                 self._hand_out(target, got, head.visibility_ms)
                 now = time.monotonic()
@@ -296,10 +303,12 @@ class ReceiveCoordinator:
         """What a send of ``topic`` whose entry goes to queue group ``g`` may take along for the
         receivers waiting now in the line ``key`` of this node's own (:func:`local_key`): the
         waiters asking the head's visibility timeout, up to their ``max`` in all
-        (``ReadAhead.wanted_by_send``); None when nobody waits there. A caller given a plan must
-        call :meth:`put_ahead` (the waiting receivers take what it got at once)."""
+        (``ReadAhead.wanted_by_send``); None when nobody waits there, or while the line's own take
+        is on its way (it takes for those waiters: what a send took then would be held, then
+        released, an entry for nothing). A caller given a plan must call :meth:`put_ahead` (the
+        waiting receivers take what it got at once)."""
         target = self._targets.get(key)
-        if target is None or not key[5] or target.ordered or target.epoch is not None:
+        if target is None or not key[5] or target.ordered or target.epoch is not None or target.taking:
             return None
         self._drop_done(target)
         queues = target.by_group.get(g)

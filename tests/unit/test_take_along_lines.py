@@ -159,3 +159,51 @@ def test_no_take_along_when_the_group_is_led_elsewhere_a_voter_is_older_or_the_q
             waiter.future.cancel()
 
     asyncio.run(main())
+
+
+class HeldLeader(Leader):
+    """A :class:`Leader` whose receives, while ``hold``, stay on their way until ``answer`` is set,
+    then hand out one message."""
+
+    def __init__(self, handing: int = 3) -> None:
+        super().__init__(handing)
+        self.hold = True
+        self.answer = asyncio.Event()
+
+    async def group_call(
+        self, g: int, action: str, body: dict[str, Any], size_hint: int | None = None
+    ) -> dict[str, Any]:
+        if action != "receive" or not self.hold:
+            return await super().group_call(g, action, body, size_hint)
+        self.receives += 1
+        await self.answer.wait()
+        return {"token": 9, "messages": [{"receipt": "7.0.9.9", "queue": 0, "offset": 9}]}
+
+
+def test_no_take_along_while_the_lines_own_receive_is_on_its_way() -> None:
+    """The line's receive takes for the waiters in line: a send meanwhile takes nothing along
+    for them (what it took would wait unclaimed, then cost a ``release``); once that receive has
+    answered, a send takes along for whoever waits then."""
+
+    async def main() -> None:
+        leader = HeldLeader(handing=3)
+        leader.leading = True
+        c, settled = coordinator(leader)
+        first = waiting(c, most=10)
+        await settle_soon()
+        assert leader.receives == 1  # on its way
+        await c.append(TOPIC, "sqs", 0, b"batch", take_along=True)
+        assert "take" not in leader.appends[-1]
+        leader.answer.set()
+        assert [m["offset"] for m in await asyncio.wait_for(first.future, 2)] == [9]
+        leader.hold = False  # the next receives find nothing at once: the line waits
+        second = waiting(c, most=10)
+        await settle_soon()
+        await c.append(TOPIC, "sqs", 0, b"batch", take_along=True)
+        assert "take" in leader.appends[-1]
+        assert [m["offset"] for m in await asyncio.wait_for(second.future, 2)] == [0, 1, 2]
+        counts = c.read_ahead.counts
+        assert (counts.taken_by_send, counts.handed_out, counts.released) == (3, 3, 0)
+        assert settled == []
+
+    asyncio.run(main())
