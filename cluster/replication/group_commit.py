@@ -34,6 +34,10 @@ BinaryGate = Callable[[], bool]
 """Whether every voter of the group reads binary ``append`` commands (docs/format.md, rolling
 upgrades); until then binary batches are proposed as JSON ``produce`` commands."""
 
+TakeGate = Callable[[], bool]
+"""Whether every voter of the group applies ``append.take`` (a binary append's take-along); asked
+again when the entry is proposed, since the voters may have changed while the request waited."""
+
 
 @dataclass
 class _Request:
@@ -68,6 +72,7 @@ class GroupCommitter:
         max_inflight: int,
         ack_before_replication: bool = False,
         binary_ok: BinaryGate = lambda: True,
+        take_ok: TakeGate = lambda: True,
         call_soon: Callable[..., None] | None = None,
     ) -> None:
         self._group = group
@@ -81,6 +86,7 @@ class GroupCommitter:
         self._inflight = 0
         self._ack_early = ack_before_replication
         self._binary_ok = binary_ok
+        self._take_ok = take_ok
 
     async def produce(self, batches: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
         """Propose ``batches`` (commands.produce batch dicts); one result per batch, in order.
@@ -108,9 +114,11 @@ class GroupCommitter:
         self, items: list[AppendItem], size: int, take: dict[str, Any]
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """:meth:`append` with a take-along (``append.take``; the caller checked that every voter
-        applies it), at most one an entry (a second one's request waits for the next entry): the
-        results and the take-along's ``{"token", "messages"}`` (none when the entry was proposed
-        as a JSON ``produce``, a rolling upgrade from before binary appends)."""
+        applies it, and ``take_ok`` is asked again when the entry is proposed), at most one an
+        entry (a second one's request waits for the next entry): the results and the take-along's
+        ``{"token", "messages"}`` (none when the entry went without it: proposed as a JSON
+        ``produce``, a rolling upgrade from before binary appends, or a voter that does not apply
+        ``append.take`` joined while the request waited)."""
         request = _Request([], size, self._loop.create_future(), items, take=take)
         results = await self._append(request)
         return results, request.taken or {"token": 0, "messages": []}
@@ -160,6 +168,11 @@ class GroupCommitter:
             command = commands.produce(now_ms, [b for r in requests for b in r.batches])
         elif self._binary_ok():
             take = next((r.take for r in requests if r.take is not None), None)
+            if take is not None and not self._take_ok():
+                # A voter that does not apply append.take joined while the request waited: it
+                # would refuse a version 2 entry whole (the replicas diverge). The entry goes
+                # without it: its batches stand, and its receives are served as before.
+                take = None
             command = commands.append(now_ms, [item for r in requests for item in r.items or ()], take)
         else:  # a voter may not read binary commands yet (a rolling upgrade): the JSON command
             command = commands.produce(

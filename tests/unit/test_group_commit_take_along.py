@@ -1,7 +1,8 @@
 """Group commit and take-alongs (``GroupCommitter.append_taking``, the field level
 ``append.take``): a send's take-along merges with other sends' batches into one entry, at most one
-take-along an entry, and its messages go back to the request that asked. Entries are applied by
-the real state machine on a MemoryStore, in order, as a Raft group would."""
+take-along an entry, and its messages go back to the request that asked; a take-along whose group
+gained a voter that does not apply ``append.take`` while it waited goes without it. Entries are
+applied by the real state machine on a MemoryStore, in order, as a Raft group would."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from raftmq import batch as rb
 from raftmq.cluster import commands
 from raftmq.cluster.machines.delivery import NEVER_DEAD_LETTERED
 from raftmq.cluster.replication.group_commit import GroupCommitter
+from raftmq.cluster.replication.upgrade import previous_release_refuses
 
 TAKE = {"group": "g", "topic_id": 1, "queues": [0], "max": 10, "visibility_ms": 30_000, "max_age_ms": None}
 
@@ -61,3 +63,48 @@ def test_take_alongs_merge_with_plain_sends_one_an_entry_and_answer_the_request_
     assert [m["offset"] for m in taken_b["messages"]] == [0, 1, 2, 3]
     assert [m["offset"] for m in taken_d["messages"]] == [4, 5]
     assert taken_b["token"] == 3 and taken_d["token"] == 4
+
+
+def _subscribed(kind: type[AppliedInOrder] = AppliedInOrder) -> AppliedInOrder:
+    group = kind()
+    subscribe = commands.subscribe("g", 1, "t", None, NEVER_DEAD_LETTERED, [0], now_ms=1)
+    group.entries.append(subscribe)
+    assert "subscription" in group.machine.apply(1, subscribe)
+    return group
+
+
+def test_a_take_along_that_waited_while_an_older_voter_joined_goes_without_it() -> None:
+    """The voters are asked again when the entry is proposed (``take_ok``): a request that waited
+    in the committer while a voter of the release before ``append.take`` joined becomes a plain
+    append (that voter would refuse a version 2 entry whole: the replicas diverge); its batches
+    stand and it took nothing."""
+
+    async def main() -> tuple[AppliedInOrder, Any]:
+        group = _subscribed()
+        voters_apply_take = [True]
+        committer = GroupCommitter(
+            group,  # type: ignore[arg-type]
+            asyncio.get_running_loop(),
+            now_ms=lambda: 10_000,
+            max_entry_bytes=1 << 20,
+            max_inflight=1,
+            take_ok=lambda: voters_apply_take[0],
+        )
+        first = asyncio.ensure_future(committer.append(items("x"), 10))
+        await asyncio.sleep(0)  # in flight: the take-along's request waits
+        taking = asyncio.ensure_future(committer.append_taking(items("a", "b"), 10, TAKE))
+        await asyncio.sleep(0)
+        voters_apply_take[0] = False  # ... meanwhile a voter of the release before joined
+        for _ in range(10):
+            await asyncio.sleep(0)
+            group.release()
+        await first
+        return group, await taking
+
+    group, (results, taken) = asyncio.run(main())
+    assert len(group.entries) == 3
+    assert not any(commands.has_take(e) or previous_release_refuses(e) for e in group.entries[1:])
+    assert results == [{"topic_id": 1, "queue": 0, "base_offset": 1, "count": 2}]
+    assert taken == {"token": 0, "messages": []}
+    later = commands.receive(10_001, "g", 1, [0], 10, 30_000)
+    assert [m["offset"] for m in group.machine.apply(4, later)["messages"]] == [0, 1, 2]  # none taken
