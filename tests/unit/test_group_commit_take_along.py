@@ -1,19 +1,23 @@
 """Group commit and take-alongs (``GroupCommitter.append_taking``, the field level
 ``append.take``): a send's take-along merges with other sends' batches into one entry, at most one
 take-along an entry, and its messages go back to the request that asked; a take-along whose group
-gained a voter that does not apply ``append.take`` while it waited goes without it. Entries are
-applied by the real state machine on a MemoryStore, in order, as a Raft group would."""
+gained a voter that does not apply ``append.take`` while it waited goes without it, as one that
+the leader's ``LeaderActions`` finds unsupported. Entries are applied by the real state machine on
+a MemoryStore, in order, as a Raft group would."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from test_group_commit_delayed import AppliedInOrder
 
 from raftmq import batch as rb
 from raftmq.cluster import commands
+from raftmq.cluster.config.cluster_file import Limits, RaftTimingConfig
 from raftmq.cluster.machines.delivery import NEVER_DEAD_LETTERED
+from raftmq.cluster.node.actions import LeaderActions
 from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.upgrade import previous_release_refuses
 
@@ -108,3 +112,53 @@ def test_a_take_along_that_waited_while_an_older_voter_joined_goes_without_it() 
     assert taken == {"token": 0, "messages": []}
     later = commands.receive(10_001, "g", 1, [0], 10, 30_000)
     assert [m["offset"] for m in group.machine.apply(4, later)["messages"]] == [0, 1, 2]  # none taken
+
+
+class _AppliedAtOnce(AppliedInOrder):
+    def submit(self, command: bytes, on_done: Any) -> None:
+        super().submit(command, on_done)
+        self.release()
+
+
+def test_a_leader_whose_voters_do_not_all_apply_take_alongs_appends_without_one() -> None:
+    """``LeaderActions``' own check (the sending node checked too, but the group's voters may
+    differ at the leader): an ``append`` with a take-along is a plain append, no messages, unless
+    every voter applies ``append.take``; then its entry carries it and the messages come back
+    rendered as a receive's."""
+
+    def run(supported: bool) -> tuple[AppliedInOrder, dict[str, Any]]:
+        async def main() -> tuple[AppliedInOrder, dict[str, Any]]:
+            group = _subscribed(_AppliedAtOnce)
+            committer = GroupCommitter(
+                group,  # type: ignore[arg-type]
+                asyncio.get_running_loop(),
+                now_ms=lambda: 10_000,
+                max_entry_bytes=1 << 20,
+                max_inflight=1,
+            )
+            node = SimpleNamespace(
+                config=SimpleNamespace(limits=Limits(), raft=RaftTimingConfig(), queue_groups=1),
+                groups={
+                    "0": SimpleNamespace(
+                        raft=SimpleNamespace(
+                            is_leader=lambda: True, reads=SimpleNamespace(ready=lambda: True)
+                        ),
+                        committer=committer,
+                        machine=group.machine,
+                    )
+                },
+                me=SimpleNamespace(id="n1"),
+                group_supports=lambda name, capability: supported or capability != "append.take",
+            )
+            actions = LeaderActions(node)  # type: ignore[arg-type]
+            return group, await actions.run("0", "append", {"items": items("a", "b"), "take": TAKE})
+
+        return asyncio.run(main())
+
+    group, answer = run(supported=False)
+    assert not commands.has_take(group.entries[-1])
+    assert answer == {"results": [{"topic_id": 1, "queue": 0, "base_offset": 0, "count": 2}], "messages": []}
+    group, answer = run(supported=True)
+    assert commands.has_take(group.entries[-1])
+    assert answer["results"] == [{"topic_id": 1, "queue": 0, "base_offset": 0, "count": 2}]
+    assert [m["receipt"] for m in answer["messages"]] == ["1.0.0.2", "1.0.1.2"]
