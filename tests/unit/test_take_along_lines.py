@@ -207,3 +207,26 @@ def test_no_take_along_while_the_lines_own_receive_is_on_its_way() -> None:
         assert settled == []
 
     asyncio.run(main())
+
+
+def test_a_take_along_asks_for_the_waiters_of_the_heads_visibility_in_all() -> None:
+    """Its ``max`` is what the waiters asking the head's visibility timeout asked in all (their
+    messages would turn visible while a waiter asking another still worked on them); each is
+    handed its part in line order, and the waiter asking another timeout goes on waiting."""
+
+    async def main() -> None:
+        leader = Leader(handing=10)
+        c, _ = coordinator(leader)
+        first, second = waiting(c, most=3), waiting(c, visibility_ms=60_000, most=5)
+        third = waiting(c, most=4)
+        await settle_soon()
+        leader.leading = True
+        await c.append(TOPIC, "sqs", 0, b"batch", take_along=True)
+        take = leader.appends[-1]["take"]
+        assert (take["max"], take["visibility_ms"]) == (7, 30_000 + ra.READ_AHEAD_HOLD_MS)
+        assert [m["offset"] for m in await asyncio.wait_for(first.future, 2)] == [0, 1, 2]
+        assert [m["offset"] for m in await asyncio.wait_for(third.future, 2)] == [3, 4, 5, 6]
+        assert not second.future.done()
+        second.future.cancel()
+
+    asyncio.run(main())

@@ -331,10 +331,11 @@ def take_along(work: Apply, take: TakeAlong, now_ms: int, index: int) -> dict[st
     Result: ``{"token": index, "messages": [...]}`` as ``receive``'s.
     """
     topic_id, group = take["topic_id"], take["group"]
-    if work.is_dropped(topic_id) or read_subscription(work.store, topic_id, group) is None:
+    if work.is_dropped(topic_id):
         return {"token": index, "messages": []}
     w = _Work(work, now_ms)
-    if w.settings(topic_id, group).max_deliveries < NEVER_DEAD_LETTERED:
+    sub = w.subscription(topic_id, group)  # (through the machine's cache)
+    if sub is None or sub.max_deliveries < NEVER_DEAD_LETTERED:
         return {"token": index, "messages": []}
     receive_cmd: ReceiveCommand = {
         "v": 1,
