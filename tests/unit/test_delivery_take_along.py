@@ -96,10 +96,15 @@ def test_a_take_along_of_a_line_with_nothing_visible_takes_nothing_and_the_appen
     assert result["results"][0]["delayed"] == 1
 
 
-def test_a_take_along_skips_expired_messages_of_the_entry(m: Machine) -> None:
+def test_a_take_along_skips_expired_messages_and_delivers_one_of_its_entry_with_a_short_ttl(
+    m: Machine,
+) -> None:
+    send(m, 0, "old", ttl_ms=5)  # expires at 5
+    send(m, 1, "kept", ttl_ms=60_000)
     result = send(m, 10, "short", ttl_ms=1, taking=take())
-    # now_ms 10, TTL 1 ms: expires at 11, still deliverable at 10
-    assert offsets(result["messages"]) == [0]
+    # now_ms 10: offset 0 expired (skipped); 2's TTL of 1 ms from 10 expires at 11, deliverable at 10
+    assert offsets(result["messages"]) == [1, 2]
+    assert m.receive(20) == []  # the expired one is never handed out
 
 
 @pytest.mark.parametrize("max_deliveries", [1, 3, NEVER_DEAD_LETTERED - 1])
