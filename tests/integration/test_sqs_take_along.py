@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import describe
@@ -37,8 +37,15 @@ def _waiting(c: Cluster, nid: str, queue: str) -> int:
     return n
 
 
+# What a call raises when its node is killed: refused (EndpointConnectionError), reset
+# (ConnectionClosedError), an error answer: botocore's root classes.
+GONE = (ClientError, BotoCoreError)
+
+
 class Receiver:
-    """One ReceiveMessage (long poll) in a thread of its own."""
+    """One ReceiveMessage (long poll) in a thread of its own; whatever it raises is kept, and
+    :meth:`messages` raises it (a thread that died of it would look like a receive that got
+    nothing)."""
 
     def __init__(self, sqs: Any, url: str, wait_s: int = 10) -> None:
         self.answer: dict[str, Any] = {}
@@ -51,15 +58,16 @@ class Receiver:
                         QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_s, AttributeNames=COUNT
                     )
                 )
-            except (ClientError, EndpointConnectionError) as e:  # its node killed
+            except Exception as e:
                 self.failed = e
 
         self.thread = threading.Thread(target=receive)
         self.thread.start()
 
     def messages(self) -> list[dict[str, Any]]:
-        """What it received (raises what it failed with)."""
+        """What it received (raises what it failed with, and fails when it has not returned)."""
         self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the ReceiveMessage has not returned in 60 s"
         if self.failed is not None:
             raise self.failed
         return list(self.answer.get("Messages", []))
@@ -109,10 +117,12 @@ def test_a_node_killed_mid_cycle_loses_no_acknowledged_send(tmp_path: Path) -> N
         url = sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "10"})["QueueUrl"]
         acked: list[str] = []
         received: set[str] = set()
-        stop = threading.Event()
+        stop, killing = threading.Event(), threading.Event()
+        unexpected: list[str] = []  # failures of the cycle before n2's kill, or of another kind
 
         def cycle() -> None:
             i = 0
+            receiver = None
             while not stop.is_set():
                 try:
                     receiver = Receiver(sqs, url, wait_s=2)
@@ -123,17 +133,22 @@ def test_a_node_killed_mid_cycle_loses_no_acknowledged_send(tmp_path: Path) -> N
                     received.update(m["Body"] for m in got)
                     if got:
                         _delete(sqs, url, got)
-                except (ClientError, EndpointConnectionError, AssertionError):
-                    receiver.thread.join(timeout=60)
+                except Exception as e:
+                    if not (killing.is_set() and isinstance(e, (*GONE, AssertionError))):
+                        unexpected.append(repr(e))
+                    if receiver is not None:
+                        receiver.thread.join(timeout=60)
                     return  # n2 is gone
                 i += 1
 
         worker = threading.Thread(target=cycle)
         worker.start()
         wait_until(lambda: _read_ahead(c, "n2").get("taken_by_send", 0) >= 30, 60, what="n2's take-alongs")
+        killing.set()
         c.kill("n2")
         stop.set()
         worker.join(timeout=60)
+        assert not worker.is_alive() and not unexpected, unexpected
 
         other = sqs_client(c.url("n1"), retries={"mode": "standard", "max_attempts": 10})
         deadline = time.monotonic() + 90
