@@ -424,7 +424,8 @@ class ReadAheadCollector(Collector):
         family = CounterMetricFamily(
             "raftmq_read_ahead_messages",
             "Messages the SQS API's deletes on this node took in flight for its next receives "
-            "(taken), then handed out with no entry of their own (handed_out), gave back "
+            "(taken), or its sends for a receive waiting here (taken_by_send), then handed out "
+            "with no entry of their own (handed_out), gave back "
             "uncounted (released), or could not give back (unreleased: visible again at their "
             "visibility deadline, counted as received once)",
             labels=["node_id", "outcome"],
@@ -432,6 +433,7 @@ class ReadAheadCollector(Collector):
         c = self._counts
         for outcome, n in (
             ("taken", c.taken),
+            ("taken_by_send", c.taken_by_send),
             ("handed_out", c.handed_out),
             ("released", c.released),
             ("unreleased", c.unreleased),

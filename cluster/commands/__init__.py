@@ -80,8 +80,10 @@ from raftmq.cluster.commands.append import (
     AppendBatch,
     AppendCommand,
     AppendItem,
+    TakeAlong,
     append,
     decode_append,
+    has_take,
     is_append,
     split_append,
 )
@@ -188,6 +190,7 @@ __all__ = [
     "RetainCommand",
     "RetainQueue",
     "SubscribeCommand",
+    "TakeAlong",
     "TouchSubscriptionsCommand",
     "UnlockCommand",
     "ack",
@@ -202,6 +205,7 @@ __all__ = [
     "drop_topic",
     "expire_subscriptions",
     "extend",
+    "has_take",
     "lock",
     "nack",
     "noop",
@@ -271,6 +275,9 @@ FIELD_LEVELS: tuple[str, ...] = (
     # expire_producers' max_states (the group's cap on live producer states: an append past it
     # forgets the least recently used); an older replica refused the field
     "expire_producers.max_states",
+    # append's take-along (binary version 2: after the batches, a receive for a receive waiting at
+    # the leader, cluster/machines/delivery take_along); an older replica refused the version
+    "append.take",
 )
 
 

@@ -129,6 +129,8 @@ def _append_one(work: Apply, now_ms: int, b: AppendBatch | ProduceBatch, first: 
     if value is not None:
         work.batch.put(keys.record_key(topic_id, queue, base_offset), value)
         high = base_offset + count
+        if work.appended is not None:
+            work.appended.setdefault((topic_id, queue), []).append((base_offset, high, bytes(value), now_ms))
         work.set_meta(topic_id, queue, QueueMeta(meta.low_offset, high, meta.retained_bytes + len(value)))
         work.grown[(topic_id, queue)] = high
     if producer_id is not None and sequence is not None:

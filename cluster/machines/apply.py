@@ -95,6 +95,10 @@ class Apply:
         self.parked: dict[tuple[int, str, str], None] = {}  # an ordered set (Applied.parked)
         self.clock_jump_ms: int | None = None  # Applied.clock_jump_ms
         self.freed: list[tuple[bytes, bytes]] = []  # Applied.freed
+        # The batches this apply stored, per (topic, queue): (base offset, end offset, value,
+        # append time), kept only for an append with a take-along (the store does not show them
+        # before the apply's write; the take-along's receive reads them here).
+        self.appended: dict[tuple[int, int], list[tuple[int, int, bytes, int]]] | None = None
         self._metas: dict[tuple[int, int], QueueMeta] = {}
         self._changed_metas: dict[tuple[int, int], QueueMeta] = {}
         self._producers: dict[tuple[int, int, str], ProducerState] = {}

@@ -301,6 +301,10 @@ class QueueGroupMachine:
             _log.exception("on_applied_failed", group_id=self._group_id, index=applied.index)
 
     def _dispatch(self, work: Apply, cmd: Command) -> dict[str, Any]:
+        if cmd["op"] == "append" and "take" in cmd:  # the field level append.take
+            work.appended = {}
+            result = apply_append(work, cmd, self._max_entry_messages)
+            return {**result, **delivery.take_along(work, cmd["take"], cmd["now_ms"], work.index)}
         if cmd["op"] == "append" or cmd["op"] == "produce":
             return apply_append(work, cmd, self._max_entry_messages)
         if cmd["op"] == "commit_offsets":

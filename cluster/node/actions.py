@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import orjson
 
@@ -39,8 +40,9 @@ from raftmq.cluster.base.clock import now_ms
 from raftmq.cluster.base.errors import CatalogError, ProduceFailed, RaftmqError
 from raftmq.cluster.base.groups import META
 from raftmq.cluster.node.barriers import Barriers
-from raftmq.cluster.node.delivery_actions import DELIVERY_ACTIONS, DeliveryActions
+from raftmq.cluster.node.delivery_actions import DELIVERY_ACTIONS, DeliveryActions, render_taken
 from raftmq.cluster.node.node import Node, set_if_pending
+from raftmq.cluster.replication.group_commit import GroupCommitter
 from raftmq.cluster.replication.raft import Outcome
 
 __all__ = ["MEMBERSHIP_TIMEOUT_S", "METADATA_INDEX", "METADATA_INDEX_HEADER", "LeaderActions", "raft_error"]
@@ -50,6 +52,8 @@ MEMBERSHIP_TIMEOUT_S = 10.0
 # forwarded request's answer (cluster/api/app.py).
 METADATA_INDEX = "metadata_index"
 METADATA_INDEX_HEADER = "X-Raftmq-Metadata-Index"
+_T = TypeVar("_T")
+
 _TOPIC_OPS = frozenset(
     {"create_topic", "set_topic_attributes", "set_topic_tags", "set_topic_retention", "delete_topic"}
 )
@@ -179,21 +183,45 @@ class LeaderActions:
         committer = self.node.groups[name].committer
         if committer is None:
             raise CatalogError(errors.BAD_REQUEST, "not a queue group")
+        take = body.get("take")
+        if action == "append" and take is not None:  # append.take, for a receive waiting here
+            return await self._append_taking(name, committer, body["items"], take, size_hint)
         if action == "append":  # binary batches: body {"items": [(topic_id, queue, batch), ...]}
             size = size_hint if size_hint is not None else sum(len(item[2]) for item in body["items"])
             proposal = committer.append(body["items"], size)
         else:
             size = size_hint if size_hint is not None else len(orjson.dumps(body["batches"]))
             proposal = committer.produce(body["batches"], size)
+        return {"results": await self._committed(name, proposal)}
+
+    async def _append_taking(
+        self,
+        name: str,
+        committer: GroupCommitter,
+        items: list[Any],
+        take: dict[str, Any],
+        size_hint: int | None,
+    ) -> dict[str, Any]:
+        """An ``append`` whose entry takes messages along (``take``: the fields of the field level
+        ``append.take``, written only once every voter applies it; else a plain append): its
+        ``results`` and the ``messages`` handed out, rendered as a receive's."""
+        size = size_hint if size_hint is not None else sum(len(item[2]) for item in items)
+        if not self.node.group_supports(name, "append.take"):
+            return {"results": await self._committed(name, committer.append(items, size)), "messages": []}
+        results, taken = await self._committed(name, committer.append_taking(items, size, take))
+        store = self.node.groups[name].machine.store
+        return {"results": results, "messages": render_taken(store, take["topic_id"], taken)}
+
+    async def _committed(self, name: str, proposal: Awaitable[_T]) -> _T:
+        """``proposal``'s outcome within the request timeout, its failures as the catalogue's."""
         try:
             # A timeout scope, not wait_for: the proposal runs in this task (no task per request).
             async with asyncio.timeout(self.limits.request_timeout_ms / 1000):
-                results = await proposal
+                return await proposal
         except TimeoutError:
             raise CatalogError(errors.TIMEOUT, f"queue group {name} did not commit in time") from None
         except ProduceFailed as e:
             raise CatalogError(e.error, f"queue group {name}: {e}") from None
-        return {"results": results}
 
     def _topic_command(self, body: dict[str, Any]) -> bytes:
         """The metadata command of ``topic_command`` (``body``: the op and its fields; the leader

@@ -46,6 +46,7 @@ __all__ = [
     "await_available",
     "check_lock",
     "dlq_list",
+    "render_taken",
 ]
 
 Propose = Callable[[str, bytes], Awaitable[dict[str, Any]]]
@@ -182,7 +183,7 @@ class DeliveryActions:
             ordered=ordered,
             delay_ms=delay_ms or None,
         )
-        return _render(store, body["topic_id"], await self._propose(name, command))
+        return render_taken(store, body["topic_id"], await self._propose(name, command))
 
     async def _ack_receive(self, name: str, local: LocalGroup, body: dict[str, Any]) -> dict[str, Any]:
         """An ack that takes up to ``max`` messages of ``queues`` along (``body``: an ack's
@@ -211,7 +212,7 @@ class DeliveryActions:
         )
         commands.decode(command)  # BadCommand: the catalogue's code, nothing proposed
         result = await self._propose(name, command)
-        return {"results": result["results"], "messages": _render(store, body["topic_id"], result)}
+        return {"results": result["results"], "messages": render_taken(store, body["topic_id"], result)}
 
     async def _settle_here(self, name: str, action: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         """An ack, nack or extend through the group's :class:`SettleCommitter` (concurrent
@@ -282,7 +283,7 @@ def stale_results(
     return results, all(token <= applied for _, _, token in receipts)
 
 
-def _render(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:
+def render_taken(store: Store, topic_id: int, result: dict[str, Any]) -> list[dict[str, Any]]:
     token = result["token"]
     delivered = result["messages"]
     by_queue: dict[int, list[int]] = defaultdict(list)

@@ -224,6 +224,7 @@ class Node:
                 max_inflight=self.config.raft.group_commit_inflight,
                 ack_before_replication=self.config.faults.ack_before_replication,
                 binary_ok=lambda: self.reads_binary(name),
+                take_ok=lambda: self.group_supports(name, "append.take"),
                 call_soon=self.loop_calls.call if self.loop_calls else None,
             )
         self.groups = {**self.groups, name: local}

@@ -1,6 +1,8 @@
 """Read-ahead of a node's own receive lines (the SQS API's standard queues, ``docs/sqs.md``): a
 delete takes the line's next messages along in its entry (``ack_receive``), and the line's next
-receive hands them out with no entry and no hop of its own.
+receive hands them out with no entry and no hop of its own. A send to a queue group this node
+leads does the same for the receives waiting in the line then (``append.take``,
+:meth:`ReadAhead.wanted_by_send`): held and handed out, or given back, as a delete's read-ahead.
 
 What it owns: per line, what its receives asked lately and where its turns stand (``LineTurns``,
 shared with the line's takes in ``receive_coordinator.py``), the read-ahead held (at most one a
@@ -105,6 +107,7 @@ class Plan:
     queues: list[int]
     max: int
     visibility_ms: int
+    send: bool = False  # a send's take-along (``append.take``), not a delete's read-ahead
 
     @property
     def taken_ms(self) -> int:
@@ -117,6 +120,7 @@ class ReadAheadCounts:
     """Messages read ahead by this node, by what became of them (``/metrics``)."""
 
     taken: int = 0  # taken in flight by a delete's entry
+    taken_by_send: int = 0  # taken in flight by a send's entry for a receive waiting then
     handed_out: int = 0  # to a receive, with no entry of its own
     released: int = 0  # given back uncounted (no receive took them in time, or a stop)
     unreleased: int = 0  # the release failed: back at their visibility deadline, counted
@@ -193,6 +197,25 @@ class ReadAhead:
         self._filling.add(key)
         return Plan(g, turns.in_turn(g, by_group[g]), turns.max, turns.visibility_ms)
 
+    def wanted_by_send(
+        self, key: Any, g: int, queues: list[int], demand: int, visibility_ms: int
+    ) -> Plan | None:
+        """What a send whose entry goes to queue group ``g`` (whose queues of the line are
+        ``queues``) may take along for the receives waiting in the line ``key`` of this node's own,
+        ``demand`` messages for ``visibility_ms`` (the head's, ``ReceiveCoordinator``), or None:
+        as :meth:`wanted`, not during a stop, not below ``READ_AHEAD_MIN_VISIBILITY_MS``, not while
+        the line holds or fills a read-ahead. A receive waits there, so the line's recent receives
+        and quiet time are not asked. A caller given a plan must call :meth:`put`."""
+        if (
+            self.stopping
+            or visibility_ms < READ_AHEAD_MIN_VISIBILITY_MS
+            or key in self._held
+            or key in self._filling
+        ):
+            return None
+        self._filling.add(key)
+        return Plan(g, self.turns(key).in_turn(g, queues), demand, visibility_ms, send=True)
+
     def put(
         self,
         key: Any,
@@ -209,7 +232,10 @@ class ReadAhead:
         self._filling.discard(key)
         if not messages:
             return False
-        self.counts.taken += len(messages)
+        if plan.send:
+            self.counts.taken_by_send += len(messages)
+        else:
+            self.counts.taken += len(messages)
         held = _Held(topic, group, messages, plan.visibility_ms, started + READ_AHEAD_HOLD_MS / 1000)
         self._held[key] = held
         if self.stopping:

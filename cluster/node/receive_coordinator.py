@@ -87,6 +87,9 @@ class _Target:
     task: asyncio.Task[None] | None = None
     # Queue groups whose leader's ``await`` said, since the line last looked, it has something.
     news: set[int] = field(default_factory=set)
+    # The line's own take (its receives at the queue groups) is on its way: it takes for the
+    # waiters in line now, so a send takes nothing along for them meanwhile.
+    taking: bool = False
 
 
 def local_key(topic_id: int, group: str) -> TargetKey:
@@ -184,7 +187,11 @@ class ReceiveCoordinator:
                 demand = min(sum(w.max for w in line), commands.MAX_RECEIVE)
                 got = self.read_ahead.claim(key, head.visibility_ms, demand)
                 if not got:
-                    got = await self._take(key, target, demand, head.visibility_ms, head.delay_ms, woken)
+                    target.taking = True
+                    try:
+                        got = await self._take(key, target, demand, head.visibility_ms, head.delay_ms, woken)
+                    finally:
+                        target.taking = False
                 woken = set()
                 self._hand_out(target, got, head.visibility_ms)
                 now = time.monotonic()
@@ -256,6 +263,61 @@ class ReceiveCoordinator:
         by_group = queues_by_group(topic, list(range(topic.queues)))
         return self.read_ahead.wanted(
             key, by_group, candidates, lambda g: self._shows(topic, key[1], g, by_group[g])
+        )
+
+    async def append(
+        self, topic: Topic, group: str, queue: int, data: bytes, take_along: bool
+    ) -> dict[str, Any]:
+        """Append the binary batch ``data`` to ``queue`` of ``topic`` (the ``append`` action at
+        its queue group); ``take_along`` (a standard SQS queue with no RedrivePolicy, as a delete's
+        read-ahead): when this node leads that group, every voter of it applies ``append.take`` and
+        receivers of ``group`` wait in the line of this node's own (:meth:`take_along_wanted`),
+        the entry also takes messages along for them (``delivery.take_along``), handed to them at
+        once (:meth:`put_ahead`), given back if they went away. The action's answer."""
+        g = topic.queue_groups[queue]
+        key = local_key(topic.id, group)
+        plan = None
+        if take_along and self.router.leads(str(g)) and self.node.group_supports(str(g), "append.take"):
+            plan = self.take_along_wanted(key, topic, g)
+        body: dict[str, Any] = {"items": [(topic.id, queue, data)]}
+        if plan is not None:
+            body["take"] = {
+                "group": group,
+                "topic_id": topic.id,
+                "queues": plan.queues,
+                "max": plan.max,
+                "visibility_ms": plan.taken_ms,
+                "max_age_ms": topic.retention_ms,
+            }
+        started = time.monotonic()
+        taken: list[dict[str, Any]] = []
+        try:
+            result = await self.router.group_call(g, "append", body, size_hint=len(data))
+            taken = result.get("messages") or []
+        finally:
+            if plan is not None:
+                self.put_ahead(key, topic, group, taken, plan, started)
+        return result
+
+    def take_along_wanted(self, key: TargetKey, topic: Topic, g: int) -> Plan | None:
+        """What a send of ``topic`` whose entry goes to queue group ``g`` may take along for the
+        receivers waiting now in the line ``key`` of this node's own (:func:`local_key`): the
+        waiters asking the head's visibility timeout, up to their ``max`` in all
+        (``ReadAhead.wanted_by_send``); None when nobody waits there, or while the line's own take
+        is on its way (it takes for those waiters: what a send took then would be held, then
+        released, an entry for nothing). A caller given a plan must call :meth:`put_ahead` (the
+        waiting receivers take what it got at once)."""
+        target = self._targets.get(key)
+        if target is None or not key[5] or target.ordered or target.epoch is not None or target.taking:
+            return None
+        self._drop_done(target)
+        queues = target.by_group.get(g)
+        if not target.waiters or not queues:
+            return None
+        head = target.waiters[0]
+        demand = sum(w.max for w in target.waiters if w.visibility_ms == head.visibility_ms)
+        return self.read_ahead.wanted_by_send(
+            key, g, queues, min(demand, commands.MAX_RECEIVE), head.visibility_ms
         )
 
     def put_ahead(

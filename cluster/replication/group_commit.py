@@ -34,6 +34,10 @@ BinaryGate = Callable[[], bool]
 """Whether every voter of the group reads binary ``append`` commands (docs/format.md, rolling
 upgrades); until then binary batches are proposed as JSON ``produce`` commands."""
 
+TakeGate = Callable[[], bool]
+"""Whether every voter of the group applies ``append.take`` (a binary append's take-along); asked
+again when the entry is proposed, since the voters may have changed while the request waited."""
+
 
 @dataclass
 class _Request:
@@ -42,6 +46,8 @@ class _Request:
     future: asyncio.Future[list[dict[str, Any]]]
     items: list[AppendItem] | None = None  # binary batches: proposed in an ``append`` command
     solo: bool = False  # propose alone (after a merged entry holding it was rejected)
+    take: dict[str, Any] | None = None  # an ``append.take`` take-along (at most one an entry)
+    taken: dict[str, Any] | None = None  # its result's token and messages, once applied
 
     @property
     def delayed_json(self) -> bool:
@@ -66,6 +72,7 @@ class GroupCommitter:
         max_inflight: int,
         ack_before_replication: bool = False,
         binary_ok: BinaryGate = lambda: True,
+        take_ok: TakeGate = lambda: True,
         call_soon: Callable[..., None] | None = None,
     ) -> None:
         self._group = group
@@ -79,6 +86,7 @@ class GroupCommitter:
         self._inflight = 0
         self._ack_early = ack_before_replication
         self._binary_ok = binary_ok
+        self._take_ok = take_ok
 
     async def produce(self, batches: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
         """Propose ``batches`` (commands.produce batch dicts); one result per batch, in order.
@@ -100,8 +108,24 @@ class GroupCommitter:
 
         Raises ProduceFailed when the entry failed or was rejected.
         """
-        future: asyncio.Future[list[dict[str, Any]]] = self._loop.create_future()
-        self._pending.append(_Request([], size, future, items))
+        return await self._append(_Request([], size, self._loop.create_future(), items))
+
+    async def append_taking(
+        self, items: list[AppendItem], size: int, take: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """:meth:`append` with a take-along (``append.take``; the caller checked that every voter
+        applies it, and ``take_ok`` is asked again when the entry is proposed), at most one an
+        entry (a second one's request waits for the next entry): the results and the take-along's
+        ``{"token", "messages"}`` (none when the entry went without it: proposed as a JSON
+        ``produce``, a rolling upgrade from before binary appends, or a voter that does not apply
+        ``append.take`` joined while the request waited)."""
+        request = _Request([], size, self._loop.create_future(), items, take=take)
+        results = await self._append(request)
+        return results, request.taken or {"token": 0, "messages": []}
+
+    async def _append(self, request: _Request) -> list[dict[str, Any]]:
+        future, items = request.future, request.items or []
+        self._pending.append(request)
         self._flush()
         if self._ack_early:  # TEST FAULT: the answer does not wait for replication
             future.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -119,6 +143,7 @@ class GroupCommitter:
             # binary requests proposed as JSON (a rolling upgrade), go alone. (The binary append
             # keys by the position in the whole command.)
             alone = taken[0].delayed_json or (binary and not self._binary_ok())
+            take = taken[0].take is not None
             while (
                 not alone
                 and not taken[0].solo
@@ -126,11 +151,13 @@ class GroupCommitter:
                 and not self._pending[0].solo
                 and not self._pending[0].delayed_json
                 and (self._pending[0].items is not None) == binary
+                and not (take and self._pending[0].take is not None)  # one take-along an entry
                 and size + self._pending[0].size <= self._max_entry_bytes
             ):
                 request = self._pending.popleft()
                 taken.append(request)
                 size += request.size
+                take = take or request.take is not None
             self._propose([r for r in taken if not r.future.done()])
 
     def _propose(self, requests: list[_Request]) -> None:
@@ -140,7 +167,13 @@ class GroupCommitter:
         if requests[0].items is None:
             command = commands.produce(now_ms, [b for r in requests for b in r.batches])
         elif self._binary_ok():
-            command = commands.append(now_ms, [item for r in requests for item in r.items or ()])
+            take = next((r.take for r in requests if r.take is not None), None)
+            if take is not None and not self._take_ok():
+                # A voter that does not apply append.take joined while the request waited: it
+                # would refuse a version 2 entry whole (the replicas diverge). The entry goes
+                # without it: its batches stand, and its receives are served as before.
+                take = None
+            command = commands.append(now_ms, [item for r in requests for item in r.items or ()], take)
         else:  # a voter may not read binary commands yet (a rolling upgrade): the JSON command
             command = commands.produce(
                 now_ms, [to_json_batch(now_ms, *item) for r in requests for item in r.items or ()]
@@ -162,7 +195,10 @@ class GroupCommitter:
                 request.solo = True
                 self._pending.appendleft(request)
         else:
+            result = outcome.result
             for request, value in zip(requests, self._split(requests, outcome), strict=True):
+                if request.take is not None and isinstance(result, dict) and "messages" in result:
+                    request.taken = {"token": result["token"], "messages": result["messages"]}
                 if request.future.done():
                     continue  # the caller timed out or went away
                 if isinstance(value, ProduceFailed):

@@ -29,7 +29,7 @@ import orjson
 
 from raftmq import batch as rb
 from raftmq.cluster import commands
-from raftmq.cluster.commands.append import is_append
+from raftmq.cluster.commands.append import has_take, is_append
 from raftmq.cluster.machines import metadata
 
 __all__ = [
@@ -128,7 +128,7 @@ def previous_release_refuses(command: bytes) -> bool:
     ``expire_producers`` with a field it did not know (its decoder
     rejected unknown fields). The test fault ``previous_release_node`` plays that replica with it."""
     if is_append(command):
-        return False
+        return has_take(command)  # version 2 (append.take); it read version 1 only
     try:
         obj = orjson.loads(command)
     except orjson.JSONDecodeError:

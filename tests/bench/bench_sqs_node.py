@@ -17,6 +17,12 @@ by the calls made: the entry node's, and the two followers' (their applies and R
     .venv/bin/python tests/bench/bench_sqs_node.py                        # ~40 s
     PYTHONPATH=/tmp/base .venv/bin/python tests/bench/bench_sqs_node.py   # another tree's code
     .venv/bin/python tests/bench/bench_sqs_node.py --profile --gil
+    .venv/bin/python tests/bench/bench_sqs_node.py --waiting   # the receive waits: a send's take-along
+
+``--waiting``: the ReceiveMessage is a long poll (``WaitTimeSeconds`` 2) of a second client, sent
+20 ms before the send, as a receiver waiting on the node; a send's take-along (``append.take``,
+docs/sqs.md) then serves it in the send's entry. Each window also counts the queue group's entries
+per cycle (its commit index at the entry node).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +55,7 @@ from _common import (  # noqa: E402
 from split_sqs_profile import split  # noqa: E402
 
 ACTIONS = ("SendMessageBatch", "ReceiveMessage", "DeleteMessageBatch")
+WAITING_LEAD_S = 0.02  # --waiting: the long poll is sent this long before the send
 
 
 def _client(endpoint: str) -> Any:
@@ -58,16 +67,29 @@ def _client(endpoint: str) -> Any:
     )  # fmt: skip
 
 
-def cycles(sqs: Any, url: str, body: str, seconds: float) -> dict[str, list[float]]:
-    """Send, receive and delete for ``seconds``; each call's wall time (s) by action."""
+def cycles(
+    sqs: Any, url: str, body: str, seconds: float, waiting: tuple[Any, ThreadPoolExecutor] | None = None
+) -> dict[str, list[float]]:
+    """Send, receive and delete for ``seconds``; each call's wall time (s) by action (``waiting``:
+    a second client's ReceiveMessage long polls from ``WAITING_LEAD_S`` before the send, and its
+    time is from the send's answer to its own)."""
     entries = [{"Id": str(i), "MessageBody": body} for i in range(10)]
     times: dict[str, list[float]] = {a: [] for a in ACTIONS}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
+        if waiting is not None:
+            receiver, pool = waiting
+            polled = pool.submit(
+                receiver.receive_message, QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=2
+            )
+            time.sleep(WAITING_LEAD_S)  # (the receive reaches the node and waits there)
         t0 = time.perf_counter()
         sent = sqs.send_message_batch(QueueUrl=url, Entries=entries)
         t1 = time.perf_counter()
-        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+        if waiting is not None:
+            got = polled.result()
+        else:
+            got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
         t2 = time.perf_counter()
         messages = got.get("Messages", [])
         assert len(sent["Successful"]) == 10, sent
@@ -81,14 +103,26 @@ def cycles(sqs: Any, url: str, body: str, seconds: float) -> dict[str, list[floa
     return times
 
 
-def window(sqs: Any, url: str, body: str, pids: dict[str, int], entry: str, seconds: float) -> dict[str, Any]:
+def window(
+    sqs: Any,
+    url: str,
+    body: str,
+    pids: dict[str, int],
+    entry: str,
+    seconds: float,
+    commit_index: Callable[[], int],
+    waiting: tuple[Any, ThreadPoolExecutor] | None = None,
+) -> dict[str, Any]:
+    index = commit_index()
     meter = CpuMeter(pids).start()
-    times = cycles(sqs, url, body, seconds)
+    times = cycles(sqs, url, body, seconds, waiting)
     cores = meter.stop()
+    entries = commit_index() - index
     calls = max(1, sum(len(t) for t in times.values()))
     followers = sum(cores[n] for n in pids if n != entry)
     return {
         "calls": calls,
+        "entries_per_cycle": round(entries / max(1, len(times["SendMessageBatch"])), 2),
         "node_cpu_us_per_call": round(1e6 * cores[entry] * seconds / calls, 1),
         "followers_cpu_us_per_call": round(1e6 * followers * seconds / calls, 1),
         "node_cores": cores[entry],
@@ -108,6 +142,9 @@ def main() -> None:
     ap.add_argument("--profile-rate", type=int, default=200, help="py-spy's samples a second")
     ap.add_argument("--gil", action="store_true", help="py-spy --gil: the thread holding the GIL only")
     ap.add_argument("--profile-node", default="", help="profile this node (n2, n3: a follower)")
+    ap.add_argument(
+        "--waiting", action="store_true", help="the receive long polls (a second client) before the send"
+    )
     add_run_arguments(ap)
     args = ap.parse_args()
     if args.profile:
@@ -116,6 +153,8 @@ def main() -> None:
 
     base, fs = data_folder(args)
     notes = "3 nodes, 1 queue group; 1 boto3 client on its leader: send 10, receive 10, delete them"
+    if args.waiting:
+        notes += "; the receive a long poll of a second client, sent 20 ms before the send"
     with recorded_run("sqs_node", args, notes=notes, data_fs=fs, report=report) as result:
         from raftmq.cluster.api.sqs import message_actions
 
@@ -132,15 +171,29 @@ def main() -> None:
             sqs = _client(cluster.url(entry))
             url = sqs.create_queue(QueueName="bench")["QueueUrl"]
             body, pids = "x" * args.value_size, node_pids(cluster)
-            cycles(sqs, url, body, args.warmup_s)
-            windows = [window(sqs, url, body, pids, entry, args.seconds) for _ in range(args.rounds)]
+            waiting = (_client(cluster.url(entry)), ThreadPoolExecutor(1)) if args.waiting else None
+            result["waiting"] = args.waiting
+
+            def commit_index() -> int:
+                for line in cluster.get("/metrics", entry).text.splitlines():
+                    if line.startswith("raftmq_raft_commit_index") and 'group_id="0"' in line:
+                        return int(float(line.rsplit(" ", 1)[1]))
+                return 0
+
+            cycles(sqs, url, body, args.warmup_s, waiting)
+            windows = [
+                window(sqs, url, body, pids, entry, args.seconds, commit_index, waiting)
+                for _ in range(args.rounds)
+            ]
             result["windows"] = windows
             result["node_cpu_us_per_call"] = statistics.median(w["node_cpu_us_per_call"] for w in windows)
             if args.profile:
                 who = args.profile_node or entry
                 out = RESULTS / f"profile-sqs_node-{'entry' if who == entry else who}.raw.txt"
                 spy = start_py_spy(pids[who], args.seconds, out, rate=args.profile_rate, gil=args.gil)
-                profiled = result["profiled_window"] = window(sqs, url, body, pids, entry, args.seconds)
+                profiled = result["profiled_window"] = window(
+                    sqs, url, body, pids, entry, args.seconds, commit_index, waiting
+                )
                 if spy is not None:
                     spy.wait(30)
                 counts, fsync = split(out)
@@ -154,14 +207,14 @@ def main() -> None:
 
 
 def _cells(w: dict[str, Any]) -> list[Any]:
-    keys = ("calls", "node_cpu_us_per_call", "followers_cpu_us_per_call", "node_cores", "other_cores")
+    keys = ("calls", "entries_per_cycle", "node_cpu_us_per_call", "followers_cpu_us_per_call", "node_cores")
     return [w[k] for k in keys]
 
 
 def report(result: dict[str, Any]) -> None:
     print(f"\nbench_sqs_node  commit {result['commit']}  {result['params']['tag']}  tree {result['tree']}")
     rows = [[*_cells(w), *(w["p50_ms"].get(a, "") for a in ACTIONS)] for w in result["windows"]]
-    names = ["calls", "entry µs/call", "followers µs/call", "entry cores", "other cores"]
+    names = ["calls", "entries/cycle", "entry µs/call", "followers µs/call", "entry cores"]
     print(table(rows, names + [f"{a} p50 ms" for a in ACTIONS]))
     print(f"median: {result['node_cpu_us_per_call']} µs of the entry node's CPU per SQS call")
     for name, us in (result.get("profile_us_per_call") or {}).items():

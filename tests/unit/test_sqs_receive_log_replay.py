@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from raftmq import batch as rb
 from raftmq.cluster import commands
@@ -53,10 +54,13 @@ def _batch(rng: random.Random, now_ms: int, serial: int) -> bytes:
     return builder.finish()
 
 
-def receiver_log(folder: Path, entries: int = 400, seed: int = 24) -> list[bytes]:
+def receiver_log(folder: Path, entries: int = 400, seed: int = 24, takes: bool = False) -> list[bytes]:
     """Sends, receives and settlements in a fixed order; the receipts are those a machine in
-    ``folder`` handed out as the log was written (the replay's give the same)."""
+    ``folder`` handed out as the log was written (the replay's give the same). ``takes``: half the
+    sends carry a take-along (``append.take``: a receive waiting at the leader), drawn from a
+    random source of their own (the log without them is the one whose digest is fixed)."""
     rng = random.Random(seed)
+    take_rng = random.Random(seed + 1)
     now = START_MS
     log = [commands.subscribe(GROUP, TOPIC, "q", None, 2**32 - 1, [0], now_ms=now)]
     held: list[tuple[int, int, int]] = []  # receipts the replay's last take handed out
@@ -66,7 +70,18 @@ def receiver_log(folder: Path, entries: int = 400, seed: int = 24) -> list[bytes
         now += rng.randint(1, 60)
         roll = rng.random()
         if roll < 0.4:
-            entry = commands.append(now, [(TOPIC, rng.randint(0, 2), _batch(rng, now, serial))])
+            items = [(TOPIC, rng.randint(0, 2), _batch(rng, now, serial))]
+            take = None
+            if takes and take_rng.random() < 0.5:
+                take = {
+                    "group": GROUP,
+                    "topic_id": TOPIC,
+                    "queues": [0, 1, 2],
+                    "max": take_rng.randint(1, 10),
+                    "visibility_ms": take_rng.choice([100, 30_000]),
+                    "max_age_ms": None,
+                }
+            entry = commands.append(now, items, take)
         elif roll < 0.6 or not held:
             most = rng.randint(1, 10)
             # 100: expired before the next receive (no deliver_tick here: no retry from it)
@@ -106,12 +121,18 @@ class _Replayer:
 
 def replay_digest(log: list[bytes], folder: Path) -> str:
     replayer = _Replayer(folder)
-    h = hashlib.sha256()
-    for entry in log:
-        h.update(orjson.dumps(replayer.apply(entry), option=orjson.OPT_SORT_KEYS))
-    for key, value in replayer.store.scan(b""):
-        h.update(len(key).to_bytes(4, "little") + key + len(value).to_bytes(4, "little") + value)
+    digest = _digest([replayer.apply(entry) for entry in log], replayer.store)
     replayer.close()
+    return digest
+
+
+def _digest(results: list[dict[str, Any]], store: RocksStore) -> str:
+    """sha256 over ``results`` and every key and value of ``store``."""
+    h = hashlib.sha256()
+    for result in results:
+        h.update(orjson.dumps(result, option=orjson.OPT_SORT_KEYS))
+    for key, value in store.scan(b""):
+        h.update(len(key).to_bytes(4, "little") + key + len(value).to_bytes(4, "little") + value)
     return h.hexdigest()
 
 
@@ -122,3 +143,49 @@ def test_an_sqs_receiver_log_replays_to_the_state_before_the_read_cuts(tmp_path:
     print(counts)
     assert min(counts.get(op, 0) for op in ("append", "receive", "ack_receive", "nack", "release")) >= 10
     assert replay_digest(log, tmp_path / "replay") == BEFORE_THE_CUTS_DIGEST
+
+
+def test_a_log_with_take_alongs_replays_to_the_same_bytes_on_every_replica(tmp_path: Path) -> None:
+    """Determinism of ``append.take``: the sends' take-alongs read the batches of their own entry
+    (not yet in the store) and hand out the same records, results and bytes on every replica."""
+    log = receiver_log(tmp_path / "writer", takes=True)
+    taking = [e for e in log if commands.has_take(e)]
+    assert len(taking) >= 20
+    replayer, handed = _Replayer(tmp_path / "count"), 0
+    for entry in log:
+        result = replayer.apply(entry)
+        if commands.has_take(entry):
+            handed += len(result["messages"])
+    replayer.close()
+    assert handed > 0
+    assert replay_digest(log, tmp_path / "a") == replay_digest(log, tmp_path / "b")
+
+
+@pytest.mark.parametrize("seed", [24, 25])
+def test_a_replica_restarted_mid_log_with_take_alongs_ends_with_the_writers_bytes(
+    tmp_path: Path, seed: int
+) -> None:
+    """A replica reopened mid-log (a cold cache; the log replayed from index 1, what it applied
+    skipped) gives the same results and bytes as one that applied the log straight through, and
+    its store is the writer's: a take-along reads its entry's batches from the apply's own
+    writes, never from what a cache kept across entries."""
+    log = receiver_log(tmp_path / "writer", seed=seed, takes=True)
+    straight = replay_digest(log, tmp_path / "straight")
+    writer = RocksStore.open(str(tmp_path / "writer"))
+    written = _digest([], writer)
+    writer.close()
+    for cut in (len(log) // 3, len(log) // 2, 2 * len(log) // 3):
+        folder = tmp_path / f"restarted-{cut}"
+        replica = _Replayer(folder)
+        results = [replica.apply(entry) for entry in log[:cut]]
+        replica.close()
+        replica = _Replayer(folder)
+        for i, entry in enumerate(log):
+            result = replica.apply(entry)
+            if i < cut:
+                assert result == {"skipped": True}, i
+            else:
+                results.append(result)
+        assert _digest(results, replica.store) == straight, cut
+        assert _digest([], replica.store) == written, cut
+        replica.close()

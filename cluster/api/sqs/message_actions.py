@@ -170,10 +170,8 @@ class SqsActions(QueueActions):
         for args in messages:
             builder.append(*args)
         data = builder.finish()
-        q = self._send_queue(topic)
-        result = await self.api.router.group_call(
-            topic.queue_groups[q], "append", {"items": [(topic.id, q, data)]}, size_hint=len(data)
-        )
+        q = self._send_queue(topic)  # a receive waiting here may take them along (docs/sqs.md)
+        result = await self.delivery.coordinator.append(topic, GROUP, q, data, qs.reads_ahead(topic))
         outcome = result["results"][0]
         if "error" in outcome:
             raise ApiError.from_body(outcome["error"])

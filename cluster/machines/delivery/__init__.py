@@ -65,6 +65,7 @@ from raftmq.cluster.machines.delivery.timers import available, deliver_tick, on_
 from raftmq.storage import keys
 from raftmq.storage.keys import STATE_INFLIGHT, STATE_RETRY, LockState, PendingRecord
 from raftmq.storage.queues import read_delivery_fields
+from raftmq.storage.records import decode_delivery_fields
 
 if TYPE_CHECKING:
     from raftmq.cluster.commands import (
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
         ReceiptsCommand,
         ReceiveCommand,
         SubscribeCommand,
+        TakeAlong,
     )
     from raftmq.cluster.machines.apply import Apply
     from raftmq.storage.store import Store
@@ -108,6 +110,7 @@ __all__ = [
     "stale_receipt",
     "store_delayed",
     "subscribe",
+    "take_along",
     "touch_subscriptions",
     "unlock",
 ]
@@ -282,7 +285,7 @@ def _receive(w: _Work, cmd: ReceiveCommand, index: int, ordered: bool) -> list[d
         sub.cursor = max(sub.cursor, low)  # retention removed what was never handed out
         while sub.cursor < high and len(out) < limit and budget > 0:
             wanted = min(limit - len(out), budget)
-            found = read_delivery_fields(w.store, topic_id, queue, sub.cursor, wanted, REDRIVE_GROUP_HEADER)
+            found = _delivery_fields(w, topic_id, queue, sub.cursor, wanted)
             if not found:
                 break
             budget -= len(found)
@@ -300,6 +303,55 @@ def _receive(w: _Work, cmd: ReceiveCommand, index: int, ordered: bool) -> list[d
     if out:  # in use while what it handed out is in flight
         w.touch(topic_id, group, deadline_ms)
     return out
+
+
+def _delivery_fields(
+    w: _Work, topic_id: int, queue: int, offset: int, wanted: int
+) -> list[tuple[int, int, int | None, str | None]]:
+    """``read_delivery_fields`` from ``offset``: from a batch this apply stored (an append's
+    take-along, :func:`take_along`: the store shows it only after the apply's write), else the
+    store's."""
+    for base, end, value, append_ms in (w.work.appended or {}).get((topic_id, queue), ()):
+        if base <= offset < end:
+            fields = decode_delivery_fields(value, offset, wanted, REDRIVE_GROUP_HEADER)
+            return [(o, append_ms, expires_at_ms, found) for o, expires_at_ms, found in fields]
+    return read_delivery_fields(w.store, topic_id, queue, offset, wanted, REDRIVE_GROUP_HEADER)
+
+
+def take_along(work: Apply, take: TakeAlong, now_ms: int, index: int) -> dict[str, Any]:
+    """An ``append``'s take-along (the field level ``append.take``), after its batches in the same
+    apply: a ``receive`` (no epoch) of up to ``max`` messages of ``queues`` at the append's
+    ``now_ms`` with the receipt token ``index``, which sees the messages the append just stored. A
+    node's SendMessage(Batch) of a standard SQS queue hands them to a ReceiveMessage waiting there
+    (``cluster/node/read_ahead.py``), so the receive costs no entry of its own. As
+    :func:`ack_receive`'s receive, nothing is taken for a subscription that dead-letters; nor for a
+    dropped topic or a group with no subscription (the append stands either way: a take-along
+    never refuses its entry).
+
+    Result: ``{"token": index, "messages": [...]}`` as ``receive``'s.
+    """
+    topic_id, group = take["topic_id"], take["group"]
+    if work.is_dropped(topic_id):
+        return {"token": index, "messages": []}
+    w = _Work(work, now_ms)
+    sub = w.subscription(topic_id, group)  # (through the machine's cache)
+    if sub is None or sub.max_deliveries < NEVER_DEAD_LETTERED:
+        return {"token": index, "messages": []}
+    receive_cmd: ReceiveCommand = {
+        "v": 1,
+        "op": "receive",
+        "now_ms": now_ms,
+        "group": group,
+        "topic_id": topic_id,
+        "queues": take["queues"],
+        "max": take["max"],
+        "visibility_ms": take["visibility_ms"],
+        "epoch": None,
+        "max_age_ms": take["max_age_ms"],
+    }
+    out = _receive(w, receive_cmd, index, False)
+    w.finish_op()
+    return {"token": index, "messages": out}
 
 
 # -- ack, nack, extend --------------------------------------------------------------------------
